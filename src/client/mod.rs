@@ -1,0 +1,1 @@
+//! Blocking client library (issue 5).

@@ -1,0 +1,6 @@
+//! ringlock: a Locking-Center compatible lock server on a single-threaded io_uring loop.
+//!
+//! (Architecture docs are filled in as the modules land.)
+
+pub mod client;
+pub mod metrics;
