@@ -1,0 +1,623 @@
+//! Prometheus metrics (issue 6).
+//!
+//! Ownership and invariants:
+//! - The lock loop owns nothing here but a shared `Arc<Metrics>`; every update
+//!   is one or a few `Relaxed` atomic operations on fixed fields. No locks, no
+//!   allocation, no syscalls on the update path, so instrumentation can never
+//!   stall or reorder the loop's work.
+//! - The scrape side ([`serve`], in `http.rs`) runs on its own std thread and
+//!   only *reads* atomics in [`Metrics::render`]. Because updates are
+//!   `Relaxed`, one scrape may see a counter bumped and its sibling not yet;
+//!   every figure is individually monotonic, which is all Prometheus needs.
+//! - Histograms store per-bucket (non-cumulative) counts plus an overflow
+//!   slot; `render` accumulates them, and `_count` is derived from the buckets,
+//!   so `_count == bucket{le="+Inf"}` holds in every scrape by construction.
+//! - Durations are kept as integer microseconds (names carry units) and
+//!   rendered as exact decimal seconds, so output is deterministic and
+//!   testable byte for byte.
+//!
+//! Semantics the loop must follow (the end-to-end test checks them):
+//! - `request` once per answered request, with the answer byte's outcome
+//!   (`+` Ok, `#` Busy, `-` Error). A Lock is counted when its answer is sent
+//!   (it may be queued for a long time); a queued Lock withdrawn by hang-up is
+//!   counted by `hangup_withdrawal` only.
+//! - `grant` for every grant; `handoff` additionally when the grantee had been
+//!   queued. `observe_queue_wait_us` once per handoff (time from enqueue to
+//!   grant), never for immediate grants. `observe_hold_us` once per release of
+//!   a held key (Unlock of a held key, either reset), with the hold duration.
+//! - `reset(false)` once per key released by ResetByKey/RSET, `reset(true)`
+//!   once per key released by ResetBySource/RSBS.
+
+mod http;
+
+pub use http::serve;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// A request kind, as the lock port and admin port know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Lock,
+    Unlock,
+    ResetByKey,
+    ResetBySource,
+    TryLock,
+    AdminKeys,
+    AdminRset,
+    AdminRsbs,
+}
+
+impl Action {
+    pub const ALL: [Action; 8] = [
+        Action::Lock,
+        Action::Unlock,
+        Action::ResetByKey,
+        Action::ResetBySource,
+        Action::TryLock,
+        Action::AdminKeys,
+        Action::AdminRset,
+        Action::AdminRsbs,
+    ];
+
+    /// The `action` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Action::Lock => "lock",
+            Action::Unlock => "unlock",
+            Action::ResetByKey => "reset_by_key",
+            Action::ResetBySource => "reset_by_source",
+            Action::TryLock => "trylock",
+            Action::AdminKeys => "admin_keys",
+            Action::AdminRset => "admin_rset",
+            Action::AdminRsbs => "admin_rsbs",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The answer a request got: `+`, `#` or `-`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Busy,
+    Error,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 3] = [Outcome::Ok, Outcome::Busy, Outcome::Error];
+
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Busy => "busy",
+            Outcome::Error => "error",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Upper bounds (inclusive, microseconds) of the latency buckets:
+/// 10 µs … 10 s in 1-2.5-5 steps.
+pub const LATENCY_BOUNDS_US: [u64; 19] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+/// Upper bounds (inclusive) of the records-per-WAL-batch buckets: 1 … 1024.
+pub const BATCH_BOUNDS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+/// A fixed-bucket histogram: `N` bounded buckets plus one overflow slot
+/// (`M == N + 1`), all plain counters, and a running sum in the observed unit.
+pub struct Histogram<const N: usize, const M: usize> {
+    bounds: &'static [u64; N],
+    buckets: [AtomicU64; M],
+    sum: AtomicU64,
+}
+
+impl<const N: usize, const M: usize> Histogram<N, M> {
+    const fn new(bounds: &'static [u64; N]) -> Self {
+        assert!(M == N + 1, "one overflow bucket after the bounded ones");
+        Histogram {
+            bounds,
+            buckets: [const { AtomicU64::new(0) }; M],
+            sum: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation: two relaxed `fetch_add`s, no allocation.
+    pub fn observe(&self, value: u64) {
+        // Linear scan: at most 19 compares on data that sits in one or two
+        // cache lines; cheaper than a branchy binary search at this size.
+        let mut slot = N;
+        for (i, &bound) in self.bounds.iter().enumerate() {
+            if value <= bound {
+                slot = i;
+                break;
+            }
+        }
+        self.buckets[slot].fetch_add(1, Relaxed);
+        self.sum.fetch_add(value, Relaxed);
+    }
+
+    /// Total observations (the `+Inf` bucket).
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    /// Sum of observed values, in the observed unit.
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Relaxed)
+    }
+}
+
+type LatencyHistogram = Histogram<19, 20>;
+type BatchHistogram = Histogram<11, 12>;
+
+/// Every figure the server exports. Share it as `Arc<Metrics>`.
+pub struct Metrics {
+    requests: [[AtomicU64; 3]; 8],
+    held_keys: AtomicU64,
+    queued_waiters: AtomicU64,
+    open_connections: AtomicU64,
+    grants: AtomicU64,
+    handoffs: AtomicU64,
+    hangup_withdrawals: AtomicU64,
+    undelivered_grants: AtomicU64,
+    resets_by_key: AtomicU64,
+    resets_by_source: AtomicU64,
+    connections_refused: AtomicU64,
+    frame_timeouts: AtomicU64,
+    queue_wait_us: LatencyHistogram,
+    hold_us: LatencyHistogram,
+    oldest_acquired_unix_ms: AtomicU64,
+    fdatasync_us: LatencyHistogram,
+    wal_batch_records: BatchHistogram,
+    wal_bytes_written: AtomicU64,
+    wal_compactions: AtomicU64,
+    wal_io_errors: AtomicU64,
+    recovery_us: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub const fn new() -> Metrics {
+        Metrics {
+            requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
+            held_keys: AtomicU64::new(0),
+            queued_waiters: AtomicU64::new(0),
+            open_connections: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            handoffs: AtomicU64::new(0),
+            hangup_withdrawals: AtomicU64::new(0),
+            undelivered_grants: AtomicU64::new(0),
+            resets_by_key: AtomicU64::new(0),
+            resets_by_source: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            frame_timeouts: AtomicU64::new(0),
+            queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
+            hold_us: Histogram::new(&LATENCY_BOUNDS_US),
+            oldest_acquired_unix_ms: AtomicU64::new(0),
+            fdatasync_us: Histogram::new(&LATENCY_BOUNDS_US),
+            wal_batch_records: Histogram::new(&BATCH_BOUNDS),
+            wal_bytes_written: AtomicU64::new(0),
+            wal_compactions: AtomicU64::new(0),
+            wal_io_errors: AtomicU64::new(0),
+            recovery_us: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn request(&self, action: Action, outcome: Outcome) {
+        self.requests[action.index()][outcome.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Count of requests answered so far with this action and outcome.
+    pub fn requests(&self, action: Action, outcome: Outcome) -> u64 {
+        self.requests[action.index()][outcome.index()].load(Relaxed)
+    }
+
+    pub fn set_held_keys(&self, n: u64) {
+        self.held_keys.store(n, Relaxed);
+    }
+
+    pub fn set_queued_waiters(&self, n: u64) {
+        self.queued_waiters.store(n, Relaxed);
+    }
+
+    pub fn set_open_connections(&self, n: u64) {
+        self.open_connections.store(n, Relaxed);
+    }
+
+    /// Every grant, immediate or after waiting.
+    pub fn grant(&self) {
+        self.grants.fetch_add(1, Relaxed);
+    }
+
+    /// A grant to a waiter that was queued (also counted by `grant`).
+    pub fn handoff(&self) {
+        self.handoffs.fetch_add(1, Relaxed);
+    }
+
+    /// A queued waiter withdrawn because its client hung up.
+    pub fn hangup_withdrawal(&self) {
+        self.hangup_withdrawals.fetch_add(1, Relaxed);
+    }
+
+    /// A grant released again because its `+` could not be delivered.
+    pub fn undelivered_grant(&self) {
+        self.undelivered_grants.fetch_add(1, Relaxed);
+    }
+
+    /// One key released by an operator reset.
+    pub fn reset(&self, by_source: bool) {
+        if by_source {
+            self.resets_by_source.fetch_add(1, Relaxed);
+        } else {
+            self.resets_by_key.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// A connection refused because the connection limit was reached.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Relaxed);
+    }
+
+    /// A connection closed because its frame never completed in time.
+    pub fn frame_timeout(&self) {
+        self.frame_timeouts.fetch_add(1, Relaxed);
+    }
+
+    pub fn observe_queue_wait_us(&self, us: u64) {
+        self.queue_wait_us.observe(us);
+    }
+
+    pub fn observe_hold_us(&self, us: u64) {
+        self.hold_us.observe(us);
+    }
+
+    /// Acquire time of the oldest held key, unix milliseconds; 0 = none held.
+    /// The age is computed at scrape time so it keeps growing while the loop
+    /// is idle (which is exactly when a stuck lock sits unnoticed).
+    pub fn set_oldest_acquired_unix_ms(&self, ms: u64) {
+        self.oldest_acquired_unix_ms.store(ms, Relaxed);
+    }
+
+    pub fn observe_fdatasync_us(&self, us: u64) {
+        self.fdatasync_us.observe(us);
+    }
+
+    /// One WAL batch made durable (or attempted): its record count and size.
+    pub fn observe_wal_batch(&self, records: u64, bytes: u64) {
+        self.wal_batch_records.observe(records);
+        self.wal_bytes_written.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn wal_compaction(&self) {
+        self.wal_compactions.fetch_add(1, Relaxed);
+    }
+
+    pub fn wal_io_error(&self) {
+        self.wal_io_errors.fetch_add(1, Relaxed);
+    }
+
+    pub fn set_recovery_us(&self, us: u64) {
+        self.recovery_us.store(us, Relaxed);
+    }
+
+    /// Recovery is done: `/healthz` answers 200 from now on.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Relaxed)
+    }
+
+    /// Appends every metric in the Prometheus text format 0.0.4 to `out`.
+    /// `now_unix_ms` is the scrape time, used only for `oldest_hold_seconds`.
+    pub fn render(&self, out: &mut String, now_unix_ms: u64) {
+        // fmt::Write into a String cannot fail; the results are ignored on purpose.
+        let w = out;
+
+        gauge(
+            w,
+            "held_keys",
+            "Keys currently held.",
+            self.held_keys.load(Relaxed),
+        );
+        gauge(
+            w,
+            "queued_waiters",
+            "Lock requests currently queued behind a holder.",
+            self.queued_waiters.load(Relaxed),
+        );
+        gauge(
+            w,
+            "open_connections",
+            "Client connections currently open (lock and admin ports).",
+            self.open_connections.load(Relaxed),
+        );
+
+        header(
+            w,
+            "requests_total",
+            "Requests answered, by action and result (+ ok, # busy, - error).",
+            "counter",
+        );
+        for action in Action::ALL {
+            for outcome in Outcome::ALL {
+                let _ = writeln!(
+                    w,
+                    "ringlock_requests_total{{action=\"{}\",result=\"{}\"}} {}",
+                    action.label(),
+                    outcome.label(),
+                    self.requests(action, outcome)
+                );
+            }
+        }
+
+        counter(
+            w,
+            "grants_total",
+            "Locks granted, immediately or after waiting.",
+            self.grants.load(Relaxed),
+        );
+        counter(
+            w,
+            "handoffs_total",
+            "Grants to a waiter that had been queued.",
+            self.handoffs.load(Relaxed),
+        );
+        counter(
+            w,
+            "hangup_withdrawals_total",
+            "Queued lock requests withdrawn because the client hung up.",
+            self.hangup_withdrawals.load(Relaxed),
+        );
+        counter(
+            w,
+            "undelivered_grants_total",
+            "Grants released again because the client was gone before its + could be delivered.",
+            self.undelivered_grants.load(Relaxed),
+        );
+
+        header(
+            w,
+            "resets_total",
+            "Keys released by an operator reset, by key or by source.",
+            "counter",
+        );
+        let _ = writeln!(
+            w,
+            "ringlock_resets_total{{by=\"key\"}} {}",
+            self.resets_by_key.load(Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "ringlock_resets_total{{by=\"source\"}} {}",
+            self.resets_by_source.load(Relaxed)
+        );
+
+        counter(
+            w,
+            "connections_refused_total",
+            "Connections refused because the connection limit was reached.",
+            self.connections_refused.load(Relaxed),
+        );
+        counter(
+            w,
+            "frame_timeouts_total",
+            "Connections closed because a request frame did not complete in time.",
+            self.frame_timeouts.load(Relaxed),
+        );
+
+        seconds_histogram(
+            w,
+            "queue_wait_seconds",
+            "Time a lock request waited in a queue before its grant.",
+            &self.queue_wait_us,
+        );
+        seconds_histogram(
+            w,
+            "hold_seconds",
+            "Time a key was held, observed at its release.",
+            &self.hold_us,
+        );
+
+        header(
+            w,
+            "oldest_hold_seconds",
+            "Age of the oldest currently held key; 0 when no key is held.",
+            "gauge",
+        );
+        let oldest_ms = self.oldest_acquired_unix_ms.load(Relaxed);
+        let age_ms = if oldest_ms == 0 {
+            0
+        } else {
+            now_unix_ms.saturating_sub(oldest_ms)
+        };
+        w.push_str("ringlock_oldest_hold_seconds ");
+        push_seconds(w, age_ms.saturating_mul(1_000));
+        w.push('\n');
+
+        seconds_histogram(
+            w,
+            "wal_fdatasync_seconds",
+            "Latency of WAL fdatasync calls.",
+            &self.fdatasync_us,
+        );
+
+        header(
+            w,
+            "wal_batch_records",
+            "Records per WAL group-commit batch.",
+            "histogram",
+        );
+        let mut cumulative = 0;
+        for (i, bound) in BATCH_BOUNDS.iter().enumerate() {
+            cumulative += self.wal_batch_records.buckets[i].load(Relaxed);
+            let _ = writeln!(
+                w,
+                "ringlock_wal_batch_records_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += self.wal_batch_records.buckets[BATCH_BOUNDS.len()].load(Relaxed);
+        let _ = writeln!(
+            w,
+            "ringlock_wal_batch_records_bucket{{le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(
+            w,
+            "ringlock_wal_batch_records_sum {}",
+            self.wal_batch_records.sum()
+        );
+        let _ = writeln!(w, "ringlock_wal_batch_records_count {cumulative}");
+
+        counter(
+            w,
+            "wal_bytes_written_total",
+            "Bytes appended to the WAL.",
+            self.wal_bytes_written.load(Relaxed),
+        );
+        counter(
+            w,
+            "wal_compactions_total",
+            "WAL compactions completed.",
+            self.wal_compactions.load(Relaxed),
+        );
+
+        header(
+            w,
+            "wal_recovery_seconds",
+            "Time the last start-up spent replaying the WAL.",
+            "gauge",
+        );
+        w.push_str("ringlock_wal_recovery_seconds ");
+        push_seconds(w, self.recovery_us.load(Relaxed));
+        w.push('\n');
+
+        counter(
+            w,
+            "wal_io_errors_total",
+            "WAL write or fdatasync failures.",
+            self.wal_io_errors.load(Relaxed),
+        );
+
+        gauge(
+            w,
+            "ready",
+            "1 once WAL recovery is done and the server accepts requests.",
+            u64::from(self.is_ready()),
+        );
+
+        header(
+            w,
+            "build_info",
+            "Build information; the value is always 1.",
+            "gauge",
+        );
+        let _ = writeln!(
+            w,
+            "ringlock_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+}
+
+fn header(w: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(w, "# HELP ringlock_{name} {help}");
+    let _ = writeln!(w, "# TYPE ringlock_{name} {kind}");
+}
+
+fn gauge(w: &mut String, name: &str, help: &str, value: u64) {
+    header(w, name, help, "gauge");
+    let _ = writeln!(w, "ringlock_{name} {value}");
+}
+
+fn counter(w: &mut String, name: &str, help: &str, value: u64) {
+    header(w, name, help, "counter");
+    let _ = writeln!(w, "ringlock_{name} {value}");
+}
+
+fn seconds_histogram(w: &mut String, name: &str, help: &str, h: &LatencyHistogram) {
+    header(w, name, help, "histogram");
+    let mut cumulative = 0;
+    for (i, &bound_us) in LATENCY_BOUNDS_US.iter().enumerate() {
+        cumulative += h.buckets[i].load(Relaxed);
+        let _ = write!(w, "ringlock_{name}_bucket{{le=\"");
+        push_seconds(w, bound_us);
+        let _ = writeln!(w, "\"}} {cumulative}");
+    }
+    cumulative += h.buckets[LATENCY_BOUNDS_US.len()].load(Relaxed);
+    let _ = writeln!(w, "ringlock_{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = write!(w, "ringlock_{name}_sum ");
+    push_seconds(w, h.sum());
+    w.push('\n');
+    let _ = writeln!(w, "ringlock_{name}_count {cumulative}");
+}
+
+/// Writes `us` microseconds as exact decimal seconds: 0, 0.00001, 2.5, 10.
+fn push_seconds(w: &mut String, us: u64) {
+    let whole = us / 1_000_000;
+    let _ = write!(w, "{whole}");
+    let mut frac = us % 1_000_000;
+    if frac != 0 {
+        let mut digits = 6;
+        while frac.is_multiple_of(10) {
+            frac /= 10;
+            digits -= 1;
+        }
+        let _ = write!(w, ".{frac:0digits$}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seconds(us: u64) -> String {
+        let mut s = String::new();
+        push_seconds(&mut s, us);
+        s
+    }
+
+    #[test]
+    fn seconds_are_exact_decimals() {
+        assert_eq!(seconds(0), "0");
+        assert_eq!(seconds(10), "0.00001");
+        assert_eq!(seconds(2_500), "0.0025");
+        assert_eq!(seconds(1_000_000), "1");
+        assert_eq!(seconds(2_500_000), "2.5");
+        assert_eq!(seconds(10_000_001), "10.000001");
+    }
+
+    #[test]
+    fn histogram_buckets_are_inclusive_upper_bounds() {
+        let h = LatencyHistogram::new(&LATENCY_BOUNDS_US);
+        h.observe(0);
+        h.observe(10);
+        h.observe(11);
+        h.observe(10_000_000);
+        h.observe(10_000_001);
+        assert_eq!(h.buckets[0].load(Relaxed), 2);
+        assert_eq!(h.buckets[1].load(Relaxed), 1);
+        assert_eq!(h.buckets[18].load(Relaxed), 1);
+        assert_eq!(h.buckets[19].load(Relaxed), 1);
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.sum(), 20_000_022);
+    }
+}
