@@ -3,4 +3,5 @@
 //! (Architecture docs are filled in as the modules land.)
 
 pub mod client;
+pub mod core;
 pub mod metrics;

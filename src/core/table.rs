@@ -1,0 +1,1118 @@
+//! The lock table: a pure state machine, no syscalls, no clock reads.
+//!
+//! Every operation takes the current time as an argument and appends its
+//! consequences to an [`Effects`] buffer, in the order they happened. The
+//! event loop turns effects into replies (and, in durable mode, log
+//! records); tests drive the table directly.
+//!
+//! Ownership and invariants:
+//! - A key exists in the table while it is held or has waiters; a key that
+//!   is free **never** has waiters (a release grants the queue's head in the
+//!   same call), so `holder.is_none()` implies an empty queue.
+//! - Waiters of one key are served in strict FIFO order (intrusive list
+//!   over `waiters`, link slot [`W_KEY`]).
+//! - Every waiter and every held key is also linked on its source's lists,
+//!   so ResetBySource touches only what that source owns.
+//! - Held keys are linked in grant order ([`K_AGE`]), so the oldest hold is
+//!   the head: O(1) for the stuck-lock metric.
+//! - Every grant gets a unique, increasing `grant_id`. A connection that must
+//!   give back a grant it could not deliver names it by `(key slot,
+//!   grant_id)`, so a slot reused by another key or another holder is never
+//!   released by mistake.
+//! - Capacity is fixed at construction: slabs and maps are reserved up front
+//!   and a request beyond a limit is refused (`-`), never allocated for.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use slab::Slab;
+
+use super::list::{Link, Linked, List};
+use super::name::Name;
+
+/// Opaque connection token chosen by the caller (the event loop).
+pub type Token = u64;
+/// Token used for holders restored from the log: no connection.
+pub const NO_CONN: Token = 0;
+
+// Link slots.
+const W_KEY: usize = 0; // waiter on its key's queue
+const W_SRC: usize = 1; // waiter on its source's waiting list
+const K_SRC: usize = 0; // held key on its holder source's held list
+const K_AGE: usize = 1; // held key on the table's grant-order list
+
+/// Time as seen by the caller.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Now {
+    /// Monotonic microseconds (for waits and hold durations).
+    pub mono_us: u64,
+    /// Wall clock, Unix milliseconds (shown to operators).
+    pub unix_ms: u64,
+}
+
+/// The one-byte answers of the Locking-Center protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `+`
+    Ok,
+    /// `#` — TryLock found the key held.
+    Busy,
+    /// `-`
+    Err,
+}
+
+impl Reply {
+    pub fn byte(self) -> u8 {
+        match self {
+            Reply::Ok => b'+',
+            Reply::Busy => b'#',
+            Reply::Err => b'-',
+        }
+    }
+}
+
+/// Everything a grant record needs, by value.
+#[derive(Clone, Copy, Debug)]
+pub struct Grant {
+    pub key_slot: u32,
+    pub grant_id: u64,
+    pub key: Name,
+    pub source: Name,
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+}
+
+/// Why a holder lost a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseCause {
+    Unlock,
+    ResetByKey,
+    ResetBySource,
+    /// The grant's `+` could not be delivered.
+    Undelivered,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Effect {
+    /// Send `reply` to `conn`; its request is finished.
+    Reply { conn: Token, reply: Reply },
+    /// `conn` now holds the key; send it `+`. `waited_us` is set when the
+    /// grant came from the queue (a hand-off).
+    Granted {
+        conn: Token,
+        grant: Grant,
+        waited_us: Option<u64>,
+    },
+    /// The key's holder was released.
+    Released {
+        key: Name,
+        grant_id: u64,
+        holder_conn: Token,
+        held_us: u64,
+        cause: ReleaseCause,
+    },
+}
+
+/// Ordered effects of one or more operations. Reused across ticks.
+pub type Effects = Vec<Effect>;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Holder {
+    pub source: u32,
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub acquired_mono_us: u64,
+    pub grant_id: u64,
+    pub conn: Token,
+}
+
+struct KeyEntry {
+    name: Name,
+    holder: Option<Holder>,
+    queue: List,
+    links: [Link; 2],
+}
+
+impl Linked for KeyEntry {
+    fn link(&self, w: usize) -> &Link {
+        &self.links[w]
+    }
+    fn link_mut(&mut self, w: usize) -> &mut Link {
+        &mut self.links[w]
+    }
+}
+
+struct Waiter {
+    key: u32,
+    conn: Token,
+    source: u32,
+    endpoint: SocketAddr,
+    enqueued_mono_us: u64,
+    links: [Link; 2],
+}
+
+impl Linked for Waiter {
+    fn link(&self, w: usize) -> &Link {
+        &self.links[w]
+    }
+    fn link_mut(&mut self, w: usize) -> &mut Link {
+        &mut self.links[w]
+    }
+}
+
+struct SourceEntry {
+    name: Name,
+    held: List,
+    waiting: List,
+}
+
+/// Capacity of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_keys: usize,
+    pub max_waiters: usize,
+}
+
+/// One held key as listed by the admin `KEYS` command.
+#[derive(Clone, Debug)]
+pub struct HeldKey {
+    pub key: Name,
+    pub source: Name,
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub grant_id: u64,
+}
+
+/// What a blocking or try lock request turned into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Blocking,
+    Try,
+}
+
+pub struct Table {
+    limits: Limits,
+    keys: Slab<KeyEntry>,
+    key_index: HashMap<Name, u32>,
+    waiters: Slab<Waiter>,
+    sources: Slab<SourceEntry>,
+    source_index: HashMap<Name, u32>,
+    by_age: List,
+    next_grant_id: u64,
+}
+
+impl Table {
+    pub fn new(limits: Limits) -> Table {
+        // Every waiter and every held key has a source entry at most.
+        let max_sources = limits.max_keys + limits.max_waiters;
+        Table {
+            limits,
+            keys: Slab::with_capacity(limits.max_keys),
+            key_index: HashMap::with_capacity(limits.max_keys),
+            waiters: Slab::with_capacity(limits.max_waiters),
+            sources: Slab::with_capacity(max_sources.min(1 << 20)),
+            source_index: HashMap::with_capacity(max_sources.min(1 << 20)),
+            by_age: List::new(),
+            next_grant_id: 1,
+        }
+    }
+
+    pub fn held_keys(&self) -> usize {
+        self.by_age.len() as usize
+    }
+
+    pub fn queued_waiters(&self) -> usize {
+        self.waiters.len()
+    }
+
+    pub fn key_entries(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn next_grant_id(&self) -> u64 {
+        self.next_grant_id
+    }
+
+    /// Acquire time of the longest-held key, if any key is held.
+    pub fn oldest_acquired_unix_ms(&self) -> Option<u64> {
+        let k = self.by_age.front()?;
+        self.keys[k as usize].holder.map(|h| h.acquired_unix_ms)
+    }
+
+    /// The holder of `key`, if held.
+    pub fn holder_of(&self, key: &[u8]) -> Option<HeldKey> {
+        let n = Name::new(key)?;
+        let slot = *self.key_index.get(&n)?;
+        self.held_key(slot)
+    }
+
+    fn held_key(&self, slot: u32) -> Option<HeldKey> {
+        let e = &self.keys[slot as usize];
+        let h = e.holder?;
+        Some(HeldKey {
+            key: e.name,
+            source: self.sources[h.source as usize].name,
+            endpoint: h.endpoint,
+            acquired_unix_ms: h.acquired_unix_ms,
+            grant_id: h.grant_id,
+        })
+    }
+
+    /// Every held key, sorted by key (admin path: allocates).
+    pub fn held_list(&self) -> Vec<HeldKey> {
+        let mut out: Vec<HeldKey> = self
+            .keys
+            .iter()
+            .filter_map(|(slot, _)| self.held_key(slot as u32))
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// Number of waiters queued on `key`.
+    pub fn queue_len(&self, key: &[u8]) -> usize {
+        Name::new(key)
+            .and_then(|n| self.key_index.get(&n))
+            .map_or(0, |&s| self.keys[s as usize].queue.len() as usize)
+    }
+
+    fn source_get_or_insert(&mut self, name: &Name) -> Option<u32> {
+        if let Some(&s) = self.source_index.get(name) {
+            return Some(s);
+        }
+        if self.source_index.len() >= self.limits.max_keys + self.limits.max_waiters {
+            return None;
+        }
+        let s = self.sources.insert(SourceEntry {
+            name: *name,
+            held: List::new(),
+            waiting: List::new(),
+        }) as u32;
+        self.source_index.insert(*name, s);
+        Some(s)
+    }
+
+    fn source_drop_if_unused(&mut self, s: u32) {
+        let e = &self.sources[s as usize];
+        if e.held.is_empty() && e.waiting.is_empty() {
+            let name = e.name;
+            self.sources.remove(s as usize);
+            self.source_index.remove(&name);
+        }
+    }
+
+    fn key_drop_if_unused(&mut self, k: u32) {
+        let e = &self.keys[k as usize];
+        if e.holder.is_none() && e.queue.is_empty() {
+            let name = e.name;
+            self.keys.remove(k as usize);
+            self.key_index.remove(&name);
+        }
+    }
+
+    fn set_holder(
+        &mut self,
+        k: u32,
+        source: u32,
+        endpoint: SocketAddr,
+        conn: Token,
+        now: Now,
+        acquired_unix_ms: u64,
+        grant_id: u64,
+    ) -> Grant {
+        assert!(
+            self.keys[k as usize].holder.is_none(),
+            "grant of a held key"
+        );
+        self.keys[k as usize].holder = Some(Holder {
+            source,
+            endpoint,
+            acquired_unix_ms,
+            acquired_mono_us: now.mono_us,
+            grant_id,
+            conn,
+        });
+        self.next_grant_id = self.next_grant_id.max(grant_id + 1);
+        let (sources, keys) = (&mut self.sources, &mut self.keys);
+        sources[source as usize].held.push_back(keys, k, K_SRC);
+        self.by_age.push_back(&mut self.keys, k, K_AGE);
+        Grant {
+            key_slot: k,
+            grant_id,
+            key: self.keys[k as usize].name,
+            source: self.sources[source as usize].name,
+            endpoint,
+            acquired_unix_ms,
+        }
+    }
+
+    /// Removes the holder of key slot `k` (which must be held); does not
+    /// grant the next waiter and does not drop the key entry.
+    fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
+        let h = self.keys[k as usize]
+            .holder
+            .take()
+            .expect("release of a free key");
+        {
+            let (sources, keys) = (&mut self.sources, &mut self.keys);
+            sources[h.source as usize].held.unlink(keys, k, K_SRC);
+        }
+        self.by_age.unlink(&mut self.keys, k, K_AGE);
+        self.source_drop_if_unused(h.source);
+        fx.push(Effect::Released {
+            key: self.keys[k as usize].name,
+            grant_id: h.grant_id,
+            holder_conn: h.conn,
+            held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
+            cause,
+        });
+    }
+
+    /// Unlinks waiter `w` from its key queue and source list and frees its
+    /// slot. Neither the key nor the source entry is dropped here.
+    fn detach_waiter(&mut self, w: u32) -> Waiter {
+        let (key, source) = {
+            let e = &self.waiters[w as usize];
+            (e.key, e.source)
+        };
+        {
+            let (keys, waiters) = (&mut self.keys, &mut self.waiters);
+            keys[key as usize].queue.unlink(waiters, w, W_KEY);
+        }
+        {
+            let (sources, waiters) = (&mut self.sources, &mut self.waiters);
+            sources[source as usize].waiting.unlink(waiters, w, W_SRC);
+        }
+        self.waiters.remove(w as usize)
+    }
+
+    /// Grants a free key to the head of its queue, or drops the key entry
+    /// when nobody waits.
+    fn grant_next(&mut self, k: u32, now: Now, fx: &mut Effects) {
+        debug_assert!(self.keys[k as usize].holder.is_none());
+        let Some(w) = self.keys[k as usize].queue.front() else {
+            self.key_drop_if_unused(k);
+            return;
+        };
+        let waiter = self.detach_waiter(w);
+        let grant_id = self.next_grant_id;
+        let grant = self.set_holder(
+            k,
+            waiter.source,
+            waiter.endpoint,
+            waiter.conn,
+            now,
+            now.unix_ms,
+            grant_id,
+        );
+        fx.push(Effect::Granted {
+            conn: waiter.conn,
+            grant,
+            waited_us: Some(now.mono_us.saturating_sub(waiter.enqueued_mono_us)),
+        });
+    }
+
+    /// Lock (blocking) or TryLock. `source` must already be resolved (an
+    /// empty wire source is replaced by the peer IP by the caller). Returns
+    /// the waiter slot when the request was queued; the caller needs it to
+    /// withdraw the waiter if the connection hangs up.
+    pub fn lock(
+        &mut self,
+        conn: Token,
+        key: &Name,
+        source: &Name,
+        endpoint: SocketAddr,
+        mode: LockMode,
+        now: Now,
+        fx: &mut Effects,
+    ) -> Option<u32> {
+        debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
+        let existing = self.key_index.get(key).copied();
+        if let Some(k) = existing {
+            if self.keys[k as usize].holder.is_some() {
+                if mode == LockMode::Try {
+                    fx.push(Effect::Reply {
+                        conn,
+                        reply: Reply::Busy,
+                    });
+                    return None;
+                }
+                if self.waiters.len() >= self.limits.max_waiters {
+                    fx.push(Effect::Reply {
+                        conn,
+                        reply: Reply::Err,
+                    });
+                    return None;
+                }
+                let Some(s) = self.source_get_or_insert(source) else {
+                    fx.push(Effect::Reply {
+                        conn,
+                        reply: Reply::Err,
+                    });
+                    return None;
+                };
+                let w = self.waiters.insert(Waiter {
+                    key: k,
+                    conn,
+                    source: s,
+                    endpoint,
+                    enqueued_mono_us: now.mono_us,
+                    links: [Link::default(); 2],
+                }) as u32;
+                {
+                    let (keys, waiters) = (&mut self.keys, &mut self.waiters);
+                    keys[k as usize].queue.push_back(waiters, w, W_KEY);
+                }
+                {
+                    let (sources, waiters) = (&mut self.sources, &mut self.waiters);
+                    sources[s as usize].waiting.push_back(waiters, w, W_SRC);
+                }
+                return Some(w);
+            }
+            unreachable!("a free key never stays in the table");
+        }
+        if self.key_index.len() >= self.limits.max_keys {
+            fx.push(Effect::Reply {
+                conn,
+                reply: Reply::Err,
+            });
+            return None;
+        }
+        let Some(s) = self.source_get_or_insert(source) else {
+            fx.push(Effect::Reply {
+                conn,
+                reply: Reply::Err,
+            });
+            return None;
+        };
+        let k = self.keys.insert(KeyEntry {
+            name: *key,
+            holder: None,
+            queue: List::new(),
+            links: [Link::default(); 2],
+        }) as u32;
+        self.key_index.insert(*key, k);
+        let grant_id = self.next_grant_id;
+        let grant = self.set_holder(k, s, endpoint, conn, now, now.unix_ms, grant_id);
+        fx.push(Effect::Granted {
+            conn,
+            grant,
+            waited_us: None,
+        });
+        None
+    }
+
+    /// Releases `key` if held and grants it to the next waiter. Answers the
+    /// requester (`conn`, if any) `+` whether or not the key was held.
+    fn release_key(
+        &mut self,
+        conn: Option<Token>,
+        key: &Name,
+        cause: ReleaseCause,
+        now: Now,
+        fx: &mut Effects,
+    ) {
+        if let Some(&k) = self.key_index.get(key) {
+            if self.keys[k as usize].holder.is_some() {
+                self.clear_holder(k, now, cause, fx);
+                self.grant_next(k, now, fx);
+            }
+        }
+        if let Some(conn) = conn {
+            fx.push(Effect::Reply {
+                conn,
+                reply: Reply::Ok,
+            });
+        }
+    }
+
+    /// Unlock: releases the key whoever asks (Locking-Center has no owner
+    /// check) and hands it to the next waiter. A free key answers `+`.
+    pub fn unlock(&mut self, conn: Token, key: &Name, now: Now, fx: &mut Effects) {
+        self.release_key(Some(conn), key, ReleaseCause::Unlock, now, fx);
+    }
+
+    /// ResetByKey: releases the holder; waiters keep their places.
+    pub fn reset_by_key(&mut self, conn: Option<Token>, key: &Name, now: Now, fx: &mut Effects) {
+        self.release_key(conn, key, ReleaseCause::ResetByKey, now, fx);
+    }
+
+    /// ResetBySource: answers `-` to every queued Lock of `source`, then
+    /// releases every key it holds (granting each to its next waiter).
+    /// Waiters are answered first so that none of them can be granted a key
+    /// its own source is giving up in the same call.
+    pub fn reset_by_source(
+        &mut self,
+        conn: Option<Token>,
+        source: &Name,
+        now: Now,
+        fx: &mut Effects,
+    ) {
+        if let Some(&s) = self.source_index.get(source) {
+            while let Some(w) = self.sources[s as usize].waiting.front() {
+                let waiter = self.detach_waiter(w);
+                // The key is held (it had a queue), so it stays in the table.
+                fx.push(Effect::Reply {
+                    conn: waiter.conn,
+                    reply: Reply::Err,
+                });
+            }
+            while let Some(k) = self.sources[s as usize].held.front() {
+                let last = self.sources[s as usize].held.len() == 1;
+                self.clear_holder(k, now, ReleaseCause::ResetBySource, fx);
+                self.grant_next(k, now, fx);
+                if last {
+                    // clear_holder dropped the (now unused) source entry.
+                    break;
+                }
+            }
+            if self.sources.contains(s as usize) && self.source_index.get(source) == Some(&s) {
+                self.source_drop_if_unused(s);
+            }
+        }
+        if let Some(conn) = conn {
+            fx.push(Effect::Reply {
+                conn,
+                reply: Reply::Ok,
+            });
+        }
+    }
+
+    /// A queued waiter's connection hung up: withdraw it. It is never
+    /// granted and nothing is answered. `w` must be a live waiter slot.
+    pub fn withdraw(&mut self, w: u32) {
+        let waiter = self.detach_waiter(w);
+        self.source_drop_if_unused(waiter.source);
+        // The key is held (it had a queue); it stays.
+        debug_assert!(self.keys[waiter.key as usize].holder.is_some());
+    }
+
+    /// Gives back a grant whose `+` could not be delivered. Does nothing if
+    /// that grant is no longer the holder (already unlocked or reset).
+    pub fn release_grant(
+        &mut self,
+        key_slot: u32,
+        grant_id: u64,
+        now: Now,
+        fx: &mut Effects,
+    ) -> bool {
+        let held_by_grant = self
+            .keys
+            .get(key_slot as usize)
+            .and_then(|e| e.holder)
+            .is_some_and(|h| h.grant_id == grant_id);
+        if held_by_grant {
+            self.clear_holder(key_slot, now, ReleaseCause::Undelivered, fx);
+            self.grant_next(key_slot, now, fx);
+        }
+        held_by_grant
+    }
+
+    /// Recovery: installs a holder read from the log (no connection, nobody
+    /// to answer). Replaces any holder the key had. Refuses (false) past
+    /// the key limit.
+    pub fn restore_holder(&mut self, h: &HeldKey, now: Now) -> bool {
+        let k = match self.key_index.get(&h.key) {
+            Some(&k) => {
+                let mut scratch = Vec::new();
+                if self.keys[k as usize].holder.is_some() {
+                    self.clear_holder(k, now, ReleaseCause::ResetByKey, &mut scratch);
+                }
+                k
+            }
+            None => {
+                if self.key_index.len() >= self.limits.max_keys {
+                    return false;
+                }
+                let k = self.keys.insert(KeyEntry {
+                    name: h.key,
+                    holder: None,
+                    queue: List::new(),
+                    links: [Link::default(); 2],
+                }) as u32;
+                self.key_index.insert(h.key, k);
+                k
+            }
+        };
+        let Some(s) = self.source_get_or_insert(&h.source) else {
+            self.key_drop_if_unused(k);
+            return false;
+        };
+        self.set_holder(
+            k,
+            s,
+            h.endpoint,
+            NO_CONN,
+            now,
+            h.acquired_unix_ms,
+            h.grant_id,
+        );
+        true
+    }
+
+    /// Recovery: a release read from the log.
+    pub fn restore_release(&mut self, key: &Name, now: Now) {
+        let mut scratch = Vec::new();
+        if let Some(&k) = self.key_index.get(key) {
+            if self.keys[k as usize].holder.is_some() {
+                self.clear_holder(k, now, ReleaseCause::Unlock, &mut scratch);
+            }
+            self.key_drop_if_unused(k);
+        }
+    }
+
+    /// Checks every structural invariant (tests and debug assertions).
+    pub fn check_invariants(&self) {
+        let mut held = 0;
+        for (k, e) in self.keys.iter() {
+            assert_eq!(self.key_index.get(&e.name), Some(&(k as u32)));
+            assert!(
+                e.holder.is_some(),
+                "free key {:?} left in the table",
+                e.name
+            );
+            held += 1;
+            let mut n = 0;
+            let mut cur = e.queue.front();
+            while let Some(w) = cur {
+                assert_eq!(self.waiters[w as usize].key, k as u32);
+                n += 1;
+                cur = List::next_of(&self.waiters, w, W_KEY);
+            }
+            assert_eq!(n, e.queue.len());
+        }
+        assert_eq!(held, self.by_age.len() as usize);
+        assert_eq!(self.key_index.len(), self.keys.len());
+        assert_eq!(self.source_index.len(), self.sources.len());
+        let mut src_waiting = 0;
+        for (_, s) in self.sources.iter() {
+            assert!(
+                !(s.held.is_empty() && s.waiting.is_empty()),
+                "unused source kept"
+            );
+            src_waiting += s.waiting.len() as usize;
+        }
+        assert_eq!(src_waiting, self.waiters.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, VecDeque};
+
+    fn ep(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+    fn n(s: &str) -> Name {
+        Name::new(s.as_bytes()).unwrap()
+    }
+    fn t() -> Table {
+        Table::new(Limits {
+            max_keys: 64,
+            max_waiters: 64,
+        })
+    }
+    fn at(us: u64) -> Now {
+        Now {
+            mono_us: us,
+            unix_ms: 1_700_000_000_000 + us / 1000,
+        }
+    }
+    fn granted(fx: &Effects) -> Vec<Token> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::Granted { conn, .. } => Some(*conn),
+                _ => None,
+            })
+            .collect()
+    }
+    fn replies(fx: &Effects) -> Vec<(Token, Reply)> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::Reply { conn, reply } => Some((*conn, *reply)),
+                Effect::Granted { conn, .. } => Some((*conn, Reply::Ok)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fifo_handoff_and_withdrawal_from_the_middle() {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        tb.lock(
+            1,
+            &n("k"),
+            &n("a"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        let mut ws = Vec::new();
+        for c in 2..=6 {
+            ws.push(
+                tb.lock(
+                    c,
+                    &n("k"),
+                    &n("b"),
+                    ep(c as u16),
+                    LockMode::Blocking,
+                    at(c),
+                    &mut fx,
+                )
+                .unwrap(),
+            );
+        }
+        assert_eq!(granted(&fx), vec![1]);
+        tb.withdraw(ws[1]); // conn 3 hangs up
+        tb.check_invariants();
+        fx.clear();
+        for (i, want) in [2, 4, 5, 6].iter().enumerate() {
+            tb.unlock(100 + i as u64, &n("k"), at(100), &mut fx);
+            assert_eq!(granted(&fx), vec![*want]);
+            fx.clear();
+            tb.check_invariants();
+        }
+        tb.unlock(200, &n("k"), at(200), &mut fx);
+        assert_eq!(replies(&fx), vec![(200, Reply::Ok)]);
+        assert_eq!(tb.key_entries(), 0);
+        tb.check_invariants();
+    }
+
+    #[test]
+    fn try_lock_and_unlock_of_free_key() {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        tb.unlock(9, &n("free"), at(0), &mut fx);
+        assert_eq!(replies(&fx), vec![(9, Reply::Ok)]);
+        fx.clear();
+        tb.lock(1, &n("k"), &n("a"), ep(1), LockMode::Try, at(0), &mut fx);
+        tb.lock(2, &n("k"), &n("a"), ep(1), LockMode::Try, at(0), &mut fx);
+        assert_eq!(replies(&fx), vec![(1, Reply::Ok), (2, Reply::Busy)]);
+        tb.check_invariants();
+    }
+
+    #[test]
+    fn reset_by_source_answers_its_waiters_and_frees_its_keys() {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        tb.lock(
+            1,
+            &n("k1"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            2,
+            &n("k2"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            3,
+            &n("k1"),
+            &n("other"),
+            ep(2),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            4,
+            &n("k3"),
+            &n("other"),
+            ep(2),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            5,
+            &n("k3"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        fx.clear();
+        tb.reset_by_source(Some(99), &n("s"), at(10), &mut fx);
+        tb.check_invariants();
+        let r = replies(&fx);
+        assert!(r.contains(&(5, Reply::Err)));
+        assert!(r.contains(&(3, Reply::Ok)), "k1 handed to the other source");
+        assert_eq!(r.last(), Some(&(99, Reply::Ok)));
+        assert!(tb.holder_of(b"k2").is_none());
+        assert_eq!(tb.holder_of(b"k1").unwrap().source, n("other"));
+        assert_eq!(tb.held_keys(), 2);
+    }
+
+    #[test]
+    fn undelivered_grant_is_released_only_if_still_held_by_it() {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        tb.lock(
+            1,
+            &n("k"),
+            &n("a"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        let Effect::Granted { grant, .. } = fx[0] else {
+            panic!()
+        };
+        tb.lock(
+            2,
+            &n("k"),
+            &n("a"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        fx.clear();
+        assert!(tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
+        assert_eq!(granted(&fx), vec![2]);
+        fx.clear();
+        assert!(!tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
+        assert!(fx.is_empty());
+    }
+
+    #[test]
+    fn limits_refuse_instead_of_growing() {
+        let mut tb = Table::new(Limits {
+            max_keys: 2,
+            max_waiters: 1,
+        });
+        let mut fx = Vec::new();
+        tb.lock(
+            1,
+            &n("a"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            2,
+            &n("b"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        tb.lock(
+            3,
+            &n("c"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(0),
+            &mut fx,
+        );
+        assert!(tb
+            .lock(
+                4,
+                &n("a"),
+                &n("s"),
+                ep(1),
+                LockMode::Blocking,
+                at(0),
+                &mut fx
+            )
+            .is_some());
+        assert!(tb
+            .lock(
+                5,
+                &n("a"),
+                &n("s"),
+                ep(1),
+                LockMode::Blocking,
+                at(0),
+                &mut fx
+            )
+            .is_none());
+        assert_eq!(
+            replies(&fx),
+            vec![
+                (1, Reply::Ok),
+                (2, Reply::Ok),
+                (3, Reply::Err),
+                (5, Reply::Err)
+            ]
+        );
+        tb.check_invariants();
+    }
+
+    #[test]
+    fn oldest_hold_follows_grant_order() {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        tb.lock(
+            1,
+            &n("a"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(1000),
+            &mut fx,
+        );
+        tb.lock(
+            2,
+            &n("b"),
+            &n("s"),
+            ep(1),
+            LockMode::Blocking,
+            at(2000),
+            &mut fx,
+        );
+        assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(1000).unix_ms));
+        tb.unlock(3, &n("a"), at(3000), &mut fx);
+        assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(2000).unix_ms));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Lock(u8, u8, bool),
+        Unlock(u8),
+        ResetKey(u8),
+        ResetSource(u8),
+        Withdraw(usize),
+        Undeliver(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..4, 0u8..3, any::<bool>()).prop_map(|(k, s, t)| Op::Lock(k, s, t)),
+            2 => (0u8..4).prop_map(Op::Unlock),
+            1 => (0u8..4).prop_map(Op::ResetKey),
+            1 => (0u8..3).prop_map(Op::ResetSource),
+            1 => any::<usize>().prop_map(Op::Withdraw),
+            1 => any::<usize>().prop_map(Op::Undeliver),
+        ]
+    }
+
+    #[derive(Default)]
+    struct Model {
+        // key -> (holder conn, holder source, queue of (conn, source))
+        keys: HashMap<u8, (Token, u8, VecDeque<(Token, u8)>)>,
+    }
+
+    impl Model {
+        fn release(&mut self, k: u8, out: &mut Vec<(Token, Reply)>) {
+            if let Some(e) = self.keys.get_mut(&k) {
+                if let Some((c, s)) = e.2.pop_front() {
+                    e.0 = c;
+                    e.1 = s;
+                    out.push((c, Reply::Ok));
+                } else {
+                    self.keys.remove(&k);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// The table agrees with a naive model on every reply and every
+        /// holder, and keeps its invariants, under random operations.
+        #[test]
+        fn table_matches_model(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut tb = t();
+            let mut m = Model::default();
+            let mut fx = Vec::new();
+            let mut waiters: Vec<(Token, u32)> = Vec::new(); // queued (conn, waiter slot)
+            let mut grants: HashMap<Token, (u32, u64)> = HashMap::new();
+            let mut next_conn: Token = 1;
+            for (i, o) in ops.into_iter().enumerate() {
+                fx.clear();
+                let now = at(i as u64);
+                let mut want: Vec<(Token, Reply)> = Vec::new();
+                let conn = next_conn;
+                next_conn += 1;
+                match o {
+                    Op::Lock(k, s, try_) => {
+                        let kn = n(&format!("k{k}"));
+                        let sn = n(&format!("s{s}"));
+                        let mode = if try_ { LockMode::Try } else { LockMode::Blocking };
+                        let w = tb.lock(conn, &kn, &sn, ep(1), mode, now, &mut fx);
+                        match m.keys.get_mut(&k) {
+                            None => { m.keys.insert(k, (conn, s, VecDeque::new())); want.push((conn, Reply::Ok)); }
+                            Some(_) if try_ => want.push((conn, Reply::Busy)),
+                            Some(e) => { e.2.push_back((conn, s)); }
+                        }
+                        if let Some(w) = w { waiters.push((conn, w)); }
+                    }
+                    Op::Unlock(k) | Op::ResetKey(k) => {
+                        let kn = n(&format!("k{k}"));
+                        if matches!(o, Op::Unlock(_)) { tb.unlock(conn, &kn, now, &mut fx) } else { tb.reset_by_key(Some(conn), &kn, now, &mut fx) }
+                        m.release(k, &mut want);
+                        want.push((conn, Reply::Ok));
+                    }
+                    Op::ResetSource(s) => {
+                        tb.reset_by_source(Some(conn), &n(&format!("s{s}")), now, &mut fx);
+                        let mut keys: Vec<u8> = m.keys.keys().copied().collect();
+                        keys.sort();
+                        for k in &keys {
+                            let e = m.keys.get_mut(k).unwrap();
+                            let before: Vec<_> = e.2.drain(..).collect();
+                            for (c, ws) in before {
+                                if ws == s { want.push((c, Reply::Err)); } else { e.2.push_back((c, ws)); }
+                            }
+                        }
+                        for k in keys {
+                            if m.keys[&k].1 == s { m.release(k, &mut want); }
+                        }
+                        want.push((conn, Reply::Ok));
+                    }
+                    Op::Withdraw(i) => {
+                        if !waiters.is_empty() {
+                            let (c, w) = waiters.remove(i % waiters.len());
+                            tb.withdraw(w);
+                            for e in m.keys.values_mut() { e.2.retain(|(wc, _)| *wc != c); }
+                        }
+                    }
+                    Op::Undeliver(i) => {
+                        let mut held: Vec<_> = grants.iter().map(|(c, g)| (*c, *g)).collect();
+                        held.sort();
+                        if !held.is_empty() {
+                            let (c, (slot, gid)) = held[i % held.len()];
+                            grants.remove(&c);
+                            let did = tb.release_grant(slot, gid, now, &mut fx);
+                            let mk = m.keys.iter().find(|(_, e)| e.0 == c).map(|(k, _)| *k);
+                            prop_assert_eq!(did, mk.is_some());
+                            if let Some(k) = mk { m.release(k, &mut want); }
+                        }
+                    }
+                }
+                for e in &fx {
+                    match e {
+                        Effect::Granted { conn, grant, .. } => { grants.insert(*conn, (grant.key_slot, grant.grant_id)); waiters.retain(|(c, _)| c != conn); }
+                        Effect::Reply { conn, .. } => waiters.retain(|(c, _)| c != conn),
+                        Effect::Released { holder_conn, .. } => { grants.remove(holder_conn); }
+                    }
+                }
+                // Order among different keys is not specified; compare as multisets.
+                let mut got = replies(&fx);
+                got.sort_by_key(|(c, r)| (*c, r.byte()));
+                want.sort_by_key(|(c, r)| (*c, r.byte()));
+                prop_assert_eq!(got, want);
+                tb.check_invariants();
+                prop_assert_eq!(tb.held_keys(), m.keys.len());
+                prop_assert_eq!(tb.queued_waiters(), m.keys.values().map(|e| e.2.len()).sum::<usize>());
+            }
+        }
+    }
+}
