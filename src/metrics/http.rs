@@ -23,6 +23,8 @@ pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a single write of the answer may block.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the thread drains a client's leftover input after an error answer.
+const LINGER_TIMEOUT: Duration = Duration::from_millis(100);
 
 const CONTENT_TYPE_METRICS: &str = "text/plain; version=0.0.4; charset=utf-8";
 const CONTENT_TYPE_TEXT: &str = "text/plain; charset=utf-8";
@@ -236,7 +238,32 @@ fn respond(
     stream.flush()?;
     // Tell the client we are done; it then closes first, so our close does
     // not reset the connection before the answer is read.
-    stream.shutdown(std::net::Shutdown::Write)
+    stream.shutdown(std::net::Shutdown::Write)?;
+    if code >= 400 {
+        linger(stream);
+    }
+    Ok(())
+}
+
+/// After an error answer the client may still be sending (a huge head, a
+/// body). Closing with unread input makes the kernel send RST, which can
+/// destroy our answer before the client reads it, so read and discard for a
+/// short, bounded while first ("lingering close").
+fn linger(stream: &mut TcpStream) {
+    const LINGER_BYTES_MAX: usize = 256 * 1024;
+    let deadline = Instant::now() + LINGER_TIMEOUT;
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < LINGER_BYTES_MAX {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
+        }
+    }
 }
 
 fn now_unix_ms() -> u64 {

@@ -30,7 +30,7 @@
 
 mod http;
 
-pub use http::serve;
+pub use http::{serve, serve_with_timeout, REQUEST_HEAD_BYTES_MAX, REQUEST_TIMEOUT, WRITE_TIMEOUT};
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

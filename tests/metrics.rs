@@ -1,0 +1,549 @@
+//! Unit tests of the metrics registry's text output and of the scrape endpoint
+//! over a real TCP socket.
+
+use ringlock::metrics::{self, Action, Metrics, Outcome};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn known_updates() -> Metrics {
+    let m = Metrics::new();
+    m.request(Action::Lock, Outcome::Ok);
+    m.request(Action::Lock, Outcome::Ok);
+    m.request(Action::TryLock, Outcome::Busy);
+    m.request(Action::Unlock, Outcome::Error);
+    m.request(Action::AdminRsbs, Outcome::Ok);
+    m.set_held_keys(3);
+    m.set_queued_waiters(2);
+    m.set_open_connections(7);
+    m.grant();
+    m.grant();
+    m.handoff();
+    m.hangup_withdrawal();
+    m.undelivered_grant();
+    m.reset(false);
+    m.reset(true);
+    m.reset(true);
+    m.connection_refused();
+    m.frame_timeout();
+    m.observe_queue_wait_us(5); // le 0.00001
+    m.observe_queue_wait_us(2_500); // le 0.0025 (bounds are inclusive)
+    m.observe_hold_us(1_500_000); // le 2.5
+    m.observe_hold_us(20_000_000); // only +Inf
+    m.set_oldest_acquired_unix_ms(1_000_000);
+    m.observe_fdatasync_us(300); // le 0.0005
+    m.observe_wal_batch(1, 60);
+    m.observe_wal_batch(3, 180);
+    m.observe_wal_batch(2000, 120_000); // only +Inf
+    m.wal_compaction();
+    m.wal_io_error();
+    m.set_recovery_us(1_234_567);
+    m.set_ready();
+    m
+}
+
+fn render(m: &Metrics, now_unix_ms: u64) -> String {
+    let mut out = String::new();
+    m.render(&mut out, now_unix_ms);
+    out
+}
+
+/// Every line checked by hand against `known_updates()`; scrape time is
+/// 61.5 s after the oldest acquire.
+const KNOWN_RENDER: &str = r#"# HELP ringlock_held_keys Keys currently held.
+# TYPE ringlock_held_keys gauge
+ringlock_held_keys 3
+# HELP ringlock_queued_waiters Lock requests currently queued behind a holder.
+# TYPE ringlock_queued_waiters gauge
+ringlock_queued_waiters 2
+# HELP ringlock_open_connections Client connections currently open (lock and admin ports).
+# TYPE ringlock_open_connections gauge
+ringlock_open_connections 7
+# HELP ringlock_requests_total Requests answered, by action and result (+ ok, # busy, - error).
+# TYPE ringlock_requests_total counter
+ringlock_requests_total{action="lock",result="ok"} 2
+ringlock_requests_total{action="lock",result="busy"} 0
+ringlock_requests_total{action="lock",result="error"} 0
+ringlock_requests_total{action="unlock",result="ok"} 0
+ringlock_requests_total{action="unlock",result="busy"} 0
+ringlock_requests_total{action="unlock",result="error"} 1
+ringlock_requests_total{action="reset_by_key",result="ok"} 0
+ringlock_requests_total{action="reset_by_key",result="busy"} 0
+ringlock_requests_total{action="reset_by_key",result="error"} 0
+ringlock_requests_total{action="reset_by_source",result="ok"} 0
+ringlock_requests_total{action="reset_by_source",result="busy"} 0
+ringlock_requests_total{action="reset_by_source",result="error"} 0
+ringlock_requests_total{action="trylock",result="ok"} 0
+ringlock_requests_total{action="trylock",result="busy"} 1
+ringlock_requests_total{action="trylock",result="error"} 0
+ringlock_requests_total{action="admin_keys",result="ok"} 0
+ringlock_requests_total{action="admin_keys",result="busy"} 0
+ringlock_requests_total{action="admin_keys",result="error"} 0
+ringlock_requests_total{action="admin_rset",result="ok"} 0
+ringlock_requests_total{action="admin_rset",result="busy"} 0
+ringlock_requests_total{action="admin_rset",result="error"} 0
+ringlock_requests_total{action="admin_rsbs",result="ok"} 1
+ringlock_requests_total{action="admin_rsbs",result="busy"} 0
+ringlock_requests_total{action="admin_rsbs",result="error"} 0
+# HELP ringlock_grants_total Locks granted, immediately or after waiting.
+# TYPE ringlock_grants_total counter
+ringlock_grants_total 2
+# HELP ringlock_handoffs_total Grants to a waiter that had been queued.
+# TYPE ringlock_handoffs_total counter
+ringlock_handoffs_total 1
+# HELP ringlock_hangup_withdrawals_total Queued lock requests withdrawn because the client hung up.
+# TYPE ringlock_hangup_withdrawals_total counter
+ringlock_hangup_withdrawals_total 1
+# HELP ringlock_undelivered_grants_total Grants released again because the client was gone before its + could be delivered.
+# TYPE ringlock_undelivered_grants_total counter
+ringlock_undelivered_grants_total 1
+# HELP ringlock_resets_total Keys released by an operator reset, by key or by source.
+# TYPE ringlock_resets_total counter
+ringlock_resets_total{by="key"} 1
+ringlock_resets_total{by="source"} 2
+# HELP ringlock_connections_refused_total Connections refused because the connection limit was reached.
+# TYPE ringlock_connections_refused_total counter
+ringlock_connections_refused_total 1
+# HELP ringlock_frame_timeouts_total Connections closed because a request frame did not complete in time.
+# TYPE ringlock_frame_timeouts_total counter
+ringlock_frame_timeouts_total 1
+# HELP ringlock_queue_wait_seconds Time a lock request waited in a queue before its grant.
+# TYPE ringlock_queue_wait_seconds histogram
+ringlock_queue_wait_seconds_bucket{le="0.00001"} 1
+ringlock_queue_wait_seconds_bucket{le="0.000025"} 1
+ringlock_queue_wait_seconds_bucket{le="0.00005"} 1
+ringlock_queue_wait_seconds_bucket{le="0.0001"} 1
+ringlock_queue_wait_seconds_bucket{le="0.00025"} 1
+ringlock_queue_wait_seconds_bucket{le="0.0005"} 1
+ringlock_queue_wait_seconds_bucket{le="0.001"} 1
+ringlock_queue_wait_seconds_bucket{le="0.0025"} 2
+ringlock_queue_wait_seconds_bucket{le="0.005"} 2
+ringlock_queue_wait_seconds_bucket{le="0.01"} 2
+ringlock_queue_wait_seconds_bucket{le="0.025"} 2
+ringlock_queue_wait_seconds_bucket{le="0.05"} 2
+ringlock_queue_wait_seconds_bucket{le="0.1"} 2
+ringlock_queue_wait_seconds_bucket{le="0.25"} 2
+ringlock_queue_wait_seconds_bucket{le="0.5"} 2
+ringlock_queue_wait_seconds_bucket{le="1"} 2
+ringlock_queue_wait_seconds_bucket{le="2.5"} 2
+ringlock_queue_wait_seconds_bucket{le="5"} 2
+ringlock_queue_wait_seconds_bucket{le="10"} 2
+ringlock_queue_wait_seconds_bucket{le="+Inf"} 2
+ringlock_queue_wait_seconds_sum 0.002505
+ringlock_queue_wait_seconds_count 2
+# HELP ringlock_hold_seconds Time a key was held, observed at its release.
+# TYPE ringlock_hold_seconds histogram
+ringlock_hold_seconds_bucket{le="0.00001"} 0
+ringlock_hold_seconds_bucket{le="0.000025"} 0
+ringlock_hold_seconds_bucket{le="0.00005"} 0
+ringlock_hold_seconds_bucket{le="0.0001"} 0
+ringlock_hold_seconds_bucket{le="0.00025"} 0
+ringlock_hold_seconds_bucket{le="0.0005"} 0
+ringlock_hold_seconds_bucket{le="0.001"} 0
+ringlock_hold_seconds_bucket{le="0.0025"} 0
+ringlock_hold_seconds_bucket{le="0.005"} 0
+ringlock_hold_seconds_bucket{le="0.01"} 0
+ringlock_hold_seconds_bucket{le="0.025"} 0
+ringlock_hold_seconds_bucket{le="0.05"} 0
+ringlock_hold_seconds_bucket{le="0.1"} 0
+ringlock_hold_seconds_bucket{le="0.25"} 0
+ringlock_hold_seconds_bucket{le="0.5"} 0
+ringlock_hold_seconds_bucket{le="1"} 0
+ringlock_hold_seconds_bucket{le="2.5"} 1
+ringlock_hold_seconds_bucket{le="5"} 1
+ringlock_hold_seconds_bucket{le="10"} 1
+ringlock_hold_seconds_bucket{le="+Inf"} 2
+ringlock_hold_seconds_sum 21.5
+ringlock_hold_seconds_count 2
+# HELP ringlock_oldest_hold_seconds Age of the oldest currently held key; 0 when no key is held.
+# TYPE ringlock_oldest_hold_seconds gauge
+ringlock_oldest_hold_seconds 61.5
+# HELP ringlock_wal_fdatasync_seconds Latency of WAL fdatasync calls.
+# TYPE ringlock_wal_fdatasync_seconds histogram
+ringlock_wal_fdatasync_seconds_bucket{le="0.00001"} 0
+ringlock_wal_fdatasync_seconds_bucket{le="0.000025"} 0
+ringlock_wal_fdatasync_seconds_bucket{le="0.00005"} 0
+ringlock_wal_fdatasync_seconds_bucket{le="0.0001"} 0
+ringlock_wal_fdatasync_seconds_bucket{le="0.00025"} 0
+ringlock_wal_fdatasync_seconds_bucket{le="0.0005"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.001"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.0025"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.005"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.01"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.025"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.05"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.1"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.25"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="0.5"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="1"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="2.5"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="5"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="10"} 1
+ringlock_wal_fdatasync_seconds_bucket{le="+Inf"} 1
+ringlock_wal_fdatasync_seconds_sum 0.0003
+ringlock_wal_fdatasync_seconds_count 1
+# HELP ringlock_wal_batch_records Records per WAL group-commit batch.
+# TYPE ringlock_wal_batch_records histogram
+ringlock_wal_batch_records_bucket{le="1"} 1
+ringlock_wal_batch_records_bucket{le="2"} 1
+ringlock_wal_batch_records_bucket{le="4"} 2
+ringlock_wal_batch_records_bucket{le="8"} 2
+ringlock_wal_batch_records_bucket{le="16"} 2
+ringlock_wal_batch_records_bucket{le="32"} 2
+ringlock_wal_batch_records_bucket{le="64"} 2
+ringlock_wal_batch_records_bucket{le="128"} 2
+ringlock_wal_batch_records_bucket{le="256"} 2
+ringlock_wal_batch_records_bucket{le="512"} 2
+ringlock_wal_batch_records_bucket{le="1024"} 2
+ringlock_wal_batch_records_bucket{le="+Inf"} 3
+ringlock_wal_batch_records_sum 2004
+ringlock_wal_batch_records_count 3
+# HELP ringlock_wal_bytes_written_total Bytes appended to the WAL.
+# TYPE ringlock_wal_bytes_written_total counter
+ringlock_wal_bytes_written_total 120240
+# HELP ringlock_wal_compactions_total WAL compactions completed.
+# TYPE ringlock_wal_compactions_total counter
+ringlock_wal_compactions_total 1
+# HELP ringlock_wal_recovery_seconds Time the last start-up spent replaying the WAL.
+# TYPE ringlock_wal_recovery_seconds gauge
+ringlock_wal_recovery_seconds 1.234567
+# HELP ringlock_wal_io_errors_total WAL write or fdatasync failures.
+# TYPE ringlock_wal_io_errors_total counter
+ringlock_wal_io_errors_total 1
+# HELP ringlock_ready 1 once WAL recovery is done and the server accepts requests.
+# TYPE ringlock_ready gauge
+ringlock_ready 1
+# HELP ringlock_build_info Build information; the value is always 1.
+# TYPE ringlock_build_info gauge
+ringlock_build_info{version="{VERSION}"} 1
+"#;
+
+#[test]
+fn render_matches_known_updates_exactly() {
+    let expected = KNOWN_RENDER.replace("{VERSION}", env!("CARGO_PKG_VERSION"));
+    let got = render(&known_updates(), 1_061_500);
+    for (i, (g, e)) in got.lines().zip(expected.lines()).enumerate() {
+        assert_eq!(g, e, "line {}", i + 1);
+    }
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn fresh_registry_renders_every_series_at_zero() {
+    let got = render(&Metrics::new(), 123_456);
+    // Same series, same order, as the known render: nothing appears lazily.
+    let names = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| l.rsplit_once(' ').map_or(l, |(name, _)| name).to_string())
+            .collect()
+    };
+    let expected = KNOWN_RENDER.replace("{VERSION}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(names(&got), names(&expected));
+    for line in got.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit_once(' ').expect("name value").1;
+        let want = if line.starts_with("ringlock_build_info") {
+            "1"
+        } else {
+            "0"
+        };
+        assert_eq!(value, want, "{line}");
+    }
+}
+
+#[test]
+fn oldest_hold_is_computed_at_scrape_time_and_zero_when_none() {
+    let m = Metrics::new();
+    let age = |m: &Metrics, now| {
+        render(m, now)
+            .lines()
+            .find_map(|l| l.strip_prefix("ringlock_oldest_hold_seconds "))
+            .expect("oldest hold line")
+            .to_string()
+    };
+    assert_eq!(age(&m, 5_000), "0");
+    m.set_oldest_acquired_unix_ms(1_000);
+    assert_eq!(age(&m, 1_000), "0");
+    assert_eq!(age(&m, 1_001), "0.001");
+    assert_eq!(age(&m, 301_000), "300");
+    // A clock that stepped back never yields a negative or huge age.
+    assert_eq!(age(&m, 10), "0");
+    m.set_oldest_acquired_unix_ms(0);
+    assert_eq!(age(&m, 301_000), "0");
+}
+
+#[test]
+fn updates_from_many_threads_are_all_counted() {
+    let m = Arc::new(Metrics::new());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let m = Arc::clone(&m);
+            std::thread::spawn(move || {
+                for i in 0..10_000u64 {
+                    m.grant();
+                    m.request(Action::Lock, Outcome::Ok);
+                    m.observe_hold_us(i);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("updater thread");
+    }
+    let out = render(&m, 0);
+    assert!(out.contains("\nringlock_grants_total 40000\n"));
+    assert!(out.contains("ringlock_requests_total{action=\"lock\",result=\"ok\"} 40000\n"));
+    assert!(out.contains("\nringlock_hold_seconds_count 40000\n"));
+    assert!(out.contains("\nringlock_hold_seconds_bucket{le=\"+Inf\"} 40000\n"));
+    // 4 × (0 + 1 + … + 9999) µs = 199.98 s
+    assert!(out.contains("\nringlock_hold_seconds_sum 199.98\n"));
+}
+
+#[test]
+fn rendered_text_passes_promtool_when_available() {
+    let text = render(&known_updates(), 1_061_500);
+    if !promtool_check_metrics(&text) {
+        panic!("promtool check metrics rejected the output:\n{text}");
+    }
+}
+
+/// Runs `promtool check metrics` on `text`; true when it passes or when
+/// promtool is not installed (then the end-to-end test and CI cover it).
+pub fn promtool_check_metrics(text: &str) -> bool {
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("promtool not on PATH; skipping promtool check metrics");
+            return true;
+        }
+        Err(e) => panic!("spawning promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    if !out.status.success() {
+        eprintln!(
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out.status.success()
+}
+
+// ---- the scrape endpoint over real TCP ----
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().expect("valid address")
+}
+
+/// Sends `request`, half-closes, and reads the whole answer.
+fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(request).expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read answer");
+    answer
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    exchange(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes(),
+    )
+}
+
+fn status_of(answer: &str) -> u16 {
+    answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+}
+
+fn body_of(answer: &str) -> &str {
+    answer.split_once("\r\n\r\n").expect("head and body").1
+}
+
+#[test]
+fn serves_metrics_and_health_over_tcp() {
+    let m = Arc::new(Metrics::new());
+    let addr = metrics::serve(loopback(), Arc::clone(&m)).expect("bind");
+    assert_ne!(addr.port(), 0);
+
+    let health = get(addr, "/healthz");
+    assert_eq!(status_of(&health), 503, "{health}");
+
+    m.set_ready();
+    m.grant();
+    m.request(Action::TryLock, Outcome::Busy);
+    let health = get(addr, "/healthz");
+    assert_eq!(status_of(&health), 200, "{health}");
+    assert_eq!(body_of(&health), "ok\n");
+
+    let answer = get(addr, "/metrics");
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(answer.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+    assert!(answer.contains("\r\nConnection: close\r\n"));
+    let body = body_of(&answer);
+    let length: usize = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .expect("Content-Length")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert_eq!(length, body.len());
+    // No key held, so the output is independent of the scrape time.
+    assert_eq!(body, render(&m, 0));
+    assert!(body.contains("\nringlock_grants_total 1\n"));
+    assert!(body.contains("ringlock_requests_total{action=\"trylock\",result=\"busy\"} 1\n"));
+    assert!(promtool_check_metrics(body), "promtool rejected the scrape");
+
+    // A query string is ignored, as Prometheus' params would be.
+    assert_eq!(status_of(&get(addr, "/metrics?format=text")), 200);
+}
+
+#[test]
+fn unknown_paths_methods_and_malformed_requests() {
+    let addr = metrics::serve(loopback(), Arc::new(Metrics::new())).expect("bind");
+    assert_eq!(status_of(&get(addr, "/")), 404);
+    assert_eq!(status_of(&get(addr, "/metricsx")), 404);
+
+    let post = exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(status_of(&post), 405, "{post}");
+    assert!(post.contains("\r\nAllow: GET\r\n"));
+
+    for bad in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"GET /metrics\r\n\r\n",
+        b"GET /metrics HTTP/9.9\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
+        b"\x00\xff\xfe\r\n\r\n",
+    ] {
+        let answer = exchange(addr, bad);
+        assert_eq!(status_of(&answer), 400, "{bad:?} -> {answer}");
+    }
+
+    // Head cut off by EOF: 400, not a hang.
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(b"GET /metr").expect("send");
+    s.shutdown(Shutdown::Write).expect("half-close");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    assert_eq!(status_of(&answer), 400, "{answer}");
+
+    // A head larger than the limit is refused, not buffered.
+    let mut huge = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+    huge.resize(64 * 1024, b'a');
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    // The server may answer and close before all of it is written.
+    let _ = s.write_all(&huge);
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 431 "),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // A client that connects and leaves costs nothing.
+    drop(TcpStream::connect(addr).expect("connect"));
+
+    // After all that abuse the endpoint still serves.
+    assert_eq!(status_of(&get(addr, "/metrics")), 200);
+}
+
+#[test]
+fn a_stalled_scraper_cannot_wedge_the_endpoint() {
+    let timeout = Duration::from_millis(300);
+    let addr =
+        metrics::serve_with_timeout(loopback(), Arc::new(Metrics::new()), timeout).expect("bind");
+
+    // Partial request, then silence.
+    let mut stalled = TcpStream::connect(addr).expect("connect");
+    stalled
+        .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+        .expect("send");
+    // Connected, never sends a byte.
+    let silent = TcpStream::connect(addr).expect("connect");
+
+    let start = Instant::now();
+    let answer = get(addr, "/metrics");
+    let waited = start.elapsed();
+    assert_eq!(status_of(&answer), 200);
+    // Served once the two stalled connections hit their deadlines.
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+
+    let mut answer = String::new();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    stalled.read_to_string(&mut answer).expect("read");
+    assert_eq!(status_of(&answer), 408, "{answer}");
+    drop(silent);
+}
+
+#[test]
+fn a_trickling_scraper_cannot_extend_its_deadline() {
+    let timeout = Duration::from_millis(300);
+    let addr =
+        metrics::serve_with_timeout(loopback(), Arc::new(Metrics::new()), timeout).expect("bind");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    // One byte every 50 ms would take > 1 s for the whole request.
+    for &b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n" {
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut buf = [0u8; 512];
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if !answer.is_empty() {
+            break;
+        }
+    }
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = s.read_to_end(&mut answer);
+    assert!(
+        answer.starts_with(b"HTTP/1.1 408 "),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(status_of(&get(addr, "/healthz")), 503);
+}
+
+#[test]
+fn binding_a_port_in_use_is_an_error_for_the_caller() {
+    let first = metrics::serve(loopback(), Arc::new(Metrics::new())).expect("bind");
+    let second = metrics::serve(first, Arc::new(Metrics::new()));
+    assert!(second.is_err(), "second bind of {first} succeeded");
+}
