@@ -1,1 +1,721 @@
-//! Blocking client library (issue 5).
+//! Blocking client library for ringlock (and any Locking-Center server).
+//!
+//! std only: no async runtime, no io_uring. Each operation opens its own TCP
+//! connection (PROTOCOL.md Part 1); a granted lock keeps the connection it
+//! was granted on so that its [`Guard`] can send Unlock on it later.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ringlock::client::{Client, RetryPolicy};
+//!
+//! # fn main() -> Result<(), ringlock::client::Error> {
+//! let client = Client::builder("127.0.0.1:22119")
+//!     .source("billing-worker")
+//!     .io_timeout(Duration::from_secs(5))
+//!     .retry(RetryPolicy::default())
+//!     .build()?;
+//! let mut guard = client.lock_timeout("nightly/reconcile", Duration::from_secs(10))?;
+//! // ... critical section ...
+//! guard.release()?; // or let it drop
+//! # Ok(()) }
+//! ```
+//!
+//! # Invariants (what the client promises)
+//! - **A bad key never reaches the network**: empty keys, keys over 127
+//!   bytes and sources over 127 bytes fail with [`Error::InvalidKey`] /
+//!   [`Error::InvalidSource`] before any connection is opened.
+//! - **Exact cancellation**: when a lock wait ends by deadline or
+//!   [`CancelToken`], the client half-closes the connection
+//!   (`shutdown(Write)`) and reads until EOF. The server withdraws a queued
+//!   waiter when it sees the EOF and answers nothing. If a `+` was sent
+//!   before that, the client reads it and honours it according to
+//!   [`LateGrant`]: the grant is never leaked and never reported as failure.
+//! - **Release exactly once**: [`Guard::release`] sends Unlock once and
+//!   returns that result to every later call; dropping an unreleased guard
+//!   releases it.
+//! - **No silent infinite retry**: connection failures are retried with
+//!   capped exponential backoff and jitter until [`RetryPolicy::max_elapsed`]
+//!   (or the caller's deadline), then fail with [`Error::Unavailable`]. Only
+//!   failures that provably had no effect are retried.
+//!
+//! # What the protocol cannot promise (the session's betrayals)
+//! - The server does **not** release a held key when its holder
+//!   disconnects. If the guard's connection broke, release reconnects and
+//!   sends Unlock on a new connection. If the Unlock was sent and its answer
+//!   lost, the outcome is ambiguous: the client asks the admin port (`KEYS`)
+//!   whether the key is still held by its own connection endpoint and only
+//!   then sends Unlock again. If that cannot be checked, release reports an
+//!   error saying the key may still be held, instead of guessing: an Unlock
+//!   sent blindly could free a lock that someone else was granted since.
+//! - Unlock has no owner check (Locking-Center semantics). If an operator
+//!   reset the key and someone else took it, a guard's release frees *their*
+//!   lock. [`Guard::is_held`] lets a long critical section check that it still
+//!   owns the key; fencing on the protected resource is the real defence.
+//! - A server restart without a write-ahead log forgets every key, and the
+//!   holders are not told. [`Guard::is_held`] detects that too.
+//! - A process killed with SIGKILL (or a `panic = "abort"` build that panics)
+//!   never runs the guard's drop: the key stays held until a reset.
+//! - A lock wait is a long read on an idle connection. TCP keepalive (on by
+//!   default, see [`ClientBuilder::tcp_keepalive`]) turns a silently dead
+//!   path into an error instead of a wait that never ends.
+
+mod conn;
+mod error;
+mod guard;
+mod retry;
+mod wire;
+
+pub use conn::CancelToken;
+pub use error::{Error, Result};
+pub use guard::Guard;
+pub use retry::RetryPolicy;
+pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conn::Wake;
+use retry::Streak;
+use wire::{Action, Reply};
+
+/// The default lock port (Locking-Center's).
+pub const DEFAULT_PORT: u16 = 22119;
+
+/// What to do with a grant that raced a lock wait's deadline or cancellation:
+/// the server sent `+` before it saw the client's half-close.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LateGrant {
+    /// Return the guard: the caller holds the lock after all.
+    #[default]
+    Keep,
+    /// Release the lock at once and report the timeout/cancellation.
+    Release,
+}
+
+/// Options for [`Client::lock_with`].
+#[derive(Debug, Clone, Default)]
+pub struct LockOptions {
+    deadline: Option<Instant>,
+    late_grant: LateGrant,
+    cancel: Option<CancelToken>,
+}
+
+impl LockOptions {
+    /// Wait without a deadline, keep late grants, no cancel token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Give up (exactly, see [`LateGrant`]) at `deadline`.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Give up `timeout` from now.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.deadline(Instant::now() + timeout)
+    }
+
+    /// What to do with a grant that races the deadline or cancellation.
+    pub fn late_grant(mut self, late_grant: LateGrant) -> Self {
+        self.late_grant = late_grant;
+        self
+    }
+
+    /// Stop waiting when `token` is cancelled.
+    pub fn cancel(mut self, token: CancelToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+}
+
+/// Builds a [`Client`]. Created by [`Client::builder`].
+#[derive(Debug)]
+pub struct ClientBuilder {
+    addrs: io::Result<Vec<SocketAddr>>,
+    admin_addr: Option<io::Result<Vec<SocketAddr>>>,
+    source: Vec<u8>,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    retry: RetryPolicy,
+    keepalive: Option<Duration>,
+}
+
+impl ClientBuilder {
+    /// The source name sent with every Lock and TryLock (0..=127 bytes).
+    /// Empty (the default) lets the server use the client's IP address.
+    pub fn source(mut self, source: impl Into<Vec<u8>>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// The admin port's address, used by [`Client::keys`] and to resolve
+    /// ambiguous outcomes. Default: the lock address with port + 1.
+    pub fn admin_addr(mut self, addr: impl ToSocketAddrs) -> Self {
+        self.admin_addr = Some(addr.to_socket_addrs().map(Iterator::collect));
+        self
+    }
+
+    /// Bound on establishing one TCP connection (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bound on every read and write that should be answered at once:
+    /// replies to everything but Lock, the EOF after a half-close, and the
+    /// guard's Unlock (default 5 s). A Lock wait itself is bounded only by
+    /// the caller's deadline.
+    pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.io_timeout = timeout;
+        self
+    }
+
+    /// How connection failures are retried (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// TCP keepalive idle time on lock connections (default 15 s; `None`
+    /// turns it off). A dead peer is detected about twice this long later.
+    pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
+        self.keepalive = idle;
+        self
+    }
+
+    /// Resolves the addresses and validates the source. Opens no connection.
+    pub fn build(self) -> Result<Client> {
+        wire::validate_source(&self.source)?;
+        let addrs = resolved(self.addrs)?;
+        let admin_addrs = match self.admin_addr {
+            Some(admin) => resolved(admin)?,
+            None => addrs
+                .iter()
+                .map(|a| SocketAddr::new(a.ip(), a.port().wrapping_add(1)))
+                .collect(),
+        };
+        Ok(Client {
+            cfg: Arc::new(Config {
+                addrs,
+                admin_addrs,
+                source: self.source,
+                connect_timeout: conn::nonzero(self.connect_timeout),
+                io_timeout: conn::nonzero(self.io_timeout),
+                retry: self.retry,
+                keepalive: self.keepalive,
+            }),
+        })
+    }
+}
+
+fn resolved(addrs: io::Result<Vec<SocketAddr>>) -> Result<Vec<SocketAddr>> {
+    let addrs = addrs.map_err(Error::io)?;
+    if addrs.is_empty() {
+        return Err(Error::io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "address resolved to nothing",
+        )));
+    }
+    Ok(addrs)
+}
+
+#[derive(Debug)]
+struct Config {
+    addrs: Vec<SocketAddr>,
+    admin_addrs: Vec<SocketAddr>,
+    source: Vec<u8>,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    retry: RetryPolicy,
+    keepalive: Option<Duration>,
+}
+
+/// A handle to one lock server. Cheap to clone; clones share configuration.
+/// Holds no connection of its own, so it is `Send + Sync` and can be shared
+/// between threads freely.
+#[derive(Debug, Clone)]
+pub struct Client {
+    cfg: Arc<Config>,
+}
+
+/// How a request/answer exchange failed.
+enum UnaryFail {
+    /// Nothing ambiguous: the request had no effect or the error is final.
+    Final(Error),
+    /// The request was sent but its answer was lost: it may have been applied.
+    Ambiguous {
+        err: io::Error,
+        endpoint: Option<SocketAddr>,
+    },
+}
+
+impl Client {
+    /// Starts building a client for the lock server at `addr`.
+    pub fn builder(addr: impl ToSocketAddrs) -> ClientBuilder {
+        ClientBuilder {
+            addrs: addr.to_socket_addrs().map(Iterator::collect),
+            admin_addr: None,
+            source: Vec::new(),
+            connect_timeout: Duration::from_secs(3),
+            io_timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+            keepalive: Some(Duration::from_secs(15)),
+        }
+    }
+
+    /// A client for `addr` with default options.
+    pub fn new(addr: impl ToSocketAddrs) -> Result<Client> {
+        Self::builder(addr).build()
+    }
+
+    /// The lock port address(es).
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.cfg.addrs
+    }
+
+    /// The admin port address(es).
+    pub fn admin_addrs(&self) -> &[SocketAddr] {
+        &self.cfg.admin_addrs
+    }
+
+    /// The source name sent with Lock and TryLock.
+    pub fn source(&self) -> &[u8] {
+        &self.cfg.source
+    }
+
+    /// Blocks until `key` is granted. Connection failures are retried per
+    /// the retry policy (a wait that lost its connection re-queues at the
+    /// back of the line).
+    pub fn lock(&self, key: impl AsRef<[u8]>) -> Result<Guard> {
+        self.lock_with(key, &LockOptions::new())
+    }
+
+    /// Like [`lock`](Self::lock) but gives up after `timeout` with
+    /// [`Error::Timeout`], cancelling exactly. A grant that races the
+    /// deadline is kept ([`LateGrant::Keep`]).
+    pub fn lock_timeout(&self, key: impl AsRef<[u8]>, timeout: Duration) -> Result<Guard> {
+        self.lock_with(key, &LockOptions::new().timeout(timeout))
+    }
+
+    /// Lock with explicit [`LockOptions`]: deadline, late-grant policy and
+    /// cancel token.
+    pub fn lock_with(&self, key: impl AsRef<[u8]>, opts: &LockOptions) -> Result<Guard> {
+        let key = key.as_ref();
+        wire::validate_key(key)?;
+        let frame = wire::encode(Action::Lock, key, Some(&self.cfg.source));
+        let cancel = opts.cancel.as_ref();
+        let mut streak = Streak::new(self.cfg.retry);
+        loop {
+            if cancel.is_some_and(CancelToken::is_cancelled) {
+                return Err(Error::Cancelled);
+            }
+            if opts.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout);
+            }
+            let mut conn = self.connect(&self.cfg.addrs, &mut streak, opts.deadline, cancel)?;
+            let endpoint = conn.local_addr().ok();
+            if let Some(idle) = self.cfg.keepalive {
+                // Best effort: a wait without keepalive still works.
+                let _ = conn::set_keepalive(&conn, idle);
+            }
+            if let Err(err) = self.send(&mut conn, &frame) {
+                // An incomplete frame has no effect; closing withdraws a
+                // complete one that was queued.
+                drop(conn);
+                self.backoff(&mut streak, err, opts.deadline, cancel)?;
+                continue;
+            }
+            let sent_at = Instant::now();
+            let wake = conn::wait_readable(&conn, opts.deadline, cancel).map_err(Error::io)?;
+            let reason = match wake {
+                Wake::Readable => match conn::read_byte(&mut conn, self.cfg.io_timeout) {
+                    Ok(Some(byte)) => {
+                        return match wire::decode_reply(byte)? {
+                            Reply::Ok => Ok(Guard::new(self.clone(), key, Some(conn), endpoint)),
+                            Reply::Refused => Err(Error::Refused),
+                            Reply::Held => Err(Error::Protocol("`#` answered to Lock".into())),
+                        };
+                    }
+                    Ok(None) => {
+                        // EOF without `+`: the server dropped us while we were
+                        // queued (a `+` would have arrived before the FIN).
+                        // Re-queue under the retry policy.
+                        self.requeue(&mut streak, sent_at, None, opts, cancel)?;
+                        continue;
+                    }
+                    Err(err) => {
+                        // A reset can discard a `+` in flight: ask before
+                        // re-queueing.
+                        if let Ok(true) = self.held_by(key, endpoint) {
+                            return Ok(Guard::new(self.clone(), key, None, endpoint));
+                        }
+                        self.requeue(&mut streak, sent_at, Some(err), opts, cancel)?;
+                        continue;
+                    }
+                },
+                Wake::Deadline => Error::Timeout,
+                Wake::Cancelled => Error::Cancelled,
+            };
+            return self.cancel_exact(conn, key, endpoint, reason, opts.late_grant);
+        }
+    }
+
+    fn requeue(
+        &self,
+        streak: &mut Streak,
+        sent_at: Instant,
+        err: Option<io::Error>,
+        opts: &LockOptions,
+        cancel: Option<&CancelToken>,
+    ) -> Result<()> {
+        // A connection that waited a while proved the server healthy; a
+        // server that drops us at once must not reset the budget.
+        if sent_at.elapsed() >= self.cfg.retry.max_backoff {
+            streak.reset();
+        }
+        let err = err.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "server closed the connection while the lock was queued",
+            )
+        });
+        self.backoff(streak, err, opts.deadline, cancel)
+    }
+
+    /// The exact-cancellation protocol: half-close, then read until EOF.
+    fn cancel_exact(
+        &self,
+        mut conn: TcpStream,
+        key: &[u8],
+        endpoint: Option<SocketAddr>,
+        reason: Error,
+        late_grant: LateGrant,
+    ) -> Result<Guard> {
+        // The EOF tells the server to withdraw the waiter. If shutdown fails
+        // the connection is already broken, which withdraws it just the same.
+        let _ = conn.shutdown(Shutdown::Write);
+        let granted = match conn::read_byte(&mut conn, self.cfg.io_timeout) {
+            Ok(None) => false,
+            Ok(Some(byte)) => match wire::decode_reply(byte)? {
+                Reply::Ok => true,
+                Reply::Refused => return Err(Error::Refused),
+                Reply::Held => return Err(Error::Protocol("`#` answered to Lock".into())),
+            },
+            Err(err) => {
+                // No clean EOF in time: a `+` may have been sent and lost.
+                // Only the server's table can tell.
+                drop(conn);
+                match self.held_by(key, endpoint) {
+                    Ok(held) => held,
+                    Err(_) => {
+                        return Err(Error::io_context(
+                            &err,
+                            "lock cancellation outcome unknown (the key may be held)",
+                        ))
+                    }
+                }
+            }
+        };
+        if !granted {
+            return Err(reason);
+        }
+        // The write half is closed: the guard unlocks on a new connection.
+        let mut guard = Guard::new(self.clone(), key, None, endpoint);
+        match late_grant {
+            LateGrant::Keep => Ok(guard),
+            LateGrant::Release => guard.release().and(Err(reason)),
+        }
+    }
+
+    /// Takes `key` only if it is free right now. `Ok(None)` means someone
+    /// else holds it (or is queued ahead), which is not an error.
+    pub fn try_lock(&self, key: impl AsRef<[u8]>) -> Result<Option<Guard>> {
+        let key = key.as_ref();
+        wire::validate_key(key)?;
+        let frame = wire::encode(Action::TryLock, key, Some(&self.cfg.source));
+        match self.unary(&frame) {
+            Ok((Reply::Ok, conn)) => {
+                let endpoint = conn.local_addr().ok();
+                Ok(Some(Guard::new(self.clone(), key, Some(conn), endpoint)))
+            }
+            Ok((Reply::Held, _)) => Ok(None),
+            Ok((Reply::Refused, _)) => Err(Error::Refused),
+            Err(UnaryFail::Final(err)) => Err(err),
+            Err(UnaryFail::Ambiguous { err, endpoint }) => match self.held_by(key, endpoint) {
+                Ok(true) => Ok(Some(Guard::new(self.clone(), key, None, endpoint))),
+                Ok(false) => Err(Error::io(err)),
+                Err(_) => Err(Error::io_context(
+                    &err,
+                    "try-lock outcome unknown (the key may be held)",
+                )),
+            },
+        }
+    }
+
+    /// Releases `key`, whoever holds it (the protocol has no owner check).
+    /// Unlocking a free key succeeds. Prefer [`Guard::release`].
+    pub fn unlock(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        let key = key.as_ref();
+        wire::validate_key(key)?;
+        self.simple(&wire::encode(Action::Unlock, key, None), "unlock")
+    }
+
+    /// Waits until `key` is free, by locking and unlocking it.
+    pub fn wait(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        self.lock(key)?.release()
+    }
+
+    /// Operator tool: releases `key`'s holder; waiters keep their places.
+    pub fn reset_by_key(&self, key: impl AsRef<[u8]>) -> Result<()> {
+        let key = key.as_ref();
+        wire::validate_key(key)?;
+        self.simple(&wire::encode(Action::ResetByKey, key, None), "reset")
+    }
+
+    /// Operator tool: releases every key held by `source` and refuses its
+    /// queued Locks. An empty source means "my own IP address".
+    pub fn reset_by_source(&self, source: impl AsRef<[u8]>) -> Result<()> {
+        let source = source.as_ref();
+        wire::validate_source(source)?;
+        self.simple(
+            &wire::encode(Action::ResetBySource, source, None),
+            "reset by source",
+        )
+    }
+
+    /// Lists the held keys, sorted by key, from the admin port.
+    pub fn keys(&self) -> Result<Vec<KeyInfo>> {
+        self.keys_with(&mut Streak::new(self.cfg.retry))
+    }
+
+    fn keys_with(&self, streak: &mut Streak) -> Result<Vec<KeyInfo>> {
+        loop {
+            let mut conn = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
+            let err = match self.send(&mut conn, b"KEYS") {
+                Ok(()) => match self.read_keys(&mut conn) {
+                    Ok(keys) => return Ok(keys),
+                    Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
+                    Err(other) => return Err(other),
+                },
+                Err(err) => err,
+            };
+            // KEYS is read-only, so any failure is safe to retry.
+            self.backoff(streak, err, None, None)?;
+        }
+    }
+
+    fn read_keys(&self, conn: &mut TcpStream) -> Result<Vec<KeyInfo>> {
+        conn.set_read_timeout(Some(self.cfg.io_timeout))
+            .map_err(Error::io)?;
+        let mut buf = Vec::with_capacity(4096);
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some((keys, _)) = wire::parse_keys(&buf)? {
+                return Ok(keys);
+            }
+            match conn.read(&mut chunk) {
+                Ok(0) => {
+                    return Err(Error::io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "admin connection closed mid-answer",
+                    )))
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(e)),
+            }
+            if buf.len() > wire::KEYS_ANSWER_BYTES_MAX {
+                return Err(Error::Protocol("KEYS answer too large".into()));
+            }
+        }
+    }
+
+    /// Whether the server's table shows `key` held by the connection whose
+    /// local address was `endpoint`. One attempt, no retries: used to settle
+    /// ambiguous outcomes.
+    fn held_by(&self, key: &[u8], endpoint: Option<SocketAddr>) -> Result<bool> {
+        let endpoint = endpoint
+            .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
+            .to_string();
+        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()))?;
+        Ok(keys.iter().any(|k| k.key == key && k.endpoint == endpoint))
+    }
+
+    /// A request answered by `+` or `-` whose outcome is not settled by a
+    /// retry when the answer is lost.
+    fn simple(&self, frame: &[u8], what: &str) -> Result<()> {
+        match self.unary(frame) {
+            Ok((Reply::Ok, _)) => Ok(()),
+            Ok((Reply::Refused, _)) => Err(Error::Refused),
+            Ok((Reply::Held, _)) => Err(Error::Protocol(format!("`#` answered to {what}"))),
+            Err(UnaryFail::Final(err)) => Err(err),
+            Err(UnaryFail::Ambiguous { err, .. }) => {
+                Err(Error::io_context(&err, &format!("{what} outcome unknown")))
+            }
+        }
+    }
+
+    /// One request, one answer byte, on a fresh connection. Retries only
+    /// what provably had no effect (connecting, an incomplete frame).
+    fn unary(&self, frame: &[u8]) -> Result<(Reply, TcpStream), UnaryFail> {
+        let mut streak = Streak::new(self.cfg.retry);
+        loop {
+            let mut conn = self
+                .connect(&self.cfg.addrs, &mut streak, None, None)
+                .map_err(UnaryFail::Final)?;
+            if let Err(err) = self.send(&mut conn, frame) {
+                drop(conn);
+                self.backoff(&mut streak, err, None, None)
+                    .map_err(UnaryFail::Final)?;
+                continue;
+            }
+            let endpoint = conn.local_addr().ok();
+            return match conn::read_byte(&mut conn, self.cfg.io_timeout) {
+                Ok(Some(byte)) => wire::decode_reply(byte)
+                    .map(|reply| (reply, conn))
+                    .map_err(UnaryFail::Final),
+                Ok(None) => Err(UnaryFail::Ambiguous {
+                    err: io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed before the answer",
+                    ),
+                    endpoint,
+                }),
+                Err(err) => Err(UnaryFail::Ambiguous { err, endpoint }),
+            };
+        }
+    }
+
+    /// Writes a whole frame within the I/O timeout.
+    fn send(&self, conn: &mut TcpStream, frame: &[u8]) -> io::Result<()> {
+        conn.set_write_timeout(Some(self.cfg.io_timeout))?;
+        conn.write_all(frame)
+    }
+
+    /// Connects to the first address that answers, retrying per the policy.
+    fn connect(
+        &self,
+        addrs: &[SocketAddr],
+        streak: &mut Streak,
+        deadline: Option<Instant>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<TcpStream> {
+        loop {
+            let mut last = None;
+            for addr in addrs {
+                let timeout = match deadline {
+                    Some(d) => conn::nonzero(
+                        d.saturating_duration_since(Instant::now())
+                            .min(self.cfg.connect_timeout),
+                    ),
+                    None => self.cfg.connect_timeout,
+                };
+                match TcpStream::connect_timeout(addr, timeout) {
+                    Ok(conn) => {
+                        // Requests are tiny and latency-bound.
+                        let _ = conn.set_nodelay(true);
+                        return Ok(conn);
+                    }
+                    Err(err) => last = Some(err),
+                }
+            }
+            let err = last.expect("a resolved client has at least one address");
+            self.backoff(streak, err, deadline, cancel)?;
+        }
+    }
+
+    /// Records a failure; sleeps before the next attempt or gives up.
+    fn backoff(
+        &self,
+        streak: &mut Streak,
+        err: io::Error,
+        deadline: Option<Instant>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<()> {
+        match streak.failed(Instant::now(), deadline) {
+            Some(delay) => {
+                if conn::pause(delay, cancel) {
+                    Ok(())
+                } else {
+                    Err(Error::Cancelled)
+                }
+            }
+            None => Err(Error::Unavailable {
+                attempts: streak.attempts,
+                last: Arc::new(err),
+            }),
+        }
+    }
+
+    /// Sends Unlock for a guard: on its own connection when that is still
+    /// usable, otherwise (or when the answer is lost) as described in the
+    /// module docs.
+    fn release_key(
+        &self,
+        key: &[u8],
+        conn: Option<TcpStream>,
+        endpoint: Option<SocketAddr>,
+    ) -> Result<()> {
+        let frame = wire::encode(Action::Unlock, key, None);
+        let mut ambiguous: Option<io::Error> = None;
+        if let Some(mut conn) = conn {
+            if conn::looks_alive(&conn) && self.send(&mut conn, &frame).is_ok() {
+                match conn::read_byte(&mut conn, self.cfg.io_timeout) {
+                    Ok(Some(byte)) => return unit_reply(byte, "unlock"),
+                    Ok(None) => {
+                        ambiguous = Some(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed before the unlock answer",
+                        ))
+                    }
+                    Err(err) => ambiguous = Some(err),
+                }
+            }
+            // Otherwise the frame never (completely) left: no effect, so a
+            // new connection may send it.
+        }
+        // At most two more sends, each only after the table said "ours".
+        for _ in 0..2 {
+            if let Some(err) = ambiguous.take() {
+                match self.held_by(key, endpoint) {
+                    Ok(false) => return Ok(()),
+                    Ok(true) => {}
+                    Err(_) => {
+                        return Err(Error::io_context(
+                            &err,
+                            "unlock outcome unknown (the key may still be held)",
+                        ))
+                    }
+                }
+            }
+            match self.unary(&frame) {
+                Ok((reply, _)) => {
+                    return match reply {
+                        Reply::Ok => Ok(()),
+                        Reply::Refused => Err(Error::Refused),
+                        Reply::Held => Err(Error::Protocol("`#` answered to unlock".into())),
+                    }
+                }
+                Err(UnaryFail::Final(err)) => return Err(err),
+                Err(UnaryFail::Ambiguous { err, .. }) => ambiguous = Some(err),
+            }
+        }
+        let err = ambiguous.expect("loop exits early unless the answer was lost");
+        Err(Error::io_context(
+            &err,
+            "unlock outcome unknown (the key may still be held)",
+        ))
+    }
+}
+
+fn unit_reply(byte: u8, what: &str) -> Result<()> {
+    match wire::decode_reply(byte)? {
+        Reply::Ok => Ok(()),
+        Reply::Refused => Err(Error::Refused),
+        Reply::Held => Err(Error::Protocol(format!("`#` answered to {what}"))),
+    }
+}

@@ -1,0 +1,104 @@
+//! The client's typed errors.
+//!
+//! `Error` is `Clone` (I/O errors are shared behind an `Arc`) so that a
+//! guard can hand the result of its single release to every later caller.
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+/// Everything a client operation can fail with.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty or longer than 127 bytes. Raised before any
+    /// network traffic.
+    InvalidKey {
+        /// The offending key's length in bytes.
+        len: usize,
+    },
+    /// The source name is longer than 127 bytes. Raised before any network
+    /// traffic (at build time for the client's own source).
+    InvalidSource {
+        /// The offending source's length in bytes.
+        len: usize,
+    },
+    /// The server answered `-`: it refused the request (a limit, bad input,
+    /// or a `ResetBySource` that cancelled this queued lock).
+    Refused,
+    /// The server could not be reached: connecting (or reconnecting) failed
+    /// until the retry policy gave up.
+    Unavailable {
+        /// How many connection attempts were made.
+        attempts: u32,
+        /// The last attempt's error.
+        last: Arc<io::Error>,
+    },
+    /// The lock was not granted before the caller's deadline. The request
+    /// was withdrawn exactly: no lock is held on the caller's behalf.
+    Timeout,
+    /// The lock wait was cancelled through a [`CancelToken`](super::CancelToken).
+    /// As with `Timeout`, no lock is held on the caller's behalf.
+    Cancelled,
+    /// An I/O error on an established connection (including a read or write
+    /// that exceeded the client's I/O timeout: kind `TimedOut`/`WouldBlock`).
+    /// The message says when the outcome on the server is unknown.
+    Io(Arc<io::Error>),
+    /// The server sent something the protocol does not allow.
+    Protocol(String),
+}
+
+impl Error {
+    pub(crate) fn io(err: io::Error) -> Self {
+        Error::Io(Arc::new(err))
+    }
+
+    pub(crate) fn io_context(err: &io::Error, context: &str) -> Self {
+        Error::Io(Arc::new(io::Error::new(
+            err.kind(),
+            format!("{context}: {err}"),
+        )))
+    }
+
+    /// True for errors raised before any network traffic (bad arguments).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Error::InvalidKey { .. } | Error::InvalidSource { .. })
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { len } => {
+                write!(f, "invalid key: {len} bytes (a key is 1 to 127 bytes)")
+            }
+            Error::InvalidSource { len } => {
+                write!(
+                    f,
+                    "invalid source: {len} bytes (a source is at most 127 bytes)"
+                )
+            }
+            Error::Refused => write!(f, "the server refused the request"),
+            Error::Unavailable { attempts, last } => {
+                write!(f, "server unavailable after {attempts} attempt(s): {last}")
+            }
+            Error::Timeout => write!(f, "timed out waiting for the lock"),
+            Error::Cancelled => write!(f, "lock wait cancelled"),
+            Error::Io(err) => write!(f, "i/o error: {err}"),
+            Error::Protocol(what) => write!(f, "protocol error: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Unavailable { last, .. } => Some(last.as_ref()),
+            Error::Io(err) => Some(err.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand for `Result<T, ringlock::client::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
