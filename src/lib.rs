@@ -5,3 +5,9 @@
 pub mod client;
 pub mod core;
 pub mod metrics;
+pub mod protocol;
+pub mod config;
+#[macro_use]
+pub mod log;
+pub mod io;
+pub mod server;

@@ -1,8 +1,177 @@
-fn main() {
-    let mut ring = io_uring::IoUring::new(8).expect("io_uring");
-    let nop = io_uring::opcode::Nop::new().build().user_data(7);
-    unsafe { ring.submission().push(&nop).unwrap(); }
-    ring.submit_and_wait(1).unwrap();
-    let c = ring.completion().next().unwrap();
-    println!("ok {} {}", c.user_data(), c.result());
+//! `ringlockd`: the lock server.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ringlock::config::{self, Config};
+use ringlock::log::{self, Level};
+use ringlock::metrics::{self, Metrics};
+use ringlock::server::Server;
+
+const HELP: &str = "\
+ringlockd — a Locking-Center compatible lock server on io_uring
+
+USAGE:
+    ringlockd [OPTIONS]
+
+OPTIONS:
+    --bind ADDR              lock port address [env BIND_ADDRESS] (default 127.0.0.1:22119;
+                             ':22119' means all interfaces)
+    --admin-bind ADDR        admin port address (default: loopback, lock port + 1)
+    --metrics-bind ADDR      serve Prometheus /metrics and /healthz over HTTP (default: off)
+    --data-path FILE         write-ahead log; held keys survive restarts [env DATA_PATH]
+                             (default: in memory)
+    --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
+    --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 1000000)
+    --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
+    --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
+    --log-level LEVEL        error | warn | info | debug (default info)
+    -h, --help               print this help
+    -V, --version            print the version
+";
+
+fn parse() -> Result<Option<(Config, Level)>, String> {
+    use lexopt::prelude::*;
+    let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
+    let mut bind = match env_bind {
+        Some(s) => config::parse_addr(&s).map_err(|e| format!("BIND_ADDRESS: {e}"))?,
+        None => Config::default().bind,
+    };
+    let mut admin = None;
+    let mut cfg_metrics = None;
+    let mut data_path = std::env::var_os("DATA_PATH")
+        .filter(|s| !s.is_empty())
+        .map(Into::into);
+    let mut level = Level::Info;
+    let mut limits: Vec<(&'static str, u64)> = Vec::new();
+    let mut p = lexopt::Parser::from_env();
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        let flag = match arg {
+            Long(s) => format!("--{s}"),
+            Short(c) => format!("-{c}"),
+            Value(v) => return Err(format!("unexpected argument {:?}", v.to_string_lossy())),
+        };
+        let mut val = |name: &str| -> Result<String, String> {
+            p.value()
+                .map_err(|e| e.to_string())?
+                .into_string()
+                .map_err(|_| format!("{name}: value is not UTF-8"))
+        };
+        match flag.as_str() {
+            "--bind" => {
+                bind = config::parse_addr(&val("--bind")?).map_err(|e| format!("--bind: {e}"))?
+            }
+            "--admin-bind" => {
+                admin = Some(
+                    config::parse_addr(&val("--admin-bind")?)
+                        .map_err(|e| format!("--admin-bind: {e}"))?,
+                )
+            }
+            "--metrics-bind" => {
+                cfg_metrics = Some(
+                    config::parse_addr(&val("--metrics-bind")?)
+                        .map_err(|e| format!("--metrics-bind: {e}"))?,
+                )
+            }
+            "--data-path" => data_path = Some(val("--data-path")?.into()),
+            "--log-level" => {
+                let v = val("--log-level")?;
+                level =
+                    Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
+            }
+            "--max-connections" | "--max-keys" | "--max-waiters" | "--frame-timeout-ms" => {
+                let name: &'static str = match flag.as_str() {
+                    "--max-connections" => "max-connections",
+                    "--max-keys" => "max-keys",
+                    "--max-waiters" => "max-waiters",
+                    _ => "frame-timeout-ms",
+                };
+                let v = val(name)?;
+                let n: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
+                if n == 0 {
+                    return Err(format!("--{name}: must be at least 1"));
+                }
+                limits.push((name, n));
+            }
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(None);
+            }
+            "-V" | "--version" => {
+                println!("ringlockd {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    let mut cfg = Config::new(bind);
+    if let Some(a) = admin {
+        cfg.admin_bind = a;
+    }
+    cfg.metrics_bind = cfg_metrics;
+    cfg.data_path = data_path;
+    for (name, n) in limits {
+        match name {
+            "max-connections" => cfg.max_connections = n as usize,
+            "max-keys" => cfg.max_keys = n as usize,
+            "max-waiters" => cfg.max_waiters = n as usize,
+            _ => cfg.frame_timeout_ms = n,
+        }
+    }
+    Ok(Some((cfg, level)))
+}
+
+fn main() -> ExitCode {
+    let (cfg, level) = match parse() {
+        Ok(Some(v)) => v,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ringlockd: {e} (see --help)");
+            return ExitCode::from(64);
+        }
+    };
+    log::set_level(level);
+    let m = Arc::new(Metrics::new());
+    let mut server = match Server::bind(cfg.clone(), m.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ringlockd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let metrics_addr = match cfg.metrics_bind {
+        Some(a) => match metrics::serve(a, m.clone()) {
+            Ok(bound) => Some(bound),
+            Err(e) => {
+                eprintln!("ringlockd: cannot serve metrics on {a}: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
+    let metrics_field = metrics_addr
+        .map(|a| format!(" metrics={a}"))
+        .unwrap_or_default();
+    ringlock::log!(
+        Level::Info,
+        "listening",
+        "lock={} admin={}{} data_path={} max_connections={} version={}",
+        server.lock_addr(),
+        server.admin_addr(),
+        metrics_field,
+        cfg.data_path
+            .as_ref()
+            .map_or("none".into(), |p| p.display().to_string()),
+        cfg.max_connections,
+        env!("CARGO_PKG_VERSION")
+    );
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ringlockd: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -54,9 +54,13 @@ impl Default for List {
     }
 }
 
-fn node<T: Linked>(slab: &mut Slab<T>, idx: u32) -> &mut T {
-    slab.get_mut(idx as usize)
-        .expect("intrusive list points at a vacant slab slot")
+/// Node storage indexed by slot: a `Slab<T>` or a `Vec<T>`.
+pub trait Store<T>: std::ops::IndexMut<usize, Output = T> {}
+impl<T> Store<T> for Slab<T> {}
+impl<T> Store<T> for Vec<T> {}
+
+fn node<T: Linked, S: Store<T>>(slab: &mut S, idx: u32) -> &mut T {
+    &mut slab[idx as usize]
 }
 
 impl List {
@@ -90,7 +94,7 @@ impl List {
     }
 
     /// Appends `idx` at the tail. O(1).
-    pub fn push_back<T: Linked>(&mut self, slab: &mut Slab<T>, idx: u32, which: usize) {
+    pub fn push_back<T: Linked, S: Store<T>>(&mut self, slab: &mut S, idx: u32, which: usize) {
         self.check();
         let old_tail = self.tail;
         {
@@ -112,7 +116,7 @@ impl List {
     }
 
     /// Removes `idx` from anywhere in the list. O(1).
-    pub fn unlink<T: Linked>(&mut self, slab: &mut Slab<T>, idx: u32, which: usize) {
+    pub fn unlink<T: Linked, S: Store<T>>(&mut self, slab: &mut S, idx: u32, which: usize) {
         self.check();
         let l = *node(slab, idx).link(which);
         assert!(l.linked, "unlink of node {idx} that is not linked");
@@ -134,19 +138,15 @@ impl List {
     }
 
     /// Removes and returns the head. O(1).
-    pub fn pop_front<T: Linked>(&mut self, slab: &mut Slab<T>, which: usize) -> Option<u32> {
+    pub fn pop_front<T: Linked, S: Store<T>>(&mut self, slab: &mut S, which: usize) -> Option<u32> {
         let h = self.front()?;
         self.unlink(slab, h, which);
         Some(h)
     }
 
     /// The node after `idx` on this list, if any.
-    pub fn next_of<T: Linked>(slab: &Slab<T>, idx: u32, which: usize) -> Option<u32> {
-        let n = slab
-            .get(idx as usize)
-            .expect("intrusive list points at a vacant slab slot")
-            .link(which)
-            .next;
+    pub fn next_of<T: Linked, S: Store<T>>(slab: &S, idx: u32, which: usize) -> Option<u32> {
+        let n = slab[idx as usize].link(which).next;
         (n != NIL).then_some(n)
     }
 }

@@ -1,0 +1,114 @@
+//! Every limit and default in one place.
+//!
+//! | setting | flag / env | default |
+//! |---|---|---|
+//! | lock port address | `--bind` / `BIND_ADDRESS` | `127.0.0.1:22119` |
+//! | admin port address | `--admin-bind` | loopback, lock port + 1 |
+//! | metrics address | `--metrics-bind` | off |
+//! | write-ahead log | `--data-path` / `DATA_PATH` | off (in memory) |
+//! | max connections | `--max-connections` | 10 000 |
+//! | max keys | `--max-keys` | 1 000 000 |
+//! | max queued waiters | `--max-waiters` | 100 000 |
+//! | frame read timeout | `--frame-timeout-ms` | 10 000 |
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+pub const DEFAULT_LOCK_PORT: u16 = 22119;
+/// Receive buffer of a lock-port connection: two whole frames, so a client
+/// may send its next request before the previous answer arrives.
+pub const LOCK_RECV_BUF: usize = 512;
+/// Submission queue entries.
+pub const RING_ENTRIES: u32 = 4096;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub bind: SocketAddr,
+    pub admin_bind: SocketAddr,
+    pub metrics_bind: Option<SocketAddr>,
+    pub data_path: Option<PathBuf>,
+    pub max_connections: usize,
+    pub max_keys: usize,
+    pub max_waiters: usize,
+    pub frame_timeout_ms: u64,
+}
+
+impl Config {
+    /// Defaults for a lock port address; the admin port is loopback on the
+    /// next port (or an ephemeral port when the lock port is ephemeral).
+    pub fn new(bind: SocketAddr) -> Config {
+        Config {
+            bind,
+            admin_bind: default_admin(bind),
+            metrics_bind: None,
+            data_path: None,
+            max_connections: 10_000,
+            max_keys: 1_000_000,
+            max_waiters: 100_000,
+            frame_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new(SocketAddr::from((Ipv4Addr::LOCALHOST, DEFAULT_LOCK_PORT)))
+    }
+}
+
+pub fn default_admin(bind: SocketAddr) -> SocketAddr {
+    let port = if bind.port() == 0 {
+        0
+    } else {
+        bind.port().wrapping_add(1)
+    };
+    let ip = if bind.ip().is_ipv6() {
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+    } else {
+        IpAddr::from(Ipv4Addr::LOCALHOST)
+    };
+    SocketAddr::new(ip, port)
+}
+
+/// Parses an address the way Locking-Center's `BIND_ADDRESS` does: `:22119`
+/// means all interfaces; `host:port` and `ip:port` as usual.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("invalid port in address {s:?}"))?;
+        return Ok(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    s.to_socket_addrs()
+        .map_err(|e| format!("invalid address {s:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("address {s:?} resolves to nothing"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locking_center_address_forms() {
+        assert_eq!(
+            parse_addr(":22119").unwrap(),
+            "0.0.0.0:22119".parse().unwrap()
+        );
+        assert_eq!(
+            parse_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert!(parse_addr("nonsense").is_err());
+        assert!(parse_addr(":99999").is_err());
+        assert_eq!(
+            default_admin("0.0.0.0:22119".parse().unwrap()),
+            "127.0.0.1:22120".parse().unwrap()
+        );
+        assert_eq!(default_admin("127.0.0.1:0".parse().unwrap()).port(), 0);
+    }
+}

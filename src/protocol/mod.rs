@@ -1,0 +1,518 @@
+//! Wire codecs: the Locking-Center lock port and admin port.
+//!
+//! Decoders are incremental and allocation-free: they look at the bytes
+//! received so far and answer "need more", "one whole frame of N bytes", or
+//! "bad input" (the connection is answered `-` and closed). They never
+//! panic on any byte sequence (property-tested).
+//!
+//! Lock port frames (sizes are one *signed* byte):
+//!
+//! | action | byte | after the action byte |
+//! |---|---|---|
+//! | Lock | 1 | `[keyLen][key][srcLen][src]` |
+//! | Unlock | 2 | `[keyLen][key]` |
+//! | ResetByKey | 3 | `[keyLen][key]` |
+//! | ResetBySource | 4 | `[srcLen][src]` |
+//! | TryLock | 5 | `[keyLen][key][srcLen][src]` |
+
+use crate::core::HeldKey;
+
+/// Longest possible lock-port frame: action + 2 × (size + 127 bytes).
+pub const LOCK_FRAME_MAX: usize = 1 + 2 * (1 + 127);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Lock,
+    Unlock,
+    ResetByKey,
+    ResetBySource,
+    TryLock,
+}
+
+impl Action {
+    pub fn from_byte(b: u8) -> Option<Action> {
+        Some(match b {
+            1 => Action::Lock,
+            2 => Action::Unlock,
+            3 => Action::ResetByKey,
+            4 => Action::ResetBySource,
+            5 => Action::TryLock,
+            _ => return None,
+        })
+    }
+
+    pub fn byte(self) -> u8 {
+        match self {
+            Action::Lock => 1,
+            Action::Unlock => 2,
+            Action::ResetByKey => 3,
+            Action::ResetBySource => 4,
+            Action::TryLock => 5,
+        }
+    }
+}
+
+/// One decoded lock-port request, borrowing the receive buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub action: Action,
+    /// Empty for ResetBySource.
+    pub key: &'a [u8],
+    /// Empty for Unlock and ResetByKey; may be empty (= peer IP) otherwise.
+    pub source: &'a [u8],
+}
+
+/// Why a frame was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadFrame {
+    UnknownAction(u8),
+    KeySize(i8),
+    SourceSize(i8),
+}
+
+impl std::fmt::Display for BadFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadFrame::UnknownAction(b) => write!(f, "unknown action byte {b}"),
+            BadFrame::KeySize(s) => write!(f, "key size {s} out of range 1..=127"),
+            BadFrame::SourceSize(s) => write!(f, "source size {s} out of range 0..=127"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// Not a whole frame yet.
+    Incomplete,
+    /// A whole frame of `len` bytes.
+    Frame {
+        req: Request<'a>,
+        len: usize,
+    },
+    Bad(BadFrame),
+}
+
+/// Reads a sized field at `at`. `min` is the smallest allowed size.
+fn field(buf: &[u8], at: usize, min: i8) -> Result<Option<(&[u8], usize)>, i8> {
+    let Some(&raw) = buf.get(at) else {
+        return Ok(None);
+    };
+    let size = raw as i8;
+    if size < min {
+        return Err(size);
+    }
+    let end = at + 1 + size as usize;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    Ok(Some((&buf[at + 1..end], end)))
+}
+
+/// Decodes the first lock-port frame in `buf`.
+pub fn decode(buf: &[u8]) -> Decoded<'_> {
+    let Some(&a) = buf.first() else {
+        return Decoded::Incomplete;
+    };
+    let Some(action) = Action::from_byte(a) else {
+        return Decoded::Bad(BadFrame::UnknownAction(a));
+    };
+    let (key, source, len) = match action {
+        Action::Lock | Action::TryLock => {
+            let (key, at) = match field(buf, 1, 1) {
+                Ok(Some(v)) => v,
+                Ok(None) => return Decoded::Incomplete,
+                Err(s) => return Decoded::Bad(BadFrame::KeySize(s)),
+            };
+            match field(buf, at, 0) {
+                Ok(Some((src, end))) => (key, src, end),
+                Ok(None) => return Decoded::Incomplete,
+                Err(s) => return Decoded::Bad(BadFrame::SourceSize(s)),
+            }
+        }
+        Action::Unlock | Action::ResetByKey => match field(buf, 1, 1) {
+            Ok(Some((key, end))) => (key, &[][..], end),
+            Ok(None) => return Decoded::Incomplete,
+            Err(s) => return Decoded::Bad(BadFrame::KeySize(s)),
+        },
+        Action::ResetBySource => match field(buf, 1, 0) {
+            Ok(Some((src, end))) => (&[][..], src, end),
+            Ok(None) => return Decoded::Incomplete,
+            Err(s) => return Decoded::Bad(BadFrame::SourceSize(s)),
+        },
+    };
+    Decoded::Frame {
+        req: Request {
+            action,
+            key,
+            source,
+        },
+        len,
+    }
+}
+
+/// Encodes a lock-port frame (clients, tests, load generator).
+/// Panics if a size is out of range: callers validate first.
+pub fn encode(action: Action, key: &[u8], source: &[u8], out: &mut Vec<u8>) {
+    assert!(key.len() <= 127 && source.len() <= 127, "name too long");
+    out.push(action.byte());
+    match action {
+        Action::Lock | Action::TryLock => {
+            out.push(key.len() as u8);
+            out.extend_from_slice(key);
+            out.push(source.len() as u8);
+            out.extend_from_slice(source);
+        }
+        Action::Unlock | Action::ResetByKey => {
+            out.push(key.len() as u8);
+            out.extend_from_slice(key);
+        }
+        Action::ResetBySource => {
+            out.push(source.len() as u8);
+            out.extend_from_slice(source);
+        }
+    }
+}
+
+/// The admin port's commands.
+pub mod admin {
+    use super::*;
+
+    /// Most names one RSET/RSBS may carry.
+    pub const NAMES_MAX: u32 = 65_536;
+    /// Largest admin request accepted: 4 + 4 + NAMES_MAX × 256.
+    pub const FRAME_MAX: usize = 8 + NAMES_MAX as usize * 256;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Command {
+        Keys,
+        Rset,
+        Rsbs,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BadAdmin {
+        UnknownCommand([u8; 4]),
+        TooMany(u32),
+        EmptyKey,
+        NameTooLong(u8),
+    }
+
+    impl std::fmt::Display for BadAdmin {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                BadAdmin::UnknownCommand(c) => {
+                    write!(f, "unknown admin command {:?}", String::from_utf8_lossy(c))
+                }
+                BadAdmin::TooMany(n) => write!(f, "{n} names exceed the limit of {NAMES_MAX}"),
+                BadAdmin::EmptyKey => write!(f, "empty key in RSET"),
+                BadAdmin::NameTooLong(n) => write!(f, "name of {n} bytes exceeds 127"),
+            }
+        }
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Decoded {
+        Incomplete,
+        /// A whole command of `len` bytes; names (for RSET/RSBS) are read
+        /// with [`names`] from `buf[8..len]`.
+        Frame {
+            cmd: Command,
+            count: u32,
+            len: usize,
+        },
+        Bad(BadAdmin),
+    }
+
+    /// Decodes the first admin command in `buf`, validating every name.
+    pub fn decode(buf: &[u8]) -> Decoded {
+        if buf.len() < 4 {
+            return Decoded::Incomplete;
+        }
+        let cmd = match &buf[..4] {
+            b"KEYS" => {
+                return Decoded::Frame {
+                    cmd: Command::Keys,
+                    count: 0,
+                    len: 4,
+                }
+            }
+            b"RSET" => Command::Rset,
+            b"RSBS" => Command::Rsbs,
+            other => {
+                let mut c = [0u8; 4];
+                c.copy_from_slice(other);
+                return Decoded::Bad(BadAdmin::UnknownCommand(c));
+            }
+        };
+        if buf.len() < 8 {
+            return Decoded::Incomplete;
+        }
+        let count = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+        if count > NAMES_MAX {
+            return Decoded::Bad(BadAdmin::TooMany(count));
+        }
+        let mut at = 8;
+        for _ in 0..count {
+            let Some(&len) = buf.get(at) else {
+                return Decoded::Incomplete;
+            };
+            if cmd == Command::Rset && len == 0 {
+                return Decoded::Bad(BadAdmin::EmptyKey);
+            }
+            if len > 127 {
+                return Decoded::Bad(BadAdmin::NameTooLong(len));
+            }
+            at += 1 + len as usize;
+            if buf.len() < at {
+                return Decoded::Incomplete;
+            }
+        }
+        Decoded::Frame {
+            cmd,
+            count,
+            len: at,
+        }
+    }
+
+    /// Iterates the names of a decoded RSET/RSBS body (`buf[8..len]`).
+    pub fn names(body: &[u8]) -> impl Iterator<Item = &[u8]> {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let len = *body.get(at)? as usize;
+            let name = body.get(at + 1..at + 1 + len)?;
+            at += 1 + len;
+            Some(name)
+        })
+    }
+
+    /// Encodes the KEYS answer: `u32` count, then per key
+    /// `[u8 keyLen][key][u8 srcLen][src][u8 epLen][endpoint][i64 secs]`.
+    pub fn encode_keys(held: &[HeldKey], out: &mut Vec<u8>) {
+        out.extend_from_slice(&(held.len() as u32).to_le_bytes());
+        let mut ep = String::new();
+        for h in held {
+            out.push(h.key.len() as u8);
+            out.extend_from_slice(h.key.as_bytes());
+            out.push(h.source.len() as u8);
+            out.extend_from_slice(h.source.as_bytes());
+            ep.clear();
+            use std::fmt::Write;
+            write!(ep, "{}", h.endpoint).expect("writing to a String");
+            out.push(ep.len() as u8);
+            out.extend_from_slice(ep.as_bytes());
+            out.extend_from_slice(&((h.acquired_unix_ms / 1000) as i64).to_le_bytes());
+        }
+    }
+
+    /// One entry of a KEYS answer, as decoded by clients.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct KeyInfo {
+        pub key: Vec<u8>,
+        pub source: Vec<u8>,
+        pub endpoint: String,
+        pub acquired_unix_secs: i64,
+    }
+
+    /// Decodes a whole KEYS answer; `None` if incomplete, `Err` if malformed.
+    pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, &'static str> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        let count = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
+        let mut at = 4;
+        let mut out = Vec::new();
+        let take = |at: &mut usize| -> Option<Vec<u8>> {
+            let len = *buf.get(*at)? as usize;
+            let v = buf.get(*at + 1..*at + 1 + len)?.to_vec();
+            *at += 1 + len;
+            Some(v)
+        };
+        for _ in 0..count {
+            let (Some(key), Some(source), Some(ep)) = (take(&mut at), take(&mut at), take(&mut at))
+            else {
+                return Ok(None);
+            };
+            let Some(secs) = buf.get(at..at + 8) else {
+                return Ok(None);
+            };
+            at += 8;
+            out.push(KeyInfo {
+                key,
+                source,
+                endpoint: String::from_utf8(ep).map_err(|_| "endpoint is not UTF-8")?,
+                acquired_unix_secs: i64::from_le_bytes(secs.try_into().expect("8 bytes")),
+            });
+        }
+        Ok(Some((out, at)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decodes_every_action() {
+        let mut b = Vec::new();
+        encode(Action::Lock, b"key", b"src", &mut b);
+        assert_eq!(b, b"\x01\x03key\x03src");
+        match decode(&b) {
+            Decoded::Frame { req, len } => {
+                assert_eq!(len, b.len());
+                assert_eq!(req.key, b"key");
+                assert_eq!(req.source, b"src");
+            }
+            d => panic!("{d:?}"),
+        }
+        assert!(matches!(
+            decode(b"\x02\x01k"),
+            Decoded::Frame {
+                req: Request {
+                    action: Action::Unlock,
+                    key: b"k",
+                    ..
+                },
+                len: 3
+            }
+        ));
+        assert!(matches!(
+            decode(b"\x04\x00"),
+            Decoded::Frame {
+                req: Request {
+                    action: Action::ResetBySource,
+                    source: b"",
+                    ..
+                },
+                len: 2
+            }
+        ));
+        assert!(matches!(
+            decode(b"\x05\x01k\x00"),
+            Decoded::Frame {
+                req: Request {
+                    action: Action::TryLock,
+                    ..
+                },
+                len: 4
+            }
+        ));
+    }
+
+    #[test]
+    fn rejects_bad_sizes_and_actions() {
+        assert_eq!(decode(b"\x00"), Decoded::Bad(BadFrame::UnknownAction(0)));
+        assert_eq!(decode(b"\x06"), Decoded::Bad(BadFrame::UnknownAction(6)));
+        assert_eq!(decode(b"\x01\x00"), Decoded::Bad(BadFrame::KeySize(0)));
+        assert_eq!(decode(b"\x01\x80"), Decoded::Bad(BadFrame::KeySize(-128)));
+        assert_eq!(
+            decode(b"\x01\x01k\xff"),
+            Decoded::Bad(BadFrame::SourceSize(-1))
+        );
+        assert_eq!(decode(b"\x04\xff"), Decoded::Bad(BadFrame::SourceSize(-1)));
+        assert_eq!(decode(b"\x02\x00"), Decoded::Bad(BadFrame::KeySize(0)));
+    }
+
+    #[test]
+    fn incomplete_until_the_last_byte() {
+        let mut b = Vec::new();
+        encode(Action::Lock, &[b'k'; 127], &[b's'; 127], &mut b);
+        assert_eq!(b.len(), LOCK_FRAME_MAX);
+        for cut in 0..b.len() {
+            assert_eq!(decode(&b[..cut]), Decoded::Incomplete, "cut at {cut}");
+        }
+        assert!(matches!(
+            decode(&b),
+            Decoded::Frame {
+                len: LOCK_FRAME_MAX,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn admin_frames() {
+        assert_eq!(
+            admin::decode(b"KEYS"),
+            admin::Decoded::Frame {
+                cmd: admin::Command::Keys,
+                count: 0,
+                len: 4
+            }
+        );
+        let mut b = b"RSET".to_vec();
+        b.extend_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(b"\x01a\x02bc");
+        assert_eq!(
+            admin::decode(&b),
+            admin::Decoded::Frame {
+                cmd: admin::Command::Rset,
+                count: 2,
+                len: b.len()
+            }
+        );
+        let names: Vec<&[u8]> = admin::names(&b[8..]).collect();
+        assert_eq!(names, vec![&b"a"[..], &b"bc"[..]]);
+        assert_eq!(admin::decode(&b[..b.len() - 1]), admin::Decoded::Incomplete);
+        assert!(matches!(admin::decode(b"NOPE"), admin::Decoded::Bad(_)));
+        let mut z = b"RSET".to_vec();
+        z.extend_from_slice(&1u32.to_le_bytes());
+        z.push(0);
+        assert_eq!(
+            admin::decode(&z),
+            admin::Decoded::Bad(admin::BadAdmin::EmptyKey)
+        );
+    }
+
+    #[test]
+    fn keys_answer_roundtrip() {
+        use crate::core::Name;
+        let held = vec![HeldKey {
+            key: Name::new(b"k").unwrap(),
+            source: Name::new(b"svc").unwrap(),
+            endpoint: "127.0.0.1:4000".parse().unwrap(),
+            acquired_unix_ms: 1_700_000_000_999,
+            grant_id: 1,
+        }];
+        let mut out = Vec::new();
+        admin::encode_keys(&held, &mut out);
+        assert_eq!(&out[..4], &1u32.to_le_bytes());
+        let (list, used) = admin::decode_keys(&out).unwrap().unwrap();
+        assert_eq!(used, out.len());
+        assert_eq!(list[0].endpoint, "127.0.0.1:4000");
+        assert_eq!(list[0].acquired_unix_secs, 1_700_000_000);
+        assert_eq!(admin::decode_keys(&out[..out.len() - 1]).unwrap(), None);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_and_frames_fit(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            match decode(&bytes) {
+                Decoded::Frame { len, req } => {
+                    prop_assert!(len <= bytes.len() && len <= LOCK_FRAME_MAX);
+                    prop_assert!(req.action == Action::ResetBySource || !req.key.is_empty());
+                }
+                Decoded::Incomplete => prop_assert!(bytes.len() < LOCK_FRAME_MAX),
+                Decoded::Bad(_) => {}
+            }
+            let _ = admin::decode(&bytes);
+            let _ = admin::decode_keys(&bytes);
+        }
+
+        #[test]
+        fn encode_decode_roundtrip(a in 1u8..=5, key in proptest::collection::vec(any::<u8>(), 1..=127), src in proptest::collection::vec(any::<u8>(), 0..=127)) {
+            let action = Action::from_byte(a).unwrap();
+            let mut b = Vec::new();
+            encode(action, &key, &src, &mut b);
+            match decode(&b) {
+                Decoded::Frame { req, len } => {
+                    prop_assert_eq!(len, b.len());
+                    prop_assert_eq!(req.action, action);
+                    if action != Action::ResetBySource { prop_assert_eq!(req.key, &key[..]); }
+                    if matches!(action, Action::Lock | Action::TryLock | Action::ResetBySource) { prop_assert_eq!(req.source, &src[..]); }
+                }
+                d => prop_assert!(false, "{:?}", d),
+            }
+        }
+    }
+}
