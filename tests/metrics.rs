@@ -98,7 +98,7 @@ ringlock_hangup_withdrawals_total 1
 # HELP ringlock_undelivered_grants_total Grants released again because the client was gone before its + could be delivered.
 # TYPE ringlock_undelivered_grants_total counter
 ringlock_undelivered_grants_total 1
-# HELP ringlock_resets_total Keys released by an operator reset, by key or by source.
+# HELP ringlock_resets_total Operator resets, one per key (ResetByKey, RSET) or source (ResetBySource, RSBS) named.
 # TYPE ringlock_resets_total counter
 ringlock_resets_total{by="key"} 1
 ringlock_resets_total{by="source"} 2

@@ -16,17 +16,22 @@
 //!   rendered as exact decimal seconds, so output is deterministic and
 //!   testable byte for byte.
 //!
-//! Semantics the loop must follow (the end-to-end test checks them):
+//! Semantics the loop follows (the end-to-end test checks them):
 //! - `request` once per answered request, with the answer byte's outcome
-//!   (`+` Ok, `#` Busy, `-` Error). A Lock is counted when its answer is sent
-//!   (it may be queued for a long time); a queued Lock withdrawn by hang-up is
-//!   counted by `hangup_withdrawal` only.
+//!   (`+` Ok, `#` Busy, `-` Error). A Lock is counted when its answer is
+//!   queued (it may have waited a long time); a queued Lock withdrawn by
+//!   hang-up is counted by `hangup_withdrawal` only. A lock-port frame that
+//!   does not decode counts as Lock/Error. Admin commands count as Ok.
 //! - `grant` for every grant; `handoff` additionally when the grantee had been
-//!   queued. `observe_queue_wait_us` once per handoff (time from enqueue to
-//!   grant), never for immediate grants. `observe_hold_us` once per release of
-//!   a held key (Unlock of a held key, either reset), with the hold duration.
-//! - `reset(false)` once per key released by ResetByKey/RSET, `reset(true)`
-//!   once per key released by ResetBySource/RSBS.
+//!   queued, together with `observe_queue_wait_us` (enqueue to grant);
+//!   immediate grants observe no queue wait.
+//! - `observe_hold_us` once per release of a held key, whatever the cause
+//!   (Unlock, reset, an undeliverable grant given back).
+//! - `reset(false)` once per ResetByKey request and per key named in RSET;
+//!   `reset(true)` once per ResetBySource request and per source in RSBS
+//!   (an RSBS with count 0 resets the caller's IP: one). Counted whether or
+//!   not anything was held: it counts operator actions, not keys.
+//! - Gauges (`set_*`) are published by the loop once per tick.
 
 mod http;
 
@@ -262,7 +267,8 @@ impl Metrics {
         self.undelivered_grants.fetch_add(1, Relaxed);
     }
 
-    /// One key released by an operator reset.
+    /// One operator reset: a key named by ResetByKey/RSET (`false`) or a
+    /// source named by ResetBySource/RSBS (`true`).
     pub fn reset(&self, by_source: bool) {
         if by_source {
             self.resets_by_source.fetch_add(1, Relaxed);
@@ -398,7 +404,7 @@ impl Metrics {
         header(
             w,
             "resets_total",
-            "Keys released by an operator reset, by key or by source.",
+            "Operator resets, one per key (ResetByKey, RSET) or source (ResetBySource, RSBS) named.",
             "counter",
         );
         let _ = writeln!(
