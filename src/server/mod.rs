@@ -149,7 +149,9 @@ fn block_signals() -> io::Result<RawFd> {
 
 fn build_ring(max_conns: usize) -> io::Result<IoUring> {
     // Every connection can have a recv and a send outstanding.
-    let cq = (2 * max_conns + 1024).next_power_of_two() as u32;
+    let cq = (2 * max_conns + 1024)
+        .max(2 * RING_ENTRIES as usize)
+        .next_power_of_two() as u32;
     let mut b = IoUring::builder();
     b.setup_cqsize(cq)
         .setup_single_issuer()

@@ -1,0 +1,282 @@
+//! Test support: starts the real `ringlockd` binary on ephemeral loopback
+//! ports and speaks raw Locking-Center frames to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub struct Server {
+    pub lock_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub child: Child,
+    /// Every stderr line after the listening line, as it arrives.
+    pub log: mpsc::Receiver<String>,
+}
+
+fn field(line: &str, name: &str) -> Option<SocketAddr> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..].split_whitespace().next()?.parse().ok()
+}
+
+impl Server {
+    /// Starts `ringlockd --bind 127.0.0.1:0 --admin-bind 127.0.0.1:0 <extra>`
+    /// and waits for its listening line.
+    pub fn start(extra: &[&str]) -> Server {
+        Server::try_start(extra).unwrap_or_else(|e| panic!("ringlockd did not start: {e}"))
+    }
+
+    /// Like `start`, but returns the server's stderr when it exits instead.
+    pub fn try_start(extra: &[&str]) -> Result<Server, String> {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+        cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
+        Server::spawn(cmd, extra)
+    }
+
+    pub fn spawn(mut cmd: Command, extra: &[&str]) -> Result<Server, String> {
+        cmd.args(extra)
+            .env_remove("BIND_ADDRESS")
+            .env_remove("DATA_PATH")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = String::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    if line.contains("event=listening") {
+                        return Ok(Server {
+                            lock_addr: field(&line, "lock").expect("lock= in listening line"),
+                            admin_addr: field(&line, "admin").expect("admin= in listening line"),
+                            metrics_addr: field(&line, "metrics"),
+                            child,
+                            log: rx,
+                        });
+                    }
+                    seen.push_str(&line);
+                    seen.push('\n');
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait().map_err(|e| e.to_string())?;
+                    return Err(format!("exited ({status}) with stderr:\n{seen}"));
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) for a log line containing `needle`.
+    pub fn wait_log(&self, needle: &str) -> String {
+        loop {
+            match self.log.recv_timeout(Duration::from_secs(10)) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?}: {e}"),
+            }
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Counts the server's open file descriptors.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::connect(self.lock_addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn frame(action: u8, key: &[u8], source: Option<&[u8]>) -> Vec<u8> {
+    let mut b = vec![action, key.len() as u8];
+    b.extend_from_slice(key);
+    if let Some(s) = source {
+        b.push(s.len() as u8);
+        b.extend_from_slice(s);
+    }
+    b
+}
+
+/// One raw lock-port connection.
+pub struct Conn {
+    pub s: TcpStream,
+}
+
+impl Conn {
+    pub fn connect(addr: SocketAddr) -> Conn {
+        let s = TcpStream::connect(addr).expect("connect to ringlockd");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("read timeout");
+        Conn { s }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).expect("write frame");
+    }
+
+    /// Reads exactly one answer byte (panics on EOF or timeout).
+    pub fn read_byte(&mut self) -> u8 {
+        let mut b = [0u8; 1];
+        self.s.read_exact(&mut b).expect("read one answer byte");
+        b[0]
+    }
+
+    /// Reads one byte, or `None` on EOF.
+    pub fn read_byte_or_eof(&mut self) -> Option<u8> {
+        let mut b = [0u8; 1];
+        match self.s.read(&mut b) {
+            Ok(0) => None,
+            Ok(_) => Some(b[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+
+    /// True if no byte arrives within `ms` (the request is still queued).
+    pub fn silent_for(&mut self, ms: u64) -> bool {
+        self.s
+            .set_read_timeout(Some(Duration::from_millis(ms)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        let r = self.s.read(&mut b);
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        match r {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                true
+            }
+            Ok(0) => panic!("connection closed while expected to wait"),
+            Ok(_) => false,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+
+    pub fn lock(&mut self, key: &[u8], src: &[u8]) -> u8 {
+        self.send(&frame(1, key, Some(src)));
+        self.read_byte()
+    }
+    pub fn try_lock(&mut self, key: &[u8], src: &[u8]) -> u8 {
+        self.send(&frame(5, key, Some(src)));
+        self.read_byte()
+    }
+    pub fn unlock(&mut self, key: &[u8]) -> u8 {
+        self.send(&frame(2, key, None));
+        self.read_byte()
+    }
+    pub fn reset_key(&mut self, key: &[u8]) -> u8 {
+        self.send(&frame(3, key, None));
+        self.read_byte()
+    }
+    pub fn reset_source(&mut self, src: &[u8]) -> u8 {
+        let mut b = vec![4, src.len() as u8];
+        b.extend_from_slice(src);
+        self.send(&b);
+        self.read_byte()
+    }
+    pub fn half_close(&self) {
+        self.s.shutdown(Shutdown::Write).expect("shutdown write");
+    }
+}
+
+/// One request on a fresh connection, as Locking-Center clients do.
+pub fn once(addr: SocketAddr, bytes: &[u8]) -> u8 {
+    let mut c = Conn::connect(addr);
+    c.send(bytes);
+    c.read_byte()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub key: Vec<u8>,
+    pub source: Vec<u8>,
+    pub endpoint: String,
+    pub acquired_unix_secs: i64,
+}
+
+/// Admin `KEYS`, decoded independently of the server's own codec.
+pub fn keys(admin: SocketAddr) -> Vec<KeyInfo> {
+    let mut s = TcpStream::connect(admin).expect("connect admin");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    s.write_all(b"KEYS").expect("write KEYS");
+    let mut n = [0u8; 4];
+    s.read_exact(&mut n).expect("KEYS count");
+    let mut out = Vec::new();
+    let take = |s: &mut TcpStream| {
+        let mut l = [0u8; 1];
+        s.read_exact(&mut l).expect("len");
+        let mut v = vec![0u8; l[0] as usize];
+        s.read_exact(&mut v).expect("bytes");
+        v
+    };
+    for _ in 0..u32::from_le_bytes(n) {
+        let key = take(&mut s);
+        let source = take(&mut s);
+        let endpoint = String::from_utf8(take(&mut s)).expect("utf-8 endpoint");
+        let mut t = [0u8; 8];
+        s.read_exact(&mut t).expect("time");
+        out.push(KeyInfo {
+            key,
+            source,
+            endpoint,
+            acquired_unix_secs: i64::from_le_bytes(t),
+        });
+    }
+    out
+}
+
+/// Admin command with names (`RSET` / `RSBS`); returns the answer bytes.
+pub fn admin_names(admin: SocketAddr, cmd: &[u8; 4], names: &[&[u8]]) -> Vec<u8> {
+    let mut s = TcpStream::connect(admin).expect("connect admin");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut b = cmd.to_vec();
+    b.extend_from_slice(&(names.len() as u32).to_le_bytes());
+    for n in names {
+        b.push(n.len() as u8);
+        b.extend_from_slice(n);
+    }
+    s.write_all(&b).expect("write admin command");
+    let want = names.len().max(if &cmd[..] == b"RSBS" { 1 } else { 0 }) + 1;
+    let mut out = vec![0u8; want];
+    s.read_exact(&mut out).expect("admin answer");
+    out
+}
