@@ -1,0 +1,328 @@
+//! `ringlock::client` against the real `ringlockd` binary.
+
+mod common;
+
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::Server;
+use ringlock::client::{CancelToken, Client, Error, LateGrant, LockOptions, RetryPolicy};
+
+fn client_with_source(s: &Server, source: &str) -> Client {
+    Client::builder(s.lock_addr)
+        .admin_addr(s.admin_addr)
+        .source(source)
+        .io_timeout(Duration::from_secs(5))
+        .retry(RetryPolicy {
+            max_elapsed: Duration::from_secs(2),
+            ..RetryPolicy::default()
+        })
+        .build()
+        .expect("valid client")
+}
+
+fn client(s: &Server) -> Client {
+    client_with_source(s, "test")
+}
+
+/// The server's table as (key, endpoint) pairs, read with the lead's
+/// independent decoder.
+fn held(s: &Server) -> Vec<(String, String)> {
+    common::keys(s.admin_addr)
+        .into_iter()
+        .map(|k| (String::from_utf8_lossy(&k.key).into_owned(), k.endpoint))
+        .collect()
+}
+
+#[test]
+fn lock_lists_holder_and_release_frees() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let mut g = c.lock("a/b").expect("free key is granted");
+    let endpoint = g.endpoint().expect("granted on a connection").to_string();
+    assert_eq!(held(&s), vec![("a/b".to_string(), endpoint.clone())]);
+
+    let keys = c.keys().expect("keys");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].key, b"a/b");
+    assert_eq!(keys[0].source, b"test");
+    assert_eq!(keys[0].endpoint, endpoint);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (keys[0].acquired_unix_s - now).abs() <= 5,
+        "acquired time is now"
+    );
+    assert!(g.is_held().expect("admin reachable"));
+
+    g.release().expect("release");
+    assert!(held(&s).is_empty());
+    assert!(!g.is_held().unwrap());
+    g.release()
+        .expect("second release returns the first result");
+}
+
+#[test]
+fn try_lock_tells_held_apart_from_errors() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let g = c.lock("t").unwrap();
+    assert!(c.try_lock("t").expect("`#` is not an error").is_none());
+    drop(g);
+    assert!(held(&s).is_empty(), "drop released");
+    let g2 = c.try_lock("t").unwrap().expect("free key");
+    assert_eq!(held(&s)[0].1, g2.endpoint().unwrap().to_string());
+    drop(g2);
+    assert!(held(&s).is_empty());
+}
+
+#[test]
+fn release_happens_exactly_once() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let mut first = c.lock("once").unwrap();
+    first.release().unwrap();
+    let second = c.lock("once").unwrap();
+    // A second release (and the drop) must not unlock the new holder.
+    first.release().unwrap();
+    drop(first);
+    assert_eq!(
+        held(&s),
+        vec![("once".to_string(), second.endpoint().unwrap().to_string())]
+    );
+    drop(second);
+    assert!(held(&s).is_empty());
+}
+
+#[test]
+fn waiter_is_granted_when_guard_drops() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let g = c.lock("fifo").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let c2 = c.clone();
+    let waiter = thread::spawn(move || {
+        let g = c2.lock("fifo").expect("granted after the holder leaves");
+        tx.send(g.endpoint().unwrap().to_string()).unwrap();
+        g
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+        "must wait"
+    );
+    drop(g);
+    let endpoint = rx.recv_timeout(Duration::from_secs(10)).expect("granted");
+    assert_eq!(held(&s), vec![("fifo".to_string(), endpoint)]);
+    drop(waiter.join().unwrap());
+    assert!(held(&s).is_empty());
+}
+
+#[test]
+fn resets_unlock_and_wait() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let mut g = c.lock("r").unwrap();
+    c.reset_by_key("r").unwrap();
+    assert!(held(&s).is_empty());
+    assert!(!g.is_held().unwrap(), "the guard notices the lost lock");
+    g.release().expect("unlocking a free key answers +");
+
+    let other = client_with_source(&s, "other");
+    let g1 = other.lock("r1").unwrap();
+    let g2 = other.lock("r2").unwrap();
+    let mine = c.lock("r3").unwrap();
+    c.reset_by_source("other").unwrap();
+    assert_eq!(held(&s).len(), 1, "only the other source's keys go");
+    drop((g1, g2));
+
+    c.unlock("r3").unwrap();
+    assert!(held(&s).is_empty());
+    drop(mine);
+    c.wait("r3").expect("free key: wait returns at once");
+    assert!(held(&s).is_empty(), "wait leaves the key free");
+}
+
+#[test]
+fn lock_timeout_withdraws_exactly() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let g = c.lock("busy").unwrap();
+    let t0 = Instant::now();
+    let err = c
+        .lock_timeout("busy", Duration::from_millis(50))
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout), "{err:?}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(50) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    drop(g);
+    // The withdrawn waiter was not granted behind our back.
+    assert!(held(&s).is_empty());
+}
+
+#[test]
+fn cancel_token_stops_a_wait_exactly() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let g = c.lock("c").unwrap();
+    let token = CancelToken::new().unwrap();
+    let t2 = token.clone();
+    let canceller = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        t2.cancel();
+    });
+    let err = c
+        .lock_with("c", &LockOptions::new().cancel(token.clone()))
+        .unwrap_err();
+    assert!(matches!(err, Error::Cancelled), "{err:?}");
+    canceller.join().unwrap();
+    // A cancelled token refuses new waits without touching the network.
+    assert!(matches!(
+        c.lock_with("c", &LockOptions::new().cancel(token)),
+        Err(Error::Cancelled)
+    ));
+    drop(g);
+    assert!(held(&s).is_empty());
+}
+
+/// The server's side of exact cancellation: a queued Lock followed by a
+/// half-close is withdrawn, answered with nothing, and the connection closed.
+#[test]
+fn server_answers_nothing_after_half_close_withdrawal() {
+    let s = Server::start(&[]);
+    let mut holder = s.connect();
+    assert_eq!(holder.lock(b"h", b"a"), b'+');
+    let mut waiter = s.connect();
+    waiter.send(&common::frame(1, b"h", Some(b"b")));
+    assert!(waiter.silent_for(50), "queued behind the holder");
+    waiter.half_close();
+    assert_eq!(waiter.read_byte_or_eof(), None, "no answer, just EOF");
+    assert_eq!(holder.unlock(b"h"), b'+');
+    assert!(held(&s).is_empty(), "no ghost holder");
+}
+
+/// Deadlines set to expire around the moment of grant, many times, with both
+/// late-grant policies: after every iteration the key is either free or held
+/// by exactly the guard the caller got.
+#[test]
+fn exact_cancellation_race_never_leaks() {
+    let s = Server::start(&[]);
+    let c = client(&s);
+    let (mut in_time, mut timed_out) = (0, 0);
+    const WAIT_MS: i64 = 12;
+    for i in 0..160i64 {
+        let mut holder = c.lock("race").unwrap();
+        let late = if i % 2 == 0 {
+            LateGrant::Keep
+        } else {
+            LateGrant::Release
+        };
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(WAIT_MS as u64);
+        let c2 = c.clone();
+        let waiter = thread::spawn(move || {
+            c2.lock_with(
+                "race",
+                &LockOptions::new().deadline(deadline).late_grant(late),
+            )
+        });
+        // Release somewhere in [deadline - 4 ms, deadline + 4 ms), sweeping
+        // in 100 us steps so some releases land on the deadline itself.
+        let offset_us = (i % 80) * 100 - 4000;
+        let release_at = start + Duration::from_micros((WAIT_MS * 1000 + offset_us) as u64);
+        thread::sleep(release_at.saturating_duration_since(Instant::now()));
+        holder.release().unwrap();
+        match waiter.join().unwrap() {
+            Ok(mut g) => {
+                in_time += 1;
+                let endpoint = g.endpoint().unwrap().to_string();
+                assert_eq!(
+                    held(&s),
+                    vec![("race".to_string(), endpoint)],
+                    "iteration {i}"
+                );
+                g.release().unwrap();
+            }
+            Err(Error::Timeout) => timed_out += 1,
+            Err(other) => panic!("iteration {i}: {other:?}"),
+        }
+        assert!(held(&s).is_empty(), "iteration {i} leaked the lock");
+    }
+    eprintln!("race: {in_time} granted, {timed_out} timed out");
+    assert_eq!(in_time + timed_out, 160);
+}
+
+#[test]
+fn bad_keys_fail_before_any_network_traffic() {
+    // A listener that must never see a connection.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let c = Client::builder(l.local_addr().unwrap())
+        .admin_addr(l.local_addr().unwrap())
+        .io_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let long = "k".repeat(128);
+    for key in ["", long.as_str()] {
+        let len = key.len();
+        let is_invalid =
+            |r: Result<(), Error>| matches!(r, Err(Error::InvalidKey { len: l }) if l == len);
+        assert!(is_invalid(c.lock(key).map(drop)));
+        assert!(is_invalid(
+            c.lock_timeout(key, Duration::from_secs(1)).map(drop)
+        ));
+        assert!(is_invalid(c.lock_with(key, &LockOptions::new()).map(drop)));
+        assert!(is_invalid(c.try_lock(key).map(drop)));
+        assert!(is_invalid(c.unlock(key)));
+        assert!(is_invalid(c.wait(key)));
+        assert!(is_invalid(c.reset_by_key(key)));
+    }
+    // The listener does see traffic when there is some: 127 bytes is valid,
+    // and the silent listener makes the unlock's outcome unknown.
+    assert!(matches!(c.unlock("k".repeat(127)), Err(Error::Io(_))));
+    let _ = l.accept().expect("the valid key did connect");
+    assert!(matches!(
+        c.reset_by_source("s".repeat(128)),
+        Err(Error::InvalidSource { len: 128 })
+    ));
+    assert!(matches!(
+        Client::builder(l.local_addr().unwrap())
+            .source("s".repeat(128))
+            .build(),
+        Err(Error::InvalidSource { len: 128 })
+    ));
+    assert_eq!(
+        l.accept().unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "nothing else connected"
+    );
+}
+
+#[test]
+fn unreachable_server_is_unavailable_within_the_budget() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let c = Client::builder(("127.0.0.1", port))
+        .retry(RetryPolicy {
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+            max_elapsed: Duration::from_millis(300),
+        })
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    match c.lock("k") {
+        Err(Error::Unavailable { attempts, .. }) => assert!(attempts >= 3, "{attempts}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(matches!(c.keys(), Err(Error::Unavailable { .. })));
+}
