@@ -7,7 +7,7 @@
 //! | metrics address | `--metrics-bind` | off |
 //! | write-ahead log | `--data-path` / `DATA_PATH` | off (in memory) |
 //! | max connections | `--max-connections` | 10 000 |
-//! | max keys | `--max-keys` | 1 000 000 |
+//! | max keys | `--max-keys` | 100 000 |
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 
@@ -43,7 +43,7 @@ impl Config {
             metrics_bind: None,
             data_path: None,
             max_connections: 10_000,
-            max_keys: 1_000_000,
+            max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,
         }

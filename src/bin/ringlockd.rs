@@ -22,7 +22,7 @@ OPTIONS:
     --data-path FILE         write-ahead log; held keys survive restarts [env DATA_PATH]
                              (default: in memory)
     --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
-    --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 1000000)
+    --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
     --log-level LEVEL        error | warn | info | debug (default info)

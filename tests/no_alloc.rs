@@ -1,0 +1,90 @@
+//! Proof that the event loop does not allocate per request in steady state:
+//! a counting global allocator counts only allocations made on the server
+//! thread, while a client drives connection-per-request and persistent
+//! traffic (lock, contended hand-off, try-lock, unlock).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+struct Counting;
+static SERVER_ALLOCS: AtomicU64 = AtomicU64::new(0);
+thread_local!(static ON_SERVER: Cell<bool> = const { Cell::new(false) });
+
+// SAFETY: forwards to the system allocator; only adds a counter.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if ON_SERVER.with(|c| c.get()) {
+            SERVER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if ON_SERVER.with(|c| c.get()) {
+            SERVER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn req(s: &mut TcpStream, b: &[u8]) -> u8 {
+    s.write_all(b).unwrap();
+    let mut r = [0u8; 1];
+    s.read_exact(&mut r).unwrap();
+    r[0]
+}
+
+fn round(addr: std::net::SocketAddr, persistent: &mut TcpStream, waiter: &mut TcpStream, i: usize) {
+    let key = [b'k', b'0' + (i % 10) as u8];
+    let lock = [1u8, 2, key[0], key[1], 1, b's'];
+    let unlock = [2u8, 2, key[0], key[1]];
+    // Connection per request.
+    let mut c = TcpStream::connect(addr).unwrap();
+    assert_eq!(req(&mut c, &lock), b'+');
+    drop(c);
+    // A contended hand-off to a queued waiter on a persistent connection.
+    waiter.write_all(&lock).unwrap();
+    assert_eq!(req(persistent, &[5u8, 2, key[0], key[1], 0]), b'#');
+    assert_eq!(req(persistent, &unlock), b'+');
+    let mut r = [0u8; 1];
+    waiter.read_exact(&mut r).unwrap();
+    assert_eq!(r[0], b'+');
+    assert_eq!(req(persistent, &unlock), b'+');
+}
+
+#[test]
+fn steady_state_requests_do_not_allocate_on_the_server_thread() {
+    let mut cfg = ringlock::config::Config::new("127.0.0.1:0".parse().unwrap());
+    cfg.admin_bind = "127.0.0.1:0".parse().unwrap();
+    cfg.max_connections = 64;
+    let metrics = Arc::new(ringlock::metrics::Metrics::new());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut server = ringlock::server::Server::bind(cfg, metrics).expect("bind");
+        tx.send(server.lock_addr()).unwrap();
+        ON_SERVER.with(|c| c.set(true));
+        server.run().expect("run");
+    });
+    let addr = rx.recv().unwrap();
+    let mut persistent = TcpStream::connect(addr).unwrap();
+    let mut waiter = TcpStream::connect(addr).unwrap();
+    for i in 0..200 {
+        round(addr, &mut persistent, &mut waiter, i);
+    }
+    let before = SERVER_ALLOCS.load(Ordering::Relaxed);
+    for i in 0..2000 {
+        round(addr, &mut persistent, &mut waiter, i);
+    }
+    let after = SERVER_ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(after - before, 0, "server thread allocated {} times in 2000 rounds", after - before);
+    assert!(before > 0, "the counter sees the server thread's start-up allocations");
+}
