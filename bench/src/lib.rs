@@ -1,0 +1,8 @@
+//! Support code for the side-by-side benchmark (`scripts/bench.sh`):
+//! - [`frame`]: Locking-Center frame boundaries, for the floor server;
+//! - [`json`]: a minimal JSON reader for the load generator's `--json` lines;
+//! - [`svg`]: percentile plots written as plain SVG (no plotting stack needed).
+
+pub mod frame;
+pub mod json;
+pub mod svg;

@@ -1,0 +1,441 @@
+//! Command line, target URLs and the run configuration.
+//!
+//! Everything is parsed up front into a [`Config`]; the engine never looks at
+//! strings again. Durations carry units in their names (`_ns`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use crate::dist::Dist;
+
+/// Which lock service the load generator talks to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Locking-Center protocol (ringlockd, the floor server, the Go original).
+    Ringlock,
+    /// Redis: `SET key token NX PX ttl` + compare-and-delete script.
+    Redis,
+    /// PostgreSQL: `pg_advisory_lock` / `pg_advisory_unlock` on a pinned session.
+    Postgres {
+        user: String,
+        db: String,
+        password: String,
+    },
+    /// MySQL / MariaDB: `GET_LOCK` / `RELEASE_LOCK` on a pinned session.
+    Mysql { user: String, password: String },
+    /// etcd v3 lock service through its HTTP/JSON gateway (`/v3/lock/lock`).
+    Etcd,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub kind: Kind,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Target {
+    pub fn scheme(&self) -> &'static str {
+        match self.kind {
+            Kind::Ringlock => "ringlock",
+            Kind::Redis => "redis",
+            Kind::Postgres { .. } => "postgres",
+            Kind::Mysql { .. } => "mysql",
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    pub fn resolve(&self) -> Result<SocketAddr, String> {
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}:{}: {e}", self.host, self.port))?
+            .next()
+            .ok_or_else(|| format!("no address for {}:{}", self.host, self.port))
+    }
+
+    /// Whether a lock survives the connection that took it. Session-bound
+    /// locks (PostgreSQL advisory locks, MySQL GET_LOCK) are released by the
+    /// server when the session ends, so a connection per request is
+    /// meaningless for them.
+    pub fn lock_outlives_connection(&self) -> bool {
+        !matches!(self.kind, Kind::Postgres { .. } | Kind::Mysql { .. })
+    }
+}
+
+/// Parse `scheme://[user[:pass]@]host:port[/db]`.
+pub fn parse_target(url: &str) -> Result<Target, String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("target {url:?}: expected scheme://host:port"))?;
+    let (userinfo, hostpart) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let (hostport, path) = match hostpart.split_once('/') {
+        Some((hp, p)) => (hp, p),
+        None => (hostpart, ""),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']'),
+            Some(
+                p.parse::<u16>()
+                    .map_err(|_| format!("target {url:?}: bad port {p:?}"))?,
+            ),
+        ),
+        None => (hostport, None),
+    };
+    if host.is_empty() {
+        return Err(format!("target {url:?}: missing host"));
+    }
+    let (user, password) = match userinfo {
+        Some(u) => match u.split_once(':') {
+            Some((a, b)) => (a.to_string(), b.to_string()),
+            None => (u.to_string(), String::new()),
+        },
+        None => (String::new(), String::new()),
+    };
+    let (kind, default_port) = match scheme {
+        "ringlock" | "lc" => (Kind::Ringlock, 22119),
+        "redis" => (Kind::Redis, 6379),
+        "postgres" | "postgresql" => {
+            let user = if user.is_empty() {
+                "postgres".to_string()
+            } else {
+                user
+            };
+            let db = if path.is_empty() {
+                user.clone()
+            } else {
+                path.to_string()
+            };
+            (Kind::Postgres { user, db, password }, 5432)
+        }
+        "mysql" | "mariadb" => {
+            let user = if user.is_empty() {
+                "root".to_string()
+            } else {
+                user
+            };
+            (Kind::Mysql { user, password }, 3306)
+        }
+        "etcd" | "http" => (Kind::Etcd, 2379),
+        other => return Err(format!("target {url:?}: unknown scheme {other:?}")),
+    };
+    Ok(Target {
+        kind,
+        host: host.to_string(),
+        port: port.unwrap_or(default_port),
+    })
+}
+
+/// Parse `250us`, `3ms`, `2s`, `1m`, or a bare number of seconds.
+pub fn parse_duration_ns(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let scale = match unit {
+        "" | "s" => 1e9,
+        "ms" => 1e6,
+        "us" | "µs" => 1e3,
+        "ns" => 1.0,
+        "m" | "min" => 60e9,
+        _ => return Err(format!("bad duration unit in {s:?} (use ns, us, ms, s, m)")),
+    };
+    if !(value >= 0.0 && value.is_finite()) {
+        return Err(format!("bad duration {s:?}"));
+    }
+    Ok((value * scale).round() as u64)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mix {
+    /// Lock (blocking), hold, unlock.
+    LockUnlock,
+    /// TryLock; if granted, hold and unlock; if busy, the attempt is done.
+    TryLock,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnMode {
+    /// A new TCP connection for every request, as Locking-Center clients do.
+    PerRequest,
+    /// One connection per client, reused for every request.
+    Persistent,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub target: Target,
+    pub connections: usize,
+    /// Total arrival rate in cycles/s over all connections; 0 = closed loop.
+    pub rate_per_s: f64,
+    pub duration_ns: u64,
+    pub warmup_ns: u64,
+    /// How long to wait for cycles still in flight at the end.
+    pub drain_ns: u64,
+    pub keys: u32,
+    pub dist: Dist,
+    pub hold_ns: u64,
+    pub mix: Mix,
+    pub conn_mode: ConnMode,
+    /// Redis only: pause between SET NX attempts while the key is taken.
+    pub retry_backoff_ns: u64,
+    /// Redis lock TTL (PX), also the etcd lease TTL.
+    pub lock_ttl_ms: u64,
+    pub key_prefix: String,
+    pub seed: u64,
+    pub json: bool,
+    pub hgrm_path: Option<String>,
+    pub progress: bool,
+    pub label: String,
+}
+
+pub const USAGE: &str = "\
+ringlock-loadgen: open/closed-loop load for lock services
+
+USAGE: ringlock-loadgen --target URL [options]
+
+Targets:
+  ringlock://HOST:PORT            Locking-Center protocol (ringlockd, floor-server)
+  redis://HOST:PORT               SET NX PX + compare-and-delete (EVALSHA)
+  postgres://USER@HOST:PORT/DB    pg_advisory_lock / pg_advisory_unlock (trust or cleartext auth)
+  mysql://USER:PASS@HOST:PORT     GET_LOCK / RELEASE_LOCK (MySQL, MariaDB)
+  etcd://HOST:PORT                etcd v3 lock API through the HTTP/JSON gateway
+
+Options:
+  --connections N      clients, one connection each (default 1)
+  --rate R             total cycles/s over all connections, each gets R/N;
+                       0 = closed loop (default 0)
+  --duration D         measured time (default 10s; units ns/us/ms/s/m)
+  --warmup D           unmeasured lead-in (default 1s)
+  --drain D            wait for in-flight cycles after the end (default 5s)
+  --keys N             key space size (default 1000)
+  --dist DIST          uniform | zipf:S | hot | private (key = client id) (default uniform)
+  --hold D             time inside the critical section (default 0)
+  --mix MIX            lock-unlock | try-lock (default lock-unlock)
+  --conn-mode MODE     persistent | per-request (default persistent)
+  --retry-backoff D    redis: pause between SET NX attempts (default 100us, +-50% jitter)
+  --lock-ttl-ms MS     redis PX / etcd lease TTL (default 30000)
+  --key-prefix P       key prefix (default lg)
+  --seed N             RNG seed (default 1)
+  --label TEXT         free text echoed in the report
+  --json               last stdout line: one JSON object with the results
+  --hgrm FILE          write the corrected lock-latency histogram as .hgrm
+  --no-progress        no per-second progress line on stderr
+";
+
+pub fn parse_args<I>(args: I) -> Result<Config, String>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut target = None;
+    let mut cfg = Config {
+        target: Target {
+            kind: Kind::Ringlock,
+            host: "127.0.0.1".into(),
+            port: 22119,
+        },
+        connections: 1,
+        rate_per_s: 0.0,
+        duration_ns: 10_000_000_000,
+        warmup_ns: 1_000_000_000,
+        drain_ns: 5_000_000_000,
+        keys: 1000,
+        dist: Dist::Uniform,
+        hold_ns: 0,
+        mix: Mix::LockUnlock,
+        conn_mode: ConnMode::Persistent,
+        retry_backoff_ns: 100_000,
+        lock_ttl_ms: 30_000,
+        key_prefix: "lg".into(),
+        seed: 1,
+        json: false,
+        hgrm_path: None,
+        progress: true,
+        label: String::new(),
+    };
+    let s = |v: std::ffi::OsString| {
+        v.into_string()
+            .map_err(|_| "argument is not UTF-8".to_string())
+    };
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("target") | Short('t') => {
+                target = Some(parse_target(&s(p.value().map_err(|e| e.to_string())?)?)?)
+            }
+            Long("connections") | Short('c') => {
+                cfg.connections = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --connections")?
+            }
+            Long("rate") | Short('r') => {
+                cfg.rate_per_s = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --rate")?
+            }
+            Long("duration") | Short('d') => {
+                cfg.duration_ns = parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
+            Long("warmup") => {
+                cfg.warmup_ns = parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
+            Long("drain") => {
+                cfg.drain_ns = parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
+            Long("keys") | Short('k') => {
+                cfg.keys = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --keys")?
+            }
+            Long("dist") => cfg.dist = Dist::parse(&s(p.value().map_err(|e| e.to_string())?)?)?,
+            Long("hold") => {
+                cfg.hold_ns = parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
+            Long("mix") => {
+                cfg.mix = match s(p.value().map_err(|e| e.to_string())?)?.as_str() {
+                    "lock-unlock" | "lock" => Mix::LockUnlock,
+                    "try-lock" | "trylock" => Mix::TryLock,
+                    o => return Err(format!("bad --mix {o:?} (lock-unlock | try-lock)")),
+                }
+            }
+            Long("conn-mode") => {
+                cfg.conn_mode = match s(p.value().map_err(|e| e.to_string())?)?.as_str() {
+                    "persistent" => ConnMode::Persistent,
+                    "per-request" => ConnMode::PerRequest,
+                    o => return Err(format!("bad --conn-mode {o:?} (persistent | per-request)")),
+                }
+            }
+            Long("retry-backoff") => {
+                cfg.retry_backoff_ns =
+                    parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
+            Long("lock-ttl-ms") => {
+                cfg.lock_ttl_ms = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --lock-ttl-ms")?
+            }
+            Long("key-prefix") => cfg.key_prefix = s(p.value().map_err(|e| e.to_string())?)?,
+            Long("seed") => {
+                cfg.seed = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --seed")?
+            }
+            Long("label") => cfg.label = s(p.value().map_err(|e| e.to_string())?)?,
+            Long("json") => cfg.json = true,
+            Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
+            Long("no-progress") => cfg.progress = false,
+            Long("help") | Short('h') => return Err(USAGE.to_string()),
+            other => return Err(format!("{}\n{USAGE}", other.unexpected())),
+        }
+    }
+    cfg.target = target.ok_or_else(|| format!("--target is required\n{USAGE}"))?;
+    if cfg.connections == 0 {
+        return Err("--connections must be at least 1".into());
+    }
+    if cfg.keys == 0 {
+        return Err("--keys must be at least 1".into());
+    }
+    if cfg.rate_per_s < 0.0 || !cfg.rate_per_s.is_finite() {
+        return Err("--rate must be >= 0".into());
+    }
+    if cfg.conn_mode == ConnMode::PerRequest && !cfg.target.lock_outlives_connection() {
+        return Err(format!(
+            "--conn-mode per-request is not applicable to {}: its locks are bound to the \
+             session and released when the connection closes",
+            cfg.target.scheme()
+        ));
+    }
+    if cfg.mix == Mix::TryLock && cfg.target.kind == Kind::Etcd {
+        return Err(
+            "--mix try-lock is not available for etcd: its lock API has no try-lock".into(),
+        );
+    }
+    if cfg.key_prefix.len() > 100 {
+        return Err("--key-prefix too long".into());
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ns("3s").unwrap(), 3_000_000_000);
+        assert_eq!(parse_duration_ns("250us").unwrap(), 250_000);
+        assert_eq!(parse_duration_ns("1.5ms").unwrap(), 1_500_000);
+        assert_eq!(parse_duration_ns("2").unwrap(), 2_000_000_000);
+        assert_eq!(parse_duration_ns("1m").unwrap(), 60_000_000_000);
+        assert!(parse_duration_ns("3 parsecs").is_err());
+        assert!(parse_duration_ns("").is_err());
+    }
+
+    #[test]
+    fn targets() {
+        let t = parse_target("ringlock://127.0.0.1:22119").unwrap();
+        assert_eq!(
+            (t.kind, t.host.as_str(), t.port),
+            (Kind::Ringlock, "127.0.0.1", 22119)
+        );
+        let t = parse_target("postgres://bench@127.0.0.1:5433/lockdb").unwrap();
+        assert_eq!(
+            t.kind,
+            Kind::Postgres {
+                user: "bench".into(),
+                db: "lockdb".into(),
+                password: String::new()
+            }
+        );
+        assert_eq!(t.port, 5433);
+        let t = parse_target("mysql://u:p@localhost:3307").unwrap();
+        assert_eq!(
+            t.kind,
+            Kind::Mysql {
+                user: "u".into(),
+                password: "p".into()
+            }
+        );
+        let t = parse_target("redis://127.0.0.1").unwrap();
+        assert_eq!(t.port, 6379);
+        assert!(parse_target("ftp://x:1").is_err());
+        assert!(parse_target("127.0.0.1:1").is_err());
+        assert!(parse_target("redis://h:99999").is_err());
+    }
+
+    #[test]
+    fn args_and_rules() {
+        let a = |v: &[&str]| parse_args(v.iter().map(std::ffi::OsString::from));
+        let c = a(&[
+            "--target",
+            "redis://127.0.0.1:1",
+            "--connections",
+            "4",
+            "--rate",
+            "1000",
+            "--dist",
+            "zipf:0.99",
+            "--hold",
+            "1ms",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(c.connections, 4);
+        assert_eq!(c.hold_ns, 1_000_000);
+        assert!(c.json);
+        assert!(a(&[
+            "--target",
+            "postgres://u@h:1/d",
+            "--conn-mode",
+            "per-request"
+        ])
+        .is_err());
+        assert!(a(&["--connections", "1"]).is_err());
+        assert!(a(&["--target", "etcd://h:1", "--mix", "try-lock"]).is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! Turning [`Stats`] into the text report, the `--json` line and `.hgrm` files.
+
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+
+use crate::config::{Config, ConnMode, Mix};
+use crate::engine::Stats;
+
+pub const PERCENTILES: [(&str, f64); 6] = [
+    ("p50", 50.0),
+    ("p90", 90.0),
+    ("p99", 99.0),
+    ("p999", 99.9),
+    ("p9999", 99.99),
+    ("max", 100.0),
+];
+
+/// Points for percentile plots (x = percentile).
+pub const CURVE: [f64; 14] = [
+    0.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.995, 99.999, 100.0,
+];
+
+fn us(h: &Histogram<u64>, pct: f64) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    let v = if pct >= 100.0 {
+        h.max()
+    } else {
+        h.value_at_percentile(pct)
+    };
+    v as f64 / 1e3
+}
+
+fn json_hist(out: &mut String, name: &str, h: &Histogram<u64>) {
+    let _ = write!(out, "\"{name}\":{{\"count\":{}", h.len());
+    for (label, pct) in PERCENTILES {
+        let _ = write!(out, ",\"{label}\":{:.3}", us(h, pct));
+    }
+    let _ = write!(
+        out,
+        ",\"mean\":{:.3}}}",
+        if h.is_empty() { 0.0 } else { h.mean() / 1e3 }
+    );
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+pub fn fairness(grants: &[u64]) -> (u64, u64, f64) {
+    let min = grants.iter().copied().min().unwrap_or(0);
+    let max = grants.iter().copied().max().unwrap_or(0);
+    let sum: f64 = grants.iter().map(|&g| g as f64).sum();
+    let sq: f64 = grants.iter().map(|&g| (g as f64) * (g as f64)).sum();
+    // Jain's index: 1.0 = perfectly even, 1/n = one client got everything.
+    let jain = if sq > 0.0 {
+        sum * sum / (grants.len() as f64 * sq)
+    } else {
+        0.0
+    };
+    (min, max, jain)
+}
+
+pub fn ops_per_sec(st: &Stats) -> f64 {
+    st.cycles as f64 / (st.measured_ns as f64 / 1e9)
+}
+
+pub fn to_json(cfg: &Config, st: &Stats) -> String {
+    let mut o = String::from("{");
+    let _ = write!(
+        o,
+        "\"target\":{},\"label\":{},\"connections\":{},\"rate_target\":{},\"mode\":\"{}\",\"conn_mode\":\"{}\",\"mix\":\"{}\",\"keys\":{},\"dist\":\"{}\",\"hold_us\":{:.3},\"duration_s\":{:.3},\"warmup_s\":{:.3},",
+        json_str(&format!("{}://{}:{}", cfg.target.scheme(), cfg.target.host, cfg.target.port)),
+        json_str(&cfg.label),
+        cfg.connections,
+        cfg.rate_per_s,
+        if cfg.rate_per_s > 0.0 { "open" } else { "closed" },
+        if cfg.conn_mode == ConnMode::Persistent { "persistent" } else { "per-request" },
+        if cfg.mix == Mix::LockUnlock { "lock-unlock" } else { "try-lock" },
+        cfg.keys,
+        cfg.dist.describe(),
+        cfg.hold_ns as f64 / 1e3,
+        st.measured_ns as f64 / 1e9,
+        cfg.warmup_ns as f64 / 1e9,
+    );
+    let (fmin, fmax, jain) = fairness(&st.grants_per_client);
+    let e = &st.errors;
+    let _ = write!(
+        o,
+        "\"ops_per_sec\":{:.1},\"cycles\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},",
+        ops_per_sec(st),
+        st.cycles,
+        st.grants,
+        st.busy,
+        st.retries,
+        st.connects,
+        e.total(),
+        e.server,
+        e.connect,
+        e.io,
+        e.protocol,
+        e.not_held,
+        e.incomplete,
+        st.first_error.as_deref().map_or("null".to_string(), json_str),
+        st.drain_used_ns as f64 / 1e9,
+    );
+    json_hist(&mut o, "latency_us", &st.lock);
+    o.push(',');
+    json_hist(&mut o, "latency_uncorrected_us", &st.lock_uncorrected);
+    o.push(',');
+    json_hist(&mut o, "unlock_us", &st.unlock);
+    o.push(',');
+    json_hist(&mut o, "cycle_us", &st.cycle);
+    o.push(',');
+    json_hist(&mut o, "queue_wait_us", &st.queue_wait);
+    o.push(',');
+    json_hist(&mut o, "handoff_us", &st.handoff);
+    o.push_str(",\"curve_us\":[");
+    for (i, pct) in CURVE.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(o, "[{pct},{:.3}]", us(&st.lock, *pct));
+    }
+    o.push_str("]}");
+    o
+}
+
+pub fn to_text(cfg: &Config, st: &Stats) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "target {}://{}:{}  {}  connections={} {} mix={} keys={} dist={} hold={}us",
+        cfg.target.scheme(),
+        cfg.target.host,
+        cfg.target.port,
+        if cfg.rate_per_s > 0.0 {
+            format!("open-loop rate={}/s", cfg.rate_per_s)
+        } else {
+            "closed-loop".into()
+        },
+        cfg.connections,
+        if cfg.conn_mode == ConnMode::Persistent {
+            "persistent"
+        } else {
+            "per-request"
+        },
+        if cfg.mix == Mix::LockUnlock {
+            "lock-unlock"
+        } else {
+            "try-lock"
+        },
+        cfg.keys,
+        cfg.dist.describe(),
+        cfg.hold_ns as f64 / 1e3,
+    );
+    let _ = writeln!(
+        o,
+        "cycles {} in {:.2}s = {:.1}/s   grants {}  busy {}  retries {}  connects {}",
+        st.cycles,
+        st.measured_ns as f64 / 1e9,
+        ops_per_sec(st),
+        st.grants,
+        st.busy,
+        st.retries,
+        st.connects
+    );
+    let _ = writeln!(
+        o,
+        "{:<24}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+        "latency (us)", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
+    );
+    for (name, h) in [
+        ("lock (corrected)", &st.lock),
+        ("lock (uncorrected)", &st.lock_uncorrected),
+        ("unlock", &st.unlock),
+        ("cycle", &st.cycle),
+        ("queue wait (contended)", &st.queue_wait),
+        ("hand-off", &st.handoff),
+    ] {
+        let _ = write!(o, "{name:<24}{:>10}", h.len());
+        for (_, pct) in PERCENTILES {
+            let _ = write!(o, "{:>10.1}", us(h, pct));
+        }
+        o.push('\n');
+    }
+    let (fmin, fmax, jain) = fairness(&st.grants_per_client);
+    let e = &st.errors;
+    let _ = writeln!(
+        o,
+        "fairness: grants per client min={fmin} max={fmax} jain={jain:.3}"
+    );
+    let _ = writeln!(
+        o,
+        "errors {} (server {}, connect {}, io {}, protocol {}, not-held {}, incomplete {})",
+        e.total(),
+        e.server,
+        e.connect,
+        e.io,
+        e.protocol,
+        e.not_held,
+        e.incomplete
+    );
+    if let Some(f) = &st.first_error {
+        let _ = writeln!(o, "first error: {f}");
+    }
+    o
+}
+
+/// HdrHistogram's classic percentile-distribution text (values in µs).
+pub fn to_hgrm(h: &Histogram<u64>) -> String {
+    let mut o = String::from("       Value     Percentile TotalCount 1/(1-Percentile)\n\n");
+    if h.is_empty() {
+        return o;
+    }
+    for v in h.iter_quantiles(5) {
+        let q = v.quantile_iterated_to();
+        let inv = if q < 1.0 {
+            format!("{:.2}", 1.0 / (1.0 - q))
+        } else {
+            "inf".into()
+        };
+        let _ = writeln!(
+            o,
+            "{:12.3} {:14.12} {:10} {:>14}",
+            v.value_iterated_to() as f64 / 1e3,
+            q,
+            v.count_since_last_iteration(),
+            inv
+        );
+    }
+    let _ = writeln!(
+        o,
+        "#[Mean    = {:12.3}, StdDeviation   = {:12.3}]\n#[Max     = {:12.3}, Total count    = {:12}]",
+        h.mean() / 1e3,
+        h.stdev() / 1e3,
+        h.max() as f64 / 1e3,
+        h.len()
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fairness_index() {
+        assert_eq!(fairness(&[5, 5, 5, 5]), (5, 5, 1.0));
+        let (min, max, jain) = fairness(&[10, 0, 0, 0]);
+        assert_eq!((min, max), (0, 10));
+        assert!((jain - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn json_escapes() {
+        assert_eq!(json_str("a\"b\\\n"), "\"a\\\"b\\\\\\u000a\"");
+    }
+
+    #[test]
+    fn hgrm_has_header_and_footer() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+        for v in 1..1000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let s = to_hgrm(&h);
+        assert!(s.starts_with("       Value"));
+        assert!(s.contains("#[Max"));
+    }
+}
