@@ -18,7 +18,7 @@
 //! Exit codes are listed in `USAGE` below and in docs/client.md.
 
 use std::io::{self, Write};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -472,7 +472,7 @@ fn lock_and_run(
 
     // From here on a signal must reach the child or, before it exists, stop
     // us from starting it; blocking closes the gap between spawn and
-    // recording its pid. The child starts with an empty mask (std resets it).
+    // recording its pid. The child unblocks them itself (see run_child).
     mask_signals(true);
     let status = if got_signal() != 0 {
         Err(Fail(
@@ -502,7 +502,23 @@ fn lock_and_run(
 /// Runs the command with the forwarded signals blocked on entry; returns its
 /// exit code (128+N for death by signal N).
 fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
-    let spawned = Command::new(&argv[0]).args(&argv[1..]).spawn();
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (sigaction, pthread_sigmask) on locals.
+    unsafe {
+        command.pre_exec(|| {
+            // Our mask is inherited across exec (std does not reset it), and
+            // a signal landing before exec must not run our handler in the
+            // child: default dispositions first, then unblock.
+            for sig in FORWARDED {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            mask_signals(false);
+            Ok(())
+        });
+    }
+    let spawned = command.spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
