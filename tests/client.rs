@@ -37,6 +37,15 @@ fn held(s: &Server) -> Vec<(String, String)> {
 }
 
 #[test]
+fn client_and_guard_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Client>();
+    send::<ringlock::client::Guard>();
+    send_sync::<CancelToken>();
+}
+
+#[test]
 fn lock_lists_holder_and_release_frees() {
     let s = Server::start(&[]);
     let c = client(&s);

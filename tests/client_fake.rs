@@ -90,7 +90,10 @@ const UNLOCK_K: &[u8] = b"\x02\x01k";
 
 /// `+` lands after the deadline but before the server saw the half-close:
 /// the client must honour it either way the caller chose.
-fn late_grant(policy: LateGrant) -> (Result<(), Error>, Vec<(usize, Vec<u8>)>) {
+/// What the fake saw: (connection index, frame) per connection.
+type Seen = Vec<(usize, Vec<u8>)>;
+
+fn late_grant(policy: LateGrant) -> (Result<(), Error>, Seen) {
     let (tx, rx) = mpsc::channel();
     let addr = fake(move |i, mut s| {
         if i == 0 {
