@@ -10,7 +10,8 @@
 //!
 //! Latencies are recorded in nanoseconds:
 //! - `lock` (corrected): grant − intended start of the cycle;
-//! - `lock_uncorrected`: grant − moment the Lock request was first written;
+//! - `lock_uncorrected`: grant − moment the cycle actually began (connect
+//!   included in per-request mode; excludes only the late start);
 //! - `unlock`: Unlock answer − end of the hold (when it was due);
 //! - `cycle`: Unlock answer − intended start;
 //! - `queue_wait`: grant − first send, for Locks that found the key held or
@@ -135,7 +136,10 @@ struct Client {
     in_cycle: bool,
     measured: bool,
     cycle_start_ns: u64,
+    /// When this cycle's first Lock attempt began (its connect included).
     lock_first_send_ns: u64,
+    /// The Lock of this cycle has been counted in `KeyState::waiters` logic.
+    registered: bool,
     unlock_due_ns: u64,
     contended: bool,
     /// Registered as a waiter in `KeyState::waiters` for the open Lock.
@@ -229,6 +233,7 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
             measured: false,
             cycle_start_ns: 0,
             lock_first_send_ns: 0,
+            registered: false,
             unlock_due_ns: 0,
             contended: false,
             waiting: false,
@@ -445,7 +450,9 @@ impl<'a> Engine<'a> {
         c.in_cycle = true;
         c.measured = intended_ns >= self.warm_end_ns;
         c.cycle_start_ns = intended_ns;
-        c.lock_first_send_ns = 0;
+        // The attempt starts now, connect included (per-request mode).
+        c.lock_first_send_ns = now_ns();
+        c.registered = false;
         c.key = key;
         c.keybuf.clear();
         c.keybuf.extend_from_slice(self.cfg.key_prefix.as_bytes());
@@ -473,8 +480,8 @@ impl<'a> Engine<'a> {
         let k = &mut self.keys[c.key as usize];
         match op {
             Op::Lock | Op::TryLock => {
-                if c.lock_first_send_ns == 0 {
-                    c.lock_first_send_ns = now;
+                if !c.registered {
+                    c.registered = true;
                     c.contended = k.holder.is_some() || k.waiters > 0;
                     k.waiters += 1;
                     c.waiting = true;
