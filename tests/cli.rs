@@ -174,11 +174,17 @@ fn sigterm_while_waiting_withdraws_the_request() {
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
-    // Give it time to queue; either way it must not leave a holder behind.
+    // Give it time to queue. On a slow machine the signal may land before
+    // the handlers are installed (then it simply dies of it); either way it
+    // must not leave a holder behind.
     std::thread::sleep(Duration::from_millis(100));
     sigterm(child.id());
     let status = wait_bounded(&mut child, Duration::from_secs(5));
-    assert_eq!(status.code(), Some(128 + 15));
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        status.code() == Some(128 + 15) || status.signal() == Some(libc::SIGTERM),
+        "{status:?}"
+    );
     drop(holder);
     assert!(
         held_keys(&s).is_empty(),
