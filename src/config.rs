@@ -31,6 +31,10 @@ pub struct Config {
     pub max_keys: usize,
     pub max_waiters: usize,
     pub frame_timeout_ms: u64,
+    /// Operator's explicit consent to drop a corrupt log tail at this offset.
+    pub wal_truncate_at: Option<u64>,
+    /// Test-only storage fault injection (`RINGLOCK_FAULTS`).
+    pub faults: Option<String>,
 }
 
 impl Config {
@@ -46,6 +50,8 @@ impl Config {
             max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,
+            wal_truncate_at: None,
+            faults: None,
         }
     }
 }

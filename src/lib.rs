@@ -11,3 +11,4 @@ pub mod config;
 pub mod log;
 pub mod io;
 pub mod server;
+pub mod wal;

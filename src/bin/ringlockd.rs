@@ -21,6 +21,8 @@ OPTIONS:
     --metrics-bind ADDR      serve Prometheus /metrics and /healthz over HTTP (default: off)
     --data-path FILE         write-ahead log; held keys survive restarts [env DATA_PATH]
                              (default: in memory)
+    --wal-truncate-at OFFSET drop a corrupt log tail starting at byte OFFSET (the offset the
+                             refusal message names; keep a copy of the log first)
     --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
@@ -43,6 +45,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         .filter(|s| !s.is_empty())
         .map(Into::into);
     let mut level = Level::Info;
+    let mut truncate_at = None;
     let mut limits: Vec<(&'static str, u64)> = Vec::new();
     let mut p = lexopt::Parser::from_env();
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
@@ -74,6 +77,13 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 )
             }
             "--data-path" => data_path = Some(val("--data-path")?.into()),
+            "--wal-truncate-at" => {
+                let v = val("--wal-truncate-at")?;
+                truncate_at = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| format!("--wal-truncate-at: not a byte offset: {v:?}"))?,
+                );
+            }
             "--log-level" => {
                 let v = val("--log-level")?;
                 level =
@@ -112,6 +122,13 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     }
     cfg.metrics_bind = cfg_metrics;
     cfg.data_path = data_path;
+    cfg.wal_truncate_at = truncate_at;
+    cfg.faults = std::env::var("RINGLOCK_FAULTS")
+        .ok()
+        .filter(|s| !s.is_empty());
+    if cfg.wal_truncate_at.is_some() && cfg.data_path.is_none() {
+        return Err("--wal-truncate-at needs --data-path".into());
+    }
     for (name, n) in limits {
         match name {
             "max-connections" => cfg.max_connections = n as usize,

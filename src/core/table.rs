@@ -108,6 +108,8 @@ pub enum Effect {
         key: Name,
         grant_id: u64,
         holder_conn: Token,
+        /// The holder as it was (for undoing the release).
+        holder: HeldKey,
         held_us: u64,
         cause: ReleaseCause,
     },
@@ -174,7 +176,7 @@ pub struct Limits {
 }
 
 /// One held key as listed by the admin `KEYS` command.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldKey {
     pub key: Name,
     pub source: Name,
@@ -349,6 +351,7 @@ impl Table {
     /// Removes the holder of key slot `k` (which must be held); does not
     /// grant the next waiter and does not drop the key entry.
     fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
+        let before = self.held_key(k).expect("release of a free key");
         let h = self.keys[k as usize]
             .holder
             .take()
@@ -363,6 +366,7 @@ impl Table {
             key: self.keys[k as usize].name,
             grant_id: h.grant_id,
             holder_conn: h.conn,
+            holder: before,
             held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
             cause,
         });
@@ -659,6 +663,52 @@ impl Table {
             }
             self.key_drop_if_unused(k);
         }
+    }
+
+    /// Visits every held key in grant order (oldest first). No allocation.
+    pub fn for_each_held(&self, mut f: impl FnMut(&HeldKey)) {
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            if let Some(h) = self.held_key(k) {
+                f(&h);
+            }
+            cur = List::next_of(&self.keys, k, K_AGE);
+        }
+    }
+
+    /// Durability failure: takes back a grant whose log record never became
+    /// durable. The key is left free (even with waiters) until [`settle`]
+    /// runs, so that a series of undos in reverse log order sees exactly
+    /// the state each record was applied to.
+    ///
+    /// [`settle`]: Table::settle
+    pub fn undo_grant(&mut self, key: &Name, grant_id: u64, now: Now) -> bool {
+        let Some(&key_slot) = self.key_index.get(key) else {
+            return false;
+        };
+        let held_by_grant = self.keys[key_slot as usize]
+            .holder
+            .is_some_and(|h| h.grant_id == grant_id);
+        if held_by_grant {
+            let mut scratch = Vec::new();
+            self.clear_holder(key_slot, now, ReleaseCause::Undelivered, &mut scratch);
+        }
+        held_by_grant
+    }
+
+    /// After undos: a free key is granted to its next waiter, or dropped.
+    pub fn settle(&mut self, key: &Name, now: Now, fx: &mut Effects) {
+        if let Some(&k) = self.key_index.get(key) {
+            if self.keys[k as usize].holder.is_none() {
+                self.grant_next(k, now, fx);
+            }
+        }
+    }
+
+    /// Grant id of the current holder of `key`, if held.
+    pub fn grant_of(&self, key: &Name) -> Option<u64> {
+        let &k = self.key_index.get(key)?;
+        self.keys[k as usize].holder.map(|h| h.grant_id)
     }
 
     /// Checks every structural invariant (tests and debug assertions).

@@ -49,6 +49,8 @@ pub struct Conn {
     /// The grant's `+` is in the send now in flight.
     pub grant_in_flight: bool,
     pub dirty: bool,
+    /// The output may leave once the log is durable up to this LSN.
+    pub gate_lsn: u64,
     /// On the server's partial-frame list (frame read timeout).
     pub partial_link: Link,
     pub partial_since_us: u64,
@@ -87,6 +89,7 @@ impl Conn {
             grant: None,
             grant_in_flight: false,
             dirty: false,
+            gate_lsn: 0,
             partial_link: Link::default(),
             partial_since_us: 0,
         }
@@ -131,6 +134,7 @@ impl Conn {
         self.grant = None;
         self.grant_in_flight = false;
         self.dirty = false;
+        self.gate_lsn = 0;
         self.partial_since_us = 0;
     }
 }

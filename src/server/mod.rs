@@ -31,12 +31,30 @@ use std::sync::Arc;
 use io_uring::{opcode, types, IoUring};
 
 use crate::config::{Config, LOCK_RECV_BUF, RING_ENTRIES};
-use crate::core::{Effect, Effects, LockMode, Name, Now, ReleaseCause, Reply, Table, Token};
+use crate::core::{Effect, Effects, LockMode, Name, Now, Reply, Table, Token};
 use crate::io::{self as ring_io, Op};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
+use crate::wal::{self, Flight, Wal};
 use conn::{Conn, Port};
+use std::collections::VecDeque;
+
+/// How to take back the in-memory effect of a log record that never became
+/// durable (DURABILITY.md rule 4).
+#[derive(Clone, Copy, Debug)]
+enum Undo {
+    Acquire { key: Name, grant_id: u64 },
+    Release { prev: crate::core::HeldKey },
+}
+
+// Steps of the log's linked SQE chains (the `slot` field of user_data).
+const STEP_APPEND_WRITE: u32 = 0;
+const STEP_APPEND_SYNC: u32 = 1;
+const STEP_REWRITE_WRITE: u32 = 2;
+const STEP_REWRITE_SYNC: u32 = 3;
+const STEP_RENAME: u32 = 4;
+const STEP_DIR_SYNC: u32 = 5;
 
 /// The answer sent to connections refused over the limit.
 static REFUSED: [u8; 1] = [b'-'];
@@ -61,6 +79,11 @@ pub struct Server {
     stopping: bool,
     now: Now,
     last_oldest_ms: u64,
+    wal: Option<Wal>,
+    /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
+    held: VecDeque<(u64, Token)>,
+    /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
+    undo: VecDeque<(u64, Undo)>,
 }
 
 fn now() -> Now {
@@ -170,11 +193,58 @@ impl Server {
         let admin_listener = bind(cfg.admin_bind, "admin")?;
         let ring = build_ring(cfg.max_connections)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
-        let signal_fd = block_signals()?;
-        let table = Table::new(crate::core::Limits {
+        let mut table = Table::new(crate::core::Limits {
             max_keys: cfg.max_keys,
             max_waiters: cfg.max_waiters,
         });
+        let wal = match &cfg.data_path {
+            None => None,
+            Some(path) => {
+                let faults = match &cfg.faults {
+                    Some(spec) => wal::Faults::parse(spec).map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
+                    })?,
+                    None => wal::Faults::default(),
+                };
+                let started = std::time::Instant::now();
+                let (w, rec) = Wal::open(path, &mut table, cfg.wal_truncate_at, now(), faults)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let us = started.elapsed().as_micros() as u64;
+                metrics.set_recovery_us(us);
+                log!(
+                    Level::Info,
+                    "recovery",
+                    "path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
+                    path.display(),
+                    rec.records,
+                    rec.held,
+                    rec.file_bytes,
+                    rec.torn_bytes,
+                    rec.truncated_at.map_or("none".to_string(), |o| o.to_string()),
+                    us
+                );
+                if rec.torn_bytes > 0 {
+                    log!(
+                        Level::Warn,
+                        "torn_tail_dropped",
+                        "path={} bytes={}",
+                        path.display(),
+                        rec.torn_bytes
+                    );
+                }
+                if let Some(o) = rec.truncated_at {
+                    log!(
+                        Level::Warn,
+                        "corrupt_tail_truncated",
+                        "path={} offset={} by=operator",
+                        path.display(),
+                        o
+                    );
+                }
+                Some(w)
+            }
+        };
+        let signal_fd = block_signals()?;
         Ok(Server {
             ring,
             lock_listener,
@@ -195,6 +265,9 @@ impl Server {
             stopping: false,
             now: now(),
             last_oldest_ms: 0,
+            wal,
+            held: VecDeque::with_capacity(cfg.max_connections.min(65_536)),
+            undo: VecDeque::with_capacity(4096),
             cfg,
         })
     }
@@ -221,6 +294,24 @@ impl Server {
         // completion: slots are only recycled when no op is in flight), a
         // 'static buffer, or the boxed signal buffer owned by `self`.
         unsafe { ring_io::push(&mut self.ring, &sqe) }
+    }
+
+    /// Ensures `n` free submission queue entries (submitting if needed).
+    fn reserve_sq(&mut self, n: usize) {
+        loop {
+            let sq = self.ring.submission();
+            if sq.capacity() - sq.len() >= n {
+                return;
+            }
+            drop(sq);
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) => {
+                    std::thread::yield_now()
+                }
+                Err(e) => panic!("io_uring submit failed: {e}"),
+            }
+        }
     }
 
     fn arm_accept(&mut self, port: Port) {
@@ -253,6 +344,8 @@ impl Server {
         self.arm_accept(Port::Lock);
         self.arm_accept(Port::Admin);
         self.arm_signal();
+        // Recovery may have restored held keys: publish before serving.
+        self.publish_gauges();
         self.metrics.set_ready();
         while !self.stopping {
             self.wait()?;
@@ -266,6 +359,7 @@ impl Server {
             self.cqes = cqes;
             self.apply_effects();
             self.expire_frames();
+            self.wal_tick();
             self.flush();
             self.publish_gauges();
         }
@@ -274,11 +368,21 @@ impl Server {
     }
 
     fn wait(&mut self) -> io::Result<()> {
-        let timeout_us = self.partial.front().map(|slot| {
+        let t = now().mono_us;
+        let frame_us = self.partial.front().map(|slot| {
             let c = &self.conns[slot as usize];
             let deadline = c.partial_since_us + self.cfg.frame_timeout_ms * 1000;
-            deadline.saturating_sub(now().mono_us).max(1000)
+            deadline.saturating_sub(t).max(1000)
         });
+        let retry_us = self
+            .wal
+            .as_ref()
+            .filter(|w| w.broken && w.flight == Flight::None)
+            .map(|w| w.retry_at_us.saturating_sub(t).max(1000));
+        let timeout_us = match (frame_us, retry_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let r = match timeout_us {
             None => self.ring.submit_and_wait(1),
             Some(us) => {
@@ -379,9 +483,7 @@ impl Server {
                     self.arm_signal();
                 }
             }
-            Op::WalWrite | Op::WalSync => {
-                panic!("log completion without a log (user_data {ud:#x})")
-            }
+            Op::WalWrite | Op::WalSync => self.on_wal(slot, res),
         }
     }
 
@@ -713,8 +815,8 @@ impl Server {
         c.outstanding = true;
         c.reply_done_after_send = true;
         let _ = token;
-        self.mark_dirty(slot);
         self.apply_effects();
+        self.gate(slot);
         true
     }
 
@@ -783,6 +885,23 @@ impl Server {
                 grant,
                 waited_us,
             } => {
+                if let Some(w) = self.wal.as_mut() {
+                    let h = crate::core::HeldKey {
+                        key: grant.key,
+                        source: grant.source,
+                        endpoint: grant.endpoint,
+                        acquired_unix_ms: grant.acquired_unix_ms,
+                        grant_id: grant.grant_id,
+                    };
+                    let lsn = w.append_acquire(&h);
+                    self.undo.push_back((
+                        lsn,
+                        Undo::Acquire {
+                            key: grant.key,
+                            grant_id: grant.grant_id,
+                        },
+                    ));
+                }
                 self.metrics.grant();
                 if let Some(us) = waited_us {
                     self.metrics.handoff();
@@ -808,9 +927,18 @@ impl Server {
                     }
                 }
             }
-            Effect::Released { held_us, cause, .. } => {
+            Effect::Released {
+                key,
+                grant_id,
+                holder,
+                held_us,
+                ..
+            } => {
+                if let Some(w) = self.wal.as_mut() {
+                    let lsn = w.append_release(&key, grant_id, &holder);
+                    self.undo.push_back((lsn, Undo::Release { prev: holder }));
+                }
                 self.metrics.observe_hold_us(held_us);
-                let _ = cause == ReleaseCause::Undelivered;
             }
         }
     }
@@ -828,7 +956,21 @@ impl Server {
             );
             c.grant = grant;
         }
-        self.mark_dirty(slot);
+        self.gate(slot);
+    }
+
+    /// Holds the connection's output until everything the log holds now is
+    /// durable; a reply never reveals state that a crash could take back.
+    fn gate(&mut self, slot: u32) {
+        match self.wal.as_ref().filter(|w| w.pending()) {
+            Some(w) => {
+                let lsn = w.tail_lsn;
+                let token = self.token(slot);
+                self.conns[slot as usize].gate_lsn = lsn;
+                self.held.push_back((lsn, token));
+            }
+            None => self.mark_dirty(slot),
+        }
     }
 
     /// The connection hung up (EOF, error) or broke the protocol: withdraw
@@ -932,6 +1074,11 @@ impl Server {
             if !c.live || c.send_inflight || c.out.is_empty() {
                 continue;
             }
+            if let Some(w) = &self.wal {
+                if c.gate_lsn > w.durable_lsn {
+                    continue;
+                }
+            }
             if c.closing && !c.close_after_send {
                 c.out.clear();
                 continue;
@@ -947,6 +1094,287 @@ impl Server {
         self.dirty = dirty;
         // Connections that closed with nothing left to send.
         // (maybe_close is driven by completions; nothing to do here.)
+    }
+
+    /// Closes the log batch: submits the next write+fdatasync (or a whole
+    /// rewrite) when nothing is in flight. No timer: a lone record goes
+    /// out in the same tick that produced it.
+    fn wal_tick(&mut self) {
+        let now_us = self.now.mono_us;
+        let Some(w) = self.wal.as_mut() else { return };
+        if w.flight != Flight::None {
+            return;
+        }
+        if w.broken && now_us < w.retry_at_us {
+            // The log cannot take records until it is rewritten: fail fast
+            // rather than hold clients for an unknown time.
+            if w.pending() {
+                self.fail_pending("log is being rewritten after an I/O error", 0);
+            }
+            return;
+        }
+        if !w.pending() && !w.broken {
+            return;
+        }
+        if w.should_rewrite() {
+            if let Err(e) = w.start_rewrite(&self.table, now_us) {
+                log!(
+                    Level::Error,
+                    "wal_io_error",
+                    "op=open_temp path={} error=\"{}\"",
+                    w.path.display(),
+                    e
+                );
+                self.metrics.wal_io_error();
+                self.fail_pending("cannot open the rewrite file", 0);
+                return;
+            }
+            log!(
+                Level::Info,
+                "compaction_start",
+                "path={} log_bytes={} live_bytes={} broken={}",
+                w.path.display(),
+                w.file_len,
+                w.live_bytes,
+                w.broken
+            );
+            self.submit_wal_chain();
+        } else {
+            w.start_append(now_us);
+            self.submit_wal_chain();
+        }
+    }
+
+    /// Submits what is left of the in-flight batch as one linked chain:
+    /// append: write → fdatasync; rewrite: write → fdatasync → rename →
+    /// fsync(directory). A short write breaks the chain (the rest completes
+    /// with -ECANCELED); the chain is then resubmitted from where it stopped.
+    fn submit_wal_chain(&mut self) {
+        let w = self.wal.as_mut().expect("a log");
+        let rest = w.flight_buf.len() - w.flight_written;
+        debug_assert!(rest > 0);
+        let len = w.faults.write_len(rest);
+        // SAFETY: flight_buf is owned by the Wal and is neither touched nor
+        // reallocated until the chain's final completion (flight != None).
+        let ptr = unsafe { w.flight_buf.as_ptr().add(w.flight_written) };
+        let link = io_uring::squeue::Flags::IO_LINK;
+        let (fd, offset, rewrite) = match w.flight {
+            Flight::Append { .. } => (w.fd(), w.file_len + w.flight_written as u64, false),
+            Flight::Rewrite { temp_fd, .. } => (temp_fd, w.flight_written as u64, true),
+            Flight::None => unreachable!("submit without a flight"),
+        };
+        let (step_w, step_s) = if rewrite {
+            (STEP_REWRITE_WRITE, STEP_REWRITE_SYNC)
+        } else {
+            (STEP_APPEND_WRITE, STEP_APPEND_SYNC)
+        };
+        let write = opcode::Write::new(types::Fd(fd), ptr, len as u32)
+            .offset(offset)
+            .build()
+            .flags(link)
+            .user_data(ring_io::encode(Op::WalWrite, 0, step_w));
+        let sync = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(ring_io::encode(Op::WalSync, 0, step_s));
+        // A linked chain must reach the kernel in one submission (a link
+        // does not span submissions): make room for all of it first.
+        self.reserve_sq(4);
+        let w = self.wal.as_ref().expect("a log");
+        if rewrite {
+            let old = w.temp_path.as_ptr();
+            let new = w.path_c.as_ptr();
+            // SAFETY (paths): both C strings are owned by the Wal for its
+            // whole life.
+            let rename = opcode::RenameAt::new(
+                types::Fd(libc::AT_FDCWD),
+                old,
+                types::Fd(libc::AT_FDCWD),
+                new,
+            )
+            .build()
+            .flags(link)
+            .user_data(ring_io::encode(Op::WalSync, 0, STEP_RENAME));
+            let dir_sync = opcode::Fsync::new(types::Fd(w.dir_fd()))
+                .build()
+                .user_data(ring_io::encode(Op::WalSync, 0, STEP_DIR_SYNC));
+            self.push(write);
+            self.push(sync.flags(link));
+            self.push(rename);
+            self.push(dir_sync);
+        } else {
+            self.push(write);
+            self.push(sync);
+        }
+    }
+
+    fn on_wal(&mut self, step: u32, res: i32) {
+        let now = self.now;
+        let w = self.wal.as_mut().expect("log completion without a log");
+        match step {
+            STEP_APPEND_WRITE | STEP_REWRITE_WRITE => {
+                let res = w.faults.write_result(res);
+                if res < 0 {
+                    w.flight_error.get_or_insert(res);
+                } else {
+                    w.flight_written += res as usize;
+                }
+                return;
+            }
+            STEP_APPEND_SYNC | STEP_REWRITE_SYNC => {
+                let res = if res == -libc::ECANCELED {
+                    res
+                } else {
+                    w.faults.fsync_result(res)
+                };
+                if res < 0 && res != -libc::ECANCELED {
+                    w.flight_error.get_or_insert(res);
+                }
+                if step == STEP_REWRITE_SYNC {
+                    return;
+                }
+            }
+            STEP_RENAME => {
+                if res < 0 && res != -libc::ECANCELED {
+                    w.flight_error.get_or_insert(res);
+                }
+                return;
+            }
+            STEP_DIR_SYNC => {
+                if res < 0 && res != -libc::ECANCELED {
+                    w.flight_error.get_or_insert(res);
+                }
+            }
+            _ => panic!("unknown log step {step}"),
+        }
+        // The chain's last completion: conclude.
+        if let Some(err) = w.flight_error {
+            let op = match (step, w.flight) {
+                (_, Flight::Rewrite { .. }) => "rewrite",
+                _ => "append",
+            };
+            log!(
+                Level::Error,
+                "wal_io_error",
+                "op={} path={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
+                op,
+                w.path.display(),
+                -err,
+                io::Error::from_raw_os_error(-err)
+            );
+            self.metrics.wal_io_error();
+            self.fail_pending("log write or fdatasync failed", -err);
+            return;
+        }
+        if w.flight_written < w.flight_buf.len() {
+            // Short write: continue the chain where it stopped.
+            self.submit_wal_chain();
+            return;
+        }
+        let fsync_us = now.mono_us.saturating_sub(w.flight_started_us);
+        let (records, bytes) = (w.flight_records, w.flight_buf.len() as u64);
+        let rewrite = matches!(w.flight, Flight::Rewrite { .. });
+        let old = w.flight_done();
+        let durable = w.durable_lsn;
+        self.metrics.observe_fdatasync_us(fsync_us);
+        self.metrics.observe_wal_batch(records, bytes);
+        if rewrite {
+            drop(old); // the replaced log's descriptor; its name is gone
+            self.metrics.wal_compaction();
+            log!(
+                Level::Info,
+                "compaction_done",
+                "path={} bytes={} held_keys={} duration_us={}",
+                self.wal
+                    .as_ref()
+                    .map_or(String::new(), |w| w.path.display().to_string()),
+                bytes,
+                records,
+                fsync_us
+            );
+        }
+        while let Some(&(lsn, _)) = self.undo.front() {
+            if lsn > durable {
+                break;
+            }
+            self.undo.pop_front();
+        }
+        while let Some(&(lsn, token)) = self.held.front() {
+            if lsn > durable {
+                break;
+            }
+            self.held.pop_front();
+            if let Some(slot) = self.conn_of(token) {
+                self.mark_dirty(slot);
+            }
+        }
+    }
+
+    /// DURABILITY.md rule 4: every record past the durable point is void.
+    /// Requests waiting for them are answered `-`, their effects undone in
+    /// reverse log order, and the log is marked for a rewrite into a fresh
+    /// file (an fsync error leaves the page cache untrustworthy).
+    fn fail_pending(&mut self, why: &str, errno: i32) {
+        let now = self.now;
+        let Some(w) = self.wal.as_mut() else { return };
+        let durable_before = w.durable_lsn;
+        if let Some(fd) = w.flight_failed(now.mono_us) {
+            // SAFETY: the temp fd belongs to the failed rewrite; nothing
+            // references it any more (the chain has completed).
+            unsafe { libc::close(fd) };
+            // SAFETY: valid C string.
+            unsafe { libc::unlink(w.temp_path.as_ptr()) };
+        }
+        let mut answered = 0u64;
+        while let Some((lsn, token)) = self.held.pop_front() {
+            debug_assert!(lsn > durable_before);
+            if let Some(slot) = self.conn_of(token) {
+                let c = &mut self.conns[slot as usize];
+                c.out.clear();
+                c.out.push(b'-');
+                c.grant = None;
+                c.gate_lsn = 0;
+                answered += 1;
+                self.mark_dirty(slot);
+            }
+        }
+        let mut touched: Vec<Name> = Vec::new();
+        while let Some((_, u)) = self.undo.pop_back() {
+            match u {
+                Undo::Acquire { key, grant_id } => {
+                    self.table.undo_grant(&key, grant_id, now);
+                    touched.push(key);
+                }
+                Undo::Release { prev } => {
+                    // The key is free again here: later records were undone.
+                    if !self.table.restore_holder(&prev, now) {
+                        log!(
+                            Level::Error,
+                            "undo_failed",
+                            "key={:?} reason=key_limit",
+                            prev.key
+                        );
+                    }
+                }
+            }
+        }
+        log!(
+            Level::Warn,
+            "wal_records_voided",
+            "reason=\"{}\" errno={} answered_minus={} undone_records={}",
+            why,
+            errno,
+            answered,
+            touched.len()
+        );
+        for key in &touched {
+            self.table.settle(key, now, &mut self.fx);
+        }
+        if let Some(w) = self.wal.as_mut() {
+            w.recount_live(&self.table);
+        }
+        // New grants from settling are new records for the rewritten log.
+        self.apply_effects();
     }
 
     fn expire_frames(&mut self) {
