@@ -10,6 +10,7 @@
 //! | max keys | `--max-keys` | 100 000 |
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
+//! | compaction floor | `--compact-floor-bytes` | 1 MiB |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -31,6 +32,8 @@ pub struct Config {
     pub max_keys: usize,
     pub max_waiters: usize,
     pub frame_timeout_ms: u64,
+    /// The log is never compacted below this size.
+    pub compact_floor_bytes: u64,
     /// Operator's explicit consent to drop a corrupt log tail at this offset.
     pub wal_truncate_at: Option<u64>,
     /// Test-only storage fault injection (`RINGLOCK_FAULTS`).
@@ -50,6 +53,7 @@ impl Config {
             max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,
+            compact_floor_bytes: 1 << 20,
             wal_truncate_at: None,
             faults: None,
         }

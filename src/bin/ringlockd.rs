@@ -23,6 +23,8 @@ OPTIONS:
                              (default: in memory)
     --wal-truncate-at OFFSET drop a corrupt log tail starting at byte OFFSET (the offset the
                              refusal message names; keep a copy of the log first)
+    --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
+                             twice what the held keys need (default 1048576)
     --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
@@ -89,11 +91,16 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 level =
                     Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
             }
-            "--max-connections" | "--max-keys" | "--max-waiters" | "--frame-timeout-ms" => {
+            "--max-connections"
+            | "--max-keys"
+            | "--max-waiters"
+            | "--frame-timeout-ms"
+            | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
+                    "--compact-floor-bytes" => "compact-floor-bytes",
                     _ => "frame-timeout-ms",
                 };
                 let v = val(name)?;
@@ -134,6 +141,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             "max-connections" => cfg.max_connections = n as usize,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
+            "compact-floor-bytes" => cfg.compact_floor_bytes = n,
             _ => cfg.frame_timeout_ms = n,
         }
     }

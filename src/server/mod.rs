@@ -209,6 +209,8 @@ impl Server {
                 let started = std::time::Instant::now();
                 let (w, rec) = Wal::open(path, &mut table, cfg.wal_truncate_at, now(), faults)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let mut w = w;
+                w.compact_floor_bytes = cfg.compact_floor_bytes;
                 let us = started.elapsed().as_micros() as u64;
                 metrics.set_recovery_us(us);
                 log!(

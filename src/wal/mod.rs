@@ -29,8 +29,6 @@ use std::path::{Path, PathBuf};
 use crate::core::{HeldKey, Name, Now, Table};
 use record::{Record, Scan, MAGIC};
 
-/// Below this size the log is never compacted.
-pub const COMPACT_FLOOR_BYTES: u64 = 1 << 20;
 /// While the log is broken (a write or fsync failed and the rewrite did
 /// too), a rewrite is retried this often.
 pub const REWRITE_RETRY_US: u64 = 1_000_000;
@@ -140,6 +138,8 @@ pub struct Wal {
     pub broken: bool,
     pub retry_at_us: u64,
     pub faults: Faults,
+    /// Below this size the log is never compacted.
+    pub compact_floor_bytes: u64,
 }
 
 /// Recovery outcome, for the start-up log line.
@@ -324,6 +324,7 @@ impl Wal {
                 broken: false,
                 retry_at_us: 0,
                 faults,
+                compact_floor_bytes: 1 << 20,
             },
             rec,
         ))
@@ -360,7 +361,7 @@ impl Wal {
     /// True when the next batch should rather rewrite the whole log.
     pub fn should_rewrite(&self) -> bool {
         self.broken
-            || (self.file_len > COMPACT_FLOOR_BYTES
+            || (self.file_len > self.compact_floor_bytes
                 && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64))
     }
 
