@@ -36,10 +36,10 @@
 //! (cleared by a reset), never one key with two owners.
 
 pub mod client;
+pub mod config;
 pub mod core;
 pub mod metrics;
 pub mod protocol;
-pub mod config;
 #[macro_use]
 pub mod log;
 pub mod io;

@@ -85,6 +85,14 @@ fn steady_state_requests_do_not_allocate_on_the_server_thread() {
         round(addr, &mut persistent, &mut waiter, i);
     }
     let after = SERVER_ALLOCS.load(Ordering::Relaxed);
-    assert_eq!(after - before, 0, "server thread allocated {} times in 2000 rounds", after - before);
-    assert!(before > 0, "the counter sees the server thread's start-up allocations");
+    assert_eq!(
+        after - before,
+        0,
+        "server thread allocated {} times in 2000 rounds",
+        after - before
+    );
+    assert!(
+        before > 0,
+        "the counter sees the server thread's start-up allocations"
+    );
 }

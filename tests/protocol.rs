@@ -46,13 +46,20 @@ fn waiters_are_served_in_fifo_order() {
             c
         })
         .collect();
-    assert!(waiters[0].silent_for(50), "a waiter was answered while the key is held");
+    assert!(
+        waiters[0].silent_for(50),
+        "a waiter was answered while the key is held"
+    );
     let mut unlocker = s.connect();
     assert_eq!(unlocker.unlock(b"fifo"), b'+');
     for i in 0..waiters.len() {
         assert_eq!(waiters[i].read_byte(), b'+', "waiter {i} not granted next");
         if i + 1 < waiters.len() {
-            assert!(waiters[i + 1].silent_for(20), "waiter {} granted out of turn", i + 1);
+            assert!(
+                waiters[i + 1].silent_for(20),
+                "waiter {} granted out of turn",
+                i + 1
+            );
         }
         assert_eq!(waiters[i].unlock(b"fifo"), b'+');
     }
@@ -77,7 +84,11 @@ fn a_waiter_that_hangs_up_is_withdrawn_and_never_granted() {
     drop(w2);
     w1.half_close();
     // The server answers nothing to a withdrawn waiter and closes.
-    assert_eq!(w1.read_byte_or_eof(), None, "withdrawn waiter got an answer");
+    assert_eq!(
+        w1.read_byte_or_eof(),
+        None,
+        "withdrawn waiter got an answer"
+    );
     sync(&s);
     assert_eq!(holder.unlock(b"hu"), b'+');
     assert_eq!(w3.read_byte(), b'+', "the next live waiter gets the key");
@@ -131,8 +142,16 @@ fn reset_by_source_frees_its_keys_and_fails_its_waiters() {
     b_wait.send(&frame(1, b"s1", Some(b"svcB")));
     sync(&s);
     assert_eq!(once(s.lock_addr, &[4, 4, b's', b'v', b'c', b'A']), b'+');
-    assert_eq!(a_wait.read_byte(), b'-', "queued Lock of the reset source answers '-'");
-    assert_eq!(b_wait.read_byte(), b'+', "svcA's key goes to the next waiter");
+    assert_eq!(
+        a_wait.read_byte(),
+        b'-',
+        "queued Lock of the reset source answers '-'"
+    );
+    assert_eq!(
+        b_wait.read_byte(),
+        b'+',
+        "svcA's key goes to the next waiter"
+    );
     let held: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
     assert_eq!(held, vec![b"s1".to_vec(), b"s3".to_vec()]);
     // The connection stays usable after a '-' for a reset waiter.
@@ -149,7 +168,11 @@ fn empty_source_means_the_peer_ip() {
     assert_eq!(k.len(), 2);
     assert_eq!(k[0].source, b"127.0.0.1");
     let local = c.s.local_addr().unwrap();
-    assert_eq!(k[0].endpoint, local.to_string(), "endpoint is the peer ip:port");
+    assert_eq!(
+        k[0].endpoint,
+        local.to_string(),
+        "endpoint is the peer ip:port"
+    );
     // ResetBySource with an empty source resets "my own IP".
     assert_eq!(once(s.lock_addr, &[4, 0]), b'+');
     assert!(keys(s.admin_addr).is_empty());
@@ -183,15 +206,30 @@ fn keys_listing_byte_format() {
     let ep_len = head[16] as usize;
     let mut ep = vec![0u8; ep_len + 8];
     raw.read_exact(&mut ep).unwrap();
-    assert_eq!(std::str::from_utf8(&ep[..ep_len]).unwrap(), c.s.local_addr().unwrap().to_string());
+    assert_eq!(
+        std::str::from_utf8(&ep[..ep_len]).unwrap(),
+        c.s.local_addr().unwrap().to_string()
+    );
     let t = i64::from_le_bytes(ep[ep_len..].try_into().unwrap());
-    assert!(t >= before && t <= before + 5, "i64 LE unix seconds, got {t}");
+    assert!(
+        t >= before && t <= before + 5,
+        "i64 LE unix seconds, got {t}"
+    );
     let k = keys(s.admin_addr);
-    assert_eq!(k.iter().map(|k| k.key.clone()).collect::<Vec<_>>(), vec![b"a-key".to_vec(), b"b-key".to_vec(), b"z".repeat(127)]);
+    assert_eq!(
+        k.iter().map(|k| k.key.clone()).collect::<Vec<_>>(),
+        vec![b"a-key".to_vec(), b"b-key".to_vec(), b"z".repeat(127)]
+    );
     // RSET answers '+' per key then a final '+'.
-    assert_eq!(admin_names(s.admin_addr, b"RSET", &[b"a-key", b"nope"]), b"+++");
+    assert_eq!(
+        admin_names(s.admin_addr, b"RSET", &[b"a-key", b"nope"]),
+        b"+++"
+    );
     assert_eq!(keys(s.admin_addr).len(), 2);
-    assert_eq!(admin_names(s.admin_addr, b"RSBS", &[b"src-b", b"src-long"]), b"+++");
+    assert_eq!(
+        admin_names(s.admin_addr, b"RSBS", &[b"src-b", b"src-long"]),
+        b"+++"
+    );
     assert!(keys(s.admin_addr).is_empty());
 }
 
@@ -200,7 +238,7 @@ fn a_127_byte_key_and_source_work_and_128_is_refused() {
     let s = Server::start(&[]);
     let k = vec![b'x'; 127];
     let mut c = s.connect();
-    assert_eq!(c.lock(&k, &vec![b's'; 127]), b'+');
+    assert_eq!(c.lock(&k, &[b's'; 127]), b'+');
     assert_eq!(c.try_lock(&k, b"o"), b'#');
     assert_eq!(c.unlock(&k), b'+');
     // Size byte 128 is -128 as a signed byte: bad input.
@@ -235,21 +273,25 @@ fn bad_frames_answer_minus_close_and_change_nothing() {
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"safe", b"h"), b'+');
     let cases: Vec<Vec<u8>> = vec![
-        vec![0],                     // unknown action 0
-        vec![6, 1, b'k'],            // unknown action 6
-        vec![255],                   // unknown action 255
-        vec![1, 0, 0],               // key size 0
-        vec![1, 0x80],               // key size -128
-        vec![5, 1, b'k', 0xFF],      // source size -1
-        vec![2, 0],                  // unlock with key size 0
-        vec![3, 0xF0],               // reset with negative key size
-        vec![4, 0x81],               // reset-by-source with negative size
+        vec![0],                // unknown action 0
+        vec![6, 1, b'k'],       // unknown action 6
+        vec![255],              // unknown action 255
+        vec![1, 0, 0],          // key size 0
+        vec![1, 0x80],          // key size -128
+        vec![5, 1, b'k', 0xFF], // source size -1
+        vec![2, 0],             // unlock with key size 0
+        vec![3, 0xF0],          // reset with negative key size
+        vec![4, 0x81],          // reset-by-source with negative size
     ];
     for bad in &cases {
         let mut c = s.connect();
         c.send(bad);
         assert_eq!(c.read_byte_or_eof(), Some(b'-'), "frame {bad:?}");
-        assert_eq!(c.read_byte_or_eof(), None, "connection closed after {bad:?}");
+        assert_eq!(
+            c.read_byte_or_eof(),
+            None,
+            "connection closed after {bad:?}"
+        );
     }
     // A valid request followed by garbage on the same connection.
     let mut c = s.connect();
@@ -280,7 +322,11 @@ fn bad_frames_answer_minus_close_and_change_nothing() {
     let t = Instant::now();
     assert_eq!(slow.read_byte_or_eof(), Some(b'-'));
     assert_eq!(slow.read_byte_or_eof(), None);
-    assert!(t.elapsed() >= Duration::from_millis(250), "timed out too early: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "timed out too early: {:?}",
+        t.elapsed()
+    );
     // The admin port rejects unknown commands the same way.
     let mut a = Conn::connect(s.admin_addr);
     a.send(b"NOPE");
@@ -289,8 +335,16 @@ fn bad_frames_answer_minus_close_and_change_nothing() {
     sync(&s);
     let held = keys(s.admin_addr);
     let names: Vec<&[u8]> = held.iter().map(|k| &k.key[..]).collect();
-    assert_eq!(names, vec![&b"other"[..], &b"safe"[..]], "only the valid requests took effect");
-    assert_eq!(holder.try_lock(b"other", b"h"), b'#', "the valid TryLock before garbage took effect");
+    assert_eq!(
+        names,
+        vec![&b"other"[..], &b"safe"[..]],
+        "only the valid requests took effect"
+    );
+    assert_eq!(
+        holder.try_lock(b"other", b"h"),
+        b'#',
+        "the valid TryLock before garbage took effect"
+    );
     assert_eq!(holder.unlock(b"safe"), b'+');
 }
 
@@ -335,7 +389,11 @@ fn sigterm_answers_queued_waiters_and_exits_zero() {
     assert_eq!(w.read_byte_or_eof(), Some(b'-'));
     let status = s.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
-    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -355,10 +413,17 @@ fn bad_addresses_and_busy_ports_fail_with_one_line() {
             .unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "one line for {args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "one line for {args:?}: {err}"
+        );
         assert!(err.starts_with("ringlockd: "), "{err}");
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd")).arg("--help").output().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"))
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--data-path"));
 }
@@ -370,16 +435,22 @@ fn bind_address_env_accepts_locking_center_form() {
     let port = probe.local_addr().unwrap().port();
     drop(probe);
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
-    cmd.env("BIND_ADDRESS", format!(":{port}")).args(["--admin-bind", "127.0.0.1:0"]);
-    let mut child = cmd
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    cmd.env("BIND_ADDRESS", format!(":{port}"))
+        .args(["--admin-bind", "127.0.0.1:0"]);
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
     use std::io::BufRead;
     let mut line = String::new();
-    std::io::BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert!(line.contains(&format!("lock=0.0.0.0:{port}")), "{line}");
-    assert_eq!(once(format!("127.0.0.1:{port}").parse().unwrap(), &frame(5, b"e", Some(b""))), b'+');
+    assert_eq!(
+        once(
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            &frame(5, b"e", Some(b""))
+        ),
+        b'+'
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

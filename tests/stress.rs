@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 fn raise_nofile() {
     // SAFETY: getrlimit/setrlimit on a stack struct.
     unsafe {
-        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
         r.rlim_cur = r.rlim_max.min(65_536);
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
@@ -24,7 +27,10 @@ fn wait_fds(s: &Server, want: usize) {
         if n <= want {
             return;
         }
-        assert!(Instant::now() < deadline, "server still has {n} fds open, expected {want}");
+        assert!(
+            Instant::now() < deadline,
+            "server still has {n} fds open, expected {want}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -77,7 +83,10 @@ fn mutual_exclusion_under_contention() {
                     // connection per request, as Locking-Center clients do.
                     let fresh = (t + r) % 2 == 0;
                     let got = if fresh {
-                        once(addr, &frame(1, b"counter", Some(format!("t{t}").as_bytes())))
+                        once(
+                            addr,
+                            &frame(1, b"counter", Some(format!("t{t}").as_bytes())),
+                        )
                     } else {
                         persistent.lock(b"counter", format!("t{t}").as_bytes())
                     };
@@ -101,6 +110,10 @@ fn mutual_exclusion_under_contention() {
     for h in handles {
         h.join().expect("client thread");
     }
-    assert_eq!(counter.load(Ordering::Relaxed), (THREADS * ROUNDS) as u64, "lost update");
+    assert_eq!(
+        counter.load(Ordering::Relaxed),
+        (THREADS * ROUNDS) as u64,
+        "lost update"
+    );
     assert!(keys(s.admin_addr).is_empty());
 }

@@ -72,7 +72,7 @@ fn clients(
                 s.set_read_timeout(Some(Duration::from_secs(10))).ok();
                 while !stop.load(Ordering::Relaxed) {
                     let r = xorshift(&mut seed);
-                    if r % 5 == 0 {
+                    if r.is_multiple_of(5) {
                         // Contended shared key: mutual exclusion across clients.
                         let Some(a) = ask(
                             &mut s,

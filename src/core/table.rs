@@ -267,7 +267,7 @@ impl Table {
             .iter()
             .filter_map(|(slot, _)| self.held_key(slot as u32))
             .collect();
-        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out.sort_by_key(|h| h.key);
         out
     }
 
@@ -312,6 +312,7 @@ impl Table {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // private; every argument is a holder field
     fn set_holder(
         &mut self,
         k: u32,
@@ -420,6 +421,7 @@ impl Table {
     /// empty wire source is replaced by the peer IP by the caller). Returns
     /// the waiter slot when the request was queued; the caller needs it to
     /// withdraw the waiter if the connection hangs up.
+    #[allow(clippy::too_many_arguments)] // mirrors the wire request plus time and output
     pub fn lock(
         &mut self,
         conn: Token,
@@ -1055,10 +1057,12 @@ mod tests {
         ]
     }
 
+    /// key -> (holder conn, holder source, queue of (conn, source))
+    type ModelKeys = HashMap<u8, (Token, u8, VecDeque<(Token, u8)>)>;
+
     #[derive(Default)]
     struct Model {
-        // key -> (holder conn, holder source, queue of (conn, source))
-        keys: HashMap<u8, (Token, u8, VecDeque<(Token, u8)>)>,
+        keys: ModelKeys,
     }
 
     impl Model {
@@ -1085,13 +1089,11 @@ mod tests {
             let mut fx = Vec::new();
             let mut waiters: Vec<(Token, u32)> = Vec::new(); // queued (conn, waiter slot)
             let mut grants: HashMap<Token, (u32, u64)> = HashMap::new();
-            let mut next_conn: Token = 1;
             for (i, o) in ops.into_iter().enumerate() {
                 fx.clear();
                 let now = at(i as u64);
                 let mut want: Vec<(Token, Reply)> = Vec::new();
-                let conn = next_conn;
-                next_conn += 1;
+                let conn = i as Token + 1;
                 match o {
                     Op::Lock(k, s, try_) => {
                         let kn = n(&format!("k{k}"));

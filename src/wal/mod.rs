@@ -70,7 +70,10 @@ impl Faults {
     /// Called per submitted write: how many of `len` bytes to submit.
     pub fn write_len(&mut self, len: usize) -> usize {
         self.writes += 1;
-        if self.short_write_every > 0 && self.writes % self.short_write_every == 0 && len > 1 {
+        if self.short_write_every > 0
+            && self.writes.is_multiple_of(self.short_write_every)
+            && len > 1
+        {
             return len / 2;
         }
         len
