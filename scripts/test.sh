@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== rustfmt"
+cargo fmt --all --check
+
+echo "== clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets --locked
 
