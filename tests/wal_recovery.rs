@@ -1,0 +1,440 @@
+//! Durable mode, recovery with the real binary (issue 3 "Tests"):
+//! - the log cut at every byte offset within its last record (torn tail);
+//! - one byte flipped at every offset of middle records (corruption is
+//!   refused with the record's offset; `--wal-truncate-at` proceeds only at
+//!   that exact offset);
+//! - the states an interrupted compaction can leave behind (a stale or
+//!   partial `FILE.compact.tmp` next to an intact log).
+//!
+//! Logs are built through real traffic, the server is `kill -9`ed, and the
+//! file is then edited the way a crash or a bad disk would.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+// ---------------------------------------------------------------- helpers
+
+/// A private directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("ringlock-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn addr_field(line: &str, name: &str) -> Option<SocketAddr> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..].split_whitespace().next()?.parse().ok()
+}
+
+/// Starts ringlockd with a data path and returns the server together with
+/// the stderr lines printed before `event=listening` (the recovery report,
+/// which `Server::start` does not keep). On exit instead: the exit code and
+/// the whole stderr.
+fn start_logged(log: &Path, extra: &[&str]) -> Result<(Server, Vec<String>), (i32, String)> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+    cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"])
+        .arg("--data-path")
+        .arg(log)
+        .args(extra)
+        .env_remove("BIND_ADDRESS")
+        .env_remove("DATA_PATH")
+        .env_remove("RINGLOCK_FAULTS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn ringlockd");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut pre = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) if line.contains("event=listening") => {
+                let server = Server {
+                    lock_addr: addr_field(&line, "lock").expect("lock= in listening line"),
+                    admin_addr: addr_field(&line, "admin").expect("admin= in listening line"),
+                    metrics_addr: addr_field(&line, "metrics"),
+                    child,
+                    log: rx,
+                };
+                return Ok((server, pre));
+            }
+            Ok(line) => pre.push(line),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().expect("wait");
+                return Err((status.code().unwrap_or(-1), pre.join("\n")));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ringlockd neither listened nor exited; stderr:\n{}",
+                    pre.join("\n")
+                );
+            }
+        }
+    }
+}
+
+fn start_ok(log: &Path, extra: &[&str]) -> (Server, Vec<String>) {
+    start_logged(log, extra)
+        .unwrap_or_else(|(code, err)| panic!("ringlockd refused to start (exit {code}):\n{err}"))
+}
+
+/// The value of `name=` in the first line with `event=<event>`.
+fn event_field(lines: &[String], event: &str, name: &str) -> Option<String> {
+    let line = lines
+        .iter()
+        .find(|l| l.contains(&format!("event={event} ")))?;
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    Some(line[start..].split_whitespace().next()?.to_string())
+}
+
+/// Record start offsets of a log image, parsed independently of the
+/// server (8-byte magic; each record: crc u32, len u16, !len u16, body of
+/// `len` bytes). The last element is the end of the last whole record.
+fn record_bounds(data: &[u8]) -> Vec<usize> {
+    assert_eq!(&data[..8], b"RLWAL\0\0\x01", "log magic");
+    let mut at = 8;
+    let mut out = vec![at];
+    while at + 8 <= data.len() {
+        let len = u16::from_le_bytes([data[at + 4], data[at + 5]]) as usize;
+        let check = u16::from_le_bytes([data[at + 6], data[at + 7]]) as usize;
+        assert_eq!(len, !check & 0xffff, "length check at {at}");
+        at += 8 + len;
+        assert!(at <= data.len(), "record past the end");
+        out.push(at);
+    }
+    assert_eq!(
+        at,
+        data.len(),
+        "trailing bytes in a log written by a clean run"
+    );
+    out
+}
+
+fn lock_ok(s: &Server, key: &[u8], src: &[u8]) {
+    assert_eq!(
+        once(s.lock_addr, &frame(1, key, Some(src))),
+        b'+',
+        "lock {key:?}"
+    );
+}
+
+fn unlock_ok(s: &Server, key: &[u8]) {
+    assert_eq!(
+        once(s.lock_addr, &frame(2, key, None)),
+        b'+',
+        "unlock {key:?}"
+    );
+}
+
+fn file_len(p: &Path) -> usize {
+    std::fs::metadata(p).expect("stat log").len() as usize
+}
+
+// ------------------------------------------------------------ torn tails
+
+/// Cuts `image` at every offset in `[last, end]` of its last record and
+/// restarts on each cut.
+fn check_every_cut(dir: &TempDir, image: &[u8], before: &[KeyInfo], after: &[KeyInfo]) {
+    let bounds = record_bounds(image);
+    let last = bounds[bounds.len() - 2];
+    let end = *bounds.last().unwrap();
+    assert!(end - last > 8, "last record has a body");
+    let path = dir.path("cut.log");
+    for cut in last..=end {
+        std::fs::write(&path, &image[..cut]).unwrap();
+        let (mut s, pre) = start_ok(&path, &[]);
+        let torn = cut - last;
+        let want_torn = if cut == end { 0 } else { torn };
+        assert_eq!(
+            event_field(&pre, "recovery", "torn_tail_bytes").as_deref(),
+            Some(want_torn.to_string().as_str()),
+            "cut {cut}: recovery line {pre:?}"
+        );
+        assert_eq!(
+            event_field(&pre, "recovery", "file_bytes").as_deref(),
+            Some(cut.to_string().as_str()),
+            "cut {cut}"
+        );
+        if want_torn > 0 {
+            assert_eq!(
+                event_field(&pre, "torn_tail_dropped", "bytes").as_deref(),
+                Some(torn.to_string().as_str()),
+                "cut {cut}: no torn_tail_dropped line in {pre:?}"
+            );
+        } else {
+            assert!(
+                event_field(&pre, "torn_tail_dropped", "bytes").is_none(),
+                "cut {cut}: torn tail reported for a whole log"
+            );
+        }
+        let got = keys(s.admin_addr);
+        let want = if cut == end { after } else { before };
+        assert_eq!(got, want, "cut {cut} of last record [{last}, {end})");
+        // Truncated to the record boundary before serving.
+        let want_len = if cut == end { end } else { last };
+        assert_eq!(file_len(&path), want_len, "cut {cut}: file not truncated");
+        s.kill9();
+    }
+    // The truncated file takes appends and replays them after a restart.
+    std::fs::write(&path, &image[..last + (end - last) / 2]).unwrap();
+    let (mut s, _) = start_ok(&path, &[]);
+    lock_ok(&s, b"after-truncation", b"t");
+    let want = keys(s.admin_addr);
+    assert_eq!(want.len(), before.len() + 1);
+    s.kill9();
+    let (mut s, pre) = start_ok(&path, &[]);
+    assert_eq!(
+        event_field(&pre, "recovery", "torn_tail_bytes").as_deref(),
+        Some("0")
+    );
+    assert_eq!(keys(s.admin_addr), want);
+    s.kill9();
+}
+
+#[test]
+fn torn_tail_cut_at_every_offset_of_the_last_record() {
+    let dir = TempDir::new("torn");
+    let log = dir.path("wal.log");
+    let (mut s, _) = start_ok(&log, &[]);
+    lock_ok(&s, b"alpha", b"svc-a");
+    lock_ok(&s, b"beta", b"");
+    lock_ok(&s, b"gamma", b"svc-g");
+    let before_release = keys(s.admin_addr);
+    // Last record: a Release.
+    unlock_ok(&s, b"beta");
+    let after_release = keys(s.admin_addr);
+    assert_eq!(after_release.len(), 2);
+    s.kill9();
+    let image = std::fs::read(&log).unwrap();
+    check_every_cut(&dir, &image, &before_release, &after_release);
+
+    // Last record: an Acquire (with the longest fields a record can hold).
+    let (mut s, _) = start_ok(&log, &[]);
+    assert_eq!(keys(s.admin_addr), after_release, "restart lost state");
+    let before_acquire = keys(s.admin_addr);
+    lock_ok(&s, &[b'k'; 127], &[b's'; 127]);
+    let after_acquire = keys(s.admin_addr);
+    assert_eq!(after_acquire.len(), 3);
+    s.kill9();
+    let image = std::fs::read(&log).unwrap();
+    check_every_cut(&dir, &image, &before_acquire, &after_acquire);
+}
+
+// ------------------------------------------------------------ corruption
+
+#[test]
+fn flipped_byte_in_a_middle_record_is_refused_with_its_offset() {
+    let dir = TempDir::new("corrupt");
+    let log = dir.path("wal.log");
+    let (mut s, _) = start_ok(&log, &[]);
+    // after[i]: KEYS once records 0..i are in the log.
+    let mut after = vec![keys(s.admin_addr)];
+    lock_ok(&s, b"one", b"src1");
+    after.push(keys(s.admin_addr));
+    lock_ok(&s, b"two", b"src2");
+    after.push(keys(s.admin_addr));
+    unlock_ok(&s, b"one");
+    after.push(keys(s.admin_addr));
+    lock_ok(&s, b"three", b"");
+    after.push(keys(s.admin_addr));
+    unlock_ok(&s, b"two");
+    after.push(keys(s.admin_addr));
+    s.kill9();
+    let image = std::fs::read(&log).unwrap();
+    let bounds = record_bounds(&image);
+    assert_eq!(bounds.len(), 6, "five records");
+    let path = dir.path("flip.log");
+    let shown = path.display().to_string();
+    // Records 1 (Acquire) and 2 (Release): in the middle of the log.
+    let mut refusals = 0;
+    for r in [1usize, 2] {
+        let (start, end) = (bounds[r], bounds[r + 1]);
+        for at in start..end {
+            let mut bad = image.clone();
+            bad[at] ^= if at % 2 == 0 { 0x01 } else { 0x80 };
+            std::fs::write(&path, &bad).unwrap();
+            match start_logged(&path, &[]) {
+                Ok((mut s, _)) => {
+                    s.kill9();
+                    panic!("flip at byte {at} (record {r} at {start}) was accepted");
+                }
+                Err((code, err)) => {
+                    assert_ne!(code, 0, "flip at {at}: refusal must exit non-zero");
+                    assert!(err.contains(&shown), "flip at {at}: file not named:\n{err}");
+                    assert!(
+                        err.contains(&format!("byte offset {start} ")),
+                        "flip at {at}: offset {start} not named:\n{err}"
+                    );
+                    assert!(
+                        err.contains(&format!("--data-path {shown} --wal-truncate-at {start}")),
+                        "flip at {at}: operator command missing:\n{err}"
+                    );
+                }
+            }
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                bad,
+                "a refusal modified the log"
+            );
+            refusals += 1;
+        }
+    }
+    assert!(refusals > 40);
+
+    // The operator's way out: truncate at exactly the named offset.
+    let (start, end) = (bounds[1], bounds[2]);
+    let mut bad = image.clone();
+    bad[start + (end - start) / 2] ^= 0x10;
+    std::fs::write(&path, &bad).unwrap();
+    for wrong in [start - 1, start + 1, bounds[2], 0] {
+        let w = wrong.to_string();
+        match start_logged(&path, &["--wal-truncate-at", &w]) {
+            Ok((mut s, _)) => {
+                s.kill9();
+                panic!("--wal-truncate-at {wrong} accepted; corruption is at {start}");
+            }
+            Err((code, err)) => {
+                assert_ne!(code, 0);
+                assert!(err.contains(&shown), "{err}");
+            }
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bad,
+            "wrong offset modified the log"
+        );
+    }
+    let (mut s, pre) = start_ok(&path, &["--wal-truncate-at", &start.to_string()]);
+    assert_eq!(
+        event_field(&pre, "recovery", "truncated_at").as_deref(),
+        Some(start.to_string().as_str())
+    );
+    assert_eq!(
+        event_field(&pre, "corrupt_tail_truncated", "offset").as_deref(),
+        Some(start.to_string().as_str())
+    );
+    assert_eq!(keys(s.admin_addr), after[1], "records before the offset");
+    assert_eq!(file_len(&path), start);
+    // It serves, and what it serves is durable.
+    lock_ok(&s, b"four", b"src4");
+    let want = keys(s.admin_addr);
+    s.kill9();
+    let (mut s, _) = start_ok(&path, &[]);
+    assert_eq!(keys(s.admin_addr), want);
+    s.kill9();
+
+    // A clean log refuses --wal-truncate-at.
+    std::fs::write(&path, &image).unwrap();
+    let err = start_logged(&path, &["--wal-truncate-at", &bounds[2].to_string()])
+        .err()
+        .expect("--wal-truncate-at on a clean log must refuse");
+    assert_ne!(err.0, 0);
+    assert_eq!(std::fs::read(&path).unwrap(), image);
+    let (mut s, _) = start_ok(&path, &[]);
+    assert_eq!(keys(s.admin_addr), after[5]);
+    s.kill9();
+
+    // A damaged magic: not a ringlock log, refused, untouched.
+    let mut bad = image.clone();
+    bad[2] ^= 0xff;
+    std::fs::write(&path, &bad).unwrap();
+    let (code, err) = start_logged(&path, &[])
+        .err()
+        .expect("a bad magic must refuse");
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&shown) && err.contains("not a ringlock log"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), bad);
+}
+
+// ------------------------------------------- interrupted compaction states
+
+#[test]
+fn stale_or_partial_compaction_temp_file_is_ignored_and_removed() {
+    let dir = TempDir::new("tmp");
+    let log = dir.path("wal.log");
+    let (mut s, _) = start_ok(&log, &[]);
+    lock_ok(&s, b"keep-1", b"a");
+    lock_ok(&s, b"gone", b"b");
+    lock_ok(&s, b"keep-2", b"c");
+    unlock_ok(&s, b"gone");
+    let want = keys(s.admin_addr);
+    s.kill9();
+    let image = std::fs::read(&log).unwrap();
+    let bounds = record_bounds(&image);
+
+    // A complete, valid log with different content (a rewrite that was
+    // fully written and fsynced, but never renamed).
+    let other = dir.path("other.log");
+    let (mut o, _) = start_ok(&other, &[]);
+    lock_ok(&o, b"only-in-temp", b"z");
+    o.kill9();
+    let other_image = std::fs::read(&other).unwrap();
+
+    let temp = dir.path("wal.log.compact.tmp");
+    let variants: Vec<(&str, Vec<u8>)> = vec![
+        ("empty (created, nothing written)", Vec::new()),
+        ("magic only", image[..8].to_vec()),
+        ("half a record", image[..bounds[1] + 5].to_vec()),
+        ("a prefix of the live records", image[..bounds[2]].to_vec()),
+        ("complete but not renamed", other_image),
+        ("garbage", vec![0xA5; 300]),
+    ];
+    for (what, bytes) in variants {
+        std::fs::write(&temp, &bytes).unwrap();
+        let (mut s, pre) = start_ok(&log, &[]);
+        assert!(!temp.exists(), "{what}: temp file not removed");
+        assert_eq!(
+            keys(s.admin_addr),
+            want,
+            "{what}: state not from the old log"
+        );
+        assert_eq!(
+            event_field(&pre, "recovery", "torn_tail_bytes").as_deref(),
+            Some("0"),
+            "{what}"
+        );
+        s.kill9();
+        assert_eq!(
+            std::fs::read(&log).unwrap(),
+            image,
+            "{what}: old log changed"
+        );
+    }
+}
