@@ -1,1 +1,392 @@
-fn main() {}
+//! `bench-report RAW_DIR OUT_DIR`: turns what `scripts/bench.sh` measured
+//! (`RAW_DIR/env.txt`, `scenarios.txt`, `<scenario>/<system>.json|.na`)
+//! into `OUT_DIR/latest.md` (links relative to OUT_DIR),
+//! `OUT_DIR/results-section.md` (the same, links relative to the repository
+//! root, ready to paste into RESULTS.md) and one `OUT_DIR/<scenario>.svg`
+//! percentile plot per scenario. It computes ratios and prints numbers; it
+//! never makes any up: a system that was not run says why.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use ringlock_bench::json::{self, Value};
+use ringlock_bench::svg::{percentile_plot, Series};
+
+struct Scenario {
+    id: String,
+    title: String,
+    args: String,
+}
+
+enum Outcome {
+    Ran(Box<Value>, String),
+    NotRun(String),
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+fn fmt_us(v: Option<f64>) -> String {
+    match v {
+        None => "–".into(),
+        Some(v) if v >= 100_000.0 => format!("{:.0} ms", v / 1000.0),
+        Some(v) if v >= 10_000.0 => format!("{:.1} ms", v / 1000.0),
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() != 2 {
+        eprintln!("usage: bench-report RAW_DIR OUT_DIR");
+        std::process::exit(2);
+    }
+    let raw = PathBuf::from(&args[0]);
+    let out = PathBuf::from(&args[1]);
+    if let Err(e) = run(&raw, &out) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(raw: &Path, out: &Path) -> Result<(), String> {
+    let env_text = read(&raw.join("env.txt")).ok_or("missing env.txt")?;
+    let mut env = BTreeMap::new();
+    let mut systems: Vec<String> = Vec::new();
+    for line in env_text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            if let Some(rest) = k.strip_prefix("system.") {
+                if let Some(name) = rest.strip_suffix(".version") {
+                    systems.push(name.to_string());
+                }
+            }
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
+    let scenarios: Vec<Scenario> = read(&raw.join("scenarios.txt"))
+        .ok_or("missing scenarios.txt")?
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, '|');
+            Some(Scenario {
+                id: parts.next()?.to_string(),
+                title: parts.next()?.to_string(),
+                args: parts.next()?.to_string(),
+            })
+        })
+        .filter(|s| raw.join(&s.id).is_dir())
+        .collect();
+
+    let mut results: BTreeMap<(String, String), Outcome> = BTreeMap::new();
+    for sc in &scenarios {
+        for sys in &systems {
+            let base = raw.join(&sc.id).join(sys);
+            let outcome = if let Some(text) = read(&base.with_extension("json")) {
+                match json::parse(text.trim()) {
+                    Ok(v) => Outcome::Ran(
+                        Box::new(v),
+                        read(&base.with_extension("load"))
+                            .map_or("?".into(), |l| l.trim().to_string()),
+                    ),
+                    Err(e) => Outcome::NotRun(format!("unreadable result: {e}")),
+                }
+            } else if let Some(reason) = read(&base.with_extension("na")) {
+                Outcome::NotRun(reason.trim().to_string())
+            } else {
+                continue;
+            };
+            results.insert((sc.id.clone(), sys.clone()), outcome);
+        }
+    }
+
+    for sc in &scenarios {
+        let series: Vec<Series> = systems
+            .iter()
+            .filter_map(|sys| match results.get(&(sc.id.clone(), sys.clone())) {
+                Some(Outcome::Ran(v, _)) => Some(Series {
+                    name: sys.clone(),
+                    points: curve(v),
+                }),
+                _ => None,
+            })
+            .collect();
+        if !series.is_empty() {
+            let svg = percentile_plot(&format!("{} — lock latency (corrected)", sc.id), &series);
+            std::fs::write(out.join(format!("{}.svg", sc.id)), svg).map_err(|e| e.to_string())?;
+        }
+    }
+
+    for (file, prefix) in [("latest.md", ""), ("results-section.md", "bench/results/")] {
+        let md = markdown(&env, &systems, &scenarios, &results, prefix);
+        std::fs::write(out.join(file), md).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn curve(v: &Value) -> Vec<(f64, f64)> {
+    match v.get("curve_us") {
+        Some(Value::Arr(points)) => points
+            .iter()
+            .filter_map(|p| match p {
+                Value::Arr(xy) if xy.len() == 2 => match (&xy[0], &xy[1]) {
+                    (Value::Num(x), Value::Num(y)) => Some((*x, *y)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn markdown(
+    env: &BTreeMap<String, String>,
+    systems: &[String],
+    scenarios: &[Scenario],
+    results: &BTreeMap<(String, String), Outcome>,
+    prefix: &str,
+) -> String {
+    let e = |k: &str| env.get(k).cloned().unwrap_or_else(|| "?".into());
+    let mut o = String::new();
+    let _ = writeln!(o, "## Side-by-side benchmark\n");
+    let _ = writeln!(
+        o,
+        "Generated by `scripts/bench.sh` ({}) on {}.\n",
+        e("mode"),
+        e("date")
+    );
+    let _ = writeln!(o, "| | |\n|---|---|");
+    for (label, key) in [
+        ("commit", "commit"),
+        ("kernel", "kernel"),
+        ("CPU", "cpu"),
+        ("pinning", "pinning"),
+        ("ringlockd binary", "ringlockd_binary"),
+        ("disk", "disk"),
+        ("fdatasync (4 KiB append)", "fsync"),
+    ] {
+        let _ = writeln!(o, "| {label} | {} |", e(key));
+    }
+    let _ = writeln!(
+        o,
+        "\n| system | version | durability / notes |\n|---|---|---|"
+    );
+    for s in systems {
+        let _ = writeln!(
+            o,
+            "| {s} | {} | {} |",
+            e(&format!("system.{s}.version")),
+            e(&format!("system.{s}.note"))
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nMethod: `ringlock-loadgen`, one epoll thread. Open-loop scenarios send at a fixed \
+         rate per connection; *latency* is lock acquisition (grant − **intended** start of the \
+         cycle, so a stall cannot hide: coordinated-omission corrected); *uncorrected* starts \
+         the clock when the attempt actually began. A cycle is lock → unlock (hold 0). Redis \
+         has no blocking lock: a Lock is `SET NX PX` retried every 50–150 µs (retries counted), \
+         release is a compare-and-delete script. PostgreSQL uses `pg_advisory_lock`, MariaDB \
+         `GET_LOCK`, etcd its v3 lock API through the HTTP/JSON gateway. `p99/floor` divides by \
+         the floor server's p99 in the same scenario. *saturated* = achieved rate < 95 % of \
+         the target (achieved = completed cycles / (duration + drain)). *load1* = the \
+         machine's 1-minute load average just before the run: the 2 vCPUs are shared, and \
+         anything else running lands on the pinned CPUs too.\n"
+    );
+
+    // Summary: p99 per scenario and system.
+    let _ = write!(
+        o,
+        "### p99 lock latency (µs), all scenarios\n\n| scenario |"
+    );
+    for s in systems {
+        let _ = write!(o, " {s} |");
+    }
+    o.push_str("\n|---|");
+    for _ in systems {
+        o.push_str("---:|");
+    }
+    o.push('\n');
+    for sc in scenarios {
+        let _ = write!(o, "| {} |", sc.id);
+        for s in systems {
+            let cell = match results.get(&(sc.id.clone(), s.clone())) {
+                Some(Outcome::Ran(v, _)) => {
+                    let mut c = fmt_us(v.num("latency_us.p99"));
+                    if saturated(v) {
+                        c.push_str(" (sat.)");
+                    }
+                    if v.num("errors").unwrap_or(0.0) > 0.0 {
+                        c.push_str(" (err)");
+                    }
+                    c
+                }
+                Some(Outcome::NotRun(_)) => "n/a".into(),
+                None => "".into(),
+            };
+            let _ = write!(o, " {cell} |");
+        }
+        o.push('\n');
+    }
+    o.push('\n');
+
+    for sc in scenarios {
+        let _ = writeln!(o, "### {}: {}\n", sc.id, sc.title);
+        let _ = writeln!(o, "Load generator arguments: `{}`\n", sc.args.trim());
+        let floor_p99 = match results.get(&(sc.id.clone(), "floor".into())) {
+            Some(Outcome::Ran(v, _)) => v.num("latency_us.p99"),
+            _ => None,
+        };
+        let _ = writeln!(
+            o,
+            "| system | ops/s (target) | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | load1 |"
+        );
+        let _ = writeln!(
+            o,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        let mut not_run = Vec::new();
+        for s in systems {
+            match results.get(&(sc.id.clone(), s.clone())) {
+                Some(Outcome::Ran(v, load)) => {
+                    let target = v.num("rate_target").unwrap_or(0.0);
+                    let ops = v.num("ops_per_sec").unwrap_or(0.0);
+                    let rate = if target > 0.0 {
+                        format!(
+                            "{ops:.0} ({target:.0}){}",
+                            if saturated(v) { " saturated" } else { "" }
+                        )
+                    } else {
+                        format!("{ops:.0} (closed)")
+                    };
+                    let p99 = v.num("latency_us.p99");
+                    let ratio = match (p99, floor_p99) {
+                        (Some(a), Some(f)) if f > 0.0 => format!("{:.2}×", a / f),
+                        _ => "–".into(),
+                    };
+                    let hq = |k: &str| {
+                        if v.num(&format!("{k}.count")).unwrap_or(0.0) > 0.0 {
+                            fmt_us(v.num(&format!("{k}.p99")))
+                        } else {
+                            "–".into()
+                        }
+                    };
+                    let errors = v.num("errors").unwrap_or(0.0);
+                    let err_cell = if errors > 0.0 {
+                        format!(
+                            "{errors:.0} ({})",
+                            v.str("first_error").unwrap_or("").replace('|', "/")
+                        )
+                    } else {
+                        "0".into()
+                    };
+                    let _ = writeln!(
+                        o,
+                        "| {s} | {rate} | {} | {} | **{}** | {} | {} | {} | {} | {ratio} | {} | {} | {:.0}–{:.0} | {:.0} | {err_cell} | {load} |",
+                        fmt_us(v.num("latency_us.p50")),
+                        fmt_us(v.num("latency_us.p90")),
+                        fmt_us(p99),
+                        fmt_us(v.num("latency_us.p999")),
+                        fmt_us(v.num("latency_us.p9999")),
+                        fmt_us(v.num("latency_us.max")),
+                        fmt_us(v.num("latency_uncorrected_us.p99")),
+                        hq("handoff_us"),
+                        hq("queue_wait_us"),
+                        v.num("fairness.min").unwrap_or(0.0),
+                        v.num("fairness.max").unwrap_or(0.0),
+                        v.num("retries").unwrap_or(0.0),
+                    );
+                }
+                Some(Outcome::NotRun(reason)) => not_run.push(format!("{s}: {reason}")),
+                None => {}
+            }
+        }
+        if !not_run.is_empty() {
+            let _ = writeln!(o, "\nNot run: {}.", not_run.join("; "));
+        }
+        if results.keys().any(|(id, _)| id == &sc.id)
+            && results
+                .iter()
+                .any(|((id, _), r)| id == &sc.id && matches!(r, Outcome::Ran(..)))
+        {
+            let _ = writeln!(o, "\n![{} percentiles]({prefix}{}.svg)\n", sc.id, sc.id);
+        }
+        let _ = writeln!(o, "{}", verdict(sc, systems, results, floor_p99));
+    }
+    let _ = writeln!(
+        o,
+        "Raw data: `bench/results/raw/<scenario>/<system>.{{json,hgrm,cmd,err}}`; \
+         each `.cmd` is the exact load generator command line."
+    );
+    o
+}
+
+fn saturated(v: &Value) -> bool {
+    let target = v.num("rate_target").unwrap_or(0.0);
+    target > 0.0 && v.num("ops_per_sec").unwrap_or(0.0) < 0.95 * target
+}
+
+/// Plain facts about the goal (ringlockd's p99 below every peer's, within
+/// 1.25× of the floor), computed, not judged.
+fn verdict(
+    sc: &Scenario,
+    systems: &[String],
+    results: &BTreeMap<(String, String), Outcome>,
+    floor_p99: Option<f64>,
+) -> String {
+    let p99 = |s: &str| match results.get(&(sc.id.clone(), s.to_string())) {
+        Some(Outcome::Ran(v, _)) => v.num("latency_us.p99"),
+        _ => None,
+    };
+    let ours = if sc.id.starts_with("durable") {
+        "ringlockd-durable"
+    } else {
+        "ringlockd"
+    };
+    let Some(mine) = p99(ours) else {
+        return format!("{ours} was not measured in this scenario.\n");
+    };
+    let peers: Vec<(String, f64)> = systems
+        .iter()
+        .filter(|s| !s.starts_with("ringlockd") && s.as_str() != "floor")
+        .filter_map(|s| p99(s).map(|p| (s.clone(), p)))
+        .collect();
+    let mut out = String::new();
+    if let Some((best, bp)) = peers.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+        let _ = write!(
+            out,
+            "{ours} p99 {} µs vs best peer {best} {} µs ({:.2}×: {}). ",
+            fmt_us(Some(mine)),
+            fmt_us(Some(*bp)),
+            mine / bp,
+            if mine < *bp {
+                "lower than every peer"
+            } else {
+                "NOT lower than every peer"
+            }
+        );
+    }
+    if let Some(f) = floor_p99 {
+        let _ = write!(
+            out,
+            "Floor p99 {} µs, ratio {:.2}× ({} the 1.25× goal{}).",
+            fmt_us(Some(f)),
+            mine / f,
+            if mine <= 1.25 * f {
+                "within"
+            } else {
+                "outside"
+            },
+            if sc.id.starts_with("durable") {
+                "; the floor does not fsync"
+            } else {
+                ""
+            }
+        );
+    }
+    out.push('\n');
+    out
+}

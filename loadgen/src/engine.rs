@@ -850,6 +850,16 @@ impl<'a> Engine<'a> {
     }
 
     fn abandon_open_cycles(&mut self, now: u64) {
+        let open = self
+            .clients
+            .iter()
+            .filter(|c| c.in_cycle && c.measured)
+            .count();
+        if open > 0 && self.stats.first_error.is_none() {
+            self.stats.first_error = Some(format!(
+                "{open} cycles still open when the drain time ran out"
+            ));
+        }
         for idx in 0..self.clients.len() {
             let c = &self.clients[idx];
             if c.in_cycle && c.measured {
