@@ -69,10 +69,14 @@ pub fn percentile_plot(title: &str, series: &[Series]) -> String {
     while d <= yhi + 1e-9 {
         let y = top + ph - (d - ylo) / (yhi - ylo) * ph;
         let label = 10f64.powf(d);
-        let text = if label >= 1.0 {
-            format!("{label:.0}")
+        let text = if label >= 1e6 {
+            format!("{:.0} s", label / 1e6)
+        } else if label >= 1e3 {
+            format!("{:.0} ms", label / 1e3)
+        } else if label >= 1.0 {
+            format!("{label:.0} µs")
         } else {
-            format!("{label}")
+            format!("{label} µs")
         };
         let _ = writeln!(
             o,
@@ -108,7 +112,7 @@ pub fn percentile_plot(title: &str, series: &[Series]) -> String {
     );
     let _ = writeln!(
         o,
-        r#"<text x="16" y="{:.1}" transform="rotate(-90 16 {:.1})" text-anchor="middle">lock latency, µs (log)</text>"#,
+        r#"<text x="16" y="{:.1}" transform="rotate(-90 16 {:.1})" text-anchor="middle">lock latency (log scale)</text>"#,
         top + ph / 2.0,
         top + ph / 2.0
     );
