@@ -454,3 +454,44 @@ fn bind_address_env_accepts_locking_center_form() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn key_and_waiter_limits_answer_minus_log_once_and_change_nothing() {
+    let s = Server::start(&["--max-keys", "2", "--max-waiters", "1"]);
+    let mut c = s.connect();
+    assert_eq!(c.lock(b"a", b"s"), b'+');
+    assert_eq!(c.lock(b"b", b"s"), b'+');
+    assert_eq!(
+        c.lock(b"c", b"s"),
+        b'-',
+        "third distinct key is over --max-keys"
+    );
+    s.wait_log("event=limit_reached limit=max_keys");
+    let mut w = s.connect();
+    w.send(&frame(1, b"a", Some(b"w")));
+    sync(&s);
+    assert_eq!(
+        once(s.lock_addr, &frame(1, b"a", Some(b"w2"))),
+        b'-',
+        "second waiter is over --max-waiters"
+    );
+    for _ in 0..20 {
+        assert_eq!(once(s.lock_addr, &frame(1, b"z", Some(b"w3"))), b'-');
+    }
+    let held: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+    assert_eq!(held, vec![b"a".to_vec(), b"b".to_vec()]);
+    // The queued waiter is intact and served.
+    assert_eq!(c.unlock(b"a"), b'+');
+    assert_eq!(w.read_byte(), b'+');
+    // Refusals within a second are logged once, not per request.
+    let mut lines = 0;
+    while let Ok(l) = s.log.try_recv() {
+        if l.contains("event=limit_reached") {
+            lines += 1;
+        }
+    }
+    assert!(
+        lines <= 1,
+        "limit refusals flooded the log: {lines} more lines"
+    );
+}

@@ -92,8 +92,37 @@ pub enum ReleaseCause {
     Undelivered,
 }
 
+/// Which capacity limit refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Keys,
+    Waiters,
+    Sources,
+}
+
+impl Limit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Keys => "max_keys",
+            Limit::Waiters => "max_waiters",
+            Limit::Sources => "max_sources",
+        }
+    }
+}
+
+fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
+    fx.push(Effect::LimitReached { limit });
+    fx.push(Effect::Reply {
+        conn,
+        reply: Reply::Err,
+    });
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum Effect {
+    /// A request was refused because a capacity limit was reached (the
+    /// `-` follows as a Reply).
+    LimitReached { limit: Limit },
     /// Send `reply` to `conn`; its request is finished.
     Reply { conn: Token, reply: Reply },
     /// `conn` now holds the key; send it `+`. `waited_us` is set when the
@@ -444,17 +473,11 @@ impl Table {
                     return None;
                 }
                 if self.waiters.len() >= self.limits.max_waiters {
-                    fx.push(Effect::Reply {
-                        conn,
-                        reply: Reply::Err,
-                    });
+                    refuse(conn, Limit::Waiters, fx);
                     return None;
                 }
                 let Some(s) = self.source_get_or_insert(source) else {
-                    fx.push(Effect::Reply {
-                        conn,
-                        reply: Reply::Err,
-                    });
+                    refuse(conn, Limit::Sources, fx);
                     return None;
                 };
                 let w = self.waiters.insert(Waiter {
@@ -478,17 +501,11 @@ impl Table {
             unreachable!("a free key never stays in the table");
         }
         if self.key_index.len() >= self.limits.max_keys {
-            fx.push(Effect::Reply {
-                conn,
-                reply: Reply::Err,
-            });
+            refuse(conn, Limit::Keys, fx);
             return None;
         }
         let Some(s) = self.source_get_or_insert(source) else {
-            fx.push(Effect::Reply {
-                conn,
-                reply: Reply::Err,
-            });
+            refuse(conn, Limit::Sources, fx);
             return None;
         };
         let k = self.keys.insert(KeyEntry {
@@ -1154,6 +1171,7 @@ mod tests {
                         Effect::Granted { conn, grant, .. } => { grants.insert(*conn, (grant.key_slot, grant.grant_id)); waiters.retain(|(c, _)| c != conn); }
                         Effect::Reply { conn, .. } => waiters.retain(|(c, _)| c != conn),
                         Effect::Released { holder_conn, .. } => { grants.remove(holder_conn); }
+                        Effect::LimitReached { .. } => {}
                     }
                 }
                 // Order among different keys is not specified; compare as multisets.

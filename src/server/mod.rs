@@ -80,6 +80,8 @@ pub struct Server {
     now: Now,
     last_oldest_ms: u64,
     wal: Option<Wal>,
+    /// Limit refusals are logged at most once per second.
+    limit_log_after_us: u64,
     /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
     held: VecDeque<(u64, Token)>,
     /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
@@ -268,6 +270,7 @@ impl Server {
             now: now(),
             last_oldest_ms: 0,
             wal,
+            limit_log_after_us: 0,
             held: VecDeque::with_capacity(cfg.max_connections.min(65_536)),
             undo: VecDeque::with_capacity(4096),
             cfg,
@@ -492,12 +495,15 @@ impl Server {
     fn accepted(&mut self, port: Port, fd: RawFd) {
         if self.open_conns >= self.cfg.max_connections || self.stopping {
             self.metrics.connection_refused();
-            log!(
-                Level::Warn,
-                "limit_reached",
-                "limit=max_connections value={}",
-                self.cfg.max_connections
-            );
+            if self.now.mono_us >= self.limit_log_after_us {
+                self.limit_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "limit_reached",
+                    "limit=max_connections value={}",
+                    self.cfg.max_connections
+                );
+            }
             // Answer `-` and close, linked so the close waits for the send.
             let send = opcode::Send::new(types::Fd(fd), REFUSED.as_ptr(), 1)
                 .build()
@@ -723,10 +729,18 @@ impl Server {
             Action::Unlock => self.table.unlock(token, &key, now, fx),
             Action::ResetByKey => {
                 self.metrics.reset(false);
+                log!(Level::Info, "reset", "by=key key={:?} peer={}", key, peer);
                 self.table.reset_by_key(Some(token), &key, now, fx)
             }
             Action::ResetBySource => {
                 self.metrics.reset(true);
+                log!(
+                    Level::Info,
+                    "reset",
+                    "by=source source={:?} peer={}",
+                    source,
+                    peer
+                );
                 self.table.reset_by_source(Some(token), &source, now, fx)
             }
         }
@@ -868,6 +882,23 @@ impl Server {
 
     fn apply(&mut self, e: &Effect) {
         match *e {
+            Effect::LimitReached { limit } => {
+                // At most one line per second: a flood of refusals must not
+                // turn into a flood of log lines.
+                if self.now.mono_us >= self.limit_log_after_us {
+                    self.limit_log_after_us = self.now.mono_us + 1_000_000;
+                    log!(
+                        Level::Warn,
+                        "limit_reached",
+                        "limit={} max_keys={} max_waiters={} held_keys={} queued={}",
+                        limit.name(),
+                        self.cfg.max_keys,
+                        self.cfg.max_waiters,
+                        self.table.held_keys(),
+                        self.table.queued_waiters()
+                    );
+                }
+            }
             Effect::Reply { conn, reply } => {
                 let outcome = match reply {
                     Reply::Ok => metrics::Outcome::Ok,

@@ -59,6 +59,7 @@ impl Server {
             match rx.recv_timeout(Duration::from_secs(20)) {
                 Ok(line) => {
                     if line.contains("event=listening") {
+                        pin_current_thread();
                         return Ok(Server {
                             lock_addr: field(&line, "lock").expect("lock= in listening line"),
                             admin_addr: field(&line, "admin").expect("admin= in listening line"),
@@ -115,6 +116,22 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Pins the calling test thread to CPU 0. Loopback packets are queued on
+/// the sending CPU's backlog; from one CPU they reach the server in the
+/// order they were sent, so a round trip on a second connection ("sync")
+/// proves that earlier frames and hang-ups of this thread were handled. A
+/// thread that migrates between CPUs has no such ordering across sockets.
+/// Threads spawned afterwards inherit the mask.
+pub fn pin_current_thread() {
+    // SAFETY: sched_setaffinity(0) on a zeroed cpu_set_t with CPU 0 set
+    // affects only the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
