@@ -1187,6 +1187,13 @@ impl Server {
         let rest = w.flight_buf.len() - w.flight_written;
         debug_assert!(rest > 0);
         let len = w.faults.write_len(rest);
+        // An injected fault must end the chain where the kernel ends it
+        // after a real short or failed write (a short result breaks the
+        // link): such a write goes alone, and its completion concludes.
+        // Otherwise the fsync, and for a rewrite the rename, would run on
+        // a half-written batch.
+        w.flight_short = len < rest || w.faults.write_will_fail();
+        let alone = w.flight_short;
         // SAFETY: flight_buf is owned by the Wal and is neither touched nor
         // reallocated until the chain's final completion (flight != None).
         let ptr = unsafe { w.flight_buf.as_ptr().add(w.flight_written) };
@@ -1204,8 +1211,13 @@ impl Server {
         let write = opcode::Write::new(types::Fd(fd), ptr, len as u32)
             .offset(offset)
             .build()
-            .flags(link)
             .user_data(ring_io::encode(Op::WalWrite, 0, step_w));
+        if alone {
+            self.reserve_sq(1);
+            self.push(write);
+            return;
+        }
+        let write = write.flags(link);
         let sync = opcode::Fsync::new(types::Fd(fd))
             .flags(types::FsyncFlags::DATASYNC)
             .build()
@@ -1252,7 +1264,10 @@ impl Server {
                 } else {
                     w.flight_written += res as usize;
                 }
-                return;
+                if !w.flight_short {
+                    return;
+                }
+                // A write submitted alone (injected fault): conclude here.
             }
             STEP_APPEND_SYNC | STEP_REWRITE_SYNC => {
                 let res = if res == -libc::ECANCELED {

@@ -79,6 +79,11 @@ impl Faults {
         len
     }
 
+    /// Whether the write just counted by `write_len` will be failed.
+    pub fn write_will_fail(&self) -> bool {
+        self.fail_write_at.contains(&self.writes)
+    }
+
     /// Called per write completion: the result to act on.
     pub fn write_result(&mut self, res: i32) -> i32 {
         if self.fail_write_at.contains(&self.writes) {
@@ -128,8 +133,9 @@ pub struct Wal {
     pub flight_written: usize,
     pub flight_records: u64,
     pub flight: Flight,
-    /// A write of the current flight came back short or failed; the fsync
-    /// that follows it in the chain is cancelled.
+    /// The write in flight was shortened or will be failed by an injected
+    /// fault: it was submitted without the rest of its chain, as the kernel
+    /// would have cancelled it, and its completion concludes the flight.
     pub flight_short: bool,
     pub flight_error: Option<i32>,
     pub flight_started_us: u64,
@@ -465,8 +471,14 @@ impl Wal {
         self.filling.clear();
         self.filling_records = 0;
         self.durable_lsn = self.tail_lsn;
+        // Requests failed fast while a retry is already scheduled must not
+        // postpone it: clients retrying more often than the interval would
+        // keep the log broken for ever. A failed attempt (or the first
+        // failure) schedules the next one.
+        if !self.broken || now_us >= self.retry_at_us {
+            self.retry_at_us = now_us + REWRITE_RETRY_US;
+        }
         self.broken = true;
-        self.retry_at_us = now_us + REWRITE_RETRY_US;
     }
 
     /// Recomputes live bytes after an undo (undo is rare).
