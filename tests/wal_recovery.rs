@@ -438,3 +438,62 @@ fn stale_or_partial_compaction_temp_file_is_ignored_and_removed() {
         );
     }
 }
+
+// --------------------------------------------- zeros where data never landed
+
+/// A crash can persist a file's new size before its data: the end of an
+/// append reads back as zeros. A record damaged that way, followed by
+/// nothing but zeros, is a torn tail (dropped, logged, truncated), not
+/// corruption; non-zero bytes after it still are.
+#[test]
+fn zero_filled_end_of_an_append_is_a_torn_tail() {
+    let dir = TempDir::new("zeros");
+    let log = dir.path("wal.log");
+    let (mut s, _) = start_ok(&log, &[]);
+    lock_ok(&s, b"first", b"f");
+    let after_first = keys(s.admin_addr);
+    lock_ok(&s, b"second", b"s");
+    lock_ok(&s, b"third", b"t");
+    s.kill9();
+    let image = std::fs::read(&log).unwrap();
+    let bounds = record_bounds(&image);
+    assert_eq!(bounds.len(), 4);
+    let path = dir.path("zeros.log");
+    // From inside the header of record 1 to the last byte of record 2.
+    for zero_from in (bounds[1] + 2..image.len()).step_by(3) {
+        let mut img = image.clone();
+        img[zero_from..].iter_mut().for_each(|b| *b = 0);
+        img.extend_from_slice(&[0u8; 4096]);
+        std::fs::write(&path, &img).unwrap();
+        let (mut s, pre) = start_ok(&path, &[]);
+        let valid = *bounds.iter().filter(|&&b| b <= zero_from).max().unwrap();
+        let torn = img.len() - valid;
+        assert_eq!(
+            event_field(&pre, "torn_tail_dropped", "bytes").as_deref(),
+            Some(torn.to_string().as_str()),
+            "zeros from {zero_from}: {pre:?}"
+        );
+        assert_eq!(file_len(&path), valid, "zeros from {zero_from}");
+        if valid == bounds[1] {
+            assert_eq!(keys(s.admin_addr), after_first, "zeros from {zero_from}");
+        } else {
+            assert_eq!(keys(s.admin_addr).len(), 2, "zeros from {zero_from}");
+        }
+        s.kill9();
+    }
+    // Damage in record 1 with a non-zero byte after it: corruption.
+    let mut img = image.clone();
+    img[bounds[1] + 20] ^= 0x04;
+    img[bounds[2]..].iter_mut().for_each(|b| *b = 0);
+    img.extend_from_slice(&[0u8; 100]);
+    img.push(7);
+    std::fs::write(&path, &img).unwrap();
+    let (code, err) = start_logged(&path, &[])
+        .err()
+        .expect("damage followed by data must refuse");
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("byte offset {} ", bounds[1])),
+        "{err}"
+    );
+}

@@ -183,10 +183,16 @@ pub fn scan(data: &[u8]) -> Scan {
         }
         let len = u16::from_le_bytes([rest[4], rest[5]]);
         let check = u16::from_le_bytes([rest[6], rest[7]]);
+        // Bytes of `rest` up to its last non-zero byte: past it the file
+        // holds only zeros, which no record ends with (every record has a
+        // non-zero length field) — the unwritten part of an append whose
+        // file size reached the disk before its data did.
+        let written = rest.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
         if len != !check || len as usize > RECORD_MAX - HEADER || len == 0 {
             // A damaged length, or the zero-filled tail of a write that was
-            // cut short (the file grew but the data never arrived).
-            if rest.iter().all(|&b| b == 0) {
+            // cut short (the file grew but the data never arrived): torn if
+            // nothing but this header (or part of it) was written.
+            if written <= HEADER {
                 return torn(at, records);
             }
             return Scan::Corrupt {
@@ -201,8 +207,9 @@ pub fn scan(data: &[u8]) -> Scan {
         }
         let crc = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
         if crc32c::crc32c(&rest[4..end]) != crc {
-            if rest.len() == end {
-                // The very last record: the torn tail of the final write.
+            if written <= end {
+                // The very last record (possibly followed by zeros only):
+                // the torn tail of the final write.
                 return torn(at, records);
             }
             return Scan::Corrupt {
@@ -335,6 +342,41 @@ mod tests {
         );
         assert_eq!(scan(b"garbage!garbage"), Scan::BadMagic);
         assert!(matches!(scan(&MAGIC[..3]), Scan::Ok { torn_bytes: 3, .. }));
+    }
+
+    #[test]
+    fn a_record_whose_end_never_reached_the_disk_is_torn() {
+        // The file size covers the last batch, but its later sectors read
+        // as zeros: the last record's tail, and any records after it.
+        let (img, starts) = image(6);
+        let ends: Vec<usize> = starts[1..].iter().copied().chain([img.len()]).collect();
+        // Every record ends with a non-zero byte (a key or an endpoint), so
+        // zeroing from any offset inside a record damages it.
+        for zero_from in starts[starts.len() - 2]..img.len() {
+            let mut cut = img.clone();
+            cut[zero_from..].iter_mut().for_each(|b| *b = 0);
+            cut.extend_from_slice(&[0u8; 100]);
+            let whole = ends.iter().filter(|&&e| e <= zero_from).count();
+            match scan(&cut) {
+                Scan::Ok {
+                    records,
+                    valid_len,
+                    torn_bytes,
+                } => {
+                    assert_eq!(records.len(), whole, "zeros from {zero_from}");
+                    assert_eq!(valid_len as usize, ends[whole - 1]);
+                    assert_eq!((valid_len + torn_bytes) as usize, cut.len());
+                }
+                s => panic!("zeros from {zero_from}: {s:?}"),
+            }
+        }
+        // Non-zero bytes after a damaged record are still corruption.
+        let mut bad = img.clone();
+        let mid = starts[3] + 12;
+        bad[mid] ^= 1;
+        bad[starts[4]..].iter_mut().for_each(|b| *b = 0);
+        *bad.last_mut().unwrap() = 1;
+        assert!(matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[3]));
     }
 
     proptest! {
