@@ -314,6 +314,50 @@ fn failed_write_answers_minus_and_recovers_after_rewrite() {
     restart_matches(&mut s, &log, &before);
 }
 
+#[test]
+fn failed_rewrite_leaves_the_old_log_and_is_retried() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new("rewrite");
+    let log = dir.path("wal.log");
+    let temp = dir.path("wal.log.compact.tmp");
+    // writes: 1 lock a · 2 lock b (its fsync fails) · 3 the rewrite (ENOSPC)
+    // · 4 the retried rewrite · 5 lock c.
+    let mut s = start(&log, Some("fail_fsync_at=2,fail_write_at=3"), &[]);
+    let ino = std::fs::metadata(&log).unwrap().ino();
+    assert_eq!(lock(&s, b"a", b"sa"), b'+');
+    assert_eq!(lock(&s, b"b", b"sb"), b'-');
+    let err = wait_line(&s, "event=wal_io_error");
+    assert!(
+        err.contains("op=append") && err.contains("errno=5"),
+        "{err}"
+    );
+    wait_line(&s, "event=compaction_start");
+    let err = wait_line(&s, "event=wal_io_error");
+    assert!(
+        err.contains("op=rewrite") && err.contains("errno=28"),
+        "{err}"
+    );
+    // The failed rewrite never replaced the log and left no temp file.
+    assert_eq!(std::fs::metadata(&log).unwrap().ino(), ino, "log replaced");
+    assert!(!temp.exists(), "temp file of a failed rewrite left behind");
+    assert_eq!(try_lock(&s, b"a", b"x"), b'#');
+    let want = keys(s.admin_addr);
+    // Retried about a second later, without any client traffic.
+    let done = wait_line(&s, "event=compaction_done");
+    assert!(done.contains("held_keys=1"), "{done}");
+    assert_ne!(
+        std::fs::metadata(&log).unwrap().ino(),
+        ino,
+        "log not rewritten"
+    );
+    assert!(!temp.exists());
+    assert_eq!(keys(s.admin_addr), want);
+    assert_eq!(lock(&s, b"c", b"sc"), b'+');
+    let want = keys(s.admin_addr);
+    assert_eq!(want.len(), 2);
+    restart_matches(&mut s, &log, &want);
+}
+
 // ------------------------------------------------- a real full filesystem
 
 /// Unmounts on drop (also when the test fails).
