@@ -21,7 +21,10 @@ pub struct Conn {
     pub live: bool,
     pub port: Port,
     pub fd: RawFd,
-    pub peer: SocketAddr,
+    /// The peer's address, looked up (one getpeername) only when a request
+    /// needs it: Lock/TryLock record the endpoint, an empty source means the
+    /// peer IP. Unlock and resets never pay for it.
+    pub peer: Option<SocketAddr>,
     /// Received, not yet decoded bytes. The recv writes into the spare
     /// capacity; the heap buffer never moves while a recv is in flight.
     pub rbuf: Vec<u8>,
@@ -72,7 +75,7 @@ impl Conn {
             live: false,
             port: Port::Lock,
             fd: -1,
-            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+            peer: None,
             rbuf: Vec::with_capacity(LOCK_RECV_BUF),
             out: Vec::with_capacity(16),
             sending: Vec::with_capacity(16),
@@ -95,13 +98,13 @@ impl Conn {
         }
     }
 
-    pub fn open(&mut self, fd: RawFd, port: Port, peer: SocketAddr) {
+    pub fn open(&mut self, fd: RawFd, port: Port) {
         assert!(!self.live, "opening a live slot");
         self.gen = crate::io::next_gen(self.gen);
         self.live = true;
         self.port = port;
         self.fd = fd;
-        self.peer = peer;
+        self.peer = None;
         if port == Port::Lock && self.rbuf.capacity() > 4 * LOCK_RECV_BUF {
             // A slot that served a large admin command goes back to size.
             self.rbuf = Vec::with_capacity(LOCK_RECV_BUF);

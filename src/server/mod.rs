@@ -458,7 +458,11 @@ impl Server {
                     self.arm_accept(port);
                 }
             }
-            Op::Recv | Op::Send | Op::Cancel => {
+            // A cancel request references no buffer: the slot may already
+            // have been recycled (its recv's final completion came first),
+            // so its own completion carries nothing to check or do.
+            Op::Cancel | Op::Close | Op::Refuse | Op::Ignore => {}
+            Op::Recv | Op::Send => {
                 let Some(c) = self.conns.get(slot as usize) else {
                     panic!("{op:?} completion for slot {slot} that never existed");
                 };
@@ -468,13 +472,12 @@ impl Server {
                         c.gen
                     );
                 }
-                match op {
-                    Op::Recv => self.on_recv(slot, res),
-                    Op::Send => self.on_send(slot, res),
-                    _ => {}
+                if op == Op::Recv {
+                    self.on_recv(slot, res);
+                } else {
+                    self.on_send(slot, res);
                 }
             }
-            Op::Close | Op::Refuse | Op::Ignore => {}
             Op::Signal => {
                 if res > 0 {
                     log!(
@@ -523,8 +526,16 @@ impl Server {
                 (self.conns.len() - 1) as u32
             }
         };
-        let peer = peer_of(fd);
-        self.conns[slot as usize].open(fd, port, peer);
+        self.conns[slot as usize].open(fd, port);
+        log!(
+            Level::Debug,
+            "accept",
+            "slot={} gen={} fd={} port={:?}",
+            slot,
+            self.conns[slot as usize].gen,
+            fd,
+            port
+        );
         self.open_conns += 1;
         self.arm_recv(slot);
     }
@@ -564,6 +575,14 @@ impl Server {
     }
 
     fn on_recv(&mut self, slot: u32, res: i32) {
+        log!(
+            Level::Debug,
+            "recv",
+            "slot={} gen={} res={}",
+            slot,
+            self.conns[slot as usize].gen,
+            res
+        );
         self.conns[slot as usize].recv_inflight = false;
         if res > 0 {
             let c = &mut self.conns[slot as usize];
@@ -595,7 +614,7 @@ impl Server {
                     "recv_error",
                     "errno={} peer={}",
                     e,
-                    self.conns[slot as usize].peer
+                    PeerFmt(&self.conns[slot as usize])
                 );
                 self.hang_up(slot);
             }
@@ -604,6 +623,14 @@ impl Server {
     }
 
     fn on_send(&mut self, slot: u32, res: i32) {
+        log!(
+            Level::Debug,
+            "send",
+            "slot={} gen={} res={}",
+            slot,
+            self.conns[slot as usize].gen,
+            res
+        );
         let c = &mut self.conns[slot as usize];
         c.send_inflight = false;
         if res >= 0 {
@@ -641,7 +668,7 @@ impl Server {
                     return;
                 }
                 libc::EPIPE | libc::ECONNRESET | libc::ECANCELED => {}
-                e => log!(Level::Warn, "send_error", "errno={} peer={}", e, c.peer),
+                e => log!(Level::Warn, "send_error", "errno={} peer={}", e, PeerFmt(c)),
             }
             // The peer is gone: a `+` in this send was not delivered.
             let c = &mut self.conns[slot as usize];
@@ -681,11 +708,29 @@ impl Server {
         }
     }
 
+    /// The connection's peer address (looked up once, on first use).
+    fn peer(&mut self, slot: u32) -> SocketAddr {
+        let c = &mut self.conns[slot as usize];
+        *c.peer.get_or_insert_with(|| peer_of(c.fd))
+    }
+
     /// Executes one lock-port frame; false when more bytes are needed.
     fn pump_lock(&mut self, slot: u32) -> bool {
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
-        let peer = c.peer;
+        let needs_peer = match protocol::decode(&c.rbuf) {
+            Decoded::Frame { req, .. } => {
+                matches!(req.action, Action::Lock | Action::TryLock) || req.source.is_empty()
+            }
+            Decoded::Bad(_) => crate::log::enabled(Level::Debug),
+            Decoded::Incomplete => false,
+        };
+        let peer = if needs_peer {
+            self.peer(slot)
+        } else {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        };
+        let c = &self.conns[slot as usize];
         let (action, key, source, len) = match protocol::decode(&c.rbuf) {
             Decoded::Incomplete => return false,
             Decoded::Bad(why) => {
@@ -751,8 +796,8 @@ impl Server {
 
     /// Executes one admin command; false when more bytes are needed.
     fn pump_admin(&mut self, slot: u32) -> bool {
+        let peer = self.peer(slot);
         let c = &self.conns[slot as usize];
-        let peer = c.peer;
         let (cmd, count, len) = match admin::decode(&c.rbuf) {
             admin::Decoded::Incomplete => {
                 if c.rbuf.len() >= admin::FRAME_MAX {
@@ -852,7 +897,7 @@ impl Server {
             Level::Warn,
             "protocol_violation",
             "peer={} reason=\"{}\"",
-            self.conns[slot as usize].peer,
+            PeerFmt(&self.conns[slot as usize]),
             why
         );
         self.hang_up(slot);
@@ -1014,6 +1059,17 @@ impl Server {
         if c.closing {
             return;
         }
+        log!(
+            Level::Debug,
+            "hang_up",
+            "slot={} gen={} waiter={:?} grant={:?} grant_in_flight={} out={}",
+            slot,
+            c.gen,
+            c.waiter,
+            c.grant,
+            c.grant_in_flight,
+            c.out.len()
+        );
         c.closing = true;
         if let Some(w) = c.waiter.take() {
             self.table.withdraw(w);
@@ -1073,6 +1129,14 @@ impl Server {
             return;
         }
         let fd = c.fd;
+        log!(
+            Level::Debug,
+            "close",
+            "slot={} gen={} fd={}",
+            slot,
+            c.gen,
+            fd
+        );
         let sqe = opcode::Close::new(types::Fd(fd))
             .build()
             .user_data(ring_io::encode(Op::Close, 0, slot));
@@ -1437,7 +1501,7 @@ impl Server {
                 Level::Debug,
                 "frame_timeout",
                 "peer={} bytes={}",
-                c.peer,
+                PeerFmt(c),
                 c.rbuf.len()
             );
             self.partial.unlink(&mut self.conns, slot, 0);
@@ -1487,6 +1551,18 @@ impl Server {
             answered,
             self.table.held_keys()
         );
+    }
+}
+
+/// Formats a connection's peer for a log line, looking it up if needed.
+struct PeerFmt<'a>(&'a Conn);
+
+impl std::fmt::Display for PeerFmt<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.peer {
+            Some(p) => write!(f, "{p}"),
+            None => write!(f, "{}", peer_of(self.0.fd)),
+        }
     }
 }
 

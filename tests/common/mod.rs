@@ -37,6 +37,9 @@ impl Server {
     }
 
     pub fn spawn(mut cmd: Command, extra: &[&str]) -> Result<Server, String> {
+        if std::env::var_os("RINGLOCK_TEST_DEBUG").is_some() {
+            cmd.args(["--log-level", "debug"]);
+        }
         cmd.args(extra)
             .env_remove("BIND_ADDRESS")
             .env_remove("DATA_PATH")
@@ -116,6 +119,13 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            // Show what the server said when a test fails (all of it with
+            // RINGLOCK_TEST_DEBUG=1, which starts servers at debug level).
+            while let Ok(line) = self.log.try_recv() {
+                eprintln!("ringlockd: {line}");
+            }
+        }
     }
 }
 
@@ -173,11 +183,14 @@ impl Conn {
     /// Reads one byte, or `None` on EOF.
     pub fn read_byte_or_eof(&mut self) -> Option<u8> {
         let mut b = [0u8; 1];
-        match self.s.read(&mut b) {
-            Ok(0) => None,
-            Ok(_) => Some(b[0]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
-            Err(e) => panic!("read: {e}"),
+        loop {
+            return match self.s.read(&mut b) {
+                Ok(0) => None,
+                Ok(_) => Some(b[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
+                Err(e) => panic!("read: {e}"),
+            };
         }
     }
 
@@ -187,7 +200,12 @@ impl Conn {
             .set_read_timeout(Some(Duration::from_millis(ms)))
             .expect("timeout");
         let mut b = [0u8; 1];
-        let r = self.s.read(&mut b);
+        let r = loop {
+            match self.s.read(&mut b) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r,
+            }
+        };
         self.s
             .set_read_timeout(Some(Duration::from_secs(20)))
             .expect("timeout");
