@@ -81,7 +81,16 @@ fn a_waiter_that_hangs_up_is_withdrawn_and_never_granted() {
     w3.send(&frame(1, b"hu", Some(b"w3")));
     sync(&s);
     // The middle and the first waiter go away (close, then half-close).
+    // The FIN of a closed socket leaves only when no process holds it: a
+    // server that another test is spawning at this moment holds a copy of
+    // our descriptors until its exec. Wait until the server closed w2.
+    let fds = s.open_fds();
     drop(w2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.open_fds() >= fds {
+        assert!(Instant::now() < deadline, "the server never saw w2 hang up");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     w1.half_close();
     // The server answers nothing to a withdrawn waiter and closes.
     w1.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
