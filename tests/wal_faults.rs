@@ -152,7 +152,11 @@ fn short_writes_everywhere_lose_nothing() {
         for c in conns.iter_mut() {
             assert_eq!(c.read_byte(), b'+');
         }
-        let lines = drain(&s);
+        let want = keys(s.admin_addr);
+        // Every line up to the kill (the reader ends at EOF).
+        s.kill9();
+        let lines: Vec<String> =
+            std::iter::from_fn(|| s.log.recv_timeout(Duration::from_secs(5)).ok()).collect();
         let errors: Vec<_> = lines
             .iter()
             .filter(|l| l.contains("event=wal_io_error") || l.contains("wal_records_voided"))
@@ -165,7 +169,6 @@ fn short_writes_everywhere_lose_nothing() {
             lines.iter().any(|l| l.contains("event=compaction_done")),
             "every={every}: no compaction ran; the test would not cover rewrites"
         );
-        let want = keys(s.admin_addr);
         assert_eq!(want.len(), held.len() + 4, "every={every}");
         restart_matches(&mut s, &log, &want);
     }
@@ -337,6 +340,8 @@ fn failed_rewrite_leaves_the_old_log_and_is_retried() {
         err.contains("op=rewrite") && err.contains("errno=28"),
         "{err}"
     );
+    // (Logged after the temp file is closed and removed.)
+    wait_line(&s, "event=wal_records_voided");
     // The failed rewrite never replaced the log and left no temp file.
     assert_eq!(std::fs::metadata(&log).unwrap().ino(), ino, "log replaced");
     assert!(!temp.exists(), "temp file of a failed rewrite left behind");
@@ -469,7 +474,7 @@ fn full_filesystem_fails_fast_keeps_serving_and_recovers() {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(attempts >= 5);
+    assert!(attempts >= 3, "only {attempts} probes in 1.5 s");
     assert_eq!(key_names(&s), acked);
     assert!(s.child.try_wait().unwrap().is_none(), "server exited");
 
