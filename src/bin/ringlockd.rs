@@ -189,7 +189,7 @@ fn main() -> ExitCode {
         cfg.data_path
             .as_ref()
             .map_or("none".into(), |p| p.display().to_string()),
-        cfg.max_connections,
+        server.config().max_connections,
         env!("CARGO_PKG_VERSION")
     );
     match server.run() {

@@ -154,6 +154,47 @@ fn peer_of(fd: RawFd) -> SocketAddr {
     }
 }
 
+/// Every connection is a file descriptor: raise the soft RLIMIT_NOFILE to
+/// what `max_connections` needs (up to the hard limit), and lower
+/// `max_connections` with a warning when the hard limit is smaller, so the
+/// server refuses connections cleanly (`-`) instead of failing accepts.
+fn fit_fd_limit(cfg: &mut Config) {
+    // Listeners, signalfd, log, directory, temp file, metrics, stdio.
+    const RESERVED: u64 = 64;
+    let want = cfg.max_connections as u64 + RESERVED;
+    // SAFETY: get/setrlimit on a stack struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        if r.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(r.rlim_max),
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = raised.rlim_cur;
+            }
+        }
+        if r.rlim_cur < want {
+            let fit = r.rlim_cur.saturating_sub(RESERVED).max(1) as usize;
+            log!(
+                Level::Warn,
+                "limit_lowered",
+                "limit=max_connections from={} to={} reason=\"RLIMIT_NOFILE is {}\"",
+                cfg.max_connections,
+                fit,
+                r.rlim_cur
+            );
+            cfg.max_connections = fit;
+        }
+    }
+}
+
 fn block_signals() -> io::Result<RawFd> {
     // SAFETY: plain signal-mask manipulation on a zeroed set.
     unsafe {
@@ -190,7 +231,8 @@ fn build_ring(max_conns: usize) -> io::Result<IoUring> {
 
 impl Server {
     /// Binds both ports and prepares the ring; nothing is served yet.
-    pub fn bind(cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+    pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+        fit_fd_limit(&mut cfg);
         let lock_listener = bind(cfg.bind, "lock")?;
         let admin_listener = bind(cfg.admin_bind, "admin")?;
         let ring = build_ring(cfg.max_connections)
@@ -287,6 +329,11 @@ impl Server {
         self.admin_listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// The configuration in force (limits may have been fitted at bind).
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     pub fn table(&self) -> &Table {
@@ -445,13 +492,19 @@ impl Server {
                 };
                 if res >= 0 {
                     self.accepted(port, res);
-                } else if res != -libc::ECANCELED || !self.stopping {
+                } else if (res != -libc::ECANCELED || !self.stopping)
+                    && self.now.mono_us >= self.limit_log_after_us
+                {
+                    // Rate-limited: a persistent error (EMFILE) repeats per
+                    // pending connection.
+                    self.limit_log_after_us = self.now.mono_us + 1_000_000;
                     log!(
                         Level::Warn,
                         "accept_error",
-                        "port={:?} errno={}",
+                        "port={:?} errno={} error=\"{}\"",
                         port,
-                        -res
+                        -res,
+                        io::Error::from_raw_os_error(-res)
                     );
                 }
                 if !io_uring::cqueue::more(flags) && !self.stopping {
