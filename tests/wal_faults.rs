@@ -20,29 +20,6 @@ use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------- helpers
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("ringlock-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// ringlockd on `log`, with `RINGLOCK_FAULTS=faults` when given.
 fn start(log: &Path, faults: Option<&str>, extra: &[&str]) -> Server {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));

@@ -12,99 +12,24 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::path::Path;
+use std::process::Command;
 
 // ---------------------------------------------------------------- helpers
 
-/// A private directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!("ringlock-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn addr_field(line: &str, name: &str) -> Option<SocketAddr> {
-    let start = line.find(&format!(" {name}="))? + name.len() + 2;
-    line[start..].split_whitespace().next()?.parse().ok()
-}
-
 /// Starts ringlockd with a data path and returns the server together with
-/// the stderr lines printed before `event=listening` (the recovery report,
-/// which `Server::start` does not keep). On exit instead: the exit code and
-/// the whole stderr.
+/// the stderr lines printed before `event=listening` (the recovery report).
+/// On exit instead: the exit code and the whole stderr.
 fn start_logged(log: &Path, extra: &[&str]) -> Result<(Server, Vec<String>), (i32, String)> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
     cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"])
         .arg("--data-path")
         .arg(log)
-        .args(extra)
-        .env_remove("BIND_ADDRESS")
-        .env_remove("DATA_PATH")
-        .env_remove("RINGLOCK_FAULTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn ringlockd");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut pre = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) if line.contains("event=listening") => {
-                let server = Server {
-                    lock_addr: addr_field(&line, "lock").expect("lock= in listening line"),
-                    admin_addr: addr_field(&line, "admin").expect("admin= in listening line"),
-                    metrics_addr: addr_field(&line, "metrics"),
-                    child,
-                    log: rx,
-                };
-                return Ok((server, pre));
-            }
-            Ok(line) => pre.push(line),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = child.wait().expect("wait");
-                return Err((status.code().unwrap_or(-1), pre.join("\n")));
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "ringlockd neither listened nor exited; stderr:\n{}",
-                    pre.join("\n")
-                );
-            }
-        }
-    }
+        .env_remove("RINGLOCK_FAULTS");
+    Server::spawn_logged(cmd, extra).map(|s| {
+        let pre = s.startup_log.clone();
+        (s, pre)
+    })
 }
 
 fn start_ok(log: &Path, extra: &[&str]) -> (Server, Vec<String>) {

@@ -15,6 +15,33 @@ pub struct Server {
     pub child: Child,
     /// Every stderr line after the listening line, as it arrives.
     pub log: mpsc::Receiver<String>,
+    /// The stderr lines printed before the listening line (recovery report).
+    pub startup_log: Vec<String>,
+}
+
+/// A private directory under the system temp dir, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!("ringlock-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn field(line: &str, name: &str) -> Option<SocketAddr> {
@@ -36,7 +63,14 @@ impl Server {
         Server::spawn(cmd, extra)
     }
 
-    pub fn spawn(mut cmd: Command, extra: &[&str]) -> Result<Server, String> {
+    pub fn spawn(cmd: Command, extra: &[&str]) -> Result<Server, String> {
+        Server::spawn_logged(cmd, extra)
+            .map_err(|(code, stderr)| format!("exited (code {code}) with stderr:\n{stderr}"))
+    }
+
+    /// Starts `cmd` and waits for its listening line. On exit instead:
+    /// the exit code (-1 if killed) and everything it printed.
+    pub fn spawn_logged(mut cmd: Command, extra: &[&str]) -> Result<Server, (i32, String)> {
         if std::env::var_os("RINGLOCK_TEST_DEBUG").is_some() {
             cmd.args(["--log-level", "debug"]);
         }
@@ -46,7 +80,7 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+        let mut child = cmd.spawn().expect("spawn ringlockd");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -57,27 +91,32 @@ impl Server {
                 }
             }
         });
-        let mut seen = String::new();
+        let mut pre = Vec::new();
         loop {
             match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) => {
-                    if line.contains("event=listening") {
-                        pin_current_thread();
-                        return Ok(Server {
-                            lock_addr: field(&line, "lock").expect("lock= in listening line"),
-                            admin_addr: field(&line, "admin").expect("admin= in listening line"),
-                            metrics_addr: field(&line, "metrics"),
-                            child,
-                            log: rx,
-                        });
-                    }
-                    seen.push_str(&line);
-                    seen.push('\n');
+                Ok(line) if line.contains("event=listening") => {
+                    pin_current_thread();
+                    return Ok(Server {
+                        lock_addr: field(&line, "lock").expect("lock= in listening line"),
+                        admin_addr: field(&line, "admin").expect("admin= in listening line"),
+                        metrics_addr: field(&line, "metrics"),
+                        child,
+                        log: rx,
+                        startup_log: pre,
+                    });
                 }
-                Err(_) => {
+                Ok(line) => pre.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().expect("wait for ringlockd");
+                    return Err((status.code().unwrap_or(-1), pre.join("\n")));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
                     let _ = child.kill();
-                    let status = child.wait().map_err(|e| e.to_string())?;
-                    return Err(format!("exited ({status}) with stderr:\n{seen}"));
+                    let _ = child.wait();
+                    panic!(
+                        "ringlockd neither listened nor exited; stderr:\n{}",
+                        pre.join("\n")
+                    );
                 }
             }
         }
