@@ -164,15 +164,6 @@ struct KeyEntry {
     links: [Link; 2],
 }
 
-impl Linked for KeyEntry {
-    fn link(&self, w: usize) -> &Link {
-        &self.links[w]
-    }
-    fn link_mut(&mut self, w: usize) -> &mut Link {
-        &mut self.links[w]
-    }
-}
-
 struct Waiter {
     key: u32,
     conn: Token,
@@ -182,14 +173,20 @@ struct Waiter {
     links: [Link; 2],
 }
 
-impl Linked for Waiter {
-    fn link(&self, w: usize) -> &Link {
-        &self.links[w]
-    }
-    fn link_mut(&mut self, w: usize) -> &mut Link {
-        &mut self.links[w]
-    }
+/// Nodes whose link slots are a `links: [Link; N]` array.
+macro_rules! linked_by_array {
+    ($($t:ty),*) => {$(
+        impl Linked for $t {
+            fn link(&self, w: usize) -> &Link {
+                &self.links[w]
+            }
+            fn link_mut(&mut self, w: usize) -> &mut Link {
+                &mut self.links[w]
+            }
+        }
+    )*};
 }
+linked_by_array!(KeyEntry, Waiter);
 
 struct SourceEntry {
     name: Name,
