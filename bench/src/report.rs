@@ -45,6 +45,16 @@ fn fmt_us(v: Option<f64>) -> String {
     }
 }
 
+/// Like [`fmt_us`], with the unit spelled out (for prose).
+fn fmt_unit(v: f64) -> String {
+    let s = fmt_us(Some(v));
+    if s.ends_with("ms") {
+        s
+    } else {
+        format!("{s} µs")
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() != 2 {
@@ -390,9 +400,9 @@ fn verdict(
     if let Some((best, bp)) = peers.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
         let _ = write!(
             out,
-            "{ours} p99 {} µs vs best peer {best} {} µs ({:.2}×: {}). ",
-            fmt_us(Some(mine)),
-            fmt_us(Some(*bp)),
+            "{ours} p99 {} vs best peer {best} {} ({:.2}×: {}). ",
+            fmt_unit(mine),
+            fmt_unit(*bp),
             mine / bp,
             if mine < *bp {
                 "lower than every peer"
@@ -404,8 +414,8 @@ fn verdict(
     if let Some(f) = floor_p99 {
         let _ = write!(
             out,
-            "Floor p99 {} µs, ratio {:.2}× ({} the 1.25× goal{}).",
-            fmt_us(Some(f)),
+            "Floor p99 {}, ratio {:.2}× ({} the 1.25× goal{}).",
+            fmt_unit(f),
             mine / f,
             if mine <= 1.25 * f {
                 "within"
@@ -418,6 +428,12 @@ fn verdict(
                 ""
             }
         );
+        if mine < f {
+            out.push_str(
+                " The floor measured slower than ringlockd, so this scenario's tail is machine \
+                 noise rather than either server (see bg CPU %).",
+            );
+        }
     }
     out.push('\n');
     out
