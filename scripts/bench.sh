@@ -238,16 +238,18 @@ stop_system() {
     PID[$s]=""
 }
 
-# CPU busy % of the whole machine over 0.5 s (servers idle, load generator
-# not started): work that is not this benchmark, landing on the same CPUs.
+# Noise accounting: /proc/stat ticks (USER_HZ) over the run, minus what the
+# server process (threads and reaped children, e.g. PostgreSQL backends)
+# and the load generator used = CPU that other work took from this machine
+# during the run; steal = time the hypervisor gave to someone else.
 # Busy = user+nice+system+irq+softirq+steal; iowait counts as idle (tasks
 # parked in io_uring_enter show up as iowait on recent kernels).
-bg_cpu() {
-    local a b
-    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    sleep 0.5
-    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
-    echo "$a $b" | awk '{ d = $4 - $2; printf "%.0f", (d > 0 ? 100 * ($3 - $1) / d : 0) }'
+cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+proc_ticks() { awk '{print $14+$15+$16+$17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+noise() { # "busy steal total" before, after, server ticks, loadgen cpu seconds
+    echo "$1 $2 $3 $4" | awk '{ dt = $6 - $3; if (dt <= 0) dt = 1;
+        foreign = ($4 - $1) - $7 - $8 * 100; if (foreign < 0) foreign = 0;
+        printf "foreign=%.0f steal=%.0f", 100 * foreign / dt, 100 * ($5 - $2) / dt }'
 }
 
 # Which system runs which scenario; prints a reason when it does not.
@@ -307,13 +309,19 @@ for sc in $SCENARIOS; do
             continue
         fi
         r="$RAW/$sc/$s.r$round"
-        bg_cpu >"$r.bg"
-        log "round $round/$REPEAT $sc: $s (background CPU $(cat "$r.bg") %)"
+        sleep 0.3
+        log "round $round/$REPEAT $sc: $s"
+        c0=$(cpu_snap); p0=$(proc_ticks "${PID[$s]}")
         # shellcheck disable=SC2086
         if $PIN_LOADGEN "$LOADGEN" --target "${TARGET[$s]}" $args --duration "$DURATION" --warmup "$WARMUP" \
             --key-prefix "$sc" --label "$sc/$s" --json --no-progress --hgrm "$r.hgrm" \
             >"$r.out" 2>"$r.err"; then
             tail -1 "$r.out" >"$r.json"
+            sleep 0.2 # let a forking server reap its workers, so their CPU is counted
+            c1=$(cpu_snap); p1=$(proc_ticks "${PID[$s]}")
+            lg_cpu=$(sed -n 's/.*"loadgen_cpu_s":{"user":\([0-9.]*\),"sys":\([0-9.]*\)}.*/\1 \2/p' "$r.json" | awk '{print $1 + $2}')
+            noise "$c0" "$c1" "$((p1 - p0))" "${lg_cpu:-0}" >"$r.noise"
+            log "  -> $(cat "$r.noise") (% of the machine during the run)"
             echo "$PIN_LOADGEN ringlock-loadgen --target ${TARGET[$s]} $args --duration $DURATION --warmup $WARMUP --key-prefix $sc --json" >"$RAW/$sc/$s.cmd"
             rm -f "$RAW/$sc/$s.na"
         else

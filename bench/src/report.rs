@@ -108,8 +108,15 @@ fn run(raw: &Path, out: &Path) -> Result<(), String> {
                     break;
                 };
                 if let Ok(v) = json::parse(text.trim()) {
-                    let bg = read(&dir.join(format!("{sys}.r{k}.bg")))
-                        .map_or("?".into(), |b| b.trim().to_string());
+                    let bg = read(&dir.join(format!("{sys}.r{k}.noise"))).map_or("?".into(), |n| {
+                        let field = |k: &str| {
+                            n.split_whitespace()
+                                .find_map(|w| w.strip_prefix(k))
+                                .unwrap_or("?")
+                                .to_string()
+                        };
+                        format!("{} / {}", field("foreign="), field("steal="))
+                    });
                     rounds.push((v, bg));
                 }
             }
@@ -226,10 +233,10 @@ fn markdown(
          release is a compare-and-delete script. PostgreSQL uses `pg_advisory_lock`, MariaDB \
          `GET_LOCK`, etcd its v3 lock API through the HTTP/JSON gateway. `p99/floor` divides by \
          the floor server's p99 in the same scenario. *saturated* = achieved rate < 95 % of \
-         the target (achieved = completed cycles / (duration + drain)). *bg CPU %* = how busy \
-         the machine was during 0.5 s just before the run, with only the idle server under test \
-         started: work that is not this benchmark (the vCPUs are shared, and anything else \
-         lands on the pinned CPUs too). With several rounds, each row is the round with the \
+         the target (achieved = completed cycles / (duration + drain)). *foreign / steal CPU %* = share \
+         of the machine's CPU time during the run used by anything other than the server under \
+         test and the load generator, and the share the hypervisor stole: the vCPUs are shared, \
+         and such work lands on the pinned CPUs too. With several rounds, each row is the round with the \
          median p99, and the p99 cell shows the range over all rounds.\n"
     );
 
@@ -278,7 +285,7 @@ fn markdown(
         };
         let _ = writeln!(
             o,
-            "| system | ops/s (target) | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | bg CPU % |"
+            "| system | ops/s (target) | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | foreign / steal CPU % |"
         );
         let _ = writeln!(
             o,
@@ -431,7 +438,7 @@ fn verdict(
         if mine < f {
             out.push_str(
                 " The floor measured slower than ringlockd, so this scenario's tail is machine \
-                 noise rather than either server (see bg CPU %).",
+                 noise rather than either server (see foreign / steal CPU %).",
             );
         }
     }

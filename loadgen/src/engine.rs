@@ -105,6 +105,9 @@ pub struct Stats {
     pub measured_ns: u64,
     /// Time from the end of the window until the last open cycle finished.
     pub drain_used_ns: u64,
+    /// CPU time the load generator itself used (user, system), seconds.
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,6 +274,8 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
             grants_per_client: vec![0; cfg.connections],
             measured_ns: cfg.duration_ns,
             drain_used_ns: 0,
+            cpu_user_s: 0.0,
+            cpu_sys_s: 0.0,
         },
         warm_end_ns: start + cfg.warmup_ns,
         end_ns: start + cfg.warmup_ns + cfg.duration_ns,
@@ -295,6 +300,9 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
         libc::close(e.epfd);
     }
     result?;
+    let (user, sys) = own_cpu_s();
+    e.stats.cpu_user_s = user;
+    e.stats.cpu_sys_s = sys;
     Ok(e.stats)
 }
 
@@ -879,6 +887,16 @@ enum ErrKind {
     Connect,
     Io,
     Protocol,
+}
+
+/// CPU time this process has used so far: (user, system) seconds.
+fn own_cpu_s() -> (f64, f64) {
+    // SAFETY: rusage is plain old data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid, writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(ru.ru_utime), secs(ru.ru_stime))
 }
 
 /// Start a non-blocking TCP connect with TCP_NODELAY. Returns the stream and

@@ -105,7 +105,7 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     let e = &st.errors;
     let _ = write!(
         o,
-        "\"ops_per_sec\":{:.1},\"cycles\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},",
+        "\"ops_per_sec\":{:.1},\"cycles\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},\"loadgen_cpu_s\":{{\"user\":{:.3},\"sys\":{:.3}}},",
         ops_per_sec(st),
         st.cycles,
         st.grants,
@@ -121,6 +121,8 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
         e.incomplete,
         st.first_error.as_deref().map_or("null".to_string(), json_str),
         st.drain_used_ns as f64 / 1e9,
+        st.cpu_user_s,
+        st.cpu_sys_s,
     );
     json_hist(&mut o, "latency_us", &st.lock);
     o.push(',');
@@ -222,6 +224,11 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
     if let Some(f) = &st.first_error {
         let _ = writeln!(o, "first error: {f}");
     }
+    let _ = writeln!(
+        o,
+        "load generator CPU: user {:.2}s, system {:.2}s",
+        st.cpu_user_s, st.cpu_sys_s
+    );
     o
 }
 
