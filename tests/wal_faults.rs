@@ -484,3 +484,115 @@ fn full_filesystem_fails_fast_keeps_serving_and_recovers() {
     restart_matches(&mut s, &log, &want);
     drop(s);
 }
+
+// ------------------------------------------------- background compaction
+
+/// Locks and unlocks keys `k0..k3` one request at a time until `done` holds
+/// for the server's log (bounded), keeping a model of what the server
+/// acknowledged: a `-` to a Lock means not held, a `-` to an Unlock means
+/// still held (the release was undone). Returns the model.
+fn cycle_until(
+    s: &Server,
+    held: &mut std::collections::BTreeSet<Vec<u8>>,
+    minus: &mut u32,
+    mut done: impl FnMut(&str) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    let mut i = 0u32;
+    while !seen {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached in the log"
+        );
+        let k = format!("k{}", i % 4).into_bytes();
+        i += 1;
+        let answer = if held.contains(&k) {
+            unlock(s, &k)
+        } else {
+            lock(s, &k, b"bg")
+        };
+        match (held.contains(&k), answer) {
+            (false, b'+') => {
+                held.insert(k);
+            }
+            (true, b'+') => {
+                held.remove(&k);
+            }
+            (_, b'-') => *minus += 1,
+            (_, other) => panic!("unexpected answer {other}"),
+        }
+        for l in drain(s) {
+            seen |= done(&l);
+        }
+    }
+}
+
+#[test]
+fn failed_compaction_snapshot_leaves_the_log_alone_and_is_retried() {
+    let dir = TempDir::new("bg-snap");
+    let log = dir.path("wal.log");
+    let mut s = start(
+        &log,
+        Some("fail_compact_write_at=1"),
+        &["--compact-floor-bytes", "300"],
+    );
+    let mut held = std::collections::BTreeSet::new();
+    let mut minus = 0;
+    cycle_until(&s, &mut held, &mut minus, |l| {
+        l.contains("event=compaction_failed")
+    });
+    assert_eq!(
+        minus, 0,
+        "a failed background compaction must not fail requests"
+    );
+    // The retry (a second later) succeeds and takes over the log.
+    cycle_until(&s, &mut held, &mut minus, |l| {
+        l.contains("event=compaction_done")
+    });
+    assert_eq!(minus, 0);
+    let want: Vec<Vec<u8>> = held.iter().cloned().collect();
+    assert_eq!(key_names(&s), want);
+    let acked = keys(s.admin_addr);
+    restart_matches(&mut s, &log, &acked);
+}
+
+#[test]
+fn failed_compaction_finish_undoes_exactly_what_was_answered_minus() {
+    let dir = TempDir::new("bg-finish");
+    let log = dir.path("wal.log");
+    let mut s = start(
+        &log,
+        Some("fail_compact_write_at=2"),
+        &["--compact-floor-bytes", "300"],
+    );
+    let mut held = std::collections::BTreeSet::new();
+    let mut minus = 0;
+    // The finishing write (the carry after the snapshot) fails: records
+    // only it held are void, the log is rewritten, service resumes.
+    cycle_until(&s, &mut held, &mut minus, |l| {
+        l.contains("event=wal_io_error") && l.contains("op=compaction")
+    });
+    cycle_until(&s, &mut held, &mut minus, |l| {
+        l.contains("event=compaction_done")
+    });
+    assert!(
+        minus > 0,
+        "requests during the broken window are answered '-'"
+    );
+    // Afterwards every request succeeds again.
+    let mut after = 0;
+    cycle_until(&s, &mut held, &mut after, |_| true);
+    for _ in 0..20 {
+        cycle_until(&s, &mut held, &mut after, |_| true);
+    }
+    assert_eq!(after, 0, "requests failed after the rewrite");
+    let want: Vec<Vec<u8>> = held.iter().cloned().collect();
+    assert_eq!(
+        key_names(&s),
+        want,
+        "the table matches what was acknowledged"
+    );
+    let acked = keys(s.admin_addr);
+    restart_matches(&mut s, &log, &acked);
+}

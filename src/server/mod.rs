@@ -36,7 +36,7 @@ use crate::io::{self as ring_io, Op};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
-use crate::wal::{self, Flight, Wal};
+use crate::wal::{self, CompactPhase, Flight, Wal};
 use conn::{Conn, Port};
 use std::collections::VecDeque;
 
@@ -55,6 +55,12 @@ const STEP_REWRITE_WRITE: u32 = 2;
 const STEP_REWRITE_SYNC: u32 = 3;
 const STEP_RENAME: u32 = 4;
 const STEP_DIR_SYNC: u32 = 5;
+const STEP_COMPACT_WRITE: u32 = 6;
+const STEP_COMPACT_SYNC: u32 = 7;
+const STEP_FINISH_WRITE: u32 = 8;
+const STEP_FINISH_SYNC: u32 = 9;
+const STEP_FINISH_RENAME: u32 = 10;
+const STEP_FINISH_DIR_SYNC: u32 = 11;
 
 /// The answer sent to connections refused over the limit.
 static REFUSED: [u8; 1] = [b'-'];
@@ -1252,6 +1258,18 @@ impl Server {
     fn wal_tick(&mut self) {
         let now_us = self.now.mono_us;
         let Some(w) = self.wal.as_mut() else { return };
+        // A background compaction's finishing step goes first; during it
+        // appends wait (new records belong to the new file).
+        if let Some(c) = &w.compaction {
+            if c.phase == CompactPhase::Finishing {
+                return;
+            }
+            if c.phase == CompactPhase::Ready && !c.aborted && w.flight == Flight::None {
+                w.start_finishing();
+                self.submit_compaction();
+                return;
+            }
+        }
         if w.flight != Flight::None {
             return;
         }
@@ -1267,6 +1285,14 @@ impl Server {
             return;
         }
         if w.should_rewrite() {
+            if w.compaction.is_some() {
+                // An abandoned compaction still owns the temp file until
+                // its chain completes; the rewrite waits for it.
+                if w.pending() {
+                    self.fail_pending("log is being rewritten after an I/O error", 0);
+                }
+                return;
+            }
             if let Err(e) = w.start_rewrite(&self.table, now_us) {
                 log!(
                     Level::Error,
@@ -1282,16 +1308,246 @@ impl Server {
             log!(
                 Level::Info,
                 "compaction_start",
-                "path={} log_bytes={} live_bytes={} broken={}",
+                "path={} log_bytes={} live_bytes={} broken={} mode=blocking",
                 w.path.display(),
                 w.file_len,
                 w.live_bytes,
                 w.broken
             );
             self.submit_wal_chain();
+            return;
+        }
+        if w.should_compact(now_us) {
+            match w.start_compaction(&self.table, now_us) {
+                Ok(()) => {
+                    log!(
+                        Level::Info,
+                        "compaction_start",
+                        "path={} log_bytes={} live_bytes={} broken=false mode=background",
+                        w.path.display(),
+                        w.file_len,
+                        w.live_bytes
+                    );
+                    self.submit_compaction();
+                }
+                Err(e) => {
+                    log!(
+                        Level::Warn,
+                        "compaction_failed",
+                        "op=open_temp path={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
+                        w.path.display(),
+                        e
+                    );
+                    self.metrics.wal_io_error();
+                    w.compact_retry_after_us = now_us + wal::REWRITE_RETRY_US;
+                }
+            }
+        }
+        let w = self.wal.as_mut().expect("a log");
+        w.start_append(now_us);
+        self.submit_wal_chain();
+    }
+
+    /// Submits the background compaction's current write: the snapshot
+    /// (write → fdatasync) or the finishing step (write carry → fdatasync →
+    /// rename → fsync directory), from where it stopped.
+    fn submit_compaction(&mut self) {
+        let w = self.wal.as_mut().expect("a log");
+        let faults = &mut w.faults;
+        let c = w.compaction.as_mut().expect("a compaction");
+        let rest = c.buf.len() - c.written;
+        let (len, no) = faults.write_len(rest);
+        c.fail_injected = faults.compact_write_fails();
+        c.short = len < rest || faults.write_will_fail(no) || c.fail_injected;
+        c.write_no = no;
+        c.inflight = true;
+        let finishing = c.phase == CompactPhase::Finishing;
+        let offset = if finishing { c.temp_len } else { 0 } + c.written as u64;
+        // SAFETY: the compaction's buffer is neither touched nor
+        // reallocated while `inflight` (until its chain's last completion).
+        let ptr = unsafe { c.buf.as_ptr().add(c.written) };
+        let fd = c.temp_fd;
+        let (step_w, step_s) = if finishing {
+            (STEP_FINISH_WRITE, STEP_FINISH_SYNC)
         } else {
-            w.start_append(now_us);
-            self.submit_wal_chain();
+            (STEP_COMPACT_WRITE, STEP_COMPACT_SYNC)
+        };
+        let alone = c.short;
+        let link = io_uring::squeue::Flags::IO_LINK;
+        let write = opcode::Write::new(types::Fd(fd), ptr, len as u32)
+            .offset(offset)
+            .build()
+            .user_data(ring_io::encode(Op::WalWrite, 0, step_w));
+        if alone {
+            self.reserve_sq(1);
+            self.push(write);
+            return;
+        }
+        let sync = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(ring_io::encode(Op::WalSync, 0, step_s));
+        self.reserve_sq(4);
+        if !finishing {
+            self.push(write.flags(link));
+            self.push(sync);
+            return;
+        }
+        let w = self.wal.as_ref().expect("a log");
+        // SAFETY (paths): both C strings are owned by the Wal for its life.
+        let rename = opcode::RenameAt::new(
+            types::Fd(libc::AT_FDCWD),
+            w.temp_path.as_ptr(),
+            types::Fd(libc::AT_FDCWD),
+            w.path_c.as_ptr(),
+        )
+        .build()
+        .flags(link)
+        .user_data(ring_io::encode(Op::WalSync, 0, STEP_FINISH_RENAME));
+        let dir_sync = opcode::Fsync::new(types::Fd(w.dir_fd()))
+            .build()
+            .user_data(ring_io::encode(Op::WalSync, 0, STEP_FINISH_DIR_SYNC));
+        self.push(write.flags(link));
+        self.push(sync.flags(link));
+        self.push(rename);
+        self.push(dir_sync);
+    }
+
+    /// Completions of the background compaction's chains.
+    fn on_compaction(&mut self, step: u32, res: i32) {
+        let now = self.now;
+        let w = self.wal.as_mut().expect("a log");
+        let faults = &mut w.faults;
+        let c = w
+            .compaction
+            .as_mut()
+            .expect("compaction completion without a compaction");
+        let concluded = match step {
+            STEP_COMPACT_WRITE | STEP_FINISH_WRITE => {
+                let mut res = faults.write_result(res, c.write_no);
+                if c.fail_injected {
+                    res = -libc::ENOSPC;
+                }
+                if res < 0 {
+                    c.error.get_or_insert(res);
+                } else {
+                    c.written += res as usize;
+                }
+                c.short
+            }
+            STEP_COMPACT_SYNC | STEP_FINISH_SYNC => {
+                let res = if res == -libc::ECANCELED {
+                    res
+                } else {
+                    faults.fsync_result(res)
+                };
+                if res < 0 && res != -libc::ECANCELED {
+                    c.error.get_or_insert(res);
+                }
+                step == STEP_COMPACT_SYNC
+            }
+            STEP_FINISH_RENAME => {
+                if res >= 0 {
+                    c.renamed = true;
+                } else if res != -libc::ECANCELED {
+                    c.error.get_or_insert(res);
+                }
+                false
+            }
+            _ => {
+                if res < 0 && res != -libc::ECANCELED {
+                    c.error.get_or_insert(res);
+                }
+                true
+            }
+        };
+        if !concluded {
+            return;
+        }
+        c.inflight = false;
+        let finishing = c.phase == CompactPhase::Finishing;
+        if c.aborted || c.error.is_some() {
+            let err = c.error;
+            let aborted = c.aborted;
+            let c = w.compaction.take().expect("a compaction");
+            // SAFETY: no op references the temp fd any more.
+            unsafe { libc::close(c.temp_fd) };
+            if !c.renamed {
+                // SAFETY: valid C string.
+                unsafe { libc::unlink(w.temp_path.as_ptr()) };
+            }
+            if aborted {
+                return;
+            }
+            let err = err.expect("an error");
+            self.metrics.wal_io_error();
+            if !finishing {
+                // The old log is intact and complete: try again later.
+                w.compact_retry_after_us = now.mono_us + wal::REWRITE_RETRY_US;
+                log!(
+                    Level::Warn,
+                    "compaction_failed",
+                    "path={} errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
+                    w.path.display(),
+                    -err,
+                    io::Error::from_raw_os_error(-err)
+                );
+                return;
+            }
+            // The carried records were only in the new file.
+            log!(
+                Level::Error,
+                "wal_io_error",
+                "op=compaction path={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
+                w.path.display(),
+                -err,
+                io::Error::from_raw_os_error(-err)
+            );
+            self.fail_pending("compaction's final write failed", -err);
+            return;
+        }
+        if c.written < c.buf.len() {
+            self.submit_compaction();
+            return;
+        }
+        if !finishing {
+            w.compaction_snapshot_done();
+            return;
+        }
+        let (old, c) = w.finish_done();
+        drop(old); // the replaced log; its name now belongs to the new file
+        let took_us = now.mono_us.saturating_sub(c.started_us);
+        self.metrics.wal_compaction();
+        log!(
+            Level::Info,
+            "compaction_done",
+            "path={} bytes={} held_keys={} carried_records={} duration_us={}",
+            w.path.display(),
+            c.temp_len + c.buf.len() as u64,
+            c.snapshot_records,
+            c.carry_records,
+            took_us
+        );
+        self.release_durable();
+    }
+
+    /// Sends every held answer whose records are now durable.
+    fn release_durable(&mut self) {
+        let durable = self.wal.as_ref().map_or(0, |w| w.durable_lsn);
+        while let Some(&(lsn, _)) = self.undo.front() {
+            if lsn > durable {
+                break;
+            }
+            self.undo.pop_front();
+        }
+        while let Some(&(lsn, token)) = self.held.front() {
+            if lsn > durable {
+                break;
+            }
+            self.held.pop_front();
+            if let Some(slot) = self.conn_of(token) {
+                self.mark_dirty(slot);
+            }
         }
     }
 
@@ -1303,13 +1559,14 @@ impl Server {
         let w = self.wal.as_mut().expect("a log");
         let rest = w.flight_buf.len() - w.flight_written;
         debug_assert!(rest > 0);
-        let len = w.faults.write_len(rest);
+        let (len, no) = w.faults.write_len(rest);
+        w.flight_write_no = no;
         // An injected fault must end the chain where the kernel ends it
         // after a real short or failed write (a short result breaks the
         // link): such a write goes alone, and its completion concludes.
         // Otherwise the fsync, and for a rewrite the rename, would run on
         // a half-written batch.
-        w.flight_short = len < rest || w.faults.write_will_fail();
+        w.flight_short = len < rest || w.faults.write_will_fail(no);
         let alone = w.flight_short;
         // SAFETY: flight_buf is owned by the Wal and is neither touched nor
         // reallocated until the chain's final completion (flight != None).
@@ -1371,11 +1628,16 @@ impl Server {
     }
 
     fn on_wal(&mut self, step: u32, res: i32) {
+        if step >= STEP_COMPACT_WRITE {
+            self.on_compaction(step, res);
+            return;
+        }
         let now = self.now;
         let w = self.wal.as_mut().expect("log completion without a log");
         match step {
             STEP_APPEND_WRITE | STEP_REWRITE_WRITE => {
-                let res = w.faults.write_result(res);
+                let no = w.flight_write_no;
+                let res = w.faults.write_result(res, no);
                 if res < 0 {
                     w.flight_error.get_or_insert(res);
                 } else {
@@ -1440,7 +1702,6 @@ impl Server {
         let (records, bytes) = (w.flight_records, w.flight_buf.len() as u64);
         let rewrite = matches!(w.flight, Flight::Rewrite { .. });
         let old = w.flight_done();
-        let durable = w.durable_lsn;
         self.metrics.observe_fdatasync_us(fsync_us);
         self.metrics.observe_wal_batch(records, bytes);
         if rewrite {
@@ -1458,21 +1719,7 @@ impl Server {
                 fsync_us
             );
         }
-        while let Some(&(lsn, _)) = self.undo.front() {
-            if lsn > durable {
-                break;
-            }
-            self.undo.pop_front();
-        }
-        while let Some(&(lsn, token)) = self.held.front() {
-            if lsn > durable {
-                break;
-            }
-            self.held.pop_front();
-            if let Some(slot) = self.conn_of(token) {
-                self.mark_dirty(slot);
-            }
-        }
+        self.release_durable();
     }
 
     /// DURABILITY.md rule 4: every record past the durable point is void.
@@ -1489,6 +1736,16 @@ impl Server {
             unsafe { libc::close(fd) };
             // SAFETY: valid C string.
             unsafe { libc::unlink(w.temp_path.as_ptr()) };
+        }
+        // A background compaction's snapshot may contain the voided
+        // records' effects: abandon it (now, or when its chain completes).
+        if let Some(c) = w.abort_compaction() {
+            // SAFETY: nothing of this compaction is in flight.
+            unsafe { libc::close(c.temp_fd) };
+            if !c.renamed {
+                // SAFETY: valid C string.
+                unsafe { libc::unlink(w.temp_path.as_ptr()) };
+            }
         }
         let mut answered = 0u64;
         while let Some((lsn, token)) = self.held.pop_front() {

@@ -41,6 +41,10 @@ pub struct Faults {
     pub short_write_every: u64,
     pub fail_write_at: Vec<u64>,
     pub fail_fsync_at: Vec<u64>,
+    /// The n-th write of a background compaction (snapshot or finishing)
+    /// fails with ENOSPC; counted separately from `writes`.
+    pub fail_compact_write_at: Vec<u64>,
+    compact_writes: u64,
     writes: u64,
     fsyncs: u64,
 }
@@ -61,32 +65,41 @@ impl Faults {
                 "short_write_every" => f.short_write_every = n,
                 "fail_write_at" => f.fail_write_at.push(n),
                 "fail_fsync_at" => f.fail_fsync_at.push(n),
+                "fail_compact_write_at" => f.fail_compact_write_at.push(n),
                 _ => return Err(format!("unknown fault {k:?}")),
             }
         }
         Ok(f)
     }
 
-    /// Called per submitted write: how many of `len` bytes to submit.
-    pub fn write_len(&mut self, len: usize) -> usize {
+    /// Called per submitted write: how many of `len` bytes to submit, and
+    /// the write's number (writes of the append and compaction chains may
+    /// be in flight together, so each chain keeps its own number).
+    pub fn write_len(&mut self, len: usize) -> (usize, u64) {
         self.writes += 1;
         if self.short_write_every > 0
             && self.writes.is_multiple_of(self.short_write_every)
             && len > 1
         {
-            return len / 2;
+            return (len / 2, self.writes);
         }
-        len
+        (len, self.writes)
     }
 
-    /// Whether the write just counted by `write_len` will be failed.
-    pub fn write_will_fail(&self) -> bool {
-        self.fail_write_at.contains(&self.writes)
+    /// Called per submitted compaction write: whether it is to fail.
+    pub fn compact_write_fails(&mut self) -> bool {
+        self.compact_writes += 1;
+        self.fail_compact_write_at.contains(&self.compact_writes)
+    }
+
+    /// Whether write number `no` will be failed.
+    pub fn write_will_fail(&self, no: u64) -> bool {
+        self.fail_write_at.contains(&no)
     }
 
     /// Called per write completion: the result to act on.
-    pub fn write_result(&mut self, res: i32) -> i32 {
-        if self.fail_write_at.contains(&self.writes) {
+    pub fn write_result(&mut self, res: i32, no: u64) -> i32 {
+        if self.fail_write_at.contains(&no) {
             return -libc::ENOSPC;
         }
         res
@@ -115,6 +128,56 @@ pub enum Flight {
         lsn: u64,
         temp_fd: RawFd,
     },
+}
+
+/// Phases of a background compaction (the log is healthy; appends to the
+/// old log go on meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactPhase {
+    /// Writing the snapshot of the table into the temp file.
+    Snapshot,
+    /// The snapshot is durable in the temp file; waiting for no append to
+    /// be in flight.
+    Ready,
+    /// Writing the records appended since the snapshot (`carry`) into the
+    /// temp file, then fdatasync, rename over the log, fsync the directory.
+    /// Appends wait for this short step: new records go to the new file.
+    Finishing,
+}
+
+/// A background compaction: the whole table is written to a temp file
+/// while group commit goes on in the old log; every record appended after
+/// the snapshot is also kept in `carry`; at the end the carry is written
+/// after the snapshot and the temp file is renamed over the log. A crash at
+/// any step leaves the old log (complete) or the new one (complete).
+pub struct Compaction {
+    pub temp_fd: RawFd,
+    pub phase: CompactPhase,
+    /// Bytes of the current phase's write (snapshot, then carry).
+    pub buf: Vec<u8>,
+    pub written: usize,
+    /// Bytes of the temp file that are durable (the snapshot).
+    pub temp_len: u64,
+    /// Records appended after the snapshot, as written to the old log.
+    pub carry: Vec<u8>,
+    pub carry_records: u64,
+    pub snapshot_records: u64,
+    /// The LSN the new file covers once finished.
+    pub finish_lsn: u64,
+    pub error: Option<i32>,
+    /// The current write was submitted alone (injected fault).
+    pub short: bool,
+    pub write_no: u64,
+    /// The current write is made to fail (fault injection).
+    pub fail_injected: bool,
+    /// A chain of this compaction is in flight (its buffers are the
+    /// kernel's until the chain's last completion).
+    pub inflight: bool,
+    /// Abandoned while in flight: clean up at the chain's last completion.
+    pub aborted: bool,
+    pub started_us: u64,
+    /// The rename happened (the temp path no longer exists).
+    pub renamed: bool,
 }
 
 pub struct Wal {
@@ -149,6 +212,11 @@ pub struct Wal {
     pub faults: Faults,
     /// Below this size the log is never compacted.
     pub compact_floor_bytes: u64,
+    /// Write number of the in-flight append (fault injection).
+    pub flight_write_no: u64,
+    pub compaction: Option<Compaction>,
+    /// After a failed background compaction, the next one waits until then.
+    pub compact_retry_after_us: u64,
 }
 
 /// Recovery outcome, for the start-up log line.
@@ -334,6 +402,9 @@ impl Wal {
                 retry_at_us: 0,
                 faults,
                 compact_floor_bytes: 1 << 20,
+                flight_write_no: 0,
+                compaction: None,
+                compact_retry_after_us: 0,
             },
             rec,
         ))
@@ -351,8 +422,21 @@ impl Wal {
         self.tail_lsn > self.durable_lsn
     }
 
+    /// Copies the record appended at `start` of `filling` into a running
+    /// compaction's carry (before its finishing step).
+    fn carry_from(&mut self, start: usize) {
+        if let Some(c) = self.compaction.as_mut() {
+            if c.phase != CompactPhase::Finishing && !c.aborted {
+                c.carry.extend_from_slice(&self.filling[start..]);
+                c.carry_records += 1;
+            }
+        }
+    }
+
     pub fn append_acquire(&mut self, h: &HeldKey) -> u64 {
+        let start = self.filling.len();
         record::encode_acquire(h, &mut self.filling);
+        self.carry_from(start);
         self.live_bytes += acquire_len(h);
         self.filling_records += 1;
         self.tail_lsn += 1;
@@ -360,18 +444,130 @@ impl Wal {
     }
 
     pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
+        let start = self.filling.len();
         record::encode_release(key, grant_id, &mut self.filling);
+        self.carry_from(start);
         self.live_bytes = self.live_bytes.saturating_sub(acquire_len(holder));
         self.filling_records += 1;
         self.tail_lsn += 1;
         self.tail_lsn
     }
 
-    /// True when the next batch should rather rewrite the whole log.
+    /// True when the log must be rewritten before any further `+` (after
+    /// an I/O failure): a blocking rewrite.
     pub fn should_rewrite(&self) -> bool {
         self.broken
-            || (self.file_len > self.compact_floor_bytes
-                && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64))
+    }
+
+    /// True when a background compaction should start: the log is past the
+    /// floor and twice what the live holders need.
+    pub fn should_compact(&self, now_us: u64) -> bool {
+        !self.broken
+            && self.compaction.is_none()
+            && now_us >= self.compact_retry_after_us
+            && self.file_len > self.compact_floor_bytes
+            && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64)
+    }
+
+    fn open_temp(&self) -> io::Result<RawFd> {
+        // SAFETY: valid C string; flags create a new private file.
+        let fd = unsafe {
+            libc::open(
+                self.temp_path.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                0o644,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+
+    /// Starts a background compaction: snapshots the table (which reflects
+    /// every record up to `tail_lsn`) into a buffer for the temp file.
+    /// Opening the temp file is one short blocking syscall per compaction.
+    pub fn start_compaction(&mut self, table: &Table, now_us: u64) -> io::Result<()> {
+        debug_assert!(self.compaction.is_none());
+        let temp_fd = self.open_temp()?;
+        let mut buf = Vec::with_capacity(self.live_bytes as usize + MAGIC.len());
+        buf.extend_from_slice(MAGIC);
+        let mut records = 0;
+        table.for_each_held(|h| {
+            record::encode_acquire(h, &mut buf);
+            records += 1;
+        });
+        self.compaction = Some(Compaction {
+            temp_fd,
+            phase: CompactPhase::Snapshot,
+            buf,
+            written: 0,
+            temp_len: 0,
+            carry: Vec::with_capacity(64 * 1024),
+            carry_records: 0,
+            snapshot_records: records,
+            finish_lsn: 0,
+            error: None,
+            short: false,
+            write_no: 0,
+            fail_injected: false,
+            inflight: false,
+            aborted: false,
+            started_us: now_us,
+            renamed: false,
+        });
+        Ok(())
+    }
+
+    /// The snapshot is durable in the temp file.
+    pub fn compaction_snapshot_done(&mut self) {
+        let c = self.compaction.as_mut().expect("a compaction");
+        c.temp_len = c.buf.len() as u64;
+        c.buf.clear();
+        c.written = 0;
+        c.phase = CompactPhase::Ready;
+    }
+
+    /// Moves the carry (which includes every record still in `filling`)
+    /// into the finishing write. Only with no append in flight: everything
+    /// before the carry is durable in the old log and in the snapshot.
+    pub fn start_finishing(&mut self) {
+        debug_assert!(self.flight == Flight::None);
+        let tail = self.tail_lsn;
+        let c = self.compaction.as_mut().expect("a compaction");
+        std::mem::swap(&mut c.buf, &mut c.carry);
+        c.carry.clear();
+        c.written = 0;
+        c.finish_lsn = tail;
+        c.phase = CompactPhase::Finishing;
+        // These records now live only in the new file.
+        self.filling.clear();
+        self.filling_records = 0;
+    }
+
+    /// The new file is complete, durable and named: switch to it. Returns
+    /// the old log's handle (to close) and the compaction (for reporting).
+    pub fn finish_done(&mut self) -> (File, Compaction) {
+        let c = self.compaction.take().expect("a compaction");
+        // SAFETY: temp_fd was opened by start_compaction and is owned from
+        // here on by the File.
+        let new = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(c.temp_fd) };
+        let old = std::mem::replace(&mut self.file, new);
+        self.file_len = c.temp_len + c.buf.len() as u64;
+        self.durable_lsn = self.durable_lsn.max(c.finish_lsn);
+        (old, c)
+    }
+
+    /// Abandons the background compaction. Returns the temp file to close
+    /// (and unlink unless renamed) when nothing of it is in flight; else it
+    /// is cleaned up at its chain's last completion.
+    pub fn abort_compaction(&mut self) -> Option<Compaction> {
+        let c = self.compaction.as_mut()?;
+        if c.inflight {
+            c.aborted = true;
+            return None;
+        }
+        self.compaction.take()
     }
 
     /// Moves `filling` into flight as an append. The caller submits it.
@@ -394,17 +590,7 @@ impl Wal {
     /// compaction, never per request.
     pub fn start_rewrite(&mut self, table: &Table, now_us: u64) -> io::Result<()> {
         debug_assert!(self.flight == Flight::None);
-        // SAFETY: valid C string; flags create a new private file.
-        let fd = unsafe {
-            libc::open(
-                self.temp_path.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                0o644,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = self.open_temp()?;
         self.flight_buf.clear();
         self.flight_buf.extend_from_slice(MAGIC);
         let mut records = 0;
