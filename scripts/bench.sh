@@ -333,5 +333,6 @@ done
 done
 
 log "writing the report"
-"$BIN/bench-report" "$RAW" "$OUT"
+OUT_FROM_ROOT=$(realpath --relative-to="$ROOT" "$OUT")
+"$BIN/bench-report" "$RAW" "$OUT" "$OUT_FROM_ROOT"
 log "wrote $OUT/latest.md"

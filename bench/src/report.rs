@@ -2,7 +2,8 @@
 //! (`RAW_DIR/env.txt`, `scenarios.txt`, `<scenario>/<system>.json|.na`)
 //! into `OUT_DIR/latest.md` (links relative to OUT_DIR),
 //! `OUT_DIR/results-section.md` (the same, links relative to the repository
-//! root, ready to paste into RESULTS.md) and one `OUT_DIR/<scenario>.svg`
+//! root — OUT_DIR as seen from the root is the optional third argument,
+//! default `bench/results` — ready to paste into RESULTS.md) and one `OUT_DIR/<scenario>.svg`
 //! percentile plot per scenario. It computes ratios and prints numbers; it
 //! never makes any up: a system that was not run says why.
 
@@ -57,19 +58,26 @@ fn fmt_unit(v: f64) -> String {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() != 2 {
-        eprintln!("usage: bench-report RAW_DIR OUT_DIR");
+    if args.len() != 2 && args.len() != 3 {
+        eprintln!("usage: bench-report RAW_DIR OUT_DIR [OUT_DIR_FROM_REPO_ROOT]");
         std::process::exit(2);
     }
     let raw = PathBuf::from(&args[0]);
     let out = PathBuf::from(&args[1]);
-    if let Err(e) = run(&raw, &out) {
+    let mut root_prefix = args
+        .get(2)
+        .cloned()
+        .unwrap_or_else(|| "bench/results".into());
+    if !root_prefix.is_empty() && !root_prefix.ends_with('/') {
+        root_prefix.push('/');
+    }
+    if let Err(e) = run(&raw, &out, &root_prefix) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(raw: &Path, out: &Path) -> Result<(), String> {
+fn run(raw: &Path, out: &Path, root_prefix: &str) -> Result<(), String> {
     let env_text = read(&raw.join("env.txt")).ok_or("missing env.txt")?;
     let mut env = BTreeMap::new();
     let mut systems: Vec<String> = Vec::new();
@@ -160,7 +168,7 @@ fn run(raw: &Path, out: &Path) -> Result<(), String> {
         }
     }
 
-    for (file, prefix) in [("latest.md", ""), ("results-section.md", "bench/results/")] {
+    for (file, prefix) in [("latest.md", ""), ("results-section.md", root_prefix)] {
         let md = markdown(&env, &systems, &scenarios, &results, prefix);
         std::fs::write(out.join(file), md).map_err(|e| e.to_string())?;
     }

@@ -1,0 +1,1 @@
+taskset -c 0 ringlock-loadgen --target redis://127.0.0.1:24379 --conn-mode persistent --connections 64 --dist uniform --keys 1000 --rate 10000 --duration 3s --warmup 1s --key-prefix persistent-64 --json
