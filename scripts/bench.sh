@@ -72,17 +72,15 @@ chmod 755 "$TMP"
 RAW="$OUT/raw"
 rm -rf "$RAW"
 mkdir -p "$RAW"
-PIDS=()
+declare -A PID
 log() { echo "[bench $(date +%T)] $*" >&2; }
 
 cleanup() {
-    local p
-    for p in "${PIDS[@]:-}"; do
-        [ -n "$p" ] && kill "$p" 2>/dev/null || true
-    done
-    sleep 0.5
-    for p in "${PIDS[@]:-}"; do
-        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+    # Only servers this script started and has not stopped yet: a stopped
+    # server's PID may already belong to someone else's process.
+    local s
+    for s in "${!PID[@]}"; do
+        [ -n "${PID[$s]}" ] && stop_system "$s"
     done
     rm -rf "$TMP"
 }
@@ -135,7 +133,7 @@ wait_port() { # port seconds pid
     return 1
 }
 
-declare -A TARGET NOTE VERSION PORT PID
+declare -A TARGET NOTE VERSION PORT
 PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-durable]=$PORT_RLD [redis]=$PORT_REDIS
       [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD)
 HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)
@@ -214,7 +212,6 @@ start_system() { # system dir
             --initial-cluster "bench=http://127.0.0.1:$((port + 1))" >"$d/log" 2>&1 & ;;
     esac
     PID[$s]=$!
-    PIDS+=($!)
     if ! wait_port "$port" 30 "${PID[$s]}"; then
         echo "did not start: $(tail -c 400 "$d/log" 2>/dev/null | tr '\n' ' ')" >"$d/why"
         stop_system "$s"
@@ -233,7 +230,7 @@ stop_system() {
         kill "$pid" 2>/dev/null || true
     fi
     for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
     wait "$pid" 2>/dev/null || true
     PID[$s]=""
 }
