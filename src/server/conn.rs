@@ -25,6 +25,9 @@ pub struct Conn {
     /// needs it: Lock/TryLock record the endpoint, an empty source means the
     /// peer IP. Unlock and resets never pay for it.
     pub peer: Option<SocketAddr>,
+    /// The peer's IP as a source name (an empty wire source), formatted on
+    /// first use.
+    pub peer_ip: Option<crate::core::Name>,
     /// Received, not yet decoded bytes. The recv writes into the spare
     /// capacity; the heap buffer never moves while a recv is in flight.
     pub rbuf: Vec<u8>,
@@ -76,6 +79,7 @@ impl Conn {
             port: Port::Lock,
             fd: -1,
             peer: None,
+            peer_ip: None,
             rbuf: Vec::with_capacity(LOCK_RECV_BUF),
             out: Vec::with_capacity(16),
             sending: Vec::with_capacity(16),
@@ -105,6 +109,7 @@ impl Conn {
         self.port = port;
         self.fd = fd;
         self.peer = None;
+        self.peer_ip = None;
         if port == Port::Lock && self.rbuf.capacity() > 4 * LOCK_RECV_BUF {
             // A slot that served a large admin command goes back to size.
             self.rbuf = Vec::with_capacity(LOCK_RECV_BUF);

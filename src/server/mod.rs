@@ -777,18 +777,23 @@ impl Server {
     fn pump_lock(&mut self, slot: u32) -> bool {
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
-        let needs_peer = match protocol::decode(&c.rbuf) {
-            Decoded::Frame { req, .. } => {
-                matches!(req.action, Action::Lock | Action::TryLock) || req.source.is_empty()
-            }
-            Decoded::Bad(_) => crate::log::enabled(Level::Debug),
-            Decoded::Incomplete => false,
+        let (needs_peer, needs_ip) = match protocol::decode(&c.rbuf) {
+            Decoded::Frame { req, .. } => (
+                matches!(req.action, Action::Lock | Action::TryLock) || req.source.is_empty(),
+                req.source.is_empty(),
+            ),
+            Decoded::Bad(_) => (crate::log::enabled(Level::Debug), false),
+            Decoded::Incomplete => (false, false),
         };
         let peer = if needs_peer {
             self.peer(slot)
         } else {
             SocketAddr::from(([0, 0, 0, 0], 0))
         };
+        if needs_ip && self.conns[slot as usize].peer_ip.is_none() {
+            // Formatted once per connection, not per request.
+            self.conns[slot as usize].peer_ip = Some(ip_name(&peer));
+        }
         let c = &self.conns[slot as usize];
         let (action, key, source, len) = match protocol::decode(&c.rbuf) {
             Decoded::Incomplete => return false,
@@ -811,7 +816,7 @@ impl Server {
                 let mut source =
                     Name::new(req.source).expect("decoder bounds sources to 127 bytes");
                 if source.is_empty() {
-                    source = ip_name(&peer);
+                    source = c.peer_ip.expect("filled above for an empty source");
                 }
                 (req.action, key, source, len)
             }
