@@ -596,3 +596,65 @@ fn failed_compaction_finish_undoes_exactly_what_was_answered_minus() {
     let acked = keys(s.admin_addr);
     restart_matches(&mut s, &log, &acked);
 }
+
+// ------------------------------------------- a grant nobody can be told of
+
+/// One metric's value from the server's /metrics (plain HTTP/1.1 GET).
+fn metric(s: &Server, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let addr = s.metrics_addr.expect("started with --metrics-bind");
+    let mut c = std::net::TcpStream::connect(addr).expect("connect metrics");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut body = String::new();
+    c.read_to_string(&mut body).expect("response");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+fn wait_metric(s: &Server, name: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(s, name) != want {
+        assert!(Instant::now() < deadline, "{name} never reached {want}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_waiter_that_leaves_while_its_grant_waits_for_the_log_is_never_a_holder() {
+    let dir = TempDir::new("undelivered");
+    let log = dir.path("wal.log");
+    // Every fdatasync starts 400 ms after its write: answers wait that long.
+    let mut s = start(
+        &log,
+        Some("fsync_delay_ms=400"),
+        &["--metrics-bind", "127.0.0.1:0"],
+    );
+    let mut holder = s.connect();
+    assert_eq!(holder.lock(b"k", b"h"), b'+');
+    let mut w = s.connect();
+    w.send(&frame(1, b"k", Some(b"w")));
+    wait_metric(&s, "ringlock_queued_waiters", 1.0);
+    // The unlock hands k to w in memory; both answers wait for the log.
+    holder.send(&frame(2, b"k", None));
+    wait_metric(&s, "ringlock_grants_total", 2.0);
+    // w leaves before its `+` could be sent (half-close: EOF reaches the
+    // server whoever else holds a copy of the socket).
+    w.half_close();
+    assert_eq!(
+        w.read_byte_or_eof(),
+        None,
+        "a `+` reached a waiter that left"
+    );
+    assert_eq!(holder.read_byte(), b'+', "the unlock is acknowledged");
+    wait_metric(&s, "ringlock_undelivered_grants_total", 1.0);
+    assert!(keys(s.admin_addr).is_empty(), "no ghost holder");
+    // The give-back is durable too.
+    s.kill9();
+    let r = start(&log, None, &[]);
+    assert!(
+        keys(r.admin_addr).is_empty(),
+        "the ghost came back after restart"
+    );
+}

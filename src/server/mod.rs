@@ -1627,7 +1627,25 @@ impl Server {
             self.push(rename);
             self.push(dir_sync);
         } else {
+            let delay = self
+                .wal
+                .as_ref()
+                .and_then(|w| w.faults.fsync_delay.as_deref())
+                .map(|ts| ts as *const types::Timespec);
             self.push(write);
+            if let Some(ts) = delay {
+                // Test-only (RINGLOCK_FAULTS=fsync_delay_ms): a timeout
+                // linked between the write and the fdatasync; ETIME counts
+                // as success so the chain goes on.
+                // SAFETY: the Timespec is boxed in the Wal's Faults for the
+                // Wal's whole life.
+                let t = opcode::Timeout::new(ts)
+                    .flags(types::TimeoutFlags::ETIME_SUCCESS)
+                    .build()
+                    .flags(link)
+                    .user_data(ring_io::encode(Op::Ignore, 0, 0));
+                self.push(t);
+            }
             self.push(sync);
         }
     }

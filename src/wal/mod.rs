@@ -44,6 +44,10 @@ pub struct Faults {
     /// The n-th write of a background compaction (snapshot or finishing)
     /// fails with ENOSPC; counted separately from `writes`.
     pub fail_compact_write_at: Vec<u64>,
+    /// Every append's fdatasync starts this long after its write (a linked
+    /// timeout in the chain): widens the window in which answers wait for
+    /// the log, so tests can act inside it deterministically.
+    pub fsync_delay: Option<Box<io_uring::types::Timespec>>,
     compact_writes: u64,
     writes: u64,
     fsyncs: u64,
@@ -66,6 +70,13 @@ impl Faults {
                 "fail_write_at" => f.fail_write_at.push(n),
                 "fail_fsync_at" => f.fail_fsync_at.push(n),
                 "fail_compact_write_at" => f.fail_compact_write_at.push(n),
+                "fsync_delay_ms" => {
+                    f.fsync_delay = Some(Box::new(
+                        io_uring::types::Timespec::new()
+                            .sec(n / 1000)
+                            .nsec(((n % 1000) * 1_000_000) as u32),
+                    ))
+                }
                 _ => return Err(format!("unknown fault {k:?}")),
             }
         }
