@@ -333,3 +333,7 @@ log "writing the report"
 OUT_FROM_ROOT=$(realpath --relative-to="$ROOT" "$OUT")
 "$BIN/bench-report" "$RAW" "$OUT" "$OUT_FROM_ROOT"
 log "wrote $OUT/latest.md"
+# The default output is the one RESULTS.md shows: keep it current.
+if [ "$OUT_FROM_ROOT" = "bench/results" ]; then
+    python3 "$ROOT/scripts/results-splice.py" bench "$OUT/results-section.md" "$ROOT/RESULTS.md"
+fi

@@ -166,3 +166,8 @@ for label, r in (('off', comp_off), ('every ≈0.5 MB', comp_on)):
 open(out, 'w').write('\n'.join(L) + '\n')
 print('\n'.join(L))
 EOF
+if [ "$out" = bench/results/durable.md ]; then
+  # RESULTS.md shows this run's section (its own title stays in RESULTS.md).
+  tail -n +2 "$out" > "$work/durable-body.md"
+  python3 scripts/results-splice.py durable "$work/durable-body.md" RESULTS.md
+fi
