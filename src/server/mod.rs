@@ -1475,12 +1475,8 @@ impl Server {
             let err = c.error;
             let aborted = c.aborted;
             let c = w.compaction.take().expect("a compaction");
-            // SAFETY: no op references the temp fd any more.
-            unsafe { libc::close(c.temp_fd) };
-            if !c.renamed {
-                // SAFETY: valid C string.
-                unsafe { libc::unlink(w.temp_path.as_ptr()) };
-            }
+            // No op references the temp fd any more (the chain completed).
+            w.discard_temp(c.temp_fd, c.renamed);
             if aborted {
                 return;
             }
@@ -1754,21 +1750,14 @@ impl Server {
         let Some(w) = self.wal.as_mut() else { return };
         let durable_before = w.durable_lsn;
         if let Some(fd) = w.flight_failed(now.mono_us) {
-            // SAFETY: the temp fd belongs to the failed rewrite; nothing
-            // references it any more (the chain has completed).
-            unsafe { libc::close(fd) };
-            // SAFETY: valid C string.
-            unsafe { libc::unlink(w.temp_path.as_ptr()) };
+            // The failed rewrite's chain has completed: nothing references
+            // its temp fd any more.
+            w.discard_temp(fd, false);
         }
         // A background compaction's snapshot may contain the voided
         // records' effects: abandon it (now, or when its chain completes).
         if let Some(c) = w.abort_compaction() {
-            // SAFETY: nothing of this compaction is in flight.
-            unsafe { libc::close(c.temp_fd) };
-            if !c.renamed {
-                // SAFETY: valid C string.
-                unsafe { libc::unlink(w.temp_path.as_ptr()) };
-            }
+            w.discard_temp(c.temp_fd, c.renamed);
         }
         let mut answered = 0u64;
         while let Some((lsn, token)) = self.held.pop_front() {

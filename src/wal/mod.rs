@@ -569,6 +569,17 @@ impl Wal {
         (old, c)
     }
 
+    /// Closes a temp file that no in-flight op references, and removes it
+    /// unless it was already renamed over the log.
+    pub fn discard_temp(&self, fd: RawFd, renamed: bool) {
+        // SAFETY: the caller guarantees no op references `fd`; it is ours.
+        unsafe { libc::close(fd) };
+        if !renamed {
+            // SAFETY: valid C string owned by the Wal.
+            unsafe { libc::unlink(self.temp_path.as_ptr()) };
+        }
+    }
+
     /// Abandons the background compaction. Returns the temp file to close
     /// (and unlink unless renamed) when nothing of it is in flight; else it
     /// is cleaned up at its chain's last completion.
