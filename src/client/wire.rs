@@ -4,8 +4,6 @@
 //! out, so the codec is unit-tested without a server. Validation happens here
 //! too, which is what guarantees that a bad key never reaches the network.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use super::error::Error;
 
 /// Longest key the protocol can carry (its size is one signed byte).
@@ -13,20 +11,9 @@ pub const KEY_LEN_MAX: usize = 127;
 /// Longest source name the protocol can carry (its size is one signed byte).
 pub const SOURCE_LEN_MAX: usize = 127;
 
-/// Upper bound on a `KEYS` answer we are willing to buffer. A server holding
-/// this many bytes of keys is either broken or hostile; either way we stop.
-pub(crate) const KEYS_ANSWER_BYTES_MAX: usize = 256 << 20;
+pub(crate) use crate::protocol::admin::KEYS_ANSWER_BYTES_MAX;
 
-/// Lock-port action bytes (PROTOCOL.md Part 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Action {
-    Lock = 1,
-    Unlock = 2,
-    ResetByKey = 3,
-    ResetBySource = 4,
-    TryLock = 5,
-}
+pub(crate) use crate::protocol::Action;
 
 /// One-byte answers on the lock port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,9 +53,10 @@ pub(crate) fn validate_source(source: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Encodes a lock-port request. `source` is present exactly for the actions
-/// whose frame carries one (Lock and TryLock); ResetBySource puts its source
-/// in the `key` position because the frame has a single size-prefixed field.
+/// Encodes a lock-port request with the server's own codec
+/// ([`crate::protocol::encode`]). `source` is present exactly for the
+/// actions whose frame carries one (Lock and TryLock); ResetBySource puts
+/// its source in `field` because its frame has a single size-prefixed field.
 ///
 /// Callers validate first; the asserts document that they did.
 pub(crate) fn encode(action: Action, field: &[u8], source: Option<&[u8]>) -> Vec<u8> {
@@ -78,111 +66,25 @@ pub(crate) fn encode(action: Action, field: &[u8], source: Option<&[u8]>) -> Vec
     let source = source.unwrap_or(&[]);
     assert!(source.len() <= SOURCE_LEN_MAX, "source validated by caller");
     let mut frame = Vec::with_capacity(3 + field.len() + source.len());
-    frame.push(action as u8);
-    frame.push(field.len() as u8);
-    frame.extend_from_slice(field);
-    if with_source {
-        frame.push(source.len() as u8);
-        frame.extend_from_slice(source);
+    match action {
+        Action::ResetBySource => crate::protocol::encode(action, &[], field, &mut frame),
+        _ => crate::protocol::encode(action, field, source, &mut frame),
     }
     frame
 }
 
-/// One held key as reported by the admin port's `KEYS` command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyInfo {
-    /// The key, as raw bytes (keys need not be UTF-8).
-    pub key: Vec<u8>,
-    /// The holder's source name (its IP address if it sent none).
-    pub source: Vec<u8>,
-    /// The holder's connection as the server saw it, `ip:port`.
-    pub endpoint: String,
-    /// When the key was granted, in Unix seconds.
-    pub acquired_unix_s: i64,
-}
+pub use crate::protocol::admin::KeyInfo;
 
-impl KeyInfo {
-    /// The key as text, with invalid UTF-8 replaced.
-    pub fn key_lossy(&self) -> String {
-        String::from_utf8_lossy(&self.key).into_owned()
-    }
-
-    /// The source as text, with invalid UTF-8 replaced.
-    pub fn source_lossy(&self) -> String {
-        String::from_utf8_lossy(&self.source).into_owned()
-    }
-
-    /// When the key was granted.
-    pub fn acquired(&self) -> SystemTime {
-        if self.acquired_unix_s >= 0 {
-            UNIX_EPOCH + Duration::from_secs(self.acquired_unix_s as u64)
-        } else {
-            UNIX_EPOCH - Duration::from_secs(self.acquired_unix_s.unsigned_abs())
-        }
-    }
-
-    /// How long the key has been held at `now` (zero if the clocks disagree).
-    pub fn held_for(&self, now: SystemTime) -> Duration {
-        now.duration_since(self.acquired())
-            .unwrap_or(Duration::ZERO)
-    }
-}
-
-/// Parses a complete `KEYS` answer from the front of `buf`.
-///
-/// Returns `Ok(None)` while the answer is still incomplete, so the caller can
-/// read more and call again; `Ok(Some((keys, consumed)))` once it is whole.
+/// Parses a complete `KEYS` answer from the front of `buf` with the
+/// server's own codec: `Ok(None)` while incomplete.
 pub(crate) fn parse_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, Error> {
-    let mut at = 0usize;
-    let Some(count) = take(buf, &mut at, 4) else {
-        return Ok(None);
-    };
-    let count = u32::from_le_bytes(count.try_into().expect("took 4 bytes"));
-    // Each entry is at least 3 size bytes + 8 time bytes; a count that cannot
-    // fit in the bound is corruption, not a reason to preallocate.
-    if count as usize > KEYS_ANSWER_BYTES_MAX / 11 {
-        return Err(Error::Protocol(format!(
-            "KEYS count {count} is implausible"
-        )));
-    }
-    let mut keys = Vec::with_capacity((count as usize).min(4096));
-    for _ in 0..count {
-        let Some(key) = take_sized(buf, &mut at) else {
-            return Ok(None);
-        };
-        let Some(source) = take_sized(buf, &mut at) else {
-            return Ok(None);
-        };
-        let Some(endpoint) = take_sized(buf, &mut at) else {
-            return Ok(None);
-        };
-        let Some(acquired) = take(buf, &mut at, 8) else {
-            return Ok(None);
-        };
-        keys.push(KeyInfo {
-            key: key.to_vec(),
-            source: source.to_vec(),
-            endpoint: String::from_utf8_lossy(endpoint).into_owned(),
-            acquired_unix_s: i64::from_le_bytes(acquired.try_into().expect("took 8 bytes")),
-        });
-    }
-    Ok(Some((keys, at)))
-}
-
-fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8]> {
-    let slice = buf.get(*at..*at + len)?;
-    *at += len;
-    Some(slice)
-}
-
-fn take_sized<'a>(buf: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
-    let len = *take(buf, at, 1)?.first().expect("took 1 byte") as usize;
-    take(buf, at, len)
+    crate::protocol::admin::decode_keys(buf).map_err(Error::Protocol)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn frames_match_protocol_table() {

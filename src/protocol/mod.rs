@@ -304,46 +304,92 @@ pub mod admin {
         }
     }
 
-    /// One entry of a KEYS answer, as decoded by clients.
-    #[derive(Clone, Debug, PartialEq, Eq)]
+    /// Upper bound on a `KEYS` answer a client buffers. A server holding
+    /// this many bytes of keys is either broken or hostile.
+    pub const KEYS_ANSWER_BYTES_MAX: usize = 256 << 20;
+
+    /// One held key as reported by the admin port's `KEYS` command.
+    #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct KeyInfo {
+        /// The key, as raw bytes (keys need not be UTF-8).
         pub key: Vec<u8>,
+        /// The holder's source name (its IP address if it sent none).
         pub source: Vec<u8>,
+        /// The holder's connection as the server saw it, `ip:port`.
         pub endpoint: String,
-        pub acquired_unix_secs: i64,
+        /// When the key was granted, in Unix seconds.
+        pub acquired_unix_s: i64,
     }
 
-    /// Decodes a whole KEYS answer; `None` if incomplete, `Err` if malformed.
-    pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, &'static str> {
-        if buf.len() < 4 {
-            return Ok(None);
+    impl KeyInfo {
+        /// The key as text, with invalid UTF-8 replaced.
+        pub fn key_lossy(&self) -> String {
+            String::from_utf8_lossy(&self.key).into_owned()
         }
-        let count = u32::from_le_bytes(buf[..4].try_into().expect("4 bytes"));
-        let mut at = 4;
-        let mut out = Vec::new();
-        let take = |at: &mut usize| -> Option<Vec<u8>> {
-            let len = *buf.get(*at)? as usize;
-            let v = buf.get(*at + 1..*at + 1 + len)?.to_vec();
-            *at += 1 + len;
-            Some(v)
+
+        /// The source as text, with invalid UTF-8 replaced.
+        pub fn source_lossy(&self) -> String {
+            String::from_utf8_lossy(&self.source).into_owned()
+        }
+
+        /// When the key was granted.
+        pub fn acquired(&self) -> std::time::SystemTime {
+            use std::time::{Duration, UNIX_EPOCH};
+            if self.acquired_unix_s >= 0 {
+                UNIX_EPOCH + Duration::from_secs(self.acquired_unix_s as u64)
+            } else {
+                UNIX_EPOCH - Duration::from_secs(self.acquired_unix_s.unsigned_abs())
+            }
+        }
+
+        /// How long the key has been held at `now` (zero if the clocks
+        /// disagree).
+        pub fn held_for(&self, now: std::time::SystemTime) -> std::time::Duration {
+            now.duration_since(self.acquired()).unwrap_or_default()
+        }
+    }
+
+    /// Parses a complete `KEYS` answer from the front of `buf`:
+    /// `Ok(None)` while it is incomplete (read more and call again),
+    /// `Ok(Some((keys, consumed)))` once whole, `Err` for an implausible count.
+    pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
+        fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8]> {
+            let slice = buf.get(*at..*at + len)?;
+            *at += len;
+            Some(slice)
+        }
+        fn take_sized<'a>(buf: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+            let len = *take(buf, at, 1)?.first().expect("took 1 byte") as usize;
+            take(buf, at, len)
+        }
+        let mut at = 0usize;
+        let Some(count) = take(buf, &mut at, 4) else {
+            return Ok(None);
         };
+        let count = u32::from_le_bytes(count.try_into().expect("took 4 bytes"));
+        // Each entry is at least 3 size bytes + 8 time bytes; a count that
+        // cannot fit in the bound is corruption, not a reason to preallocate.
+        if count as usize > KEYS_ANSWER_BYTES_MAX / 11 {
+            return Err(format!("KEYS count {count} is implausible"));
+        }
+        let mut keys = Vec::with_capacity((count as usize).min(4096));
         for _ in 0..count {
-            let (Some(key), Some(source), Some(ep)) = (take(&mut at), take(&mut at), take(&mut at))
-            else {
+            let (Some(key), Some(source), Some(endpoint), Some(acquired)) = (
+                take_sized(buf, &mut at),
+                take_sized(buf, &mut at),
+                take_sized(buf, &mut at),
+                take(buf, &mut at, 8),
+            ) else {
                 return Ok(None);
             };
-            let Some(secs) = buf.get(at..at + 8) else {
-                return Ok(None);
-            };
-            at += 8;
-            out.push(KeyInfo {
-                key,
-                source,
-                endpoint: String::from_utf8(ep).map_err(|_| "endpoint is not UTF-8")?,
-                acquired_unix_secs: i64::from_le_bytes(secs.try_into().expect("8 bytes")),
+            keys.push(KeyInfo {
+                key: key.to_vec(),
+                source: source.to_vec(),
+                endpoint: String::from_utf8_lossy(endpoint).into_owned(),
+                acquired_unix_s: i64::from_le_bytes(acquired.try_into().expect("took 8 bytes")),
             });
         }
-        Ok(Some((out, at)))
+        Ok(Some((keys, at)))
     }
 }
 
@@ -480,7 +526,7 @@ mod tests {
         let (list, used) = admin::decode_keys(&out).unwrap().unwrap();
         assert_eq!(used, out.len());
         assert_eq!(list[0].endpoint, "127.0.0.1:4000");
-        assert_eq!(list[0].acquired_unix_secs, 1_700_000_000);
+        assert_eq!(list[0].acquired_unix_s, 1_700_000_000);
         assert_eq!(admin::decode_keys(&out[..out.len() - 1]).unwrap(), None);
     }
 
