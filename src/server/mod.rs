@@ -776,33 +776,15 @@ impl Server {
     /// Executes one lock-port frame; false when more bytes are needed.
     fn pump_lock(&mut self, slot: u32) -> bool {
         let token = self.token(slot);
-        let c = &self.conns[slot as usize];
-        let (needs_peer, needs_ip) = match protocol::decode(&c.rbuf) {
-            Decoded::Frame { req, .. } => (
-                matches!(req.action, Action::Lock | Action::TryLock) || req.source.is_empty(),
-                req.source.is_empty(),
-            ),
-            Decoded::Bad(_) => (crate::log::enabled(Level::Debug), false),
-            Decoded::Incomplete => (false, false),
-        };
-        let peer = if needs_peer {
-            self.peer(slot)
-        } else {
-            SocketAddr::from(([0, 0, 0, 0], 0))
-        };
-        if needs_ip && self.conns[slot as usize].peer_ip.is_none() {
-            // Formatted once per connection, not per request.
-            self.conns[slot as usize].peer_ip = Some(ip_name(&peer));
-        }
-        let c = &self.conns[slot as usize];
-        let (action, key, source, len) = match protocol::decode(&c.rbuf) {
+        let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
+        {
             Decoded::Incomplete => return false,
             Decoded::Bad(why) => {
                 log!(
                     Level::Debug,
                     "bad_frame",
                     "peer={} reason=\"{}\"",
-                    peer,
+                    PeerFmt(&self.conns[slot as usize]),
                     why
                 );
                 self.metrics
@@ -810,17 +792,28 @@ impl Server {
                 self.reject(slot);
                 return false;
             }
-            Decoded::Frame { req, len } => {
-                // Sizes were validated by the decoder (1..=127 / 0..=127).
-                let key = Name::new(req.key).expect("decoder bounds keys to 127 bytes");
-                let mut source =
-                    Name::new(req.source).expect("decoder bounds sources to 127 bytes");
-                if source.is_empty() {
-                    source = c.peer_ip.expect("filled above for an empty source");
-                }
-                (req.action, key, source, len)
-            }
+            // Sizes were validated by the decoder (1..=127 / 0..=127).
+            Decoded::Frame { req, len } => (
+                req.action,
+                Name::new(req.key).expect("decoder bounds keys to 127 bytes"),
+                Name::new(req.source).expect("decoder bounds sources to 127 bytes"),
+                len,
+            ),
         };
+        // The peer address is needed to record a holder's endpoint and to
+        // resolve an empty source (the peer IP); Unlock and ResetByKey never
+        // pay for the lookup.
+        let needs_peer = matches!(action, Action::Lock | Action::TryLock) || source.is_empty();
+        let peer = if needs_peer {
+            self.peer(slot)
+        } else {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        };
+        if source.is_empty() {
+            // Formatted once per connection, not per request.
+            let c = &mut self.conns[slot as usize];
+            source = *c.peer_ip.get_or_insert_with(|| ip_name(&peer));
+        }
         self.conns[slot as usize].rbuf.drain(..len);
         self.conns[slot as usize].outstanding = true;
         let now = self.now;
@@ -838,7 +831,13 @@ impl Server {
             Action::Unlock => self.table.unlock(token, &key, now, fx),
             Action::ResetByKey => {
                 self.metrics.reset(false);
-                log!(Level::Info, "reset", "by=key key={:?} peer={}", key, peer);
+                log!(
+                    Level::Info,
+                    "reset",
+                    "by=key key={:?} peer={}",
+                    key,
+                    PeerFmt(&self.conns[slot as usize])
+                );
                 self.table.reset_by_key(Some(token), &key, now, fx)
             }
             Action::ResetBySource => {
@@ -848,7 +847,7 @@ impl Server {
                     "reset",
                     "by=source source={:?} peer={}",
                     source,
-                    peer
+                    PeerFmt(&self.conns[slot as usize])
                 );
                 self.table.reset_by_source(Some(token), &source, now, fx)
             }
