@@ -1515,7 +1515,8 @@ impl Server {
             return;
         }
         let (old, c) = w.finish_done();
-        drop(old); // the replaced log; its name now belongs to the new file
+        // The replaced log: its name now belongs to the new file.
+        wal::retire(old);
         let took_us = now.mono_us.saturating_sub(c.started_us);
         self.metrics.wal_compaction();
         log!(
@@ -1723,7 +1724,9 @@ impl Server {
         self.metrics.observe_fdatasync_us(fsync_us);
         self.metrics.observe_wal_batch(records, bytes);
         if rewrite {
-            drop(old); // the replaced log's descriptor; its name is gone
+            if let Some(old) = old {
+                wal::retire(old); // the replaced log; its name is gone
+            }
             self.metrics.wal_compaction();
             log!(
                 Level::Info,

@@ -230,6 +230,38 @@ pub struct Wal {
     pub compact_retry_after_us: u64,
 }
 
+/// Closes a replaced log file off the event loop. The rename already
+/// removed its name, so this last close frees the whole file (a truncate
+/// that can take milliseconds on ext4); a background thread pays for it
+/// instead of every request waiting behind it. Once per compaction, never
+/// per request; if the thread cannot be started the file is closed here.
+pub fn retire(old: File) {
+    use std::sync::mpsc::{channel, Sender};
+    use std::sync::{Mutex, OnceLock};
+    static REAPER: OnceLock<Option<Mutex<Sender<File>>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = channel::<File>();
+        std::thread::Builder::new()
+            .name("ringlock-wal-reaper".into())
+            .spawn(move || {
+                for f in rx {
+                    drop(f);
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    });
+    match reaper {
+        Some(tx) => {
+            let tx = tx.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = tx.send(old) {
+                drop(e.0);
+            }
+        }
+        None => drop(old),
+    }
+}
+
 /// Recovery outcome, for the start-up log line.
 #[derive(Debug, Default)]
 pub struct Recovered {
