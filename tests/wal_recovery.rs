@@ -422,3 +422,54 @@ fn zero_filled_end_of_an_append_is_a_torn_tail() {
         "{err}"
     );
 }
+
+// ------------------------------------------------------------ grant ids
+
+/// Grant ids keep increasing across compaction and restart: a compacted log
+/// holds only live holders, so it starts with a mark of the next id.
+#[test]
+fn grant_ids_never_go_back_after_compaction_and_restart() {
+    let dir = TempDir::new("grant-mark");
+    let path = dir.path("wal.log");
+    // 10 held keys (grant ids 1..=10), then 40 cycles on `a` (11..=50).
+    let (s, _) = start_ok(&path, &[]);
+    let mut c = s.connect();
+    for k in 0..10 {
+        assert_eq!(c.lock(format!("k{k}").as_bytes(), b"g"), b'+');
+    }
+    for _ in 0..40 {
+        assert_eq!(c.lock(b"a", b"g"), b'+');
+        assert_eq!(c.unlock(b"a"), b'+');
+    }
+    let mut s = s;
+    s.kill9();
+    // Releases only: the log is compacted down to the held keys 1..=10.
+    let (s, _) = start_ok(&path, &["--compact-floor-bytes", "256"]);
+    for k in 0..10 {
+        assert_eq!(
+            once(s.lock_addr, &frame(3, format!("k{k}").as_bytes(), None)),
+            b'+'
+        );
+    }
+    s.wait_log("event=compaction_done");
+    let mut s = s;
+    s.kill9();
+    // The next grant after a restart must be above every id ever issued.
+    let (s, _) = start_ok(&path, &[]);
+    lock_ok(&s, b"b", b"g");
+    let mut s = s;
+    s.kill9();
+    let data = std::fs::read(&path).expect("read log");
+    let bounds = record_bounds(&data);
+    let last_acquire = bounds
+        .windows(2)
+        .filter(|w| data[w[0] + 8] == 1)
+        .last()
+        .expect("an Acquire record");
+    let at = last_acquire[0] + 9;
+    let grant_id = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+    assert!(
+        grant_id > 50,
+        "grant id went back to {grant_id} after 50 grants"
+    );
+}

@@ -261,6 +261,11 @@ impl Table {
         self.next_grant_id
     }
 
+    /// Recovery: grant ids continue above `n` (a compacted log's mark).
+    pub fn raise_next_grant_id(&mut self, n: u64) {
+        self.next_grant_id = self.next_grant_id.max(n);
+    }
+
     /// Acquire time of the longest-held key, if any key is held.
     pub fn oldest_acquired_unix_ms(&self) -> Option<u64> {
         let k = self.by_age.front()?;

@@ -397,6 +397,7 @@ impl Wal {
                     }
                 }
                 Record::Release { key, .. } => table.restore_release(key, now),
+                Record::GrantMark { next_grant_id } => table.raise_next_grant_id(*next_grant_id),
             }
         }
         rec.records = records.len();
@@ -535,6 +536,7 @@ impl Wal {
         let temp_fd = self.open_temp()?;
         let mut buf = Vec::with_capacity(self.live_bytes as usize + MAGIC.len());
         buf.extend_from_slice(MAGIC);
+        record::encode_grant_mark(table.next_grant_id(), &mut buf);
         let mut records = 0;
         table.for_each_held(|h| {
             record::encode_acquire(h, &mut buf);
@@ -647,6 +649,7 @@ impl Wal {
         let fd = self.open_temp()?;
         self.flight_buf.clear();
         self.flight_buf.extend_from_slice(MAGIC);
+        record::encode_grant_mark(table.next_grant_id(), &mut self.flight_buf);
         let mut records = 0;
         table.for_each_held(|h| {
             record::encode_acquire(h, &mut self.flight_buf);

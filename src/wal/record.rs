@@ -10,13 +10,16 @@
 //! 6      2    !len: bitwise complement of len, so a damaged length field is
 //!             recognised on its own, even when the record it claims to
 //!             describe would run past the end of the file
-//! 8      1    type: 1 = Acquire, 2 = Release
+//! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark
 //! 9      ..   payload
 //! ```
 //!
 //! Acquire payload: `grant_id u64 · acquired_unix_ms u64 · keyLen u8 · key ·
 //! srcLen u8 · source · epLen u8 · endpoint ("ip:port", UTF-8)`.
 //! Release payload: `grant_id u64 · keyLen u8 · key`.
+//! GrantMark payload: `next_grant_id u64` — written first in every rewritten
+//! log, so grant ids keep increasing across compaction and restart even
+//! though a compacted log holds only the live holders' Acquires.
 //!
 //! Recovery (see [`scan`]): a record whose header is incomplete or whose
 //! body runs past the end of the file is a torn tail (a crash during an
@@ -36,11 +39,19 @@ pub const RECORD_MAX: usize = HEADER + 1 + 16 + 3 * (1 + 127);
 
 pub const ACQUIRE: u8 = 1;
 pub const RELEASE: u8 = 2;
+pub const GRANT_MARK: u8 = 3;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Acquire(HeldKey),
-    Release { key: Name, grant_id: u64 },
+    Release {
+        key: Name,
+        grant_id: u64,
+    },
+    /// The next grant id to hand out is at least this.
+    GrantMark {
+        next_grant_id: u64,
+    },
 }
 
 fn put_name(out: &mut Vec<u8>, n: &[u8]) {
@@ -68,6 +79,14 @@ pub fn encode_acquire(h: &HeldKey, out: &mut Vec<u8>) {
         cur.position() as usize
     };
     put_name(out, &ep[..n]);
+    seal(out, start);
+}
+
+pub fn encode_grant_mark(next_grant_id: u64, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(GRANT_MARK);
+    out.extend_from_slice(&next_grant_id.to_le_bytes());
     seal(out, start);
 }
 
@@ -128,6 +147,9 @@ fn parse_body(body: &[u8]) -> Option<Record> {
             }
             Some(Record::Release { key, grant_id })
         }
+        GRANT_MARK => rest.is_empty().then_some(Record::GrantMark {
+            next_grant_id: grant_id,
+        }),
         _ => None,
     }
 }
@@ -268,6 +290,18 @@ mod tests {
             }
         }
         (out, starts)
+    }
+
+    #[test]
+    fn grant_mark_roundtrip() {
+        let mut img = MAGIC.to_vec();
+        encode_grant_mark(42, &mut img);
+        encode_acquire(&held("k", 43), &mut img);
+        let Scan::Ok { records, .. } = scan(&img) else {
+            panic!()
+        };
+        assert_eq!(records[0], Record::GrantMark { next_grant_id: 42 });
+        assert_eq!(records.len(), 2);
     }
 
     #[test]
