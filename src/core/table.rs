@@ -791,6 +791,19 @@ mod tests {
             unix_ms: 1_700_000_000_000 + us / 1000,
         }
     }
+    /// A Lock or TryLock from `conn` at `us` µs (endpoint 127.0.0.1:1).
+    fn lk(
+        tb: &mut Table,
+        fx: &mut Effects,
+        conn: Token,
+        key: &str,
+        src: &str,
+        mode: LockMode,
+        us: u64,
+    ) -> Option<u32> {
+        tb.lock(conn, &n(key), &n(src), ep(1), mode, at(us), fx)
+    }
+
     fn granted(fx: &Effects) -> Vec<Token> {
         fx.iter()
             .filter_map(|e| match e {
@@ -813,29 +826,10 @@ mod tests {
     fn fifo_handoff_and_withdrawal_from_the_middle() {
         let mut tb = t();
         let mut fx = Vec::new();
-        tb.lock(
-            1,
-            &n("k"),
-            &n("a"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
         let mut ws = Vec::new();
         for c in 2..=6 {
-            ws.push(
-                tb.lock(
-                    c,
-                    &n("k"),
-                    &n("b"),
-                    ep(c as u16),
-                    LockMode::Blocking,
-                    at(c),
-                    &mut fx,
-                )
-                .unwrap(),
-            );
+            ws.push(lk(&mut tb, &mut fx, c, "k", "b", LockMode::Blocking, c).unwrap());
         }
         assert_eq!(granted(&fx), vec![1]);
         tb.withdraw(ws[1]); // conn 3 hangs up
@@ -860,8 +854,8 @@ mod tests {
         tb.unlock(9, &n("free"), at(0), &mut fx);
         assert_eq!(replies(&fx), vec![(9, Reply::Ok)]);
         fx.clear();
-        tb.lock(1, &n("k"), &n("a"), ep(1), LockMode::Try, at(0), &mut fx);
-        tb.lock(2, &n("k"), &n("a"), ep(1), LockMode::Try, at(0), &mut fx);
+        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Try, 0);
+        lk(&mut tb, &mut fx, 2, "k", "a", LockMode::Try, 0);
         assert_eq!(replies(&fx), vec![(1, Reply::Ok), (2, Reply::Busy)]);
         tb.check_invariants();
     }
@@ -870,51 +864,11 @@ mod tests {
     fn reset_by_source_answers_its_waiters_and_frees_its_keys() {
         let mut tb = t();
         let mut fx = Vec::new();
-        tb.lock(
-            1,
-            &n("k1"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            2,
-            &n("k2"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            3,
-            &n("k1"),
-            &n("other"),
-            ep(2),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            4,
-            &n("k3"),
-            &n("other"),
-            ep(2),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            5,
-            &n("k3"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 1, "k1", "s", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 2, "k2", "s", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 3, "k1", "other", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 4, "k3", "other", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 5, "k3", "s", LockMode::Blocking, 0);
         fx.clear();
         tb.reset_by_source(Some(99), &n("s"), at(10), &mut fx);
         tb.check_invariants();
@@ -931,27 +885,11 @@ mod tests {
     fn undelivered_grant_is_released_only_if_still_held_by_it() {
         let mut tb = t();
         let mut fx = Vec::new();
-        tb.lock(
-            1,
-            &n("k"),
-            &n("a"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
         let Effect::Granted { grant, .. } = fx[0] else {
             panic!()
         };
-        tb.lock(
-            2,
-            &n("k"),
-            &n("a"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 2, "k", "a", LockMode::Blocking, 0);
         fx.clear();
         assert!(tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
         assert_eq!(granted(&fx), vec![2]);
@@ -967,33 +905,9 @@ mod tests {
             max_waiters: 1,
         });
         let mut fx = Vec::new();
-        tb.lock(
-            1,
-            &n("a"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            2,
-            &n("b"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
-        tb.lock(
-            3,
-            &n("c"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(0),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 1, "a", "s", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 2, "b", "s", LockMode::Blocking, 0);
+        lk(&mut tb, &mut fx, 3, "c", "s", LockMode::Blocking, 0);
         assert!(tb
             .lock(
                 4,
@@ -1032,24 +946,8 @@ mod tests {
     fn oldest_hold_follows_grant_order() {
         let mut tb = t();
         let mut fx = Vec::new();
-        tb.lock(
-            1,
-            &n("a"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(1000),
-            &mut fx,
-        );
-        tb.lock(
-            2,
-            &n("b"),
-            &n("s"),
-            ep(1),
-            LockMode::Blocking,
-            at(2000),
-            &mut fx,
-        );
+        lk(&mut tb, &mut fx, 1, "a", "s", LockMode::Blocking, 1000);
+        lk(&mut tb, &mut fx, 2, "b", "s", LockMode::Blocking, 2000);
         assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(1000).unix_ms));
         tb.unlock(3, &n("a"), at(3000), &mut fx);
         assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(2000).unix_ms));
