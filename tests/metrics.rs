@@ -1,6 +1,8 @@
 //! Unit tests of the metrics registry's text output and of the scrape endpoint
 //! over a real TCP socket.
 
+mod common;
+use common::promtool_check_metrics;
 use ringlock::metrics::{self, Action, Metrics, Outcome};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -305,41 +307,6 @@ fn rendered_text_passes_promtool_when_available() {
     if !promtool_check_metrics(&text) {
         panic!("promtool check metrics rejected the output:\n{text}");
     }
-}
-
-/// Runs `promtool check metrics` on `text`; true when it passes or when
-/// promtool is not installed (then the end-to-end test and CI cover it).
-pub fn promtool_check_metrics(text: &str) -> bool {
-    use std::process::{Command, Stdio};
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("promtool not on PATH; skipping promtool check metrics");
-            return true;
-        }
-        Err(e) => panic!("spawning promtool: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool runs");
-    if !out.status.success() {
-        eprintln!(
-            "promtool: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out.status.success()
 }
 
 // ---- the scrape endpoint over real TCP ----

@@ -145,33 +145,9 @@ fn check_every_figure(s: &Scrape, expected: &BTreeMap<String, f64>) {
 }
 
 fn promtool_check(text: &str) {
-    use std::process::{Command, Stdio};
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("promtool not on PATH: skipping `promtool check metrics` (CI installs it)");
-            return;
-        }
-        Err(e) => panic!("spawning promtool: {e}"),
-    };
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(text.as_bytes())
-        .expect("feed promtool");
-    let out = child.wait_with_output().expect("promtool runs");
     assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        common::promtool_check_metrics(text),
+        "promtool check metrics failed:\n{text}"
     );
 }
 

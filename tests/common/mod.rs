@@ -354,3 +354,38 @@ pub fn admin_names(admin: SocketAddr, cmd: &[u8; 4], names: &[&[u8]]) -> Vec<u8>
     s.read_exact(&mut out).expect("admin answer");
     out
 }
+
+/// Runs `promtool check metrics` on `text`; true when it passes or when
+/// promtool is not installed (then the end-to-end test and CI cover it).
+pub fn promtool_check_metrics(text: &str) -> bool {
+    use std::process::Stdio;
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("promtool not on PATH; skipping promtool check metrics");
+            return true;
+        }
+        Err(e) => panic!("spawning promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    if !out.status.success() {
+        eprintln!(
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out.status.success()
+}
