@@ -1309,29 +1309,14 @@ impl Server {
                 self.fail_pending("cannot open the rewrite file", 0);
                 return;
             }
-            log!(
-                Level::Info,
-                "compaction_start",
-                "path={} log_bytes={} live_bytes={} broken={} mode=blocking",
-                w.path.display(),
-                w.file_len,
-                w.live_bytes,
-                w.broken
-            );
+            w.log_compaction_start("blocking");
             self.submit_wal_chain();
             return;
         }
         if w.should_compact(now_us) {
             match w.start_compaction(&self.table, now_us) {
                 Ok(()) => {
-                    log!(
-                        Level::Info,
-                        "compaction_start",
-                        "path={} log_bytes={} live_bytes={} broken=false mode=background",
-                        w.path.display(),
-                        w.file_len,
-                        w.live_bytes
-                    );
+                    w.log_compaction_start("background");
                     self.submit_compaction();
                 }
                 Err(e) => {

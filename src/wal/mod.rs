@@ -603,6 +603,21 @@ impl Wal {
         (old, c)
     }
 
+    /// One `compaction_start` line: a `background` compaction or a
+    /// `blocking` rewrite after an I/O error.
+    pub fn log_compaction_start(&self, mode: &str) {
+        crate::log!(
+            crate::log::Level::Info,
+            "compaction_start",
+            "path={} log_bytes={} live_bytes={} broken={} mode={}",
+            self.path.display(),
+            self.file_len,
+            self.live_bytes,
+            self.broken,
+            mode
+        );
+    }
+
     /// Closes a temp file that no in-flight op references, and removes it
     /// unless it was already renamed over the log.
     pub fn discard_temp(&self, fd: RawFd, renamed: bool) {
