@@ -28,9 +28,13 @@ pub struct Conn {
     /// The peer's IP as a source name (an empty wire source), formatted on
     /// first use.
     pub peer_ip: Option<crate::core::Name>,
-    /// Received, not yet decoded bytes. The recv writes into the spare
-    /// capacity; the heap buffer never moves while a recv is in flight.
+    /// Received, not yet decoded bytes. Never lent to the kernel: each recv
+    /// lands in `recv_buf` and its bytes are copied here on completion, so
+    /// decoding and draining frames can never race a recv in flight.
     pub rbuf: Vec<u8>,
+    /// The landing buffer of the armed recv. It belongs to the kernel while
+    /// `recv_inflight` and is only read after the recv's final completion.
+    pub recv_buf: Box<[u8]>,
     /// Answer bytes waiting to be sent.
     pub out: Vec<u8>,
     /// Bytes handed to the kernel (immutable while `send_inflight`).
@@ -80,7 +84,9 @@ impl Conn {
             fd: -1,
             peer: None,
             peer_ip: None,
-            rbuf: Vec::with_capacity(LOCK_RECV_BUF),
+            // Room for a full buffer plus one more recv: no reallocation.
+            rbuf: Vec::with_capacity(2 * LOCK_RECV_BUF),
+            recv_buf: vec![0u8; LOCK_RECV_BUF].into_boxed_slice(),
             out: Vec::with_capacity(16),
             sending: Vec::with_capacity(16),
             sent: 0,
@@ -112,7 +118,7 @@ impl Conn {
         self.peer_ip = None;
         if port == Port::Lock && self.rbuf.capacity() > 4 * LOCK_RECV_BUF {
             // A slot that served a large admin command goes back to size.
-            self.rbuf = Vec::with_capacity(LOCK_RECV_BUF);
+            self.rbuf = Vec::with_capacity(2 * LOCK_RECV_BUF);
         }
     }
 

@@ -602,29 +602,24 @@ impl Server {
     fn arm_recv(&mut self, slot: u32) {
         let c = &mut self.conns[slot as usize];
         debug_assert!(!c.recv_inflight && !c.closing);
+        // Undecoded bytes a connection may accumulate: one lock frame plus
+        // a pipeline behind it, or the largest admin command.
         let cap = match c.port {
             Port::Lock => LOCK_RECV_BUF,
-            Port::Admin => {
-                // The admin buffer grows (admin path only) up to the largest
-                // command; at least 4 KiB free for each receive.
-                if c.rbuf.capacity() - c.rbuf.len() < 4096 {
-                    c.rbuf.reserve(4096);
-                }
-                c.rbuf.capacity()
-            }
+            Port::Admin => admin::FRAME_MAX,
         };
-        let len = c.rbuf.len();
-        if len >= cap {
+        if c.rbuf.len() >= cap {
             // A client that keeps sending while its request is outstanding.
             self.violation(slot, "receive buffer full while a request is outstanding");
             return;
         }
-        // SAFETY: the spare capacity of rbuf is heap memory owned by this
-        // slot; rbuf is neither grown nor truncated while the recv is in
-        // flight (`recv_inflight`), and the slot is not recycled before the
-        // recv's final completion.
-        let ptr = unsafe { c.rbuf.as_mut_ptr().add(len) };
-        let want = (cap - len) as u32;
+        // SAFETY: `recv_buf` is a heap buffer owned by this slot; it is not
+        // read, moved or freed while `recv_inflight` (until the recv's final
+        // completion), and the slot is not recycled before that completion.
+        // `rbuf`, which the decoder drains, is never lent to the kernel:
+        // tests/protocol.rs `pipelined_frames_*` fail if it is.
+        let ptr = c.recv_buf.as_mut_ptr();
+        let want = c.recv_buf.len() as u32;
         c.recv_inflight = true;
         let gen = c.gen;
         let sqe = opcode::Recv::new(types::Fd(c.fd), ptr, want)
@@ -645,9 +640,9 @@ impl Server {
         self.conns[slot as usize].recv_inflight = false;
         if res > 0 {
             let c = &mut self.conns[slot as usize];
-            // SAFETY: the kernel initialised `res` bytes past the old length,
-            // within the capacity handed to the recv.
-            unsafe { c.rbuf.set_len(c.rbuf.len() + res as usize) };
+            // The recv's final completion: the landing buffer is ours again.
+            let got = &c.recv_buf[..res as usize];
+            c.rbuf.extend_from_slice(got);
             if c.closing {
                 self.maybe_close(slot);
                 return;
