@@ -12,7 +12,7 @@ echo "== clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test (workspace, all targets)"
-cargo test --workspace --all-targets --locked
+cargo test --workspace --all-targets --locked --features faults
 
 if [ -x scripts/check-deploy.sh ]; then
   echo "== deployment checks"

@@ -11,6 +11,7 @@
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
+//! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -38,6 +39,9 @@ pub struct Config {
     pub wal_truncate_at: Option<u64>,
     /// Test-only storage fault injection (`RINGLOCK_FAULTS`).
     pub faults: Option<String>,
+    /// After `kill -9` the predecessor's io_uring can keep its listener
+    /// bound for a while: binding is retried this long.
+    pub bind_retry_ms: u64,
 }
 
 impl Config {
@@ -56,6 +60,7 @@ impl Config {
             compact_floor_bytes: 1 << 20,
             wal_truncate_at: None,
             faults: None,
+            bind_retry_ms: 10_000,
         }
     }
 }

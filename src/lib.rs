@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod protocol;
 #[macro_use]
 pub mod log;
+pub mod driver;
 pub mod io;
-pub mod server;
+pub mod shard;
 pub mod wal;

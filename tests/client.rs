@@ -207,7 +207,7 @@ fn server_answers_nothing_after_half_close_withdrawal() {
     let s = Server::start(&[]);
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"h", b"a"), b'+');
-    let mut waiter = s.connect();
+    let mut waiter = s.connect_oneshot();
     waiter.send(&common::frame(1, b"h", Some(b"b")));
     assert!(waiter.silent_for(50), "queued behind the holder");
     waiter.half_close();

@@ -70,14 +70,14 @@ fn a_waiter_that_hangs_up_is_withdrawn_and_never_granted() {
     let s = Server::start(&[]);
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"hu", b"h"), b'+');
-    let mut w1 = s.connect();
+    let mut w1 = s.connect_oneshot();
     w1.send(&frame(1, b"hu", Some(b"w1")));
     sync(&s);
-    let w2 = s.connect();
+    let w2 = s.connect_oneshot();
     let mut w2 = w2;
     w2.send(&frame(1, b"hu", Some(b"w2")));
     sync(&s);
-    let mut w3 = s.connect();
+    let mut w3 = s.connect_oneshot();
     w3.send(&frame(1, b"hu", Some(b"w3")));
     sync(&s);
     // The middle and the first waiter go away (close, then half-close).
@@ -295,7 +295,7 @@ fn bad_frames_answer_minus_close_and_change_nothing() {
     assert_eq!(holder.lock(b"safe", b"h"), b'+');
     let cases: Vec<Vec<u8>> = vec![
         vec![0],                // unknown action 0
-        vec![6, 1, b'k'],       // unknown action 6
+        vec![7, 1, b'k'],       // unknown action 7
         vec![255],              // unknown action 255
         vec![1, 0, 0],          // key size 0
         vec![1, 0x80],          // key size -128
@@ -374,7 +374,7 @@ fn connections_over_the_limit_are_refused_cleanly() {
     let s = Server::start(&["--max-connections", "4"]);
     let mut open: Vec<Conn> = (0..4).map(|_| s.connect()).collect();
     sync_via(&mut open[0]);
-    let mut extra = s.connect();
+    let mut extra = s.connect_oneshot();
     assert_eq!(extra.read_byte_or_eof(), Some(b'-'), "refused with '-'");
     assert_eq!(extra.read_byte_or_eof(), None, "and closed");
     // Existing connections still work, and a slot frees when one closes.
@@ -382,7 +382,7 @@ fn connections_over_the_limit_are_refused_cleanly() {
     drop(open.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let mut c = s.connect();
+        let mut c = s.connect_oneshot();
         c.send(&frame(2, b"lim", None));
         match c.read_byte_or_eof() {
             Some(b'+') => break,
@@ -422,9 +422,23 @@ fn bad_addresses_and_busy_ports_fail_with_one_line() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().to_string();
     for args in [
-        vec!["--bind", port.as_str(), "--admin-bind", "127.0.0.1:0"],
+        vec![
+            "--bind",
+            port.as_str(),
+            "--admin-bind",
+            "127.0.0.1:0",
+            "--bind-retry-ms",
+            "0",
+        ],
         vec!["--bind", "not-an-address"],
-        vec!["--bind", "127.0.0.1:0", "--admin-bind", port.as_str()],
+        vec![
+            "--bind",
+            "127.0.0.1:0",
+            "--admin-bind",
+            port.as_str(),
+            "--bind-retry-ms",
+            "0",
+        ],
         vec!["--max-connections", "0"],
         vec!["--bogus"],
     ] {

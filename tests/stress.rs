@@ -77,7 +77,7 @@ fn mutual_exclusion_under_contention() {
         .map(|t| {
             let (counter, inside) = (counter.clone(), inside.clone());
             std::thread::spawn(move || {
-                let mut persistent = Conn::connect(addr);
+                let mut persistent = Conn::persistent(addr);
                 for r in 0..ROUNDS {
                     // Mix connection styles: half the rounds use a fresh
                     // connection per request, as Locking-Center clients do.

@@ -76,6 +76,10 @@ fn client(
     };
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    // Opt in to several requests on this connection.
+    if request(&mut s, &[6]) != Some(b'+') {
+        return;
+    }
     let source = format!("src{id}").into_bytes();
     while !stop.load(Ordering::Relaxed) {
         let key = key_name(id, rng.below(KEYS_PER_CLIENT as u64) as usize);

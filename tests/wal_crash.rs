@@ -70,6 +70,10 @@ fn clients(
                     return;
                 };
                 s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                // Opt in to several requests on this connection.
+                if ask(&mut s, &[6]) != Some(b'+') {
+                    return;
+                }
                 while !stop.load(Ordering::Relaxed) {
                     let r = xorshift(&mut seed);
                     if r.is_multiple_of(5) {

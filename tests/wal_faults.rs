@@ -633,7 +633,7 @@ fn a_waiter_that_leaves_while_its_grant_waits_for_the_log_is_never_a_holder() {
     );
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"k", b"h"), b'+');
-    let mut w = s.connect();
+    let mut w = s.connect_oneshot();
     w.send(&frame(1, b"k", Some(b"w")));
     wait_metric(&s, "ringlock_queued_waiters", 1.0);
     // The unlock hands k to w in memory; both answers wait for the log.

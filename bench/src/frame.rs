@@ -31,6 +31,8 @@ pub fn frame_len(buf: &[u8]) -> Frame {
         1 | 5 => (true, true),
         2 | 3 => (true, false),
         4 => (false, true),
+        // Persist: the connection carries several requests (answered `+`).
+        6 => return Frame::Complete(1),
         _ => return Frame::Invalid,
     };
     let mut at = 1;

@@ -226,7 +226,12 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
             gen: 0,
             phase: Phase::Idle,
             op: Op::Lock,
-            codec: new_codec(&cfg.target, id, cfg.lock_ttl_ms),
+            codec: new_codec(
+                &cfg.target,
+                id,
+                cfg.lock_ttl_ms,
+                cfg.conn_mode == ConnMode::Persistent,
+            ),
             rbuf: Vec::with_capacity(4096),
             wbuf: Vec::with_capacity(4096),
             wpos: 0,

@@ -4,9 +4,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ringlock::config::{self, Config};
+use ringlock::driver::Server;
 use ringlock::log::{self, Level};
 use ringlock::metrics::{self, Metrics};
-use ringlock::server::Server;
 
 const HELP: &str = "\
 ringlockd — a Locking-Center compatible lock server on io_uring
@@ -29,6 +29,8 @@ OPTIONS:
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
+    --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
+                             retry binding for up to MS before giving up (default 10000; 0 = no retry)
     --log-level LEVEL        error | warn | info | debug (default info)
     -h, --help               print this help
     -V, --version            print the version
@@ -37,6 +39,7 @@ OPTIONS:
 fn parse() -> Result<Option<(Config, Level)>, String> {
     use lexopt::prelude::*;
     let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
+    let mut bind_retry_ms: Option<u64> = None;
     let mut bind = match env_bind {
         Some(s) => config::parse_addr(&s).map_err(|e| format!("BIND_ADDRESS: {e}"))?,
         None => Config::default().bind,
@@ -112,6 +115,13 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 }
                 limits.push((name, n));
             }
+            "--bind-retry-ms" => {
+                let v = val("bind-retry-ms")?;
+                bind_retry_ms = Some(
+                    v.parse()
+                        .map_err(|_| format!("--bind-retry-ms: not a number: {v:?}"))?,
+                );
+            }
             "-h" | "--help" => {
                 print!("{HELP}");
                 return Ok(None);
@@ -124,6 +134,9 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         }
     }
     let mut cfg = Config::new(bind);
+    if let Some(ms) = bind_retry_ms {
+        cfg.bind_retry_ms = ms;
+    }
     if let Some(a) = admin {
         cfg.admin_bind = a;
     }

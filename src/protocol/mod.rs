@@ -14,6 +14,10 @@
 //! | ResetByKey | 3 | `[keyLen][key]` |
 //! | ResetBySource | 4 | `[srcLen][src]` |
 //! | TryLock | 5 | `[keyLen][key][srcLen][src]` |
+//! | Persist (extension) | 6 | nothing: the connection carries several requests |
+//!
+//! Without Persist a connection carries one request and the server closes
+//! it after the answer, as Locking-Center does.
 
 use crate::core::HeldKey;
 
@@ -27,6 +31,9 @@ pub enum Action {
     ResetByKey,
     ResetBySource,
     TryLock,
+    /// Extension: opt in to several requests on this connection, answered
+    /// in order, pipelined or not. Answered `+`.
+    Persist,
 }
 
 impl Action {
@@ -37,6 +44,7 @@ impl Action {
             3 => Action::ResetByKey,
             4 => Action::ResetBySource,
             5 => Action::TryLock,
+            6 => Action::Persist,
             _ => return None,
         })
     }
@@ -48,6 +56,7 @@ impl Action {
             Action::ResetByKey => 3,
             Action::ResetBySource => 4,
             Action::TryLock => 5,
+            Action::Persist => 6,
         }
     }
 }
@@ -139,6 +148,7 @@ pub fn decode(buf: &[u8]) -> Decoded<'_> {
             Ok(None) => return Decoded::Incomplete,
             Err(s) => return Decoded::Bad(BadFrame::SourceSize(s)),
         },
+        Action::Persist => (&[][..], &[][..], 1),
     };
     Decoded::Frame {
         req: Request {
@@ -170,6 +180,7 @@ pub fn encode(action: Action, key: &[u8], source: &[u8], out: &mut Vec<u8>) {
             out.push(source.len() as u8);
             out.extend_from_slice(source);
         }
+        Action::Persist => {}
     }
 }
 
@@ -448,7 +459,18 @@ mod tests {
     #[test]
     fn rejects_bad_sizes_and_actions() {
         assert_eq!(decode(b"\x00"), Decoded::Bad(BadFrame::UnknownAction(0)));
-        assert_eq!(decode(b"\x06"), Decoded::Bad(BadFrame::UnknownAction(6)));
+        assert_eq!(decode(b"\x07"), Decoded::Bad(BadFrame::UnknownAction(7)));
+        // Persist is one byte; what follows it is the next frame.
+        assert!(matches!(
+            decode(b"\x06\x02"),
+            Decoded::Frame {
+                req: Request {
+                    action: Action::Persist,
+                    ..
+                },
+                len: 1
+            }
+        ));
         assert_eq!(decode(b"\x01\x00"), Decoded::Bad(BadFrame::KeySize(0)));
         assert_eq!(decode(b"\x01\x80"), Decoded::Bad(BadFrame::KeySize(-128)));
         assert_eq!(
@@ -536,7 +558,10 @@ mod tests {
             match decode(&bytes) {
                 Decoded::Frame { len, req } => {
                     prop_assert!(len <= bytes.len() && len <= LOCK_FRAME_MAX);
-                    prop_assert!(req.action == Action::ResetBySource || !req.key.is_empty());
+                    prop_assert!(
+                        matches!(req.action, Action::ResetBySource | Action::Persist)
+                            || !req.key.is_empty()
+                    );
                 }
                 Decoded::Incomplete => prop_assert!(bytes.len() < LOCK_FRAME_MAX),
                 Decoded::Bad(_) => {}

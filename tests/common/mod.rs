@@ -149,7 +149,14 @@ impl Server {
             .unwrap_or(0)
     }
 
+    /// A persistent lock-port connection (opted in with action Persist).
     pub fn connect(&self) -> Conn {
+        Conn::persistent(self.lock_addr)
+    }
+
+    /// A one-shot connection, as Locking-Center clients open: the server
+    /// closes it after its one answer.
+    pub fn connect_oneshot(&self) -> Conn {
         Conn::connect(self.lock_addr)
     }
 }
@@ -206,6 +213,14 @@ impl Conn {
         s.set_read_timeout(Some(Duration::from_secs(20)))
             .expect("read timeout");
         Conn { s }
+    }
+
+    /// Connects and opts in to several requests on the connection.
+    pub fn persistent(addr: SocketAddr) -> Conn {
+        let mut c = Conn::connect(addr);
+        c.send(&[6]);
+        assert_eq!(c.read_byte(), b'+', "Persist refused");
+        c
     }
 
     pub fn send(&mut self, bytes: &[u8]) {

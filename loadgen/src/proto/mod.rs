@@ -52,9 +52,17 @@ pub trait Codec {
     fn decode(&mut self, op: Op, buf: &mut Vec<u8>) -> Result<Option<Reply>, String>;
 }
 
-pub fn new_codec(target: &Target, client: usize, lock_ttl_ms: u64) -> Box<dyn Codec> {
+pub fn new_codec(
+    target: &Target,
+    client: usize,
+    lock_ttl_ms: u64,
+    persistent: bool,
+) -> Box<dyn Codec> {
     match &target.kind {
-        Kind::Ringlock => Box::new(ringlock::Lc::new(format!("lg{client}").into_bytes())),
+        Kind::Ringlock => Box::new(ringlock::Lc::new(
+            format!("lg{client}").into_bytes(),
+            persistent,
+        )),
         Kind::Redis => Box::new(redis::RedisLock::new(client, lock_ttl_ms)),
         Kind::Postgres { user, db, password } => {
             Box::new(pg::PgLock::new(user.clone(), db.clone(), password.clone()))

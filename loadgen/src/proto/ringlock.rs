@@ -7,17 +7,23 @@ pub const ACTION_LOCK: u8 = 1;
 pub const ACTION_UNLOCK: u8 = 2;
 pub const ACTION_TRY_LOCK: u8 = 5;
 
+/// Action Persist (extension): opt in to several requests on one
+/// connection; without it the server closes after each answer.
+pub const ACTION_PERSIST: u8 = 6;
+
 pub struct Lc {
     source: Vec<u8>,
+    /// Opt in with Persist at the start of each connection.
+    persistent: bool,
 }
 
 impl Lc {
-    pub fn new(source: Vec<u8>) -> Lc {
+    pub fn new(source: Vec<u8>, persistent: bool) -> Lc {
         assert!(
             source.len() <= 127,
             "Locking-Center sources are at most 127 bytes"
         );
-        Lc { source }
+        Lc { source, persistent }
     }
 }
 
@@ -42,12 +48,24 @@ pub fn encode_frame(op: Op, key: &[u8], source: &[u8], out: &mut Vec<u8>) {
 }
 
 impl Codec for Lc {
-    fn start_connection(&mut self, _out: &mut Vec<u8>) -> bool {
-        false
+    fn start_connection(&mut self, out: &mut Vec<u8>) -> bool {
+        if self.persistent {
+            out.push(ACTION_PERSIST);
+        }
+        self.persistent
     }
 
-    fn handshake(&mut self, _buf: &mut Vec<u8>, _out: &mut Vec<u8>) -> Result<bool, String> {
-        Ok(true)
+    fn handshake(&mut self, buf: &mut Vec<u8>, _out: &mut Vec<u8>) -> Result<bool, String> {
+        match buf.first() {
+            None => Ok(false),
+            Some(b'+') => {
+                buf.remove(0);
+                Ok(true)
+            }
+            Some(&b) => Err(format!(
+                "Persist answered 0x{b:02x}: the server does not support persistent connections"
+            )),
+        }
     }
 
     fn encode(&mut self, op: Op, key: &[u8], out: &mut Vec<u8>) {
@@ -89,7 +107,7 @@ mod tests {
 
     #[test]
     fn replies() {
-        let mut c = Lc::new(b"s".to_vec());
+        let mut c = Lc::new(b"s".to_vec(), false);
         let mut buf = b"+#".to_vec();
         assert_eq!(c.decode(Op::Lock, &mut buf).unwrap(), Some(Reply::Granted));
         assert_eq!(c.decode(Op::TryLock, &mut buf).unwrap(), Some(Reply::Busy));

@@ -1,0 +1,1162 @@
+//! The io_uring driver: the only place with `unsafe` I/O. It owns every
+//! file descriptor and every buffer lent to the kernel, turns completions
+//! into shard events and shard commands into submissions.
+//!
+//! # Ownership
+//! - A connection's receive buffer and send buffer are [`buf::Slot`]s: while
+//!   an op runs they are [`buf::Lent`] (no accessor); the bytes come back
+//!   only with the op's final completion. The shard never sees them: it
+//!   gets received bytes as a slice copied into its own buffer, and its
+//!   answers by swapping buffers ([`Shard::take_output`]).
+//! - A log chain's buffer moves from the shard to the driver with the
+//!   command and back with [`Shard::on_log_landed`].
+//! - A socket is closed only when no op references it; only then does the
+//!   shard hear [`Shard::on_closed`] and recycle the slot.
+//!
+//! # Tick
+//! `submit_and_wait` → drain every CQE into a local array (no handler runs
+//! inside the drain) → dispatch each as a shard event → `end_tick` (frame
+//! expiry, log batch, durable answers) → execute the shard's commands.
+//! `user_data` = op | generation | slot ([`crate::io`]); 0 is never used.
+
+pub mod buf;
+pub mod faults;
+
+use std::fs::File;
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::Arc;
+
+use io_uring::{opcode, types, IoUring};
+
+use crate::config::{Config, LOCK_RECV_BUF, RING_ENTRIES};
+use crate::core::{Now, Table, Token};
+use crate::io::{self as ring_io, Op};
+use crate::log::Level;
+use crate::metrics::Metrics;
+use crate::shard::conn::Port;
+use crate::shard::{Cmd, Shard};
+use crate::wal::log::{Chain, Log};
+use crate::wal::{self, LogFiles};
+use buf::{Lent, Slot};
+use faults::Faults;
+
+/// The answer sent to connections refused over the limit.
+static REFUSED: [u8; 1] = [b'-'];
+
+/// Ops one connection can have in flight at once: recv, send, cancel.
+const OPS_PER_CONN: usize = 3;
+/// Log ops in flight at most: two chains of write, timeout, fsync, rename,
+/// directory fsync.
+const LOG_OPS: usize = 10;
+/// Multishot accepts, the signal read, and headroom for refusals
+/// (send + close each) answered within one tick.
+const FIXED_OPS: usize = 3 + 2 * 512;
+
+// Steps of a log chain (the `slot` field of its user_data).
+const STEP_WRITE: u32 = 0;
+const STEP_SYNC: u32 = 1;
+const STEP_RENAME: u32 = 2;
+const STEP_DIR_SYNC: u32 = 3;
+const STEP_DELAY: u32 = 4;
+
+fn now() -> Now {
+    let mut mono = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let mut wall = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointers to stack timespecs; these clocks always exist.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut mono);
+        libc::clock_gettime(libc::CLOCK_REALTIME, &mut wall);
+    }
+    Now {
+        mono_us: mono.tv_sec as u64 * 1_000_000 + mono.tv_nsec as u64 / 1000,
+        unix_ms: wall.tv_sec as u64 * 1000 + wall.tv_nsec as u64 / 1_000_000,
+    }
+}
+
+/// Binds a listener. After `kill -9`, the dead process's io_uring may keep
+/// its listener bound for a while (the ring's file references are dropped
+/// asynchronously): an address in use is retried for `retry_ms`.
+fn bind(addr: SocketAddr, what: &str, retry_ms: u64) -> io::Result<TcpListener> {
+    let started = std::time::Instant::now();
+    let mut logged = false;
+    let l = loop {
+        // std sets SO_REUSEADDR on Unix listeners.
+        match TcpListener::bind(addr) {
+            Ok(l) => break l,
+            Err(e)
+                if e.kind() == io::ErrorKind::AddrInUse
+                    && started.elapsed().as_millis() < retry_ms as u128 =>
+            {
+                if !logged {
+                    logged = true;
+                    log!(
+                        Level::Warn,
+                        "bind_retry",
+                        "port={} addr={} reason=\"address in use; retrying for up to {} ms (a crashed predecessor's socket may still be closing)\"",
+                        what,
+                        addr,
+                        retry_ms
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                let waited = if logged {
+                    format!(" (still in use after retrying for {retry_ms} ms)")
+                } else {
+                    String::new()
+                };
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot bind {what} port {addr}: {e}{waited}"),
+                ));
+            }
+        }
+    };
+    // Accepted sockets inherit TCP_NODELAY from the listener on Linux: our
+    // one-byte answers must never wait for Nagle.
+    let one: libc::c_int = 1;
+    // SAFETY: valid fd and option pointer/length.
+    unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
+    }
+    Ok(l)
+}
+
+fn peer_of(fd: RawFd) -> SocketAddr {
+    // SAFETY: sockaddr_storage is large enough for any address family; the
+    // kernel writes at most `len` bytes.
+    unsafe {
+        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        if libc::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) != 0 {
+            return SocketAddr::from(([0, 0, 0, 0], 0));
+        }
+        match ss.ss_family as i32 {
+            libc::AF_INET => {
+                let a = &*(&ss as *const _ as *const libc::sockaddr_in);
+                SocketAddr::from((
+                    u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                    u16::from_be(a.sin_port),
+                ))
+            }
+            libc::AF_INET6 => {
+                let a = &*(&ss as *const _ as *const libc::sockaddr_in6);
+                SocketAddr::from((a.sin6_addr.s6_addr, u16::from_be(a.sin6_port)))
+            }
+            _ => SocketAddr::from(([0, 0, 0, 0], 0)),
+        }
+    }
+}
+
+/// Every connection is a file descriptor: raise the soft RLIMIT_NOFILE to
+/// what `max_connections` needs (up to the hard limit), and lower
+/// `max_connections` with a warning when the hard limit is smaller, so the
+/// server refuses connections cleanly (`-`) instead of failing accepts.
+fn fit_fd_limit(cfg: &mut Config) {
+    // Listeners, signalfd, log, directory, temp file, metrics, stdio.
+    const RESERVED: u64 = 64;
+    let want = cfg.max_connections as u64 + RESERVED;
+    // SAFETY: get/setrlimit on a stack struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return;
+        }
+        if r.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(r.rlim_max),
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = raised.rlim_cur;
+            }
+        }
+        if r.rlim_cur < want {
+            let fit = r.rlim_cur.saturating_sub(RESERVED).max(1) as usize;
+            log!(
+                Level::Warn,
+                "limit_lowered",
+                "limit=max_connections from={} to={} reason=\"RLIMIT_NOFILE is {}\"",
+                cfg.max_connections,
+                fit,
+                r.rlim_cur
+            );
+            cfg.max_connections = fit;
+        }
+    }
+}
+
+fn block_signals() -> io::Result<RawFd> {
+    // SAFETY: plain signal-mask manipulation on a zeroed set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
+
+/// The completion queue must hold every op that can be in flight at once.
+fn cq_entries_for(max_conns: usize) -> u32 {
+    let need = max_conns * OPS_PER_CONN + LOG_OPS + FIXED_OPS;
+    (need.max(2 * RING_ENTRIES as usize)).next_power_of_two() as u32
+}
+
+fn build_ring(max_conns: usize) -> io::Result<IoUring> {
+    let cq = cq_entries_for(max_conns);
+    let mut b = IoUring::builder();
+    b.setup_cqsize(cq)
+        .setup_single_issuer()
+        .setup_defer_taskrun();
+    let ring = match b.build(RING_ENTRIES) {
+        Ok(r) => r,
+        // Older kernels lack DEFER_TASKRUN: fall back to a plain ring.
+        Err(_) => IoUring::builder().setup_cqsize(cq).build(RING_ENTRIES)?,
+    };
+    assert!(
+        ring.params().cq_entries() as usize >= max_conns * OPS_PER_CONN + LOG_OPS + FIXED_OPS,
+        "completion queue smaller than the ops that can be in flight"
+    );
+    // Overflowed completions are kept, not dropped (kernel >= 5.5).
+    assert!(ring.params().is_feature_nodrop(), "io_uring without NODROP");
+    Ok(ring)
+}
+
+/// The driver's side of one connection slot (same index as the shard's).
+struct DConn {
+    /// The shard's token for the occupant; 0 when unused.
+    token: Token,
+    fd: RawFd,
+    recv: Slot,
+    send: Slot,
+    sent: usize,
+    closing: bool,
+    cancel_submitted: bool,
+}
+
+impl DConn {
+    fn new() -> DConn {
+        DConn {
+            token: 0,
+            fd: -1,
+            recv: Slot::Ours(vec![0u8; LOCK_RECV_BUF]),
+            send: Slot::Ours(Vec::with_capacity(16)),
+            sent: 0,
+            closing: false,
+            cancel_submitted: false,
+        }
+    }
+}
+
+/// One log chain being run.
+struct ChainRun {
+    chain: Chain,
+    buf: Slot,
+    len: usize,
+    written: usize,
+    /// Ops of the submitted chain whose completion is still due.
+    ops_left: u32,
+    error: Option<i32>,
+    /// The write in flight is failed by fault injection.
+    fail_injected: bool,
+}
+
+struct LogIo {
+    files: LogFiles,
+    temp: Option<File>,
+    temp_renamed: bool,
+    /// The chain that covers records: Append or Rewrite.
+    records: Option<ChainRun>,
+    /// The background compaction's chain: Snapshot or Finish.
+    compact: Option<ChainRun>,
+    faults: Faults,
+}
+
+const CHAIN_RECORDS: u32 = 0;
+const CHAIN_COMPACT: u32 = 1;
+
+pub struct Server {
+    ring: IoUring,
+    lock_listener: TcpListener,
+    admin_listener: TcpListener,
+    signal_fd: RawFd,
+    signal_buf: Box<libc::signalfd_siginfo>,
+    conns: Vec<DConn>,
+    shard: Shard,
+    log: Option<LogIo>,
+    metrics: Arc<Metrics>,
+    cqes: Vec<(u64, i32, u32)>,
+    cmds: Vec<Cmd>,
+    /// Log chains concluded without a completion (the temp file could not
+    /// be opened), delivered to the shard after the commands.
+    landings: Vec<(Chain, Result<(), i32>, Vec<u8>)>,
+    /// Connections closed in this pass, reported to the shard after it.
+    closed: Vec<Token>,
+    stop_requested: bool,
+}
+
+impl Drop for Server {
+    /// Ops may still be in flight when the server stops (armed receives):
+    /// their buffers are leaked, never freed under the kernel.
+    fn drop(&mut self) {
+        for c in &mut self.conns {
+            for slot in [&mut c.recv, &mut c.send] {
+                if let Slot::Kernel(l) = std::mem::replace(slot, Slot::Moving) {
+                    l.leak();
+                }
+            }
+        }
+        if let Some(io) = self.log.as_mut() {
+            for run in [io.records.as_mut(), io.compact.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                if let Slot::Kernel(l) = std::mem::replace(&mut run.buf, Slot::Moving) {
+                    l.leak();
+                }
+            }
+        }
+    }
+}
+
+impl Server {
+    /// Recovers the log (durable mode), binds both ports and prepares the
+    /// ring; nothing is served yet.
+    pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+        fit_fd_limit(&mut cfg);
+        let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
+        })?;
+        let mut table = Table::new(crate::core::Limits {
+            max_keys: cfg.max_keys,
+            max_waiters: cfg.max_waiters,
+        });
+        let (log, log_io) = match &cfg.data_path {
+            None => (None, None),
+            Some(path) => {
+                let started = std::time::Instant::now();
+                let (files, rec) = wal::open(path, &mut table, cfg.wal_truncate_at, now())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let us = started.elapsed().as_micros() as u64;
+                metrics.set_recovery_us(us);
+                log!(
+                    Level::Info,
+                    "recovery",
+                    "path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
+                    path.display(),
+                    rec.records,
+                    rec.held,
+                    rec.file_bytes,
+                    rec.torn_bytes,
+                    rec.truncated_at.map_or("none".to_string(), |o| o.to_string()),
+                    us
+                );
+                if rec.torn_bytes > 0 {
+                    log!(
+                        Level::Warn,
+                        "torn_tail_dropped",
+                        "path={} bytes={}",
+                        path.display(),
+                        rec.torn_bytes
+                    );
+                }
+                if let Some(o) = rec.truncated_at {
+                    log!(
+                        Level::Warn,
+                        "corrupt_tail_truncated",
+                        "path={} offset={} by=operator",
+                        path.display(),
+                        o
+                    );
+                }
+                let log = Log::new(files.file_len, &table, cfg.compact_floor_bytes);
+                let io = LogIo {
+                    files,
+                    temp: None,
+                    temp_renamed: false,
+                    records: None,
+                    compact: None,
+                    faults,
+                };
+                (Some(log), Some(io))
+            }
+        };
+        let lock_listener = bind(cfg.bind, "lock", cfg.bind_retry_ms)?;
+        let admin_listener = bind(cfg.admin_bind, "admin", cfg.bind_retry_ms)?;
+        let ring = build_ring(cfg.max_connections)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
+        let signal_fd = block_signals()?;
+        let cap = cfg.max_connections.min(65_536);
+        let shard = Shard::new(cfg, table, log, metrics.clone(), now());
+        Ok(Server {
+            ring,
+            lock_listener,
+            admin_listener,
+            signal_fd,
+            // SAFETY: signalfd_siginfo is plain old data; all-zero is valid.
+            signal_buf: Box::new(unsafe { std::mem::zeroed() }),
+            conns: Vec::with_capacity(cap),
+            shard,
+            log: log_io,
+            metrics,
+            cqes: Vec::with_capacity(4096),
+            cmds: Vec::with_capacity(1024),
+            landings: Vec::new(),
+            closed: Vec::with_capacity(1024),
+            stop_requested: false,
+        })
+    }
+
+    pub fn lock_addr(&self) -> SocketAddr {
+        self.lock_listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The configuration in force (limits may have been fitted at bind).
+    pub fn config(&self) -> &Config {
+        self.shard.config()
+    }
+
+    pub fn table(&self) -> &Table {
+        self.shard.table()
+    }
+
+    /// Pushes one SQE. A full submission queue is submitted; if the kernel
+    /// answers EBUSY (completion backlog) the completions are drained into
+    /// the local array — they are dispatched next tick — instead of
+    /// spinning.
+    ///
+    /// # Safety
+    /// Every buffer the entry references must stay valid and unmoved until
+    /// the entry's final completion: a connection's buffers are `Lent`
+    /// until then, log buffers likewise, paths are owned by `LogFiles`,
+    /// the signal buffer is boxed in `self`, `REFUSED` is static.
+    unsafe fn push(&mut self, sqe: io_uring::squeue::Entry) {
+        loop {
+            // SAFETY: forwarded from the caller.
+            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+                return;
+            }
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => self.drain(),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => panic!("io_uring submit failed while the queue was full: {e}"),
+            }
+        }
+    }
+
+    /// Makes room for `n` entries so that a linked chain reaches the kernel
+    /// in one submission (a link does not span submissions).
+    fn reserve_sq(&mut self, n: usize) {
+        loop {
+            let sq = self.ring.submission();
+            if sq.capacity() - sq.len() >= n {
+                return;
+            }
+            drop(sq);
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => self.drain(),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => panic!("io_uring submit failed: {e}"),
+            }
+        }
+    }
+
+    fn arm_accept(&mut self, port: Port) {
+        let (fd, op) = match port {
+            Port::Lock => (self.lock_listener.as_raw_fd(), Op::AcceptLock),
+            Port::Admin => (self.admin_listener.as_raw_fd(), Op::AcceptAdmin),
+        };
+        let sqe = opcode::AcceptMulti::new(types::Fd(fd))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ring_io::encode(op, 0, 0));
+        // SAFETY: references no buffer.
+        unsafe { self.push(sqe) };
+    }
+
+    fn arm_signal(&mut self) {
+        let buf = &mut *self.signal_buf as *mut libc::signalfd_siginfo as *mut u8;
+        let sqe = opcode::Read::new(
+            types::Fd(self.signal_fd),
+            buf,
+            std::mem::size_of::<libc::signalfd_siginfo>() as u32,
+        )
+        .build()
+        .user_data(ring_io::encode(Op::Signal, 0, 0));
+        // SAFETY: the boxed signal buffer lives as long as `self`, and only
+        // one read of it is ever in flight (re-armed after its completion).
+        unsafe { self.push(sqe) };
+    }
+
+    /// Serves until SIGINT/SIGTERM. Returns after queued waiters were
+    /// answered `-`.
+    pub fn run(&mut self) -> io::Result<()> {
+        self.arm_accept(Port::Lock);
+        self.arm_accept(Port::Admin);
+        self.arm_signal();
+        // Recovery may have restored held keys: publish before serving.
+        self.shard.begin_tick(now());
+        self.shard.end_tick();
+        self.metrics.set_ready();
+        loop {
+            self.wait()?;
+            self.shard.begin_tick(now());
+            self.drain();
+            let mut cqes = std::mem::take(&mut self.cqes);
+            for &(ud, res, flags) in &cqes {
+                self.dispatch(ud, res, flags);
+            }
+            cqes.clear();
+            if self.cqes.is_empty() {
+                self.cqes = cqes;
+            }
+            if self.stop_requested {
+                self.shard.stop();
+            }
+            self.settle();
+            if self.stop_requested {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `end_tick`, then the shard's commands, until no command is left
+    /// (executing one can produce events: a close, a log chain that could
+    /// not start).
+    fn settle(&mut self) {
+        for _ in 0..64 {
+            self.shard.end_tick();
+            let mut cmds = std::mem::take(&mut self.cmds);
+            self.shard.take_cmds(&mut cmds);
+            let idle = cmds.is_empty() && self.closed.is_empty() && self.landings.is_empty();
+            for cmd in cmds.drain(..) {
+                self.execute(cmd);
+            }
+            self.cmds = cmds;
+            // on_closed produces no commands and closes nothing: the list
+            // cannot grow while it is drained.
+            for i in 0..self.closed.len() {
+                let token = self.closed[i];
+                self.shard.on_closed(token);
+            }
+            self.closed.clear();
+            for (chain, result, buf) in std::mem::take(&mut self.landings) {
+                self.shard.on_log_landed(chain, result, buf);
+            }
+            if idle {
+                return;
+            }
+        }
+        panic!("the shard kept producing commands without an event");
+    }
+
+    fn wait(&mut self) -> io::Result<()> {
+        if !self.cqes.is_empty() {
+            // Completions drained while submitting: dispatch them first.
+            return self
+                .ring
+                .submit()
+                .map(|_| ())
+                .or_else(|e| match e.raw_os_error() {
+                    Some(libc::EBUSY) | Some(libc::EINTR) => Ok(()),
+                    _ => Err(e),
+                });
+        }
+        let t = now().mono_us;
+        let timeout_us = self
+            .shard
+            .next_deadline_us()
+            .map(|d| d.saturating_sub(t).max(1000));
+        let r = match timeout_us {
+            None => self.ring.submit_and_wait(1),
+            Some(us) => {
+                let ts = types::Timespec::new()
+                    .sec(us / 1_000_000)
+                    .nsec(((us % 1_000_000) * 1000) as u32);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("io_uring_enter failed: {e}"),
+            )),
+        }
+    }
+
+    fn drain(&mut self) {
+        for cqe in self.ring.completion() {
+            self.cqes.push((cqe.user_data(), cqe.result(), cqe.flags()));
+        }
+    }
+
+    fn dispatch(&mut self, ud: u64, res: i32, flags: u32) {
+        let Some((op, gen, slot)) = ring_io::decode(ud) else {
+            panic!("completion with unknown user_data {ud:#x} (res {res})");
+        };
+        match op {
+            Op::AcceptLock | Op::AcceptAdmin => {
+                let port = if op == Op::AcceptLock {
+                    Port::Lock
+                } else {
+                    Port::Admin
+                };
+                if res >= 0 {
+                    self.accepted(port, res);
+                } else if res != -libc::ECANCELED {
+                    log!(
+                        Level::Warn,
+                        "accept_error",
+                        "port={:?} errno={} error=\"{}\"",
+                        port,
+                        -res,
+                        io::Error::from_raw_os_error(-res)
+                    );
+                }
+                if !io_uring::cqueue::more(flags) && !self.stop_requested {
+                    self.arm_accept(port);
+                }
+            }
+            // A cancel references no buffer; a close or refusal needs nothing.
+            Op::Cancel | Op::Close | Op::Refuse | Op::Ignore => {}
+            Op::Recv => self.on_recv(ud, gen, slot, res),
+            Op::Send => self.on_send(ud, gen, slot, res),
+            Op::Signal => {
+                if res > 0 {
+                    log!(
+                        Level::Info,
+                        "signal",
+                        "signo={} action=shutdown",
+                        self.signal_buf.ssi_signo
+                    );
+                    self.stop_requested = true;
+                } else {
+                    self.arm_signal();
+                }
+            }
+            Op::WalWrite => self.on_chain_op(CHAIN_RECORDS, slot, res),
+            Op::WalSync => self.on_chain_op(CHAIN_COMPACT, slot, res),
+        }
+    }
+
+    fn conn_checked(&self, op: &str, gen: u32, slot: u32) {
+        let Some(c) = self.conns.get(slot as usize) else {
+            panic!("{op} completion for slot {slot} that never existed");
+        };
+        if (c.token >> 32) as u32 & 0x0FFF_FFFF != gen || c.token == 0 {
+            panic!(
+                "{op} completion for slot {slot} gen {gen}, slot holds {:#x}",
+                c.token
+            );
+        }
+    }
+
+    fn accepted(&mut self, port: Port, fd: RawFd) {
+        let peer = peer_of(fd);
+        let Some(token) = self.shard.on_accept(port, peer) else {
+            // Answer `-` and close, linked so the close waits for the send.
+            let send = opcode::Send::new(types::Fd(fd), REFUSED.as_ptr(), 1)
+                .build()
+                .flags(io_uring::squeue::Flags::IO_LINK)
+                .user_data(ring_io::encode(Op::Refuse, 0, 0));
+            let close = opcode::Close::new(types::Fd(fd))
+                .build()
+                .user_data(ring_io::encode(Op::Refuse, 0, 0));
+            self.reserve_sq(2);
+            // SAFETY: REFUSED is static; the close references no buffer.
+            unsafe {
+                self.push(send);
+                self.push(close);
+            }
+            return;
+        };
+        let slot = token as u32 as usize;
+        while self.conns.len() <= slot {
+            self.conns.push(DConn::new());
+        }
+        let c = &mut self.conns[slot];
+        assert_eq!(c.token, 0, "the shard reused a slot the driver still holds");
+        c.token = token;
+        c.fd = fd;
+        c.sent = 0;
+        c.closing = false;
+        c.cancel_submitted = false;
+        self.arm_recv(slot);
+    }
+
+    fn arm_recv(&mut self, slot: usize) {
+        let c = &mut self.conns[slot];
+        debug_assert!(!c.closing && !c.recv.is_lent());
+        let ud = ring_io::encode(Op::Recv, (c.token >> 32) as u32, slot as u32);
+        let mut lent = Lent::lend(c.recv.take_ours(), ud);
+        let (ptr, len) = (lent.mut_ptr(), lent.len() as u32);
+        c.recv = Slot::Kernel(lent);
+        let sqe = opcode::Recv::new(types::Fd(c.fd), ptr, len)
+            .build()
+            .user_data(ud);
+        // SAFETY: the receive buffer is `Lent` to this op and comes back
+        // only through `reclaim` with this op's completion (on_recv); the
+        // slot is not recycled while it is lent (maybe_close). Touching it
+        // meanwhile panics (buf.rs tests); the pipelining tests in
+        // tests/pipelining.rs fail if received bytes are ever taken from a
+        // buffer the kernel still writes.
+        unsafe { self.push(sqe) };
+    }
+
+    fn on_recv(&mut self, ud: u64, gen: u32, slot: u32, res: i32) {
+        self.conn_checked("recv", gen, slot);
+        let s = slot as usize;
+        let token = self.conns[s].token;
+        let closing = self.conns[s].closing;
+        let buf = self.conns[s].recv.reclaim(ud);
+        if closing {
+            self.maybe_close(s);
+            return;
+        }
+        if res > 0 {
+            self.shard.on_recv(token, &buf[..res as usize]);
+            if !self.conns[s].closing {
+                self.arm_recv(s);
+            }
+            return;
+        }
+        match -res {
+            0 => self.shard.on_peer_closed(token, None),
+            libc::EINTR | libc::EAGAIN => self.arm_recv(s),
+            libc::ECANCELED => {}
+            e => {
+                if !matches!(
+                    e,
+                    libc::ECONNRESET | libc::EPIPE | libc::ETIMEDOUT | libc::EHOSTUNREACH
+                ) {
+                    log!(Level::Warn, "recv_error", "errno={} conn={:#x}", e, token);
+                }
+                self.shard.on_peer_closed(token, Some(e));
+            }
+        }
+    }
+
+    fn submit_send(&mut self, slot: usize) {
+        let c = &mut self.conns[slot];
+        let ud = ring_io::encode(Op::Send, (c.token >> 32) as u32, slot as u32);
+        let lent = Lent::lend(c.send.take_ours(), ud);
+        debug_assert!(c.sent < lent.len());
+        // SAFETY (pointer arithmetic): `sent < len`, within the allocation.
+        let ptr = unsafe { lent.ptr().add(c.sent) };
+        let len = (lent.len() - c.sent) as u32;
+        c.send = Slot::Kernel(lent);
+        let sqe = opcode::Send::new(types::Fd(c.fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud);
+        // SAFETY: the send buffer is `Lent` to this op until its completion
+        // (on_send reclaims it); the slot is not recycled meanwhile.
+        unsafe { self.push(sqe) };
+    }
+
+    fn on_send(&mut self, ud: u64, gen: u32, slot: u32, res: i32) {
+        self.conn_checked("send", gen, slot);
+        let s = slot as usize;
+        let token = self.conns[s].token;
+        let len = self.conns[s].send.reclaim(ud).len();
+        if res >= 0 {
+            let c = &mut self.conns[s];
+            c.sent += res as usize;
+            if c.sent < len && !c.closing {
+                // Short write: send the rest.
+                self.submit_send(s);
+                return;
+            }
+            let done = c.sent >= len;
+            c.send.ours().clear();
+            c.sent = 0;
+            self.shard
+                .on_send_done(token, if done { Ok(()) } else { Err(libc::ECANCELED) });
+        } else if matches!(-res, libc::EINTR | libc::EAGAIN) && !self.conns[s].closing {
+            self.submit_send(s);
+            return;
+        } else {
+            let c = &mut self.conns[s];
+            c.send.ours().clear();
+            c.sent = 0;
+            self.shard.on_send_done(token, Err(-res));
+        }
+        self.maybe_close(s);
+    }
+
+    /// Closes the socket once no op references it, then tells the shard.
+    fn maybe_close(&mut self, slot: usize) {
+        let c = &mut self.conns[slot];
+        if !c.closing || c.recv.is_lent() || c.send.is_lent() || c.token == 0 {
+            return;
+        }
+        let sqe = opcode::Close::new(types::Fd(c.fd))
+            .build()
+            .user_data(ring_io::encode(Op::Close, 0, slot as u32));
+        let token = c.token;
+        c.token = 0;
+        c.fd = -1;
+        // SAFETY: references no buffer; no other op uses this fd any more.
+        unsafe { self.push(sqe) };
+        self.closed.push(token);
+    }
+
+    fn execute(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Send(token) => {
+                let s = token as u32 as usize;
+                debug_assert_eq!(self.conns[s].token, token);
+                let mut out = self.conns[s].send.take_ours();
+                self.shard.take_output(token, &mut out);
+                self.conns[s].send = Slot::Ours(out);
+                self.conns[s].sent = 0;
+                self.submit_send(s);
+            }
+            Cmd::Close(token) => {
+                let s = token as u32 as usize;
+                let c = &mut self.conns[s];
+                debug_assert_eq!(c.token, token);
+                c.closing = true;
+                if c.recv.is_lent() && !c.cancel_submitted {
+                    c.cancel_submitted = true;
+                    let target = ring_io::encode(Op::Recv, (c.token >> 32) as u32, s as u32);
+                    let sqe = opcode::AsyncCancel::new(target)
+                        .build()
+                        .user_data(ring_io::encode(Op::Cancel, 0, s as u32));
+                    // SAFETY: references no buffer.
+                    unsafe { self.push(sqe) };
+                }
+                self.maybe_close(s);
+            }
+            Cmd::Farewell(token) => {
+                let c = &self.conns[token as u32 as usize];
+                // SAFETY: a live connection's fd is open; one static byte.
+                unsafe {
+                    libc::send(
+                        c.fd,
+                        REFUSED.as_ptr() as *const libc::c_void,
+                        1,
+                        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                    );
+                }
+            }
+            Cmd::Log { chain, buf } => self.start_chain(chain, buf),
+            Cmd::DiscardTemp => self.discard_temp(),
+        }
+    }
+
+    // ----- log chains -----------------------------------------------------------
+
+    fn discard_temp(&mut self) {
+        let io = self.log.as_mut().expect("a log");
+        // Nothing in flight may use the temp file: the shard discards only
+        // with no compaction chain in flight, and a rewrite's chain has
+        // concluded when it fails.
+        debug_assert!(io.compact.is_none());
+        if let Some(f) = io.temp.take() {
+            drop(f);
+            if !io.temp_renamed {
+                // SAFETY: valid C string owned by LogFiles.
+                unsafe { libc::unlink(io.files.temp_path.as_ptr()) };
+            }
+        }
+        io.temp_renamed = false;
+    }
+
+    fn start_chain(&mut self, chain: Chain, buf: Vec<u8>) {
+        let io = self.log.as_mut().expect("a log chain without a log");
+        if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
+            debug_assert!(io.temp.is_none(), "a temp file is already open");
+            // SAFETY: valid C string; flags create a new private file.
+            let fd = unsafe {
+                libc::open(
+                    io.files.temp_path.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                    0o644,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                log!(
+                    Level::Error,
+                    "wal_io_error",
+                    "op=open_temp path={} error=\"{}\"",
+                    io.files.path.display(),
+                    e
+                );
+                self.landings
+                    .push((chain, Err(-e.raw_os_error().unwrap_or(libc::EIO)), buf));
+                return;
+            }
+            // SAFETY: a fresh fd we own from here on.
+            io.temp = Some(unsafe { File::from_raw_fd(fd) });
+            io.temp_renamed = false;
+        }
+        let run = ChainRun {
+            chain,
+            len: buf.len(),
+            buf: Slot::Ours(buf),
+            written: 0,
+            ops_left: 0,
+            error: None,
+            fail_injected: false,
+        };
+        let which = match chain {
+            Chain::Append { .. } | Chain::Rewrite => {
+                debug_assert!(io.records.is_none());
+                io.records = Some(run);
+                CHAIN_RECORDS
+            }
+            Chain::Snapshot | Chain::Finish { .. } => {
+                debug_assert!(io.compact.is_none());
+                io.compact = Some(run);
+                CHAIN_COMPACT
+            }
+        };
+        self.submit_chain(which);
+    }
+
+    /// Submits what is left of a chain as one linked chain of SQEs: a
+    /// write, then fdatasync, and for a rewrite or finishing step a rename
+    /// and a directory fsync. A short write breaks the link (the rest
+    /// completes with -ECANCELED); the chain is then resubmitted from
+    /// where it stopped.
+    fn submit_chain(&mut self, which: u32) {
+        let io = self.log.as_mut().expect("a log");
+        let op = if which == CHAIN_RECORDS {
+            Op::WalWrite
+        } else {
+            Op::WalSync
+        };
+        let log_fd = io.files.fd();
+        let temp_fd = io.temp.as_ref().map(|f| f.as_raw_fd());
+        let dir_fd = io.files.dir_fd();
+        let delay = io.faults.fsync_delay();
+        let run = if which == CHAIN_RECORDS {
+            io.records.as_mut()
+        } else {
+            io.compact.as_mut()
+        }
+        .expect("a chain to submit");
+        // A finishing step with nothing carried writes 0 bytes (then syncs
+        // and renames).
+        let rest = run.len - run.written;
+        let compaction = which == CHAIN_COMPACT;
+        let (len, _no, fail) = io.faults.plan_write(rest, compaction);
+        run.fail_injected = fail;
+        // A shortened or failing (injected) write goes alone, as the kernel
+        // ends a chain after a real short or failed write.
+        let alone = len < rest || fail;
+        let (fd, offset, renames) = match run.chain {
+            Chain::Append { offset } => (log_fd, offset + run.written as u64, false),
+            Chain::Rewrite => (temp_fd.expect("a temp file"), run.written as u64, true),
+            Chain::Snapshot => (temp_fd.expect("a temp file"), run.written as u64, false),
+            Chain::Finish { offset } => (
+                temp_fd.expect("a temp file"),
+                offset + run.written as u64,
+                true,
+            ),
+        };
+        let tag = ring_io::encode(op, 0, STEP_WRITE);
+        let mut lent = Lent::lend(run.buf.take_ours(), tag);
+        // SAFETY (pointer arithmetic): `written < len` of the allocation.
+        let ptr = unsafe { lent.mut_ptr().add(run.written) } as *const u8;
+        run.buf = Slot::Kernel(lent);
+        let link = io_uring::squeue::Flags::IO_LINK;
+        let write = opcode::Write::new(types::Fd(fd), ptr, len as u32)
+            .offset(offset)
+            .build()
+            .user_data(tag);
+        let sync = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(ring_io::encode(op, 0, STEP_SYNC));
+        let mut sqes: [Option<io_uring::squeue::Entry>; 5] = [None, None, None, None, None];
+        if alone {
+            sqes[0] = Some(write);
+        } else if renames {
+            let paths = &io.files;
+            let rename = opcode::RenameAt::new(
+                types::Fd(libc::AT_FDCWD),
+                paths.temp_path.as_ptr(),
+                types::Fd(libc::AT_FDCWD),
+                paths.path_c.as_ptr(),
+            )
+            .build()
+            .flags(link)
+            .user_data(ring_io::encode(op, 0, STEP_RENAME));
+            let dir_sync = opcode::Fsync::new(types::Fd(dir_fd))
+                .build()
+                .user_data(ring_io::encode(op, 0, STEP_DIR_SYNC));
+            sqes = [
+                Some(write.flags(link)),
+                Some(sync.flags(link)),
+                Some(rename),
+                Some(dir_sync),
+                None,
+            ];
+        } else if let (Some(ts), Chain::Append { .. }) = (delay, run.chain) {
+            // Test-only (fault fsync_delay_ms): a timeout linked between the
+            // write and the fdatasync; ETIME counts as success.
+            let t = opcode::Timeout::new(ts)
+                .flags(types::TimeoutFlags::ETIME_SUCCESS)
+                .build()
+                .flags(link)
+                .user_data(ring_io::encode(op, 0, STEP_DELAY));
+            sqes = [Some(write.flags(link)), Some(t), Some(sync), None, None];
+        } else {
+            sqes = [Some(write.flags(link)), Some(sync), None, None, None];
+        }
+        let n = sqes.iter().filter(|e| e.is_some()).count();
+        run.ops_left = n as u32;
+        self.reserve_sq(n);
+        for sqe in sqes.into_iter().flatten() {
+            // SAFETY: the chain's buffer is `Lent` until the chain's last
+            // completion (on_chain_op reclaims it when ops_left reaches 0);
+            // paths are owned by LogFiles and the fault timespec by Faults,
+            // both for the server's whole life; fds stay open until the
+            // chain concludes (discard_temp runs only with no chain in
+            // flight on the temp file). tests/wal_crash.rs and the
+            // simulator's crash checks fail if a `+` leaves before this
+            // chain's fdatasync completed.
+            unsafe { self.push(sqe) };
+        }
+    }
+
+    fn on_chain_op(&mut self, which: u32, step: u32, res: i32) {
+        let io = self.log.as_mut().expect("log completion without a log");
+        let run = if which == CHAIN_RECORDS {
+            io.records.as_mut()
+        } else {
+            io.compact.as_mut()
+        }
+        .expect("a completion for a chain not in flight");
+        match step {
+            STEP_WRITE => {
+                let res = if run.fail_injected {
+                    -libc::ENOSPC
+                } else {
+                    res
+                };
+                if res < 0 {
+                    run.error.get_or_insert(res);
+                } else {
+                    run.written += res as usize;
+                }
+            }
+            STEP_SYNC => {
+                let res = if res == -libc::ECANCELED {
+                    res
+                } else {
+                    io.faults.fsync_result(res)
+                };
+                if res < 0 && res != -libc::ECANCELED {
+                    run.error.get_or_insert(res);
+                }
+            }
+            STEP_RENAME => {
+                if res >= 0 {
+                    io.temp_renamed = true;
+                } else if res != -libc::ECANCELED {
+                    run.error.get_or_insert(res);
+                }
+            }
+            STEP_DIR_SYNC => {
+                if res < 0 && res != -libc::ECANCELED {
+                    run.error.get_or_insert(res);
+                }
+            }
+            STEP_DELAY => {}
+            _ => panic!("unknown log chain step {step}"),
+        }
+        run.ops_left -= 1;
+        if run.ops_left > 0 {
+            return;
+        }
+        let tag = ring_io::encode(
+            if which == CHAIN_RECORDS {
+                Op::WalWrite
+            } else {
+                Op::WalSync
+            },
+            0,
+            STEP_WRITE,
+        );
+        run.buf.reclaim(tag);
+        if run.error.is_none() && run.written < run.len {
+            self.submit_chain(which);
+            return;
+        }
+        let run = if which == CHAIN_RECORDS {
+            io.records.take()
+        } else {
+            io.compact.take()
+        }
+        .expect("the chain just concluded");
+        let mut run = run;
+        let buf = run.buf.take_ours();
+        let result = match run.error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+        match (run.chain, result) {
+            (Chain::Rewrite | Chain::Finish { .. }, Ok(())) => {
+                let new = io.temp.take().expect("the renamed temp file");
+                let old = std::mem::replace(&mut io.files.file, new);
+                io.temp_renamed = false;
+                wal::retire(old); // the replaced log; its name is gone
+            }
+            (Chain::Rewrite | Chain::Snapshot | Chain::Finish { .. }, Err(_)) => {
+                self.discard_temp()
+            }
+            _ => {}
+        }
+        self.shard.on_log_landed(run.chain, result, buf);
+    }
+}

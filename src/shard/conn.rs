@@ -1,0 +1,164 @@
+//! Per-connection protocol state, as the shard sees it. The shard never
+//! sees a socket or a kernel buffer: received bytes are copied in by the
+//! driver, answers are handed over by swapping `out` with the driver's
+//! empty send buffer.
+//!
+//! Slots live in a `Vec<Conn>` with a free list and are reused with their
+//! buffers, so a connection-per-request client causes no allocation once
+//! the pool has reached its high-water mark.
+
+use std::net::SocketAddr;
+
+use crate::config::LOCK_RECV_BUF;
+use crate::core::list::{Link, Linked};
+use crate::core::Name;
+use crate::protocol::Action;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    Lock,
+    Admin,
+}
+
+/// Where a connection is in its request/answer cycle. Exactly one request
+/// is being served at a time; the next buffered frame is decoded only once
+/// the previous answer was handed to the kernel completely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Slot unused.
+    Free,
+    /// No request outstanding: the next frame is decoded when it is whole.
+    Idle,
+    /// A decoded request is being executed (within one event; an effect
+    /// answers it or it queues).
+    Executing,
+    /// A Lock waits in the table's queue (waiter node `waiter`).
+    Queued { waiter: u32 },
+    /// The answer is in `out`; it leaves once the log is durable up to
+    /// `gate_lsn` (durable mode) — at the latest at the end of this tick.
+    Answered,
+    /// The answer is the driver's: the send is in flight.
+    Sending,
+    /// The shard asked the driver to close; the slot is freed when the
+    /// driver reports the close (no op references the socket any more).
+    Closing,
+}
+
+pub struct Conn {
+    /// Bumped each time the slot is reused; 0 only before first use.
+    pub gen: u32,
+    pub state: State,
+    pub port: Port,
+    pub peer: SocketAddr,
+    /// The peer's IP as a source name (an empty wire source), formatted on
+    /// first use.
+    pub peer_ip: Option<Name>,
+    /// Opted in (action Persist) to several requests on this connection.
+    /// Without it the connection is closed after its first answer.
+    pub persistent: bool,
+    /// The peer closed its sending side (EOF) or the connection failed:
+    /// what was received is still served, nothing more will arrive.
+    pub read_closed: bool,
+    /// The connection is broken (reset, send error, protocol violation):
+    /// nothing more is sent either.
+    pub dead: bool,
+    /// Close once the answer now in `out` has been sent (bad input).
+    pub close_after_send: bool,
+    /// Received, not yet decoded bytes.
+    pub rbuf: Vec<u8>,
+    /// Answer bytes not yet handed to the driver.
+    pub out: Vec<u8>,
+    pub action: Option<Action>,
+    /// A grant `(key slot, grant id)` whose `+` has not been handed to the
+    /// kernel: given back if the connection dies first.
+    pub grant: Option<(u32, u64)>,
+    /// The `+` of `grant` is in the send now in flight.
+    pub grant_in_flight: bool,
+    /// On the shard's dirty list (output to hand over at the end of tick).
+    pub dirty: bool,
+    /// The output may leave once the log is durable up to this LSN.
+    pub gate_lsn: u64,
+    /// On the shard's partial-frame list (frame read timeout).
+    pub partial_link: Link,
+    pub partial_since_us: u64,
+}
+
+impl Linked for Conn {
+    fn link(&self, _: usize) -> &Link {
+        &self.partial_link
+    }
+    fn link_mut(&mut self, _: usize) -> &mut Link {
+        &mut self.partial_link
+    }
+}
+
+impl Default for Conn {
+    fn default() -> Conn {
+        Conn::new()
+    }
+}
+
+impl Conn {
+    pub fn new() -> Conn {
+        Conn {
+            gen: 0,
+            state: State::Free,
+            port: Port::Lock,
+            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+            peer_ip: None,
+            persistent: false,
+            read_closed: false,
+            dead: false,
+            close_after_send: false,
+            // Room for a full pipeline plus one more receive: no realloc.
+            rbuf: Vec::with_capacity(2 * LOCK_RECV_BUF),
+            out: Vec::with_capacity(16),
+            action: None,
+            grant: None,
+            grant_in_flight: false,
+            dirty: false,
+            gate_lsn: 0,
+            partial_link: Link::default(),
+            partial_since_us: 0,
+        }
+    }
+
+    pub fn open(&mut self, port: Port, peer: SocketAddr) {
+        assert_eq!(self.state, State::Free, "opening a live slot");
+        self.gen = crate::io::next_gen(self.gen);
+        self.state = State::Idle;
+        self.port = port;
+        self.peer = peer;
+        if port == Port::Lock && self.rbuf.capacity() > 4 * LOCK_RECV_BUF {
+            // A slot that served a large admin command goes back to size.
+            self.rbuf = Vec::with_capacity(2 * LOCK_RECV_BUF);
+        }
+    }
+
+    /// Forgets the connection; buffers are kept for the next occupant.
+    pub fn release(&mut self) {
+        assert_eq!(self.state, State::Closing, "recycling a slot not closed");
+        assert!(
+            !self.partial_link.linked,
+            "recycling a slot still on the partial list"
+        );
+        self.state = State::Free;
+        self.peer_ip = None;
+        self.persistent = false;
+        self.read_closed = false;
+        self.dead = false;
+        self.close_after_send = false;
+        self.rbuf.clear();
+        self.out.clear();
+        self.action = None;
+        self.grant = None;
+        self.grant_in_flight = false;
+        self.dirty = false;
+        self.gate_lsn = 0;
+        self.partial_since_us = 0;
+    }
+
+    pub fn live(&self) -> bool {
+        !matches!(self.state, State::Free | State::Closing)
+    }
+}

@@ -1,0 +1,1176 @@
+//! The shard: everything one event loop decides, as a pure state machine.
+//!
+//! It owns the connection protocol states ([`conn::State`]), the lock table,
+//! the durability gate (held replies, the durable watermark, the undo
+//! journal) and the log's record batching ([`crate::wal::log::Log`]). It is
+//! fed events — a connection accepted, bytes received, a send completed, a
+//! hang-up, a log chain landed, the time — through its `on_*` methods, and
+//! answers with [`Cmd`]s for its driver: send a connection's answer, close
+//! it, run a log chain. It makes no syscall, reads no clock and holds no
+//! `unsafe`: the io_uring driver ([`crate::driver`]) and the deterministic
+//! simulator (`tests/sim`) drive the same code.
+//!
+//! # Tick
+//! [`Shard::begin_tick`] (the time) → events → [`Shard::end_tick`]: expire
+//! partial frames, close the log batch (the next chain if none is in flight),
+//! hand over every answer whose records are durable, publish gauges. The
+//! driver then executes the commands and waits.
+//!
+//! # Connection rules
+//! - One-shot by default: a connection carries one request and is closed by
+//!   the server after its answer (the FIN follows the answer), as
+//!   Locking-Center does. Bytes after the first frame are refused with one
+//!   `-` after the first answer.
+//! - A connection that opts in (action Persist) carries any number of
+//!   requests, answered in order, pipelined or not; the next frame is
+//!   decoded once the previous answer was handed to the kernel.
+//! - End of input (the peer half-closed, or closed): every whole frame
+//!   received before it is still executed and answered; a Lock that would
+//!   have to wait is withdrawn instead (answered `-` on a persistent
+//!   connection, so later answers keep their places; a one-shot connection
+//!   is just closed, its client sees EOF). A queued waiter is withdrawn the
+//!   moment the input ends.
+//! - A grant whose `+` was not handed to the kernel when the connection
+//!   died is given back at once (never a ghost holder).
+//! - Bad input answers `-` and closes; it never reaches the lock table.
+
+pub mod conn;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::{Config, LOCK_RECV_BUF};
+use crate::core::{Effect, Effects, HeldKey, LockMode, Name, Now, Reply, Table, Token};
+use crate::log::Level;
+use crate::metrics::{self, Metrics};
+use crate::protocol::{self, admin, Action, Decoded};
+use crate::wal::log::{Chain, Landed, Log, Next};
+use conn::{Conn, Port, State};
+
+/// Undecoded bytes a lock-port connection may hold: one frame plus the
+/// requests pipelined behind it. More while a request is outstanding is a
+/// protocol violation (the connection is closed, its waiter withdrawn).
+pub const LOCK_PIPELINE_BYTES_MAX: usize = LOCK_RECV_BUF;
+
+/// What the shard asks its driver to do, in order.
+#[derive(Debug)]
+pub enum Cmd {
+    /// Take the connection's answer with [`Shard::take_output`] and send
+    /// all of it; report [`Shard::on_send_done`].
+    Send(Token),
+    /// Stop reading, close once no op references the socket, then report
+    /// [`Shard::on_closed`].
+    Close(Token),
+    /// Run a log chain with this buffer (the driver's until it reports
+    /// [`Shard::on_log_landed`] and gives it back).
+    Log { chain: Chain, buf: Vec<u8> },
+    /// Close and remove the compaction temp file (unless renamed).
+    DiscardTemp,
+    /// Shutdown: answer `-` to this connection's queued Lock, best effort.
+    Farewell(Token),
+}
+
+/// How to take back the in-memory effect of a log record that never became
+/// durable.
+#[derive(Clone, Copy, Debug)]
+enum Undo {
+    Acquire { key: Name, grant_id: u64 },
+    Release { prev: HeldKey },
+}
+
+pub struct Shard {
+    cfg: Config,
+    conns: Vec<Conn>,
+    free_slots: Vec<u32>,
+    open_conns: usize,
+    table: Table,
+    fx: Effects,
+    fx_spare: Effects,
+    dirty: Vec<u32>,
+    partial: crate::core::list::List,
+    metrics: Arc<Metrics>,
+    cmds: Vec<Cmd>,
+    stopping: bool,
+    now: Now,
+    last_oldest_ms: u64,
+    log: Option<Log>,
+    /// Limit refusals are logged at most once per second.
+    limit_log_after_us: u64,
+    /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
+    held: VecDeque<(u64, Token)>,
+    /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
+    undo: VecDeque<(u64, Undo)>,
+}
+
+impl Shard {
+    /// A shard over a (recovered) table; `log` is `Some` in durable mode.
+    pub fn new(
+        cfg: Config,
+        table: Table,
+        log: Option<Log>,
+        metrics: Arc<Metrics>,
+        now: Now,
+    ) -> Shard {
+        let cap = cfg.max_connections.min(65_536);
+        Shard {
+            conns: Vec::with_capacity(cap),
+            free_slots: Vec::with_capacity(cap),
+            open_conns: 0,
+            table,
+            fx: Vec::with_capacity(1024),
+            fx_spare: Vec::with_capacity(1024),
+            dirty: Vec::with_capacity(1024),
+            partial: crate::core::list::List::new(),
+            metrics,
+            cmds: Vec::with_capacity(1024),
+            stopping: false,
+            now,
+            last_oldest_ms: 0,
+            log,
+            limit_log_after_us: 0,
+            held: VecDeque::with_capacity(cap),
+            undo: VecDeque::with_capacity(4096),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+    pub fn open_connections(&self) -> usize {
+        self.open_conns
+    }
+    /// Connection slots ever allocated (the pool's high-water mark).
+    pub fn slots(&self) -> usize {
+        self.conns.len()
+    }
+    pub fn log(&self) -> Option<&Log> {
+        self.log.as_ref()
+    }
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+    /// Replies held for the log (for invariant checks).
+    pub fn held_replies(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Moves the pending commands into `out` (which must be empty).
+    pub fn take_cmds(&mut self, out: &mut Vec<Cmd>) {
+        debug_assert!(out.is_empty());
+        std::mem::swap(&mut self.cmds, out);
+    }
+
+    /// The earliest time (monotonic µs) at which the shard needs a tick
+    /// with no event: a partial frame's read timeout or a log retry.
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        let frame = self.partial.front().map(|slot| {
+            self.conns[slot as usize].partial_since_us + self.cfg.frame_timeout_ms * 1000
+        });
+        let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
+        match (frame, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn begin_tick(&mut self, now: Now) {
+        self.now = now;
+    }
+
+    /// The end of a tick: expire frames, close the log batch, hand over
+    /// durable answers, publish gauges.
+    pub fn end_tick(&mut self) {
+        self.apply_effects();
+        self.expire_frames();
+        self.wal_tick();
+        self.flush();
+        self.publish_gauges();
+    }
+
+    fn token(&self, slot: u32) -> Token {
+        ((self.conns[slot as usize].gen as u64) << 32) | slot as u64
+    }
+
+    /// The live connection a token names, if it still exists.
+    fn conn_of(&self, token: Token) -> Option<u32> {
+        let slot = token as u32;
+        let c = self.conns.get(slot as usize)?;
+        (c.live() && c.gen == (token >> 32) as u32).then_some(slot)
+    }
+
+    /// The slot a driver event names; a stale token is the driver's bug.
+    fn slot_of(&self, token: Token, what: &str) -> u32 {
+        let slot = token as u32;
+        let c = self.conns.get(slot as usize);
+        match c {
+            Some(c) if c.gen == (token >> 32) as u32 && c.state != State::Free => slot,
+            _ => panic!("{what} for stale connection token {token:#x}"),
+        }
+    }
+
+    // ----- events ---------------------------------------------------------
+
+    /// A connection was accepted. `None`: refuse it (the driver answers `-`
+    /// and closes): over `--max-connections`, or shutting down.
+    pub fn on_accept(&mut self, port: Port, peer: SocketAddr) -> Option<Token> {
+        if self.open_conns >= self.cfg.max_connections || self.stopping {
+            self.metrics.connection_refused();
+            if !self.stopping && self.now.mono_us >= self.limit_log_after_us {
+                self.limit_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "limit_reached",
+                    "limit=max_connections value={}",
+                    self.cfg.max_connections
+                );
+            }
+            return None;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(Conn::new());
+                (self.conns.len() - 1) as u32
+            }
+        };
+        self.conns[slot as usize].open(port, peer);
+        self.open_conns += 1;
+        let token = self.token(slot);
+        log!(
+            Level::Debug,
+            "accept",
+            "conn={:#x} port={:?} peer={}",
+            token,
+            port,
+            peer
+        );
+        Some(token)
+    }
+
+    /// Bytes arrived on a connection (copied out of the driver's buffer).
+    pub fn on_recv(&mut self, token: Token, bytes: &[u8]) {
+        let slot = self.slot_of(token, "recv");
+        let c = &mut self.conns[slot as usize];
+        log!(
+            Level::Debug,
+            "recv",
+            "conn={:#x} bytes={}",
+            token,
+            bytes.len()
+        );
+        if c.state == State::Closing || c.read_closed {
+            return;
+        }
+        let cap = match c.port {
+            Port::Lock => LOCK_PIPELINE_BYTES_MAX,
+            Port::Admin => admin::FRAME_MAX,
+        };
+        // At most `cap` bytes stay buffered between receives, and a receive
+        // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
+        c.rbuf.extend_from_slice(bytes);
+        self.pump(slot);
+        if self.conns[slot as usize].rbuf.len() > cap {
+            self.violation(slot, "receive buffer full while a request is outstanding");
+            return;
+        }
+        self.apply_effects();
+    }
+
+    /// The peer ended its input: `errno` `None` for EOF (it may still read),
+    /// `Some` for a reset or error (it is gone).
+    pub fn on_peer_closed(&mut self, token: Token, errno: Option<i32>) {
+        let slot = self.slot_of(token, "hang-up");
+        log!(
+            Level::Debug,
+            "hang_up",
+            "conn={:#x} errno={:?}",
+            token,
+            errno
+        );
+        let c = &mut self.conns[slot as usize];
+        if c.state == State::Closing {
+            return;
+        }
+        c.read_closed = true;
+        if errno.is_some() {
+            self.die(slot);
+            return;
+        }
+        match c.state {
+            State::Queued { waiter } => {
+                self.table.withdraw(waiter);
+                self.metrics.hangup_withdrawal();
+                self.withdrawn(slot);
+            }
+            State::Idle => {
+                self.pump(slot);
+                self.settle_idle(slot);
+            }
+            // A grant whose `+` still waits (for the log) counts as not
+            // delivered: the waiter left before it could be told, so the
+            // key is given back and the Lock withdrawn (never a ghost
+            // holder if the peer closed rather than half-closed).
+            State::Answered if c.grant.is_some() => {
+                c.out.clear();
+                self.give_back_grant(slot);
+                self.withdrawn(slot);
+            }
+            // The answer goes out first; on_send_done decides what follows.
+            State::Answered | State::Sending => {}
+            State::Executing | State::Free | State::Closing => {}
+        }
+        self.apply_effects();
+    }
+
+    /// The driver sent the whole answer (`Ok`) or the send failed.
+    pub fn on_send_done(&mut self, token: Token, result: Result<(), i32>) {
+        let slot = self.slot_of(token, "send completion");
+        let c = &mut self.conns[slot as usize];
+        let was_grant = c.grant_in_flight;
+        c.grant_in_flight = false;
+        if result.is_ok() && was_grant {
+            // The `+` is in the kernel's hands: the grant is delivered.
+            c.grant = None;
+        }
+        if c.state == State::Closing {
+            if result.is_err() {
+                self.give_back_grant(slot);
+            }
+            self.apply_effects();
+            return;
+        }
+        debug_assert_eq!(c.state, State::Sending);
+        if let Err(errno) = result {
+            if !matches!(errno, libc::EPIPE | libc::ECONNRESET | libc::ECANCELED) {
+                log!(Level::Warn, "send_error", "errno={} peer={}", errno, c.peer);
+            }
+            // The peer is gone: a `+` in this send was not delivered.
+            self.die(slot);
+            self.apply_effects();
+            return;
+        }
+        c.state = State::Idle;
+        if c.close_after_send {
+            self.close(slot);
+        } else if !c.persistent && c.action.is_some() {
+            // One-shot: the answer is out; the FIN follows it. Bytes sent
+            // after the one request were not served: say so.
+            if c.rbuf.is_empty() {
+                self.close(slot);
+            } else {
+                c.rbuf.clear();
+                self.reject(slot, "more than one request on a one-shot connection");
+            }
+        } else {
+            self.pump(slot);
+            self.settle_idle(slot);
+        }
+        self.apply_effects();
+    }
+
+    /// The driver closed the socket; no op references it: free the slot.
+    pub fn on_closed(&mut self, token: Token) {
+        let slot = self.slot_of(token, "close");
+        log!(Level::Debug, "close", "conn={:#x}", token);
+        self.conns[slot as usize].release();
+        self.free_slots.push(slot);
+        self.open_conns -= 1;
+    }
+
+    /// A log chain landed; its buffer comes back.
+    pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
+        let now = self.now;
+        let log = self.log.as_mut().expect("log completion without a log");
+        match log.landed(chain, result, buf, now.mono_us) {
+            Landed::Append {
+                records,
+                bytes,
+                took_us,
+            } => {
+                self.metrics.observe_fdatasync_us(took_us);
+                self.metrics.observe_wal_batch(records, bytes);
+                self.release_durable();
+            }
+            Landed::Rewrite {
+                records,
+                bytes,
+                took_us,
+            } => {
+                self.metrics.observe_fdatasync_us(took_us);
+                self.metrics.observe_wal_batch(records, bytes);
+                self.metrics.wal_compaction();
+                log!(
+                    Level::Info,
+                    "compaction_done",
+                    "mode=blocking bytes={} held_keys={} duration_us={}",
+                    bytes,
+                    records,
+                    took_us
+                );
+                self.release_durable();
+            }
+            Landed::SnapshotDone => {}
+            Landed::Compacted {
+                bytes,
+                snapshot_records,
+                carried_records,
+                took_us,
+            } => {
+                self.metrics.wal_compaction();
+                log!(
+                    Level::Info,
+                    "compaction_done",
+                    "mode=background bytes={} held_keys={} carried_records={} duration_us={}",
+                    bytes,
+                    snapshot_records,
+                    carried_records,
+                    took_us
+                );
+                self.release_durable();
+            }
+            Landed::AbandonedDone => self.cmds.push(Cmd::DiscardTemp),
+            Landed::Failed { rewrite } => {
+                let err = result.err().unwrap_or(0);
+                log!(
+                    Level::Error,
+                    "wal_io_error",
+                    "op={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
+                    if rewrite { "rewrite" } else { "append" },
+                    -err,
+                    std::io::Error::from_raw_os_error(-err)
+                );
+                self.metrics.wal_io_error();
+                self.fail_pending("log write or fdatasync failed", -err);
+            }
+            Landed::CompactionFailed { voided } => {
+                let err = result.err().unwrap_or(0);
+                self.metrics.wal_io_error();
+                if voided {
+                    // The finishing step held records no other file has.
+                    log!(
+                        Level::Error,
+                        "wal_io_error",
+                        "op=compaction step=finish errno={} error=\"{}\" action=\"answering '-' to requests whose records it carried, rewriting the log\"",
+                        -err,
+                        std::io::Error::from_raw_os_error(-err)
+                    );
+                    self.fail_pending("compaction's finishing step failed", -err);
+                } else {
+                    log!(
+                        Level::Warn,
+                        "compaction_failed",
+                        "step=snapshot errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
+                        -err,
+                        std::io::Error::from_raw_os_error(-err)
+                    );
+                }
+            }
+        }
+        self.apply_effects();
+    }
+
+    /// SIGINT/SIGTERM: no more accepts; every queued waiter is withdrawn and
+    /// answered `-` (best effort, by the driver).
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        let mut answered = 0;
+        for slot in 0..self.conns.len() {
+            if let State::Queued { waiter } = self.conns[slot].state {
+                self.table.withdraw(waiter);
+                self.conns[slot].state = State::Answered;
+                let token = self.token(slot as u32);
+                self.cmds.push(Cmd::Farewell(token));
+                answered += 1;
+            }
+        }
+        log!(
+            Level::Info,
+            "stopped",
+            "answered_waiters={} held_keys={}",
+            answered,
+            self.table.held_keys()
+        );
+    }
+
+    /// The answer of a connection that has a `Send` command: swapped with
+    /// the driver's empty buffer (no copy, no allocation).
+    pub fn take_output(&mut self, token: Token, into: &mut Vec<u8>) {
+        let slot = self.slot_of(token, "take_output");
+        debug_assert!(into.is_empty());
+        std::mem::swap(&mut self.conns[slot as usize].out, into);
+    }
+
+    // ----- connection state machine -----------------------------------------
+
+    /// Decodes and executes buffered frames while the connection is idle.
+    fn pump(&mut self, slot: u32) {
+        loop {
+            let c = &self.conns[slot as usize];
+            if c.state != State::Idle || c.close_after_send || c.rbuf.is_empty() {
+                break;
+            }
+            // A one-shot connection serves one request only.
+            if !c.persistent && c.action.is_some() {
+                break;
+            }
+            let progressed = match c.port {
+                Port::Lock => self.pump_lock(slot),
+                Port::Admin => self.pump_admin(slot),
+            };
+            if !progressed {
+                break;
+            }
+        }
+        // Frame read timeout bookkeeping: a partial frame starts the clock.
+        let c = &self.conns[slot as usize];
+        let partial = c.state == State::Idle && !c.rbuf.is_empty() && !c.close_after_send;
+        let linked = c.partial_link.linked;
+        if partial && !linked {
+            self.conns[slot as usize].partial_since_us = self.now.mono_us;
+            self.partial.push_back(&mut self.conns, slot, 0);
+        } else if !partial && linked {
+            self.partial.unlink(&mut self.conns, slot, 0);
+        }
+    }
+
+    /// An idle connection whose input ended has nothing more coming: a
+    /// partial frame is bad input; otherwise close.
+    fn settle_idle(&mut self, slot: u32) {
+        let c = &self.conns[slot as usize];
+        if c.state != State::Idle || !c.read_closed {
+            return;
+        }
+        if c.rbuf.is_empty() {
+            self.close(slot);
+        } else {
+            self.reject(slot, "input ended inside a frame");
+        }
+    }
+
+    /// A Lock withdrawn because the input ended: answered `-` where later
+    /// answers need their places (persistent), else the connection closes.
+    fn withdrawn(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Idle;
+        if c.persistent && !c.dead {
+            self.answer(slot, b'-', None);
+        } else {
+            self.close(slot);
+        }
+    }
+
+    /// Executes one lock-port frame; false when more bytes are needed.
+    fn pump_lock(&mut self, slot: u32) -> bool {
+        let token = self.token(slot);
+        let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
+        {
+            Decoded::Incomplete => return false,
+            Decoded::Bad(why) => {
+                self.metrics
+                    .request(metrics::Action::Lock, metrics::Outcome::Error);
+                let why = why.to_string();
+                self.reject(slot, &why);
+                return false;
+            }
+            // Sizes were validated by the decoder (1..=127 / 0..=127).
+            Decoded::Frame { req, len } => (
+                req.action,
+                Name::new(req.key).expect("decoder bounds keys to 127 bytes"),
+                Name::new(req.source).expect("decoder bounds sources to 127 bytes"),
+                len,
+            ),
+        };
+        let c = &mut self.conns[slot as usize];
+        let peer = c.peer;
+        if source.is_empty() {
+            // Formatted once per connection, not per request.
+            source = *c.peer_ip.get_or_insert_with(|| ip_name(&peer));
+        }
+        c.rbuf.drain(..len);
+        c.action = Some(action);
+        let now = self.now;
+        let fx = &mut self.fx;
+        match action {
+            Action::Persist => {
+                // Reveals no lock state: never waits for the log (nor can a
+                // log failure turn it into `-`).
+                let c = &mut self.conns[slot as usize];
+                c.persistent = true;
+                c.state = State::Answered;
+                c.out.push(b'+');
+                self.mark_dirty(slot);
+            }
+            Action::Lock | Action::TryLock => {
+                let mode = if action == Action::Lock {
+                    LockMode::Blocking
+                } else {
+                    LockMode::Try
+                };
+                // Until an effect answers it, the request waits.
+                self.conns[slot as usize].state = State::Executing;
+                let w = self.table.lock(token, &key, &source, peer, mode, now, fx);
+                self.apply_effects();
+                let c = &mut self.conns[slot as usize];
+                match w {
+                    Some(waiter) if c.read_closed => {
+                        // Nobody will wait for it: withdraw at once.
+                        self.table.withdraw(waiter);
+                        self.metrics.hangup_withdrawal();
+                        self.withdrawn(slot);
+                    }
+                    Some(waiter) => c.state = State::Queued { waiter },
+                    None => debug_assert_ne!(
+                        c.state,
+                        State::Executing,
+                        "a lock neither queued nor answered"
+                    ),
+                }
+                return true;
+            }
+            Action::Unlock => {
+                self.conns[slot as usize].state = State::Executing;
+                self.table.unlock(token, &key, now, fx)
+            }
+            Action::ResetByKey => {
+                self.metrics.reset(false);
+                log!(Level::Info, "reset", "by=key key={:?} peer={}", key, peer);
+                self.conns[slot as usize].state = State::Executing;
+                self.table.reset_by_key(Some(token), &key, now, fx)
+            }
+            Action::ResetBySource => {
+                self.metrics.reset(true);
+                log!(
+                    Level::Info,
+                    "reset",
+                    "by=source source={:?} peer={}",
+                    source,
+                    peer
+                );
+                self.conns[slot as usize].state = State::Executing;
+                self.table.reset_by_source(Some(token), &source, now, fx)
+            }
+        }
+        self.apply_effects();
+        true
+    }
+
+    /// Executes one admin command; false when more bytes are needed.
+    fn pump_admin(&mut self, slot: u32) -> bool {
+        let c = &self.conns[slot as usize];
+        let peer = c.peer;
+        let (cmd, count, len) = match admin::decode(&c.rbuf) {
+            admin::Decoded::Incomplete => {
+                if c.rbuf.len() >= admin::FRAME_MAX {
+                    self.reject(slot, "admin command too long");
+                }
+                return false;
+            }
+            admin::Decoded::Bad(why) => {
+                log!(
+                    Level::Warn,
+                    "bad_admin_command",
+                    "peer={} reason=\"{}\"",
+                    peer,
+                    why
+                );
+                self.reject(slot, "bad admin command");
+                return false;
+            }
+            admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
+        };
+        let now = self.now;
+        let mut out = std::mem::take(&mut self.conns[slot as usize].out);
+        match cmd {
+            admin::Command::Keys => {
+                self.metrics
+                    .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
+                admin::encode_keys(&self.table.held_list(), &mut out);
+            }
+            admin::Command::Rset => {
+                self.metrics
+                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+                let body = &self.conns[slot as usize].rbuf[8..len];
+                for name in admin::names(body) {
+                    let key = Name::new(name).expect("admin decoder bounds names to 127 bytes");
+                    self.metrics.reset(false);
+                    log!(
+                        Level::Info,
+                        "operator_reset",
+                        "by=key key={:?} peer={}",
+                        key,
+                        peer
+                    );
+                    self.table.reset_by_key(None, &key, now, &mut self.fx);
+                    out.push(b'+');
+                }
+                out.push(b'+');
+            }
+            admin::Command::Rsbs => {
+                self.metrics
+                    .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
+                let mut sources: Vec<Name> = admin::names(&self.conns[slot as usize].rbuf[8..len])
+                    .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                    .collect();
+                if count == 0 {
+                    sources.push(ip_name(&peer));
+                }
+                for s in &sources {
+                    self.metrics.reset(true);
+                    log!(
+                        Level::Info,
+                        "operator_reset",
+                        "by=source source={:?} peer={}",
+                        s,
+                        peer
+                    );
+                    self.table.reset_by_source(None, s, now, &mut self.fx);
+                    out.push(b'+');
+                }
+                out.push(b'+');
+            }
+        }
+        let c = &mut self.conns[slot as usize];
+        c.out = out;
+        c.rbuf.drain(..len);
+        // Admin connections carry any number of commands (as before).
+        c.persistent = true;
+        c.action = Some(Action::Persist);
+        c.state = State::Answered;
+        self.apply_effects();
+        self.gate(slot);
+        true
+    }
+
+    /// Bad input: answer `-`, then close. Nothing reached the lock table.
+    fn reject(&mut self, slot: u32, why: &str) {
+        let c = &mut self.conns[slot as usize];
+        log!(
+            Level::Debug,
+            "bad_frame",
+            "peer={} reason=\"{}\"",
+            c.peer,
+            why
+        );
+        c.rbuf.clear();
+        c.out.push(b'-');
+        c.close_after_send = true;
+        c.state = State::Answered;
+        if c.partial_link.linked {
+            self.partial.unlink(&mut self.conns, slot, 0);
+        }
+        self.mark_dirty(slot);
+    }
+
+    /// A protocol violation on a connection that may have a waiter queued.
+    fn violation(&mut self, slot: u32, why: &str) {
+        log!(
+            Level::Warn,
+            "protocol_violation",
+            "peer={} reason=\"{}\"",
+            self.conns[slot as usize].peer,
+            why
+        );
+        self.die(slot);
+        self.apply_effects();
+    }
+
+    /// The connection is gone or broken: withdraw its waiter, give back a
+    /// grant it was never told about, close.
+    fn die(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        if c.state == State::Closing {
+            return;
+        }
+        c.dead = true;
+        c.read_closed = true;
+        if let State::Queued { waiter } = c.state {
+            self.table.withdraw(waiter);
+            self.metrics.hangup_withdrawal();
+        }
+        let c = &mut self.conns[slot as usize];
+        if !c.grant_in_flight {
+            self.give_back_grant(slot);
+        }
+        self.conns[slot as usize].out.clear();
+        self.close(slot);
+    }
+
+    fn give_back_grant(&mut self, slot: u32) {
+        if let Some((key_slot, grant_id)) = self.conns[slot as usize].grant.take() {
+            self.metrics.undelivered_grant();
+            let now = self.now;
+            self.table
+                .release_grant(key_slot, grant_id, now, &mut self.fx);
+        }
+    }
+
+    fn close(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        if c.state == State::Closing {
+            return;
+        }
+        c.state = State::Closing;
+        if c.partial_link.linked {
+            self.partial.unlink(&mut self.conns, slot, 0);
+        }
+        let token = self.token(slot);
+        self.cmds.push(Cmd::Close(token));
+    }
+
+    fn mark_dirty(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        if !c.dirty {
+            c.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+
+    // ----- effects ------------------------------------------------------------
+
+    /// Applies the table's effects in order (they may cascade: releasing an
+    /// undeliverable grant can grant the next waiter).
+    fn apply_effects(&mut self) {
+        while !self.fx.is_empty() {
+            let batch = std::mem::replace(&mut self.fx, std::mem::take(&mut self.fx_spare));
+            for e in &batch {
+                self.apply(e);
+            }
+            let mut batch = batch;
+            batch.clear();
+            self.fx_spare = batch;
+        }
+    }
+
+    fn apply(&mut self, e: &Effect) {
+        match *e {
+            Effect::LimitReached { limit } => {
+                // At most one line per second: a flood of refusals must not
+                // turn into a flood of log lines.
+                if self.now.mono_us >= self.limit_log_after_us {
+                    self.limit_log_after_us = self.now.mono_us + 1_000_000;
+                    log!(
+                        Level::Warn,
+                        "limit_reached",
+                        "limit={} max_keys={} max_waiters={} held_keys={} queued={}",
+                        limit.name(),
+                        self.cfg.max_keys,
+                        self.cfg.max_waiters,
+                        self.table.held_keys(),
+                        self.table.queued_waiters()
+                    );
+                }
+            }
+            Effect::Reply { conn, reply } => {
+                let outcome = match reply {
+                    Reply::Ok => metrics::Outcome::Ok,
+                    Reply::Busy => metrics::Outcome::Busy,
+                    Reply::Err => metrics::Outcome::Error,
+                };
+                if let Some(slot) = self.conn_of(conn) {
+                    if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                        self.metrics.request(a, outcome);
+                    }
+                    self.answer(slot, reply.byte(), None);
+                }
+            }
+            Effect::Granted {
+                conn,
+                grant,
+                waited_us,
+            } => {
+                if let Some(log) = self.log.as_mut() {
+                    let h = HeldKey {
+                        key: grant.key,
+                        source: grant.source,
+                        endpoint: grant.endpoint,
+                        acquired_unix_ms: grant.acquired_unix_ms,
+                        grant_id: grant.grant_id,
+                    };
+                    let lsn = log.append_acquire(&h);
+                    self.undo.push_back((
+                        lsn,
+                        Undo::Acquire {
+                            key: grant.key,
+                            grant_id: grant.grant_id,
+                        },
+                    ));
+                }
+                self.metrics.grant();
+                if let Some(us) = waited_us {
+                    self.metrics.handoff();
+                    self.metrics.observe_queue_wait_us(us);
+                }
+                match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
+                    Some(slot) => {
+                        if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                            self.metrics.request(a, metrics::Outcome::Ok);
+                        }
+                        self.answer(slot, b'+', Some((grant.key_slot, grant.grant_id)));
+                    }
+                    None => {
+                        // Nobody left to tell: give the key back at once.
+                        self.metrics.undelivered_grant();
+                        let now = self.now;
+                        self.table
+                            .release_grant(grant.key_slot, grant.grant_id, now, &mut self.fx);
+                    }
+                }
+            }
+            Effect::Released {
+                key,
+                grant_id,
+                holder,
+                held_us,
+                ..
+            } => {
+                if let Some(log) = self.log.as_mut() {
+                    let lsn = log.append_release(&key, grant_id, &holder);
+                    self.undo.push_back((lsn, Undo::Release { prev: holder }));
+                }
+                self.metrics.observe_hold_us(held_us);
+            }
+        }
+    }
+
+    /// Queues the one-byte answer to the connection's outstanding request.
+    fn answer(&mut self, slot: u32, byte: u8, grant: Option<(u32, u64)>) {
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Answered;
+        c.out.push(byte);
+        if grant.is_some() {
+            debug_assert!(
+                c.grant.is_none(),
+                "two grants outstanding on one connection"
+            );
+            c.grant = grant;
+        }
+        self.gate(slot);
+    }
+
+    /// Holds the connection's output until everything the log holds now is
+    /// durable; a reply never reveals state that a crash could take back.
+    fn gate(&mut self, slot: u32) {
+        match self.log.as_ref().filter(|l| l.pending()) {
+            Some(l) => {
+                let lsn = l.tail_lsn();
+                let token = self.token(slot);
+                self.conns[slot as usize].gate_lsn = lsn;
+                self.held.push_back((lsn, token));
+            }
+            None => self.mark_dirty(slot),
+        }
+    }
+
+    /// Hands every answer that may leave to the driver (one send each).
+    fn flush(&mut self) {
+        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            let c = &mut self.conns[slot as usize];
+            c.dirty = false;
+            if c.state != State::Answered || c.out.is_empty() || c.gate_lsn > durable {
+                continue;
+            }
+            c.state = State::Sending;
+            c.grant_in_flight = c.grant.is_some();
+            let token = ((c.gen as u64) << 32) | slot as u64;
+            self.cmds.push(Cmd::Send(token));
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+
+    // ----- durability -----------------------------------------------------------
+
+    /// Closes the log batch: the next chain(s) when nothing is in flight.
+    /// No timer: a lone record goes out in the same tick that produced it.
+    fn wal_tick(&mut self) {
+        let now_us = self.now.mono_us;
+        loop {
+            let Some(log) = self.log.as_mut() else { return };
+            match log.next_chain(&self.table, now_us) {
+                Next::Chain(chain, buf) => {
+                    if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
+                        log!(
+                            Level::Info,
+                            "compaction_start",
+                            "mode={} log_bytes={} live_bytes={} broken={}",
+                            if chain == Chain::Rewrite {
+                                "blocking"
+                            } else {
+                                "background"
+                            },
+                            log.file_len(),
+                            log.live_bytes(),
+                            log.broken()
+                        );
+                    }
+                    self.cmds.push(Cmd::Log { chain, buf });
+                }
+                Next::Idle => return,
+                Next::FailPending => {
+                    self.fail_pending("log is being rewritten after an I/O error", 0);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Marks every held answer whose records are now durable.
+    fn release_durable(&mut self) {
+        let durable = self.log.as_ref().map_or(0, |l| l.durable_lsn());
+        while let Some(&(lsn, _)) = self.undo.front() {
+            if lsn > durable {
+                break;
+            }
+            self.undo.pop_front();
+        }
+        while let Some(&(lsn, token)) = self.held.front() {
+            if lsn > durable {
+                break;
+            }
+            self.held.pop_front();
+            if let Some(slot) = self.conn_of(token) {
+                self.mark_dirty(slot);
+            }
+        }
+    }
+
+    /// Every record past the durable point is void. Requests waiting for
+    /// them are answered `-`, their effects undone in reverse log order, and
+    /// the log is rewritten into a fresh file before any further `+` (an
+    /// fsync error leaves the page cache untrustworthy).
+    fn fail_pending(&mut self, why: &str, errno: i32) {
+        let now = self.now;
+        let Some(log) = self.log.as_mut() else { return };
+        log.void_for_broken(now.mono_us);
+        // A background compaction's snapshot may contain the voided
+        // records' effects: abandon it (now, or when its chain lands).
+        if log.abort_compaction() {
+            self.cmds.push(Cmd::DiscardTemp);
+        }
+        let mut answered = 0u64;
+        while let Some((_, token)) = self.held.pop_front() {
+            if let Some(slot) = self.conn_of(token) {
+                let c = &mut self.conns[slot as usize];
+                if c.state == State::Answered {
+                    c.out.clear();
+                    c.out.push(b'-');
+                    c.grant = None;
+                    c.gate_lsn = 0;
+                    answered += 1;
+                    self.mark_dirty(slot);
+                }
+            }
+        }
+        let mut touched: Vec<Name> = Vec::new();
+        while let Some((_, u)) = self.undo.pop_back() {
+            match u {
+                Undo::Acquire { key, grant_id } => {
+                    self.table.undo_grant(&key, grant_id, now);
+                    touched.push(key);
+                }
+                Undo::Release { prev } => {
+                    // The key is free again here: later records were undone.
+                    if !self.table.restore_holder(&prev, now) {
+                        log!(
+                            Level::Error,
+                            "undo_failed",
+                            "key={:?} reason=key_limit",
+                            prev.key
+                        );
+                    }
+                }
+            }
+        }
+        log!(
+            Level::Warn,
+            "wal_records_voided",
+            "reason=\"{}\" errno={} answered_minus={} undone_records={}",
+            why,
+            errno,
+            answered,
+            touched.len()
+        );
+        for key in &touched {
+            self.table.settle(key, now, &mut self.fx);
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.recount_live(&self.table);
+        }
+        // New grants from settling are new records for the rewritten log.
+        self.apply_effects();
+    }
+
+    fn expire_frames(&mut self) {
+        let limit_us = self.cfg.frame_timeout_ms * 1000;
+        while let Some(slot) = self.partial.front() {
+            let c = &self.conns[slot as usize];
+            if c.partial_since_us + limit_us > self.now.mono_us {
+                break;
+            }
+            self.metrics.frame_timeout();
+            self.reject(slot, "frame read timeout");
+        }
+    }
+
+    fn publish_gauges(&mut self) {
+        self.metrics.set_held_keys(self.table.held_keys() as u64);
+        self.metrics
+            .set_queued_waiters(self.table.queued_waiters() as u64);
+        self.metrics.set_open_connections(self.open_conns as u64);
+        let oldest = self.table.oldest_acquired_unix_ms().unwrap_or(0);
+        if oldest != self.last_oldest_ms {
+            self.last_oldest_ms = oldest;
+            self.metrics.set_oldest_acquired_unix_ms(oldest);
+        }
+    }
+
+    /// Cheap consistency checks for tests and the simulator.
+    pub fn check_invariants(&self) {
+        self.table.check_invariants();
+        let live = self.conns.iter().filter(|c| c.state != State::Free).count();
+        assert_eq!(live, self.open_conns, "open connection count drifted");
+        assert_eq!(
+            live + self.free_slots.len(),
+            self.conns.len(),
+            "a slot is neither live nor free"
+        );
+        let queued = self
+            .conns
+            .iter()
+            .filter(|c| matches!(c.state, State::Queued { .. }))
+            .count();
+        assert_eq!(
+            queued,
+            self.table.queued_waiters(),
+            "waiters without a queued connection"
+        );
+    }
+}
+
+fn metrics_action(a: Action) -> Option<metrics::Action> {
+    Some(match a {
+        Action::Lock => metrics::Action::Lock,
+        Action::Unlock => metrics::Action::Unlock,
+        Action::ResetByKey => metrics::Action::ResetByKey,
+        Action::ResetBySource => metrics::Action::ResetBySource,
+        Action::TryLock => metrics::Action::TryLock,
+        Action::Persist => return None,
+    })
+}
+
+/// The peer's IP address as a source name (an empty wire source).
+pub fn ip_name(peer: &SocketAddr) -> Name {
+    use std::io::Write;
+    let mut buf = [0u8; 64];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    write!(cur, "{}", peer.ip()).expect("an IP address fits in 64 bytes");
+    let n = cur.position() as usize;
+    Name::new(&buf[..n]).expect("an IP address is shorter than 127 bytes")
+}

@@ -1,0 +1,509 @@
+//! Group-commit bookkeeping of the write-ahead log: a pure state machine.
+//!
+//! It owns the record buffers and sequence numbers and decides which write
+//! chain goes out next; it never touches a file. The shard asks it for the
+//! next [`Chain`] and hands the chain's buffer to the driver (ownership moves
+//! with the command, so a buffer the kernel is writing cannot be touched
+//! here); the driver gives the buffer back with the chain's outcome.
+//!
+//! Sequence numbers (LSN): every appended record gets the next LSN.
+//! - `tail_lsn`: the last record appended (in memory).
+//! - `durable_lsn`: the last record known durable (write + fdatasync done).
+//! - One chain that covers records is in flight at a time; records appended
+//!   meanwhile gather in `filling` and go out as the next batch as soon as
+//!   the flight lands (group commit, no timer).
+//!
+//! A failed chain voids every record past `durable_lsn`: the shard undoes
+//! their effects and answers `-`; the log is then rewritten from the table
+//! into a fresh file (a blocking rewrite: no `+` until it is durable).
+//!
+//! Background compaction: when the file is past the floor and twice what
+//! the live holders need, the table is snapshotted into a temp file while
+//! appends go on in the old log; records appended meanwhile are also kept
+//! in `carry`, written after the snapshot in a short finishing chain
+//! (write, fdatasync, rename over the log, fsync the directory).
+
+use crate::core::{HeldKey, Name, Table};
+
+use super::record::{self, MAGIC};
+
+/// While the log is broken (a write or fsync failed and the rewrite did
+/// too), a rewrite is retried this often.
+pub const REWRITE_RETRY_US: u64 = 1_000_000;
+
+/// The write chains the driver knows how to run. Every chain is one
+/// write of the whole buffer (the driver finishes short writes itself)
+/// followed by the steps named here; its outcome is all-or-error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chain {
+    /// Write at `offset` of the log, fdatasync the log.
+    Append { offset: u64 },
+    /// Create the temp file, write at 0, fdatasync, rename over the log,
+    /// fsync the directory. The driver switches to the new file on success.
+    Rewrite,
+    /// Create the temp file, write the snapshot at 0, fdatasync.
+    Snapshot,
+    /// Write at `offset` of the temp file, fdatasync, rename over the log,
+    /// fsync the directory; the driver switches files on success.
+    Finish { offset: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flight {
+    None,
+    /// An append covering records up to `lsn`.
+    Append {
+        lsn: u64,
+        records: u64,
+        bytes: u64,
+    },
+    /// A blocking rewrite covering everything up to `lsn`.
+    Rewrite {
+        lsn: u64,
+        records: u64,
+        bytes: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactPhase {
+    /// The snapshot chain is in flight.
+    Snapshot,
+    /// The snapshot is durable in the temp file; the finishing step waits
+    /// for no append to be in flight.
+    Ready,
+    /// The finishing chain is in flight; appends wait (new records belong
+    /// to the new file).
+    Finishing,
+}
+
+struct Compaction {
+    phase: CompactPhase,
+    /// Durable bytes of the temp file (the snapshot).
+    temp_len: u64,
+    carry: Vec<u8>,
+    carry_records: u64,
+    snapshot_records: u64,
+    finish_lsn: u64,
+    finish_bytes: u64,
+    started_us: u64,
+    /// Abandoned (records it may contain were voided): its chain's outcome
+    /// is discarded and the temp file removed.
+    aborted: bool,
+}
+
+/// What one landed chain means, for the shard's log lines and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landed {
+    Append {
+        records: u64,
+        bytes: u64,
+        took_us: u64,
+    },
+    Rewrite {
+        records: u64,
+        bytes: u64,
+        took_us: u64,
+    },
+    SnapshotDone,
+    Compacted {
+        bytes: u64,
+        snapshot_records: u64,
+        carried_records: u64,
+        took_us: u64,
+    },
+    /// A chain of an abandoned compaction completed (either way).
+    AbandonedDone,
+    /// The append or rewrite failed: every record past the durable point
+    /// is void (the shard undoes them).
+    Failed {
+        rewrite: bool,
+    },
+    /// The snapshot or finishing step failed: the old log is untouched.
+    /// `voided` says whether appended records went with it (finishing step:
+    /// the carry's records exist only in the failed file).
+    CompactionFailed {
+        voided: bool,
+    },
+}
+
+/// What [`Log::next_chain`] decided.
+#[derive(Debug)]
+pub enum Next {
+    /// Submit this chain with this buffer.
+    Chain(Chain, Vec<u8>),
+    /// Nothing to submit now.
+    Idle,
+    /// The log is broken and cannot take records until its rewrite: fail
+    /// the requests waiting for it now rather than hold them for an
+    /// unknown time.
+    FailPending,
+}
+
+struct BrokenLog;
+
+pub struct Log {
+    file_len: u64,
+    filling: Vec<u8>,
+    filling_records: u64,
+    /// The empty buffer that becomes `filling` when `filling` goes out.
+    spare: Option<Vec<u8>>,
+    flight: Flight,
+    flight_started_us: u64,
+    /// The compaction chain is in flight (its buffer is the driver's).
+    compact_inflight: bool,
+    tail_lsn: u64,
+    durable_lsn: u64,
+    live_bytes: u64,
+    broken: bool,
+    retry_at_us: u64,
+    compact_floor_bytes: u64,
+    compaction: Option<Compaction>,
+    compact_retry_after_us: u64,
+}
+
+use super::acquire_len;
+
+impl Log {
+    /// A log whose file holds `file_len` valid bytes, replayed into `table`.
+    pub fn new(file_len: u64, table: &Table, compact_floor_bytes: u64) -> Log {
+        let mut live = 0;
+        table.for_each_held(|h| live += acquire_len(h));
+        Log {
+            file_len,
+            filling: Vec::with_capacity(64 * 1024),
+            filling_records: 0,
+            spare: Some(Vec::with_capacity(64 * 1024)),
+            flight: Flight::None,
+            flight_started_us: 0,
+            compact_inflight: false,
+            tail_lsn: 0,
+            durable_lsn: 0,
+            live_bytes: live,
+            broken: false,
+            retry_at_us: 0,
+            compact_floor_bytes,
+            compaction: None,
+            compact_retry_after_us: 0,
+        }
+    }
+
+    pub fn tail_lsn(&self) -> u64 {
+        self.tail_lsn
+    }
+    pub fn durable_lsn(&self) -> u64 {
+        self.durable_lsn
+    }
+    pub fn pending(&self) -> bool {
+        self.tail_lsn > self.durable_lsn
+    }
+    pub fn broken(&self) -> bool {
+        self.broken
+    }
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+    /// When a broken log's next rewrite attempt is due (for the wait).
+    pub fn retry_at_us(&self) -> Option<u64> {
+        (self.broken && self.flight == Flight::None).then_some(self.retry_at_us)
+    }
+    /// True while a chain that covers records is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.flight != Flight::None
+    }
+    /// True while any chain is in flight (the driver holds a buffer).
+    pub fn busy(&self) -> bool {
+        self.flight != Flight::None || self.compact_inflight
+    }
+
+    fn carry_from(&mut self, start: usize) {
+        if let Some(c) = self.compaction.as_mut() {
+            if c.phase != CompactPhase::Finishing && !c.aborted {
+                c.carry.extend_from_slice(&self.filling[start..]);
+                c.carry_records += 1;
+            }
+        }
+    }
+
+    pub fn append_acquire(&mut self, h: &HeldKey) -> u64 {
+        let start = self.filling.len();
+        record::encode_acquire(h, &mut self.filling);
+        self.carry_from(start);
+        self.live_bytes += acquire_len(h);
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
+    pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
+        let start = self.filling.len();
+        record::encode_release(key, grant_id, &mut self.filling);
+        self.carry_from(start);
+        self.live_bytes = self.live_bytes.saturating_sub(acquire_len(holder));
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
+    fn should_compact(&self, now_us: u64) -> bool {
+        !self.broken
+            && self.compaction.is_none()
+            && !self.compact_inflight
+            && now_us >= self.compact_retry_after_us
+            && self.file_len > self.compact_floor_bytes
+            && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64)
+    }
+
+    fn snapshot(table: &Table, buf: &mut Vec<u8>) -> u64 {
+        buf.clear();
+        buf.extend_from_slice(MAGIC);
+        record::encode_grant_mark(table.next_grant_id(), buf);
+        let mut records = 0;
+        table.for_each_held(|h| {
+            record::encode_acquire(h, buf);
+            records += 1;
+        });
+        records
+    }
+
+    /// The next chain to submit, with its buffer (which now belongs to the
+    /// driver until [`Log::landed`]).
+    pub fn next_chain(&mut self, table: &Table, now_us: u64) -> Next {
+        match self.next(table, now_us) {
+            Ok(Some((chain, buf))) => Next::Chain(chain, buf),
+            Ok(None) => Next::Idle,
+            Err(BrokenLog) => Next::FailPending,
+        }
+    }
+
+    fn next(&mut self, table: &Table, now_us: u64) -> Result<Option<(Chain, Vec<u8>)>, BrokenLog> {
+        if let Some(c) = &self.compaction {
+            if c.phase == CompactPhase::Finishing {
+                return Ok(None);
+            }
+            if c.phase == CompactPhase::Ready && !c.aborted && self.flight == Flight::None {
+                return Ok(Some(self.start_finishing()));
+            }
+        }
+        if self.flight != Flight::None {
+            return Ok(None);
+        }
+        if self.broken {
+            if now_us < self.retry_at_us || self.compact_inflight {
+                // An abandoned compaction still owns the temp file until its
+                // chain lands; the rewrite waits for it.
+                return if self.pending() {
+                    Err(BrokenLog)
+                } else {
+                    Ok(None)
+                };
+            }
+            let mut buf = self
+                .spare
+                .take()
+                .expect("no flight: the spare buffer is home");
+            let records = Self::snapshot(table, &mut buf);
+            // The rewrite covers everything appended so far.
+            self.filling.clear();
+            self.filling_records = 0;
+            self.flight = Flight::Rewrite {
+                lsn: self.tail_lsn,
+                records,
+                bytes: buf.len() as u64,
+            };
+            self.flight_started_us = now_us;
+            return Ok(Some((Chain::Rewrite, buf)));
+        }
+        if self.filling.is_empty() {
+            // Compaction rides on traffic: an idle log stays as it is.
+            return Ok(None);
+        }
+        if self.should_compact(now_us) {
+            let mut buf = Vec::with_capacity(self.live_bytes as usize + 64);
+            let records = Self::snapshot(table, &mut buf);
+            self.compaction = Some(Compaction {
+                phase: CompactPhase::Snapshot,
+                temp_len: buf.len() as u64,
+                carry: Vec::with_capacity(64 * 1024),
+                carry_records: 0,
+                snapshot_records: records,
+                finish_lsn: 0,
+                finish_bytes: 0,
+                started_us: now_us,
+                aborted: false,
+            });
+            self.compact_inflight = true;
+            // The snapshot goes out now; an append may follow in this tick
+            // (the driver runs both chains concurrently, on different files).
+            return Ok(Some((Chain::Snapshot, buf)));
+        }
+        let fresh = self
+            .spare
+            .take()
+            .expect("no flight: the spare buffer is home");
+        let buf = std::mem::replace(&mut self.filling, fresh);
+        self.flight = Flight::Append {
+            lsn: self.tail_lsn,
+            records: self.filling_records,
+            bytes: buf.len() as u64,
+        };
+        self.filling_records = 0;
+        self.flight_started_us = now_us;
+        Ok(Some((
+            Chain::Append {
+                offset: self.file_len,
+            },
+            buf,
+        )))
+    }
+
+    fn start_finishing(&mut self) -> (Chain, Vec<u8>) {
+        let tail = self.tail_lsn;
+        let c = self.compaction.as_mut().expect("a compaction");
+        let buf = std::mem::take(&mut c.carry);
+        c.finish_lsn = tail;
+        c.finish_bytes = buf.len() as u64;
+        c.phase = CompactPhase::Finishing;
+        let offset = c.temp_len;
+        // These records now live only in the new file.
+        self.filling.clear();
+        self.filling_records = 0;
+        self.compact_inflight = true;
+        (Chain::Finish { offset }, buf)
+    }
+
+    /// The driver finished `chain` (`Ok`) or it failed (`Err(errno)`), and
+    /// gives its buffer back.
+    pub fn landed(
+        &mut self,
+        chain: Chain,
+        result: Result<(), i32>,
+        mut buf: Vec<u8>,
+        now_us: u64,
+    ) -> Landed {
+        match chain {
+            Chain::Append { .. } | Chain::Rewrite => {
+                let flight = std::mem::replace(&mut self.flight, Flight::None);
+                buf.clear();
+                self.spare = Some(buf);
+                let took_us = now_us.saturating_sub(self.flight_started_us);
+                if result.is_err() {
+                    self.void_pending(now_us);
+                    return Landed::Failed {
+                        rewrite: chain == Chain::Rewrite,
+                    };
+                }
+                match flight {
+                    Flight::Append {
+                        lsn,
+                        records,
+                        bytes,
+                    } => {
+                        self.file_len += bytes;
+                        self.durable_lsn = lsn;
+                        Landed::Append {
+                            records,
+                            bytes,
+                            took_us,
+                        }
+                    }
+                    Flight::Rewrite {
+                        lsn,
+                        records,
+                        bytes,
+                    } => {
+                        self.file_len = bytes;
+                        self.durable_lsn = lsn;
+                        self.broken = false;
+                        Landed::Rewrite {
+                            records,
+                            bytes,
+                            took_us,
+                        }
+                    }
+                    Flight::None => panic!("log chain landed with nothing in flight"),
+                }
+            }
+            Chain::Snapshot | Chain::Finish { .. } => {
+                self.compact_inflight = false;
+                let c = self
+                    .compaction
+                    .as_mut()
+                    .expect("a compaction chain without a compaction");
+                if c.aborted {
+                    self.compaction = None;
+                    return Landed::AbandonedDone;
+                }
+                if result.is_err() {
+                    let finishing = c.phase == CompactPhase::Finishing;
+                    self.compaction = None;
+                    self.compact_retry_after_us = now_us + REWRITE_RETRY_US;
+                    if finishing {
+                        // The carried records were taken out of `filling`:
+                        // they exist only in the failed file.
+                        self.void_pending(now_us);
+                    }
+                    return Landed::CompactionFailed { voided: finishing };
+                }
+                if c.phase == CompactPhase::Snapshot {
+                    c.phase = CompactPhase::Ready;
+                    return Landed::SnapshotDone;
+                }
+                let c = self.compaction.take().expect("a compaction");
+                self.file_len = c.temp_len + c.finish_bytes;
+                self.durable_lsn = self.durable_lsn.max(c.finish_lsn);
+                Landed::Compacted {
+                    bytes: self.file_len,
+                    snapshot_records: c.snapshot_records,
+                    carried_records: c.carry_records,
+                    took_us: now_us.saturating_sub(c.started_us),
+                }
+            }
+        }
+    }
+
+    /// Abandons a background compaction whose snapshot may contain voided
+    /// records. True when the temp file must be discarded now (nothing of
+    /// it is in flight); otherwise its chain's landing cleans up.
+    pub fn abort_compaction(&mut self) -> bool {
+        let Some(c) = self.compaction.as_mut() else {
+            return false;
+        };
+        if self.compact_inflight {
+            c.aborted = true;
+            return false;
+        }
+        self.compaction = None;
+        true
+    }
+
+    /// Voids every record past `durable_lsn` and marks the log broken.
+    fn void_pending(&mut self, now_us: u64) {
+        self.filling.clear();
+        self.filling_records = 0;
+        self.durable_lsn = self.tail_lsn;
+        // Requests failed fast while a retry is already scheduled must not
+        // postpone it: clients retrying more often than the interval would
+        // keep the log broken for ever.
+        if !self.broken || now_us >= self.retry_at_us {
+            self.retry_at_us = now_us + REWRITE_RETRY_US;
+        }
+        self.broken = true;
+    }
+
+    /// Voids pending records without a failed chain (requests failed fast
+    /// while the log is broken).
+    pub fn void_for_broken(&mut self, now_us: u64) {
+        self.void_pending(now_us);
+    }
+
+    /// Recomputes live bytes after an undo (undo is rare).
+    pub fn recount_live(&mut self, table: &Table) {
+        let mut live = 0;
+        table.for_each_held(|h| live += acquire_len(h));
+        self.live_bytes = live;
+    }
+}
