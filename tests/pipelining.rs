@@ -171,3 +171,113 @@ fn pipelined_admin_commands_answer_in_order() {
     assert_eq!(&rset, b"++");
     assert_eq!(read_keys_count(&mut adm), 0);
 }
+
+// ------------------------------------------------ one-shot and half-close
+
+/// A Locking-Center connection carries one request: the server answers and
+/// closes first (the FIN follows the answer).
+#[test]
+fn one_shot_connections_are_closed_by_the_server_after_the_answer() {
+    let s = Server::start(&[]);
+    let mut c = s.connect_oneshot();
+    c.send(&frame(5, b"os", Some(b"a")));
+    assert_eq!(c.read_byte_or_eof(), Some(b'+'));
+    assert_eq!(
+        c.read_byte_or_eof(),
+        None,
+        "the server closes after the answer"
+    );
+    // A second request on a one-shot connection is not served: `-`, then
+    // the FIN. The first one took effect, the second did not.
+    let mut c = s.connect_oneshot();
+    c.send(&cat(&[frame(2, b"os", None), frame(5, b"os", Some(b"b"))]));
+    assert_eq!(c.read_byte_or_eof(), Some(b'+'));
+    assert_eq!(
+        c.read_byte_or_eof(),
+        Some(b'-'),
+        "the extra request is refused"
+    );
+    assert_eq!(c.read_byte_or_eof(), None);
+    assert!(
+        keys(s.admin_addr).is_empty(),
+        "the refused TryLock took nothing"
+    );
+}
+
+/// Frames followed by a half-close: every received frame is executed and
+/// answered in order; a Lock that would have to wait is withdrawn (`-` in
+/// its place); then the server closes.
+#[test]
+fn half_close_after_pipelined_frames_answers_every_frame() {
+    let s = Server::start(&[]);
+    let mut other = s.connect();
+    assert_eq!(other.lock(b"busy", b"o"), b'+');
+    let mut c = s.connect();
+    c.send(&cat(&[
+        frame(5, b"h1", Some(b"c")),
+        frame(1, b"busy", Some(b"c")),
+        frame(1, b"h2", Some(b"c")),
+        frame(2, b"h1", None),
+    ]));
+    c.half_close();
+    assert_eq!(read_n(&mut c, 4), b"+-++");
+    assert_eq!(c.read_byte_or_eof(), None, "closed after the last answer");
+    let held = keys(s.admin_addr);
+    let names: Vec<&[u8]> = held.iter().map(|k| k.key.as_slice()).collect();
+    assert_eq!(names, vec![&b"busy"[..], &b"h2"[..]]);
+    assert_eq!(held[0].source, b"o", "the withdrawn Lock never took busy");
+    assert_eq!(s.connect().unlock(b"busy"), b'+');
+    assert!(
+        keys(s.admin_addr).iter().all(|k| k.key != b"busy"),
+        "no ghost waiter"
+    );
+}
+
+/// A half-close in the middle of a frame: the whole frames before it are
+/// served, the partial one is answered `-`.
+#[test]
+fn half_close_inside_a_frame_serves_the_whole_ones_then_refuses() {
+    let s = Server::start(&[]);
+    let mut c = s.connect();
+    let mut bytes = frame(5, b"w1", Some(b"c"));
+    bytes.extend_from_slice(&frame(5, b"w2", Some(b"c"))[..3]);
+    c.send(&bytes);
+    c.half_close();
+    assert_eq!(read_n(&mut c, 2), b"+-");
+    assert_eq!(c.read_byte_or_eof(), None);
+    let held = keys(s.admin_addr);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].key, b"w1");
+}
+
+/// After `kill -9` an immediate restart on the same ports succeeds (the
+/// dead server's io_uring may hold its listener for a while).
+#[test]
+fn restart_right_after_kill9_on_the_same_ports_succeeds() {
+    let dir = TempDir::new("restart");
+    let log = dir.path("wal.log");
+    let log_arg = log.to_str().expect("utf-8 temp path").to_string();
+    let mut s = Server::start(&["--data-path", &log_arg]);
+    let (lock, admin) = (s.lock_addr.to_string(), s.admin_addr.to_string());
+    let mut c = s.connect();
+    assert_eq!(c.lock(b"survives", b"a"), b'+');
+    for round in 0..5 {
+        s.kill9();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+        cmd.args([
+            "--bind",
+            &lock,
+            "--admin-bind",
+            &admin,
+            "--data-path",
+            &log_arg,
+        ]);
+        s = Server::spawn(cmd, &[]).unwrap_or_else(|e| panic!("restart {round} failed: {e}"));
+        assert_eq!(s.lock_addr.to_string(), lock);
+        // Serve traffic so the next kill hits a busy ring.
+        let mut c = s.connect();
+        assert_eq!(c.try_lock(b"survives", b"b"), b'#', "round {round}");
+        assert_eq!(c.try_lock(b"other", b"b"), b'+');
+        assert_eq!(c.unlock(b"other"), b'+');
+    }
+}
