@@ -302,6 +302,20 @@ impl Table {
         out
     }
 
+    /// The connections queued on `key`, in queue order (inspection: the
+    /// simulator's FIFO check).
+    pub fn waiters_of(&self, key: &[u8], out: &mut Vec<Token>) {
+        out.clear();
+        let Some(&k) = Name::new(key).and_then(|n| self.key_index.get(&n)) else {
+            return;
+        };
+        let mut cur = self.keys[k as usize].queue.front();
+        while let Some(w) = cur {
+            out.push(self.waiters[w as usize].conn);
+            cur = List::next_of(&self.waiters, w, W_KEY);
+        }
+    }
+
     /// Number of waiters queued on `key`.
     pub fn queue_len(&self, key: &[u8]) -> usize {
         Name::new(key)

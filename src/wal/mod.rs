@@ -141,79 +141,20 @@ pub fn open(
         .open(path)
         .map_err(|e| format!("{shown}: cannot open log: {e}"))?;
     let len = file.metadata().map_err(|e| format!("{shown}: {e}"))?.len();
-    let mut rec = Recovered {
-        file_bytes: len,
-        ..Default::default()
-    };
-    let scan = if len == 0 {
-        Scan::Ok {
-            records: Vec::new(),
-            valid_len: 0,
-            torn_bytes: 0,
-        }
+    let (valid_len, rec) = if len == 0 {
+        replay(&[], &shown.to_string(), table, truncate_at, now)?
     } else {
         // SAFETY: the map is read-only and dropped before the file is
         // modified; nothing else writes the log while we start (a second
         // server on the same path is the operator's error — see docs).
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
-        record::scan(&map)
+        replay(&map, &shown.to_string(), table, truncate_at, now)?
     };
-    let (records, valid_len) = match scan {
-            Scan::Ok {
-                records,
-                valid_len,
-                torn_bytes,
-            } => {
-                rec.torn_bytes = torn_bytes;
-                (records, valid_len)
-            }
-            Scan::BadMagic => {
-                return Err(format!(
-                    "{shown}: not a ringlock log (bad magic); refusing to start. Move the file away or point --data-path elsewhere"
-                ))
-            }
-            Scan::Corrupt {
-                offset,
-                reason,
-                records_before,
-            } => {
-                if truncate_at != Some(offset) {
-                    return Err(format!(
-                        "{shown}: corrupt log at byte offset {offset} ({reason}); {records_before} records before it are intact. Refusing to start. To drop the record at that offset and everything after it, keep a copy (cp {shown} {shown}.bak) and run: ringlockd --data-path {shown} --wal-truncate-at {offset}"
-                    ));
-                }
-                rec.truncated_at = Some(offset);
-                let map = unsafe { memmap2::Mmap::map(&file) }
-                    .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
-                match record::scan(&map[..offset as usize]) {
-                    Scan::Ok { records, .. } => (records, offset),
-                    _ => unreachable!("the prefix before the first corruption scans clean"),
-                }
-            }
-        };
-    if let Some(t) = truncate_at {
-        if rec.truncated_at.is_none() {
-            return Err(format!(
-                    "{shown}: --wal-truncate-at {t} given, but the log has no corruption at that offset; refusing to truncate"
-                ));
-        }
-    }
-    for r in &records {
-        match r {
-            Record::Acquire(h) => {
-                if !table.restore_holder(h, now) {
-                    return Err(format!(
-                        "{shown}: the log holds more keys than --max-keys allows; raise the limit"
-                    ));
-                }
-            }
-            Record::Release { key, .. } => table.restore_release(key, now),
-            Record::GrantMark { next_grant_id } => table.raise_next_grant_id(*next_grant_id),
-        }
-    }
-    rec.records = records.len();
-    rec.held = table.held_keys();
+    let rec = Recovered {
+        file_bytes: len,
+        ..rec
+    };
     let mut file_len = valid_len;
     if valid_len < MAGIC.len() as u64 {
         // New, or torn during creation: start a fresh log.
@@ -244,4 +185,84 @@ pub fn open(
         },
         rec,
     ))
+}
+
+/// Replays a log image into `table`: the pure half of recovery, shared by
+/// start-up (over the mapped file) and the simulator (over its disk).
+/// Returns the length of the valid prefix (a torn tail is dropped) or why
+/// the log must not be used. `shown` names the log in messages.
+pub fn replay(
+    data: &[u8],
+    shown: &str,
+    table: &mut Table,
+    truncate_at: Option<u64>,
+    now: Now,
+) -> Result<(u64, Recovered), String> {
+    let mut rec = Recovered {
+        file_bytes: data.len() as u64,
+        ..Default::default()
+    };
+    let scan = if data.is_empty() {
+        Scan::Ok {
+            records: Vec::new(),
+            valid_len: 0,
+            torn_bytes: 0,
+        }
+    } else {
+        record::scan(data)
+    };
+    let (records, valid_len) = match scan {
+            Scan::Ok {
+                records,
+                valid_len,
+                torn_bytes,
+            } => {
+                rec.torn_bytes = torn_bytes;
+                (records, valid_len)
+            }
+            Scan::BadMagic => {
+                return Err(format!(
+                    "{shown}: not a ringlock log (bad magic); refusing to start. Move the file away or point --data-path elsewhere"
+                ))
+            }
+            Scan::Corrupt {
+                offset,
+                reason,
+                records_before,
+            } => {
+                if truncate_at != Some(offset) {
+                    return Err(format!(
+                        "{shown}: corrupt log at byte offset {offset} ({reason}); {records_before} records before it are intact. Refusing to start. To drop the record at that offset and everything after it, keep a copy (cp {shown} {shown}.bak) and run: ringlockd --data-path {shown} --wal-truncate-at {offset}"
+                    ));
+                }
+                rec.truncated_at = Some(offset);
+                match record::scan(&data[..offset as usize]) {
+                    Scan::Ok { records, .. } => (records, offset),
+                    _ => unreachable!("the prefix before the first corruption scans clean"),
+                }
+            }
+        };
+    if let Some(t) = truncate_at {
+        if rec.truncated_at.is_none() {
+            return Err(format!(
+                    "{shown}: --wal-truncate-at {t} given, but the log has no corruption at that offset; refusing to truncate"
+                ));
+        }
+    }
+    for r in &records {
+        match r {
+            Record::Acquire(h) => {
+                if !table.restore_holder(h, now) {
+                    return Err(format!(
+                        "{shown}: the log holds more keys than --max-keys allows; raise the limit"
+                    ));
+                }
+            }
+            Record::Release { key, .. } => table.restore_release(key, now),
+            Record::GrantMark { next_grant_id } => table.raise_next_grant_id(*next_grant_id),
+        }
+    }
+    rec.records = records.len();
+    rec.held = table.held_keys();
+    Ok((valid_len, rec))
 }
