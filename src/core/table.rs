@@ -316,6 +316,25 @@ impl Table {
         }
     }
 
+    /// The connection token of waiter node `w`, if it is queued.
+    pub fn waiter_conn(&self, w: u32) -> Option<Token> {
+        self.waiters.get(w as usize).map(|w| w.conn)
+    }
+
+    /// Calls `f` with the connection token of every queued waiter.
+    pub fn for_each_waiter(&self, mut f: impl FnMut(Token)) {
+        for (_, w) in self.waiters.iter() {
+            f(w.conn);
+        }
+    }
+
+    /// The connection token of `key`'s holder (inspection).
+    pub fn holder_conn(&self, key: &[u8]) -> Option<Token> {
+        let n = Name::new(key)?;
+        let slot = *self.key_index.get(&n)?;
+        self.keys[slot as usize].holder.map(|h| h.conn)
+    }
+
     /// Number of waiters queued on `key`.
     pub fn queue_len(&self, key: &[u8]) -> usize {
         Name::new(key)

@@ -299,6 +299,10 @@ impl Shard {
         c.read_closed = true;
         if errno.is_some() {
             self.die(slot);
+            // Giving back a grant may grant the next waiter: every event
+            // leaves no effect unapplied (another event of this tick may
+            // act on that waiter's connection).
+            self.apply_effects();
             return;
         }
         match c.state {
@@ -1131,6 +1135,24 @@ impl Shard {
         }
     }
 
+    /// True while the connection is open and its input has not ended
+    /// (inspection: a waiter of such a connection must not be skipped).
+    pub fn conn_open(&self, token: Token) -> bool {
+        self.conn_of(token)
+            .is_some_and(|s| !self.conns[s as usize].dead && !self.conns[s as usize].read_closed)
+    }
+
+    /// One connection's state, for traces.
+    pub fn describe(&self, token: Token) -> String {
+        match self.conns.get(token as u32 as usize) {
+            Some(c) => format!(
+                "gen={} state={:?} persistent={} read_closed={} dead={} rbuf={} out={:?} grant={:?}",
+                c.gen, c.state, c.persistent, c.read_closed, c.dead, c.rbuf.len(), c.out, c.grant
+            ),
+            None => "none".into(),
+        }
+    }
+
     /// Cheap consistency checks for tests and the simulator.
     pub fn check_invariants(&self) {
         self.table.check_invariants();
@@ -1146,10 +1168,31 @@ impl Shard {
             .iter()
             .filter(|c| matches!(c.state, State::Queued { .. }))
             .count();
+        for (slot, c) in self.conns.iter().enumerate() {
+            if let State::Queued { waiter } = c.state {
+                let token = ((c.gen as u64) << 32) | slot as u64;
+                assert_eq!(
+                    self.table.waiter_conn(waiter),
+                    Some(token),
+                    "connection {token:#x} queued as waiter {waiter}, which is not its own (read_closed={} dead={} persistent={})",
+                    c.read_closed,
+                    c.dead,
+                    c.persistent
+                );
+            }
+        }
+        self.table.for_each_waiter(|token| {
+            let c = self.conn_of(token).map(|s| &self.conns[s as usize]);
+            assert!(
+                matches!(c.map(|c| c.state), Some(State::Queued { .. })),
+                "waiter of connection {token:#x} in state {:?}",
+                c.map(|c| (c.state, c.read_closed, c.dead, c.persistent))
+            );
+        });
         assert_eq!(
             queued,
             self.table.queued_waiters(),
-            "waiters without a queued connection"
+            "queued connections without a waiter"
         );
     }
 }
