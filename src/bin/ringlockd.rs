@@ -187,8 +187,8 @@ fn main() -> ExitCode {
         server.admin_addr(),
         metrics_field,
         cfg.data_path
-            .as_ref()
-            .map_or("none".into(), |p| p.display().to_string()),
+            .as_deref()
+            .map_or(log::Bytes(b"none"), log::path),
         server.config().max_connections,
         env!("CARGO_PKG_VERSION")
     );

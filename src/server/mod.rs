@@ -267,7 +267,7 @@ impl Server {
                     Level::Info,
                     "recovery",
                     "path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
-                    path.display(),
+                    crate::log::path(path),
                     rec.records,
                     rec.held,
                     rec.file_bytes,
@@ -280,7 +280,7 @@ impl Server {
                         Level::Warn,
                         "torn_tail_dropped",
                         "path={} bytes={}",
-                        path.display(),
+                        crate::log::path(path),
                         rec.torn_bytes
                     );
                 }
@@ -289,7 +289,7 @@ impl Server {
                         Level::Warn,
                         "corrupt_tail_truncated",
                         "path={} offset={} by=operator",
-                        path.display(),
+                        crate::log::path(path),
                         o
                     );
                 }
@@ -510,7 +510,7 @@ impl Server {
                         "port={:?} errno={} error=\"{}\"",
                         port,
                         -res,
-                        io::Error::from_raw_os_error(-res)
+                        crate::log::Escaped(io::Error::from_raw_os_error(-res))
                     );
                 }
                 if !io_uring::cqueue::more(flags) && !self.stopping {
@@ -785,7 +785,7 @@ impl Server {
                     "bad_frame",
                     "peer={} reason=\"{}\"",
                     PeerFmt(&self.conns[slot as usize]),
-                    why
+                    crate::log::Escaped(why)
                 );
                 self.metrics
                     .request(metrics::Action::Lock, metrics::Outcome::Error);
@@ -874,7 +874,7 @@ impl Server {
                     "bad_admin_command",
                     "peer={} reason=\"{}\"",
                     peer,
-                    why
+                    crate::log::Escaped(why)
                 );
                 self.reject(slot);
                 return false;
@@ -961,7 +961,7 @@ impl Server {
             "protocol_violation",
             "peer={} reason=\"{}\"",
             PeerFmt(&self.conns[slot as usize]),
-            why
+            crate::log::Escaped(why)
         );
         self.hang_up(slot);
     }
@@ -1128,8 +1128,8 @@ impl Server {
             "slot={} gen={} waiter={:?} grant={:?} grant_in_flight={} out={}",
             slot,
             c.gen,
-            c.waiter,
-            c.grant,
+            crate::log::Value(c.waiter),
+            crate::log::Value(c.grant),
             c.grant_in_flight,
             c.out.len()
         );
@@ -1302,8 +1302,8 @@ impl Server {
                     Level::Error,
                     "wal_io_error",
                     "op=open_temp path={} error=\"{}\"",
-                    w.path.display(),
-                    e
+                    crate::log::path(&w.path),
+                    crate::log::Escaped(e)
                 );
                 self.metrics.wal_io_error();
                 self.fail_pending("cannot open the rewrite file", 0);
@@ -1324,8 +1324,8 @@ impl Server {
                         Level::Warn,
                         "compaction_failed",
                         "op=open_temp path={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
-                        w.path.display(),
-                        e
+                        crate::log::path(&w.path),
+                        crate::log::Escaped(e)
                     );
                     self.metrics.wal_io_error();
                     w.compact_retry_after_us = now_us + wal::REWRITE_RETRY_US;
@@ -1473,9 +1473,9 @@ impl Server {
                     Level::Warn,
                     "compaction_failed",
                     "path={} errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
-                    w.path.display(),
+                    crate::log::path(&w.path),
                     -err,
-                    io::Error::from_raw_os_error(-err)
+                    crate::log::Escaped(io::Error::from_raw_os_error(-err))
                 );
                 return;
             }
@@ -1484,9 +1484,9 @@ impl Server {
                 Level::Error,
                 "wal_io_error",
                 "op=compaction path={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
-                w.path.display(),
+                crate::log::path(&w.path),
                 -err,
-                io::Error::from_raw_os_error(-err)
+                crate::log::Escaped(io::Error::from_raw_os_error(-err))
             );
             self.fail_pending("compaction's final write failed", -err);
             return;
@@ -1508,7 +1508,7 @@ impl Server {
             Level::Info,
             "compaction_done",
             "path={} bytes={} held_keys={} carried_records={} duration_us={}",
-            w.path.display(),
+            crate::log::path(&w.path),
             c.temp_len + c.buf.len() as u64,
             c.snapshot_records,
             c.carry_records,
@@ -1689,9 +1689,9 @@ impl Server {
                 "wal_io_error",
                 "op={} path={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
                 op,
-                w.path.display(),
+                crate::log::path(&w.path),
                 -err,
-                io::Error::from_raw_os_error(-err)
+                crate::log::Escaped(io::Error::from_raw_os_error(-err))
             );
             self.metrics.wal_io_error();
             self.fail_pending("log write or fdatasync failed", -err);
@@ -1717,9 +1717,11 @@ impl Server {
                 Level::Info,
                 "compaction_done",
                 "path={} bytes={} held_keys={} duration_us={}",
-                self.wal
-                    .as_ref()
-                    .map_or(String::new(), |w| w.path.display().to_string()),
+                crate::log::path(
+                    self.wal
+                        .as_ref()
+                        .map_or(std::path::Path::new(""), |w| &w.path)
+                ),
                 bytes,
                 records,
                 fsync_us
@@ -1783,7 +1785,7 @@ impl Server {
             Level::Warn,
             "wal_records_voided",
             "reason=\"{}\" errno={} answered_minus={} undone_records={}",
-            why,
+            crate::log::Escaped(why),
             errno,
             answered,
             touched.len()

@@ -610,7 +610,7 @@ impl Wal {
             crate::log::Level::Info,
             "compaction_start",
             "path={} log_bytes={} live_bytes={} broken={} mode={}",
-            self.path.display(),
+            crate::log::path(&self.path),
             self.file_len,
             self.live_bytes,
             self.broken,
