@@ -11,6 +11,7 @@
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
+//! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -21,6 +22,15 @@ pub const DEFAULT_LOCK_PORT: u16 = 22119;
 pub const LOCK_RECV_BUF: usize = 512;
 /// Submission queue entries.
 pub const RING_ENTRIES: u32 = 4096;
+/// An event loop wakes at least this often, idle or not, and publishes a
+/// heartbeat each time (liveness reads it; see `metrics`).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// Default `--liveness-timeout-ms`: a loop silent this long is hung (it
+/// wakes every [`HEARTBEAT_INTERVAL_MS`] even when idle).
+pub const LIVENESS_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Smallest accepted `--liveness-timeout-ms`: two heartbeat intervals, so one
+/// late wake-up is never mistaken for a hung loop.
+pub const LIVENESS_TIMEOUT_MS_MIN: u64 = 2 * HEARTBEAT_INTERVAL_MS;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -38,6 +48,9 @@ pub struct Config {
     pub wal_truncate_at: Option<u64>,
     /// Test-only storage fault injection (`RINGLOCK_FAULTS`).
     pub faults: Option<String>,
+    /// `/livez` (and `/readyz`, `/healthz`) fail once an event loop's last
+    /// heartbeat is older than this.
+    pub liveness_timeout_ms: u64,
 }
 
 impl Config {
@@ -56,6 +69,7 @@ impl Config {
             compact_floor_bytes: 1 << 20,
             wal_truncate_at: None,
             faults: None,
+            liveness_timeout_ms: LIVENESS_TIMEOUT_MS_DEFAULT,
         }
     }
 }

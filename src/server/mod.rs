@@ -1,8 +1,9 @@
 //! The event loop: one thread, one io_uring, no async runtime.
 //!
 //! # Tick order
-//! 1. `submit_and_wait` (with a timeout only while a partial frame is
-//!    pending, to enforce the frame read timeout);
+//! 1. `submit_and_wait`, with a timeout of at most the heartbeat interval
+//!    (so an idle loop still proves it is alive), shorter while a partial
+//!    frame is pending (to enforce the frame read timeout);
 //! 2. drain every CQE into a local array — no handler runs inside the drain;
 //! 3. dispatch each completion: accepts, receives (decode → lock table →
 //!    effects), sends, closes, signals, log writes;
@@ -408,6 +409,7 @@ impl Server {
         while !self.stopping {
             self.wait()?;
             self.now = now();
+            self.metrics.loop_heartbeat(0, self.now.mono_us / 1000);
             self.drain();
             let mut cqes = std::mem::take(&mut self.cqes);
             for &(ud, res, flags) in &cqes {
@@ -441,6 +443,9 @@ impl Server {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        // Wake at least every heartbeat interval, idle or not: liveness reads the heartbeat.
+        let beat_us = crate::config::HEARTBEAT_INTERVAL_MS * 1000;
+        let timeout_us = Some(timeout_us.map_or(beat_us, |t: u64| t.min(beat_us)));
         let r = match timeout_us {
             None => self.ring.submit_and_wait(1),
             Some(us) => {
