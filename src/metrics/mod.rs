@@ -1,4 +1,4 @@
-//! Prometheus metrics (issue 6).
+//! Prometheus metrics, and the liveness and readiness the probes report.
 //!
 //! Ownership and invariants:
 //! - The lock loop owns nothing here but a shared `Arc<Metrics>`; every update
