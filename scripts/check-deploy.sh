@@ -124,8 +124,15 @@ if sts:
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     need(ports.get("lock") == 22119, "container port lock=22119")
     need(22120 not in ports.values(), "admin port not declared as a container port")
-    need(get(c, "readinessProbe", "httpGet", "path") == "/healthz", "readiness probe on /healthz")
-    need(get(c, "readinessProbe", "httpGet", "port") in ("metrics", ports.get("metrics")), "readiness probe via the metrics port")
+    via_metrics = ("metrics", ports.get("metrics"))
+    need(get(c, "readinessProbe", "httpGet", "path") == "/readyz", "readiness probe on /readyz")
+    need(get(c, "readinessProbe", "httpGet", "port") in via_metrics, "readiness probe via the metrics port")
+    need(get(c, "startupProbe", "httpGet", "path") == "/readyz", "startup probe on /readyz")
+    need(get(c, "startupProbe", "httpGet", "port") in via_metrics, "startup probe via the metrics port")
+    # A TCP connect to the lock port succeeds from the kernel's accept queue
+    # even while the event loop hangs; /livez checks the loop's heartbeat.
+    need(get(c, "livenessProbe", "httpGet", "path") == "/livez", "liveness probe on /livez")
+    need(get(c, "livenessProbe", "httpGet", "port") in via_metrics, "liveness probe via the metrics port")
     need(get(c, "resources", "requests", "cpu") and get(c, "resources", "requests", "memory"), "resource requests")
     need(get(c, "resources", "limits", "memory"), "memory limit")
     sc = c.get("securityContext", {})

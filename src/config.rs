@@ -12,6 +12,7 @@
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
 //! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
+//! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -22,6 +23,15 @@ pub const DEFAULT_LOCK_PORT: u16 = 22119;
 pub const LOCK_RECV_BUF: usize = 512;
 /// Submission queue entries.
 pub const RING_ENTRIES: u32 = 4096;
+/// An event loop wakes at least this often, idle or not, and publishes a
+/// heartbeat each time (liveness reads it; see `metrics`).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// Default `--liveness-timeout-ms`: a loop silent this long is hung (it
+/// wakes every [`HEARTBEAT_INTERVAL_MS`] even when idle).
+pub const LIVENESS_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Smallest accepted `--liveness-timeout-ms`: two heartbeat intervals, so one
+/// late wake-up is never mistaken for a hung loop.
+pub const LIVENESS_TIMEOUT_MS_MIN: u64 = 2 * HEARTBEAT_INTERVAL_MS;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -42,6 +52,9 @@ pub struct Config {
     /// After `kill -9` the predecessor's io_uring can keep its listener
     /// bound for a while: binding is retried this long.
     pub bind_retry_ms: u64,
+    /// `/livez` (and `/readyz`, `/healthz`) fail once an event loop's last
+    /// heartbeat is older than this.
+    pub liveness_timeout_ms: u64,
 }
 
 impl Config {
@@ -61,6 +74,7 @@ impl Config {
             wal_truncate_at: None,
             faults: None,
             bind_retry_ms: 10_000,
+            liveness_timeout_ms: LIVENESS_TIMEOUT_MS_DEFAULT,
         }
     }
 }

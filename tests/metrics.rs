@@ -315,6 +315,13 @@ fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().expect("valid address")
 }
 
+/// Serves `m` on an ephemeral loopback port with the defaults changed by `f`.
+fn serve_with(m: Arc<Metrics>, f: impl FnOnce(&mut metrics::Options)) -> SocketAddr {
+    let mut o = metrics::Options::default();
+    f(&mut o);
+    metrics::serve_with(loopback(), m, o).expect("bind")
+}
+
 /// Sends `request`, half-closes, and reads the whole answer.
 fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
@@ -436,41 +443,194 @@ fn unknown_paths_methods_and_malformed_requests() {
     assert_eq!(status_of(&get(addr, "/metrics")), 200);
 }
 
-#[test]
-fn a_stalled_scraper_cannot_wedge_the_endpoint() {
-    let timeout = Duration::from_millis(300);
-    let addr =
-        metrics::serve_with_timeout(loopback(), Arc::new(Metrics::new()), timeout).expect("bind");
-
-    // Partial request, then silence.
-    let mut stalled = TcpStream::connect(addr).expect("connect");
-    stalled
-        .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+/// GET with a read timeout of `within`: an answer that does not arrive in
+/// time fails the read (the bounded wait the test asserts on).
+fn get_within(addr: SocketAddr, path: &str, within: Duration) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(within)).expect("timeout");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
         .expect("send");
-    // Connected, never sends a byte.
-    let silent = TcpStream::connect(addr).expect("connect");
-
-    let start = Instant::now();
-    let answer = get(addr, "/metrics");
-    let waited = start.elapsed();
-    assert_eq!(status_of(&answer), 200);
-    // Served once the two stalled connections hit their deadlines.
-    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
-
     let mut answer = String::new();
-    stalled
-        .set_read_timeout(Some(Duration::from_secs(5)))
+    s.read_to_string(&mut answer)
+        .unwrap_or_else(|e| panic!("no answer to {path} within {within:?}: {e}"));
+    answer
+}
+
+/// True while the server neither answered nor closed `s`.
+fn still_open(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut b = [0u8; 1];
+    let r = (&*s).read(&mut b);
+    s.set_nonblocking(false).expect("blocking");
+    matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[test]
+fn eight_idle_connections_do_not_delay_health() {
+    common::pin_current_thread();
+    let m = Arc::new(Metrics::new());
+    m.set_ready();
+    m.loop_heartbeat(0, metrics::monotonic_ms());
+    // Idle connections are not timed out during this test: any delay they
+    // caused would show, not be hidden by their deadline.
+    let addr = serve_with(Arc::clone(&m), |o| {
+        o.request_timeout = Duration::from_secs(60);
+    });
+    let mut idle = Vec::new();
+    for i in 0..8 {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        if i % 2 == 0 {
+            // Half send a partial head, half never send a byte.
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHo").expect("send");
+        }
+        idle.push(s);
+    }
+    // Served concurrently: each answer comes while all eight are still
+    // waiting (the bound: one second).
+    for path in ["/healthz", "/readyz", "/livez", "/metrics"] {
+        let answer = get_within(addr, path, Duration::from_secs(1));
+        assert_eq!(status_of(&answer), 200, "{path}: {answer}");
+    }
+    for (i, s) in idle.iter().enumerate() {
+        assert!(still_open(s), "idle connection {i} was answered or closed");
+    }
+}
+
+#[test]
+fn connections_beyond_the_bound_get_503_at_once_and_slots_come_back() {
+    common::pin_current_thread();
+    let m = Arc::new(Metrics::new());
+    m.set_ready();
+    let addr = serve_with(Arc::clone(&m), |o| {
+        o.request_timeout = Duration::from_secs(60);
+        o.connections_max = 4;
+    });
+    let mut idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    // The fifth is refused without waiting for its request.
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
-    stalled.read_to_string(&mut answer).expect("read");
-    assert_eq!(status_of(&answer), 408, "{answer}");
-    drop(silent);
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("503, then close");
+    assert_eq!(status_of(&answer), 503, "{answer}");
+    assert_eq!(
+        body_of(&answer),
+        "too many connections to the metrics endpoint\n"
+    );
+    assert!(idle.iter().all(still_open));
+
+    // A connection that leaves frees its slot.
+    drop(idle.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match status_of(&get(addr, "/healthz")) {
+            200 => break,
+            503 => assert!(Instant::now() < deadline, "the slot never came back"),
+            other => panic!("/healthz answered {other}"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Status and body of one GET.
+fn probe(addr: SocketAddr, path: &str) -> (u16, String) {
+    let answer = get(addr, path);
+    (status_of(&answer), body_of(&answer).to_string())
+}
+
+#[test]
+fn readiness_waits_for_recovery_and_liveness_for_every_loop() {
+    let m = Arc::new(Metrics::new_loops(2));
+    assert_eq!(m.loops(), 2);
+    let addr = serve_with(Arc::clone(&m), |o| {
+        o.liveness_timeout = Duration::from_secs(60);
+    });
+    // Recovering: not ready, but not dead either (loops are not judged yet).
+    assert_eq!(probe(addr, "/readyz"), (503, "recovering\n".into()));
+    assert_eq!(probe(addr, "/healthz"), (503, "recovering\n".into()));
+    let (code, body) = probe(addr, "/livez");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("starting"), "{body}");
+
+    m.set_ready();
+    let now = metrics::monotonic_ms();
+    m.loop_heartbeat(0, now);
+    m.loop_heartbeat(1, now);
+    for path in ["/livez", "/readyz", "/healthz"] {
+        assert_eq!(probe(addr, path), (200, "ok\n".into()), "{path}");
+    }
+
+    // Loop 1's last progress is past the bound: every probe but /metrics fails
+    // and says which loop.
+    m.loop_heartbeat(1, metrics::monotonic_ms() - 61_000);
+    for path in ["/livez", "/readyz", "/healthz"] {
+        let (code, body) = probe(addr, path);
+        assert_eq!(code, 503, "{path}: {body}");
+        assert!(
+            body.starts_with("stalled: event loop 1 made no progress for "),
+            "{path}: {body}"
+        );
+        assert!(body.ends_with(" ms (bound 60000 ms)\n"), "{path}: {body}");
+    }
+    assert_eq!(status_of(&get(addr, "/metrics")), 200);
+    // Just inside the bound is live again.
+    m.loop_heartbeat(1, metrics::monotonic_ms() - 30_000);
+    assert_eq!(probe(addr, "/livez"), (200, "ok\n".into()));
+}
+
+/// The reported age from a `stalled: …` body.
+fn stalled_age_ms(body: &str) -> u64 {
+    body.split_once(" for ")
+        .and_then(|(_, rest)| rest.split_once(" ms"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no age in {body:?}"))
+}
+
+#[test]
+fn liveness_fails_within_its_bound_when_a_loop_stops() {
+    // Loop 0 keeps beating; loop 1 never beats at all after readiness (a loop
+    // that hung before its first tick).
+    let m = Arc::new(Metrics::new_loops(2));
+    let bound = Duration::from_millis(300);
+    let addr = serve_with(Arc::clone(&m), |o| o.liveness_timeout = bound);
+    m.set_ready();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beater = {
+        let (m, stop) = (Arc::clone(&m), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                m.loop_heartbeat(0, metrics::monotonic_ms());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (code, body) = probe(addr, "/livez");
+        if code == 503 {
+            break body;
+        }
+        assert_eq!(code, 200, "{body}");
+        assert!(Instant::now() < deadline, "liveness never failed");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(body.starts_with("stalled: event loop 1 "), "{body}");
+    // Never before its bound.
+    assert!(stalled_age_ms(&body) > 300, "{body}");
+    assert_eq!(probe(addr, "/readyz").0, 503);
+    // The process and the endpoint live on; a beat makes it live again.
+    m.loop_heartbeat(1, metrics::monotonic_ms());
+    assert_eq!(probe(addr, "/livez"), (200, "ok\n".into()));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beater.join().expect("beater thread");
 }
 
 #[test]
 fn a_trickling_scraper_cannot_extend_its_deadline() {
     let timeout = Duration::from_millis(300);
-    let addr =
-        metrics::serve_with_timeout(loopback(), Arc::new(Metrics::new()), timeout).expect("bind");
+    let addr = serve_with(Arc::new(Metrics::new()), |o| o.request_timeout = timeout);
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_millis(20)))
         .expect("timeout");

@@ -67,6 +67,7 @@ fn updates_never_allocate() {
         m.wal_io_error();
         m.set_recovery_us(i);
         m.set_ready();
+        m.loop_heartbeat(0, i);
     }
     COUNTING.with(|c| c.set(false));
     assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), 0);

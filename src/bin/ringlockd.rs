@@ -18,7 +18,10 @@ OPTIONS:
     --bind ADDR              lock port address [env BIND_ADDRESS] (default 127.0.0.1:22119;
                              ':22119' means all interfaces)
     --admin-bind ADDR        admin port address (default: loopback, lock port + 1)
-    --metrics-bind ADDR      serve Prometheus /metrics and /healthz over HTTP (default: off)
+    --metrics-bind ADDR      serve Prometheus /metrics and the probes /livez, /readyz, /healthz
+                             over HTTP (default: off)
+    --liveness-timeout-ms MS /livez (and /readyz, /healthz) fail once an event loop made no
+                             progress for MS (default 10000, at least 1000)
     --data-path FILE         write-ahead log; held keys survive restarts [env DATA_PATH]
                              (default: in memory)
     --wal-truncate-at OFFSET drop a corrupt log tail starting at byte OFFSET (the offset the
@@ -98,20 +101,27 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             | "--max-keys"
             | "--max-waiters"
             | "--frame-timeout-ms"
+            | "--liveness-timeout-ms"
             | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
+                    "--liveness-timeout-ms" => "liveness-timeout-ms",
                     _ => "frame-timeout-ms",
                 };
                 let v = val(name)?;
                 let n: u64 = v
                     .parse()
                     .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
-                if n == 0 {
-                    return Err(format!("--{name}: must be at least 1"));
+                let min = if name == "liveness-timeout-ms" {
+                    config::LIVENESS_TIMEOUT_MS_MIN
+                } else {
+                    1
+                };
+                if n < min {
+                    return Err(format!("--{name}: must be at least {min}"));
                 }
                 limits.push((name, n));
             }
@@ -155,6 +165,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,
+            "liveness-timeout-ms" => cfg.liveness_timeout_ms = n,
             _ => cfg.frame_timeout_ms = n,
         }
     }
@@ -179,8 +190,18 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Only after Server::bind: it blocks SIGINT/SIGTERM for the signalfd, and
+    // the HTTP threads must inherit that mask, or a SIGTERM delivered to one
+    // of them would kill the process instead of stopping it cleanly.
     let metrics_addr = match cfg.metrics_bind {
-        Some(a) => match metrics::serve(a, m.clone()) {
+        Some(a) => match metrics::serve_with(
+            a,
+            m.clone(),
+            metrics::Options {
+                liveness_timeout: std::time::Duration::from_millis(cfg.liveness_timeout_ms),
+                ..metrics::Options::default()
+            },
+        ) {
             Ok(bound) => Some(bound),
             Err(e) => {
                 eprintln!("ringlockd: cannot serve metrics on {a}: {e}");
@@ -200,8 +221,8 @@ fn main() -> ExitCode {
         server.admin_addr(),
         metrics_field,
         cfg.data_path
-            .as_ref()
-            .map_or("none".into(), |p| p.display().to_string()),
+            .as_deref()
+            .map_or(log::Bytes(b"none"), log::path),
         server.config().max_connections,
         env!("CARGO_PKG_VERSION")
     );

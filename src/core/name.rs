@@ -71,9 +71,13 @@ impl Ord for Name {
     }
 }
 
+/// The bytes as a quoted, escaped logfmt value (`crate::log::Quoted`): log
+/// lines write names with `{:?}`, so a name can neither forge a field nor
+/// look like another name (a lossy UTF-8 conversion would show every invalid
+/// byte as U+FFFD).
 impl fmt::Debug for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+        fmt::Display::fmt(&crate::log::Quoted(self.as_bytes()), f)
     }
 }
 
@@ -91,5 +95,15 @@ mod tests {
         b = Name::new(b"abc").unwrap();
         assert_eq!(a, b);
         assert!(Name::new(b"ab").unwrap() < a);
+    }
+
+    #[test]
+    fn debug_is_an_escaped_logfmt_value_and_keeps_names_apart() {
+        let n = |b: &[u8]| format!("{:?}", Name::new(b).unwrap());
+        assert_eq!(n(b"jobs/nightly"), r#""jobs/nightly""#);
+        assert_eq!(n(b"x=1 \"\n"), r#""x=1 \"\n""#);
+        // Two keys that a lossy conversion would both show as U+FFFD.
+        assert_ne!(n(b"\xff"), n(b"\xfe"));
+        assert_eq!(n(b"\xff"), r#""\xff""#);
     }
 }

@@ -14,7 +14,8 @@
 //!   shard hear [`Shard::on_closed`] and recycle the slot.
 //!
 //! # Tick
-//! `submit_and_wait` → drain every CQE into a local array (no handler runs
+//! `submit_and_wait` (at most a heartbeat interval, so that an idle loop
+//! still proves it is alive) → drain every CQE into a local array (no handler runs
 //! inside the drain) → dispatch each as a shard event → `end_tick` (frame
 //! expiry, log batch, durable answers) → execute the shard's commands.
 //! `user_data` = op | generation | slot ([`crate::io`]); 0 is never used.
@@ -369,7 +370,7 @@ impl Server {
                     Level::Info,
                     "recovery",
                     "path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
-                    path.display(),
+                    crate::log::path(path),
                     rec.records,
                     rec.held,
                     rec.file_bytes,
@@ -536,7 +537,9 @@ impl Server {
         self.metrics.set_ready();
         loop {
             self.wait()?;
-            self.shard.begin_tick(now());
+            let t = now();
+            self.metrics.loop_heartbeat(0, t.mono_us / 1000);
+            self.shard.begin_tick(t);
             self.drain();
             let mut cqes = std::mem::take(&mut self.cqes);
             for &(ud, res, flags) in &cqes {
@@ -599,10 +602,14 @@ impl Server {
                 });
         }
         let t = now().mono_us;
-        let timeout_us = self
-            .shard
-            .next_deadline_us()
-            .map(|d| d.saturating_sub(t).max(1000));
+        // Wake at least every heartbeat interval, idle or not: liveness
+        // (/livez) reads the heartbeat.
+        let beat_us = crate::config::HEARTBEAT_INTERVAL_MS * 1000;
+        let timeout_us = Some(
+            self.shard
+                .next_deadline_us()
+                .map_or(beat_us, |d| d.saturating_sub(t).clamp(1000, beat_us)),
+        );
         let r = match timeout_us {
             None => self.ring.submit_and_wait(1),
             Some(us) => {
@@ -656,7 +663,7 @@ impl Server {
                         "port={:?} errno={} error=\"{}\"",
                         port,
                         -res,
-                        io::Error::from_raw_os_error(-res)
+                        crate::log::Escaped(io::Error::from_raw_os_error(-res))
                     );
                 }
                 if !io_uring::cqueue::more(flags) && !self.stop_requested {

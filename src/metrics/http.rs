@@ -1,127 +1,233 @@
-//! The scrape endpoint: a deliberately tiny HTTP/1.1 server on one std thread.
+//! The HTTP endpoint: `/metrics`, `/livez`, `/readyz`, `/healthz`.
 //!
 //! Invariants:
 //! - It shares nothing with the lock loop but `Arc<Metrics>` (atomics), so a
-//!   slow, stuck or hostile scraper can cost the loop nothing.
-//! - One connection at a time, one request per connection (`Connection:
-//!   close`). Every connection has a hard deadline for its request head and a
-//!   write timeout for the answer, so one bad scraper delays the next one by
-//!   at most that long and can never wedge the thread.
-//! - The request head is read into a fixed buffer; anything longer is refused
-//!   (431). Nothing a client sends makes the thread allocate without bound.
+//!   slow, stuck or hostile client can cost the loop nothing.
+//! - Connections are served concurrently, each on its own short-lived thread,
+//!   at most [`Options::connections_max`] at once. The acceptor thread never
+//!   waits for a client: beyond the bound it answers `503` at once and closes,
+//!   so idle or slow connections delay nobody's probe while the bound holds,
+//!   and cost a fixed amount of memory when it does not.
+//! - Every connection has hard deadlines: its whole request head within
+//!   [`Options::request_timeout`] (a client trickling bytes cannot extend
+//!   it), its whole answer within [`WRITE_TIMEOUT`], then a lingering close of
+//!   at most 100 ms. So a handler thread lives a few seconds at most and every
+//!   slot frees itself.
+//! - The request head is read into a fixed buffer and parsed by `httparse`;
+//!   anything longer is refused (431). One request per connection
+//!   (`Connection: close`). Nothing a client sends makes the endpoint
+//!   allocate without bound.
 
-use super::Metrics;
+use super::{monotonic_ms, Liveness, Metrics};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Longest accepted request head (request line plus headers).
 pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
+/// Most header lines a request may have (beyond: 431).
+const HEADERS_MAX: usize = 64;
 /// Time a client has to send its whole request head.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest a single write of the answer may block.
+/// Time the whole answer may take to write (all writes together).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest the thread drains a client's leftover input after an error answer.
+/// Connections served at once; beyond, `503` and close. Probes and a few
+/// scrapers need a handful; the rest is room for idle or slow clients.
+pub const CONNECTIONS_MAX: usize = 32;
+/// Longest the handler drains a client's leftover input after an error answer.
 const LINGER_TIMEOUT: Duration = Duration::from_millis(100);
+/// A handler needs little stack: the head buffer and the body are on the heap.
+const HANDLER_STACK_BYTES: usize = 128 * 1024;
 
 const CONTENT_TYPE_METRICS: &str = "text/plain; version=0.0.4; charset=utf-8";
 const CONTENT_TYPE_TEXT: &str = "text/plain; charset=utf-8";
 
-/// Binds `addr` now (so a bad address or a port in use is the caller's error
-/// to report), then serves `GET /metrics` and `GET /healthz` on one spawned
-/// thread. Returns the bound address (useful with port 0).
-pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> io::Result<SocketAddr> {
-    serve_with_timeout(addr, metrics, REQUEST_TIMEOUT)
+/// Limits and bounds of the endpoint.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Deadline for the whole request head (default [`REQUEST_TIMEOUT`]).
+    pub request_timeout: Duration,
+    /// A loop whose heartbeat is older than this fails liveness (default
+    /// 10 s, `--liveness-timeout-ms`).
+    pub liveness_timeout: Duration,
+    /// Connections served at once (default [`CONNECTIONS_MAX`]).
+    pub connections_max: usize,
 }
 
-/// [`serve`] with a custom request-head deadline (tests use a short one).
-pub fn serve_with_timeout(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    request_timeout: Duration,
-) -> io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
-    let local = listener.local_addr()?;
-    thread::Builder::new()
-        .name("ringlock-metrics".to_string())
-        .spawn(move || accept_loop(listener, &metrics, request_timeout))?;
-    Ok(local)
-}
-
-fn accept_loop(listener: TcpListener, metrics: &Metrics, request_timeout: Duration) {
-    // Reused across scrapes: after the first scrape no allocation is needed.
-    let mut body = String::with_capacity(16 * 1024);
-    let mut head = vec![0u8; REQUEST_HEAD_BYTES_MAX];
-    for stream in listener.incoming() {
-        match stream {
-            // A failing connection only affects that scraper.
-            Ok(stream) => {
-                let _ = handle(stream, metrics, request_timeout, &mut head, &mut body);
-            }
-            // EMFILE and friends: back off rather than spin on accept.
-            Err(_) => thread::sleep(Duration::from_millis(50)),
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            request_timeout: REQUEST_TIMEOUT,
+            liveness_timeout: Duration::from_millis(crate::config::LIVENESS_TIMEOUT_MS_DEFAULT),
+            connections_max: CONNECTIONS_MAX,
         }
     }
 }
 
+/// Binds `addr` now (so a bad address or a port in use is the caller's error
+/// to report), then serves on spawned threads with the default [`Options`].
+/// Returns the bound address (useful with port 0).
+pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> io::Result<SocketAddr> {
+    serve_with(addr, metrics, Options::default())
+}
+
+/// [`serve`] with explicit limits (the server passes its liveness timeout;
+/// tests use short deadlines and small bounds).
+pub fn serve_with(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    options: Options,
+) -> io::Result<SocketAddr> {
+    assert!(
+        options.connections_max >= 1,
+        "at least one connection is served"
+    );
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    thread::Builder::new()
+        .name("ringlock-http".to_string())
+        .spawn(move || accept_loop(listener, metrics, options))?;
+    Ok(local)
+}
+
+/// Frees a connection slot when its handler ends, however it ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, options: Options) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            // EMFILE and friends: back off rather than spin on accept.
+            Err(_) => {
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        // Only this thread takes slots, so the check and the increment
+        // cannot race past the bound; handlers only give slots back.
+        if active.load(Ordering::Acquire) >= options.connections_max {
+            refuse(stream);
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(Arc::clone(&active));
+        let metrics = Arc::clone(&metrics);
+        // If the spawn fails, the closure (with the stream and the slot) is
+        // dropped: the connection closes and the slot is given back.
+        let _ = thread::Builder::new()
+            .name("ringlock-http-conn".to_string())
+            .stack_size(HANDLER_STACK_BYTES)
+            .spawn(move || {
+                let _slot = slot;
+                // A failing connection only affects that client.
+                let _ = handle(stream, &metrics, &options);
+            });
+    }
+}
+
+/// Over the bound: `503` without waiting for anything, then close. Whatever
+/// the client already sent is read first, so the close does not turn into a
+/// reset that could destroy the answer (best effort: nothing here may block).
+fn refuse(mut stream: TcpStream) {
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+    let body = "too many connections to the metrics endpoint\n";
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: {CONTENT_TYPE_TEXT}\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write(answer.as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// The endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Metrics,
+    Livez,
+    /// `/readyz`, and `/healthz` with the same meaning.
+    Readyz,
+    NotFound,
+}
+
 /// What the request head said, or why it cannot be answered normally.
-#[derive(Debug, PartialEq, Eq)]
-enum Request<'a> {
-    Get(&'a str),
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Parsed {
+    /// Not a whole head yet.
+    Partial,
+    Get(Route),
     OtherMethod,
+    TooManyHeaders,
     Malformed,
 }
 
-fn handle(
-    mut stream: TcpStream,
-    metrics: &Metrics,
-    request_timeout: Duration,
-    head: &mut [u8],
-    body: &mut String,
-) -> io::Result<()> {
+fn parse(head: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Partial) => Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => Parsed::TooManyHeaders,
+        Err(_) => Parsed::Malformed,
+        Ok(httparse::Status::Complete(_)) => {
+            let (Some(method), Some(target)) = (req.method, req.path) else {
+                return Parsed::Malformed;
+            };
+            // Origin form only: `GET http://host/metrics` or `*` is not ours.
+            if !target.starts_with('/') {
+                return Parsed::Malformed;
+            }
+            if method != "GET" {
+                return Parsed::OtherMethod;
+            }
+            let path = target.split_once('?').map_or(target, |(p, _)| p);
+            Parsed::Get(match path {
+                "/metrics" => Route::Metrics,
+                "/livez" => Route::Livez,
+                "/readyz" | "/healthz" => Route::Readyz,
+                _ => Route::NotFound,
+            })
+        }
+    }
+}
+
+fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    let deadline = Instant::now() + request_timeout;
+    let deadline = Instant::now() + options.request_timeout;
+    let mut head = vec![0u8; REQUEST_HEAD_BYTES_MAX];
     let mut filled = 0;
-    let head_len = loop {
-        if let Some(end) = head_end(&head[..filled]) {
-            break end;
+    let parsed = loop {
+        if filled > 0 {
+            match parse(&head[..filled]) {
+                Parsed::Partial => {}
+                done => break done,
+            }
         }
         if filled == head.len() {
-            return respond(
-                &mut stream,
-                431,
-                "Request Header Fields Too Large",
-                CONTENT_TYPE_TEXT,
-                "request head too large\n",
-            );
+            break Parsed::TooManyHeaders;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return respond(
-                &mut stream,
-                408,
-                "Request Timeout",
-                CONTENT_TYPE_TEXT,
-                "request timeout\n",
-            );
+            return respond(&mut stream, 408, "Request Timeout", "request timeout\n");
         }
         // The deadline covers the whole head: a client that trickles one byte
         // at a time cannot extend it.
         stream.set_read_timeout(Some(left))?;
         match stream.read(&mut head[filled..]) {
             Ok(0) if filled == 0 => return Ok(()), // connected and left: nothing to answer
-            Ok(0) => {
-                return respond(
-                    &mut stream,
-                    400,
-                    "Bad Request",
-                    CONTENT_TYPE_TEXT,
-                    "incomplete request\n",
-                )
-            }
+            Ok(0) => return respond(&mut stream, 400, "Bad Request", "incomplete request\n"),
             Ok(n) => filled += n,
             Err(e)
                 if matches!(
@@ -129,99 +235,92 @@ fn handle(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return respond(
-                    &mut stream,
-                    408,
-                    "Request Timeout",
-                    CONTENT_TYPE_TEXT,
-                    "request timeout\n",
-                );
+                return respond(&mut stream, 408, "Request Timeout", "request timeout\n");
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     };
-    match parse(&head[..head_len]) {
-        Request::Malformed => respond(
+    drop(head);
+    match parsed {
+        Parsed::Partial => unreachable!("the read loop only ends on a whole head"),
+        Parsed::Malformed => respond(&mut stream, 400, "Bad Request", "malformed request\n"),
+        Parsed::TooManyHeaders => respond(
             &mut stream,
-            400,
-            "Bad Request",
-            CONTENT_TYPE_TEXT,
-            "malformed request\n",
+            431,
+            "Request Header Fields Too Large",
+            "request head too large\n",
         ),
-        Request::OtherMethod => respond(
+        Parsed::OtherMethod => respond(
             &mut stream,
             405,
             "Method Not Allowed",
-            CONTENT_TYPE_TEXT,
             "only GET is allowed\n",
         ),
-        Request::Get("/metrics") => {
-            body.clear();
-            metrics.render(body, now_unix_ms());
-            respond(&mut stream, 200, "OK", CONTENT_TYPE_METRICS, body)
+        Parsed::Get(Route::Metrics) => {
+            let mut body = String::with_capacity(16 * 1024);
+            metrics.render(&mut body, now_unix_ms());
+            write_answer(&mut stream, 200, "OK", CONTENT_TYPE_METRICS, &body)
         }
-        Request::Get("/healthz") if metrics.is_ready() => {
-            respond(&mut stream, 200, "OK", CONTENT_TYPE_TEXT, "ok\n")
+        Parsed::Get(Route::Livez) => {
+            let (code, body) = match liveness(metrics, options) {
+                Liveness::Live => (200, "ok\n".to_string()),
+                Liveness::Starting => (
+                    200,
+                    "starting: recovery is not done; loops are judged once it is\n".to_string(),
+                ),
+                Liveness::Stalled { loop_index, age_ms } => {
+                    (503, stall_reason(loop_index, age_ms, options))
+                }
+            };
+            answer_text(&mut stream, code, &body)
         }
-        Request::Get("/healthz") => respond(
-            &mut stream,
-            503,
-            "Service Unavailable",
-            CONTENT_TYPE_TEXT,
-            "recovering\n",
-        ),
-        Request::Get(_) => respond(
+        Parsed::Get(Route::Readyz) => {
+            let (code, body) = match liveness(metrics, options) {
+                Liveness::Live => (200, "ok\n".to_string()),
+                Liveness::Starting => (503, "recovering\n".to_string()),
+                Liveness::Stalled { loop_index, age_ms } => {
+                    (503, stall_reason(loop_index, age_ms, options))
+                }
+            };
+            answer_text(&mut stream, code, &body)
+        }
+        Parsed::Get(Route::NotFound) => respond(
             &mut stream,
             404,
             "Not Found",
-            CONTENT_TYPE_TEXT,
-            "not found; try /metrics or /healthz\n",
+            "not found; try /metrics, /livez, /readyz or /healthz\n",
         ),
     }
 }
 
-/// Length of the head including its blank line, if it is complete.
-fn head_end(buf: &[u8]) -> Option<usize> {
-    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-        return Some(i + 4);
-    }
-    // Bare-LF line endings, as some hand-written clients send.
-    buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2)
+fn liveness(metrics: &Metrics, options: &Options) -> Liveness {
+    let bound_ms = u64::try_from(options.liveness_timeout.as_millis()).unwrap_or(u64::MAX);
+    metrics.liveness(monotonic_ms(), bound_ms)
 }
 
-fn parse(head: &[u8]) -> Request<'_> {
-    let Ok(text) = std::str::from_utf8(head) else {
-        return Request::Malformed;
-    };
-    let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
-    let Some(request_line) = lines.next() else {
-        return Request::Malformed;
-    };
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Request::Malformed;
-    };
-    let is_token = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
-    if !is_token || !target.starts_with('/') || !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
-        return Request::Malformed;
-    }
-    // Header lines must be `name: value`; the blank line(s) at the end are allowed.
-    for line in lines {
-        if !line.is_empty() && !matches!(line.find(':'), Some(i) if i > 0) {
-            return Request::Malformed;
-        }
-    }
-    if method != "GET" {
-        return Request::OtherMethod;
-    }
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
-    Request::Get(path)
+fn stall_reason(loop_index: usize, age_ms: u64, options: &Options) -> String {
+    format!(
+        "stalled: event loop {loop_index} made no progress for {age_ms} ms (bound {} ms)\n",
+        options.liveness_timeout.as_millis()
+    )
 }
 
-fn respond(
+fn answer_text(stream: &mut TcpStream, code: u16, body: &str) -> io::Result<()> {
+    let reason = if code == 200 {
+        "OK"
+    } else {
+        "Service Unavailable"
+    };
+    write_answer(stream, code, reason, CONTENT_TYPE_TEXT, body)
+}
+
+/// An error answer: plain text, then a lingering close.
+fn respond(stream: &mut TcpStream, code: u16, reason: &str, body: &str) -> io::Result<()> {
+    write_answer(stream, code, reason, CONTENT_TYPE_TEXT, body)
+}
+
+fn write_answer(
     stream: &mut TcpStream,
     code: u16,
     reason: &str,
@@ -233,14 +332,33 @@ fn respond(
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()?;
+    let deadline = Instant::now() + WRITE_TIMEOUT;
+    write_all_by(stream, head.as_bytes(), deadline)?;
+    write_all_by(stream, body.as_bytes(), deadline)?;
     // Tell the client we are done; it then closes first, so our close does
     // not reset the connection before the answer is read.
     stream.shutdown(std::net::Shutdown::Write)?;
     if code >= 400 {
         linger(stream);
+    }
+    Ok(())
+}
+
+/// `write_all` with one deadline for all of it: a client that reads a byte
+/// now and then cannot keep the handler (and its slot) forever.
+fn write_all_by(stream: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -277,40 +395,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_request_lines() {
+    fn parses_request_heads_with_httparse() {
         assert_eq!(
             parse(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Request::Get("/metrics")
+            Parsed::Get(Route::Metrics)
         );
         assert_eq!(
             parse(b"GET /healthz?x=1 HTTP/1.0\r\n\r\n"),
-            Request::Get("/healthz")
+            Parsed::Get(Route::Readyz)
+        );
+        assert_eq!(
+            parse(b"GET /readyz HTTP/1.1\r\n\r\n"),
+            Parsed::Get(Route::Readyz)
+        );
+        assert_eq!(
+            parse(b"GET /livez HTTP/1.1\r\n\r\n"),
+            Parsed::Get(Route::Livez)
         );
         assert_eq!(
             parse(b"GET /metrics HTTP/1.1\n\n"),
-            Request::Get("/metrics")
+            Parsed::Get(Route::Metrics)
+        );
+        assert_eq!(
+            parse(b"GET /nope HTTP/1.1\r\n\r\n"),
+            Parsed::Get(Route::NotFound)
         );
         assert_eq!(
             parse(b"POST /metrics HTTP/1.1\r\n\r\n"),
-            Request::OtherMethod
+            Parsed::OtherMethod
         );
-        assert_eq!(parse(b"GET /metrics\r\n\r\n"), Request::Malformed);
-        assert_eq!(parse(b"GET  /metrics HTTP/1.1\r\n\r\n"), Request::Malformed);
-        assert_eq!(parse(b"GET /metrics HTTP/2\r\n\r\n"), Request::Malformed);
+        assert_eq!(parse(b"GET /metrics HTTP/1.1\r\nHo"), Parsed::Partial);
+        assert_eq!(parse(b"GET /metr"), Parsed::Partial);
+        assert_eq!(parse(b"GET /metrics\r\n\r\n"), Parsed::Malformed);
+        assert_eq!(parse(b"GET  /metrics HTTP/1.1\r\n\r\n"), Parsed::Malformed);
+        assert_eq!(parse(b"GET /metrics HTTP/2\r\n\r\n"), Parsed::Malformed);
         assert_eq!(
             parse(b"GET /metrics HTTP/1.1\r\nbroken header\r\n\r\n"),
-            Request::Malformed
+            Parsed::Malformed
         );
         assert_eq!(
-            parse(b"\x16\x03\x01 / HTTP/1.1\r\n\r\n"),
-            Request::Malformed
+            parse(b"GET http://x/metrics HTTP/1.1\r\n\r\n"),
+            Parsed::Malformed
         );
-    }
-
-    #[test]
-    fn finds_the_end_of_the_head() {
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\nbody"), Some(18));
-        assert_eq!(head_end(b"GET / HTTP/1.1\n\n"), Some(16));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\n"), None);
+        assert_eq!(parse(b"\x16\x03\x01 / HTTP/1.1\r\n\r\n"), Parsed::Malformed);
+        let many = format!(
+            "GET /metrics HTTP/1.1\r\n{}\r\n",
+            "X: y\r\n".repeat(HEADERS_MAX + 1)
+        );
+        assert_eq!(parse(many.as_bytes()), Parsed::TooManyHeaders);
     }
 }

@@ -1,4 +1,4 @@
-//! Prometheus metrics (issue 6).
+//! Prometheus metrics, and the liveness and readiness the probes report.
 //!
 //! Ownership and invariants:
 //! - The lock loop owns nothing here but a shared `Arc<Metrics>`; every update
@@ -32,13 +32,54 @@
 //!   (an RSBS with count 0 resets the caller's IP: one). Counted whether or
 //!   not anything was held: it counts operator actions, not keys.
 //! - Gauges (`set_*`) are published by the loop once per tick.
+//!
+//! # Liveness and readiness
+//! - Every event loop owns one heartbeat slot (`Metrics::new_loops(n)`; the
+//!   server has one loop today) and calls `loop_heartbeat(i, now_ms)` once
+//!   per tick with the CLOCK_MONOTONIC time of the tick ([`monotonic_ms`]).
+//! - The contract: a loop wakes at least every
+//!   [`HEARTBEAT_INTERVAL_MS`](crate::config::HEARTBEAT_INTERVAL_MS), idle or
+//!   not (the server caps its io_uring wait at that interval), so an old
+//!   heartbeat means a loop that is stuck, not one that is merely idle.
+//! - `liveness` fails once any loop's last heartbeat is older than the
+//!   liveness timeout (`--liveness-timeout-ms`, default 10 s). Before
+//!   `set_ready` nothing is judged (recovery runs before the loop starts);
+//!   a loop that has not beaten yet is judged from the moment of `set_ready`.
+//! - Ready means recovery is done (`set_ready`); `/readyz` and `/healthz`
+//!   additionally require liveness, `/livez` is liveness alone.
 
 mod http;
 
-pub use http::{serve, serve_with_timeout, REQUEST_HEAD_BYTES_MAX, REQUEST_TIMEOUT, WRITE_TIMEOUT};
+pub use http::{
+    serve, serve_with, Options, CONNECTIONS_MAX, REQUEST_HEAD_BYTES_MAX, REQUEST_TIMEOUT,
+    WRITE_TIMEOUT,
+};
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// CLOCK_MONOTONIC in milliseconds: the clock of heartbeats (the server's
+/// `mono_us` reads the same clock). Never 0 on a running system.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a stack timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000).max(1)
+}
+
+/// What liveness says at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Recovery is not done yet; loops are not judged (the startup probe's job).
+    Starting,
+    /// Every loop made progress within the bound.
+    Live,
+    /// Loop `loop_index` (the stalest one) made no progress for `age_ms`.
+    Stalled { loop_index: usize, age_ms: u64 },
+}
 
 /// A request kind, as the lock port and admin port know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +230,10 @@ pub struct Metrics {
     wal_compactions: AtomicU64,
     wal_io_errors: AtomicU64,
     recovery_us: AtomicU64,
-    ready: AtomicBool,
+    /// CLOCK_MONOTONIC ms of `set_ready`; 0 while recovering.
+    ready_at_ms: AtomicU64,
+    /// CLOCK_MONOTONIC ms of each loop's last tick; 0 = not beaten yet.
+    heartbeats_ms: Box<[AtomicU64]>,
 }
 
 impl Default for Metrics {
@@ -199,7 +243,15 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub const fn new() -> Metrics {
+    /// A registry for a server with one event loop.
+    pub fn new() -> Metrics {
+        Metrics::new_loops(1)
+    }
+
+    /// A registry for a server with `loops` event loops (heartbeat slots
+    /// `0..loops`).
+    pub fn new_loops(loops: usize) -> Metrics {
+        assert!(loops >= 1, "a server has at least one event loop");
         Metrics {
             requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
             held_keys: AtomicU64::new(0),
@@ -222,7 +274,8 @@ impl Metrics {
             wal_compactions: AtomicU64::new(0),
             wal_io_errors: AtomicU64::new(0),
             recovery_us: AtomicU64::new(0),
-            ready: AtomicBool::new(false),
+            ready_at_ms: AtomicU64::new(0),
+            heartbeats_ms: (0..loops).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -324,13 +377,56 @@ impl Metrics {
         self.recovery_us.store(us, Relaxed);
     }
 
-    /// Recovery is done: `/healthz` answers 200 from now on.
+    /// Recovery is done: from now on `/readyz` and `/healthz` answer 200
+    /// while every loop is live. Reads the clock once (the first call counts).
     pub fn set_ready(&self) {
-        self.ready.store(true, Relaxed);
+        if self.ready_at_ms.load(Relaxed) == 0 {
+            let _ = self
+                .ready_at_ms
+                .compare_exchange(0, monotonic_ms(), Relaxed, Relaxed);
+        }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Relaxed)
+        self.ready_at_ms.load(Relaxed) != 0
+    }
+
+    /// Number of event loops (heartbeat slots).
+    pub fn loops(&self) -> usize {
+        self.heartbeats_ms.len()
+    }
+
+    /// Loop `loop_index` made progress at `now_ms` ([`monotonic_ms`] clock).
+    /// One relaxed store; called once per tick. Panics on an index the
+    /// registry was not built for (a start-up bug, seen at the first tick).
+    pub fn loop_heartbeat(&self, loop_index: usize, now_ms: u64) {
+        self.heartbeats_ms[loop_index].store(now_ms, Relaxed);
+    }
+
+    /// Liveness at `now_ms`: stalled when some loop's last heartbeat (or
+    /// `set_ready`, for a loop that has not beaten yet) is more than
+    /// `bound_ms` old. Reports the stalest loop.
+    pub fn liveness(&self, now_ms: u64, bound_ms: u64) -> Liveness {
+        let ready_at = self.ready_at_ms.load(Relaxed);
+        if ready_at == 0 {
+            return Liveness::Starting;
+        }
+        let mut worst: Option<(usize, u64)> = None;
+        for (i, hb) in self.heartbeats_ms.iter().enumerate() {
+            let last = match hb.load(Relaxed) {
+                0 => ready_at,
+                beat => beat,
+            };
+            // A heartbeat newer than `now_ms` (stored after it was read) is fresh.
+            let age_ms = now_ms.saturating_sub(last);
+            if age_ms > bound_ms && worst.is_none_or(|(_, a)| age_ms > a) {
+                worst = Some((i, age_ms));
+            }
+        }
+        match worst {
+            None => Liveness::Live,
+            Some((loop_index, age_ms)) => Liveness::Stalled { loop_index, age_ms },
+        }
     }
 
     /// Appends every metric in the Prometheus text format 0.0.4 to `out`.

@@ -212,7 +212,7 @@ pub mod admin {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             match self {
                 BadAdmin::UnknownCommand(c) => {
-                    write!(f, "unknown admin command {:?}", String::from_utf8_lossy(c))
+                    write!(f, "unknown admin command {}", crate::log::Quoted(c))
                 }
                 BadAdmin::TooMany(n) => write!(f, "{n} names exceed the limit of {NAMES_MAX}"),
                 BadAdmin::EmptyKey => write!(f, "empty key in RSET"),

@@ -334,6 +334,13 @@ impl Shard {
     /// The driver sent the whole answer (`Ok`) or the send failed.
     pub fn on_send_done(&mut self, token: Token, result: Result<(), i32>) {
         let slot = self.slot_of(token, "send completion");
+        log!(
+            Level::Debug,
+            "send",
+            "conn={:#x} errno={}",
+            token,
+            result.err().unwrap_or(0)
+        );
         let c = &mut self.conns[slot as usize];
         let was_grant = c.grant_in_flight;
         c.grant_in_flight = false;
@@ -446,7 +453,7 @@ impl Shard {
                     "op={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
                     if rewrite { "rewrite" } else { "append" },
                     -err,
-                    std::io::Error::from_raw_os_error(-err)
+                    crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
                 );
                 self.metrics.wal_io_error();
                 self.fail_pending("log write or fdatasync failed", -err);
@@ -461,7 +468,7 @@ impl Shard {
                         "wal_io_error",
                         "op=compaction step=finish errno={} error=\"{}\" action=\"answering '-' to requests whose records it carried, rewriting the log\"",
                         -err,
-                        std::io::Error::from_raw_os_error(-err)
+                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
                     );
                     self.fail_pending("compaction's finishing step failed", -err);
                 } else {
@@ -470,7 +477,7 @@ impl Shard {
                         "compaction_failed",
                         "step=snapshot errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
                         -err,
-                        std::io::Error::from_raw_os_error(-err)
+                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
                     );
                 }
             }
@@ -680,7 +687,7 @@ impl Shard {
                     "bad_admin_command",
                     "peer={} reason=\"{}\"",
                     peer,
-                    why
+                    crate::log::Escaped(why)
                 );
                 self.reject(slot, "bad admin command");
                 return false;
@@ -758,7 +765,7 @@ impl Shard {
             "bad_frame",
             "peer={} reason=\"{}\"",
             c.peer,
-            why
+            crate::log::Escaped(why)
         );
         c.rbuf.clear();
         c.out.push(b'-');
@@ -777,7 +784,7 @@ impl Shard {
             "protocol_violation",
             "peer={} reason=\"{}\"",
             self.conns[slot as usize].peer,
-            why
+            crate::log::Escaped(why)
         );
         self.die(slot);
         self.apply_effects();
@@ -1096,7 +1103,7 @@ impl Shard {
             Level::Warn,
             "wal_records_voided",
             "reason=\"{}\" errno={} answered_minus={} undone_records={}",
-            why,
+            crate::log::Escaped(why),
             errno,
             answered,
             touched.len()
