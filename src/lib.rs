@@ -1,27 +1,36 @@
 //! ringlock: a Locking-Center compatible lock server on a single-threaded
 //! io_uring event loop, with a write-ahead log, a blocking client and a CLI.
 //!
-//! # Layout (one folder per concern)
-//! - [`protocol`]: wire codecs of the lock port and the admin port (pure).
-//! - [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
-//!   slabs, a per-source index. Pure state machine: `operation(now) →
-//!   effects`, no syscalls, no clock reads.
-//! - [`wal`]: the write-ahead log — record format, recovery scan, group
-//!   commit bookkeeping, rewrite (compaction) planning.
-//! - [`io`]: io_uring plumbing (`user_data` = op | generation | slot).
-//! - [`server`]: the event loop that turns completions into table
-//!   operations and effects into submissions.
-//! - [`client`]: blocking std-only client library (used by the `ringlock` CLI).
-//! - [`metrics`]: atomics-only Prometheus registry and its HTTP thread.
-//! - [`config`]: every limit and default in one place; [`log`]: key=value logs.
+//! # Layers (one folder per concern, pure at the bottom, I/O at the edge)
+//! 1. [`protocol`]: wire codecs of the lock port and the admin port (pure).
+//! 2. [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
+//!    slabs, a per-source index. `operation(now) → effects`, no syscalls,
+//!    no clock reads.
+//! 3. [`wal`]: the write-ahead log — record format and group-commit /
+//!    compaction bookkeeping (pure), recovery replay over bytes (pure), and
+//!    the one start-up function that opens and maps the file.
+//! 4. [`shard`]: everything one event loop decides, composed from the
+//!    above: connection protocol states, the lock table, the durability
+//!    gate (held replies, durable watermark, undo journal) and the log's
+//!    batching. Fed events, returns commands; no syscall, no clock read,
+//!    no `unsafe`. The simulator (`tests/sim`) drives it too.
+//! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`
+//!    I/O; owns every fd and every buffer lent to the kernel ([`io`] holds
+//!    the `user_data` encoding).
+//! 6. the binaries (`ringlockd`, `ringlock`), plus [`client`] (blocking,
+//!    std-only client library), [`metrics`] (atomics-only registry and its
+//!    HTTP thread), [`config`] (every limit and default) and [`mod@log`].
 //!
-//! # The tick (see [`server`])
-//! `submit_and_wait` → drain all CQEs into a local array → dispatch each
-//! (accept, recv → decode → table, send, log write/fsync) → apply the
-//! table's effects in order (grants and releases become log records; replies
-//! go to connection outputs, gated on the log) → expire partial frames →
-//! close the log batch and submit write+fdatasync if none is in flight →
-//! one send per connection whose answer is not gated → publish gauges.
+//! # The tick (see [`driver`] and [`shard`])
+//! `submit_and_wait` (at most a heartbeat interval) → drain all CQEs into a
+//! local array → dispatch each as a shard event (accept, bytes received,
+//! send done, hang-up, log chain landed) — the shard decodes, runs the
+//! table and applies its effects in order (grants and releases become log
+//! records; answers go to connection outputs, gated on the log) →
+//! `end_tick`: expire partial frames, close the log batch (the next
+//! write+fdatasync chain if none is in flight), hand every answer whose
+//! records are durable to the driver, publish gauges → the driver submits
+//! the commands.
 //!
 //! # The durability rule (see [`wal`])
 //! With `--data-path`, every reply produced while log records are pending
