@@ -895,6 +895,10 @@ impl Server {
             }
             Cmd::Log { chain, buf } => self.start_chain(chain, buf),
             Cmd::DiscardTemp => self.discard_temp(),
+            // One shard: every key is ours, a scatter is answered here.
+            Cmd::Scatter { id, op } => self.shard.on_remote(0, id, op),
+            Cmd::Reply { id, result, .. } => self.shard.on_reply(id, result),
+            Cmd::Migrate { .. } => unreachable!("one shard owns every key"),
         }
     }
 

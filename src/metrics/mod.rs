@@ -210,9 +210,11 @@ type BatchHistogram = Histogram<11, 12>;
 /// Every figure the server exports. Share it as `Arc<Metrics>`.
 pub struct Metrics {
     requests: [[AtomicU64; 3]; 8],
-    held_keys: AtomicU64,
-    queued_waiters: AtomicU64,
-    open_connections: AtomicU64,
+    /// Gauges per event loop (shard); exported as totals, plus per-shard
+    /// series when there is more than one shard.
+    held_keys: Box<[AtomicU64]>,
+    queued_waiters: Box<[AtomicU64]>,
+    open_connections: Box<[AtomicU64]>,
     grants: AtomicU64,
     handoffs: AtomicU64,
     hangup_withdrawals: AtomicU64,
@@ -223,7 +225,7 @@ pub struct Metrics {
     frame_timeouts: AtomicU64,
     queue_wait_us: LatencyHistogram,
     hold_us: LatencyHistogram,
-    oldest_acquired_unix_ms: AtomicU64,
+    oldest_acquired_unix_ms: Box<[AtomicU64]>,
     fdatasync_us: LatencyHistogram,
     wal_batch_records: BatchHistogram,
     wal_bytes_written: AtomicU64,
@@ -254,9 +256,9 @@ impl Metrics {
         assert!(loops >= 1, "a server has at least one event loop");
         Metrics {
             requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
-            held_keys: AtomicU64::new(0),
-            queued_waiters: AtomicU64::new(0),
-            open_connections: AtomicU64::new(0),
+            held_keys: (0..loops).map(|_| AtomicU64::new(0)).collect(),
+            queued_waiters: (0..loops).map(|_| AtomicU64::new(0)).collect(),
+            open_connections: (0..loops).map(|_| AtomicU64::new(0)).collect(),
             grants: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             hangup_withdrawals: AtomicU64::new(0),
@@ -267,7 +269,7 @@ impl Metrics {
             frame_timeouts: AtomicU64::new(0),
             queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
             hold_us: Histogram::new(&LATENCY_BOUNDS_US),
-            oldest_acquired_unix_ms: AtomicU64::new(0),
+            oldest_acquired_unix_ms: (0..loops).map(|_| AtomicU64::new(0)).collect(),
             fdatasync_us: Histogram::new(&LATENCY_BOUNDS_US),
             wal_batch_records: Histogram::new(&BATCH_BOUNDS),
             wal_bytes_written: AtomicU64::new(0),
@@ -289,15 +291,45 @@ impl Metrics {
     }
 
     pub fn set_held_keys(&self, n: u64) {
-        self.held_keys.store(n, Relaxed);
+        self.held_keys[0].store(n, Relaxed);
     }
 
     pub fn set_queued_waiters(&self, n: u64) {
-        self.queued_waiters.store(n, Relaxed);
+        self.queued_waiters[0].store(n, Relaxed);
     }
 
     pub fn set_open_connections(&self, n: u64) {
-        self.open_connections.store(n, Relaxed);
+        self.open_connections[0].store(n, Relaxed);
+    }
+
+    /// Number of event loops (shards) this registry was built for.
+    pub fn shards(&self) -> usize {
+        self.heartbeats_ms.len()
+    }
+
+    /// One shard's gauges: held keys, queued waiters, open connections, and
+    /// the acquire time of its oldest held key (0: none).
+    pub fn set_shard_gauges(
+        &self,
+        shard: usize,
+        held: u64,
+        queued: u64,
+        open: u64,
+        oldest_ms: u64,
+    ) {
+        self.held_keys[shard].store(held, Relaxed);
+        self.queued_waiters[shard].store(queued, Relaxed);
+        self.open_connections[shard].store(open, Relaxed);
+        self.oldest_acquired_unix_ms[shard].store(oldest_ms, Relaxed);
+    }
+
+    fn sum(v: &[AtomicU64]) -> u64 {
+        v.iter().map(|a| a.load(Relaxed)).sum()
+    }
+
+    /// Total held keys over every shard.
+    pub fn held_keys_total(&self) -> u64 {
+        Self::sum(&self.held_keys)
     }
 
     /// Every grant, immediate or after waiting.
@@ -352,7 +384,7 @@ impl Metrics {
     /// The age is computed at scrape time so it keeps growing while the loop
     /// is idle (which is exactly when a stuck lock sits unnoticed).
     pub fn set_oldest_acquired_unix_ms(&self, ms: u64) {
-        self.oldest_acquired_unix_ms.store(ms, Relaxed);
+        self.oldest_acquired_unix_ms[0].store(ms, Relaxed);
     }
 
     pub fn observe_fdatasync_us(&self, us: u64) {
@@ -439,20 +471,44 @@ impl Metrics {
             w,
             "held_keys",
             "Keys currently held.",
-            self.held_keys.load(Relaxed),
+            Self::sum(&self.held_keys),
         );
         gauge(
             w,
             "queued_waiters",
             "Lock requests currently queued behind a holder.",
-            self.queued_waiters.load(Relaxed),
+            Self::sum(&self.queued_waiters),
         );
         gauge(
             w,
             "open_connections",
             "Client connections currently open (lock and admin ports).",
-            self.open_connections.load(Relaxed),
+            Self::sum(&self.open_connections),
         );
+        if self.held_keys.len() > 1 {
+            for (name, help, v) in [
+                (
+                    "shard_held_keys",
+                    "Keys currently held, per shard.",
+                    &self.held_keys,
+                ),
+                (
+                    "shard_queued_waiters",
+                    "Lock requests currently queued, per shard.",
+                    &self.queued_waiters,
+                ),
+                (
+                    "shard_open_connections",
+                    "Connections currently open, per shard.",
+                    &self.open_connections,
+                ),
+            ] {
+                header(w, name, help, "gauge");
+                for (i, a) in v.iter().enumerate() {
+                    let _ = writeln!(w, "ringlock_{name}{{shard=\"{i}\"}} {}", a.load(Relaxed));
+                }
+            }
+        }
 
         header(
             w,
@@ -546,7 +602,13 @@ impl Metrics {
             "Age of the oldest currently held key; 0 when no key is held.",
             "gauge",
         );
-        let oldest_ms = self.oldest_acquired_unix_ms.load(Relaxed);
+        let oldest_ms = self
+            .oldest_acquired_unix_ms
+            .iter()
+            .map(|a| a.load(Relaxed))
+            .filter(|&v| v != 0)
+            .min()
+            .unwrap_or(0);
         let age_ms = if oldest_ms == 0 {
             0
         } else {

@@ -39,6 +39,11 @@ pub enum State {
     Answered,
     /// The answer is the driver's: the send is in flight.
     Sending,
+    /// The next request's key belongs to another shard: the driver stops
+    /// reading, then hands the connection over ([`crate::shard::Cmd::Migrate`]).
+    Migrating,
+    /// Waiting for every shard's part of a scatter/gather request.
+    Gathering,
     /// The shard asked the driver to close; the slot is freed when the
     /// driver reports the close (no op references the socket any more).
     Closing,

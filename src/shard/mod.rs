@@ -69,7 +69,85 @@ pub enum Cmd {
     DiscardTemp,
     /// Shutdown: answer `-` to this connection's queued Lock, best effort.
     Farewell(Token),
+    /// The connection's next request names a key another shard owns: stop
+    /// reading it, then hand it (socket and [`Shard::detach`]ed state) to
+    /// shard `to`, which continues with [`Shard::on_adopt`].
+    Migrate { token: Token, to: usize },
+    /// Run `op` on every shard (this one included) and report each result
+    /// with [`Shard::on_reply`].
+    Scatter { id: u64, op: RemoteOp },
+    /// The result of a remote request, for shard `to`.
+    Reply {
+        to: usize,
+        id: u64,
+        result: RemoteResult,
+    },
 }
+
+/// An operation one shard asks every shard to run on its part of the keys.
+#[derive(Clone, Debug)]
+pub enum RemoteOp {
+    /// KEYS: every held key.
+    Keys,
+    /// RSET: reset the named keys this shard owns.
+    ResetKeys(Vec<Name>),
+    /// RSBS, or ResetBySource on the lock port: reset these sources.
+    ResetSources(Vec<Name>),
+}
+
+#[derive(Clone, Debug)]
+pub enum RemoteResult {
+    Keys(Vec<HeldKey>),
+    Done,
+    /// The log could not make the effects durable (they were undone).
+    Failed,
+}
+
+/// The shard that owns `key` among `n` (CRC32C of the key bytes, mod n).
+/// Fixed and documented: a restart with a different `n` redistributes the
+/// held keys by the same function.
+pub fn owner(key: &[u8], n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    (crc32c::crc32c(key) as usize) % n
+}
+
+/// A connection moving to another shard: what it was in the middle of.
+#[derive(Debug)]
+pub struct Detached {
+    pub port: Port,
+    pub peer: SocketAddr,
+    pub persistent: bool,
+    /// A one-shot connection that already had its request served.
+    pub served: bool,
+    pub read_closed: bool,
+    /// Received bytes not yet decoded (the request that caused the move
+    /// comes first).
+    pub rbuf: Vec<u8>,
+}
+
+/// A scatter/gather in progress for a connection of this shard.
+struct Gather {
+    id: u64,
+    token: Token,
+    op: RemoteOp,
+    pending: usize,
+    failed: bool,
+    keys: Vec<HeldKey>,
+    /// Lock-port ResetBySource (one `+`) rather than an admin command.
+    lock_port: bool,
+}
+
+/// A remote request whose reply waits for this shard's log.
+struct HeldRemote {
+    to: usize,
+    id: u64,
+    result: RemoteResult,
+}
+
+/// Marks a `held` entry as a remote reply (index into `remotes`).
+const REMOTE_BIT: u64 = 1 << 63;
 
 /// How to take back the in-memory effect of a log record that never became
 /// durable.
@@ -101,6 +179,12 @@ pub struct Shard {
     held: VecDeque<(u64, Token)>,
     /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
     undo: VecDeque<(u64, Undo)>,
+    /// This shard's index and the number of shards.
+    me: usize,
+    shards: usize,
+    gathers: Vec<Gather>,
+    next_gather_id: u64,
+    remotes: Vec<Option<HeldRemote>>,
 }
 
 impl Shard {
@@ -131,8 +215,24 @@ impl Shard {
             limit_log_after_us: 0,
             held: VecDeque::with_capacity(cap),
             undo: VecDeque::with_capacity(4096),
+            me: 0,
+            shards: 1,
+            gathers: Vec::new(),
+            next_gather_id: 1,
+            remotes: Vec::new(),
             cfg,
         }
+    }
+
+    /// Places this shard as number `me` of `shards` (default 0 of 1).
+    pub fn place(&mut self, me: usize, shards: usize) {
+        assert!(me < shards);
+        self.me = me;
+        self.shards = shards;
+    }
+
+    pub fn index(&self) -> usize {
+        self.me
     }
 
     pub fn config(&self) -> &Config {
@@ -273,6 +373,10 @@ impl Shard {
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
+        if c.state == State::Migrating {
+            // The bytes travel with the connection.
+            return;
+        }
         self.pump(slot);
         if self.conns[slot as usize].rbuf.len() > cap {
             self.violation(slot, "receive buffer full while a request is outstanding");
@@ -326,6 +430,9 @@ impl Shard {
             }
             // The answer goes out first; on_send_done decides what follows.
             State::Answered | State::Sending => {}
+            // The end of input travels with the connection; a gather's
+            // answer is sent when it completes.
+            State::Migrating | State::Gathering => {}
             State::Executing | State::Free | State::Closing => {}
         }
         self.apply_effects();
@@ -508,6 +615,183 @@ impl Shard {
         );
     }
 
+    // ----- several shards ---------------------------------------------------
+
+    /// Starts a scatter/gather for the connection in `slot`.
+    fn scatter(&mut self, slot: u32, op: RemoteOp, lock_port: bool) {
+        let id = self.next_gather_id;
+        self.next_gather_id += 1;
+        let token = self.token(slot);
+        self.conns[slot as usize].state = State::Gathering;
+        self.gathers.push(Gather {
+            id,
+            token,
+            op: op.clone(),
+            pending: self.shards,
+            failed: false,
+            keys: Vec::new(),
+            lock_port,
+        });
+        self.cmds.push(Cmd::Scatter { id, op });
+    }
+
+    /// Another shard (or this one) asks for `op` on this shard's keys. The
+    /// reply waits for this shard's log like any answer.
+    pub fn on_remote(&mut self, from: usize, id: u64, op: RemoteOp) {
+        let now = self.now;
+        let result = match op {
+            RemoteOp::Keys => RemoteResult::Keys(self.table.held_list()),
+            RemoteOp::ResetKeys(keys) => {
+                let (me, shards) = (self.me, self.shards);
+                for key in keys.iter().filter(|k| owner(k.as_bytes(), shards) == me) {
+                    self.table.reset_by_key(None, key, now, &mut self.fx);
+                    self.apply_effects();
+                }
+                RemoteResult::Done
+            }
+            RemoteOp::ResetSources(sources) => {
+                for s in &sources {
+                    self.table.reset_by_source(None, s, now, &mut self.fx);
+                    self.apply_effects();
+                }
+                RemoteResult::Done
+            }
+        };
+        match self.log.as_ref().filter(|l| l.pending()) {
+            Some(l) => {
+                let lsn = l.tail_lsn();
+                let held = HeldRemote {
+                    to: from,
+                    id,
+                    result,
+                };
+                let idx = match self.remotes.iter().position(Option::is_none) {
+                    Some(i) => {
+                        self.remotes[i] = Some(held);
+                        i
+                    }
+                    None => {
+                        self.remotes.push(Some(held));
+                        self.remotes.len() - 1
+                    }
+                };
+                self.held.push_back((lsn, REMOTE_BIT | idx as u64));
+            }
+            None => self.cmds.push(Cmd::Reply {
+                to: from,
+                id,
+                result,
+            }),
+        }
+    }
+
+    /// One shard's part of a scatter/gather arrived.
+    pub fn on_reply(&mut self, id: u64, result: RemoteResult) {
+        let Some(i) = self.gathers.iter().position(|g| g.id == id) else {
+            panic!("a reply for unknown gather {id}");
+        };
+        let g = &mut self.gathers[i];
+        g.pending -= 1;
+        match result {
+            RemoteResult::Keys(mut k) => g.keys.append(&mut k),
+            RemoteResult::Done => {}
+            RemoteResult::Failed => g.failed = true,
+        }
+        if g.pending > 0 {
+            return;
+        }
+        let mut g = self.gathers.swap_remove(i);
+        let Some(slot) = self.conn_of(g.token) else {
+            return; // the requester left; the resets happened regardless
+        };
+        let c = &mut self.conns[slot as usize];
+        c.out.clear();
+        if g.failed {
+            c.out.push(b'-');
+        } else if g.lock_port {
+            c.out.push(b'+');
+        } else {
+            match &g.op {
+                RemoteOp::Keys => {
+                    g.keys.sort_by_key(|h| h.key);
+                    admin::encode_keys(&g.keys, &mut c.out);
+                }
+                RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
+                    for _ in 0..names.len() {
+                        c.out.push(b'+');
+                    }
+                    c.out.push(b'+');
+                }
+            }
+        }
+        if g.lock_port {
+            let outcome = if g.failed {
+                metrics::Outcome::Error
+            } else {
+                metrics::Outcome::Ok
+            };
+            self.metrics
+                .request(metrics::Action::ResetBySource, outcome);
+        }
+        // Every part was durable before it replied.
+        c.state = State::Answered;
+        c.gate_lsn = 0;
+        self.mark_dirty(slot);
+    }
+
+    /// The driver stopped reading a Migrating connection (its receive
+    /// completed for the last time): take its state and free the slot. `None`
+    /// when the connection died meanwhile (the driver closes it instead).
+    pub fn detach(&mut self, token: Token) -> Option<Detached> {
+        let slot = self.slot_of(token, "detach");
+        let c = &mut self.conns[slot as usize];
+        if c.state != State::Migrating {
+            return None;
+        }
+        let d = Detached {
+            port: c.port,
+            peer: c.peer,
+            persistent: c.persistent,
+            served: c.action.is_some() && !c.persistent,
+            read_closed: c.read_closed,
+            rbuf: c.rbuf.clone(),
+        };
+        if c.partial_link.linked {
+            self.partial.unlink(&mut self.conns, slot, 0);
+        }
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Closing;
+        c.release();
+        self.free_slots.push(slot);
+        self.open_conns -= 1;
+        Some(d)
+    }
+
+    /// A connection handed over by another shard. `None`: over the limit
+    /// (the driver answers `-` and closes). Call [`Shard::resume`] once the
+    /// driver has set up its side.
+    pub fn on_adopt(&mut self, d: &Detached) -> Option<Token> {
+        let token = self.on_accept(d.port, d.peer)?;
+        let slot = token as u32 as usize;
+        let c = &mut self.conns[slot];
+        c.persistent = d.persistent;
+        c.read_closed = d.read_closed;
+        if d.served {
+            c.action = Some(Action::Persist);
+        }
+        c.rbuf.clear();
+        c.rbuf.extend_from_slice(&d.rbuf);
+        Some(token)
+    }
+
+    /// Serves what an adopted connection brought along.
+    pub fn resume(&mut self, token: Token) {
+        let slot = self.slot_of(token, "resume");
+        self.pump(slot);
+        self.settle_idle(slot);
+        self.apply_effects();
+    }
+
     /// The answer of a connection that has a `Send` command: swapped with
     /// the driver's empty buffer (no copy, no allocation).
     pub fn take_output(&mut self, token: Token, into: &mut Vec<u8>) {
@@ -596,6 +880,20 @@ impl Shard {
                 len,
             ),
         };
+        if self.shards > 1
+            && matches!(
+                action,
+                Action::Lock | Action::TryLock | Action::Unlock | Action::ResetByKey
+            )
+        {
+            let to = owner(key.as_bytes(), self.shards);
+            if to != self.me {
+                // The frame stays in the buffer: the owner decodes it.
+                self.conns[slot as usize].state = State::Migrating;
+                self.cmds.push(Cmd::Migrate { token, to });
+                return false;
+            }
+        }
         let c = &mut self.conns[slot as usize];
         let peer = c.peer;
         if source.is_empty() {
@@ -604,6 +902,18 @@ impl Shard {
         }
         c.rbuf.drain(..len);
         c.action = Some(action);
+        if self.shards > 1 && action == Action::ResetBySource {
+            self.metrics.reset(true);
+            log!(
+                Level::Info,
+                "reset",
+                "by=source source={:?} peer={}",
+                source,
+                peer
+            );
+            self.scatter(slot, RemoteOp::ResetSources(vec![source]), true);
+            return true;
+        }
         let now = self.now;
         let fx = &mut self.fx;
         match action {
@@ -695,6 +1005,59 @@ impl Shard {
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
         let now = self.now;
+        if self.shards > 1 {
+            let body = &self.conns[slot as usize].rbuf[8..len];
+            let names: Vec<Name> = admin::names(body)
+                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                .collect();
+            let op = match cmd {
+                admin::Command::Keys => {
+                    self.metrics
+                        .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
+                    RemoteOp::Keys
+                }
+                admin::Command::Rset => {
+                    self.metrics
+                        .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+                    for key in &names {
+                        self.metrics.reset(false);
+                        log!(
+                            Level::Info,
+                            "operator_reset",
+                            "by=key key={:?} peer={}",
+                            key,
+                            peer
+                        );
+                    }
+                    RemoteOp::ResetKeys(names)
+                }
+                admin::Command::Rsbs => {
+                    self.metrics
+                        .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
+                    let mut sources = names;
+                    if count == 0 {
+                        sources.push(ip_name(&peer));
+                    }
+                    for s in &sources {
+                        self.metrics.reset(true);
+                        log!(
+                            Level::Info,
+                            "operator_reset",
+                            "by=source source={:?} peer={}",
+                            s,
+                            peer
+                        );
+                    }
+                    RemoteOp::ResetSources(sources)
+                }
+            };
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            self.scatter(slot, op, false);
+            return true;
+        }
         let mut out = std::mem::take(&mut self.conns[slot as usize].out);
         match cmd {
             admin::Command::Keys => {
@@ -1046,7 +1409,16 @@ impl Shard {
                 break;
             }
             self.held.pop_front();
-            if let Some(slot) = self.conn_of(token) {
+            if token & REMOTE_BIT != 0 {
+                let r = self.remotes[(token & !REMOTE_BIT) as usize]
+                    .take()
+                    .expect("a held remote reply");
+                self.cmds.push(Cmd::Reply {
+                    to: r.to,
+                    id: r.id,
+                    result: r.result,
+                });
+            } else if let Some(slot) = self.conn_of(token) {
                 self.mark_dirty(slot);
             }
         }
@@ -1067,6 +1439,17 @@ impl Shard {
         }
         let mut answered = 0u64;
         while let Some((_, token)) = self.held.pop_front() {
+            if token & REMOTE_BIT != 0 {
+                let r = self.remotes[(token & !REMOTE_BIT) as usize]
+                    .take()
+                    .expect("a held remote reply");
+                self.cmds.push(Cmd::Reply {
+                    to: r.to,
+                    id: r.id,
+                    result: RemoteResult::Failed,
+                });
+                continue;
+            }
             if let Some(slot) = self.conn_of(token) {
                 let c = &mut self.conns[slot as usize];
                 if c.state == State::Answered {
@@ -1131,15 +1514,15 @@ impl Shard {
     }
 
     fn publish_gauges(&mut self) {
-        self.metrics.set_held_keys(self.table.held_keys() as u64);
-        self.metrics
-            .set_queued_waiters(self.table.queued_waiters() as u64);
-        self.metrics.set_open_connections(self.open_conns as u64);
         let oldest = self.table.oldest_acquired_unix_ms().unwrap_or(0);
-        if oldest != self.last_oldest_ms {
-            self.last_oldest_ms = oldest;
-            self.metrics.set_oldest_acquired_unix_ms(oldest);
-        }
+        self.last_oldest_ms = oldest;
+        self.metrics.set_shard_gauges(
+            self.me,
+            self.table.held_keys() as u64,
+            self.table.queued_waiters() as u64,
+            self.open_conns as u64,
+            oldest,
+        );
     }
 
     /// True while the connection is open and its input has not ended
