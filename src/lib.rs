@@ -1,7 +1,46 @@
-//! ringlock: a Locking-Center compatible lock server on a single-threaded
-//! io_uring event loop, with a write-ahead log, a blocking client and a CLI.
+//! ringlock: a distributed lock server (Locking-Center compatible) and its
+//! blocking client.
 //!
-//! # Layout (one folder per concern)
+//! # Using the client
+//! [`client::Client`] talks to `ringlockd` (or any Locking-Center server) on
+//! its lock port, 22119 by default. It is std-only and blocking: no async
+//! runtime. A granted lock is a [`client::Guard`] that releases the key when
+//! dropped.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ringlock::client::{Client, Error};
+//!
+//! # fn reconcile() {}
+//! # fn main() -> Result<(), Error> {
+//! // "HOST" alone means HOST:22119, as in the `ringlock` CLI.
+//! let client = Client::builder("127.0.0.1")
+//!     .source("billing-worker") // shown by `ringlock keys`; default: your IP
+//!     .build()?;
+//! match client.lock_timeout("nightly/reconcile", Duration::from_secs(10)) {
+//!     Ok(mut guard) => {
+//!         reconcile();      // the critical section
+//!         guard.release()?; // or let `guard` drop
+//!     }
+//!     Err(Error::Timeout) => {} // someone else holds it
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! To depend on the client alone, without the server's io_uring and
+//! log dependencies (it then builds on any Unix):
+//!
+//! ```toml
+//! ringlock = { version = "0.1", default-features = false }
+//! ```
+//!
+//! Features: `server` (default) builds `ringlockd` and the server modules;
+//! `cli` (default) builds the `ringlock` command-line tool.
+//!
+//! # Architecture of the server
+//!
+//! ## Layout (one folder per concern)
 //! - [`protocol`]: wire codecs of the lock port and the admin port (pure).
 //! - [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
 //!   slabs, a per-source index. Pure state machine: `operation(now) →
@@ -15,7 +54,7 @@
 //! - [`metrics`]: atomics-only Prometheus registry and its HTTP thread.
 //! - [`config`]: every limit and default in one place; [`log`]: key=value logs.
 //!
-//! # The tick (see [`server`])
+//! ## The tick (see `server`)
 //! `submit_and_wait` → drain all CQEs into a local array → dispatch each
 //! (accept, recv → decode → table, send, log write/fsync) → apply the
 //! table's effects in order (grants and releases become log records; replies
@@ -23,7 +62,7 @@
 //! close the log batch and submit write+fdatasync if none is in flight →
 //! one send per connection whose answer is not gated → publish gauges.
 //!
-//! # The durability rule (see [`wal`])
+//! ## The durability rule (see `wal`)
 //! With `--data-path`, every reply produced while log records are pending
 //! is held until those records are durable (write + fdatasync completed):
 //! a `+` for a grant never leaves before its record, an unlock's `+` and the
@@ -38,10 +77,14 @@
 pub mod client;
 pub mod config;
 pub mod core;
+#[cfg(feature = "server")]
 pub mod metrics;
 pub mod protocol;
 #[macro_use]
 pub mod log;
+#[cfg(feature = "server")]
 pub mod io;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "server")]
 pub mod wal;
