@@ -1,117 +1,219 @@
 //! `ringlock`: the command-line client, a distributed flock(1).
 //!
 //! ```text
-//! ringlock [GLOBAL OPTIONS] lock KEY [--timeout D] -- CMD [ARGS...]
-//! ringlock [GLOBAL OPTIONS] try-lock KEY -- CMD [ARGS...]
-//! ringlock [GLOBAL OPTIONS] unlock KEY
-//! ringlock [GLOBAL OPTIONS] reset KEY...
-//! ringlock [GLOBAL OPTIONS] reset --source SRC
-//! ringlock [GLOBAL OPTIONS] keys [-d]
+//! ringlock [OPTIONS] lock [--timeout D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] try-lock KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] unlock KEY
+//! ringlock [OPTIONS] reset KEY...
+//! ringlock [OPTIONS] reset --source SRC
+//! ringlock [OPTIONS] keys [-d] [--json] [--older-than D]
+//! ringlock completions SHELL | ringlock man
 //! ```
 //!
-//! Signals: while `lock` waits, SIGINT/SIGTERM/SIGHUP withdraw the request
-//! exactly (a grant that races the signal is released) and exit 128+sig.
-//! While the command runs they are forwarded to it (terminal-generated ones
-//! already reached it through the process group and are not sent twice);
-//! the key is released after the command ends.
-//!
-//! Exit codes are listed in `USAGE` below and in docs/client.md.
+//! Parsing is clap's; everything a user can get wrong ends with exactly one
+//! line on stderr starting `ringlock: ` and exit 64, before any traffic.
+//! Exit codes are listed in [`EXIT_STATUS`] and docs/client.md.
 
+mod bytes;
+mod child;
+mod keys;
+
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitCode};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use lexopt::prelude::*;
-use ringlock::client::{CancelToken, Client, Error, LateGrant, LockOptions, RetryPolicy};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use ringlock::client::{
+    CancelToken, Client, Error, KeyInfo, LateGrant, LockOptions, RetryPolicy, ToServerAddrs,
+    DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
+};
 
-const EX_USAGE: u8 = 64;
-const EX_UNAVAILABLE: u8 = 69;
-const EX_SOFTWARE: u8 = 70;
-const EX_IOERR: u8 = 74;
-const EX_TEMPFAIL: u8 = 75;
-const EX_PROTOCOL: u8 = 76;
-const EX_CANNOT_EXEC: u8 = 126;
-const EX_NOT_FOUND: u8 = 127;
+use child::{got_signal, install_handlers, mask_signals, run_child, CANCEL_FD};
 
-const DEFAULT_ADDR: &str = "127.0.0.1:22119";
+pub(crate) const EX_USAGE: u8 = 64;
+pub(crate) const EX_UNAVAILABLE: u8 = 69;
+pub(crate) const EX_SOFTWARE: u8 = 70;
+pub(crate) const EX_IOERR: u8 = 74;
+pub(crate) const EX_TEMPFAIL: u8 = 75;
+pub(crate) const EX_PROTOCOL: u8 = 76;
+pub(crate) const EX_CANNOT_EXEC: u8 = 126;
+pub(crate) const EX_NOT_FOUND: u8 = 127;
 
-const USAGE: &str = "\
-usage: ringlock [OPTIONS] COMMAND ...
-
-Commands:
-  lock KEY [--timeout D] -- CMD [ARGS...]  wait for KEY, run CMD, release KEY
-  try-lock KEY -- CMD [ARGS...]            run CMD only if KEY is free now
-  unlock KEY                               release KEY (whoever holds it)
-  reset KEY...                             operator reset of held keys
-  reset --source SRC                       release every key held by SRC
-  keys [-d]                                list held keys (admin port)
-
-Options (before the command):
-  --addr HOST:PORT        lock port [env RINGLOCK_ADDR, default 127.0.0.1:22119]
-  --admin-addr HOST:PORT  admin port [env RINGLOCK_ADMIN_ADDR, default lock port + 1]
-  --source NAME           source name sent with locks [env RINGLOCK_SOURCE, default: IP]
-  --retry D               keep retrying an unreachable server for D [default 10s, 0 = once]
-  -h, --help              this help (also: ringlock COMMAND --help)
-
-Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
-
+const EXIT_STATUS: &str = "\
 Exit status:
   CMD's own status for lock/try-lock (128+N if it died of signal N), else 0
-  64  usage error (bad option, bad key: nothing was sent)
-  69  server unavailable (could not connect within --retry)
-  70  internal error
-  74  i/o error mid-request (or the key could not be released after CMD)
-  75  lock not obtained (try-lock: held by someone else; lock: --timeout passed)
-  76  the server refused the request or broke the protocol
-  126 CMD could not be executed;  127 CMD not found
+  64   usage error: bad option, address, key or source (nothing was sent)
+  69   server unavailable (could not connect within --retry)
+  70   internal error
+  74   i/o error mid-request (or the key could not be released after CMD)
+  75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed)
+  76   the server refused the request or broke the protocol
+  126  CMD could not be executed;  127  CMD not found (the key was released)
   128+N  interrupted by signal N while waiting (the request was withdrawn)
-";
 
-const HELP_LOCK: &str = "\
-usage: ringlock lock KEY [--timeout D] -- CMD [ARGS...]
-Waits for KEY (FIFO), runs CMD, and releases KEY when CMD ends, however it
-ends. Exits with CMD's status (128+N if it died of signal N). SIGINT, SIGTERM
-and SIGHUP are forwarded to CMD. With --timeout, gives up after D and exits 75.
-";
-const HELP_TRY_LOCK: &str = "\
-usage: ringlock try-lock KEY -- CMD [ARGS...]
-Runs CMD holding KEY if KEY is free right now; otherwise exits 75 without
-running it.
-";
-const HELP_UNLOCK: &str = "\
-usage: ringlock unlock KEY
-Releases KEY whoever holds it (the protocol has no owner check).
-";
-const HELP_RESET: &str = "\
-usage: ringlock reset KEY...
-       ringlock reset --source SRC
-Releases the holders of the given keys (waiters keep their places), or every
-key held by source SRC (its queued locks are refused).
-";
-const HELP_KEYS: &str = "\
-usage: ringlock keys [-d]
-Lists held keys: KEY, SOURCE, ENDPOINT, HELD (for how long).
-  -d, --dates   also show when each key was acquired (UTC)
-";
+Environment:
+  RINGLOCK_ADDR, RINGLOCK_ADMIN_ADDR, RINGLOCK_SOURCE  defaults of --addr, --admin-addr, --source
+
+Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
+Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
+
+const KEY_FORMATS: &str = "\
+Keys are bytes (1 to 127 of them). `raw` takes each KEY and SRC argument's \
+bytes as they are, `escaped` reads the form `ringlock keys` prints (\\\\ \\n \
+\\r \\t \\xNN \\u{HEX}), `hex` reads hex digits.";
+
+/// A distributed flock(1) for ringlock and any Locking-Center server.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringlock",
+    version,
+    about = "A distributed flock(1): run commands under locks held by a ringlock (or Locking-Center) server",
+    after_help = "Run `ringlock COMMAND --help` for one command; `ringlock --help` also lists exit codes.",
+    after_long_help = EXIT_STATUS,
+    subcommand_required = true,
+    args_override_self = true,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    /// Lock port; a host without a port means port 22119
+    #[arg(
+        long,
+        env = "RINGLOCK_ADDR",
+        value_name = "HOST[:PORT]",
+        default_value = "127.0.0.1:22119"
+    )]
+    addr: String,
+
+    /// Admin port, used by `keys` and to say who holds a key [default: lock port + 1]
+    #[arg(long, env = "RINGLOCK_ADMIN_ADDR", value_name = "HOST[:PORT]")]
+    admin_addr: Option<String>,
+
+    /// Source name sent with lock and try-lock, shown by `keys` [default: the server uses your IP]
+    #[arg(long, env = "RINGLOCK_SOURCE", value_name = "NAME")]
+    source: Option<OsString>,
+
+    /// Keep retrying an unreachable server for D (0 = one attempt)
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
+    retry: Duration,
+
+    /// How KEY and SRC arguments (and --source) are written
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = KeyFormat::Raw, long_help = KEY_FORMATS)]
+    key_format: KeyFormat,
+
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum KeyFormat {
+    /// The argument's bytes as they are
+    Raw,
+    /// The escaped form `ringlock keys` prints
+    Escaped,
+    /// Hex digits, two per byte
+    Hex,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Wait for KEY (first come, first served), run CMD, release KEY when CMD ends
+    ///
+    /// Exits with CMD's status (128+N if it died of signal N). SIGINT, SIGTERM
+    /// and SIGHUP are forwarded to CMD; KEY is released after CMD ends,
+    /// however it ends. A signal while still waiting withdraws the request
+    /// and exits 128+N.
+    Lock {
+        /// Give up after D and exit 75; 0 means do not wait at all (like try-lock)
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        /// The key to hold
+        #[arg(value_name = "KEY")]
+        key: OsString,
+        /// The command to run while holding KEY (after `--`)
+        #[arg(value_name = "CMD", last = true, required = true, num_args = 1..)]
+        command: Vec<OsString>,
+    },
+    /// Run CMD holding KEY only if KEY is free right now; otherwise exit 75 and say who holds it
+    TryLock {
+        /// The key to hold
+        #[arg(value_name = "KEY")]
+        key: OsString,
+        /// The command to run while holding KEY (after `--`)
+        #[arg(value_name = "CMD", last = true, required = true, num_args = 1..)]
+        command: Vec<OsString>,
+    },
+    /// Release KEY, whoever holds it (the protocol has no owner check)
+    ///
+    /// Unlocking a key nobody holds succeeds (exit 0) with a note on stderr,
+    /// when the admin port can tell.
+    Unlock {
+        /// The key to release
+        #[arg(value_name = "KEY")]
+        key: OsString,
+    },
+    /// Operator reset: release the holders of KEYs, or every key held by a source
+    ///
+    /// Waiters of a reset key keep their places. `--source SRC` also refuses
+    /// SRC's queued locks. Any client of the lock port may do this. Keys
+    /// nobody holds are noted on stderr (exit 0).
+    Reset {
+        /// Keys whose holders to release (all are checked before any is sent)
+        #[arg(
+            value_name = "KEY",
+            required_unless_present = "by_source",
+            conflicts_with = "by_source"
+        )]
+        keys: Vec<OsString>,
+        /// Release every key held by source SRC instead
+        #[arg(long = "source", value_name = "SRC")]
+        by_source: Option<OsString>,
+    },
+    /// List held keys (admin port): KEY, SOURCE, ENDPOINT, HELD
+    ///
+    /// Keys and sources are printed in the escaped form (\\ \n \r \t \xNN,
+    /// \u{HEX}; a space is \x20), so every key is one line and one column;
+    /// give a key back with `--key-format escaped`. `--json` carries the
+    /// exact bytes.
+    Keys {
+        /// Also show when each key was acquired (UTC)
+        #[arg(short = 'd', long)]
+        dates: bool,
+        /// Print a JSON array, one object per key: key, key_hex, source,
+        /// source_hex, endpoint, acquired_unix_s, held_s (key and source are
+        /// null unless valid UTF-8 without control characters; the _hex
+        /// fields always carry the exact bytes)
+        #[arg(long)]
+        json: bool,
+        /// Only keys held for at least D (e.g. 5m): the stuck-lock check
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        older_than: Option<Duration>,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout: `ringlock man > ringlock.1`
+    Man,
+}
 
 /// A failure that ends the process: exit code and its one-line message.
-struct Fail(u8, String);
+pub(crate) struct Fail(pub u8, pub String);
 
 fn usage(msg: impl std::fmt::Display) -> Fail {
     Fail(EX_USAGE, format!("{msg} (see ringlock --help)"))
 }
 
-impl From<lexopt::Error> for Fail {
-    fn from(e: lexopt::Error) -> Fail {
-        usage(e)
-    }
-}
-
 fn client_fail(err: &Error, what: &str) -> Fail {
     let code = match err {
-        Error::InvalidKey { .. } | Error::InvalidSource { .. } => EX_USAGE,
+        Error::InvalidKey { .. } | Error::InvalidSource { .. } | Error::InvalidAddress { .. } => {
+            EX_USAGE
+        }
         Error::Unavailable { .. } => EX_UNAVAILABLE,
         Error::Timeout => EX_TEMPFAIL,
         Error::Refused | Error::Protocol(_) => EX_PROTOCOL,
@@ -122,40 +224,8 @@ fn client_fail(err: &Error, what: &str) -> Fail {
     Fail(code, format!("{what}: {err}"))
 }
 
-struct Global {
-    addr: String,
-    admin_addr: Option<String>,
-    source: String,
-    retry: Duration,
-}
-
-enum Cmd {
-    Lock {
-        key: String,
-        timeout: Option<Duration>,
-        argv: Vec<std::ffi::OsString>,
-    },
-    TryLock {
-        key: String,
-        argv: Vec<std::ffi::OsString>,
-    },
-    Unlock {
-        key: String,
-    },
-    Reset {
-        keys: Vec<String>,
-    },
-    ResetSource {
-        source: String,
-    },
-    Keys {
-        dates: bool,
-    },
-    Help(&'static str),
-}
-
 fn main() -> ExitCode {
-    match run() {
+    match run(std::env::args_os()) {
         Ok(code) => ExitCode::from(code),
         Err(Fail(code, msg)) => {
             let _ = writeln!(io::stderr(), "ringlock: {msg}");
@@ -164,269 +234,343 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<u8, Fail> {
-    let (global, cmd) = parse(lexopt::Parser::from_env())?;
-    if let Cmd::Help(text) = cmd {
-        let _ = io::stdout().write_all(text.as_bytes());
-        return Ok(0);
+/// clap's message, on one line, with the usage it printed.
+fn one_line(err: &clap::Error) -> String {
+    if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        return "missing command: lock, try-lock, unlock, reset, keys, completions or man \
+                (see ringlock --help)"
+            .into();
     }
-    let addr = if global.addr.contains(':') {
-        global.addr.clone()
-    } else {
-        format!("{}:22119", global.addr)
-    };
-    let retry = if global.retry.is_zero() {
-        RetryPolicy::none()
-    } else {
-        RetryPolicy {
-            max_elapsed: global.retry,
-            ..RetryPolicy::default()
+    let text = err.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    let (head, rest) = text.split_once("\n\nUsage: ").unwrap_or((text, ""));
+    let head = head
+        .lines()
+        .filter(|l| !l.starts_with("For more information"))
+        .flat_map(str::split_whitespace)
+        .collect::<Vec<_>>()
+        .join(" ");
+    match rest.lines().next().map(str::trim) {
+        Some(usage) if !usage.is_empty() => format!("{head} (usage: {usage})"),
+        _ => format!("{head} (see ringlock --help)"),
+    }
+}
+
+fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<(Cli, ArgMatches), Fail> {
+    let matches = match Cli::command().try_get_matches_from(args) {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return Err(Fail(0, String::new()));
+            }
+            return Err(Fail(EX_USAGE, one_line(&e)));
         }
     };
-    let mut builder = Client::builder(addr.as_str())
-        .source(global.source.clone())
-        .retry(retry);
-    if let Some(admin) = &global.admin_addr {
-        builder = builder.admin_addr(admin.as_str());
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| Fail(EX_USAGE, one_line(&e)))?;
+    Ok((cli, matches))
+}
+
+fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
+    let (cli, matches) = match parse_args(args) {
+        Ok(parsed) => parsed,
+        // --help / --version: already printed.
+        Err(Fail(0, _)) => return Ok(0),
+        Err(fail) => return Err(fail),
+    };
+    let out = |text: &[u8]| {
+        // A closed pipe (`ringlock keys | head`) is not an error worth a line.
+        let _ = io::stdout().write_all(text);
+    };
+    match &cli.cmd {
+        Cmd::Completions { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "ringlock", &mut buf);
+            out(&buf);
+            return Ok(0);
+        }
+        Cmd::Man => {
+            let mut buf = Vec::new();
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut buf)
+                .map_err(|e| Fail(EX_SOFTWARE, format!("rendering the man page: {e}")))?;
+            out(&buf);
+            return Ok(0);
+        }
+        _ => {}
     }
-    let client = builder
-        .build()
-        .map_err(|e| client_fail(&e, &format!("address {addr}")))?;
-    match cmd {
-        Cmd::Lock { key, timeout, argv } => lock_and_run(&client, &key, timeout, &argv, false),
-        Cmd::TryLock { key, argv } => lock_and_run(&client, &key, None, &argv, true),
+    let fmt = cli.key_format;
+    let source = match &cli.source {
+        Some(s) => arg_bytes(s, fmt).map_err(|e| usage(format!("--source: {e}")))?,
+        None => Vec::new(),
+    };
+    let conn = Conn::new(&cli, &matches, source)?;
+    match &cli.cmd {
+        Cmd::Lock {
+            key,
+            timeout,
+            command,
+        } => {
+            let key = key_arg(key, fmt)?;
+            match timeout {
+                // flock -w 0: never queue behind a holder.
+                Some(t) if t.is_zero() => lock_and_run(&conn, &key, None, command, true),
+                t => lock_and_run(&conn, &key, *t, command, false),
+            }
+        }
+        Cmd::TryLock { key, command } => {
+            let key = key_arg(key, fmt)?;
+            lock_and_run(&conn, &key, None, command, true)
+        }
         Cmd::Unlock { key } => {
-            client
+            let key = key_arg(key, fmt)?;
+            let was_held = conn.held(|k| k.key == key);
+            conn.client
                 .unlock(&key)
-                .map_err(|e| client_fail(&e, &format!("unlock {key}")))?;
+                .map_err(|e| client_fail(&e, &format!("unlock {}", bytes::escape(&key))))?;
+            if was_held == Some(false) {
+                note(&format!(
+                    "{} was not held; nothing was released",
+                    bytes::escape(&key)
+                ));
+            }
             Ok(0)
         }
-        Cmd::Reset { keys } => {
-            // Validate all before sending any, so a typo resets nothing.
+        Cmd::Reset {
+            keys,
+            by_source: None,
+        } => {
+            // Check every key before sending any, so a typo resets nothing.
+            let keys = keys
+                .iter()
+                .map(|k| key_arg(k, fmt))
+                .collect::<Result<Vec<_>, _>>()?;
+            let table = conn.keys_for_notes();
             for key in &keys {
-                if key.is_empty() || key.len() > ringlock::client::KEY_LEN_MAX {
-                    let err = Error::InvalidKey { len: key.len() };
-                    return Err(client_fail(&err, &format!("reset {key:?}")));
+                conn.client
+                    .reset_by_key(key)
+                    .map_err(|e| client_fail(&e, &format!("reset {}", bytes::escape(key))))?;
+                if table
+                    .as_ref()
+                    .is_some_and(|t| !t.iter().any(|k| &k.key == key))
+                {
+                    note(&format!(
+                        "{} was not held; nothing was reset",
+                        bytes::escape(key)
+                    ));
                 }
             }
-            for key in &keys {
-                client
-                    .reset_by_key(key)
-                    .map_err(|e| client_fail(&e, &format!("reset {key}")))?;
-            }
             Ok(0)
         }
-        Cmd::ResetSource { source } => {
-            client
-                .reset_by_source(&source)
-                .map_err(|e| client_fail(&e, &format!("reset --source {source}")))?;
-            Ok(0)
-        }
-        Cmd::Keys { dates } => {
-            let keys = client.keys().map_err(|e| client_fail(&e, "keys"))?;
-            print_keys(&keys, dates);
-            Ok(0)
-        }
-        Cmd::Help(_) => unreachable!("handled above"),
-    }
-}
-
-fn parse(mut p: lexopt::Parser) -> Result<(Global, Cmd), Fail> {
-    let mut global = Global {
-        addr: std::env::var("RINGLOCK_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.into()),
-        admin_addr: std::env::var("RINGLOCK_ADMIN_ADDR").ok(),
-        source: std::env::var("RINGLOCK_SOURCE").unwrap_or_default(),
-        retry: Duration::from_secs(10),
-    };
-    let mut sub: Option<String> = None;
-    let mut positional: Vec<String> = Vec::new();
-    let mut argv: Vec<std::ffi::OsString> = Vec::new();
-    let mut timeout = None;
-    let mut dates = false;
-    let mut reset_source: Option<String> = None;
-    while let Some(arg) = p.next()? {
-        match (sub.as_deref(), arg) {
-            (None, Long("addr")) => global.addr = p.value()?.string()?,
-            (None, Long("admin-addr")) => global.admin_addr = Some(p.value()?.string()?),
-            (None, Long("source")) => global.source = p.value()?.string()?,
-            (None, Long("retry")) => global.retry = parse_duration(&p.value()?.string()?)?,
-            (None, Short('h') | Long("help")) => return Ok((global, Cmd::Help(USAGE))),
-            (None, Value(v)) => sub = Some(v.string()?),
-            (Some(s), Short('h') | Long("help")) => {
-                let text = match s {
-                    "lock" => HELP_LOCK,
-                    "try-lock" => HELP_TRY_LOCK,
-                    "unlock" => HELP_UNLOCK,
-                    "reset" => HELP_RESET,
-                    "keys" => HELP_KEYS,
-                    _ => USAGE,
-                };
-                return Ok((global, Cmd::Help(text)));
+        Cmd::Reset {
+            by_source: Some(src),
+            ..
+        } => {
+            let src = arg_bytes(src, fmt).map_err(|e| usage(format!("--source: {e}")))?;
+            if src.len() > SOURCE_LEN_MAX {
+                return Err(client_fail(
+                    &Error::InvalidSource { len: src.len() },
+                    "reset --source",
+                ));
             }
-            (Some("lock"), Short('t') | Long("timeout")) => {
-                timeout = Some(parse_duration(&p.value()?.string()?)?)
-            }
-            (Some("keys"), Short('d') | Long("dates")) => dates = true,
-            (Some("reset"), Long("source")) => reset_source = Some(p.value()?.string()?),
-            (Some("lock" | "try-lock"), Value(v)) if !positional.is_empty() => {
-                // The command starts here; its own options are not ours.
-                argv.push(v);
-                argv.extend(p.raw_args()?);
-            }
-            (Some(_), Value(v)) => positional.push(v.string()?),
-            (_, other) => return Err(other.unexpected().into()),
-        }
-    }
-    let Some(sub) = sub else {
-        return Err(usage("missing command"));
-    };
-    let one_key = |positional: &mut Vec<String>| -> Result<String, Fail> {
-        match positional.len() {
-            0 => Err(usage(format!("{sub}: missing KEY"))),
-            1 => Ok(positional.remove(0)),
-            _ => Err(usage(format!(
-                "{sub}: unexpected argument {:?}",
-                positional[1]
-            ))),
-        }
-    };
-    let cmd = match sub.as_str() {
-        "lock" | "try-lock" => {
-            let key = one_key(&mut positional)?;
-            if argv.is_empty() {
-                return Err(usage(format!("{sub}: missing command after `--`")));
-            }
-            if sub == "lock" {
-                Cmd::Lock { key, timeout, argv }
+            // An empty source means "my own IP": the table cannot tell.
+            let was_held = if src.is_empty() {
+                None
             } else {
-                Cmd::TryLock { key, argv }
+                conn.held(|k| k.source == src)
+            };
+            conn.client
+                .reset_by_source(&src)
+                .map_err(|e| client_fail(&e, &format!("reset --source {}", bytes::escape(&src))))?;
+            if was_held == Some(false) {
+                note(&format!(
+                    "no key was held by source {}; nothing was reset",
+                    bytes::escape(&src)
+                ));
             }
+            Ok(0)
         }
-        "unlock" => Cmd::Unlock {
-            key: one_key(&mut positional)?,
-        },
-        "reset" => match (reset_source, positional.is_empty()) {
-            (Some(source), true) => Cmd::ResetSource { source },
-            (None, false) => Cmd::Reset { keys: positional },
-            (Some(_), false) => return Err(usage("reset: give KEYs or --source, not both")),
-            (None, true) => return Err(usage("reset: missing KEY or --source SRC")),
-        },
-        "keys" => {
-            if let Some(extra) = positional.first() {
-                return Err(usage(format!("keys: unexpected argument {extra:?}")));
+        Cmd::Keys {
+            dates,
+            json,
+            older_than,
+        } => {
+            let mut list = conn
+                .client
+                .keys()
+                .map_err(|e| client_fail(&e, "keys (admin port)"))?;
+            let now = SystemTime::now();
+            if let Some(min) = older_than {
+                list.retain(|k| k.held_for(now) >= *min);
             }
-            Cmd::Keys { dates }
+            let text = if *json {
+                keys::to_json(&list, now)
+            } else {
+                keys::table(&list, now, *dates)
+            };
+            out(text.as_bytes());
+            Ok(0)
         }
-        other => return Err(usage(format!("unknown command {other:?}"))),
-    };
-    Ok((global, cmd))
-}
-
-/// Parses `250ms`, `10s`, `1.5m`, `2h` or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, Fail> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(usage(format!("bad duration {text:?}"))),
-    };
-    match number.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * scale < 1e9 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(usage(format!("bad duration {text:?}"))),
+        Cmd::Completions { .. } | Cmd::Man => unreachable!("handled above"),
     }
 }
 
-// ---- signals -------------------------------------------------------------
-
-/// The child's pid while it runs (0 otherwise).
-static CHILD_PID: AtomicI32 = AtomicI32::new(0);
-/// The cancel token's eventfd while a lock wait is in progress (-1 otherwise).
-static CANCEL_FD: AtomicI32 = AtomicI32::new(-1);
-/// The last forwarded-or-cancelling signal received.
-static GOT_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
-fn got_signal() -> i32 {
-    GOT_SIGNAL.load(Ordering::SeqCst)
+/// A note on a successful command (stderr, exit status unchanged).
+fn note(msg: &str) {
+    let _ = writeln!(io::stderr(), "ringlock: note: {msg}");
 }
 
-extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // Async-signal-safe only: atomics, kill(2), write(2).
-    GOT_SIGNAL.store(sig, Ordering::SeqCst);
-    let pid = CHILD_PID.load(Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
-        let code = unsafe { (*info).si_code };
-        // A terminal's ^C (SI_KERNEL) already reached the child through the
-        // foreground process group; sending it again would double it.
-        if code != libc::SI_KERNEL {
-            // SAFETY: plain syscall; `pid` is an unreaped child (see run_child).
-            unsafe { libc::kill(pid, sig) };
+/// An argument's bytes in the chosen format.
+fn arg_bytes(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, String> {
+    let raw = arg.as_bytes();
+    match fmt {
+        KeyFormat::Raw => Ok(raw.to_vec()),
+        KeyFormat::Escaped => {
+            bytes::unescape(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw)))
         }
+        KeyFormat::Hex => bytes::unhex(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw))),
+    }
+}
+
+/// A KEY argument, decoded and checked against the protocol's 1..=127 bytes.
+fn key_arg(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, Fail> {
+    let key = arg_bytes(arg, fmt).map_err(|e| usage(format!("key {e}")))?;
+    if key.is_empty() || key.len() > KEY_LEN_MAX {
+        let err = Error::InvalidKey { len: key.len() };
+        return Err(client_fail(&err, &format!("key '{}'", bytes::escape(&key))));
+    }
+    Ok(key)
+}
+
+/// How to give `key` back on a command line, for messages.
+fn shell_key(key: &[u8]) -> String {
+    let escaped = bytes::escape(key);
+    let plain = escaped.as_bytes() == key
+        && key
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-:@%+,=".contains(b));
+    if plain {
+        escaped
     } else {
-        let fd = CANCEL_FD.load(Ordering::SeqCst);
-        if fd >= 0 {
-            CancelToken::cancel_fd(fd);
-        }
+        format!("--key-format escaped '{}'", escaped.replace('\'', "'\\''"))
     }
 }
 
-fn install_handlers() -> Result<(), Fail> {
-    for sig in FORWARDED {
-        // SAFETY: a zeroed sigaction is valid; we set the handler and flags
-        // and pass pointers to live locals.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
+/// The client and what the notes need: a second client that asks `KEYS`
+/// once, briefly, so an unreachable admin port (it is loopback-only by
+/// default) never delays or fails the command itself.
+struct Conn {
+    client: Client,
+    probe: Client,
+}
+
+impl Conn {
+    fn new(cli: &Cli, matches: &ArgMatches, source: Vec<u8>) -> Result<Conn, Fail> {
+        let named = |id: &str, flag: &str, env: &str| {
+            if matches.value_source(id) == Some(ValueSource::EnvVariable) {
+                env.to_string()
+            } else {
+                flag.to_string()
+            }
         };
-        if rc != 0 {
-            return Err(Fail(
-                EX_SOFTWARE,
-                format!("sigaction: {}", io::Error::last_os_error()),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Blocks (or unblocks) the forwarded signals in this thread.
-fn mask_signals(block: bool) {
-    // SAFETY: builds a sigset on the stack and passes it to pthread_sigmask.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for sig in FORWARDED {
-            libc::sigaddset(&mut set, sig);
-        }
-        let how = if block {
-            libc::SIG_BLOCK
+        let lock: Vec<SocketAddr> =
+            cli.addr
+                .as_str()
+                .to_server_addrs(DEFAULT_PORT)
+                .map_err(|e| {
+                    Fail(
+                        EX_USAGE,
+                        format!("{}: {e}", named("addr", "--addr", "RINGLOCK_ADDR")),
+                    )
+                })?;
+        let admin: Option<Vec<SocketAddr>> = match &cli.admin_addr {
+            Some(a) => Some(a.as_str().to_server_addrs(DEFAULT_PORT + 1).map_err(|e| {
+                Fail(
+                    EX_USAGE,
+                    format!(
+                        "{}: {e}",
+                        named("admin_addr", "--admin-addr", "RINGLOCK_ADMIN_ADDR")
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        let retry = if cli.retry.is_zero() {
+            RetryPolicy::none()
         } else {
-            libc::SIG_UNBLOCK
+            RetryPolicy {
+                max_elapsed: cli.retry,
+                ..RetryPolicy::default()
+            }
         };
-        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+        let build = |retry: RetryPolicy, quick: bool| {
+            let mut b = Client::builder(lock.as_slice())
+                .source(source.clone())
+                .retry(retry);
+            if let Some(admin) = &admin {
+                b = b.admin_addr(admin.as_slice());
+            }
+            if quick {
+                b = b
+                    .connect_timeout(Duration::from_secs(1))
+                    .io_timeout(Duration::from_secs(2));
+            }
+            b.build()
+                .map_err(|e| client_fail(&e, &named("source", "--source", "RINGLOCK_SOURCE")))
+        };
+        Ok(Conn {
+            client: build(retry, false)?,
+            probe: build(RetryPolicy::none(), true)?,
+        })
+    }
+
+    /// One quick `KEYS`, or `None` when the admin port does not answer.
+    fn keys_for_notes(&self) -> Option<Vec<KeyInfo>> {
+        self.probe.keys().ok()
+    }
+
+    /// Whether any held key matches, or `None` when that cannot be known.
+    fn held(&self, pred: impl Fn(&KeyInfo) -> bool) -> Option<bool> {
+        self.keys_for_notes().map(|t| t.iter().any(pred))
+    }
+
+    /// "source S (endpoint E) for 1m05s", or why that is unknown.
+    fn holder_of(&self, key: &[u8]) -> String {
+        match self.probe.keys() {
+            Ok(list) => match list.iter().find(|k| k.key == key) {
+                Some(k) => format!(
+                    "source {} (endpoint {}) for {}",
+                    bytes::escape(&k.source),
+                    bytes::escape(k.endpoint.as_bytes()),
+                    keys::format_held(k.held_for(SystemTime::now()))
+                ),
+                None => "someone else (no longer listed: it may be free now)".into(),
+            },
+            Err(e) => format!("someone else (who is unknown: {e})"),
+        }
     }
 }
 
-// ---- lock / try-lock -----------------------------------------------------
+fn fmt_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else if d.subsec_millis() == 0 {
+        keys::format_held(d)
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
+}
 
 fn lock_and_run(
-    client: &Client,
-    key: &str,
+    conn: &Conn,
+    key: &[u8],
     timeout: Option<Duration>,
-    argv: &[std::ffi::OsString],
+    argv: &[OsString],
     try_only: bool,
 ) -> Result<u8, Fail> {
+    let client = &conn.client;
+    let shown = bytes::escape(key);
     install_handlers()?;
     let mut guard = if try_only {
         match client.try_lock(key) {
@@ -434,10 +578,13 @@ fn lock_and_run(
             Ok(None) => {
                 return Err(Fail(
                     EX_TEMPFAIL,
-                    format!("{key} is held by someone else; not running the command"),
+                    format!(
+                        "{shown} is held by {}; not running the command",
+                        conn.holder_of(key)
+                    ),
                 ))
             }
-            Err(e) => return Err(client_fail(&e, &format!("try-lock {key}"))),
+            Err(e) => return Err(client_fail(&e, &format!("try-lock {shown}"))),
         }
     } else {
         let token =
@@ -454,19 +601,27 @@ fn lock_and_run(
         match result {
             Ok(guard) => guard,
             Err(Error::Timeout) => {
-                let waited = timeout.map(|t| format!(" after {t:?}")).unwrap_or_default();
-                return Err(Fail(EX_TEMPFAIL, format!("lock {key}: timed out{waited}")));
+                let waited = timeout
+                    .map(|t| format!(" after {}", fmt_duration(t)))
+                    .unwrap_or_default();
+                return Err(Fail(
+                    EX_TEMPFAIL,
+                    format!(
+                        "lock {shown}: timed out{waited}; held by {}",
+                        conn.holder_of(key)
+                    ),
+                ));
             }
             Err(Error::Cancelled) => {
                 return Err(Fail(
                     128u8.wrapping_add(got_signal() as u8),
                     format!(
-                        "lock {key}: interrupted by signal {}, request withdrawn",
+                        "lock {shown}: interrupted by signal {}, request withdrawn",
                         got_signal()
                     ),
                 ))
             }
-            Err(e) => return Err(client_fail(&e, &format!("lock {key}"))),
+            Err(e) => return Err(client_fail(&e, &format!("lock {shown}"))),
         }
     };
 
@@ -491,7 +646,8 @@ fn lock_and_run(
         (Ok(code), Err(e)) => {
             let _ = writeln!(
                 io::stderr(),
-                "ringlock: releasing {key} failed: {e} (use `ringlock unlock {key}`)"
+                "ringlock: releasing {shown} failed: {e} (use `ringlock unlock {}`)",
+                shell_key(key)
             );
             Ok(if code == 0 { EX_IOERR } else { code })
         }
@@ -499,145 +655,26 @@ fn lock_and_run(
     }
 }
 
-/// Runs the command with the forwarded signals blocked on entry; returns its
-/// exit code (128+N for death by signal N).
-fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
-    let mut command = Command::new(&argv[0]);
-    command.args(&argv[1..]);
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (sigaction, pthread_sigmask) on locals.
-    unsafe {
-        command.pre_exec(|| {
-            // Our mask is inherited across exec (std does not reset it), and
-            // a signal landing before exec must not run our handler in the
-            // child: default dispositions first, then unblock.
-            for sig in FORWARDED {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-            mask_signals(false);
-            Ok(())
-        });
-    }
-    let spawned = command.spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            mask_signals(false);
-            let code = match e.kind() {
-                io::ErrorKind::NotFound => EX_NOT_FOUND,
-                _ => EX_CANNOT_EXEC,
-            };
-            return Err(Fail(code, format!("{}: {e}", argv[0].to_string_lossy())));
-        }
+/// Parses `250ms`, `10s`, `1.5m`, `2h` or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || format!("bad duration {text:?} (examples: 250ms, 10s, 1.5m, 2h)");
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
     };
-    let pid = child.id() as i32;
-    CHILD_PID.store(pid, Ordering::SeqCst);
-    mask_signals(false);
-    // Wait without reaping, so the pid cannot be recycled while the handler
-    // may still signal it; then forget it and reap.
-    loop {
-        // SAFETY: siginfo is plain data the kernel fills in.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waits on our own child; `info` is a live out-parameter.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if rc == 0 {
-            break;
+    match number.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * scale < 1e9 => {
+            Ok(Duration::from_secs_f64(v * scale))
         }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            break; // child.wait() below reports it.
-        }
+        _ => Err(bad()),
     }
-    CHILD_PID.store(0, Ordering::SeqCst);
-    let status = child
-        .wait()
-        .map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-        (None, None) => EX_SOFTWARE,
-    })
-}
-
-// ---- keys ----------------------------------------------------------------
-
-fn print_keys(keys: &[ringlock::client::KeyInfo], dates: bool) {
-    let now = SystemTime::now();
-    let mut rows: Vec<Vec<String>> = vec![["KEY", "SOURCE", "ENDPOINT", "HELD"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()];
-    if dates {
-        rows[0].push("ACQUIRED (UTC)".into());
-    }
-    for k in keys {
-        let mut row = vec![
-            k.key_lossy(),
-            k.source_lossy(),
-            k.endpoint.clone(),
-            format_held(k.held_for(now)),
-        ];
-        if dates {
-            row.push(format_utc(k.acquired_unix_s));
-        }
-        rows.push(row);
-    }
-    let cols = rows[0].len();
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c + 1 == cols {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    let _ = io::stdout().write_all(out.as_bytes());
-}
-
-fn format_held(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
-        3600..=86_399 => format!("{}h{:02}m{:02}s", s / 3600, s / 60 % 60, s % 60),
-        _ => format!("{}d{:02}h{:02}m", s / 86_400, s / 3600 % 24, s / 60 % 60),
-    }
-}
-
-/// Unix seconds to `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days).
-fn format_utc(unix_s: i64) -> String {
-    let days = unix_s.div_euclid(86_400);
-    let secs = unix_s.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
 }
 
 #[cfg(test)]
@@ -645,38 +682,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
     fn durations() {
-        assert_eq!(
-            parse_duration("250ms").ok(),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(parse_duration("10").ok(), Some(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1.5m").ok(), Some(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2h").ok(), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_duration("").is_err());
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("-1s").is_err());
     }
 
-    #[test]
-    fn utc_and_held_formatting() {
-        assert_eq!(format_utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(format_utc(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(format_utc(1_700_000_000), "2023-11-14T22:13:20Z");
-        assert_eq!(format_utc(-1), "1969-12-31T23:59:59Z");
-        assert_eq!(format_held(Duration::from_secs(5)), "5s");
-        assert_eq!(format_held(Duration::from_secs(65)), "1m05s");
-        assert_eq!(format_held(Duration::from_secs(3725)), "1h02m05s");
-        assert_eq!(format_held(Duration::from_secs(90_061)), "1d01h01m");
-    }
-
-    fn parse_args(args: &[&str]) -> Result<(Global, Cmd), Fail> {
-        parse(lexopt::Parser::from_args(args.iter().copied()))
+    fn parse(args: &[&str]) -> Result<Cli, u8> {
+        let argv = std::iter::once("ringlock").chain(args.iter().copied());
+        parse_args(argv.map(OsString::from))
+            .map(|(cli, _)| cli)
+            .map_err(|Fail(code, _)| code)
     }
 
     #[test]
     fn parses_commands() {
-        let (g, cmd) = parse_args(&[
+        let cli = parse(&[
             "--addr",
             "h:1",
             "--source",
@@ -690,40 +721,68 @@ mod tests {
             "-c",
             "exit 3",
         ])
-        .ok()
         .expect("valid");
-        assert_eq!(g.addr, "h:1");
-        assert_eq!(g.source, "me");
-        match cmd {
-            Cmd::Lock { key, timeout, argv } => {
+        assert_eq!(cli.addr, "h:1");
+        assert_eq!(cli.source.as_deref(), Some(OsStr::new("me")));
+        match cli.cmd {
+            Cmd::Lock {
+                key,
+                timeout,
+                command,
+            } => {
                 assert_eq!(key, "k");
                 assert_eq!(timeout, Some(Duration::from_secs(2)));
-                assert_eq!(argv, ["sh", "-c", "exit 3"]);
+                assert_eq!(command, ["sh", "-c", "exit 3"]);
             }
-            _ => panic!("lock expected"),
+            other => panic!("lock expected, got {other:?}"),
         }
         assert!(matches!(
-            parse_args(&["reset", "--source", "s"]).ok().map(|x| x.1),
-            Some(Cmd::ResetSource { .. })
+            parse(&["reset", "--source", "s"]).ok().map(|c| c.cmd),
+            Some(Cmd::Reset {
+                by_source: Some(_),
+                ..
+            })
         ));
         assert!(matches!(
-            parse_args(&["keys", "-d"]).ok().map(|x| x.1),
-            Some(Cmd::Keys { dates: true })
-        ));
-        assert!(matches!(
-            parse_args(&["lock", "--help"]).ok().map(|x| x.1),
-            Some(Cmd::Help(HELP_LOCK))
+            parse(&["keys", "-d", "--older-than", "5m"]).ok().map(|c| c.cmd),
+            Some(Cmd::Keys { dates: true, json: false, older_than: Some(d) }) if d == Duration::from_secs(300)
         ));
         for bad in [
             &["lock", "k"][..],
             &["lock"],
+            &["lock", "--", "echo", "hi"],
+            &["lock", "k", "echo", "hi"],
             &[],
             &["frob"],
             &["unlock", "a", "b"],
             &["reset"],
+            &["reset", "k", "--source", "s"],
             &["keys", "--nope"],
+            &["--retry", "soon", "keys"],
+            &["completions", "tcsh"],
         ] {
-            assert!(matches!(parse_args(bad), Err(Fail(EX_USAGE, _))), "{bad:?}");
+            assert_eq!(parse(bad).err(), Some(EX_USAGE), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn key_formats() {
+        assert_eq!(
+            arg_bytes(OsStr::new("a\\x20b"), KeyFormat::Raw).as_deref(),
+            Ok(&b"a\\x20b"[..])
+        );
+        assert_eq!(
+            arg_bytes(OsStr::new("a\\x20b"), KeyFormat::Escaped).as_deref(),
+            Ok(&b"a b"[..])
+        );
+        assert_eq!(
+            arg_bytes(OsStr::new("ff00"), KeyFormat::Hex).as_deref(),
+            Ok(&b"\xff\x00"[..])
+        );
+        assert!(arg_bytes(OsStr::new("\\q"), KeyFormat::Escaped).is_err());
+        assert!(key_arg(OsStr::new(""), KeyFormat::Raw).is_err());
+        assert!(key_arg(OsStr::new(&"k".repeat(128)), KeyFormat::Raw).is_err());
+        assert_eq!(shell_key(b"deploy/prod"), "deploy/prod");
+        assert_eq!(shell_key(b"a b'c"), "--key-format escaped 'a\\x20b'\\''c'");
     }
 }
