@@ -18,6 +18,7 @@
 //! rewritten into a fresh file (compaction) before any further `+`.
 
 pub mod record;
+mod refusal;
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -367,8 +368,16 @@ impl Wal {
                 records_before,
             } => {
                 if truncate_at != Some(offset) {
-                    return Err(format!(
-                        "{shown}: corrupt log at byte offset {offset} ({reason}); {records_before} records before it are intact. Refusing to start. To drop the record at that offset and everything after it, keep a copy (cp {shown} {shown}.bak) and run: ringlockd --data-path {shown} --wal-truncate-at {offset}"
+                    // SAFETY: as above; the map is dropped before returning.
+                    let map = unsafe { memmap2::Mmap::map(&file) }
+                        .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
+                    let intact = &map[..(offset as usize).min(map.len())];
+                    return Err(refusal::corrupt_log(
+                        &shown.to_string(),
+                        offset,
+                        reason,
+                        records_before,
+                        intact,
                     ));
                 }
                 rec.truncated_at = Some(offset);
