@@ -7,7 +7,7 @@ use ringlock::metrics::{self, Action, Metrics, Outcome};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn known_updates() -> Metrics {
     let m = Metrics::new();
@@ -450,12 +450,11 @@ fn a_stalled_scraper_cannot_wedge_the_endpoint() {
     // Connected, never sends a byte.
     let silent = TcpStream::connect(addr).expect("connect");
 
-    let start = Instant::now();
+    // Served once the two stalled connections hit their deadlines. Were
+    // they not bounded, the one-at-a-time server would never get to this
+    // request and the 10 s read timeout of `get` would fail the test.
     let answer = get(addr, "/metrics");
-    let waited = start.elapsed();
     assert_eq!(status_of(&answer), 200);
-    // Served once the two stalled connections hit their deadlines.
-    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
 
     let mut answer = String::new();
     stalled
@@ -474,7 +473,6 @@ fn a_trickling_scraper_cannot_extend_its_deadline() {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_millis(20)))
         .expect("timeout");
-    let start = Instant::now();
     let mut answer = Vec::new();
     // One byte every 50 ms would take > 1 s for the whole request.
     for &b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n" {
@@ -495,15 +493,13 @@ fn a_trickling_scraper_cannot_extend_its_deadline() {
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
     let _ = s.read_to_end(&mut answer);
+    // The trickle would complete the request after about 2 s and get a
+    // 200 if each byte extended the deadline; a 408 proves it did not,
+    // without timing anything.
     assert!(
         answer.starts_with(b"HTTP/1.1 408 "),
         "{}",
         String::from_utf8_lossy(&answer)
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
     );
     assert_eq!(status_of(&get(addr, "/healthz")), 503);
 }
