@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== test tools (installed if missing)"
+scripts/install-test-tools.sh
+
 echo "== rustfmt"
 cargo fmt --all --check
 

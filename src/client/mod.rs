@@ -1,7 +1,7 @@
 //! Blocking client library for ringlock (and any Locking-Center server).
 //!
 //! std only: no async runtime, no io_uring. Each operation opens its own TCP
-//! connection (PROTOCOL.md Part 1); a granted lock keeps the connection it
+//! connection (docs/protocol.md); a granted lock keeps the connection it
 //! was granted on so that its [`Guard`] can send Unlock on it later.
 //!
 //! ```no_run

@@ -1,4 +1,4 @@
-//! Prometheus metrics (issue 6).
+//! Prometheus metrics.
 //!
 //! Ownership and invariants:
 //! - The lock loop owns nothing here but a shared `Arc<Metrics>`; every update
