@@ -25,5 +25,8 @@ if [ ${#apt_need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${apt_need[@]}"
 fi
 if [ ${#pip_need[@]} -gt 0 ]; then
-  python3 -m pip install -q "${pip_need[@]}"
+  # A Debian-managed python3 refuses plain installs (PEP 668); these are
+  # test tools, so install them anyway there.
+  python3 -m pip install -q "${pip_need[@]}" \
+    || python3 -m pip install -q --break-system-packages "${pip_need[@]}"
 fi
