@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Durable-mode benchmark (issue 3): lock+unlock latency of ringlockd with a
+# Durable-mode benchmark: lock+unlock latency of ringlockd with a
 # write-ahead log at 1, 8, 64 and 256 concurrent clients, fdatasyncs per
 # second beside grants per second (the group-commit factor), and the
 # fdatasync latency of the same disk measured in the same run. The in-memory

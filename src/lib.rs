@@ -1,7 +1,46 @@
-//! ringlock: a Locking-Center compatible lock server on a single-threaded
-//! io_uring event loop, with a write-ahead log, a blocking client and a CLI.
+//! ringlock: a distributed lock server (Locking-Center compatible) and its
+//! blocking client.
 //!
-//! # Layers (one folder per concern, pure at the bottom, I/O at the edge)
+//! # Using the client
+//! [`client::Client`] talks to `ringlockd` (or any Locking-Center server) on
+//! its lock port, 22119 by default. It is std-only and blocking: no async
+//! runtime. A granted lock is a [`client::Guard`] that releases the key when
+//! dropped.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ringlock::client::{Client, Error};
+//!
+//! # fn reconcile() {}
+//! # fn main() -> Result<(), Error> {
+//! // "HOST" alone means HOST:22119, as in the `ringlock` CLI.
+//! let client = Client::builder("127.0.0.1")
+//!     .source("billing-worker") // shown by `ringlock keys`; default: your IP
+//!     .build()?;
+//! match client.lock_timeout("nightly/reconcile", Duration::from_secs(10)) {
+//!     Ok(mut guard) => {
+//!         reconcile();      // the critical section
+//!         guard.release()?; // or let `guard` drop
+//!     }
+//!     Err(Error::Timeout) => {} // someone else holds it
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! To depend on the client alone, without the server's io_uring and
+//! log dependencies (it then builds on any Unix):
+//!
+//! ```toml
+//! ringlock = { version = "0.1", default-features = false }
+//! ```
+//!
+//! Features: `server` (default) builds `ringlockd` and the server modules;
+//! `cli` (default) builds the `ringlock` command-line tool.
+//!
+//! # Architecture of the server
+//!
+//! ## Layers (one folder per concern, pure at the bottom, I/O at the edge)
 //! 1. [`protocol`]: wire codecs of the lock port and the admin port (pure).
 //! 2. [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
 //!    slabs, a per-source index. `operation(now) → effects`, no syscalls,
@@ -21,7 +60,7 @@
 //!    std-only client library), [`metrics`] (atomics-only registry and its
 //!    HTTP thread), [`config`] (every limit and default) and [`mod@log`].
 //!
-//! # The tick (see [`driver`] and [`shard`])
+//! ## The tick (see [`driver`] and [`shard`])
 //! `submit_and_wait` (at most a heartbeat interval) → drain all CQEs into a
 //! local array → dispatch each as a shard event (accept, bytes received,
 //! send done, hang-up, log chain landed) — the shard decodes, runs the
@@ -32,7 +71,7 @@
 //! records are durable to the driver, publish gauges → the driver submits
 //! the commands.
 //!
-//! # The durability rule (see [`wal`])
+//! ## The durability rule (see `wal`)
 //! With `--data-path`, every reply produced while log records are pending
 //! is held until those records are durable (write + fdatasync completed):
 //! a `+` for a grant never leaves before its record, an unlock's `+` and the
@@ -44,14 +83,22 @@
 //! file before any further `+`. The design may leave a key held by nobody
 //! (cleared by a reset), never one key with two owners.
 
+// Without the server modules, the architecture section's links dangle.
+#![cfg_attr(not(feature = "server"), allow(rustdoc::broken_intra_doc_links))]
+
 pub mod client;
 pub mod config;
 pub mod core;
+#[cfg(feature = "server")]
 pub mod metrics;
 pub mod protocol;
 #[macro_use]
 pub mod log;
+#[cfg(feature = "server")]
 pub mod driver;
+#[cfg(feature = "server")]
 pub mod io;
+#[cfg(feature = "server")]
 pub mod shard;
+#[cfg(feature = "server")]
 pub mod wal;

@@ -2,11 +2,14 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use common::Server;
 use ringlock::client::Client;
@@ -72,17 +75,59 @@ fn sigterm(pid: u32) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
 }
 
-fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+/// Waits for the child to exit. The bound only turns a hang into a failure
+/// (it is not a performance assertion), so it is generous.
+fn wait_exit(mut child: std::process::Child) -> std::process::ExitStatus {
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().expect("wait for ringlock"));
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("ringlock (pid {pid}) never exited"))
+}
+
+fn queued_waiters(s: &Server) -> f64 {
+    common::metric(s.metrics(), "ringlock_queued_waiters")
+}
+
+fn wait_queued(s: &Server, n: u64) {
+    common::wait_metric(s.metrics(), "ringlock_queued_waiters", n as f64);
+}
+
+fn ringlock_args(s: &Server, args: &[&str]) -> Output {
+    let mut c = ringlock(s);
+    c.args(args);
+    run(c)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("ringlock prints UTF-8")
+}
+
+/// A listener that must never see a connection: usage errors send nothing.
+struct NoTraffic(TcpListener);
+
+impl NoTraffic {
+    fn new() -> NoTraffic {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        NoTraffic(l)
+    }
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr().unwrap()
+    }
+}
+
+impl Drop for NoTraffic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_eq!(
+                self.0.accept().unwrap_err().kind(),
+                std::io::ErrorKind::WouldBlock,
+                "no connection was made"
+            );
         }
-        assert!(
-            t0.elapsed() < limit,
-            "ringlock did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -102,8 +147,8 @@ fn concurrent_locks_never_interleave() {
             c.stdin(Stdio::null()).spawn().unwrap()
         })
         .collect();
-    for mut child in children {
-        assert!(wait_bounded(&mut child, Duration::from_secs(20)).success());
+    for child in children {
+        assert!(wait_exit(child).success());
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = text.lines().collect();
@@ -160,31 +205,28 @@ fn sigterm_is_forwarded_and_the_key_released_after_the_child() {
     assert_eq!(line, "ready\n");
     assert_eq!(held_keys(&s), ["term"]);
     sigterm(child.id());
-    let status = wait_bounded(&mut child, Duration::from_secs(5));
+    let status = wait_exit(child);
     assert_eq!(status.code(), Some(128 + 15), "the child died of SIGTERM");
     assert!(held_keys(&s).is_empty());
 }
 
 #[test]
 fn sigterm_while_waiting_withdraws_the_request() {
-    let s = Server::start(&[]);
+    let s = Server::start(&["--metrics-bind", "127.0.0.1:0"]);
     let holder = lib_client(&s, "holder").lock("w").unwrap();
     let mut c = ringlock(&s);
     c.args(["lock", "w", "--", "true"])
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    // Give it time to queue. On a slow machine the signal may land before
-    // the handlers are installed (then it simply dies of it); either way it
-    // must not leave a holder behind.
-    std::thread::sleep(Duration::from_millis(100));
+    let child = c.spawn().unwrap();
+    // Queued means the handlers are installed (they are set before the
+    // request is sent): the signal must withdraw it, not kill the CLI.
+    wait_queued(&s, 1);
     sigterm(child.id());
-    let status = wait_bounded(&mut child, Duration::from_secs(5));
-    use std::os::unix::process::ExitStatusExt;
-    assert!(
-        status.code() == Some(128 + 15) || status.signal() == Some(libc::SIGTERM),
-        "{status:?}"
-    );
+    let out = child.wait_with_output().expect("wait for ringlock");
+    assert_eq!(out.status.code(), Some(128 + 15), "{out:?}");
+    assert!(stderr_line(&out).contains("request withdrawn"));
+    assert_eq!(queued_waiters(&s), 0.0, "the waiter was withdrawn");
     drop(holder);
     assert!(
         held_keys(&s).is_empty(),
@@ -202,7 +244,13 @@ fn try_lock_on_a_held_key_does_not_run_the_command() {
     c.args(["try-lock", "t", "--", "touch"]).arg(&marker);
     let o = run(c);
     assert_eq!(code(&o), 75);
-    assert!(stderr_line(&o).contains("held"));
+    // It says who holds the key (asked through KEYS).
+    let line = stderr_line(&o);
+    let endpoint = holder.endpoint().unwrap().to_string();
+    assert!(
+        line.contains("t is held by source holder") && line.contains(&endpoint),
+        "{line}"
+    );
     assert!(!marker.exists(), "command must not run");
     drop(holder);
 
@@ -221,7 +269,9 @@ fn lock_timeout_gives_up_with_tempfail() {
     c.args(["lock", "slow", "--timeout", "100ms", "--", "true"]);
     let o = run(c);
     assert_eq!(code(&o), 75);
-    assert!(stderr_line(&o).contains("timed out"));
+    let line = stderr_line(&o);
+    assert!(line.contains("timed out after 100ms"), "{line}");
+    assert!(line.contains("held by source holder"), "{line}");
     assert_eq!(held_keys(&s), ["slow"]);
     drop(holder);
     assert!(held_keys(&s).is_empty());
@@ -290,9 +340,8 @@ fn unlock_and_resets() {
 
 #[test]
 fn usage_errors_send_nothing_and_exit_64() {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let addr = l.local_addr().unwrap();
+    let quiet = NoTraffic::new();
+    let addr = quiet.addr();
     let long = "k".repeat(128);
     for args in [
         &["lock", "", "--", "true"][..],
@@ -301,29 +350,213 @@ fn usage_errors_send_nothing_and_exit_64() {
         &["unlock", &long],
         &["reset", "ok", ""],
         &["reset", "--source", &long],
+        &["reset", "k", "--source", "s"],
         &["lock", "k"],
+        // A missing key is a usage error, not "lock `echo`, run `hi`".
+        &["lock", "--", "echo", "hi"],
+        &["try-lock", "--", "echo", "hi"],
+        &["lock", "k", "echo", "hi"],
         &["lock", "k", "--timeout", "soon", "--", "true"],
+        &["--key-format", "hex", "unlock", "abc"],
+        &["--key-format", "escaped", "unlock", "a\\q"],
+        &["keys", "--older-than", "later"],
         &["frob"],
         &[],
     ] {
         let mut c = cli(addr, addr);
         c.args(args);
         let o = run(c);
-        assert_eq!(code(&o), 64, "{args:?}");
+        assert_eq!(
+            code(&o),
+            64,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         stderr_line(&o);
     }
-    assert_eq!(
-        l.accept().unwrap_err().kind(),
-        std::io::ErrorKind::WouldBlock,
-        "no connection was made"
-    );
-    for args in [&["--help"][..], &["lock", "--help"], &["keys", "-h"]] {
+}
+
+#[test]
+fn help_version_completions_and_man_page() {
+    let quiet = NoTraffic::new();
+    let addr = quiet.addr();
+    for args in [
+        &["--help"][..],
+        &["-h"],
+        &["lock", "--help"],
+        &["keys", "-h"],
+    ] {
         let mut c = cli(addr, addr);
         c.args(args);
         let o = run(c);
-        assert_eq!(code(&o), 0);
-        assert!(String::from_utf8_lossy(&o.stdout).starts_with("usage: ringlock"));
+        assert_eq!(code(&o), 0, "{args:?}");
+        assert!(
+            stdout(&o).contains("Usage: ringlock"),
+            "{args:?}: {}",
+            stdout(&o)
+        );
     }
+    let mut c = cli(addr, addr);
+    c.arg("--help");
+    let help = stdout(&run(c));
+    assert!(
+        help.contains("75   lock not obtained"),
+        "exit codes in --help: {help}"
+    );
+
+    let mut c = cli(addr, addr);
+    c.arg("--version");
+    let o = run(c);
+    assert_eq!(code(&o), 0);
+    assert_eq!(
+        stdout(&o),
+        format!("ringlock {}\n", env!("CARGO_PKG_VERSION"))
+    );
+
+    let o = run({
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+        c.arg("--version");
+        c
+    });
+    assert_eq!(code(&o), 0);
+    assert_eq!(
+        stdout(&o),
+        format!("ringlockd {}\n", env!("CARGO_PKG_VERSION"))
+    );
+
+    for (shell, marker) in [
+        ("bash", "_ringlock()"),
+        ("zsh", "#compdef ringlock"),
+        ("fish", "complete -c ringlock"),
+    ] {
+        let mut c = cli(addr, addr);
+        c.args(["completions", shell]);
+        let o = run(c);
+        assert_eq!(code(&o), 0, "{shell}");
+        let text = stdout(&o);
+        assert!(text.contains(marker), "{shell}: {text}");
+        assert!(
+            text.contains("try-lock") && text.contains("older-than"),
+            "{shell}"
+        );
+    }
+    let mut c = cli(addr, addr);
+    c.arg("man");
+    let o = run(c);
+    assert_eq!(code(&o), 0);
+    let page = stdout(&o);
+    assert!(page.contains(".TH ringlock 1"), "{page}");
+    assert!(
+        page.contains("try\\-lock") && page.contains("RINGLOCK_ADDR"),
+        "{page}"
+    );
+}
+
+#[test]
+fn bad_addresses_are_usage_errors_that_name_the_address() {
+    for (args, env, named) in [
+        (
+            &["--addr", "127.0.0.1:99999", "keys"][..],
+            None,
+            "--addr: invalid address \"127.0.0.1:99999\": invalid port",
+        ),
+        (
+            &["--addr", "nonsense.invalid", "keys"],
+            None,
+            "--addr: invalid address \"nonsense.invalid\": cannot resolve host",
+        ),
+        (
+            &["--addr", "127.0.0.1:x", "unlock", "k"],
+            None,
+            "invalid port \"x\"",
+        ),
+        (
+            &["--admin-addr", "[::1", "keys"],
+            None,
+            "--admin-addr: invalid address \"[::1\"",
+        ),
+        (
+            &["keys"],
+            Some("127.0.0.1:0"),
+            "RINGLOCK_ADDR: invalid address \"127.0.0.1:0\": port 0",
+        ),
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        c.env_remove("RINGLOCK_ADDR")
+            .env_remove("RINGLOCK_ADMIN_ADDR")
+            .args(["--retry", "0"])
+            .args(args);
+        if let Some(v) = env {
+            c.env("RINGLOCK_ADDR", v);
+        }
+        let o = run(c);
+        assert_eq!(code(&o), 64, "{args:?}");
+        let line = stderr_line(&o);
+        assert!(line.contains(named), "{args:?}: {line}");
+    }
+}
+
+/// A server on the default ports of a loopback address of its own
+/// (127.x.y.z), so that `--addr HOST` without a port is tested for real.
+fn server_on_default_ports() -> (Server, String) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .subsec_nanos();
+    let mut n = std::process::id() ^ nanos;
+    for _ in 0..20 {
+        let ip = format!(
+            "127.{}.{}.{}",
+            1 + n % 250,
+            1 + (n >> 8) % 250,
+            1 + (n >> 16) % 250
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+        cmd.args(["--bind", &format!("{ip}:22119")])
+            .args(["--admin-bind", &format!("{ip}:22120")]);
+        if let Ok(s) = Server::spawn(cmd, &[]) {
+            return (s, ip);
+        }
+        n = n.wrapping_mul(2_654_435_761).wrapping_add(1);
+    }
+    panic!("no free 127.x.y.z:22119 found");
+}
+
+#[test]
+fn a_host_without_port_means_the_default_ports() {
+    let (s, ip) = server_on_default_ports();
+    assert_eq!(s.lock_addr.to_string(), format!("{ip}:22119"));
+    assert_eq!(s.admin_addr.to_string(), format!("{ip}:22120"));
+    let base = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        c.env_remove("RINGLOCK_ADMIN_ADDR")
+            .env_remove("RINGLOCK_SOURCE")
+            .env("RINGLOCK_ADDR", &ip)
+            .args(["--retry", "1s"]);
+        c
+    };
+    let mut c = base();
+    c.args(["lock", "dflt", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(code(&run(c)), 7, "lock through {ip} (port 22119 added)");
+    let g = lib_client(&s, "me").lock("dflt").unwrap();
+    let mut c = base();
+    c.arg("keys");
+    let o = run(c);
+    assert_eq!(code(&o), 0, "keys through {ip}:22120 (lock port + 1)");
+    assert!(stdout(&o).contains("dflt"), "{}", stdout(&o));
+    drop(g);
+    drop(s);
+
+    // Nothing listens there now: the message names the port that was added.
+    let mut c = base();
+    c.args(["--retry", "0", "unlock", "dflt"]);
+    let o = run(c);
+    assert_eq!(code(&o), 69);
+    let line = stderr_line(&o);
+    assert!(
+        line.contains(&format!("server {ip}:22119 unavailable after 1 attempt:")),
+        "{line}"
+    );
 }
 
 #[test]
@@ -341,6 +574,262 @@ fn unreachable_server_exits_69() {
         c.args(["--retry", "0"]).args(args);
         let o = run(c);
         assert_eq!(code(&o), 69, "{args:?}");
-        assert!(stderr_line(&o).contains("unavailable"));
+        let line = stderr_line(&o);
+        assert!(
+            line.contains(&format!("server {closed} unavailable after 1 attempt: ")),
+            "{args:?}: {line}"
+        );
     }
+}
+
+#[test]
+fn timeout_zero_means_do_not_wait() {
+    let s = Server::start(&["--metrics-bind", "127.0.0.1:0"]);
+    // A free key: taken at once, the command runs.
+    let o = ringlock_args(
+        &s,
+        &["lock", "free/key", "--timeout", "0", "--", "echo", "hi"],
+    );
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(stdout(&o), "hi\n");
+    assert!(held_keys(&s).is_empty());
+    // A held key: exit 75 at once, without ever queueing behind the holder.
+    let holder = lib_client(&s, "holder").lock("busy").unwrap();
+    let o = ringlock_args(&s, &["lock", "busy", "--timeout", "0", "--", "echo", "hi"]);
+    assert_eq!(code(&o), 75);
+    assert_eq!(stdout(&o), "", "the command did not run");
+    assert!(stderr_line(&o).contains("busy is held by source holder"));
+    assert_eq!(queued_waiters(&s), 0.0, "never queued");
+    drop(holder);
+}
+
+#[test]
+fn missing_key_before_the_command_is_refused_and_locks_nothing() {
+    let s = Server::start(&[]);
+    let o = ringlock_args(&s, &["lock", "--", "echo", "hi"]);
+    assert_eq!(code(&o), 64);
+    assert!(stderr_line(&o).contains("<KEY>"));
+    assert_eq!(stdout(&o), "");
+    assert!(held_keys(&s).is_empty(), "`echo` was not locked");
+}
+
+#[test]
+fn unlock_and_reset_of_free_keys_say_so() {
+    let s = Server::start(&[]);
+    let g = lib_client(&s, "x").lock("held").unwrap();
+    let o = ringlock_args(&s, &["unlock", "free"]);
+    assert_eq!(code(&o), 0);
+    assert!(
+        stderr_line(&o).contains("note: free was not held; nothing was released"),
+        "{o:?}"
+    );
+    let o = ringlock_args(&s, &["reset", "held", "free"]);
+    assert_eq!(code(&o), 0);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(
+        err,
+        "ringlock: note: free was not held; nothing was reset\n"
+    );
+    assert!(held_keys(&s).is_empty());
+    let o = ringlock_args(&s, &["reset", "--source", "nobody"]);
+    assert_eq!(code(&o), 0);
+    assert!(stderr_line(&o).contains("no key was held by source nobody"));
+    // A held key is released quietly.
+    let _g2 = lib_client(&s, "x").lock("again").unwrap();
+    let o = ringlock_args(&s, &["unlock", "again"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(o.stderr, b"");
+    drop(g);
+}
+
+/// Splits the JSON array of `keys --json` into its objects' fields (enough
+/// for these flat objects; values here contain no `,` or `}`).
+fn json_rows(text: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    assert!(
+        text.starts_with('[') && text.trim_end().ends_with(']'),
+        "{text}"
+    );
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            l.trim_end_matches(',')
+                .trim_start_matches('{')
+                .trim_end_matches('}')
+                .split(",\"")
+                .map(|kv| {
+                    let (k, v) = kv.split_once("\":").expect("key:value");
+                    (
+                        k.trim_matches('"').to_string(),
+                        v.trim_matches('"').to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn keys_json_and_older_than() {
+    let s = Server::start(&[]);
+    let c = lib_client(&s, "svc-a");
+    let g1 = c.lock("deploy/prod").unwrap();
+    let g2 = c.lock(b"bin\xff\x00ary").unwrap();
+    let o = ringlock_args(&s, &["keys", "--json"]);
+    assert_eq!(code(&o), 0);
+    let rows = json_rows(&stdout(&o));
+    assert_eq!(rows.len(), 2, "{}", stdout(&o));
+    let by_hex = |h: &str| {
+        rows.iter()
+            .find(|r| r["key_hex"] == h)
+            .expect("row by key_hex")
+    };
+    let prod = by_hex(&hex(b"deploy/prod"));
+    assert_eq!(prod["key"], "deploy/prod");
+    assert_eq!(prod["source"], "svc-a");
+    assert_eq!(prod["source_hex"], hex(b"svc-a"));
+    assert_eq!(prod["endpoint"], g1.endpoint().unwrap().to_string());
+    let acquired: i64 = prod["acquired_unix_s"].parse().unwrap();
+    let listed = common::keys(s.admin_addr);
+    assert!(listed.iter().any(|k| k.acquired_unix_secs == acquired));
+    let bin = by_hex(&hex(b"bin\xff\x00ary"));
+    assert_eq!(bin["key"], "null", "not UTF-8: only the hex field");
+
+    // Nothing is a minute old yet; everything is at least 0 s old.
+    let o = ringlock_args(&s, &["keys", "--older-than", "1m"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(stdout(&o).lines().count(), 1, "header only: {}", stdout(&o));
+    let o = ringlock_args(&s, &["keys", "--json", "--older-than", "1m"]);
+    assert_eq!(stdout(&o), "[]\n");
+    let o = ringlock_args(&s, &["keys", "--older-than", "0s"]);
+    assert_eq!(stdout(&o).lines().count(), 3, "{}", stdout(&o));
+    drop((g1, g2));
+}
+
+/// Keys restored from the log keep their acquisition time, so
+/// `--older-than` can be checked without waiting: a key granted, the server
+/// killed and restarted later still shows its first grant's age.
+#[test]
+fn older_than_lists_only_old_keys() {
+    let dir = common::TempDir::new("cli-older");
+    let wal = dir.path("locks.wal");
+    let wal_arg = wal.to_str().expect("utf-8 temp path").to_string();
+    let mut s = Server::start(&["--data-path", &wal_arg]);
+    let g = lib_client(&s, "old").lock("old/key").unwrap();
+    let acquired = common::keys(s.admin_addr)[0].acquired_unix_secs;
+    std::mem::forget(g); // the holder "crashes": its key stays held
+    s.kill9();
+    drop(s);
+    // Wait (bounded) until the clock is 3 s past the grant: no fixed sleep,
+    // a condition on the clock the server uses.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    };
+    let mut polls = 0;
+    while now() < acquired + 3 {
+        polls += 1;
+        assert!(polls < 10_000, "clock does not advance");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = Server::start(&["--data-path", &wal_arg]);
+    let _fresh = lib_client(&s, "new").lock("new/key").unwrap();
+    let o = ringlock_args(&s, &["keys", "--older-than", "3s"]);
+    assert_eq!(code(&o), 0);
+    let out = stdout(&o);
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert!(rows[0].starts_with("old/key "), "{out}");
+}
+
+#[test]
+fn non_utf8_keys_can_be_given_raw_escaped_or_hex() {
+    let s = Server::start(&[]);
+    let key: &[u8] = b"k\xff\x01 x";
+    // Raw bytes straight from argv.
+    let mut c = ringlock(&s);
+    c.args(["lock", "--timeout", "5s"])
+        .arg(OsStr::from_bytes(key))
+        .args(["--", "true"]);
+    assert_eq!(code(&run(c)), 0);
+    let g = lib_client(&s, "x").lock(key).unwrap();
+    // The table shows the escaped form, which --key-format escaped reads back.
+    let o = ringlock_args(&s, &["keys"]);
+    let out = stdout(&o);
+    let cell = out
+        .lines()
+        .nth(1)
+        .expect("one row")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(cell, "k\\xff\\x01\\x20x", "{out}");
+    std::mem::forget(g);
+    let o = ringlock_args(&s, &["--key-format", "escaped", "unlock", &cell]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stderr, b"", "it was held: no note");
+    assert!(held_keys(&s).is_empty());
+    // Hex, as `keys --json` prints it.
+    let _g = lib_client(&s, "x").lock(key).unwrap();
+    let o = ringlock_args(&s, &["--key-format", "hex", "reset", &hex(key)]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(held_keys(&s).is_empty());
+}
+
+/// A hostile key cannot drive the terminal or forge a row: the table has no
+/// control byte and exactly one row, and `--json` still has the exact bytes.
+#[test]
+fn hostile_keys_are_escaped_in_the_table() {
+    let s = Server::start(&[]);
+    let key: &[u8] = b"ok/\x1b[31mRED\x1b[0m\nFAKE-KEY  fake-src  10.9.9.9:1  0s";
+    let source: &[u8] = b"src\r\x1b]0;title\x07\n";
+    let c = Client::builder(s.lock_addr)
+        .admin_addr(s.admin_addr)
+        .source(source)
+        .build()
+        .unwrap();
+    let _g = c.lock(key).unwrap();
+    for args in [&["keys"][..], &["keys", "-d"]] {
+        let o = ringlock_args(&s, args);
+        assert_eq!(code(&o), 0);
+        let bad: Vec<u8> = o
+            .stdout
+            .iter()
+            .copied()
+            .filter(|&b| (b < 0x20 && b != b'\n') || b == 0x7f)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "control bytes {bad:?} in {:?}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let out = stdout(&o);
+        assert_eq!(out.lines().count(), 2, "header and exactly one row:\n{out}");
+        let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(row.len(), args.len() + 3, "one cell per column: {row:?}");
+        assert!(!out.contains("\nFAKE-KEY"), "{out}");
+    }
+    let o = ringlock_args(&s, &["keys", "--json"]);
+    let out = stdout(&o);
+    assert!(!out.bytes().any(|b| b < 0x20 && b != b'\n'), "{out:?}");
+    let rows = json_rows(&out);
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0]["key"], "null", "control characters: hex only");
+    assert_eq!(rows[0]["key_hex"], hex(key));
+    assert_eq!(rows[0]["source_hex"], hex(source));
+    // try-lock on it: the message is one escaped line too.
+    let mut c = ringlock(&s);
+    c.arg("try-lock")
+        .arg(OsStr::from_bytes(key))
+        .args(["--", "true"]);
+    let o = run(c);
+    assert_eq!(code(&o), 75);
+    let line = stderr_line(&o);
+    assert!(!line.trim_end().bytes().any(|b| b < 0x20), "{line:?}");
 }

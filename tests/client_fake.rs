@@ -1,7 +1,8 @@
 //! Client logic that the real server cannot be made to exhibit on demand:
 //! a grant that arrives after the deadline, a server that comes up late, a
 //! guard whose connection broke, an Unlock whose answer is lost. Each test
-//! runs a scripted fake server that speaks just enough of PROTOCOL.md.
+//! runs a scripted fake server that speaks just enough of the protocol
+//! (docs/protocol.md).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -87,6 +88,16 @@ fn client(addr: SocketAddr, admin: SocketAddr) -> Client {
 }
 
 const UNLOCK_K: &[u8] = b"\x02\x01k";
+/// An Unlock of a key no test uses: sent last, it marks the end of what a
+/// fake server has to report.
+const SENTINEL: &[u8] = b"\x02\x08sentinel";
+
+fn sentinel(addr: SocketAddr) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(SENTINEL).unwrap();
+    let mut answer = [0u8; 1];
+    s.read_exact(&mut answer).unwrap();
+}
 
 /// `+` lands after the deadline but before the server saw the half-close:
 /// the client must honour it either way the caller chose.
@@ -99,13 +110,14 @@ fn late_grant(policy: LateGrant) -> (Result<(), Error>, Seen) {
         if i == 0 {
             let frame = read_frame(&mut s, true);
             assert_eq!(frame[0], 1, "Lock");
-            thread::sleep(Duration::from_millis(80)); // past the 20 ms deadline
-            s.write_all(b"+").unwrap();
+            // The half-close is the client's deadline passing; the `+` then
+            // races it, as a grant sent just before the server saw the EOF.
             assert_eq!(
                 read_to_eof(&mut s),
                 0,
                 "client half-closed, sent nothing more"
             );
+            s.write_all(b"+").unwrap();
             tx.send((i, frame)).unwrap();
         } else {
             let frame = read_frame(&mut s, false);
@@ -120,7 +132,10 @@ fn late_grant(policy: LateGrant) -> (Result<(), Error>, Seen) {
         .late_grant(policy);
     let result = match c.lock_with("k", &opts) {
         Ok(mut g) => {
-            assert!(t0.elapsed() >= Duration::from_millis(80));
+            assert!(
+                t0.elapsed() >= Duration::from_millis(20),
+                "not before the deadline"
+            );
             assert!(g.endpoint().is_some());
             let r = g.release();
             assert!(g.release().is_ok(), "cached result");
@@ -176,7 +191,18 @@ fn connection_failures_are_retried_until_the_server_comes_up() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let c = client(addr, closed_admin);
+    // The outage is the scenario (a fixed 150 ms), so the retry budget is
+    // far larger than it: a slow machine delays the fake, never fails this.
+    let c = Client::builder(addr)
+        .admin_addr(closed_admin)
+        .io_timeout(Duration::from_secs(2))
+        .retry(RetryPolicy {
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(40),
+            max_elapsed: Duration::from_secs(60),
+        })
+        .build()
+        .unwrap();
     let t0 = Instant::now();
     let mut g = c.lock("k").expect("retried until granted");
     assert!(t0.elapsed() >= Duration::from_millis(150));
@@ -192,19 +218,24 @@ fn guard_reconnects_when_its_connection_broke() {
     let addr = fake(move |i, mut s| {
         let frame = read_frame(&mut s, i == 0);
         s.write_all(b"+").unwrap();
+        // Connection 0 is closed by the server right after the grant; the
+        // close (and its FIN, on loopback) happens before the report.
+        drop(s);
         tx.send((i, frame)).unwrap();
-        // Connection 0 is closed by the server right after the grant.
     });
     let c = client(addr, addr);
     let mut g = c.lock("k").unwrap();
     assert_eq!(rx.recv().unwrap().0, 0);
-    thread::sleep(Duration::from_millis(20)); // let the FIN arrive
     g.release().expect("unlock sent on a new connection");
     assert_eq!(rx.recv().unwrap(), (1, UNLOCK_K.to_vec()));
     g.release().unwrap();
     drop(g);
-    assert!(
-        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+    // The fake serves connections in order: had the guard sent anything
+    // more, it would arrive before this sentinel.
+    sentinel(addr);
+    assert_eq!(
+        rx.recv().unwrap(),
+        (2, SENTINEL.to_vec()),
         "released exactly once"
     );
 }
@@ -234,8 +265,11 @@ fn lost_unlock_answer(table_says_ours: Option<bool>) -> (Result<(), Error>, usiz
             };
             let _ = admin_tx.send(entry);
         } else {
-            read_frame(&mut s, false);
+            let frame = read_frame(&mut s, false);
             s.write_all(b"+").unwrap();
+            if frame == SENTINEL {
+                return;
+            }
         }
         tx.send(i).unwrap();
     });
@@ -243,7 +277,9 @@ fn lost_unlock_answer(table_says_ours: Option<bool>) -> (Result<(), Error>, usiz
     let mut g = c.lock("k").unwrap();
     let result = g.release();
     drop(g);
-    thread::sleep(Duration::from_millis(50));
+    // Connections are served in order: every one the client made is counted
+    // once the sentinel has been answered.
+    sentinel(addr);
     (result, rx.try_iter().count())
 }
 

@@ -634,7 +634,6 @@ fn a_trickling_scraper_cannot_extend_its_deadline() {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_millis(20)))
         .expect("timeout");
-    let start = Instant::now();
     let mut answer = Vec::new();
     // One byte every 50 ms would take > 1 s for the whole request.
     for &b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n\r\n" {
@@ -655,15 +654,13 @@ fn a_trickling_scraper_cannot_extend_its_deadline() {
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
     let _ = s.read_to_end(&mut answer);
+    // The trickle would complete the request after about 2 s and get a
+    // 200 if each byte extended the deadline; a 408 proves it did not,
+    // without timing anything.
     assert!(
         answer.starts_with(b"HTTP/1.1 408 "),
         "{}",
         String::from_utf8_lossy(&answer)
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
     );
     assert_eq!(status_of(&get(addr, "/healthz")), 503);
 }

@@ -10,7 +10,7 @@
 //!   generation does not match the slot's current one is stale and ignored.
 //! - A connection's buffers belong to the kernel while its recv or send is
 //!   in flight; the slot is freed (and its fd closed) only when neither is.
-//! - Bad input answers `-` and closes, as PROTOCOL.md asks.
+//! - Bad input answers `-` and closes, as docs/protocol.md says.
 
 use std::io;
 use std::net::TcpListener;

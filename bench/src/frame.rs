@@ -1,4 +1,4 @@
-//! Where a Locking-Center request frame ends (PROTOCOL.md part 1).
+//! Where a Locking-Center request frame ends (docs/protocol.md, lock port).
 //! Sizes are signed bytes: a key is 1..=127 bytes, a source 0..=127.
 
 #[derive(Debug, PartialEq, Eq)]

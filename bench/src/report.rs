@@ -56,6 +56,22 @@ fn fmt_unit(v: f64) -> String {
     }
 }
 
+/// A range of p99s. Bare numbers are µs in the tables, so a range whose
+/// ends differ in unit spells both out (`113 µs–812 ms`, never `113–812 ms`).
+fn fmt_range(lo: f64, hi: f64) -> String {
+    let (a, b) = (fmt_us(Some(lo)), fmt_us(Some(hi)));
+    match (a.ends_with("ms"), b.ends_with("ms")) {
+        (false, false) | (true, true) => format!("{a}–{b}"),
+        _ => format!("{}–{}", fmt_unit(lo), fmt_unit(hi)),
+    }
+}
+
+/// Whether two p99 ranges over rounds overlap: then the rounds cannot tell
+/// the two systems apart.
+fn overlap(a: (f64, f64), b: (f64, f64)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() != 2 && args.len() != 3 {
@@ -155,9 +171,11 @@ fn run(raw: &Path, out: &Path, root_prefix: &str) -> Result<(), String> {
         let series: Vec<Series> = systems
             .iter()
             .filter_map(|sys| match results.get(&(sc.id.clone(), sys.clone())) {
-                Some(Outcome::Ran(v, _)) => Some(Series {
+                Some(Outcome::Ran(v, run)) => Some(Series {
                     name: sys.clone(),
                     points: curve(v),
+                    saturated: saturated(v),
+                    p99_range: (run.rounds > 1).then_some(run.p99_range),
                 }),
                 _ => None,
             })
@@ -341,7 +359,7 @@ fn markdown(
                         fmt_us(v.num("latency_us.p90")),
                         fmt_us(p99),
                         if run.rounds > 1 {
-                            format!(" ({}–{}, {} rounds)", fmt_us(Some(run.p99_range.0)), fmt_us(Some(run.p99_range.1)), run.rounds)
+                            format!(" ({}, {} rounds)", fmt_range(run.p99_range.0, run.p99_range.1), run.rounds)
                         } else {
                             String::new()
                         },
@@ -375,7 +393,7 @@ fn markdown(
     }
     let _ = writeln!(
         o,
-        "Raw data: `bench/results/raw/<scenario>/<system>.{{json,hgrm,cmd,err}}`; \
+        "Raw data: `{prefix}raw/<scenario>/<system>.{{json,hgrm,cmd,err}}`; \
          each `.cmd` is the exact load generator command line."
     );
     o
@@ -387,7 +405,8 @@ fn saturated(v: &Value) -> bool {
 }
 
 /// Plain facts about the goal (ringlockd's p99 below every peer's, within
-/// 1.25× of the floor), computed, not judged.
+/// 1.25× of the floor), computed, not judged. Where the p99 ranges over the
+/// rounds overlap, the systems are "indistinguishable": no claim either way.
 fn verdict(
     sc: &Scenario,
     systems: &[String],
@@ -395,7 +414,7 @@ fn verdict(
     floor_p99: Option<f64>,
 ) -> String {
     let p99 = |s: &str| match results.get(&(sc.id.clone(), s.to_string())) {
-        Some(Outcome::Ran(v, _)) => v.num("latency_us.p99"),
+        Some(Outcome::Ran(v, run)) => v.num("latency_us.p99").map(|p| (p, run.p99_range)),
         _ => None,
     };
     let ours = if sc.id.starts_with("durable") {
@@ -403,45 +422,65 @@ fn verdict(
     } else {
         "ringlockd"
     };
-    let Some(mine) = p99(ours) else {
+    let Some((mine, mine_range)) = p99(ours) else {
         return format!("{ours} was not measured in this scenario.\n");
     };
-    let peers: Vec<(String, f64)> = systems
+    let peers: Vec<(String, f64, (f64, f64))> = systems
         .iter()
         .filter(|s| !s.starts_with("ringlockd") && s.as_str() != "floor")
-        .filter_map(|s| p99(s).map(|p| (s.clone(), p)))
+        .filter_map(|s| p99(s).map(|(p, r)| (s.clone(), p, r)))
         .collect();
     let mut out = String::new();
-    if let Some((best, bp)) = peers.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+    if let Some((best, bp, _)) = peers.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+        let tied: Vec<&str> = peers
+            .iter()
+            .filter(|(_, _, r)| overlap(mine_range, *r))
+            .map(|(name, _, _)| name.as_str())
+            .collect();
+        let claim = if !tied.is_empty() {
+            format!(
+                "indistinguishable from {}: the p99 ranges over the rounds overlap",
+                tied.join(", ")
+            )
+        } else if mine < *bp {
+            "lower than every peer".to_string()
+        } else {
+            "NOT lower than every peer".to_string()
+        };
         let _ = write!(
             out,
-            "{ours} p99 {} vs best peer {best} {} ({:.2}×: {}). ",
+            "{ours} p99 {} vs best peer {best} {} ({:.2}×; {claim}). ",
             fmt_unit(mine),
             fmt_unit(*bp),
             mine / bp,
-            if mine < *bp {
-                "lower than every peer"
-            } else {
-                "NOT lower than every peer"
-            }
         );
     }
     if let Some(f) = floor_p99 {
+        let floor_range = p99("floor").map_or((f, f), |(_, r)| r);
+        let ratio = mine / f;
+        let durable = if sc.id.starts_with("durable") {
+            "; the floor does not fsync"
+        } else {
+            ""
+        };
+        let claim = if overlap(mine_range, floor_range) || ratio < 1.0 {
+            format!(
+                "indistinguishable from the floor{}",
+                if ratio < 1.0 {
+                    ": below 1, which only noise can produce"
+                } else {
+                    ": the p99 ranges over the rounds overlap"
+                }
+            )
+        } else if ratio <= 1.25 {
+            format!("within the 1.25× goal{durable}")
+        } else {
+            format!("outside the 1.25× goal{durable}")
+        };
         let _ = write!(
             out,
-            "Floor p99 {}, ratio {:.2}× ({} the 1.25× goal{}).",
-            fmt_unit(f),
-            mine / f,
-            if mine <= 1.25 * f {
-                "within"
-            } else {
-                "outside"
-            },
-            if sc.id.starts_with("durable") {
-                "; the floor does not fsync"
-            } else {
-                ""
-            }
+            "Floor p99 {}, ratio {ratio:.2}× ({claim}).",
+            fmt_unit(f)
         );
         if mine < f {
             out.push_str(
@@ -452,4 +491,24 @@ fn verdict(
     }
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_keep_their_units() {
+        assert_eq!(fmt_range(262.0, 1282.0), "262–1282");
+        assert_eq!(fmt_range(113.0, 812_000.0), "113 µs–812 ms");
+        assert_eq!(fmt_range(2_804_000.0, 4_748_000.0), "2804 ms–4748 ms");
+        assert_eq!(fmt_range(400.0, 17_100.0), "400 µs–17.1 ms");
+    }
+
+    #[test]
+    fn overlapping_ranges() {
+        assert!(overlap((262.0, 1282.0), (309.0, 2513.0)));
+        assert!(overlap((1.0, 2.0), (2.0, 3.0)));
+        assert!(!overlap((1.0, 2.0), (2.5, 3.0)));
+    }
 }

@@ -1,6 +1,8 @@
 //! Percentile plots as plain SVG: x = percentile on the classic HdrHistogram
 //! axis (log of 1/(1-p), so 90, 99, 99.9 … are evenly spaced), y = latency
-//! on a log scale. One line per system.
+//! on a log scale. One line per system (the round with the median p99); a
+//! bar at p99 spans that system's p99 over all rounds, and a system that
+//! could not sustain its target rate is dashed and marked "saturated".
 
 use std::fmt::Write as _;
 
@@ -8,6 +10,10 @@ pub struct Series {
     pub name: String,
     /// (percentile 0..=100, latency µs)
     pub points: Vec<(f64, f64)>,
+    /// Achieved rate below 95 % of the target: its latencies are a queue.
+    pub saturated: bool,
+    /// p99 over all rounds (min, max), when there was more than one.
+    pub p99_range: Option<(f64, f64)>,
 }
 
 const COLORS: [&str; 10] = [
@@ -37,7 +43,10 @@ pub fn percentile_plot(title: &str, series: &[Series]) -> String {
     let ph = h - top - bottom;
     let vals: Vec<f64> = series
         .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .flat_map(|s| {
+            let range = s.p99_range.map(|(a, b)| [a, b]).unwrap_or_default();
+            s.points.iter().map(|p| p.1).chain(range)
+        })
         .filter(|v| *v > 0.0)
         .collect();
     let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min);
@@ -128,23 +137,56 @@ pub fn percentile_plot(title: &str, series: &[Series]) -> String {
             .filter(|p| p.1 > 0.0)
             .map(|&(pct, us)| format!("{:.1},{:.1}", px(pct), py(us)))
             .collect();
+        let dash = if s.saturated {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
         if !pts.is_empty() {
             let _ = writeln!(
                 o,
-                r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
                 pts.join(" ")
+            );
+        }
+        if let Some((lo, hi)) = s.p99_range {
+            // Side by side around the 99 % line, so bars do not hide each other.
+            let x = px(99.0) + (i as f64 - (series.len() as f64 - 1.0) / 2.0) * 5.0;
+            let (y1, y2) = (py(lo), py(hi));
+            let _ = writeln!(
+                o,
+                r#"<line class="p99-range" x1="{x:.1}" y1="{y1:.1}" x2="{x:.1}" y2="{y2:.1}" stroke="{color}" stroke-width="3"/><line x1="{:.1}" y1="{y1:.1}" x2="{:.1}" y2="{y1:.1}" stroke="{color}"/><line x1="{:.1}" y1="{y2:.1}" x2="{:.1}" y2="{y2:.1}" stroke="{color}"/>"#,
+                x - 3.0,
+                x + 3.0,
+                x - 3.0,
+                x + 3.0
             );
         }
         let ly = top + 14.0 + i as f64 * 18.0;
         let lx = left + pw + 14.0;
+        let label = if s.saturated {
+            format!("{} (saturated)", s.name)
+        } else {
+            s.name.clone()
+        };
         let _ = writeln!(
             o,
-            r#"<line x1="{lx}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{ly:.1}">{}</text>"#,
+            r#"<line x1="{lx}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{ly:.1}">{}</text>"#,
             ly - 4.0,
             lx + 20.0,
             ly - 4.0,
             lx + 26.0,
-            esc(&s.name)
+            esc(&label)
+        );
+    }
+    if series.iter().any(|s| s.p99_range.is_some()) {
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11">bar at 99%: p99 over</text><text x="{:.1}" y="{:.1}" font-size="11">all rounds; dashed: saturated</text>"#,
+            left + pw + 14.0,
+            top + ph - 14.0,
+            left + pw + 14.0,
+            top + ph
         );
     }
     o.push_str("</svg>\n");
@@ -161,16 +203,31 @@ mod tests {
             Series {
                 name: "a<b".into(),
                 points: vec![(50.0, 10.0), (99.0, 20.0), (100.0, 300.0)],
+                saturated: false,
+                p99_range: Some((15.0, 40.0)),
             },
             Series {
                 name: "c".into(),
                 points: vec![(50.0, 5.0), (100.0, 9.0)],
+                saturated: true,
+                p99_range: None,
             },
         ];
         let svg = percentile_plot("t", &s);
         assert!(svg.starts_with("<svg"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains("a&lt;b"));
+        assert_eq!(
+            svg.matches("class=\"p99-range\"").count(),
+            1,
+            "one range bar"
+        );
+        assert!(svg.contains("c (saturated)"));
+        assert_eq!(
+            svg.matches("stroke-dasharray").count(),
+            2,
+            "line and legend"
+        );
         assert!(x_of(99.0) > x_of(90.0) && x_of(100.0) == X_MAX);
     }
 }

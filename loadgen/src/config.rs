@@ -193,6 +193,9 @@ pub struct Config {
     pub label: String,
 }
 
+/// What `--version` prints (returned through the error path, like USAGE).
+pub const VERSION: &str = concat!("ringlock-loadgen ", env!("CARGO_PKG_VERSION"), "\n");
+
 pub const USAGE: &str = "\
 ringlock-loadgen: open/closed-loop load for lock services
 
@@ -225,6 +228,7 @@ Options:
   --json               last stdout line: one JSON object with the results
   --hgrm FILE          write the corrected lock-latency histogram as .hgrm
   --no-progress        no per-second progress line on stderr
+  -h, --help           this help;  -V, --version  the version
 ";
 
 pub fn parse_args<I>(args: I) -> Result<Config, String>
@@ -330,6 +334,7 @@ where
             Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
             Long("no-progress") => cfg.progress = false,
             Long("help") | Short('h') => return Err(USAGE.to_string()),
+            Long("version") | Short('V') => return Err(VERSION.to_string()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
     }

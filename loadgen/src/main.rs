@@ -6,7 +6,7 @@ fn main() {
     let cfg = match config::parse_args(std::env::args_os().skip(1)) {
         Ok(c) => c,
         Err(msg) => {
-            let help = msg.starts_with("ringlock-loadgen:");
+            let help = msg.starts_with("ringlock-loadgen:") || msg == config::VERSION;
             if help {
                 print!("{msg}");
                 std::process::exit(0);

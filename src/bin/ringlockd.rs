@@ -16,7 +16,9 @@ USAGE:
 
 OPTIONS:
     --bind ADDR              lock port address [env BIND_ADDRESS] (default 127.0.0.1:22119;
-                             ':22119' means all interfaces)
+                             ':22119' means all interfaces). No authentication: any client
+                             of this port can unlock or reset ANY key (Locking-Center
+                             semantics), so bind it where only trusted hosts reach it
     --admin-bind ADDR        admin port address (default: loopback, lock port + 1)
     --metrics-bind ADDR      serve Prometheus /metrics and the probes /livez, /readyz, /healthz
                              over HTTP (default: off)

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// Everything a client operation can fail with.
@@ -23,12 +24,24 @@ pub enum Error {
         /// The offending source's length in bytes.
         len: usize,
     },
+    /// The server address cannot be used: a malformed `HOST:PORT`, a port
+    /// outside 1..=65535, or a host name that does not resolve. Raised by
+    /// [`ClientBuilder::build`](super::ClientBuilder::build), before any
+    /// connection is opened.
+    InvalidAddress {
+        /// The address as given.
+        addr: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The server answered `-`: it refused the request (a limit, bad input,
     /// or a `ResetBySource` that cancelled this queued lock).
     Refused,
     /// The server could not be reached: connecting (or reconnecting) failed
     /// until the retry policy gave up.
     Unavailable {
+        /// The address of the last attempt (lock or admin port).
+        addr: SocketAddr,
         /// How many connection attempts were made.
         attempts: u32,
         /// The last attempt's error.
@@ -62,7 +75,10 @@ impl Error {
 
     /// True for errors raised before any network traffic (bad arguments).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Error::InvalidKey { .. } | Error::InvalidSource { .. })
+        matches!(
+            self,
+            Error::InvalidKey { .. } | Error::InvalidSource { .. } | Error::InvalidAddress { .. }
+        )
     }
 }
 
@@ -78,9 +94,20 @@ impl fmt::Display for Error {
                     "invalid source: {len} bytes (a source is at most 127 bytes)"
                 )
             }
+            Error::InvalidAddress { addr, reason } => {
+                write!(f, "invalid address {addr:?}: {reason}")
+            }
             Error::Refused => write!(f, "the server refused the request"),
-            Error::Unavailable { attempts, last } => {
-                write!(f, "server unavailable after {attempts} attempt(s): {last}")
+            Error::Unavailable {
+                addr,
+                attempts,
+                last,
+            } => {
+                let plural = if *attempts == 1 { "" } else { "s" };
+                write!(
+                    f,
+                    "server {addr} unavailable after {attempts} attempt{plural}: {last}"
+                )
             }
             Error::Timeout => write!(f, "timed out waiting for the lock"),
             Error::Cancelled => write!(f, "lock wait cancelled"),

@@ -1,7 +1,7 @@
 //! Blocking client library for ringlock (and any Locking-Center server).
 //!
 //! std only: no async runtime, no io_uring. Each operation opens its own TCP
-//! connection (PROTOCOL.md Part 1); a granted lock keeps the connection it
+//! connection (docs/protocol.md); a granted lock keeps the connection it
 //! was granted on so that its [`Guard`] can send Unlock on it later.
 //!
 //! ```no_run
@@ -59,12 +59,14 @@
 //!   default, see [`ClientBuilder::tcp_keepalive`]) turns a silently dead
 //!   path into an error instead of a wait that never ends.
 
+mod addr;
 mod conn;
 mod error;
 mod guard;
 mod retry;
 mod wire;
 
+pub use addr::ToServerAddrs;
 pub use conn::CancelToken;
 pub use error::{Error, Result};
 pub use guard::Guard;
@@ -72,7 +74,7 @@ pub use retry::RetryPolicy;
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -135,8 +137,8 @@ impl LockOptions {
 /// Builds a [`Client`]. Created by [`Client::builder`].
 #[derive(Debug)]
 pub struct ClientBuilder {
-    addrs: io::Result<Vec<SocketAddr>>,
-    admin_addr: Option<io::Result<Vec<SocketAddr>>>,
+    addrs: Result<Vec<SocketAddr>>,
+    admin_addr: Option<Result<Vec<SocketAddr>>>,
     source: Vec<u8>,
     connect_timeout: Duration,
     io_timeout: Duration,
@@ -153,9 +155,10 @@ impl ClientBuilder {
     }
 
     /// The admin port's address, used by [`Client::keys`] and to resolve
-    /// ambiguous outcomes. Default: the lock address with port + 1.
-    pub fn admin_addr(mut self, addr: impl ToSocketAddrs) -> Self {
-        self.admin_addr = Some(addr.to_socket_addrs().map(Iterator::collect));
+    /// ambiguous outcomes. Default: the lock address with port + 1. A host
+    /// without a port gets port [`DEFAULT_PORT`] + 1.
+    pub fn admin_addr(mut self, addr: impl ToServerAddrs) -> Self {
+        self.admin_addr = Some(addr.to_server_addrs(DEFAULT_PORT + 1));
         self
     }
 
@@ -187,12 +190,14 @@ impl ClientBuilder {
         self
     }
 
-    /// Resolves the addresses and validates the source. Opens no connection.
+    /// Validates the source and the addresses (resolved when the builder
+    /// was created). Opens no connection. A bad address is
+    /// [`Error::InvalidAddress`].
     pub fn build(self) -> Result<Client> {
         wire::validate_source(&self.source)?;
-        let addrs = resolved(self.addrs)?;
+        let addrs = self.addrs?;
         let admin_addrs = match self.admin_addr {
-            Some(admin) => resolved(admin)?,
+            Some(admin) => admin?,
             None => addrs
                 .iter()
                 .map(|a| SocketAddr::new(a.ip(), a.port().wrapping_add(1)))
@@ -210,17 +215,6 @@ impl ClientBuilder {
             }),
         })
     }
-}
-
-fn resolved(addrs: io::Result<Vec<SocketAddr>>) -> Result<Vec<SocketAddr>> {
-    let addrs = addrs.map_err(Error::io)?;
-    if addrs.is_empty() {
-        return Err(Error::io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "address resolved to nothing",
-        )));
-    }
-    Ok(addrs)
 }
 
 #[derive(Debug)]
@@ -254,10 +248,14 @@ enum UnaryFail {
 }
 
 impl Client {
-    /// Starts building a client for the lock server at `addr`.
-    pub fn builder(addr: impl ToSocketAddrs) -> ClientBuilder {
+    /// Starts building a client for the lock server at `addr`: `"HOST"`
+    /// (port [`DEFAULT_PORT`]), `"HOST:PORT"`, `"[IPV6]:PORT"`, a
+    /// [`SocketAddr`] or anything else that is [`ToServerAddrs`]. A host
+    /// name is resolved here, once; [`build`](ClientBuilder::build) reports a
+    /// bad address as [`Error::InvalidAddress`].
+    pub fn builder(addr: impl ToServerAddrs) -> ClientBuilder {
         ClientBuilder {
-            addrs: addr.to_socket_addrs().map(Iterator::collect),
+            addrs: addr.to_server_addrs(DEFAULT_PORT),
             admin_addr: None,
             source: Vec::new(),
             connect_timeout: Duration::from_secs(3),
@@ -268,7 +266,7 @@ impl Client {
     }
 
     /// A client for `addr` with default options.
-    pub fn new(addr: impl ToSocketAddrs) -> Result<Client> {
+    pub fn new(addr: impl ToServerAddrs) -> Result<Client> {
         Self::builder(addr).build()
     }
 
@@ -316,7 +314,8 @@ impl Client {
             if opts.deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout);
             }
-            let mut conn = self.connect(&self.cfg.addrs, &mut streak, opts.deadline, cancel)?;
+            let (mut conn, peer) =
+                self.connect(&self.cfg.addrs, &mut streak, opts.deadline, cancel)?;
             let endpoint = conn.local_addr().ok();
             if let Some(idle) = self.cfg.keepalive {
                 // Best effort: a wait without keepalive still works.
@@ -326,7 +325,7 @@ impl Client {
                 // An incomplete frame has no effect; closing withdraws a
                 // complete one that was queued.
                 drop(conn);
-                self.backoff(&mut streak, err, opts.deadline, cancel)?;
+                self.backoff(&mut streak, err, peer, opts.deadline, cancel)?;
                 continue;
             }
             let sent_at = Instant::now();
@@ -344,7 +343,7 @@ impl Client {
                         // EOF without `+`: the server dropped us while we were
                         // queued (a `+` would have arrived before the FIN).
                         // Re-queue under the retry policy.
-                        self.requeue(&mut streak, sent_at, None, opts, cancel)?;
+                        self.requeue(&mut streak, sent_at, None, peer, opts, cancel)?;
                         continue;
                     }
                     Err(err) => {
@@ -353,7 +352,7 @@ impl Client {
                         if let Ok(true) = self.held_by(key, endpoint) {
                             return Ok(Guard::new(self.clone(), key, None, endpoint));
                         }
-                        self.requeue(&mut streak, sent_at, Some(err), opts, cancel)?;
+                        self.requeue(&mut streak, sent_at, Some(err), peer, opts, cancel)?;
                         continue;
                     }
                 },
@@ -369,6 +368,7 @@ impl Client {
         streak: &mut Streak,
         sent_at: Instant,
         err: Option<io::Error>,
+        peer: SocketAddr,
         opts: &LockOptions,
         cancel: Option<&CancelToken>,
     ) -> Result<()> {
@@ -383,7 +383,7 @@ impl Client {
                 "server closed the connection while the lock was queued",
             )
         });
-        self.backoff(streak, err, opts.deadline, cancel)
+        self.backoff(streak, err, peer, opts.deadline, cancel)
     }
 
     /// The exact-cancellation protocol: half-close, then read until EOF.
@@ -494,7 +494,7 @@ impl Client {
 
     fn keys_with(&self, streak: &mut Streak) -> Result<Vec<KeyInfo>> {
         loop {
-            let mut conn = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
+            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
             let err = match self.send(&mut conn, b"KEYS") {
                 Ok(()) => match self.read_keys(&mut conn) {
                     Ok(keys) => return Ok(keys),
@@ -504,7 +504,7 @@ impl Client {
                 Err(err) => err,
             };
             // KEYS is read-only, so any failure is safe to retry.
-            self.backoff(streak, err, None, None)?;
+            self.backoff(streak, err, peer, None, None)?;
         }
     }
 
@@ -564,12 +564,12 @@ impl Client {
     fn unary(&self, frame: &[u8]) -> Result<(Reply, TcpStream), UnaryFail> {
         let mut streak = Streak::new(self.cfg.retry);
         loop {
-            let mut conn = self
+            let (mut conn, peer) = self
                 .connect(&self.cfg.addrs, &mut streak, None, None)
                 .map_err(UnaryFail::Final)?;
             if let Err(err) = self.send(&mut conn, frame) {
                 drop(conn);
-                self.backoff(&mut streak, err, None, None)
+                self.backoff(&mut streak, err, peer, None, None)
                     .map_err(UnaryFail::Final)?;
                 continue;
             }
@@ -597,13 +597,14 @@ impl Client {
     }
 
     /// Connects to the first address that answers, retrying per the policy.
+    /// Returns the connection and the address it reached (for errors).
     fn connect(
         &self,
         addrs: &[SocketAddr],
         streak: &mut Streak,
         deadline: Option<Instant>,
         cancel: Option<&CancelToken>,
-    ) -> Result<TcpStream> {
+    ) -> Result<(TcpStream, SocketAddr)> {
         loop {
             let mut last = None;
             for addr in addrs {
@@ -618,13 +619,13 @@ impl Client {
                     Ok(conn) => {
                         // Requests are tiny and latency-bound.
                         let _ = conn.set_nodelay(true);
-                        return Ok(conn);
+                        return Ok((conn, *addr));
                     }
-                    Err(err) => last = Some(err),
+                    Err(err) => last = Some((*addr, err)),
                 }
             }
-            let err = last.expect("a resolved client has at least one address");
-            self.backoff(streak, err, deadline, cancel)?;
+            let (addr, err) = last.expect("a resolved client has at least one address");
+            self.backoff(streak, err, addr, deadline, cancel)?;
         }
     }
 
@@ -633,6 +634,7 @@ impl Client {
         &self,
         streak: &mut Streak,
         err: io::Error,
+        addr: SocketAddr,
         deadline: Option<Instant>,
         cancel: Option<&CancelToken>,
     ) -> Result<()> {
@@ -645,6 +647,7 @@ impl Client {
                 }
             }
             None => Err(Error::Unavailable {
+                addr,
                 attempts: streak.attempts,
                 last: Arc::new(err),
             }),

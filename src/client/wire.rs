@@ -1,4 +1,5 @@
-//! Pure frame codec for the client side of PROTOCOL.md Parts 1 and 2.
+//! Pure frame codec for the client side of the lock port and the admin
+//! port (docs/protocol.md).
 //!
 //! No sockets and no clocks here: everything is bytes in, bytes or values
 //! out, so the codec is unit-tested without a server. Validation happens here

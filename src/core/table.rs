@@ -10,10 +10,10 @@
 //!   is free **never** has waiters (a release grants the queue's head in the
 //!   same call), so `holder.is_none()` implies an empty queue.
 //! - Waiters of one key are served in strict FIFO order (intrusive list
-//!   over `waiters`, link slot [`W_KEY`]).
+//!   over `waiters`, link slot `W_KEY`).
 //! - Every waiter and every held key is also linked on its source's lists,
 //!   so ResetBySource touches only what that source owns.
-//! - Held keys are linked in grant order ([`K_AGE`]), so the oldest hold is
+//! - Held keys are linked in grant order (`K_AGE`), so the oldest hold is
 //!   the head: O(1) for the stuck-lock metric.
 //! - Every grant gets a unique, increasing `grant_id`. A connection that must
 //!   give back a grant it could not deliver names it by `(key slot,

@@ -10,6 +10,7 @@
 
 pub mod log;
 pub mod record;
+mod refusal;
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -231,8 +232,13 @@ pub fn replay(
                 records_before,
             } => {
                 if truncate_at != Some(offset) {
-                    return Err(format!(
-                        "{shown}: corrupt log at byte offset {offset} ({reason}); {records_before} records before it are intact. Refusing to start. To drop the record at that offset and everything after it, keep a copy (cp {shown} {shown}.bak) and run: ringlockd --data-path {shown} --wal-truncate-at {offset}"
+                    let intact = &data[..(offset as usize).min(data.len())];
+                    return Err(refusal::corrupt_log(
+                        shown,
+                        offset,
+                        reason,
+                        records_before,
+                        intact,
                     ));
                 }
                 rec.truncated_at = Some(offset);

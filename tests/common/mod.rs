@@ -159,6 +159,12 @@ impl Server {
     pub fn connect_oneshot(&self) -> Conn {
         Conn::connect(self.lock_addr)
     }
+
+    /// The metrics address (the server must have `--metrics-bind`).
+    pub fn metrics(&self) -> SocketAddr {
+        self.metrics_addr
+            .expect("server started with --metrics-bind")
+    }
 }
 
 impl Drop for Server {
@@ -370,8 +376,9 @@ pub fn admin_names(admin: SocketAddr, cmd: &[u8; 4], names: &[&[u8]]) -> Vec<u8>
     out
 }
 
-/// Runs `promtool check metrics` on `text`; true when it passes or when
-/// promtool is not installed (then the end-to-end test and CI cover it).
+/// Runs `promtool check metrics` on `text`; true when it passes. A missing
+/// promtool fails the test: CI installs it (`.ci/run`, Debian package
+/// `prometheus`), and a check that silently skips proves nothing.
 pub fn promtool_check_metrics(text: &str) -> bool {
     use std::process::Stdio;
     let child = Command::new("promtool")
@@ -382,10 +389,9 @@ pub fn promtool_check_metrics(text: &str) -> bool {
         .spawn();
     let mut child = match child {
         Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("promtool not on PATH; skipping promtool check metrics");
-            return true;
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "promtool is not on PATH: install it (Debian: apt-get install prometheus; .ci/run does)"
+        ),
         Err(e) => panic!("spawning promtool: {e}"),
     };
     child
@@ -403,4 +409,35 @@ pub fn promtool_check_metrics(text: &str) -> bool {
         );
     }
     out.status.success()
+}
+
+/// One unlabelled series (`ringlock_queued_waiters`, …) from the `/metrics`
+/// at `addr` (a server started with `--metrics-bind 127.0.0.1:0`; see
+/// [`Server::metrics`]).
+pub fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let mut c = TcpStream::connect(addr).expect("connect to the metrics port");
+    c.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+        .expect("request");
+    let mut text = String::new();
+    c.read_to_string(&mut text).expect("answer");
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {name} in:\n{text}"))
+}
+
+/// Polls `/metrics` until `name` reads `want`: the loop publishes its
+/// gauges once per tick, so this is the signal that a request reached a
+/// given state (queued, withdrawn, …). Bounded, so a hang fails.
+pub fn wait_metric(addr: SocketAddr, name: &str, want: f64) {
+    for _ in 0..10_000 {
+        if metric(addr, name) == want {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("{name} never reached {want} (now {})", metric(addr, name));
 }

@@ -862,6 +862,10 @@ impl World {
                     }
                     Cmd::DiscardTemp => self.disk.temp = None,
                     Cmd::Farewell(_) => {}
+                    // One shard: a scatter is this shard's alone.
+                    Cmd::Scatter { id, op } => self.shard.on_remote(0, id, op),
+                    Cmd::Reply { id, result, .. } => self.shard.on_reply(id, result),
+                    Cmd::Migrate { .. } => self.fail("a migration with one shard".into()),
                 }
             }
             self.cmds = cmds;

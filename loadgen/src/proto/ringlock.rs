@@ -1,4 +1,4 @@
-//! Locking-Center protocol (PROTOCOL.md part 1): one action byte, `i8` sized
+//! Locking-Center protocol (docs/protocol.md, lock port): one action byte, `i8` sized
 //! key and source, one reply byte `+`, `-` or `#`.
 
 use super::{Codec, Op, Reply};

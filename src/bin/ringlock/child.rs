@@ -1,0 +1,156 @@
+//! Signals and the child command of `lock` / `try-lock`.
+//!
+//! While a lock wait is in progress, SIGINT/SIGTERM/SIGHUP cancel it through
+//! the wait's [`CancelToken`] (exact withdrawal, exit 128+N). While the
+//! command runs they are forwarded to it; a terminal's ^C already reached it
+//! through the process group and is not sent twice. Everything the handler
+//! touches is an atomic, so it is async-signal-safe.
+
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use ringlock::client::CancelToken;
+
+use crate::{Fail, EX_CANNOT_EXEC, EX_NOT_FOUND, EX_SOFTWARE};
+
+/// The child's pid while it runs (0 otherwise).
+static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+/// The cancel token's eventfd while a lock wait is in progress (-1 otherwise).
+pub static CANCEL_FD: AtomicI32 = AtomicI32::new(-1);
+/// The last forwarded-or-cancelling signal received.
+static GOT_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+pub fn got_signal() -> i32 {
+    GOT_SIGNAL.load(Ordering::SeqCst)
+}
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // Async-signal-safe only: atomics, kill(2), write(2).
+    GOT_SIGNAL.store(sig, Ordering::SeqCst);
+    let pid = CHILD_PID.load(Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+        let code = unsafe { (*info).si_code };
+        // A terminal's ^C (SI_KERNEL) already reached the child through the
+        // foreground process group; sending it again would double it.
+        if code != libc::SI_KERNEL {
+            // SAFETY: plain syscall; `pid` is an unreaped child (see run_child).
+            unsafe { libc::kill(pid, sig) };
+        }
+    } else {
+        let fd = CANCEL_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            CancelToken::cancel_fd(fd);
+        }
+    }
+}
+
+pub fn install_handlers() -> Result<(), Fail> {
+    for sig in FORWARDED {
+        // SAFETY: a zeroed sigaction is valid; we set the handler and flags
+        // and pass pointers to live locals.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(Fail(
+                EX_SOFTWARE,
+                format!("sigaction: {}", io::Error::last_os_error()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Blocks (or unblocks) the forwarded signals in this thread.
+pub fn mask_signals(block: bool) {
+    // SAFETY: builds a sigset on the stack and passes it to pthread_sigmask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in FORWARDED {
+            libc::sigaddset(&mut set, sig);
+        }
+        let how = if block {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Runs the command with the forwarded signals blocked on entry; returns its
+/// exit code (128+N for death by signal N).
+pub fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (sigaction, pthread_sigmask) on locals.
+    unsafe {
+        command.pre_exec(|| {
+            // Our mask is inherited across exec (std does not reset it), and
+            // a signal landing before exec must not run our handler in the
+            // child: default dispositions first, then unblock.
+            for sig in FORWARDED {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            mask_signals(false);
+            Ok(())
+        });
+    }
+    let spawned = command.spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            mask_signals(false);
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => EX_NOT_FOUND,
+                _ => EX_CANNOT_EXEC,
+            };
+            return Err(Fail(code, format!("{}: {e}", argv[0].to_string_lossy())));
+        }
+    };
+    let pid = child.id() as i32;
+    CHILD_PID.store(pid, Ordering::SeqCst);
+    mask_signals(false);
+    // Wait without reaping, so the pid cannot be recycled while the handler
+    // may still signal it; then forget it and reap.
+    loop {
+        // SAFETY: siginfo is plain data the kernel fills in.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own child; `info` is a live out-parameter.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            break; // child.wait() below reports it.
+        }
+    }
+    CHILD_PID.store(0, Ordering::SeqCst);
+    let status = child
+        .wait()
+        .map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        (None, None) => EX_SOFTWARE,
+    })
+}
