@@ -12,6 +12,7 @@
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
 //! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
+//! | shards (event-loop threads) | `--threads` / `RINGLOCK_THREADS` | one per CPU in the affinity mask |
 //! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
@@ -52,6 +53,9 @@ pub struct Config {
     /// After `kill -9` the predecessor's io_uring can keep its listener
     /// bound for a while: binding is retried this long.
     pub bind_retry_ms: u64,
+    /// Shards (event loops, one thread each); 0 = one per CPU of the
+    /// process's affinity mask.
+    pub threads: usize,
     /// `/livez` (and `/readyz`, `/healthz`) fail once an event loop's last
     /// heartbeat is older than this.
     pub liveness_timeout_ms: u64,
@@ -74,6 +78,7 @@ impl Config {
             wal_truncate_at: None,
             faults: None,
             bind_retry_ms: 10_000,
+            threads: 0,
             liveness_timeout_ms: LIVENESS_TIMEOUT_MS_DEFAULT,
         }
     }

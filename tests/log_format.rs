@@ -291,6 +291,9 @@ impl Drop for Daemon {
 /// Every event the server documents; anything else in the log is forged.
 const EVENTS: &[&str] = &[
     "listening",
+    "shard_start",
+    "reshard",
+    "bind_retry",
     "limit_lowered",
     "recovery",
     "torn_tail_dropped",

@@ -73,7 +73,7 @@ fn allocations_in_steady_state(cfg: ringlock::config::Config) -> (u64, u64) {
     let metrics = Arc::new(ringlock::metrics::Metrics::new());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut server = ringlock::driver::Server::bind(cfg, metrics).expect("bind");
+        let server = ringlock::driver::Server::bind(cfg, metrics).expect("bind");
         tx.send(server.lock_addr()).unwrap();
         ON_SERVER.with(|c| c.set(true));
         server.run().expect("run");
@@ -100,6 +100,7 @@ fn config() -> ringlock::config::Config {
     let mut cfg = ringlock::config::Config::new("127.0.0.1:0".parse().unwrap());
     cfg.admin_bind = "127.0.0.1:0".parse().unwrap();
     cfg.max_connections = 64;
+    cfg.threads = 1;
     cfg
 }
 

@@ -36,6 +36,9 @@ OPTIONS:
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
     --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
                              retry binding for up to MS before giving up (default 10000; 0 = no retry)
+    --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
+                             keys spread over them by a fixed hash; env RINGLOCK_THREADS
+                             (default: one per CPU in the mask)
     --log-level LEVEL        error | warn | info | debug (default info)
     -h, --help               print this help
     -V, --version            print the version
@@ -45,6 +48,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     use lexopt::prelude::*;
     let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
     let mut bind_retry_ms: Option<u64> = None;
+    let mut threads: Option<usize> = match std::env::var("RINGLOCK_THREADS") {
+        Ok(v) if !v.is_empty() => Some(parse_threads(&v, "RINGLOCK_THREADS")?),
+        _ => None,
+    };
     let mut bind = match env_bind {
         Some(s) => config::parse_addr(&s).map_err(|e| format!("BIND_ADDRESS: {e}"))?,
         None => Config::default().bind,
@@ -127,6 +134,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 }
                 limits.push((name, n));
             }
+            "--threads" => {
+                let v = val("threads")?;
+                threads = Some(parse_threads(&v, "--threads")?);
+            }
             "--bind-retry-ms" => {
                 let v = val("bind-retry-ms")?;
                 bind_retry_ms = Some(
@@ -146,6 +157,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         }
     }
     let mut cfg = Config::new(bind);
+    cfg.threads = threads.unwrap_or_else(|| ringlock::driver::allowed_cpus().len());
     if let Some(ms) = bind_retry_ms {
         cfg.bind_retry_ms = ms;
     }
@@ -174,6 +186,15 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     Ok(Some((cfg, level)))
 }
 
+fn parse_threads(v: &str, what: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{what}: expected a number of shards from 1 to 1024, got {v:?}"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let (cfg, level) = match parse() {
         Ok(Some(v)) => v,
@@ -184,8 +205,8 @@ fn main() -> ExitCode {
         }
     };
     log::set_level(level);
-    let m = Arc::new(Metrics::new());
-    let mut server = match Server::bind(cfg.clone(), m.clone()) {
+    let m = Arc::new(Metrics::new_loops(cfg.threads));
+    let server = match Server::bind(cfg.clone(), m.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ringlockd: {e}");
@@ -218,7 +239,7 @@ fn main() -> ExitCode {
     ringlock::log!(
         Level::Info,
         "listening",
-        "lock={} admin={}{} data_path={} max_connections={} version={}",
+        "lock={} admin={}{} data_path={} max_connections={} shards={} version={}",
         server.lock_addr(),
         server.admin_addr(),
         metrics_field,
@@ -226,6 +247,7 @@ fn main() -> ExitCode {
             .as_deref()
             .map_or(log::Bytes(b"none"), log::path),
         server.config().max_connections,
+        server.config().threads,
         env!("CARGO_PKG_VERSION")
     );
     match server.run() {

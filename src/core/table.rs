@@ -245,6 +245,10 @@ impl Table {
         }
     }
 
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
     pub fn held_keys(&self) -> usize {
         self.by_age.len() as usize
     }

@@ -22,11 +22,13 @@
 
 pub mod buf;
 pub mod faults;
+pub mod mesh;
 
 use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
@@ -42,6 +44,7 @@ use crate::wal::log::{Chain, Log};
 use crate::wal::{self, LogFiles};
 use buf::{Lent, Slot};
 use faults::Faults;
+use mesh::{MeshEnd, Msg};
 
 /// The answer sent to connections refused over the limit.
 static REFUSED: [u8; 1] = [b'-'];
@@ -82,16 +85,47 @@ fn now() -> Now {
     }
 }
 
+/// The listen backlog: the kernel's cap (`net.core.somaxconn`), so a burst
+/// of connections after a stall waits in the queue, not on SYN retries.
+fn backlog() -> i32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(4096)
+}
+
 /// Binds a listener. After `kill -9`, the dead process's io_uring may keep
 /// its listener bound for a while (the ring's file references are dropped
-/// asynchronously): an address in use is retried for `retry_ms`.
-fn bind(addr: SocketAddr, what: &str, retry_ms: u64) -> io::Result<TcpListener> {
+/// asynchronously): an address in use is retried for `retry_ms`. With
+/// `reuse_port` every shard binds its own listener on the same address
+/// (SO_REUSEPORT) and the kernel spreads connections over them.
+fn listen(
+    addr: SocketAddr,
+    what: &str,
+    retry_ms: u64,
+    reuse_port: bool,
+) -> io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
     let started = std::time::Instant::now();
     let mut logged = false;
-    let l = loop {
-        // std sets SO_REUSEADDR on Unix listeners.
-        match TcpListener::bind(addr) {
-            Ok(l) => break l,
+    let sock = loop {
+        let attempt = (|| {
+            let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+            sock.set_reuse_address(true)?;
+            if reuse_port {
+                sock.set_reuse_port(true)?;
+            }
+            // Accepted sockets inherit TCP_NODELAY from the listener on
+            // Linux: our one-byte answers must never wait for Nagle.
+            sock.set_tcp_nodelay(true)?;
+            sock.set_cloexec(true)?;
+            sock.bind(&addr.into())?;
+            sock.listen(backlog())?;
+            Ok::<_, io::Error>(sock)
+        })();
+        match attempt {
+            Ok(s) => break s,
             Err(e)
                 if e.kind() == io::ErrorKind::AddrInUse
                     && started.elapsed().as_millis() < retry_ms as u128 =>
@@ -122,20 +156,7 @@ fn bind(addr: SocketAddr, what: &str, retry_ms: u64) -> io::Result<TcpListener> 
             }
         }
     };
-    // Accepted sockets inherit TCP_NODELAY from the listener on Linux: our
-    // one-byte answers must never wait for Nagle.
-    let one: libc::c_int = 1;
-    // SAFETY: valid fd and option pointer/length.
-    unsafe {
-        libc::setsockopt(
-            l.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            &one as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as u32,
-        );
-    }
-    Ok(l)
+    Ok(sock.into())
 }
 
 fn peer_of(fd: RawFd) -> SocketAddr {
@@ -223,14 +244,30 @@ fn block_signals() -> io::Result<RawFd> {
     }
 }
 
+/// Answers `-` (best effort) and closes a socket no shard will serve.
+fn refuse_fd(fd: RawFd) {
+    // SAFETY: `fd` is an open socket this thread owns and no op references;
+    // one static byte.
+    unsafe {
+        libc::send(
+            fd,
+            REFUSED.as_ptr() as *const libc::c_void,
+            1,
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        );
+        libc::close(fd);
+    }
+}
+
 /// The completion queue must hold every op that can be in flight at once.
 fn cq_entries_for(max_conns: usize) -> u32 {
     let need = max_conns * OPS_PER_CONN + LOG_OPS + FIXED_OPS;
     (need.max(2 * RING_ENTRIES as usize)).next_power_of_two() as u32
 }
 
-fn build_ring(max_conns: usize) -> io::Result<IoUring> {
-    let cq = cq_entries_for(max_conns);
+fn build_ring(max_conns: usize, shards: usize) -> io::Result<IoUring> {
+    // Doorbells from the other shards land in this ring's CQ as well.
+    let cq = cq_entries_for(max_conns + 4 * shards);
     let mut b = IoUring::builder();
     b.setup_cqsize(cq)
         .setup_single_issuer()
@@ -259,6 +296,9 @@ struct DConn {
     sent: usize,
     closing: bool,
     cancel_submitted: bool,
+    /// The shard hands this connection to that shard once its receive is
+    /// back (cancelled or completed).
+    migrate_to: Option<usize>,
 }
 
 impl DConn {
@@ -271,6 +311,7 @@ impl DConn {
             sent: 0,
             closing: false,
             cancel_submitted: false,
+            migrate_to: None,
         }
     }
 }
@@ -302,11 +343,13 @@ struct LogIo {
 const CHAIN_RECORDS: u32 = 0;
 const CHAIN_COMPACT: u32 = 1;
 
-pub struct Server {
+/// One event loop: a shard and the io_uring that serves it, on one thread.
+struct Loop {
     ring: IoUring,
     lock_listener: TcpListener,
     admin_listener: TcpListener,
-    signal_fd: RawFd,
+    /// Only shard 0 reads the signalfd; it tells the others to stop.
+    signal_fd: Option<RawFd>,
     signal_buf: Box<libc::signalfd_siginfo>,
     conns: Vec<DConn>,
     shard: Shard,
@@ -320,9 +363,14 @@ pub struct Server {
     /// Connections closed in this pass, reported to the shard after it.
     closed: Vec<Token>,
     stop_requested: bool,
+    /// Links to the other shards (none with one shard).
+    mesh: Option<MeshEnd>,
+    /// Every shard's ring fd (the doorbells' targets).
+    ring_fds: Arc<Vec<AtomicI32>>,
+    inbox: Vec<Msg>,
 }
 
-impl Drop for Server {
+impl Drop for Loop {
     /// Ops may still be in flight when the server stops (armed receives):
     /// their buffers are leaked, never freed under the kernel.
     fn drop(&mut self) {
@@ -346,31 +394,95 @@ impl Drop for Server {
     }
 }
 
+/// What one shard starts with: its listeners, its recovered table and log.
+struct Part {
+    lock: TcpListener,
+    admin: TcpListener,
+    table: Table,
+    log: Option<(LogFiles, Log)>,
+    faults: Faults,
+}
+
+/// The CPUs this process may run on (its affinity mask), in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes
+    // into the zeroed set on the stack.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
+        if cpus.is_empty() {
+            vec![0]
+        } else {
+            cpus
+        }
+    }
+}
+
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// The server before it runs: logs recovered, every shard's listeners
+/// bound, signals blocked. [`Server::run`] starts one event loop per shard.
+pub struct Server {
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    parts: Vec<Part>,
+    signal_fd: RawFd,
+    lock_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    cpus: Vec<usize>,
+}
+
 impl Server {
-    /// Recovers the log (durable mode), binds both ports and prepares the
-    /// ring; nothing is served yet.
+    /// Recovers the logs (durable mode), binds both ports for every shard
+    /// and blocks SIGINT/SIGTERM (threads started afterwards inherit the
+    /// mask); nothing is served yet.
     pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
         fit_fd_limit(&mut cfg);
-        let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
-        })?;
-        let mut table = Table::new(crate::core::Limits {
+        let cpus = allowed_cpus();
+        if cfg.threads == 0 {
+            cfg.threads = cpus.len();
+        }
+        let n = cfg.threads;
+        if metrics.shards() < n {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the metrics registry has {} loop slots for {n} shards",
+                    metrics.shards()
+                ),
+            ));
+        }
+        let limits = crate::core::Limits {
             max_keys: cfg.max_keys,
             max_waiters: cfg.max_waiters,
-        });
-        let (log, log_io) = match &cfg.data_path {
-            None => (None, None),
-            Some(path) => {
-                let started = std::time::Instant::now();
-                let (files, rec) = wal::open(path, &mut table, cfg.wal_truncate_at, now())
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                let us = started.elapsed().as_micros() as u64;
-                metrics.set_recovery_us(us);
+        };
+        let mut tables: Vec<Table> = (0..n).map(|_| Table::new(limits)).collect();
+        let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
+        if let Some(path) = &cfg.data_path {
+            let started = std::time::Instant::now();
+            let opened = wal::set::open(path, &mut tables, cfg.wal_truncate_at, now())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let us = started.elapsed().as_micros() as u64;
+            metrics.set_recovery_us(us);
+            for (i, (files, rec)) in opened.into_iter().enumerate() {
                 log!(
                     Level::Info,
                     "recovery",
-                    "path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
-                    crate::log::path(path),
+                    "shard={} path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
+                    i,
+                    crate::log::path(&files.path),
                     rec.records,
                     rec.held,
                     rec.file_bytes,
@@ -383,7 +495,7 @@ impl Server {
                         Level::Warn,
                         "torn_tail_dropped",
                         "path={} bytes={}",
-                        path.display(),
+                        crate::log::path(&files.path),
                         rec.torn_bytes
                     );
                 }
@@ -392,33 +504,193 @@ impl Server {
                         Level::Warn,
                         "corrupt_tail_truncated",
                         "path={} offset={} by=operator",
-                        path.display(),
+                        crate::log::path(&files.path),
                         o
                     );
                 }
-                let log = Log::new(files.file_len, &table, cfg.compact_floor_bytes);
-                let io = LogIo {
+                let log = Log::new(files.file_len, &tables[i], cfg.compact_floor_bytes);
+                logs[i] = Some((files, log));
+            }
+        }
+        let multi = n > 1;
+        let mut parts = Vec::with_capacity(n);
+        let mut lock_addr = cfg.bind;
+        let mut admin_addr = cfg.admin_bind;
+        for (i, (table, log)) in tables.into_iter().zip(logs).enumerate() {
+            let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi)?;
+            let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi)?;
+            if i == 0 {
+                // Port 0 picks a port once; every other shard joins it.
+                lock_addr = lock.local_addr()?;
+                admin_addr = admin.local_addr()?;
+            }
+            let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
+            })?;
+            parts.push(Part {
+                lock,
+                admin,
+                table,
+                log,
+                faults,
+            });
+        }
+        let signal_fd = block_signals()?;
+        Ok(Server {
+            cfg,
+            metrics,
+            parts,
+            signal_fd,
+            lock_addr,
+            admin_addr,
+            cpus,
+        })
+    }
+
+    pub fn lock_addr(&self) -> SocketAddr {
+        self.lock_addr
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The configuration in force (limits may have been fitted at bind).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Serves until SIGINT/SIGTERM: shard 0 on the calling thread, every
+    /// other shard on a thread of its own, each pinned to one CPU of the
+    /// affinity mask. Returns after every shard answered its queued
+    /// waiters `-`.
+    pub fn run(self) -> io::Result<()> {
+        let n = self.parts.len();
+        let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
+        let barrier = Arc::new(std::sync::Barrier::new(n));
+        let mut meshes: Vec<Option<MeshEnd>> = if n > 1 {
+            mesh::build(n).into_iter().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let pin = n > 1;
+        let mut handles = Vec::new();
+        let mut parts = self.parts.into_iter().enumerate();
+        let (_, first) = parts.next().expect("at least one shard");
+        for (i, part) in parts {
+            let cfg = self.cfg.clone();
+            let metrics = self.metrics.clone();
+            let mesh = meshes[i].take();
+            let (fds, barrier) = (ring_fds.clone(), barrier.clone());
+            let cpu = self.cpus[i % self.cpus.len()];
+            let h = std::thread::Builder::new()
+                .name(format!("ringlock-shard-{i}"))
+                .spawn(move || {
+                    run_shard(i, n, cpu, pin, cfg, metrics, part, mesh, None, fds, barrier)
+                })?;
+            handles.push(h);
+        }
+        let cpu = self.cpus[0];
+        let mesh = meshes[0].take();
+        let mut result = run_shard(
+            0,
+            n,
+            cpu,
+            pin,
+            self.cfg,
+            self.metrics,
+            first,
+            mesh,
+            Some(self.signal_fd),
+            ring_fds,
+            barrier,
+        );
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a shard thread panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+}
+
+/// Builds shard `i`'s loop on this thread (the ring must be created by the
+/// thread that submits to it) and runs it.
+#[allow(clippy::too_many_arguments)] // the parts of one shard, moved in once
+fn run_shard(
+    i: usize,
+    n: usize,
+    cpu: usize,
+    pin: bool,
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    part: Part,
+    mesh: Option<MeshEnd>,
+    signal_fd: Option<RawFd>,
+    ring_fds: Arc<Vec<AtomicI32>>,
+    barrier: Arc<std::sync::Barrier>,
+) -> io::Result<()> {
+    let pinned = pin && pin_to(cpu);
+    let built = Loop::new(i, n, cfg, metrics, part, mesh, signal_fd, ring_fds.clone());
+    // Everyone publishes its ring (or that it has none) before anyone runs:
+    // a doorbell needs the target's ring fd.
+    let fd = built.as_ref().map_or(-2, |l| l.ring.as_raw_fd());
+    ring_fds[i].store(fd, Ordering::Release);
+    barrier.wait();
+    let mut lp = built?;
+    if ring_fds.iter().any(|f| f.load(Ordering::Acquire) < 0) {
+        return Err(io::Error::other("another shard failed to start"));
+    }
+    log!(
+        Level::Info,
+        "shard_start",
+        "shard={} of={} cpu={} pinned={}",
+        i,
+        n,
+        cpu,
+        pinned
+    );
+    lp.run()
+}
+
+impl Loop {
+    #[allow(clippy::too_many_arguments)] // the parts of one shard, moved in once
+    fn new(
+        index: usize,
+        n: usize,
+        cfg: Config,
+        metrics: Arc<Metrics>,
+        part: Part,
+        mesh: Option<MeshEnd>,
+        signal_fd: Option<RawFd>,
+        ring_fds: Arc<Vec<AtomicI32>>,
+    ) -> io::Result<Loop> {
+        let ring = build_ring(cfg.max_connections, n)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
+        let cap = cfg.max_connections.min(65_536);
+        let (log, log_io) = match part.log {
+            None => (None, None),
+            Some((files, log)) => (
+                Some(log),
+                Some(LogIo {
                     files,
                     temp: None,
                     temp_renamed: false,
                     records: None,
                     compact: None,
-                    faults,
-                };
-                (Some(log), Some(io))
-            }
+                    faults: part.faults,
+                }),
+            ),
         };
-        let lock_listener = bind(cfg.bind, "lock", cfg.bind_retry_ms)?;
-        let admin_listener = bind(cfg.admin_bind, "admin", cfg.bind_retry_ms)?;
-        let ring = build_ring(cfg.max_connections)
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
-        let signal_fd = block_signals()?;
-        let cap = cfg.max_connections.min(65_536);
-        let shard = Shard::new(cfg, table, log, metrics.clone(), now());
-        Ok(Server {
+        let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
+        shard.place(index, n);
+        Ok(Loop {
             ring,
-            lock_listener,
-            admin_listener,
+            lock_listener: part.lock,
+            admin_listener: part.admin,
             signal_fd,
             // SAFETY: signalfd_siginfo is plain old data; all-zero is valid.
             signal_buf: Box::new(unsafe { std::mem::zeroed() }),
@@ -431,28 +703,10 @@ impl Server {
             landings: Vec::new(),
             closed: Vec::with_capacity(1024),
             stop_requested: false,
+            mesh,
+            ring_fds,
+            inbox: Vec::new(),
         })
-    }
-
-    pub fn lock_addr(&self) -> SocketAddr {
-        self.lock_listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    }
-
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin_listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    }
-
-    /// The configuration in force (limits may have been fitted at bind).
-    pub fn config(&self) -> &Config {
-        self.shard.config()
-    }
-
-    pub fn table(&self) -> &Table {
-        self.shard.table()
     }
 
     /// Pushes one SQE. A full submission queue is submitted; if the kernel
@@ -514,7 +768,7 @@ impl Server {
     fn arm_signal(&mut self) {
         let buf = &mut *self.signal_buf as *mut libc::signalfd_siginfo as *mut u8;
         let sqe = opcode::Read::new(
-            types::Fd(self.signal_fd),
+            types::Fd(self.signal_fd.expect("the shard that reads signals")),
             buf,
             std::mem::size_of::<libc::signalfd_siginfo>() as u32,
         )
@@ -527,18 +781,21 @@ impl Server {
 
     /// Serves until SIGINT/SIGTERM. Returns after queued waiters were
     /// answered `-`.
-    pub fn run(&mut self) -> io::Result<()> {
+    fn run(&mut self) -> io::Result<()> {
         self.arm_accept(Port::Lock);
         self.arm_accept(Port::Admin);
-        self.arm_signal();
+        if self.signal_fd.is_some() {
+            self.arm_signal();
+        }
         // Recovery may have restored held keys: publish before serving.
         self.shard.begin_tick(now());
         self.shard.end_tick();
         self.metrics.set_ready();
+        let me = self.shard.index();
         loop {
             self.wait()?;
             let t = now();
-            self.metrics.loop_heartbeat(0, t.mono_us / 1000);
+            self.metrics.loop_heartbeat(me, t.mono_us / 1000);
             self.shard.begin_tick(t);
             self.drain();
             let mut cqes = std::mem::take(&mut self.cqes);
@@ -549,12 +806,113 @@ impl Server {
             if self.cqes.is_empty() {
                 self.cqes = cqes;
             }
+            self.take_messages();
             if self.stop_requested {
                 self.shard.stop();
             }
             self.settle();
+            self.ring_doorbells();
             if self.stop_requested {
+                // The Stop doorbells (and farewells) must reach the kernel.
+                let _ = self.ring.submit();
                 return Ok(());
+            }
+        }
+    }
+
+    /// Handles what the other shards sent.
+    fn take_messages(&mut self) {
+        let Some(mesh) = self.mesh.as_mut() else {
+            return;
+        };
+        let mut inbox = std::mem::take(&mut self.inbox);
+        mesh.drain(&mut inbox);
+        for m in inbox.drain(..) {
+            match m {
+                Msg::Adopt { fd, conn } => self.adopt(fd, conn),
+                Msg::Request { from, id, op } => self.shard.on_remote(from, id, op),
+                Msg::Reply { id, result } => self.shard.on_reply(id, result),
+                Msg::Stop => self.stop_requested = true,
+            }
+        }
+        self.inbox = inbox;
+    }
+
+    /// Flushes the outboxes and wakes every shard that got messages.
+    fn ring_doorbells(&mut self) {
+        let Some(mesh) = self.mesh.as_mut() else {
+            return;
+        };
+        mesh.flush();
+        let me = mesh.me;
+        let targets: Vec<usize> = (0..mesh.shards()).filter(|&t| mesh.to_ring[t]).collect();
+        for t in targets {
+            self.mesh.as_mut().expect("a mesh").to_ring[t] = false;
+            let fd = self.ring_fds[t].load(Ordering::Acquire);
+            let sqe = opcode::MsgRingData::new(
+                types::Fd(fd),
+                0,
+                ring_io::encode(Op::Mesh, 0, me as u32),
+                None,
+            )
+            .build()
+            .user_data(ring_io::encode(Op::Ignore, 0, 0));
+            // SAFETY: references no buffer; the target ring's fd stays open
+            // while its shard runs (a doorbell to a stopped shard fails with
+            // EBADF, which is ignored).
+            unsafe { self.push(sqe) };
+        }
+    }
+
+    /// Hands a connection over from another shard.
+    fn adopt(&mut self, fd: RawFd, conn: crate::shard::Detached) {
+        let Some(token) = self.shard.on_adopt(&conn) else {
+            refuse_fd(fd);
+            return;
+        };
+        let slot = token as u32 as usize;
+        while self.conns.len() <= slot {
+            self.conns.push(DConn::new());
+        }
+        let c = &mut self.conns[slot];
+        assert_eq!(c.token, 0, "the shard reused a slot the driver still holds");
+        c.token = token;
+        c.fd = fd;
+        c.sent = 0;
+        c.closing = false;
+        c.cancel_submitted = false;
+        c.migrate_to = None;
+        if !conn.read_closed {
+            self.arm_recv(slot);
+        }
+        self.shard.resume(token);
+    }
+
+    /// A Migrating connection's receive is back: send it to its new shard.
+    fn finish_migrate(&mut self, slot: usize) {
+        let c = &mut self.conns[slot];
+        let Some(to) = c.migrate_to.take() else {
+            return;
+        };
+        let token = c.token;
+        match self.shard.detach(token) {
+            Some(d) => {
+                let c = &mut self.conns[slot];
+                let fd = c.fd;
+                c.token = 0;
+                c.fd = -1;
+                c.closing = false;
+                c.cancel_submitted = false;
+                let mesh = self.mesh.as_mut().expect("a migration needs a mesh");
+                if let Err(Msg::Adopt { fd, .. }) = mesh.send(to, Msg::Adopt { fd, conn: d }) {
+                    log!(Level::Warn, "limit_reached", "limit=shard_queue to={}", to);
+                    refuse_fd(fd);
+                }
+            }
+            // It died meanwhile: the shard asked for a close.
+            None => {
+                self.conns[slot].closing = true;
+                self.maybe_close(slot);
             }
         }
     }
@@ -605,11 +963,15 @@ impl Server {
         // Wake at least every heartbeat interval, idle or not: liveness
         // (/livez) reads the heartbeat.
         let beat_us = crate::config::HEARTBEAT_INTERVAL_MS * 1000;
-        let timeout_us = Some(
+        let mut timeout_us = Some(
             self.shard
                 .next_deadline_us()
                 .map_or(beat_us, |d| d.saturating_sub(t).clamp(1000, beat_us)),
         );
+        if self.mesh.as_ref().is_some_and(|m| m.backlogged()) {
+            // Messages wait for queue space: come back soon.
+            timeout_us = Some(1000);
+        }
         let r = match timeout_us {
             None => self.ring.submit_and_wait(1),
             Some(us) => {
@@ -683,10 +1045,18 @@ impl Server {
                         self.signal_buf.ssi_signo
                     );
                     self.stop_requested = true;
+                    if let Some(mesh) = self.mesh.as_mut() {
+                        let me = mesh.me;
+                        for to in (0..mesh.shards()).filter(|&t| t != me) {
+                            let _ = mesh.send(to, Msg::Stop);
+                        }
+                    }
                 } else {
                     self.arm_signal();
                 }
             }
+            // A doorbell: messages are taken every tick.
+            Op::Mesh => {}
             Op::WalWrite => self.on_chain_op(CHAIN_RECORDS, slot, res),
             Op::WalSync => self.on_chain_op(CHAIN_COMPACT, slot, res),
         }
@@ -761,14 +1131,26 @@ impl Server {
         let s = slot as usize;
         let token = self.conns[s].token;
         let closing = self.conns[s].closing;
+        let migrating = self.conns[s].migrate_to.is_some();
         let buf = self.conns[s].recv.reclaim(ud);
         if closing {
             self.maybe_close(s);
             return;
         }
+        if migrating {
+            // The last receive before the hand-over: keep what it brought.
+            match res {
+                r if r > 0 => self.shard.on_recv(token, &buf[..r as usize]),
+                0 => self.shard.on_peer_closed(token, None),
+                r if r == -libc::ECANCELED => {}
+                r => self.shard.on_peer_closed(token, Some(-r)),
+            }
+            self.finish_migrate(s);
+            return;
+        }
         if res > 0 {
             self.shard.on_recv(token, &buf[..res as usize]);
-            if !self.conns[s].closing {
+            if !self.conns[s].closing && self.conns[s].migrate_to.is_none() {
                 self.arm_recv(s);
             }
             return;
@@ -849,6 +1231,7 @@ impl Server {
         let token = c.token;
         c.token = 0;
         c.fd = -1;
+        c.migrate_to = None;
         // SAFETY: references no buffer; no other op uses this fd any more.
         unsafe { self.push(sqe) };
         self.closed.push(token);
@@ -895,10 +1278,50 @@ impl Server {
             }
             Cmd::Log { chain, buf } => self.start_chain(chain, buf),
             Cmd::DiscardTemp => self.discard_temp(),
-            // One shard: every key is ours, a scatter is answered here.
-            Cmd::Scatter { id, op } => self.shard.on_remote(0, id, op),
-            Cmd::Reply { id, result, .. } => self.shard.on_reply(id, result),
-            Cmd::Migrate { .. } => unreachable!("one shard owns every key"),
+            Cmd::Scatter { id, op } => {
+                let me = self.shard.index();
+                let n = self.mesh.as_ref().map_or(1, |m| m.shards());
+                for to in (0..n).filter(|&t| t != me) {
+                    let msg = Msg::Request {
+                        from: me,
+                        id,
+                        op: op.clone(),
+                    };
+                    let mesh = self.mesh.as_mut().expect("more than one shard");
+                    if mesh.send(to, msg).is_err() {
+                        self.shard.on_reply(id, crate::shard::RemoteResult::Failed);
+                    }
+                }
+                self.shard.on_remote(me, id, op);
+            }
+            Cmd::Reply { to, id, result } => {
+                if to == self.shard.index() {
+                    self.shard.on_reply(id, result);
+                } else {
+                    let mesh = self.mesh.as_mut().expect("a reply to another shard");
+                    mesh.send(to, Msg::Reply { id, result })
+                        .expect("replies are never refused");
+                }
+            }
+            Cmd::Migrate { token, to } => {
+                let s = token as u32 as usize;
+                let c = &mut self.conns[s];
+                debug_assert_eq!(c.token, token);
+                c.migrate_to = Some(to);
+                if c.recv.is_lent() {
+                    if !c.cancel_submitted {
+                        c.cancel_submitted = true;
+                        let target = ring_io::encode(Op::Recv, (c.token >> 32) as u32, s as u32);
+                        let sqe = opcode::AsyncCancel::new(target)
+                            .build()
+                            .user_data(ring_io::encode(Op::Cancel, 0, s as u32));
+                        // SAFETY: references no buffer.
+                        unsafe { self.push(sqe) };
+                    }
+                } else {
+                    self.finish_migrate(s);
+                }
+            }
         }
     }
 

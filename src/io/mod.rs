@@ -23,6 +23,8 @@ pub enum Op {
     WalSync = 10,
     /// Fire-and-forget ops whose completion needs no handling.
     Ignore = 11,
+    /// A doorbell from another shard (`IORING_OP_MSG_RING`).
+    Mesh = 12,
 }
 
 impl Op {
@@ -39,6 +41,7 @@ impl Op {
             9 => Op::WalWrite,
             10 => Op::WalSync,
             11 => Op::Ignore,
+            12 => Op::Mesh,
             _ => return None,
         })
     }

@@ -1006,7 +1006,8 @@ impl Shard {
         };
         let now = self.now;
         if self.shards > 1 {
-            let body = &self.conns[slot as usize].rbuf[8..len];
+            // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
+            let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
             let names: Vec<Name> = admin::names(body)
                 .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
                 .collect();

@@ -11,6 +11,7 @@
 pub mod log;
 pub mod record;
 mod refusal;
+pub mod set;
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};

@@ -74,6 +74,13 @@ impl Server {
         if std::env::var_os("RINGLOCK_TEST_DEBUG").is_some() {
             cmd.args(["--log-level", "debug"]);
         }
+        // One shard unless the test asks for more, or the suite is run with
+        // RINGLOCK_TEST_THREADS=N (scripts/test.sh runs the order-independent
+        // suites with 2 and 4 shards as well).
+        if !extra.contains(&"--threads") {
+            let n = std::env::var("RINGLOCK_TEST_THREADS").unwrap_or_else(|_| "1".into());
+            cmd.args(["--threads", &n]);
+        }
         cmd.args(extra)
             .env_remove("BIND_ADDRESS")
             .env_remove("DATA_PATH")

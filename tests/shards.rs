@@ -1,0 +1,293 @@
+//! Several shards (`--threads N`): a key keeps every guarantee of one shard
+//! whatever shard a client's connection first landed on. Connections land
+//! by the kernel's SO_REUSEPORT hash, so with 4 shards and many connections
+//! most requests are handed to another shard first.
+
+mod common;
+
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const QUEUED: &str = "ringlock_queued_waiters";
+
+fn start(threads: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--threads", threads, "--metrics-bind", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+#[test]
+fn fifo_on_one_hot_key_across_shards() {
+    let s = start("4", &[]);
+    let m = s.metrics();
+    let mut holder = s.connect();
+    assert_eq!(holder.lock(b"hot", b"h"), b'+');
+    // Twelve waiters on fresh connections: spread over the shards, each
+    // handed to the owner of "hot". Each is queued before the next sends.
+    let mut waiters: Vec<Conn> = Vec::new();
+    for i in 0..12 {
+        let mut c = s.connect_oneshot();
+        c.send(&frame(1, b"hot", Some(format!("w{i}").as_bytes())));
+        wait_metric(m, QUEUED, (i + 1) as f64);
+        waiters.push(c);
+    }
+    assert_eq!(holder.unlock(b"hot"), b'+');
+    for (i, w) in waiters.iter_mut().enumerate() {
+        assert_eq!(w.read_byte(), b'+', "waiter {i} not granted next");
+        let held = keys(s.admin_addr);
+        assert_eq!(held.len(), 1);
+        assert_eq!(
+            held[0].source,
+            format!("w{i}").into_bytes(),
+            "grant out of FIFO order"
+        );
+        // One-shot: the connection closes after the `+`; release on another.
+        assert_eq!(once(s.lock_addr, &frame(2, b"hot", None)), b'+');
+    }
+    assert!(keys(s.admin_addr).is_empty());
+}
+
+#[test]
+fn a_waiter_handed_to_another_shard_is_withdrawn_when_it_hangs_up() {
+    let s = start("4", &[]);
+    let m = s.metrics();
+    let mut holder = s.connect();
+    assert_eq!(holder.lock(b"w", b"h"), b'+');
+    let mut stay = Vec::new();
+    let mut leave = Vec::new();
+    for i in 0..8 {
+        let mut c = s.connect_oneshot();
+        c.send(&frame(1, b"w", Some(format!("s{i}").as_bytes())));
+        wait_metric(m, QUEUED, (2 * i + 1) as f64);
+        stay.push(c);
+        let mut g = s.connect_oneshot();
+        g.send(&frame(1, b"w", Some(format!("g{i}").as_bytes())));
+        wait_metric(m, QUEUED, (2 * i + 2) as f64);
+        leave.push(g);
+    }
+    // Half of them leave (one half-closes, the other closes): withdrawn at
+    // once by whichever shard serves them now.
+    for (i, g) in leave.into_iter().enumerate() {
+        if i % 2 == 0 {
+            g.half_close();
+            std::mem::forget(g); // keep the socket open, input ended
+        } else {
+            drop(g);
+        }
+    }
+    wait_metric(m, QUEUED, 8.0);
+    assert_eq!(holder.unlock(b"w"), b'+');
+    for (i, c) in stay.iter_mut().enumerate() {
+        assert_eq!(c.read_byte(), b'+', "waiter s{i}");
+        let held = keys(s.admin_addr);
+        assert_eq!(
+            held[0].source,
+            format!("s{i}").into_bytes(),
+            "a withdrawn waiter was granted"
+        );
+        assert_eq!(once(s.lock_addr, &frame(2, b"w", None)), b'+');
+    }
+    assert!(keys(s.admin_addr).is_empty(), "no ghost holder");
+}
+
+#[test]
+fn persistent_connection_with_keys_of_every_shard_and_pipelining() {
+    let s = start("4", &[]);
+    let mut c = s.connect();
+    // Pipelined requests naming keys of different shards: answered in order.
+    let names: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
+    let mut bytes = Vec::new();
+    for k in &names {
+        bytes.extend_from_slice(&frame(5, k.as_bytes(), Some(b"p")));
+    }
+    bytes.extend_from_slice(&frame(5, b"k3", Some(b"p")));
+    c.send(&bytes);
+    for k in &names {
+        assert_eq!(c.read_byte(), b'+', "{k}");
+    }
+    assert_eq!(c.read_byte(), b'#', "k3 is held: answered after the others");
+    // KEYS gathers every shard, sorted by key bytes.
+    let held: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+    let mut want: Vec<Vec<u8>> = names.iter().map(|k| k.clone().into_bytes()).collect();
+    want.sort();
+    assert_eq!(held, want);
+    // RSET of some keys (each reset by its owner), ResetBySource on the
+    // lock port (every shard).
+    assert_eq!(
+        admin_names(s.admin_addr, b"RSET", &[b"k1", b"k2", b"nope"]),
+        b"++++"
+    );
+    assert_eq!(keys(s.admin_addr).len(), 14);
+    assert_eq!(c.reset_source(b"p"), b'+');
+    assert!(keys(s.admin_addr).is_empty());
+    // The same connection still serves keys of every shard.
+    for k in &names {
+        assert_eq!(c.try_lock(k.as_bytes(), b"q"), b'+');
+    }
+    assert_eq!(admin_names(s.admin_addr, b"RSBS", &[b"q"]), b"++");
+    assert!(keys(s.admin_addr).is_empty());
+}
+
+#[test]
+fn mutual_exclusion_across_shards() {
+    const THREADS: usize = 12;
+    const ROUNDS: usize = 60;
+    let s = start("4", &[]);
+    let addr = s.lock_addr;
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (counter, inside) = (counter.clone(), inside.clone());
+            std::thread::spawn(move || {
+                let mut p = Conn::persistent(addr);
+                for r in 0..ROUNDS {
+                    let src = format!("t{t}");
+                    let fresh = (t + r) % 2 == 0;
+                    let got = if fresh {
+                        once(addr, &frame(1, b"shared", Some(src.as_bytes())))
+                    } else {
+                        p.lock(b"shared", src.as_bytes())
+                    };
+                    assert_eq!(got, b'+');
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    let v = counter.load(Ordering::Relaxed);
+                    std::thread::yield_now();
+                    counter.store(v + 1, Ordering::Relaxed);
+                    inside.store(false, Ordering::SeqCst);
+                    let un = if fresh {
+                        once(addr, &frame(2, b"shared", None))
+                    } else {
+                        p.unlock(b"shared")
+                    };
+                    assert_eq!(un, b'+');
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("client thread");
+    }
+    assert_eq!(counter.load(Ordering::Relaxed), (THREADS * ROUNDS) as u64);
+}
+
+/// Highest grant id recorded in the logs next to `path` (every generation
+/// file), and the next id marks.
+fn max_grant_id(dir: &std::path::Path) -> u64 {
+    use ringlock::wal::record::{scan, Record, Scan};
+    let mut max = 0;
+    for e in std::fs::read_dir(dir).expect("log dir").flatten() {
+        let data = std::fs::read(e.path()).expect("read log");
+        if let Scan::Ok { records, .. } = scan(&data) {
+            for r in records {
+                match r {
+                    Record::Acquire(h) => max = max.max(h.grant_id),
+                    Record::GrantMark { next_grant_id } => {
+                        max = max.max(next_grant_id.saturating_sub(1))
+                    }
+                    Record::Release { grant_id, .. } => max = max.max(grant_id),
+                }
+            }
+        }
+    }
+    max
+}
+
+#[test]
+fn restart_with_1_then_4_then_2_shards_keeps_every_held_key() {
+    let dir = TempDir::new("reshard");
+    let log = dir.path("locks.wal");
+    let log = log.to_str().expect("utf-8 path").to_string();
+    let mut held_before;
+    {
+        let s = start("1", &["--data-path", &log]);
+        let mut c = s.connect();
+        for i in 0..40 {
+            assert_eq!(
+                c.try_lock(
+                    format!("key{i:02}").as_bytes(),
+                    format!("src{}", i % 3).as_bytes()
+                ),
+                b'+'
+            );
+        }
+        for i in 0..10 {
+            assert_eq!(c.unlock(format!("key{i:02}").as_bytes()), b'+');
+        }
+        held_before = keys(s.admin_addr);
+        assert_eq!(held_before.len(), 30);
+    }
+    let mut last_id = max_grant_id(&dir.0);
+    for threads in ["4", "2", "2", "1"] {
+        let mut s = start(threads, &["--data-path", &log]);
+        let now = keys(s.admin_addr);
+        assert_eq!(now, held_before, "after restarting with {threads} shards");
+        // New grants get larger ids than any before (per key and overall).
+        let mut c = s.connect();
+        let k = format!("new{threads}{}", now.len());
+        assert_eq!(c.try_lock(k.as_bytes(), b"n"), b'+');
+        assert_eq!(c.try_lock(b"key15", b"x"), b'#', "held keys stay held");
+        held_before = keys(s.admin_addr);
+        s.kill9();
+        let id = max_grant_id(&dir.0);
+        assert!(id > last_id, "grant ids went back: {id} after {last_id}");
+        last_id = id;
+    }
+}
+
+#[test]
+fn kill9_cycles_with_two_shards_keep_acknowledged_locks() {
+    let dir = TempDir::new("shard-crash");
+    let log = dir.path("locks.wal");
+    let log = log.to_str().expect("utf-8 path").to_string();
+    let mut acked: Vec<Vec<u8>> = Vec::new();
+    for cycle in 0..6 {
+        let mut s = start("2", &["--data-path", &log]);
+        let now: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+        for k in &acked {
+            assert!(now.contains(k), "cycle {cycle}: acknowledged {k:?} lost");
+        }
+        let mut c = s.connect();
+        for i in 0..10 {
+            let k = format!("c{cycle}k{i}").into_bytes();
+            assert_eq!(c.try_lock(&k, b"s"), b'+');
+            acked.push(k);
+        }
+        // One release per cycle, acknowledged: must not come back.
+        let gone = acked.remove(0);
+        assert_eq!(c.unlock(&gone), b'+');
+        s.kill9();
+        let s = start("2", &["--data-path", &log]);
+        let now: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+        assert!(
+            !now.contains(&gone),
+            "cycle {cycle}: acknowledged unlock undone"
+        );
+    }
+}
+
+#[test]
+fn sigterm_stops_every_shard_and_answers_their_waiters() {
+    let mut s = start("4", &[]);
+    let m = s.metrics();
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let k = format!("t{i}");
+        let mut h = s.connect();
+        assert_eq!(h.lock(k.as_bytes(), b"h"), b'+');
+        holders.push(h);
+        let mut w = s.connect_oneshot();
+        w.send(&frame(1, k.as_bytes(), Some(b"w")));
+        wait_metric(m, QUEUED, (i + 1) as f64);
+        waiters.push(w);
+    }
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(s.pid() as i32, libc::SIGTERM) };
+    for w in &mut waiters {
+        assert_eq!(w.read_byte_or_eof(), Some(b'-'));
+    }
+    let status = s.child.wait().expect("wait");
+    assert!(status.success(), "exit status {status}");
+}
