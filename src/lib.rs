@@ -12,6 +12,9 @@
 //! - [`server`]: the event loop that turns completions into table
 //!   operations and effects into submissions.
 //! - [`client`]: blocking std-only client library (used by the `ringlock` CLI).
+//! - [`lease`]: the lock API every backend shares (`Locker`, `Lease`, the
+//!   lost-lock handler); [`mysql`]: that API over MySQL/MariaDB `GET_LOCK`
+//!   (cargo feature `mysql`; its address parsing is always built).
 //! - [`metrics`]: atomics-only Prometheus registry and its HTTP thread.
 //! - [`config`]: every limit and default in one place; [`log`]: key=value logs.
 //!
@@ -38,7 +41,9 @@
 pub mod client;
 pub mod config;
 pub mod core;
+pub mod lease;
 pub mod metrics;
+pub mod mysql;
 pub mod protocol;
 #[macro_use]
 pub mod log;
