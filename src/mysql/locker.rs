@@ -209,10 +209,15 @@ impl Locker {
     /// The driver options [`from_addr`](Self::from_addr) uses: TCP to the
     /// named host even when it is local (the driver would otherwise switch to
     /// the server's Unix socket behind the caller's back), a pool of
-    /// 0..=[`URL_POOL_MAX`] connections opened on demand, a
-    /// [`CONNECT_TIMEOUT`], and the driver's defaults otherwise (a health
-    /// check on checkout; a session reset when other users return a
-    /// connection, which also frees any named lock it still held).
+    /// 0..=[`URL_POOL_MAX`] connections opened on demand, [`CONNECT_TIMEOUT`]
+    /// for connecting and as the connections' default read/write timeout
+    /// (the driver opens a connection while holding the pool's lock, so an
+    /// unbounded handshake with a server that accepts but never greets would
+    /// stall every checkout; this library sets its own bound around each of
+    /// its statements and restores this one), and the driver's defaults
+    /// otherwise (a health check on checkout; a session reset when other
+    /// users return a connection, which also frees any named lock it still
+    /// held).
     pub fn pool_opts(addr: &MysqlAddr) -> OptsBuilder {
         let constraints = PoolConstraints::new(0, URL_POOL_MAX).unwrap_or(PoolConstraints::DEFAULT);
         OptsBuilder::new()
@@ -223,6 +228,8 @@ impl Locker {
             .db_name(addr.db.clone())
             .prefer_socket(false)
             .tcp_connect_timeout(Some(CONNECT_TIMEOUT))
+            .read_timeout(Some(CONNECT_TIMEOUT))
+            .write_timeout(Some(CONNECT_TIMEOUT))
             .pool_opts(PoolOpts::default().with_constraints(constraints))
     }
 
