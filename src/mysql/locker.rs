@@ -318,9 +318,7 @@ impl Locker {
         // ping timeout of slack: a connection that hangs is a failure, not
         // an endless wait.
         let answer_bound = lock_wait + opts.keep_alive_ping_timeout;
-        if let Err(e) = sock::bound_writes(fd, opts.keep_alive_ping_timeout)
-            .and_then(|()| sock::bound_reads(fd, answer_bound))
-        {
+        if let Err(e) = sock::bound_reads(fd, answer_bound) {
             held::discard(conn);
             return Err(Error::Failed {
                 key: key.to_string(),
@@ -595,7 +593,6 @@ fn kill_query(pool: &Pool, conn_id: u32, deadline: Instant) -> std::result::Resu
     };
     let left = deadline.saturating_duration_since(Instant::now());
     let sent = sock::bound_reads(fd, left.max(Duration::from_millis(1)))
-        .and_then(|()| sock::bound_writes(fd, left.max(Duration::from_millis(1))))
         .map_err(::mysql::Error::from)
         .and_then(|()| k.query_drop(format!("KILL QUERY {conn_id}")));
     match sent {
