@@ -1,6 +1,6 @@
 //! The lock API ([`crate::lease`]) over MySQL/MariaDB named locks
 //! (`GET_LOCK`), for teams that already run MySQL and want no new
-//! infrastructure. [`Locker`] needs the cargo feature `mysql`; the address
+//! infrastructure. `Locker` needs the cargo feature `mysql`; the address
 //! parsing in [`addr`] is always built.
 //!
 //! ```no_run
@@ -29,7 +29,7 @@
 //! # The contract (what this backend does, in order)
 //! - **Validation before traffic**: a key of 1..=64 *characters* (not
 //!   bytes), then a non-zero timeout; only then is a connection checked out.
-//!   (The original's "nil database handle" cannot happen: a [`Locker`] owns
+//!   (The original's "nil database handle" cannot happen: a `Locker` owns
 //!   its pool.)
 //! - **A pinned connection**: each lock checks one connection out of the
 //!   pool and keeps it for the lock's whole life; that connection's session
@@ -65,19 +65,19 @@
 //!   connection is closed, ending the session and with it the lock. A clean
 //!   answer returns the connection to the pool.
 //! - **Defaults**: keep-alive interval 30 s, ping timeout 10 s, release
-//!   timeout 10 s ([`Options`]; a zero duration keeps the default).
+//!   timeout 10 s (`Options`; a zero duration keeps the default).
 //!
 //! # Go names → Rust names
 //! | mysqllock (Go) | ringlock |
 //! |---|---|
-//! | `mysqllock.New(db, opts...)` | [`Locker::new`]`(pool)`, [`Locker::with_options`], [`Locker::from_url`] |
-//! | `Acquire(ctx, key, timeout, opts...)` | [`Locker::lock_with`]`(key, timeout, &LockOptions)`, [`Locker::lock`] |
+//! | `mysqllock.New(db, opts...)` | `Locker::new(pool)`, `Locker::with_options`, `Locker::from_url` |
+//! | `Acquire(ctx, key, timeout, opts...)` | `Locker::lock_with(key, timeout, &LockOptions)`, `Locker::lock` |
 //! | `ctx` cancellation / deadline | `LockOptions::cancel(CancelToken)` / `LockOptions::deadline(Instant)` |
 //! | `ReleaseFunc` | [`Lease::release`](crate::lease::Lease::release) (and drop) |
-//! | `WithKeepAliveInterval` | [`Options::keep_alive_interval`] |
-//! | `WithKeepAlivePingTimeout` | [`Options::keep_alive_ping_timeout`] |
-//! | `WithReleaseTimeout` | [`Options::release_timeout`] |
-//! | `WithKeepAliveErrorHandler` | [`Options::on_lost`] (locker-wide) |
+//! | `WithKeepAliveInterval` | `Options::keep_alive_interval` |
+//! | `WithKeepAlivePingTimeout` | `Options::keep_alive_ping_timeout` |
+//! | `WithReleaseTimeout` | `Options::release_timeout` |
+//! | `WithKeepAliveErrorHandler` | `Options::on_lost` (locker-wide) |
 //! | `WithLostLockHandler` | `LockOptions::on_lost` (per lease) |
 //! | `ErrInvalidKey` / `ErrInvalidTimeout` | `Error::InvalidKey` / `Error::InvalidTimeout` |
 //! | `ErrTimeout` | `Error::Timeout` |
