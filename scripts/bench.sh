@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Side-by-side lock-service benchmark: ringlockd against a floor server,
-# Redis, PostgreSQL, MariaDB and etcd, same machine, same run, same load.
+# Side-by-side lock-service benchmark: ringlockd (also with --threads 1 and
+# 2) against a floor server, the original Locking-Center, Redis, PostgreSQL,
+# MariaDB and etcd, same machine, same run, same load.
 #
 #   scripts/bench.sh [--quick] [--repeat N] [--no-install] [--out DIR]
 #                    [--systems "floor ringlockd redis ..."] [--scenarios "uncontended-1 ..."]
+#                    [--server-cpus LIST] [--loadgen-cpus LIST] [--loadgen-threads N]
 #
-# Installs missing peers with apt-get (Debian), starts every server on
-# loopback with its data in a temp dir, pins servers to CPU 1 and the load
-# generator to CPU 0 (taskset), runs the scenario matrix scenario by
-# scenario (all systems back to back, so machine drift hits them alike),
-# stops everything and writes bench/results/{latest.md,*.svg,raw/}.
+# Installs missing peers with apt-get (Debian), builds the original
+# Locking-Center from LOCKING_CENTER_SRC (a clone; skipped with a note when
+# unset), starts every server on loopback with its data in a temp dir, pins
+# servers to CPU 1 and the load generator to CPU 0 (taskset; --server-cpus,
+# --loadgen-cpus change that), runs the scenario matrix scenario by scenario
+# (all systems back to back, so machine drift hits them alike), stops
+# everything and writes bench/results/{latest.md,*.svg,raw/}.
 # --repeat N runs the whole matrix N times (rounds) and reports, per system
 # and scenario, the round with the median p99 plus the p99 range.
 # See docs/bench.md.
@@ -19,9 +23,12 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0
 INSTALL=1
 REPEAT=""
-SYSTEMS="floor ringlockd ringlockd-durable redis redis-aof postgres mariadb etcd"
+SYSTEMS="floor ringlockd ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
 SCENARIOS=""
 OUT="$ROOT/bench/results"
+SERVER_CPUS=""
+LOADGEN_CPUS=""
+LOADGEN_THREADS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
@@ -30,7 +37,10 @@ while [ $# -gt 0 ]; do
         --scenarios) SCENARIOS="$2"; shift ;;
         --out) OUT="$2"; shift ;;
         --repeat) REPEAT="$2"; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --server-cpus) SERVER_CPUS="$2"; shift ;;
+        --loadgen-cpus) LOADGEN_CPUS="$2"; shift ;;
+        --loadgen-threads) LOADGEN_THREADS="$2"; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -54,18 +64,25 @@ persistent-64-max|Persistent connections, 64 clients, 1000 keys uniform, closed 
 hot-key-64|One hot key, 64 clients, persistent, 2000 cycles/s|--conn-mode persistent --connections 64 --dist hot --keys 1 --rate 2000
 hot-key-64-max|One hot key, 64 clients, persistent, closed loop (hand-off throughput, fairness)|--conn-mode persistent --connections 64 --dist hot --keys 1 --rate 0
 durable-16|Durable mode, 16 clients, 1000 keys, persistent, 2000 cycles/s|--conn-mode persistent --connections 16 --dist uniform --keys 1000 --rate 2000
+churn-8-max|Connection churn: a new connection per request, 8 clients, private keys, closed loop|--conn-mode per-request --connections 8 --dist private --keys 8 --rate 0
+churn-64-max|Connection churn: a new connection per request, 64 clients, private keys, closed loop|--conn-mode per-request --connections 64 --dist private --keys 64 --rate 0
 EOF
 )
 [ -n "$SCENARIOS" ] || SCENARIOS=$(echo "$SCENARIO_TABLE" | cut -d'|' -f1 | tr '\n' ' ')
 
+case "$LOADGEN_THREADS" in ''|*[!0-9]*|0) echo "--loadgen-threads must be a positive integer" >&2; exit 2 ;; esac
 NCPU=$(nproc)
-if [ "$NCPU" -ge 2 ]; then
-    SERVER_CPU=1; LOADGEN_CPU=0
-    PIN_SERVER="taskset -c $SERVER_CPU"; PIN_LOADGEN="taskset -c $LOADGEN_CPU"
-    PINNING="servers on CPU $SERVER_CPU, load generator on CPU $LOADGEN_CPU (taskset)"
+if [ "$NCPU" -ge 2 ] || [ -n "$SERVER_CPUS$LOADGEN_CPUS" ]; then
+    SERVER_CPUS=${SERVER_CPUS:-1}; LOADGEN_CPUS=${LOADGEN_CPUS:-0}
+    PIN_SERVER="taskset -c $SERVER_CPUS"; PIN_LOADGEN="taskset -c $LOADGEN_CPUS"
+    PINNING="servers on CPU $SERVER_CPUS, load generator on CPU $LOADGEN_CPUS (taskset)"
 else
     PIN_SERVER=""; PIN_LOADGEN=""; PINNING="none (1 CPU)"
 fi
+if [ "$LOADGEN_THREADS" -gt 1 ]; then
+    PINNING="$PINNING; load generator with --threads $LOADGEN_THREADS${LOADGEN_CPUS:+ --pin-cpus $LOADGEN_CPUS}"
+fi
+CLK_TCK=$(getconf CLK_TCK)
 
 TMP=$(mktemp -d /tmp/ringlock-bench.XXXXXX)
 chmod 755 "$TMP"
@@ -90,6 +107,12 @@ trap cleanup EXIT
 want() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if [ "$INSTALL" = 1 ]; then
     pkgs=""
+    # The original Locking-Center is built from source with Debian's Go and
+    # its one dependency packaged (GOPATH mode: no module download).
+    if want locking-center && [ -n "${LOCKING_CENTER_SRC:-}" ]; then
+        command -v go >/dev/null || pkgs="$pkgs golang-go"
+        [ -d /usr/share/gocode/src/github.com/google/uuid ] || pkgs="$pkgs golang-github-google-uuid-dev"
+    fi
     { want redis || want redis-aof; } && ! command -v redis-server >/dev/null && pkgs="$pkgs redis-server"
     want postgres && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && pkgs="$pkgs postgresql"
     want mariadb && ! command -v mariadbd >/dev/null && ! command -v mysqld >/dev/null && pkgs="$pkgs mariadb-server"
@@ -119,8 +142,8 @@ LOADGEN="$BIN/ringlock-loadgen"
 # Each (round, scenario, system) run gets a freshly started server with an
 # empty data dir, and only that one server runs: no state (queued waiters,
 # leases, WAL) and no background work of another system leaks into a run.
-PORT_FLOOR=24129; PORT_RL=24119; PORT_RLD=24139; PORT_REDIS=24379; PORT_REDIS_AOF=24380
-PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390
+PORT_FLOOR=24129; PORT_RL=24119; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179
+PORT_REDIS=24379; PORT_REDIS_AOF=24380; PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { # port seconds pid
@@ -133,24 +156,74 @@ wait_port() { # port seconds pid
     return 1
 }
 
-declare -A TARGET NOTE VERSION PORT
-PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-durable]=$PORT_RLD [redis]=$PORT_REDIS
+declare -A TARGET NOTE VERSION PORT WHY
+PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1
+      [ringlockd-t2]=$PORT_RLT2 [locking-center]=$PORT_LC [redis]=$PORT_REDIS
       [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD)
 HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)
 PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 MYSQLD=$(command -v mariadbd || command -v mysqld || true)
 
+# The original Locking-Center, built from the source LOCKING_CENTER_SRC
+# points at: a checkout (or a bare git dir) of its public repository. Its
+# source never enters this repository; it is copied into the temp dir and
+# built there with Debian's Go in GOPATH mode (no module proxy, no network):
+# its one dependency, github.com/google/uuid, comes from
+# golang-github-google-uuid-dev under /usr/share/gocode.
+LC_BIN=""
+build_locking_center() {
+    local src=${LOCKING_CENTER_SRC:-} gp="$TMP/lc/gopath" dst rev
+    if [ -z "$src" ]; then
+        WHY[locking-center]="source not provided: clone github.com/freakmaxi/locking-center and set LOCKING_CENTER_SRC to the clone (docs/bench.md)"
+        return 1
+    fi
+    command -v go >/dev/null || { WHY[locking-center]="go not installed (Debian package golang-go)"; return 1; }
+    [ -d /usr/share/gocode/src/github.com/google/uuid ] || {
+        WHY[locking-center]="github.com/google/uuid not installed (Debian package golang-github-google-uuid-dev)"; return 1; }
+    dst="$gp/src/github.com/freakmaxi/locking-center"
+    mkdir -p "$dst"
+    if [ -f "$src/mutex/main.go" ]; then
+        cp -a "$src/." "$dst/"
+        rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
+    elif git --git-dir="$src" rev-parse --verify -q HEAD >/dev/null 2>&1; then
+        git --git-dir="$src" archive HEAD | tar -x -C "$dst"
+        rev=$(git --git-dir="$src" rev-parse --short HEAD)
+    else
+        WHY[locking-center]="LOCKING_CENTER_SRC=$src is neither a Locking-Center checkout (no mutex/main.go) nor a git dir"
+        return 1
+    fi
+    if ! (cd "$dst/mutex" && GO111MODULE=off GOPATH="$gp:/usr/share/gocode" GOCACHE="$TMP/lc/cache" \
+            GOPROXY=off GOFLAGS= go build -o "$TMP/lc/lcd" .) >"$TMP/lc/build.log" 2>&1; then
+        WHY[locking-center]="build failed: $(tail -c 300 "$TMP/lc/build.log" | tr '\n' ' ')"
+        return 1
+    fi
+    LC_BIN="$TMP/lc/lcd"
+    VERSION[locking-center]="Locking-Center @ $rev ($(go version | awk '{print $3}'))"
+}
+
+# ringlockd with N shards: gated on the binary knowing --threads.
+has_threads() { "$BIN/ringlockd" --help 2>&1 | grep -q -- '--threads'; }
+
 # One-time preparation: versions, notes, and data-dir templates that are
-# copied per run (initdb / mariadb-install-db take seconds each).
+# copied per run (initdb / mariadb-install-db take seconds each). A system
+# that cannot run leaves its reason in WHY.
 prepare_system() {
     local s=$1
     case "$s" in
     floor) TARGET[$s]="ringlock://127.0.0.1:$PORT_FLOOR"
         VERSION[$s]="floor-server @ $HEAD_SHORT"
-        NOTE[$s]="answers + to every frame; no lock state (the machine's limit)" ;;
+        NOTE[$s]="answers + to every frame; no lock state (the machine's limit); --close-first: closes a one-shot connection after its answer, as ringlockd and Locking-Center do" ;;
     ringlockd) TARGET[$s]="ringlock://127.0.0.1:$PORT_RL"
         VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
         NOTE[$s]="in memory (not durable)" ;;
+    ringlockd-t1|ringlockd-t2)
+        has_threads || { WHY[$s]="ringlockd is not built with --threads yet"; return 1; }
+        TARGET[$s]="ringlock://127.0.0.1:${PORT[$s]}"
+        VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
+        NOTE[$s]="in memory, --threads ${s#ringlockd-t} (shards on the server CPUs: ${SERVER_CPUS:-all})" ;;
+    locking-center) build_locking_center || return 1
+        TARGET[$s]="ringlock://127.0.0.1:$PORT_LC"
+        NOTE[$s]="the original Go server (in memory); one request per connection, closes after the answer; GOMAXPROCS = CPUs in its mask" ;;
     ringlockd-durable) TARGET[$s]="ringlock://127.0.0.1:$PORT_RLD"
         VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
         NOTE[$s]="--data-path: WAL, fdatasync before a grant/release is answered (group commit)" ;;
@@ -187,10 +260,13 @@ start_system() { # system dir
         echo "port $port is already in use by another process" >"$d/why"; return 1
     fi
     case "$s" in
-    floor) $PIN_SERVER "$BIN/floor-server" --bind "127.0.0.1:$port" 2>"$d/log" & ;;
+    floor) $PIN_SERVER "$BIN/floor-server" --bind "127.0.0.1:$port" --close-first 2>"$d/log" & ;;
     ringlockd) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" 2>"$d/log" & ;;
     ringlockd-durable) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
             --data-path "$d/ringlock.wal" 2>"$d/log" & ;;
+    ringlockd-t1|ringlockd-t2) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
+            --threads "${s#ringlockd-t}" 2>"$d/log" & ;;
+    locking-center) BIND_ADDRESS="127.0.0.1:$port" $PIN_SERVER "$LC_BIN" >"$d/log" 2>&1 & ;;
     redis) $PIN_SERVER redis-server --bind 127.0.0.1 --port "$port" --dir "$d" --daemonize no \
             --protected-mode no --save "" --appendonly no >"$d/log" 2>&1 & ;;
     redis-aof) $PIN_SERVER redis-server --bind 127.0.0.1 --port "$port" --dir "$d" --daemonize no \
@@ -252,10 +328,14 @@ noise() { # "busy steal total" before, after, server ticks, loadgen cpu seconds
 # Which system runs which scenario; prints a reason when it does not.
 not_applicable() { # system scenario
     case "$2:$1" in
+        churn-*:floor|churn-*:ringlockd|churn-*:ringlockd-t1|churn-*:ringlockd-t2|churn-*:locking-center) ;;
+        churn-*:*) echo "connection-churn scenario: compares the Locking-Center-protocol servers (ringlockd, the floor, the original)" ;;
         uncontended-*:postgres|uncontended-*:mariadb)
             echo "session-bound locks: released when the connection closes, so a connection per request cannot hold a lock" ;;
         durable-*:floor|durable-*:ringlockd-durable|durable-*:redis-aof|durable-*:etcd) ;;
         durable-*:*) echo "not durable: a durable-mode comparison would be meaningless" ;;
+        persistent-*:locking-center|hot-key-*:locking-center)
+            echo "persistent connections: the original serves one request per connection (no Persist)" ;;
         *:ringlockd-durable) echo "durable variant runs in the durable scenario only" ;;
         *:redis-aof) echo "durable variant runs in the durable scenario only" ;;
     esac
@@ -265,8 +345,9 @@ READY=""
 for s in $SYSTEMS; do
     if prepare_system "$s"; then READY="$READY $s"
     else
-        log "$s is not available"
-        echo "not available on this machine (not installed, or its data dir could not be initialised)" >"$RAW/$s.failed"
+        why=${WHY[$s]:-not available on this machine (not installed, or its data dir could not be initialised)}
+        log "$s is not available: $why"
+        echo "$why" >"$RAW/$s.failed"
     fi
 done
 
@@ -278,13 +359,14 @@ GIT_COMMIT=$HEAD_SHORT$(cd "$ROOT" && git diff --quiet HEAD -- src loadgen bench
     echo "kernel=$(uname -sr)"
     echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') x $NCPU vCPU"
     echo "pinning=$PINNING"
+    echo "clk_tck=$CLK_TCK"
     echo "ringlockd_binary=$RINGLOCKD_BUILD"
     echo "mode=$([ "$QUICK" = 1 ] && echo quick || echo full) duration=$DURATION warmup=$WARMUP rounds=$REPEAT"
     echo "disk=$(df -P "$TMP" | awk 'NR==2{print $1}') ($(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?'))"
     echo "fsync=$("$BIN/fsync-probe" "$TMP" 300)"
     for s in $SYSTEMS; do
         echo "system.$s.version=${VERSION[$s]:-not available}"
-        echo "system.$s.note=${NOTE[$s]:-}"
+        echo "system.$s.note=${NOTE[$s]:-${WHY[$s]:-}}"
     done
 } >"$RAW/env.txt"
 echo "$SCENARIO_TABLE" >"$RAW/scenarios.txt"
@@ -294,6 +376,12 @@ for round in $(seq 1 "$REPEAT"); do
 for sc in $SCENARIOS; do
     line=$(echo "$SCENARIO_TABLE" | grep "^$sc|") || { echo "unknown scenario $sc" >&2; exit 2; }
     args=$(echo "$line" | cut -d'|' -f3)
+    if [ "$LOADGEN_THREADS" -gt 1 ]; then
+        # No more threads than clients (uncontended-1 has one).
+        conns=$(echo "$args" | sed -n 's/.*--connections \([0-9]*\).*/\1/p')
+        lt=$(( LOADGEN_THREADS < conns ? LOADGEN_THREADS : conns ))
+        args="$args --threads $lt${LOADGEN_CPUS:+ --pin-cpus $LOADGEN_CPUS}"
+    fi
     mkdir -p "$RAW/$sc"
     for s in $SYSTEMS; do
         reason=$(not_applicable "$s" "$sc")
@@ -318,7 +406,14 @@ for sc in $SCENARIOS; do
             c1=$(cpu_snap); p1=$(proc_ticks "${PID[$s]}")
             lg_cpu=$(sed -n 's/.*"loadgen_cpu_s":{"user":\([0-9.]*\),"sys":\([0-9.]*\)}.*/\1 \2/p' "$r.json" | awk '{print $1 + $2}')
             noise "$c0" "$c1" "$((p1 - p0))" "${lg_cpu:-0}" >"$r.noise"
-            log "  -> $(cat "$r.noise") (% of the machine during the run)"
+            # The server's CPU per cycle: utime+stime (+ reaped children) of
+            # its process over the whole load generator run, divided by every
+            # cycle completed in it (warm-up and drain included).
+            cycles_all=$(sed -n 's/.*"cycles_all":\([0-9]*\).*/\1/p' "$r.json")
+            echo "$((p1 - p0)) $CLK_TCK ${cycles_all:-0}" | awk '{ cpu = $1 / $2;
+                printf "server_cpu_s=%.3f cycles_all=%d", cpu, $3;
+                if ($3 > 0) printf " us_per_op=%.2f", 1e6 * cpu / $3; printf "\n" }' >"$r.cpu"
+            log "  -> $(cat "$r.noise") (% of the machine during the run); $(cat "$r.cpu")"
             echo "$PIN_LOADGEN ringlock-loadgen --target ${TARGET[$s]} $args --duration $DURATION --warmup $WARMUP --key-prefix $sc --json" >"$RAW/$sc/$s.cmd"
             rm -f "$RAW/$sc/$s.na"
         else

@@ -11,6 +11,12 @@
 //! - A connection's buffers belong to the kernel while its recv or send is
 //!   in flight; the slot is freed (and its fd closed) only when neither is.
 //! - Bad input answers `-` and closes, as docs/protocol.md says.
+//! - `--close-first`: a connection that did not open with Persist (action 6)
+//!   carries one request; the floor answers it and then closes the
+//!   connection itself (the FIN follows the answer), as ringlockd and the
+//!   original Locking-Center do, so TIME_WAIT stays on the server side.
+//!   Bytes after that one request are answered with one `-`, then it closes.
+//!   Without the flag every connection is persistent and the client closes.
 
 use std::io;
 use std::net::TcpListener;
@@ -40,6 +46,10 @@ struct Conn {
     send_in_flight: bool,
     /// Stop reading; close once the last send completes.
     closing: bool,
+    /// Opened with Persist: several requests (close-first mode only).
+    persistent: bool,
+    /// Close-first mode: the one request of a one-shot connection is answered.
+    answered: bool,
 }
 
 fn user_data(kind: u64, gen: u32, slot: usize) -> u64 {
@@ -52,7 +62,11 @@ struct Server {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     next_gen: u32,
+    close_first: bool,
 }
+
+/// Action Persist: the connection carries several requests.
+const ACTION_PERSIST: u8 = 6;
 
 impl Server {
     fn push(&mut self, sqe: io_uring::squeue::Entry) -> io::Result<()> {
@@ -165,6 +179,8 @@ impl Server {
             recv_in_flight: false,
             send_in_flight: false,
             closing: false,
+            persistent: false,
+            answered: false,
         });
         self.arm_recv(slot)
     }
@@ -185,12 +201,22 @@ impl Server {
         }
         let n = res as usize;
         c.pending.extend_from_slice(&c.recv_buf[..n]);
+        let close_first = self.close_first;
         let mut at = 0;
         let mut replies = 0usize;
         let mut bad = false;
-        loop {
+        // A one-shot connection (close-first mode) serves nothing after its
+        // one request.
+        while !c.answered {
             match frame_len(&c.pending[at..]) {
                 Frame::Complete(len) => {
+                    if close_first && !c.persistent {
+                        if c.pending[at] == ACTION_PERSIST {
+                            c.persistent = true;
+                        } else {
+                            c.answered = true;
+                        }
+                    }
                     at += len;
                     replies += 1;
                 }
@@ -203,8 +229,11 @@ impl Server {
         }
         c.pending.drain(..at);
         c.queued.extend(std::iter::repeat_n(b'+', replies));
-        if bad {
+        if bad || (c.answered && !c.pending.is_empty()) {
             c.queued.push(b'-');
+            c.closing = true;
+        } else if c.answered {
+            // The FIN follows the answer: close once it is sent.
             c.closing = true;
         }
         let sending = c.send_in_flight;
@@ -280,10 +309,12 @@ impl Server {
 
 fn main() {
     let mut bind = "127.0.0.1:22129".to_string();
+    let mut close_first = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--bind" => bind = args.next().unwrap_or_else(|| usage()),
+            "--close-first" => close_first = true,
             _ => usage(),
         }
     }
@@ -301,13 +332,14 @@ fn main() {
             eprintln!("error: io_uring setup: {e}");
             std::process::exit(1)
         });
-    eprintln!("event=listening lock={local} server=floor");
+    eprintln!("event=listening lock={local} server=floor close_first={close_first}");
     let mut server = Server {
         ring,
         listen_fd: listener.as_raw_fd(),
         conns: Vec::new(),
         free: Vec::new(),
         next_gen: 0,
+        close_first,
     };
     if let Err(e) = server.run() {
         eprintln!("error: {e}");
@@ -316,6 +348,10 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: floor-server [--bind IP:PORT]   (answers '+' to every Locking-Center frame)");
+    eprintln!(
+        "usage: floor-server [--bind IP:PORT] [--close-first]\n  \
+         answers '+' to every Locking-Center frame; --close-first: a connection \
+         without Persist (action 6) is closed by the server after its one answer"
+    );
     std::process::exit(2)
 }

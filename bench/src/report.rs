@@ -1,11 +1,16 @@
 //! `bench-report RAW_DIR OUT_DIR`: turns what `scripts/bench.sh` measured
 //! (`RAW_DIR/env.txt`, `scenarios.txt`, `<scenario>/<system>.json|.na`)
+//! (`<scenario>/<system>.r<round>.{json,noise,cpu}`)
 //! into `OUT_DIR/latest.md` (links relative to OUT_DIR),
 //! `OUT_DIR/results-section.md` (the same, links relative to the repository
 //! root — OUT_DIR as seen from the root is the optional third argument,
 //! default `bench/results` — ready to paste into RESULTS.md) and one `OUT_DIR/<scenario>.svg`
 //! percentile plot per scenario. It computes ratios and prints numbers; it
 //! never makes any up: a system that was not run says why.
+//!
+//! Wording rule: where the p99 (or throughput) ranges over the rounds of two
+//! systems overlap, the comparison says "indistinguishable" — never that a
+//! goal was met or that one was faster.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,6 +30,36 @@ struct Run {
     bg_cpu: String,
     rounds: usize,
     p99_range: (f64, f64),
+    ops_range: (f64, f64),
+    /// The server's CPU time per completed cycle in the reported round, µs.
+    cpu_us_per_op: Option<f64>,
+}
+
+/// One round's result as read from the raw files.
+struct Round {
+    v: Value,
+    bg: String,
+    cpu_us_per_op: Option<f64>,
+}
+
+/// Whether two [min, max] ranges share a point.
+fn overlap(a: (f64, f64), b: (f64, f64)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+fn fmt_range(r: (f64, f64)) -> String {
+    if r.0 == r.1 {
+        fmt_unit(r.0)
+    } else {
+        format!("{}–{}", fmt_us(Some(r.0)), fmt_unit(r.1))
+    }
+}
+
+/// `key=value` fields of a one-line raw file (`.noise`, `.cpu`).
+fn kv(text: &str, key: &str) -> Option<String> {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
 }
 
 enum Outcome {
@@ -54,22 +89,6 @@ fn fmt_unit(v: f64) -> String {
     } else {
         format!("{s} µs")
     }
-}
-
-/// A range of p99s. Bare numbers are µs in the tables, so a range whose
-/// ends differ in unit spells both out (`113 µs–812 ms`, never `113–812 ms`).
-fn fmt_range(lo: f64, hi: f64) -> String {
-    let (a, b) = (fmt_us(Some(lo)), fmt_us(Some(hi)));
-    match (a.ends_with("ms"), b.ends_with("ms")) {
-        (false, false) | (true, true) => format!("{a}–{b}"),
-        _ => format!("{}–{}", fmt_unit(lo), fmt_unit(hi)),
-    }
-}
-
-/// Whether two p99 ranges over rounds overlap: then the rounds cannot tell
-/// the two systems apart.
-fn overlap(a: (f64, f64), b: (f64, f64)) -> bool {
-    a.0 <= b.1 && b.0 <= a.1
 }
 
 fn main() {
@@ -125,7 +144,7 @@ fn run(raw: &Path, out: &Path, root_prefix: &str) -> Result<(), String> {
     for sc in &scenarios {
         for sys in &systems {
             let base = raw.join(&sc.id).join(sys);
-            let mut rounds: Vec<(Value, String)> = Vec::new();
+            let mut rounds: Vec<Round> = Vec::new();
             for k in 1..=1000 {
                 let dir = raw.join(&sc.id);
                 let Some(text) = read(&dir.join(format!("{sys}.r{k}.json"))) else {
@@ -133,29 +152,36 @@ fn run(raw: &Path, out: &Path, root_prefix: &str) -> Result<(), String> {
                 };
                 if let Ok(v) = json::parse(text.trim()) {
                     let bg = read(&dir.join(format!("{sys}.r{k}.noise"))).map_or("?".into(), |n| {
-                        let field = |k: &str| {
-                            n.split_whitespace()
-                                .find_map(|w| w.strip_prefix(k))
-                                .unwrap_or("?")
-                                .to_string()
-                        };
-                        format!("{} / {}", field("foreign="), field("steal="))
+                        let field = |k: &str| kv(&n, k).unwrap_or_else(|| "?".into());
+                        format!("{} / {}", field("foreign"), field("steal"))
                     });
-                    rounds.push((v, bg));
+                    let cpu_us_per_op = read(&dir.join(format!("{sys}.r{k}.cpu")))
+                        .and_then(|c| kv(&c, "us_per_op")?.parse().ok());
+                    rounds.push(Round {
+                        v,
+                        bg,
+                        cpu_us_per_op,
+                    });
                 }
             }
             let outcome = if !rounds.is_empty() {
                 let p99 = |v: &Value| v.num("latency_us.p99").unwrap_or(f64::INFINITY);
-                rounds.sort_by(|a, b| p99(&a.0).total_cmp(&p99(&b.0)));
+                let ops = |v: &Value| v.num("ops_per_sec").unwrap_or(0.0);
+                let ops_range = rounds.iter().fold((f64::INFINITY, 0.0f64), |r, x| {
+                    (r.0.min(ops(&x.v)), r.1.max(ops(&x.v)))
+                });
+                rounds.sort_by(|a, b| p99(&a.v).total_cmp(&p99(&b.v)));
                 let n = rounds.len();
-                let range = (p99(&rounds[0].0), p99(&rounds[n - 1].0));
-                let (v, bg) = rounds.swap_remove((n - 1) / 2);
+                let range = (p99(&rounds[0].v), p99(&rounds[n - 1].v));
+                let r = rounds.swap_remove((n - 1) / 2);
                 Outcome::Ran(
-                    Box::new(v),
+                    Box::new(r.v),
                     Run {
-                        bg_cpu: bg,
+                        bg_cpu: r.bg,
                         rounds: n,
                         p99_range: range,
+                        ops_range,
+                        cpu_us_per_op: r.cpu_us_per_op,
                     },
                 )
             } else if let Some(reason) = read(&base.with_extension("na")) {
@@ -251,7 +277,8 @@ fn markdown(
     }
     let _ = writeln!(
         o,
-        "\nMethod: `ringlock-loadgen`, one epoll thread. Open-loop scenarios send at a fixed \
+        "\nMethod: `ringlock-loadgen` (one epoll thread unless the pinning line says \
+         `--threads`). Open-loop scenarios send at a fixed \
          rate per connection; *latency* is lock acquisition (grant − **intended** start of the \
          cycle, so a stall cannot hide: coordinated-omission corrected); *uncorrected* starts \
          the clock when the attempt actually began. A cycle is lock → unlock (hold 0). Redis \
@@ -263,7 +290,13 @@ fn markdown(
          of the machine's CPU time during the run used by anything other than the server under \
          test and the load generator, and the share the hypervisor stole: the vCPUs are shared, \
          and such work lands on the pinned CPUs too. With several rounds, each row is the round with the \
-         median p99, and the p99 cell shows the range over all rounds.\n"
+         median p99, and the p99 cell shows the range over all rounds. *Server CPU µs/op* = \
+         the server process's utime + stime (its threads and reaped children, from \
+         `/proc/PID/stat`, clock ticks of 1/{} s) over the whole load generator run, divided by \
+         every cycle completed in it (warm-up and drain included); an op is one lock + unlock \
+         cycle, as in ops/s. Where the p99 ranges over the rounds of two systems overlap, \
+         they are called *indistinguishable*: the difference is inside the run-to-run noise.\n",
+        e("clk_tck")
     );
 
     // Summary: p99 per scenario and system.
@@ -302,6 +335,32 @@ fn markdown(
     }
     o.push('\n');
 
+    let _ = write!(
+        o,
+        "### Server CPU per op (µs CPU per lock+unlock cycle), all scenarios\n\n| scenario |"
+    );
+    for s in systems {
+        let _ = write!(o, " {s} |");
+    }
+    o.push_str("\n|---|");
+    for _ in systems {
+        o.push_str("---:|");
+    }
+    o.push('\n');
+    for sc in scenarios {
+        let _ = write!(o, "| {} |", sc.id);
+        for s in systems {
+            let cell = match results.get(&(sc.id.clone(), s.clone())) {
+                Some(Outcome::Ran(_, run)) => fmt_cpu(run.cpu_us_per_op),
+                Some(Outcome::NotRun(_)) => "n/a".into(),
+                None => "".into(),
+            };
+            let _ = write!(o, " {cell} |");
+        }
+        o.push('\n');
+    }
+    o.push('\n');
+
     for sc in scenarios {
         let _ = writeln!(o, "### {}: {}\n", sc.id, sc.title);
         let _ = writeln!(o, "Load generator arguments: `{}`\n", sc.args.trim());
@@ -311,11 +370,11 @@ fn markdown(
         };
         let _ = writeln!(
             o,
-            "| system | ops/s (target) | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | foreign / steal CPU % |"
+            "| system | ops/s (target) | server CPU µs/op | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | foreign / steal CPU % |"
         );
         let _ = writeln!(
             o,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         let mut not_run = Vec::new();
         for s in systems {
@@ -354,12 +413,13 @@ fn markdown(
                     };
                     let _ = writeln!(
                         o,
-                        "| {s} | {rate} | {} | {} | **{}**{} | {} | {} | {} | {} | {ratio} | {} | {} | {:.0}–{:.0} | {:.0} | {err_cell} | {} |",
+                        "| {s} | {rate} | {} | {} | {} | **{}**{} | {} | {} | {} | {} | {ratio} | {} | {} | {:.0}–{:.0} | {:.0} | {err_cell} | {} |",
+                        fmt_cpu(run.cpu_us_per_op),
                         fmt_us(v.num("latency_us.p50")),
                         fmt_us(v.num("latency_us.p90")),
                         fmt_us(p99),
                         if run.rounds > 1 {
-                            format!(" ({}, {} rounds)", fmt_range(run.p99_range.0, run.p99_range.1), run.rounds)
+                            format!(" ({}–{}, {} rounds)", fmt_us(Some(run.p99_range.0)), fmt_us(Some(run.p99_range.1)), run.rounds)
                         } else {
                             String::new()
                         },
@@ -389,11 +449,11 @@ fn markdown(
         {
             let _ = writeln!(o, "\n![{} percentiles]({prefix}{}.svg)\n", sc.id, sc.id);
         }
-        let _ = writeln!(o, "{}", verdict(sc, systems, results, floor_p99));
+        let _ = writeln!(o, "{}", verdict(sc, systems, results));
     }
     let _ = writeln!(
         o,
-        "Raw data: `{prefix}raw/<scenario>/<system>.{{json,hgrm,cmd,err}}`; \
+        "Raw data: `bench/results/raw/<scenario>/<system>.{{json,hgrm,cmd,err}}`; \
          each `.cmd` is the exact load generator command line."
     );
     o
@@ -404,90 +464,201 @@ fn saturated(v: &Value) -> bool {
     target > 0.0 && v.num("ops_per_sec").unwrap_or(0.0) < 0.95 * target
 }
 
-/// Plain facts about the goal (ringlockd's p99 below every peer's, within
-/// 1.25× of the floor), computed, not judged. Where the p99 ranges over the
-/// rounds overlap, the systems are "indistinguishable": no claim either way.
+fn fmt_cpu(v: Option<f64>) -> String {
+    match v {
+        None => "–".into(),
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.1}"),
+    }
+}
+
+/// What a verdict needs of one system's result in one scenario.
+struct Fig {
+    name: String,
+    p99: f64,
+    p99_range: (f64, f64),
+    ops: f64,
+    ops_range: (f64, f64),
+    closed: bool,
+    cpu: Option<f64>,
+    rounds: usize,
+}
+
+fn fig(sc: &Scenario, results: &BTreeMap<(String, String), Outcome>, system: &str) -> Option<Fig> {
+    match results.get(&(sc.id.clone(), system.to_string())) {
+        Some(Outcome::Ran(v, run)) => Some(Fig {
+            name: system.to_string(),
+            p99: v.num("latency_us.p99")?,
+            p99_range: run.p99_range,
+            ops: v.num("ops_per_sec").unwrap_or(0.0),
+            ops_range: run.ops_range,
+            closed: v.num("rate_target").unwrap_or(0.0) <= 0.0,
+            cpu: run.cpu_us_per_op,
+            rounds: run.rounds,
+        }),
+        _ => None,
+    }
+}
+
+/// "indistinguishable, p99 ranges overlap: …" naming every system
+/// whose p99 range overlaps `mine`'s, or `None` when none does.
+fn p99_overlaps(mine: &Fig, others: &[&Fig]) -> Option<String> {
+    let hits: Vec<String> = others
+        .iter()
+        .filter(|f| overlap(mine.p99_range, f.p99_range))
+        .map(|f| format!("{} {}", f.name, fmt_range(f.p99_range)))
+        .collect();
+    (!hits.is_empty()).then(|| {
+        format!(
+            "indistinguishable, p99 ranges overlap: {} {} vs {}",
+            mine.name,
+            fmt_range(mine.p99_range),
+            hits.join(", ")
+        )
+    })
+}
+
+/// Plain facts about the goals, computed, not judged: ringlockd's p99
+/// against every peer and the floor (goal: below every peer, within 1.25×
+/// of the floor); in closed-loop scenarios its throughput against the best
+/// peer's; with 2 shards against 1 (goal: p99 within 1.5×). Overlapping
+/// ranges are reported as indistinguishable.
 fn verdict(
     sc: &Scenario,
     systems: &[String],
     results: &BTreeMap<(String, String), Outcome>,
-    floor_p99: Option<f64>,
 ) -> String {
-    let p99 = |s: &str| match results.get(&(sc.id.clone(), s.to_string())) {
-        Some(Outcome::Ran(v, run)) => v.num("latency_us.p99").map(|p| (p, run.p99_range)),
-        _ => None,
-    };
     let ours = if sc.id.starts_with("durable") {
         "ringlockd-durable"
     } else {
         "ringlockd"
     };
-    let Some((mine, mine_range)) = p99(ours) else {
-        return format!("{ours} was not measured in this scenario.\n");
-    };
-    let peers: Vec<(String, f64, (f64, f64))> = systems
+    let mut out = String::new();
+    let floor = fig(sc, results, "floor");
+    let peers: Vec<Fig> = systems
         .iter()
         .filter(|s| !s.starts_with("ringlockd") && s.as_str() != "floor")
-        .filter_map(|s| p99(s).map(|(p, r)| (s.clone(), p, r)))
+        .filter_map(|s| fig(sc, results, s))
         .collect();
-    let mut out = String::new();
-    if let Some((best, bp, _)) = peers.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
-        let tied: Vec<&str> = peers
-            .iter()
-            .filter(|(_, _, r)| overlap(mine_range, *r))
-            .map(|(name, _, _)| name.as_str())
-            .collect();
-        let claim = if !tied.is_empty() {
-            format!(
-                "indistinguishable from {}: the p99 ranges over the rounds overlap",
-                tied.join(", ")
-            )
-        } else if mine < *bp {
-            "lower than every peer".to_string()
-        } else {
-            "NOT lower than every peer".to_string()
-        };
-        let _ = write!(
-            out,
-            "{ours} p99 {} vs best peer {best} {} ({:.2}×; {claim}). ",
-            fmt_unit(mine),
-            fmt_unit(*bp),
-            mine / bp,
-        );
-    }
-    if let Some(f) = floor_p99 {
-        let floor_range = p99("floor").map_or((f, f), |(_, r)| r);
-        let ratio = mine / f;
-        let durable = if sc.id.starts_with("durable") {
-            "; the floor does not fsync"
-        } else {
-            ""
-        };
-        let claim = if overlap(mine_range, floor_range) || ratio < 1.0 {
-            format!(
-                "indistinguishable from the floor{}",
-                if ratio < 1.0 {
-                    ": below 1, which only noise can produce"
-                } else {
-                    ": the p99 ranges over the rounds overlap"
+    match fig(sc, results, ours) {
+        None => {
+            let _ = write!(out, "{ours} was not measured in this scenario. ");
+        }
+        Some(mine) => {
+            if let Some(best) = peers.iter().min_by(|a, b| a.p99.total_cmp(&b.p99)) {
+                let all: Vec<&Fig> = peers.iter().collect();
+                let judgement = match p99_overlaps(&mine, &all) {
+                    Some(text) => text,
+                    None if mine.p99 < best.p99 => "lower than every peer".into(),
+                    None => "NOT lower than every peer".into(),
+                };
+                let _ = write!(
+                    out,
+                    "{ours} p99 {} vs best peer {} {} ({:.2}×: {judgement}). ",
+                    fmt_unit(mine.p99),
+                    best.name,
+                    fmt_unit(best.p99),
+                    mine.p99 / best.p99,
+                );
+            }
+            if mine.closed {
+                if let Some(best) = peers.iter().max_by(|a, b| a.ops.total_cmp(&b.ops)) {
+                    let judgement = if overlap(mine.ops_range, best.ops_range) {
+                        format!(
+                            "indistinguishable, throughput ranges overlap: {:.0}–{:.0} vs {:.0}–{:.0}",
+                            mine.ops_range.0, mine.ops_range.1, best.ops_range.0, best.ops_range.1
+                        )
+                    } else if mine.ops > best.ops {
+                        "higher than every peer".into()
+                    } else {
+                        "NOT higher than every peer".into()
+                    };
+                    let _ = write!(
+                        out,
+                        "Throughput {:.0} vs best peer {} {:.0} cycles/s ({:.2}×: {judgement}). ",
+                        mine.ops,
+                        best.name,
+                        best.ops,
+                        mine.ops / best.ops.max(1e-9),
+                    );
                 }
-            )
-        } else if ratio <= 1.25 {
-            format!("within the 1.25× goal{durable}")
-        } else {
-            format!("outside the 1.25× goal{durable}")
+            }
+            if let Some(f) = &floor {
+                let ratio = mine.p99 / f.p99;
+                let judgement = match p99_overlaps(&mine, &[f]) {
+                    Some(text) => text,
+                    None if mine.p99 <= 1.25 * f.p99 => "within the 1.25× goal".into(),
+                    None => "outside the 1.25× goal".into(),
+                };
+                let _ = write!(
+                    out,
+                    "Floor p99 {}, ratio {ratio:.2}× ({judgement}{}).",
+                    fmt_unit(f.p99),
+                    if sc.id.starts_with("durable") {
+                        "; the floor does not fsync"
+                    } else {
+                        ""
+                    }
+                );
+                if mine.p99 < f.p99 {
+                    out.push_str(
+                        " The floor measured slower than ringlockd, so this scenario's tail is machine \
+                         noise rather than either server (see foreign / steal CPU %).",
+                    );
+                }
+            }
+        }
+    }
+    if let (Some(t1), Some(t2)) = (
+        fig(sc, results, "ringlockd-t1"),
+        fig(sc, results, "ringlockd-t2"),
+    ) {
+        let judgement = match p99_overlaps(&t2, &[&t1]) {
+            Some(text) => text,
+            None if t2.p99 <= 1.5 * t1.p99 => "within the 1.5× bound for 2 shards".into(),
+            None => "outside the 1.5× bound for 2 shards".into(),
         };
         let _ = write!(
             out,
-            "Floor p99 {}, ratio {ratio:.2}× ({claim}).",
-            fmt_unit(f)
+            " Shards: ringlockd-t2 p99 {} vs ringlockd-t1 {} ({:.2}×: {judgement})",
+            fmt_unit(t2.p99),
+            fmt_unit(t1.p99),
+            t2.p99 / t1.p99,
         );
-        if mine < f {
-            out.push_str(
-                " The floor measured slower than ringlockd, so this scenario's tail is machine \
-                 noise rather than either server (see foreign / steal CPU %).",
+        if t1.closed {
+            let _ = write!(
+                out,
+                "; throughput {:.0} vs {:.0} cycles/s ({:.2}×{})",
+                t2.ops,
+                t1.ops,
+                t2.ops / t1.ops.max(1e-9),
+                if overlap(t1.ops_range, t2.ops_range) {
+                    ", ranges overlap: indistinguishable"
+                } else {
+                    ""
+                }
             );
         }
+        if let (Some(c1), Some(c2)) = (t1.cpu, t2.cpu) {
+            let _ = write!(
+                out,
+                "; server CPU {} vs {} µs/op ({:.2}×)",
+                fmt_cpu(Some(c2)),
+                fmt_cpu(Some(c1)),
+                c2 / c1
+            );
+        }
+        out.push('.');
+    }
+    let compared = ["floor", ours, "ringlockd-t1", "ringlockd-t2"]
+        .into_iter()
+        .filter_map(|s| fig(sc, results, s))
+        .chain(peers);
+    if compared.into_iter().any(|f| f.rounds < 2) {
+        out.push_str(
+            " (One round: a range of one value says nothing about the run-to-run noise; \
+             rerun with --repeat 2 or more before concluding.)",
+        );
     }
     out.push('\n');
     out
@@ -497,18 +668,109 @@ fn verdict(
 mod tests {
     use super::*;
 
-    #[test]
-    fn ranges_keep_their_units() {
-        assert_eq!(fmt_range(262.0, 1282.0), "262–1282");
-        assert_eq!(fmt_range(113.0, 812_000.0), "113 µs–812 ms");
-        assert_eq!(fmt_range(2_804_000.0, 4_748_000.0), "2804 ms–4748 ms");
-        assert_eq!(fmt_range(400.0, 17_100.0), "400 µs–17.1 ms");
+    fn ran(p99: f64, range: (f64, f64), ops: f64, rate: f64, cpu: Option<f64>) -> Outcome {
+        let v = json::parse(&format!(
+            r#"{{"rate_target":{rate},"ops_per_sec":{ops},"latency_us":{{"p99":{p99}}}}}"#
+        ))
+        .expect("valid JSON");
+        Outcome::Ran(
+            Box::new(v),
+            Run {
+                bg_cpu: "0 / 0".into(),
+                rounds: 3,
+                p99_range: range,
+                ops_range: (ops, ops),
+                cpu_us_per_op: cpu,
+            },
+        )
+    }
+
+    fn scenario(id: &str) -> Scenario {
+        Scenario {
+            id: id.into(),
+            title: String::new(),
+            args: String::new(),
+        }
+    }
+
+    fn verdict_of(id: &str, rows: Vec<(&str, Outcome)>) -> String {
+        let systems: Vec<String> = rows.iter().map(|(s, _)| s.to_string()).collect();
+        let results = rows
+            .into_iter()
+            .map(|(s, o)| ((id.to_string(), s.to_string()), o))
+            .collect();
+        verdict(&scenario(id), &systems, &results)
     }
 
     #[test]
-    fn overlapping_ranges() {
-        assert!(overlap((262.0, 1282.0), (309.0, 2513.0)));
+    fn overlapping_ranges_are_indistinguishable_never_met() {
+        let v = verdict_of(
+            "uncontended-1",
+            vec![
+                ("floor", ran(100.0, (90.0, 300.0), 1000.0, 1000.0, None)),
+                (
+                    "ringlockd",
+                    ran(110.0, (95.0, 200.0), 1000.0, 1000.0, Some(20.0)),
+                ),
+                ("redis", ran(150.0, (140.0, 400.0), 1000.0, 1000.0, None)),
+            ],
+        );
+        assert!(v.contains("indistinguishable"), "{v}");
+        for claim in ["lower than every peer", "within the 1.25", "met", "faster"] {
+            assert!(!v.contains(claim), "{claim:?} claimed despite overlap: {v}");
+        }
+    }
+
+    #[test]
+    fn separated_ranges_are_compared() {
+        let v = verdict_of(
+            "churn-8-max",
+            vec![
+                ("floor", ran(100.0, (95.0, 105.0), 12000.0, 0.0, None)),
+                (
+                    "ringlockd",
+                    ran(110.0, (108.0, 112.0), 11000.0, 0.0, Some(20.0)),
+                ),
+                (
+                    "locking-center",
+                    ran(800.0, (760.0, 830.0), 9000.0, 0.0, Some(60.0)),
+                ),
+            ],
+        );
+        assert!(v.contains("lower than every peer"), "{v}");
+        assert!(v.contains("higher than every peer"), "{v}");
+        assert!(v.contains("within the 1.25× goal"), "{v}");
+        assert!(!v.contains("indistinguishable"), "{v}");
+    }
+
+    #[test]
+    fn shards_are_compared_with_cpu_per_op() {
+        let v = verdict_of(
+            "persistent-64",
+            vec![
+                (
+                    "ringlockd-t1",
+                    ran(60.0, (55.0, 65.0), 10000.0, 10000.0, Some(10.0)),
+                ),
+                (
+                    "ringlockd-t2",
+                    ran(100.0, (95.0, 110.0), 10000.0, 10000.0, Some(12.0)),
+                ),
+            ],
+        );
+        assert!(v.contains("outside the 1.5× bound"), "{v}");
+        assert!(v.contains("server CPU 12.0 vs 10.0 µs/op (1.20×)"), "{v}");
+    }
+
+    #[test]
+    fn ranges() {
         assert!(overlap((1.0, 2.0), (2.0, 3.0)));
         assert!(!overlap((1.0, 2.0), (2.5, 3.0)));
+        assert_eq!(kv("foreign=3 steal=0", "steal").as_deref(), Some("0"));
+        assert_eq!(
+            kv("server_cpu_s=1 us_per_op=2.50", "us_per_op").as_deref(),
+            Some("2.50")
+        );
+        assert_eq!(kv("us_per_opx=1", "us_per_op"), None);
     }
 }

@@ -191,6 +191,41 @@ pub struct Config {
     pub hgrm_path: Option<String>,
     pub progress: bool,
     pub label: String,
+    /// Epoll threads; thread t drives clients t, t + threads, … (default 1).
+    pub threads: usize,
+    /// Pin thread t to `pin_cpus[t % len]`; `None` = leave the affinity alone.
+    pub pin_cpus: Option<Vec<usize>>,
+}
+
+/// Most CPUs a `--pin-cpus` list may name (the size of `cpu_set_t`).
+pub const MAX_CPU: usize = 1024;
+
+/// Parse a CPU list as `taskset -c` takes it: `0,1`, `2-9`, `0-3,8`.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+    let bad = |why: &str| format!("bad --pin-cpus {s:?}: {why} (e.g. 0,1 or 2-9)");
+    let mut cpus = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let lo: usize = lo.parse().map_err(|_| bad("not a CPU number"))?;
+        let hi: usize = hi.parse().map_err(|_| bad("not a CPU number"))?;
+        if lo > hi {
+            return Err(bad("range runs backwards"));
+        }
+        if hi >= MAX_CPU {
+            return Err(bad(&format!("CPUs go up to {}", MAX_CPU - 1)));
+        }
+        for cpu in lo..=hi {
+            if cpus.contains(&cpu) {
+                return Err(bad(&format!("CPU {cpu} named twice")));
+            }
+            cpus.push(cpu);
+        }
+    }
+    Ok(cpus)
 }
 
 /// What `--version` prints (returned through the error path, like USAGE).
@@ -228,6 +263,10 @@ Options:
   --json               last stdout line: one JSON object with the results
   --hgrm FILE          write the corrected lock-latency histogram as .hgrm
   --no-progress        no per-second progress line on stderr
+  --threads N          epoll threads; thread t drives clients t, t+N, ... (default 1,
+                       at most --connections); percentiles merge all threads
+  --pin-cpus LIST      pin thread t to the t-th CPU of LIST (0,1 or 2-9; wraps
+                       around when shorter than --threads); default: no pinning
   -h, --help           this help;  -V, --version  the version
 ";
 
@@ -262,6 +301,8 @@ where
         hgrm_path: None,
         progress: true,
         label: String::new(),
+        threads: 1,
+        pin_cpus: None,
     };
     let s = |v: std::ffi::OsString| {
         v.into_string()
@@ -333,6 +374,16 @@ where
             Long("json") => cfg.json = true,
             Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
             Long("no-progress") => cfg.progress = false,
+            Long("threads") => {
+                cfg.threads = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --threads")?
+            }
+            Long("pin-cpus") => {
+                cfg.pin_cpus = Some(parse_cpu_list(&s(p
+                    .value()
+                    .map_err(|e| e.to_string())?)?)?)
+            }
             Long("help") | Short('h') => return Err(USAGE.to_string()),
             Long("version") | Short('V') => return Err(VERSION.to_string()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
@@ -344,6 +395,15 @@ where
     }
     if cfg.keys == 0 {
         return Err("--keys must be at least 1".into());
+    }
+    if cfg.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    if cfg.threads > cfg.connections {
+        return Err(format!(
+            "--threads {} exceeds --connections {}: every thread drives at least one client",
+            cfg.threads, cfg.connections
+        ));
     }
     if cfg.rate_per_s < 0.0 || !cfg.rate_per_s.is_finite() {
         return Err("--rate must be >= 0".into());
@@ -442,5 +502,45 @@ mod tests {
         .is_err());
         assert!(a(&["--connections", "1"]).is_err());
         assert!(a(&["--target", "etcd://h:1", "--mix", "try-lock"]).is_err());
+    }
+
+    #[test]
+    fn threads_and_cpu_lists() {
+        let a = |v: &[&str]| parse_args(v.iter().map(std::ffi::OsString::from));
+        let c = a(&["--target", "ringlock://h:1"]).unwrap();
+        assert_eq!(
+            (c.threads, c.pin_cpus),
+            (1, None),
+            "defaults: one thread, no pinning"
+        );
+        let c = a(&[
+            "--target",
+            "ringlock://h:1",
+            "--connections",
+            "8",
+            "--threads",
+            "4",
+            "--pin-cpus",
+            "2-3,0",
+        ])
+        .unwrap();
+        assert_eq!(c.threads, 4);
+        assert_eq!(c.pin_cpus, Some(vec![2, 3, 0]));
+        let err = a(&[
+            "--target",
+            "ringlock://h:1",
+            "--connections",
+            "2",
+            "--threads",
+            "3",
+        ])
+        .unwrap_err();
+        assert!(err.contains("exceeds --connections"), "{err}");
+        assert!(a(&["--target", "ringlock://h:1", "--threads", "0"]).is_err());
+        assert_eq!(parse_cpu_list("0,1").unwrap(), vec![0, 1]);
+        assert_eq!(parse_cpu_list("2-5").unwrap(), vec![2, 3, 4, 5]);
+        for bad in ["", "a", "3-1", "1,1", "0-1024", "1-", "-2"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

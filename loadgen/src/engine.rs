@@ -1,5 +1,13 @@
-//! The load engine: one thread, one epoll instance, one timerfd, and a state
+//! The load engine: per thread one epoll instance, one timerfd, and a state
 //! machine per client.
+//!
+//! Threads (`--threads N`, default 1): thread t owns clients t, t + N, …
+//! (disjoint; a client never changes thread), with its own epoll, timerfd,
+//! sockets and histograms; nothing is locked between them. They share one
+//! start time (so their windows coincide) and the per-key bookkeeping that
+//! tells contended grants apart (relaxed atomics). At the end their
+//! histograms are added and their counters summed ([`merge`]). With one
+//! thread the engine runs on the calling thread, as it always did.
 //!
 //! A *cycle* is one lock acquisition: Lock (or TryLock) → hold → Unlock.
 //! Open loop: client i starts cycle k at its *intended* time
@@ -23,14 +31,18 @@
 //! cycles still open at `end` get `drain` time to finish, and the ones that
 //! do not are counted as `incomplete` errors (never silently dropped).
 //!
-//! Ownership: the engine owns every socket; a client's `gen` changes on every
-//! new connection so a stale epoll event for a closed socket is ignored.
+//! Ownership: a thread's engine owns its clients' sockets; a client's `gen`
+//! changes on every new connection so a stale epoll event for a closed
+//! socket is ignored.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::mpsc;
 
 use hdrhistogram::Histogram;
 
@@ -94,20 +106,119 @@ pub struct Stats {
     pub queue_wait: Histogram<u64>,
     pub handoff: Histogram<u64>,
     pub cycles: u64,
+    /// Every completed cycle, warm-up and drain included: the denominator
+    /// for costs measured over the whole run (the server's CPU time).
+    pub cycles_all: u64,
     pub grants: u64,
     pub busy: u64,
     pub retries: u64,
     pub connects: u64,
     pub errors: Errors,
     pub first_error: Option<String>,
+    /// When `first_error` happened (monotonic ns), so merging the threads'
+    /// figures keeps the one that really came first.
+    first_error_ns: u64,
+    /// Indexed by the global client id (every thread's vector has one slot
+    /// per client of the run; a thread only counts its own clients).
     pub grants_per_client: Vec<u64>,
     /// Length of the measured window.
     pub measured_ns: u64,
     /// Time from the end of the window until the last open cycle finished.
     pub drain_used_ns: u64,
-    /// CPU time the load generator itself used (user, system), seconds.
+    /// CPU time the load generator used (user, system), seconds: the whole
+    /// process for [`run`], the one thread for a part of [`run_parts`].
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
+}
+
+impl Stats {
+    fn new(connections: usize, measured_ns: u64) -> Stats {
+        Stats {
+            lock: new_hist(),
+            lock_uncorrected: new_hist(),
+            unlock: new_hist(),
+            cycle: new_hist(),
+            queue_wait: new_hist(),
+            handoff: new_hist(),
+            cycles: 0,
+            cycles_all: 0,
+            grants: 0,
+            busy: 0,
+            retries: 0,
+            connects: 0,
+            errors: Errors::default(),
+            first_error: None,
+            first_error_ns: 0,
+            grants_per_client: vec![0; connections],
+            measured_ns,
+            drain_used_ns: 0,
+            cpu_user_s: 0.0,
+            cpu_sys_s: 0.0,
+        }
+    }
+
+    fn note_error(&mut self, msg: String) {
+        if self.first_error.is_none() {
+            self.first_error = Some(msg);
+            self.first_error_ns = now_ns();
+        }
+    }
+
+    /// Fold another thread's figures into these: histograms are added
+    /// (HdrHistogram addition is exact: the merged percentiles are those of
+    /// all samples together), counters summed, the drain is the longest.
+    fn absorb(&mut self, o: Stats) {
+        for (mine, theirs) in [
+            (&mut self.lock, &o.lock),
+            (&mut self.lock_uncorrected, &o.lock_uncorrected),
+            (&mut self.unlock, &o.unlock),
+            (&mut self.cycle, &o.cycle),
+            (&mut self.queue_wait, &o.queue_wait),
+            (&mut self.handoff, &o.handoff),
+        ] {
+            mine.add(theirs)
+                .expect("every histogram of a run has the same bounds");
+        }
+        self.cycles += o.cycles;
+        self.cycles_all += o.cycles_all;
+        self.grants += o.grants;
+        self.busy += o.busy;
+        self.retries += o.retries;
+        self.connects += o.connects;
+        let (e, f) = (&mut self.errors, &o.errors);
+        e.server += f.server;
+        e.connect += f.connect;
+        e.io += f.io;
+        e.protocol += f.protocol;
+        e.not_held += f.not_held;
+        e.incomplete += f.incomplete;
+        if let Some(msg) = o.first_error {
+            if self.first_error.is_none() || o.first_error_ns < self.first_error_ns {
+                self.first_error = Some(msg);
+                self.first_error_ns = o.first_error_ns;
+            }
+        }
+        if self.grants_per_client.len() < o.grants_per_client.len() {
+            self.grants_per_client.resize(o.grants_per_client.len(), 0);
+        }
+        for (a, b) in self.grants_per_client.iter_mut().zip(&o.grants_per_client) {
+            *a += b;
+        }
+        self.measured_ns = self.measured_ns.max(o.measured_ns);
+        self.drain_used_ns = self.drain_used_ns.max(o.drain_used_ns);
+        self.cpu_user_s += o.cpu_user_s;
+        self.cpu_sys_s += o.cpu_sys_s;
+    }
+}
+
+/// Merge the figures of every thread of a run into one.
+pub fn merge(parts: Vec<Stats>) -> Stats {
+    let mut it = parts.into_iter();
+    let mut total = it.next().expect("a run has at least one thread");
+    for p in it {
+        total.absorb(p);
+    }
+    total
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +235,8 @@ enum Phase {
 }
 
 struct Client {
+    /// Global client id (source name, private key, fairness slot); the
+    /// client's index in its thread's `clients` is its epoll token instead.
     id: usize,
     stream: Option<TcpStream>,
     gen: u32,
@@ -154,22 +267,75 @@ struct Client {
     rng: Rng,
 }
 
-#[derive(Clone, Copy, Default)]
+const NO_HOLDER: u32 = u32::MAX;
+
+/// What this run's clients know about one key, shared by every thread so
+/// that contention between clients of different threads is seen too. It is
+/// bookkeeping for the contention figures only (never a lock): relaxed
+/// atomics suffice, because the store that matters (`last_release_ns`)
+/// happens before the Unlock's `write`, and the grant it explains is read
+/// after a later `read` — both system calls, which order memory anyway.
 struct KeyState {
-    holder: Option<u32>,
-    waiters: u32,
-    last_release_ns: u64,
+    /// Global id of the client that was granted the key, or `NO_HOLDER`.
+    holder: AtomicU32,
+    waiters: AtomicU32,
+    last_release_ns: AtomicU64,
+}
+
+impl KeyState {
+    fn new() -> KeyState {
+        KeyState {
+            holder: AtomicU32::new(NO_HOLDER),
+            waiters: AtomicU32::new(0),
+            last_release_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn unwait(&self) {
+        let _ = self
+            .waiters
+            .fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_sub(1)));
+    }
+
+    fn unhold(&self, id: usize) {
+        let _ = self
+            .holder
+            .compare_exchange(id as u32, NO_HOLDER, Relaxed, Relaxed);
+    }
+}
+
+/// One progress interval of one thread, sent to the thread that prints.
+struct Tick {
+    elapsed_ns: u64,
+    hist: Histogram<u64>,
+    cycles: u64,
+    errors: u64,
+    open: usize,
+}
+
+enum ProgressSink {
+    /// One thread: print the line itself (as it always did).
+    Print,
+    /// Several threads: the calling thread merges the intervals and prints.
+    Send(mpsc::Sender<Tick>),
+}
+
+/// What every thread of a run shares: where to connect, when the run starts.
+struct Plan {
+    addr: SocketAddr,
+    start_ns: u64,
+    period_ns: u64,
 }
 
 struct Engine<'a> {
     cfg: &'a Config,
     addr: SocketAddr,
-    epfd: RawFd,
-    tfd: RawFd,
+    epfd: OwnedFd,
+    tfd: OwnedFd,
     armed_ns: u64,
     timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
     clients: Vec<Client>,
-    keys: Vec<KeyState>,
+    keys: &'a [KeyState],
     picker: KeyPicker,
     stats: Stats,
     warm_end_ns: u64,
@@ -177,14 +343,160 @@ struct Engine<'a> {
     interval: Histogram<u64>,
     interval_cycles: u64,
     interval_errors: u64,
+    progress_sink: ProgressSink,
 }
 
-/// Run the configured load and return what it measured.
+/// Run the configured load and return what it measured, every thread's
+/// figures merged; the CPU time is that of the whole process.
 pub fn run(cfg: &Config) -> Result<Stats, String> {
+    let mut stats = merge(run_parts(cfg)?);
+    let (user, sys) = cpu_s(libc::RUSAGE_SELF);
+    stats.cpu_user_s = user;
+    stats.cpu_sys_s = sys;
+    Ok(stats)
+}
+
+/// Run the configured load on `cfg.threads` epoll threads and return each
+/// thread's own figures (thread t drives clients t, t + threads, …).
+/// With one thread the engine runs on the calling thread.
+pub fn run_parts(cfg: &Config) -> Result<Vec<Stats>, String> {
     let addr = cfg.target.resolve()?;
+    let keys: Vec<KeyState> = (0..cfg.keys).map(|_| KeyState::new()).collect();
+    let per_client_rate = cfg.rate_per_s / cfg.connections as f64;
+    let period_ns = if per_client_rate > 0.0 {
+        (1e9 / per_client_rate).round().max(1.0) as u64
+    } else {
+        0
+    };
+    // Every thread shares one start time, so their windows coincide. Extra
+    // threads get a little more lead so their start-up (histograms, epoll)
+    // is done before the first arrival is due.
+    let lead_ns = if cfg.threads == 1 {
+        1_000_000
+    } else {
+        5_000_000
+    };
+    let plan = Plan {
+        addr,
+        start_ns: now_ns() + lead_ns,
+        period_ns,
+    };
+    if cfg.threads == 1 {
+        return Ok(vec![run_thread(cfg, &plan, &keys, 0, ProgressSink::Print)?]);
+    }
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel();
+        let mut handles = Vec::with_capacity(cfg.threads);
+        let mut spawn_error = None;
+        for t in 0..cfg.threads {
+            let sink = ProgressSink::Send(tx.clone());
+            let (plan, keys) = (&plan, &keys[..]);
+            match std::thread::Builder::new()
+                .name(format!("loadgen-{t}"))
+                .spawn_scoped(scope, move || run_thread(cfg, plan, keys, t, sink))
+            {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    spawn_error = Some(format!("starting load generator thread {t}: {e}"));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        print_progress(cfg, handles.len(), rx);
+        let mut parts = Vec::with_capacity(handles.len());
+        let mut first_err = spawn_error;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(st)) => parts.push(st),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert("a load generator thread panicked".into());
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(parts),
+        }
+    })
+}
+
+/// The several-thread progress line: one line per interval once every
+/// thread has reported it, with the interval histograms merged. Returns when
+/// every thread has dropped its sender (finished).
+fn print_progress(cfg: &Config, threads: usize, rx: mpsc::Receiver<Tick>) {
+    let mut pending: BTreeMap<u64, (usize, Tick)> = BTreeMap::new();
+    for tick in rx {
+        let at = tick.elapsed_ns;
+        let complete = match pending.get_mut(&at) {
+            None => {
+                pending.insert(at, (1, tick));
+                threads == 1
+            }
+            Some((n, acc)) => {
+                *n += 1;
+                acc.hist
+                    .add(&tick.hist)
+                    .expect("progress histograms share their bounds");
+                acc.cycles += tick.cycles;
+                acc.errors += tick.errors;
+                acc.open += tick.open;
+                *n == threads
+            }
+        };
+        if complete {
+            if let Some((_, t)) = pending.remove(&at) {
+                print_tick(cfg, t.elapsed_ns, &t.hist, t.cycles, t.errors, t.open);
+            }
+        }
+    }
+}
+
+fn print_tick(
+    cfg: &Config,
+    elapsed_ns: u64,
+    hist: &Histogram<u64>,
+    cycles: u64,
+    errors: u64,
+    open: usize,
+) {
+    let phase = if elapsed_ns <= cfg.warmup_ns {
+        "warmup"
+    } else {
+        "run"
+    };
+    let p = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
+    eprintln!(
+        "[{:6.1}s {phase:>6}] cycles/s={:<8} lock p50={:.1}us p99={:.1}us max={:.1}us errors={} open={}",
+        elapsed_ns as f64 / 1e9,
+        cycles,
+        p(0.5),
+        p(0.99),
+        hist.max() as f64 / 1e3,
+        errors,
+        open,
+    );
+}
+
+/// One epoll thread: its own epoll instance, timerfd and clients.
+fn run_thread(
+    cfg: &Config,
+    plan: &Plan,
+    keys: &[KeyState],
+    thread: usize,
+    progress_sink: ProgressSink,
+) -> Result<Stats, String> {
+    if let Some(cpus) = &cfg.pin_cpus {
+        pin_current_thread(cpus[thread % cpus.len()])
+            .map_err(|e| format!("thread {thread}: {e}"))?;
+    }
     // SAFETY: plain syscalls on fresh descriptors we own; checked below.
     let (epfd, tfd) = unsafe {
-        // Timers fire when asked, not up to 50 µs later (default timer slack).
+        // Timers fire when asked, not up to 50 µs later (default timer
+        // slack). The slack is per thread, so every engine thread sets it.
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
         (
             libc::epoll_create1(libc::EPOLL_CLOEXEC),
@@ -194,32 +506,24 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
             ),
         )
     };
-    if epfd < 0 || tfd < 0 {
-        return Err(format!(
-            "epoll/timerfd: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: TIMER_TOKEN,
+    let err = std::io::Error::last_os_error();
+    // SAFETY: each descriptor that was opened is owned by nothing else; the
+    // OwnedFd closes it on every path (also when the other failed).
+    let (epfd, tfd) = unsafe {
+        (
+            (epfd >= 0).then(|| OwnedFd::from_raw_fd(epfd)),
+            (tfd >= 0).then(|| OwnedFd::from_raw_fd(tfd)),
+        )
     };
-    // SAFETY: epfd and tfd are valid descriptors; ev lives across the call.
-    if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, tfd, &mut ev) } < 0 {
-        return Err(format!(
-            "epoll_ctl timerfd: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let nkeys = cfg.keys as usize;
-    let per_client_rate = cfg.rate_per_s / cfg.connections as f64;
-    let period_ns = if per_client_rate > 0.0 {
-        (1e9 / per_client_rate).round().max(1.0) as u64
-    } else {
-        0
+    let (Some(epfd), Some(tfd)) = (epfd, tfd) else {
+        return Err(format!("epoll/timerfd: {err}"));
     };
     let mut seed_rng = Rng::new(cfg.seed);
-    let clients = (0..cfg.connections)
+    // Every client's RNG seed is drawn in global id order, so a client gets
+    // the same key sequence whatever thread drives it.
+    let seeds: Vec<u64> = (0..cfg.connections).map(|_| seed_rng.next_u64()).collect();
+    let clients = (thread..cfg.connections)
+        .step_by(cfg.threads)
         .map(|id| Client {
             id,
             stream: None,
@@ -246,69 +550,86 @@ pub fn run(cfg: &Config) -> Result<Stats, String> {
             contended: false,
             waiting: false,
             holding: false,
-            period_ns,
+            period_ns: plan.period_ns,
             timer_seq: 0,
-            rng: Rng::new(seed_rng.next_u64()),
+            rng: Rng::new(seeds[id]),
         })
         .collect();
-    let start = now_ns() + 1_000_000;
+    let start = plan.start_ns;
     let mut e = Engine {
         cfg,
-        addr,
+        addr: plan.addr,
         epfd,
         tfd,
         armed_ns: 0,
         timers: BinaryHeap::new(),
         clients,
-        keys: vec![KeyState::default(); nkeys],
+        keys,
         picker: KeyPicker::new(cfg.dist.clone(), cfg.keys),
-        stats: Stats {
-            lock: new_hist(),
-            lock_uncorrected: new_hist(),
-            unlock: new_hist(),
-            cycle: new_hist(),
-            queue_wait: new_hist(),
-            handoff: new_hist(),
-            cycles: 0,
-            grants: 0,
-            busy: 0,
-            retries: 0,
-            connects: 0,
-            errors: Errors::default(),
-            first_error: None,
-            grants_per_client: vec![0; cfg.connections],
-            measured_ns: cfg.duration_ns,
-            drain_used_ns: 0,
-            cpu_user_s: 0.0,
-            cpu_sys_s: 0.0,
-        },
+        stats: Stats::new(cfg.connections, cfg.duration_ns),
         warm_end_ns: start + cfg.warmup_ns,
         end_ns: start + cfg.warmup_ns + cfg.duration_ns,
         interval: new_hist(),
         interval_cycles: 0,
         interval_errors: 0,
+        progress_sink,
     };
-    // Spread the first arrivals over one period so clients do not fire in lockstep.
-    for i in 0..cfg.connections {
-        let offset = if period_ns > 0 {
-            period_ns * i as u64 / cfg.connections as u64
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: TIMER_TOKEN,
+    };
+    // SAFETY: epfd and tfd are valid descriptors; ev lives across the call.
+    let rc = unsafe {
+        libc::epoll_ctl(
+            e.epfd.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            e.tfd.as_raw_fd(),
+            &mut ev,
+        )
+    };
+    if rc < 0 {
+        return Err(format!(
+            "epoll_ctl timerfd: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // Spread the first arrivals over one period so clients do not fire in
+    // lockstep; the offset follows the global id, so the schedule is the
+    // same whatever the number of threads.
+    for idx in 0..e.clients.len() {
+        let id = e.clients[idx].id;
+        let offset = if plan.period_ns > 0 {
+            plan.period_ns * id as u64 / cfg.connections as u64
         } else {
             0
         };
-        e.schedule(i, start + offset);
+        e.schedule(idx, start + offset);
     }
     e.schedule(NO_CLIENT, start + PROGRESS_EVERY_NS);
-    let result = e.event_loop(start);
-    // SAFETY: both descriptors are ours and no longer used.
-    unsafe {
-        libc::close(e.tfd);
-        libc::close(e.epfd);
+    e.event_loop(start)?;
+    let mut stats = e.stats;
+    let (user, sys) = cpu_s(libc::RUSAGE_THREAD);
+    stats.cpu_user_s = user;
+    stats.cpu_sys_s = sys;
+    Ok(stats)
+}
+
+/// Pin the calling thread to one CPU.
+fn pin_current_thread(cpu: usize) -> Result<(), String> {
+    // SAFETY: cpu_set_t is plain old data; CPU_SET stays inside it because
+    // config checked cpu < CPU_SETSIZE.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "pinning to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
-    result?;
-    let (user, sys) = own_cpu_s();
-    e.stats.cpu_user_s = user;
-    e.stats.cpu_sys_s = sys;
-    Ok(e.stats)
+    Ok(())
 }
 
 impl<'a> Engine<'a> {
@@ -341,7 +662,7 @@ impl<'a> Engine<'a> {
         // SAFETY: tfd is our timerfd; spec is a valid itimerspec.
         unsafe {
             libc::timerfd_settime(
-                self.tfd,
+                self.tfd.as_raw_fd(),
                 libc::TFD_TIMER_ABSTIME,
                 &spec,
                 std::ptr::null_mut(),
@@ -388,7 +709,12 @@ impl<'a> Engine<'a> {
             self.arm(next.max(1));
             // SAFETY: events is a valid buffer of events.len() entries.
             let n = unsafe {
-                libc::epoll_wait(self.epfd, events.as_mut_ptr(), events.len() as i32, 100)
+                libc::epoll_wait(
+                    self.epfd.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    100,
+                )
             };
             if n < 0 {
                 let err = std::io::Error::last_os_error();
@@ -402,7 +728,7 @@ impl<'a> Engine<'a> {
                 if token == TIMER_TOKEN {
                     let mut buf = [0u8; 8];
                     // SAFETY: reading 8 bytes into an 8-byte buffer from our timerfd.
-                    unsafe { libc::read(self.tfd, buf.as_mut_ptr().cast(), 8) };
+                    unsafe { libc::read(self.tfd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
                     self.armed_ns = 0;
                     continue;
                 }
@@ -421,22 +747,28 @@ impl<'a> Engine<'a> {
 
     fn progress(&mut self, elapsed_ns: u64) {
         if self.cfg.progress {
-            let phase = if elapsed_ns <= self.cfg.warmup_ns {
-                "warmup"
-            } else {
-                "run"
-            };
-            let p = |q: f64| self.interval.value_at_quantile(q) as f64 / 1e3;
-            eprintln!(
-                "[{:6.1}s {phase:>6}] cycles/s={:<8} lock p50={:.1}us p99={:.1}us max={:.1}us errors={} open={}",
-                elapsed_ns as f64 / 1e9,
-                self.interval_cycles,
-                p(0.5),
-                p(0.99),
-                self.interval.max() as f64 / 1e3,
-                self.interval_errors,
-                self.busy_clients(),
-            );
+            let open = self.busy_clients();
+            match &self.progress_sink {
+                ProgressSink::Print => print_tick(
+                    self.cfg,
+                    elapsed_ns,
+                    &self.interval,
+                    self.interval_cycles,
+                    self.interval_errors,
+                    open,
+                ),
+                ProgressSink::Send(tx) => {
+                    // The printing thread may be gone only if the run is
+                    // being torn down; a lost progress line is harmless then.
+                    let _ = tx.send(Tick {
+                        elapsed_ns,
+                        hist: std::mem::replace(&mut self.interval, new_hist()),
+                        cycles: self.interval_cycles,
+                        errors: self.interval_errors,
+                        open,
+                    });
+                }
+            }
         }
         self.interval.reset();
         self.interval_cycles = 0;
@@ -490,23 +822,23 @@ impl<'a> Engine<'a> {
         let op = c.op;
         c.codec.encode(op, &c.keybuf, &mut c.wbuf);
         c.phase = Phase::AwaitReply;
-        let k = &mut self.keys[c.key as usize];
+        let k = &self.keys[c.key as usize];
         match op {
             Op::Lock | Op::TryLock => {
                 if !c.registered {
                     c.registered = true;
-                    c.contended = k.holder.is_some() || k.waiters > 0;
-                    k.waiters += 1;
+                    let waiters = k.waiters.fetch_add(1, Relaxed);
+                    c.contended = waiters > 0 || k.holder.load(Relaxed) != NO_HOLDER;
                     c.waiting = true;
                 }
             }
             Op::Unlock => {
                 if c.holding {
                     c.holding = false;
-                    if k.holder == Some(c.id as u32) {
-                        k.holder = None;
-                    }
-                    k.last_release_ns = now;
+                    k.unhold(c.id);
+                    // Before the write below: the next holder's grant, in
+                    // whatever thread, is read after it.
+                    k.last_release_ns.store(now, Relaxed);
                 }
             }
         }
@@ -526,7 +858,12 @@ impl<'a> Engine<'a> {
                 };
                 // SAFETY: epfd and the stream's fd are valid; ev lives across the call.
                 let rc = unsafe {
-                    libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, stream.as_raw_fd(), &mut ev)
+                    libc::epoll_ctl(
+                        self.epfd.as_raw_fd(),
+                        libc::EPOLL_CTL_ADD,
+                        stream.as_raw_fd(),
+                        &mut ev,
+                    )
                 };
                 if rc < 0 {
                     let err = std::io::Error::last_os_error();
@@ -606,6 +943,11 @@ impl<'a> Engine<'a> {
 
     fn on_readable(&mut self, idx: usize) {
         let mut eof = false;
+        // The connection these bytes (and this EOF) came from. A reply can
+        // close it and open the next one (per-request mode), and a server
+        // that closes first sends its FIN right behind the answer: that EOF
+        // belongs to the old connection, never to the new one.
+        let gen = self.clients[idx].gen;
         {
             let c = &mut self.clients[idx];
             let Some(stream) = c.stream.as_mut() else {
@@ -628,7 +970,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        while !self.clients[idx].rbuf.is_empty() {
+        while self.clients[idx].gen == gen && !self.clients[idx].rbuf.is_empty() {
             let c = &mut self.clients[idx];
             match c.phase {
                 Phase::Handshaking => match c.codec.handshake(&mut c.rbuf, &mut c.wbuf) {
@@ -664,7 +1006,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        if eof && self.clients[idx].stream.is_some() {
+        if eof && self.clients[idx].gen == gen && self.clients[idx].stream.is_some() {
             match self.clients[idx].phase {
                 Phase::Connecting | Phase::Handshaking | Phase::AwaitReply => {
                     self.fail(idx, ErrKind::Io, "connection closed by the server".into())
@@ -691,12 +1033,12 @@ impl<'a> Engine<'a> {
         match (op, reply) {
             (Op::Lock | Op::TryLock, Reply::Granted) => {
                 let c = &mut self.clients[idx];
-                let k = &mut self.keys[c.key as usize];
+                let k = &self.keys[c.key as usize];
                 if c.waiting {
                     c.waiting = false;
-                    k.waiters = k.waiters.saturating_sub(1);
+                    k.unwait();
                 }
-                k.holder = Some(c.id as u32);
+                k.holder.store(c.id as u32, Relaxed);
                 c.holding = true;
                 if c.measured {
                     let st = &mut self.stats;
@@ -707,8 +1049,9 @@ impl<'a> Engine<'a> {
                     record(&mut st.lock_uncorrected, now - c.lock_first_send_ns);
                     if c.contended {
                         record(&mut st.queue_wait, now - c.lock_first_send_ns);
-                        if k.last_release_ns > c.lock_first_send_ns {
-                            record(&mut st.handoff, now - k.last_release_ns);
+                        let released_ns = k.last_release_ns.load(Relaxed);
+                        if released_ns > c.lock_first_send_ns {
+                            record(&mut st.handoff, now.saturating_sub(released_ns));
                         }
                     }
                 }
@@ -740,10 +1083,10 @@ impl<'a> Engine<'a> {
             }
             (Op::TryLock, Reply::Busy) => {
                 let c = &mut self.clients[idx];
-                let k = &mut self.keys[c.key as usize];
+                let k = &self.keys[c.key as usize];
                 if c.waiting {
                     c.waiting = false;
-                    k.waiters = k.waiters.saturating_sub(1);
+                    k.unwait();
                 }
                 if c.measured {
                     self.stats.busy += 1;
@@ -778,9 +1121,7 @@ impl<'a> Engine<'a> {
                     self.stats.errors.server += 1;
                     self.interval_errors += 1;
                 }
-                if self.stats.first_error.is_none() {
-                    self.stats.first_error = Some(format!("{op:?}: {e}"));
-                }
+                self.stats.note_error(format!("{op:?}: {e}"));
                 self.release_bookkeeping(idx);
                 if per_request {
                     self.close(idx);
@@ -798,16 +1139,14 @@ impl<'a> Engine<'a> {
     /// Forget any waiter/holder registration of this client's current cycle.
     fn release_bookkeeping(&mut self, idx: usize) {
         let c = &mut self.clients[idx];
-        let k = &mut self.keys[c.key as usize];
+        let k = &self.keys[c.key as usize];
         if c.waiting {
             c.waiting = false;
-            k.waiters = k.waiters.saturating_sub(1);
+            k.unwait();
         }
         if c.holding {
             c.holding = false;
-            if k.holder == Some(c.id as u32) {
-                k.holder = None;
-            }
+            k.unhold(c.id);
         }
     }
 
@@ -822,9 +1161,7 @@ impl<'a> Engine<'a> {
             }
             self.interval_errors += 1;
         }
-        if self.stats.first_error.is_none() {
-            self.stats.first_error = Some(msg);
-        }
+        self.stats.note_error(msg);
         self.release_bookkeeping(idx);
         self.close(idx);
         if self.clients[idx].in_cycle {
@@ -834,9 +1171,12 @@ impl<'a> Engine<'a> {
 
     fn end_cycle(&mut self, idx: usize, now: u64, failed: bool) {
         let c = &mut self.clients[idx];
-        if c.measured && !failed {
-            self.stats.cycles += 1;
-            self.interval_cycles += 1;
+        if !failed {
+            self.stats.cycles_all += 1;
+            if c.measured {
+                self.stats.cycles += 1;
+                self.interval_cycles += 1;
+            }
         }
         c.in_cycle = false;
         c.phase = Phase::Idle;
@@ -868,8 +1208,8 @@ impl<'a> Engine<'a> {
             .iter()
             .filter(|c| c.in_cycle && c.measured)
             .count();
-        if open > 0 && self.stats.first_error.is_none() {
-            self.stats.first_error = Some(format!(
+        if open > 0 {
+            self.stats.note_error(format!(
                 "{open} cycles still open when the drain time ran out"
             ));
         }
@@ -894,12 +1234,13 @@ enum ErrKind {
     Protocol,
 }
 
-/// CPU time this process has used so far: (user, system) seconds.
-fn own_cpu_s() -> (f64, f64) {
+/// CPU time used so far by this process (`RUSAGE_SELF`) or this thread
+/// (`RUSAGE_THREAD`): (user, system) seconds.
+fn cpu_s(who: libc::c_int) -> (f64, f64) {
     // SAFETY: rusage is plain old data; getrusage fills it.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: ru is a valid, writable rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (secs(ru.ru_utime), secs(ru.ru_stime))
 }

@@ -7,15 +7,18 @@
 //! - [`proto`]: one small, unit-tested codec per target protocol
 //!   (Locking-Center, RESP, PostgreSQL simple query, MySQL/MariaDB, etcd's
 //!   HTTP/JSON gateway). Codecs do no I/O: bytes in, replies out.
-//! - [`engine`]: a single-threaded epoll loop that drives every client as a
-//!   state machine (connect → handshake → lock → hold → unlock), schedules
-//!   open-loop arrivals and records latencies from the *intended* start time.
+//! - [`engine`]: an epoll loop per thread that drives its clients as
+//!   state machines (connect → handshake → lock → hold → unlock), schedules
+//!   open-loop arrivals and records latencies from the *intended* start time;
+//!   the threads' histograms are merged at the end.
 //! - [`report`]: histogram summaries, the text report and the `--json` line.
 //!
-//! One thread drives all connections: the benchmark pins the load generator
-//! to one CPU, where one epoll thread beats N blocked threads that the
-//! scheduler would have to switch between (that switching would show up as
-//! latency of the system under test).
+//! By default one thread drives all connections: the benchmark pins the load
+//! generator to one CPU, where one epoll thread beats N blocked threads that
+//! the scheduler would have to switch between (that switching would show up
+//! as latency of the system under test). `--threads N` runs N such loops,
+//! each owning a disjoint set of clients, for a machine where one CPU of
+//! load cannot saturate a server with several shards.
 
 pub mod config;
 pub mod dist;

@@ -87,10 +87,11 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     let mut o = String::from("{");
     let _ = write!(
         o,
-        "\"target\":{},\"label\":{},\"connections\":{},\"rate_target\":{},\"mode\":\"{}\",\"conn_mode\":\"{}\",\"mix\":\"{}\",\"keys\":{},\"dist\":\"{}\",\"hold_us\":{:.3},\"duration_s\":{:.3},\"warmup_s\":{:.3},",
+        "\"target\":{},\"label\":{},\"connections\":{},\"threads\":{},\"rate_target\":{},\"mode\":\"{}\",\"conn_mode\":\"{}\",\"mix\":\"{}\",\"keys\":{},\"dist\":\"{}\",\"hold_us\":{:.3},\"duration_s\":{:.3},\"warmup_s\":{:.3},",
         json_str(&format!("{}://{}:{}", cfg.target.scheme(), cfg.target.host, cfg.target.port)),
         json_str(&cfg.label),
         cfg.connections,
+        cfg.threads,
         cfg.rate_per_s,
         if cfg.rate_per_s > 0.0 { "open" } else { "closed" },
         if cfg.conn_mode == ConnMode::Persistent { "persistent" } else { "per-request" },
@@ -105,9 +106,10 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     let e = &st.errors;
     let _ = write!(
         o,
-        "\"ops_per_sec\":{:.1},\"cycles\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},\"loadgen_cpu_s\":{{\"user\":{:.3},\"sys\":{:.3}}},",
+        "\"ops_per_sec\":{:.1},\"cycles\":{},\"cycles_all\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},\"loadgen_cpu_s\":{{\"user\":{:.3},\"sys\":{:.3}}},",
         ops_per_sec(st),
         st.cycles,
+        st.cycles_all,
         st.grants,
         st.busy,
         st.retries,
@@ -150,7 +152,7 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "target {}://{}:{}  {}  connections={} {} mix={} keys={} dist={} hold={}us",
+        "target {}://{}:{}  {}  connections={}{} {} mix={} keys={} dist={} hold={}us",
         cfg.target.scheme(),
         cfg.target.host,
         cfg.target.port,
@@ -160,6 +162,11 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
             "closed-loop".into()
         },
         cfg.connections,
+        if cfg.threads > 1 {
+            format!(" threads={}", cfg.threads)
+        } else {
+            String::new()
+        },
         if cfg.conn_mode == ConnMode::Persistent {
             "persistent"
         } else {
