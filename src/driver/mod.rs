@@ -190,9 +190,11 @@ fn peer_of(fd: RawFd) -> SocketAddr {
 /// `max_connections` with a warning when the hard limit is smaller, so the
 /// server refuses connections cleanly (`-`) instead of failing accepts.
 fn fit_fd_limit(cfg: &mut Config) {
-    // Listeners, signalfd, log, directory, temp file, metrics, stdio.
+    // Listeners, signalfd, log, directory, temp file, metrics, stdio, and
+    // the rings, per shard. `max_connections` is per shard.
     const RESERVED: u64 = 64;
-    let want = cfg.max_connections as u64 + RESERVED;
+    let shards = cfg.threads.max(1) as u64;
+    let want = cfg.max_connections as u64 * shards + RESERVED * shards;
     // SAFETY: get/setrlimit on a stack struct.
     unsafe {
         let mut r = libc::rlimit {
@@ -212,7 +214,7 @@ fn fit_fd_limit(cfg: &mut Config) {
             }
         }
         if r.rlim_cur < want {
-            let fit = r.rlim_cur.saturating_sub(RESERVED).max(1) as usize;
+            let fit = (r.rlim_cur.saturating_sub(RESERVED * shards) / shards).max(1) as usize;
             log!(
                 Level::Warn,
                 "limit_lowered",
@@ -449,11 +451,11 @@ impl Server {
     /// and blocks SIGINT/SIGTERM (threads started afterwards inherit the
     /// mask); nothing is served yet.
     pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
-        fit_fd_limit(&mut cfg);
         let cpus = allowed_cpus();
         if cfg.threads == 0 {
             cfg.threads = cpus.len();
         }
+        fit_fd_limit(&mut cfg);
         let n = cfg.threads;
         if metrics.shards() < n {
             return Err(io::Error::new(

@@ -138,6 +138,22 @@ fn remove_strays(path: &Path, keep: Option<u64>) -> Result<(), String> {
     Ok(())
 }
 
+/// Opens one of several logs. `--wal-truncate-at` names an offset in the
+/// log whose refusal printed it: a log that opens cleanly is opened without
+/// it; only a log that is refused is retried with it (and still refused
+/// unless it is corrupt at exactly that offset).
+fn open_one(
+    path: &Path,
+    table: &mut Table,
+    truncate_at: Option<u64>,
+    now: Now,
+) -> Result<(LogFiles, Recovered), String> {
+    match super::open(path, table, None, now) {
+        Err(_) if truncate_at.is_some() => super::open(path, table, truncate_at, now),
+        r => r,
+    }
+}
+
 /// Opens the logs for `tables.len()` shards, resharding if the count
 /// changed, and replays each into its shard's table.
 pub fn open(
@@ -156,7 +172,7 @@ pub fn open(
         Some((g, old)) if old == n => {
             let mut out = Vec::with_capacity(n);
             for (i, t) in tables.iter_mut().enumerate() {
-                out.push(super::open(&shard_path(path, g, i), t, truncate_at, now)?);
+                out.push(open_one(&shard_path(path, g, i), t, truncate_at, now)?);
             }
             return Ok(out);
         }
@@ -176,7 +192,7 @@ pub fn open(
     };
     let mut merged = Table::new(tables[0].limits());
     for f in &old_files {
-        let (files, _) = super::open(f, &mut merged, truncate_at, now)?;
+        let (files, _) = open_one(f, &mut merged, truncate_at, now)?;
         drop(files);
     }
     let mut bufs: Vec<Vec<u8>> = (0..n)
