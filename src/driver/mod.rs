@@ -105,12 +105,22 @@ fn listen(
     what: &str,
     retry_ms: u64,
     reuse_port: bool,
+    first: bool,
 ) -> io::Result<TcpListener> {
     use socket2::{Domain, Socket, Type};
     let started = std::time::Instant::now();
     let mut logged = false;
     let sock = loop {
         let attempt = (|| {
+            if reuse_port && addr.port() != 0 && first {
+                // SO_REUSEPORT would let us join the port group of a dying
+                // predecessor's listener (kept alive by its io_uring after
+                // kill -9), which would then reset the connections the
+                // kernel hands it. A plain bind first proves the port free.
+                let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+                probe.set_reuse_address(true)?;
+                probe.bind(&addr.into())?;
+            }
             let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
             sock.set_reuse_address(true)?;
             if reuse_port {
@@ -191,10 +201,10 @@ fn peer_of(fd: RawFd) -> SocketAddr {
 /// server refuses connections cleanly (`-`) instead of failing accepts.
 fn fit_fd_limit(cfg: &mut Config) {
     // Listeners, signalfd, log, directory, temp file, metrics, stdio, and
-    // the rings, per shard. `max_connections` is per shard.
+    // a ring, per shard. `max_connections` counts every shard's.
     const RESERVED: u64 = 64;
     let shards = cfg.threads.max(1) as u64;
-    let want = cfg.max_connections as u64 * shards + RESERVED * shards;
+    let want = cfg.max_connections as u64 + RESERVED * shards;
     // SAFETY: get/setrlimit on a stack struct.
     unsafe {
         let mut r = libc::rlimit {
@@ -214,7 +224,7 @@ fn fit_fd_limit(cfg: &mut Config) {
             }
         }
         if r.rlim_cur < want {
-            let fit = (r.rlim_cur.saturating_sub(RESERVED * shards) / shards).max(1) as usize;
+            let fit = r.rlim_cur.saturating_sub(RESERVED * shards).max(1) as usize;
             log!(
                 Level::Warn,
                 "limit_lowered",
@@ -519,8 +529,8 @@ impl Server {
         let mut lock_addr = cfg.bind;
         let mut admin_addr = cfg.admin_bind;
         for (i, (table, log)) in tables.into_iter().zip(logs).enumerate() {
-            let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi)?;
-            let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi)?;
+            let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi, i == 0)?;
+            let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi, i == 0)?;
             if i == 0 {
                 // Port 0 picks a port once; every other shard joins it.
                 lock_addr = lock.local_addr()?;
@@ -570,6 +580,7 @@ impl Server {
         let n = self.parts.len();
         let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
         let barrier = Arc::new(std::sync::Barrier::new(n));
+        let all_conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut meshes: Vec<Option<MeshEnd>> = if n > 1 {
             mesh::build(n).into_iter().map(Some).collect()
         } else {
@@ -583,12 +594,14 @@ impl Server {
             let cfg = self.cfg.clone();
             let metrics = self.metrics.clone();
             let mesh = meshes[i].take();
-            let (fds, barrier) = (ring_fds.clone(), barrier.clone());
+            let (fds, barrier, all) = (ring_fds.clone(), barrier.clone(), all_conns.clone());
             let cpu = self.cpus[i % self.cpus.len()];
             let h = std::thread::Builder::new()
                 .name(format!("ringlock-shard-{i}"))
                 .spawn(move || {
-                    run_shard(i, n, cpu, pin, cfg, metrics, part, mesh, None, fds, barrier)
+                    run_shard(
+                        i, n, cpu, pin, cfg, metrics, part, mesh, None, fds, barrier, all,
+                    )
                 })?;
             handles.push(h);
         }
@@ -606,6 +619,7 @@ impl Server {
             Some(self.signal_fd),
             ring_fds,
             barrier,
+            all_conns,
         );
         for h in handles {
             let r = h
@@ -634,9 +648,20 @@ fn run_shard(
     signal_fd: Option<RawFd>,
     ring_fds: Arc<Vec<AtomicI32>>,
     barrier: Arc<std::sync::Barrier>,
+    all_conns: Arc<std::sync::atomic::AtomicUsize>,
 ) -> io::Result<()> {
     let pinned = pin && pin_to(cpu);
-    let built = Loop::new(i, n, cfg, metrics, part, mesh, signal_fd, ring_fds.clone());
+    let built = Loop::new(
+        i,
+        n,
+        cfg,
+        metrics,
+        part,
+        mesh,
+        signal_fd,
+        ring_fds.clone(),
+        all_conns,
+    );
     // Everyone publishes its ring (or that it has none) before anyone runs:
     // a doorbell needs the target's ring fd.
     let fd = built.as_ref().map_or(-2, |l| l.ring.as_raw_fd());
@@ -669,6 +694,7 @@ impl Loop {
         mesh: Option<MeshEnd>,
         signal_fd: Option<RawFd>,
         ring_fds: Arc<Vec<AtomicI32>>,
+        all_conns: Arc<std::sync::atomic::AtomicUsize>,
     ) -> io::Result<Loop> {
         let ring = build_ring(cfg.max_connections, n)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
@@ -688,7 +714,7 @@ impl Loop {
             ),
         };
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
-        shard.place(index, n);
+        shard.place(index, n, all_conns);
         Ok(Loop {
             ring,
             lock_listener: part.lock,

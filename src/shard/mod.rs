@@ -185,6 +185,9 @@ pub struct Shard {
     gathers: Vec<Gather>,
     next_gather_id: u64,
     remotes: Vec<Option<HeldRemote>>,
+    /// Open connections of every shard (`--max-connections` is the
+    /// server's): counted at accept and close, not when a connection moves.
+    all_conns: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Shard {
@@ -220,15 +223,23 @@ impl Shard {
             gathers: Vec::new(),
             next_gather_id: 1,
             remotes: Vec::new(),
+            all_conns: None,
             cfg,
         }
     }
 
-    /// Places this shard as number `me` of `shards` (default 0 of 1).
-    pub fn place(&mut self, me: usize, shards: usize) {
+    /// Places this shard as number `me` of `shards` (default 0 of 1);
+    /// `all_conns` counts the open connections of every shard.
+    pub fn place(
+        &mut self,
+        me: usize,
+        shards: usize,
+        all_conns: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
         assert!(me < shards);
         self.me = me;
         self.shards = shards;
+        self.all_conns = Some(all_conns);
     }
 
     pub fn index(&self) -> usize {
@@ -318,7 +329,21 @@ impl Shard {
     /// A connection was accepted. `None`: refuse it (the driver answers `-`
     /// and closes): over `--max-connections`, or shutting down.
     pub fn on_accept(&mut self, port: Port, peer: SocketAddr) -> Option<Token> {
-        if self.open_conns >= self.cfg.max_connections || self.stopping {
+        use std::sync::atomic::Ordering::Relaxed;
+        let over_all = self.all_conns.as_ref().is_some_and(|all| {
+            if all.fetch_add(1, Relaxed) >= self.cfg.max_connections {
+                all.fetch_sub(1, Relaxed);
+                true
+            } else {
+                false
+            }
+        });
+        if over_all || self.open_conns >= self.cfg.max_connections || self.stopping {
+            if !over_all {
+                if let Some(all) = &self.all_conns {
+                    all.fetch_sub(1, Relaxed);
+                }
+            }
             self.metrics.connection_refused();
             if !self.stopping && self.now.mono_us >= self.limit_log_after_us {
                 self.limit_log_after_us = self.now.mono_us + 1_000_000;
@@ -498,6 +523,9 @@ impl Shard {
         self.conns[slot as usize].release();
         self.free_slots.push(slot);
         self.open_conns -= 1;
+        if let Some(all) = &self.all_conns {
+            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// A log chain landed; its buffer comes back.
@@ -764,6 +792,10 @@ impl Shard {
         c.release();
         self.free_slots.push(slot);
         self.open_conns -= 1;
+        // The owner counts it again when it adopts it.
+        if let Some(all) = &self.all_conns {
+            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Some(d)
     }
 

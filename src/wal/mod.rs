@@ -1,5 +1,5 @@
 //! The write-ahead log: record format ([`record`], pure), group-commit
-//! bookkeeping ([`log`], pure) and recovery at start-up (this module: the
+//! bookkeeping ([`mod@log`], pure) and recovery at start-up (this module: the
 //! one place that reads the log file, before any loop runs).
 //!
 //! Rule: a reply produced when `tail_lsn > durable_lsn` is held until
