@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A/B of ringlockd at two commits, each with the load generator of its own
+# commit, runs alternated in one session (old, new, old, new, ...), server
+# pinned to CPU 1, load generator to CPU 0. For regression checks where two
+# matrices on different days (or machines) cannot be compared.
+#
+#   scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]
+#
+# Default load: one hot key, 64 persistent clients, closed loop, 3 s.
+# Prints one line per run: commit, cycles/s, lock p99 (µs).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OLD=${1:?usage: scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]}
+ROUNDS=${2:-3}
+shift $(( $# >= 2 ? 2 : 1 ))
+LOAD=("$@")
+[ ${#LOAD[@]} -gt 0 ] || LOAD=(--conn-mode persistent --connections 64 --dist hot --keys 1 --rate 0 --duration 3s --warmup 1s)
+WT=$(mktemp -d /tmp/ringlock-ab.XXXXXX)
+cleanup() { [ -n "${P:-}" ] && kill "$P" 2>/dev/null || true; git -C "$ROOT" worktree remove --force "$WT/old" >/dev/null 2>&1 || true; rm -rf "$WT"; }
+trap cleanup EXIT
+git -C "$ROOT" worktree add -q --detach "$WT/old" "$OLD"
+for dir in "$WT/old" "$ROOT"; do
+    (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo build --release -q -p ringlock --bin ringlockd &&
+        CARGO_TARGET_DIR="$dir/target" cargo build --release -q -p ringlock-loadgen)
+done
+NEW=$(git -C "$ROOT" rev-parse --short HEAD)
+OLDS=$(git -C "$ROOT" rev-parse --short "$OLD")
+run() { # label server loadgen extra-server-args...
+    local label=$1 srv=$2 lg=$3; shift 3
+    # The previous server's listener may outlive it briefly (its io_uring
+    # closes it asynchronously); the old binary does not retry its bind.
+    for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null || break; sleep 0.05; done
+    sleep 0.2
+    taskset -c 1 "$srv" "$@" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
+    P=$!
+    for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null && break; sleep 0.1; done
+    taskset -c 0 "$lg" --target ringlock://127.0.0.1:26119 "${LOAD[@]}" --no-progress --json 2>"$WT/lg.err" | tail -1 |
+        python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('$label', round(d['ops_per_sec']), round(d['latency_us']['p99']))"
+    [ -s "$WT/lg.err" ] && tail -2 "$WT/lg.err" >&2
+    kill "$P"; wait "$P" 2>/dev/null || true; P=
+}
+# The new ringlockd knows --threads; pin it to one shard like the old loop.
+THREADS=()
+"$ROOT/target/release/ringlockd" --help 2>&1 | grep -q -- '--threads' && THREADS=(--threads 1)
+echo "# commit cycles/s p99_us  (load: ${LOAD[*]})"
+for _ in $(seq "$ROUNDS"); do
+    run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
+    run "$NEW" "$ROOT/target/release/ringlockd" "$ROOT/target/release/ringlock-loadgen" "${THREADS[@]}"
+done
