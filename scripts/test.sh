@@ -43,7 +43,7 @@ done
 echo "== clippy, feature mysql (warnings are errors)"
 cargo clippy -p ringlock --all-targets --locked --features mysql -- -D warnings
 echo "== cargo test, feature mysql (against a private MariaDB)"
-cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults
+cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults --test cli_mysql
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

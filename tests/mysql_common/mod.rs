@@ -172,7 +172,27 @@ impl MariaDb {
         if is_root() {
             cmd.arg("--user=root");
         }
-        let out = cmd.output().expect("run mariadb-install-db");
+        let mut out = cmd.output().expect("run mariadb-install-db");
+        if !out.status.success() {
+            // Seen once in a full suite run on a busy machine: the bootstrap
+            // server failed to start. Show why, then try once more from an
+            // empty data directory; a second failure fails the test.
+            let log = std::fs::read_dir(&data)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "err"))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .collect::<Vec<_>>()
+                .join("\n");
+            eprintln!(
+                "mariadb-install-db failed once, retrying:\n{}{}{log}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let _ = std::fs::remove_dir_all(&data);
+            out = cmd.output().expect("run mariadb-install-db");
+        }
         assert!(
             out.status.success(),
             "mariadb-install-db failed:\n{}{}",

@@ -305,6 +305,9 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Some(s) => arg_bytes(s, fmt).map_err(|e| usage(format!("--source: {e}")))?,
         None => Vec::new(),
     };
+    if ringlock::mysql::is_mysql_addr(&cli.addr) {
+        return mysql_cmd(&cli, fmt);
+    }
     let conn = Conn::new(&cli, &matches, source)?;
     match &cli.cmd {
         Cmd::Lock {
@@ -652,6 +655,121 @@ fn lock_and_run(
             Ok(if code == 0 { EX_IOERR } else { code })
         }
         (Err(fail), _) => Err(fail),
+    }
+}
+
+/// `--addr mysql://USER[:PASSWORD]@HOST[:PORT]`: `lock` and `try-lock` over
+/// MySQL/MariaDB `GET_LOCK` (the `mysql` cargo feature), with the same exit
+/// codes. The lock lives in the session: the server frees it when the
+/// connection ends, so `unlock`, `reset` and `keys` do not apply.
+fn mysql_cmd(cli: &Cli, fmt: KeyFormat) -> Result<u8, Fail> {
+    let (key, timeout, command, try_only) = match &cli.cmd {
+        Cmd::Lock {
+            key,
+            timeout,
+            command,
+        } => (key, *timeout, command, timeout.is_some_and(|t| t.is_zero())),
+        Cmd::TryLock { key, command } => (key, None, command, true),
+        _ => {
+            return Err(usage(
+                "only `lock` and `try-lock` work over mysql:// (a MySQL lock belongs to the session that holds it)",
+            ))
+        }
+    };
+    let key = key_arg(key, fmt)?;
+    let key = String::from_utf8(key).map_err(|_| usage("a MySQL lock name must be UTF-8 text"))?;
+    mysql_lock_and_run(&cli.addr, &key, timeout, command, try_only)
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_lock_and_run(
+    _addr: &str,
+    _key: &str,
+    _timeout: Option<Duration>,
+    _argv: &[OsString],
+    _try_only: bool,
+) -> Result<u8, Fail> {
+    Err(usage(
+        "this ringlock was built without MySQL support (cargo feature `mysql`)",
+    ))
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_lock_and_run(
+    addr: &str,
+    key: &str,
+    timeout: Option<Duration>,
+    argv: &[OsString],
+    try_only: bool,
+) -> Result<u8, Fail> {
+    use ringlock::lease::{Error as LErr, LockOptions as LOpts};
+    let locker =
+        ringlock::mysql::Locker::from_url(addr).map_err(|e| usage(format!("--addr: {e}")))?;
+    let fail = |e: &LErr, what: &str| {
+        let code = match e {
+            LErr::InvalidKey(_) | LErr::InvalidTimeout => EX_USAGE,
+            LErr::Unavailable(..) => EX_UNAVAILABLE,
+            LErr::Timeout => EX_TEMPFAIL,
+            _ => EX_IOERR,
+        };
+        Fail(code, format!("{what}: {e}"))
+    };
+    install_handlers()?;
+    let lease = if try_only {
+        match locker.try_lock(key) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                return Err(Fail(
+                    EX_TEMPFAIL,
+                    format!("{key} is held by another session; not running the command"),
+                ))
+            }
+            Err(e) => return Err(fail(&e, &format!("try-lock {key}"))),
+        }
+    } else {
+        let token =
+            CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
+        CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&token), Ordering::SeqCst);
+        let wait = timeout.unwrap_or(ringlock::mysql::LOCK_TIMEOUT_MAX);
+        let result = locker.lock_with(key, wait, &LOpts::new().cancel(token.clone()));
+        CANCEL_FD.store(-1, Ordering::SeqCst);
+        match result {
+            Ok(l) => l,
+            Err(LErr::Cancelled) => {
+                return Err(Fail(
+                    128u8.wrapping_add(got_signal() as u8),
+                    format!(
+                        "lock {key}: interrupted by signal {}, request withdrawn",
+                        got_signal()
+                    ),
+                ))
+            }
+            Err(e) => return Err(fail(&e, &format!("lock {key}"))),
+        }
+    };
+    mask_signals(true);
+    let status = if got_signal() != 0 {
+        Err(Fail(
+            128u8.wrapping_add(got_signal() as u8),
+            format!(
+                "interrupted by signal {} before the command started",
+                got_signal()
+            ),
+        ))
+    } else {
+        run_child(argv)
+    };
+    let released = lease.release();
+    match (status, released) {
+        (Ok(code), Ok(())) => Ok(code),
+        (Ok(code), Err(e)) => {
+            let _ = writeln!(
+                io::stderr(),
+                "ringlock: releasing {key} failed: {e} (the server frees it when the session ends)"
+            );
+            Ok(if code == 0 { EX_IOERR } else { code })
+        }
+        (Err(f), _) => Err(f),
     }
 }
 
