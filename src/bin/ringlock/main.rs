@@ -628,6 +628,23 @@ fn lock_and_run(
         }
     };
 
+    run_while_held(argv, || {
+        guard.release().map_err(|e| {
+            format!(
+                "releasing {shown} failed: {e} (use `ringlock unlock {}`)",
+                shell_key(key)
+            )
+        })
+    })
+}
+
+/// Runs the command while the lock is held, then releases it (`release`
+/// says why it could not). The command's exit status is the result; a
+/// failed release turns a successful command into EX_IOERR.
+fn run_while_held(
+    argv: &[OsString],
+    release: impl FnOnce() -> Result<(), String>,
+) -> Result<u8, Fail> {
     // From here on a signal must reach the child or, before it exists, stop
     // us from starting it; blocking closes the gap between spawn and
     // recording its pid. The child unblocks them itself (see run_child).
@@ -643,15 +660,10 @@ fn lock_and_run(
     } else {
         run_child(argv)
     };
-    let released = guard.release();
-    match (status, released) {
+    match (status, release()) {
         (Ok(code), Ok(())) => Ok(code),
-        (Ok(code), Err(e)) => {
-            let _ = writeln!(
-                io::stderr(),
-                "ringlock: releasing {shown} failed: {e} (use `ringlock unlock {}`)",
-                shell_key(key)
-            );
+        (Ok(code), Err(why)) => {
+            let _ = writeln!(io::stderr(), "ringlock: {why}");
             Ok(if code == 0 { EX_IOERR } else { code })
         }
         (Err(fail), _) => Err(fail),
@@ -747,30 +759,11 @@ fn mysql_lock_and_run(
             Err(e) => return Err(fail(&e, &format!("lock {key}"))),
         }
     };
-    mask_signals(true);
-    let status = if got_signal() != 0 {
-        Err(Fail(
-            128u8.wrapping_add(got_signal() as u8),
-            format!(
-                "interrupted by signal {} before the command started",
-                got_signal()
-            ),
-        ))
-    } else {
-        run_child(argv)
-    };
-    let released = lease.release();
-    match (status, released) {
-        (Ok(code), Ok(())) => Ok(code),
-        (Ok(code), Err(e)) => {
-            let _ = writeln!(
-                io::stderr(),
-                "ringlock: releasing {key} failed: {e} (the server frees it when the session ends)"
-            );
-            Ok(if code == 0 { EX_IOERR } else { code })
-        }
-        (Err(f), _) => Err(f),
-    }
+    run_while_held(argv, || {
+        lease.release().map_err(|e| {
+            format!("releasing {key} failed: {e} (the server frees it when the session ends)")
+        })
+    })
 }
 
 /// Parses `250ms`, `10s`, `1.5m`, `2h` or a bare number of seconds.
