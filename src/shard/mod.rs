@@ -1443,18 +1443,24 @@ impl Shard {
             }
             self.held.pop_front();
             if token & REMOTE_BIT != 0 {
-                let r = self.remotes[(token & !REMOTE_BIT) as usize]
-                    .take()
-                    .expect("a held remote reply");
-                self.cmds.push(Cmd::Reply {
-                    to: r.to,
-                    id: r.id,
-                    result: r.result,
-                });
+                self.send_held_remote(token, None);
             } else if let Some(slot) = self.conn_of(token) {
                 self.mark_dirty(slot);
             }
         }
+    }
+
+    /// Sends the remote reply a `held` entry stood for: its own result once
+    /// durable, or `instead` (a log failure voided what it reported).
+    fn send_held_remote(&mut self, token: Token, instead: Option<RemoteResult>) {
+        let r = self.remotes[(token & !REMOTE_BIT) as usize]
+            .take()
+            .expect("a held remote reply");
+        self.cmds.push(Cmd::Reply {
+            to: r.to,
+            id: r.id,
+            result: instead.unwrap_or(r.result),
+        });
     }
 
     /// Every record past the durable point is void. Requests waiting for
@@ -1473,14 +1479,7 @@ impl Shard {
         let mut answered = 0u64;
         while let Some((_, token)) = self.held.pop_front() {
             if token & REMOTE_BIT != 0 {
-                let r = self.remotes[(token & !REMOTE_BIT) as usize]
-                    .take()
-                    .expect("a held remote reply");
-                self.cmds.push(Cmd::Reply {
-                    to: r.to,
-                    id: r.id,
-                    result: RemoteResult::Failed,
-                });
+                self.send_held_remote(token, Some(RemoteResult::Failed));
                 continue;
             }
             if let Some(slot) = self.conn_of(token) {
