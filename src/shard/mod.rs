@@ -1036,74 +1036,24 @@ impl Shard {
             }
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
-        let now = self.now;
-        if self.shards > 1 {
-            // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
-            let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
-            let names: Vec<Name> = admin::names(body)
-                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
-                .collect();
-            let op = match cmd {
-                admin::Command::Keys => {
-                    self.metrics
-                        .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
-                    RemoteOp::Keys
-                }
-                admin::Command::Rset => {
-                    self.metrics
-                        .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
-                    for key in &names {
-                        self.metrics.reset(false);
-                        log!(
-                            Level::Info,
-                            "operator_reset",
-                            "by=key key={:?} peer={}",
-                            key,
-                            peer
-                        );
-                    }
-                    RemoteOp::ResetKeys(names)
-                }
-                admin::Command::Rsbs => {
-                    self.metrics
-                        .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
-                    let mut sources = names;
-                    if count == 0 {
-                        sources.push(ip_name(&peer));
-                    }
-                    for s in &sources {
-                        self.metrics.reset(true);
-                        log!(
-                            Level::Info,
-                            "operator_reset",
-                            "by=source source={:?} peer={}",
-                            s,
-                            peer
-                        );
-                    }
-                    RemoteOp::ResetSources(sources)
-                }
-            };
-            let c = &mut self.conns[slot as usize];
-            c.rbuf.drain(..len);
-            c.persistent = true;
-            c.action = Some(Action::Persist);
-            self.scatter(slot, op, false);
-            return true;
-        }
-        let mut out = std::mem::take(&mut self.conns[slot as usize].out);
-        match cmd {
+        // Every admin command is a scatter/gather, also with one shard (the
+        // driver then runs the one part itself): one path, and each part's
+        // answer waits for its own log.
+        // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
+        let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
+        let names: Vec<Name> = admin::names(body)
+            .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+            .collect();
+        let op = match cmd {
             admin::Command::Keys => {
                 self.metrics
                     .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
-                admin::encode_keys(&self.table.held_list(), &mut out);
+                RemoteOp::Keys
             }
             admin::Command::Rset => {
                 self.metrics
                     .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
-                let body = &self.conns[slot as usize].rbuf[8..len];
-                for name in admin::names(body) {
-                    let key = Name::new(name).expect("admin decoder bounds names to 127 bytes");
+                for key in &names {
                     self.metrics.reset(false);
                     log!(
                         Level::Info,
@@ -1112,17 +1062,13 @@ impl Shard {
                         key,
                         peer
                     );
-                    self.table.reset_by_key(None, &key, now, &mut self.fx);
-                    out.push(b'+');
                 }
-                out.push(b'+');
+                RemoteOp::ResetKeys(names)
             }
             admin::Command::Rsbs => {
                 self.metrics
                     .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
-                let mut sources: Vec<Name> = admin::names(&self.conns[slot as usize].rbuf[8..len])
-                    .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
-                    .collect();
+                let mut sources = names;
                 if count == 0 {
                     sources.push(ip_name(&peer));
                 }
@@ -1135,21 +1081,15 @@ impl Shard {
                         s,
                         peer
                     );
-                    self.table.reset_by_source(None, s, now, &mut self.fx);
-                    out.push(b'+');
                 }
-                out.push(b'+');
+                RemoteOp::ResetSources(sources)
             }
-        }
+        };
         let c = &mut self.conns[slot as usize];
-        c.out = out;
         c.rbuf.drain(..len);
-        // Admin connections carry any number of commands (as before).
         c.persistent = true;
         c.action = Some(Action::Persist);
-        c.state = State::Answered;
-        self.apply_effects();
-        self.gate(slot);
+        self.scatter(slot, op, false);
         true
     }
 
