@@ -1213,7 +1213,10 @@ impl Loop {
             .build()
             .user_data(ud);
         // SAFETY: the send buffer is `Lent` to this op until its completion
-        // (on_send reclaims it); the slot is not recycled meanwhile.
+        // (on_send reclaims it, and `reclaim` panics for any other op); the
+        // slot is not recycled meanwhile (maybe_close waits for it). Were it
+        // reused early, the answers of pipelined requests would be sent from
+        // overwritten bytes: tests/pipelining.rs checks every answer byte.
         unsafe { self.push(sqe) };
     }
 
