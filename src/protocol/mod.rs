@@ -21,6 +21,8 @@
 
 use crate::core::HeldKey;
 
+pub mod session;
+
 /// Longest possible lock-port frame: action + 2 × (size + 127 bytes).
 pub const LOCK_FRAME_MAX: usize = 1 + 2 * (1 + 127);
 

@@ -1,0 +1,673 @@
+//! The session protocol: action bytes 7..=12 on the lock port.
+//!
+//! A connection whose first frame is a Hello (action 7) becomes a *session
+//! connection*: from then on every frame in both directions has the same
+//! header, requests carry a client-chosen request id, several may be
+//! outstanding at once (a Ping is never stuck behind a queued Acquire), and
+//! the server may push unsolicited Lost messages. Locking-Center frames
+//! (actions 1..=6) are not accepted on a session connection; old clients
+//! never send actions 7 and up. The byte layout is documented for users in
+//! `docs/protocol.md` ("Sessions"); this module is its one implementation
+//! (server, client library, load generator and tests share it).
+//!
+//! ```text
+//! request:  [u8 op 7..=12][u32 rid LE][u16 bodyLen LE][body]
+//! answer:   [u8 kind 0x80 Reply | 0x81 Lost][u32 rid LE][u16 bodyLen LE][body]
+//! ```
+//!
+//! Decoders are incremental, allocation-free and never panic
+//! (property-tested): they answer "need more", "one frame of N bytes" or
+//! "bad framing". Framing errors (unknown op, body longer than
+//! [`BODY_MAX`]) cannot be resynchronised: the server closes the
+//! connection. A well-framed request whose body is malformed is answered
+//! [`Status::Invalid`] and changes nothing.
+
+/// Protocol version carried by Hello.
+pub const VERSION: u8 = 1;
+/// Bytes before the body.
+pub const HEADER: usize = 7;
+/// Longest body of any frame (requests and answers).
+pub const BODY_MAX: usize = 512;
+/// Longest frame.
+pub const FRAME_MAX: usize = HEADER + BODY_MAX;
+/// `wait_ms` of an Acquire that waits without a server-side deadline.
+pub const WAIT_FOREVER: u32 = u32::MAX;
+/// `ttl_left_ms` meaning "no TTL" (persistent and session holds).
+pub const NO_TTL: u32 = u32::MAX;
+/// Length of a Reply body (every reply but Hello's).
+pub const REPLY_BODY: usize = 13;
+
+pub const OP_HELLO: u8 = 7;
+pub const OP_ACQUIRE: u8 = 8;
+pub const OP_RELEASE: u8 = 9;
+pub const OP_EXTEND: u8 = 10;
+pub const OP_CANCEL: u8 = 11;
+pub const OP_PING: u8 = 12;
+
+pub const KIND_REPLY: u8 = 0x80;
+pub const KIND_LOST: u8 = 0x81;
+
+/// How a granted lock is held, chosen per Acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum HoldMode {
+    /// Locking-Center semantics: held until released or reset, whatever
+    /// happens to the connection.
+    #[default]
+    Persistent = 0,
+    /// Released the moment the session ends (its connection closes or its
+    /// keep-alive deadline passes).
+    Session = 1,
+    /// Released when its TTL passes without an Extend (survives the
+    /// session, and a restart in durable mode).
+    Lease = 2,
+}
+
+impl HoldMode {
+    pub fn from_byte(b: u8) -> Option<HoldMode> {
+        Some(match b {
+            0 => HoldMode::Persistent,
+            1 => HoldMode::Session,
+            2 => HoldMode::Lease,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            HoldMode::Persistent => "persistent",
+            HoldMode::Session => "session",
+            HoldMode::Lease => "lease",
+        }
+    }
+}
+
+/// The status byte of a Reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Granted, released, extended, cancelled as asked, pong, hello.
+    Ok = 0,
+    /// An Acquire's `wait_ms` passed while it was queued (decided by the
+    /// server: it was never granted).
+    TimedOut = 1,
+    /// Held by someone else (an Acquire with `wait_ms` 0).
+    Busy = 2,
+    /// The token is the key's current one but the hold belongs to another
+    /// session (a session-mode hold is only its own session's to release).
+    NotOwner = 3,
+    /// The token is not the key's current one (released, expired, reset, or
+    /// never issued): nothing changed.
+    Stale = 4,
+    /// Malformed body, out-of-range TTL or keep-alive, unknown op, or a
+    /// request the connection's state does not allow.
+    Invalid = 5,
+    /// A capacity limit (`--max-keys`, `--max-waiters`) refused it.
+    Limit = 6,
+    /// The server could not make the result durable (its effects were
+    /// undone) or is shutting down.
+    ServerError = 7,
+    /// A queued Acquire withdrawn by a Cancel (the Acquire's own answer).
+    Cancelled = 8,
+    /// A Cancel that found nothing queued under that request id (already
+    /// answered, or never sent): the Acquire's own answer stands.
+    NotQueued = 9,
+}
+
+impl Status {
+    pub fn from_byte(b: u8) -> Option<Status> {
+        Some(match b {
+            0 => Status::Ok,
+            1 => Status::TimedOut,
+            2 => Status::Busy,
+            3 => Status::NotOwner,
+            4 => Status::Stale,
+            5 => Status::Invalid,
+            6 => Status::Limit,
+            7 => Status::ServerError,
+            8 => Status::Cancelled,
+            9 => Status::NotQueued,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::TimedOut => "timed_out",
+            Status::Busy => "busy",
+            Status::NotOwner => "not_owner",
+            Status::Stale => "stale_token",
+            Status::Invalid => "invalid",
+            Status::Limit => "limit_reached",
+            Status::ServerError => "server_error",
+            Status::Cancelled => "cancelled",
+            Status::NotQueued => "not_queued",
+        }
+    }
+}
+
+/// Why the server took a lock away from a live session (a Lost push).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LostWhy {
+    /// The lease's TTL passed without an Extend.
+    Expired = 1,
+    /// An operator reset (ResetByKey, ResetBySource, admin RSET/RSBS).
+    Reset = 2,
+}
+
+impl LostWhy {
+    pub fn from_byte(b: u8) -> Option<LostWhy> {
+        match b {
+            1 => Some(LostWhy::Expired),
+            2 => Some(LostWhy::Reset),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            LostWhy::Expired => "expired",
+            LostWhy::Reset => "reset",
+        }
+    }
+}
+
+/// One decoded session request, borrowing the receive buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Req<'a> {
+    /// `[u8 version][u32 keepalive_ms]` (0: the server's default).
+    Hello { version: u8, keepalive_ms: u32 },
+    /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`
+    Acquire {
+        hold: HoldMode,
+        ttl_ms: u32,
+        wait_ms: u32,
+        key: &'a [u8],
+        source: &'a [u8],
+    },
+    /// `[u64 token][u8 keyLen][key]`
+    Release { token: u64, key: &'a [u8] },
+    /// `[u64 token][u32 ttl_ms][u8 keyLen][key]`
+    Extend {
+        token: u64,
+        ttl_ms: u32,
+        key: &'a [u8],
+    },
+    /// `[u32 target rid][u8 keyLen][key]`: the key of the Acquire to
+    /// withdraw (the server routes by it).
+    Cancel { target: u32, key: &'a [u8] },
+    /// empty body
+    Ping,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    Incomplete,
+    /// A whole frame of `len` bytes. `req` is `Err` when the framing is
+    /// sound but the body is not (answer [`Status::Invalid`], go on).
+    Frame {
+        op: u8,
+        rid: u32,
+        req: Result<Req<'a>, &'static str>,
+        len: usize,
+    },
+    /// Unknown op or oversized body: the stream cannot be resynchronised.
+    Bad(&'static str),
+}
+
+/// True for the action bytes of this protocol.
+pub fn is_session_op(b: u8) -> bool {
+    (OP_HELLO..=OP_PING).contains(&b)
+}
+
+struct Body<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Body<'a> {
+    fn u8(&mut self) -> Option<u8> {
+        let v = *self.b.get(self.at)?;
+        self.at += 1;
+        Some(v)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let s = self.b.get(self.at..self.at + 4)?;
+        self.at += 4;
+        Some(u32::from_le_bytes(s.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let s = self.b.get(self.at..self.at + 8)?;
+        self.at += 8;
+        Some(u64::from_le_bytes(s.try_into().ok()?))
+    }
+    /// A sized name of `min..=127` bytes.
+    fn name(&mut self, min: usize) -> Option<&'a [u8]> {
+        let n = self.u8()? as usize;
+        if n < min || n > 127 {
+            return None;
+        }
+        let s = self.b.get(self.at..self.at + n)?;
+        self.at += n;
+        Some(s)
+    }
+    fn done(&self) -> bool {
+        self.at == self.b.len()
+    }
+}
+
+fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
+    let mut r = Body { b, at: 0 };
+    let req = match op {
+        OP_HELLO => Req::Hello {
+            version: r.u8().ok_or("short hello")?,
+            keepalive_ms: r.u32().ok_or("short hello")?,
+        },
+        OP_ACQUIRE => {
+            let hold = HoldMode::from_byte(r.u8().ok_or("short acquire")?)
+                .ok_or("unknown hold mode")?;
+            let ttl_ms = r.u32().ok_or("short acquire")?;
+            let wait_ms = r.u32().ok_or("short acquire")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let source = r.name(0).ok_or("source size out of range 0..=127")?;
+            Req::Acquire {
+                hold,
+                ttl_ms,
+                wait_ms,
+                key,
+                source,
+            }
+        }
+        OP_RELEASE => {
+            let token = r.u64().ok_or("short release")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            Req::Release { token, key }
+        }
+        OP_EXTEND => {
+            let token = r.u64().ok_or("short extend")?;
+            let ttl_ms = r.u32().ok_or("short extend")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            Req::Extend { token, ttl_ms, key }
+        }
+        OP_CANCEL => {
+            let target = r.u32().ok_or("short cancel")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            Req::Cancel { target, key }
+        }
+        OP_PING => Req::Ping,
+        _ => return Err("unknown op"),
+    };
+    if !r.done() {
+        return Err("trailing bytes in body");
+    }
+    Ok(req)
+}
+
+/// Decodes the first session request in `buf`.
+pub fn decode(buf: &[u8]) -> Decoded<'_> {
+    let Some(&op) = buf.first() else {
+        return Decoded::Incomplete;
+    };
+    if !is_session_op(op) {
+        return Decoded::Bad("not a session op");
+    }
+    if buf.len() < HEADER {
+        return Decoded::Incomplete;
+    }
+    let rid = u32::from_le_bytes(buf[1..5].try_into().expect("4 bytes"));
+    let blen = u16::from_le_bytes([buf[5], buf[6]]) as usize;
+    if blen > BODY_MAX {
+        return Decoded::Bad("body longer than 512 bytes");
+    }
+    let len = HEADER + blen;
+    if buf.len() < len {
+        return Decoded::Incomplete;
+    }
+    Decoded::Frame {
+        op,
+        rid,
+        req: body(op, &buf[HEADER..len]),
+        len,
+    }
+}
+
+fn frame(out: &mut Vec<u8>, kind: u8, rid: u32, f: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.push(kind);
+    out.extend_from_slice(&rid.to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    f(out);
+    let blen = out.len() - start - HEADER;
+    debug_assert!(blen <= BODY_MAX);
+    out[start + 5..start + 7].copy_from_slice(&(blen as u16).to_le_bytes());
+}
+
+fn put_name(out: &mut Vec<u8>, n: &[u8]) {
+    assert!(n.len() <= 127, "name too long");
+    out.push(n.len() as u8);
+    out.extend_from_slice(n);
+}
+
+/// Encodes a request (clients, load generator, tests). Panics on a name
+/// longer than 127 bytes: callers validate first.
+pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
+    let op = match req {
+        Req::Hello { .. } => OP_HELLO,
+        Req::Acquire { .. } => OP_ACQUIRE,
+        Req::Release { .. } => OP_RELEASE,
+        Req::Extend { .. } => OP_EXTEND,
+        Req::Cancel { .. } => OP_CANCEL,
+        Req::Ping => OP_PING,
+    };
+    frame(out, op, rid, |o| match *req {
+        Req::Hello {
+            version,
+            keepalive_ms,
+        } => {
+            o.push(version);
+            o.extend_from_slice(&keepalive_ms.to_le_bytes());
+        }
+        Req::Acquire {
+            hold,
+            ttl_ms,
+            wait_ms,
+            key,
+            source,
+        } => {
+            o.push(hold as u8);
+            o.extend_from_slice(&ttl_ms.to_le_bytes());
+            o.extend_from_slice(&wait_ms.to_le_bytes());
+            put_name(o, key);
+            put_name(o, source);
+        }
+        Req::Release { token, key } => {
+            o.extend_from_slice(&token.to_le_bytes());
+            put_name(o, key);
+        }
+        Req::Extend { token, ttl_ms, key } => {
+            o.extend_from_slice(&token.to_le_bytes());
+            o.extend_from_slice(&ttl_ms.to_le_bytes());
+            put_name(o, key);
+        }
+        Req::Cancel { target, key } => {
+            o.extend_from_slice(&target.to_le_bytes());
+            put_name(o, key);
+        }
+        Req::Ping => {}
+    });
+}
+
+/// What the server's Hello reply says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub status: Status,
+    pub version: u8,
+    /// The keep-alive deadline the server applies: the session ends when
+    /// nothing arrives from the client for this long.
+    pub keepalive_ms: u32,
+    /// Bounds of a lease's TTL (Acquire and Extend outside them: Invalid).
+    pub min_ttl_ms: u32,
+    pub max_ttl_ms: u32,
+    /// The server's id for this session (shown in logs).
+    pub session_id: u64,
+}
+
+/// Encodes the Hello reply:
+/// `[u8 status][u8 version][u32 keepalive_ms][u32 min_ttl_ms][u32 max_ttl_ms][u64 session_id]`.
+pub fn encode_welcome(rid: u32, w: &Welcome, out: &mut Vec<u8>) {
+    frame(out, KIND_REPLY, rid, |o| {
+        o.push(w.status as u8);
+        o.push(w.version);
+        o.extend_from_slice(&w.keepalive_ms.to_le_bytes());
+        o.extend_from_slice(&w.min_ttl_ms.to_le_bytes());
+        o.extend_from_slice(&w.max_ttl_ms.to_le_bytes());
+        o.extend_from_slice(&w.session_id.to_le_bytes());
+    });
+}
+
+/// Encodes a Reply: `[u8 status][u64 token][u32 ttl_left_ms]` (token 0 and
+/// [`NO_TTL`] where they do not apply).
+pub fn encode_reply(rid: u32, status: Status, token: u64, ttl_left_ms: u32, out: &mut Vec<u8>) {
+    frame(out, KIND_REPLY, rid, |o| {
+        o.push(status as u8);
+        o.extend_from_slice(&token.to_le_bytes());
+        o.extend_from_slice(&ttl_left_ms.to_le_bytes());
+    });
+}
+
+/// Encodes a Lost push: rid 0, `[u64 token][u8 reason][u8 keyLen][key]`.
+pub fn encode_lost(key: &[u8], token: u64, why: LostWhy, out: &mut Vec<u8>) {
+    frame(out, KIND_LOST, 0, |o| {
+        o.extend_from_slice(&token.to_le_bytes());
+        o.push(why as u8);
+        put_name(o, key);
+    });
+}
+
+/// One decoded server message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Welcome {
+        rid: u32,
+        welcome: Welcome,
+    },
+    Reply {
+        rid: u32,
+        status: Status,
+        token: u64,
+        /// `None` for [`NO_TTL`].
+        ttl_left_ms: Option<u32>,
+    },
+    Lost {
+        key: Vec<u8>,
+        token: u64,
+        why: LostWhy,
+    },
+}
+
+/// Decodes the first server message in `buf` (clients). `hello_rid` names
+/// the request id of the Hello, whose reply has the longer body. `Ok(None)`:
+/// need more bytes; `Err`: the server broke the protocol.
+pub fn decode_answer(buf: &[u8], hello_rid: Option<u32>) -> Result<Option<(Answer, usize)>, String> {
+    if buf.len() < HEADER {
+        return Ok(None);
+    }
+    let kind = buf[0];
+    let rid = u32::from_le_bytes(buf[1..5].try_into().expect("4 bytes"));
+    let blen = u16::from_le_bytes([buf[5], buf[6]]) as usize;
+    if blen > BODY_MAX {
+        return Err(format!("answer body of {blen} bytes"));
+    }
+    if buf.len() < HEADER + blen {
+        return Ok(None);
+    }
+    let b = &buf[HEADER..HEADER + blen];
+    let mut r = Body { b, at: 0 };
+    let bad = || format!("malformed answer (kind {kind:#x}, {blen} body bytes)");
+    let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
+    let a = match kind {
+        KIND_REPLY if hello_rid == Some(rid) && blen == 22 => Answer::Welcome {
+            rid,
+            welcome: Welcome {
+                status: status(r.u8().ok_or_else(bad)?)?,
+                version: r.u8().ok_or_else(bad)?,
+                keepalive_ms: r.u32().ok_or_else(bad)?,
+                min_ttl_ms: r.u32().ok_or_else(bad)?,
+                max_ttl_ms: r.u32().ok_or_else(bad)?,
+                session_id: r.u64().ok_or_else(bad)?,
+            },
+        },
+        KIND_REPLY => {
+            let st = status(r.u8().ok_or_else(bad)?)?;
+            let token = r.u64().ok_or_else(bad)?;
+            let ttl = r.u32().ok_or_else(bad)?;
+            Answer::Reply {
+                rid,
+                status: st,
+                token,
+                ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
+            }
+        }
+        KIND_LOST => {
+            let token = r.u64().ok_or_else(bad)?;
+            let why = LostWhy::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
+            let key = r.name(1).ok_or_else(bad)?.to_vec();
+            Answer::Lost { key, token, why }
+        }
+        _ => return Err(format!("unknown answer kind {kind:#x}")),
+    };
+    if !r.done() {
+        return Err(bad());
+    }
+    Ok(Some((a, HEADER + blen)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let reqs = [
+            Req::Hello {
+                version: VERSION,
+                keepalive_ms: 3000,
+            },
+            Req::Acquire {
+                hold: HoldMode::Lease,
+                ttl_ms: 1500,
+                wait_ms: WAIT_FOREVER,
+                key: b"deploy",
+                source: b"ci",
+            },
+            Req::Release {
+                token: 1 << 50,
+                key: b"deploy",
+            },
+            Req::Extend {
+                token: 7,
+                ttl_ms: 9,
+                key: b"k",
+            },
+            Req::Cancel {
+                target: 41,
+                key: b"k",
+            },
+            Req::Ping,
+        ];
+        let mut buf = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            encode(i as u32 + 1, r, &mut buf);
+        }
+        let mut at = 0;
+        for (i, r) in reqs.iter().enumerate() {
+            match decode(&buf[at..]) {
+                Decoded::Frame { rid, req, len, .. } => {
+                    assert_eq!(rid, i as u32 + 1);
+                    assert_eq!(req, Ok(*r));
+                    at += len;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(at, buf.len());
+        // Every strict prefix of a frame is incomplete.
+        let mut one = Vec::new();
+        encode(5, &reqs[1], &mut one);
+        for cut in 0..one.len() {
+            assert_eq!(decode(&one[..cut]), Decoded::Incomplete, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn documented_bytes_of_an_acquire() {
+        let mut b = Vec::new();
+        encode(
+            1,
+            &Req::Acquire {
+                hold: HoldMode::Session,
+                ttl_ms: 0,
+                wait_ms: 0,
+                key: b"k",
+                source: b"",
+            },
+            &mut b,
+        );
+        assert_eq!(
+            b,
+            [8, 1, 0, 0, 0, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'k', 0]
+        );
+    }
+
+    #[test]
+    fn malformed_bodies_are_invalid_not_fatal() {
+        // Acquire with key size 0.
+        let b = [8, 1, 0, 0, 0, 11, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(matches!(
+            decode(&b),
+            Decoded::Frame { req: Err(_), len: 18, .. }
+        ));
+        // Unknown hold mode 3.
+        let b = [8, 1, 0, 0, 0, 12, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'k', 0];
+        assert!(matches!(decode(&b), Decoded::Frame { req: Err(_), .. }));
+        // Oversized body is a framing error.
+        assert!(matches!(
+            decode(&[12, 0, 0, 0, 0, 0x01, 0x02]),
+            Decoded::Bad(_)
+        ));
+        assert!(matches!(decode(&[1, 0, 0]), Decoded::Bad(_)));
+    }
+
+    #[test]
+    fn answers_round_trip() {
+        let mut b = Vec::new();
+        let w = Welcome {
+            status: Status::Ok,
+            version: VERSION,
+            keepalive_ms: 10_000,
+            min_ttl_ms: 10,
+            max_ttl_ms: 3_600_000,
+            session_id: 99,
+        };
+        encode_welcome(1, &w, &mut b);
+        encode_reply(2, Status::Ok, 12345, NO_TTL, &mut b);
+        encode_reply(3, Status::Stale, 0, 500, &mut b);
+        encode_lost(b"key", 12345, LostWhy::Expired, &mut b);
+        let mut at = 0;
+        let mut got = Vec::new();
+        while let Some((a, n)) = decode_answer(&b[at..], Some(1)).unwrap() {
+            got.push(a);
+            at += n;
+        }
+        assert_eq!(at, b.len());
+        assert_eq!(
+            got,
+            vec![
+                Answer::Welcome { rid: 1, welcome: w },
+                Answer::Reply {
+                    rid: 2,
+                    status: Status::Ok,
+                    token: 12345,
+                    ttl_left_ms: None
+                },
+                Answer::Reply {
+                    rid: 3,
+                    status: Status::Stale,
+                    token: 0,
+                    ttl_left_ms: Some(500)
+                },
+                Answer::Lost {
+                    key: b"key".to_vec(),
+                    token: 12345,
+                    why: LostWhy::Expired
+                },
+            ]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode(&bytes);
+            let _ = decode_answer(&bytes, Some(0));
+            let _ = decode_answer(&bytes, None);
+        }
+    }
+}
