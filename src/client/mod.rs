@@ -64,6 +64,7 @@ mod conn;
 mod error;
 mod guard;
 mod retry;
+pub mod session;
 mod wire;
 
 pub use addr::ToServerAddrs;
@@ -71,6 +72,7 @@ pub use conn::CancelToken;
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use retry::RetryPolicy;
+pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
 use std::io::{self, Read, Write};
