@@ -6,7 +6,9 @@
 //! | admin port address | `--admin-bind` | loopback, lock port + 1 |
 //! | metrics address | `--metrics-bind` | off |
 //! | write-ahead log | `--data-path` / `DATA_PATH` | off (in memory) |
-//! | max connections | `--max-connections` | 10 000 |
+//! | max connections (lock port) | `--max-connections` | 10 000 |
+//! | admin port connections, apart from those | `--admin-connections` | 16 |
+//! | idle connection timeout | `--idle-timeout-ms` | 60 000 (0 = never) |
 //! | max keys | `--max-keys` | 100 000 |
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
@@ -43,6 +45,12 @@ pub struct Config {
     pub metrics_bind: Option<SocketAddr>,
     pub data_path: Option<PathBuf>,
     pub max_connections: usize,
+    /// Admin-port connections, counted apart from `max_connections`.
+    pub admin_connections: usize,
+    /// A connection with no request in flight and no bytes pending is
+    /// closed after this long without traffic (0: never). Session
+    /// connections follow their keep-alive deadline instead.
+    pub idle_timeout_ms: u64,
     pub max_keys: usize,
     pub max_waiters: usize,
     pub frame_timeout_ms: u64,
@@ -81,6 +89,8 @@ impl Config {
             metrics_bind: None,
             data_path: None,
             max_connections: 10_000,
+            admin_connections: 16,
+            idle_timeout_ms: 60_000,
             max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,

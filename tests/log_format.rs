@@ -311,6 +311,7 @@ const EVENTS: &[&str] = &[
     "session_open",
     "session_end",
     "bad_session_request",
+    "idle_timeout",
     "protocol_violation",
     "recv_error",
     "send_error",

@@ -30,7 +30,13 @@ OPTIONS:
                              refusal message names; keep a copy of the log first)
     --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
                              twice what the held keys need (default 1048576)
-    --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
+    --max-connections N      open lock-port connections beyond N are answered '-' and closed
+                             (default 10000)
+    --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
+                             connections cannot lock the operator out (default 16)
+    --idle-timeout-ms MS     close a connection with no request in flight and no traffic for MS;
+                             queued waiters are not idle, sessions follow their keep-alive
+                             (default 60000; 0 = never)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
@@ -113,6 +119,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
             }
             "--max-connections"
+            | "--admin-connections"
+            | "--idle-timeout-ms"
             | "--max-keys"
             | "--max-waiters"
             | "--frame-timeout-ms"
@@ -125,6 +133,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
+                    "--admin-connections" => "admin-connections",
+                    "--idle-timeout-ms" => "idle-timeout-ms",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
@@ -140,10 +150,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 let n: u64 = v
                     .parse()
                     .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
-                let min = if name == "liveness-timeout-ms" {
-                    config::LIVENESS_TIMEOUT_MS_MIN
-                } else {
-                    1
+                let min = match name {
+                    "liveness-timeout-ms" => config::LIVENESS_TIMEOUT_MS_MIN,
+                    "idle-timeout-ms" => 0,
+                    _ => 1,
                 };
                 if n < min {
                     return Err(format!("--{name}: must be at least {min}"));
@@ -192,6 +202,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     for &(name, n) in &limits {
         match name {
             "max-connections" => cfg.max_connections = n as usize,
+            "admin-connections" => cfg.admin_connections = n as usize,
+            "idle-timeout-ms" => cfg.idle_timeout_ms = n,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,

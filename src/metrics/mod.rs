@@ -223,6 +223,7 @@ pub struct Metrics {
     sessions_ended: AtomicU64,
     sessions_expired: AtomicU64,
     lost_pushed: AtomicU64,
+    idle_timeouts: AtomicU64,
     resets_by_key: AtomicU64,
     resets_by_source: AtomicU64,
     connections_refused: AtomicU64,
@@ -271,6 +272,7 @@ impl Metrics {
             sessions_ended: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
             lost_pushed: AtomicU64::new(0),
+            idle_timeouts: AtomicU64::new(0),
             resets_by_key: AtomicU64::new(0),
             resets_by_source: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
@@ -373,6 +375,11 @@ impl Metrics {
     /// A Lost message pushed to a session (lease expired, hold reset).
     pub fn lost_pushed(&self) {
         self.lost_pushed.fetch_add(1, Relaxed);
+    }
+
+    /// A connection closed by the idle timeout.
+    pub fn idle_timeout(&self) {
+        self.idle_timeouts.fetch_add(1, Relaxed);
     }
 
     /// A grant released again because its `+` could not be delivered.
@@ -603,6 +610,12 @@ impl Metrics {
             "lost_pushed_total",
             "Lost messages pushed to sessions (a lease expired, or an operator reset a hold).",
             self.lost_pushed.load(Relaxed),
+        );
+        counter(
+            w,
+            "idle_timeouts_total",
+            "Connections closed after --idle-timeout-ms without traffic and without a request in flight.",
+            self.idle_timeouts.load(Relaxed),
         );
 
         header(

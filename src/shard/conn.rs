@@ -100,6 +100,8 @@ pub struct Conn {
     pub mask: u64,
     /// A session's output is being sent (more may gather in `out`).
     pub sending: bool,
+    /// Last traffic either way (the idle timeout).
+    pub active_us: u64,
 }
 
 impl Linked for Conn {
@@ -144,6 +146,7 @@ impl Conn {
             heard_us: 0,
             mask: 0,
             sending: false,
+            active_us: 0,
         }
     }
 

@@ -110,6 +110,18 @@ pub enum RemoteResult {
     Failed,
 }
 
+/// Open connections of every shard, per port (`[lock, admin]`): the admin
+/// port has its own small budget, so a flood of lock-port connections
+/// cannot lock the operator out.
+pub type ConnCounts = [std::sync::atomic::AtomicUsize; 2];
+
+fn port_index(p: Port) -> usize {
+    match p {
+        Port::Lock => 0,
+        Port::Admin => 1,
+    }
+}
+
 /// The shard that owns `key` among `n` (CRC32C of the key bytes, mod n).
 /// Fixed and documented: a restart with a different `n` redistributes the
 /// held keys by the same function.
@@ -205,9 +217,12 @@ pub struct Shard {
     /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
     /// session was heard from since is pushed again with its new deadline.
     session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
+    /// Idle-timeout checks `(mono µs, connection)`: one entry per open
+    /// connection, pushed again while it is busy or was active since.
+    idle_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
-    all_conns: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    all_conns: Option<Arc<ConnCounts>>,
 }
 
 impl Shard {
@@ -251,6 +266,7 @@ impl Shard {
             remotes: Vec::new(),
             next_sid: 1,
             session_deadlines: std::collections::BinaryHeap::new(),
+            idle_deadlines: std::collections::BinaryHeap::new(),
             all_conns: None,
             cfg,
         }
@@ -258,12 +274,7 @@ impl Shard {
 
     /// Places this shard as number `me` of `shards` (default 0 of 1);
     /// `all_conns` counts the open connections of every shard.
-    pub fn place(
-        &mut self,
-        me: usize,
-        shards: usize,
-        all_conns: Arc<std::sync::atomic::AtomicUsize>,
-    ) {
+    pub fn place(&mut self, me: usize, shards: usize, all_conns: Arc<ConnCounts>) {
         assert!(me < shards);
         self.me = me;
         self.shards = shards;
@@ -313,7 +324,11 @@ impl Shard {
         let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
         let expiry = self.table.next_expiry_us();
         let session = self.session_deadlines.peek().map(|r| r.0 .0);
-        [frame, retry, expiry, session].into_iter().flatten().min()
+        let idle = self.idle_deadlines.peek().map(|r| r.0 .0);
+        [frame, retry, expiry, session, idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn begin_tick(&mut self, now: Now) {
@@ -329,6 +344,7 @@ impl Shard {
         self.table.expire(now, &mut self.fx);
         self.apply_effects();
         self.expire_sessions();
+        self.expire_idle();
         self.wal_tick();
         self.flush();
         self.publish_gauges();
@@ -361,18 +377,24 @@ impl Shard {
     /// and closes): over `--max-connections`, or shutting down.
     pub fn on_accept(&mut self, port: Port, peer: SocketAddr) -> Option<Token> {
         use std::sync::atomic::Ordering::Relaxed;
+        let (limit, name) = match port {
+            Port::Lock => (self.cfg.max_connections, "max_connections"),
+            Port::Admin => (self.cfg.admin_connections, "admin_connections"),
+        };
         let over_all = self.all_conns.as_ref().is_some_and(|all| {
-            if all.fetch_add(1, Relaxed) >= self.cfg.max_connections {
-                all.fetch_sub(1, Relaxed);
+            let n = &all[port_index(port)];
+            if n.fetch_add(1, Relaxed) >= limit {
+                n.fetch_sub(1, Relaxed);
                 true
             } else {
                 false
             }
         });
-        if over_all || self.open_conns >= self.cfg.max_connections || self.stopping {
+        let over_here = self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections;
+        if over_all || over_here || self.stopping {
             if !over_all {
                 if let Some(all) = &self.all_conns {
-                    all.fetch_sub(1, Relaxed);
+                    all[port_index(port)].fetch_sub(1, Relaxed);
                 }
             }
             self.metrics.connection_refused();
@@ -381,8 +403,9 @@ impl Shard {
                 log!(
                     Level::Warn,
                     "limit_reached",
-                    "limit=max_connections value={}",
-                    self.cfg.max_connections
+                    "limit={} value={}",
+                    name,
+                    limit
                 );
             }
             return None;
@@ -395,8 +418,13 @@ impl Shard {
             }
         };
         self.conns[slot as usize].open(port, peer);
+        self.conns[slot as usize].active_us = self.now.mono_us;
         self.open_conns += 1;
         let token = self.token(slot);
+        if self.cfg.idle_timeout_ms > 0 {
+            let d = self.now.mono_us + self.cfg.idle_timeout_ms * 1000;
+            self.idle_deadlines.push(std::cmp::Reverse((d, token)));
+        }
         log!(
             Level::Debug,
             "accept",
@@ -429,6 +457,7 @@ impl Shard {
         };
         // Anything from a session's client renews its keep-alive.
         c.heard_us = self.now.mono_us;
+        c.active_us = self.now.mono_us;
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
@@ -519,6 +548,7 @@ impl Shard {
             result.err().unwrap_or(0)
         );
         let c = &mut self.conns[slot as usize];
+        c.active_us = self.now.mono_us;
         let was_grant = c.grant_in_flight;
         c.grant_in_flight = false;
         if result.is_ok() && was_grant {
@@ -575,11 +605,12 @@ impl Shard {
     pub fn on_closed(&mut self, token: Token) {
         let slot = self.slot_of(token, "close");
         log!(Level::Debug, "close", "conn={:#x}", token);
+        let port = self.conns[slot as usize].port;
         self.conns[slot as usize].release();
         self.free_slots.push(slot);
         self.open_conns -= 1;
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[port_index(port)].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -859,7 +890,7 @@ impl Shard {
         self.open_conns -= 1;
         // The owner counts it again when it adopts it.
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[0].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
         Some(d)
     }
@@ -1604,6 +1635,47 @@ impl Shard {
         self.apply_effects();
         for slot in sessions {
             self.end_session(slot, "the log failed under one of its answers");
+        }
+    }
+
+    /// Closes connections that had no request in flight, no bytes pending
+    /// and no traffic for `--idle-timeout-ms` (a queued waiter, a gather or
+    /// an answer being sent is not idle; sessions have their keep-alive).
+    fn expire_idle(&mut self) {
+        let limit_us = self.cfg.idle_timeout_ms * 1000;
+        let now = self.now.mono_us;
+        while let Some(&std::cmp::Reverse((d, token))) = self.idle_deadlines.peek() {
+            if d > now {
+                break;
+            }
+            self.idle_deadlines.pop();
+            let Some(slot) = self.conn_of(token) else {
+                continue;
+            };
+            let c = &self.conns[slot as usize];
+            if c.sid != 0 {
+                continue;
+            }
+            let idle = c.state == State::Idle && c.rbuf.is_empty() && !c.close_after_send;
+            let due = if idle {
+                c.active_us + limit_us
+            } else {
+                now + limit_us
+            };
+            if idle && due <= now {
+                self.metrics.idle_timeout();
+                log!(
+                    Level::Debug,
+                    "idle_timeout",
+                    "conn={:#x} peer={} idle_ms={}",
+                    token,
+                    c.peer,
+                    (now - c.active_us) / 1000
+                );
+                self.close(slot);
+            } else {
+                self.idle_deadlines.push(std::cmp::Reverse((due, token)));
+            }
         }
     }
 
