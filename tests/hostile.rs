@@ -139,3 +139,57 @@ fn a_burst_of_300_connections_after_a_stall_waits_in_the_listen_queue() {
     );
     srv.kill9();
 }
+
+fn keyx(admin: std::net::SocketAddr) -> Vec<ringlock::protocol::admin::KeyInfo> {
+    use std::io::Write;
+    let mut s = TcpStream::connect(admin).expect("admin");
+    s.write_all(b"KEYX").expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some((k, _)) = ringlock::protocol::admin::decode_keyx(&buf).expect("KEYX answer") {
+            return k;
+        }
+        let n = s.read(&mut chunk).expect("read");
+        assert!(n > 0, "closed before the answer");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn rstk(admin: std::net::SocketAddr, entries: &[(&[u8], u64)]) -> Vec<u8> {
+    use std::io::Write;
+    let mut s = TcpStream::connect(admin).expect("admin");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut req = Vec::new();
+    ringlock::protocol::admin::encode_rstk(entries, &mut req);
+    s.write_all(&req).expect("send");
+    let mut out = vec![0u8; entries.len() + 1];
+    s.read_exact(&mut out).expect("RSTK answer");
+    out
+}
+
+#[test]
+fn a_compare_and_reset_against_a_holder_that_changed_does_nothing() {
+    let srv = Server::start(&[]);
+    assert_eq!(once(srv.lock_addr, &frame(1, b"k", Some(b"first"))), b'+');
+    let seen = keyx(srv.admin_addr);
+    let t1 = seen[0].token;
+    let mut waiter = srv.connect();
+    waiter.send(&frame(1, b"k", Some(b"second")));
+    // A token the holder does not have: nothing happens (`#`).
+    assert_eq!(
+        rstk(srv.admin_addr, &[(b"k", t1 + 1), (b"free", 1)]),
+        b"##+"
+    );
+    assert_eq!(keyx(srv.admin_addr)[0].token, t1);
+    // The holder the operator saw: reset, the waiter is granted.
+    assert_eq!(rstk(srv.admin_addr, &[(b"k", t1)]), b"++");
+    assert_eq!(waiter.read_byte(), b'+');
+    let now = keyx(srv.admin_addr);
+    assert_eq!(now[0].source, b"second");
+    assert!(now[0].token > t1);
+    // The operator's stale view cannot reset the new holder.
+    assert_eq!(rstk(srv.admin_addr, &[(b"k", t1)]), b"#+");
+    assert_eq!(keyx(srv.admin_addr)[0].source, b"second");
+}

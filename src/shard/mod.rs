@@ -100,12 +100,16 @@ pub enum RemoteOp {
     ResetKeys(Vec<Name>),
     /// RSBS, or ResetBySource on the lock port: reset these sources.
     ResetSources(Vec<Name>),
+    /// RSTK: reset each key this shard owns if its holder has the token.
+    ResetIf(Vec<(Name, u64)>),
 }
 
 #[derive(Clone, Debug)]
 pub enum RemoteResult {
     Keys(Vec<HeldKey>),
     Done,
+    /// RSTK: the indices (into the request) of the keys reset.
+    Reset(Vec<u32>),
     /// The log could not make the effects durable (they were undone).
     Failed,
 }
@@ -158,6 +162,8 @@ struct Gather {
     lock_port: bool,
     /// KEYX rather than KEYS.
     extended: bool,
+    /// RSTK: which keys were reset.
+    reset: Vec<bool>,
 }
 
 /// A message for another shard that waits for this shard's log.
@@ -746,6 +752,7 @@ impl Shard {
             keys: Vec::new(),
             lock_port,
             extended: false,
+            reset: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -770,6 +777,19 @@ impl Shard {
                     self.apply_effects();
                 }
                 RemoteResult::Done
+            }
+            RemoteOp::ResetIf(entries) => {
+                let (me, shards) = (self.me, self.shards);
+                let mut done = Vec::new();
+                for (i, (key, token)) in entries.iter().enumerate() {
+                    if owner(key.as_bytes(), shards) == me
+                        && self.table.reset_if(key, *token, now, &mut self.fx)
+                    {
+                        done.push(i as u32);
+                    }
+                    self.apply_effects();
+                }
+                RemoteResult::Reset(done)
             }
         };
         match self.log.as_ref().filter(|l| l.pending()) {
@@ -815,6 +835,11 @@ impl Shard {
         match result {
             RemoteResult::Keys(mut k) => g.keys.append(&mut k),
             RemoteResult::Done => {}
+            RemoteResult::Reset(done) => {
+                for i in done {
+                    g.reset[i as usize] = true;
+                }
+            }
             RemoteResult::Failed => g.failed = true,
         }
         if g.pending > 0 {
@@ -843,6 +868,12 @@ impl Shard {
                 RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
                     for _ in 0..names.len() {
                         c.out.push(b'+');
+                    }
+                    c.out.push(b'+');
+                }
+                RemoteOp::ResetIf(_) => {
+                    for &done in &g.reset {
+                        c.out.push(if done { b'+' } else { b'#' });
                     }
                     c.out.push(b'+');
                 }
@@ -1150,9 +1181,20 @@ impl Shard {
         // answer waits for its own log.
         // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
         let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
-        let names: Vec<Name> = admin::names(body)
-            .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
-            .collect();
+        let entries: Vec<(Name, u64)> = if cmd == admin::Command::Rstk {
+            admin::keyed_tokens(body)
+                .map(|(n, t)| (Name::new(n).expect("admin decoder bounds names"), t))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let names: Vec<Name> = if cmd == admin::Command::Rstk {
+            Vec::new()
+        } else {
+            admin::names(body)
+                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                .collect()
+        };
         let op = match cmd {
             admin::Command::Keys | admin::Command::Keyx => {
                 self.metrics
@@ -1193,14 +1235,32 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
+            admin::Command::Rstk => {
+                self.metrics
+                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+                for (key, token) in &entries {
+                    self.metrics.reset(false);
+                    log!(
+                        Level::Info,
+                        "operator_reset",
+                        "by=key_if_token key={:?} token={} peer={}",
+                        key,
+                        token,
+                        peer
+                    );
+                }
+                RemoteOp::ResetIf(entries)
+            }
         };
         let c = &mut self.conns[slot as usize];
         c.rbuf.drain(..len);
         c.persistent = true;
         c.action = Some(Action::Persist);
         self.scatter(slot, op, false);
-        if cmd == admin::Command::Keyx {
-            self.gathers.last_mut().expect("just pushed").extended = true;
+        let g = self.gathers.last_mut().expect("just pushed");
+        g.extended = cmd == admin::Command::Keyx;
+        if let RemoteOp::ResetIf(e) = &g.op {
+            g.reset = vec![false; e.len()];
         }
         true
     }
