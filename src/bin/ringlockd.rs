@@ -30,10 +30,30 @@ OPTIONS:
                              refusal message names; keep a copy of the log first)
     --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
                              twice what the held keys need (default 1048576)
-    --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
+    --max-connections N      open lock-port connections beyond N are answered '-' and closed
+                             (default 10000)
+    --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
+                             connections cannot lock the operator out (default 16)
+    --idle-timeout-ms MS     close a connection with no request in flight and no traffic for MS;
+                             queued waiters are not idle, sessions follow their keep-alive
+                             (default 60000; 0 = never)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
+    --auth-token-file FILE   a shared secret (the file's bytes, trailing whitespace removed, 1 to
+                             255 bytes): session clients must present it in their Hello, and
+                             admin connections must send AUTH first when --admin-bind is not
+                             loopback
+    --lc-admin-actions any|loopback|off
+                             who may send the Locking-Center Unlock, ResetByKey and
+                             ResetBySource on the lock port (no owner check): every client,
+                             clients on loopback, or nobody (default any)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
+    --keepalive-ms MS        a session ends when nothing arrives from its client for MS, unless its
+                             Hello asks for another deadline (default 10000)
+    --min-keepalive-ms MS    smallest keep-alive deadline a Hello may ask for (default 300)
+    --max-keepalive-ms MS    largest keep-alive deadline a Hello may ask for (default 600000)
+    --min-ttl-ms MS          shortest lease TTL accepted (default 10)
+    --max-ttl-ms MS          longest lease TTL accepted (default 86400000, a day)
     --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
                              retry binding for up to MS before giving up (default 10000; 0 = no retry)
     --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
@@ -57,6 +77,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         None => Config::default().bind,
     };
     let mut admin = None;
+    let mut auth_token: Option<Vec<u8>> = None;
+    let mut lc_admin: Option<config::LcAdminActions> = None;
     let mut cfg_metrics = None;
     let mut data_path = std::env::var_os("DATA_PATH")
         .filter(|s| !s.is_empty())
@@ -94,6 +116,16 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 )
             }
             "--data-path" => data_path = Some(val("--data-path")?.into()),
+            "--auth-token-file" => {
+                let p: std::path::PathBuf = val("--auth-token-file")?.into();
+                auth_token = Some(config::read_auth_token(&p)?);
+            }
+            "--lc-admin-actions" => {
+                let v = val("--lc-admin-actions")?;
+                lc_admin = Some(config::LcAdminActions::parse(&v).ok_or_else(|| {
+                    format!("--lc-admin-actions: expected any, loopback or off, got {v:?}")
+                })?);
+            }
             "--wal-truncate-at" => {
                 let v = val("--wal-truncate-at")?;
                 truncate_at = Some(
@@ -107,27 +139,41 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
             }
             "--max-connections"
+            | "--admin-connections"
+            | "--idle-timeout-ms"
             | "--max-keys"
             | "--max-waiters"
             | "--frame-timeout-ms"
             | "--liveness-timeout-ms"
+            | "--keepalive-ms"
+            | "--min-keepalive-ms"
+            | "--max-keepalive-ms"
+            | "--min-ttl-ms"
+            | "--max-ttl-ms"
             | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
+                    "--admin-connections" => "admin-connections",
+                    "--idle-timeout-ms" => "idle-timeout-ms",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
                     "--liveness-timeout-ms" => "liveness-timeout-ms",
+                    "--keepalive-ms" => "keepalive-ms",
+                    "--min-keepalive-ms" => "min-keepalive-ms",
+                    "--max-keepalive-ms" => "max-keepalive-ms",
+                    "--min-ttl-ms" => "min-ttl-ms",
+                    "--max-ttl-ms" => "max-ttl-ms",
                     _ => "frame-timeout-ms",
                 };
                 let v = val(name)?;
                 let n: u64 = v
                     .parse()
                     .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
-                let min = if name == "liveness-timeout-ms" {
-                    config::LIVENESS_TIMEOUT_MS_MIN
-                } else {
-                    1
+                let min = match name {
+                    "liveness-timeout-ms" => config::LIVENESS_TIMEOUT_MS_MIN,
+                    "idle-timeout-ms" => 0,
+                    _ => 1,
                 };
                 if n < min {
                     return Err(format!("--{name}: must be at least {min}"));
@@ -157,6 +203,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         }
     }
     let mut cfg = Config::new(bind);
+    cfg.auth_token = auth_token;
+    if let Some(p) = lc_admin {
+        cfg.lc_admin_actions = p;
+    }
     cfg.threads = threads.unwrap_or_else(|| ringlock::driver::allowed_cpus().len());
     if let Some(ms) = bind_retry_ms {
         cfg.bind_retry_ms = ms;
@@ -173,17 +223,88 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     if cfg.wal_truncate_at.is_some() && cfg.data_path.is_none() {
         return Err("--wal-truncate-at needs --data-path".into());
     }
-    for (name, n) in limits {
+    for &(name, n) in &limits {
         match name {
             "max-connections" => cfg.max_connections = n as usize,
+            "admin-connections" => cfg.admin_connections = n as usize,
+            "idle-timeout-ms" => cfg.idle_timeout_ms = n,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,
             "liveness-timeout-ms" => cfg.liveness_timeout_ms = n,
-            _ => cfg.frame_timeout_ms = n,
+            "frame-timeout-ms" => cfg.frame_timeout_ms = n,
+            other => {
+                let v =
+                    u32::try_from(n).map_err(|_| format!("--{other}: at most {}", u32::MAX - 1))?;
+                let v = v.min(u32::MAX - 1);
+                match other {
+                    "keepalive-ms" => cfg.keepalive_ms = v,
+                    "min-keepalive-ms" => cfg.min_keepalive_ms = v,
+                    "max-keepalive-ms" => cfg.max_keepalive_ms = v,
+                    "min-ttl-ms" => cfg.min_ttl_ms = v,
+                    _ => cfg.max_ttl_ms = v,
+                }
+            }
         }
     }
+    let keepalive_given = limits.iter().any(|(n, _)| *n == "keepalive-ms");
+    if cfg.min_keepalive_ms > cfg.max_keepalive_ms {
+        return Err(format!(
+            "--min-keepalive-ms {} is above --max-keepalive-ms {}",
+            cfg.min_keepalive_ms, cfg.max_keepalive_ms
+        ));
+    }
+    if !keepalive_given {
+        // The default follows bounds that exclude it.
+        cfg.keepalive_ms = cfg
+            .keepalive_ms
+            .clamp(cfg.min_keepalive_ms, cfg.max_keepalive_ms);
+    }
+    if !(cfg.min_keepalive_ms..=cfg.max_keepalive_ms).contains(&cfg.keepalive_ms) {
+        return Err(format!(
+            "--keepalive-ms {} must lie within --min-keepalive-ms {} and --max-keepalive-ms {}",
+            cfg.keepalive_ms, cfg.min_keepalive_ms, cfg.max_keepalive_ms
+        ));
+    }
+    if cfg.min_ttl_ms > cfg.max_ttl_ms {
+        return Err(format!(
+            "--min-ttl-ms {} is above --max-ttl-ms {}",
+            cfg.min_ttl_ms, cfg.max_ttl_ms
+        ));
+    }
     Ok(Some((cfg, level)))
+}
+
+/// A lock port other hosts can reach lets any of them unlock or reset any
+/// key unless a token and a policy say otherwise: say so at start-up.
+fn warn_if_exposed(cfg: &Config) {
+    use config::LcAdminActions;
+    if !cfg.bind.ip().is_loopback()
+        && (cfg.auth_token.is_none() || cfg.lc_admin_actions == LcAdminActions::Any)
+    {
+        ringlock::log!(
+            Level::Warn,
+            "insecure_bind",
+            "port=lock addr={} auth_token={} lc_admin_actions={:?} reason=\"reachable from other hosts: {}\"",
+            cfg.bind,
+            cfg.auth_token.is_some(),
+            cfg.lc_admin_actions,
+            if cfg.lc_admin_actions == LcAdminActions::Any {
+                "any client can Unlock or reset any key (see --lc-admin-actions)"
+            } else {
+                "session clients are not authenticated (see --auth-token-file)"
+            }
+        );
+    }
+    if !cfg.admin_bind.ip().is_loopback() && cfg.auth_token.is_none() {
+        ringlock::log!(
+            Level::Warn,
+            "insecure_bind",
+            "port=admin addr={} auth_token=false lc_admin_actions={:?} reason=\"reachable from other hosts without --auth-token-file: anyone can list and reset every key\"",
+            cfg.admin_bind,
+            cfg.lc_admin_actions
+        );
+    }
 }
 
 fn parse_threads(v: &str, what: &str) -> Result<usize, String> {
@@ -205,6 +326,7 @@ fn main() -> ExitCode {
         }
     };
     log::set_level(level);
+    warn_if_exposed(&cfg);
     let m = Arc::new(Metrics::new_loops(cfg.threads));
     let server = match Server::bind(cfg.clone(), m.clone()) {
         Ok(s) => s,

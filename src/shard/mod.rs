@@ -35,18 +35,22 @@
 //! - Bad input answers `-` and closes; it never reaches the lock table.
 
 pub mod conn;
+pub mod session;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{Config, LOCK_RECV_BUF};
-use crate::core::{Effect, Effects, HeldKey, LockMode, Name, Now, Reply, Table, Token};
+use crate::core::{
+    Effect, Effects, Extended, HeldKey, HoldMode, LockMode, Name, Now, Reply, Table, Token,
+};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
 use crate::wal::log::{Chain, Landed, Log, Next};
 use conn::{Conn, Port, State};
+use session::{SessMsg, SESS_BIT};
 
 /// Undecoded bytes a lock-port connection may hold: one frame plus the
 /// requests pipelined behind it. More while a request is outstanding is a
@@ -82,6 +86,9 @@ pub enum Cmd {
         id: u64,
         result: RemoteResult,
     },
+    /// Session traffic for shard `to` (never this one): report it there
+    /// with [`Shard::on_sess`]. Never refused or dropped.
+    Sess { to: usize, msg: Box<SessMsg> },
 }
 
 /// An operation one shard asks every shard to run on its part of the keys.
@@ -93,14 +100,30 @@ pub enum RemoteOp {
     ResetKeys(Vec<Name>),
     /// RSBS, or ResetBySource on the lock port: reset these sources.
     ResetSources(Vec<Name>),
+    /// RSTK: reset each key this shard owns if its holder has the token.
+    ResetIf(Vec<(Name, u64)>),
 }
 
 #[derive(Clone, Debug)]
 pub enum RemoteResult {
     Keys(Vec<HeldKey>),
     Done,
+    /// RSTK: the indices (into the request) of the keys reset.
+    Reset(Vec<u32>),
     /// The log could not make the effects durable (they were undone).
     Failed,
+}
+
+/// Open connections of every shard, per port (`[lock, admin]`): the admin
+/// port has its own small budget, so a flood of lock-port connections
+/// cannot lock the operator out.
+pub type ConnCounts = [std::sync::atomic::AtomicUsize; 2];
+
+fn port_index(p: Port) -> usize {
+    match p {
+        Port::Lock => 0,
+        Port::Admin => 1,
+    }
 }
 
 /// The shard that owns `key` among `n` (CRC32C of the key bytes, mod n).
@@ -137,13 +160,22 @@ struct Gather {
     keys: Vec<HeldKey>,
     /// Lock-port ResetBySource (one `+`) rather than an admin command.
     lock_port: bool,
+    /// KEYX rather than KEYS.
+    extended: bool,
+    /// RSTK: which keys were reset.
+    reset: Vec<bool>,
 }
 
-/// A remote request whose reply waits for this shard's log.
-struct HeldRemote {
-    to: usize,
-    id: u64,
-    result: RemoteResult,
+/// A message for another shard that waits for this shard's log.
+enum Parked {
+    /// A scatter/gather part's reply.
+    Gather {
+        to: usize,
+        id: u64,
+        result: RemoteResult,
+    },
+    /// A session answer or Lost push for the session's home shard.
+    Sess { to: usize, msg: Box<SessMsg> },
 }
 
 /// Marks a `held` entry as a remote reply (index into `remotes`).
@@ -155,6 +187,7 @@ const REMOTE_BIT: u64 = 1 << 63;
 enum Undo {
     Acquire { key: Name, grant_id: u64 },
     Release { prev: HeldKey },
+    Extend(Extended),
 }
 
 pub struct Shard {
@@ -175,6 +208,8 @@ pub struct Shard {
     log: Option<Log>,
     /// Limit refusals are logged at most once per second.
     limit_log_after_us: u64,
+    /// So are lock-port actions refused by policy.
+    policy_log_after_us: u64,
     /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
     held: VecDeque<(u64, Token)>,
     /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
@@ -184,10 +219,18 @@ pub struct Shard {
     shards: usize,
     gathers: Vec<Gather>,
     next_gather_id: u64,
-    remotes: Vec<Option<HeldRemote>>,
+    remotes: Vec<Option<Parked>>,
+    /// Session ids handed out by this shard (its index in the top byte).
+    next_sid: u64,
+    /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
+    /// session was heard from since is pushed again with its new deadline.
+    session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
+    /// Idle-timeout checks `(mono µs, connection)`: one entry per open
+    /// connection, pushed again while it is busy or was active since.
+    idle_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
-    all_conns: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    all_conns: Option<Arc<ConnCounts>>,
 }
 
 impl Shard {
@@ -200,6 +243,12 @@ impl Shard {
         now: Now,
     ) -> Shard {
         let cap = cfg.max_connections.min(65_536);
+        let mut table = table;
+        // Fencing tokens: in memory mode nothing survives a restart, so each
+        // run starts its grant ids at its start time in Unix µs, above
+        // every id of an earlier run (docs/protocol.md, "Fencing tokens").
+        // A recovered log's ids are kept if higher.
+        table.raise_next_grant_id(now.unix_ms.saturating_mul(1000));
         Shard {
             conns: Vec::with_capacity(cap),
             free_slots: Vec::with_capacity(cap),
@@ -216,6 +265,7 @@ impl Shard {
             last_oldest_ms: 0,
             log,
             limit_log_after_us: 0,
+            policy_log_after_us: 0,
             held: VecDeque::with_capacity(cap),
             undo: VecDeque::with_capacity(4096),
             me: 0,
@@ -223,6 +273,9 @@ impl Shard {
             gathers: Vec::new(),
             next_gather_id: 1,
             remotes: Vec::new(),
+            next_sid: 1,
+            session_deadlines: std::collections::BinaryHeap::new(),
+            idle_deadlines: std::collections::BinaryHeap::new(),
             all_conns: None,
             cfg,
         }
@@ -230,12 +283,7 @@ impl Shard {
 
     /// Places this shard as number `me` of `shards` (default 0 of 1);
     /// `all_conns` counts the open connections of every shard.
-    pub fn place(
-        &mut self,
-        me: usize,
-        shards: usize,
-        all_conns: Arc<std::sync::atomic::AtomicUsize>,
-    ) {
+    pub fn place(&mut self, me: usize, shards: usize, all_conns: Arc<ConnCounts>) {
         assert!(me < shards);
         self.me = me;
         self.shards = shards;
@@ -283,10 +331,13 @@ impl Shard {
             self.conns[slot as usize].partial_since_us + self.cfg.frame_timeout_ms * 1000
         });
         let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
-        match (frame, retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let expiry = self.table.next_expiry_us();
+        let session = self.session_deadlines.peek().map(|r| r.0 .0);
+        let idle = self.idle_deadlines.peek().map(|r| r.0 .0);
+        [frame, retry, expiry, session, idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn begin_tick(&mut self, now: Now) {
@@ -298,6 +349,11 @@ impl Shard {
     pub fn end_tick(&mut self) {
         self.apply_effects();
         self.expire_frames();
+        let now = self.now;
+        self.table.expire(now, &mut self.fx);
+        self.apply_effects();
+        self.expire_sessions();
+        self.expire_idle();
         self.wal_tick();
         self.flush();
         self.publish_gauges();
@@ -330,18 +386,24 @@ impl Shard {
     /// and closes): over `--max-connections`, or shutting down.
     pub fn on_accept(&mut self, port: Port, peer: SocketAddr) -> Option<Token> {
         use std::sync::atomic::Ordering::Relaxed;
+        let (limit, name) = match port {
+            Port::Lock => (self.cfg.max_connections, "max_connections"),
+            Port::Admin => (self.cfg.admin_connections, "admin_connections"),
+        };
         let over_all = self.all_conns.as_ref().is_some_and(|all| {
-            if all.fetch_add(1, Relaxed) >= self.cfg.max_connections {
-                all.fetch_sub(1, Relaxed);
+            let n = &all[port_index(port)];
+            if n.fetch_add(1, Relaxed) >= limit {
+                n.fetch_sub(1, Relaxed);
                 true
             } else {
                 false
             }
         });
-        if over_all || self.open_conns >= self.cfg.max_connections || self.stopping {
+        let over_here = self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections;
+        if over_all || over_here || self.stopping {
             if !over_all {
                 if let Some(all) = &self.all_conns {
-                    all.fetch_sub(1, Relaxed);
+                    all[port_index(port)].fetch_sub(1, Relaxed);
                 }
             }
             self.metrics.connection_refused();
@@ -350,8 +412,9 @@ impl Shard {
                 log!(
                     Level::Warn,
                     "limit_reached",
-                    "limit=max_connections value={}",
-                    self.cfg.max_connections
+                    "limit={} value={}",
+                    name,
+                    limit
                 );
             }
             return None;
@@ -364,8 +427,13 @@ impl Shard {
             }
         };
         self.conns[slot as usize].open(port, peer);
+        self.conns[slot as usize].active_us = self.now.mono_us;
         self.open_conns += 1;
         let token = self.token(slot);
+        if self.cfg.idle_timeout_ms > 0 {
+            let d = self.now.mono_us + self.cfg.idle_timeout_ms * 1000;
+            self.idle_deadlines.push(std::cmp::Reverse((d, token)));
+        }
         log!(
             Level::Debug,
             "accept",
@@ -392,9 +460,13 @@ impl Shard {
             return;
         }
         let cap = match c.port {
+            Port::Lock if c.sid != 0 => crate::protocol::session::FRAME_MAX,
             Port::Lock => LOCK_PIPELINE_BYTES_MAX,
             Port::Admin => admin::FRAME_MAX,
         };
+        // Anything from a session's client renews its keep-alive.
+        c.heard_us = self.now.mono_us;
+        c.active_us = self.now.mono_us;
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
@@ -423,6 +495,17 @@ impl Shard {
         );
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
+            return;
+        }
+        if c.state == State::Session {
+            self.end_session(
+                slot,
+                if errno.is_some() {
+                    "connection failed"
+                } else {
+                    "client closed the connection"
+                },
+            );
             return;
         }
         c.read_closed = true;
@@ -458,7 +541,7 @@ impl Shard {
             // The end of input travels with the connection; a gather's
             // answer is sent when it completes.
             State::Migrating | State::Gathering => {}
-            State::Executing | State::Free | State::Closing => {}
+            State::Executing | State::Free | State::Closing | State::Session => {}
         }
         self.apply_effects();
     }
@@ -474,6 +557,7 @@ impl Shard {
             result.err().unwrap_or(0)
         );
         let c = &mut self.conns[slot as usize];
+        c.active_us = self.now.mono_us;
         let was_grant = c.grant_in_flight;
         c.grant_in_flight = false;
         if result.is_ok() && was_grant {
@@ -485,6 +569,16 @@ impl Shard {
                 self.give_back_grant(slot);
             }
             self.apply_effects();
+            return;
+        }
+        if c.state == State::Session {
+            c.sending = false;
+            match result {
+                Err(_) => self.end_session(slot, "send failed"),
+                // Answers that gathered during the send go next.
+                Ok(()) if !c.out.is_empty() => self.mark_dirty(slot),
+                Ok(()) => {}
+            }
             return;
         }
         debug_assert_eq!(c.state, State::Sending);
@@ -520,11 +614,12 @@ impl Shard {
     pub fn on_closed(&mut self, token: Token) {
         let slot = self.slot_of(token, "close");
         log!(Level::Debug, "close", "conn={:#x}", token);
+        let port = self.conns[slot as usize].port;
         self.conns[slot as usize].release();
         self.free_slots.push(slot);
         self.open_conns -= 1;
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[port_index(port)].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -659,6 +754,8 @@ impl Shard {
             failed: false,
             keys: Vec::new(),
             lock_port,
+            extended: false,
+            reset: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -684,25 +781,28 @@ impl Shard {
                 }
                 RemoteResult::Done
             }
+            RemoteOp::ResetIf(entries) => {
+                let (me, shards) = (self.me, self.shards);
+                let mut done = Vec::new();
+                for (i, (key, token)) in entries.iter().enumerate() {
+                    if owner(key.as_bytes(), shards) == me
+                        && self.table.reset_if(key, *token, now, &mut self.fx)
+                    {
+                        done.push(i as u32);
+                    }
+                    self.apply_effects();
+                }
+                RemoteResult::Reset(done)
+            }
         };
         match self.log.as_ref().filter(|l| l.pending()) {
             Some(l) => {
                 let lsn = l.tail_lsn();
-                let held = HeldRemote {
+                let idx = self.park_remote(Parked::Gather {
                     to: from,
                     id,
                     result,
-                };
-                let idx = match self.remotes.iter().position(Option::is_none) {
-                    Some(i) => {
-                        self.remotes[i] = Some(held);
-                        i
-                    }
-                    None => {
-                        self.remotes.push(Some(held));
-                        self.remotes.len() - 1
-                    }
-                };
+                });
                 self.held.push_back((lsn, REMOTE_BIT | idx as u64));
             }
             None => self.cmds.push(Cmd::Reply {
@@ -710,6 +810,21 @@ impl Shard {
                 id,
                 result,
             }),
+        }
+    }
+
+    /// Keeps a message for another shard until the log is durable; returns
+    /// its index for the `held` queue.
+    fn park_remote(&mut self, p: Parked) -> usize {
+        match self.remotes.iter().position(Option::is_none) {
+            Some(i) => {
+                self.remotes[i] = Some(p);
+                i
+            }
+            None => {
+                self.remotes.push(Some(p));
+                self.remotes.len() - 1
+            }
         }
     }
 
@@ -723,6 +838,11 @@ impl Shard {
         match result {
             RemoteResult::Keys(mut k) => g.keys.append(&mut k),
             RemoteResult::Done => {}
+            RemoteResult::Reset(done) => {
+                for i in done {
+                    g.reset[i as usize] = true;
+                }
+            }
             RemoteResult::Failed => g.failed = true,
         }
         if g.pending > 0 {
@@ -742,11 +862,21 @@ impl Shard {
             match &g.op {
                 RemoteOp::Keys => {
                     g.keys.sort_by_key(|h| h.key);
-                    admin::encode_keys(&g.keys, &mut c.out);
+                    if g.extended {
+                        admin::encode_keyx(&g.keys, self.now.unix_ms, &mut c.out);
+                    } else {
+                        admin::encode_keys(&g.keys, &mut c.out);
+                    }
                 }
                 RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
                     for _ in 0..names.len() {
                         c.out.push(b'+');
+                    }
+                    c.out.push(b'+');
+                }
+                RemoteOp::ResetIf(_) => {
+                    for &done in &g.reset {
+                        c.out.push(if done { b'+' } else { b'#' });
                     }
                     c.out.push(b'+');
                 }
@@ -794,7 +924,7 @@ impl Shard {
         self.open_conns -= 1;
         // The owner counts it again when it adopts it.
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[0].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
         Some(d)
     }
@@ -836,6 +966,9 @@ impl Shard {
 
     /// Decodes and executes buffered frames while the connection is idle.
     fn pump(&mut self, slot: u32) {
+        if self.conns[slot as usize].state == State::Session {
+            self.pump_session(slot);
+        }
         loop {
             let c = &self.conns[slot as usize];
             if c.state != State::Idle || c.close_after_send || c.rbuf.is_empty() {
@@ -855,7 +988,9 @@ impl Shard {
         }
         // Frame read timeout bookkeeping: a partial frame starts the clock.
         let c = &self.conns[slot as usize];
-        let partial = c.state == State::Idle && !c.rbuf.is_empty() && !c.close_after_send;
+        let partial = matches!(c.state, State::Idle | State::Session)
+            && !c.rbuf.is_empty()
+            && !c.close_after_send;
         let linked = c.partial_link.linked;
         if partial && !linked {
             self.conns[slot as usize].partial_since_us = self.now.mono_us;
@@ -894,6 +1029,14 @@ impl Shard {
     /// Executes one lock-port frame; false when more bytes are needed.
     fn pump_lock(&mut self, slot: u32) -> bool {
         let token = self.token(slot);
+        let c = &self.conns[slot as usize];
+        if c.action.is_none()
+            && c.sid == 0
+            && c.rbuf.first() == Some(&crate::protocol::session::OP_HELLO)
+        {
+            // Only a connection's first frame may open a session.
+            return self.hello(slot);
+        }
         let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
         {
             Decoded::Incomplete => return false,
@@ -912,6 +1055,34 @@ impl Shard {
                 len,
             ),
         };
+        let peer = self.conns[slot as usize].peer;
+        if matches!(
+            action,
+            Action::Unlock | Action::ResetByKey | Action::ResetBySource
+        ) && !self.cfg.lc_admin_actions.allows(&peer)
+        {
+            // No owner check in this protocol: refused by policy, `-`.
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.action = Some(action);
+            self.metrics.lc_action_refused();
+            if self.now.mono_us >= self.policy_log_after_us {
+                self.policy_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "lc_action_refused",
+                    "action={:?} peer={} policy={:?}",
+                    action,
+                    peer,
+                    self.cfg.lc_admin_actions
+                );
+            }
+            if let Some(a) = metrics_action(action) {
+                self.metrics.request(a, metrics::Outcome::Error);
+            }
+            self.answer(slot, b'-', None);
+            return true;
+        }
         if self.shards > 1
             && matches!(
                 action,
@@ -1036,16 +1207,68 @@ impl Shard {
             }
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
+        // The shared secret: checked when presented, required before any
+        // command when the admin port is reachable from other hosts.
+        let required = self.cfg.auth_token.is_some() && !self.cfg.admin_bind.ip().is_loopback();
+        if cmd == admin::Command::Auth {
+            let c = &self.conns[slot as usize];
+            let ok = match &self.cfg.auth_token {
+                Some(t) => crate::config::token_matches(t, &c.rbuf[5..len]),
+                None => true,
+            };
+            if !ok {
+                self.metrics.auth_failure();
+                log!(
+                    Level::Warn,
+                    "auth_failed",
+                    "port=admin peer={} reason=\"wrong auth token\"",
+                    peer
+                );
+                self.reject(slot, "wrong auth token");
+                return false;
+            }
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.authed = true;
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            c.state = State::Answered;
+            c.out.push(b'+');
+            self.mark_dirty(slot);
+            return true;
+        }
+        if required && !self.conns[slot as usize].authed {
+            self.metrics.auth_failure();
+            log!(
+                Level::Warn,
+                "auth_failed",
+                "port=admin peer={} reason=\"command before AUTH\"",
+                peer
+            );
+            self.reject(slot, "admin command before AUTH");
+            return false;
+        }
         // Every admin command is a scatter/gather, also with one shard (the
         // driver then runs the one part itself): one path, and each part's
         // answer waits for its own log.
         // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
         let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
-        let names: Vec<Name> = admin::names(body)
-            .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
-            .collect();
+        let entries: Vec<(Name, u64)> = if cmd == admin::Command::Rstk {
+            admin::keyed_tokens(body)
+                .map(|(n, t)| (Name::new(n).expect("admin decoder bounds names"), t))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let names: Vec<Name> = if cmd == admin::Command::Rstk {
+            Vec::new()
+        } else {
+            admin::names(body)
+                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                .collect()
+        };
         let op = match cmd {
-            admin::Command::Keys => {
+            admin::Command::Keys | admin::Command::Keyx => {
                 self.metrics
                     .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
                 RemoteOp::Keys
@@ -1084,17 +1307,45 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
+            admin::Command::Auth => unreachable!("answered above"),
+            admin::Command::Rstk => {
+                self.metrics
+                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+                for (key, token) in &entries {
+                    self.metrics.reset(false);
+                    log!(
+                        Level::Info,
+                        "operator_reset",
+                        "by=key_if_token key={:?} token={} peer={}",
+                        key,
+                        token,
+                        peer
+                    );
+                }
+                RemoteOp::ResetIf(entries)
+            }
         };
         let c = &mut self.conns[slot as usize];
         c.rbuf.drain(..len);
         c.persistent = true;
         c.action = Some(Action::Persist);
         self.scatter(slot, op, false);
+        let g = self.gathers.last_mut().expect("just pushed");
+        g.extended = cmd == admin::Command::Keyx;
+        if let RemoteOp::ResetIf(e) = &g.op {
+            g.reset = vec![false; e.len()];
+        }
         true
     }
 
     /// Bad input: answer `-`, then close. Nothing reached the lock table.
     fn reject(&mut self, slot: u32, why: &str) {
+        if self.conns[slot as usize].state == State::Session {
+            // A session cannot answer out of band: it ends.
+            let why = format!("bad input: {why}");
+            self.end_session(slot, &why);
+            return;
+        }
         let c = &mut self.conns[slot as usize];
         log!(
             Level::Debug,
@@ -1131,6 +1382,10 @@ impl Shard {
     fn die(&mut self, slot: u32) {
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
+            return;
+        }
+        if c.state == State::Session {
+            self.end_session(slot, "connection broken");
             return;
         }
         c.dead = true;
@@ -1212,11 +1467,12 @@ impl Shard {
                     );
                 }
             }
+            Effect::Reply { conn, .. } if conn & SESS_BIT != 0 => self.session_effect(e),
             Effect::Reply { conn, reply } => {
                 let outcome = match reply {
                     Reply::Ok => metrics::Outcome::Ok,
                     Reply::Busy => metrics::Outcome::Busy,
-                    Reply::Err => metrics::Outcome::Error,
+                    _ => metrics::Outcome::Error,
                 };
                 if let Some(slot) = self.conn_of(conn) {
                     if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
@@ -1231,14 +1487,7 @@ impl Shard {
                 waited_us,
             } => {
                 if let Some(log) = self.log.as_mut() {
-                    let h = HeldKey {
-                        key: grant.key,
-                        source: grant.source,
-                        endpoint: grant.endpoint,
-                        acquired_unix_ms: grant.acquired_unix_ms,
-                        grant_id: grant.grant_id,
-                    };
-                    let lsn = log.append_acquire(&h);
+                    let lsn = log.append_acquire(&grant.held_key());
                     self.undo.push_back((
                         lsn,
                         Undo::Acquire {
@@ -1251,6 +1500,10 @@ impl Shard {
                 if let Some(us) = waited_us {
                     self.metrics.handoff();
                     self.metrics.observe_queue_wait_us(us);
+                }
+                if conn & SESS_BIT != 0 {
+                    self.session_effect(e);
+                    return;
                 }
                 match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
                     Some(slot) => {
@@ -1273,6 +1526,7 @@ impl Shard {
                 grant_id,
                 holder,
                 held_us,
+                holder_conn,
                 ..
             } => {
                 if let Some(log) = self.log.as_mut() {
@@ -1280,6 +1534,10 @@ impl Shard {
                     self.undo.push_back((lsn, Undo::Release { prev: holder }));
                 }
                 self.metrics.observe_hold_us(held_us);
+                if holder_conn & SESS_BIT != 0 {
+                    // A Lost push, before the next holder's grant.
+                    self.session_effect(e);
+                }
             }
         }
     }
@@ -1320,6 +1578,15 @@ impl Shard {
         for &slot in &dirty {
             let c = &mut self.conns[slot as usize];
             c.dirty = false;
+            if c.state == State::Session {
+                if c.sending || c.out.is_empty() || c.gate_lsn > durable {
+                    continue;
+                }
+                c.sending = true;
+                let token = ((c.gen as u64) << 32) | slot as u64;
+                self.cmds.push(Cmd::Send(token));
+                continue;
+            }
             if c.state != State::Answered || c.out.is_empty() || c.gate_lsn > durable {
                 continue;
             }
@@ -1383,24 +1650,36 @@ impl Shard {
             }
             self.held.pop_front();
             if token & REMOTE_BIT != 0 {
-                self.send_held_remote(token, None);
+                self.send_held_remote(token, false);
             } else if let Some(slot) = self.conn_of(token) {
                 self.mark_dirty(slot);
             }
         }
     }
 
-    /// Sends the remote reply a `held` entry stood for: its own result once
-    /// durable, or `instead` (a log failure voided what it reported).
-    fn send_held_remote(&mut self, token: Token, instead: Option<RemoteResult>) {
-        let r = self.remotes[(token & !REMOTE_BIT) as usize]
+    /// Sends the message a `held` entry stood for: as it is once durable,
+    /// or (`failed`, a log failure voided what it reported) a gather part
+    /// as Failed and a session answer as the end of its session.
+    fn send_held_remote(&mut self, token: Token, failed: bool) {
+        let p = self.remotes[(token & !REMOTE_BIT) as usize]
             .take()
             .expect("a held remote reply");
-        self.cmds.push(Cmd::Reply {
-            to: r.to,
-            id: r.id,
-            result: instead.unwrap_or(r.result),
-        });
+        match p {
+            Parked::Gather { to, id, result } => self.cmds.push(Cmd::Reply {
+                to,
+                id,
+                result: if failed { RemoteResult::Failed } else { result },
+            }),
+            Parked::Sess { to, msg } => {
+                let msg = match *msg {
+                    SessMsg::Out { sid, home, .. } if failed => {
+                        Box::new(SessMsg::Kill { sid, home })
+                    }
+                    _ => msg,
+                };
+                self.cmds.push(Cmd::Sess { to, msg });
+            }
+        }
     }
 
     /// Every record past the durable point is void. Requests waiting for
@@ -1417,14 +1696,20 @@ impl Shard {
             self.cmds.push(Cmd::DiscardTemp);
         }
         let mut answered = 0u64;
+        // Sessions whose answers waited: ended once the undo is complete.
+        let mut sessions: Vec<u32> = Vec::new();
         while let Some((_, token)) = self.held.pop_front() {
             if token & REMOTE_BIT != 0 {
-                self.send_held_remote(token, Some(RemoteResult::Failed));
+                self.send_held_remote(token, true);
                 continue;
             }
             if let Some(slot) = self.conn_of(token) {
                 let c = &mut self.conns[slot as usize];
-                if c.state == State::Answered {
+                if c.state == State::Session {
+                    if !sessions.contains(&slot) {
+                        sessions.push(slot);
+                    }
+                } else if c.state == State::Answered {
                     c.out.clear();
                     c.out.push(b'-');
                     c.grant = None;
@@ -1440,6 +1725,16 @@ impl Shard {
                 Undo::Acquire { key, grant_id } => {
                     self.table.undo_grant(&key, grant_id, now);
                     touched.push(key);
+                }
+                // A session hold's session is ended below (its answer
+                // waited for this log) or by its home (Kill): the key stays
+                // free, as the end of the session would leave it.
+                Undo::Release { prev } if prev.mode == HoldMode::Session => {
+                    touched.push(prev.key);
+                }
+                Undo::Extend(x) => {
+                    self.table
+                        .set_expiry(&x.key, x.grant_id, x.prev_unix_ms, x.prev_mono_us);
                 }
                 Undo::Release { prev } => {
                     // The key is free again here: later records were undone.
@@ -1471,6 +1766,50 @@ impl Shard {
         }
         // New grants from settling are new records for the rewritten log.
         self.apply_effects();
+        for slot in sessions {
+            self.end_session(slot, "the log failed under one of its answers");
+        }
+    }
+
+    /// Closes connections that had no request in flight, no bytes pending
+    /// and no traffic for `--idle-timeout-ms` (a queued waiter, a gather or
+    /// an answer being sent is not idle; sessions have their keep-alive).
+    fn expire_idle(&mut self) {
+        let limit_us = self.cfg.idle_timeout_ms * 1000;
+        let now = self.now.mono_us;
+        while let Some(&std::cmp::Reverse((d, token))) = self.idle_deadlines.peek() {
+            if d > now {
+                break;
+            }
+            self.idle_deadlines.pop();
+            let Some(slot) = self.conn_of(token) else {
+                continue;
+            };
+            let c = &self.conns[slot as usize];
+            if c.sid != 0 {
+                continue;
+            }
+            let idle = c.state == State::Idle && c.rbuf.is_empty() && !c.close_after_send;
+            let due = if idle {
+                c.active_us + limit_us
+            } else {
+                now + limit_us
+            };
+            if idle && due <= now {
+                self.metrics.idle_timeout();
+                log!(
+                    Level::Debug,
+                    "idle_timeout",
+                    "conn={:#x} peer={} idle_ms={}",
+                    token,
+                    c.peer,
+                    (now - c.active_us) / 1000
+                );
+                self.close(slot);
+            } else {
+                self.idle_deadlines.push(std::cmp::Reverse((due, token)));
+            }
+        }
     }
 
     fn expire_frames(&mut self) {
@@ -1543,7 +1882,12 @@ impl Shard {
                 );
             }
         }
+        let mut session_waiters = 0;
         self.table.for_each_waiter(|token| {
+            if token & SESS_BIT != 0 {
+                session_waiters += 1;
+                return;
+            }
             let c = self.conn_of(token).map(|s| &self.conns[s as usize]);
             assert!(
                 matches!(c.map(|c| c.state), Some(State::Queued { .. })),
@@ -1552,7 +1896,7 @@ impl Shard {
             );
         });
         assert_eq!(
-            queued,
+            queued + session_waiters,
             self.table.queued_waiters(),
             "queued connections without a waiter"
         );
