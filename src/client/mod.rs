@@ -238,6 +238,16 @@ pub struct Client {
     cfg: Arc<Config>,
 }
 
+/// Decodes a whole `KEYS`/`KEYX` answer from the front of a buffer.
+type ParseKeys = fn(&[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>>;
+
+/// Which admin listing to ask for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    Keys,
+    Keyx,
+}
+
 /// How a request/answer exchange failed.
 enum UnaryFail {
     /// Nothing ambiguous: the request had no effect or the error is final.
@@ -489,41 +499,67 @@ impl Client {
         )
     }
 
-    /// Lists the held keys, sorted by key, from the admin port.
+    /// Lists the held keys, sorted by key, from the admin port (`KEYS`:
+    /// `token`, `mode` and `lease_left_ms` are left at their defaults).
     pub fn keys(&self) -> Result<Vec<KeyInfo>> {
-        self.keys_with(&mut Streak::new(self.cfg.retry))
+        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keys)
     }
 
-    fn keys_with(&self, streak: &mut Streak) -> Result<Vec<KeyInfo>> {
+    /// Like [`keys`](Self::keys), with each key's fencing token, hold mode
+    /// and lease time left (`KEYX`, a ringlockd extension). A server that
+    /// does not know `KEYX` (Locking-Center, an older ringlockd) closes the
+    /// connection without an answer: that is an [`Error::Io`] of kind
+    /// `UnexpectedEof`, and [`keys`](Self::keys) still works there.
+    pub fn keyx(&self) -> Result<Vec<KeyInfo>> {
+        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keyx)
+    }
+
+    fn keys_with(&self, streak: &mut Streak, listing: Listing) -> Result<Vec<KeyInfo>> {
+        let (cmd, parse): (&[u8], ParseKeys) = match listing {
+            Listing::Keys => (b"KEYS", wire::parse_keys),
+            Listing::Keyx => (b"KEYX", wire::parse_keyx),
+        };
         loop {
             let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
-            let err = match self.send(&mut conn, b"KEYS") {
-                Ok(()) => match self.read_keys(&mut conn) {
+            let err = match self.send(&mut conn, cmd) {
+                Ok(()) => match self.read_keys(&mut conn, parse) {
                     Ok(keys) => return Ok(keys),
+                    // A server that closes at once does not know the command
+                    // (KEYX on a Locking-Center server): retrying cannot help.
+                    Err(Error::Io(err))
+                        if listing == Listing::Keyx
+                            && err.kind() == io::ErrorKind::UnexpectedEof =>
+                    {
+                        return Err(Error::Io(err))
+                    }
                     Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
                     Err(other) => return Err(other),
                 },
                 Err(err) => err,
             };
-            // KEYS is read-only, so any failure is safe to retry.
+            // KEYS and KEYX are read-only, so any failure is safe to retry.
             self.backoff(streak, err, peer, None, None)?;
         }
     }
 
-    fn read_keys(&self, conn: &mut TcpStream) -> Result<Vec<KeyInfo>> {
+    fn read_keys(&self, conn: &mut TcpStream, parse: ParseKeys) -> Result<Vec<KeyInfo>> {
         conn.set_read_timeout(Some(self.cfg.io_timeout))
             .map_err(Error::io)?;
         let mut buf = Vec::with_capacity(4096);
         let mut chunk = [0u8; 16 * 1024];
         loop {
-            if let Some((keys, _)) = wire::parse_keys(&buf)? {
+            if let Some((keys, _)) = parse(&buf)? {
                 return Ok(keys);
             }
             match conn.read(&mut chunk) {
                 Ok(0) => {
                     return Err(Error::io(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        "admin connection closed mid-answer",
+                        if buf.is_empty() {
+                            "admin connection closed without an answer"
+                        } else {
+                            "admin connection closed mid-answer"
+                        },
                     )))
                 }
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -543,7 +579,7 @@ impl Client {
         let endpoint = endpoint
             .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
             .to_string();
-        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()))?;
+        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
         Ok(keys.iter().any(|k| k.key == key && k.endpoint == endpoint))
     }
 

@@ -116,6 +116,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const KEY_LEN_MAX: usize = 127;
 /// Longest source name (bytes).
 pub const SOURCE_LEN_MAX: usize = 127;
+/// Longest auth token (bytes).
+pub const AUTH_LEN_MAX: usize = 255;
 
 /// How a granted lock is held (see the module docs' table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -160,6 +162,7 @@ pub struct SessionBuilder {
     release_timeout: Duration,
     retry: RetryPolicy,
     on_lost: Option<LostHandler>,
+    auth: Vec<u8>,
 }
 
 impl SessionBuilder {
@@ -202,6 +205,14 @@ impl SessionBuilder {
         self
     }
 
+    /// The server's shared secret (its `--auth-token-file`, 1..=255 bytes),
+    /// sent in the Hello. A server that has one refuses a session without
+    /// it; one that has none ignores it. Default: none.
+    pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.auth = token.into();
+        self
+    }
+
     /// A lost-lock handler for every lease of this session, called before
     /// the lease's own (see [`lease`] for the promises).
     pub fn on_lost(mut self, handler: impl Fn(&Lease, &LostLock) + Send + Sync + 'static) -> Self {
@@ -231,7 +242,7 @@ impl SessionBuilder {
         let (sock, welcome) = 'open: loop {
             let mut last = None;
             for addr in &addrs {
-                match hello(addr, keepalive_ms, connect_timeout) {
+                match hello(addr, keepalive_ms, &self.auth, connect_timeout) {
                     Ok(opened) => break 'open opened,
                     Err(Hello::Retry(e)) => last = Some((*addr, e)),
                     Err(Hello::Final(e)) => return Err(e),
@@ -286,6 +297,7 @@ impl fmt::Debug for SessionBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("retry", &self.retry)
             .field("on_lost", &self.on_lost.is_some())
+            .field("auth", &(!self.auth.is_empty()).then_some("<secret>"))
             .finish()
     }
 }
@@ -302,6 +314,7 @@ enum Hello {
 fn hello(
     addr: &SocketAddr,
     keepalive_ms: u32,
+    auth: &[u8],
     timeout: Duration,
 ) -> std::result::Result<(TcpStream, Welcome), Hello> {
     use std::io::{Read, Write};
@@ -309,12 +322,13 @@ fn hello(
     let mut sock = TcpStream::connect_timeout(addr, timeout).map_err(Hello::Retry)?;
     // Requests are tiny and latency-bound.
     let _ = sock.set_nodelay(true);
-    let mut frame = Vec::with_capacity(wire::HEADER + 5);
+    let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());
     wire::encode(
         PING_RID,
         &Req::Hello {
             version: wire::VERSION,
             keepalive_ms,
+            auth,
         },
         &mut frame,
     );
@@ -339,6 +353,13 @@ fn hello(
                         "{addr} refused the session: {why}"
                     )))))
                 };
+                if welcome.status == Status::Unauthorized {
+                    return refuse(
+                        "unauthorized (the server has --auth-token-file: give its secret to \
+                         SessionBuilder::auth_token)"
+                            .into(),
+                    );
+                }
                 if welcome.status != Status::Ok {
                     return refuse(welcome.status.name().into());
                 }
@@ -420,6 +441,7 @@ impl Session {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             retry: RetryPolicy::default(),
             on_lost: None,
+            auth: Vec::new(),
         }
     }
 
