@@ -193,3 +193,160 @@ fn a_compare_and_reset_against_a_holder_that_changed_does_nothing() {
     assert_eq!(rstk(srv.admin_addr, &[(b"k", t1)]), b"#+");
     assert_eq!(keyx(srv.admin_addr)[0].source, b"second");
 }
+
+fn hello(
+    addr: std::net::SocketAddr,
+    auth: &[u8],
+) -> (Option<ringlock::protocol::session::Status>, bool) {
+    use ringlock::protocol::session::{self as sp, Answer, Req};
+    use std::io::Write;
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut b = Vec::new();
+    sp::encode(
+        1,
+        &Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms: 0,
+            auth,
+        },
+        &mut b,
+    );
+    sp::encode(2, &Req::Ping, &mut b);
+    s.write_all(&b).expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    let mut status = None;
+    let mut answers = 0;
+    loop {
+        while let Some((a, n)) = sp::decode_answer(&buf, Some(1)).expect("well-formed") {
+            buf.drain(..n);
+            answers += 1;
+            match a {
+                Answer::Welcome { welcome, .. } => status = Some(welcome.status),
+                Answer::Reply {
+                    rid: 1, status: st, ..
+                } => status = Some(st),
+                _ => {}
+            }
+            if answers == 2 {
+                return (status, true); // the Ping was answered: a session
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return (status, false),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+fn token_file(dir: &common::TempDir) -> String {
+    let p = dir.path("token");
+    std::fs::write(&p, "s3cret-token\n").expect("write token");
+    p.to_str().expect("utf-8").to_string()
+}
+
+#[test]
+fn without_the_token_a_session_hello_is_refused() {
+    use ringlock::protocol::session::Status;
+    let dir = common::TempDir::new("auth");
+    let f = token_file(&dir);
+    let srv = Server::start(&["--auth-token-file", &f]);
+    assert_eq!(
+        hello(srv.lock_addr, b""),
+        (Some(Status::Unauthorized), false)
+    );
+    assert_eq!(
+        hello(srv.lock_addr, b"s3cret-tokeN"),
+        (Some(Status::Unauthorized), false)
+    );
+    // The trailing newline of the file is not part of the token.
+    assert_eq!(
+        hello(srv.lock_addr, b"s3cret-token"),
+        (Some(Status::Ok), true)
+    );
+    srv.wait_log("event=auth_failed");
+    // Without a token configured, any Hello is a session.
+    let open = Server::start(&[]);
+    assert_eq!(hello(open.lock_addr, b"whatever"), (Some(Status::Ok), true));
+}
+
+fn admin_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut s = TcpStream::connect(addr).expect("admin");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    s.write_all(bytes).expect("send");
+    s.shutdown(std::net::Shutdown::Write).expect("half-close");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("answer");
+    out
+}
+
+#[test]
+fn a_non_loopback_admin_port_requires_auth_first() {
+    let dir = common::TempDir::new("auth-admin");
+    let f = token_file(&dir);
+    let srv = Server::start(&["--admin-bind", "0.0.0.0:0", "--auth-token-file", &f]);
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], srv.admin_addr.port()));
+    assert_eq!(
+        admin_exchange(admin, b"KEYS"),
+        b"-",
+        "a command before AUTH"
+    );
+    let mut wrong = b"AUTH".to_vec();
+    wrong.push(5);
+    wrong.extend_from_slice(b"guess");
+    wrong.extend_from_slice(b"KEYS");
+    assert_eq!(admin_exchange(admin, &wrong), b"-");
+    let mut right = b"AUTH".to_vec();
+    right.push(12);
+    right.extend_from_slice(b"s3cret-token");
+    right.extend_from_slice(b"KEYS");
+    assert_eq!(
+        admin_exchange(admin, &right),
+        b"+\0\0\0\0",
+        "AUTH, then an empty KEYS"
+    );
+    srv.wait_log("event=auth_failed");
+}
+
+#[test]
+fn the_lc_admin_actions_policy_refuses_unlock_and_resets() {
+    let srv = Server::start(&["--lc-admin-actions", "off"]);
+    assert_eq!(once(srv.lock_addr, &frame(1, b"k", Some(b"s"))), b'+');
+    assert_eq!(once(srv.lock_addr, &frame(2, b"k", None)), b'-', "Unlock");
+    assert_eq!(
+        once(srv.lock_addr, &frame(3, b"k", None)),
+        b'-',
+        "ResetByKey"
+    );
+    assert_eq!(once(srv.lock_addr, &[4, 1, b's']), b'-', "ResetBySource");
+    assert_eq!(keys(srv.admin_addr).len(), 1, "nothing was released");
+    assert_eq!(once(srv.lock_addr, &frame(5, b"k", Some(b"t"))), b'#');
+    srv.wait_log("event=lc_action_refused");
+    // loopback: these clients are on loopback, so they may.
+    let lo = Server::start(&["--lc-admin-actions", "loopback"]);
+    assert_eq!(once(lo.lock_addr, &frame(1, b"k", Some(b"s"))), b'+');
+    assert_eq!(once(lo.lock_addr, &frame(2, b"k", None)), b'+');
+    assert!(keys(lo.admin_addr).is_empty());
+}
+
+#[test]
+fn an_exposed_lock_port_without_a_token_is_warned_about() {
+    let srv = Server::start(&["--bind", "0.0.0.0:0"]);
+    // Logged at start-up, before the listening line.
+    let line = srv
+        .startup_log
+        .iter()
+        .find(|l| l.contains("event=insecure_bind"))
+        .unwrap_or_else(|| panic!("no insecure_bind warning in {:?}", srv.startup_log));
+    assert!(line.contains("port=lock"), "{line}");
+    let quiet = Server::start(&[]);
+    assert!(!quiet
+        .startup_log
+        .iter()
+        .any(|l| l.contains("insecure_bind")));
+}

@@ -180,6 +180,7 @@ impl World {
                     &Req::Hello {
                         version: sp::VERSION,
                         keepalive_ms: KEEPALIVE_MS,
+                        auth: b"",
                     },
                     None,
                 );

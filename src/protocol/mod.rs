@@ -205,6 +205,8 @@ pub mod admin {
         /// Compare-and-reset (extension): reset each named key only if its
         /// holder still has the named token.
         Rstk,
+        /// `AUTH [u8 len][token]` (extension): presents the shared secret.
+        Auth,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +263,22 @@ pub mod admin {
             b"RSET" => Command::Rset,
             b"RSBS" => Command::Rsbs,
             b"RSTK" => Command::Rstk,
+            b"AUTH" => {
+                let Some(&n) = buf.get(4) else {
+                    return Decoded::Incomplete;
+                };
+                if n == 0 {
+                    return Decoded::Bad(BadAdmin::EmptyKey);
+                }
+                if buf.len() < 5 + n as usize {
+                    return Decoded::Incomplete;
+                }
+                return Decoded::Frame {
+                    cmd: Command::Auth,
+                    count: 0,
+                    len: 5 + n as usize,
+                };
+            }
             other => {
                 let mut c = [0u8; 4];
                 c.copy_from_slice(other);

@@ -102,6 +102,8 @@ pub struct Conn {
     pub sending: bool,
     /// Last traffic either way (the idle timeout).
     pub active_us: u64,
+    /// An admin connection that presented the auth token.
+    pub authed: bool,
 }
 
 impl Linked for Conn {
@@ -147,6 +149,7 @@ impl Conn {
             mask: 0,
             sending: false,
             active_us: 0,
+            authed: false,
         }
     }
 
@@ -185,6 +188,7 @@ impl Conn {
         self.partial_since_us = 0;
         self.sid = 0;
         self.mask = 0;
+        self.authed = false;
         self.sending = false;
     }
 

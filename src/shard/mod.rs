@@ -208,6 +208,8 @@ pub struct Shard {
     log: Option<Log>,
     /// Limit refusals are logged at most once per second.
     limit_log_after_us: u64,
+    /// So are lock-port actions refused by policy.
+    policy_log_after_us: u64,
     /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
     held: VecDeque<(u64, Token)>,
     /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
@@ -263,6 +265,7 @@ impl Shard {
             last_oldest_ms: 0,
             log,
             limit_log_after_us: 0,
+            policy_log_after_us: 0,
             held: VecDeque::with_capacity(cap),
             undo: VecDeque::with_capacity(4096),
             me: 0,
@@ -1052,6 +1055,34 @@ impl Shard {
                 len,
             ),
         };
+        let peer = self.conns[slot as usize].peer;
+        if matches!(
+            action,
+            Action::Unlock | Action::ResetByKey | Action::ResetBySource
+        ) && !self.cfg.lc_admin_actions.allows(&peer)
+        {
+            // No owner check in this protocol: refused by policy, `-`.
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.action = Some(action);
+            self.metrics.lc_action_refused();
+            if self.now.mono_us >= self.policy_log_after_us {
+                self.policy_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "lc_action_refused",
+                    "action={:?} peer={} policy={:?}",
+                    action,
+                    peer,
+                    self.cfg.lc_admin_actions
+                );
+            }
+            if let Some(a) = metrics_action(action) {
+                self.metrics.request(a, metrics::Outcome::Error);
+            }
+            self.answer(slot, b'-', None);
+            return true;
+        }
         if self.shards > 1
             && matches!(
                 action,
@@ -1176,6 +1207,47 @@ impl Shard {
             }
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
+        // The shared secret: checked when presented, required before any
+        // command when the admin port is reachable from other hosts.
+        let required = self.cfg.auth_token.is_some() && !self.cfg.admin_bind.ip().is_loopback();
+        if cmd == admin::Command::Auth {
+            let c = &self.conns[slot as usize];
+            let ok = match &self.cfg.auth_token {
+                Some(t) => crate::config::token_matches(t, &c.rbuf[5..len]),
+                None => true,
+            };
+            if !ok {
+                self.metrics.auth_failure();
+                log!(
+                    Level::Warn,
+                    "auth_failed",
+                    "port=admin peer={} reason=\"wrong auth token\"",
+                    peer
+                );
+                self.reject(slot, "wrong auth token");
+                return false;
+            }
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.authed = true;
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            c.state = State::Answered;
+            c.out.push(b'+');
+            self.mark_dirty(slot);
+            return true;
+        }
+        if required && !self.conns[slot as usize].authed {
+            self.metrics.auth_failure();
+            log!(
+                Level::Warn,
+                "auth_failed",
+                "port=admin peer={} reason=\"command before AUTH\"",
+                peer
+            );
+            self.reject(slot, "admin command before AUTH");
+            return false;
+        }
         // Every admin command is a scatter/gather, also with one shard (the
         // driver then runs the one part itself): one path, and each part's
         // answer waits for its own log.
@@ -1235,6 +1307,7 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
+            admin::Command::Auth => unreachable!("answered above"),
             admin::Command::Rstk => {
                 self.metrics
                     .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
