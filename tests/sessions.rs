@@ -55,6 +55,7 @@ impl Sess {
         let rid = x.send(&Req::Hello {
             version: sp::VERSION,
             keepalive_ms,
+            auth: b"",
         });
         match x.read(Some(rid)).expect("hello answered") {
             Answer::Welcome { welcome, .. } => x.welcome = welcome,
