@@ -136,7 +136,10 @@ fn kill_9_of_a_cli_holding_a_session_lock_frees_the_key_at_once() {
     assert!(lease.token().unwrap() > token);
     // The orphaned command is this test's to clean up (it also holds the
     // CLI's stderr pipe open).
-    assert!(alive(cmd_pid), "kill -9 of the CLI does not reach its command");
+    assert!(
+        alive(cmd_pid),
+        "kill -9 of the CLI does not reach its command"
+    );
     signal(cmd_pid as u32, libc::SIGKILL);
     let (status, _) = wait_exit(cli);
     assert_eq!(
@@ -191,7 +194,8 @@ fn a_cli_paused_past_its_lease_stops_its_command_and_exits_79() {
         "{err}"
     );
     assert!(
-        err.trim_end().ends_with("while the command ran; it got SIGTERM"),
+        err.trim_end()
+            .ends_with("while the command ran; it got SIGTERM"),
         "SIGTERM was enough, no SIGKILL: {err}"
     );
     assert!(!alive(cmd_pid), "the command was stopped (and reaped)");

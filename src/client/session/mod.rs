@@ -214,7 +214,9 @@ impl SessionBuilder {
     }
 
     /// A lost-lock handler for every lease of this session, called before
-    /// the lease's own (see [`lease`] for the promises).
+    /// the lease's own (see [`lease`] for the promises). It lives as long
+    /// as the session: a handler that owns a [`Session`] or a [`Lease`] of
+    /// this session keeps it open until [`Session::close`].
     pub fn on_lost(mut self, handler: impl Fn(&Lease, &LostLock) + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Arc::new(handler));
         self
