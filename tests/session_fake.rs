@@ -109,6 +109,26 @@ impl Peer {
         }
     }
 
+    /// Reads (and answers) Pings until `n` have arrived in all; any other
+    /// request meanwhile is a failure.
+    fn pings_until(&mut self, n: usize) {
+        while self.pings < n {
+            if let Decoded::Frame { op, rid, len, .. } = wire::decode(&self.buf) {
+                assert_eq!(op, wire::OP_PING, "only pings expected");
+                self.buf.drain(..len);
+                self.pings += 1;
+                if self.answer_pings {
+                    self.reply(rid, Status::Ok, 0);
+                }
+                continue;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.s.read(&mut chunk).expect("peer read");
+            assert!(n > 0, "EOF while waiting for pings");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
     /// The next request, which must be `op`.
     fn expect(&mut self, op: u8) -> Frame {
         let f = self.next().expect("a request, not EOF");
@@ -717,4 +737,43 @@ fn a_server_without_sessions_is_named_as_such() {
         err.to_string().contains("unavailable after 1 attempt"),
         "{err}"
     );
+}
+
+#[test]
+fn a_lease_granted_after_a_long_wait_is_extended_before_it_is_handed_out() {
+    // K = 300 ms: a Ping every 100 ms; the lease's TTL is 100 ms.
+    let (addr, h) = peer(300, |p| {
+        let a = p.expect(wire::OP_ACQUIRE);
+        assert_eq!((a.hold, a.ttl_ms, a.wait_ms), (2, 100, wire::WAIT_FOREVER));
+        // Two Pings later, more than the TTL has passed since the Acquire
+        // was sent: `sent + ttl` is over before the grant arrives.
+        let seen = p.pings;
+        p.pings_until(seen + 2);
+        p.reply(a.rid, Status::Ok, 80);
+        let e = p.expect(wire::OP_EXTEND);
+        assert_eq!((e.token, e.ttl_ms), (80, 100));
+        p.reply(e.rid, Status::Ok, 0);
+        let r = p.expect(wire::OP_RELEASE);
+        p.reply(r.rid, Status::Ok, 0);
+        p.drain()
+    });
+    let session = Session::builder(addr)
+        .keepalive(Duration::from_millis(300))
+        .retry(RetryPolicy::none())
+        .connect()
+        .unwrap();
+    let lease = session
+        .acquire(
+            "late",
+            Acquire {
+                hold: Hold::Lease(Duration::from_millis(100)),
+                wait: Wait::Forever,
+            },
+            &LockOptions::new(),
+        )
+        .expect("a late grant is a grant, not an instant loss");
+    assert!(lease.lost().is_none());
+    lease.release().expect("released normally");
+    drop((lease, session));
+    assert!(h.join().unwrap().is_empty());
 }

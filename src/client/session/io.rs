@@ -94,6 +94,10 @@ impl Timing {
 pub(super) struct Answered {
     pub status: Status,
     pub token: u64,
+    /// A lease granted so late that more than half of `sent_at + ttl` was
+    /// gone: its client-side expiry waits for an Extend (the caller sends
+    /// it before handing the lease out).
+    pub rebase: bool,
 }
 
 /// What an outstanding request is.
@@ -650,23 +654,40 @@ impl Shared {
                 let Some(p) = st.pending.get_mut(&rid) else {
                     return None; // an answer nobody waits for
                 };
+                let mut rebase = false;
                 let grant = match &p.what {
                     What::Ignore => {
                         st.pending.remove(&rid);
                         return None;
                     }
-                    What::Acquire(a) if status == Status::Ok => Some((
-                        (a.key.clone(), token),
-                        Entry {
-                            key_text: a.key_text.clone(),
-                            watch: None,
-                            ended: None,
-                            expires_at: a.ttl.map(|ttl| a.sent_at + ttl),
-                        },
-                    )),
+                    What::Acquire(a) if status == Status::Ok => {
+                        // The server's TTL started at the grant, which the
+                        // client cannot see; `sent_at + ttl` is safe, but after
+                        // a wait in the queue it may be (nearly) over. Then the
+                        // caller extends first, and this side's expiry counts
+                        // from that Extend.
+                        let expires_at = a.ttl.and_then(|ttl| {
+                            let x = a.sent_at + ttl;
+                            (x >= Instant::now() + ttl / 2).then_some(x)
+                        });
+                        rebase = a.ttl.is_some() && expires_at.is_none();
+                        Some((
+                            (a.key.clone(), token),
+                            Entry {
+                                key_text: a.key_text.clone(),
+                                watch: None,
+                                ended: None,
+                                expires_at,
+                            },
+                        ))
+                    }
                     _ => None,
                 };
-                p.answer = Some(Answered { status, token });
+                p.answer = Some(Answered {
+                    status,
+                    token,
+                    rebase,
+                });
                 if let Some((id, entry)) = grant {
                     st.holds.insert(id, entry);
                 }

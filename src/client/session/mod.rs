@@ -58,7 +58,7 @@
 //! | hold | freed by the server when | the client reports a loss when |
 //! |---|---|---|
 //! | [`Hold::Session`] (default) | the session ends: connection closed or failed, keep-alive deadline passed | the connection fails, a Ping times out, an operator reset is pushed |
-//! | [`Hold::Lease`]`(ttl)` | `ttl` passes without [`Lease::extend`] | its TTL passes on the client's clock (counted from when the Acquire or Extend was *sent*, so never later than the server's), a Lost push, or the session's end |
+//! | [`Hold::Lease`]`(ttl)` | `ttl` passes without [`Lease::extend`] | its TTL passes on the client's clock (counted from when the Acquire or Extend was *sent*, so never later than the server's; a lease granted after a wait that used up more than half of that is extended once before it is handed out), a Lost push, or the session's end |
 //! | [`Hold::Persistent`] | it is released by token or reset (Locking-Center semantics) | the session's end (the client can no longer release it) |
 //!
 //! A lease and a persistent hold outlive the session on the server; this
@@ -656,6 +656,14 @@ impl Session {
                 Ok(()) => Err(stop),
                 Err(e) => Err(e),
             };
+        }
+        if answer.rebase {
+            // Granted after a wait that used up most of `sent + ttl`: one
+            // Extend gives this side an expiry it can count from.
+            if let Err(e) = lease.extend() {
+                let _ = lease.release();
+                return Err(e);
+            }
         }
         Ok(lease)
     }
