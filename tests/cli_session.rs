@@ -347,3 +347,25 @@ fn lease_ttls_outside_the_servers_bounds_are_usage_errors() {
     assert!(err.contains("this server's bounds"), "{err}");
     assert!(holder(&s, "t").is_none());
 }
+
+#[test]
+fn help_lists_the_lost_lock_exit_code_and_the_hold_flags() {
+    let o = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        help.contains("79   the lock was lost while CMD ran"),
+        "{help}"
+    );
+    assert!(help.contains("RINGLOCK_TOKEN"), "{help}");
+    let o = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args(["lock", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(o.stdout).unwrap();
+    for flag in ["--ttl <D>", "--persistent", "--kill-after <D>"] {
+        assert!(help.contains(flag), "{flag}: {help}");
+    }
+}

@@ -769,7 +769,14 @@ fn session_lock_and_run(
         wait,
     };
     install_handlers()?;
-    let session = conn.session(&format!("{verb} {shown}"))?;
+    // The session's threads (and those they start) inherit a mask that
+    // blocks the forwarded signals, so each such signal reaches this
+    // thread: the handler's work (cancel the wait, forward to CMD) is
+    // ordered with this thread's steps, as in a single-threaded ringlock.
+    mask_signals(true);
+    let session = conn.session(&format!("{verb} {shown}"));
+    mask_signals(false);
+    let session = session?;
     let cancel = CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
     let kill_after = hold.kill_after;
     let in_handler = shown.clone();
@@ -779,6 +786,10 @@ fn session_lock_and_run(
             child::lock_lost(lost_line(&in_handler, lease, lost), kill_after);
         });
     CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&cancel), Ordering::SeqCst);
+    if got_signal() != 0 {
+        // It arrived before the handler could cancel anything.
+        cancel.cancel();
+    }
     let result = session.acquire(key, what, &opts);
     CANCEL_FD.store(-1, Ordering::SeqCst);
     let lease = match result {
@@ -818,6 +829,9 @@ fn session_lock_and_run(
     // A lease is extended every TTL/3 while CMD runs: two extends may be
     // lost or late before it expires.
     let (stop, stopped) = mpsc::channel::<()>();
+    // Blocked from here on (run_while_held keeps them so until CMD runs):
+    // the extend thread inherits the mask.
+    mask_signals(true);
     let extender = match hold.ttl {
         Some(ttl) => {
             let lease = lease.clone();
