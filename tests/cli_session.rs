@@ -369,3 +369,31 @@ fn help_lists_the_lost_lock_exit_code_and_the_hold_flags() {
         assert!(help.contains(flag), "{flag}: {help}");
     }
 }
+
+#[test]
+fn a_server_without_sessions_is_named_and_points_at_persistent() {
+    use std::io::{Read, Write};
+    // A Locking-Center server refuses the unknown Hello action with `-`.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut hello = [0u8; 12];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(hello[0], 7, "a Hello");
+        s.write_all(b"-").unwrap();
+    });
+    let o = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .env_remove("RINGLOCK_ADDR")
+        .args(["--addr", &addr.to_string(), "--retry", "0"])
+        .args(["lock", "k", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    peer.join().unwrap();
+    assert_eq!(o.status.code(), Some(69), "{o:?}");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("does not speak the session protocol"), "{err}");
+    assert!(err.contains("--persistent"), "{err}");
+}

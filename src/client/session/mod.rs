@@ -344,7 +344,8 @@ fn hello(
             if first != wire::KIND_REPLY {
                 return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
                     "{addr} does not speak the session protocol (it answered {first:#04x} to a \
-                     Hello): a Locking-Center server, or a ringlockd without sessions"
+                     Hello): a Locking-Center server, or a ringlockd without sessions (use \
+                     ringlock::client::Client there; `ringlock --persistent` in the CLI)"
                 )))));
             }
         }
@@ -394,7 +395,9 @@ fn hello(
             Ok(0) => {
                 return Err(Hello::Retry(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection before the hello reply",
+                    "the server closed the connection before the hello reply (a server \
+                     without sessions does that: use ringlock::client::Client there, \
+                     `ringlock --persistent` in the CLI)",
                 )))
             }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
