@@ -14,6 +14,8 @@
 //! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
 //! | shards (event-loop threads) | `--threads` / `RINGLOCK_THREADS` | one per CPU in the affinity mask |
 //! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
+//! | session keep-alive deadline (default, bounds) | `--keepalive-ms`, `--min-keepalive-ms`, `--max-keepalive-ms` | 10 000 (300 .. 600 000) |
+//! | lease TTL bounds | `--min-ttl-ms`, `--max-ttl-ms` | 10 .. 86 400 000 (a day) |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -59,6 +61,14 @@ pub struct Config {
     /// `/livez` (and `/readyz`, `/healthz`) fail once an event loop's last
     /// heartbeat is older than this.
     pub liveness_timeout_ms: u64,
+    /// A session's keep-alive deadline when its Hello asks for none, and the
+    /// bounds a requested one is clamped to.
+    pub keepalive_ms: u32,
+    pub min_keepalive_ms: u32,
+    pub max_keepalive_ms: u32,
+    /// Bounds of a lease's TTL.
+    pub min_ttl_ms: u32,
+    pub max_ttl_ms: u32,
 }
 
 impl Config {
@@ -80,6 +90,11 @@ impl Config {
             bind_retry_ms: 10_000,
             threads: 0,
             liveness_timeout_ms: LIVENESS_TIMEOUT_MS_DEFAULT,
+            keepalive_ms: 10_000,
+            min_keepalive_ms: 300,
+            max_keepalive_ms: 600_000,
+            min_ttl_ms: 10,
+            max_ttl_ms: 86_400_000,
         }
     }
 }

@@ -100,6 +100,18 @@ ringlock_hangup_withdrawals_total 1
 # HELP ringlock_undelivered_grants_total Grants released again because the client was gone before its + could be delivered.
 # TYPE ringlock_undelivered_grants_total counter
 ringlock_undelivered_grants_total 1
+# HELP ringlock_sessions_opened_total Session connections opened (Hello).
+# TYPE ringlock_sessions_opened_total counter
+ringlock_sessions_opened_total 0
+# HELP ringlock_sessions_ended_total Sessions ended: connection closed or failed, or keep-alive deadline passed.
+# TYPE ringlock_sessions_ended_total counter
+ringlock_sessions_ended_total 0
+# HELP ringlock_sessions_expired_total Sessions ended because nothing arrived from the client within its keep-alive deadline.
+# TYPE ringlock_sessions_expired_total counter
+ringlock_sessions_expired_total 0
+# HELP ringlock_lost_pushed_total Lost messages pushed to sessions (a lease expired, or an operator reset a hold).
+# TYPE ringlock_lost_pushed_total counter
+ringlock_lost_pushed_total 0
 # HELP ringlock_resets_total Operator resets, one per key (ResetByKey, RSET) or source (ResetBySource, RSBS) named.
 # TYPE ringlock_resets_total counter
 ringlock_resets_total{by="key"} 1

@@ -186,7 +186,9 @@ fn max_grant_id(dir: &std::path::Path) -> u64 {
                     Record::GrantMark { next_grant_id } => {
                         max = max.max(next_grant_id.saturating_sub(1))
                     }
-                    Record::Release { grant_id, .. } => max = max.max(grant_id),
+                    Record::Release { grant_id, .. } | Record::Extend { grant_id, .. } => {
+                        max = max.max(grant_id)
+                    }
                 }
             }
         }

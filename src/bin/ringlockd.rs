@@ -34,6 +34,12 @@ OPTIONS:
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
+    --keepalive-ms MS        a session ends when nothing arrives from its client for MS, unless its
+                             Hello asks for another deadline (default 10000)
+    --min-keepalive-ms MS    smallest keep-alive deadline a Hello may ask for (default 300)
+    --max-keepalive-ms MS    largest keep-alive deadline a Hello may ask for (default 600000)
+    --min-ttl-ms MS          shortest lease TTL accepted (default 10)
+    --max-ttl-ms MS          longest lease TTL accepted (default 86400000, a day)
     --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
                              retry binding for up to MS before giving up (default 10000; 0 = no retry)
     --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
@@ -111,6 +117,11 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             | "--max-waiters"
             | "--frame-timeout-ms"
             | "--liveness-timeout-ms"
+            | "--keepalive-ms"
+            | "--min-keepalive-ms"
+            | "--max-keepalive-ms"
+            | "--min-ttl-ms"
+            | "--max-ttl-ms"
             | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
@@ -118,6 +129,11 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
                     "--liveness-timeout-ms" => "liveness-timeout-ms",
+                    "--keepalive-ms" => "keepalive-ms",
+                    "--min-keepalive-ms" => "min-keepalive-ms",
+                    "--max-keepalive-ms" => "max-keepalive-ms",
+                    "--min-ttl-ms" => "min-ttl-ms",
+                    "--max-ttl-ms" => "max-ttl-ms",
                     _ => "frame-timeout-ms",
                 };
                 let v = val(name)?;
@@ -173,15 +189,52 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     if cfg.wal_truncate_at.is_some() && cfg.data_path.is_none() {
         return Err("--wal-truncate-at needs --data-path".into());
     }
-    for (name, n) in limits {
+    for &(name, n) in &limits {
         match name {
             "max-connections" => cfg.max_connections = n as usize,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,
             "liveness-timeout-ms" => cfg.liveness_timeout_ms = n,
-            _ => cfg.frame_timeout_ms = n,
+            "frame-timeout-ms" => cfg.frame_timeout_ms = n,
+            other => {
+                let v =
+                    u32::try_from(n).map_err(|_| format!("--{other}: at most {}", u32::MAX - 1))?;
+                let v = v.min(u32::MAX - 1);
+                match other {
+                    "keepalive-ms" => cfg.keepalive_ms = v,
+                    "min-keepalive-ms" => cfg.min_keepalive_ms = v,
+                    "max-keepalive-ms" => cfg.max_keepalive_ms = v,
+                    "min-ttl-ms" => cfg.min_ttl_ms = v,
+                    _ => cfg.max_ttl_ms = v,
+                }
+            }
         }
+    }
+    let keepalive_given = limits.iter().any(|(n, _)| *n == "keepalive-ms");
+    if cfg.min_keepalive_ms > cfg.max_keepalive_ms {
+        return Err(format!(
+            "--min-keepalive-ms {} is above --max-keepalive-ms {}",
+            cfg.min_keepalive_ms, cfg.max_keepalive_ms
+        ));
+    }
+    if !keepalive_given {
+        // The default follows bounds that exclude it.
+        cfg.keepalive_ms = cfg
+            .keepalive_ms
+            .clamp(cfg.min_keepalive_ms, cfg.max_keepalive_ms);
+    }
+    if !(cfg.min_keepalive_ms..=cfg.max_keepalive_ms).contains(&cfg.keepalive_ms) {
+        return Err(format!(
+            "--keepalive-ms {} must lie within --min-keepalive-ms {} and --max-keepalive-ms {}",
+            cfg.keepalive_ms, cfg.min_keepalive_ms, cfg.max_keepalive_ms
+        ));
+    }
+    if cfg.min_ttl_ms > cfg.max_ttl_ms {
+        return Err(format!(
+            "--min-ttl-ms {} is above --max-ttl-ms {}",
+            cfg.min_ttl_ms, cfg.max_ttl_ms
+        ));
     }
     Ok(Some((cfg, level)))
 }

@@ -6,6 +6,6 @@ pub mod table;
 
 pub use name::{Name, NAME_MAX};
 pub use table::{
-    Effect, Effects, Grant, HeldKey, Limit, Limits, LockMode, Now, ReleaseCause, Reply, Table,
-    Token, NO_CONN,
+    Checked, Effect, Effects, Extended, Grant, HeldKey, HoldMode, Limit, Limits, LockMode,
+    LockOpts, Now, ReleaseCause, Reply, Table, Token, NO_CONN,
 };

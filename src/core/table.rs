@@ -22,13 +22,15 @@
 //! - Capacity is fixed at construction: slabs and maps are reserved up front
 //!   and a request beyond a limit is refused (`-`), never allocated for.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
 
 use slab::Slab;
 
-use super::list::{Link, Linked, List};
+use super::list::{Link, Linked, List, NIL};
 use super::name::Name;
+pub use crate::protocol::session::HoldMode;
 
 /// Opaque connection token chosen by the caller (the event loop).
 pub type Token = u64;
@@ -40,6 +42,8 @@ const W_KEY: usize = 0; // waiter on its key's queue
 const W_SRC: usize = 1; // waiter on its source's waiting list
 const K_SRC: usize = 0; // held key on its holder source's held list
 const K_AGE: usize = 1; // held key on the table's grant-order list
+const W_OWN: usize = 2; // waiter on its session's waiting list
+const K_OWN: usize = 2; // held key on its session's held list
 
 /// Time as seen by the caller.
 #[derive(Clone, Copy, Debug, Default)]
@@ -57,16 +61,24 @@ pub enum Reply {
     Ok,
     /// `#` — TryLock found the key held.
     Busy,
-    /// `-`
-    Err,
+    /// `-`: a capacity limit refused the request.
+    Limit,
+    /// `-`: a queued request withdrawn by a ResetBySource of its source.
+    Withdrawn,
+    /// A queued request whose server-side wait deadline passed (sessions
+    /// only; a Locking-Center Lock has no deadline).
+    TimedOut,
+    /// A queued request withdrawn by its session's Cancel.
+    Cancelled,
 }
 
 impl Reply {
+    /// The Locking-Center answer byte.
     pub fn byte(self) -> u8 {
         match self {
             Reply::Ok => b'+',
             Reply::Busy => b'#',
-            Reply::Err => b'-',
+            Reply::Limit | Reply::Withdrawn | Reply::TimedOut | Reply::Cancelled => b'-',
         }
     }
 }
@@ -75,11 +87,32 @@ impl Reply {
 #[derive(Clone, Copy, Debug)]
 pub struct Grant {
     pub key_slot: u32,
+    /// The grant's id, which is also its fencing token: it strictly
+    /// increases for every key (see [`Table::raise_next_grant_id`]).
     pub grant_id: u64,
     pub key: Name,
     pub source: Name,
     pub endpoint: SocketAddr,
     pub acquired_unix_ms: u64,
+    pub mode: HoldMode,
+    /// A lease's deadline (Unix ms), 0 for other modes.
+    pub expires_unix_ms: u64,
+    /// A lease's deadline on the monotonic clock, 0 for other modes.
+    pub expires_mono_us: u64,
+}
+
+impl Grant {
+    pub fn held_key(&self) -> HeldKey {
+        HeldKey {
+            key: self.key,
+            source: self.source,
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        }
+    }
 }
 
 /// Why a holder lost a key.
@@ -90,6 +123,26 @@ pub enum ReleaseCause {
     ResetBySource,
     /// The grant's `+` could not be delivered.
     Undelivered,
+    /// A lease's TTL passed without an extend.
+    Expired,
+    /// The holder's own session released it by naming its token.
+    Released,
+    /// The holding session ended (connection closed, keep-alive missed).
+    SessionEnded,
+}
+
+impl ReleaseCause {
+    /// True when the holder did not ask for it: a live session holder is
+    /// told (a Lost push) before the key goes to the next waiter.
+    pub fn forced(self) -> bool {
+        matches!(
+            self,
+            ReleaseCause::Unlock
+                | ReleaseCause::ResetByKey
+                | ReleaseCause::ResetBySource
+                | ReleaseCause::Expired
+        )
+    }
 }
 
 /// Which capacity limit refused a request.
@@ -98,6 +151,7 @@ pub enum Limit {
     Keys,
     Waiters,
     Sources,
+    Sessions,
 }
 
 impl Limit {
@@ -106,6 +160,7 @@ impl Limit {
             Limit::Keys => "max_keys",
             Limit::Waiters => "max_waiters",
             Limit::Sources => "max_sources",
+            Limit::Sessions => "max_sessions",
         }
     }
 }
@@ -114,7 +169,7 @@ fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
     fx.push(Effect::LimitReached { limit });
     fx.push(Effect::Reply {
         conn,
-        reply: Reply::Err,
+        reply: Reply::Limit,
     });
 }
 
@@ -155,13 +210,21 @@ pub struct Holder {
     pub acquired_mono_us: u64,
     pub grant_id: u64,
     pub conn: Token,
+    pub mode: HoldMode,
+    /// The session holding it (`NIL`: none, or the session ended and the
+    /// hold outlives it).
+    pub owner: u32,
+    /// A lease's deadline (monotonic µs, and Unix ms for the log and
+    /// operators); 0 otherwise.
+    pub expires_mono_us: u64,
+    pub expires_unix_ms: u64,
 }
 
 struct KeyEntry {
     name: Name,
     holder: Option<Holder>,
     queue: List,
-    links: [Link; 2],
+    links: [Link; 3],
 }
 
 struct Waiter {
@@ -170,7 +233,80 @@ struct Waiter {
     source: u32,
     endpoint: SocketAddr,
     enqueued_mono_us: u64,
-    links: [Link; 2],
+    mode: HoldMode,
+    ttl_ms: u32,
+    owner: u32,
+    /// Unique per waiter: tells a wait-deadline entry from a slot reuse.
+    seq: u64,
+    links: [Link; 3],
+}
+
+/// A session known to this table: its held keys and queued requests.
+struct OwnerEntry {
+    /// The caller's session id.
+    id: u64,
+    /// The caller's routing tag (its connection token at home).
+    tag: u64,
+    held: List,
+    waiting: List,
+}
+
+/// How an Acquire holds and waits (Locking-Center: [`LockOpts::default`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LockOpts {
+    pub mode: HoldMode,
+    /// A lease's TTL (ignored for other modes).
+    pub ttl_ms: u32,
+    /// The requesting session ([`Table::owner_open`]), `NIL` for none.
+    pub owner: u32,
+    /// Server-side wait deadline (monotonic µs) of a blocking request.
+    pub deadline_us: Option<u64>,
+}
+
+impl Default for LockOpts {
+    fn default() -> Self {
+        LockOpts {
+            mode: HoldMode::Persistent,
+            ttl_ms: 0,
+            owner: NIL,
+            deadline_us: None,
+        }
+    }
+}
+
+/// Everything a new holder gets besides its key, source and connection.
+#[derive(Clone, Copy, Debug)]
+struct Spec {
+    grant_id: u64,
+    acquired_unix_ms: u64,
+    acquired_mono_us: u64,
+    mode: HoldMode,
+    owner: u32,
+    expires_mono_us: u64,
+    expires_unix_ms: u64,
+}
+
+/// What an owner-checked operation found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    Ok,
+    /// The token is not the key's current one.
+    Stale,
+    /// The token is current but the session hold is another session's.
+    NotOwner,
+    /// Extend of a hold that is not a lease.
+    NotLease,
+}
+
+/// An extend that took effect: what the log records and an undo needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Extended {
+    pub key: Name,
+    pub grant_id: u64,
+    pub expires_unix_ms: u64,
+    pub expires_mono_us: u64,
+    pub prev_unix_ms: u64,
+    pub prev_mono_us: u64,
 }
 
 /// Nodes whose link slots are a `links: [Link; N]` array.
@@ -187,6 +323,11 @@ macro_rules! linked_by_array {
     )*};
 }
 linked_by_array!(KeyEntry, Waiter);
+
+/// Link slots of a key entry or a waiter, all unlinked.
+fn new_links() -> [Link; 3] {
+    [Link::default(); 3]
+}
 
 struct SourceEntry {
     name: Name,
@@ -208,7 +349,11 @@ pub struct HeldKey {
     pub source: Name,
     pub endpoint: SocketAddr,
     pub acquired_unix_ms: u64,
+    /// Also the fencing token.
     pub grant_id: u64,
+    pub mode: HoldMode,
+    /// A lease's deadline (Unix ms), 0 for other modes.
+    pub expires_unix_ms: u64,
 }
 
 /// What a blocking or try lock request turned into.
@@ -227,6 +372,16 @@ pub struct Table {
     source_index: HashMap<Name, u32>,
     by_age: List,
     next_grant_id: u64,
+    owners: Slab<OwnerEntry>,
+    owner_index: HashMap<u64, u32>,
+    /// Lease deadlines `(mono µs, key slot, grant id)`, earliest first. An
+    /// extend pushes a new entry; an entry whose holder or deadline no
+    /// longer matches is skipped when it surfaces, so a tick costs
+    /// O(expired + outdated entries), never O(held).
+    leases: BinaryHeap<Reverse<(u64, u32, u64)>>,
+    /// Wait deadlines `(mono µs, waiter slot, waiter seq)`.
+    waits: BinaryHeap<Reverse<(u64, u32, u64)>>,
+    next_seq: u64,
 }
 
 impl Table {
@@ -242,6 +397,11 @@ impl Table {
             source_index: HashMap::with_capacity(max_sources.min(1 << 20)),
             by_age: List::new(),
             next_grant_id: 1,
+            owners: Slab::new(),
+            owner_index: HashMap::new(),
+            leases: BinaryHeap::new(),
+            waits: BinaryHeap::new(),
+            next_seq: 1,
         }
     }
 
@@ -292,6 +452,8 @@ impl Table {
             endpoint: h.endpoint,
             acquired_unix_ms: h.acquired_unix_ms,
             grant_id: h.grant_id,
+            mode: h.mode,
+            expires_unix_ms: h.expires_unix_ms,
         })
     }
 
@@ -380,16 +542,14 @@ impl Table {
         }
     }
 
-    #[allow(clippy::too_many_arguments)] // private; every argument is a holder field
+    /// Makes `conn` the holder of the free key slot `k`.
     fn set_holder(
         &mut self,
         k: u32,
         source: u32,
         endpoint: SocketAddr,
         conn: Token,
-        now: Now,
-        acquired_unix_ms: u64,
-        grant_id: u64,
+        spec: Spec,
     ) -> Grant {
         assert!(
             self.keys[k as usize].holder.is_none(),
@@ -398,22 +558,59 @@ impl Table {
         self.keys[k as usize].holder = Some(Holder {
             source,
             endpoint,
-            acquired_unix_ms,
-            acquired_mono_us: now.mono_us,
-            grant_id,
+            acquired_unix_ms: spec.acquired_unix_ms,
+            acquired_mono_us: spec.acquired_mono_us,
+            grant_id: spec.grant_id,
             conn,
+            mode: spec.mode,
+            owner: spec.owner,
+            expires_mono_us: spec.expires_mono_us,
+            expires_unix_ms: spec.expires_unix_ms,
         });
-        self.next_grant_id = self.next_grant_id.max(grant_id + 1);
+        self.next_grant_id = self.next_grant_id.max(spec.grant_id + 1);
         let (sources, keys) = (&mut self.sources, &mut self.keys);
         sources[source as usize].held.push_back(keys, k, K_SRC);
         self.by_age.push_back(&mut self.keys, k, K_AGE);
+        if spec.owner != NIL {
+            let (owners, keys) = (&mut self.owners, &mut self.keys);
+            owners[spec.owner as usize].held.push_back(keys, k, K_OWN);
+        }
+        if spec.mode == HoldMode::Lease {
+            self.leases
+                .push(Reverse((spec.expires_mono_us, k, spec.grant_id)));
+        }
         Grant {
             key_slot: k,
-            grant_id,
+            grant_id: spec.grant_id,
             key: self.keys[k as usize].name,
             source: self.sources[source as usize].name,
             endpoint,
-            acquired_unix_ms,
+            acquired_unix_ms: spec.acquired_unix_ms,
+            mode: spec.mode,
+            expires_unix_ms: spec.expires_unix_ms,
+            expires_mono_us: spec.expires_mono_us,
+        }
+    }
+
+    /// The hold a new grant gets at `now`.
+    fn new_spec(&self, mode: HoldMode, ttl_ms: u32, owner: u32, now: Now) -> Spec {
+        let lease = mode == HoldMode::Lease;
+        Spec {
+            grant_id: self.next_grant_id,
+            acquired_unix_ms: now.unix_ms,
+            acquired_mono_us: now.mono_us,
+            mode,
+            owner,
+            expires_mono_us: if lease {
+                now.mono_us + ttl_ms as u64 * 1000
+            } else {
+                0
+            },
+            expires_unix_ms: if lease {
+                now.unix_ms + ttl_ms as u64
+            } else {
+                0
+            },
         }
     }
 
@@ -428,6 +625,10 @@ impl Table {
         {
             let (sources, keys) = (&mut self.sources, &mut self.keys);
             sources[h.source as usize].held.unlink(keys, k, K_SRC);
+        }
+        if h.owner != NIL {
+            let (owners, keys) = (&mut self.owners, &mut self.keys);
+            owners[h.owner as usize].held.unlink(keys, k, K_OWN);
         }
         self.by_age.unlink(&mut self.keys, k, K_AGE);
         self.source_drop_if_unused(h.source);
@@ -444,10 +645,14 @@ impl Table {
     /// Unlinks waiter `w` from its key queue and source list and frees its
     /// slot. Neither the key nor the source entry is dropped here.
     fn detach_waiter(&mut self, w: u32) -> Waiter {
-        let (key, source) = {
+        let (key, source, owner) = {
             let e = &self.waiters[w as usize];
-            (e.key, e.source)
+            (e.key, e.source, e.owner)
         };
+        if owner != NIL {
+            let (owners, waiters) = (&mut self.owners, &mut self.waiters);
+            owners[owner as usize].waiting.unlink(waiters, w, W_OWN);
+        }
         {
             let (keys, waiters) = (&mut self.keys, &mut self.waiters);
             keys[key as usize].queue.unlink(waiters, w, W_KEY);
@@ -468,16 +673,8 @@ impl Table {
             return;
         };
         let waiter = self.detach_waiter(w);
-        let grant_id = self.next_grant_id;
-        let grant = self.set_holder(
-            k,
-            waiter.source,
-            waiter.endpoint,
-            waiter.conn,
-            now,
-            now.unix_ms,
-            grant_id,
-        );
+        let spec = self.new_spec(waiter.mode, waiter.ttl_ms, waiter.owner, now);
+        let grant = self.set_holder(k, waiter.source, waiter.endpoint, waiter.conn, spec);
         fx.push(Effect::Granted {
             conn: waiter.conn,
             grant,
@@ -500,6 +697,31 @@ impl Table {
         now: Now,
         fx: &mut Effects,
     ) -> Option<u32> {
+        self.lock_with(
+            conn,
+            key,
+            source,
+            endpoint,
+            mode,
+            LockOpts::default(),
+            now,
+            fx,
+        )
+    }
+
+    /// [`Table::lock`] with a hold mode, a session and a wait deadline.
+    #[allow(clippy::too_many_arguments)] // mirrors the wire request plus time and output
+    pub fn lock_with(
+        &mut self,
+        conn: Token,
+        key: &Name,
+        source: &Name,
+        endpoint: SocketAddr,
+        mode: LockMode,
+        opts: LockOpts,
+        now: Now,
+        fx: &mut Effects,
+    ) -> Option<u32> {
         debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
         let existing = self.key_index.get(key).copied();
         if let Some(k) = existing {
@@ -519,14 +741,29 @@ impl Table {
                     refuse(conn, Limit::Sources, fx);
                     return None;
                 };
+                let seq = self.next_seq;
+                self.next_seq += 1;
                 let w = self.waiters.insert(Waiter {
                     key: k,
                     conn,
                     source: s,
                     endpoint,
                     enqueued_mono_us: now.mono_us,
-                    links: [Link::default(); 2],
+                    mode: opts.mode,
+                    ttl_ms: opts.ttl_ms,
+                    owner: opts.owner,
+                    seq,
+                    links: new_links(),
                 }) as u32;
+                if opts.owner != NIL {
+                    let (owners, waiters) = (&mut self.owners, &mut self.waiters);
+                    owners[opts.owner as usize]
+                        .waiting
+                        .push_back(waiters, w, W_OWN);
+                }
+                if let Some(d) = opts.deadline_us {
+                    self.waits.push(Reverse((d, w, seq)));
+                }
                 {
                     let (keys, waiters) = (&mut self.keys, &mut self.waiters);
                     keys[k as usize].queue.push_back(waiters, w, W_KEY);
@@ -551,11 +788,11 @@ impl Table {
             name: *key,
             holder: None,
             queue: List::new(),
-            links: [Link::default(); 2],
+            links: new_links(),
         }) as u32;
         self.key_index.insert(*key, k);
-        let grant_id = self.next_grant_id;
-        let grant = self.set_holder(k, s, endpoint, conn, now, now.unix_ms, grant_id);
+        let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, now);
+        let grant = self.set_holder(k, s, endpoint, conn, spec);
         fx.push(Effect::Granted {
             conn,
             grant,
@@ -616,7 +853,7 @@ impl Table {
                 // The key is held (it had a queue), so it stays in the table.
                 fx.push(Effect::Reply {
                     conn: waiter.conn,
-                    reply: Reply::Err,
+                    reply: Reply::Withdrawn,
                 });
             }
             while let Some(k) = self.sources[s as usize].held.front() {
@@ -690,7 +927,7 @@ impl Table {
                     name: h.key,
                     holder: None,
                     queue: List::new(),
-                    links: [Link::default(); 2],
+                    links: new_links(),
                 }) as u32;
                 self.key_index.insert(h.key, k);
                 k
@@ -700,15 +937,24 @@ impl Table {
             self.key_drop_if_unused(k);
             return false;
         };
-        self.set_holder(
-            k,
-            s,
-            h.endpoint,
-            NO_CONN,
-            now,
-            h.acquired_unix_ms,
-            h.grant_id,
-        );
+        // A lease keeps the time it had left on the wall clock (the
+        // monotonic clock does not survive a restart).
+        let lease = h.mode == HoldMode::Lease;
+        let left_ms = h.expires_unix_ms.saturating_sub(now.unix_ms);
+        let spec = Spec {
+            grant_id: h.grant_id,
+            acquired_unix_ms: h.acquired_unix_ms,
+            acquired_mono_us: now.mono_us,
+            mode: h.mode,
+            owner: NIL,
+            expires_mono_us: if lease {
+                now.mono_us + left_ms * 1000
+            } else {
+                0
+            },
+            expires_unix_ms: if lease { h.expires_unix_ms } else { 0 },
+        };
+        self.set_holder(k, s, h.endpoint, NO_CONN, spec);
         true
     }
 
@@ -769,6 +1015,243 @@ impl Table {
         self.keys[k as usize].holder.map(|h| h.grant_id)
     }
 
+    // ----- sessions, leases, deadlines ---------------------------------------
+
+    /// The table's entry for session `id` (created on first use), whose
+    /// holds and queued requests it tracks; `tag` is the caller's routing
+    /// data, returned by [`Table::owner_info`]. `None`: over the limit (one
+    /// session per possible key or waiter).
+    pub fn owner_open(&mut self, id: u64, tag: u64) -> Option<u32> {
+        if let Some(&o) = self.owner_index.get(&id) {
+            return Some(o);
+        }
+        if self.owners.len() >= self.limits.max_keys + self.limits.max_waiters {
+            return None;
+        }
+        let o = self.owners.insert(OwnerEntry {
+            id,
+            tag,
+            held: List::new(),
+            waiting: List::new(),
+        }) as u32;
+        self.owner_index.insert(id, o);
+        Some(o)
+    }
+
+    /// `(id, tag)` of a live owner entry.
+    pub fn owner_info(&self, o: u32) -> Option<(u64, u64)> {
+        self.owners.get(o as usize).map(|e| (e.id, e.tag))
+    }
+
+    /// Sessions this table tracks.
+    pub fn sessions(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Session `id` ended: its queued requests are withdrawn (nobody to
+    /// answer), its session holds released (each key to its next waiter)
+    /// and its leases and persistent holds outlive it, owned by nobody.
+    pub fn owner_end(&mut self, id: u64, now: Now, fx: &mut Effects) {
+        let Some(o) = self.owner_index.remove(&id) else {
+            return;
+        };
+        while let Some(w) = self.owners[o as usize].waiting.front() {
+            let waiter = self.detach_waiter(w);
+            self.source_drop_if_unused(waiter.source);
+        }
+        while let Some(k) = self.owners[o as usize].held.front() {
+            let h = self.keys[k as usize]
+                .holder
+                .expect("an owner's key is held");
+            if h.mode == HoldMode::Session {
+                self.clear_holder(k, now, ReleaseCause::SessionEnded, fx);
+                self.grant_next(k, now, fx);
+            } else {
+                let (owners, keys) = (&mut self.owners, &mut self.keys);
+                owners[o as usize].held.unlink(keys, k, K_OWN);
+                let h = self.keys[k as usize].holder.as_mut().expect("held");
+                h.owner = NIL;
+                h.conn = NO_CONN;
+            }
+        }
+        self.owners.remove(o as usize);
+    }
+
+    /// Releases `key` if `token` is its current grant and `owner` may:
+    /// a session hold only by its own session, other holds by whoever
+    /// names the token.
+    pub fn release_token(
+        &mut self,
+        owner: u32,
+        key: &Name,
+        token: u64,
+        now: Now,
+        fx: &mut Effects,
+    ) -> Checked {
+        let Some(k) = self.checked(owner, key, token) else {
+            return self.why_not(owner, key, token);
+        };
+        self.clear_holder(k, now, ReleaseCause::Released, fx);
+        self.grant_next(k, now, fx);
+        Checked::Ok
+    }
+
+    fn checked(&self, owner: u32, key: &Name, token: u64) -> Option<u32> {
+        let &k = self.key_index.get(key)?;
+        let h = self.keys[k as usize].holder?;
+        (h.grant_id == token && (h.mode != HoldMode::Session || h.owner == owner)).then_some(k)
+    }
+
+    fn why_not(&self, owner: u32, key: &Name, token: u64) -> Checked {
+        match self
+            .key_index
+            .get(key)
+            .and_then(|&k| self.keys[k as usize].holder)
+        {
+            Some(h) if h.grant_id == token && h.owner != owner => Checked::NotOwner,
+            Some(h) if h.grant_id == token => Checked::Ok,
+            _ => Checked::Stale,
+        }
+    }
+
+    /// Extends the lease `token` of `key` to `ttl_ms` from now.
+    pub fn extend(
+        &mut self,
+        owner: u32,
+        key: &Name,
+        token: u64,
+        ttl_ms: u32,
+        now: Now,
+    ) -> Result<Extended, Checked> {
+        let Some(k) = self.checked(owner, key, token) else {
+            return Err(self.why_not(owner, key, token));
+        };
+        let h = self.keys[k as usize].holder.as_mut().expect("checked");
+        if h.mode != HoldMode::Lease {
+            return Err(Checked::NotLease);
+        }
+        let x = Extended {
+            key: *key,
+            grant_id: token,
+            expires_unix_ms: now.unix_ms + ttl_ms as u64,
+            expires_mono_us: now.mono_us + ttl_ms as u64 * 1000,
+            prev_unix_ms: h.expires_unix_ms,
+            prev_mono_us: h.expires_mono_us,
+        };
+        h.expires_unix_ms = x.expires_unix_ms;
+        h.expires_mono_us = x.expires_mono_us;
+        self.leases.push(Reverse((x.expires_mono_us, k, token)));
+        Ok(x)
+    }
+
+    /// Sets lease `grant_id` of `key` to expire at the given times (an
+    /// extend read from the log, or undone). False if it is not the holder.
+    pub fn set_expiry(&mut self, key: &Name, grant_id: u64, unix_ms: u64, mono_us: u64) -> bool {
+        let Some(&k) = self.key_index.get(key) else {
+            return false;
+        };
+        match self.keys[k as usize].holder.as_mut() {
+            Some(h) if h.grant_id == grant_id && h.mode == HoldMode::Lease => {
+                h.expires_unix_ms = unix_ms;
+                h.expires_mono_us = mono_us;
+                self.leases.push(Reverse((mono_us, k, grant_id)));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Withdraws the queued request of session `owner` whose connection
+    /// token is `conn` and answers it [`Reply::Cancelled`]. False when no
+    /// such request is queued (it was answered already). O(requests the
+    /// session has queued).
+    pub fn cancel(&mut self, owner: u32, conn: Token, fx: &mut Effects) -> bool {
+        let Some(e) = self.owners.get(owner as usize) else {
+            return false;
+        };
+        let mut cur = e.waiting.front();
+        while let Some(w) = cur {
+            if self.waiters[w as usize].conn == conn {
+                let waiter = self.detach_waiter(w);
+                self.source_drop_if_unused(waiter.source);
+                fx.push(Effect::Reply {
+                    conn,
+                    reply: Reply::Cancelled,
+                });
+                return true;
+            }
+            cur = List::next_of(&self.waiters, w, W_OWN);
+        }
+        false
+    }
+
+    /// The earliest lease or wait deadline (monotonic µs), if any. It may be
+    /// an outdated entry: waking for it early is harmless.
+    pub fn next_expiry_us(&self) -> Option<u64> {
+        let l = self.leases.peek().map(|Reverse((d, _, _))| *d);
+        let w = self.waits.peek().map(|Reverse((d, _, _))| *d);
+        match (l, w) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Expires every lease and every wait whose deadline is at or before
+    /// `now`: a lease is released (the key goes to its next waiter), a
+    /// waiter answered [`Reply::TimedOut`]. Costs O(expired + outdated heap
+    /// entries), independent of how many keys are held.
+    pub fn expire(&mut self, now: Now, fx: &mut Effects) {
+        while let Some(&Reverse((d, k, gid))) = self.leases.peek() {
+            if d > now.mono_us {
+                break;
+            }
+            self.leases.pop();
+            let live = self
+                .keys
+                .get(k as usize)
+                .and_then(|e| e.holder)
+                .is_some_and(|h| {
+                    h.grant_id == gid && h.mode == HoldMode::Lease && h.expires_mono_us == d
+                });
+            if live {
+                self.clear_holder(k, now, ReleaseCause::Expired, fx);
+                self.grant_next(k, now, fx);
+            }
+        }
+        while let Some(&Reverse((d, w, seq))) = self.waits.peek() {
+            if d > now.mono_us {
+                break;
+            }
+            self.waits.pop();
+            if self.waiters.get(w as usize).is_some_and(|x| x.seq == seq) {
+                let waiter = self.detach_waiter(w);
+                self.source_drop_if_unused(waiter.source);
+                fx.push(Effect::Reply {
+                    conn: waiter.conn,
+                    reply: Reply::TimedOut,
+                });
+            }
+        }
+        // Outdated entries pile up only through extends; rebuild when they
+        // outnumber the live leases (amortised over those extends).
+        if self.leases.len() > 1024 && self.leases.len() > 4 * self.by_age.len() as usize {
+            let keys = &self.keys;
+            self.leases.retain(|Reverse((d, k, gid))| {
+                keys.get(*k as usize)
+                    .and_then(|e| e.holder)
+                    .is_some_and(|h| h.grant_id == *gid && h.expires_mono_us == *d)
+            });
+        }
+    }
+
+    /// The lease deadline of `key`'s holder (monotonic µs), if it is a lease.
+    pub fn lease_deadline_us(&self, key: &[u8]) -> Option<u64> {
+        let n = Name::new(key)?;
+        let &k = self.key_index.get(&n)?;
+        let h = self.keys[k as usize].holder?;
+        (h.mode == HoldMode::Lease).then_some(h.expires_mono_us)
+    }
+
     /// Checks every structural invariant (tests and debug assertions).
     pub fn check_invariants(&self) {
         let mut held = 0;
@@ -801,6 +1284,21 @@ impl Table {
             src_waiting += s.waiting.len() as usize;
         }
         assert_eq!(src_waiting, self.waiters.len());
+        assert_eq!(self.owner_index.len(), self.owners.len());
+        for (o, e) in self.owners.iter() {
+            assert_eq!(self.owner_index.get(&e.id), Some(&(o as u32)));
+            let mut cur = e.held.front();
+            while let Some(k) = cur {
+                let h = self.keys[k as usize].holder.expect("owner's key held");
+                assert_eq!(h.owner, o as u32, "held key on another owner's list");
+                cur = List::next_of(&self.keys, k, K_OWN);
+            }
+            let mut cur = e.waiting.front();
+            while let Some(w) = cur {
+                assert_eq!(self.waiters[w as usize].owner, o as u32);
+                cur = List::next_of(&self.waiters, w, W_OWN);
+            }
+        }
     }
 }
 
@@ -910,7 +1408,7 @@ mod tests {
         tb.reset_by_source(Some(99), &n("s"), at(10), &mut fx);
         tb.check_invariants();
         let r = replies(&fx);
-        assert!(r.contains(&(5, Reply::Err)));
+        assert!(r.contains(&(5, Reply::Withdrawn)));
         assert!(r.contains(&(3, Reply::Ok)), "k1 handed to the other source");
         assert_eq!(r.last(), Some(&(99, Reply::Ok)));
         assert!(tb.holder_of(b"k2").is_none());
@@ -972,8 +1470,8 @@ mod tests {
             vec![
                 (1, Reply::Ok),
                 (2, Reply::Ok),
-                (3, Reply::Err),
-                (5, Reply::Err)
+                (3, Reply::Limit),
+                (5, Reply::Limit)
             ]
         );
         tb.check_invariants();
@@ -1075,7 +1573,7 @@ mod tests {
                             let e = m.keys.get_mut(k).unwrap();
                             let before: Vec<_> = e.2.drain(..).collect();
                             for (c, ws) in before {
-                                if ws == s { want.push((c, Reply::Err)); } else { e.2.push_back((c, ws)); }
+                                if ws == s { want.push((c, Reply::Withdrawn)); } else { e.2.push_back((c, ws)); }
                             }
                         }
                         for k in keys {

@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 
+use crate::shard::session::SessMsg;
 use crate::shard::{Detached, RemoteOp, RemoteResult};
 
 /// Slots per queue (per ordered pair of shards).
@@ -37,6 +38,9 @@ pub enum Msg {
         id: u64,
         result: RemoteResult,
     },
+    /// Session traffic (requests, answers, ends): never refused, since
+    /// a lost End would leave a session's hold behind.
+    Sess(Box<SessMsg>),
     /// Shutdown (SIGINT/SIGTERM reached another shard).
     Stop,
 }

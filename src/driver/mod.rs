@@ -860,6 +860,7 @@ impl Loop {
                 Msg::Adopt { fd, conn } => self.adopt(fd, conn),
                 Msg::Request { from, id, op } => self.shard.on_remote(from, id, op),
                 Msg::Reply { id, result } => self.shard.on_reply(id, result),
+                Msg::Sess(msg) => self.shard.on_sess(msg),
                 Msg::Stop => self.stop_requested = true,
             }
         }
@@ -1333,6 +1334,14 @@ impl Loop {
                     mesh.send(to, Msg::Reply { id, result })
                         .expect("replies are never refused");
                 }
+            }
+            Cmd::Sess { to, msg } => {
+                let mesh = self
+                    .mesh
+                    .as_mut()
+                    .expect("session traffic to another shard");
+                mesh.send(to, Msg::Sess(msg))
+                    .expect("session messages are never refused");
             }
             Cmd::Migrate { token, to } => {
                 let s = token as u32 as usize;

@@ -219,6 +219,10 @@ pub struct Metrics {
     handoffs: AtomicU64,
     hangup_withdrawals: AtomicU64,
     undelivered_grants: AtomicU64,
+    sessions_opened: AtomicU64,
+    sessions_ended: AtomicU64,
+    sessions_expired: AtomicU64,
+    lost_pushed: AtomicU64,
     resets_by_key: AtomicU64,
     resets_by_source: AtomicU64,
     connections_refused: AtomicU64,
@@ -263,6 +267,10 @@ impl Metrics {
             handoffs: AtomicU64::new(0),
             hangup_withdrawals: AtomicU64::new(0),
             undelivered_grants: AtomicU64::new(0),
+            sessions_opened: AtomicU64::new(0),
+            sessions_ended: AtomicU64::new(0),
+            sessions_expired: AtomicU64::new(0),
+            lost_pushed: AtomicU64::new(0),
             resets_by_key: AtomicU64::new(0),
             resets_by_source: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
@@ -345,6 +353,26 @@ impl Metrics {
     /// A queued waiter withdrawn because its client hung up.
     pub fn hangup_withdrawal(&self) {
         self.hangup_withdrawals.fetch_add(1, Relaxed);
+    }
+
+    /// A session connection opened (Hello).
+    pub fn session_opened(&self) {
+        self.sessions_opened.fetch_add(1, Relaxed);
+    }
+
+    /// A session ended (closed, failed, or its keep-alive passed).
+    pub fn session_ended(&self) {
+        self.sessions_ended.fetch_add(1, Relaxed);
+    }
+
+    /// A session ended because its keep-alive deadline passed.
+    pub fn session_expired(&self) {
+        self.sessions_expired.fetch_add(1, Relaxed);
+    }
+
+    /// A Lost message pushed to a session (lease expired, hold reset).
+    pub fn lost_pushed(&self) {
+        self.lost_pushed.fetch_add(1, Relaxed);
     }
 
     /// A grant released again because its `+` could not be delivered.
@@ -551,6 +579,30 @@ impl Metrics {
             "undelivered_grants_total",
             "Grants released again because the client was gone before its + could be delivered.",
             self.undelivered_grants.load(Relaxed),
+        );
+        counter(
+            w,
+            "sessions_opened_total",
+            "Session connections opened (Hello).",
+            self.sessions_opened.load(Relaxed),
+        );
+        counter(
+            w,
+            "sessions_ended_total",
+            "Sessions ended: connection closed or failed, or keep-alive deadline passed.",
+            self.sessions_ended.load(Relaxed),
+        );
+        counter(
+            w,
+            "sessions_expired_total",
+            "Sessions ended because nothing arrived from the client within its keep-alive deadline.",
+            self.sessions_expired.load(Relaxed),
+        );
+        counter(
+            w,
+            "lost_pushed_total",
+            "Lost messages pushed to sessions (a lease expired, or an operator reset a hold).",
+            self.lost_pushed.load(Relaxed),
         );
 
         header(

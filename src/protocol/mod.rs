@@ -198,6 +198,8 @@ pub mod admin {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub enum Command {
         Keys,
+        /// KEYS with token, hold mode and lease time left (extension).
+        Keyx,
         Rset,
         Rsbs,
     }
@@ -242,9 +244,13 @@ pub mod admin {
             return Decoded::Incomplete;
         }
         let cmd = match &buf[..4] {
-            b"KEYS" => {
+            b"KEYS" | b"KEYX" => {
                 return Decoded::Frame {
-                    cmd: Command::Keys,
+                    cmd: if &buf[..4] == b"KEYS" {
+                        Command::Keys
+                    } else {
+                        Command::Keyx
+                    },
                     count: 0,
                     len: 4,
                 }
@@ -317,6 +323,28 @@ pub mod admin {
         }
     }
 
+    /// Encodes the KEYX answer: the KEYS entry of each key followed by
+    /// `[u64 token][u8 mode][u32 lease ms left, u32::MAX = none]`; `now_unix_ms`
+    /// is the server's clock for the time left.
+    pub fn encode_keyx(held: &[HeldKey], now_unix_ms: u64, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(held.len() as u32).to_le_bytes());
+        for h in held {
+            let mut one = Vec::with_capacity(64);
+            encode_keys(std::slice::from_ref(h), &mut one);
+            out.extend_from_slice(&one[4..]);
+            out.extend_from_slice(&h.grant_id.to_le_bytes());
+            out.push(h.mode as u8);
+            let left = if h.mode == crate::core::HoldMode::Lease {
+                h.expires_unix_ms
+                    .saturating_sub(now_unix_ms)
+                    .min(u32::MAX as u64 - 1) as u32
+            } else {
+                u32::MAX
+            };
+            out.extend_from_slice(&left.to_le_bytes());
+        }
+    }
+
     /// Upper bound on a `KEYS` answer a client buffers. A server holding
     /// this many bytes of keys is either broken or hostile.
     pub const KEYS_ANSWER_BYTES_MAX: usize = 256 << 20;
@@ -332,6 +360,12 @@ pub mod admin {
         pub endpoint: String,
         /// When the key was granted, in Unix seconds.
         pub acquired_unix_s: i64,
+        /// KEYX only (0 from KEYS): the grant's fencing token.
+        pub token: u64,
+        /// KEYX only (persistent from KEYS): how the key is held.
+        pub mode: crate::core::HoldMode,
+        /// KEYX only: a lease's time left when the server answered.
+        pub lease_left_ms: Option<u32>,
     }
 
     impl KeyInfo {
@@ -366,6 +400,15 @@ pub mod admin {
     /// `Ok(None)` while it is incomplete (read more and call again),
     /// `Ok(Some((keys, consumed)))` once whole, `Err` for an implausible count.
     pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
+        decode_keys_as(buf, false)
+    }
+
+    /// [`decode_keys`] for a `KEYX` answer.
+    pub fn decode_keyx(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
+        decode_keys_as(buf, true)
+    }
+
+    fn decode_keys_as(buf: &[u8], x: bool) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
         fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8]> {
             let slice = buf.get(*at..*at + len)?;
             *at += len;
@@ -395,11 +438,30 @@ pub mod admin {
             ) else {
                 return Ok(None);
             };
+            let (mut token, mut mode, mut lease_left_ms) =
+                (0, crate::core::HoldMode::Persistent, None);
+            if x {
+                let (Some(t), Some(m), Some(l)) = (
+                    take(buf, &mut at, 8),
+                    take(buf, &mut at, 1),
+                    take(buf, &mut at, 4),
+                ) else {
+                    return Ok(None);
+                };
+                token = u64::from_le_bytes(t.try_into().expect("took 8 bytes"));
+                mode = crate::core::HoldMode::from_byte(m[0])
+                    .ok_or_else(|| format!("KEYX: unknown hold mode {}", m[0]))?;
+                let l = u32::from_le_bytes(l.try_into().expect("took 4 bytes"));
+                lease_left_ms = (l != u32::MAX).then_some(l);
+            }
             keys.push(KeyInfo {
                 key: key.to_vec(),
                 source: source.to_vec(),
                 endpoint: String::from_utf8_lossy(endpoint).into_owned(),
                 acquired_unix_s: i64::from_le_bytes(acquired.try_into().expect("took 8 bytes")),
+                token,
+                mode,
+                lease_left_ms,
             });
         }
         Ok(Some((keys, at)))
@@ -543,6 +605,8 @@ mod tests {
             endpoint: "127.0.0.1:4000".parse().unwrap(),
             acquired_unix_ms: 1_700_000_000_999,
             grant_id: 1,
+            mode: crate::core::HoldMode::Persistent,
+            expires_unix_ms: 0,
         }];
         let mut out = Vec::new();
         admin::encode_keys(&held, &mut out);

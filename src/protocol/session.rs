@@ -260,8 +260,8 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
             keepalive_ms: r.u32().ok_or("short hello")?,
         },
         OP_ACQUIRE => {
-            let hold = HoldMode::from_byte(r.u8().ok_or("short acquire")?)
-                .ok_or("unknown hold mode")?;
+            let hold =
+                HoldMode::from_byte(r.u8().ok_or("short acquire")?).ok_or("unknown hold mode")?;
             let ttl_ms = r.u32().ok_or("short acquire")?;
             let wait_ms = r.u32().ok_or("short acquire")?;
             let key = r.name(1).ok_or("key size out of range 1..=127")?;
@@ -464,7 +464,10 @@ pub enum Answer {
 /// Decodes the first server message in `buf` (clients). `hello_rid` names
 /// the request id of the Hello, whose reply has the longer body. `Ok(None)`:
 /// need more bytes; `Err`: the server broke the protocol.
-pub fn decode_answer(buf: &[u8], hello_rid: Option<u32>) -> Result<Option<(Answer, usize)>, String> {
+pub fn decode_answer(
+    buf: &[u8],
+    hello_rid: Option<u32>,
+) -> Result<Option<(Answer, usize)>, String> {
     if buf.len() < HEADER {
         return Ok(None);
     }
@@ -602,7 +605,11 @@ mod tests {
         let b = [8, 1, 0, 0, 0, 11, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         assert!(matches!(
             decode(&b),
-            Decoded::Frame { req: Err(_), len: 18, .. }
+            Decoded::Frame {
+                req: Err(_),
+                len: 18,
+                ..
+            }
         ));
         // Unknown hold mode 3.
         let b = [8, 1, 0, 0, 0, 12, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'k', 0];

@@ -44,6 +44,10 @@ pub enum State {
     Migrating,
     /// Waiting for every shard's part of a scatter/gather request.
     Gathering,
+    /// A session connection (its first frame was a Hello): frames are
+    /// decoded as they arrive, any number outstanding, answered in the
+    /// order they are decided (see [`crate::shard::session`]).
+    Session,
     /// The shard asked the driver to close; the slot is freed when the
     /// driver reports the close (no op references the socket any more).
     Closing,
@@ -86,6 +90,16 @@ pub struct Conn {
     /// On the shard's partial-frame list (frame read timeout).
     pub partial_link: Link,
     pub partial_since_us: u64,
+    /// Session id (after a Hello), 0 otherwise.
+    pub sid: u64,
+    /// The session's keep-alive deadline, and when its client was last heard.
+    pub keepalive_us: u64,
+    pub heard_us: u64,
+    /// Shards that may hold state of this session, one bit each (all of
+    /// them beyond 64 shards).
+    pub mask: u64,
+    /// A session's output is being sent (more may gather in `out`).
+    pub sending: bool,
 }
 
 impl Linked for Conn {
@@ -125,6 +139,11 @@ impl Conn {
             gate_lsn: 0,
             partial_link: Link::default(),
             partial_since_us: 0,
+            sid: 0,
+            keepalive_us: 0,
+            heard_us: 0,
+            mask: 0,
+            sending: false,
         }
     }
 
@@ -161,6 +180,9 @@ impl Conn {
         self.dirty = false;
         self.gate_lsn = 0;
         self.partial_since_us = 0;
+        self.sid = 0;
+        self.mask = 0;
+        self.sending = false;
     }
 
     pub fn live(&self) -> bool {

@@ -35,18 +35,22 @@
 //! - Bad input answers `-` and closes; it never reaches the lock table.
 
 pub mod conn;
+pub mod session;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{Config, LOCK_RECV_BUF};
-use crate::core::{Effect, Effects, HeldKey, LockMode, Name, Now, Reply, Table, Token};
+use crate::core::{
+    Effect, Effects, Extended, HeldKey, HoldMode, LockMode, Name, Now, Reply, Table, Token,
+};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
 use crate::wal::log::{Chain, Landed, Log, Next};
 use conn::{Conn, Port, State};
+use session::{SessMsg, SESS_BIT};
 
 /// Undecoded bytes a lock-port connection may hold: one frame plus the
 /// requests pipelined behind it. More while a request is outstanding is a
@@ -82,6 +86,9 @@ pub enum Cmd {
         id: u64,
         result: RemoteResult,
     },
+    /// Session traffic for shard `to` (never this one): report it there
+    /// with [`Shard::on_sess`]. Never refused or dropped.
+    Sess { to: usize, msg: Box<SessMsg> },
 }
 
 /// An operation one shard asks every shard to run on its part of the keys.
@@ -137,13 +144,20 @@ struct Gather {
     keys: Vec<HeldKey>,
     /// Lock-port ResetBySource (one `+`) rather than an admin command.
     lock_port: bool,
+    /// KEYX rather than KEYS.
+    extended: bool,
 }
 
-/// A remote request whose reply waits for this shard's log.
-struct HeldRemote {
-    to: usize,
-    id: u64,
-    result: RemoteResult,
+/// A message for another shard that waits for this shard's log.
+enum Parked {
+    /// A scatter/gather part's reply.
+    Gather {
+        to: usize,
+        id: u64,
+        result: RemoteResult,
+    },
+    /// A session answer or Lost push for the session's home shard.
+    Sess { to: usize, msg: Box<SessMsg> },
 }
 
 /// Marks a `held` entry as a remote reply (index into `remotes`).
@@ -155,6 +169,7 @@ const REMOTE_BIT: u64 = 1 << 63;
 enum Undo {
     Acquire { key: Name, grant_id: u64 },
     Release { prev: HeldKey },
+    Extend(Extended),
 }
 
 pub struct Shard {
@@ -184,7 +199,12 @@ pub struct Shard {
     shards: usize,
     gathers: Vec<Gather>,
     next_gather_id: u64,
-    remotes: Vec<Option<HeldRemote>>,
+    remotes: Vec<Option<Parked>>,
+    /// Session ids handed out by this shard (its index in the top byte).
+    next_sid: u64,
+    /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
+    /// session was heard from since is pushed again with its new deadline.
+    session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<std::sync::atomic::AtomicUsize>>,
@@ -200,6 +220,12 @@ impl Shard {
         now: Now,
     ) -> Shard {
         let cap = cfg.max_connections.min(65_536);
+        let mut table = table;
+        // Fencing tokens: in memory mode nothing survives a restart, so each
+        // run starts its grant ids at its start time in Unix µs, above
+        // every id of an earlier run (docs/protocol.md, "Fencing tokens").
+        // A recovered log's ids are kept if higher.
+        table.raise_next_grant_id(now.unix_ms.saturating_mul(1000));
         Shard {
             conns: Vec::with_capacity(cap),
             free_slots: Vec::with_capacity(cap),
@@ -223,6 +249,8 @@ impl Shard {
             gathers: Vec::new(),
             next_gather_id: 1,
             remotes: Vec::new(),
+            next_sid: 1,
+            session_deadlines: std::collections::BinaryHeap::new(),
             all_conns: None,
             cfg,
         }
@@ -283,10 +311,9 @@ impl Shard {
             self.conns[slot as usize].partial_since_us + self.cfg.frame_timeout_ms * 1000
         });
         let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
-        match (frame, retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let expiry = self.table.next_expiry_us();
+        let session = self.session_deadlines.peek().map(|r| r.0 .0);
+        [frame, retry, expiry, session].into_iter().flatten().min()
     }
 
     pub fn begin_tick(&mut self, now: Now) {
@@ -298,6 +325,10 @@ impl Shard {
     pub fn end_tick(&mut self) {
         self.apply_effects();
         self.expire_frames();
+        let now = self.now;
+        self.table.expire(now, &mut self.fx);
+        self.apply_effects();
+        self.expire_sessions();
         self.wal_tick();
         self.flush();
         self.publish_gauges();
@@ -392,9 +423,12 @@ impl Shard {
             return;
         }
         let cap = match c.port {
+            Port::Lock if c.sid != 0 => crate::protocol::session::FRAME_MAX,
             Port::Lock => LOCK_PIPELINE_BYTES_MAX,
             Port::Admin => admin::FRAME_MAX,
         };
+        // Anything from a session's client renews its keep-alive.
+        c.heard_us = self.now.mono_us;
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
@@ -423,6 +457,17 @@ impl Shard {
         );
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
+            return;
+        }
+        if c.state == State::Session {
+            self.end_session(
+                slot,
+                if errno.is_some() {
+                    "connection failed"
+                } else {
+                    "client closed the connection"
+                },
+            );
             return;
         }
         c.read_closed = true;
@@ -458,7 +503,7 @@ impl Shard {
             // The end of input travels with the connection; a gather's
             // answer is sent when it completes.
             State::Migrating | State::Gathering => {}
-            State::Executing | State::Free | State::Closing => {}
+            State::Executing | State::Free | State::Closing | State::Session => {}
         }
         self.apply_effects();
     }
@@ -485,6 +530,16 @@ impl Shard {
                 self.give_back_grant(slot);
             }
             self.apply_effects();
+            return;
+        }
+        if c.state == State::Session {
+            c.sending = false;
+            match result {
+                Err(_) => self.end_session(slot, "send failed"),
+                // Answers that gathered during the send go next.
+                Ok(()) if !c.out.is_empty() => self.mark_dirty(slot),
+                Ok(()) => {}
+            }
             return;
         }
         debug_assert_eq!(c.state, State::Sending);
@@ -659,6 +714,7 @@ impl Shard {
             failed: false,
             keys: Vec::new(),
             lock_port,
+            extended: false,
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -688,21 +744,11 @@ impl Shard {
         match self.log.as_ref().filter(|l| l.pending()) {
             Some(l) => {
                 let lsn = l.tail_lsn();
-                let held = HeldRemote {
+                let idx = self.park_remote(Parked::Gather {
                     to: from,
                     id,
                     result,
-                };
-                let idx = match self.remotes.iter().position(Option::is_none) {
-                    Some(i) => {
-                        self.remotes[i] = Some(held);
-                        i
-                    }
-                    None => {
-                        self.remotes.push(Some(held));
-                        self.remotes.len() - 1
-                    }
-                };
+                });
                 self.held.push_back((lsn, REMOTE_BIT | idx as u64));
             }
             None => self.cmds.push(Cmd::Reply {
@@ -710,6 +756,21 @@ impl Shard {
                 id,
                 result,
             }),
+        }
+    }
+
+    /// Keeps a message for another shard until the log is durable; returns
+    /// its index for the `held` queue.
+    fn park_remote(&mut self, p: Parked) -> usize {
+        match self.remotes.iter().position(Option::is_none) {
+            Some(i) => {
+                self.remotes[i] = Some(p);
+                i
+            }
+            None => {
+                self.remotes.push(Some(p));
+                self.remotes.len() - 1
+            }
         }
     }
 
@@ -742,7 +803,11 @@ impl Shard {
             match &g.op {
                 RemoteOp::Keys => {
                     g.keys.sort_by_key(|h| h.key);
-                    admin::encode_keys(&g.keys, &mut c.out);
+                    if g.extended {
+                        admin::encode_keyx(&g.keys, self.now.unix_ms, &mut c.out);
+                    } else {
+                        admin::encode_keys(&g.keys, &mut c.out);
+                    }
                 }
                 RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
                     for _ in 0..names.len() {
@@ -836,6 +901,9 @@ impl Shard {
 
     /// Decodes and executes buffered frames while the connection is idle.
     fn pump(&mut self, slot: u32) {
+        if self.conns[slot as usize].state == State::Session {
+            self.pump_session(slot);
+        }
         loop {
             let c = &self.conns[slot as usize];
             if c.state != State::Idle || c.close_after_send || c.rbuf.is_empty() {
@@ -855,7 +923,9 @@ impl Shard {
         }
         // Frame read timeout bookkeeping: a partial frame starts the clock.
         let c = &self.conns[slot as usize];
-        let partial = c.state == State::Idle && !c.rbuf.is_empty() && !c.close_after_send;
+        let partial = matches!(c.state, State::Idle | State::Session)
+            && !c.rbuf.is_empty()
+            && !c.close_after_send;
         let linked = c.partial_link.linked;
         if partial && !linked {
             self.conns[slot as usize].partial_since_us = self.now.mono_us;
@@ -894,6 +964,14 @@ impl Shard {
     /// Executes one lock-port frame; false when more bytes are needed.
     fn pump_lock(&mut self, slot: u32) -> bool {
         let token = self.token(slot);
+        let c = &self.conns[slot as usize];
+        if c.action.is_none()
+            && c.sid == 0
+            && c.rbuf.first() == Some(&crate::protocol::session::OP_HELLO)
+        {
+            // Only a connection's first frame may open a session.
+            return self.hello(slot);
+        }
         let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
         {
             Decoded::Incomplete => return false,
@@ -1045,7 +1123,7 @@ impl Shard {
             .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
             .collect();
         let op = match cmd {
-            admin::Command::Keys => {
+            admin::Command::Keys | admin::Command::Keyx => {
                 self.metrics
                     .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
                 RemoteOp::Keys
@@ -1090,6 +1168,9 @@ impl Shard {
         c.persistent = true;
         c.action = Some(Action::Persist);
         self.scatter(slot, op, false);
+        if cmd == admin::Command::Keyx {
+            self.gathers.last_mut().expect("just pushed").extended = true;
+        }
         true
     }
 
@@ -1131,6 +1212,10 @@ impl Shard {
     fn die(&mut self, slot: u32) {
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
+            return;
+        }
+        if c.state == State::Session {
+            self.end_session(slot, "connection broken");
             return;
         }
         c.dead = true;
@@ -1212,11 +1297,12 @@ impl Shard {
                     );
                 }
             }
+            Effect::Reply { conn, .. } if conn & SESS_BIT != 0 => self.session_effect(e),
             Effect::Reply { conn, reply } => {
                 let outcome = match reply {
                     Reply::Ok => metrics::Outcome::Ok,
                     Reply::Busy => metrics::Outcome::Busy,
-                    Reply::Err => metrics::Outcome::Error,
+                    _ => metrics::Outcome::Error,
                 };
                 if let Some(slot) = self.conn_of(conn) {
                     if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
@@ -1231,14 +1317,7 @@ impl Shard {
                 waited_us,
             } => {
                 if let Some(log) = self.log.as_mut() {
-                    let h = HeldKey {
-                        key: grant.key,
-                        source: grant.source,
-                        endpoint: grant.endpoint,
-                        acquired_unix_ms: grant.acquired_unix_ms,
-                        grant_id: grant.grant_id,
-                    };
-                    let lsn = log.append_acquire(&h);
+                    let lsn = log.append_acquire(&grant.held_key());
                     self.undo.push_back((
                         lsn,
                         Undo::Acquire {
@@ -1251,6 +1330,10 @@ impl Shard {
                 if let Some(us) = waited_us {
                     self.metrics.handoff();
                     self.metrics.observe_queue_wait_us(us);
+                }
+                if conn & SESS_BIT != 0 {
+                    self.session_effect(e);
+                    return;
                 }
                 match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
                     Some(slot) => {
@@ -1273,6 +1356,7 @@ impl Shard {
                 grant_id,
                 holder,
                 held_us,
+                holder_conn,
                 ..
             } => {
                 if let Some(log) = self.log.as_mut() {
@@ -1280,6 +1364,10 @@ impl Shard {
                     self.undo.push_back((lsn, Undo::Release { prev: holder }));
                 }
                 self.metrics.observe_hold_us(held_us);
+                if holder_conn & SESS_BIT != 0 {
+                    // A Lost push, before the next holder's grant.
+                    self.session_effect(e);
+                }
             }
         }
     }
@@ -1320,6 +1408,15 @@ impl Shard {
         for &slot in &dirty {
             let c = &mut self.conns[slot as usize];
             c.dirty = false;
+            if c.state == State::Session {
+                if c.sending || c.out.is_empty() || c.gate_lsn > durable {
+                    continue;
+                }
+                c.sending = true;
+                let token = ((c.gen as u64) << 32) | slot as u64;
+                self.cmds.push(Cmd::Send(token));
+                continue;
+            }
             if c.state != State::Answered || c.out.is_empty() || c.gate_lsn > durable {
                 continue;
             }
@@ -1383,24 +1480,36 @@ impl Shard {
             }
             self.held.pop_front();
             if token & REMOTE_BIT != 0 {
-                self.send_held_remote(token, None);
+                self.send_held_remote(token, false);
             } else if let Some(slot) = self.conn_of(token) {
                 self.mark_dirty(slot);
             }
         }
     }
 
-    /// Sends the remote reply a `held` entry stood for: its own result once
-    /// durable, or `instead` (a log failure voided what it reported).
-    fn send_held_remote(&mut self, token: Token, instead: Option<RemoteResult>) {
-        let r = self.remotes[(token & !REMOTE_BIT) as usize]
+    /// Sends the message a `held` entry stood for: as it is once durable,
+    /// or (`failed`, a log failure voided what it reported) a gather part
+    /// as Failed and a session answer as the end of its session.
+    fn send_held_remote(&mut self, token: Token, failed: bool) {
+        let p = self.remotes[(token & !REMOTE_BIT) as usize]
             .take()
             .expect("a held remote reply");
-        self.cmds.push(Cmd::Reply {
-            to: r.to,
-            id: r.id,
-            result: instead.unwrap_or(r.result),
-        });
+        match p {
+            Parked::Gather { to, id, result } => self.cmds.push(Cmd::Reply {
+                to,
+                id,
+                result: if failed { RemoteResult::Failed } else { result },
+            }),
+            Parked::Sess { to, msg } => {
+                let msg = match *msg {
+                    SessMsg::Out { sid, home, .. } if failed => {
+                        Box::new(SessMsg::Kill { sid, home })
+                    }
+                    _ => msg,
+                };
+                self.cmds.push(Cmd::Sess { to, msg });
+            }
+        }
     }
 
     /// Every record past the durable point is void. Requests waiting for
@@ -1417,14 +1526,20 @@ impl Shard {
             self.cmds.push(Cmd::DiscardTemp);
         }
         let mut answered = 0u64;
+        // Sessions whose answers waited: ended once the undo is complete.
+        let mut sessions: Vec<u32> = Vec::new();
         while let Some((_, token)) = self.held.pop_front() {
             if token & REMOTE_BIT != 0 {
-                self.send_held_remote(token, Some(RemoteResult::Failed));
+                self.send_held_remote(token, true);
                 continue;
             }
             if let Some(slot) = self.conn_of(token) {
                 let c = &mut self.conns[slot as usize];
-                if c.state == State::Answered {
+                if c.state == State::Session {
+                    if !sessions.contains(&slot) {
+                        sessions.push(slot);
+                    }
+                } else if c.state == State::Answered {
                     c.out.clear();
                     c.out.push(b'-');
                     c.grant = None;
@@ -1440,6 +1555,16 @@ impl Shard {
                 Undo::Acquire { key, grant_id } => {
                     self.table.undo_grant(&key, grant_id, now);
                     touched.push(key);
+                }
+                // A session hold's session is ended below (its answer
+                // waited for this log) or by its home (Kill): the key stays
+                // free, as the end of the session would leave it.
+                Undo::Release { prev } if prev.mode == HoldMode::Session => {
+                    touched.push(prev.key);
+                }
+                Undo::Extend(x) => {
+                    self.table
+                        .set_expiry(&x.key, x.grant_id, x.prev_unix_ms, x.prev_mono_us);
                 }
                 Undo::Release { prev } => {
                     // The key is free again here: later records were undone.
@@ -1471,6 +1596,9 @@ impl Shard {
         }
         // New grants from settling are new records for the rewritten log.
         self.apply_effects();
+        for slot in sessions {
+            self.end_session(slot, "the log failed under one of its answers");
+        }
     }
 
     fn expire_frames(&mut self) {
@@ -1543,7 +1671,12 @@ impl Shard {
                 );
             }
         }
+        let mut session_waiters = 0;
         self.table.for_each_waiter(|token| {
+            if token & SESS_BIT != 0 {
+                session_waiters += 1;
+                return;
+            }
             let c = self.conn_of(token).map(|s| &self.conns[s as usize]);
             assert!(
                 matches!(c.map(|c| c.state), Some(State::Queued { .. })),
@@ -1552,7 +1685,7 @@ impl Shard {
             );
         });
         assert_eq!(
-            queued,
+            queued + session_waiters,
             self.table.queued_waiters(),
             "queued connections without a waiter"
         );

@@ -238,6 +238,17 @@ impl Log {
         self.tail_lsn
     }
 
+    /// A lease's new deadline. The live size does not change: a compacted
+    /// log holds the lease's Hold record with its latest deadline.
+    pub fn append_extend(&mut self, key: &Name, grant_id: u64, expires_unix_ms: u64) -> u64 {
+        let start = self.filling.len();
+        record::encode_extend(key, grant_id, expires_unix_ms, &mut self.filling);
+        self.carry_from(start);
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
     pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
         let start = self.filling.len();
         record::encode_release(key, grant_id, &mut self.filling);

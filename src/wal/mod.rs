@@ -104,7 +104,7 @@ pub fn acquire_len(h: &HeldKey) -> u64 {
         write!(cur, "{}", h.endpoint).expect("a socket address fits in 64 bytes");
         cur.position()
     };
-    (record::HEADER + 1 + 16 + 3) as u64 + h.key.len() as u64 + h.source.len() as u64 + n
+    record::acquire_fixed_len(h) as u64 + h.key.len() as u64 + h.source.len() as u64 + n
 }
 
 /// Opens (or creates) the log at `path`, replays it into `table`, and
@@ -258,6 +258,12 @@ pub fn replay(
     }
     for r in &records {
         match r {
+            Record::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
+                // Its session did not survive: the key is free, the grant
+                // id (fencing token) still counts.
+                table.restore_release(&h.key, now);
+                table.raise_next_grant_id(h.grant_id + 1);
+            }
             Record::Acquire(h) => {
                 if !table.restore_holder(h, now) {
                     return Err(format!(
@@ -267,6 +273,19 @@ pub fn replay(
             }
             Record::Release { key, .. } => table.restore_release(key, now),
             Record::GrantMark { next_grant_id } => table.raise_next_grant_id(*next_grant_id),
+            Record::Extend {
+                key,
+                grant_id,
+                expires_unix_ms,
+            } => {
+                let left_ms = expires_unix_ms.saturating_sub(now.unix_ms);
+                table.set_expiry(
+                    key,
+                    *grant_id,
+                    *expires_unix_ms,
+                    now.mono_us + left_ms * 1000,
+                );
+            }
         }
     }
     rec.records = records.len();

@@ -10,12 +10,21 @@
 //! 6      2    !len: bitwise complement of len, so a damaged length field is
 //!             recognised on its own, even when the record it claims to
 //!             describe would run past the end of the file
-//! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark
+//! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark, 4 = Hold,
+//!             5 = Extend
 //! 9      ..   payload
 //! ```
 //!
-//! Acquire payload: `grant_id u64 · acquired_unix_ms u64 · keyLen u8 · key ·
-//! srcLen u8 · source · epLen u8 · endpoint ("ip:port", UTF-8)`.
+//! Acquire payload (a persistent hold): `grant_id u64 · acquired_unix_ms u64
+//! · keyLen u8 · key · srcLen u8 · source · epLen u8 · endpoint ("ip:port",
+//! UTF-8)`.
+//! Hold payload (a session or lease hold): `grant_id u64 · acquired_unix_ms
+//! u64 · mode u8 (1 session, 2 lease) · expires_unix_ms u64 (0 for a
+//! session) · keyLen u8 · key · srcLen u8 · source · epLen u8 · endpoint`.
+//! A session hold is recorded for its grant id (the fencing token must
+//! never go back) but not restored: its session did not survive the
+//! restart. A lease is restored with the time it had left.
+//! Extend payload: `grant_id u64 · expires_unix_ms u64 · keyLen u8 · key`.
 //! Release payload: `grant_id u64 · keyLen u8 · key`.
 //! GrantMark payload: `next_grant_id u64` — written first in every rewritten
 //! log, so grant ids keep increasing across compaction and restart even
@@ -34,12 +43,15 @@ use crate::core::{HeldKey, Name};
 
 pub const MAGIC: &[u8; 8] = b"RLWAL\0\0\x01";
 pub const HEADER: usize = 8;
-/// The longest record: header, type, two u64, three sized strings.
-pub const RECORD_MAX: usize = HEADER + 1 + 16 + 3 * (1 + 127);
+/// The longest record (a Hold): header, type, three u64, a mode byte,
+/// three sized strings.
+pub const RECORD_MAX: usize = HEADER + 1 + 25 + 3 * (1 + 127);
 
 pub const ACQUIRE: u8 = 1;
 pub const RELEASE: u8 = 2;
 pub const GRANT_MARK: u8 = 3;
+pub const HOLD: u8 = 4;
+pub const EXTEND: u8 = 5;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -52,6 +64,19 @@ pub enum Record {
     GrantMark {
         next_grant_id: u64,
     },
+    /// A lease's new deadline.
+    Extend {
+        key: Name,
+        grant_id: u64,
+        expires_unix_ms: u64,
+    },
+}
+
+use crate::core::HoldMode;
+
+/// Record bytes an Acquire or Hold of `h` takes beyond its three strings.
+pub fn acquire_fixed_len(h: &HeldKey) -> usize {
+    HEADER + 1 + 16 + 3 + if h.mode == HoldMode::Persistent { 0 } else { 9 }
 }
 
 fn put_name(out: &mut Vec<u8>, n: &[u8]) {
@@ -65,9 +90,14 @@ fn put_name(out: &mut Vec<u8>, n: &[u8]) {
 pub fn encode_acquire(h: &HeldKey, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
-    out.push(ACQUIRE);
+    let persistent = h.mode == HoldMode::Persistent;
+    out.push(if persistent { ACQUIRE } else { HOLD });
     out.extend_from_slice(&h.grant_id.to_le_bytes());
     out.extend_from_slice(&h.acquired_unix_ms.to_le_bytes());
+    if !persistent {
+        out.push(h.mode as u8);
+        out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
+    }
     put_name(out, h.key.as_bytes());
     put_name(out, h.source.as_bytes());
     // The endpoint is formatted into a stack buffer: no allocation.
@@ -87,6 +117,16 @@ pub fn encode_grant_mark(next_grant_id: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0u8; HEADER]);
     out.push(GRANT_MARK);
     out.extend_from_slice(&next_grant_id.to_le_bytes());
+    seal(out, start);
+}
+
+pub fn encode_extend(key: &Name, grant_id: u64, expires_unix_ms: u64, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(EXTEND);
+    out.extend_from_slice(&grant_id.to_le_bytes());
+    out.extend_from_slice(&expires_unix_ms.to_le_bytes());
+    put_name(out, key.as_bytes());
     seal(out, start);
 }
 
@@ -123,8 +163,16 @@ fn parse_body(body: &[u8]) -> Option<Record> {
     }
     let grant_id = u64_(&mut rest)?;
     match ty {
-        ACQUIRE => {
+        ACQUIRE | HOLD => {
             let acquired_unix_ms = u64_(&mut rest)?;
+            let (mode, expires_unix_ms) = if ty == HOLD {
+                let (&m, r) = rest.split_first()?;
+                rest = r;
+                let mode = HoldMode::from_byte(m).filter(|&m| m != HoldMode::Persistent)?;
+                (mode, u64_(&mut rest)?)
+            } else {
+                (HoldMode::Persistent, 0)
+            };
             let key = Name::new(name(&mut rest)?)?;
             let source = Name::new(name(&mut rest)?)?;
             let ep = std::str::from_utf8(name(&mut rest)?).ok()?;
@@ -138,7 +186,21 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 endpoint,
                 acquired_unix_ms,
                 grant_id,
+                mode,
+                expires_unix_ms,
             }))
+        }
+        EXTEND => {
+            let expires_unix_ms = u64_(&mut rest)?;
+            let key = Name::new(name(&mut rest)?)?;
+            if !rest.is_empty() || key.is_empty() {
+                return None;
+            }
+            Some(Record::Extend {
+                key,
+                grant_id,
+                expires_unix_ms,
+            })
         }
         RELEASE => {
             let key = Name::new(name(&mut rest)?)?;
@@ -271,6 +333,8 @@ mod tests {
             endpoint: "10.1.2.3:4567".parse().unwrap(),
             acquired_unix_ms: 1_700_000_000_123,
             grant_id: id,
+            mode: crate::core::HoldMode::Persistent,
+            expires_unix_ms: 0,
         }
     }
 

@@ -53,7 +53,7 @@ fn in_doubt(intact: &[u8]) -> String {
             Record::Release { key, .. } => {
                 held.remove(key.as_bytes());
             }
-            Record::GrantMark { .. } => {}
+            Record::GrantMark { .. } | Record::Extend { .. } => {}
         }
     }
     let lost = "grants recorded after the offset are lost, so a client may believe it holds a key this log does not show; check the clients before you truncate";
@@ -186,6 +186,8 @@ mod tests {
             endpoint: "10.1.2.3:4567".parse().expect("address"),
             acquired_unix_ms: 1_700_000_000_123,
             grant_id: id,
+            mode: crate::core::HoldMode::Persistent,
+            expires_unix_ms: 0,
         };
         let mut image = record::MAGIC.to_vec();
         record::encode_acquire(&held(b"a", 1), &mut image);

@@ -866,6 +866,9 @@ impl World {
                     Cmd::Scatter { id, op } => self.shard.on_remote(0, id, op),
                     Cmd::Reply { id, result, .. } => self.shard.on_reply(id, result),
                     Cmd::Migrate { .. } => self.fail("a migration with one shard".into()),
+                    Cmd::Sess { .. } => {
+                        self.fail("session traffic to another shard with one shard".into())
+                    }
                 }
             }
             self.cmds = cmds;

@@ -129,6 +129,9 @@ mod tests {
             source: source.to_vec(),
             endpoint: "127.0.0.1:5".into(),
             acquired_unix_s: at,
+            token: 0,
+            mode: ringlock::core::HoldMode::Persistent,
+            lease_left_ms: None,
         }
     }
 

@@ -1,0 +1,598 @@
+//! Session connections (lock-port actions 7..=12, `docs/protocol.md`).
+//!
+//! Two sides, because a session's keys may belong to any shard:
+//! - **home**: the shard that accepted the connection. It decodes the
+//!   frames, keeps the keep-alive deadline, writes every answer, and sends
+//!   each request to the shard that owns its key (itself included).
+//! - **owner**: the shard that owns a key. Its table tracks the session as
+//!   an owner entry (holds and queued requests), answers requests, and
+//!   pushes Lost when a lease expires or an operator resets a hold.
+//!
+//! A request travels home → owner and its answer owner → home over the
+//! shard mesh, whose queues are FIFO per pair of shards: a session's
+//! requests reach an owner in the order they were sent, and an owner's
+//! answers (a grant, then a Cancel's "not queued"; a Lost, then what
+//! follows) reach home in the order they were decided. When the session
+//! ends, home sends End to every shard it used; an End arrives after every
+//! request of the session, so nothing is granted to a session afterwards.
+//!
+//! Table connection tokens of session requests are
+//! `SESS_BIT | owner slot << 32 | rid`: the owner slot names the session
+//! in the owner's table, the rid the request.
+//!
+//! Durability: an owner's answers wait for its own log like a `+` (held
+//! locally or, for another home, in the remote-reply queue); a log failure
+//! turns a waiting answer into the end of its session (Kill), since the
+//! state it reported was undone.
+
+use std::cmp::Reverse;
+use std::net::SocketAddr;
+
+use super::{owner, Cmd, Shard, State, Undo, REMOTE_BIT};
+use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
+use crate::log::Level;
+use crate::protocol::session::{self as sp, LostWhy, Req, Status};
+
+/// Marks a table connection token as a session request.
+pub const SESS_BIT: u64 = 1 << 63;
+/// A session whose client does not read its answers is closed beyond this.
+pub const SESSION_OUT_MAX: usize = 64 << 10;
+
+/// A session request as its key's owner shard runs it.
+#[derive(Clone, Debug)]
+pub enum SessOp {
+    Acquire {
+        hold: HoldMode,
+        ttl_ms: u32,
+        wait_ms: u32,
+        key: Name,
+        source: Name,
+    },
+    Release {
+        token: u64,
+        key: Name,
+    },
+    Extend {
+        token: u64,
+        ttl_ms: u32,
+        key: Name,
+    },
+    Cancel {
+        target: u32,
+        key: Name,
+    },
+}
+
+/// Something for a session's client.
+#[derive(Clone, Copy, Debug)]
+pub enum SessOut {
+    Reply {
+        rid: u32,
+        status: Status,
+        token: u64,
+        ttl_left_ms: u32,
+    },
+    Lost {
+        key: Name,
+        token: u64,
+        why: LostWhy,
+    },
+}
+
+/// Session traffic between shards.
+#[derive(Clone, Debug)]
+pub enum SessMsg {
+    /// home → owner: run a request.
+    Op {
+        sid: u64,
+        home: Token,
+        rid: u32,
+        peer: SocketAddr,
+        op: SessOp,
+    },
+    /// home → owner: the session ended.
+    End { sid: u64 },
+    /// owner → home: an answer or a Lost push.
+    Out { sid: u64, home: Token, out: SessOut },
+    /// owner → home: what the owner answered was undone (its log failed):
+    /// end the session.
+    Kill { sid: u64, home: Token },
+}
+
+/// The home shard of a session id.
+pub fn home_of(sid: u64) -> usize {
+    (sid >> 56) as usize
+}
+
+fn table_token(owner_slot: u32, rid: u32) -> Token {
+    SESS_BIT | (owner_slot as u64) << 32 | rid as u64
+}
+
+fn status_of(r: Reply) -> Status {
+    match r {
+        Reply::Ok => Status::Ok,
+        Reply::Busy => Status::Busy,
+        Reply::Limit => Status::Limit,
+        Reply::TimedOut => Status::TimedOut,
+        Reply::Withdrawn | Reply::Cancelled => Status::Cancelled,
+    }
+}
+
+fn reply(rid: u32, status: Status) -> SessOut {
+    SessOut::Reply {
+        rid,
+        status,
+        token: 0,
+        ttl_left_ms: sp::NO_TTL,
+    }
+}
+
+impl Shard {
+    // ----- home side ----------------------------------------------------------
+
+    /// The connection's first frame is a Hello: make it a session. False
+    /// when more bytes are needed.
+    pub(super) fn hello(&mut self, slot: u32) -> bool {
+        let (rid, keepalive_ms, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
+            sp::Decoded::Incomplete => return false,
+            sp::Decoded::Frame {
+                rid,
+                req:
+                    Ok(Req::Hello {
+                        version: sp::VERSION,
+                        keepalive_ms,
+                    }),
+                len,
+                ..
+            } => (rid, keepalive_ms, len),
+            sp::Decoded::Frame { req: Ok(_), .. } => {
+                self.reject(slot, "unsupported session protocol version");
+                return false;
+            }
+            sp::Decoded::Frame { req: Err(why), .. } | sp::Decoded::Bad(why) => {
+                self.reject(slot, why);
+                return false;
+            }
+        };
+        let cfg = &self.cfg;
+        let ka = if keepalive_ms == 0 {
+            cfg.keepalive_ms
+        } else {
+            keepalive_ms.clamp(cfg.min_keepalive_ms, cfg.max_keepalive_ms)
+        };
+        let sid = (self.me as u64) << 56 | self.next_sid;
+        self.next_sid += 1;
+        let now_us = self.now.mono_us;
+        let token = self.token(slot);
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.drain(..len);
+        c.persistent = true;
+        c.sid = sid;
+        c.keepalive_us = ka as u64 * 1000;
+        c.heard_us = now_us;
+        c.state = State::Session;
+        let welcome = sp::Welcome {
+            status: Status::Ok,
+            version: sp::VERSION,
+            keepalive_ms: ka,
+            min_ttl_ms: self.cfg.min_ttl_ms,
+            max_ttl_ms: self.cfg.max_ttl_ms,
+            session_id: sid,
+        };
+        sp::encode_welcome(rid, &welcome, &mut c.out);
+        self.session_deadlines
+            .push(Reverse((now_us + ka as u64 * 1000, token)));
+        self.metrics.session_opened();
+        log!(
+            Level::Debug,
+            "session_open",
+            "session={:#x} conn={:#x} keepalive_ms={}",
+            sid,
+            token,
+            ka
+        );
+        self.gate(slot);
+        self.pump_session(slot);
+        true
+    }
+
+    /// Decodes and routes every whole frame of a session connection.
+    pub(super) fn pump_session(&mut self, slot: u32) {
+        loop {
+            let c = &self.conns[slot as usize];
+            if c.state != State::Session || c.rbuf.is_empty() {
+                break;
+            }
+            let (op, rid, req, len) = match sp::decode(&c.rbuf) {
+                sp::Decoded::Incomplete => break,
+                sp::Decoded::Bad(why) => {
+                    let why = why.to_string();
+                    self.violation(slot, &why);
+                    return;
+                }
+                sp::Decoded::Frame { op, rid, req, len } => (op, rid, req, len),
+            };
+            let peer = c.peer;
+            let parsed = match req {
+                Err(why) => Err(why),
+                Ok(Req::Hello { .. }) => Err("a session's Hello comes once, first"),
+                Ok(Req::Ping) => Ok(None),
+                Ok(Req::Acquire {
+                    hold,
+                    ttl_ms,
+                    wait_ms,
+                    key,
+                    source,
+                }) => self.check_ttl(hold, ttl_ms).map(|()| {
+                    let mut source = Name::new(source).expect("decoder bounds names");
+                    if source.is_empty() {
+                        source = super::ip_name(&peer);
+                    }
+                    Some(SessOp::Acquire {
+                        hold,
+                        ttl_ms: if hold == HoldMode::Lease { ttl_ms } else { 0 },
+                        wait_ms,
+                        key: Name::new(key).expect("decoder bounds names"),
+                        source,
+                    })
+                }),
+                Ok(Req::Release { token, key }) => Ok(Some(SessOp::Release {
+                    token,
+                    key: Name::new(key).expect("decoder bounds names"),
+                })),
+                Ok(Req::Extend { token, ttl_ms, key }) => {
+                    self.check_ttl(HoldMode::Lease, ttl_ms).map(|()| {
+                        Some(SessOp::Extend {
+                            token,
+                            ttl_ms,
+                            key: Name::new(key).expect("decoder bounds names"),
+                        })
+                    })
+                }
+                Ok(Req::Cancel { target, key }) => Ok(Some(SessOp::Cancel {
+                    target,
+                    key: Name::new(key).expect("decoder bounds names"),
+                })),
+            };
+            self.conns[slot as usize].rbuf.drain(..len);
+            match parsed {
+                Err(why) => {
+                    log!(
+                        Level::Debug,
+                        "bad_session_request",
+                        "peer={} op={} reason=\"{}\"",
+                        peer,
+                        op,
+                        crate::log::Escaped(why)
+                    );
+                    self.session_out_local(slot, reply(rid, Status::Invalid));
+                }
+                Ok(None) => self.session_out_local(slot, reply(rid, Status::Ok)),
+                Ok(Some(op)) => self.route(slot, rid, op),
+            }
+            if self.conns[slot as usize].state != State::Session {
+                return;
+            }
+        }
+    }
+
+    fn check_ttl(&self, hold: HoldMode, ttl_ms: u32) -> Result<(), &'static str> {
+        match hold {
+            HoldMode::Lease if !(self.cfg.min_ttl_ms..=self.cfg.max_ttl_ms).contains(&ttl_ms) => {
+                Err("lease TTL outside the server's bounds")
+            }
+            HoldMode::Lease => Ok(()),
+            _ if ttl_ms != 0 => Err("a TTL is only for a lease"),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends a request to its key's owner (this shard or another).
+    fn route(&mut self, slot: u32, rid: u32, op: SessOp) {
+        let key = match &op {
+            SessOp::Acquire { key, .. }
+            | SessOp::Release { key, .. }
+            | SessOp::Extend { key, .. }
+            | SessOp::Cancel { key, .. } => *key,
+        };
+        let to = owner(key.as_bytes(), self.shards);
+        let home = self.token(slot);
+        let c = &mut self.conns[slot as usize];
+        c.mask |= 1u64 << (to % 64);
+        let (sid, peer) = (c.sid, c.peer);
+        if to == self.me {
+            self.run_op(sid, home, rid, peer, op);
+        } else {
+            self.cmds.push(Cmd::Sess {
+                to,
+                msg: Box::new(SessMsg::Op {
+                    sid,
+                    home,
+                    rid,
+                    peer,
+                    op,
+                }),
+            });
+        }
+    }
+
+    /// Writes an answer into a session connection's output (gated on the
+    /// log like any answer).
+    fn session_out_local(&mut self, slot: u32, out: SessOut) {
+        let c = &mut self.conns[slot as usize];
+        match out {
+            SessOut::Reply {
+                rid,
+                status,
+                token,
+                ttl_left_ms,
+            } => sp::encode_reply(rid, status, token, ttl_left_ms, &mut c.out),
+            SessOut::Lost { key, token, why } => {
+                self.metrics.lost_pushed();
+                sp::encode_lost(key.as_bytes(), token, why, &mut c.out)
+            }
+        }
+        if c.out.len() > SESSION_OUT_MAX {
+            self.violation(slot, "session answers not read by the client");
+            return;
+        }
+        self.gate(slot);
+    }
+
+    /// The session on `slot` ends: every shard it used forgets it (session
+    /// holds go to their next waiters, queued requests are withdrawn), and
+    /// the connection closes.
+    pub(super) fn end_session(&mut self, slot: u32, why: &str) {
+        let c = &mut self.conns[slot as usize];
+        if c.state == State::Closing || c.sid == 0 {
+            return;
+        }
+        let (sid, mask) = (c.sid, c.mask);
+        let peer = c.peer;
+        c.dead = true;
+        c.read_closed = true;
+        log!(
+            Level::Info,
+            "session_end",
+            "session={:#x} peer={} reason=\"{}\"",
+            sid,
+            peer,
+            crate::log::Escaped(why)
+        );
+        self.metrics.session_ended();
+        for to in 0..self.shards {
+            if self.shards <= 64 && mask & (1u64 << to) == 0 {
+                continue;
+            }
+            if to == self.me {
+                let now = self.now;
+                self.table.owner_end(sid, now, &mut self.fx);
+            } else {
+                self.cmds.push(Cmd::Sess {
+                    to,
+                    msg: Box::new(SessMsg::End { sid }),
+                });
+            }
+        }
+        self.conns[slot as usize].out.clear();
+        self.close(slot);
+        self.apply_effects();
+    }
+
+    /// Ends every session whose client was silent past its deadline.
+    pub(super) fn expire_sessions(&mut self) {
+        let now = self.now.mono_us;
+        while let Some(&Reverse((d, token))) = self.session_deadlines.peek() {
+            if d > now {
+                break;
+            }
+            self.session_deadlines.pop();
+            let Some(slot) = self.conn_of(token) else {
+                continue;
+            };
+            let c = &self.conns[slot as usize];
+            if c.state != State::Session {
+                continue;
+            }
+            let due = c.heard_us + c.keepalive_us;
+            if due <= now {
+                self.metrics.session_expired();
+                self.end_session(slot, "keep-alive deadline passed");
+            } else {
+                self.session_deadlines.push(Reverse((due, token)));
+            }
+        }
+    }
+
+    /// Session traffic from another shard (or from this one's own driver).
+    pub fn on_sess(&mut self, msg: Box<SessMsg>) {
+        match *msg {
+            SessMsg::Op {
+                sid,
+                home,
+                rid,
+                peer,
+                op,
+            } => self.run_op(sid, home, rid, peer, op),
+            SessMsg::End { sid } => {
+                let now = self.now;
+                self.table.owner_end(sid, now, &mut self.fx);
+            }
+            SessMsg::Out { sid, home, out } => {
+                if let Some(slot) = self.session_conn(sid, home) {
+                    self.session_out_local(slot, out);
+                }
+            }
+            SessMsg::Kill { sid, home } => {
+                if let Some(slot) = self.session_conn(sid, home) {
+                    self.end_session(slot, "the log failed under one of its answers");
+                }
+            }
+        }
+        self.apply_effects();
+    }
+
+    /// The live session connection `home` of session `sid`, if any.
+    fn session_conn(&self, sid: u64, home: Token) -> Option<u32> {
+        let slot = self.conn_of(home)?;
+        let c = &self.conns[slot as usize];
+        (c.state == State::Session && c.sid == sid && !c.dead).then_some(slot)
+    }
+
+    // ----- owner side -----------------------------------------------------------
+
+    /// Runs a session request on this shard's part of the table.
+    fn run_op(&mut self, sid: u64, home: Token, rid: u32, peer: SocketAddr, op: SessOp) {
+        let now = self.now;
+        let Some(o) = self.table.owner_open(sid, home) else {
+            self.send_out(sid, home, reply(rid, Status::Limit));
+            return;
+        };
+        match op {
+            SessOp::Acquire {
+                hold,
+                ttl_ms,
+                wait_ms,
+                key,
+                source,
+            } => {
+                let mode = if wait_ms == 0 {
+                    LockMode::Try
+                } else {
+                    LockMode::Blocking
+                };
+                let opts = LockOpts {
+                    mode: hold,
+                    ttl_ms,
+                    owner: o,
+                    deadline_us: (wait_ms != 0 && wait_ms != sp::WAIT_FOREVER)
+                        .then(|| now.mono_us + wait_ms as u64 * 1000),
+                };
+                let conn = table_token(o, rid);
+                self.table
+                    .lock_with(conn, &key, &source, peer, mode, opts, now, &mut self.fx);
+                self.apply_effects();
+            }
+            SessOp::Release { token, key } => {
+                let r = self.table.release_token(o, &key, token, now, &mut self.fx);
+                self.apply_effects();
+                self.send_out(sid, home, reply(rid, checked_status(r)));
+            }
+            SessOp::Extend { token, ttl_ms, key } => {
+                match self.table.extend(o, &key, token, ttl_ms, now) {
+                    Ok(x) => {
+                        if let Some(log) = self.log.as_mut() {
+                            let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
+                            self.undo.push_back((lsn, Undo::Extend(x)));
+                        }
+                        self.send_out(
+                            sid,
+                            home,
+                            SessOut::Reply {
+                                rid,
+                                status: Status::Ok,
+                                token,
+                                ttl_left_ms: ttl_ms,
+                            },
+                        );
+                    }
+                    Err(c) => self.send_out(sid, home, reply(rid, checked_status(c))),
+                }
+            }
+            SessOp::Cancel { target, key: _ } => {
+                let cancelled = self.table.cancel(o, table_token(o, target), &mut self.fx);
+                // The Acquire's `cancelled` goes out before the Cancel's `ok`.
+                self.apply_effects();
+                let st = if cancelled {
+                    Status::Ok
+                } else {
+                    Status::NotQueued
+                };
+                self.send_out(sid, home, reply(rid, st));
+            }
+        }
+    }
+
+    /// An answer for session `sid`: written at once if its home is this
+    /// shard, else sent there once this shard's log holds it durably.
+    pub(super) fn send_out(&mut self, sid: u64, home: Token, out: SessOut) {
+        let to = home_of(sid);
+        if to == self.me {
+            if let Some(slot) = self.session_conn(sid, home) {
+                self.session_out_local(slot, out);
+            }
+            return;
+        }
+        let msg = Box::new(SessMsg::Out { sid, home, out });
+        match self.log.as_ref().filter(|l| l.pending()) {
+            Some(l) => {
+                let lsn = l.tail_lsn();
+                let idx = self.park_remote(super::Parked::Sess { to, msg });
+                self.held.push_back((lsn, REMOTE_BIT | idx as u64));
+            }
+            None => self.cmds.push(Cmd::Sess { to, msg }),
+        }
+    }
+
+    /// The session side of a table effect whose connection token has
+    /// [`SESS_BIT`] (the log record, if any, is written by the caller).
+    pub(super) fn session_effect(&mut self, e: &Effect) {
+        let (conn, out) = match *e {
+            Effect::Reply { conn, reply: r } if conn & SESS_BIT != 0 => {
+                (conn, super::session::reply(conn as u32, status_of(r)))
+            }
+            Effect::Granted { conn, grant, .. } if conn & SESS_BIT != 0 => (
+                conn,
+                SessOut::Reply {
+                    rid: conn as u32,
+                    status: Status::Ok,
+                    token: grant.grant_id,
+                    ttl_left_ms: if grant.mode == HoldMode::Lease {
+                        ((grant.expires_mono_us.saturating_sub(self.now.mono_us)) / 1000)
+                            .min(sp::NO_TTL as u64 - 1) as u32
+                    } else {
+                        sp::NO_TTL
+                    },
+                },
+            ),
+            Effect::Released {
+                key,
+                grant_id,
+                holder_conn,
+                cause,
+                ..
+            } if holder_conn & SESS_BIT != 0 => {
+                if !cause.forced() {
+                    return;
+                }
+                let why = if cause == crate::core::ReleaseCause::Expired {
+                    LostWhy::Expired
+                } else {
+                    LostWhy::Reset
+                };
+                (
+                    holder_conn,
+                    SessOut::Lost {
+                        key,
+                        token: grant_id,
+                        why,
+                    },
+                )
+            }
+            _ => return,
+        };
+        let o = ((conn & !SESS_BIT) >> 32) as u32;
+        if let Some((sid, home)) = self.table.owner_info(o) {
+            self.send_out(sid, home, out);
+        }
+    }
+}
+
+fn checked_status(c: Checked) -> Status {
+    match c {
+        Checked::Ok => Status::Ok,
+        Checked::Stale => Status::Stale,
+        Checked::NotOwner => Status::NotOwner,
+        Checked::NotLease => Status::Invalid,
+    }
+}

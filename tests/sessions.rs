@@ -1,0 +1,558 @@
+//! The session protocol (actions 7..=12) against the real server: hold
+//! modes, keep-alive, leases, Lost pushes, owner-checked release and
+//! extend, server-side wait deadlines, Cancel, fencing tokens across
+//! restarts, KEYX. Raw frames over TCP, encoded by
+//! `ringlock::protocol::session`.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::{once, Server, TempDir};
+use ringlock::protocol::session::{
+    self as sp, Answer, HoldMode, LostWhy, Req, Status, WAIT_FOREVER,
+};
+
+struct Sess {
+    s: TcpStream,
+    buf: Vec<u8>,
+    next: u32,
+    welcome: sp::Welcome,
+    /// Answers read while looking for another one.
+    stash: VecDeque<Answer>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Got {
+    status: Status,
+    token: u64,
+    ttl_left_ms: Option<u32>,
+}
+
+impl Sess {
+    fn open(addr: SocketAddr, keepalive_ms: u32) -> Sess {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let mut x = Sess {
+            s,
+            buf: Vec::new(),
+            next: 1,
+            welcome: sp::Welcome {
+                status: Status::Invalid,
+                version: 0,
+                keepalive_ms: 0,
+                min_ttl_ms: 0,
+                max_ttl_ms: 0,
+                session_id: 0,
+            },
+            stash: VecDeque::new(),
+        };
+        let rid = x.send(&Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms,
+        });
+        match x.read(Some(rid)).expect("hello answered") {
+            Answer::Welcome { welcome, .. } => x.welcome = welcome,
+            other => panic!("hello answered {other:?}"),
+        }
+        assert_eq!(x.welcome.status, Status::Ok);
+        x
+    }
+
+    fn send(&mut self, req: &Req<'_>) -> u32 {
+        let rid = self.next;
+        self.next += 1;
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        self.s.write_all(&b).expect("send");
+        rid
+    }
+
+    /// The next message from the server; `None` at EOF.
+    fn read(&mut self, hello: Option<u32>) -> Option<Answer> {
+        loop {
+            if let Some((a, n)) = sp::decode_answer(&self.buf, hello).expect("well-formed answer") {
+                self.buf.drain(..n);
+                return Some(a);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// The reply to `rid`; other messages are stashed in arrival order.
+    fn reply(&mut self, rid: u32) -> Got {
+        if let Some(i) = self
+            .stash
+            .iter()
+            .position(|a| matches!(a, Answer::Reply { rid: r, .. } if *r == rid))
+        {
+            return got(self.stash.remove(i).expect("found"));
+        }
+        loop {
+            let a = self.read(None).expect("connection open");
+            match &a {
+                Answer::Reply { rid: r, .. } if *r == rid => return got(a),
+                _ => self.stash.push_back(a),
+            }
+        }
+    }
+
+    fn acquire(&mut self, key: &str, hold: HoldMode, ttl_ms: u32, wait_ms: u32) -> Got {
+        let rid = self.send(&Req::Acquire {
+            hold,
+            ttl_ms,
+            wait_ms,
+            key: key.as_bytes(),
+            source: b"test",
+        });
+        self.reply(rid)
+    }
+
+    fn release(&mut self, key: &str, token: u64) -> Status {
+        let rid = self.send(&Req::Release {
+            token,
+            key: key.as_bytes(),
+        });
+        self.reply(rid).status
+    }
+
+    fn extend(&mut self, key: &str, token: u64, ttl_ms: u32) -> Got {
+        let rid = self.send(&Req::Extend {
+            token,
+            ttl_ms,
+            key: key.as_bytes(),
+        });
+        self.reply(rid)
+    }
+
+    fn ping(&mut self) -> Status {
+        let rid = self.send(&Req::Ping);
+        self.reply(rid).status
+    }
+
+    /// The next unsolicited message (stashed or new).
+    fn next_push(&mut self) -> Answer {
+        if let Some(a) = self.stash.pop_front() {
+            return a;
+        }
+        self.read(None).expect("connection open")
+    }
+}
+
+fn got(a: Answer) -> Got {
+    match a {
+        Answer::Reply {
+            status,
+            token,
+            ttl_left_ms,
+            ..
+        } => Got {
+            status,
+            token,
+            ttl_left_ms,
+        },
+        other => panic!("not a reply: {other:?}"),
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    Server::start(extra)
+}
+
+fn keyx(admin: SocketAddr) -> Vec<ringlock::protocol::admin::KeyInfo> {
+    let mut s = TcpStream::connect(admin).expect("admin");
+    s.write_all(b"KEYX").expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some((keys, _)) = ringlock::protocol::admin::decode_keyx(&buf).expect("KEYX answer")
+        {
+            return keys;
+        }
+        let n = s.read(&mut chunk).expect("read");
+        assert!(n > 0, "admin closed before the KEYX answer");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[test]
+fn session_lock_tokens_and_owner_checks() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(a.welcome.keepalive_ms, 10_000, "server default");
+    let g = a.acquire("k", HoldMode::Session, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    assert!(g.token > 0);
+    assert_eq!(g.ttl_left_ms, None);
+    // Held by someone else.
+    assert_eq!(b.acquire("k", HoldMode::Session, 0, 0).status, Status::Busy);
+    // A wrong token changes nothing; the right one from another session is
+    // not that session's to release.
+    assert_eq!(b.release("k", g.token + 1), Status::Stale);
+    assert_eq!(b.release("k", g.token), Status::NotOwner);
+    assert_eq!(b.acquire("k", HoldMode::Session, 0, 0).status, Status::Busy);
+    // Extend applies to leases only.
+    assert_eq!(a.extend("k", g.token, 1000).status, Status::Invalid);
+    assert_eq!(a.release("k", g.token), Status::Ok);
+    assert_eq!(a.release("k", g.token), Status::Stale, "released once only");
+    let g2 = b.acquire("k", HoldMode::Session, 0, 0);
+    assert_eq!(g2.status, Status::Ok);
+    assert!(g2.token > g.token, "tokens increase per key");
+    // A Locking-Center client sees the session's hold.
+    assert_eq!(
+        once(srv.lock_addr, &common::frame(5, b"k", Some(b""))),
+        b'#'
+    );
+}
+
+#[test]
+fn closing_the_session_grants_the_next_waiter_at_once() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let ga = a.acquire("k", HoldMode::Session, 0, WAIT_FOREVER);
+    assert_eq!(ga.status, Status::Ok);
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"k",
+        source: b"",
+    });
+    // b is queued (answered only later); a ping on the same connection is
+    // not stuck behind it.
+    assert_eq!(b.ping(), Status::Ok);
+    drop(a);
+    let gb = b.reply(rid);
+    assert_eq!(gb.status, Status::Ok);
+    assert!(gb.token > ga.token);
+}
+
+#[test]
+fn a_persistent_hold_outlives_its_session() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("p", HoldMode::Persistent, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    drop(a);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    // Still held after the session closed ...
+    for _ in 0..3 {
+        assert_eq!(b.acquire("p", HoldMode::Session, 0, 0).status, Status::Busy);
+    }
+    // ... and its token is the capability to release it.
+    assert_eq!(b.release("p", g.token), Status::Ok);
+    assert_eq!(b.acquire("p", HoldMode::Session, 0, 0).status, Status::Ok);
+}
+
+#[test]
+fn missed_keepalives_end_the_session_and_free_its_keys() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 300);
+    assert_eq!(a.welcome.keepalive_ms, 300);
+    let ga = a.acquire("k", HoldMode::Session, 0, 0);
+    assert_eq!(ga.status, Status::Ok);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    // a says nothing more: its deadline passes, the server closes it and
+    // b (waiting without deadline) is granted.
+    let gb = b.acquire("k", HoldMode::Session, 0, WAIT_FOREVER);
+    assert_eq!(gb.status, Status::Ok);
+    assert!(gb.token > ga.token);
+    assert!(
+        a.read(None).is_none(),
+        "the server closed the silent session"
+    );
+}
+
+#[test]
+fn keepalive_requests_are_clamped_to_the_servers_bounds() {
+    let srv = start(&["--min-keepalive-ms", "500", "--max-keepalive-ms", "2000"]);
+    assert_eq!(Sess::open(srv.lock_addr, 1).welcome.keepalive_ms, 500);
+    assert_eq!(Sess::open(srv.lock_addr, 99_999).welcome.keepalive_ms, 2000);
+}
+
+#[test]
+fn lease_expiry_pushes_lost_before_the_next_grant() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("lease", HoldMode::Lease, 200, 0);
+    assert_eq!(g.status, Status::Ok);
+    let left = g.ttl_left_ms.expect("a lease has a TTL");
+    assert!(left <= 200);
+    // The same session queues for the key again: on one connection the
+    // order of the Lost push and the next grant is observable.
+    let rid = a.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"lease",
+        source: b"",
+    });
+    match a.next_push() {
+        Answer::Lost { key, token, why } => {
+            assert_eq!(key, b"lease");
+            assert_eq!(token, g.token);
+            assert_eq!(why, LostWhy::Expired);
+        }
+        other => panic!("expected Lost first, got {other:?}"),
+    }
+    let g2 = a.reply(rid);
+    assert_eq!(g2.status, Status::Ok);
+    assert!(g2.token > g.token);
+    // The expired token is stale now.
+    assert_eq!(a.extend("lease", g.token, 1000).status, Status::Stale);
+    assert_eq!(a.release("lease", g.token), Status::Stale);
+}
+
+#[test]
+fn extend_keeps_a_lease_alive_and_a_stale_token_cannot() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("x", HoldMode::Lease, 300, 0);
+    assert_eq!(g.status, Status::Ok);
+    // Out-of-bounds TTLs are invalid and change nothing.
+    assert_eq!(a.extend("x", g.token, 1).status, Status::Invalid);
+    assert_eq!(a.extend("x", g.token, u32::MAX - 1).status, Status::Invalid);
+    assert_eq!(b.extend("x", g.token + 1, 60_000).status, Status::Stale);
+    // Extended far beyond its first TTL, by whoever names the token.
+    let e = b.extend("x", g.token, 60_000);
+    assert_eq!(e.status, Status::Ok);
+    assert_eq!(e.ttl_left_ms, Some(60_000));
+    let keys = keyx(srv.admin_addr);
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].token, g.token);
+    assert_eq!(keys[0].mode, HoldMode::Lease);
+    assert!(keys[0].lease_left_ms.expect("lease") > 300);
+    // b waits 500 ms (past the first TTL): the lease holds, b times out.
+    let t = b.acquire("x", HoldMode::Session, 0, 500);
+    assert_eq!(t.status, Status::TimedOut);
+    assert_eq!(a.release("x", g.token), Status::Ok);
+}
+
+#[test]
+fn server_side_wait_deadline_and_exact_cancel() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("k", HoldMode::Session, 0, 0);
+    assert_eq!(
+        b.acquire("k", HoldMode::Session, 0, 50).status,
+        Status::TimedOut
+    );
+    // A queued Acquire cancelled: it is answered `cancelled`, the Cancel ok.
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"k",
+        source: b"",
+    });
+    let c = b.send(&Req::Cancel {
+        target: rid,
+        key: b"k",
+    });
+    assert_eq!(b.reply(rid).status, Status::Cancelled);
+    assert_eq!(b.reply(c).status, Status::Ok);
+    // Nothing left queued: a's release grants nobody, the key is free.
+    assert_eq!(a.release("k", g.token), Status::Ok);
+    let mut c2 = Sess::open(srv.lock_addr, 0);
+    assert_eq!(c2.acquire("k", HoldMode::Session, 0, 0).status, Status::Ok);
+    // A Cancel of something already answered: not queued.
+    let c = b.send(&Req::Cancel {
+        target: rid,
+        key: b"k",
+    });
+    assert_eq!(b.reply(c).status, Status::NotQueued);
+}
+
+#[test]
+fn a_reset_pushes_lost_to_the_holder() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("r", HoldMode::Session, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    // A Locking-Center ResetByKey (one-shot connection).
+    assert_eq!(once(srv.lock_addr, &common::frame(3, b"r", None)), b'+');
+    match a.next_push() {
+        Answer::Lost { token, why, .. } => {
+            assert_eq!(token, g.token);
+            assert_eq!(why, LostWhy::Reset);
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert_eq!(a.release("r", g.token), Status::Stale);
+}
+
+#[test]
+fn bad_input_is_invalid_or_closes_and_changes_nothing() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    // A TTL on a session hold, a key of 0 bytes: invalid, the session lives.
+    assert_eq!(
+        a.acquire("k", HoldMode::Session, 5, 0).status,
+        Status::Invalid
+    );
+    a.s.write_all(&[8, 42, 0, 0, 0, 11, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        .expect("send");
+    assert_eq!(a.reply(42).status, Status::Invalid);
+    assert_eq!(a.ping(), Status::Ok);
+    // A second Hello is invalid too.
+    let rid = a.send(&Req::Hello {
+        version: 1,
+        keepalive_ms: 0,
+    });
+    assert_eq!(a.reply(rid).status, Status::Invalid);
+    // Locking-Center frames are not accepted on a session: the framing is
+    // lost, the server closes.
+    a.s.write_all(&common::frame(5, b"k", Some(b"")))
+        .expect("send");
+    assert!(a.read(None).is_none());
+    // Nothing was taken.
+    assert_eq!(
+        once(srv.lock_addr, &common::frame(5, b"k", Some(b""))),
+        b'+'
+    );
+    // A Hello after Persist is not a first frame: `-` and close.
+    let mut c = common::Conn::persistent(srv.lock_addr);
+    let mut b = Vec::new();
+    sp::encode(
+        1,
+        &Req::Hello {
+            version: 1,
+            keepalive_ms: 0,
+        },
+        &mut b,
+    );
+    c.send(&b);
+    assert_eq!(c.read_byte_or_eof(), Some(b'-'));
+}
+
+#[test]
+fn tokens_increase_across_restarts_in_memory_mode() {
+    let mut srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let t1 = a.acquire("m", HoldMode::Persistent, 0, 0).token;
+    drop(a);
+    srv.kill9();
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let t2 = a.acquire("m", HoldMode::Persistent, 0, 0).token;
+    assert!(t2 > t1, "{t2} after restart, {t1} before");
+}
+
+#[test]
+fn durable_leases_survive_kill9_and_session_holds_do_not() {
+    let dir = TempDir::new("sess-durable");
+    let path = dir.path("wal");
+    let p = path.to_str().expect("utf-8 path");
+    let mut srv = start(&["--data-path", p]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let lease = a.acquire("lease", HoldMode::Lease, 60_000, 0);
+    let sess = a.acquire("sess", HoldMode::Session, 0, 0);
+    let pers = a.acquire("pers", HoldMode::Persistent, 0, 0);
+    for g in [lease, sess, pers] {
+        assert_eq!(g.status, Status::Ok);
+    }
+    let e = a.extend("lease", lease.token, 120_000);
+    assert_eq!(e.status, Status::Ok);
+    srv.kill9();
+    let srv = start(&["--data-path", p]);
+    let keys = keyx(srv.admin_addr);
+    let names: Vec<_> = keys.iter().map(|k| k.key_lossy()).collect();
+    assert_eq!(
+        names,
+        ["lease", "pers"],
+        "the session hold died with its session"
+    );
+    let l = &keys[0];
+    assert_eq!(l.token, lease.token);
+    assert_eq!(l.mode, HoldMode::Lease);
+    // The extend was durable before its answer: more than the first TTL.
+    assert!(
+        l.lease_left_ms.expect("lease") > 60_000,
+        "{:?}",
+        l.lease_left_ms
+    );
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(
+        b.acquire("lease", HoldMode::Session, 0, 0).status,
+        Status::Busy
+    );
+    let g = b.acquire("sess", HoldMode::Session, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    assert!(
+        g.token > pers.token,
+        "tokens keep increasing after a restart"
+    );
+    // The restored lease is extended and released by its token.
+    assert_eq!(b.extend("lease", lease.token, 1000).status, Status::Ok);
+    assert_eq!(b.release("lease", lease.token), Status::Ok);
+}
+
+#[test]
+fn one_session_across_every_shard() {
+    // Keys spread over 4 shards; the sessions live on whichever shard
+    // accepted them, so most requests cross the shard mesh both ways.
+    let srv = start(&["--threads", "4"]);
+    let keys: Vec<String> = (0..32).map(|i| format!("key-{i}")).collect();
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let mut tokens = Vec::new();
+    for k in &keys {
+        let g = a.acquire(k, HoldMode::Session, 0, 0);
+        assert_eq!(g.status, Status::Ok, "{k}");
+        tokens.push(g.token);
+    }
+    let rids: Vec<u32> = keys
+        .iter()
+        .map(|k| {
+            b.send(&Req::Acquire {
+                hold: HoldMode::Lease,
+                ttl_ms: 300,
+                wait_ms: WAIT_FOREVER,
+                key: k.as_bytes(),
+                source: b"",
+            })
+        })
+        .collect();
+    assert_eq!(b.ping(), Status::Ok);
+    // The end of a's session reaches every shard: b gets every key.
+    drop(a);
+    let mut leases = Vec::new();
+    for (i, rid) in rids.iter().enumerate() {
+        let g = b.reply(*rid);
+        assert_eq!(g.status, Status::Ok);
+        assert!(g.token > tokens[i]);
+        leases.push(g.token);
+    }
+    // Every lease expires on its own shard and pushes Lost to b's home.
+    let mut lost = std::collections::HashSet::new();
+    while lost.len() < keys.len() {
+        match b.next_push() {
+            Answer::Lost { key, token, why } => {
+                assert_eq!(why, LostWhy::Expired);
+                let i = keys
+                    .iter()
+                    .position(|k| k.as_bytes() == key)
+                    .expect("known key");
+                assert_eq!(token, leases[i]);
+                assert!(lost.insert(i), "one Lost per lease");
+            }
+            other => panic!("expected Lost, got {other:?}"),
+        }
+    }
+    assert!(keyx(srv.admin_addr).is_empty());
+}
