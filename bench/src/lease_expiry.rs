@@ -94,7 +94,7 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if a.held.iter().any(|&h| h == 0) {
+    if a.held.contains(&0) {
         return Err("--held counts must be at least 1".into());
     }
     Ok(a)
