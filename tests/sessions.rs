@@ -556,3 +556,18 @@ fn one_session_across_every_shard() {
     }
     assert!(keyx(srv.admin_addr).is_empty());
 }
+
+#[test]
+fn a_session_frame_that_never_completes_ends_the_session() {
+    let srv = start(&["--frame-timeout-ms", "200"]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    assert_eq!(a.acquire("k", HoldMode::Session, 0, 0).status, Status::Ok);
+    // Three bytes of a frame header, then nothing.
+    a.s.write_all(&[12, 1, 0]).expect("send");
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(
+        b.acquire("k", HoldMode::Session, 0, WAIT_FOREVER).status,
+        Status::Ok
+    );
+    assert!(a.read(None).is_none(), "the server closed the session");
+}

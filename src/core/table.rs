@@ -1620,4 +1620,168 @@ mod tests {
             }
         }
     }
+
+    #[derive(Debug, Clone)]
+    enum SOp {
+        /// session, key, mode 0..3, ttl ms, wait: 0 try, 1 forever, 2.. ms
+        Acquire(u8, u8, u8, u8, u8),
+        Release(u8, u8, bool),
+        Extend(u8, u8, u8),
+        Cancel(u8, usize),
+        End(u8),
+        Advance(u8),
+        LcUnlock(u8),
+    }
+
+    fn sop() -> impl Strategy<Value = SOp> {
+        prop_oneof![
+            5 => (0u8..3, 0u8..3, 0u8..3, 1u8..30, 0u8..6).prop_map(|(s, k, m, t, w)| SOp::Acquire(s, k, m, t, w)),
+            2 => (0u8..3, 0u8..3, any::<bool>()).prop_map(|(s, k, c)| SOp::Release(s, k, c)),
+            2 => (0u8..3, 0u8..3, 1u8..30).prop_map(|(s, k, t)| SOp::Extend(s, k, t)),
+            1 => (0u8..3, any::<usize>()).prop_map(|(s, i)| SOp::Cancel(s, i)),
+            1 => (0u8..3).prop_map(SOp::End),
+            3 => (0u8..20).prop_map(SOp::Advance),
+            1 => (0u8..3).prop_map(SOp::LcUnlock),
+        ]
+    }
+
+    proptest! {
+        /// Sessions, leases and deadlines under random operations: FIFO
+        /// among each key's live waiters (a cancelled, timed-out or ended
+        /// waiter is never granted), tokens strictly increase per key, a
+        /// lease never outlives its deadline once `expire` ran and is never
+        /// expired before it, an ended session keeps no session hold and no
+        /// waiter, and a stale token changes nothing.
+        #[test]
+        fn sessions_and_leases_keep_their_promises(ops in proptest::collection::vec(sop(), 1..250)) {
+            const BIT: u64 = 1 << 63;
+            let mut tb = t();
+            let mut fx = Vec::new();
+            let mut now_us = 0u64;
+            // Session ids: bumped when a session ends (a new one replaces it).
+            let mut sid = [1u64, 2, 3];
+            let mut next_sid = 4;
+            let mut rid = 0u32;
+            // Our view: queue per key of conn tokens, holder per key
+            // (conn, token, mode, lease deadline).
+            let mut queues: HashMap<u8, VecDeque<Token>> = HashMap::new();
+            let mut holder: HashMap<u8, (Token, u64, HoldMode, u64)> = HashMap::new();
+            let mut last_token: HashMap<u8, u64> = HashMap::new();
+            let mut conn_key: HashMap<Token, u8> = HashMap::new();
+            let kn = |k: u8| n(&format!("k{k}"));
+            for o in ops {
+                fx.clear();
+                let now = at(now_us);
+                match o {
+                    SOp::Acquire(s, k, m, ttl, w) => {
+                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
+                        rid += 1;
+                        let conn = BIT | (owner as u64) << 32 | rid as u64;
+                        conn_key.insert(conn, k);
+                        let mode = [HoldMode::Persistent, HoldMode::Session, HoldMode::Lease][m as usize];
+                        let (lm, deadline) = match w {
+                            0 => (LockMode::Try, None),
+                            1 => (LockMode::Blocking, None),
+                            w => (LockMode::Blocking, Some(now_us + w as u64 * 1000)),
+                        };
+                        let opts = LockOpts { mode, ttl_ms: ttl as u32, owner, deadline_us: deadline };
+                        if tb.lock_with(conn, &kn(k), &n("src"), ep(1), lm, opts, now, &mut fx).is_some() {
+                            queues.entry(k).or_default().push_back(conn);
+                        }
+                    }
+                    SOp::Release(s, k, current) => {
+                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
+                        let token = match holder.get(&k) { Some(h) if current => h.1, Some(h) => h.1 + 1, None => 7 };
+                        let before = holder.get(&k).copied();
+                        let r = tb.release_token(owner, &kn(k), token, now, &mut fx);
+                        let may = before.is_some_and(|h| h.1 == token && (h.2 != HoldMode::Session || (h.0 >> 32) & 0x7FFF_FFFF == owner as u64));
+                        prop_assert_eq!(r == Checked::Ok, may, "release {:?} of {:?}", r, before);
+                        if r != Checked::Ok { prop_assert!(fx.is_empty(), "a refused release changed something"); }
+                    }
+                    SOp::Extend(s, k, ttl) => {
+                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
+                        if let Some(h) = holder.get(&k).copied() {
+                            if let Ok(x) = tb.extend(owner, &kn(k), h.1, ttl as u32, now) {
+                                prop_assert_eq!(h.2, HoldMode::Lease);
+                                holder.insert(k, (h.0, h.1, h.2, x.expires_mono_us));
+                            }
+                        }
+                        prop_assert!(tb.extend(owner, &kn(k), 12345, 5, now).is_err());
+                    }
+                    SOp::Cancel(s, i) => {
+                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
+                        let mine: Vec<Token> = queues.values().flatten().copied()
+                            .filter(|c| (c >> 32) & 0x7FFF_FFFF == owner as u64).collect();
+                        if !mine.is_empty() {
+                            let c = mine[i % mine.len()];
+                            prop_assert!(tb.cancel(owner, c, &mut fx));
+                        }
+                    }
+                    SOp::End(s) => {
+                        let old = sid[s as usize];
+                        let owner = tb.owner_open(old, s as u64).expect("room");
+                        tb.owner_end(old, now, &mut fx);
+                        for q in queues.values_mut() { q.retain(|c| (c >> 32) & 0x7FFF_FFFF != owner as u64); }
+                        // Leases and persistent holds outlive it, owned by nobody.
+                        for h in holder.values_mut() {
+                            if (h.0 >> 32) & 0x7FFF_FFFF == owner as u64 && h.2 != HoldMode::Session { h.0 = NO_CONN; }
+                        }
+                        sid[s as usize] = next_sid;
+                        next_sid += 1;
+                    }
+                    SOp::Advance(ms) => {
+                        now_us += ms as u64 * 1000;
+                        tb.expire(at(now_us), &mut fx);
+                    }
+                    SOp::LcUnlock(k) => tb.unlock(999, &kn(k), now, &mut fx),
+                }
+                let now_us_ = now_us;
+                for e in &fx {
+                    match *e {
+                        Effect::Granted { conn, grant, waited_us } => {
+                            let k = conn_key[&conn];
+                            prop_assert!(!holder.contains_key(&k), "two holders of k{}", k);
+                            if waited_us.is_some() {
+                                let q = queues.get_mut(&k).expect("queued");
+                                prop_assert_eq!(q.pop_front(), Some(conn), "FIFO on k{}", k);
+                            }
+                            let last = last_token.insert(k, grant.grant_id).unwrap_or(0);
+                            prop_assert!(grant.grant_id > last, "token {} after {}", grant.grant_id, last);
+                            holder.insert(k, (conn, grant.grant_id, grant.mode, grant.expires_mono_us));
+                        }
+                        Effect::Released { key, grant_id, cause, .. } => {
+                            let k = (0..3u8).find(|k| kn(*k) == key).expect("known key");
+                            let h = holder.remove(&k).expect("released a held key");
+                            prop_assert_eq!(h.1, grant_id);
+                            if cause == ReleaseCause::Expired {
+                                prop_assert!(h.3 <= now_us_, "expired early");
+                            }
+                        }
+                        Effect::Reply { conn, reply } => {
+                            if let Some(&k) = conn_key.get(&conn) {
+                                if matches!(reply, Reply::TimedOut | Reply::Cancelled) {
+                                    let q = queues.get_mut(&k).expect("queued");
+                                    let before = q.len();
+                                    q.retain(|c| *c != conn);
+                                    prop_assert_eq!(q.len() + 1, before, "answered a waiter not queued");
+                                }
+                            }
+                        }
+                        Effect::LimitReached { .. } => {}
+                    }
+                }
+                tb.check_invariants();
+                // After expire ran, no lease outlives its deadline.
+                if matches!(o, SOp::Advance(_)) {
+                    for (k, h) in &holder {
+                        if h.2 == HoldMode::Lease {
+                            prop_assert!(h.3 > now_us, "lease on k{} past its deadline", k);
+                        }
+                    }
+                }
+                prop_assert_eq!(tb.held_keys(), holder.len());
+                prop_assert_eq!(tb.queued_waiters(), queues.values().map(|q| q.len()).sum::<usize>());
+            }
+        }
+    }
 }

@@ -1176,6 +1176,12 @@ impl Shard {
 
     /// Bad input: answer `-`, then close. Nothing reached the lock table.
     fn reject(&mut self, slot: u32, why: &str) {
+        if self.conns[slot as usize].state == State::Session {
+            // A session cannot answer out of band: it ends.
+            let why = format!("bad input: {why}");
+            self.end_session(slot, &why);
+            return;
+        }
         let c = &mut self.conns[slot as usize];
         log!(
             Level::Debug,
