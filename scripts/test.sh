@@ -34,7 +34,8 @@ for n in 2 4; do
   echo "== integration suites with $n shards (RINGLOCK_TEST_THREADS=$n)"
   RINGLOCK_TEST_THREADS=$n cargo test --locked --features faults \
     --test pipelining --test client --test cli --test stress \
-    --test wal_crash --test wal_compaction --test sessions
+    --test wal_crash --test wal_compaction \
+    --test fence_example --test loadgen_session --test sessions
 done
 
 # The MySQL backend is behind the cargo feature `mysql` (off by default, so
