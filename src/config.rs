@@ -6,7 +6,9 @@
 //! | admin port address | `--admin-bind` | loopback, lock port + 1 |
 //! | metrics address | `--metrics-bind` | off |
 //! | write-ahead log | `--data-path` / `DATA_PATH` | off (in memory) |
-//! | max connections | `--max-connections` | 10 000 |
+//! | max connections (lock port) | `--max-connections` | 10 000 |
+//! | admin port connections, apart from those | `--admin-connections` | 16 |
+//! | idle connection timeout | `--idle-timeout-ms` | 60 000 (0 = never) |
 //! | max keys | `--max-keys` | 100 000 |
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
@@ -16,6 +18,8 @@
 //! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
 //! | session keep-alive deadline (default, bounds) | `--keepalive-ms`, `--min-keepalive-ms`, `--max-keepalive-ms` | 10 000 (300 .. 600 000) |
 //! | lease TTL bounds | `--min-ttl-ms`, `--max-ttl-ms` | 10 .. 86 400 000 (a day) |
+//! | shared secret for session Hellos and a non-loopback admin port | `--auth-token-file` | none |
+//! | who may Unlock / ResetByKey / ResetBySource on the lock port | `--lc-admin-actions` | `any` |
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -43,6 +47,12 @@ pub struct Config {
     pub metrics_bind: Option<SocketAddr>,
     pub data_path: Option<PathBuf>,
     pub max_connections: usize,
+    /// Admin-port connections, counted apart from `max_connections`.
+    pub admin_connections: usize,
+    /// A connection with no request in flight and no bytes pending is
+    /// closed after this long without traffic (0: never). Session
+    /// connections follow their keep-alive deadline instead.
+    pub idle_timeout_ms: u64,
     pub max_keys: usize,
     pub max_waiters: usize,
     pub frame_timeout_ms: u64,
@@ -69,6 +79,72 @@ pub struct Config {
     /// Bounds of a lease's TTL.
     pub min_ttl_ms: u32,
     pub max_ttl_ms: u32,
+    /// The shared secret (`--auth-token-file`): session Hellos must carry
+    /// it, and so must an admin connection when the admin port is not on
+    /// loopback.
+    pub auth_token: Option<Vec<u8>>,
+    /// Who may use the lock port's destructive Locking-Center actions.
+    pub lc_admin_actions: LcAdminActions,
+}
+
+/// `--lc-admin-actions`: Unlock, ResetByKey and ResetBySource on the lock
+/// port have no owner check (Locking-Center semantics); this restricts who
+/// may send them. Session releases are owner-checked and always allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LcAdminActions {
+    /// Every client (Locking-Center behaviour).
+    Any,
+    /// Only clients connecting from a loopback address.
+    Loopback,
+    /// Nobody: Locking-Center clients may Lock and TryLock only.
+    Off,
+}
+
+impl LcAdminActions {
+    pub fn parse(s: &str) -> Option<LcAdminActions> {
+        match s {
+            "any" => Some(LcAdminActions::Any),
+            "loopback" => Some(LcAdminActions::Loopback),
+            "off" => Some(LcAdminActions::Off),
+            _ => None,
+        }
+    }
+
+    /// May a client at `peer` send Unlock / ResetByKey / ResetBySource?
+    pub fn allows(self, peer: &std::net::SocketAddr) -> bool {
+        match self {
+            LcAdminActions::Any => true,
+            LcAdminActions::Loopback => peer.ip().is_loopback(),
+            LcAdminActions::Off => false,
+        }
+    }
+}
+
+/// Constant-time comparison of a presented secret with the configured one.
+pub fn token_matches(want: &[u8], got: &[u8]) -> bool {
+    let mut diff = (want.len() != got.len()) as u8;
+    for (i, w) in want.iter().enumerate() {
+        diff |= w ^ got.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// Reads the shared secret from `path`: the file's bytes without trailing
+/// whitespace, 1 to 255 bytes.
+pub fn read_auth_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut b =
+        std::fs::read(path).map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
+    while b.last().is_some_and(|c| c.is_ascii_whitespace()) {
+        b.pop();
+    }
+    if b.is_empty() || b.len() > 255 {
+        return Err(format!(
+            "--auth-token-file {}: the token must be 1 to 255 bytes, not {}",
+            path.display(),
+            b.len()
+        ));
+    }
+    Ok(b)
 }
 
 impl Config {
@@ -81,6 +157,8 @@ impl Config {
             metrics_bind: None,
             data_path: None,
             max_connections: 10_000,
+            admin_connections: 16,
+            idle_timeout_ms: 60_000,
             max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,
@@ -95,6 +173,8 @@ impl Config {
             max_keepalive_ms: 600_000,
             min_ttl_ms: 10,
             max_ttl_ms: 86_400_000,
+            auth_token: None,
+            lc_admin_actions: LcAdminActions::Any,
         }
     }
 }
@@ -159,5 +239,26 @@ mod tests {
             "127.0.0.1:22120".parse().unwrap()
         );
         assert_eq!(default_admin("127.0.0.1:0".parse().unwrap()).port(), 0);
+    }
+
+    #[test]
+    fn lc_admin_policy_and_token_comparison() {
+        let lo: SocketAddr = "127.0.0.1:5".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:5".parse().unwrap();
+        let far: SocketAddr = "10.1.2.3:5".parse().unwrap();
+        assert!(LcAdminActions::Any.allows(&far));
+        assert!(LcAdminActions::Loopback.allows(&lo) && LcAdminActions::Loopback.allows(&lo6));
+        assert!(!LcAdminActions::Loopback.allows(&far));
+        assert!(!LcAdminActions::Off.allows(&lo));
+        assert_eq!(
+            LcAdminActions::parse("loopback"),
+            Some(LcAdminActions::Loopback)
+        );
+        assert_eq!(LcAdminActions::parse("all"), None);
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abc", b"abd"));
+        assert!(!token_matches(b"abc", b"ab"));
+        assert!(!token_matches(b"abc", b"abcd"));
+        assert!(!token_matches(b"abc", b""));
     }
 }

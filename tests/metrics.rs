@@ -112,6 +112,15 @@ ringlock_sessions_expired_total 0
 # HELP ringlock_lost_pushed_total Lost messages pushed to sessions (a lease expired, or an operator reset a hold).
 # TYPE ringlock_lost_pushed_total counter
 ringlock_lost_pushed_total 0
+# HELP ringlock_idle_timeouts_total Connections closed after --idle-timeout-ms without traffic and without a request in flight.
+# TYPE ringlock_idle_timeouts_total counter
+ringlock_idle_timeouts_total 0
+# HELP ringlock_auth_failures_total Session hellos and admin connections refused for a missing or wrong auth token.
+# TYPE ringlock_auth_failures_total counter
+ringlock_auth_failures_total 0
+# HELP ringlock_lc_actions_refused_total Lock-port Unlock, ResetByKey and ResetBySource refused by --lc-admin-actions.
+# TYPE ringlock_lc_actions_refused_total counter
+ringlock_lc_actions_refused_total 0
 # HELP ringlock_resets_total Operator resets, one per key (ResetByKey, RSET) or source (ResetBySource, RSBS) named.
 # TYPE ringlock_resets_total counter
 ringlock_resets_total{by="key"} 1

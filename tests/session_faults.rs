@@ -63,6 +63,7 @@ fn a_failed_fdatasync_ends_the_session_it_would_have_answered() {
         &Req::Hello {
             version: sp::VERSION,
             keepalive_ms: 0,
+            auth: b"",
         },
     );
     send(&mut s, 2, &acquire(b"lease", HoldMode::Lease, 60_000));
@@ -109,6 +110,7 @@ fn a_failed_fdatasync_ends_the_session_it_would_have_answered() {
         &Req::Hello {
             version: sp::VERSION,
             keepalive_ms: 0,
+            auth: b"",
         },
     );
     send(&mut t, 2, &acquire(b"sess", HoldMode::Session, 0));

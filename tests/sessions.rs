@@ -55,6 +55,7 @@ impl Sess {
         let rid = x.send(&Req::Hello {
             version: sp::VERSION,
             keepalive_ms,
+            auth: b"",
         });
         match x.read(Some(rid)).expect("hello answered") {
             Answer::Welcome { welcome, .. } => x.welcome = welcome,
@@ -413,6 +414,7 @@ fn bad_input_is_invalid_or_closes_and_changes_nothing() {
     let rid = a.send(&Req::Hello {
         version: 1,
         keepalive_ms: 0,
+        auth: b"",
     });
     assert_eq!(a.reply(rid).status, Status::Invalid);
     // Locking-Center frames are not accepted on a session: the framing is
@@ -433,6 +435,7 @@ fn bad_input_is_invalid_or_closes_and_changes_nothing() {
         &Req::Hello {
             version: 1,
             keepalive_ms: 0,
+            auth: b"",
         },
         &mut b,
     );

@@ -30,9 +30,23 @@ OPTIONS:
                              refusal message names; keep a copy of the log first)
     --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
                              twice what the held keys need (default 1048576)
-    --max-connections N      open connections beyond N are answered '-' and closed (default 10000)
+    --max-connections N      open lock-port connections beyond N are answered '-' and closed
+                             (default 10000)
+    --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
+                             connections cannot lock the operator out (default 16)
+    --idle-timeout-ms MS     close a connection with no request in flight and no traffic for MS;
+                             queued waiters are not idle, sessions follow their keep-alive
+                             (default 60000; 0 = never)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
+    --auth-token-file FILE   a shared secret (the file's bytes, trailing whitespace removed, 1 to
+                             255 bytes): session clients must present it in their Hello, and
+                             admin connections must send AUTH first when --admin-bind is not
+                             loopback
+    --lc-admin-actions any|loopback|off
+                             who may send the Locking-Center Unlock, ResetByKey and
+                             ResetBySource on the lock port (no owner check): every client,
+                             clients on loopback, or nobody (default any)
     --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
     --keepalive-ms MS        a session ends when nothing arrives from its client for MS, unless its
                              Hello asks for another deadline (default 10000)
@@ -63,6 +77,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         None => Config::default().bind,
     };
     let mut admin = None;
+    let mut auth_token: Option<Vec<u8>> = None;
+    let mut lc_admin: Option<config::LcAdminActions> = None;
     let mut cfg_metrics = None;
     let mut data_path = std::env::var_os("DATA_PATH")
         .filter(|s| !s.is_empty())
@@ -100,6 +116,16 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 )
             }
             "--data-path" => data_path = Some(val("--data-path")?.into()),
+            "--auth-token-file" => {
+                let p: std::path::PathBuf = val("--auth-token-file")?.into();
+                auth_token = Some(config::read_auth_token(&p)?);
+            }
+            "--lc-admin-actions" => {
+                let v = val("--lc-admin-actions")?;
+                lc_admin = Some(config::LcAdminActions::parse(&v).ok_or_else(|| {
+                    format!("--lc-admin-actions: expected any, loopback or off, got {v:?}")
+                })?);
+            }
             "--wal-truncate-at" => {
                 let v = val("--wal-truncate-at")?;
                 truncate_at = Some(
@@ -113,6 +139,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
             }
             "--max-connections"
+            | "--admin-connections"
+            | "--idle-timeout-ms"
             | "--max-keys"
             | "--max-waiters"
             | "--frame-timeout-ms"
@@ -125,6 +153,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             | "--compact-floor-bytes" => {
                 let name: &'static str = match flag.as_str() {
                     "--max-connections" => "max-connections",
+                    "--admin-connections" => "admin-connections",
+                    "--idle-timeout-ms" => "idle-timeout-ms",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
@@ -140,10 +170,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 let n: u64 = v
                     .parse()
                     .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
-                let min = if name == "liveness-timeout-ms" {
-                    config::LIVENESS_TIMEOUT_MS_MIN
-                } else {
-                    1
+                let min = match name {
+                    "liveness-timeout-ms" => config::LIVENESS_TIMEOUT_MS_MIN,
+                    "idle-timeout-ms" => 0,
+                    _ => 1,
                 };
                 if n < min {
                     return Err(format!("--{name}: must be at least {min}"));
@@ -173,6 +203,10 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         }
     }
     let mut cfg = Config::new(bind);
+    cfg.auth_token = auth_token;
+    if let Some(p) = lc_admin {
+        cfg.lc_admin_actions = p;
+    }
     cfg.threads = threads.unwrap_or_else(|| ringlock::driver::allowed_cpus().len());
     if let Some(ms) = bind_retry_ms {
         cfg.bind_retry_ms = ms;
@@ -192,6 +226,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     for &(name, n) in &limits {
         match name {
             "max-connections" => cfg.max_connections = n as usize,
+            "admin-connections" => cfg.admin_connections = n as usize,
+            "idle-timeout-ms" => cfg.idle_timeout_ms = n,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,
@@ -239,6 +275,38 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     Ok(Some((cfg, level)))
 }
 
+/// A lock port other hosts can reach lets any of them unlock or reset any
+/// key unless a token and a policy say otherwise: say so at start-up.
+fn warn_if_exposed(cfg: &Config) {
+    use config::LcAdminActions;
+    if !cfg.bind.ip().is_loopback()
+        && (cfg.auth_token.is_none() || cfg.lc_admin_actions == LcAdminActions::Any)
+    {
+        ringlock::log!(
+            Level::Warn,
+            "insecure_bind",
+            "port=lock addr={} auth_token={} lc_admin_actions={:?} reason=\"reachable from other hosts: {}\"",
+            cfg.bind,
+            cfg.auth_token.is_some(),
+            cfg.lc_admin_actions,
+            if cfg.lc_admin_actions == LcAdminActions::Any {
+                "any client can Unlock or reset any key (see --lc-admin-actions)"
+            } else {
+                "session clients are not authenticated (see --auth-token-file)"
+            }
+        );
+    }
+    if !cfg.admin_bind.ip().is_loopback() && cfg.auth_token.is_none() {
+        ringlock::log!(
+            Level::Warn,
+            "insecure_bind",
+            "port=admin addr={} auth_token=false lc_admin_actions={:?} reason=\"reachable from other hosts without --auth-token-file: anyone can list and reset every key\"",
+            cfg.admin_bind,
+            cfg.lc_admin_actions
+        );
+    }
+}
+
 fn parse_threads(v: &str, what: &str) -> Result<usize, String> {
     match v.parse::<usize>() {
         Ok(n) if (1..=1024).contains(&n) => Ok(n),
@@ -258,6 +326,7 @@ fn main() -> ExitCode {
         }
     };
     log::set_level(level);
+    warn_if_exposed(&cfg);
     let m = Arc::new(Metrics::new_loops(cfg.threads));
     let server = match Server::bind(cfg.clone(), m.clone()) {
         Ok(s) => s,

@@ -836,6 +836,16 @@ impl Table {
         self.release_key(conn, key, ReleaseCause::ResetByKey, now, fx);
     }
 
+    /// Compare-and-reset: releases `key` only if its holder's grant is
+    /// `token` (the holder an operator saw). True if it did.
+    pub fn reset_if(&mut self, key: &Name, token: u64, now: Now, fx: &mut Effects) -> bool {
+        if self.grant_of(key) != Some(token) {
+            return false;
+        }
+        self.release_key(None, key, ReleaseCause::ResetByKey, now, fx);
+        true
+    }
+
     /// ResetBySource: answers `-` to every queued Lock of `source`, then
     /// releases every key it holds (granting each to its next waiter).
     /// Waiters are answered first so that none of them can be granted a key

@@ -204,7 +204,7 @@ fn fit_fd_limit(cfg: &mut Config) {
     // a ring, per shard. `max_connections` counts every shard's.
     const RESERVED: u64 = 64;
     let shards = cfg.threads.max(1) as u64;
-    let want = cfg.max_connections as u64 + RESERVED * shards;
+    let want = (cfg.max_connections + cfg.admin_connections) as u64 + RESERVED * shards;
     // SAFETY: get/setrlimit on a stack struct.
     unsafe {
         let mut r = libc::rlimit {
@@ -580,7 +580,7 @@ impl Server {
         let n = self.parts.len();
         let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
         let barrier = Arc::new(std::sync::Barrier::new(n));
-        let all_conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let all_conns: Arc<crate::shard::ConnCounts> = Arc::new(Default::default());
         let mut meshes: Vec<Option<MeshEnd>> = if n > 1 {
             mesh::build(n).into_iter().map(Some).collect()
         } else {
@@ -648,7 +648,7 @@ fn run_shard(
     signal_fd: Option<RawFd>,
     ring_fds: Arc<Vec<AtomicI32>>,
     barrier: Arc<std::sync::Barrier>,
-    all_conns: Arc<std::sync::atomic::AtomicUsize>,
+    all_conns: Arc<crate::shard::ConnCounts>,
 ) -> io::Result<()> {
     let pinned = pin && pin_to(cpu);
     let built = Loop::new(
@@ -694,7 +694,7 @@ impl Loop {
         mesh: Option<MeshEnd>,
         signal_fd: Option<RawFd>,
         ring_fds: Arc<Vec<AtomicI32>>,
-        all_conns: Arc<std::sync::atomic::AtomicUsize>,
+        all_conns: Arc<crate::shard::ConnCounts>,
     ) -> io::Result<Loop> {
         let ring = build_ring(cfg.max_connections, n)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;

@@ -223,6 +223,9 @@ pub struct Metrics {
     sessions_ended: AtomicU64,
     sessions_expired: AtomicU64,
     lost_pushed: AtomicU64,
+    idle_timeouts: AtomicU64,
+    auth_failures: AtomicU64,
+    lc_actions_refused: AtomicU64,
     resets_by_key: AtomicU64,
     resets_by_source: AtomicU64,
     connections_refused: AtomicU64,
@@ -271,6 +274,9 @@ impl Metrics {
             sessions_ended: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
             lost_pushed: AtomicU64::new(0),
+            idle_timeouts: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
+            lc_actions_refused: AtomicU64::new(0),
             resets_by_key: AtomicU64::new(0),
             resets_by_source: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
@@ -373,6 +379,21 @@ impl Metrics {
     /// A Lost message pushed to a session (lease expired, hold reset).
     pub fn lost_pushed(&self) {
         self.lost_pushed.fetch_add(1, Relaxed);
+    }
+
+    /// A session Hello or admin connection without the right auth token.
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Relaxed);
+    }
+
+    /// A lock-port Unlock/ResetByKey/ResetBySource refused by policy.
+    pub fn lc_action_refused(&self) {
+        self.lc_actions_refused.fetch_add(1, Relaxed);
+    }
+
+    /// A connection closed by the idle timeout.
+    pub fn idle_timeout(&self) {
+        self.idle_timeouts.fetch_add(1, Relaxed);
     }
 
     /// A grant released again because its `+` could not be delivered.
@@ -603,6 +624,24 @@ impl Metrics {
             "lost_pushed_total",
             "Lost messages pushed to sessions (a lease expired, or an operator reset a hold).",
             self.lost_pushed.load(Relaxed),
+        );
+        counter(
+            w,
+            "idle_timeouts_total",
+            "Connections closed after --idle-timeout-ms without traffic and without a request in flight.",
+            self.idle_timeouts.load(Relaxed),
+        );
+        counter(
+            w,
+            "auth_failures_total",
+            "Session hellos and admin connections refused for a missing or wrong auth token.",
+            self.auth_failures.load(Relaxed),
+        );
+        counter(
+            w,
+            "lc_actions_refused_total",
+            "Lock-port Unlock, ResetByKey and ResetBySource refused by --lc-admin-actions.",
+            self.lc_actions_refused.load(Relaxed),
         );
 
         header(

@@ -202,6 +202,11 @@ pub mod admin {
         Keyx,
         Rset,
         Rsbs,
+        /// Compare-and-reset (extension): reset each named key only if its
+        /// holder still has the named token.
+        Rstk,
+        /// `AUTH [u8 len][token]` (extension): presents the shared secret.
+        Auth,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,6 +262,23 @@ pub mod admin {
             }
             b"RSET" => Command::Rset,
             b"RSBS" => Command::Rsbs,
+            b"RSTK" => Command::Rstk,
+            b"AUTH" => {
+                let Some(&n) = buf.get(4) else {
+                    return Decoded::Incomplete;
+                };
+                if n == 0 {
+                    return Decoded::Bad(BadAdmin::EmptyKey);
+                }
+                if buf.len() < 5 + n as usize {
+                    return Decoded::Incomplete;
+                }
+                return Decoded::Frame {
+                    cmd: Command::Auth,
+                    count: 0,
+                    len: 5 + n as usize,
+                };
+            }
             other => {
                 let mut c = [0u8; 4];
                 c.copy_from_slice(other);
@@ -275,13 +297,16 @@ pub mod admin {
             let Some(&len) = buf.get(at) else {
                 return Decoded::Incomplete;
             };
-            if cmd == Command::Rset && len == 0 {
+            if matches!(cmd, Command::Rset | Command::Rstk) && len == 0 {
                 return Decoded::Bad(BadAdmin::EmptyKey);
             }
             if len > 127 {
                 return Decoded::Bad(BadAdmin::NameTooLong(len));
             }
             at += 1 + len as usize;
+            if cmd == Command::Rstk {
+                at += 8; // the expected token
+            }
             if buf.len() < at {
                 return Decoded::Incomplete;
             }
@@ -290,6 +315,30 @@ pub mod admin {
             cmd,
             count,
             len: at,
+        }
+    }
+
+    /// Iterates the `(key, token)` entries of a decoded RSTK body.
+    pub fn keyed_tokens(body: &[u8]) -> impl Iterator<Item = (&[u8], u64)> {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let len = *body.get(at)? as usize;
+            let name = body.get(at + 1..at + 1 + len)?;
+            let t = body.get(at + 1 + len..at + 9 + len)?;
+            at += 9 + len;
+            Some((name, u64::from_le_bytes(t.try_into().ok()?)))
+        })
+    }
+
+    /// Encodes an RSTK request (clients and tests).
+    pub fn encode_rstk(entries: &[(&[u8], u64)], out: &mut Vec<u8>) {
+        out.extend_from_slice(b"RSTK");
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for (k, t) in entries {
+            assert!(!k.is_empty() && k.len() <= 127, "key size out of range");
+            out.push(k.len() as u8);
+            out.extend_from_slice(k);
+            out.extend_from_slice(&t.to_le_bytes());
         }
     }
 

@@ -109,6 +109,9 @@ pub enum Status {
     /// A Cancel that found nothing queued under that request id (already
     /// answered, or never sent): the Acquire's own answer stands.
     NotQueued = 9,
+    /// A Hello without the server's auth token (`--auth-token-file`), or
+    /// with a wrong one: the server closes the connection after it.
+    Unauthorized = 10,
 }
 
 impl Status {
@@ -124,6 +127,7 @@ impl Status {
             7 => Status::ServerError,
             8 => Status::Cancelled,
             9 => Status::NotQueued,
+            10 => Status::Unauthorized,
             _ => return None,
         })
     }
@@ -139,6 +143,7 @@ impl Status {
             Status::ServerError => "server_error",
             Status::Cancelled => "cancelled",
             Status::NotQueued => "not_queued",
+            Status::Unauthorized => "unauthorized",
         }
     }
 }
@@ -171,8 +176,13 @@ impl LostWhy {
 /// One decoded session request, borrowing the receive buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Req<'a> {
-    /// `[u8 version][u32 keepalive_ms]` (0: the server's default).
-    Hello { version: u8, keepalive_ms: u32 },
+    /// `[u8 version][u32 keepalive_ms]` (0: the server's default), then
+    /// optionally `[u8 authLen][auth]`, the server's shared secret.
+    Hello {
+        version: u8,
+        keepalive_ms: u32,
+        auth: &'a [u8],
+    },
     /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`
     Acquire {
         hold: HoldMode,
@@ -255,10 +265,23 @@ impl<'a> Body<'a> {
 fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
     let mut r = Body { b, at: 0 };
     let req = match op {
-        OP_HELLO => Req::Hello {
-            version: r.u8().ok_or("short hello")?,
-            keepalive_ms: r.u32().ok_or("short hello")?,
-        },
+        OP_HELLO => {
+            let version = r.u8().ok_or("short hello")?;
+            let keepalive_ms = r.u32().ok_or("short hello")?;
+            let auth = if r.done() {
+                &[][..]
+            } else {
+                let n = r.u8().ok_or("short hello")? as usize;
+                let a = r.b.get(r.at..r.at + n).ok_or("short auth token")?;
+                r.at += n;
+                a
+            };
+            Req::Hello {
+                version,
+                keepalive_ms,
+                auth,
+            }
+        }
         OP_ACQUIRE => {
             let hold =
                 HoldMode::from_byte(r.u8().ok_or("short acquire")?).ok_or("unknown hold mode")?;
@@ -359,9 +382,15 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         Req::Hello {
             version,
             keepalive_ms,
+            auth,
         } => {
             o.push(version);
             o.extend_from_slice(&keepalive_ms.to_le_bytes());
+            if !auth.is_empty() {
+                assert!(auth.len() <= 255, "auth token longer than 255 bytes");
+                o.push(auth.len() as u8);
+                o.extend_from_slice(auth);
+            }
         }
         Req::Acquire {
             hold,
@@ -532,6 +561,12 @@ mod tests {
             Req::Hello {
                 version: VERSION,
                 keepalive_ms: 3000,
+                auth: b"",
+            },
+            Req::Hello {
+                version: VERSION,
+                keepalive_ms: 0,
+                auth: b"s3cret",
             },
             Req::Acquire {
                 hold: HoldMode::Lease,

@@ -100,6 +100,10 @@ pub struct Conn {
     pub mask: u64,
     /// A session's output is being sent (more may gather in `out`).
     pub sending: bool,
+    /// Last traffic either way (the idle timeout).
+    pub active_us: u64,
+    /// An admin connection that presented the auth token.
+    pub authed: bool,
 }
 
 impl Linked for Conn {
@@ -144,6 +148,8 @@ impl Conn {
             heard_us: 0,
             mask: 0,
             sending: false,
+            active_us: 0,
+            authed: false,
         }
     }
 
@@ -182,6 +188,7 @@ impl Conn {
         self.partial_since_us = 0;
         self.sid = 0;
         self.mask = 0;
+        self.authed = false;
         self.sending = false;
     }
 

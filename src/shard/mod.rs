@@ -100,14 +100,30 @@ pub enum RemoteOp {
     ResetKeys(Vec<Name>),
     /// RSBS, or ResetBySource on the lock port: reset these sources.
     ResetSources(Vec<Name>),
+    /// RSTK: reset each key this shard owns if its holder has the token.
+    ResetIf(Vec<(Name, u64)>),
 }
 
 #[derive(Clone, Debug)]
 pub enum RemoteResult {
     Keys(Vec<HeldKey>),
     Done,
+    /// RSTK: the indices (into the request) of the keys reset.
+    Reset(Vec<u32>),
     /// The log could not make the effects durable (they were undone).
     Failed,
+}
+
+/// Open connections of every shard, per port (`[lock, admin]`): the admin
+/// port has its own small budget, so a flood of lock-port connections
+/// cannot lock the operator out.
+pub type ConnCounts = [std::sync::atomic::AtomicUsize; 2];
+
+fn port_index(p: Port) -> usize {
+    match p {
+        Port::Lock => 0,
+        Port::Admin => 1,
+    }
 }
 
 /// The shard that owns `key` among `n` (CRC32C of the key bytes, mod n).
@@ -146,6 +162,8 @@ struct Gather {
     lock_port: bool,
     /// KEYX rather than KEYS.
     extended: bool,
+    /// RSTK: which keys were reset.
+    reset: Vec<bool>,
 }
 
 /// A message for another shard that waits for this shard's log.
@@ -190,6 +208,8 @@ pub struct Shard {
     log: Option<Log>,
     /// Limit refusals are logged at most once per second.
     limit_log_after_us: u64,
+    /// So are lock-port actions refused by policy.
+    policy_log_after_us: u64,
     /// Connections whose answer waits for the log: `(lsn, token)`, FIFO.
     held: VecDeque<(u64, Token)>,
     /// Undo journal of records not yet durable: `(lsn, undo)`, FIFO.
@@ -205,9 +225,12 @@ pub struct Shard {
     /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
     /// session was heard from since is pushed again with its new deadline.
     session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
+    /// Idle-timeout checks `(mono µs, connection)`: one entry per open
+    /// connection, pushed again while it is busy or was active since.
+    idle_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
-    all_conns: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    all_conns: Option<Arc<ConnCounts>>,
 }
 
 impl Shard {
@@ -242,6 +265,7 @@ impl Shard {
             last_oldest_ms: 0,
             log,
             limit_log_after_us: 0,
+            policy_log_after_us: 0,
             held: VecDeque::with_capacity(cap),
             undo: VecDeque::with_capacity(4096),
             me: 0,
@@ -251,6 +275,7 @@ impl Shard {
             remotes: Vec::new(),
             next_sid: 1,
             session_deadlines: std::collections::BinaryHeap::new(),
+            idle_deadlines: std::collections::BinaryHeap::new(),
             all_conns: None,
             cfg,
         }
@@ -258,12 +283,7 @@ impl Shard {
 
     /// Places this shard as number `me` of `shards` (default 0 of 1);
     /// `all_conns` counts the open connections of every shard.
-    pub fn place(
-        &mut self,
-        me: usize,
-        shards: usize,
-        all_conns: Arc<std::sync::atomic::AtomicUsize>,
-    ) {
+    pub fn place(&mut self, me: usize, shards: usize, all_conns: Arc<ConnCounts>) {
         assert!(me < shards);
         self.me = me;
         self.shards = shards;
@@ -313,7 +333,11 @@ impl Shard {
         let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
         let expiry = self.table.next_expiry_us();
         let session = self.session_deadlines.peek().map(|r| r.0 .0);
-        [frame, retry, expiry, session].into_iter().flatten().min()
+        let idle = self.idle_deadlines.peek().map(|r| r.0 .0);
+        [frame, retry, expiry, session, idle]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn begin_tick(&mut self, now: Now) {
@@ -329,6 +353,7 @@ impl Shard {
         self.table.expire(now, &mut self.fx);
         self.apply_effects();
         self.expire_sessions();
+        self.expire_idle();
         self.wal_tick();
         self.flush();
         self.publish_gauges();
@@ -361,18 +386,24 @@ impl Shard {
     /// and closes): over `--max-connections`, or shutting down.
     pub fn on_accept(&mut self, port: Port, peer: SocketAddr) -> Option<Token> {
         use std::sync::atomic::Ordering::Relaxed;
+        let (limit, name) = match port {
+            Port::Lock => (self.cfg.max_connections, "max_connections"),
+            Port::Admin => (self.cfg.admin_connections, "admin_connections"),
+        };
         let over_all = self.all_conns.as_ref().is_some_and(|all| {
-            if all.fetch_add(1, Relaxed) >= self.cfg.max_connections {
-                all.fetch_sub(1, Relaxed);
+            let n = &all[port_index(port)];
+            if n.fetch_add(1, Relaxed) >= limit {
+                n.fetch_sub(1, Relaxed);
                 true
             } else {
                 false
             }
         });
-        if over_all || self.open_conns >= self.cfg.max_connections || self.stopping {
+        let over_here = self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections;
+        if over_all || over_here || self.stopping {
             if !over_all {
                 if let Some(all) = &self.all_conns {
-                    all.fetch_sub(1, Relaxed);
+                    all[port_index(port)].fetch_sub(1, Relaxed);
                 }
             }
             self.metrics.connection_refused();
@@ -381,8 +412,9 @@ impl Shard {
                 log!(
                     Level::Warn,
                     "limit_reached",
-                    "limit=max_connections value={}",
-                    self.cfg.max_connections
+                    "limit={} value={}",
+                    name,
+                    limit
                 );
             }
             return None;
@@ -395,8 +427,13 @@ impl Shard {
             }
         };
         self.conns[slot as usize].open(port, peer);
+        self.conns[slot as usize].active_us = self.now.mono_us;
         self.open_conns += 1;
         let token = self.token(slot);
+        if self.cfg.idle_timeout_ms > 0 {
+            let d = self.now.mono_us + self.cfg.idle_timeout_ms * 1000;
+            self.idle_deadlines.push(std::cmp::Reverse((d, token)));
+        }
         log!(
             Level::Debug,
             "accept",
@@ -429,6 +466,7 @@ impl Shard {
         };
         // Anything from a session's client renews its keep-alive.
         c.heard_us = self.now.mono_us;
+        c.active_us = self.now.mono_us;
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
@@ -519,6 +557,7 @@ impl Shard {
             result.err().unwrap_or(0)
         );
         let c = &mut self.conns[slot as usize];
+        c.active_us = self.now.mono_us;
         let was_grant = c.grant_in_flight;
         c.grant_in_flight = false;
         if result.is_ok() && was_grant {
@@ -575,11 +614,12 @@ impl Shard {
     pub fn on_closed(&mut self, token: Token) {
         let slot = self.slot_of(token, "close");
         log!(Level::Debug, "close", "conn={:#x}", token);
+        let port = self.conns[slot as usize].port;
         self.conns[slot as usize].release();
         self.free_slots.push(slot);
         self.open_conns -= 1;
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[port_index(port)].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -715,6 +755,7 @@ impl Shard {
             keys: Vec::new(),
             lock_port,
             extended: false,
+            reset: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -739,6 +780,19 @@ impl Shard {
                     self.apply_effects();
                 }
                 RemoteResult::Done
+            }
+            RemoteOp::ResetIf(entries) => {
+                let (me, shards) = (self.me, self.shards);
+                let mut done = Vec::new();
+                for (i, (key, token)) in entries.iter().enumerate() {
+                    if owner(key.as_bytes(), shards) == me
+                        && self.table.reset_if(key, *token, now, &mut self.fx)
+                    {
+                        done.push(i as u32);
+                    }
+                    self.apply_effects();
+                }
+                RemoteResult::Reset(done)
             }
         };
         match self.log.as_ref().filter(|l| l.pending()) {
@@ -784,6 +838,11 @@ impl Shard {
         match result {
             RemoteResult::Keys(mut k) => g.keys.append(&mut k),
             RemoteResult::Done => {}
+            RemoteResult::Reset(done) => {
+                for i in done {
+                    g.reset[i as usize] = true;
+                }
+            }
             RemoteResult::Failed => g.failed = true,
         }
         if g.pending > 0 {
@@ -812,6 +871,12 @@ impl Shard {
                 RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
                     for _ in 0..names.len() {
                         c.out.push(b'+');
+                    }
+                    c.out.push(b'+');
+                }
+                RemoteOp::ResetIf(_) => {
+                    for &done in &g.reset {
+                        c.out.push(if done { b'+' } else { b'#' });
                     }
                     c.out.push(b'+');
                 }
@@ -859,7 +924,7 @@ impl Shard {
         self.open_conns -= 1;
         // The owner counts it again when it adopts it.
         if let Some(all) = &self.all_conns {
-            all.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            all[0].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
         Some(d)
     }
@@ -990,6 +1055,34 @@ impl Shard {
                 len,
             ),
         };
+        let peer = self.conns[slot as usize].peer;
+        if matches!(
+            action,
+            Action::Unlock | Action::ResetByKey | Action::ResetBySource
+        ) && !self.cfg.lc_admin_actions.allows(&peer)
+        {
+            // No owner check in this protocol: refused by policy, `-`.
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.action = Some(action);
+            self.metrics.lc_action_refused();
+            if self.now.mono_us >= self.policy_log_after_us {
+                self.policy_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "lc_action_refused",
+                    "action={:?} peer={} policy={:?}",
+                    action,
+                    peer,
+                    self.cfg.lc_admin_actions
+                );
+            }
+            if let Some(a) = metrics_action(action) {
+                self.metrics.request(a, metrics::Outcome::Error);
+            }
+            self.answer(slot, b'-', None);
+            return true;
+        }
         if self.shards > 1
             && matches!(
                 action,
@@ -1114,14 +1207,66 @@ impl Shard {
             }
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
+        // The shared secret: checked when presented, required before any
+        // command when the admin port is reachable from other hosts.
+        let required = self.cfg.auth_token.is_some() && !self.cfg.admin_bind.ip().is_loopback();
+        if cmd == admin::Command::Auth {
+            let c = &self.conns[slot as usize];
+            let ok = match &self.cfg.auth_token {
+                Some(t) => crate::config::token_matches(t, &c.rbuf[5..len]),
+                None => true,
+            };
+            if !ok {
+                self.metrics.auth_failure();
+                log!(
+                    Level::Warn,
+                    "auth_failed",
+                    "port=admin peer={} reason=\"wrong auth token\"",
+                    peer
+                );
+                self.reject(slot, "wrong auth token");
+                return false;
+            }
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.authed = true;
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            c.state = State::Answered;
+            c.out.push(b'+');
+            self.mark_dirty(slot);
+            return true;
+        }
+        if required && !self.conns[slot as usize].authed {
+            self.metrics.auth_failure();
+            log!(
+                Level::Warn,
+                "auth_failed",
+                "port=admin peer={} reason=\"command before AUTH\"",
+                peer
+            );
+            self.reject(slot, "admin command before AUTH");
+            return false;
+        }
         // Every admin command is a scatter/gather, also with one shard (the
         // driver then runs the one part itself): one path, and each part's
         // answer waits for its own log.
         // KEYS is 4 bytes; RSET/RSBS carry a count and names after 8.
         let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
-        let names: Vec<Name> = admin::names(body)
-            .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
-            .collect();
+        let entries: Vec<(Name, u64)> = if cmd == admin::Command::Rstk {
+            admin::keyed_tokens(body)
+                .map(|(n, t)| (Name::new(n).expect("admin decoder bounds names"), t))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let names: Vec<Name> = if cmd == admin::Command::Rstk {
+            Vec::new()
+        } else {
+            admin::names(body)
+                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                .collect()
+        };
         let op = match cmd {
             admin::Command::Keys | admin::Command::Keyx => {
                 self.metrics
@@ -1162,14 +1307,33 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
+            admin::Command::Auth => unreachable!("answered above"),
+            admin::Command::Rstk => {
+                self.metrics
+                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+                for (key, token) in &entries {
+                    self.metrics.reset(false);
+                    log!(
+                        Level::Info,
+                        "operator_reset",
+                        "by=key_if_token key={:?} token={} peer={}",
+                        key,
+                        token,
+                        peer
+                    );
+                }
+                RemoteOp::ResetIf(entries)
+            }
         };
         let c = &mut self.conns[slot as usize];
         c.rbuf.drain(..len);
         c.persistent = true;
         c.action = Some(Action::Persist);
         self.scatter(slot, op, false);
-        if cmd == admin::Command::Keyx {
-            self.gathers.last_mut().expect("just pushed").extended = true;
+        let g = self.gathers.last_mut().expect("just pushed");
+        g.extended = cmd == admin::Command::Keyx;
+        if let RemoteOp::ResetIf(e) = &g.op {
+            g.reset = vec![false; e.len()];
         }
         true
     }
@@ -1604,6 +1768,47 @@ impl Shard {
         self.apply_effects();
         for slot in sessions {
             self.end_session(slot, "the log failed under one of its answers");
+        }
+    }
+
+    /// Closes connections that had no request in flight, no bytes pending
+    /// and no traffic for `--idle-timeout-ms` (a queued waiter, a gather or
+    /// an answer being sent is not idle; sessions have their keep-alive).
+    fn expire_idle(&mut self) {
+        let limit_us = self.cfg.idle_timeout_ms * 1000;
+        let now = self.now.mono_us;
+        while let Some(&std::cmp::Reverse((d, token))) = self.idle_deadlines.peek() {
+            if d > now {
+                break;
+            }
+            self.idle_deadlines.pop();
+            let Some(slot) = self.conn_of(token) else {
+                continue;
+            };
+            let c = &self.conns[slot as usize];
+            if c.sid != 0 {
+                continue;
+            }
+            let idle = c.state == State::Idle && c.rbuf.is_empty() && !c.close_after_send;
+            let due = if idle {
+                c.active_us + limit_us
+            } else {
+                now + limit_us
+            };
+            if idle && due <= now {
+                self.metrics.idle_timeout();
+                log!(
+                    Level::Debug,
+                    "idle_timeout",
+                    "conn={:#x} peer={} idle_ms={}",
+                    token,
+                    c.peer,
+                    (now - c.active_us) / 1000
+                );
+                self.close(slot);
+            } else {
+                self.idle_deadlines.push(std::cmp::Reverse((due, token)));
+            }
         }
     }
 

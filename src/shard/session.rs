@@ -133,7 +133,7 @@ impl Shard {
     /// The connection's first frame is a Hello: make it a session. False
     /// when more bytes are needed.
     pub(super) fn hello(&mut self, slot: u32) -> bool {
-        let (rid, keepalive_ms, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
+        let (rid, keepalive_ms, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
             sp::Decoded::Incomplete => return false,
             sp::Decoded::Frame {
                 rid,
@@ -141,10 +141,17 @@ impl Shard {
                     Ok(Req::Hello {
                         version: sp::VERSION,
                         keepalive_ms,
+                        auth,
                     }),
                 len,
                 ..
-            } => (rid, keepalive_ms, len),
+            } => {
+                let authed = match &self.cfg.auth_token {
+                    Some(t) => crate::config::token_matches(t, auth),
+                    None => true,
+                };
+                (rid, keepalive_ms, authed, len)
+            }
             sp::Decoded::Frame { req: Ok(_), .. } => {
                 self.reject(slot, "unsupported session protocol version");
                 return false;
@@ -154,6 +161,24 @@ impl Shard {
                 return false;
             }
         };
+        if !authed {
+            // Answered, then closed: the client learns why.
+            let peer = self.conns[slot as usize].peer;
+            self.metrics.auth_failure();
+            log!(
+                Level::Warn,
+                "auth_failed",
+                "port=lock peer={} reason=\"session hello without the auth token\"",
+                peer
+            );
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.clear();
+            sp::encode_reply(rid, Status::Unauthorized, 0, sp::NO_TTL, &mut c.out);
+            c.close_after_send = true;
+            c.state = State::Answered;
+            self.mark_dirty(slot);
+            return false;
+        }
         let cfg = &self.cfg;
         let ka = if keepalive_ms == 0 {
             cfg.keepalive_ms

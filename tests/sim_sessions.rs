@@ -1,0 +1,570 @@
+//! Deterministic simulation of session connections on the shard.
+//!
+//! The shard code the io_uring driver runs is driven by a seeded scheduler:
+//! session clients open and close connections, acquire keys as session
+//! holds or leases (try, bounded wait, no deadline), release and extend by
+//! token, cancel queued acquires, ping or fall silent; their frames reach
+//! the server after arbitrary delays, the server's answers reach them after
+//! arbitrary delays, and time advances in jumps (often straight to the
+//! shard's next deadline: a lease's TTL, a wait deadline, a keep-alive).
+//!
+//! The property checked after every step is the one a user relies on:
+//! **no two clients believe they hold a key at the same instant**, where a
+//! client's belief follows only what it was told and the rules the client
+//! library applies (a lease is believed until the send time of the Acquire
+//! or Extend that set it plus its TTL; a session hold until the send time
+//! of the last request whose answer arrived plus the keep-alive deadline,
+//! or until the connection ends, whichever is first). A believed hold must
+//! also be the server's holder with the same token. At the end everything
+//! quiesces: no session, waiter, hold or connection is left.
+//!
+//! `SIM_SEEDS=N` (default 200), `SIM_STEPS=N` (default 1500), `SIM_SEED=S`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use ringlock::config::Config;
+use ringlock::core::{HoldMode, Limits, Now, Table, Token};
+use ringlock::metrics::Metrics;
+use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
+use ringlock::shard::conn::Port;
+use ringlock::shard::{Cmd, Shard};
+
+const KEYS: &[&[u8]] = &[b"a", b"b"];
+const CLIENTS: usize = 5;
+const KEEPALIVE_MS: u32 = 300;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    key: usize,
+    /// Acquire: the hold mode and TTL; Extend: Lease and the TTL; Release,
+    /// Cancel, Ping: None.
+    hold: Option<(HoldMode, u32)>,
+    at_us: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Belief {
+    token: u64,
+    mode: HoldMode,
+    /// Lease: believed until this instant (send time + TTL).
+    until_us: u64,
+}
+
+#[derive(Default)]
+struct Client {
+    token: Option<Token>,
+    /// Frames in flight to the server (delivered in order, maybe split).
+    to_server: VecDeque<u8>,
+    /// Bytes the server sent, not yet read.
+    to_client: VecDeque<u8>,
+    rx: Vec<u8>,
+    /// The client closed, or read the server's EOF: it believes nothing.
+    eof: bool,
+    /// The server closed: EOF after `to_client`, not yet read.
+    eof_pending: bool,
+    welcomed: bool,
+    next_rid: u32,
+    sent: HashMap<u32, Sent>,
+    /// Send time of the latest request whose answer arrived.
+    alive_since_us: u64,
+    holds: HashMap<usize, Belief>,
+    /// Acquires sent and not answered: (rid, key).
+    queued: Vec<(u32, usize)>,
+}
+
+struct World {
+    rng: Rng,
+    seed: u64,
+    shard: Shard,
+    now: Now,
+    clients: Vec<Client>,
+    /// Connection token → client.
+    owner_of: HashMap<Token, usize>,
+    grants: u64,
+    lost: u64,
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut cfg = Config::new("127.0.0.1:0".parse().expect("address"));
+        cfg.max_connections = 64;
+        cfg.max_keys = 16;
+        cfg.max_waiters = 64;
+        cfg.min_keepalive_ms = KEEPALIVE_MS;
+        cfg.min_ttl_ms = 5;
+        let now = Now {
+            mono_us: 1_000_000,
+            unix_ms: 1_700_000_000_000,
+        };
+        let table = Table::new(Limits {
+            max_keys: cfg.max_keys,
+            max_waiters: cfg.max_waiters,
+        });
+        let shard = Shard::new(cfg, table, None, Arc::new(Metrics::new()), now);
+        World {
+            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            seed,
+            shard,
+            now,
+            clients: (0..CLIENTS).map(|_| Client::default()).collect(),
+            owner_of: HashMap::new(),
+            grants: 0,
+            lost: 0,
+        }
+    }
+
+    fn fail(&self, why: String) -> ! {
+        panic!(
+            "seed {}: {why}\nreproduce: SIM_SEED={} cargo test --test sim_sessions",
+            self.seed, self.seed
+        )
+    }
+
+    fn send(&mut self, c: usize, req: &Req<'_>, what: Option<Sent>) -> u32 {
+        let cl = &mut self.clients[c];
+        cl.next_rid += 1;
+        let rid = cl.next_rid;
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        cl.to_server.extend(b);
+        cl.sent.insert(
+            rid,
+            what.unwrap_or(Sent {
+                key: 0,
+                hold: None,
+                at_us: self.now.mono_us,
+            }),
+        );
+        rid
+    }
+
+    fn client_step(&mut self, c: usize) {
+        let now_us = self.now.mono_us;
+        if self.clients[c].eof_pending {
+            return;
+        }
+        let Some(token) = self.clients[c].token else {
+            // Open a session.
+            if let Some(t) = self
+                .shard
+                .on_accept(Port::Lock, "127.0.0.1:9".parse().expect("addr"))
+            {
+                self.owner_of.insert(t, c);
+                let cl = &mut self.clients[c];
+                *cl = Client {
+                    token: Some(t),
+                    ..Client::default()
+                };
+                self.send(
+                    c,
+                    &Req::Hello {
+                        version: sp::VERSION,
+                        keepalive_ms: KEEPALIVE_MS,
+                        auth: b"",
+                    },
+                    None,
+                );
+            }
+            return;
+        };
+        if !self.clients[c].welcomed || self.clients[c].eof || self.clients[c].eof_pending {
+            return;
+        }
+        let k = self.rng.below(KEYS.len() as u64) as usize;
+        match self.rng.below(100) {
+            0..=39 => {
+                let lease = self.rng.chance(500);
+                let (hold, ttl) = if lease {
+                    (HoldMode::Lease, 5 + self.rng.below(60) as u32)
+                } else {
+                    (HoldMode::Session, 0)
+                };
+                let wait = match self.rng.below(3) {
+                    0 => 0,
+                    1 => WAIT_FOREVER,
+                    _ => 1 + self.rng.below(40) as u32,
+                };
+                let rid = self.send(
+                    c,
+                    &Req::Acquire {
+                        hold,
+                        ttl_ms: ttl,
+                        wait_ms: wait,
+                        key: KEYS[k],
+                        source: b"",
+                    },
+                    Some(Sent {
+                        key: k,
+                        hold: Some((hold, ttl)),
+                        at_us: now_us,
+                    }),
+                );
+                self.clients[c].queued.push((rid, k));
+            }
+            40..=59 => {
+                if let Some(b) = self.clients[c].holds.get(&k).copied() {
+                    // Stop believing first: a release is the end of the
+                    // critical section.
+                    self.clients[c].holds.remove(&k);
+                    self.send(
+                        c,
+                        &Req::Release {
+                            token: b.token,
+                            key: KEYS[k],
+                        },
+                        None,
+                    );
+                }
+            }
+            60..=74 => {
+                if let Some(b) = self.clients[c].holds.get(&k).copied() {
+                    if b.mode == HoldMode::Lease {
+                        let ttl = 5 + self.rng.below(60) as u32;
+                        self.send(
+                            c,
+                            &Req::Extend {
+                                token: b.token,
+                                ttl_ms: ttl,
+                                key: KEYS[k],
+                            },
+                            Some(Sent {
+                                key: k,
+                                hold: Some((HoldMode::Lease, ttl)),
+                                at_us: now_us,
+                            }),
+                        );
+                    }
+                }
+            }
+            75..=84 => {
+                self.send(c, &Req::Ping, None);
+            }
+            85..=92 => {
+                let q = &self.clients[c].queued;
+                if !q.is_empty() {
+                    let (rid, k) = q[self.rng.below(q.len() as u64) as usize];
+                    self.send(
+                        c,
+                        &Req::Cancel {
+                            target: rid,
+                            key: KEYS[k],
+                        },
+                        None,
+                    );
+                }
+            }
+            _ => {
+                // Close: the client forgets everything first.
+                self.client_closed(c);
+                self.shard.on_peer_closed(token, None);
+            }
+        }
+    }
+
+    fn client_closed(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        cl.holds.clear();
+        cl.queued.clear();
+        cl.to_server.clear();
+        cl.eof = true;
+    }
+
+    /// Bytes to the server, split at random.
+    fn deliver_to_server(&mut self, c: usize) {
+        let Some(token) = self.clients[c].token else {
+            return;
+        };
+        let cl = &self.clients[c];
+        // Bytes to a socket the server closed are dropped.
+        if cl.eof || cl.eof_pending || cl.to_server.is_empty() {
+            return;
+        }
+        let n = 1 + self.rng.below(self.clients[c].to_server.len() as u64) as usize;
+        let bytes: Vec<u8> = self.clients[c].to_server.drain(..n).collect();
+        self.shard.on_recv(token, &bytes);
+    }
+
+    /// Bytes to the client: it reads and believes what it is told.
+    fn deliver_to_client(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        if cl.to_client.is_empty() {
+            if cl.eof_pending {
+                // The client reads the EOF: its session is over.
+                cl.eof_pending = false;
+                cl.token = None;
+                cl.holds.clear();
+                cl.queued.clear();
+                cl.eof = true;
+            }
+            return;
+        }
+        let n = 1 + self.rng.below(cl.to_client.len() as u64) as usize;
+        let bytes: Vec<u8> = cl.to_client.drain(..n).collect();
+        if cl.eof {
+            return; // closed by the client: nobody reads
+        }
+        cl.rx.extend(bytes);
+        loop {
+            let cl = &mut self.clients[c];
+            let hello = (!cl.welcomed).then_some(1);
+            let (a, n) = match sp::decode_answer(&cl.rx, hello) {
+                Ok(Some(v)) => v,
+                Ok(None) => break,
+                Err(e) => self.fail(format!("client {c}: {e}")),
+            };
+            cl.rx.drain(..n);
+            self.answer(c, a);
+        }
+    }
+
+    fn answer(&mut self, c: usize, a: Answer) {
+        let cl = &mut self.clients[c];
+        match a {
+            Answer::Welcome { welcome, .. } => {
+                if std::env::var_os("SIM_TRACE").is_some() {
+                    eprintln!("[{}] client {c} welcomed", self.now.mono_us);
+                }
+                assert_eq!(welcome.keepalive_ms, KEEPALIVE_MS);
+                cl.welcomed = true;
+                cl.alive_since_us = cl.sent[&1].at_us;
+            }
+            Answer::Reply {
+                rid, status, token, ..
+            } => {
+                if std::env::var_os("SIM_TRACE").is_some() {
+                    eprintln!(
+                        "[{}] client {c} reply rid {rid} {status:?} token {token}",
+                        self.now.mono_us
+                    );
+                }
+                let Some(s) = cl.sent.remove(&rid) else {
+                    self.fail(format!("client {c}: reply to unknown rid {rid}"))
+                };
+                cl.alive_since_us = cl.alive_since_us.max(s.at_us);
+                cl.queued.retain(|&(r, _)| r != rid);
+                match (s.hold, status) {
+                    (Some((mode, ttl)), Status::Ok) if token != 0 => {
+                        // A grant (Acquire) or a renewed lease (Extend).
+                        let is_extend = cl.holds.get(&s.key).is_some_and(|b| b.token == token);
+                        if !is_extend {
+                            self.grants += 1;
+                        }
+                        cl.holds.insert(
+                            s.key,
+                            Belief {
+                                token,
+                                mode,
+                                until_us: s.at_us + ttl as u64 * 1000,
+                            },
+                        );
+                    }
+                    (Some((HoldMode::Lease, _)), Status::Stale) => {
+                        // An Extend too late: the lease is gone.
+                        if let Some(b) = cl.holds.get(&s.key) {
+                            if b.mode == HoldMode::Lease {
+                                cl.holds.remove(&s.key);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Answer::Lost { key, token, .. } => {
+                self.lost += 1;
+                let k = KEYS
+                    .iter()
+                    .position(|x| *x == key.as_slice())
+                    .expect("known key");
+                if cl.holds.get(&k).is_some_and(|b| b.token == token) {
+                    cl.holds.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self) {
+        loop {
+            self.shard.end_tick();
+            let mut cmds = Vec::new();
+            self.shard.take_cmds(&mut cmds);
+            if cmds.is_empty() {
+                return;
+            }
+            for cmd in cmds {
+                match cmd {
+                    Cmd::Send(token) => {
+                        let mut buf = Vec::new();
+                        self.shard.take_output(token, &mut buf);
+                        let c = self.owner_of[&token];
+                        self.clients[c].to_client.extend(buf);
+                        self.shard.on_send_done(token, Ok(()));
+                    }
+                    Cmd::Close(token) => {
+                        let c = self.owner_of[&token];
+                        self.shard.on_closed(token);
+                        // EOF after what was sent: the client learns it when
+                        // it reads that far; until then it believes what its
+                        // keep-alive rule allows.
+                        let cl = &mut self.clients[c];
+                        if cl.eof {
+                            cl.token = None; // it closed first
+                        } else {
+                            cl.eof_pending = true;
+                        }
+                    }
+                    other => self.fail(format!("unexpected command {other:?}")),
+                }
+            }
+        }
+    }
+
+    /// Nobody believes a key another believes, and every belief is true.
+    fn check(&self) {
+        self.shard.check_invariants();
+        let now = self.now.mono_us;
+        for (k, key) in KEYS.iter().enumerate() {
+            let believers: Vec<(usize, Belief)> = self
+                .clients
+                .iter()
+                .enumerate()
+                .filter_map(|(i, cl)| {
+                    let b = *cl.holds.get(&k)?;
+                    let valid = match b.mode {
+                        HoldMode::Lease => now < b.until_us,
+                        _ => now < cl.alive_since_us + KEEPALIVE_MS as u64 * 1000,
+                    };
+                    valid.then_some((i, b))
+                })
+                .collect();
+            if believers.len() > 1 {
+                self.fail(format!("two owners of {:?} at {now}: {believers:?}", key));
+            }
+            if let Some((i, b)) = believers.first() {
+                let h = self.shard.table().holder_of(key);
+                if h.map(|h| h.grant_id) != Some(b.token) {
+                    self.fail(format!(
+                        "client {i} believes it holds {key:?} with token {} at {now}, the server says {h:?}",
+                        b.token
+                    ));
+                }
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let jump = self.rng.below(4_000);
+        self.now.mono_us += 1 + jump;
+        if let Some(d) = self.shard.next_deadline_us() {
+            // Straight to a lease's TTL or a wait deadline (not to a
+            // partial frame's 10 s timeout: every session would expire).
+            if self.rng.chance(200) && d > self.now.mono_us && d < self.now.mono_us + 100_000 {
+                self.now.mono_us = d;
+            }
+        }
+        self.now.unix_ms = 1_700_000_000_000 + self.now.mono_us / 1000;
+        self.shard.begin_tick(self.now);
+        for _ in 0..1 + self.rng.below(4) {
+            let c = self.rng.below(CLIENTS as u64) as usize;
+            match self.rng.below(100) {
+                0..=39 => self.client_step(c),
+                40..=69 => self.deliver_to_server(c),
+                _ => self.deliver_to_client(c),
+            }
+            self.check();
+        }
+        self.execute();
+        self.check();
+    }
+
+    fn quiesce(&mut self) {
+        for c in 0..CLIENTS {
+            while self.clients[c].eof_pending {
+                self.deliver_to_client(c);
+            }
+            if let Some(t) = self.clients[c].token {
+                self.client_closed(c);
+                self.shard.on_peer_closed(t, None);
+            }
+        }
+        self.execute();
+        // Past every TTL and deadline.
+        self.now.mono_us += 10_000_000;
+        self.now.unix_ms += 10_000;
+        self.shard.begin_tick(self.now);
+        self.execute();
+        self.check();
+        let t = self.shard.table();
+        if t.held_keys() != 0 || t.queued_waiters() != 0 || t.sessions() != 0 {
+            self.fail(format!(
+                "left behind: {} held, {} queued, {} sessions",
+                t.held_keys(),
+                t.queued_waiters(),
+                t.sessions()
+            ));
+        }
+        if self.shard.open_connections() != 0 {
+            self.fail(format!(
+                "{} connections left open",
+                self.shard.open_connections()
+            ));
+        }
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn simulated_sessions_never_give_one_key_two_believing_owners() {
+    let steps = env_u64("SIM_STEPS", 1500);
+    let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("SIM_SEED is a number")],
+        Err(_) => (1..=env_u64("SIM_SEEDS", 200)).collect(),
+    };
+    let (mut grants, mut lost) = (0, 0);
+    let runs = seeds.len() as u64;
+    for seed in seeds {
+        let mut w = World::new(seed);
+        for _ in 0..steps {
+            w.step();
+        }
+        w.quiesce();
+        grants += w.grants;
+        lost += w.lost;
+        if std::env::var_os("SIM_STATS").is_some() {
+            eprintln!(
+                "seed {seed}: grants {} lost {} metrics {}",
+                w.grants,
+                w.lost,
+                w.shard.table().sessions()
+            );
+        }
+    }
+    // The scenarios must exercise what they claim to.
+    assert!(grants >= 10 * runs, "only {grants} grants in {runs} runs");
+    assert!(lost >= 2 * runs, "only {lost} Lost pushes in {runs} runs");
+}
