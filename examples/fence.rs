@@ -433,6 +433,7 @@ impl Session {
             &Req::Hello {
                 version: VERSION,
                 keepalive_ms: 0,
+                auth: b"",
             },
             &mut out,
         );

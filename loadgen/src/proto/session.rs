@@ -61,6 +61,8 @@ impl Codec for SessionLock {
             &Req::Hello {
                 version: VERSION,
                 keepalive_ms: self.keepalive_ms,
+                // ringlockd without --auth-token-file takes none.
+                auth: b"",
             },
             out,
         );
