@@ -16,6 +16,11 @@ mod common;
 
 use example::{Options, HOLDER_ARG};
 
+/// Lease TTL of holder A: its extend thread renews it every third of
+/// this, so only a stall of the whole machine longer than that could end
+/// it before the test stops A on purpose.
+const TTL_MS: u32 = 1_000;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some(HOLDER_ARG) {
@@ -28,7 +33,7 @@ fn main() {
     let fenced = example::run(
         &Options {
             addr: addr.clone(),
-            ttl_ms: 300,
+            ttl_ms: TTL_MS,
             fence: true,
         },
         &mut |l| log.push(l),
@@ -63,7 +68,7 @@ fn main() {
     let unfenced = example::run(
         &Options {
             addr,
-            ttl_ms: 300,
+            ttl_ms: TTL_MS,
             fence: false,
         },
         &mut |l| log.push(l),
