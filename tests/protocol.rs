@@ -476,10 +476,13 @@ fn bind_address_env_accepts_locking_center_form() {
         .args(["--admin-bind", "127.0.0.1:0"]);
     let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
     use std::io::BufRead;
+    // All interfaces without a token: warned about first, then listening.
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    std::io::BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("event=insecure_bind"), "{line}");
+    line.clear();
+    err.read_line(&mut line).unwrap();
     assert!(line.contains(&format!("lock=0.0.0.0:{port}")), "{line}");
     assert_eq!(
         once(

@@ -102,16 +102,27 @@ pub struct Conn {
     pub sending: bool,
     /// Last traffic either way (the idle timeout).
     pub active_us: u64,
+    /// On the shard's idle list (ordered by `active_us`).
+    pub idle_link: Link,
     /// An admin connection that presented the auth token.
     pub authed: bool,
 }
 
+/// Link slot 0: the partial-frame list; 1: the idle list.
 impl Linked for Conn {
-    fn link(&self, _: usize) -> &Link {
-        &self.partial_link
+    fn link(&self, which: usize) -> &Link {
+        if which == 1 {
+            &self.idle_link
+        } else {
+            &self.partial_link
+        }
     }
-    fn link_mut(&mut self, _: usize) -> &mut Link {
-        &mut self.partial_link
+    fn link_mut(&mut self, which: usize) -> &mut Link {
+        if which == 1 {
+            &mut self.idle_link
+        } else {
+            &mut self.partial_link
+        }
     }
 }
 
@@ -149,6 +160,7 @@ impl Conn {
             mask: 0,
             sending: false,
             active_us: 0,
+            idle_link: Link::default(),
             authed: false,
         }
     }
@@ -171,6 +183,10 @@ impl Conn {
         assert!(
             !self.partial_link.linked,
             "recycling a slot still on the partial list"
+        );
+        assert!(
+            !self.idle_link.linked,
+            "recycling a slot still on the idle list"
         );
         self.state = State::Free;
         self.peer_ip = None;

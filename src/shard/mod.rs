@@ -225,9 +225,9 @@ pub struct Shard {
     /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
     /// session was heard from since is pushed again with its new deadline.
     session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
-    /// Idle-timeout checks `(mono µs, connection)`: one entry per open
-    /// connection, pushed again while it is busy or was active since.
-    idle_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
+    /// Open connections (not sessions) by last traffic, oldest first (link
+    /// slot 1 of [`Conn`]): the idle timeout looks at the front only.
+    idle: crate::core::list::List,
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<ConnCounts>>,
@@ -275,7 +275,7 @@ impl Shard {
             remotes: Vec::new(),
             next_sid: 1,
             session_deadlines: std::collections::BinaryHeap::new(),
-            idle_deadlines: std::collections::BinaryHeap::new(),
+            idle: crate::core::list::List::new(),
             all_conns: None,
             cfg,
         }
@@ -333,7 +333,10 @@ impl Shard {
         let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
         let expiry = self.table.next_expiry_us();
         let session = self.session_deadlines.peek().map(|r| r.0 .0);
-        let idle = self.idle_deadlines.peek().map(|r| r.0 .0);
+        let idle = self
+            .idle
+            .front()
+            .map(|slot| self.conns[slot as usize].active_us + self.cfg.idle_timeout_ms * 1000);
         [frame, retry, expiry, session, idle]
             .into_iter()
             .flatten()
@@ -427,13 +430,9 @@ impl Shard {
             }
         };
         self.conns[slot as usize].open(port, peer);
-        self.conns[slot as usize].active_us = self.now.mono_us;
+        self.touch(slot);
         self.open_conns += 1;
         let token = self.token(slot);
-        if self.cfg.idle_timeout_ms > 0 {
-            let d = self.now.mono_us + self.cfg.idle_timeout_ms * 1000;
-            self.idle_deadlines.push(std::cmp::Reverse((d, token)));
-        }
         log!(
             Level::Debug,
             "accept",
@@ -466,7 +465,8 @@ impl Shard {
         };
         // Anything from a session's client renews its keep-alive.
         c.heard_us = self.now.mono_us;
-        c.active_us = self.now.mono_us;
+        self.touch(slot);
+        let c = &mut self.conns[slot as usize];
         // At most `cap` bytes stay buffered between receives, and a receive
         // brings at most LOCK_RECV_BUF: the buffer's capacity covers both.
         c.rbuf.extend_from_slice(bytes);
@@ -556,8 +556,8 @@ impl Shard {
             token,
             result.err().unwrap_or(0)
         );
+        self.touch(slot);
         let c = &mut self.conns[slot as usize];
-        c.active_us = self.now.mono_us;
         let was_grant = c.grant_in_flight;
         c.grant_in_flight = false;
         if result.is_ok() && was_grant {
@@ -917,6 +917,7 @@ impl Shard {
         if c.partial_link.linked {
             self.partial.unlink(&mut self.conns, slot, 0);
         }
+        self.untouch(slot);
         let c = &mut self.conns[slot as usize];
         c.state = State::Closing;
         c.release();
@@ -1420,8 +1421,29 @@ impl Shard {
         if c.partial_link.linked {
             self.partial.unlink(&mut self.conns, slot, 0);
         }
+        self.untouch(slot);
         let token = self.token(slot);
         self.cmds.push(Cmd::Close(token));
+    }
+
+    /// Traffic on a connection: it moves to the back of the idle list.
+    fn touch(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        if self.cfg.idle_timeout_ms == 0 || c.sid != 0 || c.state == State::Closing {
+            return;
+        }
+        c.active_us = self.now.mono_us;
+        if c.idle_link.linked {
+            self.idle.unlink(&mut self.conns, slot, 1);
+        }
+        self.idle.push_back(&mut self.conns, slot, 1);
+    }
+
+    /// Off the idle list (closing, moving away, or a session now).
+    pub(super) fn untouch(&mut self, slot: u32) {
+        if self.conns[slot as usize].idle_link.linked {
+            self.idle.unlink(&mut self.conns, slot, 1);
+        }
     }
 
     fn mark_dirty(&mut self, slot: u32) {
@@ -1777,38 +1799,27 @@ impl Shard {
     fn expire_idle(&mut self) {
         let limit_us = self.cfg.idle_timeout_ms * 1000;
         let now = self.now.mono_us;
-        while let Some(&std::cmp::Reverse((d, token))) = self.idle_deadlines.peek() {
-            if d > now {
+        while let Some(slot) = self.idle.front() {
+            let c = &self.conns[slot as usize];
+            if c.active_us + limit_us > now {
                 break;
             }
-            self.idle_deadlines.pop();
-            let Some(slot) = self.conn_of(token) else {
-                continue;
-            };
-            let c = &self.conns[slot as usize];
-            if c.sid != 0 {
-                continue;
-            }
             let idle = c.state == State::Idle && c.rbuf.is_empty() && !c.close_after_send;
-            let due = if idle {
-                c.active_us + limit_us
-            } else {
-                now + limit_us
-            };
-            if idle && due <= now {
-                self.metrics.idle_timeout();
-                log!(
-                    Level::Debug,
-                    "idle_timeout",
-                    "conn={:#x} peer={} idle_ms={}",
-                    token,
-                    c.peer,
-                    (now - c.active_us) / 1000
-                );
-                self.close(slot);
-            } else {
-                self.idle_deadlines.push(std::cmp::Reverse((due, token)));
+            if !idle {
+                // Busy (queued, gathering, sending): looked at again later.
+                self.touch(slot);
+                continue;
             }
+            self.metrics.idle_timeout();
+            log!(
+                Level::Debug,
+                "idle_timeout",
+                "conn={:#x} peer={} idle_ms={}",
+                self.token(slot),
+                c.peer,
+                (now - c.active_us) / 1000
+            );
+            self.close(slot);
         }
     }
 

@@ -196,6 +196,9 @@ impl Shard {
         c.keepalive_us = ka as u64 * 1000;
         c.heard_us = now_us;
         c.state = State::Session;
+        // Sessions follow their keep-alive, not the idle timeout.
+        self.untouch(slot);
+        let c = &mut self.conns[slot as usize];
         let welcome = sp::Welcome {
             status: Status::Ok,
             version: sp::VERSION,
