@@ -33,7 +33,8 @@ for n in 2 4; do
   echo "== integration suites with $n shards (RINGLOCK_TEST_THREADS=$n)"
   RINGLOCK_TEST_THREADS=$n cargo test --locked --features faults \
     --test protocol --test pipelining --test client --test cli --test stress \
-    --test wal_crash --test wal_compaction --test sessions --test hostile
+    --test wal_crash --test wal_compaction --test sessions --test hostile \
+    --test fence_example --test loadgen_session
 done
 
 # The MySQL backend is behind the cargo feature `mysql` (off by default, so
