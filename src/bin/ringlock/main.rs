@@ -63,7 +63,8 @@ Exit status:
   69   server unavailable (could not connect within --retry)
   70   internal error
   74   i/o error mid-request (or the key could not be released after CMD)
-  75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed)
+  75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed);
+       reset: a key changed holder after it was listed (that key was not reset)
   76   the server refused the request or broke the protocol
   79   the lock was lost while CMD ran: CMD got SIGTERM (SIGKILL after --kill-after)
   126  CMD could not be executed;  127  CMD not found (the key was released)
@@ -222,6 +223,11 @@ enum Cmd {
         /// Release every key held by source SRC instead
         #[arg(long = "source", value_name = "SRC")]
         by_source: Option<OsString>,
+        /// Reset whoever holds KEY when the reset arrives. Without it the
+        /// holder is listed first and only that holder is reset (by its
+        /// fencing token), so a client that took KEY in between keeps it
+        #[arg(long, conflicts_with = "by_source")]
+        force: bool,
     },
     /// List held keys (admin port): KEY, SOURCE, ENDPOINT, HELD, MODE, TOKEN, LEASE
     ///
@@ -408,12 +414,24 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Reset {
             keys,
             by_source: None,
+            force,
         } => {
             // Check every key before sending any, so a typo resets nothing.
             let keys = keys
                 .iter()
                 .map(|k| key_arg(k, fmt))
                 .collect::<Result<Vec<_>, _>>()?;
+            if !force {
+                match conn.client.keyx() {
+                    Ok(list) => return reset_listed(&conn, &keys, &list),
+                    // A server without KEYX (Locking-Center) has no
+                    // compare-and-reset either: a plain reset, said so.
+                    Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        note("the server has no compare-and-reset (KEYX); resetting whoever holds each key");
+                    }
+                    Err(e) => return Err(client_fail(&e, "reset: listing the holders")),
+                }
+            }
             let table = conn.keys_for_notes();
             for key in &keys {
                 conn.client
@@ -585,21 +603,6 @@ impl Conn {
                 ..RetryPolicy::default()
             }
         };
-        let build = |retry: RetryPolicy, quick: bool| {
-            let mut b = Client::builder(lock.as_slice())
-                .source(source.clone())
-                .retry(retry);
-            if let Some(admin) = &admin {
-                b = b.admin_addr(admin.as_slice());
-            }
-            if quick {
-                b = b
-                    .connect_timeout(Duration::from_secs(1))
-                    .io_timeout(Duration::from_secs(2));
-            }
-            b.build()
-                .map_err(|e| client_fail(&e, &named("source", "--source", "RINGLOCK_SOURCE")))
-        };
         let auth = match &cli.auth_token_file {
             Some(path) => Some(read_auth_token(path).map_err(|e| {
                 usage(format!(
@@ -612,6 +615,24 @@ impl Conn {
                 ))
             })?),
             None => None,
+        };
+        let build = |retry: RetryPolicy, quick: bool| {
+            let mut b = Client::builder(lock.as_slice())
+                .source(source.clone())
+                .retry(retry);
+            if let Some(t) = &auth {
+                b = b.admin_auth_token(t.clone());
+            }
+            if let Some(admin) = &admin {
+                b = b.admin_addr(admin.as_slice());
+            }
+            if quick {
+                b = b
+                    .connect_timeout(Duration::from_secs(1))
+                    .io_timeout(Duration::from_secs(2));
+            }
+            b.build()
+                .map_err(|e| client_fail(&e, &named("source", "--source", "RINGLOCK_SOURCE")))
         };
         Ok(Conn {
             client: build(retry, false)?,
@@ -936,6 +957,52 @@ fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str) -> Fail {
         _ => EX_SOFTWARE,
     };
     Fail(code, format!("{what}: {e}"))
+}
+
+/// `reset KEY...` without `--force`: each held key is reset only if the
+/// holder just listed (and shown on stderr) still holds it, by its fencing
+/// token; a key that changed holder in between is left alone (exit 75).
+fn reset_listed(conn: &Conn, keys: &[Vec<u8>], list: &[KeyInfo]) -> Result<u8, Fail> {
+    let mut entries: Vec<(&[u8], u64)> = Vec::new();
+    for key in keys {
+        match list.iter().find(|k| &k.key == key) {
+            Some(k) => {
+                note(&format!(
+                    "resetting {}: held by {} at {} since {}s ago ({} hold, token {})",
+                    bytes::escape(key),
+                    bytes::escape(&k.source),
+                    bytes::escape(k.endpoint.as_bytes()),
+                    k.held_for(std::time::SystemTime::now()).as_secs(),
+                    k.mode.name(),
+                    k.token
+                ));
+                entries.push((key.as_slice(), k.token));
+            }
+            None => note(&format!(
+                "{} was not held; nothing was reset",
+                bytes::escape(key)
+            )),
+        }
+    }
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let done = conn
+        .client
+        .reset_if(&entries)
+        .map_err(|e| client_fail(&e, "reset"))?;
+    let mut changed = false;
+    for ((key, token), reset) in entries.iter().zip(done) {
+        if !reset {
+            changed = true;
+            note(&format!(
+                "{}: its holder changed after it was listed (token {} no longer holds it); nothing was reset, run reset again to see the new holder",
+                bytes::escape(key),
+                token
+            ));
+        }
+    }
+    Ok(if changed { EX_TEMPFAIL } else { 0 })
 }
 
 /// The secret of `--auth-token-file`: the file's bytes without trailing
