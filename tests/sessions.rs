@@ -49,6 +49,9 @@ impl Sess {
                 min_ttl_ms: 0,
                 max_ttl_ms: 0,
                 session_id: 0,
+                max_keys: 0,
+                max_waiters: 0,
+                shards: 0,
             },
             stash: VecDeque::new(),
         };
@@ -193,6 +196,16 @@ fn session_lock_tokens_and_owner_checks() {
     let mut a = Sess::open(srv.lock_addr, 0);
     let mut b = Sess::open(srv.lock_addr, 0);
     assert_eq!(a.welcome.keepalive_ms, 10_000, "server default");
+    // The Hello reply publishes the limits and the lease bounds.
+    assert_eq!(
+        (a.welcome.min_ttl_ms, a.welcome.max_ttl_ms),
+        (10, 86_400_000)
+    );
+    assert_eq!(
+        (a.welcome.max_keys, a.welcome.max_waiters),
+        (100_000, 100_000)
+    );
+    assert!(a.welcome.shards >= 1);
     let g = a.acquire("k", HoldMode::Session, 0, 0);
     assert_eq!(g.status, Status::Ok);
     assert!(g.token > 0);
