@@ -614,7 +614,7 @@ impl World {
                     // An Extend renews a lease the client still believes
                     // it holds; one it released meanwhile stays released.
                     (Some(_), Status::Ok)
-                        if s.extend && !cl.holds.get(&s.key).is_some_and(|b| b.token == token) => {}
+                        if s.extend && cl.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
                     (Some((mode, ttl)), Status::Ok) if token != 0 => {
                         if !s.extend {
                             self.grants += 1;
