@@ -19,8 +19,11 @@
 //!   give back a grant it could not deliver names it by `(key slot,
 //!   grant_id)`, so a slot reused by another key or another holder is never
 //!   released by mistake.
-//! - Capacity is fixed at construction: slabs and maps are reserved up front
-//!   and a request beyond a limit is refused (`-`), never allocated for.
+//! - Memory follows what is held, not the limits: slabs and maps start
+//!   empty and grow on demand (amortised doubling) up to the limits, and
+//!   keep their capacity, so a warmed-up table serves requests without
+//!   allocating. A request beyond a limit is refused (`-`), never
+//!   allocated for.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -385,16 +388,17 @@ pub struct Table {
 }
 
 impl Table {
+    /// An empty table. Nothing is reserved for the limits: a table sized
+    /// for `max_keys` would be touched page by page as keys hash all over
+    /// it, so the limit rather than what is held would decide memory.
     pub fn new(limits: Limits) -> Table {
-        // Every waiter and every held key has a source entry at most.
-        let max_sources = limits.max_keys + limits.max_waiters;
         Table {
             limits,
-            keys: Slab::with_capacity(limits.max_keys),
-            key_index: HashMap::with_capacity(limits.max_keys),
-            waiters: Slab::with_capacity(limits.max_waiters),
-            sources: Slab::with_capacity(max_sources.min(1 << 20)),
-            source_index: HashMap::with_capacity(max_sources.min(1 << 20)),
+            keys: Slab::new(),
+            key_index: HashMap::new(),
+            waiters: Slab::new(),
+            sources: Slab::new(),
+            source_index: HashMap::new(),
             by_age: List::new(),
             next_grant_id: 1,
             owners: Slab::new(),
