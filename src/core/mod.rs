@@ -6,6 +6,6 @@ pub mod table;
 
 pub use name::{Name, NAME_MAX};
 pub use table::{
-    Checked, Effect, Effects, Extended, Grant, HeldKey, HoldMode, Limit, Limits, LockMode,
+    Checked, Effect, Effects, Extended, Grant, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
     LockOpts, Now, ReleaseCause, Reply, Table, Token, NO_CONN,
 };

@@ -47,6 +47,12 @@ impl Name {
     }
 }
 
+impl AsRef<[u8]> for Name {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl PartialEq for Name {
     fn eq(&self, other: &Self) -> bool {
         self.as_bytes() == other.as_bytes()

@@ -359,6 +359,50 @@ pub struct HeldKey {
     pub expires_unix_ms: u64,
 }
 
+impl HeldKey {
+    /// The same holder by reference.
+    pub fn as_ref(&self) -> HeldRef<'_> {
+        HeldRef {
+            key: self.key.as_bytes(),
+            source: self.source.as_bytes(),
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        }
+    }
+}
+
+/// A held key by reference: names borrowed from wherever they are stored
+/// (a log image during recovery, the table itself), so visiting a million
+/// holders copies no name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRef<'a> {
+    pub key: &'a [u8],
+    pub source: &'a [u8],
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub grant_id: u64,
+    pub mode: HoldMode,
+    pub expires_unix_ms: u64,
+}
+
+impl HeldRef<'_> {
+    /// An owned copy; `None` when a name is longer than [`crate::core::NAME_MAX`].
+    pub fn to_owned(&self) -> Option<HeldKey> {
+        Some(HeldKey {
+            key: Name::new(self.key)?,
+            source: Name::new(self.source)?,
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        })
+    }
+}
+
 /// What a blocking or try lock request turned into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
@@ -622,6 +666,20 @@ impl Table {
     /// grant the next waiter and does not drop the key entry.
     fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
         let before = self.held_key(k).expect("release of a free key");
+        let h = self.unhold(k);
+        fx.push(Effect::Released {
+            key: self.keys[k as usize].name,
+            grant_id: h.grant_id,
+            holder_conn: h.conn,
+            holder: before,
+            held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
+            cause,
+        });
+    }
+
+    /// [`Table::clear_holder`] without an effect (recovery and undo: nobody
+    /// to tell, and nothing to allocate).
+    fn unhold(&mut self, k: u32) -> Holder {
         let h = self.keys[k as usize]
             .holder
             .take()
@@ -636,14 +694,7 @@ impl Table {
         }
         self.by_age.unlink(&mut self.keys, k, K_AGE);
         self.source_drop_if_unused(h.source);
-        fx.push(Effect::Released {
-            key: self.keys[k as usize].name,
-            grant_id: h.grant_id,
-            holder_conn: h.conn,
-            holder: before,
-            held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
-            cause,
-        });
+        h
     }
 
     /// Unlinks waiter `w` from its key queue and source list and frees its
@@ -925,11 +976,18 @@ impl Table {
     /// to answer). Replaces any holder the key had. Refuses (false) past
     /// the key limit.
     pub fn restore_holder(&mut self, h: &HeldKey, now: Now) -> bool {
-        let k = match self.key_index.get(&h.key) {
+        self.restore(h.as_ref(), now)
+    }
+
+    /// [`Table::restore_holder`] by reference (replay, over the log image).
+    pub fn restore(&mut self, h: HeldRef<'_>, now: Now) -> bool {
+        let (Some(key), Some(source)) = (Name::new(h.key), Name::new(h.source)) else {
+            return false;
+        };
+        let k = match self.key_index.get(&key) {
             Some(&k) => {
-                let mut scratch = Vec::new();
                 if self.keys[k as usize].holder.is_some() {
-                    self.clear_holder(k, now, ReleaseCause::ResetByKey, &mut scratch);
+                    self.unhold(k);
                 }
                 k
             }
@@ -938,16 +996,16 @@ impl Table {
                     return false;
                 }
                 let k = self.keys.insert(KeyEntry {
-                    name: h.key,
+                    name: key,
                     holder: None,
                     queue: List::new(),
                     links: new_links(),
                 }) as u32;
-                self.key_index.insert(h.key, k);
+                self.key_index.insert(key, k);
                 k
             }
         };
-        let Some(s) = self.source_get_or_insert(&h.source) else {
+        let Some(s) = self.source_get_or_insert(&source) else {
             self.key_drop_if_unused(k);
             return false;
         };
@@ -973,11 +1031,13 @@ impl Table {
     }
 
     /// Recovery: a release read from the log.
-    pub fn restore_release(&mut self, key: &Name, now: Now) {
-        let mut scratch = Vec::new();
-        if let Some(&k) = self.key_index.get(key) {
+    pub fn restore_release(&mut self, key: &(impl AsRef<[u8]> + ?Sized), _now: Now) {
+        let Some(n) = Name::new(key.as_ref()) else {
+            return;
+        };
+        if let Some(&k) = self.key_index.get(&n) {
             if self.keys[k as usize].holder.is_some() {
-                self.clear_holder(k, now, ReleaseCause::Unlock, &mut scratch);
+                self.unhold(k);
             }
             self.key_drop_if_unused(k);
         }
@@ -1000,7 +1060,7 @@ impl Table {
     /// the state each record was applied to.
     ///
     /// [`settle`]: Table::settle
-    pub fn undo_grant(&mut self, key: &Name, grant_id: u64, now: Now) -> bool {
+    pub fn undo_grant(&mut self, key: &Name, grant_id: u64, _now: Now) -> bool {
         let Some(&key_slot) = self.key_index.get(key) else {
             return false;
         };
@@ -1008,8 +1068,7 @@ impl Table {
             .holder
             .is_some_and(|h| h.grant_id == grant_id);
         if held_by_grant {
-            let mut scratch = Vec::new();
-            self.clear_holder(key_slot, now, ReleaseCause::Undelivered, &mut scratch);
+            self.unhold(key_slot);
         }
         held_by_grant
     }
@@ -1160,8 +1219,14 @@ impl Table {
 
     /// Sets lease `grant_id` of `key` to expire at the given times (an
     /// extend read from the log, or undone). False if it is not the holder.
-    pub fn set_expiry(&mut self, key: &Name, grant_id: u64, unix_ms: u64, mono_us: u64) -> bool {
-        let Some(&k) = self.key_index.get(key) else {
+    pub fn set_expiry(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        unix_ms: u64,
+        mono_us: u64,
+    ) -> bool {
+        let Some(&k) = Name::new(key.as_ref()).and_then(|n| self.key_index.get(&n)) else {
             return false;
         };
         match self.keys[k as usize].holder.as_mut() {

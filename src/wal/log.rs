@@ -230,7 +230,7 @@ impl Log {
 
     pub fn append_acquire(&mut self, h: &HeldKey) -> u64 {
         let start = self.filling.len();
-        record::encode_acquire(h, &mut self.filling);
+        record::encode_acquire(h.as_ref(), &mut self.filling);
         self.carry_from(start);
         self.live_bytes += acquire_len(h);
         self.filling_records += 1;
@@ -242,7 +242,7 @@ impl Log {
     /// log holds the lease's Hold record with its latest deadline.
     pub fn append_extend(&mut self, key: &Name, grant_id: u64, expires_unix_ms: u64) -> u64 {
         let start = self.filling.len();
-        record::encode_extend(key, grant_id, expires_unix_ms, &mut self.filling);
+        record::encode_extend(key.as_bytes(), grant_id, expires_unix_ms, &mut self.filling);
         self.carry_from(start);
         self.filling_records += 1;
         self.tail_lsn += 1;
@@ -251,7 +251,7 @@ impl Log {
 
     pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
         let start = self.filling.len();
-        record::encode_release(key, grant_id, &mut self.filling);
+        record::encode_release(key.as_bytes(), grant_id, &mut self.filling);
         self.carry_from(start);
         self.live_bytes = self.live_bytes.saturating_sub(acquire_len(holder));
         self.filling_records += 1;
@@ -274,7 +274,7 @@ impl Log {
         record::encode_grant_mark(table.next_grant_id(), buf);
         let mut records = 0;
         table.for_each_held(|h| {
-            record::encode_acquire(h, buf);
+            record::encode_acquire(h.as_ref(), buf);
             records += 1;
         });
         records
