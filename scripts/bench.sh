@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side lock-service benchmark: ringlockd (also with --threads 1 and
-# 2) against a floor server, the original Locking-Center, Redis, PostgreSQL,
-# MariaDB and etcd, same machine, same run, same load.
+# 2, and over its session protocol) against a floor server, the original
+# Locking-Center, Redis, PostgreSQL, MariaDB and etcd, same machine, same
+# run, same load.
 #
 #   scripts/bench.sh [--quick] [--repeat N] [--no-install] [--out DIR]
 #                    [--systems "floor ringlockd redis ..."] [--scenarios "uncontended-1 ..."]
@@ -23,7 +24,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0
 INSTALL=1
 REPEAT=""
-SYSTEMS="floor ringlockd ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
+SYSTEMS="floor ringlockd ringlockd-session ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
 SCENARIOS=""
 OUT="$ROOT/bench/results"
 SERVER_CPUS=""
@@ -142,7 +143,7 @@ LOADGEN="$BIN/ringlock-loadgen"
 # Each (round, scenario, system) run gets a freshly started server with an
 # empty data dir, and only that one server runs: no state (queued waiters,
 # leases, WAL) and no background work of another system leaks into a run.
-PORT_FLOOR=24129; PORT_RL=24119; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179
+PORT_FLOOR=24129; PORT_RL=24119; PORT_RLS=24169; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179
 PORT_REDIS=24379; PORT_REDIS_AOF=24380; PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -157,7 +158,7 @@ wait_port() { # port seconds pid
 }
 
 declare -A TARGET NOTE VERSION PORT WHY
-PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1
+PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-session]=$PORT_RLS [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1
       [ringlockd-t2]=$PORT_RLT2 [locking-center]=$PORT_LC [redis]=$PORT_REDIS
       [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD)
 HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)
@@ -203,6 +204,9 @@ build_locking_center() {
 
 # ringlockd with N shards: gated on the binary knowing --threads.
 has_threads() { "$BIN/ringlockd" --help 2>&1 | grep -q -- '--threads'; }
+# The session row: gated on the binary having the session protocol's
+# keep-alive bounds (a binary without sessions answers a Hello with '-').
+has_sessions() { "$BIN/ringlockd" --help 2>&1 | grep -q -- '--max-keepalive-ms'; }
 
 # One-time preparation: versions, notes, and data-dir templates that are
 # copied per run (initdb / mariadb-install-db take seconds each). A system
@@ -216,6 +220,11 @@ prepare_system() {
     ringlockd) TARGET[$s]="ringlock://127.0.0.1:$PORT_RL"
         VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
         NOTE[$s]="in memory (not durable)" ;;
+    ringlockd-session)
+        has_sessions || { WHY[$s]="ringlockd is not built with the session protocol yet"; return 1; }
+        TARGET[$s]="ringlock-session://127.0.0.1:$PORT_RLS"
+        VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
+        NOTE[$s]="the ringlockd server of the ringlockd row (same flags, in memory), driven over the session protocol: Hello, then Acquire (hold = session) + Release by token" ;;
     ringlockd-t1|ringlockd-t2)
         has_threads || { WHY[$s]="ringlockd is not built with --threads yet"; return 1; }
         TARGET[$s]="ringlock://127.0.0.1:${PORT[$s]}"
@@ -261,7 +270,7 @@ start_system() { # system dir
     fi
     case "$s" in
     floor) $PIN_SERVER "$BIN/floor-server" --bind "127.0.0.1:$port" --close-first 2>"$d/log" & ;;
-    ringlockd) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" 2>"$d/log" & ;;
+    ringlockd|ringlockd-session) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" 2>"$d/log" & ;;
     ringlockd-durable) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
             --data-path "$d/ringlock.wal" 2>"$d/log" & ;;
     ringlockd-t1|ringlockd-t2) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
@@ -328,6 +337,8 @@ noise() { # "busy steal total" before, after, server ticks, loadgen cpu seconds
 # Which system runs which scenario; prints a reason when it does not.
 not_applicable() { # system scenario
     case "$2:$1" in
+        uncontended-*:ringlockd-session|churn-*:ringlockd-session)
+            echo "session holds end with their connection: a connection per request cannot hold one" ;;
         churn-*:floor|churn-*:ringlockd|churn-*:ringlockd-t1|churn-*:ringlockd-t2|churn-*:locking-center) ;;
         churn-*:*) echo "connection-churn scenario: compares the Locking-Center-protocol servers (ringlockd, the floor, the original)" ;;
         uncontended-*:postgres|uncontended-*:mariadb)

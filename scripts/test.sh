@@ -25,16 +25,16 @@ cargo test --workspace --all-targets --locked --features faults
 # The same suites with several shards: every connection may land on any
 # shard and be handed to the key's owner (tests/shards.rs covers what only
 # shards have: FIFO and withdrawal across shards, resharding restarts).
-# Not rerun: protocol (its FIFO tests order arrivals with a round trip on
-# another connection, which says nothing across shards: tests/shards.rs
-# orders them by the queued-waiters gauge instead), wal_recovery (it edits
-# the single log file by hand), metrics_e2e and
-# wal_faults (one loop's exact figures and fault schedule).
+# (The protocol suite orders arrivals by the queued-waiters gauge, which
+# holds across shards.) Not rerun: wal_recovery (it edits the single log
+# file by hand), metrics_e2e and wal_faults (one loop's exact figures and
+# fault schedule); tests/shards.rs covers durable restarts with shards.
 for n in 2 4; do
   echo "== integration suites with $n shards (RINGLOCK_TEST_THREADS=$n)"
   RINGLOCK_TEST_THREADS=$n cargo test --locked --features faults \
-    --test pipelining --test client --test cli --test stress \
-    --test wal_crash --test wal_compaction --test sessions
+    --test protocol --test pipelining --test client --test cli --test stress \
+    --test wal_crash --test wal_compaction --test sessions --test hostile \
+    --test fence_example --test loadgen_session
 done
 
 # The MySQL backend is behind the cargo feature `mysql` (off by default, so

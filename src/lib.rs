@@ -58,7 +58,8 @@
 //!    the `user_data` encoding).
 //! 6. the binaries (`ringlockd`, `ringlock`), plus [`client`] (blocking,
 //!    std-only client library), [`lease`] (the lock API every backend
-//!    shares: `Locker`, `Lease`, the lost-lock handler), [`mysql`] (that API
+//!    shares: `Locker`, `Lease`, the lost-lock handler), [`fence`] (the
+//!    protected resource's side of fencing tokens), [`mysql`] (that API
 //!    over MySQL/MariaDB `GET_LOCK`, cargo feature `mysql`), [`metrics`] (atomics-only registry and its
 //!    HTTP thread), [`config`] (every limit and default) and [`mod@log`].
 //!
@@ -91,6 +92,7 @@
 pub mod client;
 pub mod config;
 pub mod core;
+pub mod fence;
 pub mod lease;
 #[cfg(feature = "server")]
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! Every row of PROTOCOL.md Parts 1 and 2 against the real binary.
+//! Every row of docs/protocol.md sections 1 and 2 against the real binary.
 
 mod common;
 
@@ -12,16 +12,29 @@ fn sync(s: &Server) {
     assert_eq!(once(s.lock_addr, &frame(2, b"__sync__", None)), b'+');
 }
 
+/// Waits until `n` Lock requests are queued (every shard's total): with
+/// several shards a waiter's connection may still be on its way to the
+/// key's owner when a round trip on another connection returns, so the
+/// queued-waiters gauge is the barrier.
+fn queued(s: &Server, n: usize) {
+    wait_metric(s.metrics(), "ringlock_queued_waiters", n as f64);
+}
+
+/// A server with metrics (for [`queued`]).
+fn start() -> Server {
+    Server::start(&["--metrics-bind", "127.0.0.1:0"])
+}
+
 #[test]
 fn lock_unlock_trylock_basics() {
-    let s = Server::start(&[]);
+    let s = start();
     let mut a = s.connect();
     assert_eq!(a.lock(b"k", b"svc"), b'+');
     assert_eq!(once(s.lock_addr, &frame(5, b"k", Some(b"other"))), b'#');
     // A key with a waiter is not free for TryLock either.
     let mut w = s.connect();
     w.send(&frame(1, b"k", Some(b"w")));
-    sync(&s);
+    queued(&s, 1);
     assert_eq!(a.unlock(b"k"), b'+');
     assert_eq!(w.read_byte(), b'+');
     assert_eq!(once(s.lock_addr, &frame(5, b"k", Some(b"x"))), b'#');
@@ -35,14 +48,14 @@ fn lock_unlock_trylock_basics() {
 
 #[test]
 fn waiters_are_served_in_fifo_order() {
-    let s = Server::start(&[]);
+    let s = start();
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"fifo", b"h"), b'+');
     let mut waiters: Vec<Conn> = (0..8)
         .map(|i| {
             let mut c = s.connect();
             c.send(&frame(1, b"fifo", Some(format!("w{i}").as_bytes())));
-            sync(&s);
+            queued(&s, i + 1);
             c
         })
         .collect();
@@ -67,19 +80,19 @@ fn waiters_are_served_in_fifo_order() {
 
 #[test]
 fn a_waiter_that_hangs_up_is_withdrawn_and_never_granted() {
-    let s = Server::start(&[]);
+    let s = start();
     let mut holder = s.connect();
     assert_eq!(holder.lock(b"hu", b"h"), b'+');
     let mut w1 = s.connect_oneshot();
     w1.send(&frame(1, b"hu", Some(b"w1")));
-    sync(&s);
+    queued(&s, 1);
     let w2 = s.connect_oneshot();
     let mut w2 = w2;
     w2.send(&frame(1, b"hu", Some(b"w2")));
-    sync(&s);
+    queued(&s, 2);
     let mut w3 = s.connect_oneshot();
     w3.send(&frame(1, b"hu", Some(b"w3")));
-    sync(&s);
+    queued(&s, 3);
     // The middle and the first waiter go away (close, then half-close).
     // The FIN of a closed socket leaves only when no process holds it: a
     // server that another test is spawning at this moment holds a copy of
@@ -102,7 +115,7 @@ fn a_waiter_that_hangs_up_is_withdrawn_and_never_granted() {
             keys(s.admin_addr)
         ),
     }
-    sync(&s);
+    queued(&s, 1);
     assert_eq!(holder.unlock(b"hu"), b'+');
     w3.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 1];
@@ -129,15 +142,15 @@ fn a_held_key_survives_its_holders_disconnect() {
 
 #[test]
 fn reset_by_key_releases_the_holder_and_keeps_the_queue() {
-    let s = Server::start(&[]);
+    let s = start();
     let mut h = s.connect();
     assert_eq!(h.lock(b"rk", b"h"), b'+');
     let mut w1 = s.connect();
     w1.send(&frame(1, b"rk", Some(b"w1")));
-    sync(&s);
+    queued(&s, 1);
     let mut w2 = s.connect();
     w2.send(&frame(1, b"rk", Some(b"w2")));
-    sync(&s);
+    queued(&s, 2);
     assert_eq!(once(s.lock_addr, &frame(3, b"rk", None)), b'+');
     assert_eq!(w1.read_byte(), b'+');
     assert!(w2.silent_for(30));
@@ -149,7 +162,7 @@ fn reset_by_key_releases_the_holder_and_keeps_the_queue() {
 
 #[test]
 fn reset_by_source_frees_its_keys_and_fails_its_waiters() {
-    let s = Server::start(&[]);
+    let s = start();
     let mut a = s.connect();
     assert_eq!(a.lock(b"s1", b"svcA"), b'+');
     assert_eq!(a.lock(b"s2", b"svcA"), b'+');
@@ -158,10 +171,10 @@ fn reset_by_source_frees_its_keys_and_fails_its_waiters() {
     // svcA waits on svcB's key; svcB waits on svcA's key.
     let mut a_wait = s.connect();
     a_wait.send(&frame(1, b"s3", Some(b"svcA")));
-    sync(&s);
+    queued(&s, 1);
     let mut b_wait = s.connect();
     b_wait.send(&frame(1, b"s1", Some(b"svcB")));
-    sync(&s);
+    queued(&s, 2);
     assert_eq!(once(s.lock_addr, &[4, 4, b's', b'v', b'c', b'A']), b'+');
     assert_eq!(
         a_wait.read_byte(),
@@ -400,12 +413,12 @@ fn sync_via(c: &mut Conn) {
 
 #[test]
 fn sigterm_answers_queued_waiters_and_exits_zero() {
-    let mut s = Server::start(&[]);
+    let mut s = start();
     let mut h = s.connect();
     assert_eq!(h.lock(b"t", b"h"), b'+');
     let mut w = s.connect();
     w.send(&frame(1, b"t", Some(b"w")));
-    sync(&s);
+    queued(&s, 1);
     let t = Instant::now();
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(s.pid() as i32, libc::SIGTERM) };
@@ -476,10 +489,13 @@ fn bind_address_env_accepts_locking_center_form() {
         .args(["--admin-bind", "127.0.0.1:0"]);
     let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
     use std::io::BufRead;
+    // All interfaces without a token: warned about first, then listening.
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    std::io::BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("event=insecure_bind"), "{line}");
+    line.clear();
+    err.read_line(&mut line).unwrap();
     assert!(line.contains(&format!("lock=0.0.0.0:{port}")), "{line}");
     assert_eq!(
         once(

@@ -18,7 +18,8 @@
 //! also be the server's holder with the same token. At the end everything
 //! quiesces: no session, waiter, hold or connection is left.
 //!
-//! `SIM_SEEDS=N` (default 200), `SIM_STEPS=N` (default 1500), `SIM_SEED=S`.
+//! `SIM_SEEDS=N` (default 200) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
+//! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -543,7 +544,10 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
     let steps = env_u64("SIM_STEPS", 1500);
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
         Ok(s) => vec![s.parse().expect("SIM_SEED is a number")],
-        Err(_) => (1..=env_u64("SIM_SEEDS", 200)).collect(),
+        Err(_) => {
+            let first = env_u64("SIM_FIRST_SEED", 1);
+            (first..first + env_u64("SIM_SEEDS", 200)).collect()
+        }
     };
     let (mut grants, mut lost) = (0, 0);
     let runs = seeds.len() as u64;

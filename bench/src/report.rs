@@ -283,7 +283,9 @@ fn markdown(
          cycle, so a stall cannot hide: coordinated-omission corrected); *uncorrected* starts \
          the clock when the attempt actually began. A cycle is lock → unlock (hold 0). Redis \
          has no blocking lock: a Lock is `SET NX PX` retried every 50–150 µs (retries counted), \
-         release is a compare-and-delete script. PostgreSQL uses `pg_advisory_lock`, MariaDB \
+         release is a compare-and-delete script. `ringlockd-session` is the same server as \
+         `ringlockd`, driven over its session protocol (Hello, Acquire with hold = session, \
+         Release naming the token). PostgreSQL uses `pg_advisory_lock`, MariaDB \
          `GET_LOCK`, etcd its v3 lock API through the HTTP/JSON gateway. `p99/floor` divides by \
          the floor server's p99 in the same scenario. *saturated* = achieved rate < 95 % of \
          the target (achieved = completed cycles / (duration + drain)). *foreign / steal CPU %* = share \
@@ -650,10 +652,22 @@ fn verdict(
         }
         out.push('.');
     }
-    let compared = ["floor", ours, "ringlockd-t1", "ringlockd-t2"]
-        .into_iter()
-        .filter_map(|s| fig(sc, results, s))
-        .chain(peers);
+    if let (Some(lc), Some(se)) = (
+        fig(sc, results, "ringlockd"),
+        fig(sc, results, "ringlockd-session"),
+    ) {
+        out.push_str(&sessions_verdict(&lc, &se));
+    }
+    let compared = [
+        "floor",
+        ours,
+        "ringlockd-t1",
+        "ringlockd-t2",
+        "ringlockd-session",
+    ]
+    .into_iter()
+    .filter_map(|s| fig(sc, results, s))
+    .chain(peers);
     if compared.into_iter().any(|f| f.rounds < 2) {
         out.push_str(
             " (One round: a range of one value says nothing about the run-to-run noise; \
@@ -661,6 +675,50 @@ fn verdict(
         );
     }
     out.push('\n');
+    out
+}
+
+/// The session protocol against the Locking-Center protocol on the same
+/// server, load and pinning (goal: session p99 within 1.1×).
+fn sessions_verdict(lc: &Fig, se: &Fig) -> String {
+    let mut out = String::new();
+    let judgement = match p99_overlaps(se, &[lc]) {
+        Some(text) => text,
+        None if se.p99 <= 1.1 * lc.p99 => "within the 1.1× goal".into(),
+        None => "outside the 1.1× goal".into(),
+    };
+    let _ = write!(
+        out,
+        " Sessions: ringlockd-session p99 {} vs ringlockd over the Locking-Center protocol {} \
+         ({:.2}×: {judgement})",
+        fmt_unit(se.p99),
+        fmt_unit(lc.p99),
+        se.p99 / lc.p99,
+    );
+    if lc.closed {
+        let _ = write!(
+            out,
+            "; throughput {:.0} vs {:.0} cycles/s ({:.2}×{})",
+            se.ops,
+            lc.ops,
+            se.ops / lc.ops.max(1e-9),
+            if overlap(lc.ops_range, se.ops_range) {
+                ", ranges overlap: indistinguishable"
+            } else {
+                ""
+            }
+        );
+    }
+    if let (Some(c1), Some(c2)) = (lc.cpu, se.cpu) {
+        let _ = write!(
+            out,
+            "; server CPU {} vs {} µs/op ({:.2}×)",
+            fmt_cpu(Some(c2)),
+            fmt_cpu(Some(c1)),
+            c2 / c1
+        );
+    }
+    out.push('.');
     out
 }
 
@@ -760,6 +818,51 @@ mod tests {
         );
         assert!(v.contains("outside the 1.5× bound"), "{v}");
         assert!(v.contains("server CPU 12.0 vs 10.0 µs/op (1.20×)"), "{v}");
+    }
+
+    #[test]
+    fn sessions_are_compared_with_the_locking_center_protocol() {
+        let v = verdict_of(
+            "persistent-64",
+            vec![
+                (
+                    "ringlockd",
+                    ran(60.0, (58.0, 62.0), 10000.0, 10000.0, Some(10.0)),
+                ),
+                (
+                    "ringlockd-session",
+                    ran(64.0, (63.0, 65.0), 10000.0, 10000.0, Some(11.0)),
+                ),
+            ],
+        );
+        assert!(v.contains("ringlockd-session p99 64"), "{v}");
+        assert!(v.contains("(1.07×: within the 1.1× goal)"), "{v}");
+        assert!(v.contains("server CPU 11.0 vs 10.0 µs/op (1.10×)"), "{v}");
+        assert!(
+            !v.contains("best peer ringlockd-session"),
+            "not a peer: {v}"
+        );
+        let v = verdict_of(
+            "hot-key-64-max",
+            vec![
+                ("ringlockd", ran(60.0, (58.0, 62.0), 9000.0, 0.0, None)),
+                (
+                    "ringlockd-session",
+                    ran(80.0, (75.0, 85.0), 8000.0, 0.0, None),
+                ),
+            ],
+        );
+        assert!(v.contains("outside the 1.1× goal"), "{v}");
+        assert!(v.contains("throughput 8000 vs 9000 cycles/s"), "{v}");
+        let v = verdict_of(
+            "persistent-64",
+            vec![
+                ("ringlockd", ran(60.0, (50.0, 90.0), 1.0, 1.0, None)),
+                ("ringlockd-session", ran(80.0, (70.0, 95.0), 1.0, 1.0, None)),
+            ],
+        );
+        assert!(v.contains("indistinguishable"), "{v}");
+        assert!(!v.contains("goal"), "no goal claimed despite overlap: {v}");
     }
 
     #[test]

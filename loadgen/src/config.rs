@@ -12,6 +12,9 @@ use crate::dist::Dist;
 pub enum Kind {
     /// Locking-Center protocol (ringlockd, the floor server, the Go original).
     Ringlock,
+    /// ringlockd's session protocol: Hello, then Acquire (hold = session)
+    /// and Release with the grant's token, on one persistent connection.
+    Session,
     /// Redis: `SET key token NX PX ttl` + compare-and-delete script.
     Redis,
     /// PostgreSQL: `pg_advisory_lock` / `pg_advisory_unlock` on a pinned session.
@@ -37,6 +40,7 @@ impl Target {
     pub fn scheme(&self) -> &'static str {
         match self.kind {
             Kind::Ringlock => "ringlock",
+            Kind::Session => "ringlock-session",
             Kind::Redis => "redis",
             Kind::Postgres { .. } => "postgres",
             Kind::Mysql { .. } => "mysql",
@@ -53,11 +57,14 @@ impl Target {
     }
 
     /// Whether a lock survives the connection that took it. Session-bound
-    /// locks (PostgreSQL advisory locks, MySQL GET_LOCK) are released by the
-    /// server when the session ends, so a connection per request is
-    /// meaningless for them.
+    /// locks (PostgreSQL advisory locks, MySQL GET_LOCK, ringlockd session
+    /// holds) are released by the server when the session ends, so a
+    /// connection per request is meaningless for them.
     pub fn lock_outlives_connection(&self) -> bool {
-        !matches!(self.kind, Kind::Postgres { .. } | Kind::Mysql { .. })
+        !matches!(
+            self.kind,
+            Kind::Postgres { .. } | Kind::Mysql { .. } | Kind::Session
+        )
     }
 }
 
@@ -96,6 +103,7 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
     };
     let (kind, default_port) = match scheme {
         "ringlock" | "lc" => (Kind::Ringlock, 22119),
+        "ringlock-session" => (Kind::Session, 22119),
         "redis" => (Kind::Redis, 6379),
         "postgres" | "postgresql" => {
             let user = if user.is_empty() {
@@ -183,7 +191,8 @@ pub struct Config {
     pub conn_mode: ConnMode,
     /// Redis only: pause between SET NX attempts while the key is taken.
     pub retry_backoff_ns: u64,
-    /// Redis lock TTL (PX), also the etcd lease TTL.
+    /// Redis lock TTL (PX), also the etcd lease TTL and the keep-alive a
+    /// ringlockd session asks for in its Hello.
     pub lock_ttl_ms: u64,
     pub key_prefix: String,
     pub seed: u64,
@@ -238,6 +247,7 @@ USAGE: ringlock-loadgen --target URL [options]
 
 Targets:
   ringlock://HOST:PORT            Locking-Center protocol (ringlockd, floor-server)
+  ringlock-session://HOST:PORT    ringlockd session protocol: Hello, Acquire (session hold), Release by token
   redis://HOST:PORT               SET NX PX + compare-and-delete (EVALSHA)
   postgres://USER@HOST:PORT/DB    pg_advisory_lock / pg_advisory_unlock (trust or cleartext auth)
   mysql://USER:PASS@HOST:PORT     GET_LOCK / RELEASE_LOCK (MySQL, MariaDB)
@@ -256,7 +266,7 @@ Options:
   --mix MIX            lock-unlock | try-lock (default lock-unlock)
   --conn-mode MODE     persistent | per-request (default persistent)
   --retry-backoff D    redis: pause between SET NX attempts (default 100us, +-50% jitter)
-  --lock-ttl-ms MS     redis PX / etcd lease TTL (default 30000)
+  --lock-ttl-ms MS     redis PX / etcd lease TTL / ringlock-session keep-alive (default 30000)
   --key-prefix P       key prefix (default lg)
   --seed N             RNG seed (default 1)
   --label TEXT         free text echoed in the report
@@ -466,6 +476,8 @@ mod tests {
                 password: "p".into()
             }
         );
+        let t = parse_target("ringlock-session://127.0.0.1").unwrap();
+        assert_eq!((t.kind, t.port), (Kind::Session, 22119));
         let t = parse_target("redis://127.0.0.1").unwrap();
         assert_eq!(t.port, 6379);
         assert!(parse_target("ftp://x:1").is_err());
@@ -500,6 +512,14 @@ mod tests {
             "per-request"
         ])
         .is_err());
+        let e = a(&[
+            "--target",
+            "ringlock-session://h:1",
+            "--conn-mode",
+            "per-request",
+        ])
+        .unwrap_err();
+        assert!(e.contains("bound to the session"), "{e}");
         assert!(a(&["--connections", "1"]).is_err());
         assert!(a(&["--target", "etcd://h:1", "--mix", "try-lock"]).is_err());
     }

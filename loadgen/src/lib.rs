@@ -5,7 +5,7 @@
 //! - [`config`]: command line and target URLs.
 //! - [`dist`]: deterministic RNG and key distributions (uniform, Zipf, hot, private).
 //! - [`proto`]: one small, unit-tested codec per target protocol
-//!   (Locking-Center, RESP, PostgreSQL simple query, MySQL/MariaDB, etcd's
+//!   (Locking-Center, ringlockd sessions, RESP, PostgreSQL simple query, MySQL/MariaDB, etcd's
 //!   HTTP/JSON gateway). Codecs do no I/O: bytes in, replies out.
 //! - [`engine`]: an epoll loop per thread that drives its clients as
 //!   state machines (connect → handshake → lock → hold → unlock), schedules

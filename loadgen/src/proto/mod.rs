@@ -14,6 +14,7 @@ pub mod mysql;
 pub mod pg;
 pub mod redis;
 pub mod ringlock;
+pub mod session;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -62,6 +63,10 @@ pub fn new_codec(
         Kind::Ringlock => Box::new(ringlock::Lc::new(
             format!("lg{client}").into_bytes(),
             persistent,
+        )),
+        Kind::Session => Box::new(session::SessionLock::new(
+            format!("lg{client}").into_bytes(),
+            u32::try_from(lock_ttl_ms).unwrap_or(u32::MAX),
         )),
         Kind::Redis => Box::new(redis::RedisLock::new(client, lock_ttl_ms)),
         Kind::Postgres { user, db, password } => {
