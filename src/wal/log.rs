@@ -168,7 +168,7 @@ impl Log {
     /// A log whose file holds `file_len` valid bytes, replayed into `table`.
     pub fn new(file_len: u64, table: &Table, compact_floor_bytes: u64) -> Log {
         let mut live = 0;
-        table.for_each_held(|h| live += acquire_len(h));
+        table.for_each_held(|h| live += record::acquire_len(h) as u64);
         Log {
             file_len,
             filling: Vec::with_capacity(64 * 1024),
@@ -274,7 +274,7 @@ impl Log {
         record::encode_grant_mark(table.next_grant_id(), buf);
         let mut records = 0;
         table.for_each_held(|h| {
-            record::encode_acquire(h.as_ref(), buf);
+            record::encode_acquire(h, buf);
             records += 1;
         });
         records
@@ -514,7 +514,7 @@ impl Log {
     /// Recomputes live bytes after an undo (undo is rare).
     pub fn recount_live(&mut self, table: &Table) {
         let mut live = 0;
-        table.for_each_held(|h| live += acquire_len(h));
+        table.for_each_held(|h| live += record::acquire_len(h) as u64);
         self.live_bytes = live;
     }
 }

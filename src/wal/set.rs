@@ -201,10 +201,7 @@ pub fn open(
         .collect();
     let mut moved = 0usize;
     merged.for_each_held(|h| {
-        record::encode_acquire(
-            h.as_ref(),
-            &mut bufs[crate::shard::owner(h.key.as_bytes(), n)],
-        );
+        record::encode_acquire(h, &mut bufs[crate::shard::owner(h.key, n)]);
         moved += 1;
     });
     for (i, b) in bufs.iter().enumerate() {
