@@ -1134,7 +1134,9 @@ impl Table {
             mode: h.mode,
             owner: NIL,
             expires_mono_us: if lease {
-                now.mono_us + left_ms * 1000
+                // Saturating: a deadline read from a log is not trusted to
+                // fit (the server caps TTLs, a hand-made log need not).
+                now.mono_us.saturating_add(left_ms.saturating_mul(1000))
             } else {
                 0
             },

@@ -271,7 +271,8 @@ fn replay_with(
                 expires_unix_ms,
             } => {
                 let left_ms = expires_unix_ms.saturating_sub(now.unix_ms);
-                table.set_expiry(key, grant_id, expires_unix_ms, now.mono_us + left_ms * 1000);
+                let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
+                table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
             }
         }
         ControlFlow::Continue(())
