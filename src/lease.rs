@@ -2,9 +2,9 @@
 //!
 //! A program written against this module switches backends by changing an
 //! address, not its code: `ringlock::mysql::Locker` (MySQL/MariaDB
-//! `GET_LOCK`, cargo feature `mysql`) implements [`Locker`] today, and a
-//! `ringlockd` session client implements the same trait and hands out the
-//! same [`Lease`] type.
+//! `GET_LOCK`, cargo feature `mysql`) and [`crate::client::Session`] (a
+//! `ringlockd` session, with fencing tokens and leases) both implement
+//! [`Locker`] and hand out the same [`Lease`] type.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -204,6 +204,10 @@ pub enum Error {
     InvalidKey(String),
     /// The lock timeout is zero. Raised before any traffic.
     InvalidTimeout,
+    /// Another argument or setting breaks a rule the message names (a
+    /// server address, a source name, a lease TTL outside the server's
+    /// bounds). Raised before any traffic.
+    InvalidArgument(String),
     /// The backend's own wait ended without a grant: someone else holds
     /// the lock. Nothing is held on the caller's behalf.
     Timeout,
@@ -249,7 +253,10 @@ impl Error {
 
     /// True for errors raised before any traffic (bad arguments).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Error::InvalidKey(_) | Error::InvalidTimeout)
+        matches!(
+            self,
+            Error::InvalidKey(_) | Error::InvalidTimeout | Error::InvalidArgument(_)
+        )
     }
 
     /// The loss, for [`Error::Lost`].
@@ -266,6 +273,7 @@ impl fmt::Display for Error {
         match self {
             Error::InvalidKey(rule) => write!(f, "invalid lock key: {rule}"),
             Error::InvalidTimeout => f.write_str("non-positive timeout"),
+            Error::InvalidArgument(rule) => write!(f, "invalid argument: {rule}"),
             Error::Timeout => f.write_str("timeout: the lock is held by someone else"),
             Error::Cancelled => f.write_str("lock wait cancelled"),
             Error::DeadlineExceeded => f.write_str("deadline exceeded while waiting for the lock"),

@@ -28,6 +28,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`client::Session`] is the client of ringlockd's session protocol: locks
+//! that the server frees when their holder's session ends, leases, fencing
+//! tokens, and a lost-lock handler ([`lease`] is its API, shared with the
+//! MySQL backend).
+//!
 //! To depend on the client alone, without the server's io_uring and
 //! log dependencies (it then builds on any Unix):
 //!

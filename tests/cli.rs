@@ -546,6 +546,14 @@ fn a_host_without_port_means_the_default_ports() {
     assert!(stdout(&o).contains("dflt"), "{}", stdout(&o));
     drop(g);
     drop(s);
+    // A killed server's io_uring listeners are torn down asynchronously:
+    // wait until the port refuses connections.
+    let addr: std::net::SocketAddr = format!("{ip}:22119").parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "{addr} still accepts");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 
     // Nothing listens there now: the message names the port that was added.
     let mut c = base();
@@ -626,10 +634,24 @@ fn unlock_and_reset_of_free_keys_say_so() {
     let o = ringlock_args(&s, &["reset", "held", "free"]);
     assert_eq!(code(&o), 0);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(
-        err,
-        "ringlock: note: free was not held; nothing was reset\n"
+    // The holder is shown, then reset by its token (compare-and-reset).
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("ringlock: note: resetting held: held by x at 127.0.0.1:")
+            && lines[0].contains("persistent hold, token "),
+        "{err}"
     );
+    assert_eq!(
+        lines[1],
+        "ringlock: note: free was not held; nothing was reset"
+    );
+    assert!(held_keys(&s).is_empty());
+    // --force resets whoever holds it, without listing.
+    let _g3 = lib_client(&s, "y").lock("forced").unwrap();
+    let o = ringlock_args(&s, &["reset", "--force", "forced"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(o.stderr, b"");
     assert!(held_keys(&s).is_empty());
     let o = ringlock_args(&s, &["reset", "--source", "nobody"]);
     assert_eq!(code(&o), 0);
@@ -812,7 +834,7 @@ fn hostile_keys_are_escaped_in_the_table() {
         let out = stdout(&o);
         assert_eq!(out.lines().count(), 2, "header and exactly one row:\n{out}");
         let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
-        assert_eq!(row.len(), args.len() + 3, "one cell per column: {row:?}");
+        assert_eq!(row.len(), args.len() + 6, "one cell per column: {row:?}");
         assert!(!out.contains("\nFAKE-KEY"), "{out}");
     }
     let o = ringlock_args(&s, &["keys", "--json"]);

@@ -359,3 +359,43 @@ fn an_exposed_lock_port_without_a_token_is_warned_about() {
         .iter()
         .any(|l| l.contains("insecure_bind")));
 }
+
+#[test]
+fn the_cli_authenticates_to_a_non_loopback_admin_port_and_resets_by_token() {
+    let dir = common::TempDir::new("auth-cli");
+    let f = token_file(&dir);
+    let srv = Server::start(&["--admin-bind", "0.0.0.0:0", "--auth-token-file", &f]);
+    let admin = format!("127.0.0.1:{}", srv.admin_addr.port());
+    assert_eq!(once(srv.lock_addr, &frame(1, b"k", Some(b"s"))), b'+');
+    let cli = |auth: bool, args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        c.env_remove("RINGLOCK_AUTH_TOKEN_FILE").args([
+            "--addr",
+            &srv.lock_addr.to_string(),
+            "--admin-addr",
+            &admin,
+            "--retry",
+            "0",
+        ]);
+        if auth {
+            c.args(["--auth-token-file", &f]);
+        }
+        c.args(args).output().expect("run ringlock")
+    };
+    let without = cli(false, &["keys"]);
+    assert_ne!(without.status.code(), Some(0), "keys without the token");
+    let with = cli(true, &["keys"]);
+    assert_eq!(with.status.code(), Some(0), "{with:?}");
+    assert!(
+        String::from_utf8_lossy(&with.stdout).contains("k "),
+        "{with:?}"
+    );
+    // The compare-and-reset path (KEYX, then RSTK) authenticates too.
+    let reset = cli(true, &["reset", "k"]);
+    assert_eq!(reset.status.code(), Some(0), "{reset:?}");
+    assert_eq!(
+        once(srv.lock_addr, &frame(5, b"k", Some(b"t"))),
+        b'+',
+        "the reset released k"
+    );
+}

@@ -64,6 +64,7 @@ mod conn;
 mod error;
 mod guard;
 mod retry;
+pub mod session;
 mod wire;
 
 pub use addr::ToServerAddrs;
@@ -71,6 +72,7 @@ pub use conn::CancelToken;
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use retry::RetryPolicy;
+pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
 use std::io::{self, Read, Write};
@@ -144,6 +146,7 @@ pub struct ClientBuilder {
     io_timeout: Duration,
     retry: RetryPolicy,
     keepalive: Option<Duration>,
+    admin_auth: Option<Vec<u8>>,
 }
 
 impl ClientBuilder {
@@ -183,6 +186,14 @@ impl ClientBuilder {
         self
     }
 
+    /// The server's `--auth-token-file` secret: every admin command is
+    /// preceded by `AUTH` (required when the server's admin port is not on
+    /// loopback, accepted otherwise).
+    pub fn admin_auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.admin_auth = Some(token.into());
+        self
+    }
+
     /// TCP keepalive idle time on lock connections (default 15 s; `None`
     /// turns it off). A dead peer is detected about twice this long later.
     pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
@@ -212,6 +223,7 @@ impl ClientBuilder {
                 io_timeout: conn::nonzero(self.io_timeout),
                 retry: self.retry,
                 keepalive: self.keepalive,
+                admin_auth: self.admin_auth,
             }),
         })
     }
@@ -226,6 +238,7 @@ struct Config {
     io_timeout: Duration,
     retry: RetryPolicy,
     keepalive: Option<Duration>,
+    admin_auth: Option<Vec<u8>>,
 }
 
 /// A handle to one lock server. Cheap to clone; clones share configuration.
@@ -234,6 +247,16 @@ struct Config {
 #[derive(Debug, Clone)]
 pub struct Client {
     cfg: Arc<Config>,
+}
+
+/// Decodes a whole `KEYS`/`KEYX` answer from the front of a buffer.
+type ParseKeys = fn(&[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>>;
+
+/// Which admin listing to ask for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    Keys,
+    Keyx,
 }
 
 /// How a request/answer exchange failed.
@@ -262,6 +285,7 @@ impl Client {
             io_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             keepalive: Some(Duration::from_secs(15)),
+            admin_auth: None,
         }
     }
 
@@ -487,41 +511,142 @@ impl Client {
         )
     }
 
-    /// Lists the held keys, sorted by key, from the admin port.
+    /// Lists the held keys, sorted by key, from the admin port (`KEYS`:
+    /// `token`, `mode` and `lease_left_ms` are left at their defaults).
     pub fn keys(&self) -> Result<Vec<KeyInfo>> {
-        self.keys_with(&mut Streak::new(self.cfg.retry))
+        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keys)
     }
 
-    fn keys_with(&self, streak: &mut Streak) -> Result<Vec<KeyInfo>> {
+    /// Like [`keys`](Self::keys), with each key's fencing token, hold mode
+    /// and lease time left (`KEYX`, a ringlockd extension). A server that
+    /// does not know `KEYX` (Locking-Center, an older ringlockd) closes the
+    /// connection without an answer: that is an [`Error::Io`] of kind
+    /// `UnexpectedEof`, and [`keys`](Self::keys) still works there.
+    pub fn keyx(&self) -> Result<Vec<KeyInfo>> {
+        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keyx)
+    }
+
+    /// Compare-and-reset (`RSTK`, a ringlockd extension): resets each key
+    /// only if its holder still has the given token (as listed by
+    /// [`keyx`](Self::keyx)), so a reset can never hit a holder that took
+    /// the key after the listing. Returns, per entry, whether it was reset.
+    /// Safe to retry: a token is reset at most once.
+    pub fn reset_if(&self, entries: &[(&[u8], u64)]) -> Result<Vec<bool>> {
+        for (k, _) in entries {
+            wire::validate_key(k)?;
+        }
+        let mut req = Vec::new();
+        crate::protocol::admin::encode_rstk(entries, &mut req);
+        let mut streak = Streak::new(self.cfg.retry);
+        loop {
+            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+            let err = match self.send_admin(&mut conn, &req) {
+                Ok(()) => {
+                    let mut out = vec![0u8; entries.len() + 1];
+                    match self.read_admin(&mut conn, &mut out) {
+                        Ok(()) => {
+                            if out.last() != Some(&b'+')
+                                || out.iter().any(|b| !matches!(b, b'+' | b'#'))
+                            {
+                                return Err(Error::Protocol(format!(
+                                    "RSTK answered {:?}",
+                                    String::from_utf8_lossy(&out)
+                                )));
+                            }
+                            return Ok(out[..entries.len()].iter().map(|&b| b == b'+').collect());
+                        }
+                        Err(Error::Io(e)) => io::Error::new(e.kind(), e.to_string()),
+                        Err(other) => return Err(other),
+                    }
+                }
+                Err(e) => e,
+            };
+            self.backoff(&mut streak, err, peer, None, None)?;
+        }
+    }
+
+    /// Sends an admin command, preceded by `AUTH` when a token is set.
+    fn send_admin(&self, conn: &mut TcpStream, cmd: &[u8]) -> io::Result<()> {
+        match &self.cfg.admin_auth {
+            Some(t) => {
+                let mut b = Vec::with_capacity(5 + t.len() + cmd.len());
+                b.extend_from_slice(b"AUTH");
+                b.push(t.len() as u8);
+                b.extend_from_slice(t);
+                b.extend_from_slice(cmd);
+                self.send(conn, &b)
+            }
+            None => self.send(conn, cmd),
+        }
+    }
+
+    /// Reads exactly `out.len()` answer bytes (after AUTH's `+`).
+    fn read_admin(&self, conn: &mut TcpStream, out: &mut [u8]) -> Result<()> {
+        conn.set_read_timeout(Some(self.cfg.io_timeout))
+            .map_err(Error::io)?;
+        if self.cfg.admin_auth.is_some() {
+            let mut b = [0u8; 1];
+            conn.read_exact(&mut b).map_err(Error::io)?;
+            if b[0] != b'+' {
+                return Err(Error::Refused);
+            }
+        }
+        conn.read_exact(out).map_err(Error::io)
+    }
+
+    fn keys_with(&self, streak: &mut Streak, listing: Listing) -> Result<Vec<KeyInfo>> {
+        let (cmd, parse): (&[u8], ParseKeys) = match listing {
+            Listing::Keys => (b"KEYS", wire::parse_keys),
+            Listing::Keyx => (b"KEYX", wire::parse_keyx),
+        };
         loop {
             let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
-            let err = match self.send(&mut conn, b"KEYS") {
-                Ok(()) => match self.read_keys(&mut conn) {
+            let err = match self.send_admin(&mut conn, cmd) {
+                Ok(()) => match self.read_keys(&mut conn, parse) {
                     Ok(keys) => return Ok(keys),
+                    // A server that closes at once does not know the command
+                    // (KEYX on a Locking-Center server): retrying cannot help.
+                    Err(Error::Io(err))
+                        if listing == Listing::Keyx
+                            && err.kind() == io::ErrorKind::UnexpectedEof =>
+                    {
+                        return Err(Error::Io(err))
+                    }
                     Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
                     Err(other) => return Err(other),
                 },
                 Err(err) => err,
             };
-            // KEYS is read-only, so any failure is safe to retry.
+            // KEYS and KEYX are read-only, so any failure is safe to retry.
             self.backoff(streak, err, peer, None, None)?;
         }
     }
 
-    fn read_keys(&self, conn: &mut TcpStream) -> Result<Vec<KeyInfo>> {
+    fn read_keys(&self, conn: &mut TcpStream, parse: ParseKeys) -> Result<Vec<KeyInfo>> {
         conn.set_read_timeout(Some(self.cfg.io_timeout))
             .map_err(Error::io)?;
+        if self.cfg.admin_auth.is_some() {
+            let mut b = [0u8; 1];
+            conn.read_exact(&mut b).map_err(Error::io)?;
+            if b[0] != b'+' {
+                return Err(Error::Refused);
+            }
+        }
         let mut buf = Vec::with_capacity(4096);
         let mut chunk = [0u8; 16 * 1024];
         loop {
-            if let Some((keys, _)) = wire::parse_keys(&buf)? {
+            if let Some((keys, _)) = parse(&buf)? {
                 return Ok(keys);
             }
             match conn.read(&mut chunk) {
                 Ok(0) => {
                     return Err(Error::io(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        "admin connection closed mid-answer",
+                        if buf.is_empty() {
+                            "admin connection closed without an answer"
+                        } else {
+                            "admin connection closed mid-answer"
+                        },
                     )))
                 }
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -541,7 +666,7 @@ impl Client {
         let endpoint = endpoint
             .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
             .to_string();
-        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()))?;
+        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
         Ok(keys.iter().any(|k| k.key == key && k.endpoint == endpoint))
     }
 

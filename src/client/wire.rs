@@ -82,6 +82,11 @@ pub(crate) fn parse_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, Er
     crate::protocol::admin::decode_keys(buf).map_err(Error::Protocol)
 }
 
+/// [`parse_keys`] for a `KEYX` answer.
+pub(crate) fn parse_keyx(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, Error> {
+    crate::protocol::admin::decode_keyx(buf).map_err(Error::Protocol)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

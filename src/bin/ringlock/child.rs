@@ -5,11 +5,22 @@
 //! command runs they are forwarded to it; a terminal's ^C already reached it
 //! through the process group and is not sent twice. Everything the handler
 //! touches is an atomic, so it is async-signal-safe.
+//!
+//! A lost lock ([`lock_lost`], called from the session's lost-lock
+//! handler) sends SIGTERM to the command, and SIGKILL `--kill-after` later
+//! if it still runs. The pid is valid for both: the command is waited for
+//! without being reaped (`WNOWAIT`), and the supervisor's mutex orders "it
+//! exited" before the reap and before any later SIGKILL, so a signal never
+//! reaches a recycled pid. A loss that lands before the command started is
+//! acted on when it starts ([`run_child`] registers it under the same
+//! mutex).
 
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use ringlock::client::CancelToken;
 
@@ -88,11 +99,115 @@ pub fn mask_signals(block: bool) {
     }
 }
 
-/// Runs the command with the forwarded signals blocked on entry; returns its
-/// exit code (128+N for death by signal N).
-pub fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
+/// What the supervisor knows about the command and the lock.
+struct Sup {
+    /// The running command (0: not started, or exited).
+    pid: i32,
+    /// Why the lock was lost (the line to print), once it was.
+    lost: Option<String>,
+    kill_after: Duration,
+    /// The loss reached a running command (it got SIGTERM).
+    signalled: bool,
+    /// SIGKILL was needed.
+    killed: bool,
+}
+
+static SUP: Mutex<Sup> = Mutex::new(Sup {
+    pid: 0,
+    lost: None,
+    kill_after: Duration::from_secs(10),
+    signalled: false,
+    killed: false,
+});
+static SUP_CHANGED: Condvar = Condvar::new();
+
+fn sup() -> MutexGuard<'static, Sup> {
+    // Plain assignments only: a poisoned lock still holds consistent state.
+    SUP.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The lock is gone: stop the command (SIGTERM now, SIGKILL `kill_after`
+/// later). Called once, from the lost-lock handler; returns at once.
+pub fn lock_lost(line: String, kill_after: Duration) {
+    let mut s = sup();
+    if s.lost.is_some() {
+        return;
+    }
+    s.lost = Some(line);
+    s.kill_after = kill_after;
+    if s.pid > 0 {
+        terminate(&mut s);
+    }
+}
+
+/// What became of a lost lock.
+pub struct Lost {
+    /// Why (one line).
+    pub line: String,
+    /// It was lost while the command ran: the command got SIGTERM.
+    pub signalled: bool,
+    /// The command outlived `--kill-after` and got SIGKILL.
+    pub killed: bool,
+}
+
+/// The loss, once the lock was lost.
+pub fn lost() -> Option<Lost> {
+    let s = sup();
+    s.lost.clone().map(|line| Lost {
+        line,
+        signalled: s.signalled,
+        killed: s.killed,
+    })
+}
+
+/// SIGTERM to the running command, and a thread that sends SIGKILL if it
+/// has not exited `kill_after` later.
+fn terminate(s: &mut Sup) {
+    let (pid, kill_after) = (s.pid, s.kill_after);
+    // SAFETY: plain syscall; `pid` is our unreaped child (module docs).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    s.signalled = true;
+    let escalate = move || {
+        let deadline = Instant::now() + kill_after;
+        let mut s = sup();
+        while s.pid == pid {
+            let now = Instant::now();
+            if now >= deadline {
+                // SAFETY: as above: still unreaped while `s.pid == pid`.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                s.killed = true;
+                return;
+            }
+            s = SUP_CHANGED
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    };
+    if std::thread::Builder::new()
+        .name("ringlock-kill-after".into())
+        .spawn(escalate)
+        .is_err()
+    {
+        // Without a timer the command could outlive its lock for good.
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        s.killed = true;
+    }
+}
+
+/// Runs the command with the forwarded signals blocked on entry, `env`
+/// added to its environment; returns its exit code (128+N for death by
+/// signal N).
+pub fn run_child(
+    argv: &[std::ffi::OsString],
+    env: &[(&str, std::ffi::OsString)],
+) -> Result<u8, Fail> {
     let mut command = Command::new(&argv[0]);
     command.args(&argv[1..]);
+    for (k, v) in env {
+        command.env(k, v);
+    }
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (sigaction, pthread_sigmask) on locals.
     unsafe {
@@ -121,6 +236,14 @@ pub fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
     };
     let pid = child.id() as i32;
     CHILD_PID.store(pid, Ordering::SeqCst);
+    {
+        let mut s = sup();
+        s.pid = pid;
+        // Lost between the grant and now: stop it at once.
+        if s.lost.is_some() {
+            terminate(&mut s);
+        }
+    }
     mask_signals(false);
     // Wait without reaping, so the pid cannot be recycled while the handler
     // may still signal it; then forget it and reap.
@@ -144,6 +267,9 @@ pub fn run_child(argv: &[std::ffi::OsString]) -> Result<u8, Fail> {
             break; // child.wait() below reports it.
         }
     }
+    // Exited but not reaped: after this nobody signals the pid again.
+    sup().pid = 0;
+    SUP_CHANGED.notify_all();
     CHILD_PID.store(0, Ordering::SeqCst);
     let status = child
         .wait()

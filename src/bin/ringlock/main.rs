@@ -1,8 +1,8 @@
 //! `ringlock`: the command-line client, a distributed flock(1).
 //!
 //! ```text
-//! ringlock [OPTIONS] lock [--timeout D] KEY -- CMD [ARGS...]
-//! ringlock [OPTIONS] try-lock KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] lock [--timeout D] [--ttl D | --persistent] [--kill-after D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] try-lock [--ttl D | --persistent] [--kill-after D] KEY -- CMD [ARGS...]
 //! ringlock [OPTIONS] unlock KEY
 //! ringlock [OPTIONS] reset KEY...
 //! ringlock [OPTIONS] reset --source SRC
@@ -13,6 +13,12 @@
 //! Parsing is clap's; everything a user can get wrong ends with exactly one
 //! line on stderr starting `ringlock: ` and exit 64, before any traffic.
 //! Exit codes are listed in [`EXIT_STATUS`] and docs/client.md.
+//!
+//! `lock` and `try-lock` hold a *session* lock by default (the server frees
+//! it the moment this process's connection closes, `kill -9` included), a
+//! lease with `--ttl` (extended every TTL/3 while CMD runs) or a
+//! Locking-Center lock with `--persistent`. A session or lease lock that is
+//! lost while CMD runs stops CMD (see `child`) and exits [`EX_LOST`].
 
 mod bytes;
 mod child;
@@ -22,16 +28,20 @@ use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use ringlock::client::{
-    CancelToken, Client, Error, KeyInfo, LateGrant, LockOptions, RetryPolicy, ToServerAddrs,
-    DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
+    Acquire, CancelToken, Client, Error, Hold, KeyInfo, LateGrant, LockOptions, RetryPolicy,
+    Session, ToServerAddrs, Wait, DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
 };
+use ringlock::lease::{self, Lease, LostLock};
 
 use child::{got_signal, install_handlers, mask_signals, run_child, CANCEL_FD};
 
@@ -41,6 +51,8 @@ pub(crate) const EX_SOFTWARE: u8 = 70;
 pub(crate) const EX_IOERR: u8 = 74;
 pub(crate) const EX_TEMPFAIL: u8 = 75;
 pub(crate) const EX_PROTOCOL: u8 = 76;
+/// The session or lease lock was lost while CMD ran (CMD was stopped).
+pub(crate) const EX_LOST: u8 = 79;
 pub(crate) const EX_CANNOT_EXEC: u8 = 126;
 pub(crate) const EX_NOT_FOUND: u8 = 127;
 
@@ -51,15 +63,23 @@ Exit status:
   69   server unavailable (could not connect within --retry)
   70   internal error
   74   i/o error mid-request (or the key could not be released after CMD)
-  75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed)
+  75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed);
+       reset: a key changed holder after it was listed (that key was not reset)
   76   the server refused the request or broke the protocol
+  79   the lock was lost while CMD ran: CMD got SIGTERM (SIGKILL after --kill-after)
   126  CMD could not be executed;  127  CMD not found (the key was released)
   128+N  interrupted by signal N while waiting (the request was withdrawn)
 
 Environment:
   RINGLOCK_ADDR, RINGLOCK_ADMIN_ADDR, RINGLOCK_SOURCE  defaults of --addr, --admin-addr, --source
+  RINGLOCK_AUTH_TOKEN_FILE  default of --auth-token-file
+  CMD gets RINGLOCK_KEY (the key) and, for session and --ttl locks, RINGLOCK_TOKEN (its fencing token)
 
 Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
+lock/try-lock hold a session lock by default: the server frees it when ringlock's connection
+closes (kill -9 included) or its keep-alive stops. --ttl D takes a lease instead (freed D after
+the last extend; ringlock extends every D/3); --persistent a Locking-Center lock (held until
+released or reset, whatever happens to ringlock).
 Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
 
 const KEY_FORMATS: &str = "\
@@ -97,6 +117,10 @@ struct Cli {
     #[arg(long, env = "RINGLOCK_SOURCE", value_name = "NAME")]
     source: Option<OsString>,
 
+    /// The server's --auth-token-file secret, for session and --ttl locks
+    #[arg(long, env = "RINGLOCK_AUTH_TOKEN_FILE", value_name = "FILE")]
+    auth_token_file: Option<PathBuf>,
+
     /// Keep retrying an unreachable server for D (0 = one attempt)
     #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
     retry: Duration,
@@ -119,6 +143,28 @@ enum KeyFormat {
     Hex,
 }
 
+/// How `lock` and `try-lock` hold the key.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+struct HoldArgs {
+    /// Take a lease of D instead of a session lock: the server frees it D
+    /// after the last extend, even while ringlock's connection is open
+    /// (ringlock extends it every D/3 while CMD runs)
+    #[arg(long, value_name = "D", value_parser = parse_duration, conflicts_with = "persistent")]
+    ttl: Option<Duration>,
+    /// Locking-Center semantics: KEY stays held if ringlock dies, until a reset
+    #[arg(long)]
+    persistent: bool,
+    /// When the lock is lost while CMD runs, CMD gets SIGTERM, then SIGKILL D later
+    #[arg(
+        long,
+        value_name = "D",
+        default_value = "10s",
+        value_parser = parse_duration,
+        conflicts_with = "persistent"
+    )]
+    kill_after: Duration,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Wait for KEY (first come, first served), run CMD, release KEY when CMD ends
@@ -126,11 +172,14 @@ enum Cmd {
     /// Exits with CMD's status (128+N if it died of signal N). SIGINT, SIGTERM
     /// and SIGHUP are forwarded to CMD; KEY is released after CMD ends,
     /// however it ends. A signal while still waiting withdraws the request
-    /// and exits 128+N.
+    /// and exits 128+N. A session (default) or --ttl lock that is lost while
+    /// CMD runs stops CMD (SIGTERM, SIGKILL after --kill-after) and exits 79.
     Lock {
         /// Give up after D and exit 75; 0 means do not wait at all (like try-lock)
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         timeout: Option<Duration>,
+        #[command(flatten)]
+        hold: HoldArgs,
         /// The key to hold
         #[arg(value_name = "KEY")]
         key: OsString,
@@ -140,6 +189,8 @@ enum Cmd {
     },
     /// Run CMD holding KEY only if KEY is free right now; otherwise exit 75 and say who holds it
     TryLock {
+        #[command(flatten)]
+        hold: HoldArgs,
         /// The key to hold
         #[arg(value_name = "KEY")]
         key: OsString,
@@ -172,21 +223,30 @@ enum Cmd {
         /// Release every key held by source SRC instead
         #[arg(long = "source", value_name = "SRC")]
         by_source: Option<OsString>,
+        /// Reset whoever holds KEY when the reset arrives. Without it the
+        /// holder is listed first and only that holder is reset (by its
+        /// fencing token), so a client that took KEY in between keeps it
+        #[arg(long, conflicts_with = "by_source")]
+        force: bool,
     },
-    /// List held keys (admin port): KEY, SOURCE, ENDPOINT, HELD
+    /// List held keys (admin port): KEY, SOURCE, ENDPOINT, HELD, MODE, TOKEN, LEASE
     ///
-    /// Keys and sources are printed in the escaped form (\\ \n \r \t \xNN,
-    /// \u{HEX}; a space is \x20), so every key is one line and one column;
-    /// give a key back with `--key-format escaped`. `--json` carries the
-    /// exact bytes.
+    /// MODE is persistent, session or lease; TOKEN the grant's fencing token;
+    /// LEASE a lease's time left (`-` otherwise; all three `-` from a server
+    /// without KEYX). Keys and sources are printed in the escaped form (\\ \n
+    /// \r \t \xNN, \u{HEX}; a space is \x20), so every key is one line and
+    /// one column; give a key back with `--key-format escaped`. `--json`
+    /// carries the exact bytes.
     Keys {
         /// Also show when each key was acquired (UTC)
         #[arg(short = 'd', long)]
         dates: bool,
         /// Print a JSON array, one object per key: key, key_hex, source,
-        /// source_hex, endpoint, acquired_unix_s, held_s (key and source are
-        /// null unless valid UTF-8 without control characters; the _hex
-        /// fields always carry the exact bytes)
+        /// source_hex, endpoint, acquired_unix_s, held_s, mode, token,
+        /// lease_ms_left (key and source are null unless valid UTF-8 without
+        /// control characters, the _hex fields always carry the exact bytes;
+        /// mode and token are null from a server without KEYX, lease_ms_left
+        /// unless the key is a lease)
         #[arg(long)]
         json: bool,
         /// Only keys held for at least D (e.g. 5m): the stuck-lock check
@@ -313,18 +373,29 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Lock {
             key,
             timeout,
+            hold,
             command,
         } => {
             let key = key_arg(key, fmt)?;
-            match timeout {
-                // flock -w 0: never queue behind a holder.
-                Some(t) if t.is_zero() => lock_and_run(&conn, &key, None, command, true),
-                t => lock_and_run(&conn, &key, *t, command, false),
+            // flock -w 0: never queue behind a holder.
+            let try_only = timeout.is_some_and(|t| t.is_zero());
+            if hold.persistent {
+                let t = if try_only { None } else { *timeout };
+                return lock_and_run(&conn, &key, t, command, try_only);
             }
+            let wait = match timeout {
+                _ if try_only => Wait::Try,
+                Some(t) => Wait::For(*t),
+                None => Wait::Forever,
+            };
+            session_lock_and_run(&conn, &key, wait, hold, command)
         }
-        Cmd::TryLock { key, command } => {
+        Cmd::TryLock { key, hold, command } => {
             let key = key_arg(key, fmt)?;
-            lock_and_run(&conn, &key, None, command, true)
+            if hold.persistent {
+                return lock_and_run(&conn, &key, None, command, true);
+            }
+            session_lock_and_run(&conn, &key, Wait::Try, hold, command)
         }
         Cmd::Unlock { key } => {
             let key = key_arg(key, fmt)?;
@@ -343,12 +414,24 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Reset {
             keys,
             by_source: None,
+            force,
         } => {
             // Check every key before sending any, so a typo resets nothing.
             let keys = keys
                 .iter()
                 .map(|k| key_arg(k, fmt))
                 .collect::<Result<Vec<_>, _>>()?;
+            if !force {
+                match conn.client.keyx() {
+                    Ok(list) => return reset_listed(&conn, &keys, &list),
+                    // A server without KEYX (Locking-Center) has no
+                    // compare-and-reset either: a plain reset, said so.
+                    Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        note("the server has no compare-and-reset (KEYX); resetting whoever holds each key");
+                    }
+                    Err(e) => return Err(client_fail(&e, "reset: listing the holders")),
+                }
+            }
             let table = conn.keys_for_notes();
             for key in &keys {
                 conn.client
@@ -399,18 +482,26 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             json,
             older_than,
         } => {
-            let mut list = conn
-                .client
-                .keys()
-                .map_err(|e| client_fail(&e, "keys (admin port)"))?;
+            // KEYX has token, mode and lease; a server without it (the
+            // original Locking-Center) closes at once, and KEYS still works.
+            let (mut list, extended) = match conn.client.keyx() {
+                Ok(list) => (list, true),
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => (
+                    conn.client
+                        .keys()
+                        .map_err(|e| client_fail(&e, "keys (admin port)"))?,
+                    false,
+                ),
+                Err(e) => return Err(client_fail(&e, "keys (admin port)")),
+            };
             let now = SystemTime::now();
             if let Some(min) = older_than {
                 list.retain(|k| k.held_for(now) >= *min);
             }
             let text = if *json {
-                keys::to_json(&list, now)
+                keys::to_json(&list, now, extended)
             } else {
-                keys::table(&list, now, *dates)
+                keys::table(&list, now, *dates, extended)
             };
             out(text.as_bytes());
             Ok(0)
@@ -462,10 +553,15 @@ fn shell_key(key: &[u8]) -> String {
 
 /// The client and what the notes need: a second client that asks `KEYS`
 /// once, briefly, so an unreachable admin port (it is loopback-only by
-/// default) never delays or fails the command itself.
+/// default) never delays or fails the command itself. Session locks open
+/// their own connection ([`Conn::session`]).
 struct Conn {
     client: Client,
     probe: Client,
+    lock_addrs: Vec<SocketAddr>,
+    source: Vec<u8>,
+    retry: RetryPolicy,
+    auth: Option<Vec<u8>>,
 }
 
 impl Conn {
@@ -507,10 +603,26 @@ impl Conn {
                 ..RetryPolicy::default()
             }
         };
+        let auth = match &cli.auth_token_file {
+            Some(path) => Some(read_auth_token(path).map_err(|e| {
+                usage(format!(
+                    "{}: {e}",
+                    named(
+                        "auth_token_file",
+                        "--auth-token-file",
+                        "RINGLOCK_AUTH_TOKEN_FILE"
+                    )
+                ))
+            })?),
+            None => None,
+        };
         let build = |retry: RetryPolicy, quick: bool| {
             let mut b = Client::builder(lock.as_slice())
                 .source(source.clone())
                 .retry(retry);
+            if let Some(t) = &auth {
+                b = b.admin_auth_token(t.clone());
+            }
             if let Some(admin) = &admin {
                 b = b.admin_addr(admin.as_slice());
             }
@@ -525,7 +637,22 @@ impl Conn {
         Ok(Conn {
             client: build(retry, false)?,
             probe: build(RetryPolicy::none(), true)?,
+            lock_addrs: lock,
+            source,
+            retry,
+            auth,
         })
+    }
+
+    /// Opens a session with the lock port (retried like every request).
+    fn session(&self, what: &str) -> Result<Session, Fail> {
+        let mut b = Session::builder(self.lock_addrs.as_slice())
+            .source(self.source.clone())
+            .retry(self.retry);
+        if let Some(auth) = &self.auth {
+            b = b.auth_token(auth.clone());
+        }
+        b.connect().map_err(|e| lease_fail(&e, None, what))
     }
 
     /// One quick `KEYS`, or `None` when the admin port does not answer.
@@ -628,7 +755,8 @@ fn lock_and_run(
         }
     };
 
-    run_while_held(argv, || {
+    let env = [("RINGLOCK_KEY", OsString::from_vec(key.to_vec()))];
+    run_while_held(argv, &env, || {
         guard.release().map_err(|e| {
             format!(
                 "releasing {shown} failed: {e} (use `ringlock unlock {}`)",
@@ -638,11 +766,268 @@ fn lock_and_run(
     })
 }
 
+/// A session (or `--ttl` lease) lock around CMD: the lock is lost if
+/// ringlock's session ends, and a loss while CMD runs stops CMD (`child`)
+/// and exits [`EX_LOST`] with one line saying why.
+fn session_lock_and_run(
+    conn: &Conn,
+    key: &[u8],
+    wait: Wait,
+    hold: &HoldArgs,
+    argv: &[OsString],
+) -> Result<u8, Fail> {
+    let shown = bytes::escape(key);
+    let verb = if wait == Wait::Try {
+        "try-lock"
+    } else {
+        "lock"
+    };
+    let what = Acquire {
+        hold: match hold.ttl {
+            Some(ttl) => Hold::Lease(ttl),
+            None => Hold::Session,
+        },
+        wait,
+    };
+    install_handlers()?;
+    // The session's threads (and those they start) inherit a mask that
+    // blocks the forwarded signals, so each such signal reaches this
+    // thread: the handler's work (cancel the wait, forward to CMD) is
+    // ordered with this thread's steps, as in a single-threaded ringlock.
+    mask_signals(true);
+    let session = conn.session(&format!("{verb} {shown}"));
+    mask_signals(false);
+    let session = session?;
+    let cancel = CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
+    let kill_after = hold.kill_after;
+    let in_handler = shown.clone();
+    let opts = lease::LockOptions::new()
+        .cancel(cancel.clone())
+        .on_lost(move |lease, lost| {
+            child::lock_lost(lost_line(&in_handler, lease, lost), kill_after);
+        });
+    CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&cancel), Ordering::SeqCst);
+    if got_signal() != 0 {
+        // It arrived before the handler could cancel anything.
+        cancel.cancel();
+    }
+    let result = session.acquire(key, what, &opts);
+    CANCEL_FD.store(-1, Ordering::SeqCst);
+    let lease = match result {
+        Ok(lease) => lease,
+        Err(lease::Error::Timeout) => {
+            let msg = match wait {
+                Wait::For(t) => format!(
+                    "lock {shown}: timed out after {}; held by {}",
+                    fmt_duration(t),
+                    conn.holder_of(key)
+                ),
+                _ => format!(
+                    "{shown} is held by {}; not running the command",
+                    conn.holder_of(key)
+                ),
+            };
+            return Err(Fail(EX_TEMPFAIL, msg));
+        }
+        Err(lease::Error::Cancelled) => {
+            return Err(Fail(
+                128u8.wrapping_add(got_signal() as u8),
+                format!(
+                    "{verb} {shown}: interrupted by signal {}, request withdrawn",
+                    got_signal()
+                ),
+            ))
+        }
+        Err(e) => return Err(lease_fail(&e, Some(&session), &format!("{verb} {shown}"))),
+    };
+    if let Some(lost) = child::lost() {
+        return Err(Fail(
+            EX_LOST,
+            format!("{}; the command was not started", lost.line),
+        ));
+    }
+    let token = lease.token().unwrap_or(0);
+    // A lease is extended every TTL/3 while CMD runs: two extends may be
+    // lost or late before it expires.
+    let (stop, stopped) = mpsc::channel::<()>();
+    // Blocked from here on (run_while_held keeps them so until CMD runs):
+    // the extend thread inherits the mask.
+    mask_signals(true);
+    let extender = match hold.ttl {
+        Some(ttl) => {
+            let lease = lease.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("ringlock-extend".into())
+                    .spawn(move || keep_extending(&lease, ttl / 3, &stopped))
+                    .map_err(|e| Fail(EX_SOFTWARE, format!("starting the extend thread: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let env = [
+        ("RINGLOCK_KEY", OsString::from_vec(key.to_vec())),
+        ("RINGLOCK_TOKEN", OsString::from(token.to_string())),
+    ];
+    let status = run_while_held(argv, &env, || {
+        drop(stop);
+        if let Some(h) = extender {
+            let _ = h.join();
+        }
+        match child::lost() {
+            // Reported below, once.
+            Some(lost) if lost.signalled => Ok(()),
+            // Lost after CMD ended: CMD ran under the lock as far as anyone
+            // can tell, but the release could not be confirmed.
+            Some(lost) => Err(format!("releasing {shown} failed: {}", lost.line)),
+            None => lease.release().map_err(|e| {
+                format!(
+                    "releasing {shown} failed: {e} ({})",
+                    match hold.ttl {
+                        Some(_) => "the lease expires on its own",
+                        None => "the server frees it when this session ends",
+                    }
+                )
+            }),
+        }
+    });
+    match child::lost() {
+        Some(lost) if lost.signalled => {
+            let killed = if lost.killed {
+                format!(", then SIGKILL after {}", fmt_duration(kill_after))
+            } else {
+                String::new()
+            };
+            Err(Fail(
+                EX_LOST,
+                format!(
+                    "{} while the command ran; it got SIGTERM{killed}",
+                    lost.line
+                ),
+            ))
+        }
+        _ => status,
+    }
+}
+
+/// One line for a lost lock: key, token and why.
+fn lost_line(shown: &str, lease: &Lease, lost: &LostLock) -> String {
+    let mut line = format!(
+        "lost the lock on {shown} (token {}): {}",
+        lease.token().unwrap_or(0),
+        lost.reason()
+    );
+    if let Some(cause) = lost.cause() {
+        line.push_str(&format!(" ({cause})"));
+    }
+    line.replace(['\n', '\r'], " ")
+}
+
+/// Extends `lease` every `every` until told to stop or the lease is gone.
+fn keep_extending(lease: &Lease, every: Duration, stop: &mpsc::Receiver<()>) {
+    loop {
+        match stop.recv_timeout(every) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        match lease.extend() {
+            Ok(_) => {}
+            // The handler has it from here.
+            Err(lease::Error::Lost(_) | lease::Error::Released) => return,
+            // A failed extend is retried; if the failures last, the lease
+            // expires on this side first and the loss is reported.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Exit code and message for a session-path failure.
+fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str) -> Fail {
+    use lease::Error as E;
+    let code = match e {
+        E::InvalidKey(_) | E::InvalidTimeout | E::InvalidArgument(_) => EX_USAGE,
+        E::Unavailable(_) => EX_UNAVAILABLE,
+        E::Timeout => EX_TEMPFAIL,
+        E::Cancelled | E::DeadlineExceeded => 128u8.wrapping_add(got_signal() as u8),
+        E::Lost(_) => EX_LOST,
+        // The session failed under the request, or the server refused it.
+        E::Failed { .. } if session.is_some_and(|s| s.ended().is_some()) => EX_IOERR,
+        E::Failed { .. } => EX_PROTOCOL,
+        E::Unreleased { .. } => EX_IOERR,
+        _ => EX_SOFTWARE,
+    };
+    Fail(code, format!("{what}: {e}"))
+}
+
+/// `reset KEY...` without `--force`: each held key is reset only if the
+/// holder just listed (and shown on stderr) still holds it, by its fencing
+/// token; a key that changed holder in between is left alone (exit 75).
+fn reset_listed(conn: &Conn, keys: &[Vec<u8>], list: &[KeyInfo]) -> Result<u8, Fail> {
+    let mut entries: Vec<(&[u8], u64)> = Vec::new();
+    for key in keys {
+        match list.iter().find(|k| &k.key == key) {
+            Some(k) => {
+                note(&format!(
+                    "resetting {}: held by {} at {} since {}s ago ({} hold, token {})",
+                    bytes::escape(key),
+                    bytes::escape(&k.source),
+                    bytes::escape(k.endpoint.as_bytes()),
+                    k.held_for(std::time::SystemTime::now()).as_secs(),
+                    k.mode.name(),
+                    k.token
+                ));
+                entries.push((key.as_slice(), k.token));
+            }
+            None => note(&format!(
+                "{} was not held; nothing was reset",
+                bytes::escape(key)
+            )),
+        }
+    }
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let done = conn
+        .client
+        .reset_if(&entries)
+        .map_err(|e| client_fail(&e, "reset"))?;
+    let mut changed = false;
+    for ((key, token), reset) in entries.iter().zip(done) {
+        if !reset {
+            changed = true;
+            note(&format!(
+                "{}: its holder changed after it was listed (token {} no longer holds it); nothing was reset, run reset again to see the new holder",
+                bytes::escape(key),
+                token
+            ));
+        }
+    }
+    Ok(if changed { EX_TEMPFAIL } else { 0 })
+}
+
+/// The secret of `--auth-token-file`: the file's bytes without trailing
+/// whitespace, 1 to 255 of them (what the server reads from its own).
+fn read_auth_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    while bytes.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        bytes.pop();
+    }
+    if bytes.is_empty() || bytes.len() > 255 {
+        return Err(format!(
+            "{}: a token is 1 to 255 bytes, got {}",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Runs the command while the lock is held, then releases it (`release`
 /// says why it could not). The command's exit status is the result; a
 /// failed release turns a successful command into EX_IOERR.
 fn run_while_held(
     argv: &[OsString],
+    env: &[(&str, OsString)],
     release: impl FnOnce() -> Result<(), String>,
 ) -> Result<u8, Fail> {
     // From here on a signal must reach the child or, before it exists, stop
@@ -658,7 +1043,7 @@ fn run_while_held(
             ),
         ))
     } else {
-        run_child(argv)
+        run_child(argv, env)
     };
     match (status, release()) {
         (Ok(code), Ok(())) => Ok(code),
@@ -679,9 +1064,19 @@ fn mysql_cmd(cli: &Cli, fmt: KeyFormat) -> Result<u8, Fail> {
         Cmd::Lock {
             key,
             timeout,
+            hold,
             command,
-        } => (key, *timeout, command, timeout.is_some_and(|t| t.is_zero())),
-        Cmd::TryLock { key, command } => (key, None, command, true),
+        } if hold.ttl.is_none() && !hold.persistent => {
+            (key, *timeout, command, timeout.is_some_and(|t| t.is_zero()))
+        }
+        Cmd::TryLock { key, hold, command } if hold.ttl.is_none() && !hold.persistent => {
+            (key, None, command, true)
+        }
+        Cmd::Lock { .. } | Cmd::TryLock { .. } => {
+            return Err(usage(
+                "--ttl and --persistent do not apply over mysql:// (a MySQL lock lives as long as its session)",
+            ))
+        }
         _ => {
             return Err(usage(
                 "only `lock` and `try-lock` work over mysql:// (a MySQL lock belongs to the session that holds it)",
@@ -759,7 +1154,8 @@ fn mysql_lock_and_run(
             Err(e) => return Err(fail(&e, &format!("lock {key}"))),
         }
     };
-    run_while_held(argv, || {
+    let env = [("RINGLOCK_KEY", OsString::from(key))];
+    run_while_held(argv, &env, || {
         lease.release().map_err(|e| {
             format!("releasing {key} failed: {e} (the server frees it when the session ends)")
         })
@@ -839,11 +1235,21 @@ mod tests {
             Cmd::Lock {
                 key,
                 timeout,
+                hold,
                 command,
             } => {
                 assert_eq!(key, "k");
                 assert_eq!(timeout, Some(Duration::from_secs(2)));
                 assert_eq!(command, ["sh", "-c", "exit 3"]);
+                assert_eq!(
+                    hold,
+                    HoldArgs {
+                        ttl: None,
+                        persistent: false,
+                        kill_after: Duration::from_secs(10)
+                    },
+                    "a session lock by default"
+                );
             }
             other => panic!("lock expected, got {other:?}"),
         }
@@ -858,8 +1264,51 @@ mod tests {
             parse(&["keys", "-d", "--older-than", "5m"]).ok().map(|c| c.cmd),
             Some(Cmd::Keys { dates: true, json: false, older_than: Some(d) }) if d == Duration::from_secs(300)
         ));
+        match parse(&[
+            "try-lock",
+            "--ttl",
+            "1.5s",
+            "--kill-after",
+            "2s",
+            "k",
+            "--",
+            "true",
+        ])
+        .map(|c| c.cmd)
+        {
+            Ok(Cmd::TryLock { hold, .. }) => assert_eq!(
+                hold,
+                HoldArgs {
+                    ttl: Some(Duration::from_millis(1500)),
+                    persistent: false,
+                    kill_after: Duration::from_secs(2)
+                }
+            ),
+            other => panic!("try-lock expected, got {other:?}"),
+        }
+        assert!(matches!(
+            parse(&["lock", "--persistent", "k", "--", "true"]).map(|c| c.cmd),
+            Ok(Cmd::Lock {
+                hold: HoldArgs {
+                    persistent: true,
+                    ..
+                },
+                ..
+            })
+        ));
         for bad in [
-            &["lock", "k"][..],
+            &["lock", "--ttl", "1s", "--persistent", "k", "--", "true"][..],
+            &[
+                "lock",
+                "--persistent",
+                "--kill-after",
+                "1s",
+                "k",
+                "--",
+                "true",
+            ],
+            &["lock", "--ttl", "soon", "k", "--", "true"],
+            &["lock", "k"],
             &["lock"],
             &["lock", "--", "echo", "hi"],
             &["lock", "k", "echo", "hi"],

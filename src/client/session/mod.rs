@@ -1,0 +1,744 @@
+//! [`Session`]: the lock API ([`crate::lease`]) over one `ringlockd`
+//! session connection, with fencing tokens, session holds and leases.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ringlock::client::{Acquire, Hold, Session, Wait};
+//! use ringlock::lease::{Error, LockOptions};
+//!
+//! # fn write_with_fence(_token: u64) {}
+//! # fn main() -> Result<(), Error> {
+//! let session = Session::builder("127.0.0.1")     // HOST means HOST:22119
+//!     .source("billing-worker")
+//!     .keepalive(Duration::from_secs(3))          // the server may clamp it
+//!     .on_lost(|_lease, lost| eprintln!("{lost}")) // every lease of this session
+//!     .connect()?;
+//!
+//! // A session hold (the default): freed the moment this session ends.
+//! let lease = session.lock("nightly/reconcile", Duration::from_secs(10))?;
+//! write_with_fence(lease.token().expect("sessions have tokens"));
+//! lease.release()?;
+//!
+//! // A lease: freed when 30 s pass without an extend, even if the session lives.
+//! let opts = LockOptions::new().on_lost(|_lease, lost| eprintln!("stop: {lost}"));
+//! let lease = session.acquire(
+//!     "cache/rebuild",
+//!     Acquire { hold: Hold::Lease(Duration::from_secs(30)), wait: Wait::Try },
+//!     &opts,
+//! )?;
+//! lease.extend()?;   // 30 s more, counted from now
+//! lease.release()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # One connection, one I/O thread
+//! A session is one TCP connection to the lock port, opened with a Hello
+//! (`docs/protocol.md`, "Sessions"). Every request carries a request id, so
+//! any number of threads may wait on the same session at once, and a Ping
+//! is never stuck behind a queued Acquire. One background thread reads
+//! every answer and every Lost push, sends the keep-alive Pings and the
+//! Cancels of waits whose caller gave up, and expires leases on the
+//! client's clock. Callers write their own requests.
+//!
+//! # The keep-alive arithmetic
+//! The Hello asks for a keep-alive deadline K ([`SessionBuilder::keepalive`];
+//! the server clamps it to its bounds and answers the K it applies). The
+//! server ends the session when nothing arrived from the client for K. The
+//! client sends a Ping every interval I and presumes the session lost when
+//! a Ping is not answered within the ping timeout T of when it was due,
+//! with I = T = K/3, each capped ([`PING_INTERVAL_MAX`],
+//! [`PING_TIMEOUT_MAX`]). If the last Ping the server received was due at
+//! `d`, the server cannot end the session before `d + K`, while the client
+//! has declared the loss by `d + I + T ≤ d + 2K/3`: the holder always
+//! learns first, with K/3 to spare for its handler. A hung connection (open
+//! but silent) is therefore a loss after at most I + T
+//! ([`Session::detection_window`]), never a silent stall.
+//!
+//! # Holds and what ends them
+//! | hold | freed by the server when | the client reports a loss when |
+//! |---|---|---|
+//! | [`Hold::Session`] (default) | the session ends: connection closed or failed, keep-alive deadline passed | the connection fails, a Ping times out, an operator reset is pushed |
+//! | [`Hold::Lease`]`(ttl)` | `ttl` passes without [`Lease::extend`] | its TTL passes on the client's clock (counted from when the Acquire or Extend was *sent*, so never later than the server's; a lease granted after a wait that used up more than half of that is extended once before it is handed out), a Lost push, or the session's end |
+//! | [`Hold::Persistent`] | it is released by token or reset (Locking-Center semantics) | the session's end (the client can no longer release it) |
+//!
+//! A lease and a persistent hold outlive the session on the server; this
+//! client does not reconnect, so it reports them lost when its session
+//! ends (their release then says what stays held).
+//!
+//! # Errors (`lease::Error`)
+//! Bad arguments are refused before any traffic: [`Error::InvalidKey`]
+//! (1 to 127 bytes), [`Error::InvalidTimeout`] (a zero wait for
+//! `lock`; use `try_lock`), [`Error::InvalidArgument`] (address, source, a
+//! lease TTL outside the server's bounds). Answers map as: `timed out` and
+//! `busy` → [`Error::Timeout`]; `cancelled` → [`Error::Cancelled`] or
+//! [`Error::DeadlineExceeded`]; `stale token` / `not the owner` on a
+//! release or extend → [`Error::Lost`]; `limit reached`, `invalid`,
+//! `server error` → [`Error::Failed`] (acquire) or [`Error::Unreleased`]
+//! (release). A session that cannot be opened, or has ended, is
+//! [`Error::Unavailable`].
+//!
+//! # Cancellation is exact
+//! A cancel token or deadline in [`LockOptions`] makes the I/O thread send
+//! a Cancel for the queued Acquire. The server answers the Acquire either
+//! `cancelled` or with its grant, never both; a grant that raced the Cancel
+//! is released at once (one token-checked Release) and the caller gets the
+//! cancellation error. The lock wait itself (`wait_ms`) is decided by the
+//! server too, so a grant never races the client's own timer.
+
+mod hold;
+mod io;
+
+use std::fmt;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::addr::ToServerAddrs;
+use super::retry::{RetryPolicy, Streak};
+use super::DEFAULT_PORT;
+use crate::lease::{
+    self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
+};
+use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
+
+use hold::SessionHold;
+use io::{AcquireReq, Shared, Timing, Waited, What, PING_RID};
+
+/// Longest interval between two keep-alive Pings, whatever the keep-alive.
+pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
+/// Longest a Ping may go unanswered before the session is presumed lost.
+pub const PING_TIMEOUT_MAX: Duration = Duration::from_secs(10);
+/// Bound on a release by default.
+pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on connecting and on the Hello's answer by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest key (bytes), as in the Locking-Center protocol.
+pub const KEY_LEN_MAX: usize = 127;
+/// Longest source name (bytes).
+pub const SOURCE_LEN_MAX: usize = 127;
+/// Longest auth token (bytes).
+pub const AUTH_LEN_MAX: usize = 255;
+
+/// How a granted lock is held (see the module docs' table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Hold {
+    /// Freed the moment the session ends.
+    #[default]
+    Session,
+    /// Freed when the TTL (millisecond precision, within the bounds the
+    /// server published: [`Session::ttl_bounds`]) passes without an extend.
+    Lease(Duration),
+    /// Locking-Center semantics: held until released or reset.
+    Persistent,
+}
+
+/// How long an Acquire may wait in the key's queue. The server decides:
+/// the answer is a grant or "timed out", never both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Wait {
+    /// Only if the key is free right now.
+    Try,
+    /// Up to this long (millisecond precision, rounded up).
+    For(Duration),
+    /// Until granted (or cancelled through [`LockOptions`]).
+    #[default]
+    Forever,
+}
+
+/// What [`Session::acquire`] asks for. The default is a session hold that
+/// waits without a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Acquire {
+    pub hold: Hold,
+    pub wait: Wait,
+}
+
+/// Builds a [`Session`]. Created by [`Session::builder`].
+pub struct SessionBuilder {
+    addrs: super::Result<Vec<SocketAddr>>,
+    source: Vec<u8>,
+    keepalive: Option<Duration>,
+    connect_timeout: Duration,
+    release_timeout: Duration,
+    retry: RetryPolicy,
+    on_lost: Option<LostHandler>,
+    auth: Vec<u8>,
+}
+
+impl SessionBuilder {
+    /// The source name sent with every Acquire (0..=127 bytes), shown by
+    /// `ringlock keys`. Empty (the default) lets the server use the
+    /// client's IP address.
+    pub fn source(mut self, source: impl Into<Vec<u8>>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// The keep-alive deadline to ask for (whole milliseconds). The server
+    /// clamps it to its `--min-keepalive-ms`..`--max-keepalive-ms` and
+    /// answers the one it applies ([`Session::keepalive`]); the Pings are
+    /// derived from that. Default (or zero): the server's default.
+    pub fn keepalive(mut self, keepalive: Duration) -> Self {
+        self.keepalive = Some(keepalive);
+        self
+    }
+
+    /// Bound on connecting and on the Hello's answer (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Bound on a release (default 10 s). Past it, the release returns
+    /// [`Error::Unreleased`] (the hold then ends with its session, its
+    /// TTL or a reset, whichever applies).
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
+
+    /// How failures to connect are retried (default
+    /// [`RetryPolicy::default`]: up to 10 s). Only connecting and the Hello
+    /// are retried; nothing after the session is open.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The server's shared secret (its `--auth-token-file`, 1..=255 bytes),
+    /// sent in the Hello. A server that has one refuses a session without
+    /// it; one that has none ignores it. Default: none.
+    pub fn auth_token(mut self, token: impl Into<Vec<u8>>) -> Self {
+        self.auth = token.into();
+        self
+    }
+
+    /// A lost-lock handler for every lease of this session, called before
+    /// the lease's own (see [`lease`] for the promises). It lives as long
+    /// as the session: a handler that owns a [`Session`] or a [`Lease`] of
+    /// this session keeps it open until [`Session::close`].
+    pub fn on_lost(mut self, handler: impl Fn(&Lease, &LostLock) + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Arc::new(handler));
+        self
+    }
+
+    /// Connects, opens the session (Hello) and starts its I/O thread.
+    /// A bad address or source is [`Error::InvalidArgument`] (nothing is
+    /// sent); a server that cannot be reached, or refuses the session, is
+    /// [`Error::Unavailable`].
+    pub fn connect(self) -> Result<Session> {
+        let addrs = self
+            .addrs
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        if self.source.len() > SOURCE_LEN_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a source is at most {SOURCE_LEN_MAX} bytes, got {}",
+                self.source.len()
+            )));
+        }
+        let keepalive_ms = self
+            .keepalive
+            .map_or(0, |k| u32::try_from(k.as_millis()).unwrap_or(u32::MAX));
+        let connect_timeout = super::conn::nonzero(self.connect_timeout);
+        let mut streak = Streak::new(self.retry);
+        let (sock, welcome) = 'open: loop {
+            let mut last = None;
+            for addr in &addrs {
+                match hello(addr, keepalive_ms, &self.auth, connect_timeout) {
+                    Ok(opened) => break 'open opened,
+                    Err(Hello::Retry(e)) => last = Some((*addr, e)),
+                    Err(Hello::Final(e)) => return Err(e),
+                }
+            }
+            let (addr, e) = last.expect("a resolved address list is never empty");
+            match streak.failed(Instant::now(), None) {
+                Some(delay) => std::thread::sleep(delay),
+                None => {
+                    let n = streak.attempts;
+                    let plural = if n == 1 { "" } else { "s" };
+                    return Err(Error::Unavailable(cause_msg(format!(
+                        "server {addr} unavailable after {n} attempt{plural}: {e}"
+                    ))));
+                }
+            }
+        };
+        let timing = Timing::from_keepalive(
+            Duration::from_millis(u64::from(welcome.keepalive_ms)),
+            PING_INTERVAL_MAX,
+            PING_TIMEOUT_MAX,
+        );
+        let unavailable = |e: std::io::Error| Error::Unavailable(Arc::new(e));
+        sock.set_read_timeout(None).map_err(unavailable)?;
+        // A write blocks only when the server stopped reading; past the
+        // ping timeout that is a hung connection.
+        sock.set_write_timeout(Some(timing.ping_timeout))
+            .map_err(unavailable)?;
+        let shared = Shared::new(
+            sock,
+            welcome,
+            timing,
+            super::conn::nonzero(self.release_timeout),
+            self.source,
+            self.on_lost,
+        )
+        .map_err(unavailable)?;
+        shared.spawn().map_err(unavailable)?;
+        Ok(Session {
+            h: Arc::new(Handle { shared }),
+        })
+    }
+}
+
+impl fmt::Debug for SessionBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionBuilder")
+            .field("addrs", &self.addrs)
+            .field("source", &String::from_utf8_lossy(&self.source))
+            .field("keepalive", &self.keepalive)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("release_timeout", &self.release_timeout)
+            .field("retry", &self.retry)
+            .field("on_lost", &self.on_lost.is_some())
+            .field("auth", &(!self.auth.is_empty()).then_some("<secret>"))
+            .finish()
+    }
+}
+
+enum Hello {
+    /// Connecting failed, or the connection failed before the answer: no
+    /// session exists, so another attempt is safe.
+    Retry(std::io::Error),
+    /// The server answered, and the answer is no.
+    Final(Error),
+}
+
+/// Connects to `addr` and opens a session on it.
+fn hello(
+    addr: &SocketAddr,
+    keepalive_ms: u32,
+    auth: &[u8],
+    timeout: Duration,
+) -> std::result::Result<(TcpStream, Welcome), Hello> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + timeout;
+    let mut sock = TcpStream::connect_timeout(addr, timeout).map_err(Hello::Retry)?;
+    // Requests are tiny and latency-bound.
+    let _ = sock.set_nodelay(true);
+    let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());
+    wire::encode(
+        PING_RID,
+        &Req::Hello {
+            version: wire::VERSION,
+            keepalive_ms,
+            auth,
+        },
+        &mut frame,
+    );
+    sock.set_write_timeout(Some(timeout))
+        .map_err(Hello::Retry)?;
+    sock.write_all(&frame).map_err(Hello::Retry)?;
+    let mut buf = Vec::with_capacity(64);
+    let mut chunk = [0u8; 256];
+    loop {
+        if let Some(&first) = buf.first() {
+            if first != wire::KIND_REPLY {
+                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                    "{addr} does not speak the session protocol (it answered {first:#04x} to a \
+                     Hello): a Locking-Center server, or a ringlockd without sessions (use \
+                     ringlock::client::Client there; `ringlock --persistent` in the CLI)"
+                )))));
+            }
+        }
+        match wire::decode_answer(&buf, Some(PING_RID)) {
+            Ok(Some((Answer::Welcome { welcome, .. }, _))) => {
+                let refuse = |why: String| {
+                    Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                        "{addr} refused the session: {why}"
+                    )))))
+                };
+                if welcome.status == Status::Unauthorized {
+                    return refuse(
+                        "unauthorized (the server has --auth-token-file: give its secret to \
+                         SessionBuilder::auth_token)"
+                            .into(),
+                    );
+                }
+                if welcome.status != Status::Ok {
+                    return refuse(welcome.status.name().into());
+                }
+                if welcome.version != wire::VERSION {
+                    return refuse(format!("protocol version {}", welcome.version));
+                }
+                if welcome.keepalive_ms == 0 {
+                    return refuse("a keep-alive deadline of 0 ms".into());
+                }
+                return Ok((sock, welcome));
+            }
+            Ok(Some(_)) | Err(_) => {
+                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                    "{addr} broke the session protocol: no hello reply ({} bytes: {:02x?})",
+                    buf.len(),
+                    &buf[..buf.len().min(32)]
+                )))))
+            }
+            Ok(None) => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Hello::Retry(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no hello reply within {timeout:?}"),
+            )));
+        }
+        sock.set_read_timeout(Some(left)).map_err(Hello::Retry)?;
+        match sock.read(&mut chunk) {
+            Ok(0) => {
+                return Err(Hello::Retry(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection before the hello reply (a server \
+                     without sessions does that: use ringlock::client::Client there, \
+                     `ringlock --persistent` in the CLI)",
+                )))
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Hello::Retry(e)),
+        }
+    }
+}
+
+/// Keeps the connection open: held by every [`Session`] clone and every
+/// lease of it. The last one gone closes the connection (which ends every
+/// session hold on the server at once).
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.fail((
+            LostReason::ConnectionLost,
+            cause_msg("the session was dropped"),
+        ));
+    }
+}
+
+/// A `ringlockd` session: one connection, one I/O thread, any number of
+/// locks. Cheap to clone (clones share the session). The connection stays
+/// open while a clone or a lease of it exists; [`close`](Self::close) ends
+/// it at once.
+#[derive(Clone)]
+pub struct Session {
+    h: Arc<Handle>,
+}
+
+impl Session {
+    /// Starts building a session with the lock server at `addr`: `"HOST"`
+    /// (port 22119), `"HOST:PORT"`, `"[IPV6]:PORT"`, a [`SocketAddr`] or
+    /// anything else that is [`ToServerAddrs`], as for
+    /// [`Client::builder`](super::Client::builder).
+    pub fn builder(addr: impl ToServerAddrs) -> SessionBuilder {
+        SessionBuilder {
+            addrs: addr.to_server_addrs(DEFAULT_PORT),
+            source: Vec::new(),
+            keepalive: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            retry: RetryPolicy::default(),
+            on_lost: None,
+            auth: Vec::new(),
+        }
+    }
+
+    /// A session with `addr` with the default options.
+    pub fn connect(addr: impl ToServerAddrs) -> Result<Session> {
+        Session::builder(addr).connect()
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.h.shared
+    }
+
+    /// The keep-alive deadline K the server applies to this session.
+    pub fn keepalive(&self) -> Duration {
+        self.shared().timing.keepalive
+    }
+
+    /// How often the I/O thread pings (I = K/3, at most
+    /// [`PING_INTERVAL_MAX`]).
+    pub fn ping_interval(&self) -> Duration {
+        self.shared().timing.interval
+    }
+
+    /// How long a Ping may go unanswered (T = K/3, at most
+    /// [`PING_TIMEOUT_MAX`]).
+    pub fn ping_timeout(&self) -> Duration {
+        self.shared().timing.ping_timeout
+    }
+
+    /// The longest a hung connection goes unnoticed: I + T, always less
+    /// than [`keepalive`](Self::keepalive).
+    pub fn detection_window(&self) -> Duration {
+        self.ping_interval() + self.ping_timeout()
+    }
+
+    /// The bounds of a lease's TTL the server published.
+    pub fn ttl_bounds(&self) -> (Duration, Duration) {
+        let w = &self.shared().welcome;
+        (
+            Duration::from_millis(u64::from(w.min_ttl_ms)),
+            Duration::from_millis(u64::from(w.max_ttl_ms)),
+        )
+    }
+
+    /// The server's id for this session (in its logs, and in
+    /// [`Lease::session_id`]).
+    pub fn session_id(&self) -> u64 {
+        self.shared().welcome.session_id
+    }
+
+    /// This end of the connection (what `ringlock keys` lists as ENDPOINT).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.shared().local_addr()
+    }
+
+    /// Why the session ended, once it did (`None` while it is open).
+    pub fn ended(&self) -> Option<(LostReason, lease::Cause)> {
+        self.shared().end()
+    }
+
+    /// Ends the session now: closes the connection, so the server frees
+    /// every session hold at once and grants the next waiters. Each lease
+    /// of it that is not being released is lost (its handlers run, with
+    /// [`LostReason::ConnectionLost`]); later requests fail with
+    /// [`Error::Unavailable`]. Returns once the loss is recorded (the
+    /// handlers may still be running).
+    pub fn close(&self) {
+        self.shared().close((
+            LostReason::ConnectionLost,
+            cause_msg("Session::close ended the session"),
+        ));
+    }
+
+    /// Acquires `key` (1..=127 bytes; need not be UTF-8, but
+    /// [`Lease::key`] shows it as text) as `what` says: the hold mode and
+    /// how long to wait. `Err(Error::Timeout)` when the wait ends without a
+    /// grant (for [`Wait::Try`]: the key is held). The options add a
+    /// per-lease lost-lock handler (after the session's) and the caller's
+    /// cancellation.
+    pub fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        what: Acquire,
+        opts: &LockOptions,
+    ) -> Result<Lease> {
+        let key = key.as_ref();
+        if key.is_empty() || key.len() > KEY_LEN_MAX {
+            return Err(Error::InvalidKey(format!(
+                "a key is 1 to {KEY_LEN_MAX} bytes, got {}",
+                key.len()
+            )));
+        }
+        let key_text = String::from_utf8_lossy(key).into_owned();
+        let (mode, ttl) = match what.hold {
+            Hold::Session => (HoldMode::Session, None),
+            Hold::Persistent => (HoldMode::Persistent, None),
+            Hold::Lease(ttl) => {
+                let (min, max) = self.ttl_bounds();
+                // Whole milliseconds, rounded down: the client's view of the
+                // expiry is computed from what was sent, so it can only end
+                // earlier than the server's.
+                let sent = Duration::from_millis(ttl.as_millis().min(u128::from(u32::MAX)) as u64);
+                if sent < min || sent > max || sent.is_zero() {
+                    return Err(Error::InvalidArgument(format!(
+                        "a lease TTL must be within {min:?}..={max:?} (this server's bounds), got {ttl:?}"
+                    )));
+                }
+                (HoldMode::Lease, Some(sent))
+            }
+        };
+        let wait_ms = match what.wait {
+            Wait::Try => 0,
+            Wait::For(d) if d.is_zero() => return Err(Error::InvalidTimeout),
+            Wait::For(d) => d
+                .as_micros()
+                .div_ceil(1000)
+                .clamp(1, u128::from(wire::WAIT_FOREVER - 1)) as u32,
+            Wait::Forever => wire::WAIT_FOREVER,
+        };
+        opts.check()?;
+        let shared = self.shared();
+        let ttl_ms = ttl.map_or(0, |t| t.as_millis() as u32);
+        let source = &shared.source[..];
+        let sent_at = Instant::now();
+        let req = AcquireReq {
+            key: key.to_vec(),
+            key_text: key_text.clone(),
+            ttl,
+            sent_at,
+            // A try never queues, so there is nothing to cancel.
+            cancel: (wait_ms != 0)
+                .then(|| opts.cancel_token().cloned())
+                .flatten(),
+            deadline: (wait_ms != 0).then(|| opts.deadline_at()).flatten(),
+            cancelled: None,
+        };
+        let rid = shared
+            .send(What::Acquire(Box::new(req)), |rid, out| {
+                wire::encode(
+                    rid,
+                    &Req::Acquire {
+                        hold: mode,
+                        ttl_ms,
+                        wait_ms,
+                        key,
+                        source,
+                    },
+                    out,
+                )
+            })
+            .map_err(|(reason, cause)| {
+                Error::Unavailable(cause_msg(format!(
+                    "the session has ended ({reason}): {cause}"
+                )))
+            })?;
+        let failed = |why: String| Error::Failed {
+            key: key_text.clone(),
+            cause: cause_msg(why),
+        };
+        let (answer, cancelled) = match shared.wait(rid, None) {
+            Waited::Answer(a, What::Acquire(req)) => (a, req.cancelled),
+            Waited::Answer(a, _) => (a, None),
+            Waited::Dead((reason, cause)) => {
+                return Err(failed(format!(
+                    "the session ended before the answer ({reason}: {cause}); {}",
+                    hold::after_the_session(mode)
+                )))
+            }
+            Waited::NoAnswer => return Err(failed("no answer (internal error)".into())),
+        };
+        match answer.status {
+            Status::Ok => {}
+            Status::TimedOut | Status::Busy => return Err(Error::Timeout),
+            Status::Cancelled => return Err(cancelled.unwrap_or(Error::Cancelled)),
+            Status::Limit => {
+                return Err(failed(
+                    "the server's limit (--max-keys or --max-waiters) refused it".into(),
+                ))
+            }
+            s => return Err(failed(format!("the server answered {}", s.name()))),
+        }
+        let handlers: Vec<LostHandler> = match &cancelled {
+            // Released right below: no handler is owed for it.
+            Some(_) => Vec::new(),
+            None => shared
+                .on_lost
+                .iter()
+                .chain(opts.lost_handler())
+                .cloned()
+                .collect(),
+        };
+        let id = (key.to_vec(), answer.token);
+        let hold = Arc::new(SessionHold {
+            session: Arc::clone(&self.h),
+            id: id.clone(),
+            key_text: key_text.clone(),
+            mode,
+            ttl,
+        });
+        // The same instant the I/O thread counts from.
+        let expires_at = ttl.map(|t| sent_at + t);
+        let lease = Lease::new(key_text, Some(answer.token), expires_at, hold, handlers);
+        shared.attach(&id, lease.watch()).map_err(Error::Lost)?;
+        // The caller gave up while the grant was on its way (the Cancel
+        // found nothing queued): release it, so a cancelled caller never
+        // holds the key.
+        let stop = cancelled.or_else(|| opts.check().err());
+        if let Some(stop) = stop {
+            return match lease.release() {
+                Ok(()) => Err(stop),
+                Err(e) => Err(e),
+            };
+        }
+        if answer.rebase {
+            // Granted after a wait that used up most of `sent + ttl`: one
+            // Extend gives this side an expiry it can count from.
+            if let Err(e) = lease.extend() {
+                let _ = lease.release();
+                return Err(e);
+            }
+        }
+        Ok(lease)
+    }
+
+    /// A session hold of `key`, waiting up to `timeout` (decided by the
+    /// server).
+    pub fn lock(&self, key: impl AsRef<[u8]>, timeout: Duration) -> Result<Lease> {
+        self.lock_with(key, timeout, &LockOptions::default())
+    }
+
+    /// [`lock`](Self::lock) with a handler and the caller's cancellation.
+    pub fn lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        timeout: Duration,
+        opts: &LockOptions,
+    ) -> Result<Lease> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidTimeout);
+        }
+        self.acquire(
+            key,
+            Acquire {
+                hold: Hold::Session,
+                wait: Wait::For(timeout),
+            },
+            opts,
+        )
+    }
+
+    /// A session hold of `key` only if it is free now: `Ok(None)` when it
+    /// is held.
+    pub fn try_lock(&self, key: impl AsRef<[u8]>) -> Result<Option<Lease>> {
+        self.try_lock_with(key, &LockOptions::default())
+    }
+
+    /// [`try_lock`](Self::try_lock) with a handler.
+    pub fn try_lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        opts: &LockOptions,
+    ) -> Result<Option<Lease>> {
+        let what = Acquire {
+            hold: Hold::Session,
+            wait: Wait::Try,
+        };
+        match self.acquire(key, what, opts) {
+            Ok(lease) => Ok(Some(lease)),
+            Err(Error::Timeout) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl lease::Locker for Session {
+    fn lock_with(&self, key: &str, timeout: Duration, opts: &LockOptions) -> Result<Lease> {
+        Session::lock_with(self, key, timeout, opts)
+    }
+
+    fn try_lock_with(&self, key: &str, opts: &LockOptions) -> Result<Option<Lease>> {
+        Session::try_lock_with(self, key, opts)
+    }
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sh = self.shared();
+        f.debug_struct("Session")
+            .field("session_id", &sh.welcome.session_id)
+            .field("local_addr", &sh.local_addr())
+            .field("timing", &sh.timing)
+            .field("ended", &sh.end().map(|(r, _)| r))
+            .finish()
+    }
+}
