@@ -19,6 +19,11 @@
 //!   give back a grant it could not deliver names it by `(key slot,
 //!   grant_id)`, so a slot reused by another key or another holder is never
 //!   released by mistake.
+//! - Every key's and every source's bytes are stored once, in the table's
+//!   [`Arena`]; entries name them by a 4-byte [`NameRef`], and each index
+//!   holds `(32-bit hash, slot)` pairs. An index entry exists iff its slab
+//!   entry does, and every arena name belongs to exactly one live key or
+//!   source entry (`check_invariants`).
 //! - Memory follows what is held, not the limits: slabs and maps start
 //!   empty and grow on demand (amortised doubling) up to the limits, and
 //!   keep their capacity, so a warmed-up table serves requests without
@@ -599,7 +604,7 @@ impl Table {
     pub fn held_list(&self) -> Vec<HeldKey> {
         let mut out: Vec<HeldKey> = Vec::with_capacity(self.held_keys());
         self.for_each_held(|h| out.push(h.to_owned().expect("names are at most NAME_MAX")));
-        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        out.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
         out
     }
 
