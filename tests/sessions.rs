@@ -574,3 +574,31 @@ fn a_session_frame_that_never_completes_ends_the_session() {
     );
     assert!(a.read(None).is_none(), "the server closed the session");
 }
+
+#[test]
+fn one_api_for_both_backends_is_a_change_of_address() {
+    use ringlock::lease::{self, Locker};
+    let srv = start(&[]);
+    let addr = srv.lock_addr.to_string();
+    let a: Box<dyn Locker> = lease::connect(&addr).expect("a ringlockd session");
+    let b: Box<dyn Locker> = lease::connect(&addr).expect("another session");
+    let l = a.try_lock("shared-api").expect("try").expect("free");
+    assert!(
+        l.token().is_some(),
+        "ringlockd leases carry a fencing token"
+    );
+    assert!(b.try_lock("shared-api").expect("try").is_none(), "held");
+    l.release().expect("release");
+    let l2 = b.try_lock("shared-api").expect("try").expect("free again");
+    assert!(l2.token() > l.token());
+    // A mysql:// address picks the MySQL backend (or says the build has
+    // none): never a ringlockd session.
+    let mysql_built = std::hint::black_box(ringlock::mysql::ENABLED);
+    match lease::connect("mysql://nobody@127.0.0.1:1") {
+        Err(lease::Error::InvalidArgument(msg)) if !mysql_built => {
+            assert!(msg.contains("feature"), "{msg}")
+        }
+        Err(e) => assert!(mysql_built, "without the mysql feature: {e}"),
+        Ok(_) => assert!(mysql_built, "a mysql:// address made a session"),
+    }
+}
