@@ -186,6 +186,9 @@ fn peer<T: Send + 'static>(
                 min_ttl_ms: 100,
                 max_ttl_ms: 60_000,
                 session_id: 42,
+                max_keys: 1000,
+                max_waiters: 1000,
+                shards: 1,
             },
             &mut b,
         );

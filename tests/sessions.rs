@@ -49,6 +49,9 @@ impl Sess {
                 min_ttl_ms: 0,
                 max_ttl_ms: 0,
                 session_id: 0,
+                max_keys: 0,
+                max_waiters: 0,
+                shards: 0,
             },
             stash: VecDeque::new(),
         };
@@ -193,6 +196,16 @@ fn session_lock_tokens_and_owner_checks() {
     let mut a = Sess::open(srv.lock_addr, 0);
     let mut b = Sess::open(srv.lock_addr, 0);
     assert_eq!(a.welcome.keepalive_ms, 10_000, "server default");
+    // The Hello reply publishes the limits and the lease bounds.
+    assert_eq!(
+        (a.welcome.min_ttl_ms, a.welcome.max_ttl_ms),
+        (10, 86_400_000)
+    );
+    assert_eq!(
+        (a.welcome.max_keys, a.welcome.max_waiters),
+        (100_000, 100_000)
+    );
+    assert!(a.welcome.shards >= 1);
     let g = a.acquire("k", HoldMode::Session, 0, 0);
     assert_eq!(g.status, Status::Ok);
     assert!(g.token > 0);
@@ -573,4 +586,32 @@ fn a_session_frame_that_never_completes_ends_the_session() {
         Status::Ok
     );
     assert!(a.read(None).is_none(), "the server closed the session");
+}
+
+#[test]
+fn one_api_for_both_backends_is_a_change_of_address() {
+    use ringlock::lease::{self, Locker};
+    let srv = start(&[]);
+    let addr = srv.lock_addr.to_string();
+    let a: Box<dyn Locker> = lease::connect(&addr).expect("a ringlockd session");
+    let b: Box<dyn Locker> = lease::connect(&addr).expect("another session");
+    let l = a.try_lock("shared-api").expect("try").expect("free");
+    assert!(
+        l.token().is_some(),
+        "ringlockd leases carry a fencing token"
+    );
+    assert!(b.try_lock("shared-api").expect("try").is_none(), "held");
+    l.release().expect("release");
+    let l2 = b.try_lock("shared-api").expect("try").expect("free again");
+    assert!(l2.token() > l.token());
+    // A mysql:// address picks the MySQL backend (or says the build has
+    // none): never a ringlockd session.
+    let mysql_built = std::hint::black_box(ringlock::mysql::ENABLED);
+    match lease::connect("mysql://nobody@127.0.0.1:1") {
+        Err(lease::Error::InvalidArgument(msg)) if !mysql_built => {
+            assert!(msg.contains("feature"), "{msg}")
+        }
+        Err(e) => assert!(mysql_built, "without the mysql feature: {e}"),
+        Ok(_) => assert!(mysql_built, "a mysql:// address made a session"),
+    }
 }

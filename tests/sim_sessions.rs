@@ -61,6 +61,9 @@ struct Sent {
     /// Cancel, Ping: None.
     hold: Option<(HoldMode, u32)>,
     at_us: u64,
+    /// An Extend (its answer renews a lease still believed, never one the
+    /// client released meanwhile).
+    extend: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -154,6 +157,7 @@ impl World {
                 key: 0,
                 hold: None,
                 at_us: self.now.mono_us,
+                extend: false,
             }),
         );
         rid
@@ -218,6 +222,7 @@ impl World {
                         key: k,
                         hold: Some((hold, ttl)),
                         at_us: now_us,
+                        extend: false,
                     }),
                 );
                 self.clients[c].queued.push((rid, k));
@@ -252,6 +257,7 @@ impl World {
                                 key: k,
                                 hold: Some((HoldMode::Lease, ttl)),
                                 at_us: now_us,
+                                extend: true,
                             }),
                         );
                     }
@@ -364,10 +370,12 @@ impl World {
                 cl.alive_since_us = cl.alive_since_us.max(s.at_us);
                 cl.queued.retain(|&(r, _)| r != rid);
                 match (s.hold, status) {
+                    // An Extend renews a lease the client still believes
+                    // it holds; one it released meanwhile stays released.
+                    (Some(_), Status::Ok)
+                        if s.extend && cl.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
                     (Some((mode, ttl)), Status::Ok) if token != 0 => {
-                        // A grant (Acquire) or a renewed lease (Extend).
-                        let is_extend = cl.holds.get(&s.key).is_some_and(|b| b.token == token);
-                        if !is_extend {
+                        if !s.extend {
                             self.grants += 1;
                         }
                         cl.holds.insert(

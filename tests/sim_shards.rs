@@ -75,6 +75,9 @@ struct Sent {
     key: usize,
     hold: Option<(HoldMode, u32)>,
     at_us: u64,
+    /// An Extend (its answer renews a lease still believed, never one the
+    /// client released meanwhile).
+    extend: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -300,6 +303,7 @@ impl World {
                 key: 0,
                 hold: None,
                 at_us: now,
+                extend: false,
             }),
         );
         rid
@@ -382,6 +386,7 @@ impl World {
                                 key: k,
                                 hold: Some((hold, ttl)),
                                 at_us: now,
+                                extend: false,
                             }),
                         );
                         self.clients[c].queued.push((rid, k));
@@ -413,6 +418,7 @@ impl World {
                                         key: k,
                                         hold: Some((HoldMode::Lease, ttl)),
                                         at_us: now,
+                                        extend: true,
                                     }),
                                 );
                             }
@@ -605,8 +611,12 @@ impl World {
                 cl.alive_since_us = cl.alive_since_us.max(s.at_us);
                 cl.queued.retain(|&(r, _)| r != rid);
                 match (s.hold, status) {
+                    // An Extend renews a lease the client still believes
+                    // it holds; one it released meanwhile stays released.
+                    (Some(_), Status::Ok)
+                        if s.extend && cl.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
                     (Some((mode, ttl)), Status::Ok) if token != 0 => {
-                        if cl.holds.get(&s.key).is_none_or(|b| b.token != token) {
+                        if !s.extend {
                             self.grants += 1;
                         }
                         cl.holds.insert(

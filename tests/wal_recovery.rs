@@ -463,7 +463,8 @@ fn grant_ids_never_go_back_after_compaction_and_restart() {
     let bounds = record_bounds(&data);
     let last_acquire = bounds
         .windows(2)
-        .rfind(|w| data[w[0] + 8] == 1)
+        // Type 6: an Acquire with a binary endpoint (1 with a text one).
+        .rfind(|w| matches!(data[w[0] + 8], 1 | 6))
         .expect("an Acquire record");
     let at = last_acquire[0] + 9;
     let grant_id = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());

@@ -1,11 +1,13 @@
 //! The lock core: IO-free, deterministic state (see [`table`]).
 
+pub mod endpoint;
 pub mod list;
 pub mod name;
 pub mod table;
 
-pub use name::{Name, NAME_MAX};
+pub use endpoint::Endpoint;
+pub use name::{Arena, Name, NameRef, NAME_MAX};
 pub use table::{
-    Checked, Effect, Effects, Extended, Grant, HeldKey, HoldMode, Limit, Limits, LockMode,
+    Checked, Effect, Effects, Extended, Grant, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
     LockOpts, Now, ReleaseCause, Reply, Table, Token, NO_CONN,
 };

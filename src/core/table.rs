@@ -19,17 +19,28 @@
 //!   give back a grant it could not deliver names it by `(key slot,
 //!   grant_id)`, so a slot reused by another key or another holder is never
 //!   released by mistake.
-//! - Capacity is fixed at construction: slabs and maps are reserved up front
-//!   and a request beyond a limit is refused (`-`), never allocated for.
+//! - Every key's and every source's bytes are stored once, in the table's
+//!   [`Arena`]; entries name them by a 4-byte [`NameRef`], and each index
+//!   holds `(32-bit hash, slot)` pairs. An index entry exists iff its slab
+//!   entry does, and every arena name belongs to exactly one live key or
+//!   source entry (`check_invariants`).
+//! - Memory follows what is held, not the limits: slabs and maps start
+//!   empty and grow on demand (amortised doubling) up to the limits, and
+//!   keep their capacity, so a warmed-up table serves requests without
+//!   allocating. A request beyond a limit is refused (`-`), never
+//!   allocated for.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::BuildHasher;
 use std::net::SocketAddr;
 
+use hashbrown::hash_table::{Entry, HashTable};
 use slab::Slab;
 
+use super::endpoint::Endpoint;
 use super::list::{Link, Linked, List, NIL};
-use super::name::Name;
+use super::name::{Arena, Name, NameRef};
 pub use crate::protocol::session::HoldMode;
 
 /// Opaque connection token chosen by the caller (the event loop).
@@ -165,6 +176,14 @@ impl Limit {
     }
 }
 
+/// Spreads a 32-bit name hash over the 64 bits the index probes with (its
+/// low bits pick the group, its top 7 bits are the tag): multiplying by an
+/// odd constant keeps the low bits a bijection and mixes every bit into
+/// the top ones.
+fn spread(h: u32) -> u64 {
+    (h as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
     fx.push(Effect::LimitReached { limit });
     fx.push(Effect::Reply {
@@ -203,25 +222,28 @@ pub enum Effect {
 pub type Effects = Vec<Effect>;
 
 #[derive(Clone, Copy, Debug)]
-pub struct Holder {
-    pub source: u32,
-    pub endpoint: SocketAddr,
-    pub acquired_unix_ms: u64,
-    pub acquired_mono_us: u64,
-    pub grant_id: u64,
-    pub conn: Token,
-    pub mode: HoldMode,
+struct Holder {
+    source: u32,
+    endpoint: Endpoint,
+    acquired_unix_ms: u64,
+    acquired_mono_us: u64,
+    grant_id: u64,
+    conn: Token,
+    mode: HoldMode,
     /// The session holding it (`NIL`: none, or the session ended and the
     /// hold outlives it).
-    pub owner: u32,
+    owner: u32,
     /// A lease's deadline (monotonic µs, and Unix ms for the log and
     /// operators); 0 otherwise.
-    pub expires_mono_us: u64,
-    pub expires_unix_ms: u64,
+    expires_mono_us: u64,
+    expires_unix_ms: u64,
 }
 
 struct KeyEntry {
-    name: Name,
+    name: NameRef,
+    /// Its index hash (see [`Table::hash`]), so dropping the entry does not
+    /// hash the name again.
+    hash: u32,
     holder: Option<Holder>,
     queue: List,
     links: [Link; 3],
@@ -231,7 +253,7 @@ struct Waiter {
     key: u32,
     conn: Token,
     source: u32,
-    endpoint: SocketAddr,
+    endpoint: Endpoint,
     enqueued_mono_us: u64,
     mode: HoldMode,
     ttl_ms: u32,
@@ -330,7 +352,8 @@ fn new_links() -> [Link; 3] {
 }
 
 struct SourceEntry {
-    name: Name,
+    name: NameRef,
+    hash: u32,
     held: List,
     waiting: List,
 }
@@ -356,6 +379,50 @@ pub struct HeldKey {
     pub expires_unix_ms: u64,
 }
 
+impl HeldKey {
+    /// The same holder by reference.
+    pub fn as_ref(&self) -> HeldRef<'_> {
+        HeldRef {
+            key: self.key.as_bytes(),
+            source: self.source.as_bytes(),
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        }
+    }
+}
+
+/// A held key by reference: names borrowed from wherever they are stored
+/// (a log image during recovery, the table itself), so visiting a million
+/// holders copies no name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRef<'a> {
+    pub key: &'a [u8],
+    pub source: &'a [u8],
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub grant_id: u64,
+    pub mode: HoldMode,
+    pub expires_unix_ms: u64,
+}
+
+impl HeldRef<'_> {
+    /// An owned copy; `None` when a name is longer than [`crate::core::NAME_MAX`].
+    pub fn to_owned(&self) -> Option<HeldKey> {
+        Some(HeldKey {
+            key: Name::new(self.key)?,
+            source: Name::new(self.source)?,
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        })
+    }
+}
+
 /// What a blocking or try lock request turned into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockMode {
@@ -365,11 +432,20 @@ pub enum LockMode {
 
 pub struct Table {
     limits: Limits,
+    /// Every key's and every source's bytes, once.
+    names: Arena,
+    /// Seeded at random per table: which names collide cannot be worked
+    /// out from outside.
+    hasher: foldhash::fast::RandomState,
     keys: Slab<KeyEntry>,
-    key_index: HashMap<Name, u32>,
+    /// `(hash, key slot)` of every key entry: a probe compares the stored
+    /// 32-bit hash before it touches the entry, and growing the index
+    /// rehashes from it without reading any name.
+    key_index: HashTable<(u32, u32)>,
     waiters: Slab<Waiter>,
     sources: Slab<SourceEntry>,
-    source_index: HashMap<Name, u32>,
+    /// `(hash, source slot)` of every source entry.
+    source_index: HashTable<(u32, u32)>,
     by_age: List,
     next_grant_id: u64,
     owners: Slab<OwnerEntry>,
@@ -385,16 +461,19 @@ pub struct Table {
 }
 
 impl Table {
+    /// An empty table. Nothing is reserved for the limits: a table sized
+    /// for `max_keys` would be touched page by page as keys hash all over
+    /// it, so the limit rather than what is held would decide memory.
     pub fn new(limits: Limits) -> Table {
-        // Every waiter and every held key has a source entry at most.
-        let max_sources = limits.max_keys + limits.max_waiters;
         Table {
             limits,
-            keys: Slab::with_capacity(limits.max_keys),
-            key_index: HashMap::with_capacity(limits.max_keys),
-            waiters: Slab::with_capacity(limits.max_waiters),
-            sources: Slab::with_capacity(max_sources.min(1 << 20)),
-            source_index: HashMap::with_capacity(max_sources.min(1 << 20)),
+            names: Arena::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            keys: Slab::new(),
+            key_index: HashTable::new(),
+            waiters: Slab::new(),
+            sources: Slab::new(),
+            source_index: HashTable::new(),
             by_age: List::new(),
             next_grant_id: 1,
             owners: Slab::new(),
@@ -436,20 +515,79 @@ impl Table {
         self.keys[k as usize].holder.map(|h| h.acquired_unix_ms)
     }
 
+    /// The index hash of a name: 32 bits of foldhash, kept in the entry.
+    fn hash(&self, name: &[u8]) -> u32 {
+        self.hasher.hash_one(name) as u32
+    }
+
+    /// The key slot of `key`: one probe of the index.
+    fn find_key(&self, key: &[u8]) -> Option<u32> {
+        let h = self.hash(key);
+        let (keys, names) = (&self.keys, &self.names);
+        self.key_index
+            .find(spread(h), |&(eh, k)| {
+                eh == h && names.get(keys[k as usize].name) == key
+            })
+            .map(|&(_, k)| k)
+    }
+
+    fn find_source(&self, source: &[u8]) -> Option<u32> {
+        let h = self.hash(source);
+        let (sources, names) = (&self.sources, &self.names);
+        self.source_index
+            .find(spread(h), |&(eh, s)| {
+                eh == h && names.get(sources[s as usize].name) == source
+            })
+            .map(|&(_, s)| s)
+    }
+
+    /// The key slot of `key`, created (free, no waiters) if it is new:
+    /// one probe of the index either way. `Err(())` past `max_keys`.
+    fn key_get_or_insert(&mut self, key: &[u8]) -> Result<(u32, bool), ()> {
+        let h = self.hash(key);
+        let n = self.keys.len();
+        let (keys, names) = (&self.keys, &self.names);
+        match self.key_index.entry(
+            spread(h),
+            |&(eh, k)| eh == h && names.get(keys[k as usize].name) == key,
+            |&(eh, _)| spread(eh),
+        ) {
+            Entry::Occupied(e) => Ok((e.get().1, false)),
+            Entry::Vacant(v) => {
+                if n >= self.limits.max_keys {
+                    return Err(());
+                }
+                let name = self.names.insert(key);
+                let k = self.keys.insert(KeyEntry {
+                    name,
+                    hash: h,
+                    holder: None,
+                    queue: List::new(),
+                    links: new_links(),
+                }) as u32;
+                v.insert((h, k));
+                Ok((k, true))
+            }
+        }
+    }
+
     /// The holder of `key`, if held.
     pub fn holder_of(&self, key: &[u8]) -> Option<HeldKey> {
-        let n = Name::new(key)?;
-        let slot = *self.key_index.get(&n)?;
-        self.held_key(slot)
+        self.held_key(self.find_key(key)?)
     }
 
     fn held_key(&self, slot: u32) -> Option<HeldKey> {
+        self.held_ref(slot)?.to_owned()
+    }
+
+    /// The holder of key slot `slot`, by reference (no copy of a name).
+    fn held_ref(&self, slot: u32) -> Option<HeldRef<'_>> {
         let e = &self.keys[slot as usize];
         let h = e.holder?;
-        Some(HeldKey {
-            key: e.name,
-            source: self.sources[h.source as usize].name,
-            endpoint: h.endpoint,
+        Some(HeldRef {
+            key: self.names.get(e.name),
+            source: self.names.get(self.sources[h.source as usize].name),
+            endpoint: h.endpoint.addr(),
             acquired_unix_ms: h.acquired_unix_ms,
             grant_id: h.grant_id,
             mode: h.mode,
@@ -457,14 +595,16 @@ impl Table {
         })
     }
 
+    /// A key's name as a [`Name`] (for an effect).
+    fn key_name(&self, k: u32) -> Name {
+        Name::new(self.names.get(self.keys[k as usize].name)).expect("names are at most NAME_MAX")
+    }
+
     /// Every held key, sorted by key (admin path: allocates).
     pub fn held_list(&self) -> Vec<HeldKey> {
-        let mut out: Vec<HeldKey> = self
-            .keys
-            .iter()
-            .filter_map(|(slot, _)| self.held_key(slot as u32))
-            .collect();
-        out.sort_by_key(|h| h.key);
+        let mut out: Vec<HeldKey> = Vec::with_capacity(self.held_keys());
+        self.for_each_held(|h| out.push(h.to_owned().expect("names are at most NAME_MAX")));
+        out.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
         out
     }
 
@@ -472,7 +612,7 @@ impl Table {
     /// simulator's FIFO check).
     pub fn waiters_of(&self, key: &[u8], out: &mut Vec<Token>) {
         out.clear();
-        let Some(&k) = Name::new(key).and_then(|n| self.key_index.get(&n)) else {
+        let Some(k) = self.find_key(key) else {
             return;
         };
         let mut cur = self.keys[k as usize].queue.front();
@@ -496,61 +636,98 @@ impl Table {
 
     /// The connection token of `key`'s holder (inspection).
     pub fn holder_conn(&self, key: &[u8]) -> Option<Token> {
-        let n = Name::new(key)?;
-        let slot = *self.key_index.get(&n)?;
+        let slot = self.find_key(key)?;
         self.keys[slot as usize].holder.map(|h| h.conn)
     }
 
     /// Number of waiters queued on `key`.
     pub fn queue_len(&self, key: &[u8]) -> usize {
-        Name::new(key)
-            .and_then(|n| self.key_index.get(&n))
-            .map_or(0, |&s| self.keys[s as usize].queue.len() as usize)
+        self.find_key(key)
+            .map_or(0, |s| self.keys[s as usize].queue.len() as usize)
     }
 
-    fn source_get_or_insert(&mut self, name: &Name) -> Option<u32> {
-        if let Some(&s) = self.source_index.get(name) {
-            return Some(s);
+    /// The source slot of `name`, created if new (one probe); `None` past
+    /// the source limit (one per possible key and waiter).
+    fn source_get_or_insert(&mut self, name: &[u8]) -> Option<u32> {
+        let h = self.hash(name);
+        let n = self.sources.len();
+        let (sources, names) = (&self.sources, &self.names);
+        match self.source_index.entry(
+            spread(h),
+            |&(eh, s)| eh == h && names.get(sources[s as usize].name) == name,
+            |&(eh, _)| spread(eh),
+        ) {
+            Entry::Occupied(e) => Some(e.get().1),
+            Entry::Vacant(v) => {
+                if n >= self.limits.max_keys + self.limits.max_waiters {
+                    return None;
+                }
+                let stored = self.names.insert(name);
+                let s = self.sources.insert(SourceEntry {
+                    name: stored,
+                    hash: h,
+                    held: List::new(),
+                    waiting: List::new(),
+                }) as u32;
+                v.insert((h, s));
+                Some(s)
+            }
         }
-        if self.source_index.len() >= self.limits.max_keys + self.limits.max_waiters {
-            return None;
-        }
-        let s = self.sources.insert(SourceEntry {
-            name: *name,
-            held: List::new(),
-            waiting: List::new(),
-        }) as u32;
-        self.source_index.insert(*name, s);
-        Some(s)
     }
 
     fn source_drop_if_unused(&mut self, s: u32) {
         let e = &self.sources[s as usize];
         if e.held.is_empty() && e.waiting.is_empty() {
-            let name = e.name;
+            let (name, h) = (e.name, e.hash);
+            match self.source_index.find_entry(spread(h), |&(_, x)| x == s) {
+                Ok(o) => drop(o.remove()),
+                Err(_) => panic!("source slot {s} missing from its index"),
+            }
+            self.names.remove(name);
             self.sources.remove(s as usize);
-            self.source_index.remove(&name);
         }
     }
 
     fn key_drop_if_unused(&mut self, k: u32) {
         let e = &self.keys[k as usize];
         if e.holder.is_none() && e.queue.is_empty() {
-            let name = e.name;
+            let (name, h) = (e.name, e.hash);
+            match self.key_index.find_entry(spread(h), |&(_, x)| x == k) {
+                Ok(o) => drop(o.remove()),
+                Err(_) => panic!("key slot {k} missing from its index"),
+            }
+            self.names.remove(name);
             self.keys.remove(k as usize);
-            self.key_index.remove(&name);
         }
     }
 
-    /// Makes `conn` the holder of the free key slot `k`.
+    /// Makes `conn` the holder of the free key slot `k`; the grant, for
+    /// its effect.
     fn set_holder(
         &mut self,
         k: u32,
         source: u32,
-        endpoint: SocketAddr,
+        endpoint: Endpoint,
         conn: Token,
         spec: Spec,
     ) -> Grant {
+        self.hold(k, source, endpoint, conn, spec);
+        Grant {
+            key_slot: k,
+            grant_id: spec.grant_id,
+            key: self.key_name(k),
+            source: Name::new(self.names.get(self.sources[source as usize].name))
+                .expect("names are at most NAME_MAX"),
+            endpoint: endpoint.addr(),
+            acquired_unix_ms: spec.acquired_unix_ms,
+            mode: spec.mode,
+            expires_unix_ms: spec.expires_unix_ms,
+            expires_mono_us: spec.expires_mono_us,
+        }
+    }
+
+    /// [`Table::set_holder`] without building the grant (recovery).
+    fn hold(&mut self, k: u32, source: u32, endpoint: Endpoint, conn: Token, spec: Spec) {
         assert!(
             self.keys[k as usize].holder.is_none(),
             "grant of a held key"
@@ -578,17 +755,6 @@ impl Table {
         if spec.mode == HoldMode::Lease {
             self.leases
                 .push(Reverse((spec.expires_mono_us, k, spec.grant_id)));
-        }
-        Grant {
-            key_slot: k,
-            grant_id: spec.grant_id,
-            key: self.keys[k as usize].name,
-            source: self.sources[source as usize].name,
-            endpoint,
-            acquired_unix_ms: spec.acquired_unix_ms,
-            mode: spec.mode,
-            expires_unix_ms: spec.expires_unix_ms,
-            expires_mono_us: spec.expires_mono_us,
         }
     }
 
@@ -618,6 +784,20 @@ impl Table {
     /// grant the next waiter and does not drop the key entry.
     fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
         let before = self.held_key(k).expect("release of a free key");
+        let h = self.unhold(k);
+        fx.push(Effect::Released {
+            key: self.key_name(k),
+            grant_id: h.grant_id,
+            holder_conn: h.conn,
+            holder: before,
+            held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
+            cause,
+        });
+    }
+
+    /// [`Table::clear_holder`] without an effect (recovery and undo: nobody
+    /// to tell, and nothing to allocate).
+    fn unhold(&mut self, k: u32) -> Holder {
         let h = self.keys[k as usize]
             .holder
             .take()
@@ -632,14 +812,7 @@ impl Table {
         }
         self.by_age.unlink(&mut self.keys, k, K_AGE);
         self.source_drop_if_unused(h.source);
-        fx.push(Effect::Released {
-            key: self.keys[k as usize].name,
-            grant_id: h.grant_id,
-            holder_conn: h.conn,
-            holder: before,
-            held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
-            cause,
-        });
+        h
     }
 
     /// Unlinks waiter `w` from its key queue and source list and frees its
@@ -690,8 +863,8 @@ impl Table {
     pub fn lock(
         &mut self,
         conn: Token,
-        key: &Name,
-        source: &Name,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        source: &(impl AsRef<[u8]> + ?Sized),
         endpoint: SocketAddr,
         mode: LockMode,
         now: Now,
@@ -714,17 +887,23 @@ impl Table {
     pub fn lock_with(
         &mut self,
         conn: Token,
-        key: &Name,
-        source: &Name,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        source: &(impl AsRef<[u8]> + ?Sized),
         endpoint: SocketAddr,
         mode: LockMode,
         opts: LockOpts,
         now: Now,
         fx: &mut Effects,
     ) -> Option<u32> {
+        let (key, source) = (key.as_ref(), source.as_ref());
         debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
-        let existing = self.key_index.get(key).copied();
-        if let Some(k) = existing {
+        debug_assert!(key.len() <= crate::core::NAME_MAX && source.len() <= crate::core::NAME_MAX);
+        let endpoint = Endpoint::from(endpoint);
+        let Ok((k, new)) = self.key_get_or_insert(key) else {
+            refuse(conn, Limit::Keys, fx);
+            return None;
+        };
+        if !new {
             if self.keys[k as usize].holder.is_some() {
                 if mode == LockMode::Try {
                     fx.push(Effect::Reply {
@@ -776,21 +955,11 @@ impl Table {
             }
             unreachable!("a free key never stays in the table");
         }
-        if self.key_index.len() >= self.limits.max_keys {
-            refuse(conn, Limit::Keys, fx);
-            return None;
-        }
         let Some(s) = self.source_get_or_insert(source) else {
+            self.key_drop_if_unused(k);
             refuse(conn, Limit::Sources, fx);
             return None;
         };
-        let k = self.keys.insert(KeyEntry {
-            name: *key,
-            holder: None,
-            queue: List::new(),
-            links: new_links(),
-        }) as u32;
-        self.key_index.insert(*key, k);
         let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, now);
         let grant = self.set_holder(k, s, endpoint, conn, spec);
         fx.push(Effect::Granted {
@@ -806,12 +975,12 @@ impl Table {
     fn release_key(
         &mut self,
         conn: Option<Token>,
-        key: &Name,
+        key: &[u8],
         cause: ReleaseCause,
         now: Now,
         fx: &mut Effects,
     ) {
-        if let Some(&k) = self.key_index.get(key) {
+        if let Some(k) = self.find_key(key) {
             if self.keys[k as usize].holder.is_some() {
                 self.clear_holder(k, now, cause, fx);
                 self.grant_next(k, now, fx);
@@ -827,18 +996,37 @@ impl Table {
 
     /// Unlock: releases the key whoever asks (Locking-Center has no owner
     /// check) and hands it to the next waiter. A free key answers `+`.
-    pub fn unlock(&mut self, conn: Token, key: &Name, now: Now, fx: &mut Effects) {
-        self.release_key(Some(conn), key, ReleaseCause::Unlock, now, fx);
+    pub fn unlock(
+        &mut self,
+        conn: Token,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        now: Now,
+        fx: &mut Effects,
+    ) {
+        self.release_key(Some(conn), key.as_ref(), ReleaseCause::Unlock, now, fx);
     }
 
     /// ResetByKey: releases the holder; waiters keep their places.
-    pub fn reset_by_key(&mut self, conn: Option<Token>, key: &Name, now: Now, fx: &mut Effects) {
-        self.release_key(conn, key, ReleaseCause::ResetByKey, now, fx);
+    pub fn reset_by_key(
+        &mut self,
+        conn: Option<Token>,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        now: Now,
+        fx: &mut Effects,
+    ) {
+        self.release_key(conn, key.as_ref(), ReleaseCause::ResetByKey, now, fx);
     }
 
     /// Compare-and-reset: releases `key` only if its holder's grant is
     /// `token` (the holder an operator saw). True if it did.
-    pub fn reset_if(&mut self, key: &Name, token: u64, now: Now, fx: &mut Effects) -> bool {
+    pub fn reset_if(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        token: u64,
+        now: Now,
+        fx: &mut Effects,
+    ) -> bool {
+        let key = key.as_ref();
         if self.grant_of(key) != Some(token) {
             return false;
         }
@@ -853,11 +1041,12 @@ impl Table {
     pub fn reset_by_source(
         &mut self,
         conn: Option<Token>,
-        source: &Name,
+        source: &(impl AsRef<[u8]> + ?Sized),
         now: Now,
         fx: &mut Effects,
     ) {
-        if let Some(&s) = self.source_index.get(source) {
+        let source = source.as_ref();
+        if let Some(s) = self.find_source(source) {
             while let Some(w) = self.sources[s as usize].waiting.front() {
                 let waiter = self.detach_waiter(w);
                 // The key is held (it had a queue), so it stays in the table.
@@ -875,7 +1064,7 @@ impl Table {
                     break;
                 }
             }
-            if self.sources.contains(s as usize) && self.source_index.get(source) == Some(&s) {
+            if self.sources.contains(s as usize) && self.find_source(source) == Some(s) {
                 self.source_drop_if_unused(s);
             }
         }
@@ -921,29 +1110,21 @@ impl Table {
     /// to answer). Replaces any holder the key had. Refuses (false) past
     /// the key limit.
     pub fn restore_holder(&mut self, h: &HeldKey, now: Now) -> bool {
-        let k = match self.key_index.get(&h.key) {
-            Some(&k) => {
-                let mut scratch = Vec::new();
-                if self.keys[k as usize].holder.is_some() {
-                    self.clear_holder(k, now, ReleaseCause::ResetByKey, &mut scratch);
-                }
-                k
-            }
-            None => {
-                if self.key_index.len() >= self.limits.max_keys {
-                    return false;
-                }
-                let k = self.keys.insert(KeyEntry {
-                    name: h.key,
-                    holder: None,
-                    queue: List::new(),
-                    links: new_links(),
-                }) as u32;
-                self.key_index.insert(h.key, k);
-                k
-            }
+        self.restore(h.as_ref(), now)
+    }
+
+    /// [`Table::restore_holder`] by reference (replay, over the log image).
+    pub fn restore(&mut self, h: HeldRef<'_>, now: Now) -> bool {
+        if h.key.len() > crate::core::NAME_MAX || h.source.len() > crate::core::NAME_MAX {
+            return false;
+        }
+        let Ok((k, new)) = self.key_get_or_insert(h.key) else {
+            return false;
         };
-        let Some(s) = self.source_get_or_insert(&h.source) else {
+        if !new && self.keys[k as usize].holder.is_some() {
+            self.unhold(k);
+        }
+        let Some(s) = self.source_get_or_insert(h.source) else {
             self.key_drop_if_unused(k);
             return false;
         };
@@ -958,33 +1139,35 @@ impl Table {
             mode: h.mode,
             owner: NIL,
             expires_mono_us: if lease {
-                now.mono_us + left_ms * 1000
+                // Saturating: a deadline read from a log is not trusted to
+                // fit (the server caps TTLs, a hand-made log need not).
+                now.mono_us.saturating_add(left_ms.saturating_mul(1000))
             } else {
                 0
             },
             expires_unix_ms: if lease { h.expires_unix_ms } else { 0 },
         };
-        self.set_holder(k, s, h.endpoint, NO_CONN, spec);
+        self.hold(k, s, Endpoint::from(h.endpoint), NO_CONN, spec);
         true
     }
 
     /// Recovery: a release read from the log.
-    pub fn restore_release(&mut self, key: &Name, now: Now) {
-        let mut scratch = Vec::new();
-        if let Some(&k) = self.key_index.get(key) {
+    pub fn restore_release(&mut self, key: &(impl AsRef<[u8]> + ?Sized), _now: Now) {
+        if let Some(k) = self.find_key(key.as_ref()) {
             if self.keys[k as usize].holder.is_some() {
-                self.clear_holder(k, now, ReleaseCause::Unlock, &mut scratch);
+                self.unhold(k);
             }
             self.key_drop_if_unused(k);
         }
     }
 
-    /// Visits every held key in grant order (oldest first). No allocation.
-    pub fn for_each_held(&self, mut f: impl FnMut(&HeldKey)) {
+    /// Visits every held key in grant order (oldest first), by reference:
+    /// no allocation, no copy of a name.
+    pub fn for_each_held(&self, mut f: impl FnMut(HeldRef<'_>)) {
         let mut cur = self.by_age.front();
         while let Some(k) = cur {
-            if let Some(h) = self.held_key(k) {
-                f(&h);
+            if let Some(h) = self.held_ref(k) {
+                f(h);
             }
             cur = List::next_of(&self.keys, k, K_AGE);
         }
@@ -996,23 +1179,27 @@ impl Table {
     /// the state each record was applied to.
     ///
     /// [`settle`]: Table::settle
-    pub fn undo_grant(&mut self, key: &Name, grant_id: u64, now: Now) -> bool {
-        let Some(&key_slot) = self.key_index.get(key) else {
+    pub fn undo_grant(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        _now: Now,
+    ) -> bool {
+        let Some(key_slot) = self.find_key(key.as_ref()) else {
             return false;
         };
         let held_by_grant = self.keys[key_slot as usize]
             .holder
             .is_some_and(|h| h.grant_id == grant_id);
         if held_by_grant {
-            let mut scratch = Vec::new();
-            self.clear_holder(key_slot, now, ReleaseCause::Undelivered, &mut scratch);
+            self.unhold(key_slot);
         }
         held_by_grant
     }
 
     /// After undos: a free key is granted to its next waiter, or dropped.
-    pub fn settle(&mut self, key: &Name, now: Now, fx: &mut Effects) {
-        if let Some(&k) = self.key_index.get(key) {
+    pub fn settle(&mut self, key: &(impl AsRef<[u8]> + ?Sized), now: Now, fx: &mut Effects) {
+        if let Some(k) = self.find_key(key.as_ref()) {
             if self.keys[k as usize].holder.is_none() {
                 self.grant_next(k, now, fx);
             }
@@ -1020,8 +1207,8 @@ impl Table {
     }
 
     /// Grant id of the current holder of `key`, if held.
-    pub fn grant_of(&self, key: &Name) -> Option<u64> {
-        let &k = self.key_index.get(key)?;
+    pub fn grant_of(&self, key: &(impl AsRef<[u8]> + ?Sized)) -> Option<u64> {
+        let k = self.find_key(key.as_ref())?;
         self.keys[k as usize].holder.map(|h| h.grant_id)
     }
 
@@ -1093,11 +1280,12 @@ impl Table {
     pub fn release_token(
         &mut self,
         owner: u32,
-        key: &Name,
+        key: &(impl AsRef<[u8]> + ?Sized),
         token: u64,
         now: Now,
         fx: &mut Effects,
     ) -> Checked {
+        let key = key.as_ref();
         let Some(k) = self.checked(owner, key, token) else {
             return self.why_not(owner, key, token);
         };
@@ -1106,17 +1294,16 @@ impl Table {
         Checked::Ok
     }
 
-    fn checked(&self, owner: u32, key: &Name, token: u64) -> Option<u32> {
-        let &k = self.key_index.get(key)?;
+    fn checked(&self, owner: u32, key: &[u8], token: u64) -> Option<u32> {
+        let k = self.find_key(key)?;
         let h = self.keys[k as usize].holder?;
         (h.grant_id == token && (h.mode != HoldMode::Session || h.owner == owner)).then_some(k)
     }
 
-    fn why_not(&self, owner: u32, key: &Name, token: u64) -> Checked {
+    fn why_not(&self, owner: u32, key: &[u8], token: u64) -> Checked {
         match self
-            .key_index
-            .get(key)
-            .and_then(|&k| self.keys[k as usize].holder)
+            .find_key(key)
+            .and_then(|k| self.keys[k as usize].holder)
         {
             Some(h) if h.grant_id == token && h.owner != owner => Checked::NotOwner,
             Some(h) if h.grant_id == token => Checked::Ok,
@@ -1128,20 +1315,22 @@ impl Table {
     pub fn extend(
         &mut self,
         owner: u32,
-        key: &Name,
+        key: &(impl AsRef<[u8]> + ?Sized),
         token: u64,
         ttl_ms: u32,
         now: Now,
     ) -> Result<Extended, Checked> {
+        let key = key.as_ref();
         let Some(k) = self.checked(owner, key, token) else {
             return Err(self.why_not(owner, key, token));
         };
+        let name = self.key_name(k);
         let h = self.keys[k as usize].holder.as_mut().expect("checked");
         if h.mode != HoldMode::Lease {
             return Err(Checked::NotLease);
         }
         let x = Extended {
-            key: *key,
+            key: name,
             grant_id: token,
             expires_unix_ms: now.unix_ms + ttl_ms as u64,
             expires_mono_us: now.mono_us + ttl_ms as u64 * 1000,
@@ -1156,8 +1345,14 @@ impl Table {
 
     /// Sets lease `grant_id` of `key` to expire at the given times (an
     /// extend read from the log, or undone). False if it is not the holder.
-    pub fn set_expiry(&mut self, key: &Name, grant_id: u64, unix_ms: u64, mono_us: u64) -> bool {
-        let Some(&k) = self.key_index.get(key) else {
+    pub fn set_expiry(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        unix_ms: u64,
+        mono_us: u64,
+    ) -> bool {
+        let Some(k) = self.find_key(key.as_ref()) else {
             return false;
         };
         match self.keys[k as usize].holder.as_mut() {
@@ -1256,8 +1451,7 @@ impl Table {
 
     /// The lease deadline of `key`'s holder (monotonic µs), if it is a lease.
     pub fn lease_deadline_us(&self, key: &[u8]) -> Option<u64> {
-        let n = Name::new(key)?;
-        let &k = self.key_index.get(&n)?;
+        let k = self.find_key(key)?;
         let h = self.keys[k as usize].holder?;
         (h.mode == HoldMode::Lease).then_some(h.expires_mono_us)
     }
@@ -1266,11 +1460,13 @@ impl Table {
     pub fn check_invariants(&self) {
         let mut held = 0;
         for (k, e) in self.keys.iter() {
-            assert_eq!(self.key_index.get(&e.name), Some(&(k as u32)));
+            let name = self.names.get(e.name);
+            assert_eq!(self.find_key(name), Some(k as u32));
+            assert_eq!(e.hash, self.hash(name), "stale hash of key slot {k}");
             assert!(
                 e.holder.is_some(),
-                "free key {:?} left in the table",
-                e.name
+                "free key {} left in the table",
+                crate::log::Quoted(name)
             );
             held += 1;
             let mut n = 0;
@@ -1285,8 +1481,14 @@ impl Table {
         assert_eq!(held, self.by_age.len() as usize);
         assert_eq!(self.key_index.len(), self.keys.len());
         assert_eq!(self.source_index.len(), self.sources.len());
+        assert_eq!(
+            self.names.len(),
+            self.keys.len() + self.sources.len(),
+            "a name stored for nothing (or twice)"
+        );
         let mut src_waiting = 0;
-        for (_, s) in self.sources.iter() {
+        for (slot, s) in self.sources.iter() {
+            assert_eq!(self.find_source(self.names.get(s.name)), Some(slot as u32));
             assert!(
                 !(s.held.is_empty() && s.waiting.is_empty()),
                 "unused source kept"

@@ -459,7 +459,11 @@ pub struct Server {
 impl Server {
     /// Recovers the logs (durable mode), binds both ports for every shard
     /// and blocks SIGINT/SIGTERM (threads started afterwards inherit the
-    /// mask); nothing is served yet.
+    /// mask); nothing is served yet. The ports are bound only after every
+    /// log is replayed: while recovery runs a client is refused (and
+    /// retries) instead of waiting in the listen backlog for an unknown
+    /// time, and nothing can be answered from a partial table
+    /// (tests/scale.rs watches the start-up).
     pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
         let cpus = allowed_cpus();
         if cfg.threads == 0 {

@@ -435,10 +435,21 @@ pub struct Welcome {
     pub max_ttl_ms: u32,
     /// The server's id for this session (shown in logs).
     pub session_id: u64,
+    /// The server's limits: distinct keys and queued requests per shard
+    /// (`--max-keys`, `--max-waiters`) and its shard count; beyond them an
+    /// Acquire is answered `limit reached`.
+    pub max_keys: u32,
+    pub max_waiters: u32,
+    pub shards: u16,
 }
 
+/// Length of the Hello reply body; version 1 servers may append fields
+/// after it, which clients ignore.
+pub const WELCOME_BODY: usize = 32;
+
 /// Encodes the Hello reply:
-/// `[u8 status][u8 version][u32 keepalive_ms][u32 min_ttl_ms][u32 max_ttl_ms][u64 session_id]`.
+/// `[u8 status][u8 version][u32 keepalive_ms][u32 min_ttl_ms][u32 max_ttl_ms][u64 session_id]
+/// [u32 max_keys][u32 max_waiters][u16 shards]`.
 pub fn encode_welcome(rid: u32, w: &Welcome, out: &mut Vec<u8>) {
     frame(out, KIND_REPLY, rid, |o| {
         o.push(w.status as u8);
@@ -447,6 +458,9 @@ pub fn encode_welcome(rid: u32, w: &Welcome, out: &mut Vec<u8>) {
         o.extend_from_slice(&w.min_ttl_ms.to_le_bytes());
         o.extend_from_slice(&w.max_ttl_ms.to_le_bytes());
         o.extend_from_slice(&w.session_id.to_le_bytes());
+        o.extend_from_slice(&w.max_keys.to_le_bytes());
+        o.extend_from_slice(&w.max_waiters.to_le_bytes());
+        o.extend_from_slice(&w.shards.to_le_bytes());
     });
 }
 
@@ -514,17 +528,28 @@ pub fn decode_answer(
     let bad = || format!("malformed answer (kind {kind:#x}, {blen} body bytes)");
     let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
     let a = match kind {
-        KIND_REPLY if hello_rid == Some(rid) && blen == 22 => Answer::Welcome {
-            rid,
-            welcome: Welcome {
+        KIND_REPLY if hello_rid == Some(rid) && blen >= WELCOME_BODY => {
+            let w = Welcome {
                 status: status(r.u8().ok_or_else(bad)?)?,
                 version: r.u8().ok_or_else(bad)?,
                 keepalive_ms: r.u32().ok_or_else(bad)?,
                 min_ttl_ms: r.u32().ok_or_else(bad)?,
                 max_ttl_ms: r.u32().ok_or_else(bad)?,
                 session_id: r.u64().ok_or_else(bad)?,
-            },
-        },
+                max_keys: r.u32().ok_or_else(bad)?,
+                max_waiters: r.u32().ok_or_else(bad)?,
+                shards: {
+                    let s = r.b.get(r.at..r.at + 2).ok_or_else(bad)?;
+                    r.at += 2;
+                    u16::from_le_bytes([s[0], s[1]])
+                },
+            };
+            // Fields a later server appends are skipped.
+            r.at = r.b.len();
+            Answer::Welcome { rid, welcome: w }
+        }
+        // A Hello refused before the session exists (unauthorized) is a
+        // plain Reply.
         KIND_REPLY => {
             let st = status(r.u8().ok_or_else(bad)?)?;
             let token = r.u64().ok_or_else(bad)?;
@@ -667,6 +692,9 @@ mod tests {
             min_ttl_ms: 10,
             max_ttl_ms: 3_600_000,
             session_id: 99,
+            max_keys: 100_000,
+            max_waiters: 5,
+            shards: 2,
         };
         encode_welcome(1, &w, &mut b);
         encode_reply(2, Status::Ok, 12345, NO_TTL, &mut b);

@@ -206,6 +206,9 @@ impl Shard {
             min_ttl_ms: self.cfg.min_ttl_ms,
             max_ttl_ms: self.cfg.max_ttl_ms,
             session_id: sid,
+            max_keys: self.cfg.max_keys.min(u32::MAX as usize) as u32,
+            max_waiters: self.cfg.max_waiters.min(u32::MAX as usize) as u32,
+            shards: self.shards.min(u16::MAX as usize) as u16,
         };
         sp::encode_welcome(rid, &welcome, &mut c.out);
         self.session_deadlines

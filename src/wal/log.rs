@@ -168,7 +168,7 @@ impl Log {
     /// A log whose file holds `file_len` valid bytes, replayed into `table`.
     pub fn new(file_len: u64, table: &Table, compact_floor_bytes: u64) -> Log {
         let mut live = 0;
-        table.for_each_held(|h| live += acquire_len(h));
+        table.for_each_held(|h| live += record::acquire_len(h) as u64);
         Log {
             file_len,
             filling: Vec::with_capacity(64 * 1024),
@@ -230,7 +230,7 @@ impl Log {
 
     pub fn append_acquire(&mut self, h: &HeldKey) -> u64 {
         let start = self.filling.len();
-        record::encode_acquire(h, &mut self.filling);
+        record::encode_acquire(h.as_ref(), &mut self.filling);
         self.carry_from(start);
         self.live_bytes += acquire_len(h);
         self.filling_records += 1;
@@ -242,7 +242,7 @@ impl Log {
     /// log holds the lease's Hold record with its latest deadline.
     pub fn append_extend(&mut self, key: &Name, grant_id: u64, expires_unix_ms: u64) -> u64 {
         let start = self.filling.len();
-        record::encode_extend(key, grant_id, expires_unix_ms, &mut self.filling);
+        record::encode_extend(key.as_bytes(), grant_id, expires_unix_ms, &mut self.filling);
         self.carry_from(start);
         self.filling_records += 1;
         self.tail_lsn += 1;
@@ -251,7 +251,7 @@ impl Log {
 
     pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
         let start = self.filling.len();
-        record::encode_release(key, grant_id, &mut self.filling);
+        record::encode_release(key.as_bytes(), grant_id, &mut self.filling);
         self.carry_from(start);
         self.live_bytes = self.live_bytes.saturating_sub(acquire_len(holder));
         self.filling_records += 1;
@@ -514,7 +514,7 @@ impl Log {
     /// Recomputes live bytes after an undo (undo is rare).
     pub fn recount_live(&mut self, table: &Table) {
         let mut live = 0;
-        table.for_each_held(|h| live += acquire_len(h));
+        table.for_each_held(|h| live += record::acquire_len(h) as u64);
         self.live_bytes = live;
     }
 }

@@ -20,8 +20,11 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use std::ops::ControlFlow;
+
 use crate::core::{HeldKey, Now, Table};
-use record::{Record, Scan, MAGIC};
+
+use record::{RecordRef, Scanned, MAGIC};
 
 pub use log::REWRITE_RETRY_US;
 
@@ -98,22 +101,45 @@ fn fsync_dir(dir: &File) -> io::Result<()> {
 
 /// Size of the Acquire record for a holder (tracks `live_bytes`).
 pub fn acquire_len(h: &HeldKey) -> u64 {
-    let mut ep = [0u8; 64];
-    let n = {
-        let mut cur = io::Cursor::new(&mut ep[..]);
-        write!(cur, "{}", h.endpoint).expect("a socket address fits in 64 bytes");
-        cur.position()
-    };
-    record::acquire_fixed_len(h) as u64 + h.key.len() as u64 + h.source.len() as u64 + n
+    record::acquire_len(h.as_ref()) as u64
 }
 
 /// Opens (or creates) the log at `path`, replays it into `table`, and
 /// truncates a torn tail. Refuses corruption unless `truncate_at` names
-/// exactly the corrupt offset. Blocking: runs before the loop starts.
+/// exactly the corrupt offset, and refuses `truncate_at` on a log that has
+/// no corruption there. Blocking: runs before the loop starts.
 pub fn open(
     path: &Path,
     table: &mut Table,
     truncate_at: Option<u64>,
+    now: Now,
+) -> Result<(LogFiles, Recovered), String> {
+    open_with(path, table, Truncate::exactly(truncate_at), now)
+}
+
+/// What `--wal-truncate-at` means for one log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Truncate {
+    at: Option<u64>,
+    /// A clean log is refused when `at` is given (one log: the operator
+    /// named this one). Several logs: `at` applies to the one that is
+    /// corrupt, and a clean log is opened as if it was not given.
+    strict: bool,
+}
+
+impl Truncate {
+    pub(crate) fn exactly(at: Option<u64>) -> Truncate {
+        Truncate { at, strict: true }
+    }
+    pub(crate) fn if_corrupt(at: Option<u64>) -> Truncate {
+        Truncate { at, strict: false }
+    }
+}
+
+pub(crate) fn open_with(
+    path: &Path,
+    table: &mut Table,
+    truncate: Truncate,
     now: Now,
 ) -> Result<(LogFiles, Recovered), String> {
     let shown = path.display();
@@ -144,14 +170,16 @@ pub fn open(
         .map_err(|e| format!("{shown}: cannot open log: {e}"))?;
     let len = file.metadata().map_err(|e| format!("{shown}: {e}"))?.len();
     let (valid_len, rec) = if len == 0 {
-        replay(&[], &shown.to_string(), table, truncate_at, now)?
+        replay_with(&[], &shown.to_string(), table, truncate, now)?
     } else {
         // SAFETY: the map is read-only and dropped before the file is
         // modified; nothing else writes the log while we start (a second
         // server on the same path is the operator's error — see docs).
-        let map = unsafe { memmap2::Mmap::map(&file) }
+        // Populated up front: one pass reads it all, and faulting it in
+        // page by page would cost more than the replay.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
             .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
-        replay(&map, &shown.to_string(), table, truncate_at, now)?
+        replay_with(&map, &shown.to_string(), table, truncate, now)?
     };
     let rec = Recovered {
         file_bytes: len,
@@ -193,6 +221,12 @@ pub fn open(
 /// start-up (over the mapped file) and the simulator (over its disk).
 /// Returns the length of the valid prefix (a torn tail is dropped) or why
 /// the log must not be used. `shown` names the log in messages.
+///
+/// One pass: each record is applied as the scan reaches it, its names
+/// borrowed from `data`, so nothing is allocated per record. When the log
+/// is refused, `table` holds what the records before the refusal made of
+/// it; replaying the same log again over that is harmless (each key ends
+/// as its last record says).
 pub fn replay(
     data: &[u8],
     shown: &str,
@@ -200,95 +234,105 @@ pub fn replay(
     truncate_at: Option<u64>,
     now: Now,
 ) -> Result<(u64, Recovered), String> {
+    replay_with(data, shown, table, Truncate::exactly(truncate_at), now)
+}
+
+fn replay_with(
+    data: &[u8],
+    shown: &str,
+    table: &mut Table,
+    truncate: Truncate,
+    now: Now,
+) -> Result<(u64, Recovered), String> {
     let mut rec = Recovered {
         file_bytes: data.len() as u64,
         ..Default::default()
     };
-    let scan = if data.is_empty() {
-        Scan::Ok {
-            records: Vec::new(),
-            valid_len: 0,
-            torn_bytes: 0,
-        }
-    } else {
-        record::scan(data)
-    };
-    let (records, valid_len) = match scan {
-            Scan::Ok {
-                records,
-                valid_len,
-                torn_bytes,
-            } => {
-                rec.torn_bytes = torn_bytes;
-                (records, valid_len)
-            }
-            Scan::BadMagic => {
-                return Err(format!(
-                    "{shown}: not a ringlock log (bad magic); refusing to start. Move the file away or point --data-path elsewhere"
-                ))
-            }
-            Scan::Corrupt {
-                offset,
-                reason,
-                records_before,
-            } => {
-                if truncate_at != Some(offset) {
-                    let intact = &data[..(offset as usize).min(data.len())];
-                    return Err(refusal::corrupt_log(
-                        shown,
-                        offset,
-                        reason,
-                        records_before,
-                        intact,
-                    ));
-                }
-                rec.truncated_at = Some(offset);
-                match record::scan(&data[..offset as usize]) {
-                    Scan::Ok { records, .. } => (records, offset),
-                    _ => unreachable!("the prefix before the first corruption scans clean"),
-                }
-            }
-        };
-    if let Some(t) = truncate_at {
-        if rec.truncated_at.is_none() {
-            return Err(format!(
-                    "{shown}: --wal-truncate-at {t} given, but the log has no corruption at that offset; refusing to truncate"
-                ));
-        }
-    }
-    for r in &records {
+    let mut over_limit = false;
+    let apply = |r: RecordRef<'_>| {
         match r {
-            Record::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
+            RecordRef::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
                 // Its session did not survive: the key is free, the grant
                 // id (fencing token) still counts.
-                table.restore_release(&h.key, now);
+                table.restore_release(h.key, now);
                 table.raise_next_grant_id(h.grant_id + 1);
             }
-            Record::Acquire(h) => {
-                if !table.restore_holder(h, now) {
-                    return Err(format!(
-                        "{shown}: the log holds more keys than --max-keys allows; raise the limit"
-                    ));
+            RecordRef::Acquire(h) => {
+                if !table.restore(h, now) {
+                    over_limit = true;
+                    return ControlFlow::Break(());
                 }
             }
-            Record::Release { key, .. } => table.restore_release(key, now),
-            Record::GrantMark { next_grant_id } => table.raise_next_grant_id(*next_grant_id),
-            Record::Extend {
+            RecordRef::Release { key, .. } => table.restore_release(key, now),
+            RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
+            RecordRef::Extend {
                 key,
                 grant_id,
                 expires_unix_ms,
             } => {
                 let left_ms = expires_unix_ms.saturating_sub(now.unix_ms);
-                table.set_expiry(
-                    key,
-                    *grant_id,
-                    *expires_unix_ms,
-                    now.mono_us + left_ms * 1000,
-                );
+                let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
+                table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
             }
         }
-    }
-    rec.records = records.len();
+        ControlFlow::Continue(())
+    };
+    let scanned = if data.is_empty() {
+        Scanned::Ok {
+            records: 0,
+            valid_len: 0,
+            torn_bytes: 0,
+        }
+    } else {
+        record::scan_each(data, apply)
+    };
+    let valid_len = match scanned {
+        Scanned::Ok {
+            records,
+            valid_len,
+            torn_bytes,
+        } => {
+            if let (Some(t), true) = (truncate.at, truncate.strict) {
+                return Err(format!(
+                    "{shown}: --wal-truncate-at {t} given, but the log has no corruption at that offset; refusing to truncate"
+                ));
+            }
+            rec.records = records;
+            rec.torn_bytes = torn_bytes;
+            valid_len
+        }
+        Scanned::BadMagic => {
+            return Err(format!(
+                "{shown}: not a ringlock log (bad magic); refusing to start. Move the file away or point --data-path elsewhere"
+            ))
+        }
+        Scanned::Stopped { .. } => {
+            debug_assert!(over_limit);
+            return Err(format!(
+                "{shown}: the log holds more keys than --max-keys allows; raise the limit"
+            ));
+        }
+        Scanned::Corrupt {
+            offset,
+            reason,
+            records_before,
+        } => {
+            if truncate.at != Some(offset) {
+                let intact = &data[..(offset as usize).min(data.len())];
+                return Err(refusal::corrupt_log(
+                    shown,
+                    offset,
+                    reason,
+                    records_before,
+                    intact,
+                ));
+            }
+            // Everything before the offset was applied, nothing after.
+            rec.truncated_at = Some(offset);
+            rec.records = records_before;
+            offset
+        }
+    };
     rec.held = table.held_keys();
     Ok((valid_len, rec))
 }

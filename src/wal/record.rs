@@ -11,48 +11,68 @@
 //!             recognised on its own, even when the record it claims to
 //!             describe would run past the end of the file
 //! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark, 4 = Hold,
-//!             5 = Extend
+//!             5 = Extend, 6 = Acquire (binary endpoint), 7 = Hold (binary
+//!             endpoint)
 //! 9      ..   payload
 //! ```
 //!
-//! Acquire payload (a persistent hold): `grant_id u64 · acquired_unix_ms u64
-//! · keyLen u8 · key · srcLen u8 · source · epLen u8 · endpoint ("ip:port",
-//! UTF-8)`.
-//! Hold payload (a session or lease hold): `grant_id u64 · acquired_unix_ms
-//! u64 · mode u8 (1 session, 2 lease) · expires_unix_ms u64 (0 for a
-//! session) · keyLen u8 · key · srcLen u8 · source · epLen u8 · endpoint`.
-//! A session hold is recorded for its grant id (the fencing token must
-//! never go back) but not restored: its session did not survive the
-//! restart. A lease is restored with the time it had left.
-//! Extend payload: `grant_id u64 · expires_unix_ms u64 · keyLen u8 · key`.
-//! Release payload: `grant_id u64 · keyLen u8 · key`.
-//! GrantMark payload: `next_grant_id u64` — written first in every rewritten
-//! log, so grant ids keep increasing across compaction and restart even
-//! though a compacted log holds only the live holders' Acquires.
+//! Integers are little-endian. Names are `len u8 · bytes` (keys 1..=127
+//! bytes, sources 0..=127).
 //!
-//! Recovery (see [`scan`]): a record whose header is incomplete or whose
-//! body runs past the end of the file is a torn tail (a crash during an
-//! append): dropped and truncated. A whole record whose checksum fails is
-//! corruption, unless it is the last thing in the file (then it is the torn
-//! tail of a write whose data never reached the disk), as is a header whose
-//! length check fails while non-zero bytes follow it.
+//! - **Acquire** (6; a persistent hold): `grant_id u64 · acquired_unix_ms
+//!   u64 · key · source · endpoint`.
+//! - **Hold** (7; a session or lease hold): `grant_id u64 ·
+//!   acquired_unix_ms u64 · mode u8 (1 session, 2 lease) · expires_unix_ms
+//!   u64 (0 for a session) · key · source · endpoint`. A session hold is
+//!   recorded for its grant id (the fencing token must never go back) but
+//!   not restored: its session did not survive the restart. A lease is
+//!   restored with the time it had left.
+//! - The binary endpoint: `family u8` then, for 4, `ip 4 bytes · port u16`
+//!   (7 bytes in all); for 6, `ip 16 bytes · port u16 · scope_id u32` (23).
+//! - **Extend** (5): `grant_id u64 · expires_unix_ms u64 · key`.
+//! - **Release** (2): `grant_id u64 · key`.
+//! - **GrantMark** (3): `next_grant_id u64` — written first in every
+//!   rewritten log, so grant ids keep increasing across compaction and
+//!   restart even though a compacted log holds only the live holders'
+//!   Acquires.
+//!
+//! Version 1 of Acquire (1) and Hold (4) has the same fields but the
+//! endpoint as text (`len u8 · "ip:port"`, UTF-8). Logs written before
+//! version 2 hold only those; they are still read (and a log may mix both:
+//! an old log appended to by a newer server), never written. Parsing a text
+//! endpoint was most of the cost of replaying a large log.
+//!
+//! Recovery (see [`scan_each`]) is one pass over the mapped file: every
+//! record is checked, parsed into a [`RecordRef`] whose names borrow the
+//! image, and handed to the caller, which applies it; nothing is allocated
+//! per record. A record whose header is incomplete or whose body runs past
+//! the end of the file is a torn tail (a crash during an append): dropped
+//! and truncated. A whole record whose checksum fails is corruption, unless
+//! it is the last thing in the file (then it is the torn tail of a write
+//! whose data never reached the disk), as is a header whose length check
+//! fails while non-zero bytes follow it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::ops::ControlFlow;
 
-use crate::core::{HeldKey, Name};
+use crate::core::{HeldKey, HeldRef, HoldMode, Name};
 
 pub const MAGIC: &[u8; 8] = b"RLWAL\0\0\x01";
 pub const HEADER: usize = 8;
-/// The longest record (a Hold): header, type, three u64, a mode byte,
-/// three sized strings.
+/// The longest record (a version-1 Hold): header, type, three u64, a mode
+/// byte, three sized strings.
 pub const RECORD_MAX: usize = HEADER + 1 + 25 + 3 * (1 + 127);
 
-pub const ACQUIRE: u8 = 1;
+pub const ACQUIRE_V1: u8 = 1;
 pub const RELEASE: u8 = 2;
 pub const GRANT_MARK: u8 = 3;
-pub const HOLD: u8 = 4;
+pub const HOLD_V1: u8 = 4;
 pub const EXTEND: u8 = 5;
+pub const ACQUIRE: u8 = 6;
+pub const HOLD: u8 = 7;
 
+/// An owned record, as [`scan`] collects them (tests and tools; recovery
+/// uses [`scan_each`] and borrows instead).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Acquire(HeldKey),
@@ -72,11 +92,58 @@ pub enum Record {
     },
 }
 
-use crate::core::HoldMode;
+/// One record as the scan found it; names borrow the log image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordRef<'a> {
+    Acquire(HeldRef<'a>),
+    Release {
+        key: &'a [u8],
+        grant_id: u64,
+    },
+    GrantMark {
+        next_grant_id: u64,
+    },
+    Extend {
+        key: &'a [u8],
+        grant_id: u64,
+        expires_unix_ms: u64,
+    },
+}
 
-/// Record bytes an Acquire or Hold of `h` takes beyond its three strings.
-pub fn acquire_fixed_len(h: &HeldKey) -> usize {
-    HEADER + 1 + 16 + 3 + if h.mode == HoldMode::Persistent { 0 } else { 9 }
+impl RecordRef<'_> {
+    fn to_owned(self) -> Option<Record> {
+        Some(match self {
+            RecordRef::Acquire(h) => Record::Acquire(h.to_owned()?),
+            RecordRef::Release { key, grant_id } => Record::Release {
+                key: Name::new(key)?,
+                grant_id,
+            },
+            RecordRef::GrantMark { next_grant_id } => Record::GrantMark { next_grant_id },
+            RecordRef::Extend {
+                key,
+                grant_id,
+                expires_unix_ms,
+            } => Record::Extend {
+                key: Name::new(key)?,
+                grant_id,
+                expires_unix_ms,
+            },
+        })
+    }
+}
+
+/// Bytes the binary endpoint takes in a record.
+pub fn endpoint_len(ep: &SocketAddr) -> usize {
+    match ep {
+        SocketAddr::V4(_) => 1 + 4 + 2,
+        SocketAddr::V6(_) => 1 + 16 + 2 + 4,
+    }
+}
+
+/// The whole size of the Acquire or Hold record of `h`, header included.
+pub fn acquire_len(h: HeldRef<'_>) -> usize {
+    let hold = if h.mode == HoldMode::Persistent { 0 } else { 9 };
+    HEADER + 1 + 16 + hold + 1 + h.key.len() + 1 + h.source.len() + endpoint_len(&h.endpoint)
 }
 
 fn put_name(out: &mut Vec<u8>, n: &[u8]) {
@@ -85,9 +152,25 @@ fn put_name(out: &mut Vec<u8>, n: &[u8]) {
     out.extend_from_slice(n);
 }
 
-/// Appends one Acquire record to `out` without allocating (beyond `out`'s
-/// own growth).
-pub fn encode_acquire(h: &HeldKey, out: &mut Vec<u8>) {
+fn put_endpoint(out: &mut Vec<u8>, ep: &SocketAddr) {
+    match ep {
+        SocketAddr::V4(a) => {
+            out.push(4);
+            out.extend_from_slice(&a.ip().octets());
+            out.extend_from_slice(&a.port().to_le_bytes());
+        }
+        SocketAddr::V6(a) => {
+            out.push(6);
+            out.extend_from_slice(&a.ip().octets());
+            out.extend_from_slice(&a.port().to_le_bytes());
+            out.extend_from_slice(&a.scope_id().to_le_bytes());
+        }
+    }
+}
+
+/// Appends one Acquire (or, for a session or lease, Hold) record to `out`
+/// without allocating (beyond `out`'s own growth).
+pub fn encode_acquire(h: HeldRef<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     let persistent = h.mode == HoldMode::Persistent;
@@ -98,17 +181,29 @@ pub fn encode_acquire(h: &HeldKey, out: &mut Vec<u8>) {
         out.push(h.mode as u8);
         out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
     }
-    put_name(out, h.key.as_bytes());
-    put_name(out, h.source.as_bytes());
-    // The endpoint is formatted into a stack buffer: no allocation.
-    let mut ep = [0u8; 64];
-    let n = {
-        use std::io::Write;
-        let mut cur = std::io::Cursor::new(&mut ep[..]);
-        write!(cur, "{}", h.endpoint).expect("a socket address fits in 64 bytes");
-        cur.position() as usize
-    };
-    put_name(out, &ep[..n]);
+    put_name(out, h.key);
+    put_name(out, h.source);
+    put_endpoint(out, &h.endpoint);
+    seal(out, start);
+    debug_assert_eq!(out.len() - start, acquire_len(h));
+}
+
+/// The version-1 Acquire or Hold (text endpoint), as servers before
+/// version 2 wrote it: for tests that prove old logs still replay.
+pub fn encode_acquire_v1(h: HeldRef<'_>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    let persistent = h.mode == HoldMode::Persistent;
+    out.push(if persistent { ACQUIRE_V1 } else { HOLD_V1 });
+    out.extend_from_slice(&h.grant_id.to_le_bytes());
+    out.extend_from_slice(&h.acquired_unix_ms.to_le_bytes());
+    if !persistent {
+        out.push(h.mode as u8);
+        out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
+    }
+    put_name(out, h.key);
+    put_name(out, h.source);
+    put_name(out, h.endpoint.to_string().as_bytes());
     seal(out, start);
 }
 
@@ -120,22 +215,22 @@ pub fn encode_grant_mark(next_grant_id: u64, out: &mut Vec<u8>) {
     seal(out, start);
 }
 
-pub fn encode_extend(key: &Name, grant_id: u64, expires_unix_ms: u64, out: &mut Vec<u8>) {
+pub fn encode_extend(key: &[u8], grant_id: u64, expires_unix_ms: u64, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     out.push(EXTEND);
     out.extend_from_slice(&grant_id.to_le_bytes());
     out.extend_from_slice(&expires_unix_ms.to_le_bytes());
-    put_name(out, key.as_bytes());
+    put_name(out, key);
     seal(out, start);
 }
 
-pub fn encode_release(key: &Name, grant_id: u64, out: &mut Vec<u8>) {
+pub fn encode_release(key: &[u8], grant_id: u64, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     out.push(RELEASE);
     out.extend_from_slice(&grant_id.to_le_bytes());
-    put_name(out, key.as_bytes());
+    put_name(out, key);
     seal(out, start);
 }
 
@@ -148,39 +243,87 @@ fn seal(out: &mut [u8], start: usize) {
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
-fn parse_body(body: &[u8]) -> Option<Record> {
-    let (&ty, mut rest) = body.split_first()?;
-    fn u64_(rest: &mut &[u8]) -> Option<u64> {
-        let v = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
-        *rest = &rest[8..];
+/// A cursor over a record body; every read is bounds-checked.
+struct Body<'a>(&'a [u8]);
+
+impl<'a> Body<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (v, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
         Some(v)
     }
-    fn name<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
-        let len = *rest.first()? as usize;
-        let v = rest.get(1..1 + len)?;
-        *rest = &rest[1 + len..];
-        Some(v)
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
     }
-    let grant_id = u64_(&mut rest)?;
-    match ty {
-        ACQUIRE | HOLD => {
-            let acquired_unix_ms = u64_(&mut rest)?;
-            let (mode, expires_unix_ms) = if ty == HOLD {
-                let (&m, r) = rest.split_first()?;
-                rest = r;
-                let mode = HoldMode::from_byte(m).filter(|&m| m != HoldMode::Persistent)?;
-                (mode, u64_(&mut rest)?)
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn name(&mut self) -> Option<&'a [u8]> {
+        let len = self.u8()? as usize;
+        // A name is at most 127 bytes, like on the wire.
+        if len > crate::core::NAME_MAX {
+            return None;
+        }
+        self.take(len)
+    }
+    fn endpoint(&mut self) -> Option<SocketAddr> {
+        match self.u8()? {
+            4 => {
+                let ip: [u8; 4] = self.take(4)?.try_into().ok()?;
+                Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), self.u16()?))
+            }
+            6 => {
+                let ip: [u8; 16] = self.take(16)?.try_into().ok()?;
+                let port = self.u16()?;
+                let scope = self.u32()?;
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(ip),
+                    port,
+                    0,
+                    scope,
+                )))
+            }
+            _ => None,
+        }
+    }
+    fn text_endpoint(&mut self) -> Option<SocketAddr> {
+        std::str::from_utf8(self.name()?).ok()?.parse().ok()
+    }
+    fn done(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
+    let mut b = Body(body);
+    let ty = b.u8()?;
+    let grant_id = b.u64()?;
+    let r = match ty {
+        ACQUIRE | HOLD | ACQUIRE_V1 | HOLD_V1 => {
+            let acquired_unix_ms = b.u64()?;
+            let (mode, expires_unix_ms) = if ty == HOLD || ty == HOLD_V1 {
+                let mode = HoldMode::from_byte(b.u8()?).filter(|&m| m != HoldMode::Persistent)?;
+                (mode, b.u64()?)
             } else {
                 (HoldMode::Persistent, 0)
             };
-            let key = Name::new(name(&mut rest)?)?;
-            let source = Name::new(name(&mut rest)?)?;
-            let ep = std::str::from_utf8(name(&mut rest)?).ok()?;
-            let endpoint: SocketAddr = ep.parse().ok()?;
-            if !rest.is_empty() || key.is_empty() {
+            let key = b.name()?;
+            let source = b.name()?;
+            let endpoint = if ty == ACQUIRE || ty == HOLD {
+                b.endpoint()?
+            } else {
+                b.text_endpoint()?
+            };
+            if key.is_empty() {
                 return None;
             }
-            Some(Record::Acquire(HeldKey {
+            RecordRef::Acquire(HeldRef {
                 key,
                 source,
                 endpoint,
@@ -188,35 +331,30 @@ fn parse_body(body: &[u8]) -> Option<Record> {
                 grant_id,
                 mode,
                 expires_unix_ms,
-            }))
+            })
         }
         EXTEND => {
-            let expires_unix_ms = u64_(&mut rest)?;
-            let key = Name::new(name(&mut rest)?)?;
-            if !rest.is_empty() || key.is_empty() {
-                return None;
-            }
-            Some(Record::Extend {
+            let expires_unix_ms = b.u64()?;
+            let key = b.name().filter(|k| !k.is_empty())?;
+            RecordRef::Extend {
                 key,
                 grant_id,
                 expires_unix_ms,
-            })
-        }
-        RELEASE => {
-            let key = Name::new(name(&mut rest)?)?;
-            if !rest.is_empty() || key.is_empty() {
-                return None;
             }
-            Some(Record::Release { key, grant_id })
         }
-        GRANT_MARK => rest.is_empty().then_some(Record::GrantMark {
+        RELEASE => RecordRef::Release {
+            key: b.name().filter(|k| !k.is_empty())?,
+            grant_id,
+        },
+        GRANT_MARK => RecordRef::GrantMark {
             next_grant_id: grant_id,
-        }),
-        _ => None,
-    }
+        },
+        _ => return None,
+    };
+    b.done().then_some(r)
 }
 
-/// What a scan of a log file found.
+/// What a scan of a log file found ([`scan`]: the records collected).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Scan {
     /// Every record up to `valid_len` is whole and checked; the bytes after
@@ -237,25 +375,91 @@ pub enum Scan {
     BadMagic,
 }
 
-/// Scans a whole log image. A file shorter than the magic is treated as a
-/// log torn during creation (empty).
+/// How a [`scan_each`] ended: [`Scan`] without the records, which went to
+/// the caller one by one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scanned {
+    /// Every record up to `valid_len` is whole, checked and was handed
+    /// over; the `torn_bytes` after it are a torn tail to truncate.
+    Ok {
+        records: usize,
+        valid_len: u64,
+        torn_bytes: u64,
+    },
+    /// A damaged record at `offset`; the `records_before` it were handed
+    /// over, nothing after it can be trusted.
+    Corrupt {
+        offset: u64,
+        reason: &'static str,
+        records_before: usize,
+    },
+    /// Not a ringlock log at all; nothing was handed over.
+    BadMagic,
+    /// The caller stopped the scan at the record that starts at `offset`.
+    Stopped { offset: u64 },
+}
+
+/// Scans a whole log image, collecting its records (tests and tools). A
+/// file shorter than the magic is treated as a log torn during creation
+/// (empty).
 pub fn scan(data: &[u8]) -> Scan {
+    let mut records = Vec::new();
+    match scan_each(data, |r| {
+        records.push(r.to_owned().expect("the scan bounds names to 127 bytes"));
+        ControlFlow::Continue(())
+    }) {
+        Scanned::Ok {
+            valid_len,
+            torn_bytes,
+            ..
+        } => Scan::Ok {
+            records,
+            valid_len,
+            torn_bytes,
+        },
+        Scanned::Corrupt {
+            offset,
+            reason,
+            records_before,
+        } => Scan::Corrupt {
+            offset,
+            reason,
+            records_before,
+        },
+        Scanned::BadMagic => Scan::BadMagic,
+        Scanned::Stopped { .. } => unreachable!("the collector never stops"),
+    }
+}
+
+/// Scans a whole log image in one pass, handing every whole, checked
+/// record to `apply` in file order as soon as it is parsed; `apply` may
+/// stop the scan. No allocation. A file shorter than the magic is treated
+/// as a log torn during creation (empty).
+pub fn scan_each<'a>(
+    data: &'a [u8],
+    mut apply: impl FnMut(RecordRef<'a>) -> ControlFlow<()>,
+) -> Scanned {
     if data.len() < HEADER {
         if MAGIC.starts_with(data) {
-            return Scan::Ok {
-                records: Vec::new(),
+            return Scanned::Ok {
+                records: 0,
                 valid_len: 0,
                 torn_bytes: data.len() as u64,
             };
         }
-        return Scan::BadMagic;
+        return Scanned::BadMagic;
     }
     if &data[..HEADER] != MAGIC {
-        return Scan::BadMagic;
+        return Scanned::BadMagic;
     }
-    let mut records = Vec::new();
+    // Past its last non-zero byte the file holds only zeros, which no
+    // record ends with (every record has a non-zero length field): the
+    // unwritten part of an append whose file size reached the disk before
+    // its data did. Found once, from the end (not per record).
+    let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let mut records = 0;
     let mut at = HEADER;
-    let torn = |at: usize, records: Vec<Record>| Scan::Ok {
+    let torn = |at: usize, records: usize| Scanned::Ok {
         records,
         valid_len: at as u64,
         torn_bytes: (data.len() - at) as u64,
@@ -267,11 +471,8 @@ pub fn scan(data: &[u8]) -> Scan {
         }
         let len = u16::from_le_bytes([rest[4], rest[5]]);
         let check = u16::from_le_bytes([rest[6], rest[7]]);
-        // Bytes of `rest` up to its last non-zero byte: past it the file
-        // holds only zeros, which no record ends with (every record has a
-        // non-zero length field) — the unwritten part of an append whose
-        // file size reached the disk before its data did.
-        let written = rest.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        // Bytes of `rest` up to the file's last non-zero byte.
+        let written = written_end.saturating_sub(at);
         if len != !check || len as usize > RECORD_MAX - HEADER || len == 0 {
             // A damaged length, or the zero-filled tail of a write that was
             // cut short (the file grew but the data never arrived): torn if
@@ -279,10 +480,10 @@ pub fn scan(data: &[u8]) -> Scan {
             if written <= HEADER {
                 return torn(at, records);
             }
-            return Scan::Corrupt {
+            return Scanned::Corrupt {
                 offset: at as u64,
                 reason: "record length field is damaged",
-                records_before: records.len(),
+                records_before: records,
             };
         }
         let end = HEADER + len as usize;
@@ -296,25 +497,26 @@ pub fn scan(data: &[u8]) -> Scan {
                 // the torn tail of the final write.
                 return torn(at, records);
             }
-            return Scan::Corrupt {
+            return Scanned::Corrupt {
                 offset: at as u64,
                 reason: "record checksum mismatch",
-                records_before: records.len(),
+                records_before: records,
             };
         }
-        match parse_body(&rest[HEADER..end]) {
-            Some(r) => records.push(r),
-            None => {
-                return Scan::Corrupt {
-                    offset: at as u64,
-                    reason: "record checksum is valid but its contents are not",
-                    records_before: records.len(),
-                }
-            }
+        let Some(r) = parse_body(&rest[HEADER..end]) else {
+            return Scanned::Corrupt {
+                offset: at as u64,
+                reason: "record checksum is valid but its contents are not",
+                records_before: records,
+            };
+        };
+        if apply(r).is_break() {
+            return Scanned::Stopped { offset: at as u64 };
         }
+        records += 1;
         at += end;
     }
-    Scan::Ok {
+    Scanned::Ok {
         records,
         valid_len: at as u64,
         torn_bytes: 0,
@@ -344,13 +546,9 @@ mod tests {
         for i in 0..n {
             starts.push(out.len());
             if i % 3 == 2 {
-                encode_release(
-                    &Name::new(format!("k{}", i - 1).as_bytes()).unwrap(),
-                    i as u64,
-                    &mut out,
-                );
+                encode_release(format!("k{}", i - 1).as_bytes(), i as u64, &mut out);
             } else {
-                encode_acquire(&held(&format!("k{i}"), i as u64), &mut out);
+                encode_acquire(held(&format!("k{i}"), i as u64).as_ref(), &mut out);
             }
         }
         (out, starts)
@@ -360,7 +558,7 @@ mod tests {
     fn grant_mark_roundtrip() {
         let mut img = MAGIC.to_vec();
         encode_grant_mark(42, &mut img);
-        encode_acquire(&held("k", 43), &mut img);
+        encode_acquire(held("k", 43).as_ref(), &mut img);
         let Scan::Ok { records, .. } = scan(&img) else {
             panic!()
         };
@@ -475,6 +673,71 @@ mod tests {
         bad[starts[4]..].iter_mut().for_each(|b| *b = 0);
         *bad.last_mut().unwrap() = 1;
         assert!(matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[3]));
+    }
+
+    #[test]
+    fn version_1_records_still_replay_beside_version_2() {
+        // An old log (text endpoints) appended to by a newer server.
+        let lease = HeldKey {
+            mode: crate::core::HoldMode::Lease,
+            expires_unix_ms: 1_700_000_060_000,
+            ..held("lease", 7)
+        };
+        let v6 = HeldKey {
+            endpoint: "[fe80::1%3]:65535".parse().unwrap(),
+            ..held("v6", 8)
+        };
+        let mut img = MAGIC.to_vec();
+        let mut want = Vec::new();
+        for h in [held("a", 1), lease, v6] {
+            encode_acquire_v1(h.as_ref(), &mut img);
+            encode_acquire(h.as_ref(), &mut img);
+            want.extend([Record::Acquire(h), Record::Acquire(h)]);
+        }
+        let Scan::Ok { records, .. } = scan(&img) else {
+            panic!()
+        };
+        assert_eq!(records, want);
+        assert_eq!(img[HEADER + 8], ACQUIRE_V1);
+    }
+
+    #[test]
+    fn binary_endpoints_have_a_known_length_and_ipv4_is_shorter() {
+        for ep in ["10.1.2.3:4567", "[::1]:80", "[fe80::1%3]:1"] {
+            let h = HeldKey {
+                endpoint: ep.parse().unwrap(),
+                ..held("k", 1)
+            };
+            let (mut v1, mut v2) = (Vec::new(), Vec::new());
+            encode_acquire_v1(h.as_ref(), &mut v1);
+            encode_acquire(h.as_ref(), &mut v2);
+            assert_eq!(v2.len(), acquire_len(h.as_ref()), "{ep}");
+            // IPv4 (7 bytes) always beats its text (at least 10); IPv6 is a
+            // fixed 23, where its text takes up to 48.
+            if h.endpoint.is_ipv4() {
+                assert!(v2.len() < v1.len(), "{ep}: {} >= {}", v2.len(), v1.len());
+            }
+        }
+    }
+
+    #[test]
+    fn the_caller_can_stop_a_scan() {
+        let (img, starts) = image(6);
+        let mut seen = 0;
+        let got = scan_each(&img, |_| {
+            seen += 1;
+            if seen == 3 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        assert_eq!(
+            got,
+            Scanned::Stopped {
+                offset: starts[2] as u64
+            }
+        );
     }
 
     proptest! {

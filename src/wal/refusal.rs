@@ -190,17 +190,17 @@ mod tests {
             expires_unix_ms: 0,
         };
         let mut image = record::MAGIC.to_vec();
-        record::encode_acquire(&held(b"a", 1), &mut image);
-        record::encode_acquire(&held(b"b\n\x1b[2J", 2), &mut image);
-        record::encode_acquire(&held(b"c", 3), &mut image);
-        record::encode_release(&Name::new(b"a").expect("valid name"), 1, &mut image);
+        record::encode_acquire(held(b"a", 1).as_ref(), &mut image);
+        record::encode_acquire(held(b"b\n\x1b[2J", 2).as_ref(), &mut image);
+        record::encode_acquire(held(b"c", 3).as_ref(), &mut image);
+        record::encode_release(b"a", 1, &mut image);
         let text = in_doubt(&image);
         assert!(text.contains("2 keys held"), "{text}");
         assert!(text.contains("(\"b\\n\\x1b[2J\", \"c\")"), "{text}");
         assert!(!text.contains('\x1b') && !text.contains("\"a\""), "{text}");
         let mut image = record::MAGIC.to_vec();
         for i in 0..12u64 {
-            record::encode_acquire(&held(format!("k{i:02}").as_bytes(), i), &mut image);
+            record::encode_acquire(held(format!("k{i:02}").as_bytes(), i).as_ref(), &mut image);
         }
         assert!(
             in_doubt(&image).contains("k09\" and 2 more)"),

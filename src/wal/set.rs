@@ -148,10 +148,7 @@ fn open_one(
     truncate_at: Option<u64>,
     now: Now,
 ) -> Result<(LogFiles, Recovered), String> {
-    match super::open(path, table, None, now) {
-        Err(_) if truncate_at.is_some() => super::open(path, table, truncate_at, now),
-        r => r,
-    }
+    super::open_with(path, table, super::Truncate::if_corrupt(truncate_at), now)
 }
 
 /// Opens the logs for `tables.len()` shards, resharding if the count
@@ -204,7 +201,7 @@ pub fn open(
         .collect();
     let mut moved = 0usize;
     merged.for_each_held(|h| {
-        record::encode_acquire(h, &mut bufs[crate::shard::owner(h.key.as_bytes(), n)]);
+        record::encode_acquire(h, &mut bufs[crate::shard::owner(h.key, n)]);
         moved += 1;
     });
     for (i, b) in bufs.iter().enumerate() {

@@ -70,7 +70,17 @@ impl Server {
 
     /// Starts `cmd` and waits for its listening line. On exit instead:
     /// the exit code (-1 if killed) and everything it printed.
-    pub fn spawn_logged(mut cmd: Command, extra: &[&str]) -> Result<Server, (i32, String)> {
+    pub fn spawn_logged(cmd: Command, extra: &[&str]) -> Result<Server, (i32, String)> {
+        Server::spawn_logged_with(cmd, extra, |_| {})
+    }
+
+    /// [`Server::spawn_logged`], calling `spawned` with the pid as soon as
+    /// the process exists (to watch its start-up).
+    pub fn spawn_logged_with(
+        mut cmd: Command,
+        extra: &[&str],
+        spawned: impl FnOnce(u32),
+    ) -> Result<Server, (i32, String)> {
         if std::env::var_os("RINGLOCK_TEST_DEBUG").is_some() {
             cmd.args(["--log-level", "debug"]);
         }
@@ -88,6 +98,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn ringlockd");
+        spawned(child.id());
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {

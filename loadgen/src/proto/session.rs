@@ -171,6 +171,9 @@ mod tests {
                 min_ttl_ms: 10,
                 max_ttl_ms: 60_000,
                 session_id: 3,
+                max_keys: 1000,
+                max_waiters: 1000,
+                shards: 1,
             },
             &mut b,
         );
