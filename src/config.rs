@@ -13,6 +13,7 @@
 //! | max queued waiters | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
+//! | zero-filled space kept ahead of the log's end | `--wal-preallocate-bytes` | 1 MiB (0 = off, at most 8 MiB) |
 //! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
 //! | shards (event-loop threads) | `--threads` / `RINGLOCK_THREADS` | one per CPU in the affinity mask |
 //! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
@@ -39,6 +40,11 @@ pub const LIVENESS_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Smallest accepted `--liveness-timeout-ms`: two heartbeat intervals, so one
 /// late wake-up is never mistaken for a hung loop.
 pub const LIVENESS_TIMEOUT_MS_MIN: u64 = 2 * HEARTBEAT_INTERVAL_MS;
+/// Largest `--wal-preallocate-bytes`: one growth step is one write from a
+/// static zero buffer of this size.
+pub const WAL_PREALLOCATE_MAX_BYTES: u64 = 8 << 20;
+/// Smallest non-zero `--wal-preallocate-bytes`: one page.
+pub const WAL_PREALLOCATE_MIN_BYTES: u64 = 4096;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -58,6 +64,10 @@ pub struct Config {
     pub frame_timeout_ms: u64,
     /// The log is never compacted below this size.
     pub compact_floor_bytes: u64,
+    /// Zero-filled, synced space kept ahead of the log's end, so an append
+    /// overwrites zeros and its fdatasync has no file size to commit (0:
+    /// off, the file grows with every append). See docs/wal.md.
+    pub wal_preallocate_bytes: u64,
     /// Operator's explicit consent to drop a corrupt log tail at this offset.
     pub wal_truncate_at: Option<u64>,
     /// Test-only storage fault injection (`RINGLOCK_FAULTS`).
@@ -163,6 +173,7 @@ impl Config {
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,
             compact_floor_bytes: 1 << 20,
+            wal_preallocate_bytes: 1 << 20,
             wal_truncate_at: None,
             faults: None,
             bind_retry_ms: 10_000,

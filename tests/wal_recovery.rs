@@ -49,11 +49,21 @@ fn event_field(lines: &[String], event: &str, name: &str) -> Option<String> {
 /// Record start offsets of a log image, parsed independently of the
 /// server (8-byte magic; each record: crc u32, len u16, !len u16, body of
 /// `len` bytes). The last element is the end of the last whole record.
+/// A running server keeps zero-filled space after its last record
+/// (`--wal-preallocate-bytes`): the records end at the first all-zero
+/// header, and everything after it must be zeros.
 fn record_bounds(data: &[u8]) -> Vec<usize> {
     assert_eq!(&data[..8], b"RLWAL\0\0\x01", "log magic");
     let mut at = 8;
     let mut out = vec![at];
     while at + 8 <= data.len() {
+        if data[at..at + 8].iter().all(|&b| b == 0) {
+            assert!(
+                data[at..].iter().all(|&b| b == 0),
+                "non-zero bytes after the records end at {at}"
+            );
+            return out;
+        }
         let len = u16::from_le_bytes([data[at + 4], data[at + 5]]) as usize;
         let check = u16::from_le_bytes([data[at + 6], data[at + 7]]) as usize;
         assert_eq!(len, !check & 0xffff, "length check at {at}");
@@ -89,6 +99,22 @@ fn file_len(p: &Path) -> usize {
     std::fs::metadata(p).expect("stat log").len() as usize
 }
 
+/// The log's records, without the preallocated zeros after them.
+fn log_image(p: &Path) -> Vec<u8> {
+    let mut data = std::fs::read(p).expect("read log");
+    let end = *record_bounds(&data).last().expect("bounds");
+    data.truncate(end);
+    data
+}
+
+/// Where the log's records end (the zeros after them are preallocated).
+fn written_len(p: &Path) -> usize {
+    log_image(p).len()
+}
+
+/// The default `--wal-preallocate-bytes`.
+const PREALLOCATED: usize = 1 << 20;
+
 // ------------------------------------------------------------ torn tails
 
 /// Cuts `image` at every offset in `[last, end]` of its last record and
@@ -102,7 +128,14 @@ fn check_every_cut(dir: &TempDir, image: &[u8], before: &[KeyInfo], after: &[Key
     for cut in last..=end {
         std::fs::write(&path, &image[..cut]).unwrap();
         let (mut s, pre) = start_ok(&path, &[]);
-        let torn = cut - last;
+        // Zeros at the end of the cut (the high bytes of an id, say) count
+        // as zero tail, not as torn bytes.
+        let written = image[..cut]
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |i| i + 1)
+            .max(last);
+        let torn = written - last;
         let want_torn = if cut == end { 0 } else { torn };
         assert_eq!(
             event_field(&pre, "recovery", "torn_tail_bytes").as_deref(),
@@ -129,9 +162,15 @@ fn check_every_cut(dir: &TempDir, image: &[u8], before: &[KeyInfo], after: &[Key
         let got = keys(s.admin_addr);
         let want = if cut == end { after } else { before };
         assert_eq!(got, want, "cut {cut} of last record [{last}, {end})");
-        // Truncated to the record boundary before serving.
+        // Truncated to the record boundary before serving, then zeros
+        // preallocated after it.
         let want_len = if cut == end { end } else { last };
-        assert_eq!(file_len(&path), want_len, "cut {cut}: file not truncated");
+        assert_eq!(written_len(&path), want_len, "cut {cut}: file not truncated");
+        assert_eq!(
+            file_len(&path),
+            want_len + PREALLOCATED,
+            "cut {cut}: not preallocated"
+        );
         s.kill9();
     }
     // The truncated file takes appends and replays them after a restart.
@@ -164,7 +203,7 @@ fn torn_tail_cut_at_every_offset_of_the_last_record() {
     let after_release = keys(s.admin_addr);
     assert_eq!(after_release.len(), 2);
     s.kill9();
-    let image = std::fs::read(&log).unwrap();
+    let image = log_image(&log);
     check_every_cut(&dir, &image, &before_release, &after_release);
 
     // Last record: an Acquire (with the longest fields a record can hold).
@@ -175,7 +214,7 @@ fn torn_tail_cut_at_every_offset_of_the_last_record() {
     let after_acquire = keys(s.admin_addr);
     assert_eq!(after_acquire.len(), 3);
     s.kill9();
-    let image = std::fs::read(&log).unwrap();
+    let image = log_image(&log);
     check_every_cut(&dir, &image, &before_acquire, &after_acquire);
 }
 
@@ -199,7 +238,7 @@ fn flipped_byte_in_a_middle_record_is_refused_with_its_offset() {
     unlock_ok(&s, b"two");
     after.push(keys(s.admin_addr));
     s.kill9();
-    let image = std::fs::read(&log).unwrap();
+    let image = log_image(&log);
     let bounds = record_bounds(&image);
     assert_eq!(bounds.len(), 6, "five records");
     let path = dir.path("flip.log");
@@ -273,7 +312,7 @@ fn flipped_byte_in_a_middle_record_is_refused_with_its_offset() {
         Some(start.to_string().as_str())
     );
     assert_eq!(keys(s.admin_addr), after[1], "records before the offset");
-    assert_eq!(file_len(&path), start);
+    assert_eq!(written_len(&path), start);
     // It serves, and what it serves is durable.
     lock_ok(&s, b"four", b"src4");
     let want = keys(s.admin_addr);
@@ -321,7 +360,7 @@ fn stale_or_partial_compaction_temp_file_is_ignored_and_removed() {
     unlock_ok(&s, b"gone");
     let want = keys(s.admin_addr);
     s.kill9();
-    let image = std::fs::read(&log).unwrap();
+    let image = log_image(&log);
     let bounds = record_bounds(&image);
 
     // A complete, valid log with different content (a rewrite that was
@@ -330,7 +369,7 @@ fn stale_or_partial_compaction_temp_file_is_ignored_and_removed() {
     let (mut o, _) = start_ok(&other, &[]);
     lock_ok(&o, b"only-in-temp", b"z");
     o.kill9();
-    let other_image = std::fs::read(&other).unwrap();
+    let other_image = log_image(&other);
 
     let temp = dir.path("wal.log.compact.tmp");
     let variants: Vec<(&str, Vec<u8>)> = vec![
@@ -356,11 +395,7 @@ fn stale_or_partial_compaction_temp_file_is_ignored_and_removed() {
             "{what}"
         );
         s.kill9();
-        assert_eq!(
-            std::fs::read(&log).unwrap(),
-            image,
-            "{what}: old log changed"
-        );
+        assert_eq!(log_image(&log), image, "{what}: old log changed");
     }
 }
 
@@ -380,7 +415,7 @@ fn zero_filled_end_of_an_append_is_a_torn_tail() {
     lock_ok(&s, b"second", b"s");
     lock_ok(&s, b"third", b"t");
     s.kill9();
-    let image = std::fs::read(&log).unwrap();
+    let image = log_image(&log);
     let bounds = record_bounds(&image);
     assert_eq!(bounds.len(), 4);
     let path = dir.path("zeros.log");
@@ -392,13 +427,21 @@ fn zero_filled_end_of_an_append_is_a_torn_tail() {
         std::fs::write(&path, &img).unwrap();
         let (mut s, pre) = start_ok(&path, &[]);
         let valid = *bounds.iter().filter(|&&b| b <= zero_from).max().unwrap();
-        let torn = img.len() - valid;
+        // The written bytes past the last whole record are the torn tail;
+        // the zeros after them are reported apart (preallocated space).
+        let written = img.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let torn = written.saturating_sub(valid);
         assert_eq!(
-            event_field(&pre, "torn_tail_dropped", "bytes").as_deref(),
-            Some(torn.to_string().as_str()),
+            event_field(&pre, "torn_tail_dropped", "bytes"),
+            (torn > 0).then(|| torn.to_string()),
             "zeros from {zero_from}: {pre:?}"
         );
-        assert_eq!(file_len(&path), valid, "zeros from {zero_from}");
+        assert_eq!(
+            event_field(&pre, "recovery", "zero_tail_bytes"),
+            Some((img.len() - written.max(valid)).to_string()),
+            "zeros from {zero_from}: {pre:?}"
+        );
+        assert_eq!(written_len(&path), valid, "zeros from {zero_from}");
         if valid == bounds[1] {
             assert_eq!(keys(s.admin_addr), after_first, "zeros from {zero_from}");
         } else {
@@ -459,7 +502,7 @@ fn grant_ids_never_go_back_after_compaction_and_restart() {
     lock_ok(&s, b"b", b"g");
     let mut s = s;
     s.kill9();
-    let data = std::fs::read(&path).expect("read log");
+    let data = log_image(&path);
     let bounds = record_bounds(&data);
     let last_acquire = bounds
         .windows(2)

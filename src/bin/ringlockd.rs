@@ -30,6 +30,11 @@ OPTIONS:
                              refusal message names; keep a copy of the log first)
     --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
                              twice what the held keys need (default 1048576)
+    --wal-preallocate-bytes N
+                             keep N zero-filled bytes ahead of the log's end, so an append
+                             overwrites zeros and its fdatasync has no file size to commit;
+                             0 = off, every append grows the file (default 1048576, at most
+                             8388608)
     --max-connections N      open lock-port connections beyond N are answered '-' and closed
                              (default 10000)
     --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
@@ -68,6 +73,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     use lexopt::prelude::*;
     let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
     let mut bind_retry_ms: Option<u64> = None;
+    let mut preallocate: Option<u64> = None;
     let mut threads: Option<usize> = match std::env::var("RINGLOCK_THREADS") {
         Ok(v) if !v.is_empty() => Some(parse_threads(&v, "RINGLOCK_THREADS")?),
         _ => None,
@@ -180,6 +186,22 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 }
                 limits.push((name, n));
             }
+            "--wal-preallocate-bytes" => {
+                let v = val("wal-preallocate-bytes")?;
+                let n: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--wal-preallocate-bytes: not a number: {v:?}"))?;
+                let (min, max) = (
+                    config::WAL_PREALLOCATE_MIN_BYTES,
+                    config::WAL_PREALLOCATE_MAX_BYTES,
+                );
+                if n != 0 && !(min..=max).contains(&n) {
+                    return Err(format!(
+                        "--wal-preallocate-bytes: 0 (off) or {min} to {max}, not {n}"
+                    ));
+                }
+                preallocate = Some(n);
+            }
             "--threads" => {
                 let v = val("threads")?;
                 threads = Some(parse_threads(&v, "--threads")?);
@@ -217,6 +239,9 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
     cfg.metrics_bind = cfg_metrics;
     cfg.data_path = data_path;
     cfg.wal_truncate_at = truncate_at;
+    if let Some(n) = preallocate {
+        cfg.wal_preallocate_bytes = n;
+    }
     cfg.faults = std::env::var("RINGLOCK_FAULTS")
         .ok()
         .filter(|s| !s.is_empty());

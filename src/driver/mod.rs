@@ -52,8 +52,8 @@ static REFUSED: [u8; 1] = [b'-'];
 /// Ops one connection can have in flight at once: recv, send, cancel.
 const OPS_PER_CONN: usize = 3;
 /// Log ops in flight at most: two chains of write, timeout, fsync, rename,
-/// directory fsync.
-const LOG_OPS: usize = 10;
+/// directory fsync, and a growth step (fallocate, write, fdatasync).
+const LOG_OPS: usize = 13;
 /// Multishot accepts, the signal read, and headroom for refusals
 /// (send + close each) answered within one tick.
 const FIXED_OPS: usize = 3 + 2 * 512;
@@ -64,6 +64,11 @@ const STEP_SYNC: u32 = 1;
 const STEP_RENAME: u32 = 2;
 const STEP_DIR_SYNC: u32 = 3;
 const STEP_DELAY: u32 = 4;
+// Steps of a growth step of the log's preallocation (the same op code as
+// the records chain, told apart by these slots).
+const STEP_GROW_ALLOC: u32 = 16;
+const STEP_GROW_WRITE: u32 = 17;
+const STEP_GROW_SYNC: u32 = 18;
 
 fn now() -> Now {
     let mut mono = libc::timespec {
@@ -350,6 +355,42 @@ struct LogIo {
     /// The background compaction's chain: Snapshot or Finish.
     compact: Option<ChainRun>,
     faults: Faults,
+    /// Preallocation (`--wal-preallocate-bytes`; 0 = off): the log file is
+    /// kept zero-filled and synced ahead of its last record, so an append
+    /// overwrites zeros and its fdatasync has no file size (and no
+    /// unwritten extent) to commit. Once the end of the records passes
+    /// half of those bytes, a growth step writes the next stretch of zeros
+    /// beside the appends (never on their path).
+    prealloc_bytes: u64,
+    /// Bytes of the current log file that exist: records, then zeros that
+    /// were written and synced.
+    alloc_len: u64,
+    grow: Option<Grow>,
+    /// A growth step failed on this file (ENOSPC, say): no more until a
+    /// rewrite or compaction switches to a new one; appends grow the file.
+    grow_off: bool,
+    /// Bumped each time a rewrite or compaction replaces the log file, so
+    /// a growth step of the old file does not count for the new one.
+    generation: u64,
+    /// An append that would overlap the zeros a growth step is writing
+    /// waits here until that step lands (the zeros must not overwrite it).
+    parked: Option<(Chain, Vec<u8>)>,
+}
+
+/// A growth step in flight: fallocate, write zeros over `[from, to)`,
+/// fdatasync. It runs on its own open file description of the log (opened
+/// through /proc/self/fd), not a dup: writeback errors are reported once
+/// per description, so the step's fdatasync cannot consume an error that
+/// the log's own fdatasync must still see.
+struct Grow {
+    /// Open until the step's last completion: linked ops take their file
+    /// only when they start.
+    file: File,
+    from: u64,
+    to: u64,
+    generation: u64,
+    ops_left: u32,
+    error: Option<i32>,
 }
 
 const CHAIN_RECORDS: u32 = 0;
@@ -394,6 +435,11 @@ impl Drop for Loop {
             }
         }
         if let Some(io) = self.log.as_mut() {
+            if let Some(g) = io.grow.take() {
+                // Its linked ops may not have taken the file yet: never let
+                // the descriptor number be reused under them.
+                std::mem::forget(g.file);
+            }
             for run in [io.records.as_mut(), io.compact.as_mut()]
                 .into_iter()
                 .flatten()
@@ -496,13 +542,14 @@ impl Server {
                 log!(
                     Level::Info,
                     "recovery",
-                    "shard={} path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} truncated_at={} duration_us={}",
+                    "shard={} path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} zero_tail_bytes={} truncated_at={} duration_us={}",
                     i,
                     crate::log::path(&files.path),
                     rec.records,
                     rec.held,
                     rec.file_bytes,
                     rec.torn_bytes,
+                    rec.zero_tail_bytes,
                     rec.truncated_at.map_or("none".to_string(), |o| o.to_string()),
                     us
                 );
@@ -705,17 +752,46 @@ impl Loop {
         let cap = cfg.max_connections.min(65_536);
         let (log, log_io) = match part.log {
             None => (None, None),
-            Some((files, log)) => (
-                Some(log),
-                Some(LogIo {
-                    files,
-                    temp: None,
-                    temp_renamed: false,
-                    records: None,
-                    compact: None,
-                    faults: part.faults,
-                }),
-            ),
+            Some((files, log)) => {
+                let mut alloc_len = files.file_len;
+                let mut grow_off = false;
+                if cfg.wal_preallocate_bytes > 0 {
+                    // Before serving: the first appends already land in
+                    // zeros. Recovery left the file ending at its last record.
+                    match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes)
+                    {
+                        Ok(()) => alloc_len += cfg.wal_preallocate_bytes,
+                        Err(e) => {
+                            grow_off = true;
+                            log!(
+                                Level::Warn,
+                                "wal_preallocate_failed",
+                                "path={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                                crate::log::path(&files.path),
+                                cfg.wal_preallocate_bytes,
+                                e
+                            )
+                        }
+                    }
+                }
+                (
+                    Some(log),
+                    Some(LogIo {
+                        files,
+                        temp: None,
+                        temp_renamed: false,
+                        records: None,
+                        compact: None,
+                        faults: part.faults,
+                        prealloc_bytes: cfg.wal_preallocate_bytes,
+                        alloc_len,
+                        grow: None,
+                        grow_off,
+                        generation: 0,
+                        parked: None,
+                    }),
+                )
+            }
         };
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
@@ -1090,6 +1166,7 @@ impl Loop {
             }
             // A doorbell: messages are taken every tick.
             Op::Mesh => {}
+            Op::WalWrite if slot >= STEP_GROW_ALLOC => self.on_grow_op(slot, res),
             Op::WalWrite => self.on_chain_op(CHAIN_RECORDS, slot, res),
             Op::WalSync => self.on_chain_op(CHAIN_COMPACT, slot, res),
         }
@@ -1389,6 +1466,20 @@ impl Loop {
 
     fn start_chain(&mut self, chain: Chain, buf: Vec<u8>) {
         let io = self.log.as_mut().expect("a log chain without a log");
+        if let Chain::Append { offset } = chain {
+            let end = offset + buf.len() as u64;
+            let overlaps = io
+                .grow
+                .as_ref()
+                .is_some_and(|g| g.generation == io.generation && end > g.from);
+            if overlaps {
+                debug_assert!(io.parked.is_none(), "one records chain at a time");
+                io.parked = Some((chain, buf));
+                return;
+            }
+            self.maybe_grow(end);
+        }
+        let io = self.log.as_mut().expect("a log chain without a log");
         if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
             debug_assert!(io.temp.is_none(), "a temp file is already open");
             // SAFETY: valid C string; flags create a new private file.
@@ -1471,6 +1562,15 @@ impl Loop {
         // A shortened or failing (injected) write goes alone, as the kernel
         // ends a chain after a real short or failed write.
         let alone = len < rest || fail;
+        // An append leaves at most a piece unsynced: a larger batch goes out
+        // as write + fdatasync per piece (the loop below resubmits the
+        // rest), so a write torn by a power cut spans at most a piece,
+        // which is what lets recovery tell it from damage (wal::record).
+        let len = if matches!(run.chain, Chain::Append { .. }) {
+            len.min(wal::record::APPEND_PIECE_BYTES)
+        } else {
+            len
+        };
         let (fd, offset, renames) = match run.chain {
             Chain::Append { offset } => (log_fd, offset + run.written as u64, false),
             Chain::Rewrite => (temp_fd.expect("a temp file"), run.written as u64, true),
@@ -1544,6 +1644,120 @@ impl Loop {
             // simulator's crash checks fail if a `+` leaves before this
             // chain's fdatasync completed.
             unsafe { self.push(sqe) };
+        }
+    }
+
+    /// Starts a growth step when an append ending at `end` passes half of
+    /// the zeros ahead of it: zeros over the next `prealloc_bytes` past
+    /// everything written or being written (so none can overwrite a
+    /// record), then fdatasync. Runs beside the appends; an append that
+    /// would reach into its range waits for it (`parked`).
+    fn maybe_grow(&mut self, end: u64) {
+        let io = self.log.as_mut().expect("a log");
+        if io.prealloc_bytes == 0
+            || io.grow.is_some()
+            || io.grow_off
+            || end + io.prealloc_bytes / 2 <= io.alloc_len
+        {
+            return;
+        }
+        let from = io.alloc_len.max(end);
+        let len = io.prealloc_bytes.min(wal::ZEROS.len() as u64);
+        let path = format!("/proc/self/fd/{}", io.files.fd());
+        let file = match std::fs::OpenOptions::new().write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                io.grow_off = true;
+                log!(
+                    Level::Warn,
+                    "wal_preallocate_failed",
+                    "path={} op=reopen error=\"{}\" effect=appends_grow_the_file",
+                    crate::log::path(&io.files.path),
+                    e
+                );
+                return;
+            }
+        };
+        let fd = file.as_raw_fd();
+        // The fallocate only asks for the space in one piece: a hard link,
+        // so the zeros are written even where it is not supported.
+        let alloc = opcode::Fallocate::new(types::Fd(fd), len)
+            .offset(from)
+            .build()
+            .flags(io_uring::squeue::Flags::IO_HARDLINK)
+            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_ALLOC));
+        let write = opcode::Write::new(types::Fd(fd), wal::ZEROS.as_ptr(), len as u32)
+            .offset(from)
+            .build()
+            .flags(io_uring::squeue::Flags::IO_LINK)
+            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_WRITE));
+        let sync = opcode::Fsync::new(types::Fd(fd))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_SYNC));
+        io.grow = Some(Grow {
+            file,
+            from,
+            to: from + len,
+            generation: io.generation,
+            ops_left: 3,
+            error: None,
+        });
+        self.reserve_sq(3);
+        for sqe in [alloc, write, sync] {
+            // SAFETY: the zeros are a static that nothing writes; the
+            // step's file stays open in `grow` until its last completion
+            // (on_grow_op) or is leaked when the loop stops (Drop).
+            unsafe { self.push(sqe) };
+        }
+    }
+
+    fn on_grow_op(&mut self, step: u32, res: i32) {
+        let io = self.log.as_mut().expect("a growth step without a log");
+        let g = io.grow.as_mut().expect("a growth completion with none in flight");
+        match step {
+            // Advisory: the zero write decides.
+            STEP_GROW_ALLOC => {}
+            STEP_GROW_WRITE => {
+                if res < 0 {
+                    g.error.get_or_insert(res);
+                } else if res as u64 != g.to - g.from {
+                    // Short: the link is broken, the fdatasync cancelled.
+                    g.error.get_or_insert(-libc::ENOSPC);
+                }
+            }
+            STEP_GROW_SYNC => {
+                if res < 0 {
+                    g.error.get_or_insert(res);
+                }
+            }
+            _ => panic!("unknown growth step {step}"),
+        }
+        g.ops_left -= 1;
+        if g.ops_left > 0 {
+            return;
+        }
+        let g = io.grow.take().expect("the step just concluded");
+        match g.error {
+            None if g.generation == io.generation => io.alloc_len = io.alloc_len.max(g.to),
+            // It grew a file a compaction has replaced since.
+            None => {}
+            Some(e) => {
+                io.grow_off = true;
+                log!(
+                    Level::Warn,
+                    "wal_preallocate_failed",
+                    "path={} offset={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                    crate::log::path(&io.files.path),
+                    g.from,
+                    g.to - g.from,
+                    io::Error::from_raw_os_error(-e)
+                );
+            }
+        }
+        drop(g.file);
+        if let Some((chain, buf)) = io.parked.take() {
+            self.start_chain(chain, buf);
         }
     }
 
@@ -1629,6 +1843,14 @@ impl Loop {
                 let old = std::mem::replace(&mut io.files.file, new);
                 io.temp_renamed = false;
                 wal::retire(old); // the replaced log; its name is gone
+                // The new file ends at its last record and is not
+                // preallocated: the next append starts its growth.
+                io.generation += 1;
+                io.alloc_len = match run.chain {
+                    Chain::Finish { offset } => offset + run.len as u64,
+                    _ => run.len as u64,
+                };
+                io.grow_off = false;
             }
             (Chain::Rewrite | Chain::Snapshot | Chain::Finish { .. }, Err(_)) => {
                 self.discard_temp()

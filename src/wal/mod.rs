@@ -81,12 +81,43 @@ pub fn retire(old: File) {
     }
 }
 
+/// Zeros that preallocation writes from (start-up here, growth through the
+/// ring in the driver): static, so its untouched pages cost no memory and
+/// never move; nothing ever writes to it, so in-flight writes may share it.
+pub static ZEROS: [u8; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize] =
+    [0; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize];
+
+/// Extends `file` from `from` (its end) by `bytes` of zeros, written and
+/// fdatasynced, so appends into that space overwrite zeros: their
+/// fdatasync then has no file size and no unwritten extent to commit. A
+/// `fallocate` first asks for the space in one piece; a file system
+/// without it still gets the zeros. Blocking: start-up only.
+pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<()> {
+    let bytes = bytes.min(ZEROS.len() as u64);
+    // SAFETY: a plain syscall on a descriptor `file` keeps open.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, bytes as i64) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+    }
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&ZEROS[..bytes as usize], from)?;
+    file.sync_data()
+}
+
 /// Recovery outcome, for the start-up log line.
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub records: usize,
     pub held: usize,
+    /// Written bytes past the last whole record (a torn write), dropped.
     pub torn_bytes: u64,
+    /// Zeros after everything written: preallocated space (or an append
+    /// whose size reached the disk before its data), dropped and
+    /// preallocated again.
+    pub zero_tail_bytes: u64,
     pub truncated_at: Option<u64>,
     pub file_bytes: u64,
 }
@@ -298,7 +329,13 @@ fn replay_with(
                 ));
             }
             rec.records = records;
-            rec.torn_bytes = torn_bytes;
+            // Split the dropped tail into what was written (torn) and the
+            // zeros after it (preallocated space, not damage). Found from
+            // the end, so it costs only the length of the zero tail.
+            let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
+            let zeros_from = written_end.max(valid_len);
+            rec.zero_tail_bytes = (data.len() as u64).saturating_sub(zeros_from);
+            rec.torn_bytes = torn_bytes - rec.zero_tail_bytes;
             valid_len
         }
         Scanned::BadMagic => {

@@ -50,7 +50,29 @@
 //! and truncated. A whole record whose checksum fails is corruption, unless
 //! it is the last thing in the file (then it is the torn tail of a write
 //! whose data never reached the disk), as is a header whose length check
-//! fails while non-zero bytes follow it.
+//! fails while non-zero bytes follow it — with one more exception, for a
+//! log that is overwritten in place:
+//!
+//! **Preallocated logs.** The server keeps zero-filled space ahead of the
+//! write position (see docs/wal.md), so past the last record the file reads
+//! as zeros, which the scan already takes for the unwritten tail (no record
+//! starts with a zero length). An append into that space has no file size
+//! to order it behind, so a power cut during its write may leave *any*
+//! subset of its sectors on the disk: zeros where a sector was lost, with
+//! written bytes after them. Such a write was never acknowledged, and the
+//! driver bounds it: no more than [`APPEND_PIECE_BYTES`] of an append are
+//! ever unsynced (a larger batch is written and fdatasynced piece by
+//! piece). So a damaged record is a torn in-place write, dropped like any
+//! torn tail, when (a) everything written after its start fits in
+//! [`TORN_WINDOW_BYTES`] and (b) the bytes from it on show the trace of a
+//! lost sector: a run of zeros ending on a [`SECTOR_BYTES`] boundary that
+//! is either a whole sector (no stretch of records has one: every record is
+//! shorter than a sector and starts with a non-zero length) or the rest of
+//! the sector from the record's own start, at least 4 bytes (a real
+//! checksum is all zeros once in 2^32). A flipped bit is never such a
+//! trace, so damage inside the log stays corruption; what this gives up is
+//! telling a lost sector among the last [`TORN_WINDOW_BYTES`] of a log from
+//! a torn write, which no per-record checksum can.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::ops::ControlFlow;
@@ -62,6 +84,19 @@ pub const HEADER: usize = 8;
 /// The longest record (a version-1 Hold): header, type, three u64, a mode
 /// byte, three sized strings.
 pub const RECORD_MAX: usize = HEADER + 1 + 25 + 3 * (1 + 127);
+
+/// The unit a disk writes atomically, at least: a torn write loses whole
+/// sectors (4 KiB devices lose eight of these at a time).
+pub const SECTOR_BYTES: usize = 512;
+// A whole zero sector cannot be record data (see the module docs).
+const _: () = assert!(RECORD_MAX < SECTOR_BYTES);
+/// The most bytes of one append the driver leaves unsynced: a batch larger
+/// than this is written and fdatasynced in pieces of this size, so a torn
+/// write spans at most this much.
+pub const APPEND_PIECE_BYTES: usize = 64 * 1024;
+/// How far from the end of the written bytes a damaged record may start and
+/// still be a torn write: a piece, plus the record it cut into.
+pub const TORN_WINDOW_BYTES: usize = APPEND_PIECE_BYTES + RECORD_MAX;
 
 pub const ACQUIRE_V1: u8 = 1;
 pub const RELEASE: u8 = 2;
@@ -431,6 +466,26 @@ pub fn scan(data: &[u8]) -> Scan {
     }
 }
 
+/// Whether the damaged record at `at` is a torn in-place write: the bytes
+/// written after it fit in one unsynced append piece, and a lost sector
+/// left its trace of zeros (module docs). Runs only at a damaged record, so
+/// a clean scan never pays for it.
+fn torn_in_place(data: &[u8], at: usize, written_end: usize) -> bool {
+    if written_end.saturating_sub(at) > TORN_WINDOW_BYTES {
+        return false;
+    }
+    let mut boundary = (at / SECTOR_BYTES + 1) * SECTOR_BYTES;
+    while boundary < written_end {
+        let from = boundary.saturating_sub(SECTOR_BYTES).max(at);
+        let whole = from + SECTOR_BYTES == boundary;
+        if (whole || boundary - from >= 4) && data[from..boundary].iter().all(|&b| b == 0) {
+            return true;
+        }
+        boundary += SECTOR_BYTES;
+    }
+    false
+}
+
 /// Scans a whole log image in one pass, handing every whole, checked
 /// record to `apply` in file order as soon as it is parsed; `apply` may
 /// stop the scan. No allocation. A file shorter than the magic is treated
@@ -477,7 +532,7 @@ pub fn scan_each<'a>(
             // A damaged length, or the zero-filled tail of a write that was
             // cut short (the file grew but the data never arrived): torn if
             // nothing but this header (or part of it) was written.
-            if written <= HEADER {
+            if written <= HEADER || torn_in_place(data, at, written_end) {
                 return torn(at, records);
             }
             return Scanned::Corrupt {
@@ -492,9 +547,9 @@ pub fn scan_each<'a>(
         }
         let crc = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
         if crc32c::crc32c(&rest[4..end]) != crc {
-            if written <= end {
+            if written <= end || torn_in_place(data, at, written_end) {
                 // The very last record (possibly followed by zeros only):
-                // the torn tail of the final write.
+                // the torn tail of the final write; or a torn in-place write.
                 return torn(at, records);
             }
             return Scanned::Corrupt {
@@ -673,6 +728,105 @@ mod tests {
         bad[starts[4]..].iter_mut().for_each(|b| *b = 0);
         *bad.last_mut().unwrap() = 1;
         assert!(matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[3]));
+    }
+
+    /// A log whose last append, from record `first` on, was cut by a power
+    /// loss while it overwrote preallocated zeros: the sectors in `lost`
+    /// (indices into the file) kept their old contents — the durable bytes
+    /// before the append, zeros after — and the rest arrived.
+    fn torn_in_place(img: &[u8], append_at: usize, lost: &[usize]) -> Vec<u8> {
+        let mut disk = img.to_vec();
+        disk.extend_from_slice(&[0u8; 4096]); // preallocated, zero-filled
+        for &sector in lost {
+            let from = (sector * SECTOR_BYTES).max(append_at);
+            let to = ((sector + 1) * SECTOR_BYTES).min(disk.len());
+            if from < to {
+                disk[from..to].iter_mut().for_each(|b| *b = 0);
+            }
+        }
+        disk
+    }
+
+    #[test]
+    fn lost_sectors_of_the_last_in_place_write_are_a_torn_tail() {
+        let (img, starts) = image(300);
+        let ends: Vec<usize> = starts[1..].iter().copied().chain([img.len()]).collect();
+        assert!(img.len() > 8 * SECTOR_BYTES, "spans many sectors");
+        let sectors = img.len().div_ceil(SECTOR_BYTES);
+        // Appends starting at several record boundaries, and every choice of
+        // one or two lost sectors among those the append touched.
+        for &append_at in &[starts[1], starts[100], starts[177], starts[299]] {
+            let first_sector = append_at / SECTOR_BYTES;
+            for a in first_sector..sectors {
+                for b in a..sectors {
+                    let disk = torn_in_place(&img, append_at, &[a, b]);
+                    // The first record that lost a byte, and what survives.
+                    let damaged = starts
+                        .iter()
+                        .zip(&ends)
+                        .position(|(&s, &e)| disk[s..e] != img[s..e]);
+                    let Some(d) = damaged else { continue };
+                    match scan(&disk) {
+                        Scan::Ok {
+                            records, valid_len, ..
+                        } => {
+                            assert_eq!(records.len(), d, "append at {append_at}, lost {a},{b}");
+                            assert_eq!(valid_len as usize, starts[d]);
+                        }
+                        s => panic!("append at {append_at}, lost sectors {a},{b}: {s:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_byte_near_the_end_of_a_long_log_is_still_corruption() {
+        // Within a torn write's window of the end, across many sectors: a
+        // flipped bit leaves no lost-sector trace, and zeros that do not
+        // reach a sector boundary are not one either.
+        let (img, starts) = image(300);
+        for r in [150, 200, 297] {
+            for at in [starts[r], starts[r] + 5, starts[r + 1] - 1] {
+                let mut bad = img.clone();
+                bad[at] ^= 0x10;
+                bad.extend_from_slice(&[0u8; 2048]);
+                match scan(&bad) {
+                    Scan::Corrupt { offset, .. } => assert_eq!(offset as usize, starts[r]),
+                    s => panic!("flip at {at} (record {r}): {s:?}"),
+                }
+            }
+        }
+        let mut bad = img.clone();
+        let r = 150;
+        bad[starts[r]..starts[r] + 12].iter_mut().for_each(|b| *b = 0);
+        if (starts[r] + 12) % SECTOR_BYTES != 0 {
+            assert!(matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[r]));
+        }
+    }
+
+    #[test]
+    fn a_lost_sector_far_from_the_end_is_corruption() {
+        // More than a torn write's window written after it: the sector was
+        // durable, so its loss is damage, not a torn append.
+        let n = (TORN_WINDOW_BYTES + 8 * SECTOR_BYTES) / 20;
+        let (img, starts) = image(n);
+        assert!(img.len() > TORN_WINDOW_BYTES + 4 * SECTOR_BYTES);
+        let disk = torn_in_place(&img, 0, &[2]);
+        let first = starts
+            .iter()
+            .position(|&s| s + 8 > 2 * SECTOR_BYTES)
+            .expect("a record in sector 2")
+            - 1;
+        match scan(&disk) {
+            Scan::Corrupt { offset, .. } => assert_eq!(offset as usize, starts[first]),
+            s => panic!("{s:?}"),
+        }
+        // The same loss within the window of the end is a torn write.
+        let tail_at = starts[n - 40];
+        let sector = tail_at / SECTOR_BYTES + 2;
+        let disk = torn_in_place(&img, tail_at, &[sector]);
+        assert!(matches!(scan(&disk), Scan::Ok { .. }));
     }
 
     #[test]
