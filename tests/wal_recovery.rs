@@ -165,7 +165,11 @@ fn check_every_cut(dir: &TempDir, image: &[u8], before: &[KeyInfo], after: &[Key
         // Truncated to the record boundary before serving, then zeros
         // preallocated after it.
         let want_len = if cut == end { end } else { last };
-        assert_eq!(written_len(&path), want_len, "cut {cut}: file not truncated");
+        assert_eq!(
+            written_len(&path),
+            want_len,
+            "cut {cut}: file not truncated"
+        );
         assert_eq!(
             file_len(&path),
             want_len + PREALLOCATED,

@@ -1,7 +1,8 @@
 //! Test-only fault injection for the log's write chains (`RINGLOCK_FAULTS`,
 //! see docs/wal.md): makes the n-th write short or fail with ENOSPC, the
 //! n-th fdatasync fail with EIO, the n-th compaction write fail, or delays
-//! every append's fdatasync. Counting starts at 1.
+//! every append's fdatasync or every preallocation growth step's zero
+//! write. Counting starts at 1.
 //!
 //! Only built with the `faults` cargo feature (the test suite turns it on);
 //! without it every hook is an identity the compiler removes, and a
@@ -21,6 +22,10 @@ mod imp {
         /// linked timeout in the chain): widens the window in which answers
         /// wait for the log, so tests can act inside it deterministically.
         pub fsync_delay: Option<Box<io_uring::types::Timespec>>,
+        /// Every growth step of the preallocation waits this long between
+        /// its fallocate and its zero write, so appends catch up with the
+        /// range it is about to zero (they must wait for it).
+        pub grow_delay: Option<Box<io_uring::types::Timespec>>,
         compact_writes: u64,
         writes: u64,
         fsyncs: u64,
@@ -28,7 +33,8 @@ mod imp {
 
     impl Faults {
         /// Parses `short_write_every=N,fail_write_at=N,fail_fsync_at=N,
-        /// fail_compact_write_at=N,fsync_delay_ms=N` (the fail_* may repeat).
+        /// fail_compact_write_at=N,fsync_delay_ms=N,grow_delay_ms=N` (the
+        /// fail_* may repeat).
         pub fn parse(spec: &str) -> Result<Faults, String> {
             let mut f = Faults::default();
             for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -43,13 +49,8 @@ mod imp {
                     "fail_write_at" => f.fail_write_at.push(n),
                     "fail_fsync_at" => f.fail_fsync_at.push(n),
                     "fail_compact_write_at" => f.fail_compact_write_at.push(n),
-                    "fsync_delay_ms" => {
-                        f.fsync_delay = Some(Box::new(
-                            io_uring::types::Timespec::new()
-                                .sec(n / 1000)
-                                .nsec(((n % 1000) * 1_000_000) as u32),
-                        ))
-                    }
+                    "fsync_delay_ms" => f.fsync_delay = Some(Box::new(timespec_ms(n))),
+                    "grow_delay_ms" => f.grow_delay = Some(Box::new(timespec_ms(n))),
                     _ => return Err(format!("unknown fault {k:?}")),
                 }
             }
@@ -88,6 +89,16 @@ mod imp {
         pub fn fsync_delay(&self) -> Option<*const io_uring::types::Timespec> {
             self.fsync_delay.as_deref().map(|t| t as *const _)
         }
+
+        pub fn grow_delay(&self) -> Option<*const io_uring::types::Timespec> {
+            self.grow_delay.as_deref().map(|t| t as *const _)
+        }
+    }
+
+    fn timespec_ms(n: u64) -> io_uring::types::Timespec {
+        io_uring::types::Timespec::new()
+            .sec(n / 1000)
+            .nsec(((n % 1000) * 1_000_000) as u32)
     }
 }
 
@@ -116,6 +127,10 @@ mod imp {
         }
         #[inline(always)]
         pub fn fsync_delay(&self) -> Option<*const io_uring::types::Timespec> {
+            None
+        }
+        #[inline(always)]
+        pub fn grow_delay(&self) -> Option<*const io_uring::types::Timespec> {
             None
         }
     }

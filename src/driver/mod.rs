@@ -52,8 +52,8 @@ static REFUSED: [u8; 1] = [b'-'];
 /// Ops one connection can have in flight at once: recv, send, cancel.
 const OPS_PER_CONN: usize = 3;
 /// Log ops in flight at most: two chains of write, timeout, fsync, rename,
-/// directory fsync, and a growth step (fallocate, write, fdatasync).
-const LOG_OPS: usize = 13;
+/// directory fsync, and a growth step (fallocate, timeout, write, fdatasync).
+const LOG_OPS: usize = 14;
 /// Multishot accepts, the signal read, and headroom for refusals
 /// (send + close each) answered within one tick.
 const FIXED_OPS: usize = 3 + 2 * 512;
@@ -69,6 +69,7 @@ const STEP_DELAY: u32 = 4;
 const STEP_GROW_ALLOC: u32 = 16;
 const STEP_GROW_WRITE: u32 = 17;
 const STEP_GROW_SYNC: u32 = 18;
+const STEP_GROW_DELAY: u32 = 19;
 
 fn now() -> Now {
     let mut mono = libc::timespec {
@@ -571,6 +572,22 @@ impl Server {
                         o
                     );
                 }
+                let mut files = files;
+                if cfg.wal_preallocate_bytes > 0 {
+                    // Before serving: the first appends already land in
+                    // zeros. Recovery left the file ending at its last record.
+                    match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes) {
+                        Ok(()) => files.alloc_len = files.file_len + cfg.wal_preallocate_bytes,
+                        Err(e) => log!(
+                            Level::Warn,
+                            "wal_preallocate_failed",
+                            "path={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                            crate::log::path(&files.path),
+                            cfg.wal_preallocate_bytes,
+                            e
+                        ),
+                    }
+                }
                 let log = Log::new(files.file_len, &tables[i], cfg.compact_floor_bytes);
                 logs[i] = Some((files, log));
             }
@@ -753,27 +770,10 @@ impl Loop {
         let (log, log_io) = match part.log {
             None => (None, None),
             Some((files, log)) => {
-                let mut alloc_len = files.file_len;
-                let mut grow_off = false;
-                if cfg.wal_preallocate_bytes > 0 {
-                    // Before serving: the first appends already land in
-                    // zeros. Recovery left the file ending at its last record.
-                    match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes)
-                    {
-                        Ok(()) => alloc_len += cfg.wal_preallocate_bytes,
-                        Err(e) => {
-                            grow_off = true;
-                            log!(
-                                Level::Warn,
-                                "wal_preallocate_failed",
-                                "path={} bytes={} error=\"{}\" effect=appends_grow_the_file",
-                                crate::log::path(&files.path),
-                                cfg.wal_preallocate_bytes,
-                                e
-                            )
-                        }
-                    }
-                }
+                let alloc_len = files.alloc_len;
+                // Start-up preallocation failed (it was logged): appends grow
+                // the file until a compaction switches to a new one.
+                let grow_off = cfg.wal_preallocate_bytes > 0 && alloc_len == files.file_len;
                 (
                     Some(log),
                     Some(LogIo {
@@ -1695,29 +1695,43 @@ impl Loop {
             .flags(types::FsyncFlags::DATASYNC)
             .build()
             .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_SYNC));
+        // Test-only (fault grow_delay_ms): a timeout before the zero write.
+        let delay = io.faults.grow_delay().map(|ts| {
+            opcode::Timeout::new(ts)
+                .flags(types::TimeoutFlags::ETIME_SUCCESS)
+                .build()
+                .flags(io_uring::squeue::Flags::IO_HARDLINK)
+                .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_DELAY))
+        });
+        let sqes = [Some(alloc), delay, Some(write), Some(sync)];
+        let n = sqes.iter().flatten().count();
         io.grow = Some(Grow {
             file,
             from,
             to: from + len,
             generation: io.generation,
-            ops_left: 3,
+            ops_left: n as u32,
             error: None,
         });
-        self.reserve_sq(3);
-        for sqe in [alloc, write, sync] {
+        self.reserve_sq(n);
+        for sqe in sqes.into_iter().flatten() {
             // SAFETY: the zeros are a static that nothing writes; the
             // step's file stays open in `grow` until its last completion
-            // (on_grow_op) or is leaked when the loop stops (Drop).
+            // (on_grow_op) or is leaked when the loop stops (Drop); the
+            // fault timespec is owned by Faults for the server's life.
             unsafe { self.push(sqe) };
         }
     }
 
     fn on_grow_op(&mut self, step: u32, res: i32) {
         let io = self.log.as_mut().expect("a growth step without a log");
-        let g = io.grow.as_mut().expect("a growth completion with none in flight");
+        let g = io
+            .grow
+            .as_mut()
+            .expect("a growth completion with none in flight");
         match step {
             // Advisory: the zero write decides.
-            STEP_GROW_ALLOC => {}
+            STEP_GROW_ALLOC | STEP_GROW_DELAY => {}
             STEP_GROW_WRITE => {
                 if res < 0 {
                     g.error.get_or_insert(res);
@@ -1843,8 +1857,8 @@ impl Loop {
                 let old = std::mem::replace(&mut io.files.file, new);
                 io.temp_renamed = false;
                 wal::retire(old); // the replaced log; its name is gone
-                // The new file ends at its last record and is not
-                // preallocated: the next append starts its growth.
+                                  // The new file ends at its last record and is not
+                                  // preallocated: the next append starts its growth.
                 io.generation += 1;
                 io.alloc_len = match run.chain {
                     Chain::Finish { offset } => offset + run.len as u64,

@@ -38,6 +38,9 @@ pub struct LogFiles {
     pub dir: File,
     /// Valid bytes of `file` after recovery.
     pub file_len: u64,
+    /// Bytes of `file` that exist: the records, then zeros written and
+    /// synced by [`preallocate`] (recovery leaves it at `file_len`).
+    pub alloc_len: u64,
 }
 
 impl LogFiles {
@@ -243,6 +246,7 @@ pub(crate) fn open_with(
             file,
             dir,
             file_len,
+            alloc_len: file_len,
         },
         rec,
     ))

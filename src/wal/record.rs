@@ -799,9 +799,13 @@ mod tests {
         }
         let mut bad = img.clone();
         let r = 150;
-        bad[starts[r]..starts[r] + 12].iter_mut().for_each(|b| *b = 0);
+        bad[starts[r]..starts[r] + 12]
+            .iter_mut()
+            .for_each(|b| *b = 0);
         if (starts[r] + 12) % SECTOR_BYTES != 0 {
-            assert!(matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[r]));
+            assert!(
+                matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[r])
+            );
         }
     }
 

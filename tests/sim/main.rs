@@ -11,8 +11,12 @@
 //! - log chains fail (EIO, ENOSPC, a failed fdatasync whose pages are then
 //!   lost, as after fsyncgate), and the machine crashes: every byte not
 //!   covered by a completed fdatasync is dropped, except a random prefix
-//!   of the unsynced tail (a torn last sector), and a rename not yet made
-//!   durable by the directory fsync may or may not have happened.
+//!   of the unsynced growth of a file (a torn last sector) and, in the
+//!   preallocated log (zero-filled and synced ahead of its records, as the
+//!   driver keeps it), any subset of the unsynced sectors an append
+//!   overwrote in place (a power cut: sectors reach the disk in any
+//!   order); a rename not yet made durable by the directory fsync may or
+//!   may not have happened.
 //!
 //! After every step it checks, against a model built only from what
 //! clients were told: never two owners of a key; FIFO among the live
@@ -151,14 +155,25 @@ struct SimConn {
 
 // ------------------------------------------------------------------ disk
 
+/// The log's preallocation (`--wal-preallocate-bytes`): smaller than the
+/// driver's default so that the model's whole-file sync images stay cheap;
+/// growth follows the driver's rule all the same.
+const PREALLOC: usize = 8 * 1024;
+/// The unit a torn write loses: the scan's sector.
+const SECTOR: usize = ringlock::wal::record::SECTOR_BYTES;
+
 #[derive(Clone, Default)]
 struct SimFile {
+    /// What reads return (the page cache).
     data: Vec<u8>,
-    /// The prefix that a completed fdatasync made durable.
-    durable: usize,
+    /// What the disk holds: the file as of the last completed fdatasync.
+    synced: Vec<u8>,
     /// A failed fdatasync: unsynced pages may be gone, and a later
     /// fdatasync reports success without making them durable.
     lost: bool,
+    /// Preallocated bytes (records, then synced zeros): the driver keeps
+    /// `PREALLOC` of zeros ahead of the log's records. 0 for temp files.
+    alloc: usize,
 }
 
 impl SimFile {
@@ -170,16 +185,55 @@ impl SimFile {
     }
     fn fsync(&mut self) {
         if !self.lost {
-            self.durable = self.data.len();
+            self.synced.clone_from(&self.data);
         }
     }
-    /// What survives a crash: the durable prefix plus, unless pages were
-    /// lost, a random prefix of the unsynced tail.
+    /// The live log with `PREALLOC` zeros after its records, written and
+    /// synced (what the driver does at start-up).
+    fn preallocated(records: &[u8]) -> SimFile {
+        let mut f = SimFile::default();
+        f.write(0, records);
+        f.data.resize(records.len() + PREALLOC, 0);
+        f.alloc = f.data.len();
+        f.fsync();
+        f
+    }
+    /// Before an append ending at `end`: once it passes half of the zeros
+    /// ahead, the driver's growth step adds `PREALLOC` more. Modelled as
+    /// landed before the append (a crash within it leaves a prefix of
+    /// zeros, which the growth model of `crash_image` covers anyway).
+    fn grow_for(&mut self, end: usize) {
+        if self.alloc == 0 || end + PREALLOC / 2 <= self.alloc {
+            return;
+        }
+        let to = self.alloc.max(end) + PREALLOC;
+        self.data.resize(to.max(self.data.len()), 0);
+        if self.synced.len() < to {
+            self.synced.resize(to, 0);
+        }
+        self.alloc = to;
+    }
+    /// What survives a crash: what the disk holds; unless pages were lost,
+    /// each unsynced sector overwritten in place made it or not (any
+    /// subset), and of unsynced growth a random prefix made it.
     fn crash_image(&self, rng: &mut Rng) -> Vec<u8> {
-        let mut img = self.data[..self.durable.min(self.data.len())].to_vec();
-        if !self.lost && self.data.len() > self.durable {
-            let extra = rng.below((self.data.len() - self.durable) as u64 + 1) as usize;
-            img.extend_from_slice(&self.data[self.durable..self.durable + extra]);
+        let mut img = self.synced.clone();
+        if self.lost {
+            return img;
+        }
+        let in_place = img.len().min(self.data.len());
+        let mut at = 0;
+        while at < in_place {
+            let end = (at + SECTOR).min(in_place);
+            if img[at..end] != self.data[at..end] && rng.chance(500) {
+                img[at..end].copy_from_slice(&self.data[at..end]);
+            }
+            at = end;
+        }
+        if self.data.len() > img.len() {
+            let from = img.len();
+            let extra = rng.below((self.data.len() - from) as u64 + 1) as usize;
+            img.extend_from_slice(&self.data[from..from + extra]);
         }
         img
     }
@@ -243,7 +297,16 @@ impl Disk {
                 }
                 Step::Write => {
                     let (file, off) = match chain {
-                        Chain::Append { offset } => (&mut self.log, offset as usize),
+                        Chain::Append { offset } => {
+                            // The driver leaves at most a piece of an
+                            // append unsynced; the model writes it whole.
+                            assert!(
+                                buf.len() <= ringlock::wal::record::APPEND_PIECE_BYTES,
+                                "an append larger than a piece: model its pieces"
+                            );
+                            self.log.grow_for(offset as usize + buf.len());
+                            (&mut self.log, offset as usize)
+                        }
                         Chain::Rewrite | Chain::Snapshot => (self.temp.as_mut().expect("temp"), 0),
                         Chain::Finish { offset } => {
                             (self.temp.as_mut().expect("temp"), offset as usize)
@@ -276,7 +339,9 @@ impl Disk {
                     if fail {
                         return Err(-libc::EIO);
                     }
-                    let new = self.temp.take().expect("temp to rename");
+                    let mut new = self.temp.take().expect("temp to rename");
+                    // The driver grows a new log from its end on.
+                    new.alloc = new.data.len();
                     let old = std::mem::replace(&mut self.log, new);
                     if self.rename_pending_old.is_none() {
                         self.rename_pending_old = Some(old);
@@ -299,6 +364,8 @@ impl Disk {
 struct World {
     rng: Rng,
     seed: u64,
+    /// `config().compact_floor_bytes`, or one that lets the log grow long.
+    compact_floor: u64,
     durable: bool,
     shard: Shard,
     now: Now,
@@ -322,13 +389,19 @@ struct World {
     trace: bool,
 }
 
+/// Compaction floors: most worlds compact all the time; the others keep one
+/// long log, so appends overwrite preallocated zeros across many sectors
+/// and a crash can tear them in place.
+const COMPACT_FLOOR_SHORT: u64 = 256;
+const COMPACT_FLOOR_LONG: u64 = 1 << 20;
+
 fn config() -> Config {
     let mut cfg = Config::new("127.0.0.1:0".parse().expect("address"));
     cfg.max_connections = 64;
     cfg.max_keys = 16;
     cfg.max_waiters = 32;
     cfg.frame_timeout_ms = 5_000;
-    cfg.compact_floor_bytes = 256;
+    cfg.compact_floor_bytes = COMPACT_FLOOR_SHORT;
     cfg
 }
 
@@ -378,10 +451,16 @@ impl World {
             },
             ..Default::default()
         };
+        // From the seed, not the generator, so every other draw of a seed
+        // stays as it was.
+        let compact_floor = if seed.is_multiple_of(3) {
+            COMPACT_FLOOR_LONG
+        } else {
+            COMPACT_FLOOR_SHORT
+        };
         let log = durable.then(|| {
-            disk.log.write(0, MAGIC);
-            disk.log.fsync();
-            Log::new(MAGIC.len() as u64, &table, config().compact_floor_bytes)
+            disk.log = SimFile::preallocated(MAGIC);
+            Log::new(MAGIC.len() as u64, &table, compact_floor)
         });
         let shard = Shard::new(config(), table, log, Arc::new(Metrics::new()), now);
         let clients = (0..CLIENTS)
@@ -402,6 +481,7 @@ impl World {
         World {
             rng,
             seed,
+            compact_floor,
             durable,
             shard,
             now,
@@ -911,14 +991,13 @@ impl World {
         let now = self.now;
         let (valid, _) = ringlock::wal::replay(&image, "sim.log", &mut table, None, now)
             .unwrap_or_else(|e| self.fail(format!("recovery after a crash failed: {e}")));
-        let mut log = SimFile::default();
-        if (valid as usize) < MAGIC.len() {
-            log.write(0, MAGIC);
+        // Truncated to the records, then preallocated again (start-up).
+        let log = if (valid as usize) < MAGIC.len() {
+            SimFile::preallocated(MAGIC)
         } else {
-            log.write(0, &image[..valid as usize]);
-        }
-        log.fsync();
-        let file_len = log.data.len() as u64;
+            SimFile::preallocated(&image[..valid as usize])
+        };
+        let file_len = valid.max(MAGIC.len() as u64);
         self.disk = Disk {
             log,
             fault_rate: self.disk.fault_rate,
@@ -970,7 +1049,7 @@ impl World {
                 }
             }
         }
-        let log = Log::new(file_len, &table, config().compact_floor_bytes);
+        let log = Log::new(file_len, &table, self.compact_floor);
         self.shard = Shard::new(config(), table, Some(log), Arc::new(Metrics::new()), now);
         self.queues = vec![Vec::new(); KEYS.len()];
         self.holders = vec![None; KEYS.len()];

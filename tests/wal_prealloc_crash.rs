@@ -1,0 +1,299 @@
+//! Crash test for the preallocated log: with only 4 KiB of zeros kept
+//! ahead of the records (`--wal-preallocate-bytes 4096`), growth steps run
+//! all the time beside the appends, and the real server is killed with
+//! SIGKILL at random moments, 30 cycles over one log that is never
+//! compacted. After every kill the file is read as it was left, and:
+//!
+//! - every key acknowledged with `+` (and not since unlocked with `+`) is
+//!   held after the restart, every acknowledged unlock stays unlocked;
+//! - replay stops exactly where the records end: the recovery line counts
+//!   the records an independent parse finds before the zeros, reports the
+//!   zeros after them as `zero_tail_bytes` (not as a torn tail), and the
+//!   restarted server writes its next records right there, with a fresh
+//!   preallocation after them;
+//! - the zeros were kept ahead while the log grew by many times the
+//!   preallocation (growth happened, and no zero write clobbered a record:
+//!   that would lose an acknowledged lock or leave a hole the parse finds).
+//!
+//! A second run delays every growth step's zero write (`RINGLOCK_FAULTS=
+//! grow_delay_ms=…`), so appends reach the range about to be zeroed while
+//! the step is in flight: they must wait for it, or the zeros land on
+//! acknowledged records.
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const THREADS: usize = 16;
+const KEYS_PER_THREAD: usize = 4;
+const CYCLES: usize = 30;
+const PREALLOC: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Known {
+    Held,
+    Free,
+    /// Sent, but the answer never came (the server died).
+    Unknown,
+}
+
+fn start(path: &str, faults: Option<&str>) -> Server {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+    cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
+    match faults {
+        Some(f) => cmd.env("RINGLOCK_FAULTS", f),
+        None => cmd.env_remove("RINGLOCK_FAULTS"),
+    };
+    Server::spawn(
+        cmd,
+        &[
+            "--threads",
+            "1",
+            "--data-path",
+            path,
+            "--wal-preallocate-bytes",
+            &PREALLOC.to_string(),
+            "--compact-floor-bytes",
+            "1000000000000",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("ringlockd did not start: {e}"))
+}
+
+/// What a log file holds, parsed independently of the server: the end of
+/// its last whole record (8-byte magic; each record crc u32, len u16,
+/// !len u16, then `len` bytes), how many records, and where its written
+/// bytes end (one past the last non-zero byte).
+struct Layout {
+    records: usize,
+    records_end: usize,
+    written_end: usize,
+    file_len: usize,
+}
+
+fn layout(data: &[u8]) -> Layout {
+    assert_eq!(&data[..8], b"RLWAL\0\0\x01", "log magic");
+    let (mut at, mut records) = (8, 0);
+    while at + 8 <= data.len() {
+        let len = u16::from_le_bytes([data[at + 4], data[at + 5]]) as usize;
+        let check = u16::from_le_bytes([data[at + 6], data[at + 7]]) as usize;
+        if len == 0 || len != !check & 0xffff || at + 8 + len > data.len() {
+            break; // zeros (preallocated) or a torn record
+        }
+        at += 8 + len;
+        records += 1;
+    }
+    Layout {
+        records,
+        records_end: at,
+        written_end: data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1),
+        file_len: data.len(),
+    }
+}
+
+/// The value of `name=` in the startup line with `event=<event>`.
+fn event_field(lines: &[String], event: &str, name: &str) -> Option<String> {
+    let line = lines
+        .iter()
+        .find(|l| l.contains(&format!("event={event} ")))?;
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    Some(line[start..].split_whitespace().next()?.to_string())
+}
+
+fn ask(s: &mut TcpStream, bytes: &[u8]) -> Option<u8> {
+    s.write_all(bytes).ok()?;
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(1) => Some(b[0]),
+        _ => None,
+    }
+}
+
+fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+fn key(t: usize, k: usize) -> Vec<u8> {
+    format!("prealloc-t{t}-k{k}").into_bytes()
+}
+
+/// Client threads locking and unlocking their own keys until the server
+/// dies; each answer updates the model.
+fn clients(
+    addr: SocketAddr,
+    model: Arc<Mutex<HashMap<Vec<u8>, Known>>>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    ops: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..THREADS)
+        .map(|t| {
+            let (model, stop, ops) = (model.clone(), stop.clone(), ops.clone());
+            std::thread::spawn(move || {
+                let mut seed = seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let Ok(mut s) = TcpStream::connect(addr) else {
+                    return;
+                };
+                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                if ask(&mut s, &[6]) != Some(b'+') {
+                    return; // the persistent opt-in; the server already died
+                }
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key(t, xorshift(&mut seed) as usize % KEYS_PER_THREAD);
+                    let state = model.lock().expect("model")[&k];
+                    let (f, want) = match state {
+                        Known::Held => (frame(2, &k, None), Known::Free),
+                        _ => (frame(1, &k, Some(format!("t{t}").as_bytes())), Known::Held),
+                    };
+                    model
+                        .lock()
+                        .expect("model")
+                        .insert(k.clone(), Known::Unknown);
+                    match ask(&mut s, &f) {
+                        Some(b'+') => {
+                            model.lock().expect("model").insert(k, want);
+                            ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(other) => panic!(
+                            "unexpected answer {other} for {:?}",
+                            String::from_utf8_lossy(&k)
+                        ),
+                        None => return,
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_during_preallocation_growth_keeps_every_acknowledged_lock() {
+    run(None, CYCLES);
+}
+
+#[test]
+fn appends_that_catch_up_with_a_slow_growth_step_wait_for_it() {
+    run(Some("grow_delay_ms=20"), CYCLES / 2);
+}
+
+/// `cycles` kills at random moments over one log; see the module docs.
+fn run(faults: Option<&str>, cycles: usize) {
+    let dir = TempDir::new("prealloc-crash");
+    let path = dir.path("locks.wal");
+    let path_s = path.to_str().expect("utf-8 path").to_string();
+    let model: Arc<Mutex<HashMap<Vec<u8>, Known>>> = Arc::new(Mutex::new(
+        (0..THREADS)
+            .flat_map(|t| (0..KEYS_PER_THREAD).map(move |k| (key(t, k), Known::Free)))
+            .collect(),
+    ));
+    let mut seed = 0x005E_ED0F_CAFE_u64 ^ std::process::id() as u64;
+    let mut previous: Option<Layout> = None;
+    let mut grew_with_zeros_ahead = 0;
+    for cycle in 0..=cycles {
+        let mut server = start(&path_s, faults);
+        let pre = server.startup_log.clone();
+        // Replay stopped where the records end, and called the zeros after
+        // them what they are.
+        if let Some(before) = &previous {
+            let field = |name| event_field(&pre, "recovery", name);
+            assert_eq!(
+                field("records"),
+                Some(before.records.to_string()),
+                "cycle {cycle}: {pre:?}"
+            );
+            let torn = before.written_end.saturating_sub(before.records_end);
+            assert_eq!(
+                field("torn_tail_bytes"),
+                Some(torn.to_string()),
+                "cycle {cycle}"
+            );
+            let zeros = before.file_len - before.written_end.max(before.records_end);
+            assert_eq!(
+                field("zero_tail_bytes"),
+                Some(zeros.to_string()),
+                "cycle {cycle}"
+            );
+        }
+        // Restarted: the records, then a fresh preallocation after them.
+        let now = layout(&std::fs::read(&path).expect("read the log"));
+        if let Some(before) = &previous {
+            assert_eq!(now.records_end, before.records_end, "cycle {cycle}");
+        }
+        assert_eq!(now.written_end.max(now.records_end), now.records_end);
+        assert_eq!(now.file_len, now.records_end + PREALLOC, "cycle {cycle}");
+        let start_end = now.records_end;
+
+        let held: HashMap<Vec<u8>, KeyInfo> = keys(server.admin_addr)
+            .into_iter()
+            .map(|k| (k.key.clone(), k))
+            .collect();
+        for (k, known) in model.lock().expect("model").iter_mut() {
+            match *known {
+                Known::Held => assert!(
+                    held.contains_key(k),
+                    "cycle {cycle}: acknowledged lock of {:?} lost",
+                    String::from_utf8_lossy(k)
+                ),
+                Known::Free => assert!(
+                    !held.contains_key(k),
+                    "cycle {cycle}: acknowledged unlock of {:?} undone",
+                    String::from_utf8_lossy(k)
+                ),
+                Known::Unknown => {}
+            }
+            *known = if held.contains_key(k) {
+                Known::Held
+            } else {
+                Known::Free
+            };
+        }
+        if cycle == cycles {
+            break;
+        }
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let ops = Arc::new(AtomicUsize::new(0));
+        let handles = clients(
+            server.lock_addr,
+            model.clone(),
+            xorshift(&mut seed),
+            stop.clone(),
+            ops.clone(),
+        );
+        // Some cycles stay inside the first preallocation, most run through
+        // several growth steps (a cycle record is ~40 bytes).
+        let want_ops = 10 + (xorshift(&mut seed) % 600) as usize;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while ops.load(Ordering::Relaxed) < want_ops && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        server.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().expect("client thread panicked");
+        }
+        let left = layout(&std::fs::read(&path).expect("read the log"));
+        if left.records_end - start_end > 2 * PREALLOC && left.file_len > left.records_end {
+            grew_with_zeros_ahead += 1;
+        }
+        previous = Some(left);
+    }
+    let end = previous.expect("cycles ran").records_end;
+    assert!(
+        end > cycles / 2 * PREALLOC,
+        "the log should grow through many preallocations: {end} bytes"
+    );
+    assert!(
+        grew_with_zeros_ahead >= cycles / 4,
+        "zeros were kept ahead in only {grew_with_zeros_ahead} of {cycles} cycles that outgrew the preallocation"
+    );
+}
