@@ -9,6 +9,8 @@
 # Usage: scripts/durable-bench.sh [--duration 5s] [--out bench/results/durable.md]
 #        scripts/durable-bench.sh --write-probe [--probe-runs 3] [--probe-count 1000]
 #            [--out bench/results/durable-write.md]
+#        scripts/durable-bench.sh --strategies [--rounds 2] [--clients "1 64"]
+#            [--duration 5s] [--out bench/results/durable-strategies.md]
 # Server pinned to CPU 1, load generator to CPU 0 (2-vCPU machine).
 #
 # --write-probe measures only the disk: every durable write strategy a log
@@ -16,6 +18,13 @@
 # place, RWF_DSYNC, O_DSYNC, O_DIRECT, each also through io_uring) at 64 B
 # and 4 KiB records, interleaved in one run of `fsync-probe --compare`,
 # repeated --probe-runs times; prints one table with the runs side by side.
+#
+# --strategies measures the log's write strategies end to end, in one run:
+# ringlockd with its preallocated log (the default) beside
+# --wal-preallocate-bytes 0 (append + fdatasync, the log before), at each
+# client count, alternated for --rounds rounds, with the in-memory server
+# at 1 client and the disk's durable writes (fsync-probe --compare) in
+# every round as the floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +32,8 @@ duration=5s
 out=
 clients="1 8 64 256"
 write_probe=0
+strategies=0
+rounds=2
 probe_runs=3
 probe_count=1000
 while [ $# -gt 0 ]; do
@@ -33,7 +44,9 @@ while [ $# -gt 0 ]; do
     --write-probe) write_probe=1; shift ;;
     --probe-runs) probe_runs="$2"; shift 2 ;;
     --probe-count) probe_count="$2"; shift 2 ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+    --strategies) strategies=1; shift ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    -h|--help) sed -n 2,29p "$0"; exit 0 ;;
     *) echo "durable-bench: unknown argument $1" >&2; exit 64 ;;
   esac
 done
@@ -58,7 +71,12 @@ if [ "$write_probe" = 1 ]; then
   fi
   exit 0
 fi
-out=${out:-bench/results/durable.md}
+if [ "$strategies" = 1 ]; then
+  out=${out:-bench/results/durable-strategies.md}
+  [ "$clients" = "1 8 64 256" ] && clients="1 64"
+else
+  out=${out:-bench/results/durable.md}
+fi
 
 cargo build --release --locked -p ringlock -p ringlock-loadgen -p ringlock-bench >&2
 bin=target/release
@@ -99,6 +117,40 @@ loadgen() { # $1 = connections; prints the JSON line
     --duration "$duration" --warmup 1s --conn-mode persistent --dist private --keys "$1" \
     --no-progress --json | tail -1
 }
+
+if [ "$strategies" = 1 ]; then
+  rows=()
+  for r in $(seq "$rounds"); do
+    taskset -c 1 "$bin/fsync-probe" --compare --kv --count 1000 "$work" >"$work/probe.$r.txt"
+    echo "round $r: write probe done" >&2
+    start_server ""
+    rows+=("memory|$r|1|$(loadgen 1)|0|0|0")
+    stop_server
+    for n in $clients; do
+      # Alternate which strategy goes first, so drift hits both alike.
+      order="prealloc append"; [ $((r % 2)) = 0 ] && order="append prealloc"
+      for strat in $order; do
+        rm -f "$work/locks.wal"
+        flag=""; [ "$strat" = append ] && flag="--wal-preallocate-bytes 0"
+        start_server "--data-path $work/locks.wal $flag"
+        read -r g0 f0 r0 < <(scrape)
+        json=$(loadgen "$n")
+        read -r g1 f1 r1 < <(scrape)
+        stop_server
+        rows+=("$strat|$r|$n|$json|$((g1 - g0))|$((f1 - f0))|$((r1 - r0))")
+        echo "round $r $strat clients=$n grants=$((g1 - g0)) fdatasyncs=$((f1 - f0))" >&2
+      done
+    done
+  done
+  mkdir -p "$(dirname "$out")"
+  python3 scripts/durable-strategies-table.py "$work" "$rounds" "$duration" "${rows[@]}" >"$out"
+  cat "$out"
+  if [ "$out" = bench/results/durable-strategies.md ]; then
+    tail -n +2 "$out" >"$work/body.md"
+    python3 scripts/results-splice.py durable-strategies "$work/body.md" RESULTS.md >&2
+  fi
+  exit 0
+fi
 
 probe=$("$bin/fsync-probe" "$work" 500)
 echo "fsync probe: $probe" >&2

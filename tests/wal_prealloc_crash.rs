@@ -10,7 +10,7 @@
 //!   the records an independent parse finds before the zeros, reports the
 //!   zeros after them as `zero_tail_bytes` (not as a torn tail), and the
 //!   restarted server writes its next records right there, with a fresh
-//!   preallocation after them;
+//!   preallocation after them (up to the next 4 KiB boundary);
 //! - the zeros were kept ahead while the log grew by many times the
 //!   preallocation (growth happened, and no zero write clobbered a record:
 //!   that would lose an acknowledged lock or leave a hole the parse finds).
@@ -229,7 +229,12 @@ fn run(faults: Option<&str>, cycles: usize) {
             assert_eq!(now.records_end, before.records_end, "cycle {cycle}");
         }
         assert_eq!(now.written_end.max(now.records_end), now.records_end);
-        assert_eq!(now.file_len, now.records_end + PREALLOC, "cycle {cycle}");
+        // (Rounded up to a 4 KiB boundary, so growth can use O_DIRECT.)
+        assert_eq!(
+            now.file_len,
+            (now.records_end + PREALLOC).next_multiple_of(4096),
+            "cycle {cycle}"
+        );
         let start_end = now.records_end;
 
         let held: HashMap<Vec<u8>, KeyInfo> = keys(server.admin_addr)
@@ -296,4 +301,47 @@ fn run(faults: Option<&str>, cycles: usize) {
         grew_with_zeros_ahead >= cycles / 4,
         "zeros were kept ahead in only {grew_with_zeros_ahead} of {cycles} cycles that outgrew the preallocation"
     );
+}
+
+#[test]
+fn the_preallocation_flag_is_validated_and_0_turns_it_off() {
+    let dir = TempDir::new("prealloc-flag");
+    let path = dir.path("locks.wal");
+    for bad in ["100", "4095", "8388609", "1MiB", "-1"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"))
+            .args(["--data-path", path.to_str().expect("utf-8 path")])
+            .args(["--wal-preallocate-bytes", bad])
+            .output()
+            .expect("run ringlockd");
+        assert_eq!(out.status.code(), Some(64), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--wal-preallocate-bytes"),
+            "{bad}: {stderr}"
+        );
+        assert!(!path.exists(), "{bad}: a refused start made the log");
+    }
+    // Off: the file ends at its last record, before and after appends.
+    let args = [
+        "--threads",
+        "1",
+        "--data-path",
+        path.to_str().expect("utf-8 path"),
+        "--wal-preallocate-bytes",
+        "0",
+    ];
+    let mut s = Server::start(&args);
+    let mut c = s.connect();
+    for k in 0..50 {
+        assert_eq!(c.lock(format!("off-{k}").as_bytes(), b"o"), b'+');
+    }
+    let data = std::fs::read(&path).expect("read the log");
+    let l = layout(&data);
+    assert_eq!(
+        (l.records, l.records_end, l.file_len),
+        (50, data.len(), data.len())
+    );
+    s.kill9();
+    let s = Server::start(&args);
+    assert_eq!(keys(s.admin_addr).len(), 50);
 }

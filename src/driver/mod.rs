@@ -28,6 +28,7 @@ use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
@@ -577,7 +578,7 @@ impl Server {
                     // Before serving: the first appends already land in
                     // zeros. Recovery left the file ending at its last record.
                     match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes) {
-                        Ok(()) => files.alloc_len = files.file_len + cfg.wal_preallocate_bytes,
+                        Ok(end) => files.alloc_len = end,
                         Err(e) => log!(
                             Level::Warn,
                             "wal_preallocate_failed",
@@ -1661,10 +1662,27 @@ impl Loop {
         {
             return;
         }
-        let from = io.alloc_len.max(end);
-        let len = io.prealloc_bytes.min(wal::ZEROS.len() as u64);
+        // Aligned, for O_DIRECT: the start-up preallocation ends on the
+        // boundary, and past an append that outran the zeros, the bytes up
+        // to it lie in the block that append allocated.
+        let align = wal::PREALLOCATE_ALIGN;
+        let from = io.alloc_len.max(end).next_multiple_of(align);
+        let len = io
+            .prealloc_bytes
+            .next_multiple_of(align)
+            .min(wal::ZEROS.0.len() as u64);
+        // O_DIRECT: the zeros bypass the page cache. Written through it,
+        // they would be dirty pages of the log, and every append's
+        // fdatasync (which flushes the whole file) would wait for them. A
+        // file system without O_DIRECT gets buffered zeros.
         let path = format!("/proc/self/fd/{}", io.files.fd());
-        let file = match std::fs::OpenOptions::new().write(true).open(&path) {
+        let open = |flags| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(flags)
+                .open(&path)
+        };
+        let file = match open(libc::O_DIRECT).or_else(|_| open(0)) {
             Ok(f) => f,
             Err(e) => {
                 io.grow_off = true;
@@ -1686,7 +1704,7 @@ impl Loop {
             .build()
             .flags(io_uring::squeue::Flags::IO_HARDLINK)
             .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_ALLOC));
-        let write = opcode::Write::new(types::Fd(fd), wal::ZEROS.as_ptr(), len as u32)
+        let write = opcode::Write::new(types::Fd(fd), wal::ZEROS.0.as_ptr(), len as u32)
             .offset(from)
             .build()
             .flags(io_uring::squeue::Flags::IO_LINK)

@@ -84,21 +84,29 @@ pub fn retire(old: File) {
     }
 }
 
+/// Preallocated space ends on this boundary, so growth can write its zeros
+/// with O_DIRECT (aligned offset, length and buffer).
+pub const PREALLOCATE_ALIGN: u64 = 4096;
+
 /// Zeros that preallocation writes from (start-up here, growth through the
 /// ring in the driver): static, so its untouched pages cost no memory and
-/// never move; nothing ever writes to it, so in-flight writes may share it.
-pub static ZEROS: [u8; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize] =
-    [0; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize];
+/// never move; page-aligned for O_DIRECT; nothing ever writes to it, so
+/// in-flight writes may share it.
+#[repr(C, align(4096))]
+pub struct Zeros(pub [u8; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize]);
+pub static ZEROS: Zeros = Zeros([0; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize]);
 
-/// Extends `file` from `from` (its end) by `bytes` of zeros, written and
-/// fdatasynced, so appends into that space overwrite zeros: their
-/// fdatasync then has no file size and no unwritten extent to commit. A
-/// `fallocate` first asks for the space in one piece; a file system
-/// without it still gets the zeros. Blocking: start-up only.
-pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<()> {
-    let bytes = bytes.min(ZEROS.len() as u64);
+/// Extends `file` from `from` (its end) with at least `bytes` of zeros,
+/// up to the next [`PREALLOCATE_ALIGN`] boundary, written and fdatasynced,
+/// so appends into that space overwrite zeros: their fdatasync then has no
+/// file size and no unwritten extent to commit. A `fallocate` first asks
+/// for the space in one piece; a file system without it still gets the
+/// zeros. Returns the new end. Blocking: start-up only.
+pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
+    let to = (from + bytes.min(ZEROS.0.len() as u64 - PREALLOCATE_ALIGN))
+        .next_multiple_of(PREALLOCATE_ALIGN);
     // SAFETY: a plain syscall on a descriptor `file` keeps open.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, bytes as i64) };
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, (to - from) as i64) };
     if rc != 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
@@ -106,8 +114,9 @@ pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<()> {
         }
     }
     use std::os::unix::fs::FileExt;
-    file.write_all_at(&ZEROS[..bytes as usize], from)?;
-    file.sync_data()
+    file.write_all_at(&ZEROS.0[..(to - from) as usize], from)?;
+    file.sync_data()?;
+    Ok(to)
 }
 
 /// Recovery outcome, for the start-up log line.
