@@ -89,7 +89,11 @@
 //! failed write or fdatasync voids every non-durable record: their requests
 //! get `-`, their effects are undone, and the log is rewritten into a fresh
 //! file before any further `+`. The design may leave a key held by nobody
-//! (cleared by a reset), never one key with two owners.
+//! (cleared by a reset), never one key with two owners. The log file is
+//! kept zero-filled and synced ahead of its records (preallocation, grown
+//! by the driver beside the appends), so an append's fdatasync commits
+//! only data; at most 64 KiB of an append is unsynced at a time, which is
+//! what lets recovery tell a write torn in place from damage.
 
 // Without the server modules, the architecture section's links dangle.
 #![cfg_attr(not(feature = "server"), allow(rustdoc::broken_intra_doc_links))]
