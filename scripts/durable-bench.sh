@@ -7,22 +7,58 @@
 # 1-client goal: p99 <= 1.5 x (fdatasync p99 + in-memory p99).
 #
 # Usage: scripts/durable-bench.sh [--duration 5s] [--out bench/results/durable.md]
+#        scripts/durable-bench.sh --write-probe [--probe-runs 3] [--probe-count 1000]
+#            [--out bench/results/durable-write.md]
 # Server pinned to CPU 1, load generator to CPU 0 (2-vCPU machine).
+#
+# --write-probe measures only the disk: every durable write strategy a log
+# could use (append + fdatasync as today, preallocated and overwritten in
+# place, RWF_DSYNC, O_DSYNC, O_DIRECT, each also through io_uring) at 64 B
+# and 4 KiB records, interleaved in one run of `fsync-probe --compare`,
+# repeated --probe-runs times; prints one table with the runs side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 duration=5s
-out=bench/results/durable.md
+out=
 clients="1 8 64 256"
+write_probe=0
+probe_runs=3
+probe_count=1000
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) duration="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --clients) clients="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    --write-probe) write_probe=1; shift ;;
+    --probe-runs) probe_runs="$2"; shift 2 ;;
+    --probe-count) probe_count="$2"; shift 2 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) echo "durable-bench: unknown argument $1" >&2; exit 64 ;;
   esac
 done
+
+if [ "$write_probe" = 1 ]; then
+  out=${out:-bench/results/durable-write.md}
+  cargo build --release --locked -p ringlock-bench --bin fsync-probe >&2
+  work=$(mktemp -d "${TMPDIR:-/tmp}/ringlock-write-probe.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  for r in $(seq "$probe_runs"); do
+    echo "write probe run $r of $probe_runs" >&2
+    taskset -c 1 target/release/fsync-probe --compare --kv --count "$probe_count" "$work" \
+      >"$work/run.$r.txt"
+  done
+  mkdir -p "$(dirname "$out")"
+  python3 scripts/write-probe-table.py "$work" "$probe_runs" "$probe_count" "$work" >"$out"
+  cat "$out"
+  if [ "$out" = bench/results/durable-write.md ]; then
+    # RESULTS.md keeps its own title for the section.
+    tail -n +2 "$out" >"$work/body.md"
+    python3 scripts/results-splice.py durable-write "$work/body.md" RESULTS.md >&2
+  fi
+  exit 0
+fi
+out=${out:-bench/results/durable.md}
 
 cargo build --release --locked -p ringlock -p ringlock-loadgen -p ringlock-bench >&2
 bin=target/release
