@@ -150,6 +150,16 @@ fn a_burst_of_300_connections_after_a_stall_waits_in_the_listen_queue() {
     }
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // Running again before the clients' clocks matter (state leaves 'T').
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while stat().split_whitespace().nth(2) == Some("T") {
+        assert!(
+            std::time::Instant::now() < until,
+            "the server stays stopped after SIGCONT"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     for c in conns {
         assert_eq!(c.join().expect("client thread"), b'+');
     }
