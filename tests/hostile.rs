@@ -98,6 +98,18 @@ fn listen_drops() -> u64 {
 #[test]
 fn a_burst_of_300_connections_after_a_stall_waits_in_the_listen_queue() {
     let mut srv = Server::start(&[]);
+    // The listening line comes before the shard loops run: stop the server
+    // only once every shard has started, so the burst meets running loops
+    // stopped in mid-flight, not a start-up.
+    let first = srv.wait_log("event=shard_start");
+    let of: usize = first
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("of="))
+        .and_then(|n| n.parse().ok())
+        .expect("shard_start names the shard count");
+    for _ in 1..of {
+        srv.wait_log("event=shard_start");
+    }
     let before = listen_drops();
     let pid = srv.pid() as i32;
     // SAFETY: signals to the child we started.
@@ -130,14 +142,24 @@ fn a_burst_of_300_connections_after_a_stall_waits_in_the_listen_queue() {
             })
             .count()
     };
-    for _ in 0..2000 {
-        if established() >= 300 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    // Bounded by time, not by rounds: /proc/net/tcp is slow to read when the
+    // machine holds many sockets, and the clients wait at most 20 s.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while established() < 300 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    // Running again before the clients' clocks matter (state leaves 'T').
+    let stat = || std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while stat().split_whitespace().nth(2) == Some("T") {
+        assert!(
+            std::time::Instant::now() < until,
+            "the server stays stopped after SIGCONT"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     for c in conns {
         assert_eq!(c.join().expect("client thread"), b'+');
     }

@@ -217,7 +217,10 @@ pub(crate) fn open_with(
     } else {
         // SAFETY: the map is read-only and dropped before the file is
         // modified; nothing else writes the log while we start (a second
-        // server on the same path is the operator's error — see docs).
+        // server on the same path is the operator's error — see docs). A
+        // write or truncation while mapped would make replay read torn
+        // records (or fault past the end); tests/wal_recovery.rs and
+        // tests/wal_crash.rs replay real logs through this map.
         // Populated up front: one pass reads it all, and faulting it in
         // page by page would cost more than the replay.
         let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }

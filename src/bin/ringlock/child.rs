@@ -164,7 +164,12 @@ pub fn lost() -> Option<Lost> {
 /// has not exited `kill_after` later.
 fn terminate(s: &mut Sup) {
     let (pid, kill_after) = (s.pid, s.kill_after);
-    // SAFETY: plain syscall; `pid` is our unreaped child (module docs).
+    // SAFETY: plain syscall; `pid` is our unreaped child (module docs). If
+    // it had been reaped, the pid could belong to an unrelated process by
+    // now and the signal would hit it: the supervisor's mutex orders
+    // "exited" before the reap. tests/cli_session.rs pins that a lost lock
+    // stops the command (SIGTERM, and SIGKILL after --kill-after); no test
+    // can provoke a pid reuse.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     s.signalled = true;
     let escalate = move || {

@@ -878,7 +878,9 @@ fn poll(fds: &mut [libc::pollfd], until: Instant) -> io::Result<()> {
         .div_ceil(1000)
         .min(libc::c_int::MAX as u128) as libc::c_int;
     // SAFETY: `fds` is a live, exclusively borrowed slice of pollfds and its
-    // length is passed with it.
+    // length is passed with it; a longer length would let the kernel write
+    // `revents` past the slice. Every test of tests/session_fake.rs and
+    // tests/session_client.rs runs the I/O thread through this poll.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     if rc < 0 {
         let e = io::Error::last_os_error();
@@ -913,7 +915,9 @@ impl EventFd {
     fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live local to our own eventfd; a
-        // full counter (EAGAIN) already means "wake up".
+        // full counter (EAGAIN) already means "wake up". A wrong size would
+        // be EINVAL and the wake-up lost: a release or cancel would then wait
+        // for the next ping (tests/session_fake.rs bounds those waits).
         unsafe {
             libc::write(self.fd(), (&one as *const u64).cast(), 8);
         }
