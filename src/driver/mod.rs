@@ -1736,7 +1736,11 @@ impl Loop {
             // SAFETY: the zeros are a static that nothing writes; the
             // step's file stays open in `grow` until its last completion
             // (on_grow_op) or is leaked when the loop stops (Drop); the
-            // fault timespec is owned by Faults for the server's life.
+            // fault timespec is owned by Faults for the server's life. A
+            // descriptor closed early could be reused by the next open and
+            // the linked zero write would land in that file;
+            // tests/wal_prealloc_crash.rs runs growth steps all the time
+            // (and delayed) under kill -9.
             unsafe { self.push(sqe) };
         }
     }
