@@ -21,58 +21,22 @@
 //! `SIM_SEEDS=N` (default 200) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
+mod sim_common;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use ringlock::config::Config;
-use ringlock::core::{HoldMode, Limits, Now, Table, Token};
+use ringlock::core::{Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
-use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
+use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::{Cmd, Shard};
+use sim_common::{Belief, Rng, SessionView};
 
 const KEYS: &[&[u8]] = &[b"a", b"b"];
 const CLIENTS: usize = 5;
 const KEEPALIVE_MS: u32 = 300;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Sent {
-    key: usize,
-    /// Acquire: the hold mode and TTL; Extend: Lease and the TTL; Release,
-    /// Cancel, Ping: None.
-    hold: Option<(HoldMode, u32)>,
-    at_us: u64,
-    /// An Extend (its answer renews a lease still believed, never one the
-    /// client released meanwhile).
-    extend: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Belief {
-    token: u64,
-    mode: HoldMode,
-    /// Lease: believed until this instant (send time + TTL).
-    until_us: u64,
-}
 
 #[derive(Default)]
 struct Client {
@@ -86,14 +50,8 @@ struct Client {
     eof: bool,
     /// The server closed: EOF after `to_client`, not yet read.
     eof_pending: bool,
-    welcomed: bool,
-    next_rid: u32,
-    sent: HashMap<u32, Sent>,
-    /// Send time of the latest request whose answer arrived.
-    alive_since_us: u64,
-    holds: HashMap<usize, Belief>,
-    /// Acquires sent and not answered: (rid, key).
-    queued: Vec<(u32, usize)>,
+    /// What it sent and believes (the client library's rules).
+    view: SessionView,
 }
 
 struct World {
@@ -126,7 +84,7 @@ impl World {
         });
         let shard = Shard::new(cfg, table, None, Arc::new(Metrics::new()), now);
         World {
-            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            rng: Rng::seeded(seed),
             seed,
             shard,
             now,
@@ -142,25 +100,6 @@ impl World {
             "seed {}: {why}\nreproduce: SIM_SEED={} cargo test --test sim_sessions",
             self.seed, self.seed
         )
-    }
-
-    fn send(&mut self, c: usize, req: &Req<'_>, what: Option<Sent>) -> u32 {
-        let cl = &mut self.clients[c];
-        cl.next_rid += 1;
-        let rid = cl.next_rid;
-        let mut b = Vec::new();
-        sp::encode(rid, req, &mut b);
-        cl.to_server.extend(b);
-        cl.sent.insert(
-            rid,
-            what.unwrap_or(Sent {
-                key: 0,
-                hold: None,
-                at_us: self.now.mono_us,
-                extend: false,
-            }),
-        );
-        rid
     }
 
     fn client_step(&mut self, c: usize) {
@@ -180,118 +119,35 @@ impl World {
                     token: Some(t),
                     ..Client::default()
                 };
-                self.send(
-                    c,
-                    &Req::Hello {
-                        version: sp::VERSION,
-                        keepalive_ms: KEEPALIVE_MS,
-                        auth: b"",
-                    },
-                    None,
-                );
+                let cl = &mut self.clients[c];
+                let hello = Req::Hello {
+                    version: sp::VERSION,
+                    keepalive_ms: KEEPALIVE_MS,
+                    auth: b"",
+                };
+                cl.view.send(&hello, None, now_us, &mut cl.to_server);
             }
             return;
         };
-        if !self.clients[c].welcomed || self.clients[c].eof || self.clients[c].eof_pending {
+        if !self.clients[c].view.welcomed || self.clients[c].eof || self.clients[c].eof_pending {
             return;
         }
         let k = self.rng.below(KEYS.len() as u64) as usize;
-        match self.rng.below(100) {
-            0..=39 => {
-                let lease = self.rng.chance(500);
-                let (hold, ttl) = if lease {
-                    (HoldMode::Lease, 5 + self.rng.below(60) as u32)
-                } else {
-                    (HoldMode::Session, 0)
-                };
-                let wait = match self.rng.below(3) {
-                    0 => 0,
-                    1 => WAIT_FOREVER,
-                    _ => 1 + self.rng.below(40) as u32,
-                };
-                let rid = self.send(
-                    c,
-                    &Req::Acquire {
-                        hold,
-                        ttl_ms: ttl,
-                        wait_ms: wait,
-                        key: KEYS[k],
-                        source: b"",
-                    },
-                    Some(Sent {
-                        key: k,
-                        hold: Some((hold, ttl)),
-                        at_us: now_us,
-                        extend: false,
-                    }),
-                );
-                self.clients[c].queued.push((rid, k));
-            }
-            40..=59 => {
-                if let Some(b) = self.clients[c].holds.get(&k).copied() {
-                    // Stop believing first: a release is the end of the
-                    // critical section.
-                    self.clients[c].holds.remove(&k);
-                    self.send(
-                        c,
-                        &Req::Release {
-                            token: b.token,
-                            key: KEYS[k],
-                        },
-                        None,
-                    );
-                }
-            }
-            60..=74 => {
-                if let Some(b) = self.clients[c].holds.get(&k).copied() {
-                    if b.mode == HoldMode::Lease {
-                        let ttl = 5 + self.rng.below(60) as u32;
-                        self.send(
-                            c,
-                            &Req::Extend {
-                                token: b.token,
-                                ttl_ms: ttl,
-                                key: KEYS[k],
-                            },
-                            Some(Sent {
-                                key: k,
-                                hold: Some((HoldMode::Lease, ttl)),
-                                at_us: now_us,
-                                extend: true,
-                            }),
-                        );
-                    }
-                }
-            }
-            75..=84 => {
-                self.send(c, &Req::Ping, None);
-            }
-            85..=92 => {
-                let q = &self.clients[c].queued;
-                if !q.is_empty() {
-                    let (rid, k) = q[self.rng.below(q.len() as u64) as usize];
-                    self.send(
-                        c,
-                        &Req::Cancel {
-                            target: rid,
-                            key: KEYS[k],
-                        },
-                        None,
-                    );
-                }
-            }
-            _ => {
-                // Close: the client forgets everything first.
-                self.client_closed(c);
-                self.shard.on_peer_closed(token, None);
-            }
+        let cl = &mut self.clients[c];
+        if !cl
+            .view
+            .random_request(&mut self.rng, k, KEYS, now_us, &mut cl.to_server)
+        {
+            // Close: the client forgets everything first.
+            self.client_closed(c);
+            self.shard.on_peer_closed(token, None);
         }
     }
 
     fn client_closed(&mut self, c: usize) {
         let cl = &mut self.clients[c];
-        cl.holds.clear();
-        cl.queued.clear();
+        cl.view.holds.clear();
+        cl.view.queued.clear();
         cl.to_server.clear();
         cl.eof = true;
     }
@@ -319,8 +175,8 @@ impl World {
                 // The client reads the EOF: its session is over.
                 cl.eof_pending = false;
                 cl.token = None;
-                cl.holds.clear();
-                cl.queued.clear();
+                cl.view.holds.clear();
+                cl.view.queued.clear();
                 cl.eof = true;
             }
             return;
@@ -333,7 +189,7 @@ impl World {
         cl.rx.extend(bytes);
         loop {
             let cl = &mut self.clients[c];
-            let hello = (!cl.welcomed).then_some(1);
+            let hello = (!cl.view.welcomed).then_some(1);
             let (a, n) = match sp::decode_answer(&cl.rx, hello) {
                 Ok(Some(v)) => v,
                 Ok(None) => break,
@@ -345,69 +201,18 @@ impl World {
     }
 
     fn answer(&mut self, c: usize, a: Answer) {
-        let cl = &mut self.clients[c];
-        match a {
-            Answer::Welcome { welcome, .. } => {
-                if std::env::var_os("SIM_TRACE").is_some() {
-                    eprintln!("[{}] client {c} welcomed", self.now.mono_us);
-                }
-                assert_eq!(welcome.keepalive_ms, KEEPALIVE_MS);
-                cl.welcomed = true;
-                cl.alive_since_us = cl.sent[&1].at_us;
+        if std::env::var_os("SIM_TRACE").is_some() {
+            eprintln!("[{}] client {c} {a:?}", self.now.mono_us);
+        }
+        if let Answer::Welcome { welcome, .. } = &a {
+            assert_eq!(welcome.keepalive_ms, KEEPALIVE_MS);
+        }
+        match self.clients[c].view.answer(a, KEYS) {
+            Ok(n) => {
+                self.grants += n.grants;
+                self.lost += n.lost;
             }
-            Answer::Reply {
-                rid, status, token, ..
-            } => {
-                if std::env::var_os("SIM_TRACE").is_some() {
-                    eprintln!(
-                        "[{}] client {c} reply rid {rid} {status:?} token {token}",
-                        self.now.mono_us
-                    );
-                }
-                let Some(s) = cl.sent.remove(&rid) else {
-                    self.fail(format!("client {c}: reply to unknown rid {rid}"))
-                };
-                cl.alive_since_us = cl.alive_since_us.max(s.at_us);
-                cl.queued.retain(|&(r, _)| r != rid);
-                match (s.hold, status) {
-                    // An Extend renews a lease the client still believes
-                    // it holds; one it released meanwhile stays released.
-                    (Some(_), Status::Ok)
-                        if s.extend && cl.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
-                    (Some((mode, ttl)), Status::Ok) if token != 0 => {
-                        if !s.extend {
-                            self.grants += 1;
-                        }
-                        cl.holds.insert(
-                            s.key,
-                            Belief {
-                                token,
-                                mode,
-                                until_us: s.at_us + ttl as u64 * 1000,
-                            },
-                        );
-                    }
-                    (Some((HoldMode::Lease, _)), Status::Stale) => {
-                        // An Extend too late: the lease is gone.
-                        if let Some(b) = cl.holds.get(&s.key) {
-                            if b.mode == HoldMode::Lease {
-                                cl.holds.remove(&s.key);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Answer::Lost { key, token, .. } => {
-                self.lost += 1;
-                let k = KEYS
-                    .iter()
-                    .position(|x| *x == key.as_slice())
-                    .expect("known key");
-                if cl.holds.get(&k).is_some_and(|b| b.token == token) {
-                    cl.holds.remove(&k);
-                }
-            }
+            Err(e) => self.fail(format!("client {c}: {e}")),
         }
     }
 
@@ -457,12 +262,10 @@ impl World {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, cl)| {
-                    let b = *cl.holds.get(&k)?;
-                    let valid = match b.mode {
-                        HoldMode::Lease => now < b.until_us,
-                        _ => now < cl.alive_since_us + KEEPALIVE_MS as u64 * 1000,
-                    };
-                    valid.then_some((i, b))
+                    let b = *cl.view.holds.get(&k)?;
+                    cl.view
+                        .valid(&b, now, KEEPALIVE_MS as u64 * 1000)
+                        .then_some((i, b))
                 })
                 .collect();
             if believers.len() > 1 {

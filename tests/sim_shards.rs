@@ -28,6 +28,8 @@
 //! `SIM_SEEDS=N` (default 150) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
+mod sim_common;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,56 +37,21 @@ use std::sync::Arc;
 use ringlock::config::Config;
 use ringlock::core::{HoldMode, Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
-use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
+use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::session::SessMsg;
 use ringlock::shard::{owner, Cmd, ConnCounts, Detached, RemoteOp, RemoteResult, Shard};
+use sim_common::{Belief, Rng, SessionView};
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma", b"delta"];
 const CLIENTS: usize = 7;
 const KEEPALIVE_MS: u32 = 300;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     OneShot,
     Persistent,
     Session,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Sent {
-    key: usize,
-    hold: Option<(HoldMode, u32)>,
-    at_us: u64,
-    /// An Extend (its answer renews a lease still believed, never one the
-    /// client released meanwhile).
-    extend: bool,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Belief {
-    token: u64,
-    mode: HoldMode,
-    until_us: u64,
 }
 
 /// Where a client's connection is: on a shard, or handed over.
@@ -117,13 +84,10 @@ struct Client {
     lc_outstanding: VecDeque<(u8, usize)>,
     /// A one-shot connection that sent its one request.
     served: bool,
-    /// Session state.
-    welcomed: bool,
-    next_rid: u32,
-    sent: HashMap<u32, Sent>,
-    alive_since_us: u64,
-    queued: Vec<(u32, usize)>,
-    holds: HashMap<usize, Belief>,
+    /// What it sent and believes: a session client's view (the client
+    /// library's rules), whose holds also carry a Locking-Center client's
+    /// beliefs (persistent, until it sends Unlock).
+    view: SessionView,
 }
 
 impl Client {
@@ -140,12 +104,7 @@ impl Client {
             eof_pending: false,
             lc_outstanding: VecDeque::new(),
             served: false,
-            welcomed: false,
-            next_rid: 0,
-            sent: HashMap::new(),
-            alive_since_us: 0,
-            queued: Vec::new(),
-            holds: HashMap::new(),
+            view: SessionView::default(),
         }
     }
 }
@@ -189,7 +148,7 @@ fn frame(act: u8, key: &[u8], source: Option<&[u8]>) -> Vec<u8> {
 
 impl World {
     fn new(seed: u64) -> World {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::seeded(seed);
         let n = 2 + rng.below(3) as usize;
         let mut cfg = Config::new("127.0.0.1:0".parse().expect("address"));
         cfg.max_connections = 64;
@@ -266,7 +225,7 @@ impl World {
         cl.at = At::On { shard: s, token: t };
         // A Locking-Center hold outlives connections: still believed.
         if kind != Kind::Session {
-            cl.holds = std::mem::take(&mut self.clients[c].holds);
+            cl.view.holds = std::mem::take(&mut self.clients[c].view.holds);
         }
         self.clients[c] = cl;
         match kind {
@@ -282,31 +241,16 @@ impl World {
                         keepalive_ms: KEEPALIVE_MS,
                         auth: b"",
                     },
-                    None,
                 );
             }
             Kind::OneShot => {}
         }
     }
 
-    fn send_sess(&mut self, c: usize, req: &Req<'_>, what: Option<Sent>) -> u32 {
+    fn send_sess(&mut self, c: usize, req: &Req<'_>) {
         let now = self.now.mono_us;
         let cl = &mut self.clients[c];
-        cl.next_rid += 1;
-        let rid = cl.next_rid;
-        let mut b = Vec::new();
-        sp::encode(rid, req, &mut b);
-        cl.to_server.extend(b);
-        cl.sent.insert(
-            rid,
-            what.unwrap_or(Sent {
-                key: 0,
-                hold: None,
-                at_us: now,
-                extend: false,
-            }),
-        );
-        rid
+        cl.view.send(req, None, now, &mut cl.to_server);
     }
 
     /// The client stops believing anything and hangs up.
@@ -320,12 +264,12 @@ impl World {
         }
         if cl.kind != Kind::Session {
             assert!(
-                cl.holds.is_empty(),
+                cl.view.holds.is_empty(),
                 "an LC client hangs up only when it holds nothing"
             );
         }
-        cl.holds.clear();
-        cl.queued.clear();
+        cl.view.holds.clear();
+        cl.view.queued.clear();
         cl.lc_outstanding.clear();
         cl.to_server.clear();
         cl.eof = true;
@@ -339,7 +283,6 @@ impl World {
     }
 
     fn client_step(&mut self, c: usize) {
-        let now = self.now.mono_us;
         let cl = &self.clients[c];
         if cl.eof_pending || cl.migrate_to.is_some() {
             return;
@@ -357,91 +300,16 @@ impl World {
         match self.clients[c].kind {
             Kind::OneShot | Kind::Persistent => self.lc_step(c, k, false),
             Kind::Session => {
-                if !self.clients[c].welcomed {
+                if !self.clients[c].view.welcomed {
                     return;
                 }
-                match self.rng.below(100) {
-                    0..=39 => {
-                        let lease = self.rng.chance(500);
-                        let (hold, ttl) = if lease {
-                            (HoldMode::Lease, 5 + self.rng.below(60) as u32)
-                        } else {
-                            (HoldMode::Session, 0)
-                        };
-                        let wait = match self.rng.below(3) {
-                            0 => 0,
-                            1 => WAIT_FOREVER,
-                            _ => 1 + self.rng.below(40) as u32,
-                        };
-                        let rid = self.send_sess(
-                            c,
-                            &Req::Acquire {
-                                hold,
-                                ttl_ms: ttl,
-                                wait_ms: wait,
-                                key: KEYS[k],
-                                source: &[],
-                            },
-                            Some(Sent {
-                                key: k,
-                                hold: Some((hold, ttl)),
-                                at_us: now,
-                                extend: false,
-                            }),
-                        );
-                        self.clients[c].queued.push((rid, k));
-                    }
-                    40..=59 => {
-                        if let Some(b) = self.clients[c].holds.remove(&k) {
-                            self.send_sess(
-                                c,
-                                &Req::Release {
-                                    token: b.token,
-                                    key: KEYS[k],
-                                },
-                                None,
-                            );
-                        }
-                    }
-                    60..=74 => {
-                        if let Some(b) = self.clients[c].holds.get(&k).copied() {
-                            if b.mode == HoldMode::Lease {
-                                let ttl = 5 + self.rng.below(60) as u32;
-                                self.send_sess(
-                                    c,
-                                    &Req::Extend {
-                                        token: b.token,
-                                        ttl_ms: ttl,
-                                        key: KEYS[k],
-                                    },
-                                    Some(Sent {
-                                        key: k,
-                                        hold: Some((HoldMode::Lease, ttl)),
-                                        at_us: now,
-                                        extend: true,
-                                    }),
-                                );
-                            }
-                        }
-                    }
-                    75..=84 => {
-                        self.send_sess(c, &Req::Ping, None);
-                    }
-                    85..=92 => {
-                        let q = &self.clients[c].queued;
-                        if !q.is_empty() {
-                            let (rid, k) = q[self.rng.below(q.len() as u64) as usize];
-                            self.send_sess(
-                                c,
-                                &Req::Cancel {
-                                    target: rid,
-                                    key: KEYS[k],
-                                },
-                                None,
-                            );
-                        }
-                    }
-                    _ => self.hang_up(c),
+                let now = self.now.mono_us;
+                let cl = &mut self.clients[c];
+                if !cl
+                    .view
+                    .random_request(&mut self.rng, k, KEYS, now, &mut cl.to_server)
+                {
+                    self.hang_up(c);
                 }
             }
         }
@@ -460,7 +328,7 @@ impl World {
             return;
         }
         let held: Vec<usize> = {
-            let mut h: Vec<usize> = cl.holds.keys().copied().collect();
+            let mut h: Vec<usize> = cl.view.holds.keys().copied().collect();
             h.sort();
             h
         };
@@ -476,7 +344,7 @@ impl World {
         let act = if (unlock_only || r < 40) && !held.is_empty() {
             let k = held[self.rng.below(held.len() as u64) as usize];
             // The critical section ends when the Unlock is sent.
-            self.clients[c].holds.remove(&k);
+            self.clients[c].view.holds.remove(&k);
             Some((2u8, k))
         } else if !unlock_only && r < 90 {
             let act = if may_wait && self.rng.chance(500) {
@@ -485,7 +353,7 @@ impl World {
                 5
             };
             let cl = &self.clients[c];
-            if cl.holds.contains_key(&k) || cl.lc_outstanding.iter().any(|&(_, kk)| kk == k) {
+            if cl.view.holds.contains_key(&k) || cl.lc_outstanding.iter().any(|&(_, kk)| kk == k) {
                 None
             } else {
                 Some((act, k))
@@ -548,7 +416,7 @@ impl World {
         match cl.kind {
             Kind::Session => loop {
                 let cl = &mut self.clients[c];
-                let hello = (!cl.welcomed).then_some(1);
+                let hello = (!cl.view.welcomed).then_some(1);
                 let (a, n) = match sp::decode_answer(&cl.rx, hello) {
                     Ok(Some(v)) => v,
                     Ok(None) => break,
@@ -578,7 +446,7 @@ impl World {
         match (act, b) {
             (1 | 5, b'+') => {
                 self.grants += 1;
-                self.clients[c].holds.insert(
+                self.clients[c].view.holds.insert(
                     k,
                     Belief {
                         token: 0,
@@ -596,58 +464,9 @@ impl World {
     }
 
     fn sess_answer(&mut self, c: usize, a: Answer) {
-        let cl = &mut self.clients[c];
-        match a {
-            Answer::Welcome { .. } => {
-                cl.welcomed = true;
-                cl.alive_since_us = cl.sent[&1].at_us;
-            }
-            Answer::Reply {
-                rid, status, token, ..
-            } => {
-                let Some(s) = cl.sent.remove(&rid) else {
-                    self.fail(format!("client {c}: reply to unknown rid {rid}"))
-                };
-                cl.alive_since_us = cl.alive_since_us.max(s.at_us);
-                cl.queued.retain(|&(r, _)| r != rid);
-                match (s.hold, status) {
-                    // An Extend renews a lease the client still believes
-                    // it holds; one it released meanwhile stays released.
-                    (Some(_), Status::Ok)
-                        if s.extend && cl.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
-                    (Some((mode, ttl)), Status::Ok) if token != 0 => {
-                        if !s.extend {
-                            self.grants += 1;
-                        }
-                        cl.holds.insert(
-                            s.key,
-                            Belief {
-                                token,
-                                mode,
-                                until_us: s.at_us + ttl as u64 * 1000,
-                            },
-                        );
-                    }
-                    (Some((HoldMode::Lease, _)), Status::Stale)
-                        if cl
-                            .holds
-                            .get(&s.key)
-                            .is_some_and(|b| b.mode == HoldMode::Lease) =>
-                    {
-                        cl.holds.remove(&s.key);
-                    }
-                    _ => {}
-                }
-            }
-            Answer::Lost { key, token, .. } => {
-                let k = KEYS
-                    .iter()
-                    .position(|x| *x == key.as_slice())
-                    .expect("known key");
-                if cl.holds.get(&k).is_some_and(|b| b.token == token) {
-                    cl.holds.remove(&k);
-                }
-            }
+        match self.clients[c].view.answer(a, KEYS) {
+            Ok(n) => self.grants += n.grants,
+            Err(e) => self.fail(format!("client {c}: {e}")),
         }
     }
 
@@ -825,13 +644,10 @@ impl World {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, cl)| {
-                    let b = *cl.holds.get(&k)?;
-                    let valid = match b.mode {
-                        HoldMode::Lease => now < b.until_us,
-                        HoldMode::Session => now < cl.alive_since_us + KEEPALIVE_MS as u64 * 1000,
-                        HoldMode::Persistent => true,
-                    };
-                    valid.then_some((i, b))
+                    let b = *cl.view.holds.get(&k)?;
+                    cl.view
+                        .valid(&b, now, KEEPALIVE_MS as u64 * 1000)
+                        .then_some((i, b))
                 })
                 .collect();
             if believers.len() > 1 {
@@ -896,7 +712,7 @@ impl World {
             }
             for c in 0..CLIENTS {
                 let cl = &self.clients[c];
-                if unlock && cl.kind != Kind::Session && !cl.holds.is_empty() {
+                if unlock && cl.kind != Kind::Session && !cl.view.holds.is_empty() {
                     if cl.at == At::None {
                         self.connect(c);
                     } else if !cl.eof_pending && cl.migrate_to.is_none() {
@@ -923,7 +739,7 @@ impl World {
                 && self
                     .clients
                     .iter()
-                    .any(|c| c.kind != Kind::Session && !c.holds.is_empty());
+                    .any(|c| c.kind != Kind::Session && !c.view.holds.is_empty());
             if !in_flight && !holding {
                 return;
             }
@@ -942,7 +758,7 @@ impl World {
                     c.to_server.len(),
                     c.to_client.len(),
                     c.lc_outstanding,
-                    c.holds.keys().collect::<Vec<_>>()
+                    c.view.holds.keys().collect::<Vec<_>>()
                 )
             })
             .collect();
@@ -960,7 +776,7 @@ impl World {
             let cl = &self.clients[c];
             if matches!(cl.at, At::On { .. }) && !cl.eof && !cl.eof_pending {
                 if cl.kind == Kind::Session {
-                    self.clients[c].holds.clear();
+                    self.clients[c].view.holds.clear();
                 }
                 self.hang_up(c);
             }
@@ -1000,9 +816,9 @@ impl Client {
         // A session's holds end with its connection; a Locking-Center
         // hold does not (the client unlocks it on a new connection).
         if self.kind == Kind::Session {
-            self.holds.clear();
+            self.view.holds.clear();
         }
-        self.queued.clear();
+        self.view.queued.clear();
         self.eof = true;
     }
 }

@@ -30,6 +30,9 @@
 //! A failure prints its seed and the command that reproduces it.
 //! `scripts/sim.sh` runs it for hours.
 
+#[path = "../sim_common/mod.rs"]
+mod sim_common;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,28 +51,7 @@ const RECV_CHUNK: usize = ringlock::config::LOCK_RECV_BUF;
 
 // ------------------------------------------------------------------ rng
 
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// True with probability `per_mille` / 1000.
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
+use sim_common::Rng;
 
 // ---------------------------------------------------------------- model
 
@@ -433,7 +415,7 @@ fn frame(act: Act, key: &[u8], source: &[u8]) -> Vec<u8> {
 
 impl World {
     fn new(seed: u64) -> World {
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::seeded(seed);
         let durable = rng.chance(600);
         let now = Now {
             mono_us: 1_000_000,

@@ -1,0 +1,266 @@
+//! What the simulators share: their random number generator and the model
+//! of a session client (what it sent, and what it believes it holds, by
+//! the rules of the client library).
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+
+use ringlock::core::HoldMode;
+use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
+
+/// xorshift64: deterministic per seed, no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// True with probability `per_mille` / 1000.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// A session request the client sent and has no answer for yet.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    pub key: usize,
+    /// Acquire: the hold mode and TTL; Extend: Lease and the TTL; Release,
+    /// Cancel, Ping: None.
+    pub hold: Option<(HoldMode, u32)>,
+    pub at_us: u64,
+    /// An Extend (its answer renews a lease still believed, never one the
+    /// client released meanwhile).
+    pub extend: bool,
+}
+
+/// A hold the client believes it has.
+#[derive(Clone, Copy, Debug)]
+pub struct Belief {
+    pub token: u64,
+    pub mode: HoldMode,
+    /// A lease: believed until this instant (send time + TTL).
+    pub until_us: u64,
+}
+
+/// One session client's view, kept as the client library keeps it.
+#[derive(Default)]
+pub struct SessionView {
+    pub welcomed: bool,
+    pub next_rid: u32,
+    pub sent: HashMap<u32, Sent>,
+    /// Send time of the latest request whose answer arrived.
+    pub alive_since_us: u64,
+    /// Acquires sent and not answered: (rid, key).
+    pub queued: Vec<(u32, usize)>,
+    pub holds: HashMap<usize, Belief>,
+}
+
+/// What an answer changed, for the simulators' counters.
+#[derive(Default)]
+pub struct Counted {
+    pub grants: u64,
+    pub lost: u64,
+}
+
+impl SessionView {
+    /// Encodes `req` into `out` under the next request id and remembers it
+    /// (`what`: its key and hold; `None` for a Hello, Release, Cancel, Ping).
+    pub fn send(
+        &mut self,
+        req: &Req<'_>,
+        what: Option<Sent>,
+        now_us: u64,
+        out: &mut VecDeque<u8>,
+    ) -> u32 {
+        self.next_rid += 1;
+        let rid = self.next_rid;
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        out.extend(b);
+        self.sent.insert(
+            rid,
+            what.unwrap_or(Sent {
+                key: 0,
+                hold: None,
+                at_us: now_us,
+                extend: false,
+            }),
+        );
+        rid
+    }
+
+    /// One random request on key `k` of `keys`: an Acquire (session or
+    /// lease; try, bounded or unbounded wait), a Release or Extend of a
+    /// believed hold, a Ping, a Cancel of a queued Acquire. False: the
+    /// client hangs up instead.
+    pub fn random_request(
+        &mut self,
+        rng: &mut Rng,
+        k: usize,
+        keys: &[&[u8]],
+        now_us: u64,
+        out: &mut VecDeque<u8>,
+    ) -> bool {
+        match rng.below(100) {
+            0..=39 => {
+                let (hold, ttl) = if rng.chance(500) {
+                    (HoldMode::Lease, 5 + rng.below(60) as u32)
+                } else {
+                    (HoldMode::Session, 0)
+                };
+                let wait = match rng.below(3) {
+                    0 => 0,
+                    1 => WAIT_FOREVER,
+                    _ => 1 + rng.below(40) as u32,
+                };
+                let rid = self.send(
+                    &Req::Acquire {
+                        hold,
+                        ttl_ms: ttl,
+                        wait_ms: wait,
+                        key: keys[k],
+                        source: b"",
+                    },
+                    Some(Sent {
+                        key: k,
+                        hold: Some((hold, ttl)),
+                        at_us: now_us,
+                        extend: false,
+                    }),
+                    now_us,
+                    out,
+                );
+                self.queued.push((rid, k));
+            }
+            40..=59 => {
+                // Stop believing first: a release ends the critical section.
+                if let Some(b) = self.holds.remove(&k) {
+                    let req = Req::Release {
+                        token: b.token,
+                        key: keys[k],
+                    };
+                    self.send(&req, None, now_us, out);
+                }
+            }
+            60..=74 => {
+                if let Some(b) = self.holds.get(&k).copied() {
+                    if b.mode == HoldMode::Lease {
+                        let ttl = 5 + rng.below(60) as u32;
+                        let req = Req::Extend {
+                            token: b.token,
+                            ttl_ms: ttl,
+                            key: keys[k],
+                        };
+                        let what = Sent {
+                            key: k,
+                            hold: Some((HoldMode::Lease, ttl)),
+                            at_us: now_us,
+                            extend: true,
+                        };
+                        self.send(&req, Some(what), now_us, out);
+                    }
+                }
+            }
+            75..=84 => {
+                self.send(&Req::Ping, None, now_us, out);
+            }
+            85..=92 => {
+                if !self.queued.is_empty() {
+                    let (rid, k) = self.queued[rng.below(self.queued.len() as u64) as usize];
+                    let req = Req::Cancel {
+                        target: rid,
+                        key: keys[k],
+                    };
+                    self.send(&req, None, now_us, out);
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Applies one answer from the server; `Err` when the server broke the
+    /// protocol (an answer to nothing sent).
+    pub fn answer(&mut self, a: Answer, keys: &[&[u8]]) -> Result<Counted, String> {
+        let mut n = Counted::default();
+        match a {
+            Answer::Welcome { .. } => {
+                self.welcomed = true;
+                self.alive_since_us = self.sent.get(&1).map_or(0, |s| s.at_us);
+            }
+            Answer::Reply {
+                rid, status, token, ..
+            } => {
+                let s = self
+                    .sent
+                    .remove(&rid)
+                    .ok_or_else(|| format!("reply to unknown rid {rid}"))?;
+                self.alive_since_us = self.alive_since_us.max(s.at_us);
+                self.queued.retain(|&(r, _)| r != rid);
+                match (s.hold, status) {
+                    // An Extend renews a lease the client still believes it
+                    // holds; one it released meanwhile stays released.
+                    (Some(_), Status::Ok)
+                        if s.extend && self.holds.get(&s.key).is_none_or(|b| b.token != token) => {}
+                    (Some((mode, ttl)), Status::Ok) if token != 0 => {
+                        if !s.extend {
+                            n.grants += 1;
+                        }
+                        self.holds.insert(
+                            s.key,
+                            Belief {
+                                token,
+                                mode,
+                                until_us: s.at_us + ttl as u64 * 1000,
+                            },
+                        );
+                    }
+                    // An Extend too late: the lease is gone.
+                    (Some((HoldMode::Lease, _)), Status::Stale)
+                        if self
+                            .holds
+                            .get(&s.key)
+                            .is_some_and(|b| b.mode == HoldMode::Lease) =>
+                    {
+                        self.holds.remove(&s.key);
+                    }
+                    _ => {}
+                }
+            }
+            Answer::Lost { key, token, .. } => {
+                n.lost += 1;
+                let k = keys
+                    .iter()
+                    .position(|x| *x == key.as_slice())
+                    .ok_or("Lost for an unknown key")?;
+                if self.holds.get(&k).is_some_and(|b| b.token == token) {
+                    self.holds.remove(&k);
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether a belief is still valid at `now_us` by the client rules: a
+    /// lease until its send time + TTL, a session hold until the last
+    /// answered send + the keep-alive, a persistent hold until released.
+    pub fn valid(&self, b: &Belief, now_us: u64, keepalive_us: u64) -> bool {
+        match b.mode {
+            HoldMode::Lease => now_us < b.until_us,
+            HoldMode::Session => now_us < self.alive_since_us + keepalive_us,
+            HoldMode::Persistent => true,
+        }
+    }
+}
