@@ -486,6 +486,35 @@ struct Fig {
     rounds: usize,
 }
 
+/// The end of a side-by-side verdict: `other` against `base` in
+/// throughput (closed loop only) and server CPU per op, then a full stop.
+fn throughput_and_cpu(out: &mut String, base: &Fig, other: &Fig) {
+    if base.closed {
+        let _ = write!(
+            out,
+            "; throughput {:.0} vs {:.0} cycles/s ({:.2}×{})",
+            other.ops,
+            base.ops,
+            other.ops / base.ops.max(1e-9),
+            if overlap(base.ops_range, other.ops_range) {
+                ", ranges overlap: indistinguishable"
+            } else {
+                ""
+            }
+        );
+    }
+    if let (Some(c1), Some(c2)) = (base.cpu, other.cpu) {
+        let _ = write!(
+            out,
+            "; server CPU {} vs {} µs/op ({:.2}×)",
+            fmt_cpu(Some(c2)),
+            fmt_cpu(Some(c1)),
+            c2 / c1
+        );
+    }
+    out.push('.');
+}
+
 fn fig(sc: &Scenario, results: &BTreeMap<(String, String), Outcome>, system: &str) -> Option<Fig> {
     match results.get(&(sc.id.clone(), system.to_string())) {
         Some(Outcome::Ran(v, run)) => Some(Fig {
@@ -627,30 +656,7 @@ fn verdict(
             fmt_unit(t1.p99),
             t2.p99 / t1.p99,
         );
-        if t1.closed {
-            let _ = write!(
-                out,
-                "; throughput {:.0} vs {:.0} cycles/s ({:.2}×{})",
-                t2.ops,
-                t1.ops,
-                t2.ops / t1.ops.max(1e-9),
-                if overlap(t1.ops_range, t2.ops_range) {
-                    ", ranges overlap: indistinguishable"
-                } else {
-                    ""
-                }
-            );
-        }
-        if let (Some(c1), Some(c2)) = (t1.cpu, t2.cpu) {
-            let _ = write!(
-                out,
-                "; server CPU {} vs {} µs/op ({:.2}×)",
-                fmt_cpu(Some(c2)),
-                fmt_cpu(Some(c1)),
-                c2 / c1
-            );
-        }
-        out.push('.');
+        throughput_and_cpu(&mut out, &t1, &t2);
     }
     if let (Some(lc), Some(se)) = (
         fig(sc, results, "ringlockd"),
@@ -695,30 +701,7 @@ fn sessions_verdict(lc: &Fig, se: &Fig) -> String {
         fmt_unit(lc.p99),
         se.p99 / lc.p99,
     );
-    if lc.closed {
-        let _ = write!(
-            out,
-            "; throughput {:.0} vs {:.0} cycles/s ({:.2}×{})",
-            se.ops,
-            lc.ops,
-            se.ops / lc.ops.max(1e-9),
-            if overlap(lc.ops_range, se.ops_range) {
-                ", ranges overlap: indistinguishable"
-            } else {
-                ""
-            }
-        );
-    }
-    if let (Some(c1), Some(c2)) = (lc.cpu, se.cpu) {
-        let _ = write!(
-            out,
-            "; server CPU {} vs {} µs/op ({:.2}×)",
-            fmt_cpu(Some(c2)),
-            fmt_cpu(Some(c1)),
-            c2 / c1
-        );
-    }
-    out.push('.');
+    throughput_and_cpu(&mut out, lc, se);
     out
 }
 
