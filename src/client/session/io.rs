@@ -899,12 +899,17 @@ struct EventFd(OwnedFd);
 
 impl EventFd {
     fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd has no memory arguments; we own the returned fd.
+        // SAFETY: eventfd has no memory arguments; we own the returned fd
+        // (checked below: a failure is an error, never a descriptor). Every
+        // Session of tests/session_fake.rs creates one.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        // SAFETY: fd is a fresh descriptor that nothing else owns; owning
+        // one that something else also closes would close a reused number
+        // under it. Dropping a Session closes it once
+        // (session_client::dropping_the_last_handle_ends_the_session).
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
@@ -926,7 +931,9 @@ impl EventFd {
     fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live local from our own
-        // non-blocking eventfd.
+        // non-blocking eventfd; a shorter buffer is EINVAL and the counter
+        // would stay set, so poll would spin (the I/O thread's waits in
+        // tests/session_fake.rs would then never sleep, not fail).
         unsafe {
             libc::read(self.fd(), (&mut v as *mut u64).cast(), 8);
         }
