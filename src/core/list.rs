@@ -84,6 +84,10 @@ impl List {
         (self.head != NIL).then_some(self.head)
     }
 
+    pub fn back(&self) -> Option<u32> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+
     fn check(&self) {
         assert_eq!(
             self.head == NIL,
@@ -142,6 +146,12 @@ impl List {
         let h = self.front()?;
         self.unlink(slab, h, which);
         Some(h)
+    }
+
+    /// The node before `idx` on this list, if any.
+    pub fn prev_of<T: Linked, S: Store<T>>(slab: &S, idx: u32, which: usize) -> Option<u32> {
+        let p = slab[idx as usize].link(which).prev;
+        (p != NIL).then_some(p)
     }
 
     /// The node after `idx` on this list, if any.

@@ -458,6 +458,19 @@ pub struct Table {
     /// Wait deadlines `(mono µs, waiter slot, waiter seq)`.
     waits: BinaryHeap<Reverse<(u64, u32, u64)>>,
     next_seq: u64,
+    /// The walk of a snapshot taken a chunk at a time (see
+    /// [`Table::walk_begin`]).
+    walk: Option<Walk>,
+}
+
+/// What is left of a chunked walk over the held keys: the keys from `next`
+/// to `last` on the age list. New holds are appended after `last`, and a
+/// release of either end moves that end inward (see [`Table::unhold`]), so
+/// the range stays exactly the keys held at the start and still held.
+#[derive(Clone, Copy, Debug)]
+struct Walk {
+    next: u32,
+    last: u32,
 }
 
 impl Table {
@@ -481,6 +494,7 @@ impl Table {
             leases: BinaryHeap::new(),
             waits: BinaryHeap::new(),
             next_seq: 1,
+            walk: None,
         }
     }
 
@@ -809,6 +823,18 @@ impl Table {
         if h.owner != NIL {
             let (owners, keys) = (&mut self.owners, &mut self.keys);
             owners[h.owner as usize].held.unlink(keys, k, K_OWN);
+        }
+        if let Some(w) = self.walk {
+            // Keep the walk's ends on keys that are still held.
+            self.walk = if w.next == k && w.last == k {
+                None
+            } else if w.next == k {
+                List::next_of(&self.keys, k, K_AGE).map(|next| Walk { next, ..w })
+            } else if w.last == k {
+                List::prev_of(&self.keys, k, K_AGE).map(|last| Walk { last, ..w })
+            } else {
+                Some(w)
+            };
         }
         self.by_age.unlink(&mut self.keys, k, K_AGE);
         self.source_drop_if_unused(h.source);
@@ -1171,6 +1197,48 @@ impl Table {
             }
             cur = List::next_of(&self.keys, k, K_AGE);
         }
+    }
+
+    /// Starts a walk over the keys held now, in grant order, to be visited
+    /// a chunk at a time by [`Table::walk_step`] while the table keeps
+    /// changing in between (a background snapshot of a million holders
+    /// must not stop the loop for the time it takes to encode them all).
+    ///
+    /// Each key is visited with its state at the time of its visit, or not
+    /// at all when it was released before. A log snapshot built this way
+    /// is exact once every record appended since the walk began is
+    /// replayed after it: each record sets its key's state absolutely
+    /// (a hold replaces any holder, a release frees the key, an extend
+    /// names its grant), so a key's last record since the start decides,
+    /// and a key with none is visited as it has been since.
+    ///
+    /// A walk already in progress is restarted.
+    pub fn walk_begin(&mut self) {
+        self.walk = match (self.by_age.front(), self.by_age.back()) {
+            (Some(next), Some(last)) => Some(Walk { next, last }),
+            _ => None,
+        };
+    }
+
+    /// Visits up to `max` more keys of the walk; true when it is complete.
+    pub fn walk_step(&mut self, max: usize, mut f: impl FnMut(HeldRef<'_>)) -> bool {
+        for _ in 0..max {
+            let Some(w) = self.walk else { return true };
+            if let Some(h) = self.held_ref(w.next) {
+                f(h);
+            }
+            self.walk = if w.next == w.last {
+                None
+            } else {
+                List::next_of(&self.keys, w.next, K_AGE).map(|next| Walk { next, ..w })
+            };
+        }
+        self.walk.is_none()
+    }
+
+    /// Abandons the walk in progress, if any.
+    pub fn walk_end(&mut self) {
+        self.walk = None;
     }
 
     /// Durability failure: takes back a grant whose log record never became

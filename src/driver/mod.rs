@@ -1058,8 +1058,10 @@ impl Loop {
     }
 
     fn wait(&mut self) -> io::Result<()> {
-        if !self.cqes.is_empty() {
+        if !self.cqes.is_empty() || self.shard.busy_between_events() {
             // Completions drained while submitting: dispatch them first.
+            // Or the shard has work between events (a snapshot encoded a
+            // chunk per tick): submit, take what completed, tick again.
             return self
                 .ring
                 .submit()

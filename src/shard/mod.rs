@@ -324,6 +324,13 @@ impl Shard {
         std::mem::swap(&mut self.cmds, out);
     }
 
+    /// True while the shard has work for its next tick even without an
+    /// event (a background snapshot being encoded a chunk per tick): the
+    /// loop polls instead of waiting.
+    pub fn busy_between_events(&self) -> bool {
+        self.log.as_ref().is_some_and(|l| l.encoding())
+    }
+
     /// The earliest time (monotonic µs) at which the shard needs a tick
     /// with no event: a partial frame's read timeout or a log retry.
     pub fn next_deadline_us(&self) -> Option<u64> {
@@ -345,6 +352,11 @@ impl Shard {
 
     pub fn begin_tick(&mut self, now: Now) {
         self.now = now;
+        // One chunk of a background snapshot per tick, before its events:
+        // the requests of every tick land between two chunks.
+        if let Some(log) = self.log.as_mut() {
+            log.encode_step(&mut self.table);
+        }
     }
 
     /// The end of a tick: expire frames, close the log batch, hand over
@@ -1629,7 +1641,7 @@ impl Shard {
         let now_us = self.now.mono_us;
         loop {
             let Some(log) = self.log.as_mut() else { return };
-            match log.next_chain(&self.table, now_us) {
+            match log.next_chain(&mut self.table, now_us) {
                 Next::Chain(chain, buf) => {
                     if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
                         log!(
@@ -1714,7 +1726,7 @@ impl Shard {
         log.void_for_broken(now.mono_us);
         // A background compaction's snapshot may contain the voided
         // records' effects: abandon it (now, or when its chain lands).
-        if log.abort_compaction() {
+        if log.abort_compaction(&mut self.table) {
             self.cmds.push(Cmd::DiscardTemp);
         }
         let mut answered = 0u64;

@@ -22,6 +22,13 @@
 //! appends go on in the old log; records appended meanwhile are also kept
 //! in `carry`, written after the snapshot in a short finishing chain
 //! (write, fdatasync, rename over the log, fsync the directory).
+//!
+//! The snapshot is encoded [`SNAPSHOT_CHUNK_KEYS`] holders per tick (see
+//! [`Log::encode_step`] and [`Table::walk_begin`]), so a table of a million
+//! holders costs each tick tens of microseconds rather than one tick tens
+//! of milliseconds. `carry` starts when the encoding starts: every record
+//! appended after the first chunk is replayed after the snapshot, which
+//! makes the piecewise snapshot exact.
 
 use crate::core::{HeldKey, Name, Table};
 
@@ -30,6 +37,11 @@ use super::record::{self, MAGIC};
 /// While the log is broken (a write or fsync failed and the rewrite did
 /// too), a rewrite is retried this often.
 pub const REWRITE_RETRY_US: u64 = 1_000_000;
+
+/// Holders a background snapshot encodes per tick. At ~50 ns each (a
+/// record is ~50 bytes) a chunk costs ~100 µs of one tick; a million
+/// holders take ~500 ticks.
+pub const SNAPSHOT_CHUNK_KEYS: usize = 2048;
 
 /// The write chains the driver knows how to run. Every chain is one
 /// write of the whole buffer (the driver finishes short writes itself)
@@ -67,6 +79,8 @@ enum Flight {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompactPhase {
+    /// The snapshot is being encoded, a chunk per tick, into `snap`.
+    Encoding,
     /// The snapshot chain is in flight.
     Snapshot,
     /// The snapshot is durable in the temp file; the finishing step waits
@@ -79,6 +93,8 @@ pub enum CompactPhase {
 
 struct Compaction {
     phase: CompactPhase,
+    /// The snapshot being encoded; moved to the driver by its chain.
+    snap: Vec<u8>,
     /// Durable bytes of the temp file (the snapshot).
     temp_len: u64,
     carry: Vec<u8>,
@@ -160,6 +176,7 @@ pub struct Log {
     compact_floor_bytes: u64,
     compaction: Option<Compaction>,
     compact_retry_after_us: u64,
+    snapshot_chunk: usize,
 }
 
 use super::acquire_len;
@@ -185,6 +202,43 @@ impl Log {
             compact_floor_bytes,
             compaction: None,
             compact_retry_after_us: 0,
+            snapshot_chunk: SNAPSHOT_CHUNK_KEYS,
+        }
+    }
+
+    /// The same log encoding `n` holders of a background snapshot per tick
+    /// (tests: a few, so a walk spans many ticks of changes).
+    pub fn with_snapshot_chunk(mut self, n: usize) -> Log {
+        self.snapshot_chunk = n.max(1);
+        self
+    }
+
+    /// True while a background snapshot is being encoded: the shard needs
+    /// a tick soon, event or not.
+    pub fn encoding(&self) -> bool {
+        self.compaction
+            .as_ref()
+            .is_some_and(|c| c.phase == CompactPhase::Encoding)
+    }
+
+    /// Encodes the next chunk of a background snapshot, if one is being
+    /// encoded (once per tick, before [`Log::next_chain`]).
+    pub fn encode_step(&mut self, table: &mut Table) {
+        let chunk = self.snapshot_chunk;
+        let Some(c) = self.compaction.as_mut() else {
+            return;
+        };
+        if c.phase != CompactPhase::Encoding {
+            return;
+        }
+        let (snap, records) = (&mut c.snap, &mut c.snapshot_records);
+        let done = table.walk_step(chunk, |h| {
+            record::encode_acquire(h, snap);
+            *records += 1;
+        });
+        if done {
+            c.temp_len = c.snap.len() as u64;
+            c.phase = CompactPhase::Snapshot;
         }
     }
 
@@ -268,6 +322,8 @@ impl Log {
             && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64)
     }
 
+    /// The whole snapshot in one go (the blocking rewrite after a failure,
+    /// which holds every answer anyway).
     fn snapshot(table: &Table, buf: &mut Vec<u8>) -> u64 {
         buf.clear();
         buf.extend_from_slice(MAGIC);
@@ -282,7 +338,7 @@ impl Log {
 
     /// The next chain to submit, with its buffer (which now belongs to the
     /// driver until [`Log::landed`]).
-    pub fn next_chain(&mut self, table: &Table, now_us: u64) -> Next {
+    pub fn next_chain(&mut self, table: &mut Table, now_us: u64) -> Next {
         match self.next(table, now_us) {
             Ok(Some((chain, buf))) => Next::Chain(chain, buf),
             Ok(None) => Next::Idle,
@@ -290,13 +346,23 @@ impl Log {
         }
     }
 
-    fn next(&mut self, table: &Table, now_us: u64) -> Result<Option<(Chain, Vec<u8>)>, BrokenLog> {
-        if let Some(c) = &self.compaction {
+    fn next(
+        &mut self,
+        table: &mut Table,
+        now_us: u64,
+    ) -> Result<Option<(Chain, Vec<u8>)>, BrokenLog> {
+        if let Some(c) = self.compaction.as_mut() {
             if c.phase == CompactPhase::Finishing {
                 return Ok(None);
             }
             if c.phase == CompactPhase::Ready && !c.aborted && self.flight == Flight::None {
                 return Ok(Some(self.start_finishing()));
+            }
+            if c.phase == CompactPhase::Snapshot && !self.compact_inflight {
+                // Encoded: the snapshot goes out now, beside any append
+                // (the driver runs both chains, on different files).
+                self.compact_inflight = true;
+                return Ok(Some((Chain::Snapshot, std::mem::take(&mut c.snap))));
             }
         }
         if self.flight != Flight::None {
@@ -333,23 +399,27 @@ impl Log {
             return Ok(None);
         }
         if self.should_compact(now_us) {
-            let mut buf = Vec::with_capacity(self.live_bytes as usize + 64);
-            let records = Self::snapshot(table, &mut buf);
+            // The grant mark first: every grant id a record after the
+            // walk's start carries is above it.
+            let mut snap = Vec::with_capacity(self.live_bytes as usize + 64);
+            snap.extend_from_slice(MAGIC);
+            record::encode_grant_mark(table.next_grant_id(), &mut snap);
+            table.walk_begin();
             self.compaction = Some(Compaction {
-                phase: CompactPhase::Snapshot,
-                temp_len: buf.len() as u64,
+                phase: CompactPhase::Encoding,
+                snap,
+                temp_len: 0,
                 carry: Vec::with_capacity(64 * 1024),
                 carry_records: 0,
-                snapshot_records: records,
+                snapshot_records: 0,
                 finish_lsn: 0,
                 finish_bytes: 0,
                 started_us: now_us,
                 aborted: false,
             });
-            self.compact_inflight = true;
-            // The snapshot goes out now; an append may follow in this tick
-            // (the driver runs both chains concurrently, on different files).
-            return Ok(Some((Chain::Snapshot, buf)));
+            // Records appended from now on are carried. This tick's batch
+            // is not: its effects are in the table the walk reads, and it
+            // goes to the old log below as usual.
         }
         let fresh = self
             .spare
@@ -479,10 +549,16 @@ impl Log {
     /// Abandons a background compaction whose snapshot may contain voided
     /// records. True when the temp file must be discarded now (nothing of
     /// it is in flight); otherwise its chain's landing cleans up.
-    pub fn abort_compaction(&mut self) -> bool {
+    pub fn abort_compaction(&mut self, table: &mut Table) -> bool {
         let Some(c) = self.compaction.as_mut() else {
             return false;
         };
+        if c.phase == CompactPhase::Encoding {
+            // Nothing written yet: no temp file to discard.
+            table.walk_end();
+            self.compaction = None;
+            return false;
+        }
         if self.compact_inflight {
             c.aborted = true;
             return false;

@@ -348,6 +348,8 @@ struct World {
     seed: u64,
     /// `config().compact_floor_bytes`, or one that lets the log grow long.
     compact_floor: u64,
+    /// Holders a background snapshot encodes per tick.
+    snapshot_chunk: usize,
     durable: bool,
     shard: Shard,
     now: Now,
@@ -440,9 +442,13 @@ impl World {
         } else {
             COMPACT_FLOOR_SHORT
         };
+        // Background snapshots of a few holders per tick, so a walk spans
+        // ticks of grants and releases; one world in four encodes them
+        // whole, as a table smaller than a chunk is.
+        let snapshot_chunk = [1, 1, 2, usize::MAX][(seed / 3 % 4) as usize];
         let log = durable.then(|| {
             disk.log = SimFile::preallocated(MAGIC);
-            Log::new(MAGIC.len() as u64, &table, compact_floor)
+            Log::new(MAGIC.len() as u64, &table, compact_floor).with_snapshot_chunk(snapshot_chunk)
         });
         let shard = Shard::new(config(), table, log, Arc::new(Metrics::new()), now);
         let clients = (0..CLIENTS)
@@ -463,6 +469,7 @@ impl World {
         World {
             rng,
             seed,
+            snapshot_chunk,
             compact_floor,
             durable,
             shard,
@@ -1031,7 +1038,8 @@ impl World {
                 }
             }
         }
-        let log = Log::new(file_len, &table, self.compact_floor);
+        let log =
+            Log::new(file_len, &table, self.compact_floor).with_snapshot_chunk(self.snapshot_chunk);
         self.shard = Shard::new(config(), table, Some(log), Arc::new(Metrics::new()), now);
         self.queues = vec![Vec::new(); KEYS.len()];
         self.holders = vec![None; KEYS.len()];
