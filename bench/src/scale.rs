@@ -17,6 +17,18 @@
 //! - Redis as the peer: `INFO memory` (`used_memory`, `used_memory_rss`)
 //!   before and after `SET key src` of the same N names.
 //!
+//! With `--compaction-load SECS` it measures instead what a background
+//! compaction of a large table costs other clients: for every size N a
+//! durable server holds N keys, then `ringlock-loadgen` runs 64 persistent
+//! clients cycling lock+unlock on their own keys (closed loop) for SECS
+//! seconds, while the log grows past twice the live records and the
+//! server compacts it (a snapshot of N holders). The same run is made with
+//! compaction off (`--compact-floor-bytes` 1 TiB), alternating, for
+//! `--rounds` rounds; every `--ringlockd LABEL=PATH` given is run in each
+//! round, so two builds are compared in one session. Reported: the
+//! compactions that finished during the load (and the server's own
+//! `duration_us` for each), cycles/s, lock p50/p99/p99.9/p99.99/max.
+//!
 //! RSS is `VmRSS` from `/proc/PID/status` (every thread of the server).
 //! The client connections are opened before the first reading, so their
 //! buffers are not counted as key memory. Prints one markdown table (also
@@ -37,6 +49,12 @@ const DEPTH: usize = 16;
 
 struct Opts {
     ringlockd: PathBuf,
+    /// `--ringlockd LABEL=PATH`, in the order given (compaction mode).
+    binaries: Vec<(String, PathBuf)>,
+    compaction_load: Option<u64>,
+    rounds: usize,
+    loadgen: PathBuf,
+    loadgen_cpus: Option<String>,
     redis: Option<PathBuf>,
     sizes: Vec<usize>,
     limit_factor: usize,
@@ -56,7 +74,13 @@ USAGE:
 
 OPTIONS:
     --ringlockd PATH     the server binary (default: target/release/ringlockd, or
-                         $CARGO_TARGET_DIR/release/ringlockd)
+                         $CARGO_TARGET_DIR/release/ringlockd); with --compaction-load it
+                         may be LABEL=PATH and given more than once
+    --compaction-load S  measure compaction under load instead: N keys held, 64 clients
+                         cycling for S seconds, compaction on and off (see above)
+    --rounds R           rounds of the compaction measurement (default 2)
+    --loadgen PATH       ringlock-loadgen (default: beside the default ringlockd)
+    --loadgen-cpus LIST  run the load generator under taskset -c LIST
     --redis-server PATH  Redis for the peer row (default: redis-server on PATH; 'none' skips it)
     --sizes LIST         held keys per run, comma-separated (default 10000,100000,1000000)
     --limit-factor F     the second --max-keys of every mode is N × F (default 10; 1 = only N)
@@ -74,6 +98,11 @@ fn parse() -> Result<Opts, String> {
         .unwrap_or_else(|| PathBuf::from("target"));
     let mut o = Opts {
         ringlockd: target.join("release/ringlockd"),
+        binaries: Vec::new(),
+        compaction_load: None,
+        rounds: 2,
+        loadgen: target.join("release/ringlock-loadgen"),
+        loadgen_cpus: None,
         redis: Some(PathBuf::from("redis-server")),
         sizes: vec![10_000, 100_000, 1_000_000],
         limit_factor: 10,
@@ -94,7 +123,21 @@ fn parse() -> Result<Opts, String> {
                 .ok_or_else(|| format!("{what}: expected a positive number, got {v:?}"))
         };
         match a.as_str() {
-            "--ringlockd" => o.ringlockd = val()?.into(),
+            "--ringlockd" => {
+                let v = val()?;
+                let (label, path) = match v.split_once('=') {
+                    Some((l, p)) => (l.to_string(), PathBuf::from(p)),
+                    None => (v.clone(), PathBuf::from(&v)),
+                };
+                o.ringlockd = path.clone();
+                o.binaries.push((label, path));
+            }
+            "--compaction-load" => {
+                o.compaction_load = Some(num(val()?, "--compaction-load")? as u64)
+            }
+            "--rounds" => o.rounds = num(val()?, "--rounds")?,
+            "--loadgen" => o.loadgen = val()?.into(),
+            "--loadgen-cpus" => o.loadgen_cpus = Some(val()?),
             "--redis-server" => {
                 let v = val()?;
                 o.redis = (v != "none").then(|| v.into());
@@ -127,6 +170,9 @@ fn parse() -> Result<Opts, String> {
             }
             _ => return Err(format!("unknown argument {a:?} (see --help)")),
         }
+    }
+    if o.binaries.is_empty() {
+        o.binaries.push(("ringlockd".into(), o.ringlockd.clone()));
     }
     Ok(o)
 }
@@ -174,6 +220,8 @@ struct Ringlockd {
     /// Spawn → listening line.
     listening_after: Duration,
     spawned_at: Instant,
+    /// Its `event=compaction…` lines after the listening line.
+    events: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Ringlockd {
@@ -188,7 +236,20 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     line[start..].split_whitespace().next()
 }
 
+/// Log floor that never compacts (the memory and recovery runs: the fill
+/// would rewrite the log).
+const NO_COMPACTION: u64 = 1 << 40;
+
 fn start_ringlockd(o: &Opts, max_keys: usize, data: Option<&Path>) -> Result<Ringlockd, String> {
+    start_ringlockd_with(o, max_keys, data, NO_COMPACTION)
+}
+
+fn start_ringlockd_with(
+    o: &Opts,
+    max_keys: usize,
+    data: Option<&Path>,
+    compact_floor: u64,
+) -> Result<Ringlockd, String> {
     let mut cmd = match &o.server_cpus {
         Some(cpus) => {
             let mut c = Command::new("taskset");
@@ -210,10 +271,9 @@ fn start_ringlockd(o: &Opts, max_keys: usize, data: Option<&Path>) -> Result<Rin
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(p) = data {
-        // Never compact while we measure: the fill would rewrite the log.
         cmd.arg("--data-path")
             .arg(p)
-            .args(["--compact-floor-bytes", "1099511627776"]);
+            .args(["--compact-floor-bytes", &compact_floor.to_string()]);
     }
     let spawned_at = Instant::now();
     let mut child = cmd
@@ -239,9 +299,19 @@ fn start_ringlockd(o: &Opts, max_keys: usize, data: Option<&Path>) -> Result<Rin
                 let (Some(lock), Some(admin)) = (lock, admin) else {
                     return Err(format!("no addresses in {line:?}"));
                 };
-                // Keep draining stderr so the server never blocks on it.
-                std::thread::spawn(move || for _ in rx {});
+                // Keep draining stderr so the server never blocks on it,
+                // and keep its compaction lines.
+                let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+                let kept = events.clone();
+                std::thread::spawn(move || {
+                    for line in rx {
+                        if line.contains("event=compaction") {
+                            kept.lock().expect("events lock").push(line);
+                        }
+                    }
+                });
                 return Ok(Ringlockd {
+                    events,
                     child,
                     lock,
                     admin,
@@ -444,6 +514,211 @@ fn run_ringlockd(o: &Opts, n: usize, max_keys: usize, durable: bool) -> Result<R
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
+}
+
+/// One run of the compaction measurement.
+struct LoadRow {
+    label: String,
+    round: usize,
+    held: usize,
+    compaction: bool,
+    /// `duration_us` of every compaction that finished during the load.
+    compactions_ms: Vec<f64>,
+    cycles_per_s: f64,
+    /// Lock latency p50, p99, p99.9, p99.99, max (µs).
+    lat: [f64; 5],
+    errors: f64,
+}
+
+fn run_compaction_load(
+    o: &Opts,
+    label: &str,
+    round: usize,
+    n: usize,
+    compaction: bool,
+    secs: u64,
+) -> Result<LoadRow, String> {
+    const CLIENTS: usize = 64;
+    let dir = o
+        .dir
+        .join(format!("scale-bench-compaction-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let log = dir.join("locks.wal");
+    let result = (|| {
+        // The default floor (1 MiB): with N keys held, the log is compacted
+        // once the cycles have appended as much again as the holders take.
+        let floor = if compaction { 1 << 20 } else { NO_COMPACTION };
+        let server = start_ringlockd_with(o, n + CLIENTS + 64, Some(&log), floor)?;
+        let mut conns = (0..o.conns)
+            .map(|_| persistent(server.lock))
+            .collect::<Result<Vec<_>, _>>()?;
+        hold(&mut conns, n)?;
+        drop(conns);
+        server.events.lock().expect("events lock").clear();
+        let mut cmd = match &o.loadgen_cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(&o.loadgen);
+                c
+            }
+            None => Command::new(&o.loadgen),
+        };
+        let out = cmd
+            .arg("--target")
+            .arg(format!("ringlock://{}", server.lock))
+            .args(["--connections", &CLIENTS.to_string()])
+            .args(["--keys", &CLIENTS.to_string()])
+            .args(["--duration", &format!("{secs}s"), "--warmup", "1s"])
+            .args([
+                "--conn-mode",
+                "persistent",
+                "--dist",
+                "private",
+                "--rate",
+                "0",
+            ])
+            .args(["--no-progress", "--json"])
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("{}: {e}", o.loadgen.display()))?;
+        if !out.status.success() {
+            return Err(format!("ringlock-loadgen exited with {}", out.status));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .last()
+            .ok_or("no output from ringlock-loadgen")?;
+        let v = ringlock_bench::json::parse(line)?;
+        let num = |path: &str| v.num(path).ok_or_else(|| format!("no {path} in {line}"));
+        let compactions_ms = server
+            .events
+            .lock()
+            .expect("events lock")
+            .iter()
+            .filter(|l| l.contains("event=compaction_done"))
+            .filter_map(|l| field(l, "duration_us").and_then(|d| d.parse::<f64>().ok()))
+            .map(|us| us / 1e3)
+            .collect();
+        Ok(LoadRow {
+            label: label.to_string(),
+            round,
+            held: n,
+            compaction,
+            compactions_ms,
+            cycles_per_s: num("ops_per_sec")?,
+            lat: [
+                num("latency_us.p50")?,
+                num("latency_us.p99")?,
+                num("latency_us.p999")?,
+                num("latency_us.p9999")?,
+                num("latency_us.max")?,
+            ],
+            errors: num("errors")?,
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn load_table(rows: &[LoadRow]) -> String {
+    let mut s = String::from(
+        "\n| build | round | held keys | compaction | compactions during load (server `duration_us`, ms) | cycles/s | lock p50 µs | p99 µs | p99.9 µs | p99.99 µs | max µs | errors |\n\
+         |---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let c = if r.compactions_ms.is_empty() {
+            "0".to_string()
+        } else {
+            let ms: Vec<String> = r.compactions_ms.iter().map(|m| format!("{m:.0}")).collect();
+            format!("{} ({})", r.compactions_ms.len(), ms.join(", "))
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            r.label,
+            r.round,
+            r.held,
+            if r.compaction {
+                "on (1 MiB floor)"
+            } else {
+                "off"
+            },
+            c,
+            r.cycles_per_s,
+            r.lat[0],
+            r.lat[1],
+            r.lat[2],
+            r.lat[3],
+            r.lat[4],
+            r.errors,
+        ));
+    }
+    s
+}
+
+fn main_compaction(o: &Opts, secs: u64) -> bool {
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for &n in &o.sizes {
+        for round in 1..=o.rounds {
+            // Alternate the order of builds and of on/off between rounds,
+            // so drift over the session hits all alike.
+            let mut runs: Vec<(&(String, PathBuf), bool)> = Vec::new();
+            for b in &o.binaries {
+                for on in [true, false] {
+                    runs.push((b, on));
+                }
+            }
+            if round % 2 == 0 {
+                runs.reverse();
+            }
+            for ((label, path), on) in runs {
+                let mut ob = Opts {
+                    ringlockd: path.clone(),
+                    binaries: Vec::new(),
+                    sizes: Vec::new(),
+                    modes: Vec::new(),
+                    dir: o.dir.clone(),
+                    out: None,
+                    redis: None,
+                    loadgen: o.loadgen.clone(),
+                    loadgen_cpus: o.loadgen_cpus.clone(),
+                    server_cpus: o.server_cpus.clone(),
+                    ..*o
+                };
+                ob.compaction_load = Some(secs);
+                eprintln!("scale-bench: {label} round {round} held={n} compaction={on}");
+                match run_compaction_load(&ob, label, round, n, on, secs) {
+                    Ok(r) => {
+                        eprintln!(
+                            "scale-bench:   compactions={:?} cycles/s={:.0} p99={:.0} max={:.0}",
+                            r.compactions_ms, r.cycles_per_s, r.lat[1], r.lat[4]
+                        );
+                        rows.push(r);
+                    }
+                    Err(e) => {
+                        eprintln!("scale-bench: {label} held={n} compaction={on}: {e}");
+                        failed = true;
+                    }
+                }
+            }
+        }
+    }
+    let report = format!(
+        "{}- load: ringlock-loadgen, 64 persistent connections, closed loop, lock+unlock of private keys, {secs} s after 1 s warm-up (load generator CPUs {})\n{}",
+        header(o),
+        o.loadgen_cpus.as_deref().unwrap_or("any"),
+        load_table(&rows)
+    );
+    print!("{report}");
+    if let Some(p) = &o.out {
+        if let Err(e) = std::fs::write(p, &report) {
+            eprintln!("scale-bench: {}: {e}", p.display());
+            failed = true;
+        }
+    }
+    !failed
 }
 
 fn free_port() -> Result<u16, String> {
@@ -660,6 +935,13 @@ fn main() {
             o.ringlockd.display()
         );
         std::process::exit(1);
+    }
+    if let Some(secs) = o.compaction_load {
+        if let Some((_, p)) = o.binaries.iter().find(|(_, p)| !p.exists()) {
+            eprintln!("scale-bench: {} not found", p.display());
+            std::process::exit(1);
+        }
+        std::process::exit(if main_compaction(&o, secs) { 0 } else { 1 });
     }
     let mut rows = Vec::new();
     let mut failed = false;
