@@ -46,6 +46,12 @@ pub const WAL_PREALLOCATE_MAX_BYTES: u64 = 8 << 20;
 /// Smallest non-zero `--wal-preallocate-bytes`: one page.
 pub const WAL_PREALLOCATE_MIN_BYTES: u64 = 4096;
 
+/// Default of [`Config::idle_poll_us`].
+pub const IDLE_POLL_US_DEFAULT: u64 = 50;
+/// Largest accepted [`Config::idle_poll_us`]: polling longer than this
+/// buys nothing a sleep would not (the next request is that far away).
+pub const IDLE_POLL_US_MAX: u64 = 10_000;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub bind: SocketAddr,
@@ -59,6 +65,12 @@ pub struct Config {
     /// closed after this long without traffic (0: never). Session
     /// connections follow their keep-alive deadline instead.
     pub idle_timeout_ms: u64,
+    /// Before an idle event loop sleeps, it polls its ring for up to this
+    /// long (yielding the CPU to anything runnable between polls), so that
+    /// the next request finds it awake instead of waking a halted CPU
+    /// (tens of microseconds on a VM). 0: sleep at once. Only when each
+    /// shard has a CPU of its own.
+    pub idle_poll_us: u64,
     pub max_keys: usize,
     pub max_waiters: usize,
     pub frame_timeout_ms: u64,
@@ -169,6 +181,7 @@ impl Config {
             max_connections: 10_000,
             admin_connections: 16,
             idle_timeout_ms: 60_000,
+            idle_poll_us: IDLE_POLL_US_DEFAULT,
             max_keys: 100_000,
             max_waiters: 100_000,
             frame_timeout_ms: 10_000,

@@ -42,6 +42,10 @@ OPTIONS:
     --idle-timeout-ms MS     close a connection with no request in flight and no traffic for MS;
                              queued waiters are not idle, sessions follow their keep-alive
                              (default 60000; 0 = never)
+    --idle-poll-us US        before an idle event loop sleeps it keeps polling for US (yielding
+                             the CPU between polls), so a request arriving meanwhile finds it
+                             awake; costs up to US of CPU per idle spell; only where every shard
+                             has a CPU of its own (default 50; 0 = sleep at once; at most 10000)
     --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
     --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
     --auth-token-file FILE   a shared secret (the file's bytes, trailing whitespace removed, 1 to
@@ -147,6 +151,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             "--max-connections"
             | "--admin-connections"
             | "--idle-timeout-ms"
+            | "--idle-poll-us"
             | "--max-keys"
             | "--max-waiters"
             | "--frame-timeout-ms"
@@ -161,6 +166,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     "--max-connections" => "max-connections",
                     "--admin-connections" => "admin-connections",
                     "--idle-timeout-ms" => "idle-timeout-ms",
+                    "--idle-poll-us" => "idle-poll-us",
                     "--max-keys" => "max-keys",
                     "--max-waiters" => "max-waiters",
                     "--compact-floor-bytes" => "compact-floor-bytes",
@@ -178,11 +184,17 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                     .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
                 let min = match name {
                     "liveness-timeout-ms" => config::LIVENESS_TIMEOUT_MS_MIN,
-                    "idle-timeout-ms" => 0,
+                    "idle-timeout-ms" | "idle-poll-us" => 0,
                     _ => 1,
                 };
                 if n < min {
                     return Err(format!("--{name}: must be at least {min}"));
+                }
+                if name == "idle-poll-us" && n > config::IDLE_POLL_US_MAX {
+                    return Err(format!(
+                        "--idle-poll-us: at most {} (µs), not {n}",
+                        config::IDLE_POLL_US_MAX
+                    ));
                 }
                 limits.push((name, n));
             }
@@ -253,6 +265,7 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             "max-connections" => cfg.max_connections = n as usize,
             "admin-connections" => cfg.admin_connections = n as usize,
             "idle-timeout-ms" => cfg.idle_timeout_ms = n,
+            "idle-poll-us" => cfg.idle_poll_us = n,
             "max-keys" => cfg.max_keys = n as usize,
             "max-waiters" => cfg.max_waiters = n as usize,
             "compact-floor-bytes" => cfg.compact_floor_bytes = n,

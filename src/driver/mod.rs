@@ -288,9 +288,12 @@ fn build_ring(max_conns: usize, shards: usize) -> io::Result<IoUring> {
     // Doorbells from the other shards land in this ring's CQ as well.
     let cq = cq_entries_for(max_conns + 4 * shards);
     let mut b = IoUring::builder();
+    // TASKRUN_FLAG: the kernel flags deferred completions in the SQ ring,
+    // so an idle poll can see them without entering (see `Loop::wait`).
     b.setup_cqsize(cq)
         .setup_single_issuer()
-        .setup_defer_taskrun();
+        .setup_defer_taskrun()
+        .setup_taskrun_flag();
     let ring = match b.build(RING_ENTRIES) {
         Ok(r) => r,
         // Older kernels lack DEFER_TASKRUN: fall back to a plain ring.
@@ -423,6 +426,8 @@ struct Loop {
     /// Every shard's ring fd (the doorbells' targets).
     ring_fds: Arc<Vec<AtomicI32>>,
     inbox: Vec<Msg>,
+    /// `Config::idle_poll_us`, 0 where shards share a CPU.
+    idle_poll_us: u64,
 }
 
 impl Drop for Loop {
@@ -645,8 +650,19 @@ impl Server {
     /// other shard on a thread of its own, each pinned to one CPU of the
     /// affinity mask. Returns after every shard answered its queued
     /// waiters `-`.
-    pub fn run(self) -> io::Result<()> {
+    pub fn run(mut self) -> io::Result<()> {
         let n = self.parts.len();
+        if n > self.cpus.len() && self.cfg.idle_poll_us > 0 {
+            // A polling shard would take turns with the others on its CPU.
+            log!(
+                Level::Info,
+                "idle_poll_off",
+                "shards={} cpus={} reason=\"shards share CPUs\"",
+                n,
+                self.cpus.len()
+            );
+            self.cfg.idle_poll_us = 0;
+        }
         let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
         let barrier = Arc::new(std::sync::Barrier::new(n));
         let all_conns: Arc<crate::shard::ConnCounts> = Arc::new(Default::default());
@@ -794,6 +810,7 @@ impl Loop {
                 )
             }
         };
+        let idle_poll_us = cfg.idle_poll_us;
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
         Ok(Loop {
@@ -815,6 +832,7 @@ impl Loop {
             mesh,
             ring_fds,
             inbox: Vec::new(),
+            idle_poll_us,
         })
     }
 
@@ -1071,6 +1089,9 @@ impl Loop {
                     _ => Err(e),
                 });
         }
+        if self.idle_poll() {
+            return Ok(());
+        }
         let t = now().mono_us;
         // Wake at least every heartbeat interval, idle or not: liveness
         // (/livez) reads the heartbeat.
@@ -1108,6 +1129,39 @@ impl Loop {
                 e.kind(),
                 format!("io_uring_enter failed: {e}"),
             )),
+        }
+    }
+
+    /// Before sleeping, polls for up to `idle_poll_us` for a completion
+    /// (posted, or deferred and flagged in the SQ ring), yielding the CPU
+    /// to any other runnable thread between polls. True when one came: the
+    /// caller takes it without sleeping. A halted vCPU takes tens of
+    /// microseconds to wake, and a connection-per-request client pays that
+    /// several times per request (accept, receive, send, close are separate
+    /// events); an awake loop does not.
+    fn idle_poll(&mut self) -> bool {
+        if self.idle_poll_us == 0 {
+            return false;
+        }
+        // What the last tick queued goes out first.
+        if let Err(e) = self.ring.submit() {
+            if !matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EINTR)) {
+                return false;
+            }
+        }
+        let t0 = now().mono_us;
+        loop {
+            if self.ring.submission().taskrun() {
+                // Deferred completions: an enter with GETEVENTS posts them.
+                let _ = self.ring.submit();
+            }
+            if !self.ring.completion().is_empty() {
+                return true;
+            }
+            if now().mono_us.saturating_sub(t0) >= self.idle_poll_us {
+                return false;
+            }
+            std::thread::yield_now();
         }
     }
 
