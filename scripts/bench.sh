@@ -24,7 +24,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0
 INSTALL=1
 REPEAT=""
-SYSTEMS="floor ringlockd ringlockd-session ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
+SYSTEMS="floor ringlockd ringlockd-nopoll ringlockd-session ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
 SCENARIOS=""
 OUT="$ROOT/bench/results"
 SERVER_CPUS=""
@@ -143,7 +143,7 @@ LOADGEN="$BIN/ringlock-loadgen"
 # Each (round, scenario, system) run gets a freshly started server with an
 # empty data dir, and only that one server runs: no state (queued waiters,
 # leases, WAL) and no background work of another system leaks into a run.
-PORT_FLOOR=24129; PORT_RL=24119; PORT_RLS=24169; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179
+PORT_FLOOR=24129; PORT_RL=24119; PORT_RLS=24169; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179; PORT_RLNP=24189
 PORT_REDIS=24379; PORT_REDIS_AOF=24380; PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -158,7 +158,7 @@ wait_port() { # port seconds pid
 }
 
 declare -A TARGET NOTE VERSION PORT WHY
-PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-session]=$PORT_RLS [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1
+PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-session]=$PORT_RLS [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1 [ringlockd-nopoll]=$PORT_RLNP
       [ringlockd-t2]=$PORT_RLT2 [locking-center]=$PORT_LC [redis]=$PORT_REDIS
       [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD)
 HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)
@@ -225,6 +225,11 @@ prepare_system() {
         TARGET[$s]="ringlock-session://127.0.0.1:$PORT_RLS"
         VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
         NOTE[$s]="the ringlockd server of the ringlockd row (same flags, in memory), driven over the session protocol: Hello, then Acquire (hold = session) + Release by token" ;;
+    ringlockd-nopoll)
+        "$BIN/ringlockd" --help 2>&1 | grep -q -- '--idle-poll-us' || { WHY[$s]="ringlockd is not built with --idle-poll-us yet"; return 1; }
+        TARGET[$s]="ringlock://127.0.0.1:$PORT_RLNP"
+        VERSION[$s]="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT"
+        NOTE[$s]="in memory, --idle-poll-us 0: an idle loop sleeps at once (the ringlockd row polls 50 µs first)" ;;
     ringlockd-t1|ringlockd-t2)
         has_threads || { WHY[$s]="ringlockd is not built with --threads yet"; return 1; }
         TARGET[$s]="ringlock://127.0.0.1:${PORT[$s]}"
@@ -273,6 +278,8 @@ start_system() { # system dir
     ringlockd|ringlockd-session) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" 2>"$d/log" & ;;
     ringlockd-durable) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
             --data-path "$d/ringlock.wal" 2>"$d/log" & ;;
+    ringlockd-nopoll) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
+            --idle-poll-us 0 2>"$d/log" & ;;
     ringlockd-t1|ringlockd-t2) $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$port" --admin-bind "127.0.0.1:$((port + 1))" \
             --threads "${s#ringlockd-t}" 2>"$d/log" & ;;
     locking-center) BIND_ADDRESS="127.0.0.1:$port" $PIN_SERVER "$LC_BIN" >"$d/log" 2>&1 & ;;
@@ -339,7 +346,7 @@ not_applicable() { # system scenario
     case "$2:$1" in
         uncontended-*:ringlockd-session|churn-*:ringlockd-session)
             echo "session holds end with their connection: a connection per request cannot hold one" ;;
-        churn-*:floor|churn-*:ringlockd|churn-*:ringlockd-t1|churn-*:ringlockd-t2|churn-*:locking-center) ;;
+        churn-*:floor|churn-*:ringlockd|churn-*:ringlockd-nopoll|churn-*:ringlockd-t1|churn-*:ringlockd-t2|churn-*:locking-center) ;;
         churn-*:*) echo "connection-churn scenario: compares the Locking-Center-protocol servers (ringlockd, the floor, the original)" ;;
         uncontended-*:postgres|uncontended-*:mariadb)
             echo "session-bound locks: released when the connection closes, so a connection per request cannot hold a lock" ;;

@@ -664,9 +664,28 @@ fn verdict(
     ) {
         out.push_str(&sessions_verdict(&lc, &se));
     }
+    if let (Some(poll), Some(nopoll)) = (
+        fig(sc, results, "ringlockd"),
+        fig(sc, results, "ringlockd-nopoll"),
+    ) {
+        let judgement = match p99_overlaps(&poll, &[&nopoll]) {
+            Some(text) => text,
+            None if poll.p99 < nopoll.p99 => "lower with polling".into(),
+            None => "higher with polling".into(),
+        };
+        let _ = write!(
+            out,
+            " Idle polling: ringlockd p99 {} vs ringlockd-nopoll {} ({:.2}×: {judgement})",
+            fmt_unit(poll.p99),
+            fmt_unit(nopoll.p99),
+            poll.p99 / nopoll.p99,
+        );
+        throughput_and_cpu(&mut out, &nopoll, &poll);
+    }
     let compared = [
         "floor",
         ours,
+        "ringlockd-nopoll",
         "ringlockd-t1",
         "ringlockd-t2",
         "ringlockd-session",
@@ -801,6 +820,26 @@ mod tests {
         );
         assert!(v.contains("outside the 1.5× bound"), "{v}");
         assert!(v.contains("server CPU 12.0 vs 10.0 µs/op (1.20×)"), "{v}");
+    }
+
+    #[test]
+    fn idle_polling_is_compared_with_cpu_per_op() {
+        let v = verdict_of(
+            "persistent-64",
+            vec![
+                (
+                    "ringlockd",
+                    ran(40.0, (38.0, 42.0), 10000.0, 10000.0, Some(15.0)),
+                ),
+                (
+                    "ringlockd-nopoll",
+                    ran(60.0, (55.0, 65.0), 10000.0, 10000.0, Some(10.0)),
+                ),
+            ],
+        );
+        assert!(v.contains("ringlockd-nopoll 60"), "{v}");
+        assert!(v.contains("lower with polling"), "{v}");
+        assert!(v.contains("server CPU 15.0 vs 10.0 µs/op (1.50×)"), "{v}");
     }
 
     #[test]
