@@ -44,26 +44,29 @@ enum Known {
 }
 
 fn start(path: &str, faults: Option<&str>) -> Server {
+    start_with(path, faults, PREALLOC, &[])
+}
+
+fn start_with(path: &str, faults: Option<&str>, prealloc: usize, extra: &[&str]) -> Server {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
     cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
     match faults {
         Some(f) => cmd.env("RINGLOCK_FAULTS", f),
         None => cmd.env_remove("RINGLOCK_FAULTS"),
     };
-    Server::spawn(
-        cmd,
-        &[
-            "--threads",
-            "1",
-            "--data-path",
-            path,
-            "--wal-preallocate-bytes",
-            &PREALLOC.to_string(),
-            "--compact-floor-bytes",
-            "1000000000000",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("ringlockd did not start: {e}"))
+    let prealloc = prealloc.to_string();
+    let mut args = vec![
+        "--threads",
+        "1",
+        "--data-path",
+        path,
+        "--wal-preallocate-bytes",
+        &prealloc,
+        "--compact-floor-bytes",
+        "1000000000000",
+    ];
+    args.extend_from_slice(extra);
+    Server::spawn(cmd, &args).unwrap_or_else(|e| panic!("ringlockd did not start: {e}"))
 }
 
 /// What a log file holds, parsed independently of the server: the end of
@@ -344,4 +347,131 @@ fn the_preallocation_flag_is_validated_and_0_turns_it_off() {
     s.kill9();
     let s = Server::start(&args);
     assert_eq!(keys(s.admin_addr).len(), 50);
+}
+
+/// The whole records of a log image, parsed independently of the server:
+/// `(start, end, key)` of each (Acquire records of version 2: type byte,
+/// grant id, acquire time, then the key as `len u8 · bytes`).
+fn acquires(data: &[u8]) -> Vec<(usize, usize, Vec<u8>)> {
+    let end = layout(data).records_end;
+    let (mut at, mut out) = (8, Vec::new());
+    while at < end {
+        let len = u16::from_le_bytes([data[at + 4], data[at + 5]]) as usize;
+        assert_eq!(data[at + 8], 6, "an Acquire at {at}");
+        let k = at + 8 + 1 + 16;
+        out.push((
+            at,
+            at + 8 + len,
+            data[k + 1..k + 1 + data[k] as usize].to_vec(),
+        ));
+        at += 8 + len;
+    }
+    out
+}
+
+/// One append of more than two pieces (a batch of ~150 KiB of Acquires,
+/// gathered behind a delayed fdatasync, with every second write cut short),
+/// then, for each piece the driver wrote it in, what a power cut during
+/// that piece can leave: everything before the piece synced, nothing after
+/// it written, and of the piece's own sectors one lost (its first or its
+/// last). Every such log must restart as a torn tail: the records before
+/// the lost sector kept, the rest dropped. The pieces are the driver's own
+/// (`append_piece_end`): at most 64 KiB measured from the last fdatasync,
+/// also across the short writes, and ending on sector boundaries.
+#[test]
+fn a_power_cut_in_any_piece_of_a_large_append_restarts_as_a_torn_tail() {
+    use ringlock::wal::record::{append_piece_end, APPEND_PIECE_BYTES, SECTOR_BYTES};
+    let dir = TempDir::new("prealloc-pieces");
+    let path = dir.path("locks.wal");
+    let path_s = path.to_str().expect("utf-8 path").to_string();
+    // The default preallocation: the whole batch overwrites zeros in place.
+    let default_prealloc = 1 << 20;
+    let mut server = start_with(
+        &path_s,
+        Some("fsync_delay_ms=1000,short_write_every=2"),
+        default_prealloc,
+        &["--metrics-bind", "127.0.0.1:0"],
+    );
+    let metrics = server.metrics();
+    // The first append (one record) holds the log for a second: every Lock
+    // sent meanwhile goes out in the next append, as one batch.
+    let mut first = server.connect();
+    first.send(&frame(1, b"first", Some(b"s")));
+    wait_metric(metrics, "ringlock_held_keys", 1.0);
+    const BULK: usize = 520;
+    let name = |i: usize, what: &str| {
+        let mut n = format!("{what}-{i:05}-").into_bytes();
+        n.resize(127, b'x');
+        n
+    };
+    let mut conns: Vec<Conn> = (0..BULK)
+        .map(|i| {
+            let mut c = Conn::connect(server.lock_addr);
+            c.send(&frame(1, &name(i, "piece"), Some(&name(i, "src"))));
+            c
+        })
+        .collect();
+    wait_metric(metrics, "ringlock_held_keys", (BULK + 1) as f64);
+    assert_eq!(first.read_byte(), b'+');
+    for c in &mut conns {
+        assert_eq!(c.read_byte(), b'+');
+    }
+    assert_eq!(
+        (
+            metric(metrics, "ringlock_wal_batch_records_count"),
+            metric(metrics, "ringlock_wal_batch_records_sum")
+        ),
+        (2.0, (BULK + 1) as f64),
+        "the Locks should have gone out as one append after the first"
+    );
+    server.kill9();
+    let image = std::fs::read(&path).expect("read the log");
+    let records = acquires(&image);
+    assert_eq!(records.len(), BULK + 1);
+    let (append_at, end) = (records[0].1, records[BULK].1);
+    assert!(
+        SECTOR_BYTES - append_at % SECTOR_BYTES >= 4,
+        "the append's first sector holds at least 4 of its bytes (docs/wal.md)"
+    );
+    let mut pieces = Vec::new();
+    let mut at = append_at;
+    while at < end {
+        let to = append_piece_end(at as u64, end as u64) as usize;
+        assert!(to - at <= APPEND_PIECE_BYTES);
+        pieces.push((at, to));
+        at = to;
+    }
+    assert!(pieces.len() >= 3, "{pieces:?}");
+    for &(from, to) in &pieces {
+        for lost in [from / SECTOR_BYTES, (to - 1) / SECTOR_BYTES] {
+            let mut disk = image[..to].to_vec();
+            disk.resize(image.len(), 0);
+            let zero_from = (lost * SECTOR_BYTES).max(from);
+            let zero_to = ((lost + 1) * SECTOR_BYTES).min(to);
+            disk[zero_from..zero_to].iter_mut().for_each(|b| *b = 0);
+            let kept = records
+                .iter()
+                .position(|&(s, e, _)| disk[s..e] != image[s..e])
+                .expect("the lost sector held record bytes");
+            std::fs::write(&path, &disk).expect("write the torn log");
+            let what = format!("piece [{from}, {to}), lost sector {lost}");
+            let mut s = start_with(&path_s, None, default_prealloc, &[]);
+            let pre = s.startup_log.clone();
+            assert_eq!(
+                event_field(&pre, "recovery", "records"),
+                Some(kept.to_string()),
+                "{what}: {pre:?}"
+            );
+            assert!(
+                pre.iter().any(|l| l.contains("event=torn_tail_dropped")),
+                "{what}: {pre:?}"
+            );
+            let mut held: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+            held.sort();
+            let mut want: Vec<Vec<u8>> = records[..kept].iter().map(|r| r.2.clone()).collect();
+            want.sort();
+            assert_eq!(held, want, "{what}");
+            s.kill9();
+        }
+    }
 }

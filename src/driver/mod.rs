@@ -341,6 +341,11 @@ struct ChainRun {
     buf: Slot,
     len: usize,
     written: usize,
+    /// Bytes of the buffer a completed fdatasync covers (an append's
+    /// pieces: the next piece is measured from here, see `submit_chain`).
+    synced: usize,
+    /// The submitted chain's fdatasync completed without error.
+    sync_ok: bool,
     /// Ops of the submitted chain whose completion is still due.
     ops_left: u32,
     error: Option<i32>,
@@ -1513,6 +1518,8 @@ impl Loop {
             len: buf.len(),
             buf: Slot::Ours(buf),
             written: 0,
+            synced: 0,
+            sync_ok: false,
             ops_left: 0,
             error: None,
             fail_injected: false,
@@ -1557,21 +1564,39 @@ impl Loop {
         // A finishing step with nothing carried writes 0 bytes (then syncs
         // and renames).
         let rest = run.len - run.written;
+        // An append leaves at most a piece unsynced: a larger batch goes out
+        // as write + fdatasync per piece (on_chain_op resubmits the rest),
+        // so a write torn by a power cut spans at most a piece, which is
+        // what lets recovery tell it from damage (wal::record). The piece
+        // is measured from the last completed fdatasync, not from the last
+        // write: after a short write the rest of the same piece goes out,
+        // never a fresh piece's worth; and it ends on a sector boundary
+        // (`append_piece_end`).
+        let piece = match run.chain {
+            Chain::Append { offset } => {
+                let end = wal::record::append_piece_end(
+                    offset + run.synced as u64,
+                    offset + run.len as u64,
+                );
+                (end - offset) as usize - run.written
+            }
+            _ => rest,
+        };
         let compaction = which == CHAIN_COMPACT;
-        let (len, _no, fail) = io.faults.plan_write(rest, compaction);
+        let (len, _no, fail) = io.faults.plan_write(piece, compaction);
         run.fail_injected = fail;
+        run.sync_ok = false;
         // A shortened or failing (injected) write goes alone, as the kernel
         // ends a chain after a real short or failed write.
-        let alone = len < rest || fail;
-        // An append leaves at most a piece unsynced: a larger batch goes out
-        // as write + fdatasync per piece (the loop below resubmits the
-        // rest), so a write torn by a power cut spans at most a piece,
-        // which is what lets recovery tell it from damage (wal::record).
-        let len = if matches!(run.chain, Chain::Append { .. }) {
-            len.min(wal::record::APPEND_PIECE_BYTES)
-        } else {
-            len
-        };
+        let alone = len < piece || fail;
+        if matches!(run.chain, Chain::Append { .. }) {
+            // Recovery's torn-write window rests on this (wal::record).
+            assert!(
+                len > 0 && run.written + len - run.synced <= wal::record::APPEND_PIECE_BYTES,
+                "an append would leave {} bytes unsynced",
+                run.written + len - run.synced
+            );
+        }
         let (fd, offset, renames) = match run.chain {
             Chain::Append { offset } => (log_fd, offset + run.written as u64, false),
             Chain::Rewrite => (temp_fd.expect("a temp file"), run.written as u64, true),
@@ -1827,6 +1852,7 @@ impl Loop {
                 if res < 0 && res != -libc::ECANCELED {
                     run.error.get_or_insert(res);
                 }
+                run.sync_ok = res >= 0;
             }
             STEP_RENAME => {
                 if res >= 0 {
@@ -1857,6 +1883,11 @@ impl Loop {
             STEP_WRITE,
         );
         run.buf.reclaim(tag);
+        if run.sync_ok {
+            // The fdatasync ran after the chain's write completed, so it
+            // covers everything written so far.
+            run.synced = run.written;
+        }
         if run.error.is_none() && run.written < run.len {
             self.submit_chain(which);
             return;
