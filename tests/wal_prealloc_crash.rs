@@ -475,3 +475,147 @@ fn a_power_cut_in_any_piece_of_a_large_append_restarts_as_a_torn_tail() {
         }
     }
 }
+
+/// Log lines of `server` until one contains `needle`, for at most
+/// `within`; every line seen is returned (the last one matched).
+fn lines_until(server: &Server, needle: &str, within: Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match server.log.recv_timeout(left) {
+            Ok(l) => {
+                let done = l.contains(needle);
+                seen.push(l);
+                if done {
+                    return seen;
+                }
+            }
+            Err(e) => panic!("no log line with {needle:?} ({e}); saw {seen:?}"),
+        }
+    }
+}
+
+/// A growth step still running when a compaction replaces the log file,
+/// and failing then, must not switch growth off for the new file: its
+/// failure is logged as concerning the replaced file, and the new file is
+/// preallocated by the next step as usual. (Growth steps are delayed, so
+/// two compactions land inside the first step; only that step fails.)
+#[test]
+fn a_failed_growth_step_of_a_replaced_file_leaves_growth_on_for_the_new_one() {
+    let dir = TempDir::new("prealloc-stale-grow");
+    let path = dir.path("locks.wal");
+    let path_s = path.to_str().expect("utf-8 path").to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+    cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"])
+        .env("RINGLOCK_FAULTS", "grow_delay_ms=3000,fail_grow_at=1");
+    let server = Server::spawn(
+        cmd,
+        &[
+            "--threads",
+            "1",
+            "--data-path",
+            &path_s,
+            "--wal-preallocate-bytes",
+            "4096",
+            "--compact-floor-bytes",
+            "1024",
+            "--log-level",
+            "debug",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("ringlockd did not start: {e}"));
+    let mut c = server.connect();
+    // Lock and unlock one key: the log outgrows its floor with nothing
+    // live, so it is compacted every ~1 KiB. The first compaction's file is
+    // not preallocated, so its first append starts growth step 1 (held
+    // for 3 s); the second compaction replaces that file meanwhile.
+    let mut compactions = 0;
+    for round in 0.. {
+        assert!(round < 10_000, "no second compaction");
+        assert_eq!(c.lock(b"toggle", b"t"), b'+');
+        assert_eq!(c.unlock(b"toggle"), b'+');
+        while let Ok(l) = server.log.try_recv() {
+            assert!(
+                !l.contains("event=wal_preallocate_failed") && !l.contains("event=wal_grown"),
+                "growth step 1 landed before the second compaction: {l}"
+            );
+            compactions += usize::from(l.contains("event=compaction_done"));
+        }
+        if compactions >= 2 {
+            break;
+        }
+    }
+    let failed = lines_until(
+        &server,
+        "event=wal_preallocate_failed",
+        Duration::from_secs(20),
+    );
+    let failed = failed.last().expect("the matched line");
+    assert!(
+        failed.contains("file=replaced") && failed.contains("effect=none"),
+        "{failed}"
+    );
+    // Locks of new keys (every record live: no further compaction). The
+    // first append starts step 2 on the file in use; it lands and leaves
+    // zeros ahead of the records.
+    assert_eq!(c.lock(b"after-0", b"a"), b'+');
+    lines_until(&server, "event=wal_grown", Duration::from_secs(20));
+    assert_eq!(c.lock(b"after-1", b"a"), b'+');
+    let l = layout(&std::fs::read(&path).expect("read the log"));
+    assert!(
+        l.file_len >= l.records_end + 4096 / 2,
+        "no zeros kept ahead of the new file's records: {} of {}",
+        l.records_end,
+        l.file_len
+    );
+}
+
+/// A growth step that fails on the file in use (ENOSPC, injected) turns
+/// growth off for that file: the failure is logged, appends go on growing
+/// the file themselves and are all acknowledged and replayed, and the next
+/// start preallocates again.
+#[test]
+fn a_failed_growth_step_is_logged_and_appends_go_on() {
+    let dir = TempDir::new("prealloc-grow-fails");
+    let path = dir.path("locks.wal");
+    let path_s = path.to_str().expect("utf-8 path").to_string();
+    let mut server = start(&path_s, Some("fail_grow_at=1"));
+    let mut c = server.connect();
+    let start_len = layout(&std::fs::read(&path).expect("read the log")).file_len;
+    let mut locked = Vec::new();
+    let mut failed = None;
+    while failed.is_none() || layout(&std::fs::read(&path).expect("read")).records_end < start_len {
+        assert!(
+            locked.len() < 10_000,
+            "the log never outgrew its preallocation"
+        );
+        let k = format!("grown-by-appends-{}", locked.len()).into_bytes();
+        assert_eq!(c.lock(&k, b"g"), b'+');
+        locked.push(k);
+        while let Ok(l) = server.log.try_recv() {
+            if l.contains("event=wal_preallocate_failed") {
+                failed = Some(l);
+            }
+        }
+    }
+    let failed = failed.expect("the growth step failed");
+    assert!(
+        failed.contains("file=current") && failed.contains("effect=appends_grow_the_file"),
+        "{failed}"
+    );
+    // The records went past the preallocation (the loop's condition).
+    let l = layout(&std::fs::read(&path).expect("read the log"));
+    assert_eq!(l.records, locked.len());
+    server.kill9();
+    let s = start(&path_s, None);
+    let mut held: Vec<Vec<u8>> = keys(s.admin_addr).into_iter().map(|k| k.key).collect();
+    held.sort();
+    locked.sort();
+    assert_eq!(held, locked);
+    let l = layout(&std::fs::read(&path).expect("read the log"));
+    assert_eq!(
+        l.file_len,
+        (l.records_end + PREALLOC).next_multiple_of(4096)
+    );
+}

@@ -398,6 +398,12 @@ struct Grow {
     generation: u64,
     ops_left: u32,
     error: Option<i32>,
+    /// The zero write is failed by fault injection.
+    fail_injected: bool,
+    started_us: u64,
+    /// An append waited for this step (`parked`): the preallocation is
+    /// too small for the rate the records arrive at.
+    append_waited: bool,
 }
 
 const CHAIN_RECORDS: u32 = 0;
@@ -1480,6 +1486,9 @@ impl Loop {
                 .is_some_and(|g| g.generation == io.generation && end > g.from);
             if overlaps {
                 debug_assert!(io.parked.is_none(), "one records chain at a time");
+                if let Some(g) = io.grow.as_mut() {
+                    g.append_waited = true;
+                }
                 io.parked = Some((chain, buf));
                 return;
             }
@@ -1755,6 +1764,9 @@ impl Loop {
             generation: io.generation,
             ops_left: n as u32,
             error: None,
+            fail_injected: io.faults.plan_grow(),
+            started_us: now().mono_us,
+            append_waited: false,
         });
         self.reserve_sq(n);
         for sqe in sqes.into_iter().flatten() {
@@ -1780,6 +1792,7 @@ impl Loop {
             // Advisory: the zero write decides.
             STEP_GROW_ALLOC | STEP_GROW_DELAY => {}
             STEP_GROW_WRITE => {
+                let res = if g.fail_injected { -libc::ENOSPC } else { res };
                 if res < 0 {
                     g.error.get_or_insert(res);
                 } else if res as u64 != g.to - g.from {
@@ -1799,20 +1812,45 @@ impl Loop {
             return;
         }
         let g = io.grow.take().expect("the step just concluded");
+        // A rewrite or compaction may have replaced the file meanwhile: the
+        // step's outcome then says nothing about the log file in use.
+        let current = g.generation == io.generation;
         match g.error {
-            None if g.generation == io.generation => io.alloc_len = io.alloc_len.max(g.to),
-            // It grew a file a compaction has replaced since.
-            None => {}
-            Some(e) => {
-                io.grow_off = true;
+            None if current => {
+                io.alloc_len = io.alloc_len.max(g.to);
                 log!(
-                    Level::Warn,
-                    "wal_preallocate_failed",
-                    "path={} offset={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                    Level::Debug,
+                    "wal_grown",
+                    "path={} offset={} bytes={} duration_us={} append_waited={}",
                     crate::log::path(&io.files.path),
                     g.from,
                     g.to - g.from,
-                    io::Error::from_raw_os_error(-e)
+                    now().mono_us.saturating_sub(g.started_us),
+                    g.append_waited
+                );
+            }
+            None => {}
+            Some(e) => {
+                // Only a failure on the file in use turns growth off (for
+                // that file): the new file of a compaction must not lose
+                // its preallocation to its predecessor's failure.
+                if current {
+                    io.grow_off = true;
+                }
+                log!(
+                    Level::Warn,
+                    "wal_preallocate_failed",
+                    "path={} file={} offset={} bytes={} error=\"{}\" effect={}",
+                    crate::log::path(&io.files.path),
+                    if current { "current" } else { "replaced" },
+                    g.from,
+                    g.to - g.from,
+                    io::Error::from_raw_os_error(-e),
+                    if current {
+                        "appends_grow_the_file"
+                    } else {
+                        "none"
+                    }
                 );
             }
         }
