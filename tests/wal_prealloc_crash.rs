@@ -5,7 +5,10 @@
 //! compacted. After every kill the file is read as it was left, and:
 //!
 //! - every key acknowledged with `+` (and not since unlocked with `+`) is
-//!   held after the restart, every acknowledged unlock stays unlocked;
+//!   held after the restart, every acknowledged unlock stays unlocked, and
+//!   a contended shared key never has two holders, also across a restart
+//!   (the clients and these checks are tests/crash_common, shared with
+//!   tests/wal_crash.rs);
 //! - replay stops exactly where the records end: the recovery line counts
 //!   the records an independent parse finds before the zeros, reports the
 //!   zeros after them as `zero_tail_bytes` (not as a torn tail), and the
@@ -21,27 +24,21 @@
 //! acknowledged records.
 
 mod common;
+mod crash_common;
 
 use common::*;
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use crash_common::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-const THREADS: usize = 16;
-const KEYS_PER_THREAD: usize = 4;
 const CYCLES: usize = 30;
 const PREALLOC: usize = 4096;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Known {
-    Held,
-    Free,
-    /// Sent, but the answer never came (the server died).
-    Unknown,
-}
+const CRASH: Crash = Crash {
+    threads: 16,
+    keys_per_thread: 4,
+    prefix: "prealloc-",
+};
 
 fn start(path: &str, faults: Option<&str>) -> Server {
     start_with(path, faults, PREALLOC, &[])
@@ -109,75 +106,6 @@ fn event_field(lines: &[String], event: &str, name: &str) -> Option<String> {
     Some(line[start..].split_whitespace().next()?.to_string())
 }
 
-fn ask(s: &mut TcpStream, bytes: &[u8]) -> Option<u8> {
-    s.write_all(bytes).ok()?;
-    let mut b = [0u8; 1];
-    match s.read(&mut b) {
-        Ok(1) => Some(b[0]),
-        _ => None,
-    }
-}
-
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
-}
-
-fn key(t: usize, k: usize) -> Vec<u8> {
-    format!("prealloc-t{t}-k{k}").into_bytes()
-}
-
-/// Client threads locking and unlocking their own keys until the server
-/// dies; each answer updates the model.
-fn clients(
-    addr: SocketAddr,
-    model: Arc<Mutex<HashMap<Vec<u8>, Known>>>,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    ops: Arc<AtomicUsize>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    (0..THREADS)
-        .map(|t| {
-            let (model, stop, ops) = (model.clone(), stop.clone(), ops.clone());
-            std::thread::spawn(move || {
-                let mut seed = seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                let Ok(mut s) = TcpStream::connect(addr) else {
-                    return;
-                };
-                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                if ask(&mut s, &[6]) != Some(b'+') {
-                    return; // the persistent opt-in; the server already died
-                }
-                while !stop.load(Ordering::Relaxed) {
-                    let k = key(t, xorshift(&mut seed) as usize % KEYS_PER_THREAD);
-                    let state = model.lock().expect("model")[&k];
-                    let (f, want) = match state {
-                        Known::Held => (frame(2, &k, None), Known::Free),
-                        _ => (frame(1, &k, Some(format!("t{t}").as_bytes())), Known::Held),
-                    };
-                    model
-                        .lock()
-                        .expect("model")
-                        .insert(k.clone(), Known::Unknown);
-                    match ask(&mut s, &f) {
-                        Some(b'+') => {
-                            model.lock().expect("model").insert(k, want);
-                            ops.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Some(other) => panic!(
-                            "unexpected answer {other} for {:?}",
-                            String::from_utf8_lossy(&k)
-                        ),
-                        None => return,
-                    }
-                }
-            })
-        })
-        .collect()
-}
-
 #[test]
 fn kill_9_during_preallocation_growth_keeps_every_acknowledged_lock() {
     run(None, CYCLES);
@@ -193,11 +121,7 @@ fn run(faults: Option<&str>, cycles: usize) {
     let dir = TempDir::new("prealloc-crash");
     let path = dir.path("locks.wal");
     let path_s = path.to_str().expect("utf-8 path").to_string();
-    let model: Arc<Mutex<HashMap<Vec<u8>, Known>>> = Arc::new(Mutex::new(
-        (0..THREADS)
-            .flat_map(|t| (0..KEYS_PER_THREAD).map(move |k| (key(t, k), Known::Free)))
-            .collect(),
-    ));
+    let model = CRASH.model();
     let mut seed = 0x005E_ED0F_CAFE_u64 ^ std::process::id() as u64;
     let mut previous: Option<Layout> = None;
     let mut grew_with_zeros_ahead = 0;
@@ -240,43 +164,14 @@ fn run(faults: Option<&str>, cycles: usize) {
         );
         let start_end = now.records_end;
 
-        let held: HashMap<Vec<u8>, KeyInfo> = keys(server.admin_addr)
-            .into_iter()
-            .map(|k| (k.key.clone(), k))
-            .collect();
-        for (k, known) in model.lock().expect("model").iter_mut() {
-            match *known {
-                Known::Held => assert!(
-                    held.contains_key(k),
-                    "cycle {cycle}: acknowledged lock of {:?} lost",
-                    String::from_utf8_lossy(k)
-                ),
-                Known::Free => assert!(
-                    !held.contains_key(k),
-                    "cycle {cycle}: acknowledged unlock of {:?} undone",
-                    String::from_utf8_lossy(k)
-                ),
-                Known::Unknown => {}
-            }
-            *known = if held.contains_key(k) {
-                Known::Held
-            } else {
-                Known::Free
-            };
-        }
+        CRASH.check_restart(cycle, &server, &model);
         if cycle == cycles {
             break;
         }
 
         let stop = Arc::new(AtomicBool::new(false));
         let ops = Arc::new(AtomicUsize::new(0));
-        let handles = clients(
-            server.lock_addr,
-            model.clone(),
-            xorshift(&mut seed),
-            stop.clone(),
-            ops.clone(),
-        );
+        let handles = CRASH.clients(server.lock_addr, &model, xorshift(&mut seed), &stop, &ops);
         // Some cycles stay inside the first preallocation, most run through
         // several growth steps (a cycle record is ~40 bytes).
         let want_ops = 10 + (xorshift(&mut seed) % 600) as usize;
