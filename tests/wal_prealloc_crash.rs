@@ -205,7 +205,19 @@ fn run(faults: Option<&str>, cycles: usize) {
 fn the_preallocation_flag_is_validated_and_0_turns_it_off() {
     let dir = TempDir::new("prealloc-flag");
     let path = dir.path("locks.wal");
-    for bad in ["100", "4095", "8388609", "1MiB", "-1"] {
+    let range = "--wal-preallocate-bytes: 0 (off) or 4096 to 8388608 bytes";
+    for (bad, why) in [
+        ("100", format!("{range}, not 100")),
+        ("4095", format!("{range}, not 4095")),
+        ("8388609", format!("{range}, not 8388609")),
+        (
+            "99999999999999999999",
+            format!("{range}, not 99999999999999999999"),
+        ),
+        ("1MiB", format!("{range}, not \"1MiB\"")),
+        ("-1", format!("{range}, not \"-1\"")),
+        ("", format!("{range}, not \"\"")),
+    ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"))
             .args(["--data-path", path.to_str().expect("utf-8 path")])
             .args(["--wal-preallocate-bytes", bad])
@@ -213,11 +225,33 @@ fn the_preallocation_flag_is_validated_and_0_turns_it_off() {
             .expect("run ringlockd");
         assert_eq!(out.status.code(), Some(64), "{bad}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("--wal-preallocate-bytes"),
-            "{bad}: {stderr}"
+        assert_eq!(
+            stderr.trim_end(),
+            format!("ringlockd: {why} (see --help)"),
+            "{bad:?}"
         );
         assert!(!path.exists(), "{bad}: a refused start made the log");
+    }
+    // Any size in range, the largest too, is preallocated in full, up to
+    // the next 4 KiB boundary.
+    for n in [4096usize, 5000, 1 << 20, 8 << 20] {
+        let sized = dir.path(&format!("sized-{n}.wal"));
+        let mut s = Server::start(&[
+            "--threads",
+            "1",
+            "--data-path",
+            sized.to_str().expect("utf-8 path"),
+            "--wal-preallocate-bytes",
+            &n.to_string(),
+        ]);
+        let mut c = s.connect();
+        assert_eq!(c.lock(b"sized", b"s"), b'+');
+        let data = std::fs::read(&sized).expect("read the log");
+        let l = layout(&data);
+        assert_eq!(l.records, 1);
+        // The start-up preallocation followed the magic.
+        assert_eq!(data.len(), (8 + n).next_multiple_of(4096), "{n}");
+        s.kill9();
     }
     // Off: the file ends at its last record, before and after appends.
     let args = [

@@ -103,8 +103,7 @@ pub static ZEROS: Zeros = Zeros([0; crate::config::WAL_PREALLOCATE_MAX_BYTES as 
 /// for the space in one piece; a file system without it still gets the
 /// zeros. Returns the new end. Blocking: start-up only.
 pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
-    let to = (from + bytes.min(ZEROS.0.len() as u64 - PREALLOCATE_ALIGN))
-        .next_multiple_of(PREALLOCATE_ALIGN);
+    let to = (from + bytes).next_multiple_of(PREALLOCATE_ALIGN);
     // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory
     // is passed. Start-up of every durable test server runs it.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, (to - from) as i64) };
@@ -115,7 +114,13 @@ pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
         }
     }
     use std::os::unix::fs::FileExt;
-    file.write_all_at(&ZEROS.0[..(to - from) as usize], from)?;
+    // Up to the next boundary, that can be more than the zeros at hand.
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.0.len() as u64);
+        file.write_all_at(&ZEROS.0[..n as usize], at)?;
+        at += n;
+    }
     file.sync_data()?;
     Ok(to)
 }
