@@ -1701,10 +1701,6 @@ impl Loop {
         // to it lie in the block that append allocated.
         let align = wal::PREALLOCATE_ALIGN;
         let from = io.alloc_len.max(end).next_multiple_of(align);
-        let len = io
-            .prealloc_bytes
-            .next_multiple_of(align)
-            .min(wal::ZEROS.0.len() as u64);
         // O_DIRECT: the zeros bypass the page cache. Written through it,
         // they would be dirty pages of the log, and every append's
         // fdatasync (which flushes the whole file) would wait for them. A
@@ -1716,20 +1712,27 @@ impl Loop {
                 .custom_flags(flags)
                 .open(&path)
         };
-        let file = match open(libc::O_DIRECT).or_else(|_| open(0)) {
-            Ok(f) => f,
+        let (zeros, file) = match wal::zeros().and_then(|z| {
+            let f = open(libc::O_DIRECT).or_else(|_| open(0))?;
+            Ok((z, f))
+        }) {
+            Ok(v) => v,
             Err(e) => {
                 io.grow_off = true;
                 log!(
                     Level::Warn,
                     "wal_preallocate_failed",
-                    "path={} op=reopen error=\"{}\" effect=appends_grow_the_file",
+                    "path={} file=current op=reopen error=\"{}\" effect=appends_grow_the_file",
                     crate::log::path(&io.files.path),
                     e
                 );
                 return;
             }
         };
+        let len = io
+            .prealloc_bytes
+            .next_multiple_of(align)
+            .min(zeros.len() as u64);
         let fd = file.as_raw_fd();
         // The fallocate only asks for the space in one piece: a hard link,
         // so the zeros are written even where it is not supported.
@@ -1738,7 +1741,7 @@ impl Loop {
             .build()
             .flags(io_uring::squeue::Flags::IO_HARDLINK)
             .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_ALLOC));
-        let write = opcode::Write::new(types::Fd(fd), wal::ZEROS.0.as_ptr(), len as u32)
+        let write = opcode::Write::new(types::Fd(fd), zeros.as_ptr(), len as u32)
             .offset(from)
             .build()
             .flags(io_uring::squeue::Flags::IO_LINK)
@@ -1770,7 +1773,8 @@ impl Loop {
         });
         self.reserve_sq(n);
         for sqe in sqes.into_iter().flatten() {
-            // SAFETY: the zeros are a static that nothing writes; the
+            // SAFETY: the zeros are a read-only mapping kept for the
+            // process's life (wal::zeros), so nothing writes them; the
             // step's file stays open in `grow` until its last completion
             // (on_grow_op) or is leaked when the loop stops (Drop); the
             // fault timespec is owned by Faults for the server's life. A
