@@ -1675,9 +1675,12 @@ impl Loop {
             // paths are owned by LogFiles and the fault timespec by Faults,
             // both for the server's whole life; fds stay open until the
             // chain concludes (discard_temp runs only with no chain in
-            // flight on the temp file). tests/wal_crash.rs and the
-            // simulator's crash checks fail if a `+` leaves before this
-            // chain's fdatasync completed.
+            // flight on the temp file). A buffer taken back early panics
+            // in `Lent::reclaim` (another op's completion) or aborts on
+            // drop (buf.rs tests); tests/wal_crash.rs fails if a `+` leaves
+            // before this chain's write completed (kill -9 keeps only what
+            // was written; a missing fdatasync shows only after a power
+            // cut, which the simulator models for the shard's gate).
             unsafe { self.push(sqe) };
         }
     }
@@ -1951,9 +1954,10 @@ impl Loop {
                 let new = io.temp.take().expect("the renamed temp file");
                 let old = std::mem::replace(&mut io.files.file, new);
                 io.temp_renamed = false;
-                wal::retire(old); // the replaced log; its name is gone
-                                  // The new file ends at its last record and is not
-                                  // preallocated: the next append starts its growth.
+                // The replaced log; its name is gone.
+                wal::retire(old);
+                // The new file ends at its last record and is not
+                // preallocated: the next append starts its growth.
                 io.generation += 1;
                 io.alloc_len = match run.chain {
                     Chain::Finish { offset } => offset + run.len as u64,
