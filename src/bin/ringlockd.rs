@@ -31,10 +31,10 @@ OPTIONS:
     --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
                              twice what the held keys need (default 1048576)
     --wal-preallocate-bytes N
-                             keep N zero-filled bytes ahead of the log's end, so an append
-                             overwrites zeros and its fdatasync has no file size to commit;
-                             0 = off, every append grows the file (default 1048576, at most
-                             8388608)
+                             keep N zero-filled bytes ahead of the log's end (rounded up to
+                             4 KiB), so an append overwrites zeros and its fdatasync has no
+                             file size to commit; 0 = off, every append grows the file; else
+                             4096 to 8388608 (default 1048576)
     --max-connections N      open lock-port connections beyond N are answered '-' and closed
                              (default 10000)
     --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
@@ -200,17 +200,20 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             }
             "--wal-preallocate-bytes" => {
                 let v = val("wal-preallocate-bytes")?;
-                let n: u64 = v
-                    .parse()
-                    .map_err(|_| format!("--wal-preallocate-bytes: not a number: {v:?}"))?;
                 let (min, max) = (
                     config::WAL_PREALLOCATE_MIN_BYTES,
                     config::WAL_PREALLOCATE_MAX_BYTES,
                 );
+                let range = format!("--wal-preallocate-bytes: 0 (off) or {min} to {max} bytes");
+                // One message for every refusal: a value past u64 is out of
+                // range too, not "not a number".
+                let n = match v.parse::<u64>() {
+                    Ok(n) => n,
+                    Err(_) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
+                    Err(_) => return Err(format!("{range}, not {v:?}")),
+                };
                 if n != 0 && !(min..=max).contains(&n) {
-                    return Err(format!(
-                        "--wal-preallocate-bytes: 0 (off) or {min} to {max}, not {n}"
-                    ));
+                    return Err(format!("{range}, not {v}"));
                 }
                 preallocate = Some(n);
             }

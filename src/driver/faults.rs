@@ -1,8 +1,8 @@
 //! Test-only fault injection for the log's write chains (`RINGLOCK_FAULTS`,
 //! see docs/wal.md): makes the n-th write short or fail with ENOSPC, the
-//! n-th fdatasync fail with EIO, the n-th compaction write fail, or delays
-//! every append's fdatasync or every preallocation growth step's zero
-//! write. Counting starts at 1.
+//! n-th fdatasync fail with EIO, the n-th compaction write fail, the n-th
+//! preallocation growth step fail, or delays every append's fdatasync or
+//! every growth step's zero write. Counting starts at 1.
 //!
 //! Only built with the `faults` cargo feature (the test suite turns it on);
 //! without it every hook is an identity the compiler removes, and a
@@ -18,6 +18,7 @@ mod imp {
         fail_write_at: Vec<u64>,
         fail_fsync_at: Vec<u64>,
         fail_compact_write_at: Vec<u64>,
+        fail_grow_at: Vec<u64>,
         /// Every append's fdatasync starts this long after its write (a
         /// linked timeout in the chain): widens the window in which answers
         /// wait for the log, so tests can act inside it deterministically.
@@ -29,12 +30,13 @@ mod imp {
         compact_writes: u64,
         writes: u64,
         fsyncs: u64,
+        grows: u64,
     }
 
     impl Faults {
         /// Parses `short_write_every=N,fail_write_at=N,fail_fsync_at=N,
-        /// fail_compact_write_at=N,fsync_delay_ms=N,grow_delay_ms=N` (the
-        /// fail_* may repeat).
+        /// fail_compact_write_at=N,fail_grow_at=N,fsync_delay_ms=N,
+        /// grow_delay_ms=N` (the fail_* may repeat).
         pub fn parse(spec: &str) -> Result<Faults, String> {
             let mut f = Faults::default();
             for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -49,6 +51,7 @@ mod imp {
                     "fail_write_at" => f.fail_write_at.push(n),
                     "fail_fsync_at" => f.fail_fsync_at.push(n),
                     "fail_compact_write_at" => f.fail_compact_write_at.push(n),
+                    "fail_grow_at" => f.fail_grow_at.push(n),
                     "fsync_delay_ms" => f.fsync_delay = Some(Box::new(timespec_ms(n))),
                     "grow_delay_ms" => f.grow_delay = Some(Box::new(timespec_ms(n))),
                     _ => return Err(format!("unknown fault {k:?}")),
@@ -84,6 +87,13 @@ mod imp {
                 return -libc::EIO;
             }
             res
+        }
+
+        /// Per growth step: whether its zero write is to be reported as
+        /// failed (ENOSPC; the zeros it wrote are harmless).
+        pub fn plan_grow(&mut self) -> bool {
+            self.grows += 1;
+            self.fail_grow_at.contains(&self.grows)
         }
 
         pub fn fsync_delay(&self) -> Option<*const io_uring::types::Timespec> {
@@ -124,6 +134,10 @@ mod imp {
         #[inline(always)]
         pub fn fsync_result(&mut self, res: i32) -> i32 {
             res
+        }
+        #[inline(always)]
+        pub fn plan_grow(&mut self) -> bool {
+            false
         }
         #[inline(always)]
         pub fn fsync_delay(&self) -> Option<*const io_uring::types::Timespec> {

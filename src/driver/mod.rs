@@ -344,6 +344,11 @@ struct ChainRun {
     buf: Slot,
     len: usize,
     written: usize,
+    /// Bytes of the buffer a completed fdatasync covers (an append's
+    /// pieces: the next piece is measured from here, see `submit_chain`).
+    synced: usize,
+    /// The submitted chain's fdatasync completed without error.
+    sync_ok: bool,
     /// Ops of the submitted chain whose completion is still due.
     ops_left: u32,
     error: Option<i32>,
@@ -396,6 +401,12 @@ struct Grow {
     generation: u64,
     ops_left: u32,
     error: Option<i32>,
+    /// The zero write is failed by fault injection.
+    fail_injected: bool,
+    started_us: u64,
+    /// An append waited for this step (`parked`): the preallocation is
+    /// too small for the rate the records arrive at.
+    append_waited: bool,
 }
 
 const CHAIN_RECORDS: u32 = 0;
@@ -1531,6 +1542,9 @@ impl Loop {
                 .is_some_and(|g| g.generation == io.generation && end > g.from);
             if overlaps {
                 debug_assert!(io.parked.is_none(), "one records chain at a time");
+                if let Some(g) = io.grow.as_mut() {
+                    g.append_waited = true;
+                }
                 io.parked = Some((chain, buf));
                 return;
             }
@@ -1569,6 +1583,8 @@ impl Loop {
             len: buf.len(),
             buf: Slot::Ours(buf),
             written: 0,
+            synced: 0,
+            sync_ok: false,
             ops_left: 0,
             error: None,
             fail_injected: false,
@@ -1613,21 +1629,39 @@ impl Loop {
         // A finishing step with nothing carried writes 0 bytes (then syncs
         // and renames).
         let rest = run.len - run.written;
+        // An append leaves at most a piece unsynced: a larger batch goes out
+        // as write + fdatasync per piece (on_chain_op resubmits the rest),
+        // so a write torn by a power cut spans at most a piece, which is
+        // what lets recovery tell it from damage (wal::record). The piece
+        // is measured from the last completed fdatasync, not from the last
+        // write: after a short write the rest of the same piece goes out,
+        // never a fresh piece's worth; and it ends on a sector boundary
+        // (`append_piece_end`).
+        let piece = match run.chain {
+            Chain::Append { offset } => {
+                let end = wal::record::append_piece_end(
+                    offset + run.synced as u64,
+                    offset + run.len as u64,
+                );
+                (end - offset) as usize - run.written
+            }
+            _ => rest,
+        };
         let compaction = which == CHAIN_COMPACT;
-        let (len, _no, fail) = io.faults.plan_write(rest, compaction);
+        let (len, _no, fail) = io.faults.plan_write(piece, compaction);
         run.fail_injected = fail;
+        run.sync_ok = false;
         // A shortened or failing (injected) write goes alone, as the kernel
         // ends a chain after a real short or failed write.
-        let alone = len < rest || fail;
-        // An append leaves at most a piece unsynced: a larger batch goes out
-        // as write + fdatasync per piece (the loop below resubmits the
-        // rest), so a write torn by a power cut spans at most a piece,
-        // which is what lets recovery tell it from damage (wal::record).
-        let len = if matches!(run.chain, Chain::Append { .. }) {
-            len.min(wal::record::APPEND_PIECE_BYTES)
-        } else {
-            len
-        };
+        let alone = len < piece || fail;
+        if matches!(run.chain, Chain::Append { .. }) {
+            // Recovery's torn-write window rests on this (wal::record).
+            assert!(
+                len > 0 && run.written + len - run.synced <= wal::record::APPEND_PIECE_BYTES,
+                "an append would leave {} bytes unsynced",
+                run.written + len - run.synced
+            );
+        }
         let (fd, offset, renames) = match run.chain {
             Chain::Append { offset } => (log_fd, offset + run.written as u64, false),
             Chain::Rewrite => (temp_fd.expect("a temp file"), run.written as u64, true),
@@ -1697,9 +1731,12 @@ impl Loop {
             // paths are owned by LogFiles and the fault timespec by Faults,
             // both for the server's whole life; fds stay open until the
             // chain concludes (discard_temp runs only with no chain in
-            // flight on the temp file). tests/wal_crash.rs and the
-            // simulator's crash checks fail if a `+` leaves before this
-            // chain's fdatasync completed.
+            // flight on the temp file). A buffer taken back early panics
+            // in `Lent::reclaim` (another op's completion) or aborts on
+            // drop (buf.rs tests); tests/wal_crash.rs fails if a `+` leaves
+            // before this chain's write completed (kill -9 keeps only what
+            // was written; a missing fdatasync shows only after a power
+            // cut, which the simulator models for the shard's gate).
             unsafe { self.push(sqe) };
         }
     }
@@ -1723,10 +1760,6 @@ impl Loop {
         // to it lie in the block that append allocated.
         let align = wal::PREALLOCATE_ALIGN;
         let from = io.alloc_len.max(end).next_multiple_of(align);
-        let len = io
-            .prealloc_bytes
-            .next_multiple_of(align)
-            .min(wal::ZEROS.0.len() as u64);
         // O_DIRECT: the zeros bypass the page cache. Written through it,
         // they would be dirty pages of the log, and every append's
         // fdatasync (which flushes the whole file) would wait for them. A
@@ -1738,20 +1771,27 @@ impl Loop {
                 .custom_flags(flags)
                 .open(&path)
         };
-        let file = match open(libc::O_DIRECT).or_else(|_| open(0)) {
-            Ok(f) => f,
+        let (zeros, file) = match wal::zeros().and_then(|z| {
+            let f = open(libc::O_DIRECT).or_else(|_| open(0))?;
+            Ok((z, f))
+        }) {
+            Ok(v) => v,
             Err(e) => {
                 io.grow_off = true;
                 log!(
                     Level::Warn,
                     "wal_preallocate_failed",
-                    "path={} op=reopen error=\"{}\" effect=appends_grow_the_file",
+                    "path={} file=current op=reopen error=\"{}\" effect=appends_grow_the_file",
                     crate::log::path(&io.files.path),
                     e
                 );
                 return;
             }
         };
+        let len = io
+            .prealloc_bytes
+            .next_multiple_of(align)
+            .min(zeros.len() as u64);
         let fd = file.as_raw_fd();
         // The fallocate only asks for the space in one piece: a hard link,
         // so the zeros are written even where it is not supported.
@@ -1760,7 +1800,7 @@ impl Loop {
             .build()
             .flags(io_uring::squeue::Flags::IO_HARDLINK)
             .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_ALLOC));
-        let write = opcode::Write::new(types::Fd(fd), wal::ZEROS.0.as_ptr(), len as u32)
+        let write = opcode::Write::new(types::Fd(fd), zeros.as_ptr(), len as u32)
             .offset(from)
             .build()
             .flags(io_uring::squeue::Flags::IO_LINK)
@@ -1786,10 +1826,14 @@ impl Loop {
             generation: io.generation,
             ops_left: n as u32,
             error: None,
+            fail_injected: io.faults.plan_grow(),
+            started_us: now().mono_us,
+            append_waited: false,
         });
         self.reserve_sq(n);
         for sqe in sqes.into_iter().flatten() {
-            // SAFETY: the zeros are a static that nothing writes; the
+            // SAFETY: the zeros are a read-only mapping kept for the
+            // process's life (wal::zeros), so nothing writes them; the
             // step's file stays open in `grow` until its last completion
             // (on_grow_op) or is leaked when the loop stops (Drop); the
             // fault timespec is owned by Faults for the server's life. A
@@ -1811,6 +1855,7 @@ impl Loop {
             // Advisory: the zero write decides.
             STEP_GROW_ALLOC | STEP_GROW_DELAY => {}
             STEP_GROW_WRITE => {
+                let res = if g.fail_injected { -libc::ENOSPC } else { res };
                 if res < 0 {
                     g.error.get_or_insert(res);
                 } else if res as u64 != g.to - g.from {
@@ -1830,20 +1875,45 @@ impl Loop {
             return;
         }
         let g = io.grow.take().expect("the step just concluded");
+        // A rewrite or compaction may have replaced the file meanwhile: the
+        // step's outcome then says nothing about the log file in use.
+        let current = g.generation == io.generation;
         match g.error {
-            None if g.generation == io.generation => io.alloc_len = io.alloc_len.max(g.to),
-            // It grew a file a compaction has replaced since.
-            None => {}
-            Some(e) => {
-                io.grow_off = true;
+            None if current => {
+                io.alloc_len = io.alloc_len.max(g.to);
                 log!(
-                    Level::Warn,
-                    "wal_preallocate_failed",
-                    "path={} offset={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                    Level::Debug,
+                    "wal_grown",
+                    "path={} offset={} bytes={} duration_us={} append_waited={}",
                     crate::log::path(&io.files.path),
                     g.from,
                     g.to - g.from,
-                    io::Error::from_raw_os_error(-e)
+                    now().mono_us.saturating_sub(g.started_us),
+                    g.append_waited
+                );
+            }
+            None => {}
+            Some(e) => {
+                // Only a failure on the file in use turns growth off (for
+                // that file): the new file of a compaction must not lose
+                // its preallocation to its predecessor's failure.
+                if current {
+                    io.grow_off = true;
+                }
+                log!(
+                    Level::Warn,
+                    "wal_preallocate_failed",
+                    "path={} file={} offset={} bytes={} error=\"{}\" effect={}",
+                    crate::log::path(&io.files.path),
+                    if current { "current" } else { "replaced" },
+                    g.from,
+                    g.to - g.from,
+                    io::Error::from_raw_os_error(-e),
+                    if current {
+                        "appends_grow_the_file"
+                    } else {
+                        "none"
+                    }
                 );
             }
         }
@@ -1883,6 +1953,7 @@ impl Loop {
                 if res < 0 && res != -libc::ECANCELED {
                     run.error.get_or_insert(res);
                 }
+                run.sync_ok = res >= 0;
             }
             STEP_RENAME => {
                 if res >= 0 {
@@ -1913,6 +1984,11 @@ impl Loop {
             STEP_WRITE,
         );
         run.buf.reclaim(tag);
+        if run.sync_ok {
+            // The fdatasync ran after the chain's write completed, so it
+            // covers everything written so far.
+            run.synced = run.written;
+        }
         if run.error.is_none() && run.written < run.len {
             self.submit_chain(which);
             return;
@@ -1934,9 +2010,10 @@ impl Loop {
                 let new = io.temp.take().expect("the renamed temp file");
                 let old = std::mem::replace(&mut io.files.file, new);
                 io.temp_renamed = false;
-                wal::retire(old); // the replaced log; its name is gone
-                                  // The new file ends at its last record and is not
-                                  // preallocated: the next append starts its growth.
+                // The replaced log; its name is gone.
+                wal::retire(old);
+                // The new file ends at its last record and is not
+                // preallocated: the next append starts its growth.
                 io.generation += 1;
                 io.alloc_len = match run.chain {
                     Chain::Finish { offset } => offset + run.len as u64,

@@ -88,13 +88,51 @@ pub fn retire(old: File) {
 /// with O_DIRECT (aligned offset, length and buffer).
 pub const PREALLOCATE_ALIGN: u64 = 4096;
 
-/// Zeros that preallocation writes from (start-up here, growth through the
-/// ring in the driver): static, so its untouched pages cost no memory and
-/// never move; page-aligned for O_DIRECT; nothing ever writes to it, so
-/// in-flight writes may share it.
-#[repr(C, align(4096))]
-pub struct Zeros(pub [u8; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize]);
-pub static ZEROS: Zeros = Zeros([0; crate::config::WAL_PREALLOCATE_MAX_BYTES as usize]);
+/// The zeros that preallocation writes from (start-up here, growth through
+/// the ring in the driver): one read-only anonymous mapping of
+/// [`crate::config::WAL_PREALLOCATE_MAX_BYTES`], made on first use and
+/// kept for the process's life. Page-aligned, as O_DIRECT needs; nothing
+/// can write it (a write would fault), so in-flight writes may share it;
+/// and its pages are the kernel's shared zero page, so it costs no memory
+/// however much of it is read. (A static array of zeros sits in the
+/// binary's read-only data: 8 MiB more executable, paged in from it by
+/// every preallocation and counted in the server's resident memory.)
+pub fn zeros() -> io::Result<&'static [u8]> {
+    use std::sync::OnceLock;
+    const LEN: usize = crate::config::WAL_PREALLOCATE_MAX_BYTES as usize;
+    static MAP: OnceLock<Result<usize, i32>> = OnceLock::new();
+    let map = MAP.get_or_init(|| {
+        // SAFETY: a new private anonymous mapping, no memory of ours is
+        // passed; it is never unmapped.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOMEM))
+        } else {
+            Ok(p as usize)
+        }
+    });
+    match *map {
+        // SAFETY: LEN readable bytes (an anonymous mapping reads as zeros)
+        // that stay mapped for the process's life and that nothing can
+        // write (PROT_READ), so a shared 'static slice over them is sound.
+        // Every durable test server preallocates from it
+        // (tests/wal_prealloc_crash.rs checks the zeros on disk and that
+        // they cost no resident memory).
+        Ok(addr) => Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, LEN) }),
+        Err(e) => Err(io::Error::from_raw_os_error(e)),
+    }
+}
 
 /// Extends `file` from `from` (its end) with at least `bytes` of zeros,
 /// up to the next [`PREALLOCATE_ALIGN`] boundary, written and fdatasynced,
@@ -103,8 +141,7 @@ pub static ZEROS: Zeros = Zeros([0; crate::config::WAL_PREALLOCATE_MAX_BYTES as 
 /// for the space in one piece; a file system without it still gets the
 /// zeros. Returns the new end. Blocking: start-up only.
 pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
-    let to = (from + bytes.min(ZEROS.0.len() as u64 - PREALLOCATE_ALIGN))
-        .next_multiple_of(PREALLOCATE_ALIGN);
+    let to = (from + bytes).next_multiple_of(PREALLOCATE_ALIGN);
     // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory
     // is passed. Start-up of every durable test server runs it.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, (to - from) as i64) };
@@ -115,7 +152,14 @@ pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
         }
     }
     use std::os::unix::fs::FileExt;
-    file.write_all_at(&ZEROS.0[..(to - from) as usize], from)?;
+    let zeros = zeros()?;
+    // Up to the next boundary, that can be more than the zeros at hand.
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64);
+        file.write_all_at(&zeros[..n as usize], at)?;
+        at += n;
+    }
     file.sync_data()?;
     Ok(to)
 }

@@ -62,7 +62,8 @@
 //! written bytes after them. Such a write was never acknowledged, and the
 //! driver bounds it: no more than [`APPEND_PIECE_BYTES`] of an append are
 //! ever unsynced (a larger batch is written and fdatasynced piece by
-//! piece). So a damaged record is a torn in-place write, dropped like any
+//! piece, pieces ending on sector boundaries: [`append_piece_end`]). So a
+//! damaged record is a torn in-place write, dropped like any
 //! torn tail, when (a) everything written after its start fits in
 //! [`TORN_WINDOW_BYTES`] and (b) the bytes from it on show the trace of a
 //! lost sector: a run of zeros ending on a [`SECTOR_BYTES`] boundary that
@@ -97,6 +98,24 @@ pub const APPEND_PIECE_BYTES: usize = 64 * 1024;
 /// How far from the end of the written bytes a damaged record may start and
 /// still be a torn write: a piece, plus the record it cut into.
 pub const TORN_WINDOW_BYTES: usize = APPEND_PIECE_BYTES + RECORD_MAX;
+
+/// Where the driver ends the piece of an append (which ends at file offset
+/// `end`) whose unsynced bytes start at `synced_to`: at most
+/// [`APPEND_PIECE_BYTES`] later, so no more than that is ever unsynced
+/// (also when a short write made the piece take several writes), and on a
+/// [`SECTOR_BYTES`] boundary unless the append ends first. So every piece
+/// but an append's first starts on a sector boundary: a sector such a
+/// piece loses to a power cut holds nothing older than zeros and reads as
+/// a whole zero sector, the trace the scan looks for. (A piece boundary
+/// inside a sector would leave the synced start of that sector and zeros
+/// after it: neither a whole sector nor the rest of a record's own sector,
+/// so the scan would call that torn write damage.)
+pub fn append_piece_end(synced_to: u64, end: u64) -> u64 {
+    let sector = SECTOR_BYTES as u64;
+    let cap = (synced_to + APPEND_PIECE_BYTES as u64) / sector * sector;
+    debug_assert!(cap > synced_to, "a piece is many sectors long");
+    end.min(cap)
+}
 
 pub const ACQUIRE_V1: u8 = 1;
 pub const RELEASE: u8 = 2;
@@ -806,6 +825,91 @@ mod tests {
             assert!(
                 matches!(scan(&bad), Scan::Corrupt { offset, .. } if offset as usize == starts[r])
             );
+        }
+    }
+
+    /// The pieces the driver writes an append of `len` bytes at `offset`
+    /// in, as `[start, end)` file ranges (each written and fdatasynced
+    /// before the next starts).
+    fn pieces(offset: usize, len: usize) -> Vec<(usize, usize)> {
+        let (mut at, end, mut out) = (offset as u64, (offset + len) as u64, Vec::new());
+        while at < end {
+            let to = append_piece_end(at, end);
+            out.push((at as usize, to as usize));
+            at = to;
+        }
+        out
+    }
+
+    #[test]
+    fn pieces_leave_at_most_a_piece_unsynced_and_later_ones_start_on_a_sector() {
+        for offset in [8, 511, 512, 1000, 4093, 70_000] {
+            for len in [1, 500, APPEND_PIECE_BYTES, APPEND_PIECE_BYTES + 1, 300_000] {
+                let p = pieces(offset, len);
+                assert_eq!(p[0].0, offset);
+                assert_eq!(p.last().expect("a piece").1, offset + len);
+                for (i, &(from, to)) in p.iter().enumerate() {
+                    assert!(
+                        from < to && to - from <= APPEND_PIECE_BYTES,
+                        "{offset}+{len}"
+                    );
+                    if i > 0 {
+                        assert_eq!(from % SECTOR_BYTES, 0, "{offset}+{len}: piece {i}");
+                        assert_eq!(from, p[i - 1].1);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_power_cut_in_any_piece_of_a_large_append_is_a_torn_tail() {
+        // One append of more than two pieces. While piece k is in flight,
+        // everything before it is synced, nothing after it is written, and
+        // of its own sectors any may be lost: the first, one in the middle
+        // or the last (the one the write ends in).
+        let (img, starts) = image(5000);
+        let ends: Vec<usize> = starts[1..].iter().copied().chain([img.len()]).collect();
+        for first in [1, 7, 33] {
+            let append_at = starts[first];
+            if SECTOR_BYTES - append_at % SECTOR_BYTES < 4 {
+                // The append's first sector holds fewer than 4 of its bytes:
+                // losing it leaves no trace the scan trusts (docs/wal.md).
+                continue;
+            }
+            let p = pieces(append_at, img.len() - append_at);
+            assert!(p.len() > 2, "the append spans several pieces");
+            for &(from, to) in &p {
+                let first_sector = from / SECTOR_BYTES;
+                let last_sector = (to - 1) / SECTOR_BYTES;
+                let mid = (first_sector + last_sector) / 2;
+                let lost_sectors = [first_sector, first_sector + 1, mid, last_sector];
+                for lost in lost_sectors.into_iter().filter(|&l| l <= last_sector) {
+                    let mut disk = img[..to].to_vec();
+                    disk.resize(img.len() + 4096, 0); // zeros never overwritten
+                    let zero_from = (lost * SECTOR_BYTES).max(from);
+                    let zero_to = ((lost + 1) * SECTOR_BYTES).min(to);
+                    disk[zero_from..zero_to].iter_mut().for_each(|b| *b = 0);
+                    let Some(d) = starts
+                        .iter()
+                        .zip(&ends)
+                        .position(|(&s, &e)| disk[s..e] != img[s..e])
+                    else {
+                        continue;
+                    };
+                    match scan(&disk) {
+                        Scan::Ok {
+                            records, valid_len, ..
+                        } => {
+                            assert_eq!(records.len(), d, "piece [{from}, {to}), lost {lost}");
+                            assert_eq!(valid_len as usize, starts[d]);
+                        }
+                        s => panic!(
+                            "append at {append_at}, piece [{from}, {to}), lost sector {lost}: {s:?}"
+                        ),
+                    }
+                }
+            }
         }
     }
 
