@@ -557,6 +557,70 @@ fn failed_compaction_snapshot_leaves_the_log_alone_and_is_retried() {
     restart_matches(&mut s, &log, &acked);
 }
 
+/// Locks (action 1) or unlocks (2) keys `h-{i}` for `i` in `range` over
+/// one persistent connection, 16 frames in flight; every answer must be
+/// `+`. Returns the server's log lines seen meanwhile.
+fn pipelined(s: &Server, c: &mut Conn, action: u8, range: std::ops::Range<usize>) -> Vec<String> {
+    let mut lines = Vec::new();
+    let keys: Vec<usize> = range.collect();
+    for batch in keys.chunks(16) {
+        let mut frames = Vec::new();
+        for i in batch {
+            let k = format!("h-{i:06}");
+            let src: Option<&[u8]> = (action == 1).then_some(b"p");
+            frames.extend_from_slice(&frame(action, k.as_bytes(), src));
+        }
+        c.send(&frames);
+        for _ in batch {
+            assert_eq!(c.read_byte(), b'+', "a pipelined request was not answered '+'");
+        }
+        lines.extend(drain(s));
+    }
+    lines
+}
+
+#[test]
+fn a_large_snapshot_is_written_in_pieces_and_a_failed_piece_fails_nothing() {
+    let dir = TempDir::new("bg-pieces");
+    let log = dir.path("wal.log");
+    // The second write of the compaction: the snapshot's second piece when
+    // the snapshot is written in pieces (it is ~0.6 MB here, pieces are
+    // 256 KiB); the finishing step if it were written at once, which would
+    // void requests (see the test below).
+    let mut s = start(
+        &log,
+        Some("fail_compact_write_at=2"),
+        &["--compact-floor-bytes", "300", "--max-keys", "100000"],
+    );
+    let mut c = s.connect();
+    // 24 000 holders, then 12 000 released: the log is past twice the live
+    // records and the snapshot holds ~12 000 records.
+    let mut lines = pipelined(&s, &mut c, 1, 0..24_000);
+    lines.extend(pipelined(&s, &mut c, 2, 0..12_000));
+    let mut held = std::collections::BTreeSet::new();
+    let mut minus = 0;
+    if !lines.iter().any(|l| l.contains("event=compaction_failed")) {
+        cycle_until(&s, &mut held, &mut minus, |l| {
+            lines.push(l.to_string());
+            l.contains("event=compaction_failed")
+        });
+    }
+    assert_eq!(minus, 0, "a failed snapshot piece must not fail requests");
+    assert!(
+        !lines.iter().any(|l| l.contains("step=finish")),
+        "the second compaction write was the finishing step: the snapshot went out at once"
+    );
+    // The retry (a second later) succeeds and takes over the log.
+    cycle_until(&s, &mut held, &mut minus, |l| {
+        l.contains("event=compaction_done")
+    });
+    assert_eq!(minus, 0);
+    let listed = key_names(&s);
+    assert_eq!(listed.len(), 12_000 + held.len(), "held keys after the compaction");
+    let acked = keys(s.admin_addr);
+    restart_matches(&mut s, &log, &acked);
+}
+
 #[test]
 fn failed_compaction_finish_undoes_exactly_what_was_answered_minus() {
     let dir = TempDir::new("bg-finish");

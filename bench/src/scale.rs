@@ -528,6 +528,60 @@ struct LoadRow {
     /// Lock latency p50, p99, p99.9, p99.99, max (µs).
     lat: [f64; 5],
     errors: f64,
+    /// The probe's round trips p50, p99, p99.9, max (µs): a TryLock of a
+    /// held key every millisecond, answered `#` without touching the log,
+    /// so it measures the event loop, not the disk.
+    probe: [f64; 4],
+    probes: usize,
+}
+
+/// Sends a TryLock of held key `i` every millisecond until `stop`,
+/// returning each round trip in µs (every answer must be `#`).
+fn probe_loop(
+    addr: SocketAddr,
+    i: usize,
+    cpus: Option<String>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<Vec<u32>, String> {
+    if let Some(c) = cpus.and_then(|c| c.split(',').next().and_then(|v| v.parse::<usize>().ok())) {
+        // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes
+        // inside it, and sched_setaffinity reads `size_of` bytes of it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(c, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    let mut s = persistent(addr)?;
+    let mut frame = Vec::new();
+    try_lock_frame(i, &mut frame);
+    let mut out = Vec::with_capacity(64 * 1024);
+    let mut b = [0u8; 1];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let t = Instant::now();
+        s.write_all(&frame).map_err(|e| format!("probe: {e}"))?;
+        s.read_exact(&mut b).map_err(|e| format!("probe: {e}"))?;
+        out.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        if b[0] != b'#' {
+            return Err(format!("the probe's TryLock answered {:?}", b[0] as char));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(out)
+}
+
+fn percentiles(mut v: Vec<u32>) -> [f64; 4] {
+    if v.is_empty() {
+        return [0.0; 4];
+    }
+    v.sort_unstable();
+    let at = |p: f64| v[((v.len() as f64 * p) as usize).min(v.len() - 1)] as f64;
+    [
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        *v.last().expect("not empty") as f64,
+    ]
 }
 
 fn run_compaction_load(
@@ -556,66 +610,84 @@ fn run_compaction_load(
         hold(&mut conns, n)?;
         drop(conns);
         server.events.lock().expect("events lock").clear();
-        let mut cmd = match &o.loadgen_cpus {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus]).arg(&o.loadgen);
-                c
-            }
-            None => Command::new(&o.loadgen),
-        };
-        let out = cmd
-            .arg("--target")
-            .arg(format!("ringlock://{}", server.lock))
-            .args(["--connections", &CLIENTS.to_string()])
-            .args(["--keys", &CLIENTS.to_string()])
-            .args(["--duration", &format!("{secs}s"), "--warmup", "1s"])
-            .args([
-                "--conn-mode",
-                "persistent",
-                "--dist",
-                "private",
-                "--rate",
-                "0",
-            ])
-            .args(["--no-progress", "--json"])
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("{}: {e}", o.loadgen.display()))?;
-        if !out.status.success() {
-            return Err(format!("ringlock-loadgen exited with {}", out.status));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .last()
-            .ok_or("no output from ringlock-loadgen")?;
-        let v = ringlock_bench::json::parse(line)?;
-        let num = |path: &str| v.num(path).ok_or_else(|| format!("no {path} in {line}"));
-        let compactions_ms = server
-            .events
-            .lock()
-            .expect("events lock")
-            .iter()
-            .filter(|l| l.contains("event=compaction_done"))
-            .filter_map(|l| field(l, "duration_us").and_then(|d| d.parse::<f64>().ok()))
-            .map(|us| us / 1e3)
-            .collect();
-        Ok(LoadRow {
-            label: label.to_string(),
-            round,
-            held: n,
-            compaction,
-            compactions_ms,
-            cycles_per_s: num("ops_per_sec")?,
-            lat: [
-                num("latency_us.p50")?,
-                num("latency_us.p99")?,
-                num("latency_us.p999")?,
-                num("latency_us.p9999")?,
-                num("latency_us.max")?,
-            ],
-            errors: num("errors")?,
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (lock_addr, cpus) = (server.lock, o.loadgen_cpus.clone());
+        std::thread::scope(|sc| {
+            let probe = sc.spawn(|| probe_loop(lock_addr, n / 2, cpus, &stop));
+            let load = (|| {
+                let mut cmd = match &o.loadgen_cpus {
+                    Some(cpus) => {
+                        let mut c = Command::new("taskset");
+                        c.args(["-c", cpus]).arg(&o.loadgen);
+                        c
+                    }
+                    None => Command::new(&o.loadgen),
+                };
+                let out = cmd
+                    .arg("--target")
+                    .arg(format!("ringlock://{}", server.lock))
+                    .args(["--connections", &CLIENTS.to_string()])
+                    .args(["--keys", &CLIENTS.to_string()])
+                    .args(["--duration", &format!("{secs}s"), "--warmup", "1s"])
+                    .args([
+                        "--conn-mode",
+                        "persistent",
+                        "--dist",
+                        "private",
+                        "--rate",
+                        "0",
+                    ])
+                    .args(["--no-progress", "--json"])
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .map_err(|e| format!("{}: {e}", o.loadgen.display()))?;
+                if !out.status.success() {
+                    return Err(format!("ringlock-loadgen exited with {}", out.status));
+                }
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text
+                    .lines()
+                    .last()
+                    .ok_or("no output from ringlock-loadgen")?;
+                let v = ringlock_bench::json::parse(line)?;
+                let num = |path: &str| v.num(path).ok_or_else(|| format!("no {path} in {line}"));
+                let compactions_ms = server
+                    .events
+                    .lock()
+                    .expect("events lock")
+                    .iter()
+                    .filter(|l| l.contains("event=compaction_done"))
+                    .filter_map(|l| field(l, "duration_us").and_then(|d| d.parse::<f64>().ok()))
+                    .map(|us| us / 1e3)
+                    .collect();
+                Ok(LoadRow {
+                    label: label.to_string(),
+                    round,
+                    held: n,
+                    compaction,
+                    compactions_ms,
+                    cycles_per_s: num("ops_per_sec")?,
+                    lat: [
+                        num("latency_us.p50")?,
+                        num("latency_us.p99")?,
+                        num("latency_us.p999")?,
+                        num("latency_us.p9999")?,
+                        num("latency_us.max")?,
+                    ],
+                    errors: num("errors")?,
+                    probe: [0.0; 4],
+                    probes: 0,
+                })
+            })();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let samples = probe
+                .join()
+                .unwrap_or_else(|_| Err("the probe thread panicked".into()));
+            let mut row = load?;
+            let samples = samples?;
+            row.probes = samples.len();
+            row.probe = percentiles(samples);
+            Ok(row)
         })
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -624,8 +696,8 @@ fn run_compaction_load(
 
 fn load_table(rows: &[LoadRow]) -> String {
     let mut s = String::from(
-        "\n| build | round | held keys | compaction | compactions during load (server `duration_us`, ms) | cycles/s | lock p50 µs | p99 µs | p99.9 µs | p99.99 µs | max µs | errors |\n\
-         |---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n| build | round | held keys | compaction | compactions during load (server `duration_us`, ms) | cycles/s | lock p50 µs | p99 µs | p99.9 µs | p99.99 µs | max µs | errors | probe p50 µs | probe p99 µs | probe p99.9 µs | **probe max µs** |\n\
+         |---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let c = if r.compactions_ms.is_empty() {
@@ -635,7 +707,7 @@ fn load_table(rows: &[LoadRow]) -> String {
             format!("{} ({})", r.compactions_ms.len(), ms.join(", "))
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | **{:.0}** |\n",
             r.label,
             r.round,
             r.held,
@@ -652,6 +724,10 @@ fn load_table(rows: &[LoadRow]) -> String {
             r.lat[3],
             r.lat[4],
             r.errors,
+            r.probe[0],
+            r.probe[1],
+            r.probe[2],
+            r.probe[3],
         ));
     }
     s

@@ -1645,6 +1645,9 @@ impl Loop {
                 );
                 (end - offset) as usize - run.written
             }
+            // Paced, so the appends' fdatasyncs do not wait behind one
+            // long writeback of the whole snapshot (wal::SNAPSHOT_PIECE_BYTES).
+            Chain::Snapshot => rest.min(wal::SNAPSHOT_PIECE_BYTES),
             _ => rest,
         };
         let compaction = which == CHAIN_COMPACT;
