@@ -572,7 +572,11 @@ fn pipelined(s: &Server, c: &mut Conn, action: u8, range: std::ops::Range<usize>
         }
         c.send(&frames);
         for _ in batch {
-            assert_eq!(c.read_byte(), b'+', "a pipelined request was not answered '+'");
+            assert_eq!(
+                c.read_byte(),
+                b'+',
+                "a pipelined request was not answered '+'"
+            );
         }
         lines.extend(drain(s));
     }
@@ -616,7 +620,11 @@ fn a_large_snapshot_is_written_in_pieces_and_a_failed_piece_fails_nothing() {
     });
     assert_eq!(minus, 0);
     let listed = key_names(&s);
-    assert_eq!(listed.len(), 12_000 + held.len(), "held keys after the compaction");
+    assert_eq!(
+        listed.len(),
+        12_000 + held.len(),
+        "held keys after the compaction"
+    );
     let acked = keys(s.admin_addr);
     restart_matches(&mut s, &log, &acked);
 }
