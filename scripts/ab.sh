@@ -8,6 +8,8 @@
 #
 # Default load: one hot key, 64 persistent clients, closed loop, 3 s.
 # Prints one line per run: commit, cycles/s, lock p99 (µs).
+# AB_DURABLE=1 runs both servers durable, each run on a fresh log
+# (--data-path in the temp dir).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OLD=${1:?usage: scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]}
@@ -31,7 +33,10 @@ run() { # label server loadgen extra-server-args...
     # closes it asynchronously); the old binary does not retry its bind.
     for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null || break; sleep 0.05; done
     sleep 0.2
-    taskset -c 1 "$srv" "$@" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
+    RUNS=$((RUNS + 1))
+    local durable=()
+    [ "${AB_DURABLE:-0}" = 1 ] && durable=(--data-path "$WT/run.$RUNS.wal")
+    taskset -c 1 "$srv" "$@" "${durable[@]}" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
     P=$!
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null && break; sleep 0.1; done
     taskset -c 0 "$lg" --target ringlock://127.0.0.1:26119 "${LOAD[@]}" --no-progress --json 2>"$WT/lg.err" | tail -1 |
@@ -42,7 +47,8 @@ run() { # label server loadgen extra-server-args...
 # The new ringlockd knows --threads; pin it to one shard like the old loop.
 THREADS=()
 "$ROOT/target/release/ringlockd" --help 2>&1 | grep -q -- '--threads' && THREADS=(--threads 1)
-echo "# commit cycles/s p99_us  (load: ${LOAD[*]})"
+RUNS=0
+echo "# commit cycles/s p99_us  (load: ${LOAD[*]}${AB_DURABLE:+, durable})"
 for _ in $(seq "$ROUNDS"); do
     run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
     run "$NEW" "$ROOT/target/release/ringlockd" "$ROOT/target/release/ringlock-loadgen" "${THREADS[@]}"
