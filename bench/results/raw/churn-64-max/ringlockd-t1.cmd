@@ -1,0 +1,1 @@
+taskset -c 0 ringlock-loadgen --target ringlock://127.0.0.1:24149 --conn-mode per-request --connections 64 --dist private --keys 64 --rate 0 --duration 5s --warmup 1s --key-prefix churn-64-max --json

@@ -1,0 +1,1 @@
+taskset -c 0 ringlock-loadgen --target ringlock-session://127.0.0.1:24169 --conn-mode persistent --connections 64 --dist uniform --keys 1000 --rate 10000 --duration 5s --warmup 1s --key-prefix persistent-64 --json

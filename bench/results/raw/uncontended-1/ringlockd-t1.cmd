@@ -1,0 +1,1 @@
+taskset -c 0 ringlock-loadgen --target ringlock://127.0.0.1:24149 --conn-mode per-request --connections 1 --dist private --keys 1 --rate 1000 --duration 5s --warmup 1s --key-prefix uncontended-1 --json

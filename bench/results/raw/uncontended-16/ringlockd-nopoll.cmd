@@ -1,0 +1,1 @@
+taskset -c 0 ringlock-loadgen --target ringlock://127.0.0.1:24189 --conn-mode per-request --connections 16 --dist private --keys 16 --rate 4000 --duration 5s --warmup 1s --key-prefix uncontended-16 --json
