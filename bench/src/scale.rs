@@ -545,7 +545,11 @@ fn probe_loop(
 ) -> Result<Vec<u32>, String> {
     if let Some(c) = cpus.and_then(|c| c.split(',').next().and_then(|v| v.parse::<usize>().ok())) {
         // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes
-        // inside it, and sched_setaffinity reads `size_of` bytes of it.
+        // inside it (it ignores a CPU number past the set's size), and
+        // sched_setaffinity reads exactly `size_of` bytes of it. Passing a
+        // larger size would let the kernel read past the set. No test runs
+        // the probe (benchmark only); a set the kernel refuses is an error
+        // return, ignored: the probe then runs unpinned.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(c, &mut set);
