@@ -355,7 +355,9 @@ impl Holder {
     fn signal(&self, sig: libc::c_int) -> Result<(), String> {
         let pid = libc::pid_t::try_from(self.pid()).map_err(|_| "pid out of range")?;
         // SAFETY: kill(2) on our own, not yet reaped child (it is waited for
-        // only in `finish` or the drop).
+        // only in `finish` or the drop); once reaped, its pid could be reused
+        // and the signal hit another process. tests/fence_example.rs runs
+        // this pause and resume.
         if unsafe { libc::kill(pid, sig) } != 0 {
             return Err(format!("kill: {}", std::io::Error::last_os_error()));
         }

@@ -69,7 +69,8 @@ fn wait_exit(mut child: Child) -> (ExitStatus, String) {
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: plain kill(2) on a process this test started.
+    // SAFETY: plain kill(2) on a process this test started and has not
+    // reaped yet (a reaped pid could be reused by an unrelated process).
     assert_eq!(
         unsafe { libc::kill(pid as i32, sig) },
         0,
@@ -79,7 +80,8 @@ fn signal(pid: u32, sig: libc::c_int) {
 
 /// True while a process with this pid exists.
 fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
+    // SAFETY: signal 0 only checks for existence; it delivers nothing, so a
+    // reused pid costs a wrong answer at worst, never a stray signal.
     unsafe { libc::kill(pid, 0) == 0 }
 }
 

@@ -112,7 +112,8 @@ fn a_burst_of_300_connections_after_a_stall_waits_in_the_listen_queue() {
     }
     let before = listen_drops();
     let pid = srv.pid() as i32;
-    // SAFETY: signals to the child we started.
+    // SAFETY: signals to the child we started, not reaped before `srv`
+    // drops (a reaped pid could be reused by an unrelated process).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let addr = srv.lock_addr;
     let conns: Vec<std::thread::JoinHandle<u8>> = (0..300)

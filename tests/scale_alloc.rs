@@ -38,7 +38,10 @@ fn count(allocs: u64, bytes: i64) {
     });
 }
 
-// SAFETY: forwards to the system allocator; only adds counters.
+// SAFETY: forwards every call unchanged to the system allocator and only
+// adds thread-local counters (which never allocate); changing a layout or
+// pointer on the way would corrupt the heap, and every test of this file
+// runs through it.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         count(1, l.size() as i64);

@@ -361,8 +361,10 @@ impl Case {
                 .write(true)
                 .open(&path)?;
             if strategy.prep != Prep::Append {
-                // SAFETY: plain syscall on an fd we own; mode 0 allocates
-                // and extends the size.
+                // SAFETY: plain syscall on an fd we own (`f` lives past it);
+                // mode 0 allocates and extends the size. A stale fd would
+                // allocate in another file; bench/tests/fsync_probe.rs runs
+                // every strategy and reads the records back.
                 let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, capacity as libc::off_t) };
                 if rc != 0 {
                     return Err(io::Error::last_os_error());
@@ -465,7 +467,9 @@ impl Case {
             let sync = self.strategy.durable == Durable::Fdatasync;
             // SAFETY: `buf` borrows self, which outlives this call, and the
             // call waits for every CQE before returning, so the kernel is
-            // done with the buffer when it ends.
+            // done with the buffer when it ends; returning earlier would
+            // let the next sample overwrite a buffer still being written.
+            // bench/tests/fsync_probe.rs reads every record back.
             unsafe {
                 let mut sq = ring.submission();
                 if sync {
@@ -516,7 +520,9 @@ impl Case {
                     iov_base: buf.as_ptr() as *mut libc::c_void,
                     iov_len: buf.len(),
                 };
-                // SAFETY: one iovec over `buf`, which lives through the call.
+                // SAFETY: one iovec over `buf`, which lives through the
+                // (synchronous) call; a wrong length would write past it.
+                // bench/tests/fsync_probe.rs reads the records back.
                 let n =
                     unsafe { libc::pwritev2(fd, &iov, 1, offset as libc::off_t, libc::RWF_DSYNC) };
                 if n < 0 {

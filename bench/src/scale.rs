@@ -47,6 +47,7 @@ const SOURCE: &[u8] = b"src";
 /// the 512 undecoded bytes a lock-port connection may hold.
 const DEPTH: usize = 16;
 
+#[derive(Clone)]
 struct Opts {
     ringlockd: PathBuf,
     /// `--ringlockd LABEL=PATH`, in the order given (compaction mode).
@@ -754,20 +755,11 @@ fn main_compaction(o: &Opts, secs: u64) -> bool {
                 runs.reverse();
             }
             for ((label, path), on) in runs {
-                let mut ob = Opts {
+                // The same options with this build as the server.
+                let ob = Opts {
                     ringlockd: path.clone(),
-                    binaries: Vec::new(),
-                    sizes: Vec::new(),
-                    modes: Vec::new(),
-                    dir: o.dir.clone(),
-                    out: None,
-                    redis: None,
-                    loadgen: o.loadgen.clone(),
-                    loadgen_cpus: o.loadgen_cpus.clone(),
-                    server_cpus: o.server_cpus.clone(),
-                    ..*o
+                    ..o.clone()
                 };
-                ob.compaction_load = Some(secs);
                 eprintln!("scale-bench: {label} round {round} held={n} compaction={on}");
                 match run_compaction_load(&ob, label, round, n, on, secs) {
                     Ok(r) => {

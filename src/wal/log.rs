@@ -322,12 +322,18 @@ impl Log {
             && self.file_len > 2 * (self.live_bytes + MAGIC.len() as u64)
     }
 
+    /// What every rewritten log starts with: the magic, then the grant mark
+    /// (grant ids continue above it after a restart).
+    fn snapshot_head(table: &Table, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(MAGIC);
+        record::encode_grant_mark(table.next_grant_id(), buf);
+    }
+
     /// The whole snapshot in one go (the blocking rewrite after a failure,
     /// which holds every answer anyway).
     fn snapshot(table: &Table, buf: &mut Vec<u8>) -> u64 {
         buf.clear();
-        buf.extend_from_slice(MAGIC);
-        record::encode_grant_mark(table.next_grant_id(), buf);
+        Self::snapshot_head(table, buf);
         let mut records = 0;
         table.for_each_held(|h| {
             record::encode_acquire(h, buf);
@@ -402,8 +408,7 @@ impl Log {
             // The grant mark first: every grant id a record after the
             // walk's start carries is above it.
             let mut snap = Vec::with_capacity(self.live_bytes as usize + 64);
-            snap.extend_from_slice(MAGIC);
-            record::encode_grant_mark(table.next_grant_id(), &mut snap);
+            Self::snapshot_head(table, &mut snap);
             table.walk_begin();
             self.compaction = Some(Compaction {
                 phase: CompactPhase::Encoding,

@@ -111,7 +111,9 @@ pub fn zeros() -> io::Result<&'static [u8]> {
     static MAP: OnceLock<Result<usize, i32>> = OnceLock::new();
     let map = MAP.get_or_init(|| {
         // SAFETY: a new private anonymous mapping, no memory of ours is
-        // passed; it is never unmapped.
+        // passed; it is never unmapped (unmapping it would leave in-flight
+        // growth writes and the 'static slice below pointing at nothing).
+        // Every durable test server maps it (tests/wal_prealloc_crash.rs).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -151,7 +153,9 @@ pub fn zeros() -> io::Result<&'static [u8]> {
 pub fn preallocate(file: &File, from: u64, bytes: u64) -> io::Result<u64> {
     let to = (from + bytes).next_multiple_of(PREALLOCATE_ALIGN);
     // SAFETY: a plain syscall on a descriptor `file` keeps open; no memory
-    // is passed. Start-up of every durable test server runs it.
+    // is passed. On a closed or reused fd it would allocate space in the
+    // wrong file; start-up of every durable test server runs it and
+    // tests/wal_prealloc_crash.rs checks the zeros land in the log.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, from as i64, (to - from) as i64) };
     if rc != 0 {
         let e = io::Error::last_os_error();

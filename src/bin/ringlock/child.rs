@@ -44,12 +44,19 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     GOT_SIGNAL.store(sig, Ordering::SeqCst);
     let pid = CHILD_PID.load(Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+        // SAFETY: installed with SA_SIGINFO (install_handlers), so the
+        // kernel passes a valid siginfo; without that flag `info` could be
+        // garbage and this read would fault. tests/cli.rs
+        // (sigterm_is_forwarded_…) runs this handler.
         let code = unsafe { (*info).si_code };
         // A terminal's ^C (SI_KERNEL) already reached the child through the
         // foreground process group; sending it again would double it.
         if code != libc::SI_KERNEL {
-            // SAFETY: plain syscall; `pid` is an unreaped child (see run_child).
+            // SAFETY: plain syscall; `pid` is an unreaped child (run_child
+            // clears CHILD_PID before it reaps). Were it reaped, the pid could
+            // be reused and the signal hit an unrelated process; no test can
+            // provoke the reuse, tests/cli.rs (sigterm_is_forwarded_…) and
+            // tests/cli_session.rs pin the forwarding itself.
             unsafe { libc::kill(pid, sig) };
         }
     } else {
@@ -63,7 +70,10 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
 pub fn install_handlers() -> Result<(), Fail> {
     for sig in FORWARDED {
         // SAFETY: a zeroed sigaction is valid; we set the handler and flags
-        // and pass pointers to live locals.
+        // and pass pointers to live locals. A handler registered without
+        // SA_SIGINFO would be called with a bogus `info` (see on_signal).
+        // tests/cli.rs (sigterm_is_forwarded_…) fails if it is not
+        // installed: the signal would kill the CLI, not reach the child.
         let rc = unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as *const () as usize;
@@ -83,7 +93,10 @@ pub fn install_handlers() -> Result<(), Fail> {
 
 /// Blocks (or unblocks) the forwarded signals in this thread.
 pub fn mask_signals(block: bool) {
-    // SAFETY: builds a sigset on the stack and passes it to pthread_sigmask.
+    // SAFETY: builds a sigset on the stack and passes it to pthread_sigmask,
+    // which only reads it. Leaving a signal blocked would stop forwarding
+    // (tests/cli.rs sigterm_is_forwarded_… and tests/cli_session.rs's
+    // SIGTERM test would hang until their timeout).
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -214,7 +227,10 @@ pub fn run_child(
         command.env(k, v);
     }
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (sigaction, pthread_sigmask) on locals.
+    // async-signal-safe calls (signal, pthread_sigmask) on locals; an
+    // allocation or lock there could deadlock the forked child. Every
+    // CLI test that runs a command goes through it (tests/cli.rs,
+    // tests/cli_session.rs).
     unsafe {
         command.pre_exec(|| {
             // Our mask is inherited across exec (std does not reset it), and
@@ -253,9 +269,13 @@ pub fn run_child(
     // Wait without reaping, so the pid cannot be recycled while the handler
     // may still signal it; then forget it and reap.
     loop {
-        // SAFETY: siginfo is plain data the kernel fills in.
+        // SAFETY: siginfo is plain data (all-zero is a valid value) that
+        // the kernel fills in.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waits on our own child; `info` is a live out-parameter.
+        // SAFETY: waits on our own child; `info` is a live out-parameter
+        // the kernel writes. Reaping here instead (no WNOWAIT) would let
+        // the pid be reused while on_signal may still signal it; the
+        // command tests of tests/cli.rs and tests/cli_session.rs run it.
         let rc = unsafe {
             libc::waitid(
                 libc::P_PID,
