@@ -10,9 +10,6 @@ mod crash_common;
 
 use common::*;
 use crash_common::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 const CYCLES: usize = 50;
 const CRASH: Crash = Crash {
@@ -39,21 +36,10 @@ fn acknowledged_state_survives_random_kill_9() {
     for cycle in 0..CYCLES {
         let mut server = start(&path_s);
         CRASH.check_restart(cycle, &server, &model);
-        let stop = Arc::new(AtomicBool::new(false));
-        let ops = Arc::new(AtomicUsize::new(0));
-        let handles = CRASH.clients(server.lock_addr, &model, xorshift(&mut seed), &stop, &ops);
         // Let some traffic through, then kill at a random moment.
+        let client_seed = xorshift(&mut seed);
         let want_ops = 20 + (xorshift(&mut seed) % 200) as usize;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while ops.load(Ordering::Relaxed) < want_ops && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            h.join().expect("client thread panicked");
-        }
-        total_ops += ops.load(Ordering::Relaxed);
+        total_ops += CRASH.traffic_then_kill9(&mut server, &model, client_seed, want_ops);
         while let Ok(line) = server.log.try_recv() {
             compactions_seen |= line.contains("event=compaction_done");
         }

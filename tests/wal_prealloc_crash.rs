@@ -28,8 +28,6 @@ mod crash_common;
 
 use common::*;
 use crash_common::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 const CYCLES: usize = 30;
@@ -169,21 +167,11 @@ fn run(faults: Option<&str>, cycles: usize) {
             break;
         }
 
-        let stop = Arc::new(AtomicBool::new(false));
-        let ops = Arc::new(AtomicUsize::new(0));
-        let handles = CRASH.clients(server.lock_addr, &model, xorshift(&mut seed), &stop, &ops);
         // Some cycles stay inside the first preallocation, most run through
         // several growth steps (a cycle record is ~40 bytes).
+        let client_seed = xorshift(&mut seed);
         let want_ops = 10 + (xorshift(&mut seed) % 600) as usize;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while ops.load(Ordering::Relaxed) < want_ops && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        server.kill9();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            h.join().expect("client thread panicked");
-        }
+        CRASH.traffic_then_kill9(&mut server, &model, client_seed, want_ops);
         let left = layout(&std::fs::read(&path).expect("read the log"));
         if left.records_end - start_end > 2 * PREALLOC && left.file_len > left.records_end {
             grew_with_zeros_ahead += 1;

@@ -75,6 +75,31 @@ impl Crash {
         ))
     }
 
+    /// Runs the clients until they have `want_ops` acknowledged operations
+    /// (or 10 s passed), then `kill -9`s the server at that moment and
+    /// joins them. Returns the operations acknowledged.
+    pub fn traffic_then_kill9(
+        &self,
+        server: &mut Server,
+        model: &Model,
+        seed: u64,
+        want_ops: usize,
+    ) -> usize {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ops = Arc::new(AtomicUsize::new(0));
+        let handles = self.clients(server.lock_addr, model, seed, &stop, &ops);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while ops.load(Ordering::Relaxed) < want_ops && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        server.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().expect("client thread panicked");
+        }
+        ops.load(Ordering::Relaxed)
+    }
+
     /// Starts the client threads; they run until the server dies or
     /// `stop` is set, counting acknowledged operations in `ops`.
     pub fn clients(
