@@ -1209,8 +1209,17 @@ impl Loop {
                     self.arm_accept(port);
                 }
             }
-            // A cancel references no buffer; a close or refusal needs nothing.
-            Op::Cancel | Op::Close | Op::Refuse | Op::Ignore => {}
+            // A cancel references no buffer; a close needs nothing.
+            Op::Cancel | Op::Close | Op::Ignore => {}
+            // The refusal's `-` is done (sent or not): close its socket.
+            Op::Refuse => {
+                let close = opcode::Close::new(types::Fd(slot as RawFd))
+                    .build()
+                    .user_data(ring_io::encode(Op::Ignore, 0, 0));
+                // SAFETY: references no buffer; the fd is the refused
+                // socket, which no other op uses.
+                unsafe { self.push(close) };
+            }
             Op::Recv => self.on_recv(ud, gen, slot, res),
             Op::Send => self.on_send(ud, gen, slot, res),
             Op::Signal => {
@@ -1255,20 +1264,18 @@ impl Loop {
     fn accepted(&mut self, port: Port, fd: RawFd) {
         let peer = peer_of(fd);
         let Some(token) = self.shard.on_accept(port, peer) else {
-            // Answer `-` and close, linked so the close waits for the send.
+            // Answer `-`, then close once the send has completed, whatever
+            // its result. Not an IO_LINK: a send that fails (the client
+            // reset first) cancels a linked close, and the descriptor
+            // leaked (tests/refuse_leak.rs). The send's user_data carries
+            // the fd so that its completion can close it.
+            let fd_slot = u32::try_from(fd).expect("accept returns a non-negative fd");
             let send = opcode::Send::new(types::Fd(fd), REFUSED.as_ptr(), 1)
+                .flags(libc::MSG_NOSIGNAL)
                 .build()
-                .flags(io_uring::squeue::Flags::IO_LINK)
-                .user_data(ring_io::encode(Op::Refuse, 0, 0));
-            let close = opcode::Close::new(types::Fd(fd))
-                .build()
-                .user_data(ring_io::encode(Op::Refuse, 0, 0));
-            self.reserve_sq(2);
-            // SAFETY: REFUSED is static; the close references no buffer.
-            unsafe {
-                self.push(send);
-                self.push(close);
-            }
+                .user_data(ring_io::encode(Op::Refuse, 0, fd_slot));
+            // SAFETY: REFUSED is static, so the buffer outlives the op.
+            unsafe { self.push(send) };
             return;
         };
         let slot = token as u32 as usize;
@@ -1353,8 +1360,16 @@ impl Loop {
         let c = &mut self.conns[slot];
         let ud = ring_io::encode(Op::Send, (c.token >> 32) as u32, slot as u32);
         let lent = Lent::lend(c.send.take_ours(), ud);
-        debug_assert!(c.sent < lent.len());
-        // SAFETY (pointer arithmetic): `sent < len`, within the allocation.
+        // A release assert: the pointer arithmetic below rests on it.
+        assert!(
+            c.sent < lent.len(),
+            "send resumed at {} of {} bytes",
+            c.sent,
+            lent.len()
+        );
+        // SAFETY (pointer arithmetic): `sent < len` (asserted above), so the
+        // pointer stays within the allocation. Short sends resume here;
+        // tests/pipelining.rs checks every answer byte of large answers.
         let ptr = unsafe { lent.ptr().add(c.sent) };
         let len = (lent.len() - c.sent) as u32;
         c.send = Slot::Kernel(lent);
