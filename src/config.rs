@@ -9,8 +9,8 @@
 //! | max connections (lock port) | `--max-connections` | 10 000 |
 //! | admin port connections, apart from those | `--admin-connections` | 16 |
 //! | idle connection timeout | `--idle-timeout-ms` | 60 000 (0 = never) |
-//! | max keys | `--max-keys` | 100 000 |
-//! | max queued waiters | `--max-waiters` | 100 000 |
+//! | max keys (server-wide) | `--max-keys` | 100 000 |
+//! | max queued waiters (server-wide) | `--max-waiters` | 100 000 |
 //! | frame read timeout | `--frame-timeout-ms` | 10 000 |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
 //! | zero-filled space kept ahead of the log's end | `--wal-preallocate-bytes` | 1 MiB (0 = off, at most 8 MiB) |

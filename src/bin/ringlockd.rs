@@ -46,8 +46,9 @@ OPTIONS:
                              the CPU between polls), so a request arriving meanwhile finds it
                              awake; costs up to US of CPU per idle spell; only where every shard
                              has a CPU of its own (default 50; 0 = sleep at once; at most 10000)
-    --max-keys N             distinct held keys; a Lock beyond it is answered '-' (default 100000)
-    --max-waiters N          queued Lock requests; beyond it '-' (default 100000)
+    --max-keys N             distinct held keys, server-wide (all shards together); a Lock
+                             beyond it is answered '-' (default 100000)
+    --max-waiters N          queued Lock requests, server-wide; beyond it '-' (default 100000)
     --auth-token-file FILE   a shared secret (the file's bytes, trailing whitespace removed, 1 to
                              255 bytes): session clients must present it in their Hello, and
                              admin connections must send AUTH first when --admin-bind is not

@@ -1,10 +1,12 @@
 //! The lock core: IO-free, deterministic state (see [`table`]).
 
+pub mod budget;
 pub mod endpoint;
 pub mod list;
 pub mod name;
 pub mod table;
 
+pub use budget::Budget;
 pub use endpoint::Endpoint;
 pub use name::{Arena, Name, NameRef, NAME_MAX};
 pub use table::{

@@ -38,6 +38,7 @@ use std::net::SocketAddr;
 use hashbrown::hash_table::{Entry, HashTable};
 use slab::Slab;
 
+use super::budget::Budget;
 use super::endpoint::Endpoint;
 use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef};
@@ -431,7 +432,9 @@ pub enum LockMode {
 }
 
 pub struct Table {
-    limits: Limits,
+    /// Key entries and waiters are taken from it when created and given
+    /// back when freed (server-wide `--max-keys`/`--max-waiters`).
+    budget: Budget,
     /// Every key's and every source's bytes, once.
     names: Arena,
     /// Seeded at random per table: which names collide cannot be worked
@@ -463,6 +466,14 @@ pub struct Table {
     walk: Option<Walk>,
 }
 
+impl Drop for Table {
+    /// What this table took from the shared budget goes back with it.
+    fn drop(&mut self) {
+        self.budget.free_keys(self.keys.len());
+        self.budget.free_waiters(self.waiters.len());
+    }
+}
+
 /// What is left of a chunked walk over the held keys: the keys from `next`
 /// to `last` on the age list. New holds are appended after `last`, and a
 /// release of either end moves that end inward (see [`Table::unhold`]), so
@@ -478,8 +489,14 @@ impl Table {
     /// for `max_keys` would be touched page by page as keys hash all over
     /// it, so the limit rather than what is held would decide memory.
     pub fn new(limits: Limits) -> Table {
+        Table::with_budget(Budget::new(limits))
+    }
+
+    /// An empty table that takes its keys and waiters from `budget`,
+    /// shared with the other shards' tables (server-wide limits).
+    pub fn with_budget(budget: Budget) -> Table {
         Table {
-            limits,
+            budget,
             names: Arena::new(),
             hasher: foldhash::fast::RandomState::default(),
             keys: Slab::new(),
@@ -499,7 +516,12 @@ impl Table {
     }
 
     pub fn limits(&self) -> Limits {
-        self.limits
+        self.budget.limits()
+    }
+
+    /// The capacity this table shares with the other shards' tables.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     pub fn held_keys(&self) -> usize {
@@ -559,7 +581,6 @@ impl Table {
     /// one probe of the index either way. `Err(())` past `max_keys`.
     fn key_get_or_insert(&mut self, key: &[u8]) -> Result<(u32, bool), ()> {
         let h = self.hash(key);
-        let n = self.keys.len();
         let (keys, names) = (&self.keys, &self.names);
         match self.key_index.entry(
             spread(h),
@@ -568,7 +589,9 @@ impl Table {
         ) {
             Entry::Occupied(e) => Ok((e.get().1, false)),
             Entry::Vacant(v) => {
-                if n >= self.limits.max_keys {
+                // Server-wide: every shard's keys count against one
+                // `--max-keys`.
+                if !self.budget.take_key() {
                     return Err(());
                 }
                 let name = self.names.insert(key);
@@ -665,6 +688,9 @@ impl Table {
     fn source_get_or_insert(&mut self, name: &[u8]) -> Option<u32> {
         let h = self.hash(name);
         let n = self.sources.len();
+        // Each source entry holds or waits for something: one per key or
+        // waiter at most (this shard's part of the server's limits).
+        let max = self.limits().max_keys + self.limits().max_waiters;
         let (sources, names) = (&self.sources, &self.names);
         match self.source_index.entry(
             spread(h),
@@ -673,7 +699,7 @@ impl Table {
         ) {
             Entry::Occupied(e) => Some(e.get().1),
             Entry::Vacant(v) => {
-                if n >= self.limits.max_keys + self.limits.max_waiters {
+                if n >= max {
                     return None;
                 }
                 let stored = self.names.insert(name);
@@ -712,6 +738,7 @@ impl Table {
             }
             self.names.remove(name);
             self.keys.remove(k as usize);
+            self.budget.free_keys(1);
         }
     }
 
@@ -860,6 +887,7 @@ impl Table {
             let (sources, waiters) = (&mut self.sources, &mut self.waiters);
             sources[source as usize].waiting.unlink(waiters, w, W_SRC);
         }
+        self.budget.free_waiters(1);
         self.waiters.remove(w as usize)
     }
 
@@ -938,11 +966,14 @@ impl Table {
                     });
                     return None;
                 }
-                if self.waiters.len() >= self.limits.max_waiters {
+                // Server-wide: every shard's waiters count against one
+                // `--max-waiters`.
+                if !self.budget.take_waiter() {
                     refuse(conn, Limit::Waiters, fx);
                     return None;
                 }
                 let Some(s) = self.source_get_or_insert(source) else {
+                    self.budget.free_waiters(1);
                     refuse(conn, Limit::Sources, fx);
                     return None;
                 };
@@ -1290,7 +1321,7 @@ impl Table {
         if let Some(&o) = self.owner_index.get(&id) {
             return Some(o);
         }
-        if self.owners.len() >= self.limits.max_keys + self.limits.max_waiters {
+        if self.owners.len() >= self.limits().max_keys + self.limits().max_waiters {
             return None;
         }
         let o = self.owners.insert(OwnerEntry {

@@ -548,7 +548,9 @@ impl Server {
             max_keys: cfg.max_keys,
             max_waiters: cfg.max_waiters,
         };
-        let mut tables: Vec<Table> = (0..n).map(|_| Table::new(limits)).collect();
+        // One budget for every shard: the limits are the server's.
+        let budget = crate::core::Budget::new(limits);
+        let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
         let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
         if let Some(path) = &cfg.data_path {
             let started = std::time::Instant::now();

@@ -435,8 +435,9 @@ pub struct Welcome {
     pub max_ttl_ms: u32,
     /// The server's id for this session (shown in logs).
     pub session_id: u64,
-    /// The server's limits: distinct keys and queued requests per shard
-    /// (`--max-keys`, `--max-waiters`) and its shard count; beyond them an
+    /// The server's limits: distinct keys and queued requests of the whole
+    /// server (`--max-keys`, `--max-waiters`, however many shards) and its
+    /// shard count; beyond them an
     /// Acquire is answered `limit reached`.
     pub max_keys: u32,
     pub max_waiters: u32,
