@@ -217,6 +217,55 @@ pub fn open(
     open_with(path, table, Truncate::exactly(truncate_at), now)
 }
 
+/// Start-up's order of work on a log, before anything is served from it.
+/// After a crash of the process (kill -9) the page cache still holds
+/// records whose fdatasync never completed; replay reads them, and the
+/// restarted server answers from what it replayed. So the log and its
+/// directory are synced *first*: a power cut after the restart cannot take
+/// back what the server already answered from (PostgreSQL syncs its data
+/// directory before crash recovery for the same reason). [`open`] runs
+/// these steps in order; the simulator (`tests/sim`) runs the same list
+/// over its disk model and fails when a restarted shard serves from bytes
+/// that are not durable.
+pub const STARTUP: [Startup; 3] = [Startup::SyncLog, Startup::SyncDir, Startup::Replay];
+
+/// One step of [`STARTUP`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Startup {
+    /// fsync the log file: what the page cache holds becomes durable.
+    SyncLog,
+    /// fsync its directory: the file's name, and a rename that finished.
+    SyncDir,
+    /// Replay the log into the table.
+    Replay,
+}
+
+/// Replays the log file of `len` bytes into `table` through a read-only
+/// map; the valid length and what was recovered.
+fn replay_file(
+    file: &File,
+    len: u64,
+    shown: &str,
+    table: &mut Table,
+    truncate: Truncate,
+    now: Now,
+) -> Result<(u64, Recovered), String> {
+    if len == 0 {
+        return replay_with(&[], shown, table, truncate, now);
+    }
+    // SAFETY: the map is read-only and dropped before the file is
+    // modified; nothing else writes the log while we start (a second
+    // server on the same path is the operator's error — see docs). A
+    // write or truncation while mapped would make replay read torn
+    // records (or fault past the end); tests/wal_recovery.rs and
+    // tests/wal_crash.rs replay real logs through this map.
+    // Populated up front: one pass reads it all, and faulting it in
+    // page by page would cost more than the replay.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(file) }
+        .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
+    replay_with(&map, shown, table, truncate, now)
+}
+
 /// What `--wal-truncate-at` means for one log.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Truncate {
@@ -269,21 +318,27 @@ pub(crate) fn open_with(
         .open(path)
         .map_err(|e| format!("{shown}: cannot open log: {e}"))?;
     let len = file.metadata().map_err(|e| format!("{shown}: {e}"))?.len();
-    let (valid_len, rec) = if len == 0 {
-        replay_with(&[], &shown.to_string(), table, truncate, now)?
-    } else {
-        // SAFETY: the map is read-only and dropped before the file is
-        // modified; nothing else writes the log while we start (a second
-        // server on the same path is the operator's error — see docs). A
-        // write or truncation while mapped would make replay read torn
-        // records (or fault past the end); tests/wal_recovery.rs and
-        // tests/wal_crash.rs replay real logs through this map.
-        // Populated up front: one pass reads it all, and faulting it in
-        // page by page would cost more than the replay.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-            .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
-        replay_with(&map, &shown.to_string(), table, truncate, now)?
-    };
+    let mut replayed = None;
+    for step in STARTUP {
+        match step {
+            Startup::SyncLog => file
+                .sync_all()
+                .map_err(|e| format!("{shown}: fsync before replay failed: {e}"))?,
+            Startup::SyncDir => fsync_dir(&dir)
+                .map_err(|e| format!("{}: fsync before replay failed: {e}", dir_path.display()))?,
+            Startup::Replay => {
+                replayed = Some(replay_file(
+                    &file,
+                    len,
+                    &shown.to_string(),
+                    table,
+                    truncate,
+                    now,
+                )?)
+            }
+        }
+    }
+    let (valid_len, rec) = replayed.expect("STARTUP replays the log");
     let rec = Recovered {
         file_bytes: len,
         ..rec

@@ -16,7 +16,10 @@
 //!   driver keeps it), any subset of the unsynced sectors an append
 //!   overwrote in place (a power cut: sectors reach the disk in any
 //!   order); a rename not yet made durable by the directory fsync may or
-//!   may not have happened.
+//!   may not have happened. Or the process is killed (kill -9): the page
+//!   cache survives, start-up runs its steps (`wal::STARTUP`: fsync before
+//!   replay) over the model, and a power cut right after the restart must
+//!   bring back the same table the restarted shard serves from.
 //!
 //! After every step it checks, against a model built only from what
 //! clients were told: never two owners of a key; FIFO among the live
@@ -961,25 +964,70 @@ impl World {
             let upto = self.rng.below(steps(*chain).len() as u64 + 1) as usize;
             let _ = self.disk.run(*chain, buf, upto, &mut self.rng, false);
         }
+        // A kill -9 of the process (the page cache survives, and with it
+        // every write, synced or not, and every rename) or a power cut
+        // (only what the disk holds). Not a kill after a failed fdatasync:
+        // the page cache may then hold pages the disk lost for good.
+        let kill = !self.disk.log.lost && self.rng.chance(300);
         let file = match self.disk.rename_pending_old.take() {
-            Some(old) if self.rng.chance(500) => old,
+            Some(old) if !kill && self.rng.chance(500) => old,
             _ => std::mem::take(&mut self.disk.log),
         };
-        let image = file.crash_image(&mut self.rng);
+        let mut after_kill = None;
+        let image = if kill {
+            // Start-up's steps before its replay, over the disk model.
+            let mut f = file.clone();
+            for step in ringlock::wal::STARTUP {
+                match step {
+                    ringlock::wal::Startup::SyncLog => f.fsync(),
+                    // The rename is in the page cache's directory, which
+                    // the model does not separate from the disk's.
+                    ringlock::wal::Startup::SyncDir => {}
+                    ringlock::wal::Startup::Replay => break,
+                }
+            }
+            let image = f.data.clone();
+            after_kill = Some(f);
+            image
+        } else {
+            file.crash_image(&mut self.rng)
+        };
         self.t(|| {
             format!(
-                "CRASH: {} durable bytes of {}",
+                "CRASH ({}): {} bytes recovered of {}",
+                if kill { "kill -9" } else { "power cut" },
                 image.len(),
                 file.data.len()
             )
         });
-        let mut table = Table::new(Limits {
+        let limits = Limits {
             max_keys: config().max_keys,
             max_waiters: config().max_waiters,
-        });
+        };
+        let mut table = Table::new(limits);
         let now = self.now;
         let (valid, _) = ringlock::wal::replay(&image, "sim.log", &mut table, None, now)
             .unwrap_or_else(|e| self.fail(format!("recovery after a crash failed: {e}")));
+        if let Some(f) = after_kill {
+            // A power cut right after the restart, before any new sync:
+            // what the restarted shard serves from must all come back.
+            let mut again = Table::new(limits);
+            let disk = f.crash_image(&mut self.rng);
+            let _ = ringlock::wal::replay(&disk, "sim.log", &mut again, None, now);
+            for key in KEYS {
+                let (a, b) = (table.holder_of(key), again.holder_of(key));
+                if a.map(|h| h.grant_id) != b.map(|h| h.grant_id) {
+                    self.fail(format!(
+                        "after a kill -9 the restarted shard serves {} as held by {:?}, \
+                         but a power cut before any new sync brings back {:?}: \
+                         start-up served from records that were not durable",
+                        String::from_utf8_lossy(key),
+                        a,
+                        b
+                    ));
+                }
+            }
+        }
         // Truncated to the records, then preallocated again (start-up).
         let log = if (valid as usize) < MAGIC.len() {
             SimFile::preallocated(MAGIC)
