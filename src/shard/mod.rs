@@ -505,6 +505,7 @@ impl Shard {
             token,
             errno
         );
+        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
             return;
@@ -539,11 +540,15 @@ impl Shard {
                 self.pump(slot);
                 self.settle_idle(slot);
             }
-            // A grant whose `+` still waits (for the log) counts as not
+            // A grant whose `+` still waits for the log counts as not
             // delivered: the waiter left before it could be told, so the
             // key is given back and the Lock withdrawn (never a ghost
-            // holder if the peer closed rather than half-closed).
-            State::Answered if c.grant.is_some() => {
+            // holder if the peer closed rather than half-closed). A grant
+            // whose `+` only waits for this tick's send is delivered: the
+            // frame came before the EOF, and a half-closed peer still reads
+            // (tests/half_close.rs); if the send fails, on_send_done gives
+            // it back.
+            State::Answered if c.grant.is_some() && c.gate_lsn > durable => {
                 c.out.clear();
                 self.give_back_grant(slot);
                 self.withdrawn(slot);
