@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The Python client's conformance suite against the real ringlockd.
+# Env: RINGLOCKD (default: target/debug/ringlockd of the repo root),
+# RINGLOCK_TEST_THREADS (--threads, default 1). Extra arguments name
+# scenarios to run (default: all). Exits 0 only if every scenario passed.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+export RINGLOCKD="${RINGLOCKD:-$root/target/debug/ringlockd}"
+if [[ ! -x "$RINGLOCKD" ]]; then
+    echo "conformance python: no ringlockd at $RINGLOCKD (cargo build --bin ringlockd)" >&2
+    exit 1
+fi
+python="${PYTHON:-python3}"
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
+    echo "conformance python: needs Python >= 3.9 ($python is $("$python" --version 2>&1))" >&2
+    exit 1
+}
+# The codec's unit tests first (pure, fast), then the scenarios.
+PYTHONPATH="$here/src" "$python" -m unittest discover -q -s "$here/tests" -p 'test_*.py'
+exec env PYTHONPATH="$here/src" "$python" "$here/tests/conformance.py" "$@"
