@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python client's conformance suite against the real ringlockd.
 # Env: RINGLOCKD (default: target/debug/ringlockd of the repo root),
-# RINGLOCK_TEST_THREADS (--threads, default 1). Extra arguments name
-# scenarios to run (default: all). Exits 0 only if every scenario passed.
+# RINGLOCK_TEST_THREADS (--threads, default 1), PYTHON (default python3).
+# Extra arguments name scenarios to run (default: all). Exits 0 only if
+# every scenario passed.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -16,6 +17,15 @@ python="${PYTHON:-python3}"
     echo "conformance python: needs Python >= 3.9 ($python is $("$python" --version 2>&1))" >&2
     exit 1
 }
+# Install the package the way a user does, offline (--no-index: its build
+# backend needs nothing from an index), and test that installed copy.
+site="$(mktemp -d)"
+trap 'rm -rf "$site"' EXIT
+"$python" -m pip install --quiet --no-index --no-cache-dir --target "$site" "$here" >/dev/null || {
+    echo "conformance python: pip install --no-index $here failed" >&2
+    exit 1
+}
+export PYTHONPATH="$site"
 # The codec's unit tests first (pure, fast), then the scenarios.
-PYTHONPATH="$here/src" "$python" -m unittest discover -q -s "$here/tests" -p 'test_*.py'
-exec env PYTHONPATH="$here/src" "$python" "$here/tests/conformance.py" "$@"
+(cd "$here/tests" && "$python" -m unittest discover -q -s . -p 'test_*.py')
+"$python" "$here/tests/conformance.py" "$@"

@@ -1,5 +1,8 @@
 """The conformance scenarios, against the real ringlockd.
 
+The package is imported from PYTHONPATH: conformance.sh installs it with
+pip into a temporary directory first, so the suite tests what pip installs.
+
 Run by ``clients/python/conformance.sh`` (``python3 conformance.py [NAME...]``).
 Prints ``conformance python NAME ok`` per scenario and exits non-zero if
 any failed. Env: ``RINGLOCKD`` (the binary), ``RINGLOCK_TEST_THREADS``
@@ -18,9 +21,6 @@ import threading
 import time
 import traceback
 from typing import Callable, Dict, List, Optional
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "src"))
 
 import ringlock  # noqa: E402
 from harness import Child, Failed, Server, check, poll, threads  # noqa: E402
@@ -413,7 +413,7 @@ def fence_sigstop() -> None:
     refused by the file it writes; without the fence it lands."""
     here = os.path.dirname(os.path.abspath(__file__))
     example = os.path.join(os.path.dirname(here), "examples", "fence.py")
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(here), "src"))
+    env = dict(os.environ)  # PYTHONPATH (set by conformance.sh) finds the package
     with Server() as s:
         for fenced in (True, False):
             with tempfile.TemporaryDirectory() as d:

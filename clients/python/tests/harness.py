@@ -198,7 +198,8 @@ class Child:
     driven line by line over stdin/stdout."""
 
     def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=PKG_SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # The same package as the suite's own (PYTHONPATH, or src/ when unset).
+        env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH") or PKG_SRC)
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "holder.py"), *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.out: "queue.Queue[Optional[str]]" = queue.Queue()
