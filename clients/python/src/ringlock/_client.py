@@ -1,0 +1,1277 @@
+"""The session client: one connection, one reader thread, any number of locks.
+
+Threading model
+---------------
+* A :class:`Client` owns one TCP connection to ringlockd's lock port,
+  opened with a Hello, and one daemon **reader thread**
+  (``ringlock-reader-<session id>``). Only the reader thread reads the
+  socket. It matches every Reply to its request by request id (rid),
+  handles Lost pushes, sends the keep-alive Pings and the background
+  Extends of leases, and expires leases on the client's clock. It never
+  waits for an answer and never runs user code.
+* Any thread may call any method of a :class:`Client` or a :class:`Lease`
+  at the same time. A caller writes its own request frame (under a write
+  lock, so frames never interleave) and waits on its own event until the
+  reader thread delivers the answer (or the session ends).
+* Lost-lock callbacks run on one **callback thread** per client
+  (``ringlock-callbacks-<session id>``), in the order the losses were
+  decided, so a callback may call ``release()`` (of its lease or another)
+  or even :meth:`Client.close` without deadlocking. A slow callback delays
+  only later callbacks, never the keep-alive.
+* One lock (``Client._lock``) guards every piece of shared state; nothing
+  blocks while holding it.
+
+The keep-alive arithmetic (as in the Rust client, ``docs/client.md``): the
+server ends the session when nothing arrived for K (the keep-alive it
+answered to the Hello). The reader thread pings every I = K/3 and declares
+the session lost when a Ping is not answered within T = K/3 of when it was
+due (each capped at 10 s), so the holder learns of a loss before the server
+can free its session holds.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import queue
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from . import _codec as codec
+from ._codec import HoldMode, Status
+from .errors import (
+    Cancelled,
+    InvalidArgument,
+    LimitReached,
+    LockBusy,
+    LockLost,
+    LockReleased,
+    LockTimeout,
+    NotOwner,
+    ProtocolError,
+    ReleaseFailed,
+    RingLockError,
+    ServerError,
+    StaleToken,
+    Unauthorized,
+    Unavailable,
+)
+
+__all__ = [
+    "Client",
+    "Lease",
+    "LostInfo",
+    "LostReason",
+    "CancelToken",
+    "DEFAULT_PORT",
+]
+
+log = logging.getLogger("ringlock")
+
+DEFAULT_PORT = 22119
+PING_INTERVAL_MAX = 10.0
+PING_TIMEOUT_MAX = 10.0
+#: Request id of the Hello and of every keep-alive Ping (one at a time).
+_PING_RID = 1
+
+Address = Union[str, Tuple[str, int]]
+Key = Union[str, bytes]
+LostCallback = Callable[["Lease", "LostInfo"], None]
+
+
+class LostReason(str, enum.Enum):
+    """Why a lock was lost."""
+
+    #: The lease's TTL passed without an extend (pushed by the server, or
+    #: seen first on this client's clock, which never runs behind the server's).
+    EXPIRED = "expired"
+    #: An operator reset it (ResetByKey, ResetBySource, admin RSET/RSBS, an
+    #: unlock on the Locking-Center port). Pushed by the server.
+    RESET = "reset"
+    #: An extend or release was answered ``stale_token``/``not_owner``.
+    NOT_HELD = "not_held"
+    #: The session ended: the connection closed or failed, or
+    #: :meth:`Client.close` was called.
+    SESSION_ENDED = "session_ended"
+    #: A keep-alive Ping went unanswered: the connection hangs.
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"
+
+
+@dataclass(frozen=True)
+class LostInfo:
+    """How a lock was lost."""
+
+    key: bytes
+    token: int
+    reason: LostReason
+    detail: str
+    #: True when the server said so (a Lost push, a stale-token answer):
+    #: the key is certainly no longer held with this token.
+    from_server: bool
+
+    def __str__(self) -> str:
+        return (f"lost the lock on {self.key.decode('utf-8', 'replace')!r} "
+                f"(token {self.token}): {self.reason.value}: {self.detail}")
+
+
+class CancelToken:
+    """Withdraws a waiting :meth:`Client.acquire` from another thread.
+
+    ``cancel()`` sends a Cancel for every acquire waiting with this token;
+    the server then answers the acquire either ``cancelled`` or with the
+    grant that beat the Cancel, never both. A grant that won the race is
+    released at once: the acquire raises :class:`~ringlock.Cancelled`
+    either way, so a caller who cancelled never holds the key. One token
+    may serve several acquires; it cannot be reset.
+    """
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._cancelled = False
+        self._subs: Dict[int, Callable[[], None]] = {}
+        self._next = 0
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        with self._mu:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            subs = list(self._subs.values())
+            self._subs.clear()
+        for fn in subs:
+            fn()
+
+    def _subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
+        with self._mu:
+            if not self._cancelled:
+                n = self._next
+                self._next += 1
+                self._subs[n] = fn
+
+                def unsubscribe() -> None:
+                    with self._mu:
+                        self._subs.pop(n, None)
+
+                return unsubscribe
+        fn()
+        return lambda: None
+
+
+def _parse_address(addr: Address) -> Tuple[str, int]:
+    if isinstance(addr, tuple):
+        host, port = addr
+    else:
+        s = addr.strip()
+        if not s:
+            raise InvalidArgument("an empty address")
+        if s.startswith("["):
+            end = s.find("]")
+            if end < 0:
+                raise InvalidArgument(f"address {addr!r}: unclosed '['")
+            host, rest = s[1:end], s[end + 1:]
+            if rest and not rest.startswith(":"):
+                raise InvalidArgument(f"address {addr!r}: junk after ']'")
+            port_s = rest[1:] if rest else ""
+        elif s.count(":") == 1:
+            host, port_s = s.split(":")
+        elif ":" in s:  # a bare IPv6 address
+            host, port_s = s, ""
+        else:
+            host, port_s = s, ""
+        if port_s == "":
+            port = DEFAULT_PORT
+        else:
+            try:
+                port = int(port_s, 10)
+            except ValueError:
+                raise InvalidArgument(f"address {addr!r}: port {port_s!r} is not a number") from None
+    if not host:
+        raise InvalidArgument(f"address {addr!r}: no host")
+    if not 1 <= port <= 65535:
+        raise InvalidArgument(f"address {addr!r}: port {port} outside 1..=65535")
+    return host, port
+
+
+def _key_bytes(key: Key) -> bytes:
+    b = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if not 1 <= len(b) <= codec.KEY_MAX:
+        raise InvalidArgument(f"a key is 1 to {codec.KEY_MAX} bytes, got {len(b)}")
+    return b
+
+
+class _Pending:
+    """One outstanding request."""
+
+    __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "mode", "ttl_ms",
+                 "on_lost", "keep_alive", "cancel_sent", "target")
+
+    def __init__(self, kind: str, sent_at: float) -> None:
+        # "acquire" | "call" (a caller waits) | "extend" (background) | "ignore"
+        self.kind = kind
+        self.sent_at = sent_at
+        self.event = threading.Event()
+        self.reply: Optional[codec.Reply] = None
+        self.lease: Optional[Lease] = None
+        self.key = b""
+        self.mode = HoldMode.SESSION
+        self.ttl_ms = 0
+        self.on_lost: Optional[LostCallback] = None
+        self.keep_alive = False
+        self.cancel_sent = False
+        self.target: Optional[Lease] = None
+
+
+class Lease:
+    """One granted lock: its key, fencing token and hold mode.
+
+    Returned by :meth:`Client.acquire` (and ``lock``/``try_lock``). Usable
+    as a context manager: ``with client.lock("k", ttl=30) as lease:``
+    releases on exit. Thread-safe.
+
+    Checking it in a critical section: :attr:`lost` (a bool) and
+    :meth:`check` (raises :class:`~ringlock.LockLost`) look at the
+    client-side deadlines themselves, so they are right even when the
+    process was paused and the reader thread has not run yet. Pass
+    :attr:`token` with every write to the protected resource and let it
+    refuse older tokens (``ringlock.fence``): that is the only protection
+    against a pause between the check and the write.
+    """
+
+    def __init__(self, client: "Client", key: bytes, token: int, mode: HoldMode,
+                 ttl_ms: int, sent_at: float, on_lost: Optional[LostCallback],
+                 keep_alive: bool) -> None:
+        self._client = client
+        self._key = key
+        self._token = token
+        self._mode = mode
+        self._ttl_ms = ttl_ms
+        self._on_lost = on_lost
+        self._keep_alive = keep_alive and mode == HoldMode.LEASE
+        # All below guarded by client._lock.
+        self._state = "held"  # held | releasing | released | lost
+        self._lost_info: Optional[LostInfo] = None
+        self._lost_event = threading.Event()
+        # Client-side expiry (monotonic): when the Acquire or the last
+        # answered Extend was *sent* + TTL, so never later than the server's.
+        self._expires_at: Optional[float] = (sent_at + ttl_ms / 1000.0
+                                             if mode == HoldMode.LEASE else None)
+        self._next_extend: Optional[float] = (sent_at + ttl_ms / 3000.0
+                                              if self._keep_alive else None)
+        self._extend_in_flight = False
+        self._release_started = False
+        self._release_done = threading.Event()
+        self._release_error: Optional[BaseException] = None
+
+    # --- what it is -------------------------------------------------------
+    @property
+    def key(self) -> bytes:
+        """The key's bytes."""
+        return self._key
+
+    @property
+    def token(self) -> int:
+        """The grant's fencing token (strictly larger for every later grant of the key)."""
+        return self._token
+
+    @property
+    def mode(self) -> str:
+        """``"session"``, ``"lease"`` or ``"persistent"``."""
+        return self._mode.name.lower()
+
+    @property
+    def ttl(self) -> Optional[float]:
+        """A lease's TTL in seconds (as sent), ``None`` for other holds."""
+        return self._ttl_ms / 1000.0 if self._mode == HoldMode.LEASE else None
+
+    @property
+    def expires_in(self) -> Optional[float]:
+        """Seconds until a lease expires on this client's clock (never later
+        than on the server's); ``None`` for session and persistent holds."""
+        with self._client._lock:
+            x = self._expires_at
+        return None if x is None else max(0.0, x - time.monotonic())
+
+    # --- has it been lost? -------------------------------------------------
+    @property
+    def lost(self) -> bool:
+        """True once the lock is lost (or cannot be known to be held)."""
+        self._client._evaluate(self)
+        return self._state == "lost"
+
+    @property
+    def lost_info(self) -> Optional[LostInfo]:
+        """How it was lost, once it was."""
+        self._client._evaluate(self)
+        return self._lost_info
+
+    def check(self) -> None:
+        """Raises :class:`~ringlock.LockLost` if the lock is lost,
+        :class:`~ringlock.LockReleased` if it was released; returns otherwise."""
+        self._client._evaluate(self)
+        info = self._lost_info
+        if self._state == "lost" and info is not None:
+            raise LockLost(str(info), info=info)
+        if self._state in ("releasing", "released"):
+            raise LockReleased(f"the lock on {self._key!r} was released")
+
+    def wait_lost(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the lock is lost (True) or ``timeout`` passes (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.lost:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            # Wake at least every 50 ms to re-evaluate the client-side
+            # deadlines, which no thread signals.
+            self._lost_event.wait(0.05 if left is None else min(left, 0.05))
+
+    # --- actions -------------------------------------------------------------
+    def extend(self, ttl: Optional[float] = None) -> None:
+        """A lease: Extend, setting its TTL left to ``ttl`` seconds (default:
+        its own TTL) counted from now. A session or persistent hold: a Ping
+        round trip that proves the session alive. Raises
+        :class:`~ringlock.LockLost` (or its :class:`~ringlock.StaleToken`
+        subclass) if it is no longer held."""
+        self._client._extend_lease(self, ttl)
+
+    def release(self) -> None:
+        """Releases the lock with one token-checked Release. Safe to call
+        any number of times, from any thread: the first call does the work,
+        every other call waits for it and gets its outcome. Raises
+        :class:`~ringlock.LockLost` if the lock had been lost before it was
+        released (the critical section was not protected to its end), and
+        :class:`~ringlock.ReleaseFailed` if the release could not be
+        confirmed."""
+        c = self._client
+        with c._lock:
+            first = not self._release_started
+            self._release_started = True
+            if first and self._state == "held":
+                self._state = "releasing"
+        if not first:
+            self._release_done.wait()
+        else:
+            try:
+                c._release_lease(self)
+            except BaseException as e:  # cached for every later call
+                self._release_error = e
+            finally:
+                with c._lock:
+                    if self._state == "releasing":
+                        self._state = "released"
+                self._release_done.set()
+        if self._release_error is not None:
+            raise self._release_error
+
+    def release_quietly(self) -> None:
+        """:meth:`release`, ignoring every :class:`~ringlock.RingLockError`."""
+        try:
+            self.release()
+        except RingLockError:
+            pass
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.release()
+        except RingLockError:
+            # Do not mask the exception that ended the block.
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return (f"Lease(key={self._key!r}, token={self._token}, mode={self.mode}, "
+                f"state={self._state})")
+
+
+@dataclass(frozen=True)
+class _Welcome:
+    keepalive: float
+    min_ttl_ms: int
+    max_ttl_ms: int
+    session_id: int
+    max_keys: int
+    max_waiters: int
+    shards: int
+
+
+class Client:
+    """A ringlockd session.
+
+    ``Client("10.0.0.5:22119")``, or a list of addresses tried in order
+    until one opens a session (a host without a port means port 22119).
+    Options:
+
+    * ``auth_token`` — the server's ``--auth-token-file`` secret (str or bytes).
+    * ``source`` — the name shown by ``ringlock keys`` (default: the server uses your IP).
+    * ``keepalive`` — seconds to ask for (the server clamps it); default: the server's (10 s).
+    * ``connect_timeout`` (3 s) — per address, connecting and the Hello.
+    * ``retry`` (10 s) — how long to keep retrying when no address can be
+      reached; 0 tries each address once. An ``unauthorized`` answer is never retried.
+    * ``release_timeout`` (10 s) — bound on a release or an extend.
+    * ``on_lost(lease, info)`` — called for every lock of this session that
+      is lost, before the lease's own callback.
+
+    Close it (``close()`` or ``with Client(...) as c:``) to end the session:
+    the server then frees its session holds at once. The session never
+    reconnects; after it ended every request raises :class:`~ringlock.Unavailable`.
+    """
+
+    def __init__(self, addrs: Union[Address, Sequence[Address]] = "127.0.0.1", *,
+                 auth_token: Union[str, bytes, None] = None, source: Union[str, bytes] = b"",
+                 keepalive: Optional[float] = None, connect_timeout: float = 3.0,
+                 retry: float = 10.0, release_timeout: float = 10.0,
+                 on_lost: Optional[LostCallback] = None) -> None:
+        if isinstance(addrs, (str, tuple)):
+            addr_list: List[Address] = [addrs]  # type: ignore[list-item]
+        else:
+            addr_list = list(addrs)
+        if not addr_list:
+            raise InvalidArgument("no address given")
+        self._addrs = [_parse_address(a) for a in addr_list]
+        self._auth = auth_token.encode() if isinstance(auth_token, str) else (auth_token or b"")
+        if len(self._auth) > codec.AUTH_MAX:
+            raise InvalidArgument(f"an auth token is at most {codec.AUTH_MAX} bytes")
+        self._source = source.encode() if isinstance(source, str) else bytes(source)
+        if len(self._source) > codec.SOURCE_MAX:
+            raise InvalidArgument(f"a source is at most {codec.SOURCE_MAX} bytes")
+        if keepalive is not None and keepalive < 0:
+            raise InvalidArgument("keepalive must be >= 0")
+        keepalive_ms = 0 if keepalive is None else min(int(keepalive * 1000), 0xFFFFFFFF)
+        if connect_timeout <= 0 or release_timeout <= 0 or retry < 0:
+            raise InvalidArgument("timeouts must be positive (retry >= 0)")
+        self._release_timeout = release_timeout
+        self._on_lost = on_lost
+
+        self._lock = threading.Lock()
+        self._wlock = threading.Lock()
+        self._pending: Dict[int, _Pending] = {}
+        self._holds: Dict[Tuple[bytes, int], Lease] = {}
+        self._dead: Optional[Tuple[LostReason, str]] = None
+        self._next_rid = _PING_RID + 1
+        self._callbacks: "queue.Queue[Optional[Tuple[LostCallback, Lease, LostInfo]]]" = queue.Queue()
+
+        sock, welcome, addr, hello_sent = self._open(keepalive_ms, connect_timeout, retry)
+        self._sock = sock
+        self._server = addr
+        self._w = welcome
+        k = welcome.keepalive
+        self._interval = max(0.001, min(k / 3, PING_INTERVAL_MAX))
+        self._ping_timeout = max(0.001, min(k / 3, PING_TIMEOUT_MAX))
+        # Sent time of the latest request the server answered: the server
+        # cannot end the session before this + K.
+        self._confirmed_at = hello_sent
+        # A write blocks only when the server stopped reading; past the ping
+        # timeout that is a hung connection.
+        sock.settimeout(self._ping_timeout)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        sid = welcome.session_id
+        self._cb_thread = threading.Thread(target=self._run_callbacks, daemon=True,
+                                           name=f"ringlock-callbacks-{sid}")
+        self._reader = threading.Thread(target=self._run_reader, daemon=True,
+                                        name=f"ringlock-reader-{sid}")
+        self._cb_thread.start()
+        self._reader.start()
+
+    # --- opening ------------------------------------------------------------
+    def _open(self, keepalive_ms: int, timeout: float, retry: float
+              ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
+        give_up = time.monotonic() + retry
+        delay = 0.05
+        attempts = 0
+        while True:
+            last: Optional[str] = None
+            for addr in self._addrs:
+                attempts += 1
+                try:
+                    return self._hello(addr, keepalive_ms, timeout)
+                except _Retry as e:
+                    last = f"{addr[0]}:{addr[1]}: {e}"
+            left = give_up - time.monotonic()
+            if left <= 0:
+                n = attempts
+                raise Unavailable(f"no session could be opened after {n} attempt"
+                                  f"{'' if n == 1 else 's'}; last: {last}")
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+
+    def _hello(self, addr: Tuple[str, int], keepalive_ms: int, timeout: float
+               ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
+        deadline = time.monotonic() + timeout
+        try:
+            sock = socket.create_connection(addr, timeout=timeout)
+        except OSError as e:
+            raise _Retry(str(e)) from None
+        ok = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sent = time.monotonic()
+            try:
+                sock.sendall(codec.encode_hello(_PING_RID, keepalive_ms, self._auth))
+            except OSError as e:
+                raise _Retry(f"sending the hello failed: {e}") from None
+            buf = bytearray()
+            while True:
+                if buf and buf[0] != codec.KIND_REPLY:
+                    raise ProtocolError(
+                        f"{addr[0]}:{addr[1]} does not speak the session protocol (it answered "
+                        f"{buf[0]:#04x} to a Hello): a Locking-Center server or an old ringlockd")
+                try:
+                    got = codec.decode_answer(buf, _PING_RID)
+                except codec.ProtocolError as e:
+                    raise ProtocolError(f"{addr[0]}:{addr[1]} broke the protocol: {e}") from None
+                if got is not None:
+                    ans = got[0]
+                    if isinstance(ans, codec.Welcome) or isinstance(ans, codec.Reply):
+                        st = ans.status
+                        if st == Status.UNAUTHORIZED:
+                            raise Unauthorized(
+                                f"{addr[0]}:{addr[1]} refused the session: unauthorized (the "
+                                f"server has --auth-token-file: pass its secret as auth_token)",
+                                "unauthorized")
+                        if st != Status.OK or not isinstance(ans, codec.Welcome):
+                            raise ProtocolError(
+                                f"{addr[0]}:{addr[1]} refused the session: {st.label}", st.label)
+                        if ans.version != codec.VERSION:
+                            raise ProtocolError(f"{addr[0]}:{addr[1]} speaks protocol version "
+                                                f"{ans.version}, this client {codec.VERSION}")
+                        if ans.keepalive_ms == 0:
+                            raise ProtocolError(f"{addr[0]}:{addr[1]} answered a keep-alive of 0")
+                        ok = True
+                        w = _Welcome(ans.keepalive_ms / 1000.0, ans.min_ttl_ms, ans.max_ttl_ms,
+                                     ans.session_id, ans.max_keys, ans.max_waiters, ans.shards)
+                        return sock, w, addr, sent
+                    raise ProtocolError(f"{addr[0]}:{addr[1]} pushed before the hello reply")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Retry(f"no hello reply within {timeout} s")
+                sock.settimeout(left)
+                try:
+                    chunk = sock.recv(4096)
+                except socket.timeout:
+                    raise _Retry(f"no hello reply within {timeout} s") from None
+                except OSError as e:
+                    raise _Retry(str(e)) from None
+                if not chunk:
+                    raise _Retry("the server closed the connection before the hello reply "
+                                 "(a server without sessions does that)")
+                buf += chunk
+        finally:
+            if not ok:
+                sock.close()
+
+    # --- what the server applied ---------------------------------------------
+    @property
+    def session_id(self) -> int:
+        return self._w.session_id
+
+    @property
+    def keepalive(self) -> float:
+        """The keep-alive deadline K (seconds) the server applies."""
+        return self._w.keepalive
+
+    @property
+    def detection_window(self) -> float:
+        """The longest a hung connection goes unnoticed (ping interval + ping timeout < K)."""
+        return self._interval + self._ping_timeout
+
+    @property
+    def ttl_bounds(self) -> Tuple[float, float]:
+        """The lease TTL bounds (seconds) the server published."""
+        return self._w.min_ttl_ms / 1000.0, self._w.max_ttl_ms / 1000.0
+
+    @property
+    def shards(self) -> int:
+        return self._w.shards
+
+    @property
+    def server_address(self) -> Tuple[str, int]:
+        """The address the session was opened with."""
+        return self._server
+
+    @property
+    def local_address(self) -> Optional[Tuple[str, int]]:
+        """This end of the connection (``ringlock keys``' ENDPOINT)."""
+        try:
+            a = self._sock.getsockname()
+            return a[0], a[1]
+        except OSError:
+            return None
+
+    @property
+    def ended(self) -> Optional[Tuple[LostReason, str]]:
+        """Why the session ended, once it did (``None`` while it is open)."""
+        self._check_keepalive()
+        with self._lock:
+            return self._dead
+
+    # --- locking ---------------------------------------------------------------
+    def acquire(self, key: Key, *, timeout: Optional[float] = None, ttl: Optional[float] = None,
+                persistent: bool = False, cancel: Optional[CancelToken] = None,
+                on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
+        """Acquires ``key`` (str as UTF-8, or bytes; 1..127 bytes).
+
+        * ``timeout`` — ``None`` waits until granted (FIFO); ``0`` only if free
+          now (:class:`~ringlock.LockBusy` otherwise); else seconds, after which
+          :class:`~ringlock.LockTimeout`. The server decides the timeout, so a
+          grant never races the client's timer.
+        * ``ttl`` — seconds: a **lease**, freed by the server when ``ttl``
+          passes without an extend. With ``keep_alive`` (default) the reader
+          thread extends it every ``ttl/3``; with ``keep_alive=False`` call
+          :meth:`Lease.extend` yourself. Without ``ttl``: a **session hold**,
+          freed the moment this session ends, or with ``persistent=True`` a
+          Locking-Center hold (freed only by a release or a reset).
+        * ``cancel`` — a :class:`CancelToken` that withdraws the wait exactly.
+        * ``on_lost(lease, info)`` — runs on the callback thread when the lock is lost.
+        """
+        kb = _key_bytes(key)
+        if ttl is not None and persistent:
+            raise InvalidArgument("a hold is a lease (ttl) or persistent, not both")
+        if ttl is not None:
+            if not isinstance(ttl, (int, float)) or math.isnan(ttl):
+                raise InvalidArgument(f"ttl must be a number of seconds, got {ttl!r}")
+            ttl_ms = int(ttl * 1000) if ttl < 4.3e6 else 0xFFFFFFFF
+            lo, hi = self._w.min_ttl_ms, self._w.max_ttl_ms
+            if ttl_ms <= 0 or not lo <= ttl_ms <= hi:
+                raise InvalidArgument(f"a lease TTL must be within {lo / 1000}..{hi / 1000} s "
+                                      f"(this server's bounds), got {ttl}")
+            mode = HoldMode.LEASE
+        else:
+            ttl_ms = 0
+            mode = HoldMode.PERSISTENT if persistent else HoldMode.SESSION
+        if timeout is None:
+            wait_ms = codec.WAIT_FOREVER
+        elif not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
+            raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        elif timeout == 0:
+            wait_ms = 0
+        else:
+            wait_ms = int(min(max(1, math.ceil(timeout * 1000)), codec.WAIT_FOREVER - 1))
+        if cancel is not None and cancel.cancelled:
+            raise Cancelled("cancelled before it was sent", "cancelled")
+
+        p = _Pending("acquire", 0.0)
+        p.key, p.mode, p.ttl_ms = kb, mode, ttl_ms
+        p.on_lost, p.keep_alive = on_lost, keep_alive
+        rid = self._send(p, lambda r: codec.encode_acquire(r, mode, ttl_ms, wait_ms, kb,
+                                                           self._source))
+        unsubscribe: Callable[[], None] = lambda: None
+        if cancel is not None and wait_ms != 0:  # a try never queues: nothing to cancel
+            unsubscribe = cancel._subscribe(lambda: self._send_cancel(rid, p))
+        try:
+            try:
+                p.event.wait()
+            except BaseException:
+                # Interrupted (KeyboardInterrupt, ...): withdraw exactly, then
+                # let go of a grant that beat the Cancel, then re-raise.
+                self._send_cancel(rid, p)
+                if p.event.wait(self._release_timeout) and p.lease is not None:
+                    try:
+                        p.lease.release()
+                    except RingLockError:
+                        pass
+                raise
+        finally:
+            unsubscribe()
+            with self._lock:
+                self._pending.pop(rid, None)
+        reply, lease = p.reply, p.lease
+        if reply is None:
+            with self._lock:
+                dead = self._dead
+            why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
+            raise Unavailable(f"the session ended before the acquire was answered ({why}); "
+                              f"{_after_the_session(mode)}")
+        st = reply.status
+        if st == Status.OK:
+            assert lease is not None
+            if p.cancel_sent:
+                # The grant beat the Cancel: a cancelled caller never holds the key.
+                try:
+                    lease.release()
+                except LockLost:
+                    pass
+                raise Cancelled("cancelled (a grant that raced the cancel was released)",
+                                "cancelled")
+            info = lease.lost_info
+            if info is not None:
+                lease.release_quietly()
+                raise LockLost(f"the grant was lost before it could be handed out: {info}",
+                               info=info)
+            if mode == HoldMode.LEASE and lease._expires_at is None:
+                # Granted after a wait that used up most of sent + TTL: one
+                # Extend gives this side an expiry it can count from.
+                try:
+                    lease.extend()
+                except BaseException:
+                    lease.release_quietly()
+                    raise
+            return lease
+        if st == Status.TIMED_OUT:
+            raise LockTimeout(f"{kb!r} was not granted within {timeout} s", st.label)
+        if st == Status.BUSY:
+            raise LockBusy(f"{kb!r} is held", st.label)
+        if st == Status.CANCELLED:
+            raise Cancelled(f"the acquire of {kb!r} was cancelled", st.label)
+        if st == Status.LIMIT_REACHED:
+            raise LimitReached("the server's --max-keys or --max-waiters refused it", st.label)
+        if st == Status.INVALID:
+            raise InvalidArgument(f"the server answered invalid to the acquire of {kb!r}",
+                                  st.label)
+        if st == Status.SERVER_ERROR:
+            raise ServerError("the server answered server_error (nothing was granted)", st.label)
+        raise ProtocolError(f"the server answered {st.label} to an acquire", st.label)
+
+    def lock(self, key: Key, *, timeout: Optional[float] = None, ttl: Optional[float] = None,
+             persistent: bool = False, cancel: Optional[CancelToken] = None,
+             on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
+        """:meth:`acquire` under the name a ``with`` statement reads well with:
+        ``with client.lock("k", ttl=30) as lease: ...``."""
+        return self.acquire(key, timeout=timeout, ttl=ttl, persistent=persistent,
+                            cancel=cancel, on_lost=on_lost, keep_alive=keep_alive)
+
+    def try_lock(self, key: Key, *, ttl: Optional[float] = None, persistent: bool = False,
+                 on_lost: Optional[LostCallback] = None, keep_alive: bool = True
+                 ) -> Optional[Lease]:
+        """The lock only if it is free right now; ``None`` when it is held."""
+        try:
+            return self.acquire(key, timeout=0, ttl=ttl, persistent=persistent,
+                                on_lost=on_lost, keep_alive=keep_alive)
+        except LockBusy:
+            return None
+
+    # --- by token (holds this client has no Lease for) ------------------------
+    def release(self, key: Key, token: int) -> None:
+        """Releases ``key`` naming ``token`` (a lease or persistent hold may be
+        released by any session that names its token). Raises
+        :class:`~ringlock.StaleToken` / :class:`~ringlock.NotOwner`; nothing
+        changes then."""
+        kb = _key_bytes(key)
+        self._status(self._call(lambda r: codec.encode_release(r, token, kb)), "release")
+
+    def extend(self, key: Key, token: int, ttl: float) -> Optional[float]:
+        """Sets the TTL left of the lease ``key``/``token`` to ``ttl`` seconds.
+        Returns the TTL left the server answered (seconds)."""
+        kb = _key_bytes(key)
+        ttl_ms = int(ttl * 1000)
+        rep = self._status(self._call(lambda r: codec.encode_extend(r, token, ttl_ms, kb)),
+                           "extend")
+        return None if rep.ttl_left_ms is None else rep.ttl_left_ms / 1000.0
+
+    def ping(self) -> float:
+        """One Ping round trip; returns its time in seconds."""
+        t0 = time.monotonic()
+        self._status(self._call(codec.encode_ping), "ping")
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        """Ends the session now: the server frees its session holds at once.
+        Every lock of it that is not being released is lost (callbacks run,
+        reason ``session_ended``). Idempotent."""
+        self._die(LostReason.SESSION_ENDED, "Client.close() ended the session")
+        if threading.current_thread() is not self._reader:
+            self._reader.join(self._release_timeout)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Client(server={self._server[0]}:{self._server[1]}, "
+                f"session_id={self._w.session_id}, ended={self._dead is not None})")
+
+    # --- internals: requests ---------------------------------------------------
+    def _alloc_rid(self) -> int:
+        while True:
+            rid = self._next_rid
+            self._next_rid = (rid + 1) & 0xFFFFFFFF
+            if rid > _PING_RID and rid not in self._pending:
+                return rid
+
+    def _write(self, frame: bytes) -> None:
+        try:
+            with self._wlock:
+                self._sock.sendall(frame)
+        except OSError as e:
+            self._die(LostReason.SESSION_ENDED, f"sending a request failed: {e}")
+            raise Unavailable(f"the session has ended: sending failed: {e}") from None
+
+    def _send(self, p: _Pending, encode: Callable[[int], bytes]) -> int:
+        with self._lock:
+            if self._dead is not None:
+                raise Unavailable(f"the session has ended ({self._dead[0].value}: "
+                                  f"{self._dead[1]})")
+            rid = self._alloc_rid()
+            self._pending[rid] = p
+        frame = encode(rid)
+        p.sent_at = time.monotonic()
+        try:
+            self._write(frame)
+        except Unavailable:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise
+        return rid
+
+    def _send_cancel(self, target: int, p: _Pending) -> None:
+        with self._lock:
+            if p.event.is_set() or p.cancel_sent or self._dead is not None:
+                return
+            p.cancel_sent = True
+            rid = self._alloc_rid()
+            self._pending[rid] = _Pending("ignore", time.monotonic())
+        try:
+            self._write(codec.encode_cancel(rid, target, p.key))
+        except Unavailable:
+            pass  # the session's end answers the acquire
+
+    def _call(self, encode: Callable[[int], bytes], timeout: Optional[float] = None
+              ) -> codec.Reply:
+        p = _Pending("call", 0.0)
+        rid = self._send(p, encode)
+        got = p.event.wait(self._release_timeout if timeout is None else timeout)
+        with self._lock:
+            if not got:
+                q = self._pending.get(rid)
+                if q is not None:
+                    q.kind = "ignore"
+            else:
+                self._pending.pop(rid, None)
+            dead = self._dead
+        if p.reply is None:
+            if not got:
+                raise ReleaseFailed(f"no answer within {self._release_timeout} s")
+            why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
+            raise Unavailable(f"the session ended before the answer ({why})")
+        return p.reply
+
+    @staticmethod
+    def _status(rep: codec.Reply, what: str) -> codec.Reply:
+        st = rep.status
+        if st == Status.OK:
+            return rep
+        msg = f"the server answered {st.label} to the {what}"
+        if st == Status.STALE_TOKEN:
+            raise StaleToken(msg + ": the token is not the key's current one; nothing changed",
+                             st.label)
+        if st == Status.NOT_OWNER:
+            raise NotOwner(msg + ": a session hold of another session; nothing changed",
+                           st.label)
+        if st == Status.INVALID:
+            raise InvalidArgument(msg, st.label)
+        if st == Status.LIMIT_REACHED:
+            raise LimitReached(msg, st.label)
+        if st == Status.SERVER_ERROR:
+            raise ServerError(msg, st.label)
+        raise ProtocolError(msg, st.label)
+
+    # --- internals: lease state ------------------------------------------------
+    def _claim_loss(self, lease: Lease, info: LostInfo) -> bool:
+        """The one verdict (caller holds ``_lock``): lost, unless a release began first."""
+        if lease._state != "held":
+            return False
+        lease._state = "lost"
+        lease._lost_info = info
+        lease._lost_event.set()
+        return True
+
+    def _notify(self, lease: Lease, info: LostInfo) -> None:
+        if self._on_lost is not None:
+            self._callbacks.put((self._on_lost, lease, info))
+        if lease._on_lost is not None:
+            self._callbacks.put((lease._on_lost, lease, info))
+
+    def _check_keepalive(self) -> None:
+        """Declares the session lost if no request sent within the detection
+        window was answered: right after a pause (SIGSTOP, a VM freeze), before
+        the reader thread has run again."""
+        with self._lock:
+            if self._dead is not None:
+                return
+            overdue = time.monotonic() > self._confirmed_at + self._interval + self._ping_timeout
+        if overdue:
+            self._die(LostReason.KEEPALIVE_TIMEOUT,
+                      f"nothing the server answered was sent within the last "
+                      f"{self._interval + self._ping_timeout:.3f} s (keep-alive "
+                      f"{self._w.keepalive} s): the session may have ended on the server")
+
+    def _evaluate(self, lease: Lease) -> None:
+        """Brings ``lease``'s state up to date with the client-side deadlines."""
+        self._check_keepalive()
+        now = time.monotonic()
+        notify = None
+        with self._lock:
+            if lease._state == "held" and lease._expires_at is not None \
+                    and now >= lease._expires_at:
+                info = LostInfo(lease._key, lease._token, LostReason.EXPIRED,
+                                "its TTL passed on this client's clock without an extend",
+                                False)
+                if self._claim_loss(lease, info):
+                    notify = info
+        if notify is not None:
+            self._notify(lease, notify)
+
+    def _extend_lease(self, lease: Lease, ttl: Optional[float]) -> None:
+        lease.check()
+        if lease._mode != HoldMode.LEASE:
+            if ttl is not None:
+                raise InvalidArgument("only a lease has a TTL to extend")
+            self.ping()
+            lease.check()
+            return
+        ttl_ms = lease._ttl_ms if ttl is None else int(ttl * 1000)
+        lo, hi = self._w.min_ttl_ms, self._w.max_ttl_ms
+        if not lo <= ttl_ms <= hi:
+            raise InvalidArgument(f"a lease TTL must be within {lo / 1000}..{hi / 1000} s")
+        p = _Pending("call", 0.0)
+        try:
+            rid = self._send(p, lambda r: codec.encode_extend(r, lease._token, ttl_ms,
+                                                              lease._key))
+        except Unavailable:
+            lease.check()
+            raise
+        got = p.event.wait(self._release_timeout)
+        with self._lock:
+            self._pending.pop(rid, None)
+        rep = p.reply
+        if rep is None:
+            lease.check()
+            raise ReleaseFailed("the extend was not answered" if not got else
+                                "the session ended before the extend was answered")
+        if rep.status == Status.OK:
+            with self._lock:
+                if lease._state == "held":
+                    lease._expires_at = p.sent_at + ttl_ms / 1000.0
+                    if lease._keep_alive:
+                        lease._next_extend = p.sent_at + ttl_ms / 3000.0
+                    lease._ttl_ms = ttl_ms
+            self._wake()
+            lease.check()
+            return
+        if rep.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
+            info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+                            f"the extend was answered {rep.status.label}", True)
+            with self._lock:
+                claimed = self._claim_loss(lease, info)
+            if claimed:
+                self._notify(lease, info)
+            cls = StaleToken if rep.status == Status.STALE_TOKEN else NotOwner
+            raise cls(str(info), rep.status.label, info)
+        self._status(rep, "extend")
+
+    def _release_lease(self, lease: Lease) -> None:
+        with self._lock:
+            self._holds.pop((lease._key, lease._token), None)
+            info = lease._lost_info
+            dead = self._dead
+        if info is not None and (info.from_server or dead is not None):
+            raise LockLost(f"released after it was lost: {info}", info=info)
+        if dead is not None:
+            if lease._mode == HoldMode.SESSION:
+                return  # the server frees a session hold with its session
+            raise ReleaseFailed(f"the session ended before the release could be sent "
+                                f"({dead[0].value}: {dead[1]}); {_after_the_session(lease._mode)}")
+        try:
+            rep = self._call(lambda r: codec.encode_release(r, lease._token, lease._key))
+        except Unavailable as e:
+            if info is not None:
+                raise LockLost(f"released after it was lost: {info}", info=info) from None
+            if lease._mode == HoldMode.SESSION:
+                return
+            raise ReleaseFailed(f"{e}; {_after_the_session(lease._mode)}") from None
+        if info is not None:
+            raise LockLost(f"released after it was lost: {info}", info=info)
+        if rep.status == Status.OK:
+            return
+        if rep.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
+            info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+                            f"the release was answered {rep.status.label}", True)
+            with self._lock:
+                lease._lost_info = info
+                lease._state = "lost"
+                lease._lost_event.set()
+            cls = StaleToken if rep.status == Status.STALE_TOKEN else NotOwner
+            raise cls(str(info), rep.status.label, info)
+        raise ReleaseFailed(f"the server answered {rep.status.label} to the release",
+                            rep.status.label)
+
+    # --- internals: the reader thread ----------------------------------------
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # full (a wake-up is pending anyway) or closed
+
+    def _run_reader(self) -> None:
+        try:
+            reason, detail = self._serve()
+        except BaseException as e:  # never let the session hang on a bug
+            reason, detail = LostReason.SESSION_ENDED, f"internal error in the reader: {e!r}"
+            log.exception("ringlock reader thread failed")
+        self._die(reason, detail)
+
+    def _serve(self) -> Tuple[LostReason, str]:
+        buf = bytearray()
+        next_ping = time.monotonic() + self._interval
+        ping_due: Optional[float] = None  # due time of the outstanding Ping
+        ping_sent = 0.0
+        while True:
+            with self._lock:
+                if self._dead is not None:
+                    return self._dead
+                wake_at = ping_due + self._ping_timeout if ping_due is not None else next_ping
+                for lease in self._holds.values():
+                    if lease._state != "held":
+                        continue
+                    if lease._expires_at is not None:
+                        wake_at = min(wake_at, lease._expires_at)
+                    if lease._next_extend is not None and not lease._extend_in_flight:
+                        wake_at = min(wake_at, lease._next_extend)
+            try:
+                r, _, _ = select.select([self._sock, self._wake_r], [], [],
+                                        max(0.0, wake_at - time.monotonic()))
+            except (OSError, ValueError) as e:
+                return LostReason.SESSION_ENDED, f"select failed: {e}"
+            if self._wake_r in r:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            if self._sock in r:
+                try:
+                    data = self._sock.recv(65536)
+                except socket.timeout:
+                    data = None
+                except OSError as e:
+                    return LostReason.SESSION_ENDED, f"the connection failed: {e}"
+                if data == b"":
+                    return LostReason.SESSION_ENDED, "the server closed the connection"
+                if data:
+                    buf += data
+                    at = 0
+                    while True:
+                        try:
+                            got = codec.decode_answer(memoryview(buf)[at:])
+                        except codec.ProtocolError as e:
+                            return LostReason.SESSION_ENDED, f"the server broke the protocol: {e}"
+                        if got is None:
+                            break
+                        ans, used = got
+                        at += used
+                        if isinstance(ans, codec.Reply) and ans.rid == _PING_RID:
+                            if ping_due is not None:
+                                ping_due = None
+                                with self._lock:
+                                    self._confirmed_at = max(self._confirmed_at, ping_sent)
+                                if ans.status != Status.OK:
+                                    return (LostReason.KEEPALIVE_TIMEOUT,
+                                            f"the server answered a ping {ans.status.label}")
+                            continue
+                        end = self._dispatch(ans)
+                        if end is not None:
+                            return end
+                    del buf[:at]
+            now = time.monotonic()
+            # The keep-alive. Its deadline counts from when the Ping was due,
+            # so a late wake-up shortens the wait, never stretches it.
+            if ping_due is not None and now >= ping_due + self._ping_timeout:
+                return (LostReason.KEEPALIVE_TIMEOUT,
+                        f"no answer to a ping within {self._ping_timeout:.3f} s (keep-alive "
+                        f"{self._w.keepalive} s): the connection hangs")
+            if ping_due is None and now >= next_ping:
+                ping_due = next_ping
+                next_ping = max(next_ping + self._interval, now)
+                ping_sent = time.monotonic()
+                try:
+                    with self._wlock:
+                        self._sock.sendall(codec.encode_ping(_PING_RID))
+                except OSError as e:
+                    return LostReason.SESSION_ENDED, f"sending a ping failed: {e}"
+            self._timers(time.monotonic())
+
+    def _timers(self, now: float) -> None:
+        """Client-side lease expiry, then background extends."""
+        lost: List[Tuple[Lease, LostInfo]] = []
+        extends: List[Tuple[int, bytes, _Pending]] = []
+        with self._lock:
+            for lease in self._holds.values():
+                if lease._state != "held":
+                    continue
+                if lease._expires_at is not None and now >= lease._expires_at:
+                    info = LostInfo(lease._key, lease._token, LostReason.EXPIRED,
+                                    "its TTL passed on this client's clock without an extend",
+                                    False)
+                    if self._claim_loss(lease, info):
+                        lost.append((lease, info))
+                    continue
+                if lease._next_extend is not None and not lease._extend_in_flight \
+                        and now >= lease._next_extend:
+                    lease._extend_in_flight = True
+                    p = _Pending("extend", now)
+                    p.target = lease
+                    rid = self._alloc_rid()
+                    self._pending[rid] = p
+                    extends.append((rid, codec.encode_extend(rid, lease._token, lease._ttl_ms,
+                                                             lease._key), p))
+        for lease, info in lost:
+            self._notify(lease, info)
+        for _rid, frame, p in extends:
+            p.sent_at = time.monotonic()
+            try:
+                with self._wlock:
+                    self._sock.sendall(frame)
+            except OSError as e:
+                self._die(LostReason.SESSION_ENDED, f"sending an extend failed: {e}")
+                return
+
+    def _dispatch(self, ans: codec.Answer) -> Optional[Tuple[LostReason, str]]:
+        if isinstance(ans, codec.Welcome):
+            return LostReason.SESSION_ENDED, "the server broke the protocol: a second hello reply"
+        if isinstance(ans, codec.Lost):
+            self._on_push(ans)
+            return None
+        notify: Optional[Tuple[Lease, LostInfo]] = None
+        with self._lock:
+            p = self._pending.get(ans.rid)
+            if p is None:
+                return None  # an answer nobody waits for any more
+            self._confirmed_at = max(self._confirmed_at, p.sent_at)
+            if p.kind == "ignore":
+                del self._pending[ans.rid]
+                return None
+            if p.kind == "extend":
+                del self._pending[ans.rid]
+                lease = p.target
+                assert lease is not None
+                lease._extend_in_flight = False
+                if ans.status == Status.OK:
+                    if lease._state == "held":
+                        lease._expires_at = p.sent_at + lease._ttl_ms / 1000.0
+                        lease._next_extend = p.sent_at + lease._ttl_ms / 3000.0
+                elif ans.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
+                    info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+                                    f"a background extend was answered {ans.status.label}", True)
+                    if self._claim_loss(lease, info):
+                        notify = (lease, info)
+                else:
+                    # Retry soon; the client-side expiry still bounds it.
+                    lease._next_extend = time.monotonic() + lease._ttl_ms / 10000.0
+            else:
+                if p.kind == "acquire" and ans.status == Status.OK:
+                    lease = Lease(self, p.key, ans.token, p.mode, p.ttl_ms, p.sent_at,
+                                  p.on_lost, p.keep_alive)
+                    if p.mode == HoldMode.LEASE and lease._expires_at is not None \
+                            and lease._expires_at - time.monotonic() < p.ttl_ms / 2000.0:
+                        # Granted after a long wait: the caller extends before
+                        # handing it out; until then no client-side expiry.
+                        lease._expires_at = None
+                        lease._next_extend = None
+                    # Registered before any later push is read, so a Lost
+                    # right behind the grant is never missed.
+                    self._holds[(p.key, ans.token)] = lease
+                    p.lease = lease
+                p.reply = ans
+                p.event.set()
+        if notify is not None:
+            self._notify(*notify)
+        return None
+
+    def _on_push(self, push: codec.Lost) -> None:
+        reason = LostReason.EXPIRED if push.why == codec.LostWhy.EXPIRED else LostReason.RESET
+        info = LostInfo(push.key, push.token, reason,
+                        f"the server pushed Lost ({push.why.name.lower()})", True)
+        with self._lock:
+            lease = self._holds.get((push.key, push.token))
+            if lease is None:
+                return
+            claimed = self._claim_loss(lease, info)
+            if not claimed and lease._state == "lost" and lease._lost_info is not None \
+                    and not lease._lost_info.from_server:
+                # Seen on this side first; now the server confirms it (a
+                # release then sends nothing).
+                lease._lost_info = info
+        if claimed:
+            self._notify(lease, info)
+
+    def _die(self, reason: LostReason, detail: str) -> None:
+        """The session's end (any thread, idempotent): every held lock is
+        lost, every waiter woken, the connection shut down."""
+        with self._lock:
+            if self._dead is not None:
+                return
+            self._dead = (reason, detail)
+            holds = list(self._holds.values())
+            self._holds.clear()
+            pending = list(self._pending.values())
+            lost = []
+            for lease in holds:
+                info = LostInfo(lease._key, lease._token, reason, detail, False)
+                if self._claim_loss(lease, info):
+                    lost.append((lease, info))
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for p in pending:
+            p.event.set()
+        for lease, info in lost:
+            self._notify(lease, info)
+        self._callbacks.put(None)
+        self._wake()
+
+    def _run_callbacks(self) -> None:
+        while True:
+            item = self._callbacks.get()
+            if item is None:
+                # The session ended: run what is queued, then stop.
+                while True:
+                    try:
+                        item = self._callbacks.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        self._call_back(*item)
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass
+                return
+            self._call_back(*item)
+
+    @staticmethod
+    def _call_back(fn: LostCallback, lease: Lease, info: LostInfo) -> None:
+        try:
+            fn(lease, info)
+        except Exception:
+            log.exception("a ringlock on_lost callback raised")
+
+
+class _Retry(Exception):
+    """Connecting or the Hello failed before any session existed: another try is safe."""
+
+
+def _after_the_session(mode: HoldMode) -> str:
+    if mode == HoldMode.SESSION:
+        return "the server frees a session hold when it ends the session"
+    if mode == HoldMode.LEASE:
+        return "the lease stays held until its TTL passes"
+    return "a persistent hold stays held until it is released by token or reset"
+

@@ -1,0 +1,237 @@
+"""The session protocol's frames: pure encoding and decoding, no I/O.
+
+Layout (``docs/protocol.md``, "Sessions"; integers little-endian)::
+
+    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=12, bodyLen <= 512
+    answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost
+
+Everything here is deterministic and side-effect free, so it is unit-tested
+on its own (``tests/test_codec.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+VERSION = 1
+HEADER = 7
+BODY_MAX = 512
+WAIT_FOREVER = 0xFFFFFFFF
+NO_TTL = 0xFFFFFFFF
+REPLY_BODY = 13
+WELCOME_BODY = 32
+KEY_MAX = 127
+SOURCE_MAX = 127
+AUTH_MAX = 255
+
+OP_HELLO = 7
+OP_ACQUIRE = 8
+OP_RELEASE = 9
+OP_EXTEND = 10
+OP_CANCEL = 11
+OP_PING = 12
+
+KIND_REPLY = 0x80
+KIND_LOST = 0x81
+
+_HDR = struct.Struct("<BIH")
+
+
+class Status(enum.IntEnum):
+    """The status byte of a Reply. ``.label`` is the protocol's name."""
+
+    OK = 0
+    TIMED_OUT = 1
+    BUSY = 2
+    NOT_OWNER = 3
+    STALE_TOKEN = 4
+    INVALID = 5
+    LIMIT_REACHED = 6
+    SERVER_ERROR = 7
+    CANCELLED = 8
+    NOT_QUEUED = 9
+    UNAUTHORIZED = 10
+
+    @property
+    def label(self) -> str:
+        """The status name used in errors and docs: ``"stale_token"`` etc."""
+        return self.name.lower()
+
+
+class HoldMode(enum.IntEnum):
+    """How a granted key is held (Acquire's ``hold`` byte)."""
+
+    PERSISTENT = 0
+    SESSION = 1
+    LEASE = 2
+
+
+class LostWhy(enum.IntEnum):
+    """The reason byte of a Lost push."""
+
+    EXPIRED = 1
+    RESET = 2
+
+
+class ProtocolError(Exception):
+    """The server sent bytes that are not the session protocol."""
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The Hello reply: what the server applies to this session."""
+
+    rid: int
+    status: Status
+    version: int
+    keepalive_ms: int
+    min_ttl_ms: int
+    max_ttl_ms: int
+    session_id: int
+    max_keys: int
+    max_waiters: int
+    shards: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A Reply to anything but a Hello (also a refused Hello)."""
+
+    rid: int
+    status: Status
+    token: int
+    #: ``None`` where the server sent ``0xFFFFFFFF`` (no TTL).
+    ttl_left_ms: Optional[int]
+
+
+@dataclass(frozen=True)
+class Lost:
+    """An unsolicited push: the server took ``key`` (at ``token``) away."""
+
+    key: bytes
+    token: int
+    why: LostWhy
+
+
+Answer = Union[Welcome, Reply, Lost]
+
+
+def _frame(op: int, rid: int, body: bytes) -> bytes:
+    if len(body) > BODY_MAX:
+        raise ValueError(f"body of {len(body)} bytes exceeds {BODY_MAX}")
+    if not 0 <= rid <= 0xFFFFFFFF:
+        raise ValueError(f"request id {rid} out of range")
+    return _HDR.pack(op, rid, len(body)) + body
+
+
+def _name(n: bytes, lo: int, hi: int, what: str) -> bytes:
+    if not lo <= len(n) <= hi:
+        raise ValueError(f"a {what} is {lo} to {hi} bytes, got {len(n)}")
+    return bytes([len(n)]) + n
+
+
+def _u32(v: int, what: str) -> bytes:
+    if not 0 <= v <= 0xFFFFFFFF:
+        raise ValueError(f"{what} {v} out of range 0..=2^32-1")
+    return struct.pack("<I", v)
+
+
+def _u64(v: int, what: str) -> bytes:
+    if not 0 <= v <= 0xFFFFFFFFFFFFFFFF:
+        raise ValueError(f"{what} {v} out of range 0..=2^64-1")
+    return struct.pack("<Q", v)
+
+
+def encode_hello(rid: int, keepalive_ms: int, auth: bytes = b"", version: int = VERSION) -> bytes:
+    """Hello: ``[u8 version][u32 keepalive_ms]`` then, with a secret, ``[u8 len][auth]``."""
+    body = bytes([version]) + _u32(keepalive_ms, "keepalive_ms")
+    if auth:
+        body += _name(auth, 1, AUTH_MAX, "auth token")
+    return _frame(OP_HELLO, rid, body)
+
+
+def encode_acquire(
+    rid: int, hold: HoldMode, ttl_ms: int, wait_ms: int, key: bytes, source: bytes = b""
+) -> bytes:
+    """Acquire: ``[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]``."""
+    body = (
+        bytes([int(hold)])
+        + _u32(ttl_ms, "ttl_ms")
+        + _u32(wait_ms, "wait_ms")
+        + _name(key, 1, KEY_MAX, "key")
+        + _name(source, 0, SOURCE_MAX, "source")
+    )
+    return _frame(OP_ACQUIRE, rid, body)
+
+
+def encode_release(rid: int, token: int, key: bytes) -> bytes:
+    """Release: ``[u64 token][u8 keyLen][key]``."""
+    return _frame(OP_RELEASE, rid, _u64(token, "token") + _name(key, 1, KEY_MAX, "key"))
+
+
+def encode_extend(rid: int, token: int, ttl_ms: int, key: bytes) -> bytes:
+    """Extend: ``[u64 token][u32 ttl_ms][u8 keyLen][key]``."""
+    body = _u64(token, "token") + _u32(ttl_ms, "ttl_ms") + _name(key, 1, KEY_MAX, "key")
+    return _frame(OP_EXTEND, rid, body)
+
+
+def encode_cancel(rid: int, target_rid: int, key: bytes) -> bytes:
+    """Cancel: ``[u32 rid of the Acquire][u8 keyLen][key of the Acquire]``."""
+    body = _u32(target_rid, "target rid") + _name(key, 1, KEY_MAX, "key")
+    return _frame(OP_CANCEL, rid, body)
+
+
+def encode_ping(rid: int) -> bytes:
+    """Ping: an empty body."""
+    return _frame(OP_PING, rid, b"")
+
+
+def _status(b: int) -> Status:
+    try:
+        return Status(b)
+    except ValueError:
+        raise ProtocolError(f"unknown status byte {b}") from None
+
+
+def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[int] = None
+                  ) -> Optional[Tuple[Answer, int]]:
+    """Decodes the first server message in ``buf``.
+
+    Returns ``None`` when more bytes are needed, else ``(answer, used)``.
+    ``hello_rid`` names the Hello's request id: its reply has the longer
+    body (a refused Hello is a plain 13-byte Reply). Raises
+    :class:`ProtocolError` for bytes that cannot be a server message.
+    """
+    if len(buf) < HEADER:
+        return None
+    kind, rid, blen = _HDR.unpack_from(buf, 0)
+    if blen > BODY_MAX:
+        raise ProtocolError(f"answer body of {blen} bytes exceeds {BODY_MAX}")
+    if len(buf) < HEADER + blen:
+        return None
+    body = bytes(buf[HEADER:HEADER + blen])
+    used = HEADER + blen
+    if kind == KIND_REPLY:
+        if hello_rid is not None and rid == hello_rid and blen >= WELCOME_BODY:
+            st, ver, ka, mn, mx, sid, mk, mw, sh = struct.unpack_from("<BBIIIQIIH", body, 0)
+            # A later server may append fields: they are skipped.
+            return Welcome(rid, _status(st), ver, ka, mn, mx, sid, mk, mw, sh), used
+        if blen != REPLY_BODY:
+            raise ProtocolError(f"a reply body is {REPLY_BODY} bytes, got {blen}")
+        st, token, ttl = struct.unpack_from("<BQI", body, 0)
+        return Reply(rid, _status(st), token, None if ttl == NO_TTL else ttl), used
+    if kind == KIND_LOST:
+        if blen < 11:
+            raise ProtocolError(f"a lost push of {blen} body bytes is too short")
+        token, why, klen = struct.unpack_from("<QBB", body, 0)
+        if klen < 1 or klen > KEY_MAX or 10 + klen != blen:
+            raise ProtocolError(f"a lost push with a key of {klen} bytes in {blen} body bytes")
+        try:
+            reason = LostWhy(why)
+        except ValueError:
+            raise ProtocolError(f"unknown lost reason {why}") from None
+        return Lost(body[10:], token, reason), used
+    raise ProtocolError(f"unknown answer kind {kind:#04x}")

@@ -1,0 +1,120 @@
+"""Exceptions. Every one is a :class:`RingLockError`; ``.status`` is the
+server's status name (``"timed_out"``, ``"stale_token"``, ...) when the error
+comes from a server answer, and ``None`` when it does not."""
+
+from __future__ import annotations
+
+from typing import Optional, TYPE_CHECKING
+
+from ._codec import ProtocolError as _CodecProtocolError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import LostInfo
+
+
+class RingLockError(Exception):
+    """Base of every error of this package."""
+
+    #: The server's status name, or ``None``.
+    status: Optional[str] = None
+
+    def __init__(self, message: str, status: Optional[str] = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgument(RingLockError, ValueError):
+    """Refused before anything was sent (a key of 0 or >127 bytes, a TTL
+    outside the server's bounds, ...), or answered ``invalid`` by the server."""
+
+    status = None
+
+
+class Unavailable(RingLockError, ConnectionError):
+    """No session could be opened (every address failed), or the session
+    has ended: open a new :class:`~ringlock.Client`."""
+
+
+class Unauthorized(Unavailable):
+    """The server has ``--auth-token-file`` and the Hello's token was missing
+    or wrong (status ``unauthorized``). Not retried."""
+
+    status = "unauthorized"
+
+
+class ProtocolError(RingLockError):
+    """The peer does not speak the session protocol (or broke it)."""
+
+
+class LockTimeout(RingLockError, TimeoutError):
+    """An acquire's wait ended without a grant (status ``timed_out``). The
+    server decided: the key was not granted to this caller."""
+
+    status = "timed_out"
+
+
+class LockBusy(LockTimeout):
+    """A try-lock (``timeout=0``) found the key held (status ``busy``)."""
+
+    status = "busy"
+
+
+class Cancelled(RingLockError):
+    """The acquire was withdrawn through its :class:`~ringlock.CancelToken`
+    (status ``cancelled``). A cancelled caller never holds the key."""
+
+    status = "cancelled"
+
+
+class LimitReached(RingLockError):
+    """The server's ``--max-keys`` or ``--max-waiters`` refused the acquire."""
+
+    status = "limit_reached"
+
+
+class ServerError(RingLockError):
+    """The server could not make the result durable, or is shutting down."""
+
+    status = "server_error"
+
+
+class LockLost(RingLockError):
+    """The lock is not (or no longer) held by this lease: it expired, was
+    reset, its session ended, or the server refused its token.
+    ``.info`` says how and when, where known."""
+
+    def __init__(self, message: str, status: Optional[str] = None,
+                 info: "Optional[LostInfo]" = None) -> None:
+        super().__init__(message, status)
+        self.info = info
+
+
+class StaleToken(LockLost):
+    """The token named is not the key's current one (status
+    ``stale_token``): nothing changed on the server."""
+
+    status = "stale_token"
+
+
+class NotOwner(LockLost):
+    """The token is current but belongs to another session's session hold
+    (status ``not_owner``): nothing changed on the server."""
+
+    status = "not_owner"
+
+
+class LockReleased(RingLockError):
+    """The lease was already released by this client: it cannot be extended."""
+
+
+def _protocol(e: _CodecProtocolError) -> ProtocolError:
+    return ProtocolError(f"the server broke the session protocol: {e}")
+
+
+class ReleaseFailed(RingLockError):
+    """A release could not be confirmed (no answer within the release
+    timeout, the session ended first, or the server answered an error).
+    The message says what stays held: a session hold is freed when its
+    session ends, a lease at its TTL, a persistent hold only by a release
+    naming its token or a reset."""

@@ -1,0 +1,463 @@
+"""The conformance scenarios, against the real ringlockd.
+
+The package is imported from PYTHONPATH: conformance.sh installs it with
+pip into a temporary directory first, so the suite tests what pip installs.
+
+Run by ``clients/python/conformance.sh`` (``python3 conformance.py [NAME...]``).
+Prints ``conformance python NAME ok`` per scenario and exits non-zero if
+any failed. Env: ``RINGLOCKD`` (the binary), ``RINGLOCK_TEST_THREADS``
+(``--threads``, default 1).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Callable, Dict, List, Optional
+
+import ringlock  # noqa: E402
+from harness import Child, Failed, Server, check, poll, threads  # noqa: E402
+
+SCENARIOS: Dict[str, Callable[[], None]] = {}
+#: Every scenario must finish within this (a hang dumps every thread's stack and fails).
+SCENARIO_LIMIT_S = 120
+
+
+def scenario(fn: Callable[[], None]) -> Callable[[], None]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+class Waiter:
+    """``client.acquire(key, **kw)`` on a thread of its own."""
+
+    def __init__(self, client: ringlock.Client, key: str, **kw: object) -> None:
+        self.lease: Optional[ringlock.Lease] = None
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.lease = client.acquire(key, **kw)  # type: ignore[arg-type]
+            except BaseException as e:
+                self.error = e
+            self.done.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float = 20.0) -> ringlock.Lease:
+        check(self.done.wait(timeout), f"the acquire did not return within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.lease is not None
+        return self.lease
+
+
+@scenario
+def grant() -> None:
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+        la = a.lock("grant/k")
+        check(la.token > 0, f"token {la.token} must be > 0")
+        check(s.keyx()[b"grant/k"].token == la.token, "KEYX shows another token")
+        la.release()
+        la.release()  # safe twice
+        check(b"grant/k" not in s.keyx(), "released key still listed")
+        lb = b.lock("grant/k", timeout=5)
+        check(lb.token > la.token, f"second token {lb.token} not > first {la.token}")
+        lb.release()
+
+
+@scenario
+def fifo() -> None:
+    with Server() as s:
+        clients = [ringlock.Client(s.addr) for _ in range(4)]
+        try:
+            a = clients[0].lock("fifo/k")
+            order: List[str] = []
+            tokens: List[int] = []
+            waiters = []
+            for i, name in enumerate("BCD", start=1):
+                c = clients[i]
+
+                def run(c: ringlock.Client = c, name: str = name) -> None:
+                    lease = c.lock("fifo/k", timeout=30)
+                    # Appended while holding the key: this list is the grant order.
+                    order.append(name)
+                    tokens.append(lease.token)
+                    lease.release()
+
+                t = threading.Thread(target=run, daemon=True)
+                t.start()
+                waiters.append(t)
+                s.wait_queued(i)  # queued in exactly this order
+            a.release()
+            for t in waiters:
+                t.join(30)
+                check(not t.is_alive(), "a waiter was never granted")
+            check(order == ["B", "C", "D"], f"granted in order {order}, not B, C, D")
+            check(all(x < y for x, y in zip([a.token] + tokens, tokens)),
+                  f"tokens not increasing: {[a.token] + tokens}")
+        finally:
+            for c in clients:
+                c.close()
+
+
+@scenario
+def try_() -> None:
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+        la = a.lock("try/k")
+        t0 = time.monotonic()
+        check(b.try_lock("try/k") is None, "try_lock of a held key granted")
+        try:
+            b.acquire("try/k", timeout=0)
+            raise Failed("acquire(timeout=0) of a held key granted")
+        except ringlock.LockBusy as e:
+            check(e.status == "busy", f"status {e.status!r}, not busy")
+        check(time.monotonic() - t0 < 5, "a try waited")
+        lb = b.try_lock("try/free")
+        check(lb is not None and lb.token > 0, "try_lock of a free key not granted")
+        assert lb is not None
+        lb.release()
+        la.release()
+
+
+@scenario
+def timeout() -> None:
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+        la = a.lock("timeout/k")
+        try:
+            b.acquire("timeout/k", timeout=0.2)
+            raise Failed("acquire with a timeout on a held key granted")
+        except ringlock.LockTimeout as e:
+            check(type(e) is ringlock.LockTimeout and e.status == "timed_out",
+                  f"{type(e).__name__} status {e.status!r}, not LockTimeout timed_out")
+        la.check()
+        check(s.keyx()[b"timeout/k"].token == la.token, "the holder no longer holds")
+        la.release()
+        check(b"timeout/k" not in s.keyx(),
+              "after the holder released, the key is held (leaked to the timed-out client?)")
+        with ringlock.Client(s.addr) as c:
+            lc = c.try_lock("timeout/k")
+            check(lc is not None, "a third session cannot take the key")
+            assert lc is not None
+            lc.release()
+
+
+@scenario
+def cancel_race() -> None:
+    rounds = 150
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b, \
+            ringlock.Client(s.addr) as c:
+        outcomes = {"granted": 0, "cancelled": 0, "raced_grant_released": 0}
+        for r in range(rounds):
+            key = "cancel/k"
+            la = a.lock(key, timeout=10)
+            tok = ringlock.CancelToken()
+            w = Waiter(b, key, cancel=tok)
+            if r % 3 == 0:
+                s.wait_queued(1)  # some rounds surely queued before the race
+            go = threading.Barrier(2)
+
+            def release_a() -> None:
+                go.wait()
+                la.release()
+
+            t = threading.Thread(target=release_a, daemon=True)
+            t.start()
+            go.wait()
+            if r % 2:
+                time.sleep(0.0002 * (r % 7))  # spread the race over a few hundred µs
+            tok.cancel()
+            t.join(20)
+            try:
+                lb = w.result()
+                outcomes["granted"] += 1
+                check(s.keyx()[key.encode()].token == lb.token, "granted lease not the holder")
+                lb.release()
+            except ringlock.Cancelled as e:
+                check(e.status == "cancelled", f"status {e.status!r}")
+                outcomes["raced_grant_released" if "raced" in str(e) else "cancelled"] += 1
+            lc = c.try_lock(key)
+            check(lc is not None, f"round {r}: the key is held by nobody-knows-whom "
+                                  f"({s.keyx().get(key.encode())})")
+            assert lc is not None
+            lc.release()
+        check(outcomes["cancelled"] > 0, f"no round was cancelled: {outcomes}")
+        print(f"cancel_race: {rounds} rounds: {outcomes}", file=sys.stderr)
+
+
+@scenario
+def lease_expiry_lost() -> None:
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+        told = threading.Event()
+        seen: List[ringlock.LostInfo] = []
+
+        def on_lost(lease: ringlock.Lease, info: ringlock.LostInfo) -> None:
+            seen.append(info)
+            told.set()
+
+        la = a.lock("lease/k", ttl=1.0, keep_alive=False, on_lost=on_lost)
+        check(la.mode == "lease" and s.keyx()[b"lease/k"].mode == 2, "not held as a lease")
+        check(told.wait(10), "the holder was not told its lease expired")
+        check(la.lost and seen[0].reason == ringlock.LostReason.EXPIRED,
+              f"lost={la.lost} reason={seen[0].reason}")
+        try:
+            la.check()
+            raise Failed("check() of an expired lease did not raise")
+        except ringlock.LockLost:
+            pass
+        lb = b.lock("lease/k", timeout=10)
+        check(lb.token > la.token, f"next token {lb.token} not > {la.token}")
+        lb.release()
+        # A lease kept alive by the background extend outlives many TTLs.
+        lk = a.lock("lease/kept", ttl=0.3)
+        time.sleep(1.5)  # five TTLs: what is asserted is that it is still held after them
+        lk.check()
+        check(s.keyx()[b"lease/kept"].token == lk.token, "the kept-alive lease expired")
+        lk.release()
+        # The server's push: an operator reset of a live session's hold.
+        told.clear()
+        lr = a.lock("lease/reset", on_lost=on_lost)
+        s.rset(b"lease/reset")
+        check(told.wait(10), "no Lost push for an operator reset")
+        check(seen[-1].reason == ringlock.LostReason.RESET and seen[-1].from_server,
+              f"reset reported as {seen[-1]}")
+        check(lr.lost, "lost flag not set after the reset push")
+
+
+@scenario
+def session_end_on_close() -> None:
+    with Server() as s, ringlock.Client(s.addr) as b, ringlock.Client(s.addr) as c:
+        a = ringlock.Client(s.addr)
+        a.lock("end/k1")
+        a.lock("end/k2")
+        w = Waiter(b, "end/k1", timeout=30)
+        s.wait_queued(1)
+        a.close()
+        lb = w.result()
+        check(s.keyx()[b"end/k1"].token == lb.token, "waiter not the holder")
+        lc = c.try_lock("end/k2")
+        check(lc is not None, "the closed session's other hold was not freed")
+        assert lc is not None
+        lc.release()
+        lb.release()
+        # A holder process that dies (kill -9).
+        child = Child(s.addr, "end/k3")
+        try:
+            child.expect("granted")
+            w = Waiter(b, "end/k3", timeout=30)
+            s.wait_queued(1)
+            child.kill9()
+            w.result().release()
+        finally:
+            child.kill9()
+
+
+@scenario
+def keepalive_loss() -> None:
+    with Server() as s, ringlock.Client(s.addr) as b:
+        child = Child(s.addr, "ka/k", "--keepalive", "0.6")
+        try:
+            t1 = int(child.expect("granted").split()[1])
+            w = Waiter(b, "ka/k", timeout=60)
+            s.wait_queued(1)
+            child.signal(signal.SIGSTOP)
+            lb = w.result(60)  # the server ends the stopped holder's session
+            check(lb.token > t1, f"token {lb.token} not > {t1}")
+            child.signal(signal.SIGCONT)
+            child.send("check")
+            line = child.expect("")
+            check(line.startswith("lost "), f"the resumed holder believes: {line!r}")
+            child.send("callback")
+            line = child.expect("callback", 20)
+            check(line.split()[1] in ("keepalive_timeout", "session_ended"), line)
+            child.send("exit")
+            lb.release()
+        finally:
+            child.signal(signal.SIGCONT)
+            child.kill9()
+
+
+@scenario
+def stale_token_release() -> None:
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b, \
+            ringlock.Client(s.addr) as c:
+        old = a.lock("stale/k", ttl=30)
+        old.release()
+        cur = b.lock("stale/k", ttl=30)
+        for what, call in [("release", lambda: c.release("stale/k", old.token)),
+                           ("extend", lambda: c.extend("stale/k", old.token, 5))]:
+            try:
+                call()
+                raise Failed(f"{what} with a stale token succeeded")
+            except ringlock.StaleToken as e:
+                check(e.status == "stale_token", f"{what}: status {e.status!r}")
+        check(s.keyx()[b"stale/k"].token == cur.token, "the current holder was released")
+        cur.check()
+        cur.release()
+        # A session hold's current token, named by another session: not_owner.
+        sh = b.lock("stale/s")
+        try:
+            c.release("stale/s", sh.token)
+            raise Failed("another session released a session hold")
+        except ringlock.NotOwner as e:
+            check(e.status == "not_owner", f"status {e.status!r}")
+        check(s.keyx()[b"stale/s"].token == sh.token, "the session hold was released")
+        sh.release()
+
+
+@scenario
+def auth_refused() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "secret")
+        with open(path, "w") as f:
+            f.write("right-secret\n")
+        with Server(["--auth-token-file", path]) as s:
+            for token in (None, "wrong-secret"):
+                try:
+                    ringlock.Client(s.addr, auth_token=token, retry=0).close()
+                    raise Failed(f"a Hello with token {token!r} was accepted")
+                except ringlock.Unauthorized as e:
+                    check(e.status == "unauthorized", f"status {e.status!r}")
+                    check("unauthorized" in str(e), f"message does not name it: {e}")
+            with ringlock.Client(s.addr, auth_token="right-secret") as c:
+                c.lock("auth/k").release()
+
+
+@scenario
+def server_restart_durable() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        s = Server(["--data-path", os.path.join(d, "ringlock.wal")])
+        try:
+            before: List[int] = []
+            a = ringlock.Client(s.addr)
+            for i in range(5):
+                before.append(a.lock(f"dur/s{i}").token)
+            lease = a.lock("dur/lease", ttl=120)
+            persist = a.lock("dur/persist", persistent=True)
+            before += [lease.token, persist.token]
+            s.kill9()
+            poll(lambda: a.ended is not None, "the client to see the server die")
+            check(persist.lost and lease.lost, "holds of a dead session not reported lost")
+            s.start()
+            with ringlock.Client(s.addr) as b:
+                keys = s.keyx()
+                check(keys.get(b"dur/persist") is not None
+                      and keys[b"dur/persist"].token == persist.token
+                      and keys[b"dur/persist"].mode == 0, f"persistent hold lost: {keys}")
+                check(keys.get(b"dur/lease") is not None
+                      and keys[b"dur/lease"].token == lease.token, "lease lost in the restart")
+                check(b.try_lock("dur/persist") is None, "persistent hold not held after restart")
+                after = [b.lock(f"dur/s{i}", timeout=10).token for i in range(5)]
+                # The lease is still ours to keep by its token, from a new session.
+                b.extend("dur/lease", lease.token, 30)
+                b.release("dur/lease", lease.token)
+                b.release("dur/persist", persist.token)
+                lp = b.try_lock("dur/persist")
+                check(lp is not None, "persistent hold not free after its release")
+                assert lp is not None
+                after.append(lp.token)
+                check(min(after) > max(before),
+                      f"a token after the restart ({min(after)}) is not larger than every "
+                      f"token before ({max(before)})")
+        finally:
+            s.kill9()
+
+
+@scenario
+def shards() -> None:
+    n = threads()
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+        check(a.shards == n, f"server has {a.shards} shards, expected {n}")
+        keys = [f"shard/{i}" for i in range(8)]
+        seen: Dict[str, List[int]] = {k: [] for k in keys}
+        errors: List[BaseException] = []
+
+        def worker(c: ringlock.Client, mine: List[str]) -> None:
+            try:
+                for _ in range(25):
+                    for k in mine:
+                        with c.lock(k, timeout=20) as lease:
+                            seen[k].append(lease.token)  # under the lock: grant order
+            except BaseException as e:
+                errors.append(e)
+
+        ts = []
+        for i in range(4):
+            # Two workers per key, on different sessions: the keys contend.
+            mine = keys[(i % 2) * 4:(i % 2) * 4 + 4]
+            ts.append(threading.Thread(target=worker, args=(a if i < 2 else b, mine)))
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(90)
+        check(not any(t.is_alive() for t in ts), "a worker hung")
+        if errors:
+            raise errors[0]
+        for k, toks in seen.items():
+            check(len(toks) == 50, f"{k}: {len(toks)} grants, expected 50")
+            check(all(x < y for x, y in zip(toks, toks[1:])), f"{k}: tokens not increasing")
+        check(not s.keyx(), "keys left held")
+
+
+@scenario
+def fence_sigstop() -> None:
+    """examples/fence.py: a SIGSTOPped Python lease holder's stale write is
+    refused by the file it writes; without the fence it lands."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(os.path.dirname(here), "examples", "fence.py")
+    env = dict(os.environ)  # PYTHONPATH (set by conformance.sh) finds the package
+    with Server() as s:
+        for fenced in (True, False):
+            with tempfile.TemporaryDirectory() as d:
+                cmd = [sys.executable, example, "--addr", s.addr, "--dir", d]
+                if not fenced:
+                    cmd.append("--no-fence")
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+                want = 0 if fenced else 1
+                check(p.returncode == want,
+                      f"fence.py {'--no-fence ' if not fenced else ''}exited {p.returncode}, "
+                      f"expected {want}:\n{p.stdout}{p.stderr}")
+                with open(os.path.join(d, "store")) as f:
+                    final = f.read()
+                if fenced:
+                    check(final.startswith("B "), f"B's write did not stand: {final!r}")
+                else:
+                    check(final.startswith("A "), f"without the fence A's write should land: {final!r}")
+
+
+def main(argv: List[str]) -> int:
+    names = argv or list(SCENARIOS)
+    failed = []
+    for name in names:
+        fn = SCENARIOS.get(name) or SCENARIOS.get(name + "_")
+        if fn is None:
+            print(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+            return 2
+        shown = fn.__name__.rstrip("_")
+        faulthandler.dump_traceback_later(SCENARIO_LIMIT_S, exit=True)
+        try:
+            fn()
+            print(f"conformance python {shown} ok", flush=True)
+        except BaseException:
+            failed.append(shown)
+            print(f"conformance python {shown} FAILED", flush=True)
+            traceback.print_exc()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    if failed:
+        print(f"conformance python: {len(failed)} failed: {' '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

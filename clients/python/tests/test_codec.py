@@ -1,0 +1,147 @@
+"""Unit tests of the pure session-protocol codec (no server needed)."""
+
+import struct
+import unittest
+
+from ringlock import _codec as c
+
+
+class EncodeTest(unittest.TestCase):
+    def test_the_documented_try_acquire_example_is_byte_exact(self) -> None:
+        # docs/protocol.md: Acquire of key `k`, rid 1, no wait, empty source.
+        want = bytes.fromhex("08 01000000 0c00 01 00000000 00000000 01 6b 00".replace(" ", ""))
+        got = c.encode_acquire(1, c.HoldMode.SESSION, 0, 0, b"k", b"")
+        self.assertEqual(got, want)
+
+    def test_hello_without_and_with_auth(self) -> None:
+        self.assertEqual(c.encode_hello(1, 3000),
+                         bytes([7, 1, 0, 0, 0, 5, 0, 1]) + struct.pack("<I", 3000))
+        f = c.encode_hello(1, 0, b"s3cret")
+        self.assertEqual(f[5:7], struct.pack("<H", 1 + 4 + 1 + 6))
+        self.assertEqual(f[-7:], b"\x06s3cret")
+
+    def test_release_extend_cancel_ping_layouts(self) -> None:
+        self.assertEqual(c.encode_release(9, 1 << 50, b"dep"),
+                         b"\x09" + struct.pack("<IH", 9, 12) + struct.pack("<Q", 1 << 50)
+                         + b"\x03dep")
+        self.assertEqual(c.encode_extend(3, 7, 1500, b"k"),
+                         b"\x0a" + struct.pack("<IH", 3, 14) + struct.pack("<QI", 7, 1500)
+                         + b"\x01k")
+        self.assertEqual(c.encode_cancel(4, 41, b"k"),
+                         b"\x0b" + struct.pack("<IHI", 4, 6, 41) + b"\x01k")
+        self.assertEqual(c.encode_ping(5), b"\x0c" + struct.pack("<IH", 5, 0))
+
+    def test_bad_arguments_are_refused_before_encoding(self) -> None:
+        with self.assertRaises(ValueError):
+            c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"", b"")
+        with self.assertRaises(ValueError):
+            c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"x" * 128, b"")
+        with self.assertRaises(ValueError):
+            c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"k", b"s" * 128)
+        with self.assertRaises(ValueError):
+            c.encode_release(2, -1, b"k")
+        with self.assertRaises(ValueError):
+            c.encode_extend(2, 1, 1 << 32, b"k")
+        with self.assertRaises(ValueError):
+            c.encode_hello(1, 0, b"a" * 256)
+        with self.assertRaises(ValueError):
+            c.encode_ping(1 << 32)
+
+
+def reply(rid: int, status: int, token: int, ttl: int) -> bytes:
+    return struct.pack("<BIHBQI", 0x80, rid, 13, status, token, ttl)
+
+
+def welcome(rid: int, extra: bytes = b"") -> bytes:
+    body = struct.pack("<BBIIIQIIH", 0, 1, 3000, 10, 86_400_000, 42, 100, 200, 2) + extra
+    return struct.pack("<BIH", 0x80, rid, len(body)) + body
+
+
+class DecodeTest(unittest.TestCase):
+    def test_reply_and_no_ttl(self) -> None:
+        got = c.decode_answer(reply(5, 0, 123, 0xFFFFFFFF))
+        self.assertEqual(got, (c.Reply(5, c.Status.OK, 123, None), 20))
+        got = c.decode_answer(reply(6, 4, 0, 2500))
+        assert got is not None
+        self.assertEqual(got[0], c.Reply(6, c.Status.STALE_TOKEN, 0, 2500))
+        self.assertEqual(c.Status.STALE_TOKEN.label, "stale_token")
+
+    def test_every_prefix_is_incomplete(self) -> None:
+        frame = reply(5, 0, 123, 7) + b"\x81"
+        for n in range(20):
+            self.assertIsNone(c.decode_answer(frame[:n]), n)
+        got = c.decode_answer(frame)
+        assert got is not None
+        self.assertEqual(got[1], 20, "only the first frame is consumed")
+
+    def test_welcome_only_for_the_hello_rid_and_extra_fields_skipped(self) -> None:
+        w = welcome(1, b"future")
+        got = c.decode_answer(w, hello_rid=1)
+        assert got is not None
+        ans, used = got
+        self.assertIsInstance(ans, c.Welcome)
+        assert isinstance(ans, c.Welcome)
+        self.assertEqual((ans.keepalive_ms, ans.min_ttl_ms, ans.max_ttl_ms, ans.session_id,
+                          ans.max_keys, ans.max_waiters, ans.shards),
+                         (3000, 10, 86_400_000, 42, 100, 200, 2))
+        self.assertEqual(used, len(w))
+        with self.assertRaises(c.ProtocolError):
+            c.decode_answer(w)  # not the hello's rid: a 32-byte reply is malformed
+
+    def test_refused_hello_is_a_plain_reply(self) -> None:
+        got = c.decode_answer(reply(1, 10, 0, 0xFFFFFFFF), hello_rid=1)
+        assert got is not None
+        self.assertEqual(got[0], c.Reply(1, c.Status.UNAUTHORIZED, 0, None))
+
+    def test_lost_push(self) -> None:
+        body = struct.pack("<QBB", 77, 2, 3) + b"abc"
+        frame = struct.pack("<BIH", 0x81, 0, len(body)) + body
+        self.assertEqual(c.decode_answer(frame), (c.Lost(b"abc", 77, c.LostWhy.RESET), len(frame)))
+
+    def test_garbage_is_a_protocol_error(self) -> None:
+        bad = [
+            struct.pack("<BIH", 0x99, 0, 0),                        # unknown kind
+            struct.pack("<BIH", 0x80, 0, 513) + b"\0" * 513,         # oversized body
+            struct.pack("<BIH", 0x80, 3, 12) + b"\0" * 12,           # short reply
+            reply(3, 11, 0, 0),                                      # unknown status
+            struct.pack("<BIH", 0x81, 0, 11) + struct.pack("<QBB", 1, 9, 1) + b"k",  # reason 9
+            struct.pack("<BIH", 0x81, 0, 11) + struct.pack("<QBB", 1, 1, 2) + b"k",  # key len
+            struct.pack("<BIH", 0x81, 0, 10) + struct.pack("<QBB", 1, 1, 0),          # empty key
+        ]
+        for b in bad:
+            with self.assertRaises(c.ProtocolError, msg=b.hex()):
+                c.decode_answer(b)
+
+    def test_round_trip_of_a_stream_fed_byte_by_byte(self) -> None:
+        stream = welcome(1) + reply(2, 0, 5, 100) + reply(3, 1, 0, 0xFFFFFFFF)
+        buf = bytearray()
+        out = []
+        for b in stream:
+            buf.append(b)
+            got = c.decode_answer(buf, hello_rid=1 if not out else None)
+            if got is not None:
+                out.append(got[0])
+                del buf[:got[1]]
+        self.assertEqual(len(out), 3)
+        self.assertEqual(out[1], c.Reply(2, c.Status.OK, 5, 100))
+        self.assertEqual(out[2], c.Reply(3, c.Status.TIMED_OUT, 0, None))
+        self.assertFalse(buf)
+
+
+class AddressTest(unittest.TestCase):
+    def test_addresses(self) -> None:
+        from ringlock._client import _parse_address
+        from ringlock import InvalidArgument
+        self.assertEqual(_parse_address("h"), ("h", 22119))
+        self.assertEqual(_parse_address("h:1"), ("h", 1))
+        self.assertEqual(_parse_address("[::1]:5"), ("::1", 5))
+        self.assertEqual(_parse_address("[::1]"), ("::1", 22119))
+        self.assertEqual(_parse_address("::1"), ("::1", 22119))
+        self.assertEqual(_parse_address(("h", 7)), ("h", 7))
+        for bad in ["", "h:0", "h:99999", "h:x", "[::1", ":5"]:
+            with self.assertRaises(InvalidArgument, msg=bad):
+                _parse_address(bad)
+
+
+if __name__ == "__main__":
+    unittest.main()
