@@ -661,7 +661,8 @@ fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
         .expect("timeout");
     s.write_all(bytes).expect("send");
     let mut out = Vec::new();
-    s.read_to_end(&mut out).expect("read until the server closes");
+    s.read_to_end(&mut out)
+        .expect("read until the server closes");
     out
 }
 
@@ -753,7 +754,14 @@ fn a_hello_of_another_version_is_told_the_versions_spoken_then_closed() {
             "version {version}"
         );
         match sp::decode_answer(&got, Some(0x1122_3344)) {
-            Ok(Some((Answer::Refused { rid, status, detail }, 10))) => {
+            Ok(Some((
+                Answer::Refused {
+                    rid,
+                    status,
+                    detail,
+                },
+                10,
+            ))) => {
                 assert_eq!(rid, 0x1122_3344);
                 assert_eq!(status, Status::UnsupportedVersion);
                 assert_eq!(detail, sp::VERSIONS);
@@ -763,7 +771,11 @@ fn a_hello_of_another_version_is_told_the_versions_spoken_then_closed() {
     }
     // A version 1 Hello whose body is malformed (short, trailing bytes,
     // empty): a plain `invalid` Reply (20 bytes on the wire), then close.
-    for body in [&[1u8, 0, 0][..], &[1, 0, 0, 0, 0, 1, b'x', b'y'][..], &[][..]] {
+    for body in [
+        &[1u8, 0, 0][..],
+        &[1, 0, 0, 0, 0, 1, b'x', b'y'][..],
+        &[][..],
+    ] {
         let mut hello = vec![sp::OP_HELLO, 5, 0, 0, 0, body.len() as u8, 0];
         hello.extend_from_slice(body);
         let got = raw_exchange(srv.lock_addr, &hello);
@@ -882,9 +894,14 @@ fn malformed_session_bodies_answer_invalid_and_change_nothing() {
     let mut long_key = vec![8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 128];
     long_key.extend_from_slice(&[b'k'; 128]);
     long_key.push(0);
-    let mut long_src = vec![8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'n', 128];
+    let mut long_src = vec![
+        8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'n', 128,
+    ];
     long_src.extend_from_slice(&[b's'; 128]);
-    for (what, mut b) in [("a 128-byte key", long_key), ("a 128-byte source", long_src)] {
+    for (what, mut b) in [
+        ("a 128-byte key", long_key),
+        ("a 128-byte source", long_src),
+    ] {
         let blen = (b.len() - sp::HEADER) as u16;
         b[5..7].copy_from_slice(&blen.to_le_bytes());
         frames.push((what, b));
@@ -896,7 +913,10 @@ fn malformed_session_bodies_answer_invalid_and_change_nothing() {
     // Nothing changed: the lease is held with its first TTL, n is free.
     let keys = keyx(srv.admin_addr);
     assert_eq!(keys.len(), 1, "{keys:?}");
-    assert_eq!((keys[0].key.as_slice(), keys[0].token), (&b"m"[..], g.token));
+    assert_eq!(
+        (keys[0].key.as_slice(), keys[0].token),
+        (&b"m"[..], g.token)
+    );
     assert!(keys[0].lease_left_ms.expect("a lease") <= 5_000);
     assert_eq!(a.ping(), Status::Ok);
 }
@@ -1007,4 +1027,172 @@ fn every_frame_renews_the_keepalive_even_one_answered_invalid() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(a.ping(), Status::Ok);
+}
+
+/// The example tokens docs/protocol.md shows ("A whole session, byte by
+/// byte"): the run's real tokens (memory mode: Unix µs at start) are
+/// replaced by them before the comparison.
+const DOC_TOKENS: [u64; 2] = [1_754_000_000_000_123, 1_754_000_000_000_124];
+
+/// Field groups as hex, `|` between header and body (the document's form).
+fn doc_hex(frame: &[u8], groups: &[usize]) -> String {
+    let mut out = String::new();
+    let mut at = 0;
+    for (i, &n) in groups.iter().enumerate() {
+        if i == 3 {
+            out.push_str(" |");
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        for b in &frame[at..at + n] {
+            out.push_str(&format!("{b:02x}"));
+        }
+        at += n;
+    }
+    assert_eq!(at, frame.len(), "groups cover the frame");
+    out
+}
+
+/// The `C `/`S ` lines of the document's example, bytes in order.
+fn documented_example() -> Vec<(char, Vec<u8>)> {
+    let doc = include_str!("../docs/protocol.md");
+    let begin = doc
+        .find("<!-- session-example:begin -->")
+        .expect("the example's begin mark");
+    let end = doc
+        .find("<!-- session-example:end -->")
+        .expect("the example's end mark");
+    doc[begin..end]
+        .lines()
+        .filter_map(|l| {
+            let (dir, rest) = l.split_once(' ')?;
+            let dir = match dir {
+                "C" => 'C',
+                "S" => 'S',
+                _ => return None,
+            };
+            let hex: String = rest.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                .collect();
+            Some((dir, bytes))
+        })
+        .collect()
+}
+
+#[test]
+fn the_documented_session_example_is_what_the_server_says() {
+    // One shard and a fresh server: session ids 1 and 2, in order.
+    let srv = start(&["--threads", "1", "--metrics-bind", "127.0.0.1:0"]);
+    let mut s = TcpStream::connect(srv.lock_addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    s.set_nodelay(true).expect("nodelay");
+    let mut log: Vec<(char, Vec<u8>, &[usize])> = Vec::new();
+    let send = |s: &mut TcpStream, log: &mut Vec<_>, rid, req: &Req<'_>, g| {
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        s.write_all(&b).expect("send");
+        log.push(('C', b, g));
+    };
+    let recv = |s: &mut TcpStream, log: &mut Vec<(char, Vec<u8>, &[usize])>, g| {
+        let f = raw_frames(s, 1).expect("an answer").remove(0);
+        log.push(('S', f.clone(), g));
+        f
+    };
+    const HELLO: &[usize] = &[1, 4, 2, 1, 4];
+    const WELCOME: &[usize] = &[1, 4, 2, 1, 1, 4, 4, 4, 8, 4, 4, 2];
+    const REPLY: &[usize] = &[1, 4, 2, 1, 8, 4];
+    const ACQUIRE: &[usize] = &[1, 4, 2, 1, 4, 4, 1, 3, 1, 2];
+    const EXTEND: &[usize] = &[1, 4, 2, 8, 4, 1, 3];
+    const LOST: &[usize] = &[1, 4, 2, 8, 1, 1, 3];
+    const RELEASE: &[usize] = &[1, 4, 2, 8, 1, 3];
+    send(
+        &mut s,
+        &mut log,
+        1,
+        &Req::Hello {
+            version: 1,
+            keepalive_ms: 10_000,
+            auth: b"",
+        },
+        HELLO,
+    );
+    recv(&mut s, &mut log, WELCOME);
+    // Another session holds "job", so the Acquire waits.
+    let mut other = Sess::open(srv.lock_addr, 0);
+    assert_eq!(other.welcome.session_id, 2);
+    assert_eq!(
+        other.acquire("job", HoldMode::Session, 0, 0).status,
+        Status::Ok
+    );
+    let acquire = |hold, ttl_ms, wait_ms| Req::Acquire {
+        hold,
+        ttl_ms,
+        wait_ms,
+        key: b"job",
+        source: b"w1",
+    };
+    send(
+        &mut s,
+        &mut log,
+        2,
+        &acquire(HoldMode::Lease, 30_000, WAIT_FOREVER),
+        ACQUIRE,
+    );
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+    drop(other);
+    let g = recv(&mut s, &mut log, REPLY);
+    let t1 = u64::from_le_bytes(g[8..16].try_into().unwrap());
+    let extend = Req::Extend {
+        token: t1,
+        ttl_ms: 100,
+        key: b"job",
+    };
+    send(&mut s, &mut log, 3, &extend, EXTEND);
+    recv(&mut s, &mut log, REPLY);
+    // Not extended again: it expires 100 ms later.
+    recv(&mut s, &mut log, LOST);
+    send(
+        &mut s,
+        &mut log,
+        4,
+        &acquire(HoldMode::Session, 0, 0),
+        ACQUIRE,
+    );
+    let g = recv(&mut s, &mut log, REPLY);
+    let t2 = u64::from_le_bytes(g[8..16].try_into().unwrap());
+    assert!(t2 > t1);
+    let release = Req::Release {
+        token: t2,
+        key: b"job",
+    };
+    send(&mut s, &mut log, 5, &release, RELEASE);
+    recv(&mut s, &mut log, REPLY);
+
+    // The run's tokens become the document's.
+    let swap = |b: &mut Vec<u8>| {
+        for (real, doc) in [t1, t2].into_iter().zip(DOC_TOKENS) {
+            let (r, d) = (real.to_le_bytes(), doc.to_le_bytes());
+            for i in 0..b.len().saturating_sub(7) {
+                if b[i..i + 8] == r {
+                    b[i..i + 8].copy_from_slice(&d);
+                }
+            }
+        }
+    };
+    let mut shown = String::new();
+    let mut got = Vec::new();
+    for (dir, mut b, groups) in log {
+        swap(&mut b);
+        shown.push_str(&format!("{dir} {}\n", doc_hex(&b, groups)));
+        got.push((dir, b));
+    }
+    assert_eq!(
+        documented_example(),
+        got,
+        "docs/protocol.md's example differs from the server's bytes; this run's lines:\n{shown}"
+    );
 }

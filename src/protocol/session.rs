@@ -570,7 +570,11 @@ pub fn decode_answer(
     let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
     let a = match kind {
         // A status with detail, whatever the request: `[status][len][detail]`.
-        KIND_REPLY if b.first().and_then(|&v| Status::from_byte(v)).is_some_and(Status::has_detail) => {
+        KIND_REPLY
+            if b.first()
+                .and_then(|&v| Status::from_byte(v))
+                .is_some_and(Status::has_detail) =>
+        {
             let st = status(r.u8().ok_or_else(bad)?)?;
             let n = r.u8().ok_or_else(bad)? as usize;
             let detail = r.b.get(r.at..r.at + n).ok_or_else(bad)?.to_vec();
