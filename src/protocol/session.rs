@@ -789,6 +789,36 @@ mod tests {
         );
     }
 
+    #[test]
+    fn statuses_with_detail_have_their_own_layout() {
+        let mut b = Vec::new();
+        encode_refusal(7, Status::UnsupportedVersion, VERSIONS, &mut b);
+        assert_eq!(b, [0x80, 7, 0, 0, 0, 3, 0, 11, 1, 1]);
+        encode_refusal(0, Status::NotLeader, b"10.0.0.9:22119", &mut b);
+        // A Hello's rid does not make a refusal a Welcome.
+        let (a, n) = decode_answer(&b, Some(7)).unwrap().unwrap();
+        assert_eq!(
+            a,
+            Answer::Refused {
+                rid: 7,
+                status: Status::UnsupportedVersion,
+                detail: vec![1]
+            }
+        );
+        let (a, m) = decode_answer(&b[n..], None).unwrap().unwrap();
+        assert_eq!(n + m, b.len());
+        assert_eq!(
+            a,
+            Answer::Refused {
+                rid: 0,
+                status: Status::NotLeader,
+                detail: b"10.0.0.9:22119".to_vec()
+            }
+        );
+        // A detail longer than the body is malformed.
+        assert!(decode_answer(&[0x80, 0, 0, 0, 0, 2, 0, 11, 5], None).is_err());
+    }
+
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
