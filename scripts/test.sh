@@ -34,7 +34,8 @@ for n in 2 4; do
   RINGLOCK_TEST_THREADS=$n cargo test --locked --features faults \
     --test protocol --test pipelining --test client --test cli --test stress \
     --test wal_crash --test wal_compaction --test sessions --test hostile \
-    --test fence_example --test loadgen_session --test session_client --test cli_session
+    --test fence_example --test loadgen_session --test session_client --test cli_session \
+    --test conformance
 done
 
 # The MySQL backend is behind the cargo feature `mysql` (off by default, so

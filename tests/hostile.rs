@@ -294,7 +294,12 @@ fn without_the_token_a_session_hello_is_refused() {
         hello(srv.lock_addr, b"s3cret-tokeN"),
         (Some(Status::Unauthorized), false)
     );
-    // The trailing newline of the file is not part of the token.
+    // The trailing newline of the file is not part of the token: the
+    // token with it is a wrong token.
+    assert_eq!(
+        hello(srv.lock_addr, b"s3cret-token\n"),
+        (Some(Status::Unauthorized), false)
+    );
     assert_eq!(
         hello(srv.lock_addr, b"s3cret-token"),
         (Some(Status::Ok), true)

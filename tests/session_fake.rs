@@ -780,3 +780,56 @@ fn a_lease_granted_after_a_long_wait_is_extended_before_it_is_handed_out() {
     drop((lease, session));
     assert!(h.join().unwrap().is_empty());
 }
+
+/// A one-connection server that reads a Hello and answers `answer` (with
+/// the Hello's rid patched in), then closes.
+fn refusing_server(answer: Vec<u8>) -> (SocketAddr, thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut head = [0u8; wire::HEADER];
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(head[0], wire::OP_HELLO);
+        let mut body = vec![0u8; u16::from_le_bytes([head[5], head[6]]) as usize];
+        s.read_exact(&mut body).unwrap();
+        assert_eq!(body[0], wire::VERSION, "the client's version first");
+        let mut a = answer;
+        a[1..5].copy_from_slice(&head[1..5]);
+        s.write_all(&a).unwrap();
+    });
+    (addr, h)
+}
+
+#[test]
+fn a_server_of_other_versions_is_reported_with_the_versions_it_speaks() {
+    let mut a = Vec::new();
+    wire::encode_refusal(0, Status::UnsupportedVersion, &[2, 3], &mut a);
+    let (addr, h) = refusing_server(a);
+    // Final: no retry would change the answer (the fake accepts once).
+    let err = Session::builder(addr).connect().unwrap_err();
+    h.join().unwrap();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("unsupported version (this client speaks session protocol version 1, the server speaks versions 2, 3)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_reserved_not_leader_answer_means_try_another_address() {
+    let mut a = Vec::new();
+    wire::encode_refusal(0, Status::NotLeader, b"10.0.0.9:22119", &mut a);
+    let (addr, h) = refusing_server(a);
+    let err = Session::builder(addr)
+        .retry(RetryPolicy::none())
+        .connect()
+        .unwrap_err();
+    h.join().unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("unavailable after 1 attempt") && msg.contains("the leader is 10.0.0.9:22119"),
+        "{msg}"
+    );
+}

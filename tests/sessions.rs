@@ -615,3 +615,584 @@ fn one_api_for_both_backends_is_a_change_of_address() {
         Ok(_) => assert!(mysql_built, "a mysql:// address made a session"),
     }
 }
+
+/// The shard count the suite runs with (`RINGLOCK_TEST_THREADS`, default 1).
+fn threads() -> usize {
+    std::env::var("RINGLOCK_TEST_THREADS").map_or(1, |n| n.parse().expect("a shard count"))
+}
+
+/// A key other than `of` owned by the same shard (`same`) or another one.
+fn key_near(of: &str, same: bool, shards: usize) -> String {
+    let home = ringlock::shard::owner(of.as_bytes(), shards);
+    (0..)
+        .map(|i| format!("other-{i}"))
+        .find(|k| (ringlock::shard::owner(k.as_bytes(), shards) == home) == same)
+        .expect("some key")
+}
+
+/// Reads raw bytes until `n` whole answer frames arrived; `None` at EOF.
+fn raw_frames(s: &mut TcpStream, n: usize) -> Option<Vec<Vec<u8>>> {
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        while buf.len() >= sp::HEADER {
+            let len = sp::HEADER + u16::from_le_bytes([buf[5], buf[6]]) as usize;
+            if buf.len() < len {
+                break;
+            }
+            out.push(buf.drain(..len).collect());
+        }
+        if out.len() >= n {
+            return Some(out);
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return None,
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// Writes `bytes` on a fresh connection and reads until the server closes.
+fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    s.write_all(bytes).expect("send");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)
+        .expect("read until the server closes");
+    out
+}
+
+#[test]
+fn a_cancel_needs_the_rid_and_the_key_whatever_the_shard() {
+    let shards = threads();
+    let srv = start(&["--metrics-bind", "127.0.0.1:0"]);
+    let mut h = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(h.acquire("k", HoldMode::Session, 0, 0).status, Status::Ok);
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"k",
+        source: b"",
+    });
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+    // The right rid with another key: not queued, whether that key lives on
+    // the Acquire's shard or on another one, and the Acquire stays queued.
+    let mut wrong = vec![key_near("k", true, shards)];
+    if shards > 1 {
+        wrong.push(key_near("k", false, shards));
+    }
+    for other in &wrong {
+        let c = b.send(&Req::Cancel {
+            target: rid,
+            key: other.as_bytes(),
+        });
+        assert_eq!(
+            b.next_push(),
+            Answer::Reply {
+                rid: c,
+                status: Status::NotQueued,
+                token: 0,
+                ttl_left_ms: None
+            },
+            "a Cancel naming {other:?} (the Acquire is on k, {shards} shards)"
+        );
+    }
+    assert_eq!(
+        common::metric(srv.metrics(), "ringlock_queued_waiters"),
+        1.0,
+        "still queued"
+    );
+    // Another rid with the right key: not queued either.
+    let c = b.send(&Req::Cancel {
+        target: rid + 1000,
+        key: b"k",
+    });
+    assert_eq!(b.next_push().clone(), reply_of(c, Status::NotQueued));
+    // Both right: the Acquire is answered `cancelled`, then the Cancel `ok`,
+    // in that order on the wire.
+    let c = b.send(&Req::Cancel {
+        target: rid,
+        key: b"k",
+    });
+    assert_eq!(b.next_push(), reply_of(rid, Status::Cancelled));
+    assert_eq!(b.next_push(), reply_of(c, Status::Ok));
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 0.0);
+}
+
+fn reply_of(rid: u32, status: Status) -> Answer {
+    Answer::Reply {
+        rid,
+        status,
+        token: 0,
+        ttl_left_ms: None,
+    }
+}
+
+#[test]
+fn a_hello_of_another_version_is_told_the_versions_spoken_then_closed() {
+    let srv = start(&[]);
+    // Version 2 with version 1's layout, version 0, and a version 9 Hello
+    // laid out differently (3 body bytes): all told "I speak 1", framed,
+    // with the Hello's rid; then the server closes.
+    for (version, body) in [
+        (2u8, &[2u8, 0, 0, 0, 0][..]),
+        (0, &[0, 0, 0, 0, 0][..]),
+        (9, &[9, 1, 2][..]),
+    ] {
+        let mut hello = vec![sp::OP_HELLO, 0x44, 0x33, 0x22, 0x11, body.len() as u8, 0];
+        hello.extend_from_slice(body);
+        let got = raw_exchange(srv.lock_addr, &hello);
+        assert_eq!(
+            got,
+            [0x80, 0x44, 0x33, 0x22, 0x11, 3, 0, 11, 1, 1],
+            "version {version}"
+        );
+        match sp::decode_answer(&got, Some(0x1122_3344)) {
+            Ok(Some((
+                Answer::Refused {
+                    rid,
+                    status,
+                    detail,
+                },
+                10,
+            ))) => {
+                assert_eq!(rid, 0x1122_3344);
+                assert_eq!(status, Status::UnsupportedVersion);
+                assert_eq!(detail, sp::VERSIONS);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A version 1 Hello whose body is malformed (short, trailing bytes,
+    // empty): a plain `invalid` Reply (20 bytes on the wire), then close.
+    for body in [
+        &[1u8, 0, 0][..],
+        &[1, 0, 0, 0, 0, 1, b'x', b'y'][..],
+        &[][..],
+    ] {
+        let mut hello = vec![sp::OP_HELLO, 5, 0, 0, 0, body.len() as u8, 0];
+        hello.extend_from_slice(body);
+        let got = raw_exchange(srv.lock_addr, &hello);
+        let mut want = Vec::new();
+        sp::encode_reply(5, Status::Invalid, 0, sp::NO_TTL, &mut want);
+        assert_eq!(want.len(), 20);
+        assert_eq!(got, want, "hello body {body:02x?}");
+    }
+    // Nothing of it became a session: the server still serves sessions.
+    assert_eq!(Sess::open(srv.lock_addr, 0).ping(), Status::Ok);
+}
+
+#[test]
+fn the_hello_is_framed_its_reply_echoes_its_rid_and_rid_zero_is_ordinary() {
+    let srv = start(&[]);
+    let mut s = TcpStream::connect(srv.lock_addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut b = Vec::new();
+    sp::encode(
+        0xA1B2_C3D4,
+        &Req::Hello {
+            version: 1,
+            keepalive_ms: 0,
+            auth: b"",
+        },
+        &mut b,
+    );
+    // rid 0 for a request: answered as a Reply (kind 0x80) with rid 0, which
+    // a Lost push (kind 0x81, also rid 0) cannot be mistaken for.
+    sp::encode(0, &Req::Ping, &mut b);
+    s.write_all(&b).expect("send");
+    let frames = raw_frames(&mut s, 2).expect("two answers");
+    assert_eq!(frames[0][..7], [0x80, 0xD4, 0xC3, 0xB2, 0xA1, 32, 0]);
+    assert_eq!(frames[0].len(), 7 + sp::WELCOME_BODY);
+    let mut pong = Vec::new();
+    sp::encode_reply(0, Status::Ok, 0, sp::NO_TTL, &mut pong);
+    assert_eq!(frames[1], pong);
+}
+
+#[test]
+fn session_id_carries_the_home_shard_in_its_top_byte() {
+    let shards = threads();
+    let srv = start(&[]);
+    let mut seen = std::collections::HashSet::new();
+    let mut homes = std::collections::HashSet::new();
+    for _ in 0..16 {
+        let w = Sess::open(srv.lock_addr, 0).welcome;
+        assert_eq!(w.shards as usize, shards);
+        let home = (w.session_id >> 56) as usize;
+        assert!(home < shards, "{:#x}", w.session_id);
+        assert_ne!(w.session_id & ((1 << 56) - 1), 0);
+        assert!(seen.insert(w.session_id), "session ids are unique");
+        homes.insert(home);
+    }
+    if shards == 1 {
+        assert_eq!(homes, [0].into());
+    }
+}
+
+#[test]
+fn malformed_session_bodies_answer_invalid_and_change_nothing() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("m", HoldMode::Lease, 5_000, 0);
+    assert_eq!(g.status, Status::Ok);
+    let mut frames: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut enc = |what, req: &Req<'_>, extra: &[u8]| {
+        let mut b = Vec::new();
+        sp::encode(77, req, &mut b);
+        b.extend_from_slice(extra);
+        let blen = (b.len() - sp::HEADER) as u16;
+        b[5..7].copy_from_slice(&blen.to_le_bytes());
+        frames.push((what, b));
+    };
+    enc(
+        "a Release with trailing bytes",
+        &Req::Release {
+            token: g.token,
+            key: b"m",
+        },
+        &[0],
+    );
+    enc("a Ping with a body", &Req::Ping, &[1]);
+    enc(
+        "an Extend below --min-ttl-ms",
+        &Req::Extend {
+            token: g.token,
+            ttl_ms: a.welcome.min_ttl_ms - 1,
+            key: b"m",
+        },
+        &[],
+    );
+    enc(
+        "an Extend above --max-ttl-ms",
+        &Req::Extend {
+            token: g.token,
+            ttl_ms: a.welcome.max_ttl_ms + 1,
+            key: b"m",
+        },
+        &[],
+    );
+    enc(
+        "a lease Acquire with TTL 0",
+        &Req::Acquire {
+            hold: HoldMode::Lease,
+            ttl_ms: 0,
+            wait_ms: 0,
+            key: b"n",
+            source: b"",
+        },
+        &[],
+    );
+    // Key and source sizes: 1..=127 and 0..=127 bytes (the size byte is
+    // unsigned on a session; 128..=255 are out of range).
+    let mut long_key = vec![8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 128];
+    long_key.extend_from_slice(&[b'k'; 128]);
+    long_key.push(0);
+    let mut long_src = vec![
+        8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'n', 128,
+    ];
+    long_src.extend_from_slice(&[b's'; 128]);
+    for (what, mut b) in [
+        ("a 128-byte key", long_key),
+        ("a 128-byte source", long_src),
+    ] {
+        let blen = (b.len() - sp::HEADER) as u16;
+        b[5..7].copy_from_slice(&blen.to_le_bytes());
+        frames.push((what, b));
+    }
+    for (what, b) in &frames {
+        a.s.write_all(b).expect("send");
+        assert_eq!(a.next_push(), reply_of(77, Status::Invalid), "{what}");
+    }
+    // Nothing changed: the lease is held with its first TTL, n is free.
+    let keys = keyx(srv.admin_addr);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(
+        (keys[0].key.as_slice(), keys[0].token),
+        (&b"m"[..], g.token)
+    );
+    assert!(keys[0].lease_left_ms.expect("a lease") <= 5_000);
+    assert_eq!(a.ping(), Status::Ok);
+}
+
+#[test]
+fn a_lease_ttl_starts_at_its_grant_not_at_its_arrival() {
+    let srv = start(&["--metrics-bind", "127.0.0.1:0"]);
+    let mut h = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let gh = h.acquire("t", HoldMode::Session, 0, 0);
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Lease,
+        ttl_ms: 300,
+        wait_ms: WAIT_FOREVER,
+        key: b"t",
+        source: b"",
+    });
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+    // Queued for longer than its TTL: what is measured here, not a wait
+    // for something to happen.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(h.release("t", gh.token), Status::Ok);
+    let g = b.reply(rid);
+    assert_eq!(g.status, Status::Ok);
+    assert_eq!(g.ttl_left_ms, Some(300), "the whole TTL, from the grant");
+    let held = keyx(srv.admin_addr);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].token, g.token);
+}
+
+#[test]
+fn owner_checks_of_extend_and_release_by_token() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    // Another session's session hold: not the owner, for Extend and Release.
+    let s = a.acquire("s", HoldMode::Session, 0, 0);
+    assert_eq!(b.extend("s", s.token, 1_000).status, Status::NotOwner);
+    assert_eq!(b.release("s", s.token), Status::NotOwner);
+    // Its own session hold: Extend is only for leases.
+    assert_eq!(a.extend("s", s.token, 1_000).status, Status::Invalid);
+    // A lease released by token from another session: ok, and its holder is
+    // pushed nothing (only expiry and operator resets push Lost).
+    let l = a.acquire("l", HoldMode::Lease, 60_000, 0);
+    assert_eq!(b.release("l", l.token), Status::Ok);
+    assert_eq!(a.ping(), Status::Ok);
+    assert!(a.stash.is_empty(), "no Lost: {:?}", a.stash);
+    assert_eq!(a.release("l", l.token), Status::Stale);
+}
+
+#[test]
+fn a_reset_of_a_persistent_hold_pushes_lost_to_its_live_session() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let g = a.acquire("p", HoldMode::Persistent, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    assert_eq!(once(srv.lock_addr, &common::frame(3, b"p", None)), b'+');
+    assert_eq!(
+        a.next_push(),
+        Answer::Lost {
+            key: b"p".to_vec(),
+            token: g.token,
+            why: LostWhy::Reset
+        }
+    );
+    // Once its session ended, a persistent hold has nobody to tell.
+    let g = a.acquire("p", HoldMode::Persistent, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    drop(a);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(b.acquire("p", HoldMode::Session, 0, 0).status, Status::Busy);
+    assert_eq!(once(srv.lock_addr, &common::frame(3, b"p", None)), b'+');
+    assert_eq!(b.acquire("p", HoldMode::Session, 0, 0).status, Status::Ok);
+}
+
+#[test]
+fn a_half_close_ends_the_session_at_once() {
+    let srv = start(&["--metrics-bind", "127.0.0.1:0"]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(a.acquire("h", HoldMode::Session, 0, 0).status, Status::Ok);
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"h",
+        source: b"",
+    });
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+    a.s.shutdown(std::net::Shutdown::Write).expect("half-close");
+    // Like a close: a's session hold goes to b, and a reads EOF.
+    assert_eq!(b.reply(rid).status, Status::Ok);
+    assert!(a.read(None).is_none(), "the server closed the session");
+}
+
+#[test]
+fn every_frame_renews_the_keepalive_even_one_answered_invalid() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 1_000);
+    assert_eq!(a.welcome.keepalive_ms, 1_000);
+    // Three keep-alive windows of nothing but refused frames (a Ping with a
+    // body), one every 200 ms: the session lives on them.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(3_000) {
+        a.s.write_all(&[sp::OP_PING, 9, 0, 0, 0, 1, 0, 0])
+            .expect("send");
+        assert_eq!(a.next_push(), reply_of(9, Status::Invalid));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(a.ping(), Status::Ok);
+}
+
+/// The example tokens docs/protocol.md shows ("A whole session, byte by
+/// byte"): the run's real tokens (memory mode: Unix µs at start) are
+/// replaced by them before the comparison.
+const DOC_TOKENS: [u64; 2] = [1_754_000_000_000_123, 1_754_000_000_000_124];
+
+/// Field groups as hex, `|` between header and body (the document's form).
+fn doc_hex(frame: &[u8], groups: &[usize]) -> String {
+    let mut out = String::new();
+    let mut at = 0;
+    for (i, &n) in groups.iter().enumerate() {
+        if i == 3 {
+            out.push_str(" |");
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        for b in &frame[at..at + n] {
+            out.push_str(&format!("{b:02x}"));
+        }
+        at += n;
+    }
+    assert_eq!(at, frame.len(), "groups cover the frame");
+    out
+}
+
+/// The `C `/`S ` lines of the document's example, bytes in order.
+fn documented_example() -> Vec<(char, Vec<u8>)> {
+    let doc = include_str!("../docs/protocol.md");
+    let begin = doc
+        .find("<!-- session-example:begin -->")
+        .expect("the example's begin mark");
+    let end = doc
+        .find("<!-- session-example:end -->")
+        .expect("the example's end mark");
+    doc[begin..end]
+        .lines()
+        .filter_map(|l| {
+            let (dir, rest) = l.split_once(' ')?;
+            let dir = match dir {
+                "C" => 'C',
+                "S" => 'S',
+                _ => return None,
+            };
+            let hex: String = rest.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                .collect();
+            Some((dir, bytes))
+        })
+        .collect()
+}
+
+#[test]
+fn the_documented_session_example_is_what_the_server_says() {
+    // One shard and a fresh server: session ids 1 and 2, in order.
+    let srv = start(&["--threads", "1", "--metrics-bind", "127.0.0.1:0"]);
+    let mut s = TcpStream::connect(srv.lock_addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    s.set_nodelay(true).expect("nodelay");
+    let mut log: Vec<(char, Vec<u8>, &[usize])> = Vec::new();
+    let send = |s: &mut TcpStream, log: &mut Vec<_>, rid, req: &Req<'_>, g| {
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        s.write_all(&b).expect("send");
+        log.push(('C', b, g));
+    };
+    let recv = |s: &mut TcpStream, log: &mut Vec<(char, Vec<u8>, &[usize])>, g| {
+        let f = raw_frames(s, 1).expect("an answer").remove(0);
+        log.push(('S', f.clone(), g));
+        f
+    };
+    const HELLO: &[usize] = &[1, 4, 2, 1, 4];
+    const WELCOME: &[usize] = &[1, 4, 2, 1, 1, 4, 4, 4, 8, 4, 4, 2];
+    const REPLY: &[usize] = &[1, 4, 2, 1, 8, 4];
+    const ACQUIRE: &[usize] = &[1, 4, 2, 1, 4, 4, 1, 3, 1, 2];
+    const EXTEND: &[usize] = &[1, 4, 2, 8, 4, 1, 3];
+    const LOST: &[usize] = &[1, 4, 2, 8, 1, 1, 3];
+    const RELEASE: &[usize] = &[1, 4, 2, 8, 1, 3];
+    send(
+        &mut s,
+        &mut log,
+        1,
+        &Req::Hello {
+            version: 1,
+            keepalive_ms: 10_000,
+            auth: b"",
+        },
+        HELLO,
+    );
+    recv(&mut s, &mut log, WELCOME);
+    // Another session holds "job", so the Acquire waits.
+    let mut other = Sess::open(srv.lock_addr, 0);
+    assert_eq!(other.welcome.session_id, 2);
+    assert_eq!(
+        other.acquire("job", HoldMode::Session, 0, 0).status,
+        Status::Ok
+    );
+    let acquire = |hold, ttl_ms, wait_ms| Req::Acquire {
+        hold,
+        ttl_ms,
+        wait_ms,
+        key: b"job",
+        source: b"w1",
+    };
+    send(
+        &mut s,
+        &mut log,
+        2,
+        &acquire(HoldMode::Lease, 30_000, WAIT_FOREVER),
+        ACQUIRE,
+    );
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+    drop(other);
+    let g = recv(&mut s, &mut log, REPLY);
+    let t1 = u64::from_le_bytes(g[8..16].try_into().unwrap());
+    let extend = Req::Extend {
+        token: t1,
+        ttl_ms: 100,
+        key: b"job",
+    };
+    send(&mut s, &mut log, 3, &extend, EXTEND);
+    recv(&mut s, &mut log, REPLY);
+    // Not extended again: it expires 100 ms later.
+    recv(&mut s, &mut log, LOST);
+    send(
+        &mut s,
+        &mut log,
+        4,
+        &acquire(HoldMode::Session, 0, 0),
+        ACQUIRE,
+    );
+    let g = recv(&mut s, &mut log, REPLY);
+    let t2 = u64::from_le_bytes(g[8..16].try_into().unwrap());
+    assert!(t2 > t1);
+    let release = Req::Release {
+        token: t2,
+        key: b"job",
+    };
+    send(&mut s, &mut log, 5, &release, RELEASE);
+    recv(&mut s, &mut log, REPLY);
+
+    // The run's tokens become the document's.
+    let swap = |b: &mut Vec<u8>| {
+        for (real, doc) in [t1, t2].into_iter().zip(DOC_TOKENS) {
+            let (r, d) = (real.to_le_bytes(), doc.to_le_bytes());
+            for i in 0..b.len().saturating_sub(7) {
+                if b[i..i + 8] == r {
+                    b[i..i + 8].copy_from_slice(&d);
+                }
+            }
+        }
+    };
+    let mut shown = String::new();
+    let mut got = Vec::new();
+    for (dir, mut b, groups) in log {
+        swap(&mut b);
+        shown.push_str(&format!("{dir} {}\n", doc_hex(&b, groups)));
+        got.push((dir, b));
+    }
+    assert_eq!(
+        documented_example(),
+        got,
+        "docs/protocol.md's example differs from the server's bytes; this run's lines:\n{shown}"
+    );
+}

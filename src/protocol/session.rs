@@ -24,6 +24,9 @@
 
 /// Protocol version carried by Hello.
 pub const VERSION: u8 = 1;
+/// Every version this implementation speaks, ascending: what a Hello of
+/// another version is told (`unsupported version`, `docs/protocol.md`).
+pub const VERSIONS: &[u8] = &[VERSION];
 /// Bytes before the body.
 pub const HEADER: usize = 7;
 /// Longest body of any frame (requests and answers).
@@ -112,6 +115,13 @@ pub enum Status {
     /// A Hello without the server's auth token (`--auth-token-file`), or
     /// with a wrong one: the server closes the connection after it.
     Unauthorized = 10,
+    /// A Hello of a version the server does not speak; the answer names the
+    /// versions it does ([`Answer::Refused`]) and the server closes.
+    UnsupportedVersion = 11,
+    /// Reserved for a replicated mode: this server is not the leader, try
+    /// another address (the answer may name the leader,
+    /// [`Answer::Refused`]). Never sent by this server.
+    NotLeader = 12,
 }
 
 impl Status {
@@ -128,6 +138,8 @@ impl Status {
             8 => Status::Cancelled,
             9 => Status::NotQueued,
             10 => Status::Unauthorized,
+            11 => Status::UnsupportedVersion,
+            12 => Status::NotLeader,
             _ => return None,
         })
     }
@@ -144,7 +156,15 @@ impl Status {
             Status::Cancelled => "cancelled",
             Status::NotQueued => "not_queued",
             Status::Unauthorized => "unauthorized",
+            Status::UnsupportedVersion => "unsupported_version",
+            Status::NotLeader => "not_leader",
         }
+    }
+
+    /// True for the statuses whose Reply body is `[u8 status][u8 len][detail]`
+    /// instead of the 13-byte `[u8 status][u64 token][u32 ttl_left_ms]`.
+    pub fn has_detail(self) -> bool {
+        matches!(self, Status::UnsupportedVersion | Status::NotLeader)
     }
 }
 
@@ -475,6 +495,19 @@ pub fn encode_reply(rid: u32, status: Status, token: u64, ttl_left_ms: u32, out:
     });
 }
 
+/// Encodes a refusal with detail (`[u8 status][u8 len][detail]`, for the
+/// statuses of [`Status::has_detail`]): the versions spoken for
+/// `unsupported version`, the leader's address for `not leader`.
+pub fn encode_refusal(rid: u32, status: Status, detail: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(status.has_detail());
+    assert!(detail.len() <= 255, "refusal detail longer than 255 bytes");
+    frame(out, KIND_REPLY, rid, |o| {
+        o.push(status as u8);
+        o.push(detail.len() as u8);
+        o.extend_from_slice(detail);
+    });
+}
+
 /// Encodes a Lost push: rid 0, `[u64 token][u8 reason][u8 keyLen][key]`.
 pub fn encode_lost(key: &[u8], token: u64, why: LostWhy, out: &mut Vec<u8>) {
     frame(out, KIND_LOST, 0, |o| {
@@ -503,6 +536,14 @@ pub enum Answer {
         token: u64,
         why: LostWhy,
     },
+    /// A Reply of a status with detail ([`Status::has_detail`]): for
+    /// `unsupported version` the versions the server speaks, for `not
+    /// leader` the leader's address (empty: unknown).
+    Refused {
+        rid: u32,
+        status: Status,
+        detail: Vec<u8>,
+    },
 }
 
 /// Decodes the first server message in `buf` (clients). `hello_rid` names
@@ -529,6 +570,22 @@ pub fn decode_answer(
     let bad = || format!("malformed answer (kind {kind:#x}, {blen} body bytes)");
     let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
     let a = match kind {
+        // A status with detail, whatever the request: `[status][len][detail]`.
+        KIND_REPLY
+            if b.first()
+                .and_then(|&v| Status::from_byte(v))
+                .is_some_and(Status::has_detail) =>
+        {
+            let st = status(r.u8().ok_or_else(bad)?)?;
+            let n = r.u8().ok_or_else(bad)? as usize;
+            let detail = r.b.get(r.at..r.at + n).ok_or_else(bad)?.to_vec();
+            r.at += n;
+            Answer::Refused {
+                rid,
+                status: st,
+                detail,
+            }
+        }
         KIND_REPLY if hello_rid == Some(rid) && blen >= WELCOME_BODY => {
             let w = Welcome {
                 status: status(r.u8().ok_or_else(bad)?)?,
@@ -549,8 +606,8 @@ pub fn decode_answer(
             r.at = r.b.len();
             Answer::Welcome { rid, welcome: w }
         }
-        // A Hello refused before the session exists (unauthorized) is a
-        // plain Reply.
+        // A Hello refused before the session exists (unauthorized, invalid)
+        // is a plain Reply.
         KIND_REPLY => {
             let st = status(r.u8().ok_or_else(bad)?)?;
             let token = r.u64().ok_or_else(bad)?;
@@ -731,6 +788,36 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn statuses_with_detail_have_their_own_layout() {
+        let mut b = Vec::new();
+        encode_refusal(7, Status::UnsupportedVersion, VERSIONS, &mut b);
+        assert_eq!(b, [0x80, 7, 0, 0, 0, 3, 0, 11, 1, 1]);
+        encode_refusal(0, Status::NotLeader, b"10.0.0.9:22119", &mut b);
+        // A Hello's rid does not make a refusal a Welcome.
+        let (a, n) = decode_answer(&b, Some(7)).unwrap().unwrap();
+        assert_eq!(
+            a,
+            Answer::Refused {
+                rid: 7,
+                status: Status::UnsupportedVersion,
+                detail: vec![1]
+            }
+        );
+        let (a, m) = decode_answer(&b[n..], None).unwrap().unwrap();
+        assert_eq!(n + m, b.len());
+        assert_eq!(
+            a,
+            Answer::Refused {
+                rid: 0,
+                status: Status::NotLeader,
+                detail: b"10.0.0.9:22119".to_vec()
+            }
+        );
+        // A detail longer than the body is malformed.
+        assert!(decode_answer(&[0x80, 0, 0, 0, 0, 2, 0, 11, 5], None).is_err());
     }
 
     proptest! {

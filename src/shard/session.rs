@@ -152,11 +152,23 @@ impl Shard {
                 };
                 (rid, keepalive_ms, authed, len)
             }
-            sp::Decoded::Frame { req: Ok(_), .. } => {
-                self.reject(slot, "unsupported session protocol version");
+            sp::Decoded::Frame { rid, len, req, .. } => {
+                // The version is the body's first byte, whatever follows
+                // (a later version's Hello may be laid out differently):
+                // another version is told which ones this server speaks; a
+                // version 1 Hello with a malformed body is `invalid`.
+                // Either way a session-framed answer, then close, so the
+                // client can tell both from "not a session server".
+                let rbuf = &self.conns[slot as usize].rbuf;
+                let version = (len > sp::HEADER).then(|| rbuf[sp::HEADER]);
+                let why = match req {
+                    Err(why) => why,
+                    Ok(_) => "not a Hello",
+                };
+                self.refuse_hello(slot, rid, version, why);
                 return false;
             }
-            sp::Decoded::Frame { req: Err(why), .. } | sp::Decoded::Bad(why) => {
+            sp::Decoded::Bad(why) => {
                 self.reject(slot, why);
                 return false;
             }
@@ -225,6 +237,40 @@ impl Shard {
         self.gate(slot);
         self.pump_session(slot);
         true
+    }
+
+    /// Answers a Hello that opens no session and closes the connection:
+    /// `unsupported version` naming [`sp::VERSIONS`] when `version` is not
+    /// one of them, else `invalid` (a plain Reply).
+    fn refuse_hello(&mut self, slot: u32, rid: u32, version: Option<u8>, why: &str) {
+        let c = &mut self.conns[slot as usize];
+        let peer = c.peer;
+        c.rbuf.clear();
+        match version {
+            Some(v) if !sp::VERSIONS.contains(&v) => {
+                log!(
+                    Level::Info,
+                    "hello_refused",
+                    "peer={} reason=\"unsupported session protocol version {}\"",
+                    peer,
+                    v
+                );
+                sp::encode_refusal(rid, Status::UnsupportedVersion, sp::VERSIONS, &mut c.out);
+            }
+            _ => {
+                log!(
+                    Level::Debug,
+                    "hello_refused",
+                    "peer={} reason=\"{}\"",
+                    peer,
+                    crate::log::Escaped(why)
+                );
+                sp::encode_reply(rid, Status::Invalid, 0, sp::NO_TTL, &mut c.out);
+            }
+        }
+        c.close_after_send = true;
+        c.state = State::Answered;
+        self.mark_dirty(slot);
     }
 
     /// Decodes and routes every whole frame of a session connection.
@@ -530,8 +576,19 @@ impl Shard {
                     Err(c) => self.send_out(sid, home, reply(rid, checked_status(c))),
                 }
             }
-            SessOp::Cancel { target, key: _ } => {
-                let cancelled = self.table.cancel(o, table_token(o, target), &mut self.fx);
+            SessOp::Cancel { target, key } => {
+                // Only an Acquire queued on the key the Cancel names: the
+                // rule cannot depend on whether another key happens to live
+                // on the same shard. The table finds the session's request
+                // by rid alone, so the key's queue is checked first
+                // (O(waiters of that key), bounded by --max-waiters).
+                let conn = table_token(o, target);
+                let on_key = self.table.queue_len(key.as_bytes()) > 0 && {
+                    let mut queued = Vec::new();
+                    self.table.waiters_of(key.as_bytes(), &mut queued);
+                    queued.contains(&conn)
+                };
+                let cancelled = on_key && self.table.cancel(o, conn, &mut self.fx);
                 // The Acquire's `cancelled` goes out before the Cancel's `ok`.
                 self.apply_effects();
                 let st = if cancelled {

@@ -2,6 +2,8 @@
 //! ports and speaks raw Locking-Center frames to it.
 #![allow(dead_code)]
 
+pub mod session;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};

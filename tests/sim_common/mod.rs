@@ -249,6 +249,9 @@ impl SessionView {
                     self.holds.remove(&k);
                 }
             }
+            Answer::Refused { status, .. } => {
+                return Err(format!("the server refused the session: {}", status.name()))
+            }
         }
         Ok(n)
     }

@@ -92,6 +92,10 @@ impl Codec for SessionLock {
                 status.name()
             )),
             Answer::Lost { .. } => Err("Lost pushed before the Hello was answered".into()),
+            Answer::Refused { status, detail, .. } => Err(format!(
+                "Hello refused: {} (detail {detail:?}; this load generator speaks version {VERSION})",
+                status.name()
+            )),
         }
     }
 
@@ -125,6 +129,9 @@ impl Codec for SessionLock {
                     rid, status, token, ..
                 } => (rid, status, token),
                 Answer::Welcome { .. } => return Err("a second Hello reply".into()),
+                Answer::Refused { status, .. } => {
+                    return Err(format!("the server refused the session: {}", status.name()))
+                }
             };
             if rid != self.expect_rid {
                 return Err(format!(

@@ -717,6 +717,18 @@ impl Shared {
                     cause_msg("the server broke the session protocol: a second hello reply"),
                 ))
             }
+            // `not leader` (reserved) on an open session: the server gives
+            // the session up; nothing of it can be trusted any more.
+            Answer::Refused { status, detail, .. } => {
+                return Some((
+                    LostReason::ConnectionLost,
+                    cause_msg(format!(
+                        "the server refused the session: {} {}",
+                        status.name(),
+                        String::from_utf8_lossy(&detail)
+                    )),
+                ))
+            }
         }
         None
     }

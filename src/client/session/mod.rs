@@ -356,15 +356,8 @@ fn hello(
                         "{addr} refused the session: {why}"
                     )))))
                 };
-                if welcome.status == Status::Unauthorized {
-                    return refuse(
-                        "unauthorized (the server has --auth-token-file: give its secret to \
-                         SessionBuilder::auth_token)"
-                            .into(),
-                    );
-                }
                 if welcome.status != Status::Ok {
-                    return refuse(welcome.status.name().into());
+                    return refuse(refusal_text(welcome.status));
                 }
                 if welcome.version != wire::VERSION {
                     return refuse(format!("protocol version {}", welcome.version));
@@ -373,6 +366,15 @@ fn hello(
                     return refuse("a keep-alive deadline of 0 ms".into());
                 }
                 return Ok((sock, welcome));
+            }
+            Ok(Some((Answer::Refused { status, detail, .. }, _))) => {
+                return Err(refused(addr, status, &detail));
+            }
+            Ok(Some((Answer::Reply { status, .. }, _))) if status != Status::Ok => {
+                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                    "{addr} refused the session: {}",
+                    refusal_text(status)
+                )))));
             }
             Ok(Some(_)) | Err(_) => {
                 return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
@@ -404,6 +406,51 @@ fn hello(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(Hello::Retry(e)),
         }
+    }
+}
+
+/// What a refused Hello's status means, for the error message.
+fn refusal_text(status: Status) -> String {
+    match status {
+        Status::Unauthorized => "unauthorized (the server has --auth-token-file: give its secret \
+                                 to SessionBuilder::auth_token)"
+            .into(),
+        Status::Invalid => "invalid (the server could not read this client's Hello)".into(),
+        s => s.name().into(),
+    }
+}
+
+/// A Hello answered with a status that carries detail: `unsupported
+/// version` (final: no address of this server will speak ours) or the
+/// reserved `not leader` (try the next address).
+fn refused(addr: &SocketAddr, status: Status, detail: &[u8]) -> Hello {
+    match status {
+        Status::UnsupportedVersion => {
+            let spoken: Vec<String> = detail.iter().map(u8::to_string).collect();
+            Hello::Final(Error::Unavailable(cause_msg(format!(
+                "{addr} refused the session: unsupported version (this client speaks session \
+                 protocol version {}, the server speaks version{} {})",
+                wire::VERSION,
+                if spoken.len() == 1 { "" } else { "s" },
+                if spoken.is_empty() {
+                    "none".to_string()
+                } else {
+                    spoken.join(", ")
+                }
+            ))))
+        }
+        Status::NotLeader => Hello::Retry(std::io::Error::other(format!(
+            "not the leader{}",
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(" (the leader is {})", String::from_utf8_lossy(detail))
+            }
+        ))),
+        s => Hello::Final(Error::Unavailable(cause_msg(format!(
+            "{addr} refused the session: {}",
+            s.name()
+        )))),
     }
 }
 

@@ -1,0 +1,441 @@
+//! The client conformance suite, Rust edition: every scenario of the list
+//! shared by the Rust, Python and Go clients, driven through
+//! `ringlock::client::Session` against the real `ringlockd` (shards from
+//! `RINGLOCK_TEST_THREADS`, default 1). The list, once:
+//!
+//! 1. `grant` — a free key is granted with a token > 0 and released;
+//!    another session then gets it with a larger token.
+//! 2. `fifo` — B, C, D queue (each confirmed queued by the server) behind
+//!    A; A releases; they are granted in the order B, C, D.
+//! 3. `try` — a try-lock of a held key answers "held" at once; of a free
+//!    key grants.
+//! 4. `timeout` — a short wait on a held key ends in a timeout; the holder
+//!    still holds; the key is not leaked to the timed-out client.
+//! 5. `cancel_race` — a queued Acquire is cancelled while the holder
+//!    releases, many rounds; afterwards the key is held by the cancelled
+//!    client (which releases it) or free: a third session always gets it.
+//! 6. `lease_expiry_lost` — an unextended 1 s lease expires on the server;
+//!    the holder is told; another session gets a larger token.
+//! 7. `session_end_on_close` — closing a session frees its session holds
+//!    and a waiter on another session is granted.
+//! 8. `keepalive_loss` — the holder's keep-alives stop (a proxy stalls the
+//!    connection); the server ends the session, the waiter is granted; the
+//!    holder learns the lock is lost.
+//! 9. `stale_token_release` — a Release naming an older token is refused
+//!    (`stale token`) and the current holder keeps the key.
+//! 10. `auth_refused` — with `--auth-token-file`, a Hello without or with
+//!     a wrong token is refused (`unauthorized`); the right one works.
+//! 11. `server_restart_durable` — with `--data-path`, tokens after a
+//!     `kill -9` and restart are larger than every token before; a
+//!     persistent hold survives.
+//! 12. `shards` — keys spread over the shards, locked and released
+//!     concurrently: each key's tokens increase.
+//!
+//! Run: `cargo test --features faults --test conformance [NAME...]`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::session::{holder_of, session, Proxy};
+use common::{Server, TempDir};
+use ringlock::client::{Acquire, Client, Hold, RetryPolicy, Session, Wait};
+use ringlock::lease::{CancelToken, Error, LockOptions, LostReason};
+use ringlock::protocol::session as wire;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn with_metrics() -> Server {
+    Server::start(&["--metrics-bind", "127.0.0.1:0"])
+}
+
+/// Waits (bounded) until the server shows `n` queued requests.
+fn queued(s: &Server, n: usize) {
+    common::wait_metric(s.metrics(), "ringlock_queued_waiters", n as f64);
+}
+
+fn token(l: &ringlock::lease::Lease) -> u64 {
+    l.token().expect("session leases carry a token")
+}
+
+fn grant() {
+    let s = Server::start(&[]);
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    let first = a.lock("c/grant", WAIT).expect("a free key is granted");
+    assert!(token(&first) > 0);
+    first.release().expect("released");
+    let second = b.lock("c/grant", WAIT).expect("free again");
+    assert!(token(&second) > token(&first), "tokens increase");
+    second.release().expect("released");
+}
+
+fn fifo() {
+    let s = with_metrics();
+    let a = session(s.lock_addr);
+    let held = a.lock("c/fifo", WAIT).expect("granted");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, name) in ["B", "C", "D"].into_iter().enumerate() {
+        let w = session(s.lock_addr);
+        let order = order.clone();
+        waiters.push(thread::spawn(move || {
+            let l = w.lock("c/fifo", WAIT).expect("granted in turn");
+            order.lock().unwrap().push((name, token(&l)));
+            l.release().expect("released");
+        }));
+        // Queued before the next one arrives.
+        queued(&s, i + 1);
+    }
+    held.release().expect("released");
+    for w in waiters {
+        w.join().expect("waiter");
+    }
+    let order = order.lock().unwrap();
+    let names: Vec<&str> = order.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["B", "C", "D"], "granted in arrival order");
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1));
+    assert!(order[0].1 > token(&held));
+}
+
+fn try_() {
+    let s = Server::start(&[]);
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    let held = a.lock("c/try", WAIT).expect("granted");
+    let t0 = Instant::now();
+    assert!(b.try_lock("c/try").expect("answered").is_none(), "held");
+    assert!(t0.elapsed() < Duration::from_secs(5), "answered at once");
+    held.release().expect("released");
+    let got = b
+        .try_lock("c/try")
+        .expect("answered")
+        .expect("free: granted");
+    assert!(token(&got) > token(&held));
+}
+
+fn timeout() {
+    let s = Server::start(&[]);
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    let held = a.lock("c/timeout", WAIT).expect("granted");
+    assert!(matches!(
+        b.lock("c/timeout", Duration::from_millis(200)),
+        Err(Error::Timeout)
+    ));
+    assert_eq!(
+        holder_of(&s, "c/timeout").map(|k| k.token),
+        held.token(),
+        "the holder still holds"
+    );
+    held.release().expect("released");
+    assert!(
+        holder_of(&s, "c/timeout").is_none(),
+        "not leaked to the timed-out client"
+    );
+}
+
+fn cancel_race() {
+    let s = with_metrics();
+    let (a, b, c) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    let (mut granted, mut cancelled) = (0, 0);
+    for round in 0..40 {
+        let held = a.lock("c/cancel", WAIT).expect("holder granted");
+        let cancel = CancelToken::new().expect("cancel token");
+        let opts = LockOptions::new().cancel(cancel.clone());
+        let b2 = b.clone();
+        let waiter = thread::spawn(move || b2.lock_with("c/cancel", WAIT, &opts));
+        queued(&s, 1);
+        // The cancel and the release at about the same moment.
+        let go = Arc::new(Barrier::new(2));
+        let g = go.clone();
+        let releaser = thread::spawn(move || {
+            g.wait();
+            held.release().expect("holder releases");
+        });
+        go.wait();
+        cancel.cancel();
+        releaser.join().expect("releaser");
+        match waiter.join().expect("waiter") {
+            Ok(l) => {
+                granted += 1;
+                l.release()
+                    .expect("the cancelled client releases its grant");
+            }
+            Err(e) if e.is_cancellation() => cancelled += 1,
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        // Never held by nobody-knows-whom.
+        let third = c
+            .try_lock("c/cancel")
+            .expect("answered")
+            .unwrap_or_else(|| panic!("round {round}: the key is held after the race"));
+        third.release().expect("released");
+    }
+    assert_eq!(granted + cancelled, 40);
+}
+
+fn lease_expiry_lost() {
+    let s = Server::start(&[]);
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    let (tx, rx) = mpsc::channel();
+    let opts = LockOptions::new().on_lost(move |_, lost| {
+        let _ = tx.send(lost.reason());
+    });
+    let what = Acquire {
+        hold: Hold::Lease(Duration::from_secs(1)),
+        wait: Wait::Try,
+    };
+    let lease = a.acquire("c/lease", what, &opts).expect("granted");
+    // Not extended: b waits for the server to expire it.
+    let next = b.lock("c/lease", WAIT).expect("granted once it expired");
+    assert!(token(&next) > token(&lease));
+    assert_eq!(rx.recv_timeout(WAIT), Ok(LostReason::Expired), "told");
+    assert!(lease.lost().is_some());
+    next.release().expect("released");
+}
+
+fn session_end_on_close() {
+    let s = with_metrics();
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    let one = a.lock("c/close/1", WAIT).expect("granted");
+    let _two = a.lock("c/close/2", WAIT).expect("granted");
+    let waiter = thread::spawn(move || {
+        let l = b.lock("c/close/1", WAIT);
+        (l, b)
+    });
+    queued(&s, 1);
+    a.close();
+    let (got, _b) = waiter.join().expect("waiter");
+    assert!(token(&got.expect("granted when the holder closed")) > token(&one));
+    assert!(
+        holder_of(&s, "c/close/2").is_none(),
+        "every session hold freed"
+    );
+}
+
+fn keepalive_loss() {
+    let s = with_metrics();
+    let proxy = Proxy::new(s.lock_addr);
+    let a = Session::builder(proxy.addr)
+        .keepalive(Duration::from_millis(900))
+        .retry(RetryPolicy::none())
+        .connect()
+        .expect("session through the proxy");
+    let (tx, rx) = mpsc::channel();
+    let opts = LockOptions::new().on_lost(move |_, lost| {
+        let _ = tx.send(lost.reason());
+    });
+    let held = a.lock_with("c/keepalive", WAIT, &opts).expect("granted");
+    let b = session(s.lock_addr);
+    let waiter = thread::spawn(move || {
+        let l = b.lock("c/keepalive", WAIT);
+        (l, b)
+    });
+    queued(&s, 1);
+    // Nothing gets through any more: no keep-alive reaches the server.
+    proxy.stall();
+    let (got, _b) = waiter.join().expect("waiter");
+    let next = got.expect("granted when the server ended the silent session");
+    assert!(token(&next) > token(&held));
+    assert_eq!(
+        rx.recv_timeout(WAIT),
+        Ok(LostReason::KeepAliveTimedOut),
+        "the holder learns it lost the lock"
+    );
+    Proxy::set(&proxy.up, false);
+    Proxy::set(&proxy.down, false);
+    assert!(matches!(held.release(), Err(Error::Lost(_))));
+}
+
+fn stale_token_release() {
+    let s = Server::start(&[]);
+    let proxy = Proxy::new(s.lock_addr);
+    let a = Session::builder(proxy.addr)
+        .retry(RetryPolicy::none())
+        .connect()
+        .expect("session through the proxy");
+    let mine = a
+        .acquire(
+            "c/stale",
+            Acquire {
+                hold: Hold::Persistent,
+                wait: Wait::Try,
+            },
+            &LockOptions::new(),
+        )
+        .expect("granted");
+    // The holder stops hearing the server (so it does not learn of the
+    // reset below) and its token goes stale: reset, then granted to b.
+    Proxy::set(&proxy.down, true);
+    let admin = Client::builder(s.lock_addr).build().expect("client");
+    admin.reset_by_key("c/stale").expect("reset");
+    let b = session(s.lock_addr);
+    let theirs = b.lock("c/stale", WAIT).expect("granted after the reset");
+    assert!(token(&theirs) > token(&mine));
+    let release = thread::spawn(move || mine.release());
+    common::session::eventually("the stale Release is sent", || {
+        proxy.count(wire::OP_RELEASE) == 1
+    });
+    Proxy::set(&proxy.down, false);
+    assert!(
+        matches!(release.join().expect("release"), Err(Error::Lost(_))),
+        "refused"
+    );
+    // The session's later request is answered after its Release was decided.
+    assert!(a.try_lock("c/stale/sync").expect("answered").is_some());
+    assert_eq!(
+        holder_of(&s, "c/stale").map(|k| k.token),
+        theirs.token(),
+        "the current holder keeps the key"
+    );
+}
+
+fn auth_refused() {
+    let dir = TempDir::new("conformance-auth");
+    let file = dir.path("token");
+    std::fs::write(&file, "conformance-secret\n").expect("token file");
+    let s = Server::start(&["--auth-token-file", file.to_str().expect("utf-8")]);
+    let open = |token: &[u8]| {
+        Session::builder(s.lock_addr)
+            .auth_token(token.to_vec())
+            .retry(RetryPolicy::none())
+            .connect()
+    };
+    for bad in [&b""[..], b"conformance-secreT"] {
+        match open(bad) {
+            Err(Error::Unavailable(e)) => {
+                assert!(e.to_string().contains("unauthorized"), "{e}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a session with token {bad:?}"),
+        }
+    }
+    let ok = open(b"conformance-secret").expect("the right token opens");
+    ok.lock("c/auth", WAIT).expect("granted").release().unwrap();
+}
+
+fn server_restart_durable() {
+    let dir = TempDir::new("conformance-durable");
+    let data = dir.path("data");
+    let data = data.to_str().expect("utf-8");
+    let mut s = Server::start(&["--data-path", data]);
+    let a = session(s.lock_addr);
+    let mut before = Vec::new();
+    for i in 0..8 {
+        let l = a.lock(format!("c/durable/{i}"), WAIT).expect("granted");
+        before.push(token(&l));
+        l.release().expect("released");
+    }
+    let persistent = a
+        .acquire(
+            "c/durable/p",
+            Acquire {
+                hold: Hold::Persistent,
+                wait: Wait::Try,
+            },
+            &LockOptions::new(),
+        )
+        .expect("granted");
+    before.push(token(&persistent));
+    s.kill9();
+    drop((a, persistent));
+    let s = Server::start(&["--data-path", data]);
+    let b = session(s.lock_addr);
+    assert_eq!(
+        holder_of(&s, "c/durable/p").map(|k| k.token),
+        Some(*before.last().unwrap()),
+        "the persistent hold survived"
+    );
+    assert!(b.try_lock("c/durable/p").expect("answered").is_none());
+    let newest = *before.iter().max().unwrap();
+    for i in 0..8 {
+        let l = b.lock(format!("c/durable/{i}"), WAIT).expect("granted");
+        assert!(token(&l) > newest, "after the restart: larger");
+        l.release().expect("released");
+    }
+}
+
+fn shards() {
+    let s = Server::start(&[]);
+    let keys: Arc<Vec<String>> = Arc::new((0..16).map(|i| format!("c/shards/{i}")).collect());
+    let seen: Arc<Mutex<HashMap<String, Vec<u64>>>> = Default::default();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (sess, keys, seen) = (session(s.lock_addr), keys.clone(), seen.clone());
+            thread::spawn(move || {
+                for round in 0..5 {
+                    for i in 0..keys.len() {
+                        let k = &keys[(i + w * 4 + round) % keys.len()];
+                        let l = sess.lock(k, WAIT).expect("granted");
+                        // Recorded while held: the order of the grants.
+                        seen.lock()
+                            .unwrap()
+                            .entry(k.clone())
+                            .or_default()
+                            .push(token(&l));
+                        l.release().expect("released");
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), keys.len());
+    for (k, tokens) in seen.iter() {
+        assert_eq!(tokens.len(), 20, "{k}");
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{k}: {tokens:?}");
+    }
+}
+
+fn main() {
+    let scenarios: [(&str, fn()); 12] = [
+        ("grant", grant),
+        ("fifo", fifo),
+        ("try", try_),
+        ("timeout", timeout),
+        ("cancel_race", cancel_race),
+        ("lease_expiry_lost", lease_expiry_lost),
+        ("session_end_on_close", session_end_on_close),
+        ("keepalive_loss", keepalive_loss),
+        ("stale_token_release", stale_token_release),
+        ("auth_refused", auth_refused),
+        ("server_restart_durable", server_restart_durable),
+        ("shards", shards),
+    ];
+    // Names given on the command line pick scenarios (cargo's own flags,
+    // which start with `-`, are ignored).
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut failed = Vec::new();
+    for (name, run) in scenarios {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
+        match std::panic::catch_unwind(run) {
+            Ok(()) => println!("conformance rust {name} ok"),
+            Err(e) => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                println!("conformance rust {name} FAILED: {msg}");
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!("conformance rust: failed: {}", failed.join(", "));
+        std::process::exit(1);
+    }
+}
