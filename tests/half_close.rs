@@ -85,7 +85,7 @@ fn a_grant_ready_in_the_tick_that_sees_the_eof_is_delivered() {
     let mut shard = Shard::new(cfg, table, None, Arc::new(Metrics::new()), now);
     let mut cmds = Vec::new();
     // Runs the end of a tick; the bytes each connection is sent.
-    let mut end_tick = |shard: &mut Shard, cmds: &mut Vec<Cmd>| -> Vec<u8> {
+    let end_tick = |shard: &mut Shard, cmds: &mut Vec<Cmd>| -> Vec<u8> {
         shard.end_tick();
         shard.take_cmds(cmds);
         let mut sent = Vec::new();

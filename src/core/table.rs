@@ -1469,13 +1469,16 @@ impl Table {
     /// token is `conn` and answers it [`Reply::Cancelled`]. False when no
     /// such request is queued (it was answered already). O(requests the
     /// session has queued).
-    pub fn cancel(&mut self, owner: u32, conn: Token, fx: &mut Effects) -> bool {
+    pub fn cancel(&mut self, owner: u32, conn: Token, key: &[u8], fx: &mut Effects) -> bool {
         let Some(e) = self.owners.get(owner as usize) else {
             return false;
         };
         let mut cur = e.waiting.front();
         while let Some(w) = cur {
-            if self.waiters[w as usize].conn == conn {
+            let wt = &self.waiters[w as usize];
+            // The request (rid) *and* its key must match: a Cancel that
+            // names another key cancels nothing.
+            if wt.conn == conn && self.names.get(self.keys[wt.key as usize].name) == key {
                 let waiter = self.detach_waiter(w);
                 self.source_drop_if_unused(waiter.source);
                 fx.push(Effect::Reply {
@@ -2025,7 +2028,10 @@ mod tests {
                             .filter(|c| (c >> 32) & 0x7FFF_FFFF == owner as u64).collect();
                         if !mine.is_empty() {
                             let c = mine[i % mine.len()];
-                            prop_assert!(tb.cancel(owner, c, &mut fx));
+                            let k = *queues.iter().find(|(_, q)| q.contains(&c)).expect("queued").0;
+                            // Another key: nothing is cancelled.
+                            prop_assert!(!tb.cancel(owner, c, kn(k.wrapping_add(1)).as_bytes(), &mut fx));
+                            prop_assert!(tb.cancel(owner, c, kn(k).as_bytes(), &mut fx));
                         }
                     }
                     SOp::End(s) => {

@@ -579,16 +579,9 @@ impl Shard {
             SessOp::Cancel { target, key } => {
                 // Only an Acquire queued on the key the Cancel names: the
                 // rule cannot depend on whether another key happens to live
-                // on the same shard. The table finds the session's request
-                // by rid alone, so the key's queue is checked first
-                // (O(waiters of that key), bounded by --max-waiters).
+                // on the same shard (the table matches rid and key).
                 let conn = table_token(o, target);
-                let on_key = self.table.queue_len(key.as_bytes()) > 0 && {
-                    let mut queued = Vec::new();
-                    self.table.waiters_of(key.as_bytes(), &mut queued);
-                    queued.contains(&conn)
-                };
-                let cancelled = on_key && self.table.cancel(o, conn, &mut self.fx);
+                let cancelled = self.table.cancel(o, conn, key.as_bytes(), &mut self.fx);
                 // The Acquire's `cancelled` goes out before the Cancel's `ok`.
                 self.apply_effects();
                 let st = if cancelled {
