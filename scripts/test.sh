@@ -46,6 +46,11 @@ cargo clippy -p ringlock --all-targets --locked --features mysql -- -D warnings
 echo "== cargo test, feature mysql (against a private MariaDB)"
 cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults --test cli_mysql
 
+# The same scenarios for every client of the repository (Python, Go) on 1
+# and 2 shards; the Rust client's run is tests/conformance.rs above.
+echo "== client conformance suite (scripts/conformance.sh)"
+scripts/conformance.sh
+
 echo "== doc tests"
 cargo test --workspace --doc --locked
 
