@@ -222,25 +222,30 @@ func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ringlock: connecting to %s: %w", addr, err)
 	}
-	fail := func(err error) (*Session, error) {
+	deadline, _ := dctx.Deadline()
+	// The Hello must be answered within the dial timeout.
+	if err := conn.SetDeadline(deadline); err != nil {
 		conn.Close()
 		return nil, err
 	}
-	deadline, _ := dctx.Deadline()
-	// The Hello must be answered within the dial timeout; the context can
-	// also end it early.
-	if err := conn.SetDeadline(deadline); err != nil {
-		return fail(err)
-	}
-	watch := make(chan struct{})
+	// The context can also end the Hello early. The watcher is stopped
+	// (and waited for) before the deadline is cleared, so it can never
+	// expire a session that was opened.
+	watch, watching := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(watching)
 		select {
 		case <-dctx.Done():
 			_ = conn.SetDeadline(time.Unix(1, 0))
 		case <-watch:
 		}
 	}()
-	defer close(watch)
+	stopWatch := func() { close(watch); <-watching }
+	fail := func(err error) (*Session, error) {
+		stopWatch()
+		conn.Close()
+		return nil, err
+	}
 
 	ka := uint32(0)
 	if o.Keepalive > 0 {
@@ -292,8 +297,10 @@ func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
 	if w.keepaliveMs == 0 {
 		return fail(fmt.Errorf("%w: %s applies a keep-alive of 0 ms", ErrProtocol, addr))
 	}
+	stopWatch()
 	if err := conn.SetDeadline(time.Time{}); err != nil {
-		return fail(err)
+		conn.Close()
+		return nil, err
 	}
 	k := time.Duration(w.keepaliveMs) * time.Millisecond
 	s := &Session{
@@ -623,11 +630,13 @@ func (s *Session) TryLock(ctx context.Context, key string, opts ...AcquireOption
 // client sends a Cancel for it. The server answers the Acquire either
 // cancelled or with its grant, never both; a grant that won the race is
 // released (one Release by its token, bounded by Options.ReleaseTimeout)
-// before Acquire returns ctx.Err(): a caller whose context ended never
-// holds the key.
+// before Acquire returns a *CancelError wrapping ctx.Err() (its Released
+// field names the token that was released): a caller whose context ended
+// never holds the key.
 //
 // Errors: *StatusError for a refusal (ErrBusy, ErrTimedOut, ErrLimit,
-// ErrInvalid, ...), ctx.Err(), ErrSessionEnded, ErrInvalidArgument (a key
+// ErrInvalid, ...), ctx.Err() (a context that ended before anything was
+// sent) or a *CancelError wrapping it, ErrSessionEnded, ErrInvalidArgument (a key
 // of 0 or more than 127 bytes, a TTL outside the server's bounds; nothing
 // is sent), or ErrLost when the grant was lost before it could be handed
 // out.
@@ -669,15 +678,46 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	// its end, so this wait is bounded by the keep-alive.
 	_, _ = s.send(&call{op: opCancel}, func(r uint32) []byte { return encodeCancel(r, rid, key) })
 	res := <-c.ch
+	cerr := &CancelError{Key: key, Err: ctx.Err()}
 	if res.lease != nil {
+		cerr.Released = res.lease.Token()
 		rctx, cancel := context.WithTimeout(context.Background(), s.releaseTimeout)
 		defer cancel()
 		if err := res.lease.Release(rctx); err != nil && !errors.Is(err, ErrLost) {
-			return nil, fmt.Errorf("%w (the grant that won the race against the cancellation could not be released: %v)", ctx.Err(), err)
+			cerr.ReleaseErr = err
 		}
 	}
-	return nil, ctx.Err()
+	return nil, cerr
 }
+
+// CancelError is what Acquire returns when its context ended before the
+// grant: errors.Is(err, context.Canceled) or context.DeadlineExceeded
+// matches it (Unwrap returns ctx.Err()).
+type CancelError struct {
+	Key string
+	Err error // ctx.Err()
+	// Released is the token of a grant that won the race against the
+	// Cancel and was released before Acquire returned (0: the server
+	// withdrew the Acquire, nothing was granted).
+	Released uint64
+	// ReleaseErr is set when that Release failed: the key may then stay
+	// held until the session ends (session hold) or the TTL passes (lease).
+	ReleaseErr error
+}
+
+func (e *CancelError) Error() string {
+	msg := fmt.Sprintf("ringlock: acquire %q: %v", e.Key, e.Err)
+	if e.Released != 0 {
+		msg += fmt.Sprintf(" (the grant that won the race, token %d, was released)", e.Released)
+		if e.ReleaseErr != nil {
+			msg = fmt.Sprintf("ringlock: acquire %q: %v (the grant that won the race, token %d, could not be released: %v)", e.Key, e.Err, e.Released, e.ReleaseErr)
+		}
+	}
+	return msg
+}
+
+// Unwrap returns the context's error.
+func (e *CancelError) Unwrap() error { return e.Err }
 
 // granted turns an Acquire's answer into a Lease or an error.
 func (s *Session) granted(c *call, res result, cfg acquireConfig) (*Lease, error) {
