@@ -2,7 +2,8 @@
 # Runs the whole test suite: unit, property and integration tests of every
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
-# tests against a private MariaDB, plus the deployment checks. Exits
+# tests against a private MariaDB, the Go client's tests and conformance
+# suite, plus the deployment checks. Exits
 # non-zero on any failure; a missing tool is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,24 @@ echo "== clippy, feature mysql (warnings are errors)"
 cargo clippy -p ringlock --all-targets --locked --features mysql -- -D warnings
 echo "== cargo test, feature mysql (against a private MariaDB)"
 cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults --test cli_mysql
+
+# The Go client (clients/go, no dependencies: nothing is fetched). Its
+# conformance runner starts the debug ringlockd built here; each run takes
+# seconds, bounded in case a hang slips in.
+echo "== Go client: gofmt, go vet, unit tests, fence example"
+cargo build --locked --bin ringlockd
+(
+  cd clients/go
+  export GOPROXY=off GOFLAGS=-mod=mod
+  unformatted="$(gofmt -l .)"
+  if [ -n "$unformatted" ]; then echo "gofmt: not formatted: $unformatted" >&2; exit 1; fi
+  go vet ./...
+  timeout 300 go test -count=1 . ./examples/fence
+)
+for n in 1 2; do
+  echo "== Go client conformance (RINGLOCK_TEST_THREADS=$n)"
+  RINGLOCK_TEST_THREADS=$n timeout 300 clients/go/conformance.sh
+done
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

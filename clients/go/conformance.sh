@@ -10,8 +10,8 @@ root="$(cd "$here/../.." && pwd)"
 export RINGLOCKD="${RINGLOCKD:-$root/target/debug/ringlockd}"
 [ -x "$RINGLOCKD" ] || { echo "conformance go: $RINGLOCKD missing (cargo build --bin ringlockd)" >&2; exit 1; }
 export GOPROXY=off GOFLAGS=-mod=mod GOTOOLCHAIN=local
-# A writable build cache even where HOME is not (CI as root, sandboxes).
-export GOCACHE="${GOCACHE:-${TMPDIR:-/tmp}/ringlock-go-cache}"
+# Go keeps its build cache under $HOME; give it one where HOME is unset.
+[ -n "${HOME:-}" ] || [ -n "${GOCACHE:-}" ] || export GOCACHE="${TMPDIR:-/tmp}/ringlock-go-cache"
 command -v go >/dev/null || { echo "conformance go: no go on PATH (scripts/install-test-tools.sh installs golang-go)" >&2; exit 1; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
