@@ -39,7 +39,8 @@ type Lease struct {
 	relErr    error
 	relSent   bool
 	expiresAt time.Time   // a lease's expiry on this side's clock
-	timer     *time.Timer // fires at expiresAt
+	timer     *time.Timer // fires at expiresAt; nil until a rebase's Extend
+	rebase    bool        // set by the reader before the grant is handed on
 }
 
 // newLease is called by the reader, under the session's lock, when the
@@ -50,6 +51,14 @@ func newLease(s *Session, c *call, token uint64) *Lease {
 		lost: make(chan struct{}), stop: make(chan struct{}), relDone: make(chan struct{}),
 	}
 	if c.mode == HoldLease {
+		if time.Since(c.sentAt) > c.ttl/2 {
+			// The grant came after a wait that used up more than half of
+			// sentAt + TTL (perhaps all of it), while the server counts
+			// the TTL from the grant: this side's expiry waits for the
+			// Extend that Acquire sends before handing the lease out.
+			l.rebase = true
+			return l
+		}
 		// Counted from when the Acquire was sent: the server counts from
 		// the grant, which is later, so this side expires first.
 		l.expiresAt = c.sentAt.Add(c.ttl)
@@ -168,7 +177,11 @@ func (l *Lease) Extend(ctx context.Context) error {
 		l.mu.Lock()
 		if next := c.sentAt.Add(l.ttl); l.state == stateHeld && next.After(l.expiresAt) {
 			l.expiresAt = next
-			l.timer.Reset(time.Until(next))
+			if l.timer == nil {
+				l.timer = time.AfterFunc(time.Until(next), l.expired)
+			} else {
+				l.timer.Reset(time.Until(next))
+			}
 		}
 		l.mu.Unlock()
 		return l.Err()

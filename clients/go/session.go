@@ -728,17 +728,20 @@ func (s *Session) granted(c *call, res result, cfg acquireConfig) (*Lease, error
 		return nil, &StatusError{Op: "acquire", Key: c.key, Status: res.r.status}
 	}
 	l := res.lease
-	if cfg.mode == HoldLease && time.Since(c.sentAt) > c.ttl/2 {
-		// The client's expiry counts from when the Acquire was sent (the
-		// server's from the grant, later): after a long wait most of it is
-		// gone, so one Extend rebases it before the lease is handed out.
+	if l.rebase {
+		// The client's expiry counts from when a request was sent (the
+		// server's from the grant, later): after a long wait most of it,
+		// or all, is gone, so one Extend rebases it before the lease is
+		// handed out. If that fails the lease is released, not handed out.
 		ctx, cancel := context.WithTimeout(context.Background(), s.releaseTimeout)
 		err := l.Extend(ctx)
 		cancel()
-		if err != nil && !errors.Is(err, ErrLost) {
-			rctx, cancel := context.WithTimeout(context.Background(), s.releaseTimeout)
-			_ = l.Release(rctx)
-			cancel()
+		if err != nil {
+			if !errors.Is(err, ErrLost) {
+				rctx, cancel := context.WithTimeout(context.Background(), s.releaseTimeout)
+				_ = l.Release(rctx)
+				cancel()
+			}
 			return nil, err
 		}
 	}
