@@ -298,3 +298,20 @@ func (l *Lease) released(res result) {
 	close(l.relDone)
 	l.s.forget(l)
 }
+
+// releasedElsewhere records a release by ReleaseToken: the lease is
+// released (not lost), and its own Release returns nil.
+func (l *Lease) releasedElsewhere() {
+	l.mu.Lock()
+	if l.state != stateHeld {
+		l.mu.Unlock()
+		return
+	}
+	l.state = stateReleasing
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	close(l.stop)
+	l.mu.Unlock()
+	l.released(result{})
+}

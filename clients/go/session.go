@@ -676,8 +676,22 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	// The server decides between the grant and the Cancel; it answers the
 	// Acquire before the Cancel, and a session that ends answers it with
 	// its end, so this wait is bounded by the keep-alive.
-	_, _ = s.send(&call{op: opCancel}, func(r uint32) []byte { return encodeCancel(r, rid, key) })
-	res := <-c.ch
+	cc := &call{op: opCancel, key: key, ch: make(chan result, 1)}
+	_, _ = s.send(cc, func(r uint32) []byte { return encodeCancel(r, rid, key) })
+	var res result
+	select {
+	case res = <-c.ch:
+	case <-cc.ch:
+		// The reader hands answers on in the order they arrive, so the
+		// Acquire's answer is already here unless the server broke its
+		// promise to answer the Acquire first.
+		select {
+		case res = <-c.ch:
+		default:
+			s.end(fmt.Errorf("%w: the Cancel of %q was answered before its Acquire", ErrProtocol, key))
+			res = <-c.ch
+		}
+	}
 	cerr := &CancelError{Key: key, Err: ctx.Err()}
 	if res.lease != nil {
 		cerr.Released = res.lease.Token()
@@ -772,6 +786,13 @@ func (s *Session) ReleaseToken(ctx context.Context, key string, token uint64) er
 	}
 	if res.r.status != StatusOK {
 		return &StatusError{Op: "release", Key: key, Status: res.r.status}
+	}
+	// A Lease of this session with that token is released now too.
+	s.mu.Lock()
+	l := s.holds[holdID{key, token}]
+	s.mu.Unlock()
+	if l != nil {
+		l.releasedElsewhere()
 	}
 	return nil
 }

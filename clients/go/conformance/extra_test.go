@@ -49,3 +49,54 @@ func TestALeaseGrantedAfterALongWaitIsHeld(t *testing.T) {
 		t.Fatalf("still held after the release: %d", h)
 	}
 }
+
+// Release from many goroutines at once sends one Release; every call gets
+// its result, a later call too, and Lost never closes.
+func TestConcurrentReleasesShareOneResult(t *testing.T) {
+	srv, err := testserver.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Kill9()
+	s := dial(t, srv.Lock)
+	k := key(t, "k")
+	l, err := s.Acquire(ctx(t), k, ringlock.WithTTL(30*time.Second), ringlock.WithAutoExtend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		go func() { errs <- l.Release(ctx(t)) }()
+	}
+	for i := 0; i < 8; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+	if err := l.Release(ctx(t)); err != nil {
+		t.Fatalf("a later release: %v", err)
+	}
+	if h := holder(t, srv, k); h != 0 {
+		t.Fatalf("still held: %d", h)
+	}
+	select {
+	case <-l.Lost():
+		t.Fatalf("Lost() closed after a release: %v", l.Err())
+	default:
+	}
+	// ReleaseToken of a hold this session's Lease has marks it released.
+	kp := key(t, "p")
+	lp, err := s.Acquire(ctx(t), kp, ringlock.Persistent())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseToken(ctx(t), kp, lp.Token()); err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.Release(ctx(t)); err != nil {
+		t.Fatalf("Release after ReleaseToken: %v", err)
+	}
+	if h := holder(t, srv, kp); h != 0 {
+		t.Fatalf("still held: %d", h)
+	}
+}
