@@ -19,6 +19,6 @@ cd "$here"
 go test -c -o "$tmp/conformance.test" ./conformance
 # Run the binary itself (not `go test`) so each scenario's line appears as
 # it passes; the keepalive_loss holder child is this binary re-executed.
-# The package's other tests (client behaviour beyond the shared scenarios)
+# The package's other tests (client behaviour beyond the conformance scenarios)
 # run too.
 "$tmp/conformance.test" -test.timeout 600s "$@"

@@ -42,7 +42,7 @@ type scenario struct {
 	run  func(t *testing.T, srv *testserver.Server)
 }
 
-// The scenarios, in the order of the shared list.
+// The scenarios, in the order every client (Rust, Python, Go) runs them.
 var scenarios = []scenario{
 	{"grant", grant},
 	{"fifo", fifo},

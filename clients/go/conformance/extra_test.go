@@ -8,7 +8,7 @@ import (
 	"github.com/ringlock/ringlock/clients/go/internal/testserver"
 )
 
-// Beyond the shared scenarios: a lease granted after waiting longer than
+// Beyond the conformance scenarios: a lease granted after waiting longer than
 // its TTL is handed out held (its expiry on this side is rebased by an
 // Extend), not reported lost at once while the server still holds it.
 func TestALeaseGrantedAfterALongWaitIsHeld(t *testing.T) {
