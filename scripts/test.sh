@@ -2,7 +2,8 @@
 # Runs the whole test suite: unit, property and integration tests of every
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
-# tests against a private MariaDB, plus the deployment checks. Exits
+# tests against a private MariaDB, the Go client's tests and conformance
+# suite, plus the deployment checks. Exits
 # non-zero on any failure; a missing tool is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,19 @@ echo "== clippy, feature mysql (warnings are errors)"
 cargo clippy -p ringlock --all-targets --locked --features mysql -- -D warnings
 echo "== cargo test, feature mysql (against a private MariaDB)"
 cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --test mysql_faults --test cli_mysql
+
+# The Go client (clients/go, no dependencies: nothing is fetched): format,
+# vet, unit tests and the fence example; its conformance run is below.
+echo "== Go client: gofmt, go vet, unit tests, fence example"
+cargo build --locked --bin ringlockd
+(
+  cd clients/go
+  export GOPROXY=off GOFLAGS=-mod=mod
+  unformatted="$(gofmt -l .)"
+  if [ -n "$unformatted" ]; then echo "gofmt: not formatted: $unformatted" >&2; exit 1; fi
+  go vet ./...
+  timeout 300 go test -count=1 . ./examples/fence
+)
 
 # The same scenarios for every client of the repository (Python, Go) on 1
 # and 2 shards; the Rust client's run is tests/conformance.rs above.

@@ -1,0 +1,272 @@
+package ringlock
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The session protocol's frames (docs/protocol.md, "Sessions"). Every frame,
+// in both directions, is a 7-byte header followed by at most 512 body bytes:
+//
+//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=12
+//	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost
+//
+// Integers are little-endian. This file holds the encoders and decoders
+// only, so that they can be tested without a server.
+
+const (
+	protocolVersion = 1
+	headerLen       = 7
+	bodyMax         = 512
+
+	opHello   = 7
+	opAcquire = 8
+	opRelease = 9
+	opExtend  = 10
+	opCancel  = 11
+	opPing    = 12
+
+	kindReply = 0x80
+	kindLost  = 0x81
+
+	// replyBodyLen is the body of every Reply but the Hello's.
+	replyBodyLen = 13
+	// welcomeBodyLen is the Hello reply's body in protocol version 1; a
+	// later server may append fields, which are skipped.
+	welcomeBodyLen = 32
+
+	// waitForever is the wait_ms of an Acquire without a server deadline.
+	waitForever = 0xFFFFFFFF
+	// noTTL is the ttl_left_ms of an answer without a TTL.
+	noTTL = 0xFFFFFFFF
+
+	// MaxKeyLen is the longest key in bytes (a key is 1..=127 bytes).
+	MaxKeyLen = 127
+	// MaxSourceLen is the longest source name in bytes.
+	MaxSourceLen = 127
+	// MaxAuthTokenLen is the longest auth token in bytes.
+	MaxAuthTokenLen = 255
+)
+
+// HoldMode is how a granted lock is held: the Acquire's hold byte.
+type HoldMode uint8
+
+const (
+	// HoldPersistent: Locking-Center semantics, held until released by
+	// token or reset, whatever happens to the session.
+	HoldPersistent HoldMode = 0
+	// HoldSession (the default): freed by the server the moment the
+	// session ends (its connection closes or fails, or its keep-alive
+	// deadline passes).
+	HoldSession HoldMode = 1
+	// HoldLease: freed by the server when its TTL passes without an
+	// Extend; it survives the session that took it.
+	HoldLease HoldMode = 2
+)
+
+func (m HoldMode) String() string {
+	switch m {
+	case HoldPersistent:
+		return "persistent"
+	case HoldSession:
+		return "session"
+	case HoldLease:
+		return "lease"
+	}
+	return fmt.Sprintf("hold(%d)", uint8(m))
+}
+
+// frame starts a request frame with op and rid; finish fills in the body
+// length.
+func frame(op byte, rid uint32, bodyCap int) []byte {
+	b := make([]byte, headerLen, headerLen+bodyCap)
+	b[0] = op
+	binary.LittleEndian.PutUint32(b[1:5], rid)
+	return b
+}
+
+func finish(b []byte) []byte {
+	binary.LittleEndian.PutUint16(b[5:7], uint16(len(b)-headerLen))
+	return b
+}
+
+func putName(b []byte, name string) []byte {
+	b = append(b, byte(len(name)))
+	return append(b, name...)
+}
+
+func putU32(b []byte, v uint32) []byte {
+	var x [4]byte
+	binary.LittleEndian.PutUint32(x[:], v)
+	return append(b, x[:]...)
+}
+
+func putU64(b []byte, v uint64) []byte {
+	var x [8]byte
+	binary.LittleEndian.PutUint64(x[:], v)
+	return append(b, x[:]...)
+}
+
+// encodeHello: [u8 version][u32 keepalive_ms], then [u8 authLen][auth] if
+// there is a token.
+func encodeHello(rid uint32, keepaliveMs uint32, auth []byte) []byte {
+	b := frame(opHello, rid, 6+len(auth))
+	b = append(b, protocolVersion)
+	b = putU32(b, keepaliveMs)
+	if len(auth) > 0 {
+		b = append(b, byte(len(auth)))
+		b = append(b, auth...)
+	}
+	return finish(b)
+}
+
+// encodeAcquire: [u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src].
+func encodeAcquire(rid uint32, hold HoldMode, ttlMs, waitMs uint32, key, source string) []byte {
+	b := frame(opAcquire, rid, 11+len(key)+len(source))
+	b = append(b, byte(hold))
+	b = putU32(b, ttlMs)
+	b = putU32(b, waitMs)
+	b = putName(b, key)
+	b = putName(b, source)
+	return finish(b)
+}
+
+// encodeRelease: [u64 token][u8 keyLen][key].
+func encodeRelease(rid uint32, token uint64, key string) []byte {
+	b := frame(opRelease, rid, 9+len(key))
+	b = putU64(b, token)
+	b = putName(b, key)
+	return finish(b)
+}
+
+// encodeExtend: [u64 token][u32 ttl_ms][u8 keyLen][key].
+func encodeExtend(rid uint32, token uint64, ttlMs uint32, key string) []byte {
+	b := frame(opExtend, rid, 13+len(key))
+	b = putU64(b, token)
+	b = putU32(b, ttlMs)
+	b = putName(b, key)
+	return finish(b)
+}
+
+// encodeCancel: [u32 rid of the Acquire][u8 keyLen][key of the Acquire].
+func encodeCancel(rid uint32, target uint32, key string) []byte {
+	b := frame(opCancel, rid, 5+len(key))
+	b = putU32(b, target)
+	b = putName(b, key)
+	return finish(b)
+}
+
+// encodePing: an empty body.
+func encodePing(rid uint32) []byte {
+	return finish(frame(opPing, rid, 0))
+}
+
+// welcome is the Hello reply.
+type welcome struct {
+	status      Status
+	version     uint8
+	keepaliveMs uint32
+	minTTLMs    uint32
+	maxTTLMs    uint32
+	sessionID   uint64
+	maxKeys     uint32
+	maxWaiters  uint32
+	shards      uint16
+}
+
+// reply is every other Reply: [u8 status][u64 token][u32 ttl_left_ms].
+type reply struct {
+	status    Status
+	token     uint64
+	ttlLeftMs uint32 // noTTL where it does not apply
+}
+
+// lostPush is a Lost push (rid 0): [u64 token][u8 reason][u8 keyLen][key].
+type lostPush struct {
+	token  uint64
+	reason uint8
+	key    string
+}
+
+var errShortBody = errors.New("malformed answer body")
+
+// header splits an answer header. blen is checked against bodyMax.
+func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
+	kind = h[0]
+	rid = binary.LittleEndian.Uint32(h[1:5])
+	blen = int(binary.LittleEndian.Uint16(h[5:7]))
+	if blen > bodyMax {
+		return 0, 0, 0, fmt.Errorf("answer body of %d bytes (at most %d)", blen, bodyMax)
+	}
+	if kind != kindReply && kind != kindLost {
+		return 0, 0, 0, fmt.Errorf("unknown answer kind %#02x", kind)
+	}
+	return kind, rid, blen, nil
+}
+
+func decodeStatus(b byte) (Status, error) {
+	if b > byte(StatusUnauthorized) {
+		return 0, fmt.Errorf("unknown status %d", b)
+	}
+	return Status(b), nil
+}
+
+// decodeWelcome reads a Hello reply body of at least 32 bytes (fields a
+// later version appends are ignored).
+func decodeWelcome(b []byte) (welcome, error) {
+	if len(b) < welcomeBodyLen {
+		return welcome{}, errShortBody
+	}
+	st, err := decodeStatus(b[0])
+	if err != nil {
+		return welcome{}, err
+	}
+	le := binary.LittleEndian
+	return welcome{
+		status:      st,
+		version:     b[1],
+		keepaliveMs: le.Uint32(b[2:6]),
+		minTTLMs:    le.Uint32(b[6:10]),
+		maxTTLMs:    le.Uint32(b[10:14]),
+		sessionID:   le.Uint64(b[14:22]),
+		maxKeys:     le.Uint32(b[22:26]),
+		maxWaiters:  le.Uint32(b[26:30]),
+		shards:      le.Uint16(b[30:32]),
+	}, nil
+}
+
+// decodeReply reads a 13-byte Reply body.
+func decodeReply(b []byte) (reply, error) {
+	if len(b) != replyBodyLen {
+		return reply{}, fmt.Errorf("reply body of %d bytes (want %d)", len(b), replyBodyLen)
+	}
+	st, err := decodeStatus(b[0])
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{
+		status:    st,
+		token:     binary.LittleEndian.Uint64(b[1:9]),
+		ttlLeftMs: binary.LittleEndian.Uint32(b[9:13]),
+	}, nil
+}
+
+// decodeLost reads a Lost push body.
+func decodeLost(b []byte) (lostPush, error) {
+	if len(b) < 10 {
+		return lostPush{}, errShortBody
+	}
+	n := int(b[9])
+	if n < 1 || n > MaxKeyLen || len(b) != 10+n {
+		return lostPush{}, fmt.Errorf("lost push with a key of %d bytes in a body of %d", n, len(b))
+	}
+	if b[8] != LostExpired && b[8] != LostReset {
+		return lostPush{}, fmt.Errorf("lost push with unknown reason %d", b[8])
+	}
+	return lostPush{
+		token:  binary.LittleEndian.Uint64(b[0:8]),
+		reason: b[8],
+		key:    string(b[10:]),
+	}, nil
+}

@@ -1,0 +1,173 @@
+package ringlock
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func unhex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The example frame of docs/protocol.md ("Sessions"): a session Acquire of
+// key k, rid 1, no wait, empty source.
+func TestEncodeAcquireMatchesTheProtocolDocument(t *testing.T) {
+	got := encodeAcquire(1, HoldSession, 0, 0, "k", "")
+	want := unhex(t, "08 01 00 00 00 0c 00 01 00 00 00 00 00 00 00 00 01 6b 00")
+	if !bytes.Equal(got, want) {
+		t.Fatalf("got % x\nwant % x", got, want)
+	}
+}
+
+func TestEncodeEveryRequest(t *testing.T) {
+	cases := []struct {
+		name string
+		got  []byte
+		want string
+	}{
+		{"hello without auth", encodeHello(1, 3000, nil), "07 01000000 0500 01 b80b0000"},
+		{"hello with auth", encodeHello(1, 0, []byte("ab")), "07 01000000 0800 01 00000000 02 6162"},
+		{"lease acquire, waits forever, with source", encodeAcquire(0x01020304, HoldLease, 1000, waitForever, "ab", "s"),
+			"08 04030201 0e00 02 e8030000 ffffffff 02 6162 01 73"},
+		{"release", encodeRelease(9, 0x0102030405060708, "k"), "09 09000000 0a00 0807060504030201 01 6b"},
+		{"extend", encodeExtend(10, 7, 250, "k"), "0a 0a000000 0e00 0700000000000000 fa000000 01 6b"},
+		{"cancel", encodeCancel(11, 5, "k"), "0b 0b000000 0600 05000000 01 6b"},
+		{"ping", encodePing(12), "0c 0c000000 0000"},
+	}
+	for _, c := range cases {
+		if want := unhex(t, c.want); !bytes.Equal(c.got, want) {
+			t.Errorf("%s: got % x\nwant % x", c.name, c.got, want)
+		}
+	}
+}
+
+func TestBodyLengthCountsTheLongestKeyAndSource(t *testing.T) {
+	key, src := strings.Repeat("k", MaxKeyLen), strings.Repeat("s", MaxSourceLen)
+	b := encodeAcquire(2, HoldSession, 0, 0, key, src)
+	if n := int(b[5]) | int(b[6])<<8; n != len(b)-headerLen || n != 11+MaxKeyLen+MaxSourceLen {
+		t.Fatalf("body length %d, frame %d bytes", n, len(b))
+	}
+}
+
+func TestDecodeWelcome(t *testing.T) {
+	body := unhex(t, "00 01 10270000 0a000000 005c2605 2a00000000000000 a0860100 a0860100 0200")
+	w, err := decodeWelcome(append(body, 0xEE, 0xEE)) // appended fields are skipped
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := welcome{status: StatusOK, version: 1, keepaliveMs: 10000, minTTLMs: 10, maxTTLMs: 86400000,
+		sessionID: 42, maxKeys: 100000, maxWaiters: 100000, shards: 2}
+	if w != want {
+		t.Fatalf("got %+v\nwant %+v", w, want)
+	}
+	if _, err := decodeWelcome(body[:31]); err == nil {
+		t.Fatal("a 31-byte Hello reply decoded")
+	}
+}
+
+func TestDecodeReply(t *testing.T) {
+	r, err := decodeReply(unhex(t, "04 0807060504030201 ffffffff"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != StatusStaleToken || r.token != 0x0102030405060708 || r.ttlLeftMs != noTTL {
+		t.Fatalf("got %+v", r)
+	}
+	for _, bad := range []string{"00 0000000000000000 000000", "00 0000000000000000 0000000000", "0b 0000000000000000 00000000"} {
+		if _, err := decodeReply(unhex(t, bad)); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+}
+
+func TestDecodeLost(t *testing.T) {
+	p, err := decodeLost(unhex(t, "0500000000000000 01 02 6b31"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != (lostPush{token: 5, reason: LostExpired, key: "k1"}) {
+		t.Fatalf("got %+v", p)
+	}
+	for _, bad := range []string{
+		"0500000000000000 01 03 6b31", // key length past the body
+		"0500000000000000 01 00",      // empty key
+		"0500000000000000 07 01 6b",   // unknown reason
+		"05000000000000",              // short
+	} {
+		if _, err := decodeLost(unhex(t, bad)); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+}
+
+func TestDecodeHeader(t *testing.T) {
+	kind, rid, n, err := decodeHeader(unhex(t, "80 07000000 0d00"))
+	if err != nil || kind != kindReply || rid != 7 || n != 13 {
+		t.Fatalf("got %x %d %d %v", kind, rid, n, err)
+	}
+	if _, _, _, err := decodeHeader(unhex(t, "80 07000000 0102")); err == nil {
+		t.Fatal("a 513-byte body was accepted")
+	}
+	if _, _, _, err := decodeHeader(unhex(t, "2b 07000000 0000")); err == nil {
+		t.Fatal("a Locking-Center '+' was accepted as an answer kind")
+	}
+}
+
+func TestStatusNamesAndErrorsIs(t *testing.T) {
+	names := map[Status]string{StatusOK: "ok", StatusTimedOut: "timed_out", StatusBusy: "busy",
+		StatusNotOwner: "not_owner", StatusStaleToken: "stale_token", StatusInvalid: "invalid",
+		StatusLimit: "limit_reached", StatusServerError: "server_error", StatusCancelled: "cancelled",
+		StatusNotQueued: "not_queued", StatusUnauthorized: "unauthorized"}
+	for s, n := range names {
+		if s.String() != n {
+			t.Errorf("status %d is %q, want %q", s, s, n)
+		}
+	}
+	var err error = fmt.Errorf("wrapped: %w", &StatusError{Op: "acquire", Key: "k", Status: StatusBusy})
+	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrTimedOut) {
+		t.Fatal("errors.Is does not match the status sentinel")
+	}
+	var se *StatusError
+	if !errors.As(err, &se) || se.Status != StatusBusy || !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("errors.As: %v", err)
+	}
+	lost := error(&LostError{Key: "k", Token: 3, Reason: LostStaleToken, Status: StatusStaleToken})
+	if !errors.Is(lost, ErrLost) || !errors.Is(lost, ErrStaleToken) || errors.Is(lost, ErrNotOwner) {
+		t.Fatal("a stale-token loss does not match ErrLost and ErrStaleToken only")
+	}
+	if errors.Is(&LostError{Reason: LostExpired}, ErrStaleToken) {
+		t.Fatal("an expiry matches ErrStaleToken")
+	}
+}
+
+func TestNormalizeAddr(t *testing.T) {
+	ok := map[string]string{
+		"127.0.0.1":      "127.0.0.1:22119",
+		"host.example":   "host.example:22119",
+		"127.0.0.1:9":    "127.0.0.1:9",
+		"::1":            "[::1]:22119",
+		"[::1]":          "[::1]:22119",
+		"[::1]:22200":    "[::1]:22200",
+		"localhost:1234": "localhost:1234",
+	}
+	for in, want := range ok {
+		got, err := normalizeAddr(in)
+		if err != nil || got != want {
+			t.Errorf("%q: got %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "host:0", "host:99999", "host:x", ":80", "[::1"} {
+		if got, err := normalizeAddr(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%q: got %q, %v; want ErrInvalidArgument", bad, got, err)
+		}
+	}
+}

@@ -1,0 +1,57 @@
+// Package ringlock is a client of ringlockd's session protocol: locks that
+// free themselves when their holder dies, leases with a TTL, fencing
+// tokens, and a channel that closes the moment a lock is lost.
+//
+// A Session is one TCP connection to ringlockd's lock port (default port
+// 22119), opened with Dial. It is safe for concurrent use: every request
+// carries a request id, one goroutine reads and demultiplexes every answer,
+// and another sends the keep-alive Pings. Acquire (and TryLock) returns a
+// *Lease with the grant's fencing token (Token), a Lost channel, and
+// Release, which is safe to call more than once.
+//
+//	s, err := ringlock.Dial(ctx, []string{"10.0.0.5", "10.0.0.6:22119"},
+//		ringlock.WithSource("billing-worker"))
+//	if err != nil {
+//		return err
+//	}
+//	defer s.Close()
+//	lease, err := s.Acquire(ctx, "nightly/reconcile", ringlock.WithWait(10*time.Second))
+//	if errors.Is(err, ringlock.ErrTimedOut) {
+//		return nil // someone else is on it
+//	} else if err != nil {
+//		return err
+//	}
+//	defer lease.Release(context.Background())
+//	select {
+//	case <-lease.Lost():
+//		return lease.Err()
+//	case res := <-work(lease.Token()): // fence the writes with the token
+//		return res
+//	}
+//
+// # Holds
+//
+// A session hold (the default) is freed by the server the moment the
+// session ends. A lease (WithTTL) is freed when its TTL passes without an
+// Extend, even while the session lives; WithAutoExtend extends it every
+// third of its TTL in the background. A persistent hold (Persistent) has
+// Locking-Center semantics.
+//
+// # Cancellation
+//
+// The context passed to Acquire cancels the wait exactly: the client sends
+// a Cancel, the server answers the Acquire either cancelled or with its
+// grant, and a grant that won the race is released before Acquire returns
+// ctx.Err(). A caller whose context ended never holds the key. The
+// server-side bound of WithWait is the alternative that never races: the
+// answer is a grant or ErrTimedOut.
+//
+// # Errors
+//
+// A refusal by the server is a *StatusError whose Status names the
+// protocol's status ("busy", "timed_out", "stale_token", ...); it matches
+// the sentinel of its status with errors.Is (ErrBusy, ErrTimedOut,
+// ErrStaleToken, ErrUnauthorized, ...). A lost lock is a *LostError
+// (ErrLost); an ended session ErrSessionEnded; bad arguments, refused
+// before anything is sent, ErrInvalidArgument.
+package ringlock

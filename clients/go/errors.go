@@ -1,0 +1,161 @@
+package ringlock
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Status is the status byte of a server Reply (docs/protocol.md,
+// "Sessions"). Its String is the status name the server documents
+// ("stale_token", "busy", ...).
+type Status uint8
+
+// The statuses a ringlockd session answer can carry.
+const (
+	StatusOK           Status = 0  // granted, released, extended, pong
+	StatusTimedOut     Status = 1  // an Acquire's wait passed while it was queued
+	StatusBusy         Status = 2  // held by someone else (a try)
+	StatusNotOwner     Status = 3  // the key's current token, but another session's session hold
+	StatusStaleToken   Status = 4  // not the key's current token: nothing changed
+	StatusInvalid      Status = 5  // malformed request, TTL out of bounds, Extend of a non-lease
+	StatusLimit        Status = 6  // --max-keys or --max-waiters reached
+	StatusServerError  Status = 7  // the log failed, or the server is shutting down
+	StatusCancelled    Status = 8  // a queued Acquire withdrawn (by Cancel or a reset by source)
+	StatusNotQueued    Status = 9  // a Cancel found nothing queued: the Acquire's answer stands
+	StatusUnauthorized Status = 10 // a Hello without the server's auth token
+)
+
+var statusNames = [...]string{
+	"ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
+	"limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Sentinel errors, one per refusing status: every *StatusError matches the
+// sentinel of its status with errors.Is, so callers can write
+//
+//	if errors.Is(err, ringlock.ErrBusy) { ... }
+var (
+	ErrTimedOut     = errors.New("ringlock: timed_out")
+	ErrBusy         = errors.New("ringlock: busy")
+	ErrNotOwner     = errors.New("ringlock: not_owner")
+	ErrStaleToken   = errors.New("ringlock: stale_token")
+	ErrInvalid      = errors.New("ringlock: invalid")
+	ErrLimit        = errors.New("ringlock: limit_reached")
+	ErrServerError  = errors.New("ringlock: server_error")
+	ErrCancelled    = errors.New("ringlock: cancelled")
+	ErrNotQueued    = errors.New("ringlock: not_queued")
+	ErrUnauthorized = errors.New("ringlock: unauthorized")
+)
+
+// Errors that are not a server status.
+var (
+	// ErrLost: the lock is no longer held (its lease expired, an operator
+	// reset it, a release or extend found a newer token, or the session
+	// ended). A *LostError matches it.
+	ErrLost = errors.New("ringlock: lock lost")
+	// ErrSessionEnded: the session's connection is gone; open a new one.
+	ErrSessionEnded = errors.New("ringlock: session ended")
+	// ErrInvalidArgument: refused before anything was sent (a key of 0 or
+	// more than 127 bytes, a TTL outside the server's bounds, ...).
+	ErrInvalidArgument = errors.New("ringlock: invalid argument")
+	// ErrProtocol: the server broke the session protocol (or is not a
+	// ringlockd with sessions).
+	ErrProtocol = errors.New("ringlock: protocol error")
+)
+
+var statusSentinels = map[Status]error{
+	StatusTimedOut:     ErrTimedOut,
+	StatusBusy:         ErrBusy,
+	StatusNotOwner:     ErrNotOwner,
+	StatusStaleToken:   ErrStaleToken,
+	StatusInvalid:      ErrInvalid,
+	StatusLimit:        ErrLimit,
+	StatusServerError:  ErrServerError,
+	StatusCancelled:    ErrCancelled,
+	StatusNotQueued:    ErrNotQueued,
+	StatusUnauthorized: ErrUnauthorized,
+}
+
+// StatusError is a request the server answered with a status other than
+// ok. errors.Is(err, ErrBusy) (and the other sentinels) match it by status.
+type StatusError struct {
+	Op     string // "hello", "acquire", "release", "extend"
+	Key    string // empty for a hello
+	Status Status
+}
+
+func (e *StatusError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("ringlock: %s: %s", e.Op, e.Status)
+	}
+	return fmt.Sprintf("ringlock: %s %q: %s", e.Op, e.Key, e.Status)
+}
+
+// Is reports whether target is the sentinel error of e's status.
+func (e *StatusError) Is(target error) bool {
+	s, ok := statusSentinels[e.Status]
+	return ok && s == target
+}
+
+// Why a lock was lost (LostError.Reason).
+const (
+	// LostExpired: the server pushed that the lease's TTL passed.
+	LostExpired = 1
+	// LostReset: the server pushed that an operator reset the key.
+	LostReset = 2
+	// LostExpiredLocally: the lease's TTL passed on this side's clock
+	// (counted from when the Acquire or last Extend was sent, so never
+	// later than on the server).
+	LostExpiredLocally = 3
+	// LostStaleToken: a release or extend was answered stale_token or
+	// not_owner: the key has another holder now.
+	LostStaleToken = 4
+	// LostSessionEnded: the session's connection closed, failed, or its
+	// keep-alive went unanswered.
+	LostSessionEnded = 5
+)
+
+var lostReasons = map[int]string{
+	LostExpired:        "the lease expired (pushed by the server)",
+	LostReset:          "an operator reset it (pushed by the server)",
+	LostExpiredLocally: "the lease's TTL passed on the client's clock",
+	LostStaleToken:     "the server answered that the token is no longer the key's",
+	LostSessionEnded:   "the session ended",
+}
+
+// LostError says why a lease's lock was lost. It matches ErrLost.
+type LostError struct {
+	Key    string
+	Token  uint64
+	Reason int    // LostExpired, LostReset, ...
+	Status Status // for LostStaleToken: the answer (stale_token or not_owner)
+	Cause  error  // for LostSessionEnded: why the session ended
+}
+
+func (e *LostError) Error() string {
+	msg := fmt.Sprintf("ringlock: lost the lock on %q (token %d): %s", e.Key, e.Token, lostReasons[e.Reason])
+	if e.Cause != nil {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+// Is matches ErrLost and, for LostStaleToken, the sentinel of the status
+// the server answered (ErrStaleToken or ErrNotOwner).
+func (e *LostError) Is(target error) bool {
+	if target == ErrLost {
+		return true
+	}
+	s, ok := statusSentinels[e.Status]
+	return e.Reason == LostStaleToken && ok && s == target
+}
+
+// Unwrap returns the cause of a session's end, if any.
+func (e *LostError) Unwrap() error { return e.Cause }

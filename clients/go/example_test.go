@@ -1,0 +1,96 @@
+package ringlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	ringlock "github.com/ringlock/ringlock/clients/go"
+)
+
+// A session hold: freed by the server the moment this session ends, so a
+// holder that dies never keeps the lock.
+func ExampleSession_Acquire() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"}, ringlock.WithSource("billing-worker"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	lease, err := s.Acquire(ctx, "nightly/reconcile", ringlock.WithWait(10*time.Second))
+	if errors.Is(err, ringlock.ErrTimedOut) {
+		return // someone else is on it; decided by the server
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	fmt.Println("fence every write with token", lease.Token())
+}
+
+// A lease that extends itself while the work runs; the work stops when
+// the lock is lost.
+func ExampleWithAutoExtend() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1:22119"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	lease, err := s.Acquire(ctx, "etl/nightly", ringlock.WithTTL(30*time.Second), ringlock.WithAutoExtend())
+	if err != nil {
+		log.Fatal(err)
+	}
+	work, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-lease.Lost() // never closes after Release began
+		cancel()
+	}()
+	runETL(work, lease.Token())
+	if err := lease.Release(ctx); err != nil {
+		log.Printf("release: %v", err) // a *LostError if the lock was lost first
+	}
+}
+
+// Only if free right now.
+func ExampleSession_TryLock() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	lease, err := s.TryLock(ctx, "cache/rebuild")
+	switch {
+	case errors.Is(err, ringlock.ErrBusy):
+		fmt.Println("already running elsewhere")
+	case err != nil:
+		log.Fatal(err)
+	default:
+		defer lease.Release(ctx)
+		fmt.Println("rebuilding")
+	}
+}
+
+// Cancellation through the context is exact: a caller whose context ended
+// never holds the key, even when the grant and the cancel crossed.
+func ExampleCancelError() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	wait, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = s.Acquire(wait, "deploy/prod")
+	var ce *ringlock.CancelError
+	if errors.As(err, &ce) && errors.Is(err, context.DeadlineExceeded) {
+		fmt.Println("gave up; released a grant that came too late:", ce.Released != 0)
+	}
+}
+
+func runETL(ctx context.Context, token uint64) {}

@@ -1,0 +1,3 @@
+module github.com/ringlock/ringlock/clients/go
+
+go 1.19
