@@ -23,6 +23,7 @@
 pub mod buf;
 pub mod faults;
 pub mod mesh;
+pub mod poll;
 
 use std::fs::File;
 use std::io;
@@ -439,6 +440,9 @@ struct Loop {
     inbox: Vec<Msg>,
     /// `Config::idle_poll_us`, 0 where shards share a CPU.
     idle_poll_us: u64,
+    /// The poll window now, adapted to how soon events come (at most
+    /// `idle_poll_us`).
+    poll: poll::PollWindow,
 }
 
 impl Drop for Loop {
@@ -846,6 +850,7 @@ impl Loop {
             ring_fds,
             inbox: Vec::new(),
             idle_poll_us,
+            poll: poll::PollWindow::new(idle_poll_us),
         })
     }
 
@@ -1102,10 +1107,10 @@ impl Loop {
                     _ => Err(e),
                 });
         }
+        let t = now().mono_us;
         if self.idle_poll() {
             return Ok(());
         }
-        let t = now().mono_us;
         // Wake at least every heartbeat interval, idle or not: liveness
         // (/livez) reads the heartbeat.
         let beat_us = crate::config::HEARTBEAT_INTERVAL_MS * 1000;
@@ -1128,6 +1133,11 @@ impl Loop {
                 self.ring.submitter().submit_with_args(1, &args)
             }
         };
+        if self.idle_poll_us > 0 {
+            // From the start of the poll to the wake-up: what a poll long
+            // enough to catch this event would have taken.
+            self.poll.slept(now().mono_us.saturating_sub(t));
+        }
         match r {
             Ok(_) => Ok(()),
             Err(e)
@@ -1145,7 +1155,8 @@ impl Loop {
         }
     }
 
-    /// Before sleeping, polls for up to `idle_poll_us` for a completion
+    /// Before sleeping, polls for up to the poll window (adaptive, at most
+    /// `idle_poll_us`: see [`poll`]) for a completion
     /// (posted, or deferred and flagged in the SQ ring), yielding the CPU
     /// to any other runnable thread between polls. True when one came: the
     /// caller takes it without sleeping. A halted vCPU takes tens of
@@ -1153,7 +1164,8 @@ impl Loop {
     /// several times per request (accept, receive, send, close are separate
     /// events); an awake loop does not.
     fn idle_poll(&mut self) -> bool {
-        if self.idle_poll_us == 0 {
+        let window_us = self.poll.window_us();
+        if window_us == 0 {
             return false;
         }
         // What the last tick queued goes out first.
@@ -1171,7 +1183,7 @@ impl Loop {
             if !self.ring.completion().is_empty() {
                 return true;
             }
-            if now().mono_us.saturating_sub(t0) >= self.idle_poll_us {
+            if now().mono_us.saturating_sub(t0) >= window_us {
                 return false;
             }
             std::thread::yield_now();
