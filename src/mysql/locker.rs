@@ -23,6 +23,7 @@ use super::held::{self, Held};
 use super::keeper::Keeper;
 use super::sock::{self, Saved};
 use super::sql::{self, Grant, LOCK_TIMEOUT_MAX};
+use super::watcher::Watcher;
 use crate::lease::{
     self, cause_msg, CancelToken, Error, Lease, LockOptions, LostHandler, LostLock, Result,
 };
@@ -148,12 +149,14 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) opts: Options,
     pub(crate) keeper: Arc<Keeper<Held>>,
+    pub(crate) watcher: Arc<Watcher<Held>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         // Runs when the locker and all its leases are gone.
         self.keeper.shutdown();
+        self.watcher.shutdown();
     }
 }
 
@@ -184,7 +187,12 @@ impl Locker {
     pub fn with_options(pool: Pool, opts: Options) -> Locker {
         let keeper = Keeper::new(opts.keep_alive_interval);
         Locker {
-            shared: Arc::new(Shared { pool, opts, keeper }),
+            shared: Arc::new(Shared {
+                pool,
+                opts,
+                keeper,
+                watcher: Watcher::new(),
+            }),
         }
     }
 
@@ -402,6 +410,18 @@ impl Locker {
                 return Err(Error::Failed {
                     key: key.to_string(),
                     cause: cause_msg(format!("cannot start the keep-alive timer: {e}")),
+                });
+            }
+        }
+        // The watch notices a session the server ended within milliseconds;
+        // without it a KILL would go unnoticed until the next ping.
+        match self.shared.watcher.watch(Arc::downgrade(&held)) {
+            Ok(id) => held.watched(id),
+            Err(e) => {
+                let _ = lease.release();
+                return Err(Error::Failed {
+                    key: key.to_string(),
+                    cause: cause_msg(format!("cannot start the connection watch: {e}")),
                 });
             }
         }

@@ -121,6 +121,8 @@ mod locker;
 mod sock;
 #[cfg(feature = "mysql")]
 mod sql;
+#[cfg(feature = "mysql")]
+mod watcher;
 
 #[cfg(feature = "mysql")]
 pub use locker::{
