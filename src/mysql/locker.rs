@@ -126,8 +126,10 @@ impl Options {
         self.release_timeout.min(CLEANUP_TIMEOUT_MAX)
     }
 
-    /// The longest a dead session can go unnoticed: interval + ping timeout
-    /// (40 s at the defaults).
+    /// The longest a dead session can go unnoticed when the path to the
+    /// server goes silent: interval + ping timeout (40 s at the defaults).
+    /// A session the server ends (`KILL`, restart, a closed or reset
+    /// connection) is noticed within milliseconds by the connection watch.
     pub fn detection_window(&self) -> Duration {
         self.keep_alive_interval + self.keep_alive_ping_timeout
     }
