@@ -215,3 +215,38 @@ fn cli_refuses_bad_keepalive_and_ping_timeout_before_any_traffic() {
         }
     }
 }
+
+#[test]
+fn cli_over_mysql_sigterm_while_waiting_withdraws_the_request() {
+    let db = MariaDb::shared();
+    let key = format!("cli/waiting-{}", std::process::id());
+    let mut holder = mysql_common::Holder::take(db, &key);
+    let mut child = ringlock(&db.url())
+        .args(["lock", &key, "--", "sh", "-c", "echo ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringlock");
+    db.wait_waiting(&key);
+    // SAFETY: plain syscall on our own, unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (status, _) = exited(&mut child);
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(
+        err.contains("interrupted by signal 15, request withdrawn"),
+        "{err}"
+    );
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_string(&mut out)
+        .expect("read stdout");
+    assert!(out.is_empty(), "the command ran: {out}");
+    let needle = format!("GET_LOCK('{key}'");
+    wait_until("no session waits", || db.waiting(&needle).is_empty());
+    holder.release(&key);
+    assert!(db.is_free(&key));
+}

@@ -409,9 +409,7 @@ impl Due for Held {
             slot.thread = true;
         }
         let me = Arc::clone(&self);
-        let spawned = std::thread::Builder::new()
-            .name("ringlock-mysql-keepalive".into())
-            .spawn(move || me.keep_alive(due));
+        let spawned = sock::spawn_quiet("ringlock-mysql-keepalive", move || me.keep_alive(due));
         if let Err(e) = spawned {
             // Without a keep-alive the loss would go unnoticed: give the
             // lock up now and say so.

@@ -511,9 +511,9 @@ impl Watch {
         let pool = shared.pool.clone();
         let token = lo.cancel_token().cloned();
         let deadline = lo.deadline_at();
-        std::thread::Builder::new()
-            .name("ringlock-mysql-cancel".into())
-            .spawn(move || me.watch(&pool, conn_id, fd, token, deadline))?;
+        sock::spawn_quiet("ringlock-mysql-cancel", move || {
+            me.watch(&pool, conn_id, fd, token, deadline)
+        })?;
         Ok(Watch { shared: ws })
     }
 

@@ -278,6 +278,33 @@ pub(crate) fn poll_all(fds: &mut [libc::pollfd]) -> io::Result<()> {
     }
 }
 
+/// Spawns one of this backend's threads with every blockable signal
+/// blocked in it (and in the threads it starts), so that the application's
+/// signal handlers never run there: a program that forwards signals to a
+/// child, as the CLI does, needs each signal to reach its own threads, and a
+/// signal handled on a library thread between two of its steps would be
+/// lost to it.
+pub(crate) fn spawn_quiet(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    // SAFETY: both sigsets live on the stack; sigfillset initialises `all`
+    // and pthread_sigmask writes the old mask into `old` before it is read.
+    // The calling thread's own mask is restored before returning, so a
+    // signal meant for it is only deferred for the spawn's duration.
+    // tests/mysql_contract.rs (background_threads_block_signals) fails if
+    // a thread of this backend can take a signal.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        spawned
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,9 +84,7 @@ impl<T: Watched> Watcher<T> {
             None => {
                 let bell = Arc::new(Bell::new()?);
                 let (me, b) = (Arc::clone(self), Arc::clone(&bell));
-                std::thread::Builder::new()
-                    .name("ringlock-mysql-watch".into())
-                    .spawn(move || me.run(&b))?;
+                sock::spawn_quiet("ringlock-mysql-watch", move || me.run(&b))?;
                 st.bell = Some(Arc::clone(&bell));
                 bell
             }
