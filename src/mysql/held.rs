@@ -31,7 +31,9 @@ use super::locker::Shared;
 use super::sock::{self, Peek, Saved};
 use super::sql;
 use super::watcher::Watched;
-use crate::lease::{cause_msg, Cause, Error, Hold, LeaseWatch, LostLock, LostReason, Result};
+use crate::lease::{
+    cause_msg, Cause, Error, Hold, LeaseWatch, LostLock, LostReason, PendingLoss, Result,
+};
 
 const ER_SERVER_SHUTDOWN: u16 = 1053;
 const ER_CONNECTION_KILLED: u16 = 1927;
@@ -281,17 +283,20 @@ impl Held {
                 (LostLock::new(self.key.clone(), reason, Some(cause)), false)
             }
         };
-        if self.give_up(conn, lost.clone(), healthy) {
-            Ping::Lost(lost)
-        } else {
-            Ping::Stopped
+        match self.give_up(conn, lost.clone(), healthy) {
+            // 3. Notify, with nothing held: a handler may call release().
+            Some(pending) => {
+                pending.notify();
+                Ping::Lost(lost)
+            }
+            None => Ping::Stopped,
         }
     }
 
     /// The lock is gone: `conn` is out of the slot and `slot.busy` names
-    /// it. Verdict, let go, notify; false if a release had begun (then it is
-    /// not a loss, and nobody is notified).
-    fn give_up(&self, conn: PooledConn, lost: LostLock, healthy: bool) -> bool {
+    /// it. The verdict, then let go; the loss to notify, or `None` if a
+    /// release had begun (then it is not a loss, and nobody is notified).
+    fn give_up(&self, conn: PooledConn, lost: LostLock, healthy: bool) -> Option<PendingLoss> {
         // 1. The verdict: a loss unless the release has begun.
         let pending = self.watch.get().and_then(|w| w.claim_loss(lost.clone()));
         // 2. Let go. A failed connection is closed first (still marked busy,
@@ -311,14 +316,7 @@ impl Held {
         slot.ended = Some(lost);
         drop(slot);
         self.changed.notify_all();
-        // 3. Notify, with nothing held: a handler may call release().
-        match pending {
-            Some(pending) => {
-                pending.notify();
-                true
-            }
-            None => false,
-        }
+        pending
     }
 }
 
@@ -351,6 +349,25 @@ fn unasked(bytes: &[u8]) -> (LostReason, String) {
             bytes.len()
         ),
     )
+}
+
+/// Runs a loss's handlers on a thread of their own, so that a slow handler
+/// does not hold up the connection watch of every other lease (the watch
+/// thread calls this); on this thread if none can be started.
+fn notify_elsewhere(pending: PendingLoss) {
+    let cell = Arc::new(Mutex::new(Some(pending)));
+    let theirs = Arc::clone(&cell);
+    let take = |c: &Mutex<Option<PendingLoss>>| c.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let spawned = sock::spawn_quiet("ringlock-mysql-lost", move || {
+        if let Some(p) = take(&theirs) {
+            p.notify();
+        }
+    });
+    if spawned.is_err() {
+        if let Some(p) = take(&cell) {
+            p.notify();
+        }
+    }
 }
 
 impl Watched for Held {
@@ -395,7 +412,9 @@ impl Watched for Held {
             reason,
             Some(cause_msg(format!("connection watch: {why}"))),
         );
-        self.give_up(conn, lost, false);
+        if let Some(pending) = self.give_up(conn, lost, false) {
+            notify_elsewhere(pending);
+        }
     }
 }
 

@@ -28,6 +28,9 @@
 //! and one `write` to the bell. The map holds weak references: a dropped
 //! lease never waits for this thread.
 //!
+//! A loss found here runs its handlers on a short-lived thread of its own,
+//! so that a slow handler does not hold up the watch of every other lease.
+//!
 //! The ping stays: a black-holed path (no FIN, no RST) shows nothing here.
 
 use std::collections::BTreeMap;
