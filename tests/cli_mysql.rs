@@ -1,12 +1,19 @@
 //! The `ringlock` CLI over MySQL/MariaDB (`--addr mysql://…`): two commands
 //! are serialized exactly as over ringlockd, try-lock on a held name exits
 //! 75 without running its command, and the lock is gone afterwards (checked
-//! from another session with IS_FREE_LOCK). Against a private mariadbd.
+//! from another session with IS_FREE_LOCK); a lock lost while the command
+//! runs (its session `KILL`ed, or its pings unanswered) stops the command
+//! and exits 79, as over ringlockd; `--keepalive` and `--ping-timeout` take
+//! effect and refuse bad values. Against a private mariadbd.
 
 mod mysql_common;
 
-use mysql_common::MariaDb;
-use std::process::{Command, Stdio};
+use mysql::prelude::Queryable;
+use mysql_common::proxy::{Mode, Proxy};
+use mysql_common::{wait_until, MariaDb, LIVENESS};
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 fn ringlock(url: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
@@ -72,4 +79,174 @@ fn cli_try_lock_over_mysql_exits_75_when_held_and_passes_the_exit_code() {
         .output()
         .expect("run ringlock");
     assert_eq!(out.status.code(), Some(64), "{out:?}");
+}
+
+/// Waits for `child` to exit (failing after LIVENESS); its status and when.
+fn exited(child: &mut Child) -> (ExitStatus, Instant) {
+    let end = Instant::now() + LIVENESS;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return (status, Instant::now());
+        }
+        assert!(Instant::now() < end, "ringlock did not exit");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut text = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut text)
+        .expect("read stderr");
+    text
+}
+
+/// `ringlock lock KEY -- sleep 60` on `url`, once it holds KEY: the child
+/// and the holder's session id.
+fn hold_sleeping(db: &MariaDb, url: &str, key: &str, extra: &[&str]) -> (Child, u64) {
+    let mut child = ringlock(url)
+        .args(["lock", "--kill-after", "5s"])
+        .args(extra)
+        .args([key, "--", "sleep", "60"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringlock");
+    let mut id = None;
+    wait_until(&format!("ringlock holds {key}"), || {
+        id = db.holder(key);
+        id.is_some() || child.try_wait().expect("try_wait").is_some()
+    });
+    let id = id.unwrap_or_else(|| panic!("ringlock exited: {}", stderr_of(&mut child)));
+    (child, id)
+}
+
+#[test]
+fn cli_over_mysql_stops_the_command_at_once_when_its_session_is_killed() {
+    let db = MariaDb::shared();
+    let key = format!("cli/killed-{}", std::process::id());
+    // The default keep-alive (30 s): only the connection watch can see the
+    // KILL within the second allowed.
+    let (mut child, id) = hold_sleeping(db, &db.url(), &key, &[]);
+    let started = Instant::now();
+    db.root()
+        .query_drop(format!("KILL {id}"))
+        .expect("KILL the holder's session");
+    let (status, at) = exited(&mut child);
+    let elapsed = at - started;
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(79), "{status}: {err}");
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "the command was stopped {elapsed:?} after the KILL: {err}"
+    );
+    assert!(
+        err.contains(&format!("ringlock: lost the lock on {key}: "))
+            && err.contains("connection watch")
+            && err.contains("while the command ran; it got SIGTERM"),
+        "{err}"
+    );
+    eprintln!("KILL to exit 79: {elapsed:?}");
+}
+
+#[test]
+fn cli_over_mysql_stops_the_command_when_its_pings_go_unanswered() {
+    // A stalled path shows nothing to the watch: the pings, at the
+    // interval and timeout the flags set, find it.
+    let db = MariaDb::shared();
+    let proxy = Proxy::start(db.addr());
+    let url = format!(
+        "mysql://{}:{}@127.0.0.1:{}",
+        mysql_common::USER,
+        mysql_common::PASSWORD,
+        proxy.addr.port()
+    );
+    let key = format!("cli/stalled-{}", std::process::id());
+    let flags = ["--keepalive", "100ms", "--ping-timeout", "300ms"];
+    let (mut child, id) = hold_sleeping(db, &url, &key, &flags);
+    proxy.set_mode(&proxy.link(id), Mode::Stall);
+    let (status, _) = exited(&mut child);
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(79), "{status}: {err}");
+    assert!(
+        err.contains("the keep-alive got no answer within its ping timeout")
+            && err.contains("no answer within 300ms")
+            && err.contains("it got SIGTERM"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cli_refuses_bad_keepalive_and_ping_timeout_before_any_traffic() {
+    // Port 9 (discard): nothing listens there; a value is refused first.
+    for (args, want) in [
+        (
+            &["--keepalive", "0"][..],
+            "invalid value '0' for '--keepalive <D>': \"0\" is too short (at least 1ms)",
+        ),
+        (
+            &["--ping-timeout", "soon"],
+            "invalid value 'soon' for '--ping-timeout <D>': bad duration \"soon\"",
+        ),
+        (
+            &["--keepalive", "50d"],
+            "invalid value '50d' for '--keepalive <D>'",
+        ),
+        (
+            &["--ping-timeout", "5000000s"],
+            "\"5000000s\" is too long (at most 4294967295ms, about 49 days)",
+        ),
+    ] {
+        for addr in ["mysql://u:p@127.0.0.1:9", "127.0.0.1:9"] {
+            let out = ringlock(addr)
+                .args(["lock"])
+                .args(args)
+                .args(["k", "--", "true"])
+                .output()
+                .expect("run ringlock");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{args:?} {addr}: {err}");
+            assert!(
+                err.starts_with("ringlock: ") && err.contains(want) && err.lines().count() == 1,
+                "{args:?} {addr}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn cli_over_mysql_sigterm_while_waiting_withdraws_the_request() {
+    let db = MariaDb::shared();
+    let key = format!("cli/waiting-{}", std::process::id());
+    let mut holder = mysql_common::Holder::take(db, &key);
+    let mut child = ringlock(&db.url())
+        .args(["lock", &key, "--", "sh", "-c", "echo ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ringlock");
+    db.wait_waiting(&key);
+    // SAFETY: plain syscall on our own, unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (status, _) = exited(&mut child);
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(
+        err.contains("interrupted by signal 15, request withdrawn"),
+        "{err}"
+    );
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_to_string(&mut out)
+        .expect("read stdout");
+    assert!(out.is_empty(), "the command ran: {out}");
+    let needle = format!("GET_LOCK('{key}'");
+    wait_until("no session waits", || db.waiting(&needle).is_empty());
+    holder.release(&key);
+    assert!(db.is_free(&key));
 }

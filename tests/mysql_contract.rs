@@ -697,3 +697,71 @@ fn the_bench_binary_compares_the_library_with_raw_get_lock() {
         assert!(text.contains(needle), "{needle} missing from:\n{text}");
     }
 }
+
+/// This process's threads whose name starts with `prefix`, with the
+/// signals each blocks (SigBlk of /proc/self/task/*/status).
+fn threads_named(prefix: &str) -> Vec<(String, u64)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("list threads") {
+        let dir = task.expect("a thread").path();
+        let (Ok(comm), Ok(status)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue; // it exited meanwhile
+        };
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|hex| u64::from_str_radix(hex.trim(), 16).expect("a hex mask"))
+            .expect("a SigBlk line");
+        found.push((dir.display().to_string(), blocked));
+    }
+    found
+}
+
+#[test]
+fn background_threads_block_signals() {
+    // The CLI forwards SIGINT/SIGTERM/SIGHUP to its command; a handler run
+    // on one of these threads at the wrong moment would drop the signal.
+    let db = MariaDb::shared();
+    let k = key("quiet");
+    let locker = Locker::with_options(db.pool(), fast());
+    // The keeper and the connection watch start with the first lease, its
+    // keep-alive thread one interval later.
+    let lease = locker.lock(&k, Duration::from_secs(5)).unwrap();
+    let (waiting, token) = {
+        let token = CancelToken::new().unwrap();
+        let (l, kk, t) = (locker.clone(), k.clone(), token.clone());
+        // A cancellable wait has a cancel watcher thread.
+        let h = std::thread::spawn(move || {
+            l.lock_with(&kk, Duration::from_secs(30), &LockOptions::new().cancel(t))
+        });
+        (h, token)
+    };
+    db.wait_waiting(&k);
+    let wanted = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP]
+        .iter()
+        .fold(0u64, |m, s| m | 1 << (s - 1));
+    let mut seen = Vec::new();
+    wait_until(
+        "the keeper, watch, keep-alive and cancel threads run",
+        || {
+            seen = threads_named("ringlock-mysql");
+            seen.len() >= 4
+        },
+    );
+    for (thread, blocked) in &seen {
+        assert_eq!(
+            blocked & wanted,
+            wanted,
+            "{thread} can take SIGINT/SIGTERM/SIGHUP (SigBlk {blocked:x})"
+        );
+    }
+    token.cancel();
+    assert!(matches!(waiting.join().unwrap(), Err(Error::Cancelled)));
+    lease.release().unwrap();
+}

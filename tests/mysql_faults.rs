@@ -1,7 +1,10 @@
 //! The MySQL backend under faults, against a real MariaDB: a connection that
-//! stalls, resets or black-holes (through the proxy), a server killed with
-//! SIGKILL, a holder *process* killed with SIGKILL, and cancellation racing
-//! the grant.
+//! stalls, resets or black-holes (through the proxy), a holder session
+//! `KILL`ed by an operator, a server killed with SIGKILL, a holder *process*
+//! killed with SIGKILL, and cancellation racing the grant. A session the
+//! server ends is seen by the connection watch within milliseconds; the
+//! tests for it keep the pings 10 minutes apart, so only the watch can see
+//! it within the second they allow.
 
 mod mysql_common;
 
@@ -11,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use mysql::prelude::Queryable;
 use mysql_common::proxy::{Mode, Proxy};
 use mysql_common::{key, wait_until, Holder, MariaDb, LIVENESS};
 use ringlock::lease::{CancelToken, Error, Lease, LockOptions, LostLock, LostReason};
@@ -38,16 +42,29 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
 
 const INTERVAL: Duration = Duration::from_millis(50);
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
+/// Pings so far apart that none runs during a test: what is noticed is the
+/// connection watch's doing.
+const NO_PING: Duration = Duration::from_secs(600);
+/// What the issue asks of the connection watch: a session the server ended
+/// is reported within a second (it takes milliseconds).
+const AT_ONCE: Duration = Duration::from_secs(1);
 
 /// A lease through a fresh proxy with both handlers recording; applies
 /// `fault` to its connection and returns what each handler saw.
 fn loss_under(fault: impl FnOnce(&Proxy, u64)) -> (LostLock, Duration, String) {
+    loss_under_with(INTERVAL, fault)
+}
+
+fn loss_under_with(
+    interval: Duration,
+    fault: impl FnOnce(&Proxy, u64),
+) -> (LostLock, Duration, String) {
     let db = MariaDb::shared();
     let k = key("fault");
     let proxy = Proxy::start(db.addr());
     let (locker_wide, from_locker) = recorder();
     let opts = Options::new()
-        .keep_alive_interval(INTERVAL)
+        .keep_alive_interval(interval)
         .keep_alive_ping_timeout(PING_TIMEOUT)
         .on_lost(locker_wide);
     let locker = Locker::with_options(db.pool_via(proxy.addr, 5), opts);
@@ -108,6 +125,123 @@ fn a_reset_connection_is_reported_lost_and_its_lock_freed() {
     eprintln!("reset reported after {elapsed:?}");
     // The server saw the session end: the lock went with it.
     wait_until("the key is free", || MariaDb::shared().is_free(&k));
+}
+
+#[test]
+fn a_reset_connection_is_noticed_at_once_without_a_ping() {
+    let (lost, elapsed, k) = loss_under_with(NO_PING, |proxy, id| proxy.reset(&proxy.link(id)));
+    assert_eq!(lost.reason(), LostReason::ConnectionLost, "{lost}");
+    assert!(lost.to_string().contains("connection watch"), "{lost}");
+    assert!(
+        elapsed < AT_ONCE,
+        "reset reported after {elapsed:?}: {lost}"
+    );
+    eprintln!("reset reported after {elapsed:?} with no ping");
+    wait_until("the key is free", || MariaDb::shared().is_free(&k));
+}
+
+#[test]
+fn a_killed_session_is_noticed_at_once_and_the_next_holder_gets_the_key() {
+    let db = MariaDb::shared();
+    let k = key("killed");
+    let (locker_wide, from_locker) = recorder();
+    let opts = Options::new()
+        .keep_alive_interval(NO_PING)
+        .on_lost(locker_wide);
+    let locker = Locker::with_options(db.pool(), opts);
+    let (per_lease, from_lease) = recorder();
+    let lease = locker
+        .lock_with(
+            &k,
+            Duration::from_secs(5),
+            &LockOptions::new().on_lost(per_lease),
+        )
+        .unwrap();
+    let id = lease.session_id().expect("a session id");
+    assert_eq!(db.holder(&k), Some(id));
+    let started = Instant::now();
+    db.root()
+        .query_drop(format!("KILL {id}"))
+        .expect("KILL the holder's session");
+    let lost = from_locker
+        .recv_timeout(LIVENESS)
+        .expect("the locker-wide handler ran");
+    let elapsed = started.elapsed();
+    assert!(elapsed < AT_ONCE, "KILL reported after {elapsed:?}: {lost}");
+    eprintln!("KILL reported after {elapsed:?} with no ping: {lost}");
+    let again = from_lease
+        .recv_timeout(LIVENESS)
+        .expect("the per-lease handler ran");
+    assert_eq!(again.reason(), lost.reason());
+    assert_eq!(lost.key(), k);
+    assert!(
+        matches!(
+            lost.reason(),
+            LostReason::ConnectionLost | LostReason::Reset
+        ),
+        "{lost}"
+    );
+    assert!(lost.to_string().contains("connection watch"), "{lost}");
+    assert!(matches!(lease.release(), Err(Error::Lost(_))));
+    assert!(
+        from_locker.try_recv().is_err() && from_lease.try_recv().is_err(),
+        "once each"
+    );
+    // The lock is really gone: another session takes it.
+    let mut next = Holder::take(db, &k);
+    next.release(&k);
+}
+
+#[test]
+fn pings_and_extends_under_the_connection_watch_are_no_loss() {
+    // Their answers make the watched descriptor readable while the
+    // connection is busy; the watch must leave them to the driver.
+    let db = MariaDb::shared();
+    let k = key("busy");
+    let (on_lost, lost) = recorder();
+    let opts = Options::new()
+        .keep_alive_interval(Duration::from_millis(2))
+        .on_lost(on_lost);
+    let locker = Locker::with_options(db.pool(), opts);
+    let lease = locker.lock(&k, Duration::from_secs(5)).unwrap();
+    let id = lease.session_id().unwrap();
+    let pings = || {
+        db.root()
+            .exec_first::<u64, _, _>(
+                "SELECT COUNT(*) FROM mysql.general_log \
+                 WHERE thread_id = ? AND command_type = 'Query' AND argument = 'DO 1'",
+                (id,),
+            )
+            .expect("count this session's pings")
+            .unwrap_or(0)
+    };
+    for _ in 0..200 {
+        lease.extend().expect("still held");
+    }
+    wait_until("50 keep-alive pings ran", || pings() >= 50);
+    assert!(lost.try_recv().is_err(), "a healthy lock was reported lost");
+    lease.release().expect("released cleanly");
+    assert!(db.is_free(&k));
+}
+
+#[test]
+fn a_killed_server_is_noticed_at_once_without_a_ping() {
+    let db = MariaDb::start();
+    let k = key("killsrv-watch");
+    let (on_lost, rx) = recorder();
+    let opts = Options::new().keep_alive_interval(NO_PING).on_lost(on_lost);
+    let locker = Locker::with_options(db.pool(), opts);
+    let lease = locker.lock(&k, Duration::from_secs(5)).unwrap();
+    let started = Instant::now();
+    db.kill9();
+    let lost = rx.recv_timeout(LIVENESS).expect("the handler ran");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < AT_ONCE,
+        "server death reported after {elapsed:?}: {lost}"
+    );
+    assert_eq!(lost.reason(), LostReason::ConnectionLost, "{lost}");
+    assert!(matches!(lease.release(), Err(Error::Lost(_))));
 }
 
 #[test]

@@ -117,6 +117,32 @@ fn a_stalled_connection_is_lost_here_before_the_server_frees_the_key() {
 }
 
 #[test]
+fn ping_timeout_can_only_shorten_the_sessions_own() {
+    // K = 3 s: the session's own ping timeout is K/3 = 1 s.
+    let s = Server::start(&[]);
+    let open = |t: Option<Duration>| {
+        let mut b = Session::builder(s.lock_addr)
+            .keepalive(Duration::from_secs(3))
+            .retry(RetryPolicy::none());
+        if let Some(t) = t {
+            b = b.ping_timeout(t);
+        }
+        b.connect().unwrap()
+    };
+    assert_eq!(open(None).ping_timeout(), Duration::from_secs(1));
+    let short = open(Some(Duration::from_millis(200)));
+    assert_eq!(short.ping_timeout(), Duration::from_millis(200));
+    assert_eq!(short.ping_interval(), Duration::from_secs(1));
+    assert_eq!(
+        open(Some(Duration::from_secs(5))).ping_timeout(),
+        Duration::from_secs(1),
+        "longer than K/3 would let the server end the session first"
+    );
+    let lease = short.lock("short-ping", Duration::from_secs(5)).unwrap();
+    lease.release().unwrap();
+}
+
+#[test]
 fn lease_expiry_is_reported_and_the_next_waiter_gets_a_larger_token() {
     let s = Server::start(&[]);
     let a = session(s.lock_addr);

@@ -13,6 +13,11 @@
 //!   keep-alive lets go of it; the handlers run only after it let go.
 //! - `sock::cut` on `slot.busy` is done only with `slot` locked: the user of
 //!   the connection clears `busy` under that lock before it can close it.
+//! - The connection watcher (`watcher`) looks at the connection only while
+//!   it is idle in `slot.conn`, with `slot` locked (a non-blocking peek), and
+//!   takes it out (marking it busy) before closing it, exactly as a failed
+//!   ping does. A ping that hands the connection back rings the watcher so
+//!   that it is watched again.
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -23,9 +28,12 @@ use ::mysql::PooledConn;
 
 use super::keeper::{self, Due};
 use super::locker::Shared;
-use super::sock::{self, Saved};
+use super::sock::{self, Peek, Saved};
 use super::sql;
-use crate::lease::{cause_msg, Cause, Error, Hold, LeaseWatch, LostLock, LostReason, Result};
+use super::watcher::Watched;
+use crate::lease::{
+    cause_msg, Cause, Error, Hold, LeaseWatch, LostLock, LostReason, PendingLoss, Result,
+};
 
 const ER_SERVER_SHUTDOWN: u16 = 1053;
 const ER_CONNECTION_KILLED: u16 = 1927;
@@ -39,6 +47,8 @@ pub(crate) struct Held {
     changed: Condvar,
     watch: OnceLock<LeaseWatch>,
     sched: OnceLock<keeper::Slot>,
+    /// The id under which the connection watcher knows this lease.
+    watched: OnceLock<u64>,
 }
 
 struct Slot {
@@ -151,6 +161,7 @@ impl Held {
             changed: Condvar::new(),
             watch: OnceLock::new(),
             sched: OnceLock::new(),
+            watched: OnceLock::new(),
         })
     }
 
@@ -245,6 +256,8 @@ impl Held {
                 slot.conn = Some(conn);
                 drop(slot);
                 self.changed.notify_all();
+                // Idle again: back into the watcher's set.
+                self.shared.watcher.wake();
                 return Ping::Alive;
             }
             // The session answers but no longer holds the lock: it cannot
@@ -270,6 +283,20 @@ impl Held {
                 (LostLock::new(self.key.clone(), reason, Some(cause)), false)
             }
         };
+        match self.give_up(conn, lost.clone(), healthy) {
+            // 3. Notify, with nothing held: a handler may call release().
+            Some(pending) => {
+                pending.notify();
+                Ping::Lost(lost)
+            }
+            None => Ping::Stopped,
+        }
+    }
+
+    /// The lock is gone: `conn` is out of the slot and `slot.busy` names
+    /// it. The verdict, then let go; the loss to notify, or `None` if a
+    /// release had begun (then it is not a loss, and nobody is notified).
+    fn give_up(&self, conn: PooledConn, lost: LostLock, healthy: bool) -> Option<PendingLoss> {
         // 1. The verdict: a loss unless the release has begun.
         let pending = self.watch.get().and_then(|w| w.claim_loss(lost.clone()));
         // 2. Let go. A failed connection is closed first (still marked busy,
@@ -286,16 +313,107 @@ impl Held {
         let mut slot = self.lock();
         slot.conn = keep;
         slot.busy = None;
-        slot.ended = Some(lost.clone());
+        slot.ended = Some(lost);
         drop(slot);
         self.changed.notify_all();
-        // 3. Notify, with nothing held: a handler may call release().
-        match pending {
-            Some(pending) => {
-                pending.notify();
-                Ping::Lost(lost)
-            }
-            None => Ping::Stopped,
+        pending
+    }
+}
+
+/// What the server's unasked bytes say: an error packet (`0xFF`, code,
+/// `#SQLSTATE`, message) names why it ends the session.
+fn unasked(bytes: &[u8]) -> (LostReason, String) {
+    if bytes.len() >= 7 && bytes[4] == 0xFF {
+        let code = u16::from_le_bytes([bytes[5], bytes[6]]);
+        let len = usize::from(bytes[0]) | usize::from(bytes[1]) << 8 | usize::from(bytes[2]) << 16;
+        let end = (4 + len).min(bytes.len());
+        let mut msg = &bytes[7..end.max(7)];
+        if msg.first() == Some(&b'#') && msg.len() >= 6 {
+            msg = &msg[6..];
+        }
+        let reason = match code {
+            ER_SERVER_SHUTDOWN => LostReason::ServerGone,
+            ER_CONNECTION_KILLED => LostReason::Reset,
+            _ => LostReason::ConnectionLost,
+        };
+        let text = String::from_utf8_lossy(msg);
+        return (
+            reason,
+            format!("the server ended the session unasked: ERROR {code}: {text}"),
+        );
+    }
+    (
+        LostReason::ConnectionLost,
+        format!(
+            "the server sent {} bytes unasked while the connection was idle",
+            bytes.len()
+        ),
+    )
+}
+
+/// Runs a loss's handlers on a thread of their own, so that a slow handler
+/// does not hold up the connection watch of every other lease (the watch
+/// thread calls this); on this thread if none can be started.
+fn notify_elsewhere(pending: PendingLoss) {
+    let cell = Arc::new(Mutex::new(Some(pending)));
+    let theirs = Arc::clone(&cell);
+    let take = |c: &Mutex<Option<PendingLoss>>| c.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let spawned = sock::spawn_quiet("ringlock-mysql-lost", move || {
+        if let Some(p) = take(&theirs) {
+            p.notify();
+        }
+    });
+    if spawned.is_err() {
+        if let Some(p) = take(&cell) {
+            p.notify();
+        }
+    }
+}
+
+impl Watched for Held {
+    fn idle_fd(&self) -> Option<std::os::fd::RawFd> {
+        let slot = self.lock();
+        if slot.stopping || slot.ended.is_some() || slot.busy.is_some() {
+            return None;
+        }
+        slot.conn.as_ref().map(|c| c.as_raw_fd())
+    }
+
+    fn check(&self, fd: std::os::fd::RawFd) {
+        let mut slot = self.lock();
+        if slot.stopping || slot.ended.is_some() || slot.busy.is_some() {
+            return;
+        }
+        if slot.conn.as_ref().map(|c| c.as_raw_fd()) != Some(fd) {
+            return;
+        }
+        // Idle and ours while `slot` is locked: nobody else reads it now.
+        let (reason, why) = match sock::peek(fd) {
+            Peek::Quiet => return,
+            Peek::Closed => (
+                LostReason::ConnectionLost,
+                "the server closed the connection (its session was killed, the server \
+                 restarted, or the connection was dropped)"
+                    .to_string(),
+            ),
+            Peek::Data(bytes) => unasked(&bytes),
+            Peek::Failed(e) => (
+                LostReason::ConnectionLost,
+                format!("the connection failed: {e}"),
+            ),
+        };
+        let Some(conn) = slot.conn.take() else {
+            return;
+        };
+        slot.busy = Some(fd);
+        drop(slot);
+        let lost = LostLock::new(
+            self.key.clone(),
+            reason,
+            Some(cause_msg(format!("connection watch: {why}"))),
+        );
+        if let Some(pending) = self.give_up(conn, lost, false) {
+            notify_elsewhere(pending);
         }
     }
 }
@@ -310,9 +428,7 @@ impl Due for Held {
             slot.thread = true;
         }
         let me = Arc::clone(&self);
-        let spawned = std::thread::Builder::new()
-            .name("ringlock-mysql-keepalive".into())
-            .spawn(move || me.keep_alive(due));
+        let spawned = sock::spawn_quiet("ringlock-mysql-keepalive", move || me.keep_alive(due));
         if let Err(e) = spawned {
             // Without a keep-alive the loss would go unnoticed: give the
             // lock up now and say so.
@@ -347,6 +463,9 @@ impl Hold for Held {
         let deadline = Instant::now() + timeout;
         if let Some(&s) = self.sched.get() {
             self.shared.keeper.cancel(s);
+        }
+        if let Some(&id) = self.watched.get() {
+            self.shared.watcher.unwatch(id);
         }
         let mut slot = self.lock();
         slot.stopping = true;
@@ -444,5 +563,10 @@ impl Held {
     /// Records the keeper slot (so that release can cancel it).
     pub(crate) fn scheduled(&self, slot: keeper::Slot) {
         let _ = self.sched.set(slot);
+    }
+
+    /// Records the connection watcher's id (so that release can forget it).
+    pub(crate) fn watched(&self, id: u64) {
+        let _ = self.watched.set(id);
     }
 }

@@ -69,9 +69,7 @@ impl<T: Due> Keeper<T> {
         let mut st = self.lock();
         if !st.running {
             let me = Arc::clone(self);
-            std::thread::Builder::new()
-                .name("ringlock-mysql-keeper".into())
-                .spawn(move || me.run())?;
+            super::sock::spawn_quiet("ringlock-mysql-keeper", move || me.run())?;
             st.running = true;
         }
         let id = st.next_id;

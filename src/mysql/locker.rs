@@ -23,6 +23,7 @@ use super::held::{self, Held};
 use super::keeper::Keeper;
 use super::sock::{self, Saved};
 use super::sql::{self, Grant, LOCK_TIMEOUT_MAX};
+use super::watcher::Watcher;
 use crate::lease::{
     self, cause_msg, CancelToken, Error, Lease, LockOptions, LostHandler, LostLock, Result,
 };
@@ -125,8 +126,10 @@ impl Options {
         self.release_timeout.min(CLEANUP_TIMEOUT_MAX)
     }
 
-    /// The longest a dead session can go unnoticed: interval + ping timeout
-    /// (40 s at the defaults).
+    /// The longest a dead session can go unnoticed when the path to the
+    /// server goes silent: interval + ping timeout (40 s at the defaults).
+    /// A session the server ends (`KILL`, restart, a closed or reset
+    /// connection) is noticed within milliseconds by the connection watch.
     pub fn detection_window(&self) -> Duration {
         self.keep_alive_interval + self.keep_alive_ping_timeout
     }
@@ -148,12 +151,14 @@ pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) opts: Options,
     pub(crate) keeper: Arc<Keeper<Held>>,
+    pub(crate) watcher: Arc<Watcher<Held>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         // Runs when the locker and all its leases are gone.
         self.keeper.shutdown();
+        self.watcher.shutdown();
     }
 }
 
@@ -184,7 +189,12 @@ impl Locker {
     pub fn with_options(pool: Pool, opts: Options) -> Locker {
         let keeper = Keeper::new(opts.keep_alive_interval);
         Locker {
-            shared: Arc::new(Shared { pool, opts, keeper }),
+            shared: Arc::new(Shared {
+                pool,
+                opts,
+                keeper,
+                watcher: Watcher::new(),
+            }),
         }
     }
 
@@ -405,6 +415,18 @@ impl Locker {
                 });
             }
         }
+        // The watch notices a session the server ended within milliseconds;
+        // without it a KILL would go unnoticed until the next ping.
+        match self.shared.watcher.watch(Arc::downgrade(&held)) {
+            Ok(id) => held.watched(id),
+            Err(e) => {
+                let _ = lease.release();
+                return Err(Error::Failed {
+                    key: key.to_string(),
+                    cause: cause_msg(format!("cannot start the connection watch: {e}")),
+                });
+            }
+        }
         Ok(lease)
     }
 }
@@ -489,9 +511,9 @@ impl Watch {
         let pool = shared.pool.clone();
         let token = lo.cancel_token().cloned();
         let deadline = lo.deadline_at();
-        std::thread::Builder::new()
-            .name("ringlock-mysql-cancel".into())
-            .spawn(move || me.watch(&pool, conn_id, fd, token, deadline))?;
+        sock::spawn_quiet("ringlock-mysql-cancel", move || {
+            me.watch(&pool, conn_id, fd, token, deadline)
+        })?;
         Ok(Watch { shared: ws })
     }
 

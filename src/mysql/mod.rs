@@ -49,9 +49,15 @@
 //!   connection is closed; the caller gets `Cancelled`/`DeadlineExceeded`,
 //!   never `Timeout`. Any other failure returns its error without that
 //!   cleanup (and closes the connection).
+//! - **Connection watch**: one thread per locker polls every idle pinned
+//!   connection; an end of stream, an error or unasked bytes from the server
+//!   (a `KILL`, a server restart, a dropped connection) are a loss within
+//!   milliseconds. The lease peeks at the socket under the lock every user
+//!   of the connection takes, so the watch never races the driver.
 //! - **Keep-alive**: one interval after the grant and every interval after
-//!   that, `DO 1` on the pinned connection, each bounded by the ping timeout.
-//!   The first failure is final: verdict (lost, unless a release began) →
+//!   that, `DO 1` on the pinned connection, each bounded by the ping timeout
+//!   (for a path that goes silent without closing). The first failure of
+//!   either is final: verdict (lost, unless a release began) →
 //!   the connection is closed and let go → the handlers run (locker-wide,
 //!   then per lease; panics caught). Closing the connection makes the
 //!   presumption true: the session ends as soon as the server sees it, so
@@ -90,9 +96,10 @@
 //!   `None`. The protected resource cannot tell a stale holder from the
 //!   current one.
 //! - **The lock dies with its session**, and the server may grant it to
-//!   someone else the moment it does. Between that and the handler, up to
-//!   interval + ping timeout passes (40 s at the defaults): two critical
-//!   sections can overlap in that window. The handler is a notification,
+//!   someone else the moment it does. Between that and the handler:
+//!   milliseconds when the server ended the session (the connection watch),
+//!   up to interval + ping timeout (40 s at the defaults) when the path went
+//!   silent (the ping): two critical sections can overlap in that window. The handler is a notification,
 //!   not a brake.
 //! - **A cut path keeps the lock on the server** until the server notices
 //!   the dead session (`wait_timeout`, TCP keepalive): the handler fires
@@ -121,6 +128,8 @@ mod locker;
 mod sock;
 #[cfg(feature = "mysql")]
 mod sql;
+#[cfg(feature = "mysql")]
+mod watcher;
 
 #[cfg(feature = "mysql")]
 pub use locker::{

@@ -1,7 +1,9 @@
 //! The few socket calls the driver does not offer: a read bound per
 //! statement (`SO_RCVTIMEO` on the connection's descriptor),
-//! cutting a connection from another thread (`shutdown`), and waiting on a
-//! cancel token with a deadline (`poll`).
+//! cutting a connection from another thread (`shutdown`), waiting on a
+//! cancel token with a deadline (`poll`), and what the connection watcher
+//! needs: a non-blocking peek at an idle connection, a wake-up bell
+//! (`eventfd`) and an unbounded `poll` over many descriptors.
 //!
 //! Who may call [`cut`] on a descriptor: only a thread that holds the lock
 //! under which the connection's owner announced it (the owner cannot drop
@@ -9,7 +11,7 @@
 //! rule is what makes a cross-thread `shutdown` safe from descriptor reuse.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 fn timeval(d: Option<Duration>) -> libc::timeval {
@@ -161,6 +163,145 @@ pub(crate) fn wait(first: RawFd, second: RawFd, deadline: Option<Instant>) -> io
         if fds[1].revents != 0 {
             return Ok(Wake::Second);
         }
+    }
+}
+
+/// What a peek at an idle connection found. Idle means every answer to our
+/// own statements was read in full, so anything the kernel holds for it was
+/// sent unasked.
+#[derive(Debug)]
+pub(crate) enum Peek {
+    /// Nothing to read: the connection is as we left it.
+    Quiet,
+    /// The server closed its end (end of stream).
+    Closed,
+    /// Bytes the server sent unasked (the first few of them): it does that
+    /// only when it ends the session (an error packet before the close).
+    Data(Vec<u8>),
+    /// The socket reports an error (a reset, a timeout of the kernel's own).
+    Failed(io::Error),
+}
+
+/// Looks at what is waiting on `fd` without taking it and without blocking.
+/// The caller must own the connection for the call's duration (nobody else
+/// reads it meanwhile), or the answer may describe someone else's bytes.
+pub(crate) fn peek(fd: RawFd) -> Peek {
+    let mut buf = [0u8; 128];
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into the live
+        // buffer; MSG_PEEK leaves them queued and MSG_DONTWAIT never blocks,
+        // whatever the socket's mode. A descriptor that is not a socket only
+        // yields an error (reported as Failed). tests/mysql_faults.rs
+        // (a_killed_session_…) fails if this does not see the server's close.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            return Peek::Data(buf[..n as usize].to_vec());
+        }
+        if n == 0 {
+            return Peek::Closed;
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            io::ErrorKind::WouldBlock => return Peek::Quiet,
+            io::ErrorKind::Interrupted => continue,
+            _ => return Peek::Failed(err),
+        }
+    }
+}
+
+/// An `eventfd` that wakes a thread blocked in [`poll_all`]: ringing is one
+/// `write`, and the bell stays rung until [`Bell::drain`].
+#[derive(Debug)]
+pub(crate) struct Bell(OwnedFd);
+
+impl Bell {
+    pub(crate) fn new() -> io::Result<Bell> {
+        // SAFETY: eventfd has no memory arguments; on success we own the fd.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Ok(Bell(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub(crate) fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to our own eventfd. It
+        // cannot fail short of a counter overflow (2^64 - 2 rings), which
+        // would still leave the bell rung. The watcher's unit test
+        // (watcher::tests) hangs if a ring is lost.
+        unsafe {
+            libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8);
+        }
+    }
+
+    /// Un-rings it (before the wake-up's work, so a ring during that work
+    /// is not lost).
+    pub(crate) fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live local; the fd is
+        // non-blocking, so an un-rung bell only yields EAGAIN.
+        unsafe {
+            libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8);
+        }
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Waits, without a timeout, until one of `fds` reports an event (their
+/// `revents` say which).
+pub(crate) fn poll_all(fds: &mut [libc::pollfd]) -> io::Result<()> {
+    loop {
+        // SAFETY: a live slice of pollfds and its exact length; the kernel
+        // writes only their `revents`. A closed or reused descriptor in it
+        // yields POLLNVAL or a spurious event, which the caller re-checks
+        // under the connection's own lock (watcher module docs).
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Spawns one of this backend's threads with every blockable signal
+/// blocked in it (and in the threads it starts), so that the application's
+/// signal handlers never run there: a program that forwards signals to a
+/// child, as the CLI does, needs each signal to reach its own threads, and a
+/// signal handled on a library thread between two of its steps would be
+/// lost to it.
+pub(crate) fn spawn_quiet(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    // SAFETY: both sigsets live on the stack; sigfillset initialises `all`
+    // and pthread_sigmask writes the old mask into `old` before it is read.
+    // The calling thread's own mask is restored before returning, so a
+    // signal meant for it is only deferred for the spawn's duration.
+    // tests/mysql_contract.rs (background_threads_block_signals) fails if
+    // a thread of this backend can take a signal.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        spawned
     }
 }
 

@@ -1,8 +1,10 @@
 //! `ringlock`: the command-line client, a distributed flock(1).
 //!
 //! ```text
-//! ringlock [OPTIONS] lock [--timeout D] [--ttl D | --persistent] [--kill-after D] KEY -- CMD [ARGS...]
-//! ringlock [OPTIONS] try-lock [--ttl D | --persistent] [--kill-after D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] lock [--timeout D] [--ttl D | --persistent] [--kill-after D]
+//!          [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] try-lock [--ttl D | --persistent] [--kill-after D]
+//!          [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
 //! ringlock [OPTIONS] unlock KEY
 //! ringlock [OPTIONS] reset KEY...
 //! ringlock [OPTIONS] reset --source SRC
@@ -17,8 +19,10 @@
 //! `lock` and `try-lock` hold a *session* lock by default (the server frees
 //! it the moment this process's connection closes, `kill -9` included), a
 //! lease with `--ttl` (extended every TTL/3 while CMD runs) or a
-//! Locking-Center lock with `--persistent`. A session or lease lock that is
-//! lost while CMD runs stops CMD (see `child`) and exits [`EX_LOST`].
+//! Locking-Center lock with `--persistent`. A session or lease lock (or a
+//! MySQL lock, `--addr mysql://…`) that is lost while CMD runs stops CMD
+//! (see `child`) and exits [`EX_LOST`], by one path for every backend
+//! ([`run_under_lease`]).
 
 mod bytes;
 mod child;
@@ -67,6 +71,7 @@ Exit status:
        reset: a key changed holder after it was listed (that key was not reset)
   76   the server refused the request or broke the protocol
   79   the lock was lost while CMD ran: CMD got SIGTERM (SIGKILL after --kill-after)
+       (a session, --ttl or mysql:// lock)
   126  CMD could not be executed;  127  CMD not found (the key was released)
   128+N  interrupted by signal N while waiting (the request was withdrawn)
 
@@ -163,6 +168,18 @@ struct HoldArgs {
         conflicts_with = "persistent"
     )]
     kill_after: Duration,
+    /// The lock's keep-alive. ringlockd: the session keep-alive deadline
+    /// asked of the server (it may clamp it; it frees the lock D after it
+    /// last heard from ringlock, which pings every D/3, at most every 10s)
+    /// [default: the server's]. mysql://: how often the lock's session is
+    /// pinged [default: 30s]
+    #[arg(long, value_name = "D", value_parser = parse_keepalive, conflicts_with = "persistent")]
+    keepalive: Option<Duration>,
+    /// A keep-alive ping unanswered for D means the lock is lost (CMD is
+    /// stopped, exit 79). ringlockd: it can only shorten the session's own
+    /// (D/3 of the keep-alive, at most 10s). mysql:// [default: 10s]
+    #[arg(long, value_name = "D", value_parser = parse_keepalive, conflicts_with = "persistent")]
+    ping_timeout: Option<Duration>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -172,8 +189,9 @@ enum Cmd {
     /// Exits with CMD's status (128+N if it died of signal N). SIGINT, SIGTERM
     /// and SIGHUP are forwarded to CMD; KEY is released after CMD ends,
     /// however it ends. A signal while still waiting withdraws the request
-    /// and exits 128+N. A session (default) or --ttl lock that is lost while
-    /// CMD runs stops CMD (SIGTERM, SIGKILL after --kill-after) and exits 79.
+    /// and exits 128+N. A session (default), --ttl or mysql:// lock that is
+    /// lost while CMD runs stops CMD (SIGTERM, SIGKILL after --kill-after)
+    /// and exits 79.
     Lock {
         /// Give up after D and exit 75; 0 means do not wait at all (like try-lock)
         #[arg(long, value_name = "D", value_parser = parse_duration)]
@@ -644,13 +662,20 @@ impl Conn {
         })
     }
 
-    /// Opens a session with the lock port (retried like every request).
-    fn session(&self, what: &str) -> Result<Session, Fail> {
+    /// Opens a session with the lock port (retried like every request),
+    /// with `--keepalive` and `--ping-timeout` if given.
+    fn session(&self, what: &str, hold: &HoldArgs) -> Result<Session, Fail> {
         let mut b = Session::builder(self.lock_addrs.as_slice())
             .source(self.source.clone())
             .retry(self.retry);
         if let Some(auth) = &self.auth {
             b = b.auth_token(auth.clone());
+        }
+        if let Some(k) = hold.keepalive {
+            b = b.keepalive(k);
+        }
+        if let Some(t) = hold.ping_timeout {
+            b = b.ping_timeout(t);
         }
         b.connect().map_err(|e| lease_fail(&e, None, what))
     }
@@ -795,17 +820,13 @@ fn session_lock_and_run(
     // thread: the handler's work (cancel the wait, forward to CMD) is
     // ordered with this thread's steps, as in a single-threaded ringlock.
     mask_signals(true);
-    let session = conn.session(&format!("{verb} {shown}"));
+    let session = conn.session(&format!("{verb} {shown}"), hold);
     mask_signals(false);
     let session = session?;
     let cancel = CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
-    let kill_after = hold.kill_after;
-    let in_handler = shown.clone();
     let opts = lease::LockOptions::new()
         .cancel(cancel.clone())
-        .on_lost(move |lease, lost| {
-            child::lock_lost(lost_line(&in_handler, lease, lost), kill_after);
-        });
+        .on_lost(stop_on_loss(shown.clone(), hold.kill_after));
     CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&cancel), Ordering::SeqCst);
     if got_signal() != 0 {
         // It arrived before the handler could cancel anything.
@@ -840,12 +861,6 @@ fn session_lock_and_run(
         }
         Err(e) => return Err(lease_fail(&e, Some(&session), &format!("{verb} {shown}"))),
     };
-    if let Some(lost) = child::lost() {
-        return Err(Fail(
-            EX_LOST,
-            format!("{}; the command was not started", lost.line),
-        ));
-    }
     let token = lease.token().unwrap_or(0);
     // A lease is extended every TTL/3 while CMD runs: two extends may be
     // lost or late before it expires.
@@ -869,26 +884,69 @@ fn session_lock_and_run(
         ("RINGLOCK_KEY", OsString::from_vec(key.to_vec())),
         ("RINGLOCK_TOKEN", OsString::from(token.to_string())),
     ];
-    let status = run_while_held(argv, &env, || {
+    let hint = match hold.ttl {
+        Some(_) => "the lease expires on its own",
+        None => "the server frees it when this session ends",
+    };
+    let stop_extending = || {
         drop(stop);
         if let Some(h) = extender {
             let _ = h.join();
         }
+    };
+    run_under_lease(
+        &lease,
+        &shown,
+        argv,
+        &env,
+        hold.kill_after,
+        stop_extending,
+        hint,
+    )
+}
+
+/// The lost-lock handler of every lock `lock`/`try-lock` holds over a
+/// session or MySQL: stops CMD ([`child::lock_lost`]), whatever noticed the
+/// loss (a Lost push, a failed ping, a closed connection).
+fn stop_on_loss(
+    shown: String,
+    kill_after: Duration,
+) -> impl Fn(&Lease, &LostLock) + Send + Sync + 'static {
+    move |lease, lost| child::lock_lost(lost_line(&shown, lease, lost), kill_after)
+}
+
+/// Runs CMD under `lease`, whose lost handler is [`stop_on_loss`], and
+/// releases it after (`before_release` runs first; `hint` says what frees
+/// the lock when the release fails). The one path for every backend that
+/// can lose a lock: lost before CMD starts, CMD is not run; lost while it
+/// runs, CMD was stopped; both exit [`EX_LOST`] with one line. Lost after
+/// CMD ended is a failed release.
+fn run_under_lease(
+    lease: &Lease,
+    shown: &str,
+    argv: &[OsString],
+    env: &[(&str, OsString)],
+    kill_after: Duration,
+    before_release: impl FnOnce(),
+    hint: &str,
+) -> Result<u8, Fail> {
+    if let Some(lost) = child::lost() {
+        return Err(Fail(
+            EX_LOST,
+            format!("{}; the command was not started", lost.line),
+        ));
+    }
+    let status = run_while_held(argv, env, || {
+        before_release();
         match child::lost() {
             // Reported below, once.
             Some(lost) if lost.signalled => Ok(()),
             // Lost after CMD ended: CMD ran under the lock as far as anyone
             // can tell, but the release could not be confirmed.
             Some(lost) => Err(format!("releasing {shown} failed: {}", lost.line)),
-            None => lease.release().map_err(|e| {
-                format!(
-                    "releasing {shown} failed: {e} ({})",
-                    match hold.ttl {
-                        Some(_) => "the lease expires on its own",
-                        None => "the server frees it when this session ends",
-                    }
-                )
-            }),
+            None => lease
+                .release()
+                .map_err(|e| format!("releasing {shown} failed: {e} ({hint})")),
         }
     });
     match child::lost() {
@@ -910,13 +968,13 @@ fn session_lock_and_run(
     }
 }
 
-/// One line for a lost lock: key, token and why.
+/// One line for a lost lock: key, token (MySQL locks have none) and why.
 fn lost_line(shown: &str, lease: &Lease, lost: &LostLock) -> String {
-    let mut line = format!(
-        "lost the lock on {shown} (token {}): {}",
-        lease.token().unwrap_or(0),
-        lost.reason()
-    );
+    let token = lease
+        .token()
+        .map(|t| format!(" (token {t})"))
+        .unwrap_or_default();
+    let mut line = format!("lost the lock on {shown}{token}: {}", lost.reason());
     if let Some(cause) = lost.cause() {
         line.push_str(&format!(" ({cause})"));
     }
@@ -1060,17 +1118,21 @@ fn run_while_held(
 /// codes. The lock lives in the session: the server frees it when the
 /// connection ends, so `unlock`, `reset` and `keys` do not apply.
 fn mysql_cmd(cli: &Cli, fmt: KeyFormat) -> Result<u8, Fail> {
-    let (key, timeout, command, try_only) = match &cli.cmd {
+    let (key, timeout, hold, command, try_only) = match &cli.cmd {
         Cmd::Lock {
             key,
             timeout,
             hold,
             command,
-        } if hold.ttl.is_none() && !hold.persistent => {
-            (key, *timeout, command, timeout.is_some_and(|t| t.is_zero()))
-        }
+        } if hold.ttl.is_none() && !hold.persistent => (
+            key,
+            *timeout,
+            hold,
+            command,
+            timeout.is_some_and(|t| t.is_zero()),
+        ),
         Cmd::TryLock { key, hold, command } if hold.ttl.is_none() && !hold.persistent => {
-            (key, None, command, true)
+            (key, None, hold, command, true)
         }
         Cmd::Lock { .. } | Cmd::TryLock { .. } => {
             return Err(usage(
@@ -1085,7 +1147,7 @@ fn mysql_cmd(cli: &Cli, fmt: KeyFormat) -> Result<u8, Fail> {
     };
     let key = key_arg(key, fmt)?;
     let key = String::from_utf8(key).map_err(|_| usage("a MySQL lock name must be UTF-8 text"))?;
-    mysql_lock_and_run(&cli.addr, &key, timeout, command, try_only)
+    mysql_lock_and_run(&cli.addr, &key, timeout, hold, command, try_only)
 }
 
 #[cfg(not(feature = "mysql"))]
@@ -1093,6 +1155,7 @@ fn mysql_lock_and_run(
     _addr: &str,
     _key: &str,
     _timeout: Option<Duration>,
+    _hold: &HoldArgs,
     _argv: &[OsString],
     _try_only: bool,
 ) -> Result<u8, Fail> {
@@ -1106,12 +1169,30 @@ fn mysql_lock_and_run(
     addr: &str,
     key: &str,
     timeout: Option<Duration>,
+    hold: &HoldArgs,
     argv: &[OsString],
     try_only: bool,
 ) -> Result<u8, Fail> {
     use ringlock::lease::{Error as LErr, LockOptions as LOpts};
-    let locker =
-        ringlock::mysql::Locker::from_url(addr).map_err(|e| usage(format!("--addr: {e}")))?;
+    use ringlock::mysql::{Locker, MysqlAddr, Options};
+    let addr = MysqlAddr::parse(addr)
+        .and_then(|a| a.with_password_from_env(|k| std::env::var_os(k)))
+        .map_err(|e| usage(format!("--addr: {e}")))?;
+    let mut opts = Options::new();
+    if let Some(k) = hold.keepalive {
+        opts = opts.keep_alive_interval(k);
+    }
+    if let Some(t) = hold.ping_timeout {
+        opts = opts.keep_alive_ping_timeout(t);
+    }
+    let locker = Locker::from_addr(&addr, opts).map_err(|e| usage(format!("--addr: {e}")))?;
+    // The same handler as over ringlockd: a loss (the connection watch saw
+    // the session end, or a ping failed) stops CMD.
+    let on_lost = std::sync::Arc::new(stop_on_loss(key.to_string(), hold.kill_after));
+    let lost_opts = || {
+        let h = std::sync::Arc::clone(&on_lost);
+        LOpts::new().on_lost(move |lease, lost| h(lease, lost))
+    };
     let fail = |e: &LErr, what: &str| {
         let code = match e {
             LErr::InvalidKey(_) | LErr::InvalidTimeout => EX_USAGE,
@@ -1123,7 +1204,7 @@ fn mysql_lock_and_run(
     };
     install_handlers()?;
     let lease = if try_only {
-        match locker.try_lock(key) {
+        match locker.try_lock_with(key, &lost_opts()) {
             Ok(Some(l)) => l,
             Ok(None) => {
                 return Err(Fail(
@@ -1138,7 +1219,7 @@ fn mysql_lock_and_run(
             CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
         CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&token), Ordering::SeqCst);
         let wait = timeout.unwrap_or(ringlock::mysql::LOCK_TIMEOUT_MAX);
-        let result = locker.lock_with(key, wait, &LOpts::new().cancel(token.clone()));
+        let result = locker.lock_with(key, wait, &lost_opts().cancel(token.clone()));
         CANCEL_FD.store(-1, Ordering::SeqCst);
         match result {
             Ok(l) => l,
@@ -1155,11 +1236,15 @@ fn mysql_lock_and_run(
         }
     };
     let env = [("RINGLOCK_KEY", OsString::from(key))];
-    run_while_held(argv, &env, || {
-        lease.release().map_err(|e| {
-            format!("releasing {key} failed: {e} (the server frees it when the session ends)")
-        })
-    })
+    run_under_lease(
+        &lease,
+        key,
+        argv,
+        &env,
+        hold.kill_after,
+        || {},
+        "the server frees it when the session ends",
+    )
 }
 
 /// Parses `250ms`, `10s`, `1.5m`, `2h` or a bare number of seconds.
@@ -1182,6 +1267,23 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         _ => Err(bad()),
     }
+}
+
+/// `--keepalive` and `--ping-timeout`: a duration of 1ms or more, in the
+/// whole milliseconds a session's Hello carries (at most 2^32-1 ms, about
+/// 49 days).
+fn parse_keepalive(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("{text:?} is too short (at least 1ms)"));
+    }
+    if d.as_millis() > u128::from(u32::MAX) {
+        return Err(format!(
+            "{text:?} is too long (at most {}ms, about 49 days)",
+            u32::MAX
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -1246,7 +1348,9 @@ mod tests {
                     HoldArgs {
                         ttl: None,
                         persistent: false,
-                        kill_after: Duration::from_secs(10)
+                        kill_after: Duration::from_secs(10),
+                        keepalive: None,
+                        ping_timeout: None,
                     },
                     "a session lock by default"
                 );
@@ -1281,7 +1385,9 @@ mod tests {
                 HoldArgs {
                     ttl: Some(Duration::from_millis(1500)),
                     persistent: false,
-                    kill_after: Duration::from_secs(2)
+                    kill_after: Duration::from_secs(2),
+                    keepalive: None,
+                    ping_timeout: None,
                 }
             ),
             other => panic!("try-lock expected, got {other:?}"),
@@ -1320,6 +1426,90 @@ mod tests {
             &["keys", "--nope"],
             &["--retry", "soon", "keys"],
             &["completions", "tcsh"],
+        ] {
+            assert_eq!(parse(bad).err(), Some(EX_USAGE), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn keepalive_and_ping_timeout() {
+        match parse(&[
+            "lock",
+            "--keepalive",
+            "250ms",
+            "--ping-timeout",
+            "1.5",
+            "k",
+            "--",
+            "true",
+        ])
+        .map(|c| c.cmd)
+        {
+            Ok(Cmd::Lock { hold, .. }) => {
+                assert_eq!(hold.keepalive, Some(Duration::from_millis(250)));
+                assert_eq!(hold.ping_timeout, Some(Duration::from_millis(1500)));
+            }
+            other => panic!("lock expected, got {other:?}"),
+        }
+        match parse(&[
+            "try-lock",
+            "--ttl",
+            "3s",
+            "--keepalive",
+            "2s",
+            "k",
+            "--",
+            "true",
+        ])
+        .map(|c| c.cmd)
+        {
+            Ok(Cmd::TryLock { hold, .. }) => {
+                assert_eq!(hold.keepalive, Some(Duration::from_secs(2)));
+                assert_eq!(hold.ping_timeout, None);
+            }
+            other => panic!("try-lock expected, got {other:?}"),
+        }
+        assert_eq!(parse_keepalive("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(
+            parse_keepalive("4294967295ms"),
+            Ok(Duration::from_millis(u64::from(u32::MAX)))
+        );
+        assert_eq!(
+            parse_keepalive("0"),
+            Err("\"0\" is too short (at least 1ms)".into())
+        );
+        assert_eq!(
+            parse_keepalive("0.5ms"),
+            Err("\"0.5ms\" is too short (at least 1ms)".into())
+        );
+        assert!(parse_keepalive("4294967296ms")
+            .unwrap_err()
+            .contains("is too long (at most 4294967295ms"));
+        assert!(parse_keepalive("soon")
+            .unwrap_err()
+            .contains("bad duration"));
+        for bad in [
+            &["lock", "--keepalive", "0", "k", "--", "true"][..],
+            &["lock", "--ping-timeout", "-1s", "k", "--", "true"],
+            &["lock", "--keepalive", "soon", "k", "--", "true"],
+            &[
+                "lock",
+                "--keepalive",
+                "1s",
+                "--persistent",
+                "k",
+                "--",
+                "true",
+            ],
+            &[
+                "try-lock",
+                "--ping-timeout",
+                "1s",
+                "--persistent",
+                "k",
+                "--",
+                "true",
+            ],
         ] {
             assert_eq!(parse(bad).err(), Some(EX_USAGE), "{bad:?}");
         }

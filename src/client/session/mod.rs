@@ -158,6 +158,7 @@ pub struct SessionBuilder {
     addrs: super::Result<Vec<SocketAddr>>,
     source: Vec<u8>,
     keepalive: Option<Duration>,
+    ping_timeout: Option<Duration>,
     connect_timeout: Duration,
     release_timeout: Duration,
     retry: RetryPolicy,
@@ -180,6 +181,16 @@ impl SessionBuilder {
     /// derived from that. Default (or zero): the server's default.
     pub fn keepalive(mut self, keepalive: Duration) -> Self {
         self.keepalive = Some(keepalive);
+        self
+    }
+
+    /// A shorter ping timeout than the session's own (K/3, at most
+    /// [`PING_TIMEOUT_MAX`]): a Ping unanswered this long after it was due
+    /// is a loss. It can only shorten it (a longer one would let the server
+    /// end the session before the client knows), so a value above the
+    /// session's own changes nothing; at least 1 ms.
+    pub fn ping_timeout(mut self, timeout: Duration) -> Self {
+        self.ping_timeout = Some(timeout);
         self
     }
 
@@ -265,7 +276,8 @@ impl SessionBuilder {
         let timing = Timing::from_keepalive(
             Duration::from_millis(u64::from(welcome.keepalive_ms)),
             PING_INTERVAL_MAX,
-            PING_TIMEOUT_MAX,
+            self.ping_timeout
+                .map_or(PING_TIMEOUT_MAX, |t| t.min(PING_TIMEOUT_MAX)),
         );
         let unavailable = |e: std::io::Error| Error::Unavailable(Arc::new(e));
         sock.set_read_timeout(None).map_err(unavailable)?;
@@ -295,6 +307,7 @@ impl fmt::Debug for SessionBuilder {
             .field("addrs", &self.addrs)
             .field("source", &String::from_utf8_lossy(&self.source))
             .field("keepalive", &self.keepalive)
+            .field("ping_timeout", &self.ping_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("release_timeout", &self.release_timeout)
             .field("retry", &self.retry)
@@ -489,6 +502,7 @@ impl Session {
             addrs: addr.to_server_addrs(DEFAULT_PORT),
             source: Vec::new(),
             keepalive: None,
+            ping_timeout: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             retry: RetryPolicy::default(),
