@@ -22,14 +22,13 @@
 
 pub mod buf;
 pub mod faults;
+mod logio;
 pub mod mesh;
 pub mod poll;
 
-use std::fs::File;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
@@ -43,9 +42,11 @@ use crate::metrics::Metrics;
 use crate::shard::conn::Port;
 use crate::shard::{Cmd, Shard};
 use crate::wal::log::{Chain, Log};
+use crate::wal::plan::Stream;
 use crate::wal::{self, LogFiles};
 use buf::{Lent, Slot};
 use faults::Faults;
+use logio::LogIo;
 use mesh::{MeshEnd, Msg};
 
 /// The answer sent to connections refused over the limit.
@@ -61,18 +62,6 @@ const LOG_OPS: usize = 14;
 const FIXED_OPS: usize = 3 + 2 * 512;
 
 // Steps of a log chain (the `slot` field of its user_data).
-const STEP_WRITE: u32 = 0;
-const STEP_SYNC: u32 = 1;
-const STEP_RENAME: u32 = 2;
-const STEP_DIR_SYNC: u32 = 3;
-const STEP_DELAY: u32 = 4;
-// Steps of a growth step of the log's preallocation (the same op code as
-// the records chain, told apart by these slots).
-const STEP_GROW_ALLOC: u32 = 16;
-const STEP_GROW_WRITE: u32 = 17;
-const STEP_GROW_SYNC: u32 = 18;
-const STEP_GROW_DELAY: u32 = 19;
-
 fn now() -> Now {
     let mut mono = libc::timespec {
         tv_sec: 0,
@@ -339,80 +328,6 @@ impl DConn {
     }
 }
 
-/// One log chain being run.
-struct ChainRun {
-    chain: Chain,
-    buf: Slot,
-    len: usize,
-    written: usize,
-    /// Bytes of the buffer a completed fdatasync covers (an append's
-    /// pieces: the next piece is measured from here, see `submit_chain`).
-    synced: usize,
-    /// The submitted chain's fdatasync completed without error.
-    sync_ok: bool,
-    /// Ops of the submitted chain whose completion is still due.
-    ops_left: u32,
-    error: Option<i32>,
-    /// The write in flight is failed by fault injection.
-    fail_injected: bool,
-}
-
-struct LogIo {
-    files: LogFiles,
-    temp: Option<File>,
-    temp_renamed: bool,
-    /// The chain that covers records: Append or Rewrite.
-    records: Option<ChainRun>,
-    /// The background compaction's chain: Snapshot or Finish.
-    compact: Option<ChainRun>,
-    faults: Faults,
-    /// Preallocation (`--wal-preallocate-bytes`; 0 = off): the log file is
-    /// kept zero-filled and synced ahead of its last record, so an append
-    /// overwrites zeros and its fdatasync has no file size (and no
-    /// unwritten extent) to commit. Once the end of the records passes
-    /// half of those bytes, a growth step writes the next stretch of zeros
-    /// beside the appends (never on their path).
-    prealloc_bytes: u64,
-    /// Bytes of the current log file that exist: records, then zeros that
-    /// were written and synced.
-    alloc_len: u64,
-    grow: Option<Grow>,
-    /// A growth step failed on this file (ENOSPC, say): no more until a
-    /// rewrite or compaction switches to a new one; appends grow the file.
-    grow_off: bool,
-    /// Bumped each time a rewrite or compaction replaces the log file, so
-    /// a growth step of the old file does not count for the new one.
-    generation: u64,
-    /// An append that would overlap the zeros a growth step is writing
-    /// waits here until that step lands (the zeros must not overwrite it).
-    parked: Option<(Chain, Vec<u8>)>,
-}
-
-/// A growth step in flight: fallocate, write zeros over `[from, to)`,
-/// fdatasync. It runs on its own open file description of the log (opened
-/// through /proc/self/fd), not a dup: writeback errors are reported once
-/// per description, so the step's fdatasync cannot consume an error that
-/// the log's own fdatasync must still see.
-struct Grow {
-    /// Open until the step's last completion: linked ops take their file
-    /// only when they start.
-    file: File,
-    from: u64,
-    to: u64,
-    generation: u64,
-    ops_left: u32,
-    error: Option<i32>,
-    /// The zero write is failed by fault injection.
-    fail_injected: bool,
-    started_us: u64,
-    /// An append waited for this step (`parked`): the preallocation is
-    /// too small for the rate the records arrive at.
-    append_waited: bool,
-}
-
-const CHAIN_RECORDS: u32 = 0;
-const CHAIN_COMPACT: u32 = 1;
-
 /// One event loop: a shard and the io_uring that serves it, on one thread.
 struct Loop {
     ring: IoUring,
@@ -457,19 +372,7 @@ impl Drop for Loop {
             }
         }
         if let Some(io) = self.log.as_mut() {
-            if let Some(g) = io.grow.take() {
-                // Its linked ops may not have taken the file yet: never let
-                // the descriptor number be reused under them.
-                std::mem::forget(g.file);
-            }
-            for run in [io.records.as_mut(), io.compact.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                if let Slot::Kernel(l) = std::mem::replace(&mut run.buf, Slot::Moving) {
-                    l.leak();
-                }
-            }
+            io.leak_in_flight();
         }
     }
 }
@@ -803,29 +706,10 @@ impl Loop {
         let cap = cfg.max_connections.min(65_536);
         let (log, log_io) = match part.log {
             None => (None, None),
-            Some((files, log)) => {
-                let alloc_len = files.alloc_len;
-                // Start-up preallocation failed (it was logged): appends grow
-                // the file until a compaction switches to a new one.
-                let grow_off = cfg.wal_preallocate_bytes > 0 && alloc_len == files.file_len;
-                (
-                    Some(log),
-                    Some(LogIo {
-                        files,
-                        temp: None,
-                        temp_renamed: false,
-                        records: None,
-                        compact: None,
-                        faults: part.faults,
-                        prealloc_bytes: cfg.wal_preallocate_bytes,
-                        alloc_len,
-                        grow: None,
-                        grow_off,
-                        generation: 0,
-                        parked: None,
-                    }),
-                )
-            }
+            Some((files, log)) => (
+                Some(log),
+                Some(LogIo::new(files, part.faults, cfg.wal_preallocate_bytes)),
+            ),
         };
         let idle_poll_us = cfg.idle_poll_us;
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
@@ -1257,9 +1141,9 @@ impl Loop {
             }
             // A doorbell: messages are taken every tick.
             Op::Mesh => {}
-            Op::WalWrite if slot >= STEP_GROW_ALLOC => self.on_grow_op(slot, res),
-            Op::WalWrite => self.on_chain_op(CHAIN_RECORDS, slot, res),
-            Op::WalSync => self.on_chain_op(CHAIN_COMPACT, slot, res),
+            Op::WalWrite if slot >= logio::STEP_GROW_ALLOC => self.on_grow_op(slot, res),
+            Op::WalWrite => self.on_chain_op(Stream::Records, slot, res),
+            Op::WalSync => self.on_chain_op(Stream::Compact, slot, res),
         }
     }
 
@@ -1541,523 +1425,5 @@ impl Loop {
                 }
             }
         }
-    }
-
-    // ----- log chains -----------------------------------------------------------
-
-    fn discard_temp(&mut self) {
-        let io = self.log.as_mut().expect("a log");
-        // Nothing in flight may use the temp file: the shard discards only
-        // with no compaction chain in flight, and a rewrite's chain has
-        // concluded when it fails.
-        debug_assert!(io.compact.is_none());
-        if let Some(f) = io.temp.take() {
-            drop(f);
-            if !io.temp_renamed {
-                // SAFETY: valid C string owned by LogFiles.
-                unsafe { libc::unlink(io.files.temp_path.as_ptr()) };
-            }
-        }
-        io.temp_renamed = false;
-    }
-
-    fn start_chain(&mut self, chain: Chain, buf: Vec<u8>) {
-        let io = self.log.as_mut().expect("a log chain without a log");
-        if let Chain::Append { offset } = chain {
-            let end = offset + buf.len() as u64;
-            let overlaps = io
-                .grow
-                .as_ref()
-                .is_some_and(|g| g.generation == io.generation && end > g.from);
-            if overlaps {
-                debug_assert!(io.parked.is_none(), "one records chain at a time");
-                if let Some(g) = io.grow.as_mut() {
-                    g.append_waited = true;
-                }
-                io.parked = Some((chain, buf));
-                return;
-            }
-            self.maybe_grow(end);
-        }
-        let io = self.log.as_mut().expect("a log chain without a log");
-        if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
-            debug_assert!(io.temp.is_none(), "a temp file is already open");
-            // SAFETY: valid C string; flags create a new private file.
-            let fd = unsafe {
-                libc::open(
-                    io.files.temp_path.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                    0o644,
-                )
-            };
-            if fd < 0 {
-                let e = io::Error::last_os_error();
-                log!(
-                    Level::Error,
-                    "wal_io_error",
-                    "op=open_temp path={} error=\"{}\"",
-                    io.files.path.display(),
-                    e
-                );
-                self.landings
-                    .push((chain, Err(-e.raw_os_error().unwrap_or(libc::EIO)), buf));
-                return;
-            }
-            // SAFETY: a fresh fd we own from here on.
-            io.temp = Some(unsafe { File::from_raw_fd(fd) });
-            io.temp_renamed = false;
-        }
-        let run = ChainRun {
-            chain,
-            len: buf.len(),
-            buf: Slot::Ours(buf),
-            written: 0,
-            synced: 0,
-            sync_ok: false,
-            ops_left: 0,
-            error: None,
-            fail_injected: false,
-        };
-        let which = match chain {
-            Chain::Append { .. } | Chain::Rewrite => {
-                debug_assert!(io.records.is_none());
-                io.records = Some(run);
-                CHAIN_RECORDS
-            }
-            Chain::Snapshot | Chain::Finish { .. } => {
-                debug_assert!(io.compact.is_none());
-                io.compact = Some(run);
-                CHAIN_COMPACT
-            }
-        };
-        self.submit_chain(which);
-    }
-
-    /// Submits what is left of a chain as one linked chain of SQEs: a
-    /// write, then fdatasync, and for a rewrite or finishing step a rename
-    /// and a directory fsync. A short write breaks the link (the rest
-    /// completes with -ECANCELED); the chain is then resubmitted from
-    /// where it stopped.
-    fn submit_chain(&mut self, which: u32) {
-        let io = self.log.as_mut().expect("a log");
-        let op = if which == CHAIN_RECORDS {
-            Op::WalWrite
-        } else {
-            Op::WalSync
-        };
-        let log_fd = io.files.fd();
-        let temp_fd = io.temp.as_ref().map(|f| f.as_raw_fd());
-        let dir_fd = io.files.dir_fd();
-        let delay = io.faults.fsync_delay();
-        let run = if which == CHAIN_RECORDS {
-            io.records.as_mut()
-        } else {
-            io.compact.as_mut()
-        }
-        .expect("a chain to submit");
-        // A finishing step with nothing carried writes 0 bytes (then syncs
-        // and renames).
-        let rest = run.len - run.written;
-        // An append leaves at most a piece unsynced: a larger batch goes out
-        // as write + fdatasync per piece (on_chain_op resubmits the rest),
-        // so a write torn by a power cut spans at most a piece, which is
-        // what lets recovery tell it from damage (wal::record). The piece
-        // is measured from the last completed fdatasync, not from the last
-        // write: after a short write the rest of the same piece goes out,
-        // never a fresh piece's worth; and it ends on a sector boundary
-        // (`append_piece_end`).
-        let piece = match run.chain {
-            Chain::Append { offset } => {
-                let end = wal::record::append_piece_end(
-                    offset + run.synced as u64,
-                    offset + run.len as u64,
-                );
-                (end - offset) as usize - run.written
-            }
-            // Paced, so the appends' fdatasyncs do not wait behind one
-            // long writeback of the whole snapshot (wal::SNAPSHOT_PIECE_BYTES).
-            Chain::Snapshot => rest.min(wal::SNAPSHOT_PIECE_BYTES),
-            _ => rest,
-        };
-        let compaction = which == CHAIN_COMPACT;
-        let (len, _no, fail) = io.faults.plan_write(piece, compaction);
-        run.fail_injected = fail;
-        run.sync_ok = false;
-        // A shortened or failing (injected) write goes alone, as the kernel
-        // ends a chain after a real short or failed write.
-        let alone = len < piece || fail;
-        if matches!(run.chain, Chain::Append { .. }) {
-            // Recovery's torn-write window rests on this (wal::record).
-            assert!(
-                len > 0 && run.written + len - run.synced <= wal::record::APPEND_PIECE_BYTES,
-                "an append would leave {} bytes unsynced",
-                run.written + len - run.synced
-            );
-        }
-        let (fd, offset, renames) = match run.chain {
-            Chain::Append { offset } => (log_fd, offset + run.written as u64, false),
-            Chain::Rewrite => (temp_fd.expect("a temp file"), run.written as u64, true),
-            Chain::Snapshot => (temp_fd.expect("a temp file"), run.written as u64, false),
-            Chain::Finish { offset } => (
-                temp_fd.expect("a temp file"),
-                offset + run.written as u64,
-                true,
-            ),
-        };
-        let tag = ring_io::encode(op, 0, STEP_WRITE);
-        let mut lent = Lent::lend(run.buf.take_ours(), tag);
-        // SAFETY (pointer arithmetic): `written < len` of the allocation.
-        let ptr = unsafe { lent.mut_ptr().add(run.written) } as *const u8;
-        run.buf = Slot::Kernel(lent);
-        let link = io_uring::squeue::Flags::IO_LINK;
-        let write = opcode::Write::new(types::Fd(fd), ptr, len as u32)
-            .offset(offset)
-            .build()
-            .user_data(tag);
-        let sync = opcode::Fsync::new(types::Fd(fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build()
-            .user_data(ring_io::encode(op, 0, STEP_SYNC));
-        let mut sqes: [Option<io_uring::squeue::Entry>; 5] = [None, None, None, None, None];
-        if alone {
-            sqes[0] = Some(write);
-        } else if renames {
-            let paths = &io.files;
-            let rename = opcode::RenameAt::new(
-                types::Fd(libc::AT_FDCWD),
-                paths.temp_path.as_ptr(),
-                types::Fd(libc::AT_FDCWD),
-                paths.path_c.as_ptr(),
-            )
-            .build()
-            .flags(link)
-            .user_data(ring_io::encode(op, 0, STEP_RENAME));
-            let dir_sync = opcode::Fsync::new(types::Fd(dir_fd))
-                .build()
-                .user_data(ring_io::encode(op, 0, STEP_DIR_SYNC));
-            sqes = [
-                Some(write.flags(link)),
-                Some(sync.flags(link)),
-                Some(rename),
-                Some(dir_sync),
-                None,
-            ];
-        } else if let (Some(ts), Chain::Append { .. }) = (delay, run.chain) {
-            // Test-only (fault fsync_delay_ms): a timeout linked between the
-            // write and the fdatasync; ETIME counts as success.
-            let t = opcode::Timeout::new(ts)
-                .flags(types::TimeoutFlags::ETIME_SUCCESS)
-                .build()
-                .flags(link)
-                .user_data(ring_io::encode(op, 0, STEP_DELAY));
-            sqes = [Some(write.flags(link)), Some(t), Some(sync), None, None];
-        } else {
-            sqes = [Some(write.flags(link)), Some(sync), None, None, None];
-        }
-        let n = sqes.iter().filter(|e| e.is_some()).count();
-        run.ops_left = n as u32;
-        self.reserve_sq(n);
-        for sqe in sqes.into_iter().flatten() {
-            // SAFETY: the chain's buffer is `Lent` until the chain's last
-            // completion (on_chain_op reclaims it when ops_left reaches 0);
-            // paths are owned by LogFiles and the fault timespec by Faults,
-            // both for the server's whole life; fds stay open until the
-            // chain concludes (discard_temp runs only with no chain in
-            // flight on the temp file). A buffer taken back early panics
-            // in `Lent::reclaim` (another op's completion) or aborts on
-            // drop (buf.rs tests); tests/wal_crash.rs fails if a `+` leaves
-            // before this chain's write completed (kill -9 keeps only what
-            // was written; a missing fdatasync shows only after a power
-            // cut, which the simulator models for the shard's gate).
-            unsafe { self.push(sqe) };
-        }
-    }
-
-    /// Starts a growth step when an append ending at `end` passes half of
-    /// the zeros ahead of it: zeros over the next `prealloc_bytes` past
-    /// everything written or being written (so none can overwrite a
-    /// record), then fdatasync. Runs beside the appends; an append that
-    /// would reach into its range waits for it (`parked`).
-    fn maybe_grow(&mut self, end: u64) {
-        let io = self.log.as_mut().expect("a log");
-        if io.prealloc_bytes == 0
-            || io.grow.is_some()
-            || io.grow_off
-            || end + io.prealloc_bytes / 2 <= io.alloc_len
-        {
-            return;
-        }
-        // Aligned, for O_DIRECT: the start-up preallocation ends on the
-        // boundary, and past an append that outran the zeros, the bytes up
-        // to it lie in the block that append allocated.
-        let align = wal::PREALLOCATE_ALIGN;
-        let from = io.alloc_len.max(end).next_multiple_of(align);
-        // O_DIRECT: the zeros bypass the page cache. Written through it,
-        // they would be dirty pages of the log, and every append's
-        // fdatasync (which flushes the whole file) would wait for them. A
-        // file system without O_DIRECT gets buffered zeros.
-        let path = format!("/proc/self/fd/{}", io.files.fd());
-        let open = |flags| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(flags)
-                .open(&path)
-        };
-        let (zeros, file) = match wal::zeros().and_then(|z| {
-            let f = open(libc::O_DIRECT).or_else(|_| open(0))?;
-            Ok((z, f))
-        }) {
-            Ok(v) => v,
-            Err(e) => {
-                io.grow_off = true;
-                log!(
-                    Level::Warn,
-                    "wal_preallocate_failed",
-                    "path={} file=current op=reopen error=\"{}\" effect=appends_grow_the_file",
-                    crate::log::path(&io.files.path),
-                    e
-                );
-                return;
-            }
-        };
-        let len = io
-            .prealloc_bytes
-            .next_multiple_of(align)
-            .min(zeros.len() as u64);
-        let fd = file.as_raw_fd();
-        // The fallocate only asks for the space in one piece: a hard link,
-        // so the zeros are written even where it is not supported.
-        let alloc = opcode::Fallocate::new(types::Fd(fd), len)
-            .offset(from)
-            .build()
-            .flags(io_uring::squeue::Flags::IO_HARDLINK)
-            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_ALLOC));
-        let write = opcode::Write::new(types::Fd(fd), zeros.as_ptr(), len as u32)
-            .offset(from)
-            .build()
-            .flags(io_uring::squeue::Flags::IO_LINK)
-            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_WRITE));
-        let sync = opcode::Fsync::new(types::Fd(fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build()
-            .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_SYNC));
-        // Test-only (fault grow_delay_ms): a timeout before the zero write.
-        let delay = io.faults.grow_delay().map(|ts| {
-            opcode::Timeout::new(ts)
-                .flags(types::TimeoutFlags::ETIME_SUCCESS)
-                .build()
-                .flags(io_uring::squeue::Flags::IO_HARDLINK)
-                .user_data(ring_io::encode(Op::WalWrite, 0, STEP_GROW_DELAY))
-        });
-        let sqes = [Some(alloc), delay, Some(write), Some(sync)];
-        let n = sqes.iter().flatten().count();
-        io.grow = Some(Grow {
-            file,
-            from,
-            to: from + len,
-            generation: io.generation,
-            ops_left: n as u32,
-            error: None,
-            fail_injected: io.faults.plan_grow(),
-            started_us: now().mono_us,
-            append_waited: false,
-        });
-        self.reserve_sq(n);
-        for sqe in sqes.into_iter().flatten() {
-            // SAFETY: the zeros are a read-only mapping kept for the
-            // process's life (wal::zeros), so nothing writes them; the
-            // step's file stays open in `grow` until its last completion
-            // (on_grow_op) or is leaked when the loop stops (Drop); the
-            // fault timespec is owned by Faults for the server's life. A
-            // descriptor closed early could be reused by the next open and
-            // the linked zero write would land in that file;
-            // tests/wal_prealloc_crash.rs runs growth steps all the time
-            // (and delayed) under kill -9.
-            unsafe { self.push(sqe) };
-        }
-    }
-
-    fn on_grow_op(&mut self, step: u32, res: i32) {
-        let io = self.log.as_mut().expect("a growth step without a log");
-        let g = io
-            .grow
-            .as_mut()
-            .expect("a growth completion with none in flight");
-        match step {
-            // Advisory: the zero write decides.
-            STEP_GROW_ALLOC | STEP_GROW_DELAY => {}
-            STEP_GROW_WRITE => {
-                let res = if g.fail_injected { -libc::ENOSPC } else { res };
-                if res < 0 {
-                    g.error.get_or_insert(res);
-                } else if res as u64 != g.to - g.from {
-                    // Short: the link is broken, the fdatasync cancelled.
-                    g.error.get_or_insert(-libc::ENOSPC);
-                }
-            }
-            STEP_GROW_SYNC => {
-                if res < 0 {
-                    g.error.get_or_insert(res);
-                }
-            }
-            _ => panic!("unknown growth step {step}"),
-        }
-        g.ops_left -= 1;
-        if g.ops_left > 0 {
-            return;
-        }
-        let g = io.grow.take().expect("the step just concluded");
-        // A rewrite or compaction may have replaced the file meanwhile: the
-        // step's outcome then says nothing about the log file in use.
-        let current = g.generation == io.generation;
-        match g.error {
-            None if current => {
-                io.alloc_len = io.alloc_len.max(g.to);
-                log!(
-                    Level::Debug,
-                    "wal_grown",
-                    "path={} offset={} bytes={} duration_us={} append_waited={}",
-                    crate::log::path(&io.files.path),
-                    g.from,
-                    g.to - g.from,
-                    now().mono_us.saturating_sub(g.started_us),
-                    g.append_waited
-                );
-            }
-            None => {}
-            Some(e) => {
-                // Only a failure on the file in use turns growth off (for
-                // that file): the new file of a compaction must not lose
-                // its preallocation to its predecessor's failure.
-                if current {
-                    io.grow_off = true;
-                }
-                log!(
-                    Level::Warn,
-                    "wal_preallocate_failed",
-                    "path={} file={} offset={} bytes={} error=\"{}\" effect={}",
-                    crate::log::path(&io.files.path),
-                    if current { "current" } else { "replaced" },
-                    g.from,
-                    g.to - g.from,
-                    io::Error::from_raw_os_error(-e),
-                    if current {
-                        "appends_grow_the_file"
-                    } else {
-                        "none"
-                    }
-                );
-            }
-        }
-        drop(g.file);
-        if let Some((chain, buf)) = io.parked.take() {
-            self.start_chain(chain, buf);
-        }
-    }
-
-    fn on_chain_op(&mut self, which: u32, step: u32, res: i32) {
-        let io = self.log.as_mut().expect("log completion without a log");
-        let run = if which == CHAIN_RECORDS {
-            io.records.as_mut()
-        } else {
-            io.compact.as_mut()
-        }
-        .expect("a completion for a chain not in flight");
-        match step {
-            STEP_WRITE => {
-                let res = if run.fail_injected {
-                    -libc::ENOSPC
-                } else {
-                    res
-                };
-                if res < 0 {
-                    run.error.get_or_insert(res);
-                } else {
-                    run.written += res as usize;
-                }
-            }
-            STEP_SYNC => {
-                let res = if res == -libc::ECANCELED {
-                    res
-                } else {
-                    io.faults.fsync_result(res)
-                };
-                if res < 0 && res != -libc::ECANCELED {
-                    run.error.get_or_insert(res);
-                }
-                run.sync_ok = res >= 0;
-            }
-            STEP_RENAME => {
-                if res >= 0 {
-                    io.temp_renamed = true;
-                } else if res != -libc::ECANCELED {
-                    run.error.get_or_insert(res);
-                }
-            }
-            STEP_DIR_SYNC => {
-                if res < 0 && res != -libc::ECANCELED {
-                    run.error.get_or_insert(res);
-                }
-            }
-            STEP_DELAY => {}
-            _ => panic!("unknown log chain step {step}"),
-        }
-        run.ops_left -= 1;
-        if run.ops_left > 0 {
-            return;
-        }
-        let tag = ring_io::encode(
-            if which == CHAIN_RECORDS {
-                Op::WalWrite
-            } else {
-                Op::WalSync
-            },
-            0,
-            STEP_WRITE,
-        );
-        run.buf.reclaim(tag);
-        if run.sync_ok {
-            // The fdatasync ran after the chain's write completed, so it
-            // covers everything written so far.
-            run.synced = run.written;
-        }
-        if run.error.is_none() && run.written < run.len {
-            self.submit_chain(which);
-            return;
-        }
-        let run = if which == CHAIN_RECORDS {
-            io.records.take()
-        } else {
-            io.compact.take()
-        }
-        .expect("the chain just concluded");
-        let mut run = run;
-        let buf = run.buf.take_ours();
-        let result = match run.error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        };
-        match (run.chain, result) {
-            (Chain::Rewrite | Chain::Finish { .. }, Ok(())) => {
-                let new = io.temp.take().expect("the renamed temp file");
-                let old = std::mem::replace(&mut io.files.file, new);
-                io.temp_renamed = false;
-                // The replaced log; its name is gone.
-                wal::retire(old);
-                // The new file ends at its last record and is not
-                // preallocated: the next append starts its growth.
-                io.generation += 1;
-                io.alloc_len = match run.chain {
-                    Chain::Finish { offset } => offset + run.len as u64,
-                    _ => run.len as u64,
-                };
-                io.grow_off = false;
-            }
-            (Chain::Rewrite | Chain::Snapshot | Chain::Finish { .. }, Err(_)) => {
-                self.discard_temp()
-            }
-            _ => {}
-        }
-        self.shard.on_log_landed(run.chain, result, buf);
     }
 }

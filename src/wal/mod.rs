@@ -9,6 +9,7 @@
 //! any further `+`. See docs/wal.md.
 
 pub mod log;
+pub mod plan;
 pub mod record;
 mod refusal;
 pub mod set;
