@@ -274,7 +274,14 @@ impl Loop {
         };
         let link = io_uring::squeue::Flags::IO_LINK;
         let n = batch.len();
-        let mut sqes: Vec<io_uring::squeue::Entry> = Vec::with_capacity(5);
+        // At most the four steps and a fault's delay; no allocation per
+        // batch (tests/no_alloc.rs).
+        let mut sqes: [Option<io_uring::squeue::Entry>; 5] = Default::default();
+        let mut count = 0;
+        let mut put = |e: io_uring::squeue::Entry| {
+            sqes[count] = Some(e);
+            count += 1;
+        };
         for (i, step) in batch.steps().enumerate() {
             let ud = ring_io::encode(op, 0, step_code(step.kind()));
             let sqe = match step {
@@ -314,22 +321,20 @@ impl Loop {
                     .user_data(ud),
             };
             let last = i + 1 == n;
-            sqes.push(if last { sqe } else { sqe.flags(link) });
+            put(if last { sqe } else { sqe.flags(link) });
             if let (0, Some(ts)) = (i, delay) {
                 // Test-only (fault fsync_delay_ms): a timeout linked between
                 // the write and the fdatasync; ETIME counts as success.
-                sqes.push(
-                    opcode::Timeout::new(ts)
-                        .flags(types::TimeoutFlags::ETIME_SUCCESS)
-                        .build()
-                        .flags(link)
-                        .user_data(ring_io::encode(op, 0, STEP_DELAY)),
-                );
+                put(opcode::Timeout::new(ts)
+                    .flags(types::TimeoutFlags::ETIME_SUCCESS)
+                    .build()
+                    .flags(link)
+                    .user_data(ring_io::encode(op, 0, STEP_DELAY)));
             }
         }
-        io.extra_ops[s] = (sqes.len() - n) as u32;
-        self.reserve_sq(sqes.len());
-        for sqe in sqes {
+        io.extra_ops[s] = (count - n) as u32;
+        self.reserve_sq(count);
+        for sqe in sqes.into_iter().flatten() {
             // SAFETY: the chain's buffer is `Lent` until the batch's last
             // completion (on_chain_op reclaims it when the planner says
             // the batch is done); paths are owned by LogFiles and the fault

@@ -727,7 +727,7 @@ impl Loop {
             metrics,
             cqes: Vec::with_capacity(4096),
             cmds: Vec::with_capacity(1024),
-            landings: Vec::new(),
+            landings: Vec::with_capacity(2),
             closed: Vec::with_capacity(1024),
             stop_requested: false,
             mesh,
@@ -967,9 +967,14 @@ impl Loop {
                 self.shard.on_closed(token);
             }
             self.closed.clear();
-            for (chain, result, buf) in std::mem::take(&mut self.landings) {
+            // The list is kept (no allocation per landing): the shard
+            // starts no chain while it hears of one.
+            let mut landings = std::mem::take(&mut self.landings);
+            for (chain, result, buf) in landings.drain(..) {
                 self.shard.on_log_landed(chain, result, buf);
             }
+            debug_assert!(self.landings.is_empty());
+            self.landings = landings;
             if idle {
                 return;
             }
