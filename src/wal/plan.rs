@@ -297,7 +297,7 @@ impl Writer {
         piece_bytes: usize,
         snapshot_piece_bytes: usize,
     ) -> Writer {
-        assert!(piece_bytes >= 2 * SECTOR_BYTES, "a piece of whole sectors");
+        assert!(piece_bytes >= SECTOR_BYTES, "a piece of at least a sector");
         Writer {
             piece_bytes,
             snapshot_piece_bytes,

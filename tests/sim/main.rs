@@ -5,9 +5,15 @@
 //! - clients connect (one-shot or persistent), pipeline requests, send
 //!   garbage, half-close or reset at any moment; their bytes reach the
 //!   server split and coalesced arbitrarily;
-//! - sends, closes and log chains complete in any order the kernel may
+//! - sends, closes and log I/O complete in any order the kernel may
 //!   produce (per connection, bytes stay in order; a close follows the
 //!   connection's last send);
+//! - the log's writes are the real write planner's (`wal::plan::Writer`,
+//!   the one the driver runs, with smaller pieces and growth steps): the
+//!   disk model carries out its batches as linked SQEs complete (a short
+//!   write ends the link, the rest is cancelled), its growth steps (slow in
+//!   some worlds, so appends run into their range and must wait), and
+//!   reports every completion back to it;
 //! - log chains fail (EIO, ENOSPC, a failed fdatasync whose pages are then
 //!   lost, as after fsyncgate), and the machine crashes: every byte not
 //!   covered by a completed fdatasync is dropped, except a random prefix
@@ -26,7 +32,11 @@
 //! waiters of a key; in durable mode every `+` survives a crash and no
 //! acknowledged release is undone; a grant whose `+` could not be
 //! delivered is given back (no ghost holder at quiescence); connection
-//! slots, waiters and held replies return to zero.
+//! slots, waiters and held replies return to zero; the disk never holds
+//! more than a piece of the log unsynced; at rest, the log on the disk
+//! replays to the table the shard serves. The run fails unless the planner
+//! went through pieces, short writes, parked appends, growth steps and
+//! kills.
 //!
 //! `SIM_SEEDS=N` (default 150) seeds from `SIM_FIRST_SEED` (default 1),
 //! `SIM_STEPS=N` steps each (default 2500); `SIM_SEED=S` runs one seed.
@@ -46,6 +56,7 @@ use ringlock::metrics::Metrics;
 use ringlock::shard::conn::Port;
 use ringlock::shard::{Cmd, Shard};
 use ringlock::wal::log::{Chain, Log};
+use ringlock::wal::plan::{Batch, Files, Grow, Next, Step, Stream, Target, Writer};
 use ringlock::wal::record::MAGIC;
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma"];
@@ -143,9 +154,21 @@ struct SimConn {
 /// The log's preallocation (`--wal-preallocate-bytes`): smaller than the
 /// driver's default so that the model's whole-file sync images stay cheap;
 /// growth follows the driver's rule all the same.
-const PREALLOC: usize = 8 * 1024;
+const PREALLOC: usize = SECTOR;
 /// The unit a torn write loses: the scan's sector.
 const SECTOR: usize = ringlock::wal::record::SECTOR_BYTES;
+/// The planner's piece: at most this much of an append is ever unsynced.
+/// One sector (the driver's is 64 KiB), so that the simulator's appends
+/// of a few records are cut into pieces too, and short writes land inside
+/// them.
+const PIECE: usize = SECTOR;
+/// A snapshot's piece, each synced before the next.
+const SNAPSHOT_PIECE: usize = SECTOR;
+/// Growth steps' alignment: a sector (the driver's is 4 KiB, for
+/// O_DIRECT), so that steps are small and appends run into them.
+const ALIGN: u64 = SECTOR as u64;
+/// A write comes back short, per mille (durable worlds).
+const SHORT_WRITES: u64 = 100;
 
 #[derive(Clone, Default)]
 struct SimFile {
@@ -156,9 +179,6 @@ struct SimFile {
     /// A failed fdatasync: unsynced pages may be gone, and a later
     /// fdatasync reports success without making them durable.
     lost: bool,
-    /// Preallocated bytes (records, then synced zeros): the driver keeps
-    /// `PREALLOC` of zeros ahead of the log's records. 0 for temp files.
-    alloc: usize,
 }
 
 impl SimFile {
@@ -178,25 +198,41 @@ impl SimFile {
     fn preallocated(records: &[u8]) -> SimFile {
         let mut f = SimFile::default();
         f.write(0, records);
-        f.data.resize(records.len() + PREALLOC, 0);
-        f.alloc = f.data.len();
+        // Up to the alignment boundary, as wal::preallocate rounds.
+        f.data.resize(
+            (records.len() + PREALLOC).next_multiple_of(ALIGN as usize),
+            0,
+        );
         f.fsync();
         f
     }
-    /// Before an append ending at `end`: once it passes half of the zeros
-    /// ahead, the driver's growth step adds `PREALLOC` more. Modelled as
-    /// landed before the append (a crash within it leaves a prefix of
-    /// zeros, which the growth model of `crash_image` covers anyway).
-    fn grow_for(&mut self, end: usize) {
-        if self.alloc == 0 || end + PREALLOC / 2 <= self.alloc {
-            return;
+    /// A growth step: zeros over `[from, to)`, written past everything
+    /// and synced (O_DIRECT, then fdatasync of that range's blocks).
+    fn grow(&mut self, from: usize, to: usize) {
+        if self.data.len() < to {
+            self.data.resize(to, 0);
         }
-        let to = self.alloc.max(end) + PREALLOC;
-        self.data.resize(to.max(self.data.len()), 0);
+        self.data[from..to].fill(0);
         if self.synced.len() < to {
             self.synced.resize(to, 0);
         }
-        self.alloc = to;
+        self.synced[from..to].fill(0);
+    }
+    /// From the first byte the disk does not hold as the page cache does
+    /// to the last (growth past the synced length counts): what a power
+    /// cut could tear.
+    fn unsynced_span(&self) -> usize {
+        let n = self.data.len().min(self.synced.len());
+        let first = (0..n).find(|&i| self.data[i] != self.synced[i]);
+        let last = if self.data.len() > self.synced.len() {
+            Some(self.data.len() - 1)
+        } else {
+            (0..n).rev().find(|&i| self.data[i] != self.synced[i])
+        };
+        match (first.or((self.data.len() > n).then_some(n)), last) {
+            (Some(f), Some(l)) => l + 1 - f,
+            _ => 0,
+        }
     }
     /// What survives a crash: what the disk holds; unless pages were lost,
     /// each unsynced sector overwritten in place made it or not (any
@@ -224,123 +260,136 @@ impl SimFile {
     }
 }
 
-#[derive(Default)]
+/// The simulated disk and the driver's side of the log: the real write
+/// planner ([`Writer`]) decides every write, sync, rename and growth step,
+/// and the disk model carries them out, completing each linked batch as
+/// the kernel would (a failed or short step cancels the rest).
 struct Disk {
     log: SimFile,
     temp: Option<SimFile>,
     /// A rename not yet made durable by the directory fsync: the old log.
     rename_pending_old: Option<SimFile>,
-    /// Chains in flight, with their buffers.
-    inflight: Vec<(Chain, Vec<u8>)>,
+    /// Bumped by each rename over the log: a growth step started on an
+    /// older file writes its zeros there, not into the log in use.
+    log_gen: u64,
+    plan: Writer,
+    /// Each stream's chain: its buffer, and the batch submitted (taken by
+    /// the disk when it runs it).
+    streams: [Option<(Vec<u8>, Option<Batch>)>; 2],
+    /// The growth step in flight, the file generation it runs on, and how
+    /// many records batches must complete before it may (a long zero
+    /// write that appends overtake, in some worlds).
+    grow: Option<(Grow, u64, u32)>,
+    /// An append waiting for the growth step.
+    parked: Option<(Chain, Vec<u8>)>,
     /// Faults per mille.
     fault_rate: u64,
 }
 
-#[derive(Clone, Copy)]
-enum Step {
-    CreateTemp,
-    Write,
-    Sync,
-    Rename,
-    DirSync,
-}
-
-fn steps(chain: Chain) -> &'static [Step] {
-    use Step::*;
-    match chain {
-        Chain::Append { .. } => &[Write, Sync],
-        Chain::Rewrite => &[CreateTemp, Write, Sync, Rename, DirSync],
-        Chain::Snapshot => &[CreateTemp, Write, Sync],
-        Chain::Finish { .. } => &[Write, Sync, Rename, DirSync],
-    }
+/// The planner of a log of `records` bytes preallocated at start-up, as
+/// the driver builds it, with the simulator's small pieces.
+fn planner(records: u64) -> Writer {
+    Writer::new(
+        records,
+        (records + PREALLOC as u64).next_multiple_of(ALIGN),
+        PREALLOC as u64,
+        ALIGN,
+        PIECE,
+        SNAPSHOT_PIECE,
+    )
 }
 
 impl Disk {
-    /// Runs the first `upto` steps of a chain; with `fault`, one step fails.
-    fn run(
+    fn new(log: SimFile, records: u64, fault_rate: u64) -> Disk {
+        Disk {
+            log,
+            temp: None,
+            rename_pending_old: None,
+            log_gen: 0,
+            plan: planner(records),
+            streams: [None, None],
+            grow: None,
+            parked: None,
+            fault_rate,
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.streams.iter().any(|s| s.is_some()) || self.grow.is_some() || self.parked.is_some()
+    }
+
+    /// Runs one step on the disk (no completion is reported): `Err` when
+    /// it fails, `Ok(n)` with the bytes of a write (maybe short).
+    fn run_step(
         &mut self,
-        chain: Chain,
+        step: Step,
         buf: &[u8],
-        upto: usize,
+        fail: bool,
+        short: bool,
         rng: &mut Rng,
-        fault: bool,
-    ) -> Result<(), i32> {
-        let all = steps(chain);
-        let failing = if fault {
-            Some(rng.below(all.len() as u64) as usize)
-        } else {
-            None
-        };
-        for (i, step) in all.iter().take(upto).enumerate() {
-            let fail = failing == Some(i);
-            match step {
-                Step::CreateTemp => {
-                    if fail {
-                        return Err(-libc::ENOSPC);
-                    }
-                    self.temp = Some(SimFile::default());
+    ) -> Result<usize, i32> {
+        match step {
+            Step::Write {
+                target,
+                offset,
+                at,
+                len,
+            } => {
+                let file = match target {
+                    Target::Log => &mut self.log,
+                    Target::Temp => self.temp.as_mut().expect("a temp file"),
+                };
+                let bytes = &buf[at..at + len];
+                if fail {
+                    // Part of it may reach the page cache.
+                    let part = rng.below(len as u64 + 1) as usize;
+                    file.write(offset as usize, &bytes[..part]);
+                    return Err(if rng.chance(500) {
+                        -libc::EIO
+                    } else {
+                        -libc::ENOSPC
+                    });
                 }
-                Step::Write => {
-                    let (file, off) = match chain {
-                        Chain::Append { offset } => {
-                            // The driver leaves at most a piece of an
-                            // append unsynced; the model writes it whole.
-                            assert!(
-                                buf.len() <= ringlock::wal::record::APPEND_PIECE_BYTES,
-                                "an append larger than a piece: model its pieces"
-                            );
-                            self.log.grow_for(offset as usize + buf.len());
-                            (&mut self.log, offset as usize)
-                        }
-                        Chain::Rewrite | Chain::Snapshot => (self.temp.as_mut().expect("temp"), 0),
-                        Chain::Finish { offset } => {
-                            (self.temp.as_mut().expect("temp"), offset as usize)
-                        }
-                    };
-                    if fail {
-                        // Part of it may reach the page cache.
-                        let part = rng.below(buf.len() as u64 + 1) as usize;
-                        file.write(off, &buf[..part]);
-                        return Err(if rng.chance(500) {
-                            -libc::EIO
-                        } else {
-                            -libc::ENOSPC
-                        });
-                    }
-                    file.write(off, buf);
+                let n = if short && len > 1 {
+                    1 + rng.below(len as u64 - 1) as usize
+                } else {
+                    len
+                };
+                file.write(offset as usize, &bytes[..n]);
+                Ok(n)
+            }
+            Step::Sync { target } => {
+                let file = match target {
+                    Target::Log => &mut self.log,
+                    Target::Temp => self.temp.as_mut().expect("a temp file"),
+                };
+                if fail {
+                    file.lost = true;
+                    return Err(-libc::EIO);
                 }
-                Step::Sync => {
-                    let file = match chain {
-                        Chain::Append { .. } => &mut self.log,
-                        _ => self.temp.as_mut().expect("temp"),
-                    };
-                    if fail {
-                        file.lost = true;
-                        return Err(-libc::EIO);
-                    }
-                    file.fsync();
+                file.fsync();
+                Ok(0)
+            }
+            Step::Rename => {
+                if fail {
+                    return Err(-libc::EIO);
                 }
-                Step::Rename => {
-                    if fail {
-                        return Err(-libc::EIO);
-                    }
-                    let mut new = self.temp.take().expect("temp to rename");
-                    // The driver grows a new log from its end on.
-                    new.alloc = new.data.len();
-                    let old = std::mem::replace(&mut self.log, new);
-                    if self.rename_pending_old.is_none() {
-                        self.rename_pending_old = Some(old);
-                    }
+                let new = self.temp.take().expect("a temp file to rename");
+                let old = std::mem::replace(&mut self.log, new);
+                self.log_gen += 1;
+                if self.rename_pending_old.is_none() {
+                    self.rename_pending_old = Some(old);
                 }
-                Step::DirSync => {
-                    if fail {
-                        return Err(-libc::EIO);
-                    }
-                    self.rename_pending_old = None;
+                Ok(0)
+            }
+            Step::SyncDir => {
+                if fail {
+                    return Err(-libc::EIO);
                 }
+                self.rename_pending_old = None;
+                Ok(0)
             }
         }
-        Ok(())
     }
 }
 
@@ -372,6 +421,11 @@ struct World {
     holders: Vec<Option<Token>>,
     log_was_broken: bool,
     crashes: u64,
+    /// What the planner was driven through (summed over seeds, so the run
+    /// is shown to exercise it).
+    seen: Seen,
+    /// Winding down (quiesce): a slow growth step lands at last.
+    draining: bool,
     grants: u64,
     trace: bool,
 }
@@ -430,14 +484,12 @@ impl World {
             max_keys: config().max_keys,
             max_waiters: config().max_waiters,
         });
-        let mut disk = Disk {
-            fault_rate: if durable && rng.chance(700) {
-                20 + rng.below(60)
-            } else {
-                0
-            },
-            ..Default::default()
+        let fault_rate = if durable && rng.chance(700) {
+            20 + rng.below(60)
+        } else {
+            0
         };
+        let mut disk = Disk::new(SimFile::default(), MAGIC.len() as u64, fault_rate);
         // From the seed, not the generator, so every other draw of a seed
         // stays as it was.
         let compact_floor = if seed.is_multiple_of(3) {
@@ -489,6 +541,8 @@ impl World {
             holders: vec![None; KEYS.len()],
             log_was_broken: false,
             crashes: 0,
+            seen: Seen::default(),
+            draining: false,
             grants: 0,
             trace: std::env::var_os("SIM_TRACE").is_some(),
         }
@@ -877,27 +931,185 @@ impl World {
         self.shard.on_closed(token);
     }
 
+    /// A log chain from the shard: the planner decides what reaches the
+    /// disk.
+    fn log_cmd(&mut self, chain: Chain, buf: Vec<u8>) {
+        let (grow, next) = self.disk.plan.start(chain, buf.len(), self.now.mono_us);
+        if let Some(g) = grow {
+            // In half the worlds the zeros take long: appends run into
+            // their range and wait (parked); in a quarter they land only
+            // once an append waits for them (or the world winds down).
+            let overtaken = match self.seed % 4 {
+                0 => u32::MAX,
+                2 => self.rng.below(200) as u32,
+                _ => 0,
+            };
+            self.disk.grow = Some((g, self.disk.log_gen, overtaken));
+        }
+        match next {
+            Next::Parked => {
+                self.seen.parked += 1;
+                assert!(self.disk.parked.is_none(), "two parked appends");
+                self.disk.parked = Some((chain, buf));
+            }
+            next => {
+                let stream = Stream::of(chain);
+                self.disk.streams[stream as usize] = Some((buf, None));
+                self.follow(stream, next);
+            }
+        }
+    }
+
+    /// Does what the planner said next for `stream` (the driver's part).
+    fn follow(&mut self, stream: Stream, next: Next) {
+        match next {
+            Next::Pending => {}
+            Next::Parked => unreachable!("only a start parks"),
+            Next::Submit(batch) => {
+                self.disk.plan.submitted(&batch);
+                let chain = self.disk.streams[stream as usize]
+                    .as_mut()
+                    .expect("a chain to submit");
+                chain.1 = Some(batch);
+            }
+            Next::OpenTemp => {
+                let result = if self.rng.chance(self.disk.fault_rate) {
+                    Err(-libc::ENOSPC)
+                } else {
+                    self.disk.temp = Some(SimFile::default());
+                    Ok(())
+                };
+                let next = self.disk.plan.temp_opened(stream, result);
+                self.follow(stream, next);
+            }
+            Next::Landed(l) => {
+                let (buf, _) = self.disk.streams[stream as usize]
+                    .take()
+                    .expect("a landed chain");
+                match l.files {
+                    // The rename already moved the file on the disk.
+                    Files::Unchanged | Files::Replaced => {}
+                    Files::DiscardTemp { renamed } => {
+                        if !renamed {
+                            self.disk.temp = None;
+                        }
+                        self.disk.plan.temp_discarded();
+                    }
+                }
+                self.t(|| format!("disk: {:?} {} bytes -> {:?}", l.chain, buf.len(), l.result));
+                self.shard.on_log_landed(l.chain, l.result, buf);
+            }
+        }
+    }
+
+    /// Completes one submitted batch or the growth step, in any order the
+    /// kernel may produce.
     fn disk_step(&mut self) {
-        if self.disk.inflight.is_empty() {
+        let ready: Vec<usize> = (0..2)
+            .filter(|&s| matches!(self.disk.streams[s], Some((_, Some(_)))))
+            .collect();
+        let grow_ready = matches!(self.disk.grow, Some((_, _, 0)))
+            // Nothing else can land: the appends wait for it, or the
+            // world is winding down.
+            || (ready.is_empty() && (self.disk.parked.is_some() || self.disk.fault_rate == 0 && self.draining));
+        if ready.is_empty() && !grow_ready {
             return;
         }
-        let i = self.rng.below(self.disk.inflight.len() as u64) as usize;
-        let (chain, buf) = self.disk.inflight.remove(i);
-        let fault = self.rng.chance(self.disk.fault_rate);
-        let all = steps(chain).len();
-        let result = self.disk.run(chain, &buf, all, &mut self.rng, fault);
-        if result.is_err()
-            && matches!(
-                chain,
-                Chain::Rewrite | Chain::Snapshot | Chain::Finish { .. }
-            )
-        {
-            // The driver discards the temp file of a failed chain (unless it
-            // was renamed over the log).
-            self.disk.temp = None;
+        let pick = self.rng.below(ready.len() as u64 + grow_ready as u64) as usize;
+        if pick == ready.len() {
+            let Some((g, gen, _)) = self.disk.grow.take() else {
+                return;
+            };
+            let result = if self.rng.chance(self.disk.fault_rate) {
+                Err(-libc::ENOSPC)
+            } else {
+                if gen == self.disk.log_gen {
+                    self.disk
+                        .log
+                        .grow(g.from as usize, (g.from + g.len) as usize);
+                }
+                Ok(())
+            };
+            let (outcome, unpark) = self.disk.plan.grown(result, self.now.mono_us);
+            if matches!(outcome, ringlock::wal::plan::Grown::Done { .. }) {
+                self.seen.grown += 1;
+            }
+            self.t(|| format!("disk: growth {g:?} -> {outcome:?}"));
+            if unpark {
+                let (chain, buf) = self.disk.parked.take().expect("the parked append");
+                self.log_cmd(chain, buf);
+            }
+            return;
         }
-        self.t(|| format!("disk: {chain:?} {} bytes -> {result:?}", buf.len()));
-        self.shard.on_log_landed(chain, result, buf);
+        let stream = if ready[pick] == 0 {
+            Stream::Records
+        } else {
+            Stream::Compact
+        };
+        let (buf, batch) = self.disk.streams[stream as usize]
+            .as_mut()
+            .expect("a chain");
+        let batch = batch.take().expect("a batch");
+        let buf = std::mem::take(buf);
+        let fault = self.rng.chance(self.disk.fault_rate);
+        let failing = fault.then(|| self.rng.below(batch.len() as u64) as usize);
+        let mut cancelled = false;
+        let mut next = Next::Pending;
+        for (i, step) in batch.steps().enumerate() {
+            let res = if cancelled {
+                -libc::ECANCELED
+            } else {
+                let short = self.rng.chance(SHORT_WRITES);
+                match self
+                    .disk
+                    .run_step(step, &buf, failing == Some(i), short, &mut self.rng)
+                {
+                    Ok(n) => {
+                        if let Step::Write { len, .. } = step {
+                            // A short write ends the link, as the kernel does.
+                            cancelled = n < len;
+                            self.seen.short_writes += cancelled as u64;
+                        }
+                        if let Step::Write {
+                            target: Target::Log,
+                            ..
+                        } = step
+                        {
+                            self.check_unsynced();
+                        }
+                        n as i32
+                    }
+                    Err(e) => {
+                        cancelled = true;
+                        e
+                    }
+                }
+            };
+            next = self.disk.plan.completed(stream, step.kind(), res);
+        }
+        self.disk.streams[stream as usize]
+            .as_mut()
+            .expect("the chain")
+            .0 = buf;
+        self.seen.resumed += matches!(next, Next::Submit(_)) as u64;
+        if let (Stream::Records, Some((_, _, n))) = (stream, self.disk.grow.as_mut()) {
+            *n = n.saturating_sub(1);
+        }
+        self.follow(stream, next);
+    }
+
+    /// The disk never holds more than a piece of the log unsynced: what a
+    /// power cut can tear, which recovery's torn-write rule rests on.
+    fn check_unsynced(&self) {
+        if self.disk.log.lost {
+            return;
+        }
+        let span = self.disk.log.unsynced_span();
+        if span > PIECE {
+            self.fail(format!(
+                "{span} bytes of the log unsynced at once (a piece is {PIECE})"
+            ));
+        }
     }
 
     /// Runs the shard's commands (the driver's contract).
@@ -930,9 +1142,14 @@ impl World {
                     }
                     Cmd::Log { chain, buf } => {
                         assert!(self.durable, "a log chain in memory mode");
-                        self.disk.inflight.push((chain, buf));
+                        self.log_cmd(chain, buf);
                     }
-                    Cmd::DiscardTemp => self.disk.temp = None,
+                    Cmd::DiscardTemp => {
+                        if !self.disk.plan.temp_renamed() {
+                            self.disk.temp = None;
+                        }
+                        self.disk.plan.temp_discarded();
+                    }
                     Cmd::Farewell(_) => {}
                     // One shard: a scatter is this shard's alone.
                     Cmd::Scatter { id, op } => self.shard.on_remote(0, id, op),
@@ -958,17 +1175,32 @@ impl World {
 
     fn crash(&mut self) {
         self.crashes += 1;
-        // Chains in flight got part of the way.
-        let inflight = std::mem::take(&mut self.disk.inflight);
-        for (chain, buf) in &inflight {
-            let upto = self.rng.below(steps(*chain).len() as u64 + 1) as usize;
-            let _ = self.disk.run(*chain, buf, upto, &mut self.rng, false);
+        // Batches in flight got part of the way, and so did a growth step.
+        for s in 0..2 {
+            if let Some((buf, Some(batch))) = self.disk.streams[s].take() {
+                let upto = self.rng.below(batch.len() as u64 + 1) as usize;
+                for step in batch.steps().take(upto) {
+                    if let Ok(n) = self.disk.run_step(step, &buf, false, false, &mut self.rng) {
+                        if matches!(step, Step::Write { len, .. } if n < len) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((g, gen, _)) = self.disk.grow.take() {
+            if gen == self.disk.log_gen && self.rng.chance(500) {
+                self.disk
+                    .log
+                    .grow(g.from as usize, (g.from + g.len) as usize);
+            }
         }
         // A kill -9 of the process (the page cache survives, and with it
         // every write, synced or not, and every rename) or a power cut
         // (only what the disk holds). Not a kill after a failed fdatasync:
         // the page cache may then hold pages the disk lost for good.
         let kill = !self.disk.log.lost && self.rng.chance(300);
+        self.seen.kills += kill as u64;
         let file = match self.disk.rename_pending_old.take() {
             Some(old) if !kill && self.rng.chance(500) => old,
             _ => std::mem::take(&mut self.disk.log),
@@ -1035,11 +1267,7 @@ impl World {
             SimFile::preallocated(&image[..valid as usize])
         };
         let file_len = valid.max(MAGIC.len() as u64);
-        self.disk = Disk {
-            log,
-            fault_rate: self.disk.fault_rate,
-            ..Default::default()
-        };
+        self.disk = Disk::new(log, file_len, self.disk.fault_rate);
         // Clients read what reached their sockets; in-flight sends are lost.
         for c in 0..CLIENTS {
             if let Some(conn) = self.clients[c].conn {
@@ -1234,7 +1462,7 @@ impl World {
                     }
                 }
             }
-            let busy = self.conns.iter().any(|c| !c.closed) || !self.disk.inflight.is_empty();
+            let busy = self.conns.iter().any(|c| !c.closed) || self.disk.busy();
             if !busy && self.clients.iter().all(|c| c.conn.is_none()) {
                 break;
             }
@@ -1248,6 +1476,7 @@ impl World {
             self.close_step();
             // The disk heals: quiescence must come.
             self.disk.fault_rate = 0;
+            self.draining = true;
             self.disk_step();
             self.execute();
         }
@@ -1255,6 +1484,30 @@ impl World {
             self.fail("connections never closed".into());
         }
         self.shard.check_invariants();
+        // At rest everything answered is durable: what the disk holds
+        // replays to the table the shard serves (unless a failed fdatasync
+        // lost pages, after which the log was rewritten, not trusted).
+        if self.durable && !self.disk.log.lost && !self.disk.busy() {
+            let mut table = Table::new(Limits {
+                max_keys: config().max_keys,
+                max_waiters: config().max_waiters,
+            });
+            let image = self.disk.log.synced.clone();
+            if let Err(e) = ringlock::wal::replay(&image, "sim.log", &mut table, None, self.now) {
+                self.fail(format!("at rest, the disk's log does not replay: {e}"));
+            }
+            for key in KEYS {
+                let (a, b) = (self.shard.table().holder_of(key), table.holder_of(key));
+                if a.map(|h| h.grant_id) != b.map(|h| h.grant_id) {
+                    self.fail(format!(
+                        "at rest the shard holds {} as {:?}, but its log on the disk replays {:?}",
+                        String::from_utf8_lossy(key),
+                        a,
+                        b
+                    ));
+                }
+            }
+        }
         assert_eq!(
             self.shard.open_connections(),
             0,
@@ -1306,14 +1559,35 @@ impl World {
     }
 }
 
-fn run(seed: u64, steps: u64) -> (bool, u64, u64) {
+/// Counts of what the write planner went through.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    /// Batches after a chain's first: further pieces, resumed short writes.
+    resumed: u64,
+    short_writes: u64,
+    parked: u64,
+    grown: u64,
+    kills: u64,
+}
+
+impl Seen {
+    fn add(&mut self, o: Seen) {
+        self.resumed += o.resumed;
+        self.short_writes += o.short_writes;
+        self.parked += o.parked;
+        self.grown += o.grown;
+        self.kills += o.kills;
+    }
+}
+
+fn run(seed: u64, steps: u64) -> (bool, u64, u64, Seen) {
     ringlock::log::set_level(ringlock::log::Level::Error);
     let mut w = World::new(seed);
     for _ in 0..steps {
         w.step();
     }
     w.quiesce();
-    (w.durable, w.crashes, w.grants)
+    (w.durable, w.crashes, w.grants, w.seen)
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -1334,13 +1608,15 @@ fn simulated_shard_keeps_every_invariant() {
         }
     };
     let (mut durable, mut crashes, mut grants) = (0, 0, 0);
+    let mut seen = Seen::default();
     for &seed in &seeds {
         let r = std::panic::catch_unwind(|| run(seed, steps));
         match r {
-            Ok((d, c, g)) => {
+            Ok((d, c, g, s)) => {
                 durable += d as u64;
                 crashes += c;
                 grants += g;
+                seen.add(s);
             }
             Err(e) => {
                 let msg = e
@@ -1355,7 +1631,7 @@ fn simulated_shard_keeps_every_invariant() {
         }
     }
     eprintln!(
-        "{} seeds x {steps} steps: {durable} durable, {crashes} crashes, {grants} grants seen by clients",
+        "{} seeds x {steps} steps: {durable} durable, {crashes} crashes, {grants} grants seen by clients; planner: {seen:?}",
         seeds.len()
     );
     // The run exercised what it checks.
@@ -1365,5 +1641,13 @@ fn simulated_shard_keeps_every_invariant() {
     );
     if seeds.len() >= 20 {
         assert!(durable > 0 && crashes > 0, "no durable run or no crash");
+        assert!(
+            seen.resumed > 0
+                && seen.short_writes > 0
+                && seen.parked > 0
+                && seen.grown > 0
+                && seen.kills > 0,
+            "the write planner was not driven through pieces, short writes, parked appends, growth and kills: {seen:?}"
+        );
     }
 }
