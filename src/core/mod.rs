@@ -4,7 +4,11 @@ pub mod budget;
 pub mod endpoint;
 pub mod list;
 pub mod name;
+// CRC32C comes with the server: the client alone routes nothing.
+#[cfg(feature = "server")]
+pub mod route;
 pub mod table;
+pub mod types;
 
 pub use budget::Budget;
 pub use endpoint::Endpoint;

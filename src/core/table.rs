@@ -42,7 +42,7 @@ use super::budget::Budget;
 use super::endpoint::Endpoint;
 use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef};
-pub use crate::protocol::session::HoldMode;
+pub use super::types::{HoldMode, Limits};
 
 /// Opaque connection token chosen by the caller (the event loop).
 pub type Token = u64;
@@ -357,13 +357,6 @@ struct SourceEntry {
     hash: u32,
     held: List,
     waiting: List,
-}
-
-/// Capacity of the table.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub max_keys: usize,
-    pub max_waiters: usize,
 }
 
 /// One held key as listed by the admin `KEYS` command.
