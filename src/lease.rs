@@ -2,9 +2,11 @@
 //!
 //! A program written against this module switches backends by changing an
 //! address, not its code: `ringlock::mysql::Locker` (MySQL/MariaDB
-//! `GET_LOCK`, cargo feature `mysql`) and [`crate::client::Session`] (a
+//! `GET_LOCK`, cargo feature `mysql`) and `ringlock::client::Session` (a
 //! `ringlockd` session, with fencing tokens and leases) both implement
-//! [`Locker`] and hand out the same [`Lease`] type.
+//! [`Locker`] and hand out the same [`Lease`] type; `ringlock::backend::connect`
+//! picks one by address. This module is below both backends and imports
+//! neither.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -73,15 +75,16 @@
 //! [`Error::DeadlineExceeded`], never as [`Error::Timeout`], which means
 //! only "the backend's own wait ended: someone else holds the lock".
 //!
-//! This module is std only (the token is the crate's own, shared with
-//! [`crate::client`]); it builds without any optional feature.
+//! This module is std only (the token is the crate's own, shared with the
+//! Locking-Center client `ringlock::client`); it builds without any
+//! optional feature.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-pub use crate::client::CancelToken;
+pub use crate::cancel::CancelToken;
 
 /// The underlying error of a failure, shared so that [`Error`] is `Clone`.
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -661,30 +664,6 @@ impl PendingLoss {
     pub fn lost(&self) -> &LostLock {
         &self.lost
     }
-}
-
-/// A [`Locker`] for an address, so that moving a program between backends
-/// is a change of address, not of code: `mysql://USER[:PASSWORD]@HOST[:PORT]`
-/// is the MySQL/MariaDB backend (cargo feature `mysql`; the password may
-/// also come from the environment, see `ringlock::mysql`), anything else a
-/// `ringlockd` session (`HOST`, `HOST:PORT`, `[IPV6]:PORT`) with default
-/// options. For options (source, keep-alive, auth token, pool sizes) build
-/// the backend itself: [`crate::client::Session::builder`],
-/// `ringlock::mysql::Locker`.
-pub fn connect(addr: &str) -> Result<Box<dyn Locker>> {
-    if crate::mysql::is_mysql_addr(addr) {
-        #[cfg(feature = "mysql")]
-        {
-            let l = crate::mysql::Locker::from_url(addr)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            return Ok(Box::new(l));
-        }
-        #[cfg(not(feature = "mysql"))]
-        return Err(Error::InvalidArgument(format!(
-            "{addr}: this build has no MySQL backend (cargo feature `mysql`)"
-        )));
-    }
-    Ok(Box::new(crate::client::Session::builder(addr).connect()?))
 }
 
 #[cfg(test)]

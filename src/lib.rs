@@ -46,10 +46,20 @@
 //! # Architecture of the server
 //!
 //! ## Layers (one folder per concern, pure at the bottom, I/O at the edge)
-//! 1. [`protocol`]: wire codecs of the lock port and the admin port (pure).
-//! 2. [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
-//!    slabs, a per-source index. `operation(now) → effects`, no syscalls,
-//!    no clock reads.
+//! Low to high; a module imports only from its own layer or lower ones,
+//! and no two files import each other.
+//! 0. Leaves, which import nothing above them: [`config`] (every limit and
+//!    default), [`mod@log`] (the structured log), [`metrics`]
+//!    (atomics-only registry and its HTTP thread), [`fence`] (the protected
+//!    resource's side of fencing tokens) and the cancel token that
+//!    [`lease`] and [`client`] re-export.
+//! 1. [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
+//!    slabs, a per-source index — with its contract types
+//!    ([`core::HoldMode`], [`core::HeldKey`], ...) and the key → shard
+//!    routing ([`core::route::owner`]). `operation(now) → effects`, no
+//!    syscalls, no clock reads.
+//! 2. [`protocol`]: wire codecs of the lock port, the session protocol and
+//!    the admin port (pure), over core's types.
 //! 3. [`wal`]: the write-ahead log — record format and group-commit /
 //!    compaction bookkeeping (pure), recovery replay over bytes (pure), and
 //!    the one start-up function that opens and maps the file.
@@ -61,12 +71,13 @@
 //! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`
 //!    I/O; owns every fd and every buffer lent to the kernel ([`io`] holds
 //!    the `user_data` encoding).
-//! 6. the binaries (`ringlockd`, `ringlock`), plus [`client`] (blocking,
-//!    std-only client library), [`lease`] (the lock API every backend
-//!    shares: `Locker`, `Lease`, the lost-lock handler), [`fence`] (the
-//!    protected resource's side of fencing tokens), [`mysql`] (that API
-//!    over MySQL/MariaDB `GET_LOCK`, cargo feature `mysql`), [`metrics`] (atomics-only registry and its
-//!    HTTP thread), [`config`] (every limit and default) and [`mod@log`].
+//! 6. The client side, beside the server's layers (it uses only
+//!    [`protocol`]'s codecs and the leaves): [`lease`] (the lock API every
+//!    backend shares: `Locker`, `Lease`, the lost-lock handler), below its
+//!    backends [`client`] (blocking, std-only client library and session
+//!    client) and [`mysql`] (that API over MySQL/MariaDB `GET_LOCK`, cargo
+//!    feature `mysql`), below [`backend`] (a `Locker` picked by address).
+//! 7. The binaries (`ringlockd`, `ringlock`) on top.
 //!
 //! ## The tick (see [`driver`] and [`shard`])
 //! `submit_and_wait` (at most a heartbeat interval) → drain all CQEs into a
@@ -98,6 +109,8 @@
 // Without the server modules, the architecture section's links dangle.
 #![cfg_attr(not(feature = "server"), allow(rustdoc::broken_intra_doc_links))]
 
+pub mod backend;
+mod cancel;
 pub mod client;
 pub mod config;
 pub mod core;

@@ -593,8 +593,8 @@ fn one_api_for_both_backends_is_a_change_of_address() {
     use ringlock::lease::{self, Locker};
     let srv = start(&[]);
     let addr = srv.lock_addr.to_string();
-    let a: Box<dyn Locker> = lease::connect(&addr).expect("a ringlockd session");
-    let b: Box<dyn Locker> = lease::connect(&addr).expect("another session");
+    let a: Box<dyn Locker> = ringlock::backend::connect(&addr).expect("a ringlockd session");
+    let b: Box<dyn Locker> = ringlock::backend::connect(&addr).expect("another session");
     let l = a.try_lock("shared-api").expect("try").expect("free");
     assert!(
         l.token().is_some(),
@@ -607,7 +607,7 @@ fn one_api_for_both_backends_is_a_change_of_address() {
     // A mysql:// address picks the MySQL backend (or says the build has
     // none): never a ringlockd session.
     let mysql_built = std::hint::black_box(ringlock::mysql::ENABLED);
-    match lease::connect("mysql://nobody@127.0.0.1:1") {
+    match ringlock::backend::connect("mysql://nobody@127.0.0.1:1") {
         Err(lease::Error::InvalidArgument(msg)) if !mysql_built => {
             assert!(msg.contains("feature"), "{msg}")
         }

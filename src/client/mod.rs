@@ -67,8 +67,8 @@ mod retry;
 pub mod session;
 mod wire;
 
+pub use crate::cancel::CancelToken;
 pub use addr::ToServerAddrs;
-pub use conn::CancelToken;
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use retry::RetryPolicy;

@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use super::table::Limits;
+use super::types::Limits;
 
 /// A count on its own cache line: shards take from the two counts
 /// independently.

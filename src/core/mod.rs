@@ -1,15 +1,22 @@
-//! The lock core: IO-free, deterministic state (see [`table`]).
+//! The lock core: IO-free, deterministic state (see [`table`]); its
+//! contract types are in [`types`].
 
 pub mod budget;
 pub mod endpoint;
+pub mod index;
 pub mod list;
 pub mod name;
+// CRC32C comes with the server: the client alone routes nothing.
+#[cfg(feature = "server")]
+pub mod route;
 pub mod table;
+pub mod types;
 
 pub use budget::Budget;
 pub use endpoint::Endpoint;
 pub use name::{Arena, Name, NameRef, NAME_MAX};
-pub use table::{
+pub use table::Table;
+pub use types::{
     Checked, Effect, Effects, Extended, Grant, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
-    LockOpts, Now, ReleaseCause, Reply, Table, Token, NO_CONN,
+    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN,
 };

@@ -21,6 +21,7 @@
 //!   released by mistake.
 //! - Every key's and every source's bytes are stored once, in the table's
 //!   [`Arena`]; entries name them by a 4-byte [`NameRef`], and each index
+//!   ([`NameIndex`], one for keys, one for sources)
 //!   holds `(32-bit hash, slot)` pairs. An index entry exists iff its slab
 //!   entry does, and every arena name belongs to exactly one live key or
 //!   source entry (`check_invariants`).
@@ -32,22 +33,19 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::BuildHasher;
 use std::net::SocketAddr;
 
-use hashbrown::hash_table::{Entry, HashTable};
 use slab::Slab;
 
 use super::budget::Budget;
 use super::endpoint::Endpoint;
+use super::index::{Found, NameIndex};
 use super::list::{Link, Linked, List, NIL};
-use super::name::{Arena, Name, NameRef};
-pub use crate::protocol::session::HoldMode;
-
-/// Opaque connection token chosen by the caller (the event loop).
-pub type Token = u64;
-/// Token used for holders restored from the log: no connection.
-pub const NO_CONN: Token = 0;
+use super::name::{Arena, Name, NameRef, NAME_MAX};
+use super::types::{
+    Checked, Effect, Effects, Extended, Grant, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
+    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN,
+};
 
 // Link slots.
 const W_KEY: usize = 0; // waiter on its key's queue
@@ -57,134 +55,6 @@ const K_AGE: usize = 1; // held key on the table's grant-order list
 const W_OWN: usize = 2; // waiter on its session's waiting list
 const K_OWN: usize = 2; // held key on its session's held list
 
-/// Time as seen by the caller.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Now {
-    /// Monotonic microseconds (for waits and hold durations).
-    pub mono_us: u64,
-    /// Wall clock, Unix milliseconds (shown to operators).
-    pub unix_ms: u64,
-}
-
-/// The one-byte answers of the Locking-Center protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// `+`
-    Ok,
-    /// `#` — TryLock found the key held.
-    Busy,
-    /// `-`: a capacity limit refused the request.
-    Limit,
-    /// `-`: a queued request withdrawn by a ResetBySource of its source.
-    Withdrawn,
-    /// A queued request whose server-side wait deadline passed (sessions
-    /// only; a Locking-Center Lock has no deadline).
-    TimedOut,
-    /// A queued request withdrawn by its session's Cancel.
-    Cancelled,
-}
-
-impl Reply {
-    /// The Locking-Center answer byte.
-    pub fn byte(self) -> u8 {
-        match self {
-            Reply::Ok => b'+',
-            Reply::Busy => b'#',
-            Reply::Limit | Reply::Withdrawn | Reply::TimedOut | Reply::Cancelled => b'-',
-        }
-    }
-}
-
-/// Everything a grant record needs, by value.
-#[derive(Clone, Copy, Debug)]
-pub struct Grant {
-    pub key_slot: u32,
-    /// The grant's id, which is also its fencing token: it strictly
-    /// increases for every key (see [`Table::raise_next_grant_id`]).
-    pub grant_id: u64,
-    pub key: Name,
-    pub source: Name,
-    pub endpoint: SocketAddr,
-    pub acquired_unix_ms: u64,
-    pub mode: HoldMode,
-    /// A lease's deadline (Unix ms), 0 for other modes.
-    pub expires_unix_ms: u64,
-    /// A lease's deadline on the monotonic clock, 0 for other modes.
-    pub expires_mono_us: u64,
-}
-
-impl Grant {
-    pub fn held_key(&self) -> HeldKey {
-        HeldKey {
-            key: self.key,
-            source: self.source,
-            endpoint: self.endpoint,
-            acquired_unix_ms: self.acquired_unix_ms,
-            grant_id: self.grant_id,
-            mode: self.mode,
-            expires_unix_ms: self.expires_unix_ms,
-        }
-    }
-}
-
-/// Why a holder lost a key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReleaseCause {
-    Unlock,
-    ResetByKey,
-    ResetBySource,
-    /// The grant's `+` could not be delivered.
-    Undelivered,
-    /// A lease's TTL passed without an extend.
-    Expired,
-    /// The holder's own session released it by naming its token.
-    Released,
-    /// The holding session ended (connection closed, keep-alive missed).
-    SessionEnded,
-}
-
-impl ReleaseCause {
-    /// True when the holder did not ask for it: a live session holder is
-    /// told (a Lost push) before the key goes to the next waiter.
-    pub fn forced(self) -> bool {
-        matches!(
-            self,
-            ReleaseCause::Unlock
-                | ReleaseCause::ResetByKey
-                | ReleaseCause::ResetBySource
-                | ReleaseCause::Expired
-        )
-    }
-}
-
-/// Which capacity limit refused a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limit {
-    Keys,
-    Waiters,
-    Sources,
-    Sessions,
-}
-
-impl Limit {
-    pub fn name(self) -> &'static str {
-        match self {
-            Limit::Keys => "max_keys",
-            Limit::Waiters => "max_waiters",
-            Limit::Sources => "max_sources",
-            Limit::Sessions => "max_sessions",
-        }
-    }
-}
-
-/// Spreads a 32-bit name hash over the 64 bits the index probes with (its
-/// low bits pick the group, its top 7 bits are the tag): multiplying by an
-/// odd constant keeps the low bits a bijection and mixes every bit into
-/// the top ones.
-fn spread(h: u32) -> u64 {
-    (h as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
 fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
     fx.push(Effect::LimitReached { limit });
     fx.push(Effect::Reply {
@@ -192,35 +62,6 @@ fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
         reply: Reply::Limit,
     });
 }
-
-#[derive(Clone, Copy, Debug)]
-pub enum Effect {
-    /// A request was refused because a capacity limit was reached (the
-    /// `-` follows as a Reply).
-    LimitReached { limit: Limit },
-    /// Send `reply` to `conn`; its request is finished.
-    Reply { conn: Token, reply: Reply },
-    /// `conn` now holds the key; send it `+`. `waited_us` is set when the
-    /// grant came from the queue (a hand-off).
-    Granted {
-        conn: Token,
-        grant: Grant,
-        waited_us: Option<u64>,
-    },
-    /// The key's holder was released.
-    Released {
-        key: Name,
-        grant_id: u64,
-        holder_conn: Token,
-        /// The holder as it was (for undoing the release).
-        holder: HeldKey,
-        held_us: u64,
-        cause: ReleaseCause,
-    },
-}
-
-/// Ordered effects of one or more operations. Reused across ticks.
-pub type Effects = Vec<Effect>;
 
 #[derive(Clone, Copy, Debug)]
 struct Holder {
@@ -242,7 +83,7 @@ struct Holder {
 
 struct KeyEntry {
     name: NameRef,
-    /// Its index hash (see [`Table::hash`]), so dropping the entry does not
+    /// Its index hash (see [`NameIndex::hash`]), so dropping the entry does not
     /// hash the name again.
     hash: u32,
     holder: Option<Holder>,
@@ -274,29 +115,6 @@ struct OwnerEntry {
     waiting: List,
 }
 
-/// How an Acquire holds and waits (Locking-Center: [`LockOpts::default`]).
-#[derive(Clone, Copy, Debug)]
-pub struct LockOpts {
-    pub mode: HoldMode,
-    /// A lease's TTL (ignored for other modes).
-    pub ttl_ms: u32,
-    /// The requesting session ([`Table::owner_open`]), `NIL` for none.
-    pub owner: u32,
-    /// Server-side wait deadline (monotonic µs) of a blocking request.
-    pub deadline_us: Option<u64>,
-}
-
-impl Default for LockOpts {
-    fn default() -> Self {
-        LockOpts {
-            mode: HoldMode::Persistent,
-            ttl_ms: 0,
-            owner: NIL,
-            deadline_us: None,
-        }
-    }
-}
-
 /// Everything a new holder gets besides its key, source and connection.
 #[derive(Clone, Copy, Debug)]
 struct Spec {
@@ -307,29 +125,6 @@ struct Spec {
     owner: u32,
     expires_mono_us: u64,
     expires_unix_ms: u64,
-}
-
-/// What an owner-checked operation found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Checked {
-    Ok,
-    /// The token is not the key's current one.
-    Stale,
-    /// The token is current but the session hold is another session's.
-    NotOwner,
-    /// Extend of a hold that is not a lease.
-    NotLease,
-}
-
-/// An extend that took effect: what the log records and an undo needs.
-#[derive(Clone, Copy, Debug)]
-pub struct Extended {
-    pub key: Name,
-    pub grant_id: u64,
-    pub expires_unix_ms: u64,
-    pub expires_mono_us: u64,
-    pub prev_unix_ms: u64,
-    pub prev_mono_us: u64,
 }
 
 /// Nodes whose link slots are a `links: [Link; N]` array.
@@ -359,96 +154,19 @@ struct SourceEntry {
     waiting: List,
 }
 
-/// Capacity of the table.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub max_keys: usize,
-    pub max_waiters: usize,
-}
-
-/// One held key as listed by the admin `KEYS` command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeldKey {
-    pub key: Name,
-    pub source: Name,
-    pub endpoint: SocketAddr,
-    pub acquired_unix_ms: u64,
-    /// Also the fencing token.
-    pub grant_id: u64,
-    pub mode: HoldMode,
-    /// A lease's deadline (Unix ms), 0 for other modes.
-    pub expires_unix_ms: u64,
-}
-
-impl HeldKey {
-    /// The same holder by reference.
-    pub fn as_ref(&self) -> HeldRef<'_> {
-        HeldRef {
-            key: self.key.as_bytes(),
-            source: self.source.as_bytes(),
-            endpoint: self.endpoint,
-            acquired_unix_ms: self.acquired_unix_ms,
-            grant_id: self.grant_id,
-            mode: self.mode,
-            expires_unix_ms: self.expires_unix_ms,
-        }
-    }
-}
-
-/// A held key by reference: names borrowed from wherever they are stored
-/// (a log image during recovery, the table itself), so visiting a million
-/// holders copies no name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeldRef<'a> {
-    pub key: &'a [u8],
-    pub source: &'a [u8],
-    pub endpoint: SocketAddr,
-    pub acquired_unix_ms: u64,
-    pub grant_id: u64,
-    pub mode: HoldMode,
-    pub expires_unix_ms: u64,
-}
-
-impl HeldRef<'_> {
-    /// An owned copy; `None` when a name is longer than [`crate::core::NAME_MAX`].
-    pub fn to_owned(&self) -> Option<HeldKey> {
-        Some(HeldKey {
-            key: Name::new(self.key)?,
-            source: Name::new(self.source)?,
-            endpoint: self.endpoint,
-            acquired_unix_ms: self.acquired_unix_ms,
-            grant_id: self.grant_id,
-            mode: self.mode,
-            expires_unix_ms: self.expires_unix_ms,
-        })
-    }
-}
-
-/// What a blocking or try lock request turned into.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LockMode {
-    Blocking,
-    Try,
-}
-
 pub struct Table {
     /// Key entries and waiters are taken from it when created and given
     /// back when freed (server-wide `--max-keys`/`--max-waiters`).
     budget: Budget,
     /// Every key's and every source's bytes, once.
     names: Arena,
-    /// Seeded at random per table: which names collide cannot be worked
-    /// out from outside.
-    hasher: foldhash::fast::RandomState,
     keys: Slab<KeyEntry>,
-    /// `(hash, key slot)` of every key entry: a probe compares the stored
-    /// 32-bit hash before it touches the entry, and growing the index
-    /// rehashes from it without reading any name.
-    key_index: HashTable<(u32, u32)>,
+    /// `(hash, key slot)` of every key entry.
+    key_index: NameIndex,
     waiters: Slab<Waiter>,
     sources: Slab<SourceEntry>,
     /// `(hash, source slot)` of every source entry.
-    source_index: HashTable<(u32, u32)>,
+    source_index: NameIndex,
     by_age: List,
     next_grant_id: u64,
     owners: Slab<OwnerEntry>,
@@ -498,12 +216,11 @@ impl Table {
         Table {
             budget,
             names: Arena::new(),
-            hasher: foldhash::fast::RandomState::default(),
             keys: Slab::new(),
-            key_index: HashTable::new(),
+            key_index: NameIndex::new(),
             waiters: Slab::new(),
             sources: Slab::new(),
-            source_index: HashTable::new(),
+            source_index: NameIndex::new(),
             by_age: List::new(),
             next_grant_id: 1,
             owners: Slab::new(),
@@ -551,44 +268,29 @@ impl Table {
         self.keys[k as usize].holder.map(|h| h.acquired_unix_ms)
     }
 
-    /// The index hash of a name: 32 bits of foldhash, kept in the entry.
-    fn hash(&self, name: &[u8]) -> u32 {
-        self.hasher.hash_one(name) as u32
-    }
-
     /// The key slot of `key`: one probe of the index.
     fn find_key(&self, key: &[u8]) -> Option<u32> {
-        let h = self.hash(key);
         let (keys, names) = (&self.keys, &self.names);
         self.key_index
-            .find(spread(h), |&(eh, k)| {
-                eh == h && names.get(keys[k as usize].name) == key
-            })
-            .map(|&(_, k)| k)
+            .find(key, |k| names.get(keys[k as usize].name))
     }
 
     fn find_source(&self, source: &[u8]) -> Option<u32> {
-        let h = self.hash(source);
         let (sources, names) = (&self.sources, &self.names);
         self.source_index
-            .find(spread(h), |&(eh, s)| {
-                eh == h && names.get(sources[s as usize].name) == source
-            })
-            .map(|&(_, s)| s)
+            .find(source, |s| names.get(sources[s as usize].name))
     }
 
     /// The key slot of `key`, created (free, no waiters) if it is new:
     /// one probe of the index either way. `Err(())` past `max_keys`.
     fn key_get_or_insert(&mut self, key: &[u8]) -> Result<(u32, bool), ()> {
-        let h = self.hash(key);
         let (keys, names) = (&self.keys, &self.names);
-        match self.key_index.entry(
-            spread(h),
-            |&(eh, k)| eh == h && names.get(keys[k as usize].name) == key,
-            |&(eh, _)| spread(eh),
-        ) {
-            Entry::Occupied(e) => Ok((e.get().1, false)),
-            Entry::Vacant(v) => {
+        match self
+            .key_index
+            .get_or_vacant(key, |k| names.get(keys[k as usize].name))
+        {
+            Found::Slot(k) => Ok((k, false)),
+            Found::Vacant(v) => {
                 // Server-wide: every shard's keys count against one
                 // `--max-keys`.
                 if !self.budget.take_key() {
@@ -597,12 +299,12 @@ impl Table {
                 let name = self.names.insert(key);
                 let k = self.keys.insert(KeyEntry {
                     name,
-                    hash: h,
+                    hash: v.hash(),
                     holder: None,
                     queue: List::new(),
                     links: new_links(),
                 }) as u32;
-                v.insert((h, k));
+                v.insert(k);
                 Ok((k, true))
             }
         }
@@ -686,30 +388,28 @@ impl Table {
     /// The source slot of `name`, created if new (one probe); `None` past
     /// the source limit (one per possible key and waiter).
     fn source_get_or_insert(&mut self, name: &[u8]) -> Option<u32> {
-        let h = self.hash(name);
         let n = self.sources.len();
         // Each source entry holds or waits for something: one per key or
         // waiter at most (this shard's part of the server's limits).
         let max = self.limits().max_keys + self.limits().max_waiters;
         let (sources, names) = (&self.sources, &self.names);
-        match self.source_index.entry(
-            spread(h),
-            |&(eh, s)| eh == h && names.get(sources[s as usize].name) == name,
-            |&(eh, _)| spread(eh),
-        ) {
-            Entry::Occupied(e) => Some(e.get().1),
-            Entry::Vacant(v) => {
+        match self
+            .source_index
+            .get_or_vacant(name, |s| names.get(sources[s as usize].name))
+        {
+            Found::Slot(s) => Some(s),
+            Found::Vacant(v) => {
                 if n >= max {
                     return None;
                 }
                 let stored = self.names.insert(name);
                 let s = self.sources.insert(SourceEntry {
                     name: stored,
-                    hash: h,
+                    hash: v.hash(),
                     held: List::new(),
                     waiting: List::new(),
                 }) as u32;
-                v.insert((h, s));
+                v.insert(s);
                 Some(s)
             }
         }
@@ -719,10 +419,10 @@ impl Table {
         let e = &self.sources[s as usize];
         if e.held.is_empty() && e.waiting.is_empty() {
             let (name, h) = (e.name, e.hash);
-            match self.source_index.find_entry(spread(h), |&(_, x)| x == s) {
-                Ok(o) => drop(o.remove()),
-                Err(_) => panic!("source slot {s} missing from its index"),
-            }
+            assert!(
+                self.source_index.remove(h, s),
+                "source slot {s} missing from its index"
+            );
             self.names.remove(name);
             self.sources.remove(s as usize);
         }
@@ -732,10 +432,10 @@ impl Table {
         let e = &self.keys[k as usize];
         if e.holder.is_none() && e.queue.is_empty() {
             let (name, h) = (e.name, e.hash);
-            match self.key_index.find_entry(spread(h), |&(_, x)| x == k) {
-                Ok(o) => drop(o.remove()),
-                Err(_) => panic!("key slot {k} missing from its index"),
-            }
+            assert!(
+                self.key_index.remove(h, k),
+                "key slot {k} missing from its index"
+            );
             self.names.remove(name);
             self.keys.remove(k as usize);
             self.budget.free_keys(1);
@@ -951,7 +651,7 @@ impl Table {
     ) -> Option<u32> {
         let (key, source) = (key.as_ref(), source.as_ref());
         debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
-        debug_assert!(key.len() <= crate::core::NAME_MAX && source.len() <= crate::core::NAME_MAX);
+        debug_assert!(key.len() <= NAME_MAX && source.len() <= NAME_MAX);
         let endpoint = Endpoint::from(endpoint);
         let Ok((k, new)) = self.key_get_or_insert(key) else {
             refuse(conn, Limit::Keys, fx);
@@ -1172,7 +872,7 @@ impl Table {
 
     /// [`Table::restore_holder`] by reference (replay, over the log image).
     pub fn restore(&mut self, h: HeldRef<'_>, now: Now) -> bool {
-        if h.key.len() > crate::core::NAME_MAX || h.source.len() > crate::core::NAME_MAX {
+        if h.key.len() > NAME_MAX || h.source.len() > NAME_MAX {
             return false;
         }
         let Ok((k, new)) = self.key_get_or_insert(h.key) else {
@@ -1564,7 +1264,11 @@ impl Table {
         for (k, e) in self.keys.iter() {
             let name = self.names.get(e.name);
             assert_eq!(self.find_key(name), Some(k as u32));
-            assert_eq!(e.hash, self.hash(name), "stale hash of key slot {k}");
+            assert_eq!(
+                e.hash,
+                self.key_index.hash(name),
+                "stale hash of key slot {k}"
+            );
             assert!(
                 e.holder.is_some(),
                 "free key {} left in the table",
@@ -1617,488 +1321,4 @@ impl Table {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-    use std::collections::{HashMap, VecDeque};
-
-    fn ep(port: u16) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], port))
-    }
-    fn n(s: &str) -> Name {
-        Name::new(s.as_bytes()).unwrap()
-    }
-    fn t() -> Table {
-        Table::new(Limits {
-            max_keys: 64,
-            max_waiters: 64,
-        })
-    }
-    fn at(us: u64) -> Now {
-        Now {
-            mono_us: us,
-            unix_ms: 1_700_000_000_000 + us / 1000,
-        }
-    }
-    /// A Lock or TryLock from `conn` at `us` µs (endpoint 127.0.0.1:1).
-    fn lk(
-        tb: &mut Table,
-        fx: &mut Effects,
-        conn: Token,
-        key: &str,
-        src: &str,
-        mode: LockMode,
-        us: u64,
-    ) -> Option<u32> {
-        tb.lock(conn, &n(key), &n(src), ep(1), mode, at(us), fx)
-    }
-
-    fn granted(fx: &Effects) -> Vec<Token> {
-        fx.iter()
-            .filter_map(|e| match e {
-                Effect::Granted { conn, .. } => Some(*conn),
-                _ => None,
-            })
-            .collect()
-    }
-    fn replies(fx: &Effects) -> Vec<(Token, Reply)> {
-        fx.iter()
-            .filter_map(|e| match e {
-                Effect::Reply { conn, reply } => Some((*conn, *reply)),
-                Effect::Granted { conn, .. } => Some((*conn, Reply::Ok)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn fifo_handoff_and_withdrawal_from_the_middle() {
-        let mut tb = t();
-        let mut fx = Vec::new();
-        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
-        let mut ws = Vec::new();
-        for c in 2..=6 {
-            ws.push(lk(&mut tb, &mut fx, c, "k", "b", LockMode::Blocking, c).unwrap());
-        }
-        assert_eq!(granted(&fx), vec![1]);
-        tb.withdraw(ws[1]); // conn 3 hangs up
-        tb.check_invariants();
-        fx.clear();
-        for (i, want) in [2, 4, 5, 6].iter().enumerate() {
-            tb.unlock(100 + i as u64, &n("k"), at(100), &mut fx);
-            assert_eq!(granted(&fx), vec![*want]);
-            fx.clear();
-            tb.check_invariants();
-        }
-        tb.unlock(200, &n("k"), at(200), &mut fx);
-        assert_eq!(replies(&fx), vec![(200, Reply::Ok)]);
-        assert_eq!(tb.key_entries(), 0);
-        tb.check_invariants();
-    }
-
-    #[test]
-    fn try_lock_and_unlock_of_free_key() {
-        let mut tb = t();
-        let mut fx = Vec::new();
-        tb.unlock(9, &n("free"), at(0), &mut fx);
-        assert_eq!(replies(&fx), vec![(9, Reply::Ok)]);
-        fx.clear();
-        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Try, 0);
-        lk(&mut tb, &mut fx, 2, "k", "a", LockMode::Try, 0);
-        assert_eq!(replies(&fx), vec![(1, Reply::Ok), (2, Reply::Busy)]);
-        tb.check_invariants();
-    }
-
-    #[test]
-    fn reset_by_source_answers_its_waiters_and_frees_its_keys() {
-        let mut tb = t();
-        let mut fx = Vec::new();
-        lk(&mut tb, &mut fx, 1, "k1", "s", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 2, "k2", "s", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 3, "k1", "other", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 4, "k3", "other", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 5, "k3", "s", LockMode::Blocking, 0);
-        fx.clear();
-        tb.reset_by_source(Some(99), &n("s"), at(10), &mut fx);
-        tb.check_invariants();
-        let r = replies(&fx);
-        assert!(r.contains(&(5, Reply::Withdrawn)));
-        assert!(r.contains(&(3, Reply::Ok)), "k1 handed to the other source");
-        assert_eq!(r.last(), Some(&(99, Reply::Ok)));
-        assert!(tb.holder_of(b"k2").is_none());
-        assert_eq!(tb.holder_of(b"k1").unwrap().source, n("other"));
-        assert_eq!(tb.held_keys(), 2);
-    }
-
-    #[test]
-    fn undelivered_grant_is_released_only_if_still_held_by_it() {
-        let mut tb = t();
-        let mut fx = Vec::new();
-        lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
-        let Effect::Granted { grant, .. } = fx[0] else {
-            panic!()
-        };
-        lk(&mut tb, &mut fx, 2, "k", "a", LockMode::Blocking, 0);
-        fx.clear();
-        assert!(tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
-        assert_eq!(granted(&fx), vec![2]);
-        fx.clear();
-        assert!(!tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
-        assert!(fx.is_empty());
-    }
-
-    #[test]
-    fn limits_refuse_instead_of_growing() {
-        let mut tb = Table::new(Limits {
-            max_keys: 2,
-            max_waiters: 1,
-        });
-        let mut fx = Vec::new();
-        lk(&mut tb, &mut fx, 1, "a", "s", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 2, "b", "s", LockMode::Blocking, 0);
-        lk(&mut tb, &mut fx, 3, "c", "s", LockMode::Blocking, 0);
-        assert!(tb
-            .lock(
-                4,
-                &n("a"),
-                &n("s"),
-                ep(1),
-                LockMode::Blocking,
-                at(0),
-                &mut fx
-            )
-            .is_some());
-        assert!(tb
-            .lock(
-                5,
-                &n("a"),
-                &n("s"),
-                ep(1),
-                LockMode::Blocking,
-                at(0),
-                &mut fx
-            )
-            .is_none());
-        assert_eq!(
-            replies(&fx),
-            vec![
-                (1, Reply::Ok),
-                (2, Reply::Ok),
-                (3, Reply::Limit),
-                (5, Reply::Limit)
-            ]
-        );
-        tb.check_invariants();
-    }
-
-    #[test]
-    fn oldest_hold_follows_grant_order() {
-        let mut tb = t();
-        let mut fx = Vec::new();
-        lk(&mut tb, &mut fx, 1, "a", "s", LockMode::Blocking, 1000);
-        lk(&mut tb, &mut fx, 2, "b", "s", LockMode::Blocking, 2000);
-        assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(1000).unix_ms));
-        tb.unlock(3, &n("a"), at(3000), &mut fx);
-        assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(2000).unix_ms));
-    }
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        Lock(u8, u8, bool),
-        Unlock(u8),
-        ResetKey(u8),
-        ResetSource(u8),
-        Withdraw(usize),
-        Undeliver(usize),
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            4 => (0u8..4, 0u8..3, any::<bool>()).prop_map(|(k, s, t)| Op::Lock(k, s, t)),
-            2 => (0u8..4).prop_map(Op::Unlock),
-            1 => (0u8..4).prop_map(Op::ResetKey),
-            1 => (0u8..3).prop_map(Op::ResetSource),
-            1 => any::<usize>().prop_map(Op::Withdraw),
-            1 => any::<usize>().prop_map(Op::Undeliver),
-        ]
-    }
-
-    /// key -> (holder conn, holder source, queue of (conn, source))
-    type ModelKeys = HashMap<u8, (Token, u8, VecDeque<(Token, u8)>)>;
-
-    #[derive(Default)]
-    struct Model {
-        keys: ModelKeys,
-    }
-
-    impl Model {
-        fn release(&mut self, k: u8, out: &mut Vec<(Token, Reply)>) {
-            if let Some(e) = self.keys.get_mut(&k) {
-                if let Some((c, s)) = e.2.pop_front() {
-                    e.0 = c;
-                    e.1 = s;
-                    out.push((c, Reply::Ok));
-                } else {
-                    self.keys.remove(&k);
-                }
-            }
-        }
-    }
-
-    proptest! {
-        /// The table agrees with a naive model on every reply and every
-        /// holder, and keeps its invariants, under random operations.
-        #[test]
-        fn table_matches_model(ops in proptest::collection::vec(op(), 1..200)) {
-            let mut tb = t();
-            let mut m = Model::default();
-            let mut fx = Vec::new();
-            let mut waiters: Vec<(Token, u32)> = Vec::new(); // queued (conn, waiter slot)
-            let mut grants: HashMap<Token, (u32, u64)> = HashMap::new();
-            for (i, o) in ops.into_iter().enumerate() {
-                fx.clear();
-                let now = at(i as u64);
-                let mut want: Vec<(Token, Reply)> = Vec::new();
-                let conn = i as Token + 1;
-                match o {
-                    Op::Lock(k, s, try_) => {
-                        let kn = n(&format!("k{k}"));
-                        let sn = n(&format!("s{s}"));
-                        let mode = if try_ { LockMode::Try } else { LockMode::Blocking };
-                        let w = tb.lock(conn, &kn, &sn, ep(1), mode, now, &mut fx);
-                        match m.keys.get_mut(&k) {
-                            None => { m.keys.insert(k, (conn, s, VecDeque::new())); want.push((conn, Reply::Ok)); }
-                            Some(_) if try_ => want.push((conn, Reply::Busy)),
-                            Some(e) => { e.2.push_back((conn, s)); }
-                        }
-                        if let Some(w) = w { waiters.push((conn, w)); }
-                    }
-                    Op::Unlock(k) | Op::ResetKey(k) => {
-                        let kn = n(&format!("k{k}"));
-                        if matches!(o, Op::Unlock(_)) { tb.unlock(conn, &kn, now, &mut fx) } else { tb.reset_by_key(Some(conn), &kn, now, &mut fx) }
-                        m.release(k, &mut want);
-                        want.push((conn, Reply::Ok));
-                    }
-                    Op::ResetSource(s) => {
-                        tb.reset_by_source(Some(conn), &n(&format!("s{s}")), now, &mut fx);
-                        let mut keys: Vec<u8> = m.keys.keys().copied().collect();
-                        keys.sort();
-                        for k in &keys {
-                            let e = m.keys.get_mut(k).unwrap();
-                            let before: Vec<_> = e.2.drain(..).collect();
-                            for (c, ws) in before {
-                                if ws == s { want.push((c, Reply::Withdrawn)); } else { e.2.push_back((c, ws)); }
-                            }
-                        }
-                        for k in keys {
-                            if m.keys[&k].1 == s { m.release(k, &mut want); }
-                        }
-                        want.push((conn, Reply::Ok));
-                    }
-                    Op::Withdraw(i) => {
-                        if !waiters.is_empty() {
-                            let (c, w) = waiters.remove(i % waiters.len());
-                            tb.withdraw(w);
-                            for e in m.keys.values_mut() { e.2.retain(|(wc, _)| *wc != c); }
-                        }
-                    }
-                    Op::Undeliver(i) => {
-                        let mut held: Vec<_> = grants.iter().map(|(c, g)| (*c, *g)).collect();
-                        held.sort();
-                        if !held.is_empty() {
-                            let (c, (slot, gid)) = held[i % held.len()];
-                            grants.remove(&c);
-                            let did = tb.release_grant(slot, gid, now, &mut fx);
-                            let mk = m.keys.iter().find(|(_, e)| e.0 == c).map(|(k, _)| *k);
-                            prop_assert_eq!(did, mk.is_some());
-                            if let Some(k) = mk { m.release(k, &mut want); }
-                        }
-                    }
-                }
-                for e in &fx {
-                    match e {
-                        Effect::Granted { conn, grant, .. } => { grants.insert(*conn, (grant.key_slot, grant.grant_id)); waiters.retain(|(c, _)| c != conn); }
-                        Effect::Reply { conn, .. } => waiters.retain(|(c, _)| c != conn),
-                        Effect::Released { holder_conn, .. } => { grants.remove(holder_conn); }
-                        Effect::LimitReached { .. } => {}
-                    }
-                }
-                // Order among different keys is not specified; compare as multisets.
-                let mut got = replies(&fx);
-                got.sort_by_key(|(c, r)| (*c, r.byte()));
-                want.sort_by_key(|(c, r)| (*c, r.byte()));
-                prop_assert_eq!(got, want);
-                tb.check_invariants();
-                prop_assert_eq!(tb.held_keys(), m.keys.len());
-                prop_assert_eq!(tb.queued_waiters(), m.keys.values().map(|e| e.2.len()).sum::<usize>());
-            }
-        }
-    }
-
-    #[derive(Debug, Clone)]
-    enum SOp {
-        /// session, key, mode 0..3, ttl ms, wait: 0 try, 1 forever, 2.. ms
-        Acquire(u8, u8, u8, u8, u8),
-        Release(u8, u8, bool),
-        Extend(u8, u8, u8),
-        Cancel(u8, usize),
-        End(u8),
-        Advance(u8),
-        LcUnlock(u8),
-    }
-
-    fn sop() -> impl Strategy<Value = SOp> {
-        prop_oneof![
-            5 => (0u8..3, 0u8..3, 0u8..3, 1u8..30, 0u8..6).prop_map(|(s, k, m, t, w)| SOp::Acquire(s, k, m, t, w)),
-            2 => (0u8..3, 0u8..3, any::<bool>()).prop_map(|(s, k, c)| SOp::Release(s, k, c)),
-            2 => (0u8..3, 0u8..3, 1u8..30).prop_map(|(s, k, t)| SOp::Extend(s, k, t)),
-            1 => (0u8..3, any::<usize>()).prop_map(|(s, i)| SOp::Cancel(s, i)),
-            1 => (0u8..3).prop_map(SOp::End),
-            3 => (0u8..20).prop_map(SOp::Advance),
-            1 => (0u8..3).prop_map(SOp::LcUnlock),
-        ]
-    }
-
-    proptest! {
-        /// Sessions, leases and deadlines under random operations: FIFO
-        /// among each key's live waiters (a cancelled, timed-out or ended
-        /// waiter is never granted), tokens strictly increase per key, a
-        /// lease never outlives its deadline once `expire` ran and is never
-        /// expired before it, an ended session keeps no session hold and no
-        /// waiter, and a stale token changes nothing.
-        #[test]
-        fn sessions_and_leases_keep_their_promises(ops in proptest::collection::vec(sop(), 1..250)) {
-            const BIT: u64 = 1 << 63;
-            let mut tb = t();
-            let mut fx = Vec::new();
-            let mut now_us = 0u64;
-            // Session ids: bumped when a session ends (a new one replaces it).
-            let mut sid = [1u64, 2, 3];
-            let mut next_sid = 4;
-            let mut rid = 0u32;
-            // Our view: queue per key of conn tokens, holder per key
-            // (conn, token, mode, lease deadline).
-            let mut queues: HashMap<u8, VecDeque<Token>> = HashMap::new();
-            let mut holder: HashMap<u8, (Token, u64, HoldMode, u64)> = HashMap::new();
-            let mut last_token: HashMap<u8, u64> = HashMap::new();
-            let mut conn_key: HashMap<Token, u8> = HashMap::new();
-            let kn = |k: u8| n(&format!("k{k}"));
-            for o in ops {
-                fx.clear();
-                let now = at(now_us);
-                match o {
-                    SOp::Acquire(s, k, m, ttl, w) => {
-                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
-                        rid += 1;
-                        let conn = BIT | (owner as u64) << 32 | rid as u64;
-                        conn_key.insert(conn, k);
-                        let mode = [HoldMode::Persistent, HoldMode::Session, HoldMode::Lease][m as usize];
-                        let (lm, deadline) = match w {
-                            0 => (LockMode::Try, None),
-                            1 => (LockMode::Blocking, None),
-                            w => (LockMode::Blocking, Some(now_us + w as u64 * 1000)),
-                        };
-                        let opts = LockOpts { mode, ttl_ms: ttl as u32, owner, deadline_us: deadline };
-                        if tb.lock_with(conn, &kn(k), &n("src"), ep(1), lm, opts, now, &mut fx).is_some() {
-                            queues.entry(k).or_default().push_back(conn);
-                        }
-                    }
-                    SOp::Release(s, k, current) => {
-                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
-                        let token = match holder.get(&k) { Some(h) if current => h.1, Some(h) => h.1 + 1, None => 7 };
-                        let before = holder.get(&k).copied();
-                        let r = tb.release_token(owner, &kn(k), token, now, &mut fx);
-                        let may = before.is_some_and(|h| h.1 == token && (h.2 != HoldMode::Session || (h.0 >> 32) & 0x7FFF_FFFF == owner as u64));
-                        prop_assert_eq!(r == Checked::Ok, may, "release {:?} of {:?}", r, before);
-                        if r != Checked::Ok { prop_assert!(fx.is_empty(), "a refused release changed something"); }
-                    }
-                    SOp::Extend(s, k, ttl) => {
-                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
-                        if let Some(h) = holder.get(&k).copied() {
-                            if let Ok(x) = tb.extend(owner, &kn(k), h.1, ttl as u32, now) {
-                                prop_assert_eq!(h.2, HoldMode::Lease);
-                                holder.insert(k, (h.0, h.1, h.2, x.expires_mono_us));
-                            }
-                        }
-                        prop_assert!(tb.extend(owner, &kn(k), 12345, 5, now).is_err());
-                    }
-                    SOp::Cancel(s, i) => {
-                        let owner = tb.owner_open(sid[s as usize], s as u64).expect("room");
-                        let mine: Vec<Token> = queues.values().flatten().copied()
-                            .filter(|c| (c >> 32) & 0x7FFF_FFFF == owner as u64).collect();
-                        if !mine.is_empty() {
-                            let c = mine[i % mine.len()];
-                            let k = *queues.iter().find(|(_, q)| q.contains(&c)).expect("queued").0;
-                            // Another key: nothing is cancelled.
-                            prop_assert!(!tb.cancel(owner, c, kn(k.wrapping_add(1)).as_bytes(), &mut fx));
-                            prop_assert!(tb.cancel(owner, c, kn(k).as_bytes(), &mut fx));
-                        }
-                    }
-                    SOp::End(s) => {
-                        let old = sid[s as usize];
-                        let owner = tb.owner_open(old, s as u64).expect("room");
-                        tb.owner_end(old, now, &mut fx);
-                        for q in queues.values_mut() { q.retain(|c| (c >> 32) & 0x7FFF_FFFF != owner as u64); }
-                        // Leases and persistent holds outlive it, owned by nobody.
-                        for h in holder.values_mut() {
-                            if (h.0 >> 32) & 0x7FFF_FFFF == owner as u64 && h.2 != HoldMode::Session { h.0 = NO_CONN; }
-                        }
-                        sid[s as usize] = next_sid;
-                        next_sid += 1;
-                    }
-                    SOp::Advance(ms) => {
-                        now_us += ms as u64 * 1000;
-                        tb.expire(at(now_us), &mut fx);
-                    }
-                    SOp::LcUnlock(k) => tb.unlock(999, &kn(k), now, &mut fx),
-                }
-                let now_us_ = now_us;
-                for e in &fx {
-                    match *e {
-                        Effect::Granted { conn, grant, waited_us } => {
-                            let k = conn_key[&conn];
-                            prop_assert!(!holder.contains_key(&k), "two holders of k{}", k);
-                            if waited_us.is_some() {
-                                let q = queues.get_mut(&k).expect("queued");
-                                prop_assert_eq!(q.pop_front(), Some(conn), "FIFO on k{}", k);
-                            }
-                            let last = last_token.insert(k, grant.grant_id).unwrap_or(0);
-                            prop_assert!(grant.grant_id > last, "token {} after {}", grant.grant_id, last);
-                            holder.insert(k, (conn, grant.grant_id, grant.mode, grant.expires_mono_us));
-                        }
-                        Effect::Released { key, grant_id, cause, .. } => {
-                            let k = (0..3u8).find(|k| kn(*k) == key).expect("known key");
-                            let h = holder.remove(&k).expect("released a held key");
-                            prop_assert_eq!(h.1, grant_id);
-                            if cause == ReleaseCause::Expired {
-                                prop_assert!(h.3 <= now_us_, "expired early");
-                            }
-                        }
-                        Effect::Reply { conn, reply } => {
-                            if let Some(&k) = conn_key.get(&conn) {
-                                if matches!(reply, Reply::TimedOut | Reply::Cancelled) {
-                                    let q = queues.get_mut(&k).expect("queued");
-                                    let before = q.len();
-                                    q.retain(|c| *c != conn);
-                                    prop_assert_eq!(q.len() + 1, before, "answered a waiter not queued");
-                                }
-                            }
-                        }
-                        Effect::LimitReached { .. } => {}
-                    }
-                }
-                tb.check_invariants();
-                // After expire ran, no lease outlives its deadline.
-                if matches!(o, SOp::Advance(_)) {
-                    for (k, h) in &holder {
-                        if h.2 == HoldMode::Lease {
-                            prop_assert!(h.3 > now_us, "lease on k{} past its deadline", k);
-                        }
-                    }
-                }
-                prop_assert_eq!(tb.held_keys(), holder.len());
-                prop_assert_eq!(tb.queued_waiters(), queues.values().map(|q| q.len()).sum::<usize>());
-            }
-        }
-    }
-}
+mod tests;

@@ -27,7 +27,7 @@ use ::mysql::prelude::Queryable;
 use ::mysql::PooledConn;
 
 use super::keeper::{self, Due};
-use super::locker::Shared;
+use super::shared::Shared;
 use super::sock::{self, Peek, Saved};
 use super::sql;
 use super::watcher::Watched;
@@ -42,7 +42,7 @@ pub(crate) struct Held {
     key: String,
     conn_id: u32,
     no_backslash_escapes: bool,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<Held>>,
     slot: Mutex<Slot>,
     changed: Condvar,
     watch: OnceLock<LeaseWatch>,
@@ -144,7 +144,12 @@ fn loss_reason(e: &::mysql::Error) -> LostReason {
 }
 
 impl Held {
-    pub(crate) fn new(key: &str, conn: PooledConn, saved: Saved, shared: Arc<Shared>) -> Arc<Held> {
+    pub(crate) fn new(
+        key: &str,
+        conn: PooledConn,
+        saved: Saved,
+        shared: Arc<Shared<Held>>,
+    ) -> Arc<Held> {
         Arc::new(Held {
             key: key.to_string(),
             conn_id: conn.connection_id(),

@@ -21,23 +21,12 @@ use ::mysql::{OptsBuilder, Pool, PoolConstraints, PoolOpts, PooledConn};
 use super::addr::{AddrError, MysqlAddr};
 use super::held::{self, Held};
 use super::keeper::Keeper;
+use super::shared::{Options, Shared};
 use super::sock::{self, Saved};
 use super::sql::{self, Grant, LOCK_TIMEOUT_MAX};
 use super::watcher::Watcher;
-use crate::lease::{
-    self, cause_msg, CancelToken, Error, Lease, LockOptions, LostHandler, LostLock, Result,
-};
+use crate::lease::{self, cause_msg, CancelToken, Error, Lease, LockOptions, LostHandler, Result};
 
-/// Keep-alive interval by default: the first ping one interval after the
-/// grant, then one per interval.
-pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// Bound on each keep-alive ping by default.
-pub const DEFAULT_KEEP_ALIVE_PING_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on a release (`RELEASE_LOCK` included) by default.
-pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The clean-up after a cancelled acquire is bounded by min(release
-/// timeout, this), so that a cancelled caller returns promptly.
-pub const CLEANUP_TIMEOUT_MAX: Duration = Duration::from_secs(2);
 /// TCP connect timeout of the pools [`Locker::from_url`] builds (the
 /// system's own is minutes).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,129 +34,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// held lock, plus one for a `KILL QUERY`.
 pub const URL_POOL_MAX: usize = 100;
 
-/// Locker-wide options. A zero duration keeps the default (the Go
-/// original's "non-positive keeps the default"; a `Duration` cannot be
-/// negative).
-#[derive(Clone)]
-pub struct Options {
-    keep_alive_interval: Duration,
-    keep_alive_ping_timeout: Duration,
-    release_timeout: Duration,
-    on_lost: Option<LostHandler>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
-            keep_alive_ping_timeout: DEFAULT_KEEP_ALIVE_PING_TIMEOUT,
-            release_timeout: DEFAULT_RELEASE_TIMEOUT,
-            on_lost: None,
-        }
-    }
-}
-
-impl Options {
-    /// The defaults (30 s, 10 s, 10 s, no handler).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How often each held lock's session is pinged (`DO 1`).
-    pub fn keep_alive_interval(mut self, d: Duration) -> Self {
-        if !d.is_zero() {
-            self.keep_alive_interval = d;
-        }
-        self
-    }
-
-    /// How long one ping may take before the lock is presumed lost. Also
-    /// bounds the checkout of `try_lock` and the wait for any answer that
-    /// should be immediate.
-    pub fn keep_alive_ping_timeout(mut self, d: Duration) -> Self {
-        if !d.is_zero() {
-            self.keep_alive_ping_timeout = d;
-        }
-        self
-    }
-
-    /// How long a release may take, `RELEASE_LOCK` included.
-    pub fn release_timeout(mut self, d: Duration) -> Self {
-        if !d.is_zero() {
-            self.release_timeout = d;
-        }
-        self
-    }
-
-    /// A handler for every lease of this locker, called before the lease's
-    /// own (the Go original's keep-alive error handler).
-    pub fn on_lost(mut self, handler: impl Fn(&Lease, &LostLock) + Send + Sync + 'static) -> Self {
-        self.on_lost = Some(Arc::new(handler));
-        self
-    }
-
-    /// The keep-alive interval in effect.
-    pub fn interval(&self) -> Duration {
-        self.keep_alive_interval
-    }
-
-    /// The ping timeout in effect.
-    pub fn ping_timeout(&self) -> Duration {
-        self.keep_alive_ping_timeout
-    }
-
-    /// The release timeout in effect.
-    pub fn release_timeout_value(&self) -> Duration {
-        self.release_timeout
-    }
-
-    /// The cleanup bound after a cancelled acquire: min(release timeout, 2 s).
-    pub fn cleanup_timeout(&self) -> Duration {
-        self.release_timeout.min(CLEANUP_TIMEOUT_MAX)
-    }
-
-    /// The longest a dead session can go unnoticed when the path to the
-    /// server goes silent: interval + ping timeout (40 s at the defaults).
-    /// A session the server ends (`KILL`, restart, a closed or reset
-    /// connection) is noticed within milliseconds by the connection watch.
-    pub fn detection_window(&self) -> Duration {
-        self.keep_alive_interval + self.keep_alive_ping_timeout
-    }
-}
-
-impl std::fmt::Debug for Options {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Options")
-            .field("keep_alive_interval", &self.keep_alive_interval)
-            .field("keep_alive_ping_timeout", &self.keep_alive_ping_timeout)
-            .field("release_timeout", &self.release_timeout)
-            .field("on_lost", &self.on_lost.is_some())
-            .finish()
-    }
-}
-
-/// What every lease of a locker shares.
-pub(crate) struct Shared {
-    pub(crate) pool: Pool,
-    pub(crate) opts: Options,
-    pub(crate) keeper: Arc<Keeper<Held>>,
-    pub(crate) watcher: Arc<Watcher<Held>>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Runs when the locker and all its leases are gone.
-        self.keeper.shutdown();
-        self.watcher.shutdown();
-    }
-}
-
 /// Acquires MySQL/MariaDB named locks through a connection pool. Cheap to
 /// clone (clones share the pool, the options and the keep-alive timer).
 /// Building one never fails and opens no connection.
 #[derive(Clone)]
 pub struct Locker {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<Held>>,
 }
 
 impl std::fmt::Debug for Locker {
@@ -187,7 +59,7 @@ impl Locker {
 
     /// A locker on `pool` with `opts`.
     pub fn with_options(pool: Pool, opts: Options) -> Locker {
-        let keeper = Keeper::new(opts.keep_alive_interval);
+        let keeper = Keeper::new(opts.interval());
         Locker {
             shared: Arc::new(Shared {
                 pool,
@@ -297,9 +169,7 @@ impl Locker {
 
         // Checking out is part of the caller's wait: bounded by the lock
         // timeout (the ping timeout for a try) and the caller's deadline.
-        let mut checkout = wait
-            .unwrap_or(opts.keep_alive_ping_timeout)
-            .min(LOCK_TIMEOUT_MAX);
+        let mut checkout = wait.unwrap_or(opts.ping_timeout()).min(LOCK_TIMEOUT_MAX);
         if let Some(d) = lo.deadline_at() {
             checkout = checkout.min(d.saturating_duration_since(Instant::now()));
         }
@@ -327,7 +197,7 @@ impl Locker {
         // The answer must come by the end of GET_LOCK's own wait plus one
         // ping timeout of slack: a connection that hangs is a failure, not
         // an endless wait.
-        let answer_bound = lock_wait + opts.keep_alive_ping_timeout;
+        let answer_bound = lock_wait + opts.ping_timeout();
         if let Err(e) = sock::bound_reads(fd, answer_bound) {
             held::discard(conn);
             return Err(Error::Failed {
@@ -492,7 +362,7 @@ impl WatchShared {
 
 impl Watch {
     fn start(
-        shared: &Arc<Shared>,
+        shared: &Arc<Shared<Held>>,
         conn_id: u32,
         fd: RawFd,
         lo: &LockOptions,

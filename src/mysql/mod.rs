@@ -125,6 +125,8 @@ mod keeper;
 #[cfg(feature = "mysql")]
 mod locker;
 #[cfg(feature = "mysql")]
+mod shared;
+#[cfg(feature = "mysql")]
 mod sock;
 #[cfg(feature = "mysql")]
 mod sql;
@@ -132,9 +134,11 @@ mod sql;
 mod watcher;
 
 #[cfg(feature = "mysql")]
-pub use locker::{
-    Locker, Options, CLEANUP_TIMEOUT_MAX, CONNECT_TIMEOUT, DEFAULT_KEEP_ALIVE_INTERVAL,
-    DEFAULT_KEEP_ALIVE_PING_TIMEOUT, DEFAULT_RELEASE_TIMEOUT, URL_POOL_MAX,
+pub use locker::{Locker, CONNECT_TIMEOUT, URL_POOL_MAX};
+#[cfg(feature = "mysql")]
+pub use shared::{
+    Options, CLEANUP_TIMEOUT_MAX, DEFAULT_KEEP_ALIVE_INTERVAL, DEFAULT_KEEP_ALIVE_PING_TIMEOUT,
+    DEFAULT_RELEASE_TIMEOUT,
 };
 #[cfg(feature = "mysql")]
 pub use sql::{KEY_CHARS_MAX, LOCK_TIMEOUT_MAX};

@@ -50,38 +50,9 @@ pub const OP_PING: u8 = 12;
 pub const KIND_REPLY: u8 = 0x80;
 pub const KIND_LOST: u8 = 0x81;
 
-/// How a granted lock is held, chosen per Acquire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum HoldMode {
-    /// Locking-Center semantics: held until released or reset, whatever
-    /// happens to the connection.
-    #[default]
-    Persistent = 0,
-    /// Released the moment the session ends (its connection closes or its
-    /// keep-alive deadline passes).
-    Session = 1,
-    /// Released when its TTL passes without an Extend (survives the
-    /// session, and a restart in durable mode).
-    Lease = 2,
-}
-
-impl HoldMode {
-    pub fn from_byte(b: u8) -> Option<HoldMode> {
-        Some(match b {
-            0 => HoldMode::Persistent,
-            1 => HoldMode::Session,
-            2 => HoldMode::Lease,
-            _ => return None,
-        })
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            HoldMode::Persistent => "persistent",
-            HoldMode::Session => "session",
-            HoldMode::Lease => "lease",
-        }
-    }
-}
+/// How a granted lock is held (the lock core's own type; its byte is the
+/// Acquire frame's mode).
+pub use crate::core::HoldMode;
 
 /// The status byte of a Reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -14,6 +14,21 @@ use crate::core::list::{Link, Linked};
 use crate::core::Name;
 use crate::protocol::Action;
 
+/// A slot's generations wrap within 28 bits: the driver packs one into
+/// each io_uring `user_data` beside a 4-bit op and the 32-bit slot, so that
+/// a completion aimed at a slot's previous occupant is told apart.
+pub const GEN_MASK: u32 = 0x0FFF_FFFF;
+
+/// Next generation for a slot: never 0, wraps within [`GEN_MASK`].
+pub fn next_gen(gen: u32) -> u32 {
+    let g = (gen + 1) & GEN_MASK;
+    if g == 0 {
+        1
+    } else {
+        g
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Port {
     Lock,
@@ -167,7 +182,7 @@ impl Conn {
 
     pub fn open(&mut self, port: Port, peer: SocketAddr) {
         assert_eq!(self.state, State::Free, "opening a live slot");
-        self.gen = crate::io::next_gen(self.gen);
+        self.gen = next_gen(self.gen);
         self.state = State::Idle;
         self.port = port;
         self.peer = peer;
@@ -210,5 +225,17 @@ impl Conn {
 
     pub fn live(&self) -> bool {
         !matches!(self.state, State::Free | State::Closing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_wrap_within_28_bits_and_skip_0() {
+        assert_eq!(next_gen(0), 1);
+        assert_eq!(next_gen(41), 42);
+        assert_eq!(next_gen(GEN_MASK), 1);
     }
 }

@@ -7,7 +7,7 @@
 //! hang-up, a log chain landed, the time — through its `on_*` methods, and
 //! answers with [`Cmd`]s for its driver: send a connection's answer, close
 //! it, run a log chain. It makes no syscall, reads no clock and holds no
-//! `unsafe`: the io_uring driver ([`crate::driver`]) and the deterministic
+//! `unsafe`: the io_uring driver (`ringlock::driver`) and the deterministic
 //! simulator (`tests/sim`) drive the same code.
 //!
 //! # Tick
@@ -126,15 +126,7 @@ fn port_index(p: Port) -> usize {
     }
 }
 
-/// The shard that owns `key` among `n` (CRC32C of the key bytes, mod n).
-/// Fixed and documented: a restart with a different `n` redistributes the
-/// held keys by the same function.
-pub fn owner(key: &[u8], n: usize) -> usize {
-    if n <= 1 {
-        return 0;
-    }
-    (crc32c::crc32c(key) as usize) % n
-}
+pub use crate::core::route::owner;
 
 /// A connection moving to another shard: what it was in the middle of.
 #[derive(Debug)]

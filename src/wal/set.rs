@@ -8,7 +8,7 @@
 //! - Starting with a shard count other than the manifest's (or than 1 for a
 //!   single log) reshards: every log of the committed generation is
 //!   replayed into one table; generation G+1 is written, one log per new
-//!   shard, each holding exactly the keys [`crate::shard::owner`] assigns it
+//!   shard, each holding exactly the keys [`crate::core::route::owner`] assigns it
 //!   (with source, endpoint, acquire time and grant id) and opening with a
 //!   grant mark of the highest next grant id, so grant ids never go back;
 //!   every new log is fsynced, then the directory; then the manifest is
@@ -201,7 +201,7 @@ pub fn open(
         .collect();
     let mut moved = 0usize;
     merged.for_each_held(|h| {
-        record::encode_acquire(h, &mut bufs[crate::shard::owner(h.key, n)]);
+        record::encode_acquire(h, &mut bufs[crate::core::route::owner(h.key, n)]);
         moved += 1;
     });
     for (i, b) in bufs.iter().enumerate() {

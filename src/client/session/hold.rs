@@ -9,8 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Ended, HoldId, HoldNow, Waited, What};
-use super::Handle;
+use super::io::{Ended, Handle, HoldId, HoldNow, Waited, What};
 use crate::lease::{self, cause_msg, Error, LostLock, LostReason, Result};
 use crate::protocol::session::{self as wire, HoldMode, Req, Status};
 

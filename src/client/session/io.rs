@@ -952,6 +952,22 @@ impl EventFd {
     }
 }
 
+/// Keeps the connection open: held by every `Session` clone and every
+/// lease of it. The last one gone closes the connection (which ends every
+/// session hold on the server at once).
+pub(super) struct Handle {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.fail((
+            LostReason::ConnectionLost,
+            cause_msg("the session was dropped"),
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

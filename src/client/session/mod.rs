@@ -102,7 +102,7 @@ use crate::lease::{
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
 use hold::SessionHold;
-use io::{AcquireReq, Shared, Timing, Waited, What, PING_RID};
+use io::{AcquireReq, Handle, Shared, Timing, Waited, What, PING_RID};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
@@ -464,22 +464,6 @@ fn refused(addr: &SocketAddr, status: Status, detail: &[u8]) -> Hello {
             "{addr} refused the session: {}",
             s.name()
         )))),
-    }
-}
-
-/// Keeps the connection open: held by every [`Session`] clone and every
-/// lease of it. The last one gone closes the connection (which ends every
-/// session hold on the server at once).
-struct Handle {
-    shared: Arc<Shared>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        self.shared.fail((
-            LostReason::ConnectionLost,
-            cause_msg("the session was dropped"),
-        ));
     }
 }
 

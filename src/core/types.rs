@@ -1,0 +1,313 @@
+//! The lock core's contract types: what callers pass to the table
+//! ([`Now`], [`LockOpts`], [`Limits`], [`Token`]) and what they get back
+//! ([`Effect`]s, [`Reply`], [`Grant`], [`HeldKey`], ...). The table's own
+//! state stays private to `table.rs`.
+
+use std::net::SocketAddr;
+
+use super::list::NIL;
+use super::name::Name;
+/// How a granted lock is held, chosen per Acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum HoldMode {
+    /// Locking-Center semantics: held until released or reset, whatever
+    /// happens to the connection.
+    #[default]
+    Persistent = 0,
+    /// Released the moment the session ends (its connection closes or its
+    /// keep-alive deadline passes).
+    Session = 1,
+    /// Released when its TTL passes without an Extend (survives the
+    /// session, and a restart in durable mode).
+    Lease = 2,
+}
+
+impl HoldMode {
+    pub fn from_byte(b: u8) -> Option<HoldMode> {
+        Some(match b {
+            0 => HoldMode::Persistent,
+            1 => HoldMode::Session,
+            2 => HoldMode::Lease,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            HoldMode::Persistent => "persistent",
+            HoldMode::Session => "session",
+            HoldMode::Lease => "lease",
+        }
+    }
+}
+
+/// Capacity of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_keys: usize,
+    pub max_waiters: usize,
+}
+
+/// Opaque connection token chosen by the caller (the event loop).
+pub type Token = u64;
+/// Token used for holders restored from the log: no connection.
+pub const NO_CONN: Token = 0;
+
+/// Time as seen by the caller.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Now {
+    /// Monotonic microseconds (for waits and hold durations).
+    pub mono_us: u64,
+    /// Wall clock, Unix milliseconds (shown to operators).
+    pub unix_ms: u64,
+}
+
+/// The one-byte answers of the Locking-Center protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `+`
+    Ok,
+    /// `#` — TryLock found the key held.
+    Busy,
+    /// `-`: a capacity limit refused the request.
+    Limit,
+    /// `-`: a queued request withdrawn by a ResetBySource of its source.
+    Withdrawn,
+    /// A queued request whose server-side wait deadline passed (sessions
+    /// only; a Locking-Center Lock has no deadline).
+    TimedOut,
+    /// A queued request withdrawn by its session's Cancel.
+    Cancelled,
+}
+
+impl Reply {
+    /// The Locking-Center answer byte.
+    pub fn byte(self) -> u8 {
+        match self {
+            Reply::Ok => b'+',
+            Reply::Busy => b'#',
+            Reply::Limit | Reply::Withdrawn | Reply::TimedOut | Reply::Cancelled => b'-',
+        }
+    }
+}
+
+/// Everything a grant record needs, by value.
+#[derive(Clone, Copy, Debug)]
+pub struct Grant {
+    pub key_slot: u32,
+    /// The grant's id, which is also its fencing token: it strictly
+    /// increases for every key (see [`Table::raise_next_grant_id`](super::Table::raise_next_grant_id)).
+    pub grant_id: u64,
+    pub key: Name,
+    pub source: Name,
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub mode: HoldMode,
+    /// A lease's deadline (Unix ms), 0 for other modes.
+    pub expires_unix_ms: u64,
+    /// A lease's deadline on the monotonic clock, 0 for other modes.
+    pub expires_mono_us: u64,
+}
+
+impl Grant {
+    pub fn held_key(&self) -> HeldKey {
+        HeldKey {
+            key: self.key,
+            source: self.source,
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        }
+    }
+}
+
+/// Why a holder lost a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseCause {
+    Unlock,
+    ResetByKey,
+    ResetBySource,
+    /// The grant's `+` could not be delivered.
+    Undelivered,
+    /// A lease's TTL passed without an extend.
+    Expired,
+    /// The holder's own session released it by naming its token.
+    Released,
+    /// The holding session ended (connection closed, keep-alive missed).
+    SessionEnded,
+}
+
+impl ReleaseCause {
+    /// True when the holder did not ask for it: a live session holder is
+    /// told (a Lost push) before the key goes to the next waiter.
+    pub fn forced(self) -> bool {
+        matches!(
+            self,
+            ReleaseCause::Unlock
+                | ReleaseCause::ResetByKey
+                | ReleaseCause::ResetBySource
+                | ReleaseCause::Expired
+        )
+    }
+}
+
+/// Which capacity limit refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Keys,
+    Waiters,
+    Sources,
+    Sessions,
+}
+
+impl Limit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Keys => "max_keys",
+            Limit::Waiters => "max_waiters",
+            Limit::Sources => "max_sources",
+            Limit::Sessions => "max_sessions",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Effect {
+    /// A request was refused because a capacity limit was reached (the
+    /// `-` follows as a Reply).
+    LimitReached { limit: Limit },
+    /// Send `reply` to `conn`; its request is finished.
+    Reply { conn: Token, reply: Reply },
+    /// `conn` now holds the key; send it `+`. `waited_us` is set when the
+    /// grant came from the queue (a hand-off).
+    Granted {
+        conn: Token,
+        grant: Grant,
+        waited_us: Option<u64>,
+    },
+    /// The key's holder was released.
+    Released {
+        key: Name,
+        grant_id: u64,
+        holder_conn: Token,
+        /// The holder as it was (for undoing the release).
+        holder: HeldKey,
+        held_us: u64,
+        cause: ReleaseCause,
+    },
+}
+
+/// Ordered effects of one or more operations. Reused across ticks.
+pub type Effects = Vec<Effect>;
+
+/// How an Acquire holds and waits (Locking-Center: [`LockOpts::default`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LockOpts {
+    pub mode: HoldMode,
+    /// A lease's TTL (ignored for other modes).
+    pub ttl_ms: u32,
+    /// The requesting session ([`Table::owner_open`](super::Table::owner_open)), `NIL` for none.
+    pub owner: u32,
+    /// Server-side wait deadline (monotonic µs) of a blocking request.
+    pub deadline_us: Option<u64>,
+}
+
+impl Default for LockOpts {
+    fn default() -> Self {
+        LockOpts {
+            mode: HoldMode::Persistent,
+            ttl_ms: 0,
+            owner: NIL,
+            deadline_us: None,
+        }
+    }
+}
+
+/// What an owner-checked operation found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    Ok,
+    /// The token is not the key's current one.
+    Stale,
+    /// The token is current but the session hold is another session's.
+    NotOwner,
+    /// Extend of a hold that is not a lease.
+    NotLease,
+}
+
+/// An extend that took effect: what the log records and an undo needs.
+#[derive(Clone, Copy, Debug)]
+pub struct Extended {
+    pub key: Name,
+    pub grant_id: u64,
+    pub expires_unix_ms: u64,
+    pub expires_mono_us: u64,
+    pub prev_unix_ms: u64,
+    pub prev_mono_us: u64,
+}
+
+/// One held key as listed by the admin `KEYS` command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldKey {
+    pub key: Name,
+    pub source: Name,
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    /// Also the fencing token.
+    pub grant_id: u64,
+    pub mode: HoldMode,
+    /// A lease's deadline (Unix ms), 0 for other modes.
+    pub expires_unix_ms: u64,
+}
+
+impl HeldKey {
+    /// The same holder by reference.
+    pub fn as_ref(&self) -> HeldRef<'_> {
+        HeldRef {
+            key: self.key.as_bytes(),
+            source: self.source.as_bytes(),
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        }
+    }
+}
+
+/// A held key by reference: names borrowed from wherever they are stored
+/// (a log image during recovery, the table itself), so visiting a million
+/// holders copies no name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldRef<'a> {
+    pub key: &'a [u8],
+    pub source: &'a [u8],
+    pub endpoint: SocketAddr,
+    pub acquired_unix_ms: u64,
+    pub grant_id: u64,
+    pub mode: HoldMode,
+    pub expires_unix_ms: u64,
+}
+
+impl HeldRef<'_> {
+    /// An owned copy; `None` when a name is longer than [`NAME_MAX`](super::NAME_MAX).
+    pub fn to_owned(&self) -> Option<HeldKey> {
+        Some(HeldKey {
+            key: Name::new(self.key)?,
+            source: Name::new(self.source)?,
+            endpoint: self.endpoint,
+            acquired_unix_ms: self.acquired_unix_ms,
+            grant_id: self.grant_id,
+            mode: self.mode,
+            expires_unix_ms: self.expires_unix_ms,
+        })
+    }
+}
+
+/// What a blocking or try lock request turned into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Blocking,
+    Try,
+}
