@@ -69,7 +69,7 @@
 //!    batching. Fed events, returns commands; no syscall, no clock read,
 //!    no `unsafe`. The simulator (`tests/sim`) drives it too.
 //! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`
-//!    I/O; owns every fd and every buffer lent to the kernel ([`io`] holds
+//!    I/O; owns every fd and every buffer lent to the kernel ([`driver::user_data`] holds
 //!    the `user_data` encoding).
 //! 6. The client side, beside the server's layers (it uses only
 //!    [`protocol`]'s codecs and the leaves): [`lease`] (the lock API every
@@ -124,8 +124,6 @@ pub mod protocol;
 pub mod log;
 #[cfg(feature = "server")]
 pub mod driver;
-#[cfg(feature = "server")]
-pub mod io;
 #[cfg(feature = "server")]
 pub mod shard;
 #[cfg(feature = "server")]

@@ -19,8 +19,8 @@ use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
 use super::faults::Faults;
+use super::user_data::{self as ring_io, Op};
 use super::{now, Loop};
-use crate::io::{self as ring_io, Op};
 use crate::log::Level;
 use crate::wal::log::Chain;
 use crate::wal::plan::{Batch, Files, Grown, Kind, Next, Step, Stream, Target, Writer};

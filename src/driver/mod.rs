@@ -18,13 +18,14 @@
 //! still proves it is alive) → drain every CQE into a local array (no handler runs
 //! inside the drain) → dispatch each as a shard event → `end_tick` (frame
 //! expiry, log batch, durable answers) → execute the shard's commands.
-//! `user_data` = op | generation | slot ([`crate::io`]); 0 is never used.
+//! `user_data` = op | generation | slot ([`user_data`]); 0 is never used.
 
 pub mod buf;
 pub mod faults;
 mod logio;
 pub mod mesh;
 pub mod poll;
+pub mod user_data;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -36,7 +37,6 @@ use io_uring::{opcode, types, IoUring};
 
 use crate::config::{Config, LOCK_RECV_BUF, RING_ENTRIES};
 use crate::core::{Now, Table, Token};
-use crate::io::{self as ring_io, Op};
 use crate::log::Level;
 use crate::metrics::Metrics;
 use crate::shard::conn::Port;
@@ -48,6 +48,7 @@ use buf::{Lent, Slot};
 use faults::Faults;
 use logio::LogIo;
 use mesh::{MeshEnd, Msg};
+use user_data::{self as ring_io, Op};
 
 /// The answer sent to connections refused over the limit.
 static REFUSED: [u8; 1] = [b'-'];

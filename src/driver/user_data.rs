@@ -1,12 +1,11 @@
-//! io_uring plumbing: `user_data` encoding and a submission helper.
+//! The driver's `user_data` codec: which op a completion is for, the
+//! generation of the connection slot it was submitted for, and the slot.
 //!
 //! `user_data` packs `op (4 bits) | generation (28 bits) | slot (32 bits)`;
 //! 0 is never produced (every op code is non-zero). A connection slot and
 //! its buffers belong to the kernel until the *final* CQE of every op that
 //! references them; the generation check drops completions aimed at a
 //! previous occupant of a reused slot.
-
-use io_uring::{squeue, IoUring};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -47,7 +46,12 @@ impl Op {
     }
 }
 
-const GEN_MASK: u32 = 0x0FFF_FFFF;
+/// The shard's slot generations are this wide; the codec keeps them whole.
+use crate::shard::conn::GEN_MASK;
+const _: () = assert!(
+    GEN_MASK == 0x0FFF_FFFF,
+    "28 bits of generation in user_data"
+);
 
 pub fn encode(op: Op, gen: u32, slot: u32) -> u64 {
     ((op as u64) << 60) | (((gen & GEN_MASK) as u64) << 32) | slot as u64
@@ -56,40 +60,6 @@ pub fn encode(op: Op, gen: u32, slot: u32) -> u64 {
 pub fn decode(ud: u64) -> Option<(Op, u32, u32)> {
     let op = Op::from_u8((ud >> 60) as u8)?;
     Some((op, ((ud >> 32) as u32) & GEN_MASK, ud as u32))
-}
-
-/// Next generation for a slot: never 0, wraps within 28 bits.
-pub fn next_gen(gen: u32) -> u32 {
-    let g = (gen + 1) & GEN_MASK;
-    if g == 0 {
-        1
-    } else {
-        g
-    }
-}
-
-/// Pushes one SQE, submitting first if the queue is full.
-///
-/// # Safety
-/// The caller guarantees that every buffer the entry references stays valid
-/// and unmoved until the entry's final completion.
-pub unsafe fn push(ring: &mut IoUring, sqe: &squeue::Entry) {
-    loop {
-        // SAFETY: forwarded from the caller.
-        if unsafe { ring.submission().push(sqe) }.is_ok() {
-            return;
-        }
-        match ring.submit() {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                // Completion queue backlog: the caller drains it next tick;
-                // the kernel keeps overflowed completions (NODROP).
-                std::thread::yield_now();
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) => panic!("io_uring submit failed while the queue was full: {e}"),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -102,6 +72,5 @@ mod tests {
         assert_eq!(decode(ud), Some((Op::Send, 0x0ABC_DEF1, 77)));
         assert_ne!(encode(Op::AcceptLock, 0, 0), 0);
         assert_eq!(decode(0), None);
-        assert_eq!(next_gen(GEN_MASK), 1);
     }
 }
