@@ -497,7 +497,9 @@ fn cycle_until(
     minus: &mut u32,
     mut done: impl FnMut(&str) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // A bound, not a speed check: generous, since a loaded 2-CPU machine
+    // (a parallel build) runs this debug server many times slower.
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut seen = false;
     let mut i = 0u32;
     while !seen {

@@ -77,20 +77,22 @@ impl World {
     fn apply(&mut self) {
         for e in self.fx.drain(..) {
             match e {
-                Effect::Granted { grant, .. } => {
-                    self.log.append_acquire(&grant.held_key());
+                Effect::Granted {
+                    key_slot, grant_id, ..
+                } => {
+                    self.log
+                        .append_acquire(self.table.granted(key_slot, grant_id).0);
                 }
                 Effect::Released {
-                    key,
-                    grant_id,
-                    holder,
-                    ..
+                    released, grant_id, ..
                 } => {
-                    self.log.append_release(&key, grant_id, &holder);
+                    self.log
+                        .append_release(self.table.released(released, grant_id));
                 }
                 Effect::Reply { .. } | Effect::LimitReached { .. } => {}
             }
         }
+        self.table.effects_applied();
     }
 
     fn op(&mut self) {

@@ -149,6 +149,7 @@ fn measure(held: usize, expiring: usize, rounds: usize) -> Result<Cell, String> 
         let ttl_ms = HOUR_MS + (i as u64 * HOUR_MS as u64 / held as u64) as u32;
         lock_lease(&mut table, &key(i), ttl_ms, now, &mut fx)?;
         fx.clear();
+        table.effects_applied();
     }
     let mut ns = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -156,6 +157,7 @@ fn measure(held: usize, expiring: usize, rounds: usize) -> Result<Cell, String> 
             lock_lease(&mut table, &key(i), TTL_MS, now, &mut fx)?;
         }
         fx.clear();
+        table.effects_applied();
         if table.held_keys() != held {
             return Err(format!(
                 "{} held before the tick, expected {held}",
@@ -180,6 +182,7 @@ fn measure(held: usize, expiring: usize, rounds: usize) -> Result<Cell, String> 
             ));
         }
         fx.clear();
+        table.effects_applied();
         now = tick;
     }
     ns.sort_unstable();
@@ -203,6 +206,7 @@ fn measure_scan(held: usize, rounds: usize) -> Result<Cell, String> {
         let ttl_ms = HOUR_MS + (i as u64 * HOUR_MS as u64 / held as u64) as u32;
         lock_lease(&mut table, &key(i), ttl_ms, now, &mut fx)?;
         fx.clear();
+        table.effects_applied();
     }
     let tick_unix_ms = now.unix_ms + u64::from(TTL_MS);
     let mut ns = Vec::with_capacity(rounds);

@@ -43,7 +43,7 @@ use super::index::{Found, NameIndex};
 use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef, NAME_MAX};
 use super::types::{
-    Checked, Effect, Effects, Extended, Grant, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
+    Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
     LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN,
 };
 
@@ -79,6 +79,14 @@ struct Holder {
     /// operators); 0 otherwise.
     expires_mono_us: u64,
     expires_unix_ms: u64,
+}
+
+/// A released holder as it was, kept until its effect is applied.
+#[derive(Clone, Copy)]
+struct Retired {
+    key: NameRef,
+    source: NameRef,
+    holder: Holder,
 }
 
 struct KeyEntry {
@@ -182,6 +190,13 @@ pub struct Table {
     /// The walk of a snapshot taken a chunk at a time (see
     /// [`Table::walk_begin`]).
     walk: Option<Walk>,
+    /// Holders released by operations whose effects are not applied yet:
+    /// [`Effect::Released`] refers to them by index, so an effect copies no
+    /// name. Cleared by [`Table::effects_applied`].
+    retired: Vec<Retired>,
+    /// Names freed while `retired` is not empty: an effect may still read
+    /// them. Freed by [`Table::effects_applied`].
+    dead_names: Vec<NameRef>,
 }
 
 impl Drop for Table {
@@ -229,6 +244,8 @@ impl Table {
             waits: BinaryHeap::new(),
             next_seq: 1,
             walk: None,
+            retired: Vec::with_capacity(64),
+            dead_names: Vec::with_capacity(64),
         }
     }
 
@@ -423,9 +440,74 @@ impl Table {
                 self.source_index.remove(h, s),
                 "source slot {s} missing from its index"
             );
-            self.names.remove(name);
+            self.free_name(name);
             self.sources.remove(s as usize);
         }
+    }
+
+    /// Frees a name, or keeps it until the pending effects are applied
+    /// (a retired holder may name it).
+    fn free_name(&mut self, name: NameRef) {
+        if self.retired.is_empty() {
+            self.names.remove(name);
+        } else {
+            self.dead_names.push(name);
+        }
+    }
+
+    /// The effects of every operation so far have been applied: what
+    /// [`Effect::Released`] referred to may go. The shard calls it after
+    /// each round of effects; a caller that never does keeps every
+    /// released holder and name (bounded by what it released).
+    pub fn effects_applied(&mut self) {
+        self.retired.clear();
+        for n in self.dead_names.drain(..) {
+            self.names.remove(n);
+        }
+    }
+
+    /// The holder that [`Effect::Released`] `released` refers to, as it
+    /// was; `grant_id` must be that effect's (checked: an index from
+    /// before [`Table::effects_applied`] is refused, never misread).
+    pub fn released(&self, released: u32, grant_id: u64) -> HeldRef<'_> {
+        let r = self
+            .retired
+            .get(released as usize)
+            .filter(|r| r.holder.grant_id == grant_id)
+            .expect("a released holder read after effects_applied");
+        self.retired_ref(r)
+    }
+
+    fn retired_ref(&self, r: &Retired) -> HeldRef<'_> {
+        HeldRef {
+            key: self.names.get(r.key),
+            source: self.names.get(r.source),
+            endpoint: r.holder.endpoint.addr(),
+            acquired_unix_ms: r.holder.acquired_unix_ms,
+            grant_id: r.holder.grant_id,
+            mode: r.holder.mode,
+            expires_unix_ms: r.holder.expires_unix_ms,
+        }
+    }
+
+    /// The grant that [`Effect::Granted`] reports, by reference, with its
+    /// lease deadline on the monotonic clock (0 for other modes): the key
+    /// slot's holder, or, if an operation of the same round released it
+    /// already, that holder as it was.
+    pub fn granted(&self, key_slot: u32, grant_id: u64) -> (HeldRef<'_>, u64) {
+        if let Some(h) = self.keys.get(key_slot as usize).and_then(|e| e.holder) {
+            if h.grant_id == grant_id {
+                let r = self.held_ref(key_slot).expect("held");
+                return (r, h.expires_mono_us);
+            }
+        }
+        let r = self
+            .retired
+            .iter()
+            .rev()
+            .find(|r| r.holder.grant_id == grant_id)
+            .expect("a granted holder read after effects_applied");
+        (self.retired_ref(r), r.holder.expires_mono_us)
     }
 
     fn key_drop_if_unused(&mut self, k: u32) {
@@ -436,7 +518,7 @@ impl Table {
                 self.key_index.remove(h, k),
                 "key slot {k} missing from its index"
             );
-            self.names.remove(name);
+            self.free_name(name);
             self.keys.remove(k as usize);
             self.budget.free_keys(1);
         }
@@ -451,20 +533,9 @@ impl Table {
         endpoint: Endpoint,
         conn: Token,
         spec: Spec,
-    ) -> Grant {
+    ) -> u64 {
         self.hold(k, source, endpoint, conn, spec);
-        Grant {
-            key_slot: k,
-            grant_id: spec.grant_id,
-            key: self.key_name(k),
-            source: Name::new(self.names.get(self.sources[source as usize].name))
-                .expect("names are at most NAME_MAX"),
-            endpoint: endpoint.addr(),
-            acquired_unix_ms: spec.acquired_unix_ms,
-            mode: spec.mode,
-            expires_unix_ms: spec.expires_unix_ms,
-            expires_mono_us: spec.expires_mono_us,
-        }
+        spec.grant_id
     }
 
     /// [`Table::set_holder`] without building the grant (recovery).
@@ -524,13 +595,20 @@ impl Table {
     /// Removes the holder of key slot `k` (which must be held); does not
     /// grant the next waiter and does not drop the key entry.
     fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
-        let before = self.held_key(k).expect("release of a free key");
+        // Retired before the unhold, which may drop the source's name
+        // (kept now until the effect is applied).
+        let held = self.keys[k as usize].holder.expect("release of a free key");
+        let released = self.retired.len() as u32;
+        self.retired.push(Retired {
+            key: self.keys[k as usize].name,
+            source: self.sources[held.source as usize].name,
+            holder: held,
+        });
         let h = self.unhold(k);
         fx.push(Effect::Released {
-            key: self.key_name(k),
-            grant_id: h.grant_id,
             holder_conn: h.conn,
-            holder: before,
+            released,
+            grant_id: h.grant_id,
             held_us: now.mono_us.saturating_sub(h.acquired_mono_us),
             cause,
         });
@@ -601,10 +679,11 @@ impl Table {
         };
         let waiter = self.detach_waiter(w);
         let spec = self.new_spec(waiter.mode, waiter.ttl_ms, waiter.owner, now);
-        let grant = self.set_holder(k, waiter.source, waiter.endpoint, waiter.conn, spec);
+        let grant_id = self.set_holder(k, waiter.source, waiter.endpoint, waiter.conn, spec);
         fx.push(Effect::Granted {
             conn: waiter.conn,
-            grant,
+            key_slot: k,
+            grant_id,
             waited_us: Some(now.mono_us.saturating_sub(waiter.enqueued_mono_us)),
         });
     }
@@ -718,10 +797,11 @@ impl Table {
             return None;
         };
         let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, now);
-        let grant = self.set_holder(k, s, endpoint, conn, spec);
+        let grant_id = self.set_holder(k, s, endpoint, conn, spec);
         fx.push(Effect::Granted {
             conn,
-            grant,
+            key_slot: k,
+            grant_id,
             waited_us: None,
         });
         None
@@ -1289,7 +1369,7 @@ impl Table {
         assert_eq!(self.source_index.len(), self.sources.len());
         assert_eq!(
             self.names.len(),
-            self.keys.len() + self.sources.len(),
+            self.keys.len() + self.sources.len() + self.dead_names.len(),
             "a name stored for nothing (or twice)"
         );
         let mut src_waiting = 0;

@@ -1,6 +1,6 @@
 //! The lock core's contract types: what callers pass to the table
 //! ([`Now`], [`LockOpts`], [`Limits`], [`Token`]) and what they get back
-//! ([`Effect`]s, [`Reply`], [`Grant`], [`HeldKey`], ...). The table's own
+//! ([`Effect`]s, [`Reply`], [`HeldKey`], ...). The table's own
 //! state stays private to `table.rs`.
 
 use std::net::SocketAddr;
@@ -90,38 +90,6 @@ impl Reply {
     }
 }
 
-/// Everything a grant record needs, by value.
-#[derive(Clone, Copy, Debug)]
-pub struct Grant {
-    pub key_slot: u32,
-    /// The grant's id, which is also its fencing token: it strictly
-    /// increases for every key (see [`Table::raise_next_grant_id`](super::Table::raise_next_grant_id)).
-    pub grant_id: u64,
-    pub key: Name,
-    pub source: Name,
-    pub endpoint: SocketAddr,
-    pub acquired_unix_ms: u64,
-    pub mode: HoldMode,
-    /// A lease's deadline (Unix ms), 0 for other modes.
-    pub expires_unix_ms: u64,
-    /// A lease's deadline on the monotonic clock, 0 for other modes.
-    pub expires_mono_us: u64,
-}
-
-impl Grant {
-    pub fn held_key(&self) -> HeldKey {
-        HeldKey {
-            key: self.key,
-            source: self.source,
-            endpoint: self.endpoint,
-            acquired_unix_ms: self.acquired_unix_ms,
-            grant_id: self.grant_id,
-            mode: self.mode,
-            expires_unix_ms: self.expires_unix_ms,
-        }
-    }
-}
-
 /// Why a holder lost a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReleaseCause {
@@ -179,24 +147,35 @@ pub enum Effect {
     LimitReached { limit: Limit },
     /// Send `reply` to `conn`; its request is finished.
     Reply { conn: Token, reply: Reply },
-    /// `conn` now holds the key; send it `+`. `waited_us` is set when the
-    /// grant came from the queue (a hand-off).
+    /// `conn` now holds key slot `key_slot` under `grant_id`; send it `+`.
+    /// `waited_us` is set when the grant came from the queue (a hand-off).
+    /// The grant's key, source and deadlines:
+    /// [`Table::granted`](super::Table::granted).
     Granted {
         conn: Token,
-        grant: Grant,
+        key_slot: u32,
+        grant_id: u64,
         waited_us: Option<u64>,
     },
-    /// The key's holder was released.
+    /// The holder `grant_id` (of connection `holder_conn`) was released.
+    /// The holder as it was, key and source by reference (for its record,
+    /// a Lost push, and undoing the release):
+    /// [`Table::released`](super::Table::released)`(released, grant_id)`,
+    /// valid until [`Table::effects_applied`](super::Table::effects_applied).
     Released {
-        key: Name,
-        grant_id: u64,
         holder_conn: Token,
-        /// The holder as it was (for undoing the release).
-        holder: HeldKey,
+        released: u32,
+        grant_id: u64,
         held_us: u64,
         cause: ReleaseCause,
     },
 }
+
+// Effects are moved around in every request's path: small, no names.
+const _: () = assert!(
+    std::mem::size_of::<Effect>() <= 64,
+    "an Effect carries no name"
+);
 
 /// Ordered effects of one or more operations. Reused across ticks.
 pub type Effects = Vec<Effect>;

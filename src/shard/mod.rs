@@ -190,6 +190,9 @@ pub struct Shard {
     table: Table,
     fx: Effects,
     fx_spare: Effects,
+    /// Nesting of `apply_effects` (an applied effect may run a table
+    /// operation whose effects are applied within it).
+    fx_depth: u32,
     dirty: Vec<u32>,
     partial: crate::core::list::List,
     metrics: Arc<Metrics>,
@@ -248,6 +251,7 @@ impl Shard {
             table,
             fx: Vec::with_capacity(1024),
             fx_spare: Vec::with_capacity(1024),
+            fx_depth: 0,
             dirty: Vec::with_capacity(1024),
             partial: crate::core::list::List::new(),
             metrics,
@@ -1468,6 +1472,9 @@ impl Shard {
     /// Applies the table's effects in order (they may cascade: releasing an
     /// undeliverable grant can grant the next waiter).
     fn apply_effects(&mut self) {
+        // Effects refer to released holders by index until the table is
+        // told they were applied: only the outermost round tells it.
+        self.fx_depth += 1;
         while !self.fx.is_empty() {
             let batch = std::mem::replace(&mut self.fx, std::mem::take(&mut self.fx_spare));
             for e in &batch {
@@ -1476,6 +1483,10 @@ impl Shard {
             let mut batch = batch;
             batch.clear();
             self.fx_spare = batch;
+        }
+        self.fx_depth -= 1;
+        if self.fx_depth == 0 {
+            self.table.effects_applied();
         }
     }
 
@@ -1514,18 +1525,17 @@ impl Shard {
             }
             Effect::Granted {
                 conn,
-                grant,
+                key_slot,
+                grant_id,
                 waited_us,
             } => {
                 if let Some(log) = self.log.as_mut() {
-                    let lsn = log.append_acquire(&grant.held_key());
-                    self.undo.push_back((
-                        lsn,
-                        Undo::Acquire {
-                            key: grant.key,
-                            grant_id: grant.grant_id,
-                        },
-                    ));
+                    // Durable mode only: the record, and the key's name
+                    // for the undo journal (it outlives this round).
+                    let (held, _) = self.table.granted(key_slot, grant_id);
+                    let lsn = log.append_acquire(held);
+                    let key = Name::new(held.key).expect("names are at most NAME_MAX");
+                    self.undo.push_back((lsn, Undo::Acquire { key, grant_id }));
                 }
                 self.metrics.grant();
                 if let Some(us) = waited_us {
@@ -1541,28 +1551,31 @@ impl Shard {
                         if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
                             self.metrics.request(a, metrics::Outcome::Ok);
                         }
-                        self.answer(slot, b'+', Some((grant.key_slot, grant.grant_id)));
+                        self.answer(slot, b'+', Some((key_slot, grant_id)));
                     }
                     None => {
                         // Nobody left to tell: give the key back at once.
                         self.metrics.undelivered_grant();
                         let now = self.now;
                         self.table
-                            .release_grant(grant.key_slot, grant.grant_id, now, &mut self.fx);
+                            .release_grant(key_slot, grant_id, now, &mut self.fx);
                     }
                 }
             }
             Effect::Released {
-                key,
+                released,
                 grant_id,
-                holder,
                 held_us,
                 holder_conn,
                 ..
             } => {
                 if let Some(log) = self.log.as_mut() {
-                    let lsn = log.append_release(&key, grant_id, &holder);
-                    self.undo.push_back((lsn, Undo::Release { prev: holder }));
+                    // Durable mode only: the record, and the holder as it
+                    // was for the undo journal (it outlives this round).
+                    let prev = self.table.released(released, grant_id);
+                    let lsn = log.append_release(prev);
+                    let prev = prev.to_owned().expect("names are at most NAME_MAX");
+                    self.undo.push_back((lsn, Undo::Release { prev }));
                 }
                 self.metrics.observe_hold_us(held_us);
                 if holder_conn & SESS_BIT != 0 {

@@ -622,27 +622,38 @@ impl Shard {
             Effect::Reply { conn, reply: r } if conn & SESS_BIT != 0 => {
                 (conn, super::session::reply(conn as u32, status_of(r)))
             }
-            Effect::Granted { conn, grant, .. } if conn & SESS_BIT != 0 => (
+            Effect::Granted {
                 conn,
-                SessOut::Reply {
-                    rid: conn as u32,
-                    status: Status::Ok,
-                    token: grant.grant_id,
-                    ttl_left_ms: if grant.mode == HoldMode::Lease {
-                        ((grant.expires_mono_us.saturating_sub(self.now.mono_us)) / 1000)
-                            .min(sp::NO_TTL as u64 - 1) as u32
-                    } else {
-                        sp::NO_TTL
+                key_slot,
+                grant_id,
+                ..
+            } if conn & SESS_BIT != 0 => {
+                let (held, expires_mono_us) = self.table.granted(key_slot, grant_id);
+                (
+                    conn,
+                    SessOut::Reply {
+                        rid: conn as u32,
+                        status: Status::Ok,
+                        token: grant_id,
+                        ttl_left_ms: if held.mode == HoldMode::Lease {
+                            ((expires_mono_us.saturating_sub(self.now.mono_us)) / 1000)
+                                .min(sp::NO_TTL as u64 - 1) as u32
+                        } else {
+                            sp::NO_TTL
+                        },
                     },
-                },
-            ),
+                )
+            }
             Effect::Released {
-                key,
+                released,
                 grant_id,
                 holder_conn,
                 cause,
                 ..
             } if holder_conn & SESS_BIT != 0 => {
+                // A Lost push (rare): the key's name is copied into it.
+                let key = crate::core::Name::new(self.table.released(released, grant_id).key)
+                    .expect("names are at most NAME_MAX");
                 if !cause.forced() {
                     return;
                 }

@@ -30,7 +30,7 @@
 //! appended after the first chunk is replayed after the snapshot, which
 //! makes the piecewise snapshot exact.
 
-use crate::core::{HeldKey, Name, Table};
+use crate::core::{HeldRef, Name, Table};
 
 use super::record::{self, MAGIC};
 
@@ -179,8 +179,6 @@ pub struct Log {
     snapshot_chunk: usize,
 }
 
-use super::acquire_len;
-
 impl Log {
     /// A log whose file holds `file_len` valid bytes, replayed into `table`.
     pub fn new(file_len: u64, table: &Table, compact_floor_bytes: u64) -> Log {
@@ -282,11 +280,11 @@ impl Log {
         }
     }
 
-    pub fn append_acquire(&mut self, h: &HeldKey) -> u64 {
+    pub fn append_acquire(&mut self, h: HeldRef<'_>) -> u64 {
         let start = self.filling.len();
-        record::encode_acquire(h.as_ref(), &mut self.filling);
+        record::encode_acquire(h, &mut self.filling);
         self.carry_from(start);
-        self.live_bytes += acquire_len(h);
+        self.live_bytes += record::acquire_len(h) as u64;
         self.filling_records += 1;
         self.tail_lsn += 1;
         self.tail_lsn
@@ -303,11 +301,14 @@ impl Log {
         self.tail_lsn
     }
 
-    pub fn append_release(&mut self, key: &Name, grant_id: u64, holder: &HeldKey) -> u64 {
+    /// The release of `holder` (as it was).
+    pub fn append_release(&mut self, holder: HeldRef<'_>) -> u64 {
         let start = self.filling.len();
-        record::encode_release(key.as_bytes(), grant_id, &mut self.filling);
+        record::encode_release(holder.key, holder.grant_id, &mut self.filling);
         self.carry_from(start);
-        self.live_bytes = self.live_bytes.saturating_sub(acquire_len(holder));
+        self.live_bytes = self
+            .live_bytes
+            .saturating_sub(record::acquire_len(holder) as u64);
         self.filling_records += 1;
         self.tail_lsn += 1;
         self.tail_lsn

@@ -117,15 +117,18 @@ fn undelivered_grant_is_released_only_if_still_held_by_it() {
     let mut tb = t();
     let mut fx = Vec::new();
     lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
-    let Effect::Granted { grant, .. } = fx[0] else {
+    let Effect::Granted {
+        key_slot, grant_id, ..
+    } = fx[0]
+    else {
         panic!()
     };
     lk(&mut tb, &mut fx, 2, "k", "a", LockMode::Blocking, 0);
     fx.clear();
-    assert!(tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
+    assert!(tb.release_grant(key_slot, grant_id, at(5), &mut fx));
     assert_eq!(granted(&fx), vec![2]);
     fx.clear();
-    assert!(!tb.release_grant(grant.key_slot, grant.grant_id, at(5), &mut fx));
+    assert!(!tb.release_grant(key_slot, grant_id, at(5), &mut fx));
     assert!(fx.is_empty());
 }
 
@@ -299,7 +302,7 @@ proptest! {
             }
             for e in &fx {
                 match e {
-                    Effect::Granted { conn, grant, .. } => { grants.insert(*conn, (grant.key_slot, grant.grant_id)); waiters.retain(|(c, _)| c != conn); }
+                    Effect::Granted { conn, key_slot, grant_id, .. } => { grants.insert(*conn, (*key_slot, *grant_id)); waiters.retain(|(c, _)| c != conn); }
                     Effect::Reply { conn, .. } => waiters.retain(|(c, _)| c != conn),
                     Effect::Released { holder_conn, .. } => { grants.remove(holder_conn); }
                     Effect::LimitReached { .. } => {}
@@ -437,19 +440,23 @@ proptest! {
             let now_us_ = now_us;
             for e in &fx {
                 match *e {
-                    Effect::Granted { conn, grant, waited_us } => {
+                    Effect::Granted { conn, key_slot, grant_id, waited_us } => {
+                        let (g, expires_mono_us) = tb.granted(key_slot, grant_id);
+                        prop_assert_eq!(g.grant_id, grant_id);
+                        let mode = g.mode;
                         let k = conn_key[&conn];
                         prop_assert!(!holder.contains_key(&k), "two holders of k{}", k);
                         if waited_us.is_some() {
                             let q = queues.get_mut(&k).expect("queued");
                             prop_assert_eq!(q.pop_front(), Some(conn), "FIFO on k{}", k);
                         }
-                        let last = last_token.insert(k, grant.grant_id).unwrap_or(0);
-                        prop_assert!(grant.grant_id > last, "token {} after {}", grant.grant_id, last);
-                        holder.insert(k, (conn, grant.grant_id, grant.mode, grant.expires_mono_us));
+                        let last = last_token.insert(k, grant_id).unwrap_or(0);
+                        prop_assert!(grant_id > last, "token {} after {}", grant_id, last);
+                        holder.insert(k, (conn, grant_id, mode, expires_mono_us));
                     }
-                    Effect::Released { key, grant_id, cause, .. } => {
-                        let k = (0..3u8).find(|k| kn(*k) == key).expect("known key");
+                    Effect::Released { released, grant_id, cause, .. } => {
+                        let key = tb.released(released, grant_id).key;
+                        let k = (0..3u8).find(|k| kn(*k).as_bytes() == key).expect("known key");
                         let h = holder.remove(&k).expect("released a held key");
                         prop_assert_eq!(h.1, grant_id);
                         if cause == ReleaseCause::Expired {
@@ -482,4 +489,53 @@ proptest! {
             prop_assert_eq!(tb.queued_waiters(), queues.values().map(|q| q.len()).sum::<usize>());
         }
     }
+}
+
+/// A release's effect names the holder by index, not by copy: the key and
+/// source stay readable (even when the key and its source are dropped by
+/// the release) until the effects are applied, and an index from before
+/// `effects_applied` is refused rather than misread.
+#[test]
+fn a_released_holder_is_readable_until_its_effects_are_applied() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    lk(
+        &mut tb,
+        &mut fx,
+        1,
+        "gone",
+        "only-source",
+        LockMode::Blocking,
+        0,
+    );
+    tb.effects_applied();
+    fx.clear();
+    tb.unlock(2, b"gone", at(5), &mut fx);
+    let Some(&Effect::Released {
+        released, grant_id, ..
+    }) = fx.iter().find(|e| matches!(e, Effect::Released { .. }))
+    else {
+        panic!("no release effect: {fx:?}")
+    };
+    // The key entry and its only source are gone from the table ...
+    assert!(tb.holder_of(b"gone").is_none());
+    assert_eq!(tb.key_entries(), 0);
+    // ... but the effect still reads the holder as it was.
+    let h = tb.released(released, grant_id);
+    assert_eq!((h.key, h.source), (&b"gone"[..], &b"only-source"[..]));
+    tb.check_invariants();
+    tb.effects_applied();
+    tb.check_invariants();
+    let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tb.released(released, grant_id).grant_id
+    }));
+    assert!(
+        stale.is_err(),
+        "a released holder read after effects_applied"
+    );
+}
+
+#[test]
+fn an_effect_carries_no_name() {
+    assert!(std::mem::size_of::<Effect>() <= 64);
 }
