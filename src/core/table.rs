@@ -182,6 +182,8 @@ pub struct Table {
     /// The walk of a snapshot taken a chunk at a time (see
     /// [`Table::walk_begin`]).
     walk: Option<Walk>,
+    /// Admin listings in progress (see [`listing`]).
+    listings: Vec<Option<listing::Listing>>,
 }
 
 impl Drop for Table {
@@ -229,6 +231,7 @@ impl Table {
             waits: BinaryHeap::new(),
             next_seq: 1,
             walk: None,
+            listings: Vec::new(),
         }
     }
 
@@ -539,6 +542,7 @@ impl Table {
     /// [`Table::clear_holder`] without an effect (recovery and undo: nobody
     /// to tell, and nothing to allocate).
     fn unhold(&mut self, k: u32) -> Holder {
+        self.listing_note(k);
         let h = self.keys[k as usize]
             .holder
             .take()
@@ -1124,10 +1128,11 @@ impl Table {
             return Err(self.why_not(owner, key, token));
         };
         let name = self.key_name(k);
-        let h = self.keys[k as usize].holder.as_mut().expect("checked");
-        if h.mode != HoldMode::Lease {
+        if self.keys[k as usize].holder.map(|h| h.mode) != Some(HoldMode::Lease) {
             return Err(Checked::NotLease);
         }
+        self.listing_note(k);
+        let h = self.keys[k as usize].holder.as_mut().expect("checked");
         let x = Extended {
             key: name,
             grant_id: token,
@@ -1154,6 +1159,12 @@ impl Table {
         let Some(k) = self.find_key(key.as_ref()) else {
             return false;
         };
+        let listed = self.keys[k as usize]
+            .holder
+            .is_some_and(|h| h.grant_id == grant_id && h.mode == HoldMode::Lease);
+        if listed {
+            self.listing_note(k);
+        }
         match self.keys[k as usize].holder.as_mut() {
             Some(h) if h.grant_id == grant_id && h.mode == HoldMode::Lease => {
                 h.expires_unix_ms = unix_ms;
@@ -1319,6 +1330,9 @@ impl Table {
         }
     }
 }
+
+mod listing;
+pub use listing::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
 
 #[cfg(test)]
 mod tests;
