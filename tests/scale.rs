@@ -331,7 +331,7 @@ fn a_keys_answer_of_a_million_keys_costs_the_server_at_most_16_mb() {
     let mut n = [0u8; 4];
     r.read_exact(&mut n).expect("the count");
     assert_eq!(u32::from_le_bytes(n) as usize, N);
-    let mut sized = |r: &mut std::io::BufReader<TcpStream>| {
+    let sized = |r: &mut std::io::BufReader<TcpStream>| {
         let mut l = [0u8; 1];
         r.read_exact(&mut l).expect("a size");
         let mut v = vec![0u8; l[0] as usize];

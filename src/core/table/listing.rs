@@ -250,7 +250,7 @@ mod tests {
             let ep =
                 SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], (1000 + i % 60_000) as u16));
             let opts = LockOpts {
-                mode: if i % 3 == 0 {
+                mode: if i.is_multiple_of(3) {
                     HoldMode::Lease
                 } else {
                     HoldMode::Persistent
@@ -268,7 +268,7 @@ mod tests {
                 at(j as u64 * 1000),
                 &mut fx,
             );
-            if i % 5 == 0 {
+            if i.is_multiple_of(5) {
                 tb.lock(
                     (n + i) as u64,
                     &key,
