@@ -293,3 +293,70 @@ fn sigterm_stops_every_shard_and_answers_their_waiters() {
     let status = s.child.wait().expect("wait");
     assert!(status.success(), "exit status {status}");
 }
+
+/// A KEYS answer is streamed while the keys keep changing: it lists the
+/// holders of the moment it was executed, sorted by key across shards, even
+/// when every one of them is released (and new keys granted) before most of
+/// the answer was read. Its answer is several MB, far more than the
+/// sockets buffer, so most entries are produced after the release.
+#[test]
+fn a_streamed_keys_answer_lists_the_holders_of_its_start() {
+    use std::io::{Read, Write};
+    const N: usize = 30_000;
+    let name = |i: usize| format!("{:0>120}", i * 7 % N).into_bytes();
+    for threads in ["1", "2", "4"] {
+        let s = start(threads, &["--max-keys", "100000"]);
+        let mut c = Conn::persistent(s.lock_addr);
+        for batch in (0..N).collect::<Vec<_>>().chunks(2) {
+            let mut b = Vec::new();
+            for &i in batch {
+                b.extend_from_slice(&frame(5, &name(i), Some(b"src")));
+            }
+            c.send(&b);
+            for _ in batch {
+                assert_eq!(c.read_byte(), b'+');
+            }
+        }
+        let mut a = std::net::TcpStream::connect(s.admin_addr).expect("connect admin");
+        a.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .expect("timeout");
+        a.write_all(b"KEYS").expect("KEYS");
+        let mut n = [0u8; 4];
+        a.read_exact(&mut n).expect("the count");
+        assert_eq!(u32::from_le_bytes(n) as usize, N, "{threads} shards");
+        // Every key released, others granted, before the rest is read.
+        assert_eq!(admin_names(s.admin_addr, b"RSBS", &[b"src"]), b"++");
+        for i in 0..100 {
+            assert_eq!(c.try_lock(format!("new-{i}").as_bytes(), b"new"), b'+');
+        }
+        let mut got = Vec::new();
+        let mut r = std::io::BufReader::new(a);
+        let sized = |r: &mut std::io::BufReader<std::net::TcpStream>| {
+            let mut l = [0u8; 1];
+            r.read_exact(&mut l).expect("a size");
+            let mut v = vec![0u8; l[0] as usize];
+            r.read_exact(&mut v).expect("a name");
+            v
+        };
+        for _ in 0..N {
+            let key = sized(&mut r);
+            assert_eq!(sized(&mut r), b"src");
+            sized(&mut r);
+            let mut t = [0u8; 8];
+            r.read_exact(&mut t).expect("a time");
+            got.push(key);
+        }
+        let mut want: Vec<Vec<u8>> = (0..N).map(name).collect();
+        want.sort();
+        assert!(
+            got == want,
+            "{threads} shards: the holders of the start, sorted"
+        );
+        // The connection serves the next command; the table moved on.
+        let mut w = r.into_inner();
+        w.write_all(b"KEYS").expect("KEYS again");
+        w.read_exact(&mut n).expect("the count");
+        assert_eq!(u32::from_le_bytes(n), 100);
+        assert_eq!(keys(s.admin_addr).len(), 100);
+    }
+}

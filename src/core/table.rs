@@ -197,6 +197,8 @@ pub struct Table {
     /// Names freed while `retired` is not empty: an effect may still read
     /// them. Freed by [`Table::effects_applied`].
     dead_names: Vec<NameRef>,
+    /// Admin listings in progress (see [`listing`]).
+    listings: Vec<Option<listing::Listing>>,
 }
 
 impl Drop for Table {
@@ -246,6 +248,7 @@ impl Table {
             walk: None,
             retired: Vec::with_capacity(64),
             dead_names: Vec::with_capacity(64),
+            listings: Vec::new(),
         }
     }
 
@@ -617,6 +620,7 @@ impl Table {
     /// [`Table::clear_holder`] without an effect (recovery and undo: nobody
     /// to tell, and nothing to allocate).
     fn unhold(&mut self, k: u32) -> Holder {
+        self.listing_note(k);
         let h = self.keys[k as usize]
             .holder
             .take()
@@ -1204,10 +1208,11 @@ impl Table {
             return Err(self.why_not(owner, key, token));
         };
         let name = self.key_name(k);
-        let h = self.keys[k as usize].holder.as_mut().expect("checked");
-        if h.mode != HoldMode::Lease {
+        if self.keys[k as usize].holder.map(|h| h.mode) != Some(HoldMode::Lease) {
             return Err(Checked::NotLease);
         }
+        self.listing_note(k);
+        let h = self.keys[k as usize].holder.as_mut().expect("checked");
         let x = Extended {
             key: name,
             grant_id: token,
@@ -1234,6 +1239,12 @@ impl Table {
         let Some(k) = self.find_key(key.as_ref()) else {
             return false;
         };
+        let listed = self.keys[k as usize]
+            .holder
+            .is_some_and(|h| h.grant_id == grant_id && h.mode == HoldMode::Lease);
+        if listed {
+            self.listing_note(k);
+        }
         match self.keys[k as usize].holder.as_mut() {
             Some(h) if h.grant_id == grant_id && h.mode == HoldMode::Lease => {
                 h.expires_unix_ms = unix_ms;
@@ -1399,6 +1410,9 @@ impl Table {
         }
     }
 }
+
+mod listing;
+pub use listing::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
 
 #[cfg(test)]
 mod tests;

@@ -270,6 +270,37 @@ pub struct HeldRef<'a> {
 }
 
 impl HeldRef<'_> {
+    /// Appends this holder as one entry of an admin `KEYS` answer
+    /// (`[u8 keyLen][key][u8 srcLen][src][u8 epLen][endpoint][i64 unix s]`),
+    /// and with `extended` the `KEYX` fields `[u64 token][u8 mode][u32 lease
+    /// ms left at now_unix_ms, u32::MAX = none]`. Writes into `out` only: no
+    /// allocation beyond `out`'s growth.
+    pub fn encode_admin(&self, extended: bool, now_unix_ms: u64, out: &mut Vec<u8>) {
+        use std::io::Write;
+        out.push(self.key.len() as u8);
+        out.extend_from_slice(self.key);
+        out.push(self.source.len() as u8);
+        out.extend_from_slice(self.source);
+        let at = out.len();
+        out.push(0);
+        write!(out, "{}", self.endpoint).expect("writing to a Vec");
+        // An "ip:port" is at most 47 bytes ("[v6%scope]:port" fits 255).
+        out[at] = (out.len() - at - 1) as u8;
+        out.extend_from_slice(&((self.acquired_unix_ms / 1000) as i64).to_le_bytes());
+        if extended {
+            out.extend_from_slice(&self.grant_id.to_le_bytes());
+            out.push(self.mode as u8);
+            let left = if self.mode == HoldMode::Lease {
+                self.expires_unix_ms
+                    .saturating_sub(now_unix_ms)
+                    .min(u32::MAX as u64 - 1) as u32
+            } else {
+                u32::MAX
+            };
+            out.extend_from_slice(&left.to_le_bytes());
+        }
+    }
+
     /// An owned copy; `None` when a name is longer than [`NAME_MAX`](super::NAME_MAX).
     pub fn to_owned(&self) -> Option<HeldKey> {
         Some(HeldKey {

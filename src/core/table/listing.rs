@@ -1,0 +1,412 @@
+//! Listings: the admin `KEYS`/`KEYX` answer of one table, produced a chunk
+//! at a time from the table itself instead of a copy of every holder.
+//!
+//! A listing is the set of holders at the moment it began, sorted by key.
+//! [`Table::listing_begin`] keeps only the held key *slots*, sorted by
+//! name (4 bytes a key). Entries are encoded when their turn comes, from
+//! the live holder, which is still the one of the start: the first time a
+//! listed holder that is not yet encoded is about to change (released,
+//! reset, expired, extended, undone), [`Table::listing_note`] encodes it
+//! as it was at the start and keeps those bytes in its place (what a
+//! change costs is the encoded entry, typically ~60 bytes, at most once
+//! per listed key). An entry's lease time left is counted from the start.
+//!
+//! What a listing keeps for changed holders is bounded by
+//! [`SAVED_BYTES_MAX`]; a listing that would need more is *overflowed*
+//! and answers nothing more (its connection is closed: a client reading
+//! faster than the keys change never sees it).
+
+use super::*;
+
+/// Bytes of saved (changed-before-sent) entries a listing may keep.
+pub const SAVED_BYTES_MAX: usize = 8 << 20;
+
+/// A `slots` entry with this bit is an offset into `saved`, not a slot.
+const SAVED: u32 = 1 << 31;
+
+/// Names a listing of a table (from [`Table::listing_begin`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListingId(u32);
+
+pub(super) struct Listing {
+    /// Held key slots at the start sorted by key, or `SAVED | offset` of
+    /// an entry whose holder changed since (its start state is there).
+    slots: Vec<u32>,
+    /// Entries before `next` were encoded already.
+    next: usize,
+    /// Encoded entries (KEYX form) of holders that changed before their
+    /// turn.
+    saved: Vec<u8>,
+    /// The start, for lease time left.
+    unix_ms: u64,
+    overflowed: bool,
+}
+
+/// What [`Table::listing_next`] produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Some entries; more follow.
+    More,
+    /// The last entries (possibly none): the listing is over (ended).
+    Done,
+    /// Holders changed faster than the listing was read: it is ended.
+    Overflowed,
+}
+
+/// The length of the encoded entry at the front of `b` (KEYS form, or
+/// KEYX form with `extended`); `b` holds at least one whole entry.
+pub fn entry_len(b: &[u8], extended: bool) -> usize {
+    let mut at = 0;
+    for _ in 0..3 {
+        at += 1 + b[at] as usize;
+    }
+    at + 8 + if extended { 13 } else { 0 }
+}
+
+impl Table {
+    /// Starts a listing of the keys held now (the answer's count is the
+    /// second value). Costs 4 bytes per held key until it ends.
+    pub fn listing_begin(&mut self, now_unix_ms: u64) -> (ListingId, u32) {
+        let mut slots = Vec::with_capacity(self.held_keys());
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            if self.keys[k as usize].holder.is_some() {
+                slots.push(k);
+            }
+            cur = List::next_of(&self.keys, k, K_AGE);
+        }
+        let (names, keys) = (&self.names, &self.keys);
+        slots.sort_unstable_by(|&a, &b| {
+            names
+                .get(keys[a as usize].name)
+                .cmp(names.get(keys[b as usize].name))
+        });
+        let count = slots.len() as u32;
+        let l = Listing {
+            slots,
+            next: 0,
+            saved: Vec::new(),
+            unix_ms: now_unix_ms,
+            overflowed: false,
+        };
+        let i = match self.listings.iter().position(Option::is_none) {
+            Some(i) => {
+                self.listings[i] = Some(l);
+                i
+            }
+            None => {
+                self.listings.push(Some(l));
+                self.listings.len() - 1
+            }
+        };
+        (ListingId(i as u32), count)
+    }
+
+    /// Appends the next entries of listing `id` to `out` (KEYS form, or
+    /// KEYX with `extended`) until `out` grew by at least `max_bytes` or
+    /// the listing is over; an ended listing is freed.
+    pub fn listing_next(
+        &mut self,
+        id: ListingId,
+        extended: bool,
+        max_bytes: usize,
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let start = out.len();
+        let l = self.listings[id.0 as usize]
+            .as_mut()
+            .expect("a listing in progress");
+        if l.overflowed {
+            self.listings[id.0 as usize] = None;
+            return Step::Overflowed;
+        }
+        let (l, keys, names, sources) = (l, &self.keys, &self.names, &self.sources);
+        while l.next < l.slots.len() && out.len() - start < max_bytes {
+            let s = l.slots[l.next];
+            l.next += 1;
+            if s & SAVED != 0 {
+                let at = (s & !SAVED) as usize;
+                let len = entry_len(&l.saved[at..], true);
+                let keep = if extended { len } else { len - 13 };
+                out.extend_from_slice(&l.saved[at..at + keep]);
+            } else {
+                let e = &keys[s as usize];
+                let h = e
+                    .holder
+                    .as_ref()
+                    .expect("a listed holder is noted before it changes");
+                held_ref_of(names, sources, e, h).encode_admin(extended, l.unix_ms, out);
+            }
+        }
+        if l.next == l.slots.len() {
+            self.listings[id.0 as usize] = None;
+            Step::Done
+        } else {
+            Step::More
+        }
+    }
+
+    /// Abandons listing `id` (its reader went away).
+    pub fn listing_end(&mut self, id: ListingId) {
+        self.listings[id.0 as usize] = None;
+    }
+
+    /// Listings in progress (for invariant checks and tests).
+    pub fn listings(&self) -> usize {
+        self.listings.iter().flatten().count()
+    }
+
+    /// Key `k`'s holder is about to change: every listing that still has
+    /// to encode it as it was keeps its entry now. O(log listed) name
+    /// comparisons per listing in progress; nothing without one.
+    pub(super) fn listing_note(&mut self, k: u32) {
+        if self.listings.is_empty() {
+            return;
+        }
+        let (keys, names, sources) = (&self.keys, &self.names, &self.sources);
+        let e = &keys[k as usize];
+        let Some(h) = e.holder.as_ref() else { return };
+        let name = names.get(e.name);
+        for l in self.listings.iter_mut().flatten() {
+            if l.overflowed {
+                continue;
+            }
+            // A still-listed slot has the name it had at the start (its
+            // holder never changed, so neither did its key entry); a
+            // changed one is found by its saved entry's key.
+            let pending = &l.slots[l.next..];
+            let found = pending.binary_search_by(|&s| {
+                if s & SAVED != 0 {
+                    let at = (s & !SAVED) as usize;
+                    let kl = l.saved[at] as usize;
+                    l.saved[at + 1..at + 1 + kl].cmp(name)
+                } else {
+                    names.get(keys[s as usize].name).cmp(name)
+                }
+            });
+            // Found as a slot means this very holder (names are unique
+            // among live keys); found as saved means it changed before:
+            // the start state is kept already.
+            let Ok(i) = found else { continue };
+            if pending[i] != k {
+                continue;
+            }
+            let at = l.saved.len();
+            if at >= SAVED_BYTES_MAX {
+                // Free what it kept: the listing answers nothing more.
+                l.overflowed = true;
+                l.saved = Vec::new();
+                l.slots = Vec::new();
+                l.next = 0;
+                continue;
+            }
+            held_ref_of(names, sources, e, h).encode_admin(true, l.unix_ms, &mut l.saved);
+            let i = l.next + i;
+            l.slots[i] = SAVED | at as u32;
+        }
+    }
+}
+
+fn held_ref_of<'a>(
+    names: &'a Arena,
+    sources: &'a Slab<SourceEntry>,
+    e: &KeyEntry,
+    h: &Holder,
+) -> HeldRef<'a> {
+    HeldRef {
+        key: names.get(e.name),
+        source: names.get(sources[h.source as usize].name),
+        endpoint: h.endpoint.addr(),
+        acquired_unix_ms: h.acquired_unix_ms,
+        grant_id: h.grant_id,
+        mode: h.mode,
+        expires_unix_ms: h.expires_unix_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::admin;
+
+    fn at(us: u64) -> Now {
+        Now {
+            mono_us: us,
+            unix_ms: 1_700_000_000_000 + us / 1000,
+        }
+    }
+
+    /// A table holding `n` keys in a scrambled order (so grant order is not
+    /// key order), every third a lease; waiters on every fifth key.
+    fn table(n: usize) -> Table {
+        let mut tb = Table::new(Limits {
+            max_keys: 4 * n,
+            max_waiters: 4 * n,
+        });
+        let mut fx = Vec::new();
+        for j in 0..n {
+            let i = (j * 7919) % n;
+            let key = format!("key-{i:06}");
+            let ep =
+                SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], (1000 + i % 60_000) as u16));
+            let opts = LockOpts {
+                mode: if i.is_multiple_of(3) {
+                    HoldMode::Lease
+                } else {
+                    HoldMode::Persistent
+                },
+                ttl_ms: 60_000,
+                ..LockOpts::default()
+            };
+            tb.lock_with(
+                i as u64,
+                &key,
+                &format!("src-{}", i % 10),
+                ep,
+                LockMode::Blocking,
+                opts,
+                at(j as u64 * 1000),
+                &mut fx,
+            );
+            if i.is_multiple_of(5) {
+                tb.lock(
+                    (n + i) as u64,
+                    &key,
+                    "waiter",
+                    ep,
+                    LockMode::Blocking,
+                    at(0),
+                    &mut fx,
+                );
+            }
+        }
+        tb
+    }
+
+    /// The reference: every holder copied, sorted, encoded at once.
+    fn whole(tb: &Table, extended: bool, now_unix_ms: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        if extended {
+            admin::encode_keyx(&tb.held_list(), now_unix_ms, &mut out);
+        } else {
+            admin::encode_keys(&tb.held_list(), &mut out);
+        }
+        out
+    }
+
+    /// Listing `id` to the end in chunks of `chunk` bytes, after `count`.
+    fn drain(tb: &mut Table, id: ListingId, count: u32, x: bool, chunk: usize) -> Vec<u8> {
+        let mut out = count.to_le_bytes().to_vec();
+        loop {
+            match tb.listing_next(id, x, chunk, &mut out) {
+                Step::More => continue,
+                Step::Done => return out,
+                Step::Overflowed => panic!("overflowed"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_listing_equals_the_whole_answer_in_any_chunk_size() {
+        for x in [false, true] {
+            for chunk in [1, 100, 4096, usize::MAX] {
+                let mut tb = table(3000);
+                let now = at(5_000_000).unix_ms;
+                let want = whole(&tb, x, now);
+                let (id, count) = tb.listing_begin(now);
+                assert_eq!(count, 3000);
+                assert_eq!(
+                    drain(&mut tb, id, count, x, chunk),
+                    want,
+                    "x={x} chunk={chunk}"
+                );
+                assert_eq!(tb.listings(), 0, "a finished listing is freed");
+            }
+        }
+        let mut tb = Table::new(Limits {
+            max_keys: 1,
+            max_waiters: 1,
+        });
+        let (id, count) = tb.listing_begin(0);
+        assert_eq!(drain(&mut tb, id, count, false, 10), 0u32.to_le_bytes());
+    }
+
+    /// Holders released, reset, regranted to a waiter, extended or newly
+    /// granted while a listing is read: it still answers the holders of
+    /// its start, as they were.
+    #[test]
+    fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
+        for x in [false, true] {
+            let mut tb = table(2000);
+            let now = at(3_000_000);
+            let want = whole(&tb, x, now.unix_ms);
+            let (id, count) = tb.listing_begin(now.unix_ms);
+            let mut out = count.to_le_bytes().to_vec();
+            assert_eq!(tb.listing_next(id, x, 5000, &mut out), Step::More);
+            let mut fx = Vec::new();
+            let later = at(9_000_000);
+            for i in 0..2000usize {
+                let key = format!("key-{i:06}");
+                match i % 4 {
+                    // Unlocked (grants the waiter where there is one).
+                    0 => tb.unlock(i as u64, &key, later, &mut fx),
+                    1 => tb.reset_by_key(None, &Name::new(key.as_bytes()).unwrap(), later, &mut fx),
+                    2 if i % 3 == 0 => {
+                        let token = tb.grant_of(&key).expect("held");
+                        tb.extend(NIL, &key, token, 1_000, later).expect("a lease");
+                    }
+                    _ => {}
+                }
+                // A new key, granted after the start: not listed.
+                tb.lock(
+                    9,
+                    &format!("new-{i:06}"),
+                    "n",
+                    SocketAddr::from(([1, 1, 1, 1], 1)),
+                    LockMode::Try,
+                    later,
+                    &mut fx,
+                );
+            }
+            // Undo-style expiry change and a second change of one key.
+            tb.unlock(0, "key-000000", later, &mut fx);
+            loop {
+                match tb.listing_next(id, x, 5000, &mut out) {
+                    Step::More => {}
+                    Step::Done => break,
+                    Step::Overflowed => panic!("overflowed"),
+                }
+            }
+            assert_eq!(out, want, "x={x}");
+            tb.check_invariants();
+        }
+    }
+
+    #[test]
+    fn a_listing_whose_holders_change_too_much_overflows_and_frees() {
+        let n = SAVED_BYTES_MAX / 30 + 10;
+        let mut tb = table(n);
+        let (id, _) = tb.listing_begin(0);
+        let mut fx = Vec::new();
+        for i in 0..n {
+            tb.unlock(i as u64, &format!("key-{i:06}"), at(1), &mut fx);
+        }
+        let mut out = Vec::new();
+        assert_eq!(tb.listing_next(id, true, 100, &mut out), Step::Overflowed);
+        assert!(out.is_empty());
+        assert_eq!(tb.listings(), 0);
+    }
+
+    #[test]
+    fn an_abandoned_listing_is_freed_and_changes_cost_nothing_more() {
+        let mut tb = table(100);
+        let (a, _) = tb.listing_begin(0);
+        let (b, count) = tb.listing_begin(0);
+        let want = whole(&tb, false, 0);
+        tb.listing_end(a);
+        assert_eq!(tb.listings(), 1);
+        let mut fx = Vec::new();
+        tb.unlock(1, "key-000001", at(1), &mut fx);
+        assert_eq!(drain(&mut tb, b, count, false, 64), want);
+    }
+}
