@@ -332,6 +332,32 @@ def auth_refused() -> None:
                 c.lock("auth/k").release()
 
 
+@scenario
+def persistent_reset_lost() -> None:
+    # docs/protocol.md ("Lost"): an operator reset of a hold of any mode,
+    # persistent included, taken by a live session is pushed as Lost.
+    with Server() as s, ringlock.Client(s.addr) as c:
+        seen: List[ringlock.LostInfo] = []
+        told = threading.Event()
+
+        def on_lost(_lease: ringlock.Lease, info: ringlock.LostInfo) -> None:
+            seen.append(info)
+            told.set()
+
+        lp = c.lock("preset/k", persistent=True, on_lost=on_lost)
+        s.rset(b"preset/k")
+        check(told.wait(20), "no on_lost within 20 s of the reset")
+        info = seen[0]
+        check(info.reason == ringlock.LostReason.RESET and info.from_server
+              and info.token == lp.token, f"lost as {info}")
+        check(lp.lost, "the lease does not say it was lost")
+        try:
+            lp.release()
+            raise Failed("the release of a reset hold succeeded")
+        except ringlock.LockLost:
+            pass
+
+
 class _Version9Client(ringlock.Client):
     """A client whose Hello asks for session protocol version 9."""
 
