@@ -1196,3 +1196,298 @@ fn the_documented_session_example_is_what_the_server_says() {
         "docs/protocol.md's example differs from the server's bytes; this run's lines:\n{shown}"
     );
 }
+
+#[test]
+fn a_reset_by_source_answers_its_queued_acquires_cancelled_without_a_cancel() {
+    let srv = start(&["--metrics-bind", "127.0.0.1:0"]);
+    let mut h = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let g = h.acquire("rs", HoldMode::Session, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    for how in ["lock-port ResetBySource", "admin RSBS"] {
+        let rid = b.send(&Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: WAIT_FOREVER,
+            key: b"rs",
+            source: b"w9",
+        });
+        common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
+        if how.starts_with("lock") {
+            assert_eq!(once(srv.lock_addr, &common::frame(4, b"w9", None)), b'+');
+        } else {
+            assert_eq!(
+                common::admin_names(srv.admin_addr, b"RSBS", &[b"w9"]),
+                b"++"
+            );
+        }
+        // The Acquire's own answer, though this session sent no Cancel; the
+        // session goes on, and the holder (another source) keeps the key.
+        assert_eq!(b.next_push(), reply_of(rid, Status::Cancelled), "{how}");
+        assert_eq!(b.ping(), Status::Ok);
+        common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 0.0);
+        let held = keyx(srv.admin_addr);
+        assert_eq!((held.len(), held[0].token), (1, g.token), "{how}");
+    }
+    assert_eq!(h.ping(), Status::Ok);
+    assert!(h.stash.is_empty(), "the holder was pushed {:?}", h.stash);
+}
+
+#[test]
+fn any_number_of_requests_may_be_outstanding_on_one_session() {
+    const N: u32 = 300;
+    let srv = start(&[
+        "--metrics-bind",
+        "127.0.0.1:0",
+        "--max-waiters",
+        &N.to_string(),
+    ]);
+    let mut h = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let g = h.acquire("many", HoldMode::Session, 0, 0);
+    assert_eq!(g.status, Status::Ok);
+    // N Acquires of one held key and N Pings, interleaved, in one write.
+    let mut bytes = Vec::new();
+    for i in 0..N {
+        let acquire = Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: WAIT_FOREVER,
+            key: b"many",
+            source: b"",
+        };
+        sp::encode(10_000 + i, &acquire, &mut bytes);
+        sp::encode(20_000 + i, &Req::Ping, &mut bytes);
+    }
+    b.s.write_all(&bytes).expect("send");
+    // Every Ping is answered while the Acquires wait, in the order sent.
+    for i in 0..N {
+        assert_eq!(b.next_push(), reply_of(20_000 + i, Status::Ok));
+    }
+    common::wait_metric(srv.metrics(), "ringlock_queued_waiters", f64::from(N));
+    // The queued Acquires count against --max-waiters (server-wide).
+    let over = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"many",
+        source: b"",
+    });
+    assert_eq!(b.reply(over).status, Status::Limit);
+    // FIFO among them: the release grants the first one sent.
+    assert_eq!(h.release("many", g.token), Status::Ok);
+    match b.next_push() {
+        Answer::Reply {
+            rid, status, token, ..
+        } => assert_eq!((rid, status), (10_000, Status::Ok), "token {token}"),
+        other => panic!("expected the first Acquire's grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_session_that_does_not_read_its_answers_is_ended() {
+    let srv = start(&[]);
+    let mut h = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    assert_eq!(
+        h.acquire("unread", HoldMode::Session, 0, 0).status,
+        Status::Ok
+    );
+    let rid = b.send(&Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: WAIT_FOREVER,
+        key: b"unread",
+        source: b"",
+    });
+    // h sends Pings and never reads a Pong: once the kernel's buffers are
+    // full, the Pongs the server cannot send pile up, and past 64 KiB of
+    // them it ends h's session; h's session hold goes to b. (The server
+    // stops reading h then, so the writer ends on its write timeout.)
+    let mut w = h.s.try_clone().expect("clone");
+    w.set_write_timeout(Some(Duration::from_secs(2)))
+        .expect("write timeout");
+    let flood = std::thread::spawn(move || {
+        let mut chunk = Vec::new();
+        for _ in 0..10_000 {
+            sp::encode(7, &Req::Ping, &mut chunk);
+        }
+        // At most 64 MiB of Pings (far more than any kernel buffers).
+        for _ in 0..(64 << 20) / chunk.len() {
+            if w.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let g = b.reply(rid);
+    assert_eq!(g.status, Status::Ok, "b was granted: h's session ended");
+    flood.join().expect("flood thread");
+    assert_eq!(b.ping(), Status::Ok);
+}
+
+#[test]
+fn a_sessions_keepalive_is_fixed_by_its_hello() {
+    let srv = start(&["--metrics-bind", "127.0.0.1:0"]);
+    let mut a = Sess::open(srv.lock_addr, 1_000);
+    assert_eq!(a.welcome.keepalive_ms, 1_000);
+    // A second Hello asking for 10 minutes: invalid, and it changes nothing.
+    let rid = a.send(&Req::Hello {
+        version: 1,
+        keepalive_ms: 600_000,
+        auth: b"",
+    });
+    assert_eq!(a.reply(rid).status, Status::Invalid);
+    // Silent from now on: the server ends the session after the first
+    // keep-alive (1 s), well within the 20 s read timeout, not after 600 s.
+    assert!(a.read(None).is_none(), "the server closed the session");
+    common::wait_metric(srv.metrics(), "ringlock_sessions_expired_total", 1.0);
+}
+
+#[test]
+fn a_cancel_of_a_try_or_of_an_unknown_rid_is_not_queued() {
+    let srv = start(&[]);
+    let mut a = Sess::open(srv.lock_addr, 0);
+    let mut b = Sess::open(srv.lock_addr, 0);
+    let try_of = |key: &'static [u8]| Req::Acquire {
+        hold: HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: 0,
+        key,
+        source: b"",
+    };
+    // A try that is granted, its Cancel pipelined right behind it: the
+    // grant comes first and stands, the Cancel is not queued.
+    let rid = a.send(&try_of(b"try"));
+    let c = a.send(&Req::Cancel {
+        target: rid,
+        key: b"try",
+    });
+    let g = match a.next_push() {
+        Answer::Reply {
+            rid: r,
+            status: Status::Ok,
+            token,
+            ..
+        } if r == rid => token,
+        other => panic!("expected the try's grant first, got {other:?}"),
+    };
+    assert_eq!(a.next_push(), reply_of(c, Status::NotQueued));
+    assert_eq!(keyx(srv.admin_addr)[0].token, g);
+    // A try that finds the key held: busy at once, never queued.
+    let rid = b.send(&try_of(b"try"));
+    let c = b.send(&Req::Cancel {
+        target: rid,
+        key: b"try",
+    });
+    assert_eq!(b.next_push(), reply_of(rid, Status::Busy));
+    assert_eq!(b.next_push(), reply_of(c, Status::NotQueued));
+    // A rid this session never used.
+    let c = b.send(&Req::Cancel {
+        target: 0xDEAD_BEEF,
+        key: b"try",
+    });
+    assert_eq!(b.next_push(), reply_of(c, Status::NotQueued));
+    // `ttl_ms` with a hold that is not a lease: invalid, nothing taken.
+    assert_eq!(
+        b.acquire("p", HoldMode::Persistent, 5, 0).status,
+        Status::Invalid
+    );
+    assert_eq!(keyx(srv.admin_addr).len(), 1);
+}
+
+/// One round of a request racing a loss decided by the key's shard: either
+/// the request is decided first (`ok`, and no Lost for it), or the Lost
+/// comes first on the wire and the request is answered `stale token`.
+/// Returns whether the Lost came first.
+fn lost_before_stale(s: &mut Sess, rid: u32, key: &[u8], token: u64, why: LostWhy) -> bool {
+    match s.next_push() {
+        Answer::Lost {
+            key: k,
+            token: t,
+            why: w,
+        } => {
+            assert_eq!(
+                (k.as_slice(), t, w),
+                (key, token, why),
+                "a Lost of this round"
+            );
+            assert_eq!(
+                s.next_push(),
+                Answer::Reply {
+                    rid,
+                    status: Status::Stale,
+                    token: 0,
+                    ttl_left_ms: None
+                },
+                "after the Lost, the request it overtook is stale"
+            );
+            true
+        }
+        Answer::Reply { rid: r, status, .. } => {
+            assert_eq!((r, status), (rid, Status::Ok), "decided before the loss");
+            false
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_lost_push_comes_before_the_answer_to_a_request_it_overtook() {
+    let dir = TempDir::new("lost-order");
+    let wal = dir.path("ringlock.wal");
+    let wal = wal.to_str().expect("utf-8 path");
+    for extra in [&[][..], &["--data-path", wal][..]] {
+        let srv = start(extra);
+        let mut a = Sess::open(srv.lock_addr, 0);
+        let mut outcomes = [0u32; 2];
+        // A Release racing an operator reset (RSET, on another connection).
+        for round in 0..40 {
+            let key = format!("order-r{round}");
+            let g = a.acquire(&key, HoldMode::Lease, 60_000, 0);
+            assert_eq!(g.status, Status::Ok);
+            let admin = srv.admin_addr;
+            let k = key.clone();
+            let reset =
+                std::thread::spawn(move || common::admin_names(admin, b"RSET", &[k.as_bytes()]));
+            let rid = a.send(&Req::Release {
+                token: g.token,
+                key: key.as_bytes(),
+            });
+            let first = lost_before_stale(&mut a, rid, key.as_bytes(), g.token, LostWhy::Reset);
+            outcomes[usize::from(first)] += 1;
+            assert_eq!(reset.join().expect("reset"), b"++");
+        }
+        // An Extend racing the lease's expiry (TTL 20 ms, sent 0..40 ms after
+        // the grant: the delay is the race, not a wait for something).
+        for round in 0..40u64 {
+            let key = format!("order-e{round}");
+            let g = a.acquire(&key, HoldMode::Lease, 20, 0);
+            assert_eq!(g.status, Status::Ok);
+            std::thread::sleep(Duration::from_millis(round));
+            let rid = a.send(&Req::Extend {
+                token: g.token,
+                ttl_ms: 20,
+                key: key.as_bytes(),
+            });
+            let first = lost_before_stale(&mut a, rid, key.as_bytes(), g.token, LostWhy::Expired);
+            if !first {
+                // Extended: it expires 20 ms later, pushed as ever.
+                assert_eq!(
+                    a.next_push(),
+                    Answer::Lost {
+                        key: key.into_bytes(),
+                        token: g.token,
+                        why: LostWhy::Expired
+                    }
+                );
+            }
+            outcomes[usize::from(first)] += 1;
+        }
+        assert_eq!(a.ping(), Status::Ok);
+        assert!(a.stash.is_empty(), "stray answers {:?}", a.stash);
+        eprintln!(
+            "{extra:?}: decided first {}, Lost first {}",
+            outcomes[0], outcomes[1]
+        );
+    }
+}

@@ -520,3 +520,32 @@ fn grant_ids_never_go_back_after_compaction_and_restart() {
         "grant id went back to {grant_id} after 50 grants"
     );
 }
+
+/// `--data-path` names the log *file* (with several shards, the files
+/// `PATH.shards` and `PATH.gG.I` beside it), never a directory: a directory
+/// is refused at start with an error naming it, whatever the shard count,
+/// and nothing is created in it.
+#[test]
+fn a_data_path_that_is_a_directory_is_refused() {
+    let dir = TempDir::new("data-path-dir");
+    let d = dir.path("logs");
+    std::fs::create_dir(&d).expect("mkdir");
+    for threads in ["1", "2"] {
+        match start_logged(&d, &["--threads", threads]) {
+            Ok(_) => panic!("ringlockd started with a directory as --data-path ({threads} shards)"),
+            Err((code, err)) => {
+                assert_ne!(code, 0, "{err}");
+                assert!(
+                    err.contains(&format!("{}: cannot open log", d.display()))
+                        && err.contains("Is a directory"),
+                    "{threads} shards: {err}"
+                );
+            }
+        }
+        assert_eq!(
+            std::fs::read_dir(&d).expect("ls").count(),
+            0,
+            "created files"
+        );
+    }
+}

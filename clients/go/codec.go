@@ -109,10 +109,10 @@ func putU64(b []byte, v uint64) []byte {
 }
 
 // encodeHello: [u8 version][u32 keepalive_ms], then [u8 authLen][auth] if
-// there is a token.
-func encodeHello(rid uint32, keepaliveMs uint32, auth []byte) []byte {
+// there is a token (authLen 0 is the same as none, so none is sent).
+func encodeHello(rid uint32, version uint8, keepaliveMs uint32, auth []byte) []byte {
 	b := frame(opHello, rid, 6+len(auth))
-	b = append(b, protocolVersion)
+	b = append(b, version)
 	b = putU32(b, keepaliveMs)
 	if len(auth) > 0 {
 		b = append(b, byte(len(auth)))
@@ -175,11 +175,13 @@ type welcome struct {
 	shards      uint16
 }
 
-// reply is every other Reply: [u8 status][u64 token][u32 ttl_left_ms].
+// reply is every other Reply: [u8 status][u64 token][u32 ttl_left_ms], or
+// for a status with detail (hasDetail) [u8 status][u8 len][detail].
 type reply struct {
 	status    Status
 	token     uint64
 	ttlLeftMs uint32 // noTTL where it does not apply
+	detail    []byte // the detail of a status with detail, else nil
 }
 
 // lostPush is a Lost push (rid 0): [u64 token][u8 reason][u8 keyLen][key].
@@ -206,7 +208,7 @@ func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
 }
 
 func decodeStatus(b byte) (Status, error) {
-	if b > byte(StatusUnauthorized) {
+	if b > byte(StatusNotLeader) {
 		return 0, fmt.Errorf("unknown status %d", b)
 	}
 	return Status(b), nil
@@ -236,8 +238,22 @@ func decodeWelcome(b []byte) (welcome, error) {
 	}, nil
 }
 
-// decodeReply reads a 13-byte Reply body.
+// hasDetail reports whether a Reply whose first body byte is b has the
+// layout [u8 status][u8 len][detail] (unsupported_version, not_leader),
+// whatever the request it answers.
+func hasDetail(b byte) bool {
+	return Status(b) == StatusUnsupportedVersion || Status(b) == StatusNotLeader
+}
+
+// decodeReply reads a Reply body other than the welcome: its first byte
+// picks the layout, 13 bytes or a status with detail.
 func decodeReply(b []byte) (reply, error) {
+	if len(b) > 0 && hasDetail(b[0]) {
+		if len(b) < 2 || len(b) != 2+int(b[1]) {
+			return reply{}, fmt.Errorf("a %s reply of %d body bytes (its layout is [status][len][detail])", Status(b[0]), len(b))
+		}
+		return reply{status: Status(b[0]), token: 0, ttlLeftMs: noTTL, detail: append([]byte{}, b[2:]...)}, nil
+	}
 	if len(b) != replyBodyLen {
 		return reply{}, fmt.Errorf("reply body of %d bytes (want %d)", len(b), replyBodyLen)
 	}

@@ -34,8 +34,8 @@ func TestEncodeEveryRequest(t *testing.T) {
 		got  []byte
 		want string
 	}{
-		{"hello without auth", encodeHello(1, 3000, nil), "07 01000000 0500 01 b80b0000"},
-		{"hello with auth", encodeHello(1, 0, []byte("ab")), "07 01000000 0800 01 00000000 02 6162"},
+		{"hello without auth", encodeHello(1, 1, 3000, nil), "07 01000000 0500 01 b80b0000"},
+		{"hello with auth", encodeHello(1, 1, 0, []byte("ab")), "07 01000000 0800 01 00000000 02 6162"},
 		{"lease acquire, waits forever, with source", encodeAcquire(0x01020304, HoldLease, 1000, waitForever, "ab", "s"),
 			"08 04030201 0e00 02 e8030000 ffffffff 02 6162 01 73"},
 		{"release", encodeRelease(9, 0x0102030405060708, "k"), "09 09000000 0a00 0807060504030201 01 6b"},
@@ -86,6 +86,44 @@ func TestDecodeReply(t *testing.T) {
 		if _, err := decodeReply(unhex(t, bad)); err == nil {
 			t.Errorf("%s decoded", bad)
 		}
+	}
+}
+
+// Statuses with detail have their own layout whatever the request; the
+// first example is docs/protocol.md's (a server speaking version 1 only).
+func TestDecodeStatusesWithDetail(t *testing.T) {
+	r, err := decodeReply(unhex(t, "0b 01 01"))
+	if err != nil || r.status != StatusUnsupportedVersion || !bytes.Equal(r.detail, []byte{1}) {
+		t.Fatalf("got %+v %v", r, err)
+	}
+	r, err = decodeReply(append(unhex(t, "0c 0e"), "10.0.0.9:22119"...))
+	if err != nil || r.status != StatusNotLeader || string(r.detail) != "10.0.0.9:22119" {
+		t.Fatalf("got %+v %v", r, err)
+	}
+	r, err = decodeReply(unhex(t, "0c 00"))
+	if err != nil || r.status != StatusNotLeader || len(r.detail) != 0 {
+		t.Fatalf("an empty leader: got %+v %v", r, err)
+	}
+	for _, bad := range []string{
+		"0c",                           // no length
+		"0b 02 01",                     // detail shorter than said
+		"0b 01 01 02",                  // longer
+		"0b 0000000000000000 000000",   // the 13-byte layout
+		"",                             // empty
+		"0d 0000000000000000 00000000", // unknown status
+	} {
+		if _, err := decodeReply(unhex(t, bad)); err == nil {
+			t.Errorf("%q decoded", bad)
+		}
+	}
+	if !hasDetail(11) || !hasDetail(12) || hasDetail(10) || hasDetail(0) {
+		t.Fatal("hasDetail")
+	}
+	if StatusUnsupportedVersion.String() != "unsupported_version" || StatusNotLeader.String() != "not_leader" {
+		t.Fatal("names")
+	}
+	if got := encodeHello(3, 9, 0, nil)[7]; got != 9 {
+		t.Fatalf("hello version byte %d", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package ringlock
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Status is the status byte of a server Reply (docs/protocol.md,
@@ -23,11 +24,18 @@ const (
 	StatusCancelled    Status = 8  // a queued Acquire withdrawn (by Cancel or a reset by source)
 	StatusNotQueued    Status = 9  // a Cancel found nothing queued: the Acquire's answer stands
 	StatusUnauthorized Status = 10 // a Hello without the server's auth token
+	// StatusUnsupportedVersion: a Hello of a version the server does not
+	// speak (*VersionError names those it does).
+	StatusUnsupportedVersion Status = 11
+	// StatusNotLeader: a server of a (future) replicated deployment that
+	// cannot serve this session (*NotLeaderError names the leader).
+	StatusNotLeader Status = 12
 )
 
 var statusNames = [...]string{
 	"ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
 	"limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
+	"unsupported_version", "not_leader",
 }
 
 func (s Status) String() string {
@@ -52,6 +60,10 @@ var (
 	ErrCancelled    = errors.New("ringlock: cancelled")
 	ErrNotQueued    = errors.New("ringlock: not_queued")
 	ErrUnauthorized = errors.New("ringlock: unauthorized")
+	// ErrUnsupportedVersion matches a *VersionError.
+	ErrUnsupportedVersion = errors.New("ringlock: unsupported_version")
+	// ErrNotLeader matches a *NotLeaderError.
+	ErrNotLeader = errors.New("ringlock: not_leader")
 )
 
 // Errors that are not a server status.
@@ -71,17 +83,75 @@ var (
 )
 
 var statusSentinels = map[Status]error{
-	StatusTimedOut:     ErrTimedOut,
-	StatusBusy:         ErrBusy,
-	StatusNotOwner:     ErrNotOwner,
-	StatusStaleToken:   ErrStaleToken,
-	StatusInvalid:      ErrInvalid,
-	StatusLimit:        ErrLimit,
-	StatusServerError:  ErrServerError,
-	StatusCancelled:    ErrCancelled,
-	StatusNotQueued:    ErrNotQueued,
-	StatusUnauthorized: ErrUnauthorized,
+	StatusTimedOut:           ErrTimedOut,
+	StatusBusy:               ErrBusy,
+	StatusNotOwner:           ErrNotOwner,
+	StatusStaleToken:         ErrStaleToken,
+	StatusInvalid:            ErrInvalid,
+	StatusLimit:              ErrLimit,
+	StatusServerError:        ErrServerError,
+	StatusCancelled:          ErrCancelled,
+	StatusNotQueued:          ErrNotQueued,
+	StatusUnauthorized:       ErrUnauthorized,
+	StatusUnsupportedVersion: ErrUnsupportedVersion,
+	StatusNotLeader:          ErrNotLeader,
 }
+
+// VersionError: the server at Addr does not speak this client's session
+// protocol version (status unsupported_version). Dial returns it at once:
+// no other address is tried. errors.Is(err, ErrUnsupportedVersion).
+type VersionError struct {
+	Addr     string
+	Client   uint8   // the version this client asked for
+	Versions []uint8 // the versions the server speaks, ascending
+}
+
+func (e *VersionError) Error() string {
+	vs := make([]string, len(e.Versions))
+	for i, v := range e.Versions {
+		vs[i] = fmt.Sprint(v)
+	}
+	s := "s"
+	if len(vs) == 1 {
+		s = ""
+	}
+	return fmt.Sprintf("ringlock: %s refused the session: unsupported_version: this client speaks session protocol version %d, the server speaks version%s %s",
+		e.Addr, e.Client, s, strings.Join(vs, ", "))
+}
+
+// Is matches ErrUnsupportedVersion.
+func (e *VersionError) Is(target error) bool { return target == ErrUnsupportedVersion }
+
+// NotLeaderError: the server at Addr answered not_leader (reserved for a
+// replicated mode; today's ringlockd never sends it). Leader is the
+// address it named ("host:port"), empty if none. Dial treats it like a
+// failure to connect and tries Leader first, then its other addresses; a
+// live session told so ends with it (Session.Err matches ErrNotLeader).
+type NotLeaderError struct {
+	Addr   string
+	Leader string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return fmt.Sprintf("ringlock: %s is not the leader (it named none)", e.Addr)
+	}
+	return fmt.Sprintf("ringlock: %s is not the leader; the leader is %s", e.Addr, e.Leader)
+}
+
+// Is matches ErrNotLeader.
+func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// endedError is Session.Err: it matches ErrSessionEnded and unwraps to
+// why the session ended (so errors.Is(err, ErrNotLeader) and errors.As
+// see the cause).
+type endedError struct{ cause error }
+
+func (e *endedError) Error() string { return ErrSessionEnded.Error() + ": " + e.cause.Error() }
+
+func (e *endedError) Is(target error) bool { return target == ErrSessionEnded }
+
+func (e *endedError) Unwrap() error { return e.cause }
 
 // StatusError is a request the server answered with a status other than
 // ok. errors.Is(err, ErrBusy) (and the other sentinels) match it by status.

@@ -24,7 +24,8 @@ const (
 )
 
 // helloRid is the request id of the Hello; requests after it count up from
-// 2 (0 is the rid of Lost pushes).
+// 2 and wrap through 0 like any other value (rid 0 is ordinary: a Lost
+// push also carries rid 0, but it is another kind of frame).
 const helloRid = 1
 
 // Options configure Dial. The zero value is usable: the server's default
@@ -47,6 +48,10 @@ type Options struct {
 	// ReleaseTimeout bounds the Release that the client sends on its own:
 	// for a grant that won the race against a cancellation (default 10 s).
 	ReleaseTimeout time.Duration
+
+	// helloVersion is the version the Hello asks for: protocolVersion,
+	// or another one in the tests of version negotiation.
+	helloVersion uint8
 }
 
 // An Option sets one field of Options.
@@ -68,6 +73,10 @@ func WithDialTimeout(d time.Duration) Option { return func(o *Options) { o.DialT
 
 // WithReleaseTimeout sets Options.ReleaseTimeout.
 func WithReleaseTimeout(d time.Duration) Option { return func(o *Options) { o.ReleaseTimeout = d } }
+
+// withHelloVersion makes the Hello ask for session protocol version v
+// (tests of version negotiation).
+func withHelloVersion(v uint8) Option { return func(o *Options) { o.helloVersion = v } }
 
 // WithOptions replaces all options with o.
 func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
@@ -127,8 +136,12 @@ type result struct {
 // Dial connects to the first address in addrs that accepts a session and
 // opens it. An address is "HOST", "HOST:PORT" or "[IPV6]:PORT"; without a
 // port it means port 22119. Addresses are tried in order, each once; a
-// server that answers the Hello with a refusal (unauthorized) ends the
-// search with a *StatusError (errors.Is(err, ErrUnauthorized)).
+// server that answers the Hello with a refusal ends the search: a
+// *StatusError for unauthorized or invalid (errors.Is(err,
+// ErrUnauthorized)), a *VersionError naming the versions the server
+// speaks for unsupported_version. A server that answers not_leader counts
+// as a failure to connect: the leader it names is tried next (each
+// address at most once), then the remaining addresses.
 func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error) {
 	o := Options{DialTimeout: 3 * time.Second, ReleaseTimeout: 10 * time.Second}
 	for _, opt := range opts {
@@ -139,6 +152,9 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 	}
 	if o.ReleaseTimeout <= 0 {
 		o.ReleaseTimeout = 10 * time.Second
+	}
+	if o.helloVersion == 0 {
+		o.helloVersion = protocolVersion
 	}
 	if len(o.Source) > MaxSourceLen {
 		return nil, fmt.Errorf("%w: a source is at most %d bytes, got %d", ErrInvalidArgument, MaxSourceLen, len(o.Source))
@@ -162,13 +178,21 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 	}
 	var tried []string
 	var last error
-	for _, a := range norm {
+	seen := map[string]bool{}
+	for todo := norm; len(todo) > 0; {
+		a := todo[0]
+		todo = todo[1:]
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
 		s, err := dialOne(ctx, a, &o)
 		if err == nil {
 			return s, nil
 		}
 		var se *StatusError
-		if errors.As(err, &se) {
+		var ve *VersionError
+		if errors.As(err, &se) || errors.As(err, &ve) {
 			return nil, err
 		}
 		if ctx.Err() != nil {
@@ -176,6 +200,14 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 		}
 		tried = append(tried, err.Error())
 		last = err
+		var nl *NotLeaderError
+		if errors.As(err, &nl) && nl.Leader != "" {
+			// Preferred over every address not tried yet; one that is not
+			// an address is skipped (the others are still tried).
+			if h, herr := normalizeAddr(nl.Leader); herr == nil && !seen[h] {
+				todo = append([]string{h}, todo...)
+			}
+		}
 	}
 	if len(tried) == 1 {
 		return nil, last
@@ -255,7 +287,7 @@ func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
 		}
 		ka = uint32(ms)
 	}
-	if _, err := conn.Write(encodeHello(helloRid, ka, o.AuthToken)); err != nil {
+	if _, err := conn.Write(encodeHello(helloRid, o.helloVersion, ka, o.AuthToken)); err != nil {
 		return fail(fmt.Errorf("ringlock: hello to %s: %w", addr, err))
 	}
 	br := bufio.NewReader(conn)
@@ -278,11 +310,18 @@ func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
 		return fail(fmt.Errorf("ringlock: hello to %s: %w", addr, err))
 	}
 	var w welcome
-	if blen == replyBodyLen {
-		// A refused Hello is a plain 13-byte Reply.
+	if blen == replyBodyLen || (blen > 0 && hasDetail(body[0])) {
+		// A refused Hello: the first body byte picks the layout, a
+		// status with detail or the plain 13-byte Reply.
 		r, err := decodeReply(body)
 		if err != nil {
 			return fail(fmt.Errorf("%w: %s: %v", ErrProtocol, addr, err))
+		}
+		switch r.status {
+		case StatusUnsupportedVersion:
+			return fail(&VersionError{Addr: addr, Client: o.helloVersion, Versions: r.detail})
+		case StatusNotLeader:
+			return fail(&NotLeaderError{Addr: addr, Leader: string(r.detail)})
 		}
 		w.status = r.status
 	} else if w, err = decodeWelcome(body); err != nil {
@@ -360,7 +399,8 @@ func (s *Session) LocalAddr() net.Addr { return s.conn.LocalAddr() }
 func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Err is nil while the session lives, and why it ended afterwards (it
-// matches ErrSessionEnded).
+// matches ErrSessionEnded; when a not_leader answer ended it, also
+// ErrNotLeader, and errors.As finds the *NotLeaderError naming the leader).
 func (s *Session) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -385,7 +425,7 @@ func (s *Session) end(cause error) {
 		s.mu.Unlock()
 		return
 	}
-	s.err = fmt.Errorf("%w: %v", ErrSessionEnded, cause)
+	s.err = &endedError{cause}
 	err := s.err
 	pending := s.pending
 	holds := s.holds
@@ -415,7 +455,7 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 		return 0, err
 	}
 	rid := s.nextRid
-	for rid <= helloRid || s.pending[rid] != nil {
+	for s.pending[rid] != nil {
 		rid++
 	}
 	s.nextRid = rid + 1
@@ -485,6 +525,17 @@ func (s *Session) readLoop(br *bufio.Reader) {
 		r, err := decodeReply(b)
 		if err != nil {
 			s.end(fmt.Errorf("%w: %v", ErrProtocol, err))
+			return
+		}
+		switch r.status {
+		case StatusNotLeader:
+			// A replicated server that cannot serve this session (it
+			// closes after this): the session ends naming the leader; a
+			// new Dial tries it first.
+			s.end(&NotLeaderError{Addr: s.addr, Leader: string(r.detail)})
+			return
+		case StatusUnsupportedVersion:
+			s.end(fmt.Errorf("%w: %s on an open session", ErrProtocol, r.status))
 			return
 		}
 		s.mu.Lock()

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -98,5 +99,32 @@ func TestConcurrentReleasesShareOneResult(t *testing.T) {
 	}
 	if h := holder(t, srv, kp); h != 0 {
 		t.Fatalf("still held: %d", h)
+	}
+}
+
+// An operator reset of a persistent hold taken by a live session is pushed
+// as Lost (docs/protocol.md, "Lost"), like one of a session hold or a lease.
+func TestAResetOfAPersistentHoldIsReportedLost(t *testing.T) {
+	srv, err := testserver.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Kill9()
+	k := key(t, "p")
+	a := dial(t, srv.Lock)
+	l, err := a.Acquire(ctx(t), k, ringlock.Persistent())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reset(k); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "Lost() of the reset persistent hold", l.Lost(), 5*time.Second)
+	var le *ringlock.LostError
+	if !errors.As(l.Err(), &le) || le.Reason != ringlock.LostReset || le.Token != l.Token() {
+		t.Fatalf("Err() = %v", l.Err())
+	}
+	if err := l.Release(ctx(t)); !errors.Is(err, ringlock.ErrLost) {
+		t.Fatalf("release after the reset: %v", err)
 	}
 }

@@ -333,6 +333,61 @@ def auth_refused() -> None:
 
 
 @scenario
+def persistent_reset_lost() -> None:
+    # docs/protocol.md ("Lost"): an operator reset of a hold of any mode,
+    # persistent included, taken by a live session is pushed as Lost.
+    with Server() as s, ringlock.Client(s.addr) as c:
+        seen: List[ringlock.LostInfo] = []
+        told = threading.Event()
+
+        def on_lost(_lease: ringlock.Lease, info: ringlock.LostInfo) -> None:
+            seen.append(info)
+            told.set()
+
+        lp = c.lock("preset/k", persistent=True, on_lost=on_lost)
+        s.rset(b"preset/k")
+        check(told.wait(20), "no on_lost within 20 s of the reset")
+        info = seen[0]
+        check(info.reason == ringlock.LostReason.RESET and info.from_server
+              and info.token == lp.token, f"lost as {info}")
+        check(lp.lost, "the lease does not say it was lost")
+        try:
+            lp.release()
+            raise Failed("the release of a reset hold succeeded")
+        except ringlock.LockLost:
+            pass
+
+
+class _Version9Client(ringlock.Client):
+    """A client whose Hello asks for session protocol version 9."""
+
+    _HELLO_VERSION = 9
+
+
+@scenario
+def unsupported_version() -> None:
+    # The real server speaks version 1 only: a version 9 Hello is answered
+    # `unsupported version` naming [1] (status with detail), then closed;
+    # the client says so precisely and does not retry (retry=10 would retry
+    # a failure to connect for 10 s; the server counts one refusal).
+    with Server() as s:
+        t0 = time.monotonic()
+        try:
+            _Version9Client(s.addr, retry=10).close()
+            raise Failed("a version 9 Hello opened a session")
+        except ringlock.UnsupportedVersion as e:
+            check(e.versions == (1,), f"versions {e.versions!r}")
+            check(e.status == "unsupported_version", f"status {e.status!r}")
+            check("version 9" in str(e) and "speaks version 1" in str(e),
+                  f"message does not name both versions: {e}")
+        check(time.monotonic() - t0 < 5, "the refusal was retried")
+        check(s.metric("ringlock_sessions_opened_total") == 0, "a session was opened")
+        # The server goes on serving version 1.
+        with ringlock.Client(s.addr) as c:
+            c.lock("version/k").release()
+
+
+@scenario
 def server_restart_durable() -> None:
     with tempfile.TemporaryDirectory() as d:
         s = Server(["--data-path", os.path.join(d, "ringlock.wal")])

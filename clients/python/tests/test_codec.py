@@ -93,6 +93,34 @@ class DecodeTest(unittest.TestCase):
         assert got is not None
         self.assertEqual(got[0], c.Reply(1, c.Status.UNAUTHORIZED, 0, None))
 
+    def test_statuses_with_detail_whatever_the_request(self) -> None:
+        # docs/protocol.md: the 10-byte frame from a server speaking version 1 only.
+        frame = bytes.fromhex("80 44332211 0300 0b 01 01".replace(" ", ""))
+        got = c.decode_answer(frame, hello_rid=0x11223344)
+        self.assertEqual(got, (c.Refused(0x11223344, c.Status.UNSUPPORTED_VERSION, b"\x01"), 10))
+        assert got is not None
+        self.assertEqual(got[0].versions, (1,))  # type: ignore[union-attr]
+        lead = b"10.0.0.9:22119"
+        frame = struct.pack("<BIHBB", 0x80, 9, 2 + len(lead), 12, len(lead)) + lead
+        got = c.decode_answer(frame)  # not a Hello's rid: the same layout
+        assert got is not None
+        ans = got[0]
+        assert isinstance(ans, c.Refused)
+        self.assertEqual((ans.rid, ans.status, ans.leader), (9, c.Status.NOT_LEADER, lead.decode()))
+        self.assertEqual(got[1], len(frame))
+        empty = c.decode_answer(struct.pack("<BIHBB", 0x80, 9, 2, 12, 0))
+        assert empty is not None
+        self.assertIsNone(empty[0].leader)  # type: ignore[union-attr]
+        self.assertEqual(c.Status.NOT_LEADER.label, "not_leader")
+        self.assertEqual(c.Status.UNSUPPORTED_VERSION.label, "unsupported_version")
+        self.assertTrue(c.Status.NOT_LEADER.has_detail)
+        self.assertFalse(c.Status.UNAUTHORIZED.has_detail)
+        for n in range(len(frame)):
+            self.assertIsNone(c.decode_answer(frame[:n]), n)
+
+    def test_hello_of_another_version(self) -> None:
+        self.assertEqual(c.encode_hello(3, 0, version=9)[7], 9)
+
     def test_lost_push(self) -> None:
         body = struct.pack("<QBB", 77, 2, 3) + b"abc"
         frame = struct.pack("<BIH", 0x81, 0, len(body)) + body
@@ -103,7 +131,12 @@ class DecodeTest(unittest.TestCase):
             struct.pack("<BIH", 0x99, 0, 0),                        # unknown kind
             struct.pack("<BIH", 0x80, 0, 513) + b"\0" * 513,         # oversized body
             struct.pack("<BIH", 0x80, 3, 12) + b"\0" * 12,           # short reply
-            reply(3, 11, 0, 0),                                      # unknown status
+            reply(3, 13, 0, 0),                                      # unknown status
+            reply(3, 11, 0, 0),              # status 11 in the 13-byte layout
+            struct.pack("<BIH", 0x80, 3, 1) + b"\x0c",                # no detail length
+            struct.pack("<BIH", 0x80, 3, 4) + b"\x0b\x01\x01\x02",    # detail longer than said
+            struct.pack("<BIH", 0x80, 3, 3) + b"\x0c\x05ab",          # detail shorter than said
+            struct.pack("<BIH", 0x80, 3, 0),                         # an empty reply body
             struct.pack("<BIH", 0x81, 0, 11) + struct.pack("<QBB", 1, 9, 1) + b"k",  # reason 9
             struct.pack("<BIH", 0x81, 0, 11) + struct.pack("<QBB", 1, 1, 2) + b"k",  # key len
             struct.pack("<BIH", 0x81, 0, 10) + struct.pack("<QBB", 1, 1, 0),          # empty key

@@ -23,6 +23,7 @@ from .errors import (
     LockLost,
     LockReleased,
     LockTimeout,
+    NotLeader,
     NotOwner,
     ProtocolError,
     ReleaseFailed,
@@ -31,6 +32,7 @@ from .errors import (
     StaleToken,
     Unauthorized,
     Unavailable,
+    UnsupportedVersion,
 )
 
 __version__ = "0.1.0"
@@ -49,6 +51,7 @@ __all__ = [
     "LockTimeout",
     "LostInfo",
     "LostReason",
+    "NotLeader",
     "NotOwner",
     "ProtocolError",
     "ReleaseFailed",
@@ -58,4 +61,5 @@ __all__ = [
     "Status",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedVersion",
 ]

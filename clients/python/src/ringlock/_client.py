@@ -52,6 +52,7 @@ from .errors import (
     LockLost,
     LockReleased,
     LockTimeout,
+    NotLeader,
     NotOwner,
     ProtocolError,
     ReleaseFailed,
@@ -60,6 +61,7 @@ from .errors import (
     StaleToken,
     Unauthorized,
     Unavailable,
+    UnsupportedVersion,
 )
 
 __all__ = [
@@ -77,6 +79,7 @@ DEFAULT_PORT = 22119
 PING_INTERVAL_MAX = 10.0
 PING_TIMEOUT_MAX = 10.0
 #: Request id of the Hello and of every keep-alive Ping (one at a time).
+#: Every other request gets another rid (0 included: rid 0 is ordinary).
 _PING_RID = 1
 
 Address = Union[str, Tuple[str, int]]
@@ -420,7 +423,10 @@ class Client:
     * ``keepalive`` — seconds to ask for (the server clamps it); default: the server's (10 s).
     * ``connect_timeout`` (3 s) — per address, connecting and the Hello.
     * ``retry`` (10 s) — how long to keep retrying when no address can be
-      reached; 0 tries each address once. An ``unauthorized`` answer is never retried.
+      reached; 0 tries each address once. An ``unauthorized`` or
+      ``unsupported_version`` answer is never retried. A server that answers
+      ``not_leader`` counts as unreachable: the leader it names is tried
+      next, then the other addresses.
     * ``release_timeout`` (10 s) — bound on a release or an extend.
     * ``on_lost(lease, info)`` — called for every lock of this session that
       is lost, before the lease's own callback.
@@ -462,6 +468,9 @@ class Client:
         self._holds: Dict[Tuple[bytes, int], Lease] = {}
         self._dead: Optional[Tuple[LostReason, str]] = None
         self._next_rid = _PING_RID + 1
+        #: The leader a ``not_leader`` answer named, once the session ended on one.
+        self._leader: Optional[str] = None
+        self._not_leader = False
         self._callbacks: "queue.Queue[Optional[Tuple[LostCallback, Lease, LostInfo]]]" = queue.Queue()
 
         sock, welcome, addr, hello_sent = self._open(keepalive_ms, connect_timeout, retry)
@@ -494,14 +503,34 @@ class Client:
         give_up = time.monotonic() + retry
         delay = 0.05
         attempts = 0
+        hint: Optional[Tuple[str, int]] = None
         while True:
             last: Optional[str] = None
-            for addr in self._addrs:
+            # One round: every address once. A `not_leader` answer puts the
+            # leader it names first among those not yet tried this round
+            # (each address at most once a round, so two servers naming each
+            # other cannot loop); the next round starts with the last hint.
+            todo = ([hint] if hint is not None else []) + list(self._addrs)
+            tried: List[Tuple[str, int]] = []
+            while todo:
+                addr = todo.pop(0)
+                if addr in tried:
+                    continue
+                tried.append(addr)
                 attempts += 1
                 try:
                     return self._hello(addr, keepalive_ms, timeout)
                 except _Retry as e:
                     last = f"{addr[0]}:{addr[1]}: {e}"
+                    if e.leader is not None:
+                        try:
+                            hint = _parse_address(e.leader)
+                        except InvalidArgument:
+                            log.warning("ringlock: %s:%s named a leader that is not an address: "
+                                        "%r", addr[0], addr[1], e.leader)
+                            continue
+                        if hint not in tried:
+                            todo.insert(0, hint)
             left = give_up - time.monotonic()
             if left <= 0:
                 n = attempts
@@ -522,7 +551,8 @@ class Client:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sent = time.monotonic()
             try:
-                sock.sendall(codec.encode_hello(_PING_RID, keepalive_ms, self._auth))
+                sock.sendall(codec.encode_hello(_PING_RID, keepalive_ms, self._auth,
+                                                self._HELLO_VERSION))
             except OSError as e:
                 raise _Retry(f"sending the hello failed: {e}") from None
             buf = bytearray()
@@ -537,6 +567,20 @@ class Client:
                     raise ProtocolError(f"{addr[0]}:{addr[1]} broke the protocol: {e}") from None
                 if got is not None:
                     ans = got[0]
+                    if isinstance(ans, codec.Refused):
+                        name = f"{addr[0]}:{addr[1]}"
+                        if ans.status == Status.UNSUPPORTED_VERSION:
+                            spoken = ", ".join(str(v) for v in ans.versions) or "none"
+                            raise UnsupportedVersion(
+                                f"{name} refused the session: unsupported version: this client "
+                                f"speaks session protocol version {self._HELLO_VERSION}, the "
+                                f"server speaks version{'s' if len(ans.versions) != 1 else ''} "
+                                f"{spoken}", ans.versions)
+                        # not_leader: like a failure to connect; try the leader.
+                        raise _Retry("not the leader" + (f" (the leader is {ans.leader})"
+                                                         if ans.leader else
+                                                         " (it named no leader)"),
+                                     ans.leader)
                     if isinstance(ans, codec.Welcome) or isinstance(ans, codec.Reply):
                         st = ans.status
                         if st == Status.UNAUTHORIZED:
@@ -576,6 +620,9 @@ class Client:
                 sock.close()
 
     # --- what the server applied ---------------------------------------------
+    #: The session protocol version the Hello asks for (tests override it).
+    _HELLO_VERSION = codec.VERSION
+
     @property
     def session_id(self) -> int:
         return self._w.session_id
@@ -695,7 +742,7 @@ class Client:
             with self._lock:
                 dead = self._dead
             why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
-            raise Unavailable(f"the session ended before the acquire was answered ({why}); "
+            raise self._ended(f"the session ended before the acquire was answered ({why}); "
                               f"{_after_the_session(mode)}")
         st = reply.status
         if st == Status.OK:
@@ -802,8 +849,16 @@ class Client:
         while True:
             rid = self._next_rid
             self._next_rid = (rid + 1) & 0xFFFFFFFF
-            if rid > _PING_RID and rid not in self._pending:
+            if rid != _PING_RID and rid not in self._pending:
                 return rid
+
+    def _ended(self, message: str) -> Unavailable:
+        """The error for a request the ended session cannot serve: a
+        :class:`~ringlock.NotLeader` naming the leader when a ``not_leader``
+        answer ended it."""
+        if self._not_leader:
+            return NotLeader(message, self._leader)
+        return Unavailable(message)
 
     def _write(self, frame: bytes) -> None:
         try:
@@ -816,7 +871,7 @@ class Client:
     def _send(self, p: _Pending, encode: Callable[[int], bytes]) -> int:
         with self._lock:
             if self._dead is not None:
-                raise Unavailable(f"the session has ended ({self._dead[0].value}: "
+                raise self._ended(f"the session has ended ({self._dead[0].value}: "
                                   f"{self._dead[1]})")
             rid = self._alloc_rid()
             self._pending[rid] = p
@@ -859,7 +914,7 @@ class Client:
             if not got:
                 raise ReleaseFailed(f"no answer within {self._release_timeout} s")
             why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
-            raise Unavailable(f"the session ended before the answer ({why})")
+            raise self._ended(f"the session ended before the answer ({why})")
         return p.reply
 
     @staticmethod
@@ -1148,6 +1203,20 @@ class Client:
         if isinstance(ans, codec.Lost):
             self._on_push(ans)
             return None
+        if isinstance(ans, codec.Refused):
+            if ans.status == Status.NOT_LEADER:
+                # A replicated server that lost its leadership: this session
+                # cannot go on here (the server closes). Its locks are lost;
+                # a new Client tries the leader named.
+                with self._lock:
+                    self._not_leader = True
+                    self._leader = ans.leader
+                where = f"{self._server[0]}:{self._server[1]}"
+                return (LostReason.SESSION_ENDED,
+                        f"{where} answered not_leader: "
+                        + (f"the leader is {ans.leader}" if ans.leader else "it named no leader"))
+            return (LostReason.SESSION_ENDED,
+                    f"the server broke the protocol: {ans.status.label} on an open session")
         notify: Optional[Tuple[Lease, LostInfo]] = None
         with self._lock:
             p = self._pending.get(ans.rid)
@@ -1265,7 +1334,12 @@ class Client:
 
 
 class _Retry(Exception):
-    """Connecting or the Hello failed before any session existed: another try is safe."""
+    """Connecting or the Hello failed before any session existed: another try
+    is safe. ``leader``: the address a ``not_leader`` answer named."""
+
+    def __init__(self, message: str, leader: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 def _after_the_session(mode: HoldMode) -> str:

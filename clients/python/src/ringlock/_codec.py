@@ -54,11 +54,19 @@ class Status(enum.IntEnum):
     CANCELLED = 8
     NOT_QUEUED = 9
     UNAUTHORIZED = 10
+    UNSUPPORTED_VERSION = 11
+    NOT_LEADER = 12
 
     @property
     def label(self) -> str:
         """The status name used in errors and docs: ``"stale_token"`` etc."""
         return self.name.lower()
+
+    @property
+    def has_detail(self) -> bool:
+        """Its Reply body is ``[u8 status][u8 len][detail]``, whatever the
+        request, instead of the 13-byte layout."""
+        return self in (Status.UNSUPPORTED_VERSION, Status.NOT_LEADER)
 
 
 class HoldMode(enum.IntEnum):
@@ -108,6 +116,32 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A Reply of a status with detail (``unsupported_version``,
+    ``not_leader``): the server closes the connection after it."""
+
+    rid: int
+    status: Status
+    detail: bytes
+
+    @property
+    def versions(self) -> Tuple[int, ...]:
+        """``unsupported_version``: the versions the server speaks, ascending."""
+        return tuple(self.detail)
+
+    @property
+    def leader(self) -> Optional[str]:
+        """``not_leader``: the leader's ``host:port``, ``None`` when the
+        server named none (or sent something that is not ASCII)."""
+        if not self.detail:
+            return None
+        try:
+            return self.detail.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+
+
+@dataclass(frozen=True)
 class Lost:
     """An unsolicited push: the server took ``key`` (at ``token``) away."""
 
@@ -116,7 +150,7 @@ class Lost:
     why: LostWhy
 
 
-Answer = Union[Welcome, Reply, Lost]
+Answer = Union[Welcome, Reply, Refused, Lost]
 
 
 def _frame(op: int, rid: int, body: bytes) -> bytes:
@@ -201,9 +235,12 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
     """Decodes the first server message in ``buf``.
 
     Returns ``None`` when more bytes are needed, else ``(answer, used)``.
-    ``hello_rid`` names the Hello's request id: its reply has the longer
-    body (a refused Hello is a plain 13-byte Reply). Raises
-    :class:`ProtocolError` for bytes that cannot be a server message.
+    A Reply's first body byte (its status) picks its layout: a status with
+    detail (11, 12) is a :class:`Refused` whatever the request; else the
+    Hello's reply (``hello_rid``) has the longer welcome body, and every
+    other Reply (a Hello refused ``unauthorized`` or ``invalid`` too) is the
+    13-byte layout. Raises :class:`ProtocolError` for bytes that cannot be
+    a server message.
     """
     if len(buf) < HEADER:
         return None
@@ -215,6 +252,11 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
     body = bytes(buf[HEADER:HEADER + blen])
     used = HEADER + blen
     if kind == KIND_REPLY:
+        if blen >= 1 and body[0] in (Status.UNSUPPORTED_VERSION, Status.NOT_LEADER):
+            if blen < 2 or blen != 2 + body[1]:
+                raise ProtocolError(f"a status {body[0]} reply of {blen} body bytes "
+                                    f"(its layout is [status][len][detail])")
+            return Refused(rid, Status(body[0]), body[2:]), used
         if hello_rid is not None and rid == hello_rid and blen >= WELCOME_BODY:
             st, ver, ka, mn, mx, sid, mk, mw, sh = struct.unpack_from("<BBIIIQIIH", body, 0)
             # A later server may append fields: they are skipped.

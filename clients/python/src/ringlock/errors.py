@@ -4,7 +4,7 @@ comes from a server answer, and ``None`` when it does not."""
 
 from __future__ import annotations
 
-from typing import Optional, TYPE_CHECKING
+from typing import Optional, Sequence, Tuple, TYPE_CHECKING
 
 from ._codec import ProtocolError as _CodecProtocolError
 
@@ -41,6 +41,33 @@ class Unauthorized(Unavailable):
     or wrong (status ``unauthorized``). Not retried."""
 
     status = "unauthorized"
+
+
+class UnsupportedVersion(Unavailable):
+    """The server does not speak this client's session protocol version
+    (status ``unsupported_version``); ``.versions`` are the ones it speaks.
+    Not retried, and no other address is tried: a newer client (or an
+    older server) is needed."""
+
+    status = "unsupported_version"
+
+    def __init__(self, message: str, versions: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.versions: Tuple[int, ...] = tuple(versions)
+
+
+class NotLeader(Unavailable):
+    """A server of a replicated deployment answered ``not_leader``: it
+    cannot serve this session. ``.leader`` is the ``host:port`` it named
+    (``None``: it named none). Opening a session tries the named leader
+    first, then the other addresses; a live session that is told this ends
+    with this error (open a new :class:`~ringlock.Client`)."""
+
+    status = "not_leader"
+
+    def __init__(self, message: str, leader: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 class ProtocolError(RingLockError):
