@@ -7,7 +7,8 @@
 #   scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]
 #
 # Default load: one hot key, 64 persistent clients, closed loop, 3 s.
-# Prints one line per run: commit, cycles/s, lock p99 (µs).
+# Prints one line per run: commit, cycles/s, lock p99 (µs), and the
+# server's CPU per lock+unlock cycle (µs, from /proc/PID/stat over the run).
 # AB_DURABLE=1 runs both servers durable, each run on a fresh log
 # (--data-path in the temp dir).
 set -euo pipefail
@@ -39,8 +40,18 @@ run() { # label server loadgen extra-server-args...
     taskset -c 1 "$srv" "$@" "${durable[@]}" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
     P=$!
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null && break; sleep 0.1; done
-    taskset -c 0 "$lg" --target ringlock://127.0.0.1:26119 "${LOAD[@]}" --no-progress --json 2>"$WT/lg.err" | tail -1 |
-        python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print('$label', round(d['ops_per_sec']), round(d['latency_us']['p99']))"
+    # The server's CPU (user + system ticks) over the whole load, warm-up
+    # included, per lock+unlock cycle of the whole load (cycles_all).
+    local t0 t1
+    t0=$(awk '{print $14+$15}' "/proc/$P/stat")
+    taskset -c 0 "$lg" --target ringlock://127.0.0.1:26119 "${LOAD[@]}" --no-progress --json 2>"$WT/lg.err" | tail -1 >"$WT/lg.json"
+    t1=$(awk '{print $14+$15}' "/proc/$P/stat")
+    python3 -c "
+import json
+d = json.load(open('$WT/lg.json'))
+cpu_us = ($t1 - $t0) * 1e6 / $TICKS
+print('$label', round(d['ops_per_sec']), round(d['latency_us']['p99']),
+      round(cpu_us / max(d.get('cycles_all', 0), 1), 2))"
     [ -s "$WT/lg.err" ] && tail -2 "$WT/lg.err" >&2
     kill "$P"; wait "$P" 2>/dev/null || true; P=
 }
@@ -48,7 +59,8 @@ run() { # label server loadgen extra-server-args...
 THREADS=()
 "$ROOT/target/release/ringlockd" --help 2>&1 | grep -q -- '--threads' && THREADS=(--threads 1)
 RUNS=0
-echo "# commit cycles/s p99_us  (load: ${LOAD[*]}${AB_DURABLE:+, durable})"
+TICKS=$(getconf CLK_TCK)
+echo "# commit cycles/s p99_us server_cpu_us_per_cycle  (load: ${LOAD[*]}${AB_DURABLE:+, durable})"
 for _ in $(seq "$ROUNDS"); do
     run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
     run "$NEW" "$ROOT/target/release/ringlockd" "$ROOT/target/release/ringlock-loadgen" "${THREADS[@]}"
