@@ -21,8 +21,18 @@ LOAD=("$@")
 WT=$(mktemp -d /tmp/ringlock-ab.XXXXXX)
 cleanup() { [ -n "${P:-}" ] && kill "$P" 2>/dev/null || true; git -C "$ROOT" worktree remove --force "$WT/old" >/dev/null 2>&1 || true; rm -rf "$WT"; }
 trap cleanup EXIT
-git -C "$ROOT" worktree add -q --detach "$WT/old" "$OLD"
-for dir in "$WT/old" "$ROOT"; do
+# AB_OLD_TARGET=DIR: OLD's release binaries are already built in DIR
+# (DIR/release/ringlockd and ringlock-loadgen), so several loads in a row
+# build it once.
+if [ -n "${AB_OLD_TARGET:-}" ]; then
+    mkdir -p "$WT/old"
+    ln -s "$AB_OLD_TARGET" "$WT/old/target"
+    BUILD=("$ROOT")
+else
+    git -C "$ROOT" worktree add -q --detach "$WT/old" "$OLD"
+    BUILD=("$WT/old" "$ROOT")
+fi
+for dir in "${BUILD[@]}"; do
     (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo build --release -q -p ringlock --bin ringlockd &&
         CARGO_TARGET_DIR="$dir/target" cargo build --release -q -p ringlock-loadgen)
 done
