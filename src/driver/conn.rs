@@ -276,8 +276,7 @@ impl Loop {
         self.maybe_close(s);
     }
 
-    /// `Cmd::Farewell`: at shutdown, `-` to a queued Lock, best effort (a
-    /// plain non-blocking send: the loop is about to stop).
+    /// `Cmd::Farewell`: at shutdown, `-` to a queued Lock, best effort.
     pub(super) fn farewell(&mut self, token: Token) {
         let c = &self.conns[token as u32 as usize];
         // SAFETY: a live connection's fd is open; one static byte.
