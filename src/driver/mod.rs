@@ -19,6 +19,28 @@
 //! inside the drain) → dispatch each as a shard event → `end_tick` (frame
 //! expiry, log batch, durable answers) → execute the shard's commands.
 //! `user_data` = op | generation | slot ([`user_data`]); 0 is never used.
+//!
+//! # Files
+//! Each child module adds an `impl Loop` block over the private fields of
+//! `Loop` (defined here) or is a leaf the loop uses:
+//! - `mod.rs`: the `Loop` struct, its `Drop` (buffers still lent are
+//!   leaked), `dispatch` (a completion → its handler) and `execute` (a
+//!   shard command → its handler).
+//! - `start.rs`: [`Server`] — log recovery, listeners, signal mask, one
+//!   thread per shard with CPU pinning — and `Loop::new`.
+//! - `ring.rs`: ring sizing and set-up, `push`/`reserve_sq`, the wait
+//!   (heartbeat-bounded, after the idle poll), the drain, the tick loop
+//!   `run`, and the mesh's intake and doorbells.
+//! - `conn.rs`: a connection's driver side (`DConn`): accept or refuse,
+//!   receive, send, close, migration between shards.
+//! - `logio.rs`: the log's I/O, steered by the write planner.
+//! - `sys.rs`: the libc calls outside the ring (bind, peer address, fd
+//!   limit, signalfd, CPU affinity, clocks); [`allowed_cpus`].
+//! - [`buf`]: the buffer lent to the kernel and its owner states.
+//! - [`user_data`]: the `user_data` codec.
+//! - [`poll`]: the adaptive idle-poll window.
+//! - [`mesh`]: the message queues between shards.
+//! - [`faults`]: test-only fault injection into the log's I/O.
 
 pub mod buf;
 mod conn;
