@@ -35,6 +35,7 @@
 //! - Bad input answers `-` and closes; it never reaches the lock table.
 
 pub mod conn;
+pub mod msg;
 pub mod session;
 
 use std::collections::VecDeque;
@@ -50,7 +51,9 @@ use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
 use crate::wal::log::{Chain, Landed, Log, Next};
 use conn::{Conn, Port, State};
-use session::{SessMsg, SESS_BIT};
+use msg::{SessMsg, SESS_BIT};
+
+pub use msg::{Detached, RemoteOp, RemoteResult};
 
 /// Undecoded bytes a lock-port connection may hold: one frame plus the
 /// requests pipelined behind it. More while a request is outstanding is a
@@ -91,29 +94,6 @@ pub enum Cmd {
     Sess { to: usize, msg: Box<SessMsg> },
 }
 
-/// An operation one shard asks every shard to run on its part of the keys.
-#[derive(Clone, Debug)]
-pub enum RemoteOp {
-    /// KEYS: every held key.
-    Keys,
-    /// RSET: reset the named keys this shard owns.
-    ResetKeys(Vec<Name>),
-    /// RSBS, or ResetBySource on the lock port: reset these sources.
-    ResetSources(Vec<Name>),
-    /// RSTK: reset each key this shard owns if its holder has the token.
-    ResetIf(Vec<(Name, u64)>),
-}
-
-#[derive(Clone, Debug)]
-pub enum RemoteResult {
-    Keys(Vec<HeldKey>),
-    Done,
-    /// RSTK: the indices (into the request) of the keys reset.
-    Reset(Vec<u32>),
-    /// The log could not make the effects durable (they were undone).
-    Failed,
-}
-
 /// Open connections of every shard, per port (`[lock, admin]`): the admin
 /// port has its own small budget, so a flood of lock-port connections
 /// cannot lock the operator out.
@@ -127,20 +107,6 @@ fn port_index(p: Port) -> usize {
 }
 
 pub use crate::core::route::owner;
-
-/// A connection moving to another shard: what it was in the middle of.
-#[derive(Debug)]
-pub struct Detached {
-    pub port: Port,
-    pub peer: SocketAddr,
-    pub persistent: bool,
-    /// A one-shot connection that already had its request served.
-    pub served: bool,
-    pub read_closed: bool,
-    /// Received bytes not yet decoded (the request that caused the move
-    /// comes first).
-    pub rbuf: Vec<u8>,
-}
 
 /// A scatter/gather in progress for a connection of this shard.
 struct Gather {
