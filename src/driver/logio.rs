@@ -19,13 +19,15 @@ use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
 use super::faults::Faults;
+use super::sys::now;
 use super::user_data::{self as ring_io, Op};
-use super::{now, Loop};
+use super::Loop;
 use crate::log::Level;
 use crate::wal::log::Chain;
 use crate::wal::plan::{Batch, Files, Grown, Kind, Next, Step, Stream, Target, Writer};
 use crate::wal::{self, LogFiles};
 
+// Steps of a log chain (the `slot` field of its user_data).
 pub(super) const STEP_WRITE: u32 = 0;
 pub(super) const STEP_SYNC: u32 = 1;
 pub(super) const STEP_RENAME: u32 = 2;

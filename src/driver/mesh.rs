@@ -184,7 +184,7 @@ mod tests {
                 Msg::Request {
                     from: 0,
                     id: i,
-                    op: RemoteOp::Keys,
+                    op: RemoteOp::KeysClose { stream: 0 },
                 },
             )
             .is_err()

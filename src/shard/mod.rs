@@ -36,6 +36,7 @@
 
 pub mod conn;
 mod keys;
+pub mod msg;
 pub mod session;
 
 use std::collections::VecDeque;
@@ -51,7 +52,9 @@ use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
 use crate::wal::log::{Chain, Landed, Log, Next};
 use conn::{Conn, Port, State};
-use session::{SessMsg, SESS_BIT};
+use msg::{SessMsg, SESS_BIT};
+
+pub use msg::{Detached, RemoteOp, RemoteResult};
 
 /// Undecoded bytes a lock-port connection may hold: one frame plus the
 /// requests pipelined behind it. More while a request is outstanding is a
@@ -92,51 +95,6 @@ pub enum Cmd {
     Sess { to: usize, msg: Box<SessMsg> },
 }
 
-/// An operation one shard asks every shard to run on its part of the keys.
-#[derive(Clone, Debug)]
-pub enum RemoteOp {
-    /// KEYS/KEYX streamed (see [`keys`]): start a listing of this shard's
-    /// held keys named by (requester, `stream`); answer its count and first
-    /// chunk of about `chunk` bytes.
-    KeysOpen {
-        stream: u64,
-        extended: bool,
-        chunk: u32,
-    },
-    /// The next chunk of listing `stream` from each shard named in `want`
-    /// (the others answer `Done`).
-    KeysMore { stream: u64, want: Vec<u32> },
-    /// The reader of listing `stream` left: drop it.
-    KeysClose { stream: u64 },
-    /// Does nothing (answered `Done`). The driver's mesh test names it as
-    /// an ordinary request; nothing in the server sends it since KEYS is
-    /// streamed (to be removed with that test's next change).
-    Keys,
-    /// RSET: reset the named keys this shard owns.
-    ResetKeys(Vec<Name>),
-    /// RSBS, or ResetBySource on the lock port: reset these sources.
-    ResetSources(Vec<Name>),
-    /// RSTK: reset each key this shard owns if its holder has the token.
-    ResetIf(Vec<(Name, u64)>),
-}
-
-#[derive(Clone, Debug)]
-pub enum RemoteResult {
-    /// Shard `shard`'s next chunk of a listing: encoded entries sorted by
-    /// key (and its count, in the answer to `KeysOpen`).
-    KeysPart {
-        shard: u32,
-        count: u32,
-        bytes: Vec<u8>,
-        step: crate::core::table::Step,
-    },
-    Done,
-    /// RSTK: the indices (into the request) of the keys reset.
-    Reset(Vec<u32>),
-    /// The log could not make the effects durable (they were undone).
-    Failed,
-}
-
 /// Open connections of every shard, per port (`[lock, admin]`): the admin
 /// port has its own small budget, so a flood of lock-port connections
 /// cannot lock the operator out.
@@ -150,20 +108,6 @@ fn port_index(p: Port) -> usize {
 }
 
 pub use crate::core::route::owner;
-
-/// A connection moving to another shard: what it was in the middle of.
-#[derive(Debug)]
-pub struct Detached {
-    pub port: Port,
-    pub peer: SocketAddr,
-    pub persistent: bool,
-    /// A one-shot connection that already had its request served.
-    pub served: bool,
-    pub read_closed: bool,
-    /// Received bytes not yet decoded (the request that caused the move
-    /// comes first).
-    pub rbuf: Vec<u8>,
-}
 
 /// A scatter/gather in progress for a connection of this shard.
 struct Gather {
@@ -829,7 +773,6 @@ impl Shard {
             RemoteOp::KeysOpen { .. } | RemoteOp::KeysMore { .. } | RemoteOp::KeysClose { .. } => {
                 unreachable!("answered above")
             }
-            RemoteOp::Keys => RemoteResult::Done,
             RemoteOp::ResetKeys(keys) => {
                 let (me, shards) = (self.me, self.shards);
                 for key in keys.iter().filter(|k| owner(k.as_bytes(), shards) == me) {
@@ -942,8 +885,7 @@ impl Shard {
             match &g.op {
                 RemoteOp::KeysOpen { .. }
                 | RemoteOp::KeysMore { .. }
-                | RemoteOp::KeysClose { .. }
-                | RemoteOp::Keys => unreachable!("stream rounds are handled above"),
+                | RemoteOp::KeysClose { .. } => unreachable!("stream rounds are handled above"),
                 RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
                     for _ in 0..names.len() {
                         c.out.push(b'+');

@@ -28,76 +28,14 @@
 use std::cmp::Reverse;
 use std::net::SocketAddr;
 
+pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
 use super::{owner, Cmd, Shard, State, Undo, REMOTE_BIT};
 use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
 use crate::log::Level;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
 
-/// Marks a table connection token as a session request.
-pub const SESS_BIT: u64 = 1 << 63;
 /// A session whose client does not read its answers is closed beyond this.
 pub const SESSION_OUT_MAX: usize = 64 << 10;
-
-/// A session request as its key's owner shard runs it.
-#[derive(Clone, Debug)]
-pub enum SessOp {
-    Acquire {
-        hold: HoldMode,
-        ttl_ms: u32,
-        wait_ms: u32,
-        key: Name,
-        source: Name,
-    },
-    Release {
-        token: u64,
-        key: Name,
-    },
-    Extend {
-        token: u64,
-        ttl_ms: u32,
-        key: Name,
-    },
-    Cancel {
-        target: u32,
-        key: Name,
-    },
-}
-
-/// Something for a session's client.
-#[derive(Clone, Copy, Debug)]
-pub enum SessOut {
-    Reply {
-        rid: u32,
-        status: Status,
-        token: u64,
-        ttl_left_ms: u32,
-    },
-    Lost {
-        key: Name,
-        token: u64,
-        why: LostWhy,
-    },
-}
-
-/// Session traffic between shards.
-#[derive(Clone, Debug)]
-pub enum SessMsg {
-    /// home → owner: run a request.
-    Op {
-        sid: u64,
-        home: Token,
-        rid: u32,
-        peer: SocketAddr,
-        op: SessOp,
-    },
-    /// home → owner: the session ended.
-    End { sid: u64 },
-    /// owner → home: an answer or a Lost push.
-    Out { sid: u64, home: Token, out: SessOut },
-    /// owner → home: what the owner answered was undone (its log failed):
-    /// end the session.
-    Kill { sid: u64, home: Token },
-}
 
 /// The home shard of a session id.
 pub fn home_of(sid: u64) -> usize {

@@ -1,0 +1,358 @@
+//! Start-up: [`Server::bind`] recovers the logs, binds every shard's
+//! listeners and blocks the signals; [`Server::run`] starts one thread per
+//! shard (pinned to a CPU of the affinity mask when there are several),
+//! each building its ring and [`Loop`] on that thread and publishing its
+//! ring fd to the others before any of them runs.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+
+use super::faults::Faults;
+use super::logio::LogIo;
+use super::mesh::{self, MeshEnd};
+use super::ring::build_ring;
+use super::sys::{allowed_cpus, block_signals, fit_fd_limit, listen, now, pin_to};
+use super::{poll, Loop};
+use crate::config::Config;
+use crate::core::Table;
+use crate::log::Level;
+use crate::metrics::Metrics;
+use crate::shard::Shard;
+use crate::wal::log::Log;
+use crate::wal::{self, LogFiles};
+
+/// What one shard starts with: its listeners, its recovered table and log.
+struct Part {
+    lock: TcpListener,
+    admin: TcpListener,
+    table: Table,
+    log: Option<(LogFiles, Log)>,
+    faults: Faults,
+}
+
+/// The server before it runs: logs recovered, every shard's listeners
+/// bound, signals blocked. [`Server::run`] starts one event loop per shard.
+pub struct Server {
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    parts: Vec<Part>,
+    signal_fd: RawFd,
+    lock_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    cpus: Vec<usize>,
+}
+
+impl Server {
+    /// Recovers the logs (durable mode), binds both ports for every shard
+    /// and blocks SIGINT/SIGTERM (threads started afterwards inherit the
+    /// mask); nothing is served yet. The ports are bound only after every
+    /// log is replayed: while recovery runs a client is refused (and
+    /// retries) instead of waiting in the listen backlog for an unknown
+    /// time, and nothing can be answered from a partial table
+    /// (tests/scale.rs watches the start-up).
+    pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+        let cpus = allowed_cpus();
+        if cfg.threads == 0 {
+            cfg.threads = cpus.len();
+        }
+        fit_fd_limit(&mut cfg);
+        let n = cfg.threads;
+        if metrics.shards() < n {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the metrics registry has {} loop slots for {n} shards",
+                    metrics.shards()
+                ),
+            ));
+        }
+        let limits = crate::core::Limits {
+            max_keys: cfg.max_keys,
+            max_waiters: cfg.max_waiters,
+        };
+        // One budget for every shard: the limits are the server's.
+        let budget = crate::core::Budget::new(limits);
+        let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
+        let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
+        if let Some(path) = &cfg.data_path {
+            let started = std::time::Instant::now();
+            let opened = wal::set::open(path, &mut tables, cfg.wal_truncate_at, now())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let us = started.elapsed().as_micros() as u64;
+            metrics.set_recovery_us(us);
+            for (i, (files, rec)) in opened.into_iter().enumerate() {
+                log!(
+                    Level::Info,
+                    "recovery",
+                    "shard={} path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} zero_tail_bytes={} truncated_at={} duration_us={}",
+                    i,
+                    crate::log::path(&files.path),
+                    rec.records,
+                    rec.held,
+                    rec.file_bytes,
+                    rec.torn_bytes,
+                    rec.zero_tail_bytes,
+                    rec.truncated_at.map_or("none".to_string(), |o| o.to_string()),
+                    us
+                );
+                if rec.torn_bytes > 0 {
+                    log!(
+                        Level::Warn,
+                        "torn_tail_dropped",
+                        "path={} bytes={}",
+                        crate::log::path(&files.path),
+                        rec.torn_bytes
+                    );
+                }
+                if let Some(o) = rec.truncated_at {
+                    log!(
+                        Level::Warn,
+                        "corrupt_tail_truncated",
+                        "path={} offset={} by=operator",
+                        crate::log::path(&files.path),
+                        o
+                    );
+                }
+                let mut files = files;
+                if cfg.wal_preallocate_bytes > 0 {
+                    // Before serving: the first appends already land in
+                    // zeros. Recovery left the file ending at its last record.
+                    match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes) {
+                        Ok(end) => files.alloc_len = end,
+                        Err(e) => log!(
+                            Level::Warn,
+                            "wal_preallocate_failed",
+                            "path={} bytes={} error=\"{}\" effect=appends_grow_the_file",
+                            crate::log::path(&files.path),
+                            cfg.wal_preallocate_bytes,
+                            e
+                        ),
+                    }
+                }
+                let log = Log::new(files.file_len, &tables[i], cfg.compact_floor_bytes);
+                logs[i] = Some((files, log));
+            }
+        }
+        let multi = n > 1;
+        let mut parts = Vec::with_capacity(n);
+        let mut lock_addr = cfg.bind;
+        let mut admin_addr = cfg.admin_bind;
+        for (i, (table, log)) in tables.into_iter().zip(logs).enumerate() {
+            let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi, i == 0)?;
+            let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi, i == 0)?;
+            if i == 0 {
+                // Port 0 picks a port once; every other shard joins it.
+                lock_addr = lock.local_addr()?;
+                admin_addr = admin.local_addr()?;
+            }
+            let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
+            })?;
+            parts.push(Part {
+                lock,
+                admin,
+                table,
+                log,
+                faults,
+            });
+        }
+        let signal_fd = block_signals()?;
+        Ok(Server {
+            cfg,
+            metrics,
+            parts,
+            signal_fd,
+            lock_addr,
+            admin_addr,
+            cpus,
+        })
+    }
+
+    pub fn lock_addr(&self) -> SocketAddr {
+        self.lock_addr
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The configuration in force (limits may have been fitted at bind).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Serves until SIGINT/SIGTERM: shard 0 on the calling thread, every
+    /// other shard on a thread of its own, each pinned to one CPU of the
+    /// affinity mask. Returns after every shard answered its queued
+    /// waiters `-`.
+    pub fn run(mut self) -> io::Result<()> {
+        let n = self.parts.len();
+        if n > self.cpus.len() && self.cfg.idle_poll_us > 0 {
+            // A polling shard would take turns with the others on its CPU.
+            log!(
+                Level::Info,
+                "idle_poll_off",
+                "shards={} cpus={} reason=\"shards share CPUs\"",
+                n,
+                self.cpus.len()
+            );
+            self.cfg.idle_poll_us = 0;
+        }
+        let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
+        let barrier = Arc::new(std::sync::Barrier::new(n));
+        let all_conns: Arc<crate::shard::ConnCounts> = Arc::new(Default::default());
+        let mut meshes: Vec<Option<MeshEnd>> = if n > 1 {
+            mesh::build(n).into_iter().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let pin = n > 1;
+        let mut handles = Vec::new();
+        let mut parts = self.parts.into_iter().enumerate();
+        let (_, first) = parts.next().expect("at least one shard");
+        for (i, part) in parts {
+            let cfg = self.cfg.clone();
+            let metrics = self.metrics.clone();
+            let mesh = meshes[i].take();
+            let (fds, barrier, all) = (ring_fds.clone(), barrier.clone(), all_conns.clone());
+            let cpu = self.cpus[i % self.cpus.len()];
+            let h = std::thread::Builder::new()
+                .name(format!("ringlock-shard-{i}"))
+                .spawn(move || {
+                    run_shard(
+                        i, n, cpu, pin, cfg, metrics, part, mesh, None, fds, barrier, all,
+                    )
+                })?;
+            handles.push(h);
+        }
+        let cpu = self.cpus[0];
+        let mesh = meshes[0].take();
+        let mut result = run_shard(
+            0,
+            n,
+            cpu,
+            pin,
+            self.cfg,
+            self.metrics,
+            first,
+            mesh,
+            Some(self.signal_fd),
+            ring_fds,
+            barrier,
+            all_conns,
+        );
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a shard thread panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+}
+
+/// Builds shard `i`'s loop on this thread (the ring must be created by the
+/// thread that submits to it) and runs it.
+#[allow(clippy::too_many_arguments)] // the parts of one shard, moved in once
+fn run_shard(
+    i: usize,
+    n: usize,
+    cpu: usize,
+    pin: bool,
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    part: Part,
+    mesh: Option<MeshEnd>,
+    signal_fd: Option<RawFd>,
+    ring_fds: Arc<Vec<AtomicI32>>,
+    barrier: Arc<std::sync::Barrier>,
+    all_conns: Arc<crate::shard::ConnCounts>,
+) -> io::Result<()> {
+    let pinned = pin && pin_to(cpu);
+    let built = Loop::new(
+        i,
+        n,
+        cfg,
+        metrics,
+        part,
+        mesh,
+        signal_fd,
+        ring_fds.clone(),
+        all_conns,
+    );
+    // Everyone publishes its ring (or that it has none) before anyone runs:
+    // a doorbell needs the target's ring fd.
+    let fd = built.as_ref().map_or(-2, |l| l.ring.as_raw_fd());
+    ring_fds[i].store(fd, Ordering::Release);
+    barrier.wait();
+    let mut lp = built?;
+    if ring_fds.iter().any(|f| f.load(Ordering::Acquire) < 0) {
+        return Err(io::Error::other("another shard failed to start"));
+    }
+    log!(
+        Level::Info,
+        "shard_start",
+        "shard={} of={} cpu={} pinned={}",
+        i,
+        n,
+        cpu,
+        pinned
+    );
+    lp.run()
+}
+
+impl Loop {
+    #[allow(clippy::too_many_arguments)] // the parts of one shard, moved in once
+    fn new(
+        index: usize,
+        n: usize,
+        cfg: Config,
+        metrics: Arc<Metrics>,
+        part: Part,
+        mesh: Option<MeshEnd>,
+        signal_fd: Option<RawFd>,
+        ring_fds: Arc<Vec<AtomicI32>>,
+        all_conns: Arc<crate::shard::ConnCounts>,
+    ) -> io::Result<Loop> {
+        let ring = build_ring(cfg.max_connections, n)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
+        let cap = cfg.max_connections.min(65_536);
+        let (log, log_io) = match part.log {
+            None => (None, None),
+            Some((files, log)) => (
+                Some(log),
+                Some(LogIo::new(files, part.faults, cfg.wal_preallocate_bytes)),
+            ),
+        };
+        let idle_poll_us = cfg.idle_poll_us;
+        let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
+        shard.place(index, n, all_conns);
+        Ok(Loop {
+            ring,
+            lock_listener: part.lock,
+            admin_listener: part.admin,
+            signal_fd,
+            // SAFETY: signalfd_siginfo is plain old data; all-zero is valid.
+            signal_buf: Box::new(unsafe { std::mem::zeroed() }),
+            conns: Vec::with_capacity(cap),
+            shard,
+            log: log_io,
+            metrics,
+            cqes: Vec::with_capacity(4096),
+            cmds: Vec::with_capacity(1024),
+            landings: Vec::with_capacity(2),
+            closed: Vec::with_capacity(1024),
+            stop_requested: false,
+            mesh,
+            ring_fds,
+            inbox: Vec::new(),
+            idle_poll_us,
+            poll: poll::PollWindow::new(idle_poll_us),
+        })
+    }
+}

@@ -1,0 +1,138 @@
+//! Messages between shards, as the mesh carries them (the driver's
+//! `mesh` queues, or the simulator's): the scatter/gather of admin and
+//! reset commands over every shard's keys ([`RemoteOp`] out,
+//! [`RemoteResult`] back), a connection handed to another shard
+//! ([`Detached`]), and session traffic between a session's home shard and
+//! the owners of its keys ([`SessMsg`]; see [`super::session`]).
+//!
+//! This file imports only what sits below the shard (`core`, `protocol`)
+//! and the connection's [`Port`], never the shard itself: `shard/mod.rs`
+//! and `session.rs` both use these types without importing each other.
+//! They are re-exported at their former paths (`shard::{RemoteOp,
+//! RemoteResult, Detached}`, `shard::session::{SessMsg, SessOp, SessOut,
+//! SESS_BIT}`).
+
+use std::net::SocketAddr;
+
+use super::conn::Port;
+use crate::core::{HoldMode, Name, Token};
+use crate::protocol::session::{LostWhy, Status};
+
+/// An operation one shard asks every shard to run on its part of the keys.
+#[derive(Clone, Debug)]
+pub enum RemoteOp {
+    /// KEYS/KEYX streamed (see the shard's `keys` module): start a listing of this shard's
+    /// held keys named by (requester, `stream`); answer its count and first
+    /// chunk of about `chunk` bytes.
+    KeysOpen {
+        stream: u64,
+        extended: bool,
+        chunk: u32,
+    },
+    /// The next chunk of listing `stream` from each shard named in `want`
+    /// (the others answer `Done`).
+    KeysMore { stream: u64, want: Vec<u32> },
+    /// The reader of listing `stream` left: drop it.
+    KeysClose { stream: u64 },
+    /// RSET: reset the named keys this shard owns.
+    ResetKeys(Vec<Name>),
+    /// RSBS, or ResetBySource on the lock port: reset these sources.
+    ResetSources(Vec<Name>),
+    /// RSTK: reset each key this shard owns if its holder has the token.
+    ResetIf(Vec<(Name, u64)>),
+}
+
+#[derive(Clone, Debug)]
+pub enum RemoteResult {
+    /// Shard `shard`'s next chunk of a listing: encoded entries sorted by
+    /// key (and its count, in the answer to `KeysOpen`).
+    KeysPart {
+        shard: u32,
+        count: u32,
+        bytes: Vec<u8>,
+        step: crate::core::table::Step,
+    },
+    Done,
+    /// RSTK: the indices (into the request) of the keys reset.
+    Reset(Vec<u32>),
+    /// The log could not make the effects durable (they were undone).
+    Failed,
+}
+
+/// A connection moving to another shard: what it was in the middle of.
+#[derive(Debug)]
+pub struct Detached {
+    pub port: Port,
+    pub peer: SocketAddr,
+    pub persistent: bool,
+    /// A one-shot connection that already had its request served.
+    pub served: bool,
+    pub read_closed: bool,
+    /// Received bytes not yet decoded (the request that caused the move
+    /// comes first).
+    pub rbuf: Vec<u8>,
+}
+
+/// Marks a table connection token as a session request.
+pub const SESS_BIT: u64 = 1 << 63;
+
+/// A session request as its key's owner shard runs it.
+#[derive(Clone, Debug)]
+pub enum SessOp {
+    Acquire {
+        hold: HoldMode,
+        ttl_ms: u32,
+        wait_ms: u32,
+        key: Name,
+        source: Name,
+    },
+    Release {
+        token: u64,
+        key: Name,
+    },
+    Extend {
+        token: u64,
+        ttl_ms: u32,
+        key: Name,
+    },
+    Cancel {
+        target: u32,
+        key: Name,
+    },
+}
+
+/// Something for a session's client.
+#[derive(Clone, Copy, Debug)]
+pub enum SessOut {
+    Reply {
+        rid: u32,
+        status: Status,
+        token: u64,
+        ttl_left_ms: u32,
+    },
+    Lost {
+        key: Name,
+        token: u64,
+        why: LostWhy,
+    },
+}
+
+/// Session traffic between shards.
+#[derive(Clone, Debug)]
+pub enum SessMsg {
+    /// home → owner: run a request.
+    Op {
+        sid: u64,
+        home: Token,
+        rid: u32,
+        peer: SocketAddr,
+        op: SessOp,
+    },
+    /// home → owner: the session ended.
+    End { sid: u64 },
+    /// owner → home: an answer or a Lost push.
+    Out { sid: u64, home: Token, out: SessOut },
+    /// owner → home: what the owner answered was undone (its log failed):
+    /// end the session.
+    Kill { sid: u64, home: Token },
+}
