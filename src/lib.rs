@@ -61,16 +61,22 @@
 //! 2. [`protocol`]: wire codecs of the lock port, the session protocol and
 //!    the admin port (pure), over core's types.
 //! 3. [`wal`]: the write-ahead log — record format and group-commit /
-//!    compaction bookkeeping (pure), recovery replay over bytes (pure), and
-//!    the one start-up function that opens and maps the file.
+//!    compaction bookkeeping (pure), the write planner that decides every
+//!    write, sync, rename and growth step from the completions it is told
+//!    ([`wal::plan`], pure; the driver and the simulator both run it),
+//!    recovery replay over bytes (pure), and the one start-up function that
+//!    syncs, maps and replays the file ([`wal::STARTUP`]).
 //! 4. [`shard`]: everything one event loop decides, composed from the
 //!    above: connection protocol states, the lock table, the durability
 //!    gate (held replies, durable watermark, undo journal) and the log's
 //!    batching. Fed events, returns commands; no syscall, no clock read,
 //!    no `unsafe`. The simulator (`tests/sim`) drives it too.
 //! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`
-//!    I/O; owns every fd and every buffer lent to the kernel ([`driver::user_data`] holds
-//!    the `user_data` encoding).
+//!    I/O; owns every fd and every buffer lent to the kernel. One file per
+//!    concern: syscall wrappers, the ring and its tick, connection I/O, the
+//!    log's I/O (thin: it submits what [`wal::plan`] says), start-up and
+//!    threads, the mesh between shards, and the `user_data` codec
+//!    ([`driver::user_data`]).
 //! 6. The client side, beside the server's layers (it uses only
 //!    [`protocol`]'s codecs and the leaves): [`lease`] (the lock API every
 //!    backend shares: `Locker`, `Lease`, the lost-lock handler), below its
@@ -102,7 +108,7 @@
 //! file before any further `+`. The design may leave a key held by nobody
 //! (cleared by a reset), never one key with two owners. The log file is
 //! kept zero-filled and synced ahead of its records (preallocation, grown
-//! by the driver beside the appends), so an append's fdatasync commits
+//! beside the appends as the planner decides), so an append's fdatasync commits
 //! only data; at most 64 KiB of an append is unsynced at a time, which is
 //! what lets recovery tell a write torn in place from damage.
 
