@@ -21,6 +21,8 @@
 
 use crate::core::HeldKey;
 
+#[cfg(test)]
+mod listing_tests;
 pub mod session;
 
 /// Longest possible lock-port frame: action + 2 × (size + 127 bytes).

@@ -1,0 +1,190 @@
+//! Tests of the table's streamed listings (`core::table::listing`)
+//! against the reference encoding of the whole answer (`admin::encode_keys`
+//! / `encode_keyx` of `Table::held_list`). They live here, beside the
+//! encoding they compare with: core imports nothing from protocol.
+
+use crate::core::list::NIL;
+use crate::core::table::{ListingId, Step, SAVED_BYTES_MAX};
+use crate::core::*;
+use crate::protocol::admin;
+use std::net::SocketAddr;
+
+fn at(us: u64) -> Now {
+    Now {
+        mono_us: us,
+        unix_ms: 1_700_000_000_000 + us / 1000,
+    }
+}
+
+/// A table holding `n` keys in a scrambled order (so grant order is not
+/// key order), every third a lease; waiters on every fifth key.
+fn table(n: usize) -> Table {
+    let mut tb = Table::new(Limits {
+        max_keys: 4 * n,
+        max_waiters: 4 * n,
+    });
+    let mut fx = Vec::new();
+    for j in 0..n {
+        let i = (j * 7919) % n;
+        let key = format!("key-{i:06}");
+        let ep = SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], (1000 + i % 60_000) as u16));
+        let opts = LockOpts {
+            mode: if i.is_multiple_of(3) {
+                HoldMode::Lease
+            } else {
+                HoldMode::Persistent
+            },
+            ttl_ms: 60_000,
+            ..LockOpts::default()
+        };
+        tb.lock_with(
+            i as u64,
+            &key,
+            &format!("src-{}", i % 10),
+            ep,
+            LockMode::Blocking,
+            opts,
+            at(j as u64 * 1000),
+            &mut fx,
+        );
+        if i.is_multiple_of(5) {
+            tb.lock(
+                (n + i) as u64,
+                &key,
+                "waiter",
+                ep,
+                LockMode::Blocking,
+                at(0),
+                &mut fx,
+            );
+        }
+    }
+    tb
+}
+
+/// The reference: every holder copied, sorted, encoded at once.
+fn whole(tb: &Table, extended: bool, now_unix_ms: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    if extended {
+        admin::encode_keyx(&tb.held_list(), now_unix_ms, &mut out);
+    } else {
+        admin::encode_keys(&tb.held_list(), &mut out);
+    }
+    out
+}
+
+/// Listing `id` to the end in chunks of `chunk` bytes, after `count`.
+fn drain(tb: &mut Table, id: ListingId, count: u32, x: bool, chunk: usize) -> Vec<u8> {
+    let mut out = count.to_le_bytes().to_vec();
+    loop {
+        match tb.listing_next(id, x, chunk, &mut out) {
+            Step::More => continue,
+            Step::Done => return out,
+            Step::Overflowed => panic!("overflowed"),
+        }
+    }
+}
+
+#[test]
+fn a_listing_equals_the_whole_answer_in_any_chunk_size() {
+    for x in [false, true] {
+        for chunk in [1, 100, 4096, usize::MAX] {
+            let mut tb = table(3000);
+            let now = at(5_000_000).unix_ms;
+            let want = whole(&tb, x, now);
+            let (id, count) = tb.listing_begin(now);
+            assert_eq!(count, 3000);
+            assert_eq!(
+                drain(&mut tb, id, count, x, chunk),
+                want,
+                "x={x} chunk={chunk}"
+            );
+            assert_eq!(tb.listings(), 0, "a finished listing is freed");
+        }
+    }
+    let mut tb = Table::new(Limits {
+        max_keys: 1,
+        max_waiters: 1,
+    });
+    let (id, count) = tb.listing_begin(0);
+    assert_eq!(drain(&mut tb, id, count, false, 10), 0u32.to_le_bytes());
+}
+
+/// Holders released, reset, regranted to a waiter, extended or newly
+/// granted while a listing is read: it still answers the holders of
+/// its start, as they were.
+#[test]
+fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
+    for x in [false, true] {
+        let mut tb = table(2000);
+        let now = at(3_000_000);
+        let want = whole(&tb, x, now.unix_ms);
+        let (id, count) = tb.listing_begin(now.unix_ms);
+        let mut out = count.to_le_bytes().to_vec();
+        assert_eq!(tb.listing_next(id, x, 5000, &mut out), Step::More);
+        let mut fx = Vec::new();
+        let later = at(9_000_000);
+        for i in 0..2000usize {
+            let key = format!("key-{i:06}");
+            match i % 4 {
+                // Unlocked (grants the waiter where there is one).
+                0 => tb.unlock(i as u64, &key, later, &mut fx),
+                1 => tb.reset_by_key(None, &Name::new(key.as_bytes()).unwrap(), later, &mut fx),
+                2 if i % 3 == 0 => {
+                    let token = tb.grant_of(&key).expect("held");
+                    tb.extend(NIL, &key, token, 1_000, later).expect("a lease");
+                }
+                _ => {}
+            }
+            // A new key, granted after the start: not listed.
+            tb.lock(
+                9,
+                &format!("new-{i:06}"),
+                "n",
+                SocketAddr::from(([1, 1, 1, 1], 1)),
+                LockMode::Try,
+                later,
+                &mut fx,
+            );
+        }
+        // Undo-style expiry change and a second change of one key.
+        tb.unlock(0, "key-000000", later, &mut fx);
+        loop {
+            match tb.listing_next(id, x, 5000, &mut out) {
+                Step::More => {}
+                Step::Done => break,
+                Step::Overflowed => panic!("overflowed"),
+            }
+        }
+        assert_eq!(out, want, "x={x}");
+        tb.check_invariants();
+    }
+}
+
+#[test]
+fn a_listing_whose_holders_change_too_much_overflows_and_frees() {
+    let n = SAVED_BYTES_MAX / 30 + 10;
+    let mut tb = table(n);
+    let (id, _) = tb.listing_begin(0);
+    let mut fx = Vec::new();
+    for i in 0..n {
+        tb.unlock(i as u64, &format!("key-{i:06}"), at(1), &mut fx);
+    }
+    let mut out = Vec::new();
+    assert_eq!(tb.listing_next(id, true, 100, &mut out), Step::Overflowed);
+    assert!(out.is_empty());
+    assert_eq!(tb.listings(), 0);
+}
+
+#[test]
+fn an_abandoned_listing_is_freed_and_changes_cost_nothing_more() {
+    let mut tb = table(100);
+    let (a, _) = tb.listing_begin(0);
+    let (b, count) = tb.listing_begin(0);
+    let want = whole(&tb, false, 0);
+    tb.listing_end(a);
+    assert_eq!(tb.listings(), 1);
+    let mut fx = Vec::new();
+    tb.unlock(1, "key-000001", at(1), &mut fx);
+    assert_eq!(drain(&mut tb, b, count, false, 64), want);
+}
