@@ -162,7 +162,10 @@ impl Loop {
                     .build()
                     .user_data(ring_io::encode(Op::Ignore, 0, 0));
                 // SAFETY: references no buffer; the fd is the refused
-                // socket, which no other op uses.
+                // socket, which no other op uses and nothing else closes
+                // (a second close could hit a reused number: another
+                // connection's socket). tests/refuse_leak.rs counts the
+                // descriptors after 600 refusals on 1, 2 and 4 shards.
                 unsafe { self.push(close) };
             }
             Op::Recv => self.on_recv(ud, gen, slot, res),
