@@ -103,6 +103,11 @@ impl LogIo {
         }
     }
 
+    /// An append (or a blocking rewrite) is in flight.
+    pub(super) fn appending(&self) -> bool {
+        self.plan.busy(Stream::Records)
+    }
+
     /// Leaks what the kernel may still use (the loop stops with ops in
     /// flight): a buffer is never freed under the kernel, a descriptor
     /// number never reused under a linked op.

@@ -274,9 +274,11 @@ impl Loop {
                 self.ring.submitter().submit_with_args(1, &args)
             }
         };
-        if self.idle_poll_us > 0 {
-            // From the start of the poll to the wake-up: what a poll long
-            // enough to catch this event would have taken.
+        // From the start of the poll to the wake-up: what a poll long
+        // enough to catch this event would have taken. Not while an append
+        // is in flight: that sleep waits for the disk (an fdatasync), not
+        // for a client, and says nothing about how soon clients come.
+        if self.idle_poll_us > 0 && !self.log.as_ref().is_some_and(|io| io.appending()) {
             self.poll.slept(now().mono_us.saturating_sub(t));
         }
         match r {
