@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use std::ops::ControlFlow;
 
-use crate::core::{HeldKey, Now, Table};
+use crate::core::{Now, Table};
 
 use record::{RecordRef, Scanned, MAGIC};
 
@@ -198,11 +198,6 @@ fn cstr(p: &Path) -> CString {
 
 fn fsync_dir(dir: &File) -> io::Result<()> {
     dir.sync_all()
-}
-
-/// Size of the Acquire record for a holder (tracks `live_bytes`).
-pub fn acquire_len(h: &HeldKey) -> u64 {
-    record::acquire_len(h.as_ref()) as u64
 }
 
 /// Opens (or creates) the log at `path`, replays it into `table`, and

@@ -320,11 +320,6 @@ impl Writer {
         self
     }
 
-    /// Bytes of the log file that exist (records, then synced zeros).
-    pub fn alloc_len(&self) -> u64 {
-        self.alloc_len
-    }
-
     /// A chain in flight on `stream`.
     pub fn busy(&self, stream: Stream) -> bool {
         self.runs[stream as usize].is_some()
