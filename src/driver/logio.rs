@@ -301,7 +301,11 @@ impl Loop {
                     // A release assert: the pointer arithmetic rests on it.
                     assert!(at + len <= buf_len, "a write past the chain's buffer");
                     // SAFETY (pointer arithmetic): `at + len <= buf_len`
-                    // (asserted), within the allocation.
+                    // (asserted), within the allocation; past it the kernel
+                    // would write bytes from beyond the buffer into the log.
+                    // Resumed pieces start at `at > 0`: tests/wal_faults.rs
+                    // (short writes everywhere) and the planner-driven
+                    // simulator exercise them.
                     let ptr = unsafe { buf_ptr.add(at) };
                     opcode::Write::new(types::Fd(fd_of(target)), ptr, len as u32)
                         .offset(offset)
