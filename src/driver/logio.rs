@@ -304,8 +304,8 @@ impl Loop {
                     // (asserted), within the allocation; past it the kernel
                     // would write bytes from beyond the buffer into the log.
                     // Resumed pieces start at `at > 0`: tests/wal_faults.rs
-                    // (short writes everywhere) and the planner-driven
-                    // simulator exercise them.
+                    // (short writes everywhere) runs them through this
+                    // code; the simulator checks the planner's ranges.
                     let ptr = unsafe { buf_ptr.add(at) };
                     opcode::Write::new(types::Fd(fd_of(target)), ptr, len as u32)
                         .offset(offset)
