@@ -129,6 +129,8 @@ pub mod protocol;
 #[macro_use]
 pub mod log;
 #[cfg(feature = "server")]
+pub mod cluster;
+#[cfg(feature = "server")]
 pub mod driver;
 #[cfg(feature = "server")]
 pub mod shard;

@@ -1,0 +1,528 @@
+//! One shard's replica of its Raft group: raft-rs's `RawNode` driven by
+//! hand, as a pure state machine (no clock, no I/O, no thread).
+//!
+//! The shard feeds it ticks, peer messages and proposals, and takes from
+//! it, after each [`Replica::ready`]:
+//! - messages to send now ([`Output::send`]);
+//! - log records to make durable ([`Output::persist`], our own record
+//!   format, see [`super::store`]), each with a ready number the shard
+//!   reports back through [`Replica::persisted`] once its write and
+//!   fdatasync landed (group commit covers them: one fdatasync per batch);
+//! - committed entries to apply ([`Output::apply`]).
+//!
+//! Persistence is asynchronous (`advance_append_async`): the loop keeps
+//! stepping messages while a batch is being synced. Messages that raft-rs
+//! may send only after the state they describe is durable (a follower's
+//! append acknowledgement, a vote) are held here until [`Replica::persisted`]
+//! covers their ready.
+//!
+//! # Leadership, and when a leader may serve
+//! raft-rs's `check_quorum` makes a leader step down when it has not heard
+//! from a quorum within an election timeout, but only at the next check:
+//! an isolated leader can outlive the election of its successor by up to
+//! an election timeout. So the replica keeps its own **leader lease**: a
+//! ReadIndex is issued with every heartbeat round, its context the tick it
+//! was sent; when a quorum acknowledges it, none of those nodes will vote
+//! for another candidate until an election timeout after they received it
+//! (raft-rs rejects votes while it has a live leader, `check_quorum`), so
+//! the leader is the only one that can commit until `sent + election ticks`.
+//! [`Replica::serving`] is true only inside that lease (less a margin for
+//! tick skew) and after the leader applied an entry of its own term.
+//! A node that restarts has forgotten whom it heard from: it refuses
+//! every vote for one election timeout after it starts.
+//!
+//! The election timeout is randomized from the replica's own seeded
+//! generator (never raft-rs's thread RNG), so the simulator is
+//! deterministic.
+
+use std::collections::VecDeque;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole};
+
+use super::store;
+
+/// Ticks of slack the leader lease leaves for tick skew between nodes.
+pub const LEASE_MARGIN_TICKS: u64 = 2;
+
+/// How a replica is set up.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This node's id (1..).
+    pub id: u64,
+    /// Every voter's id, this node's included.
+    pub voters: Vec<u64>,
+    /// Election timeout in ticks (randomized in `[e, 2e)`).
+    pub election_ticks: usize,
+    /// Heartbeat interval in ticks.
+    pub heartbeat_ticks: usize,
+    /// Seed of the election-timeout randomization.
+    pub seed: u64,
+}
+
+/// What the replica recovered from its log (empty for a new node).
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    pub hard_state: HardState,
+    pub entries: Vec<Entry>,
+}
+
+/// A role change the shard must act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleChange {
+    /// This node became leader of `term` (it serves once it applied an
+    /// entry of that term and holds the lease).
+    Leader { term: u64 },
+    /// This node was leader and no longer is.
+    SteppedDown { term: u64 },
+}
+
+/// The work one [`Replica::ready`] produced.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Messages to send now, `(to node, encoded message)`.
+    pub send: Vec<(u64, Vec<u8>)>,
+    /// Records to append to the log and fdatasync; report `number` to
+    /// [`Replica::persisted`] when they are durable.
+    pub persist: Option<(u64, Vec<u8>)>,
+    /// Committed entries, in order, to apply to the table.
+    pub apply: Vec<Entry>,
+    pub role: Option<RoleChange>,
+}
+
+pub struct Replica {
+    node: RawNode<MemStorage>,
+    cfg: ReplicaConfig,
+    rng: u64,
+    /// Ticks since start.
+    ticks: u64,
+    /// Votes are refused until this tick (a restarted node).
+    mute_votes_until: u64,
+    /// The lease: the tick of the newest heartbeat round a quorum
+    /// acknowledged (valid for the current term only).
+    lease_from: Option<u64>,
+    lease_term: u64,
+    /// Ticks since the last lease probe.
+    since_probe: usize,
+    /// Messages held until the ready `number` is durable.
+    held: VecDeque<(u64, Vec<Message>)>,
+    persisted_number: u64,
+    /// The newest ready with records to sync, and the newest ready.
+    inflight_max: u64,
+    last_number: u64,
+    applied: u64,
+    /// The index of this leader's first entry of its term (its no-op);
+    /// serving starts once it is applied.
+    term_start: u64,
+    role: StateRole,
+    term: u64,
+    leader: u64,
+}
+
+fn next_rand(state: &mut u64) -> u64 {
+    // splitmix64: small, seeded, good enough to spread election timeouts.
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Replica {
+    /// A replica over what its log held (`Recovered::default()` for a new
+    /// node). `restarted`: the log was not empty, so votes are refused for
+    /// an election timeout.
+    pub fn new(cfg: ReplicaConfig, rec: Recovered) -> Result<Replica, String> {
+        if cfg.election_ticks <= cfg.heartbeat_ticks || cfg.heartbeat_ticks == 0 {
+            return Err(format!(
+                "the election timeout ({} ticks) must exceed the heartbeat ({} ticks)",
+                cfg.election_ticks, cfg.heartbeat_ticks
+            ));
+        }
+        if !cfg.voters.contains(&cfg.id) {
+            return Err(format!(
+                "node {} is not among the voters {:?}",
+                cfg.id, cfg.voters
+            ));
+        }
+        let restarted = rec.hard_state.term > 0 || !rec.entries.is_empty();
+        let cs = ConfState::from((cfg.voters.clone(), vec![]));
+        let storage = MemStorage::new_with_conf_state(cs);
+        {
+            let mut w = storage.wl();
+            w.append(&rec.entries)
+                .map_err(|e| format!("log entries: {e}"))?;
+            let mut hs = rec.hard_state.clone();
+            let last = rec.entries.last().map_or(0, |e| e.index);
+            // A commit index past the recovered entries cannot be true.
+            hs.commit = hs.commit.min(last);
+            w.set_hardstate(hs);
+        }
+        let rc = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            check_quorum: true,
+            pre_vote: true,
+            applied: 0,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = RawNode::new(&rc, storage, &logger).map_err(|e| format!("raft: {e}"))?;
+        let election = cfg.election_ticks as u64;
+        let mut r = Replica {
+            node,
+            rng: cfg.seed ^ (cfg.id << 32) ^ 0x5EED,
+            cfg,
+            ticks: 0,
+            mute_votes_until: if restarted { election } else { 0 },
+            lease_from: None,
+            lease_term: 0,
+            since_probe: 0,
+            held: VecDeque::new(),
+            persisted_number: 0,
+            inflight_max: 0,
+            last_number: 0,
+            applied: 0,
+            term_start: u64::MAX,
+            role: StateRole::Follower,
+            term: rec.hard_state.term,
+            leader: 0,
+        };
+        r.randomize_timeout();
+        Ok(r)
+    }
+
+    fn randomize_timeout(&mut self) {
+        let e = self.cfg.election_ticks;
+        let t = e + (next_rand(&mut self.rng) % e as u64) as usize;
+        self.node.raft.set_randomized_election_timeout(t);
+    }
+
+    pub fn id(&self) -> u64 {
+        self.cfg.id
+    }
+    pub fn term(&self) -> u64 {
+        self.node.raft.term
+    }
+    pub fn is_leader(&self) -> bool {
+        self.node.raft.state == StateRole::Leader
+    }
+    /// The leader this node knows of (0: none).
+    pub fn leader(&self) -> u64 {
+        self.node.raft.leader_id
+    }
+    pub fn role_name(&self) -> &'static str {
+        match self.node.raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+            StateRole::Follower => "follower",
+        }
+    }
+    pub fn commit_index(&self) -> u64 {
+        self.node.raft.raft_log.committed
+    }
+    pub fn applied_index(&self) -> u64 {
+        self.applied
+    }
+    pub fn last_index(&self) -> u64 {
+        self.node.raft.raft_log.last_index()
+    }
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+
+    /// True while this node may decide and answer: leader, its own term's
+    /// first entry applied, inside its lease.
+    pub fn serving(&self) -> bool {
+        self.is_leader() && self.applied >= self.term_start && self.lease_valid()
+    }
+
+    /// The leader lease holds (see the module docs).
+    pub fn lease_valid(&self) -> bool {
+        match self.lease_from {
+            Some(from) if self.lease_term == self.node.raft.term => {
+                self.ticks + LEASE_MARGIN_TICKS < from + self.cfg.election_ticks as u64
+            }
+            _ => false,
+        }
+    }
+
+    /// Election timeout in ticks.
+    pub fn election_ticks(&self) -> u64 {
+        self.cfg.election_ticks as u64
+    }
+
+    /// One tick of the logical clock.
+    pub fn tick(&mut self) {
+        self.ticks += 1;
+        self.node.tick();
+        if self.is_leader() {
+            self.since_probe += 1;
+            if self.since_probe >= self.cfg.heartbeat_ticks {
+                self.since_probe = 0;
+                self.probe();
+            }
+        }
+    }
+
+    /// A lease probe: a ReadIndex whose context is the tick it was sent.
+    fn probe(&mut self) {
+        if self
+            .node
+            .raft
+            .raft_log
+            .term(self.node.raft.raft_log.committed)
+            .ok()
+            != Some(self.node.raft.term)
+        {
+            // raft-rs drops a ReadIndex until the leader committed an
+            // entry of its term; the no-op's commit renews nothing either.
+            return;
+        }
+        self.node.read_index(self.ticks.to_le_bytes().to_vec());
+    }
+
+    /// A message from a peer (already decoded from its frame).
+    pub fn step(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let m = Message::parse_from_bytes(bytes).map_err(|e| format!("bad raft message: {e}"))?;
+        if m.to != self.cfg.id {
+            return Err(format!(
+                "raft message for node {} reached node {}",
+                m.to, self.cfg.id
+            ));
+        }
+        if self.ticks < self.mute_votes_until
+            && matches!(
+                m.get_msg_type(),
+                MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+            )
+        {
+            return Ok(());
+        }
+        // A message of an unknown peer, or one for a stale term, is the
+        // protocol's business: raft-rs ignores what it must.
+        let _ = self.node.step(m);
+        Ok(())
+    }
+
+    /// Proposes `data` (a batch of lock records) as the next entry; the
+    /// index it will have, or `None` when this node is not leader (or
+    /// raft-rs refused it: the caller fails the batch).
+    pub fn propose(&mut self, data: Vec<u8>) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        let before = self.node.raft.raft_log.last_index();
+        self.node.propose(vec![], data).ok()?;
+        let after = self.node.raft.raft_log.last_index();
+        (after == before + 1).then_some(after)
+    }
+
+    /// The records of ready `number` (and every earlier one) are durable.
+    pub fn persisted(&mut self, number: u64, out: &mut Output) {
+        // Readies after the newest one with records had nothing of their
+        // own to sync: they are durable with it.
+        let upto = if number >= self.inflight_max {
+            self.last_number
+        } else {
+            number
+        };
+        self.mark_persisted(upto, out);
+    }
+
+    fn mark_persisted(&mut self, upto: u64, out: &mut Output) {
+        if upto <= self.persisted_number {
+            return;
+        }
+        self.persisted_number = upto;
+        self.node.on_persist_ready(upto);
+        while let Some((n, _)) = self.held.front() {
+            if *n > upto {
+                break;
+            }
+            let (_, msgs) = self.held.pop_front().expect("front");
+            for m in msgs {
+                out.send.push((m.to, m.write_to_bytes().expect("encode")));
+            }
+        }
+    }
+
+    /// The entries up to `index` were applied to the table.
+    pub fn applied_to(&mut self, index: u64) {
+        if index > self.applied {
+            self.applied = index;
+            self.node.advance_apply_to(index);
+        }
+    }
+
+    /// Collects the work raft-rs has now into `out`.
+    pub fn ready(&mut self, out: &mut Output) {
+        if !self.node.has_ready() {
+            self.note_role(out);
+            return;
+        }
+        let mut rd = self.node.ready();
+        for m in rd.take_messages() {
+            out.send.push((m.to, m.write_to_bytes().expect("encode")));
+        }
+        for rs in rd.take_read_states() {
+            // A quorum acknowledged the probe sent at that tick.
+            if rs.request_ctx.len() == 8 && self.is_leader() {
+                let sent = u64::from_le_bytes(rs.request_ctx[..8].try_into().expect("8"));
+                if self.lease_term != self.node.raft.term {
+                    self.lease_term = self.node.raft.term;
+                    self.lease_from = None;
+                }
+                self.lease_from = Some(self.lease_from.map_or(sent, |f| f.max(sent)));
+            }
+        }
+        assert!(
+            rd.snapshot().metadata.is_none() || rd.snapshot().get_metadata().index == 0,
+            "this log is never compacted, so no snapshot is ever sent"
+        );
+        out.apply.extend(rd.take_committed_entries());
+        let mut records = Vec::new();
+        {
+            let entries = rd.entries();
+            if !entries.is_empty() {
+                self.node
+                    .mut_store()
+                    .wl()
+                    .append(entries)
+                    .expect("entries follow the log");
+                for e in entries {
+                    store::encode_entry(e, &mut records);
+                }
+            }
+        }
+        if let Some(hs) = rd.hs() {
+            self.node.mut_store().wl().set_hardstate(hs.clone());
+            store::encode_hard_state(hs, &mut records);
+        }
+        let number = rd.number();
+        let msgs = rd.take_persisted_messages();
+        if !msgs.is_empty() {
+            self.held.push_back((number, msgs));
+        }
+        let empty = records.is_empty();
+        if !empty {
+            out.persist = Some((number, records));
+            self.inflight_max = number;
+        }
+        self.node.advance_append_async(rd);
+        self.last_number = number;
+        if empty && self.inflight_max <= self.persisted_number {
+            // Nothing to make durable, nothing earlier in flight: this
+            // ready is as persisted as the one before it.
+            self.mark_persisted(number, out);
+        }
+        self.note_role(out);
+    }
+
+    fn note_role(&mut self, out: &mut Output) {
+        let (role, term) = (self.node.raft.state, self.node.raft.term);
+        if role == self.role && term == self.term && self.leader == self.node.raft.leader_id {
+            return;
+        }
+        let was_leader = self.role == StateRole::Leader;
+        if term != self.term || role != self.role {
+            self.randomize_timeout();
+        }
+        let prev_term = self.term;
+        self.role = role;
+        self.term = term;
+        self.leader = self.node.raft.leader_id;
+        if was_leader && (role != StateRole::Leader || term != prev_term) {
+            self.lease_from = None;
+            self.term_start = u64::MAX;
+            out.role = Some(RoleChange::SteppedDown { term: prev_term });
+        }
+        if role == StateRole::Leader && (!was_leader || term != prev_term) {
+            // raft-rs appended the term's empty entry on becoming leader.
+            self.term_start = self.node.raft.raft_log.last_index();
+            self.lease_from = None;
+            self.lease_term = term;
+            self.since_probe = 0;
+            out.role = Some(RoleChange::Leader { term });
+        }
+    }
+
+    /// The type of a committed entry the shard must skip (no records).
+    pub fn is_empty_entry(e: &Entry) -> bool {
+        e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three replicas in memory, messages delivered at once, persistence
+    /// immediate: one is elected, a proposal commits everywhere.
+    #[test]
+    fn three_replicas_elect_and_commit() {
+        let mut nodes: Vec<Replica> = (1..=3)
+            .map(|id| {
+                Replica::new(
+                    ReplicaConfig {
+                        id,
+                        voters: vec![1, 2, 3],
+                        election_ticks: 10,
+                        heartbeat_ticks: 2,
+                        seed: 7,
+                    },
+                    Recovered::default(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut applied: Vec<Vec<Vec<u8>>> = vec![vec![]; 3];
+        let mut proposed = false;
+        for _ in 0..200 {
+            for n in nodes.iter_mut() {
+                n.tick();
+            }
+            if !proposed {
+                if let Some(l) = nodes.iter_mut().find(|n| n.serving()) {
+                    assert!(l.propose(b"hello".to_vec()).is_some());
+                    proposed = true;
+                }
+            }
+            // Drain until quiet.
+            for _ in 0..20 {
+                let mut mail = Vec::new();
+                for (i, n) in nodes.iter_mut().enumerate() {
+                    let mut out = Output::default();
+                    n.ready(&mut out);
+                    if let Some((num, _)) = out.persist.take() {
+                        n.persisted(num, &mut out);
+                    }
+                    for e in &out.apply {
+                        if !Replica::is_empty_entry(e) {
+                            applied[i].push(e.data.to_vec());
+                        }
+                        n.applied_to(e.index);
+                    }
+                    mail.extend(out.send);
+                }
+                if mail.is_empty() {
+                    break;
+                }
+                for (to, bytes) in mail {
+                    nodes[(to - 1) as usize].step(&bytes).unwrap();
+                }
+            }
+        }
+        assert!(proposed, "a leader served");
+        assert_eq!(nodes.iter().filter(|n| n.is_leader()).count(), 1);
+        for a in &applied {
+            assert_eq!(a, &vec![b"hello".to_vec()]);
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The replicated shard's log file: Raft's entries and hard state as
+//! records of our own format, appended through the shard's write path
+//! (group commit, the write planner, preallocation) and replayed at start.
+//!
+//! ```text
+//! file   := magic "RLRAFT\0\x01" · record*
+//! record := crc32c u32 (over len, type, payload) · len u32 (type +
+//!           payload) · type u8 · payload
+//! 1 Identity  node u64 · group u32 · groups u32 · n u8 · voter u64 × n
+//! 2 Entry     index u64 · term u64 · kind u8 · data (a batch of lock
+//!             records, see `wal::record`, behind the leader's clock at
+//!             proposal: unix_ms u64)
+//! 3 HardState term u64 · vote u64 · commit u64
+//! ```
+//!
+//! Replay follows Raft's rule: an entry at index *i* replaces every entry
+//! at *i* or after (a new leader overwrote an uncommitted suffix); the last
+//! hard state wins. A record cut short or failing its checksum at the end
+//! of what was written is a torn append (never acknowledged: its fdatasync
+//! did not complete) and is dropped; damage followed by more records is
+//! corruption, and the node refuses to start rather than vote or
+//! acknowledge with a log it cannot trust.
+
+use raft::eraftpb::{Entry, EntryType, HardState};
+
+use super::replica::Recovered;
+
+pub const MAGIC: &[u8; 8] = b"RLRAFT\0\x01";
+const HEAD: usize = 9;
+const T_IDENTITY: u8 = 1;
+const T_ENTRY: u8 = 2;
+const T_HARD_STATE: u8 = 3;
+
+/// Who wrote a log: a node refuses a log of another node, group or
+/// cluster shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub node: u64,
+    pub group: u32,
+    pub groups: u32,
+    pub voters: Vec<u64>,
+}
+
+fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
+    let len = (payload.len() + 1) as u32;
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+pub fn encode_identity(id: &Identity, out: &mut Vec<u8>) {
+    let mut p = Vec::with_capacity(17 + 8 * id.voters.len());
+    p.extend_from_slice(&id.node.to_le_bytes());
+    p.extend_from_slice(&id.group.to_le_bytes());
+    p.extend_from_slice(&id.groups.to_le_bytes());
+    p.push(id.voters.len() as u8);
+    for v in &id.voters {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    frame(T_IDENTITY, &p, out);
+}
+
+pub fn encode_entry(e: &Entry, out: &mut Vec<u8>) {
+    let mut p = Vec::with_capacity(17 + e.data.len());
+    p.extend_from_slice(&e.index.to_le_bytes());
+    p.extend_from_slice(&e.term.to_le_bytes());
+    p.push(e.get_entry_type() as u8);
+    p.extend_from_slice(&e.data);
+    frame(T_ENTRY, &p, out);
+}
+
+pub fn encode_hard_state(hs: &HardState, out: &mut Vec<u8>) {
+    let mut p = Vec::with_capacity(24);
+    p.extend_from_slice(&hs.term.to_le_bytes());
+    p.extend_from_slice(&hs.vote.to_le_bytes());
+    p.extend_from_slice(&hs.commit.to_le_bytes());
+    frame(T_HARD_STATE, &p, out);
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// What a replay found.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    pub identity: Option<Identity>,
+    pub recovered: Recovered,
+    /// Length of the valid prefix (what follows is dropped).
+    pub valid_len: u64,
+    pub records: usize,
+    pub torn_bytes: u64,
+}
+
+/// Replays a log image (the file, magic included). An empty image is a
+/// new log.
+pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
+    let mut r = Replayed::default();
+    if data.len() < MAGIC.len() {
+        if MAGIC.starts_with(data) || data.iter().all(|&b| b == 0) {
+            r.torn_bytes = data.len() as u64;
+            return Ok(r);
+        }
+        return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
+    }
+    if &data[..8] != MAGIC {
+        if data.starts_with(crate::wal::record::MAGIC) {
+            return Err(format!(
+                "{shown}: this is a single-node log; a cluster node (--peers) keeps a \
+                 cluster log. Start without --peers, or give this node a new --data-path"
+            ));
+        }
+        return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
+    }
+    let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let mut at = MAGIC.len();
+    let entries = &mut r.recovered.entries;
+    while at < written_end {
+        let rest = &data[at..];
+        let torn = |why: &str| -> Result<(), String> {
+            Err(format!(
+                "{shown}: record at offset {at} is damaged ({why}) and more records follow; \
+                 refusing to start with a log that cannot be trusted"
+            ))
+        };
+        let (Some(crc), Some(len)) = (u32_at(rest, 0), u32_at(rest, 4)) else {
+            break; // a header cut short at the end: torn
+        };
+        let end = at + 8 + len as usize;
+        if len == 0 || end > data.len() {
+            if len == 0 || end >= written_end {
+                break; // the zero tail, or a record cut short: torn
+            }
+            torn("bad length")?;
+        }
+        if crc32c::crc32c(&data[at + 4..end]) != crc {
+            // Torn if nothing written follows within one append piece.
+            if written_end <= end + crate::wal::record::APPEND_PIECE_BYTES {
+                break;
+            }
+            torn("checksum mismatch")?;
+        }
+        let p = &data[at + HEAD..end];
+        match data[at + 8] {
+            T_IDENTITY => {
+                let n = *p
+                    .get(16)
+                    .ok_or_else(|| format!("{shown}: short identity"))?
+                    as usize;
+                let voters = (0..n)
+                    .map(|i| u64_at(p, 17 + 8 * i))
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| format!("{shown}: short identity"))?;
+                r.identity = Some(Identity {
+                    node: u64_at(p, 0).expect("checked"),
+                    group: u32_at(p, 8).expect("checked"),
+                    groups: u32_at(p, 12).expect("checked"),
+                    voters,
+                });
+            }
+            T_ENTRY => {
+                let (Some(index), Some(term), Some(&kind)) =
+                    (u64_at(p, 0), u64_at(p, 8), p.get(16))
+                else {
+                    return Err(format!("{shown}: short entry record at offset {at}"));
+                };
+                let mut e = Entry::default();
+                e.index = index;
+                e.term = term;
+                e.set_entry_type(match kind {
+                    0 => EntryType::EntryNormal,
+                    1 => EntryType::EntryConfChange,
+                    _ => EntryType::EntryConfChangeV2,
+                });
+                e.data = p[17..].to_vec().into();
+                // Raft's rule: this entry replaces everything at or after
+                // its index.
+                while entries.last().is_some_and(|l| l.index >= index) {
+                    entries.pop();
+                }
+                match entries.last() {
+                    Some(l) if l.index + 1 != index => {
+                        return Err(format!(
+                            "{shown}: entry {index} at offset {at} does not follow entry {}",
+                            l.index
+                        ))
+                    }
+                    None if index != 1 => {
+                        return Err(format!(
+                            "{shown}: the first entry is {index} (this log is never compacted, \
+                             it must start at 1)"
+                        ))
+                    }
+                    _ => {}
+                }
+                entries.push(e);
+            }
+            T_HARD_STATE => {
+                let hs = &mut r.recovered.hard_state;
+                hs.term = u64_at(p, 0).ok_or_else(|| format!("{shown}: short hard state"))?;
+                hs.vote = u64_at(p, 8).ok_or_else(|| format!("{shown}: short hard state"))?;
+                hs.commit = u64_at(p, 16).ok_or_else(|| format!("{shown}: short hard state"))?;
+            }
+            t => return Err(format!("{shown}: unknown record type {t} at offset {at}")),
+        }
+        r.records += 1;
+        at = end;
+    }
+    r.valid_len = at as u64;
+    r.torn_bytes = (written_end.max(at) - at) as u64;
+    Ok(r)
+}
+
+/// A proposal's data: the leader's wall clock at proposal, then the lock
+/// records. Deadlines in the records are read relative to that clock, so
+/// every replica keeps the *duration* a lease had left, measured on its
+/// own monotonic clock from when it applied the entry.
+pub fn proposal(unix_ms: u64, records: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&unix_ms.to_le_bytes());
+    out.extend_from_slice(records);
+}
+
+/// Splits a proposal into its clock and its records.
+pub fn split_proposal(data: &[u8]) -> Option<(u64, &[u8])> {
+    Some((u64_at(data, 0)?, &data[8..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
+        let mut e = Entry::default();
+        e.index = index;
+        e.term = term;
+        e.data = data.to_vec().into();
+        e
+    }
+
+    #[test]
+    fn replay_applies_raft_overwrite_rule_and_last_hard_state() {
+        let mut f = MAGIC.to_vec();
+        let id = Identity {
+            node: 2,
+            group: 0,
+            groups: 1,
+            voters: vec![1, 2, 3],
+        };
+        encode_identity(&id, &mut f);
+        for (i, t) in [(1, 1), (2, 1), (3, 1)] {
+            encode_entry(&entry(i, t, b"a"), &mut f);
+        }
+        let mut hs = HardState::default();
+        hs.term = 1;
+        hs.commit = 1;
+        encode_hard_state(&hs, &mut f);
+        // A new leader of term 2 overwrote index 2 onwards.
+        encode_entry(&entry(2, 2, b"b"), &mut f);
+        hs.term = 2;
+        hs.vote = 3;
+        encode_hard_state(&hs, &mut f);
+        let r = replay(&f, "t").unwrap();
+        assert_eq!(r.identity, Some(id));
+        let got: Vec<(u64, u64)> = r
+            .recovered
+            .entries
+            .iter()
+            .map(|e| (e.index, e.term))
+            .collect();
+        assert_eq!(got, vec![(1, 1), (2, 2)]);
+        assert_eq!(r.recovered.hard_state.term, 2);
+        assert_eq!(r.recovered.hard_state.vote, 3);
+        assert_eq!(r.valid_len, f.len() as u64);
+    }
+
+    #[test]
+    fn torn_tail_dropped_damage_refused() {
+        let mut f = MAGIC.to_vec();
+        encode_entry(&entry(1, 1, b"x"), &mut f);
+        let whole = f.len();
+        encode_entry(&entry(2, 1, b"yyyy"), &mut f);
+        // Cut the last record short: torn, dropped.
+        let r = replay(&f[..f.len() - 2], "t").unwrap();
+        assert_eq!(r.recovered.entries.len(), 1);
+        assert_eq!(r.valid_len, whole as u64);
+        // Zeros after it (preallocated space) are not damage.
+        let mut z = f.clone();
+        z.extend_from_slice(&[0; 4096]);
+        assert_eq!(replay(&z, "t").unwrap().recovered.entries.len(), 2);
+        // A flipped bit in the first record, with a record after it and
+        // far more written after: refused.
+        let mut bad = f.clone();
+        bad[MAGIC.len() + 12] ^= 1;
+        for i in 3..3000 {
+            encode_entry(&entry(i, 1, b"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"), &mut bad);
+        }
+        assert!(replay(&bad, "t").unwrap_err().contains("damaged"));
+        // A single-node log is named as such.
+        let single = crate::wal::record::MAGIC.to_vec();
+        assert!(replay(&single, "t").unwrap_err().contains("single-node"));
+    }
+}

@@ -1,0 +1,116 @@
+//! Frames of a peer link (one TCP connection per peer and shard; the
+//! connecting side speaks first).
+//!
+//! ```text
+//! frame := len u32 (kind + payload) · kind u8 · payload
+//! 1 Hello  node u64 · group u32 · groups u32 · voters n u8 · id u64 × n ·
+//!          client address: len u8 · "HOST:PORT"
+//! 2 Raft   a raft-rs message (protobuf)
+//! ```
+//!
+//! A Hello whose group, number of groups or voters differ from the
+//! receiver's is refused (the link is closed and the refusal logged): a
+//! node never joins another cluster's or shape's traffic.
+
+pub const KIND_HELLO: u8 = 1;
+pub const KIND_RAFT: u8 = 2;
+/// The largest frame accepted (a batch of entries is capped at 1 MiB by
+/// the replica; this leaves room).
+pub const FRAME_MAX: usize = 8 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub node: u64,
+    pub group: u32,
+    pub groups: u32,
+    pub voters: Vec<u64>,
+    /// The node's client (lock port) address, for `not leader` hints.
+    pub client_addr: String,
+}
+
+pub fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&((payload.len() + 1) as u32).to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(payload);
+}
+
+pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) {
+    let mut p = Vec::with_capacity(32 + 8 * h.voters.len() + h.client_addr.len());
+    p.extend_from_slice(&h.node.to_le_bytes());
+    p.extend_from_slice(&h.group.to_le_bytes());
+    p.extend_from_slice(&h.groups.to_le_bytes());
+    p.push(h.voters.len() as u8);
+    for v in &h.voters {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    let a = h.client_addr.as_bytes();
+    p.push(a.len().min(255) as u8);
+    p.extend_from_slice(&a[..a.len().min(255)]);
+    frame(KIND_HELLO, &p, out);
+}
+
+pub fn decode_hello(p: &[u8]) -> Option<Hello> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(p.get(at..at + 8)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(p.get(at..at + 4)?.try_into().ok()?));
+    let n = *p.get(16)? as usize;
+    let voters = (0..n)
+        .map(|i| u64_at(17 + 8 * i))
+        .collect::<Option<Vec<_>>>()?;
+    let at = 17 + 8 * n;
+    let alen = *p.get(at)? as usize;
+    let addr = p.get(at + 1..at + 1 + alen)?;
+    if p.len() != at + 1 + alen {
+        return None;
+    }
+    Some(Hello {
+        node: u64_at(0)?,
+        group: u32_at(8)?,
+        groups: u32_at(12)?,
+        voters,
+        client_addr: String::from_utf8(addr.to_vec()).ok()?,
+    })
+}
+
+/// The next whole frame at the start of `buf`: `(kind, payload, bytes
+/// used)`, `Ok(None)` when more bytes are needed, `Err` for a frame no
+/// peer sends (the link is closed).
+pub fn next_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, String> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[..4].try_into().expect("4")) as usize;
+    if len == 0 || len > FRAME_MAX {
+        return Err(format!("peer frame of {len} bytes"));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    Ok(Some((buf[4], &buf[5..4 + len], 4 + len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_roundtrip_and_partial_frames() {
+        let h = Hello {
+            node: 3,
+            group: 1,
+            groups: 2,
+            voters: vec![1, 2, 3],
+            client_addr: "127.0.0.1:22119".into(),
+        };
+        let mut b = Vec::new();
+        encode_hello(&h, &mut b);
+        frame(KIND_RAFT, b"xyz", &mut b);
+        let (k, p, used) = next_frame(&b).unwrap().unwrap();
+        assert_eq!(k, KIND_HELLO);
+        assert_eq!(decode_hello(p), Some(h));
+        assert_eq!(next_frame(&b[used..used + 6]).unwrap(), None);
+        let (k, p, _) = next_frame(&b[used..]).unwrap().unwrap();
+        assert_eq!((k, p), (KIND_RAFT, &b"xyz"[..]));
+        assert!(next_frame(&[0, 0, 0, 0, 1]).is_err());
+        assert!(decode_hello(&[1, 2, 3]).is_none());
+    }
+}
