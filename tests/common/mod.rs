@@ -2,6 +2,7 @@
 //! ports and speaks raw Locking-Center frames to it.
 #![allow(dead_code)]
 
+pub mod fault_proxy;
 pub mod session;
 
 use std::io::{BufRead, BufReader, Read, Write};
