@@ -236,6 +236,15 @@ impl Replica {
     pub fn ticks(&self) -> u64 {
         self.ticks
     }
+    pub fn voters(&self) -> Vec<u64> {
+        self.cfg.voters.clone()
+    }
+    /// Asks raft-rs to hand leadership to `to` (it must be caught up).
+    pub fn transfer_leader(&mut self, to: u64) {
+        if self.is_leader() {
+            self.node.transfer_leader(to);
+        }
+    }
 
     /// True while this node may decide and answer: leader, its own term's
     /// first entry applied, inside its lease.

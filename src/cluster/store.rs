@@ -41,6 +41,13 @@ pub struct Identity {
     pub voters: Vec<u64>,
 }
 
+/// A new cluster log: the magic and the identity record.
+pub fn new_image(id: &Identity) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    encode_identity(id, &mut b);
+    b
+}
+
 fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
     let len = (payload.len() + 1) as u32;
     let start = out.len();

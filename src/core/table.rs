@@ -1256,6 +1256,66 @@ impl Table {
         }
     }
 
+    /// A new leader's promise (cluster mode): every lease deadline moves
+    /// `by_us` later, none earlier (a deadline is a lower bound; the old
+    /// leader may have extended it in an entry this node has not applied).
+    pub fn extend_leases(&mut self, by_us: u64) {
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            cur = List::next_of(&self.keys, k, K_AGE);
+            let Some(h) = self.keys[k as usize].holder.as_mut() else {
+                continue;
+            };
+            if h.mode != HoldMode::Lease {
+                continue;
+            }
+            h.expires_mono_us = h.expires_mono_us.saturating_add(by_us);
+            h.expires_unix_ms = h.expires_unix_ms.saturating_add(by_us / 1000);
+            let (d, g) = (h.expires_mono_us, h.grant_id);
+            self.leases.push(Reverse((d, k, g)));
+        }
+    }
+
+    /// This node stopped leading (cluster mode): its sessions are gone
+    /// with their connections, but their holds are in the replicated log
+    /// and their clients may still believe in them. Each session hold
+    /// becomes a lease ending `keep_us` from now, owned by nobody, as the
+    /// other replicas hold it; every owner entry is dropped (their queued
+    /// requests were withdrawn with the connections). No effect.
+    pub fn orphan_sessions(&mut self, keep_us: u64, now: Now) {
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            cur = List::next_of(&self.keys, k, K_AGE);
+            let Some(h) = self.keys[k as usize].holder else {
+                continue;
+            };
+            if h.owner != NIL {
+                let (owners, keys) = (&mut self.owners, &mut self.keys);
+                owners[h.owner as usize].held.unlink(keys, k, K_OWN);
+            }
+            let h = self.keys[k as usize].holder.as_mut().expect("held");
+            h.owner = NIL;
+            h.conn = NO_CONN;
+            if h.mode == HoldMode::Session {
+                h.mode = HoldMode::Lease;
+                h.expires_mono_us = now.mono_us.saturating_add(keep_us);
+                h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
+                let (d, g) = (h.expires_mono_us, h.grant_id);
+                self.leases.push(Reverse((d, k, g)));
+            }
+        }
+        let ids: Vec<u64> = self.owner_index.keys().copied().collect();
+        for id in ids {
+            if let Some(o) = self.owner_index.remove(&id) {
+                while let Some(w) = self.owners[o as usize].waiting.front() {
+                    let waiter = self.detach_waiter(w);
+                    self.source_drop_if_unused(waiter.source);
+                }
+                self.owners.remove(o as usize);
+            }
+        }
+    }
+
     /// Withdraws the queued request of session `owner` whose connection
     /// token is `conn` and answers it [`Reply::Cancelled`]. False when no
     /// such request is queued (it was answered already). O(requests the

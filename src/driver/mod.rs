@@ -197,6 +197,10 @@ impl Loop {
         }
     }
 
+    /// Cluster links are not wired into the ring yet: frames are dropped
+    /// (Raft retransmits).
+    fn send_peer(&mut self, _node: u64, _frame: Vec<u8>) {}
+
     fn execute(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Send(token) => self.send_answers(token),
@@ -238,6 +242,7 @@ impl Loop {
                     .expect("session messages are never refused");
             }
             Cmd::Migrate { token, to } => self.migrate(token, to),
+            Cmd::Peer { node, frame } => self.send_peer(node, frame),
         }
     }
 }

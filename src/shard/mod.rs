@@ -37,6 +37,7 @@
 pub mod conn;
 mod keys;
 pub mod msg;
+pub mod raft;
 pub mod session;
 
 use std::collections::VecDeque;
@@ -93,6 +94,9 @@ pub enum Cmd {
     /// Session traffic for shard `to` (never this one): report it there
     /// with [`Shard::on_sess`]. Never refused or dropped.
     Sess { to: usize, msg: Box<SessMsg> },
+    /// Cluster mode: send this frame on the link to `node`'s same shard
+    /// (dropped if the link is down: Raft retransmits).
+    Peer { node: u64, frame: Vec<u8> },
 }
 
 /// Open connections of every shard, per port (`[lock, admin]`): the admin
@@ -198,6 +202,8 @@ pub struct Shard {
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<ConnCounts>>,
+    /// Cluster mode: this shard's replica of its Raft group.
+    raft: Option<Box<raft::Part>>,
 }
 
 impl Shard {
@@ -247,6 +253,7 @@ impl Shard {
             session_deadlines: std::collections::BinaryHeap::new(),
             idle: crate::core::list::List::new(),
             all_conns: None,
+            raft: None,
             cfg,
         }
     }
@@ -314,7 +321,8 @@ impl Shard {
             .idle
             .front()
             .map(|slot| self.conns[slot as usize].active_us + self.cfg.idle_timeout_ms * 1000);
-        [frame, retry, expiry, session, idle]
+        let raft = self.raft_deadline_us();
+        [frame, retry, expiry, session, idle, raft]
             .into_iter()
             .flatten()
             .min()
@@ -327,6 +335,7 @@ impl Shard {
         if let Some(log) = self.log.as_mut() {
             log.encode_step(&mut self.table);
         }
+        self.raft_ticks();
     }
 
     /// The end of a tick: expire frames, close the log batch, hand over
@@ -335,11 +344,15 @@ impl Shard {
         self.apply_effects();
         self.expire_frames();
         let now = self.now;
-        self.table.expire(now, &mut self.fx);
+        // Only a serving leader expires (a replica applies the releases).
+        if self.may_serve() {
+            self.table.expire(now, &mut self.fx);
+        }
         self.apply_effects();
         self.expire_sessions();
         self.expire_idle();
         self.wal_tick();
+        self.raft_pump();
         self.flush();
         self.publish_gauges();
     }
@@ -617,6 +630,11 @@ impl Shard {
 
     /// A log chain landed; its buffer comes back.
     pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
+        if self.raft.is_some() {
+            self.raft_file_landed(chain, result, buf);
+            self.apply_effects();
+            return;
+        }
         let now = self.now;
         let log = self.log.as_mut().expect("log completion without a log");
         match log.landed(chain, result, buf, now.mono_us) {
@@ -1047,6 +1065,9 @@ impl Shard {
 
     /// Executes one lock-port frame; false when more bytes are needed.
     fn pump_lock(&mut self, slot: u32) -> bool {
+        if !self.may_serve() {
+            return self.not_leader(slot);
+        }
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
         if c.action.is_none()
@@ -1204,6 +1225,10 @@ impl Shard {
 
     /// Executes one admin command; false when more bytes are needed.
     fn pump_admin(&mut self, slot: u32) -> bool {
+        if !self.may_serve() {
+            self.reject(slot, "not the leader");
+            return false;
+        }
         let c = &self.conns[slot as usize];
         let peer = c.peer;
         let (cmd, count, len) = match admin::decode(&c.rbuf) {
@@ -1680,6 +1705,10 @@ impl Shard {
                         );
                     }
                     self.cmds.push(Cmd::Log { chain, buf });
+                }
+                Next::Propose(buf) => {
+                    self.propose(buf);
+                    return;
                 }
                 Next::Idle => return,
                 Next::FailPending => {

@@ -148,6 +148,9 @@ pub enum Landed {
 pub enum Next {
     /// Submit this chain with this buffer.
     Chain(Chain, Vec<u8>),
+    /// A replicated log's batch: propose these records as one Raft entry
+    /// (the buffer comes back with [`Log::proposal_landed`]).
+    Propose(Vec<u8>),
     /// Nothing to submit now.
     Idle,
     /// The log is broken and cannot take records until its rewrite: fail
@@ -177,6 +180,9 @@ pub struct Log {
     compaction: Option<Compaction>,
     compact_retry_after_us: u64,
     snapshot_chunk: usize,
+    /// A replica's batcher (cluster mode): batches become Raft proposals,
+    /// "durable" means committed and applied; no file, no compaction.
+    replicated: bool,
 }
 
 impl Log {
@@ -201,6 +207,66 @@ impl Log {
             compaction: None,
             compact_retry_after_us: 0,
             snapshot_chunk: SNAPSHOT_CHUNK_KEYS,
+            replicated: false,
+        }
+    }
+
+    /// A replica's record batcher (cluster mode): the shard's records
+    /// gather here as in a single node's log, but a batch goes out as a
+    /// Raft proposal ([`Next::Propose`]) and is durable once its entry is
+    /// committed and applied ([`Log::proposal_landed`]). One proposal is in
+    /// flight at a time, so group commit spans the cluster: records that
+    /// arrive meanwhile form the next entry. A failed proposal (leadership
+    /// lost) voids its records without marking anything broken.
+    pub fn replicated(table: &Table) -> Log {
+        let mut l = Log::new(0, table, u64::MAX);
+        l.replicated = true;
+        l
+    }
+
+    /// A cluster log file's writer: raw records (Raft entries, hard state)
+    /// appended as a single node's records are, never compacted.
+    pub fn raw(file_len: u64, table: &Table) -> Log {
+        Log::new(file_len, table, u64::MAX)
+    }
+
+    pub fn is_replicated(&self) -> bool {
+        self.replicated
+    }
+
+    /// Appends bytes that are already records (the cluster log's).
+    pub fn append_raw(&mut self, bytes: &[u8]) -> u64 {
+        self.filling.extend_from_slice(bytes);
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
+    /// The proposal given out by [`Next::Propose`] was committed and
+    /// applied (`Ok`) or will never be (`Err`: this node lost leadership,
+    /// or raft-rs refused it); its buffer comes back.
+    pub fn proposal_landed(&mut self, result: Result<(), ()>, mut buf: Vec<u8>) -> Landed {
+        debug_assert!(self.replicated);
+        let flight = std::mem::replace(&mut self.flight, Flight::None);
+        buf.clear();
+        self.spare = Some(buf);
+        let Flight::Append {
+            lsn,
+            records,
+            bytes,
+        } = flight
+        else {
+            panic!("a proposal landed with none in flight");
+        };
+        if result.is_err() {
+            self.void_pending(0);
+            return Landed::Failed { rewrite: false };
+        }
+        self.durable_lsn = lsn;
+        Landed::Append {
+            records,
+            bytes,
+            took_us: 0,
         }
     }
 
@@ -346,6 +412,21 @@ impl Log {
     /// The next chain to submit, with its buffer (which now belongs to the
     /// driver until [`Log::landed`]).
     pub fn next_chain(&mut self, table: &mut Table, now_us: u64) -> Next {
+        if self.replicated {
+            if self.flight != Flight::None || self.filling.is_empty() {
+                return Next::Idle;
+            }
+            let fresh = self.spare.take().expect("no flight: the spare buffer is home");
+            let buf = std::mem::replace(&mut self.filling, fresh);
+            self.flight = Flight::Append {
+                lsn: self.tail_lsn,
+                records: self.filling_records,
+                bytes: buf.len() as u64,
+            };
+            self.filling_records = 0;
+            self.flight_started_us = now_us;
+            return Next::Propose(buf);
+        }
         match self.next(table, now_us) {
             Ok(Some((chain, buf))) => Next::Chain(chain, buf),
             Ok(None) => Next::Idle,
@@ -358,6 +439,9 @@ impl Log {
         table: &mut Table,
         now_us: u64,
     ) -> Result<Option<(Chain, Vec<u8>)>, BrokenLog> {
+        if self.replicated {
+            unreachable!("a replicated log's batches are taken with next_chain");
+        }
         if let Some(c) = self.compaction.as_mut() {
             if c.phase == CompactPhase::Finishing {
                 return Ok(None);
@@ -578,6 +662,11 @@ impl Log {
         self.filling.clear();
         self.filling_records = 0;
         self.durable_lsn = self.tail_lsn;
+        if self.replicated {
+            // Nothing to rewrite: the table is rolled back to the applied
+            // entries, which are the log.
+            return;
+        }
         // Requests failed fast while a retry is already scheduled must not
         // postpone it: clients retrying more often than the interval would
         // keep the log broken for ever.

@@ -497,3 +497,59 @@ fn replay_with(
     rec.held = table.held_keys();
     Ok((valid_len, rec))
 }
+
+/// Applies one replicated entry's records to a replica's table (cluster
+/// mode; pure). `leader_unix_ms` is the proposing leader's clock when it
+/// proposed the entry: a deadline in a record is read as the duration it
+/// had left then, counted on this node's monotonic clock from `now` (when
+/// the entry is applied, which is no earlier than when it was decided), so
+/// clock differences between nodes never shorten a lease. A session hold
+/// becomes a lease of `session_keep_ms`: only the leader knows sessions,
+/// and if it fails the hold must outlive every keep-alive its client may
+/// still count on. Refuses a batch that does not parse (it was checked
+/// before it was proposed: damage here is a bug or a corrupt log).
+pub fn apply_replicated(
+    records: &[u8],
+    leader_unix_ms: u64,
+    table: &mut Table,
+    now: Now,
+    session_keep_ms: u64,
+) -> Result<usize, String> {
+    let rel = Now {
+        mono_us: now.mono_us,
+        unix_ms: leader_unix_ms,
+    };
+    let mut over_limit = false;
+    let n = record::each_in_batch(records, |r| match r {
+        RecordRef::Acquire(h) => {
+            let h = if h.mode == crate::core::HoldMode::Session {
+                crate::core::HeldRef {
+                    mode: crate::core::HoldMode::Lease,
+                    expires_unix_ms: leader_unix_ms.saturating_add(session_keep_ms),
+                    ..h
+                }
+            } else {
+                h
+            };
+            if !table.restore(h, rel) {
+                over_limit = true;
+            }
+        }
+        RecordRef::Release { key, .. } => table.restore_release(key, rel),
+        RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
+        RecordRef::Extend {
+            key,
+            grant_id,
+            expires_unix_ms,
+        } => {
+            let left_ms = expires_unix_ms.saturating_sub(leader_unix_ms);
+            let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
+            table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
+        }
+    })
+    .map_err(|why| format!("a replicated entry does not parse: {why}"))?;
+    if over_limit {
+        return Err("a replicated entry holds more keys than --max-keys allows".into());
+    }
+    Ok(n)
+}

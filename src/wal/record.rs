@@ -597,6 +597,41 @@ pub fn scan_each<'a>(
     }
 }
 
+/// Hands every record of a batch (records without the file's magic: a
+/// replicated entry's) to `apply`, in order. A batch is checked as a
+/// whole before it is committed, so any damage is an error, never a torn
+/// tail. The number of records.
+pub fn each_in_batch<'a>(
+    data: &'a [u8],
+    mut apply: impl FnMut(RecordRef<'a>),
+) -> Result<usize, &'static str> {
+    let mut at = 0;
+    let mut n = 0;
+    while at < data.len() {
+        let rest = &data[at..];
+        if rest.len() < HEADER {
+            return Err("batch ends inside a record header");
+        }
+        let len = u16::from_le_bytes([rest[4], rest[5]]);
+        let check = u16::from_le_bytes([rest[6], rest[7]]);
+        if len != !check || len == 0 || len as usize > RECORD_MAX - HEADER {
+            return Err("record length field is damaged");
+        }
+        let end = HEADER + len as usize;
+        if rest.len() < end {
+            return Err("batch ends inside a record");
+        }
+        let crc = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&rest[4..end]) != crc {
+            return Err("record checksum mismatch");
+        }
+        apply(parse_body(&rest[HEADER..end]).ok_or("record contents are not valid")?);
+        n += 1;
+        at += end;
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,619 @@
+//! The shard as a replica of its Raft group (cluster mode, `--peers`).
+//!
+//! The leader decides on its table exactly as a single node does; the
+//! records of each batch, instead of going to a local file, become one Raft
+//! proposal ([`crate::wal::log::Log::replicated`]). The durability gate is
+//! unchanged and keyed by the same sequence numbers: an answer waits until
+//! the entry holding its records is committed *and applied*, then leaves.
+//! Followers apply committed entries with the recovery code
+//! ([`crate::wal::apply_replicated`]). Raft's own entries and hard state go
+//! to the shard's log file through the ordinary write path (one
+//! write+fdatasync per batch, `advance_append_async`).
+//!
+//! Rules this file keeps:
+//! - **Serve only while leading, with the lease.** A node answers lock
+//!   requests only when every shard of it leads its group, has applied an
+//!   entry of its term, and holds its leader lease
+//!   ([`Replica::serving`]). Others answer `not leader` (sessions, with
+//!   the leader's client address) or `-` and close (Locking-Center).
+//! - **Deadlines only move later.** On starting to serve, every lease
+//!   deadline is pushed back by the election timeout. Only a serving
+//!   leader expires anything, by proposing the release.
+//! - **Stepping down rolls back.** A leader that loses leadership closes
+//!   every client connection (their answers were never sent: outcome
+//!   unknown to them, as after a crash), fails its in-flight proposal
+//!   (undoing its effects: the table is the applied log again) and turns
+//!   its sessions' holds into leases of the longest keep-alive plus an
+//!   election timeout, as its followers hold them.
+//! - **A log that cannot be written stops the node** (fail-stop): a
+//!   replica that cannot persist must not vote or acknowledge.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::conn::{Port, State};
+use super::{Cmd, Shard};
+use crate::cluster::replica::{Output, Replica, RoleChange};
+use crate::cluster::{store, wire, TICK_US};
+use crate::log::Level;
+use crate::wal::log::{Chain, Landed, Log, Next};
+
+/// What this node's shards tell each other (one per node): which node
+/// leads each group, and whether each shard serves.
+pub struct NodeView {
+    leaders: Vec<AtomicU64>,
+    serving: Vec<AtomicBool>,
+}
+
+impl NodeView {
+    pub fn new(groups: usize) -> Arc<NodeView> {
+        Arc::new(NodeView {
+            leaders: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            serving: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+        })
+    }
+    /// True when every shard of this node serves.
+    pub fn all_serving(&self) -> bool {
+        self.serving.iter().all(|s| s.load(Ordering::Acquire))
+    }
+    pub fn leader_of(&self, group: usize) -> u64 {
+        self.leaders[group].load(Ordering::Acquire)
+    }
+}
+
+/// A shard's replication state.
+pub struct Part {
+    pub replica: Replica,
+    /// The cluster log file's writer (raw records, never compacted).
+    file: Log,
+    /// `(file lsn, ready number)`: a ready is persisted once its records'
+    /// lsn is durable.
+    persisting: VecDeque<(u64, u64)>,
+    /// The proposal in flight: `(index, term, records)`.
+    proposal: Option<(u64, u64, Vec<u8>)>,
+    out: Output,
+    next_tick_us: u64,
+    group: usize,
+    /// The term whose leases were extended when serving began.
+    served_term: u64,
+    was_serving: bool,
+    /// Client addresses of the nodes, learned from their link Hellos.
+    client_addrs: BTreeMap<u64, String>,
+    my_client_addr: String,
+    view: Arc<NodeView>,
+    election_us: u64,
+    /// How long a stepped-down leader's session holds stay held.
+    session_keep_ms: u64,
+    fatal: Option<String>,
+    last_transfer_tick: u64,
+}
+
+impl Part {
+    pub fn new(
+        replica: Replica,
+        file: Log,
+        group: usize,
+        view: Arc<NodeView>,
+        my_client_addr: String,
+        election_us: u64,
+        session_keep_ms: u64,
+    ) -> Part {
+        Part {
+            replica,
+            file,
+            persisting: VecDeque::new(),
+            proposal: None,
+            out: Output::default(),
+            next_tick_us: 0,
+            group,
+            served_term: 0,
+            was_serving: false,
+            client_addrs: BTreeMap::new(),
+            my_client_addr,
+            view,
+            election_us,
+            session_keep_ms,
+            fatal: None,
+            last_transfer_tick: 0,
+        }
+    }
+    pub fn file(&self) -> &Log {
+        &self.file
+    }
+
+    /// The replica of `group` on this node, from its log's image (the
+    /// whole file, [`store::new_image`] for a new node). Refuses a log
+    /// written by another node, group or cluster shape. `seed` spreads
+    /// election timeouts; `now_unix_ms` is irrelevant to replay (entries
+    /// are applied later, by raft-rs re-delivering the committed ones).
+    pub fn start(
+        cluster: &crate::cluster::ClusterConfig,
+        group: usize,
+        groups: usize,
+        image: &[u8],
+        shown: &str,
+        view: Arc<NodeView>,
+        my_client_addr: String,
+        session_keep_ms: u64,
+        seed: u64,
+    ) -> Result<Part, String> {
+        let r = store::replay(image, shown)?;
+        let want = store::Identity {
+            node: cluster.node_id,
+            group: group as u32,
+            groups: groups as u32,
+            voters: cluster.voters(),
+        };
+        match &r.identity {
+            Some(id) if *id == want => {}
+            Some(id) => {
+                return Err(format!(
+                    "{shown}: this log belongs to node {} (shard {} of {}, cluster of nodes {:?}), \
+                     not to node {} (shard {} of {}, nodes {:?}); refusing to start. Every node of a \
+                     cluster runs the same --threads and --peers",
+                    id.node, id.group, id.groups, id.voters, want.node, want.group, want.groups, want.voters
+                ))
+            }
+            None => return Err(format!("{shown}: the cluster log has no identity record")),
+        }
+        let replica = Replica::new(
+            crate::cluster::replica::ReplicaConfig {
+                id: cluster.node_id,
+                voters: cluster.voters(),
+                election_ticks: cluster.election_ticks,
+                heartbeat_ticks: cluster.heartbeat_ticks,
+                seed: seed ^ group as u64,
+            },
+            r.recovered,
+        )?;
+        let table = crate::core::Table::new(crate::core::Limits {
+            max_keys: 1,
+            max_waiters: 1,
+        });
+        let file = Log::raw(r.valid_len, &table);
+        Ok(Part::new(
+            replica,
+            file,
+            group,
+            view,
+            my_client_addr,
+            cluster.election_us(),
+            session_keep_ms,
+        ))
+    }
+}
+
+impl Shard {
+    /// Makes this shard a replica (before it runs): its records become
+    /// proposals, `part` holds the Raft node and the cluster log's writer.
+    pub fn enable_cluster(&mut self, part: Part) {
+        self.log = Some(Log::replicated(&self.table));
+        self.raft = Some(Box::new(part));
+    }
+
+    pub fn replica(&self) -> Option<&Replica> {
+        self.raft.as_ref().map(|r| &r.replica)
+    }
+
+    /// Why the node must stop (its log failed), once set.
+    pub fn cluster_fatal(&self) -> Option<&str> {
+        self.raft.as_ref().and_then(|r| r.fatal.as_deref())
+    }
+
+    /// The node may answer lock requests (always, without replication).
+    pub(super) fn may_serve(&self) -> bool {
+        match &self.raft {
+            None => true,
+            Some(r) => r.replica.serving() && r.view.all_serving(),
+        }
+    }
+
+    /// The leader's client address, when known (for `not leader`).
+    pub(super) fn leader_hint(&self) -> Vec<u8> {
+        let Some(r) = &self.raft else { return Vec::new() };
+        // Group 0's leader is the node every group follows.
+        let leader = r.view.leader_of(0);
+        if leader == r.replica.id() {
+            return r.my_client_addr.clone().into_bytes();
+        }
+        r.client_addrs
+            .get(&leader)
+            .map(|a| a.clone().into_bytes())
+            .unwrap_or_default()
+    }
+
+    /// A link Hello from `hello.node`: accepted when it belongs to this
+    /// cluster and group.
+    pub fn on_peer_hello(&mut self, hello: &wire::Hello) -> Result<(), String> {
+        let Some(r) = self.raft.as_mut() else {
+            return Err("this node is not a cluster member".into());
+        };
+        let id = r.replica.id();
+        if hello.group as usize != r.group || hello.groups as usize != self.shards {
+            return Err(format!(
+                "node {} runs {} shards and linked its group {} to this node's group {} of {} \
+                 (every node of a cluster runs the same --threads)",
+                hello.node, hello.groups, hello.group, r.group, self.shards
+            ));
+        }
+        let voters = r.replica.voters();
+        if hello.voters != voters {
+            return Err(format!(
+                "node {} was started with --peers naming nodes {:?}, this node with {:?}",
+                hello.node, hello.voters, voters
+            ));
+        }
+        if hello.node == id || !voters.contains(&hello.node) {
+            return Err(format!("node {} is not a peer of node {id}", hello.node));
+        }
+        r.client_addrs.insert(hello.node, hello.client_addr.clone());
+        Ok(())
+    }
+
+    /// The Hello this shard's links send.
+    pub fn peer_hello(&self) -> Option<wire::Hello> {
+        let r = self.raft.as_ref()?;
+        Some(wire::Hello {
+            node: r.replica.id(),
+            group: r.group as u32,
+            groups: self.shards as u32,
+            voters: r.replica.voters(),
+            client_addr: r.my_client_addr.clone(),
+        })
+    }
+
+    /// A Raft message from a peer link.
+    pub fn on_raft_message(&mut self, bytes: &[u8]) {
+        let Some(r) = self.raft.as_mut() else { return };
+        if r.fatal.is_some() {
+            return;
+        }
+        if let Err(e) = r.replica.step(bytes) {
+            log!(Level::Warn, "raft_bad_message", "group={} error=\"{}\"", r.group, crate::log::Escaped(&e));
+        }
+        self.raft_pump();
+    }
+
+    /// Advances the replication clock (from `begin_tick`).
+    pub(super) fn raft_ticks(&mut self) {
+        let now = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else { return };
+        if r.fatal.is_some() {
+            return;
+        }
+        if r.next_tick_us == 0 {
+            r.next_tick_us = now + TICK_US;
+        }
+        let mut n = 0;
+        while now >= r.next_tick_us {
+            r.replica.tick();
+            r.next_tick_us += TICK_US;
+            n += 1;
+            if n > 2 * r.replica.election_ticks() {
+                // Paused far longer than an election timeout: the lease and
+                // every timer have long run out; do not spin through them.
+                r.next_tick_us = now + TICK_US;
+                break;
+            }
+        }
+        if n > 0 {
+            self.follow_group0();
+        }
+    }
+
+    /// The next replication tick (for the wait).
+    pub(super) fn raft_deadline_us(&self) -> Option<u64> {
+        self.raft
+            .as_ref()
+            .filter(|r| r.fatal.is_none())
+            .map(|r| r.next_tick_us)
+    }
+
+    /// Every group follows group 0's leader, so one node serves them all:
+    /// a leader of another group hands its leadership over to it.
+    fn follow_group0(&mut self) {
+        let Some(r) = self.raft.as_mut() else { return };
+        if r.group == 0 || !r.replica.is_leader() {
+            return;
+        }
+        let want = r.view.leader_of(0);
+        let ticks = r.replica.ticks();
+        if want != 0
+            && want != r.replica.id()
+            && ticks >= r.last_transfer_tick + r.replica.election_ticks()
+        {
+            r.last_transfer_tick = ticks;
+            r.replica.transfer_leader(want);
+        }
+    }
+
+    /// Proposes a batch of records (the replicated log's next batch).
+    pub(super) fn propose(&mut self, buf: Vec<u8>) {
+        let serving = self.may_serve();
+        let now = self.now;
+        let r = self.raft.as_mut().expect("a replicated log has a replica");
+        let index = if serving {
+            let mut data = Vec::with_capacity(buf.len() + 8);
+            store::proposal(now.unix_ms, &buf, &mut data);
+            r.replica.propose(data)
+        } else {
+            None
+        };
+        match index {
+            Some(i) => r.proposal = Some((i, r.replica.term(), buf)),
+            None => {
+                // Not serving: what was decided meanwhile is void.
+                let log = self.log.as_mut().expect("replicated log");
+                let landed = log.proposal_landed(Err(()), buf);
+                debug_assert!(matches!(landed, Landed::Failed { .. }));
+                self.fail_pending("not the serving leader", 0);
+            }
+        }
+    }
+
+    /// Collects and acts on everything raft-rs has ready, until it has
+    /// nothing more.
+    pub(super) fn raft_pump(&mut self) {
+        for _ in 0..64 {
+            let Some(r) = self.raft.as_mut() else { return };
+            if r.fatal.is_some() {
+                return;
+            }
+            let mut out = std::mem::take(&mut r.out);
+            r.replica.ready(&mut out);
+            let idle = out.send.is_empty() && out.persist.is_none() && out.apply.is_empty() && out.role.is_none();
+            self.raft_output(&mut out);
+            if let Some(r) = self.raft.as_mut() {
+                r.out = out;
+            }
+            if idle {
+                break;
+            }
+        }
+        self.raft_file_chains();
+        self.note_serving();
+    }
+
+    fn raft_output(&mut self, out: &mut Output) {
+        let r = self.raft.as_mut().expect("replica");
+        for (to, bytes) in out.send.drain(..) {
+            let mut frame = Vec::with_capacity(bytes.len() + 5);
+            wire::frame(wire::KIND_RAFT, &bytes, &mut frame);
+            self.cmds.push(Cmd::Peer { node: to, frame });
+        }
+        if let Some((number, records)) = out.persist.take() {
+            let lsn = r.file.append_raw(&records);
+            r.persisting.push_back((lsn, number));
+        }
+        if let Some(role) = out.role.take() {
+            let group = r.group;
+            let id = r.replica.id();
+            r.view.leaders[group].store(r.replica.leader(), Ordering::Release);
+            match role {
+                RoleChange::Leader { term } => {
+                    log!(Level::Info, "raft_leader", "group={} node={} term={}", group, id, term);
+                }
+                RoleChange::SteppedDown { term } => {
+                    log!(
+                        Level::Warn,
+                        "raft_stepped_down",
+                        "group={} node={} term={} now_term={} leader={}",
+                        group,
+                        id,
+                        term,
+                        r.replica.term(),
+                        r.replica.leader()
+                    );
+                    self.step_down("leadership lost");
+                }
+            }
+        } else {
+            r.view.leaders[r.group].store(r.replica.leader(), Ordering::Release);
+        }
+        let entries = std::mem::take(&mut out.apply);
+        for e in &entries {
+            self.apply_entry(e);
+            if self.cluster_fatal().is_some() {
+                return;
+            }
+        }
+    }
+
+    /// One committed entry.
+    fn apply_entry(&mut self, e: &raft::eraftpb::Entry) {
+        let now = self.now;
+        let r = self.raft.as_mut().expect("replica");
+        match r.proposal.take() {
+            Some((index, term, buf)) if index == e.index && term == e.term => {
+                // Ours: the table holds its effects already.
+                r.replica.applied_to(e.index);
+                let log = self.log.as_mut().expect("replicated log");
+                log.proposal_landed(Ok(()), buf);
+                self.release_durable();
+                return;
+            }
+            Some((index, term, buf)) if index <= e.index => {
+                // Another leader's entry took its place: never committed.
+                let _ = term;
+                let log = self.log.as_mut().expect("replicated log");
+                log.proposal_landed(Err(()), buf);
+                self.fail_pending("the proposal was overwritten by a newer leader", 0);
+            }
+            other => r.proposal = other,
+        }
+        let r = self.raft.as_mut().expect("replica");
+        if !Replica::is_empty_entry(e) {
+            let Some((leader_unix_ms, records)) = store::split_proposal(&e.data) else {
+                r.fatal = Some(format!("entry {} is too short to be a proposal", e.index));
+                return;
+            };
+            let keep = r.session_keep_ms;
+            if let Err(why) =
+                crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now, keep)
+            {
+                let r = self.raft.as_mut().expect("replica");
+                log!(Level::Error, "raft_apply_failed", "group={} index={} error=\"{}\"", r.group, e.index, crate::log::Escaped(&why));
+                r.fatal = Some(why);
+                return;
+            }
+        }
+        let r = self.raft.as_mut().expect("replica");
+        r.replica.applied_to(e.index);
+    }
+
+    /// The leader lost leadership: close every client connection, fail the
+    /// proposal in flight and what waits behind it, orphan the sessions.
+    fn step_down(&mut self, why: &str) {
+        for slot in 0..self.conns.len() as u32 {
+            let c = &self.conns[slot as usize];
+            if matches!(c.state, State::Free | State::Closing | State::Migrating) {
+                continue;
+            }
+            let c = &mut self.conns[slot as usize];
+            if c.port != Port::Lock {
+                continue;
+            }
+            if let State::Queued { waiter } = c.state {
+                self.table.withdraw(waiter);
+            }
+            let c = &mut self.conns[slot as usize];
+            c.dead = true;
+            c.read_closed = true;
+            c.grant = None;
+            c.out.clear();
+            self.close(slot);
+        }
+        let r = self.raft.as_mut().expect("replica");
+        if let Some((_, _, buf)) = r.proposal.take() {
+            let log = self.log.as_mut().expect("replicated log");
+            log.proposal_landed(Err(()), buf);
+        }
+        self.fail_pending(why, 0);
+        let r = self.raft.as_mut().expect("replica");
+        let keep_us = r.session_keep_ms * 1000;
+        r.view.serving[r.group].store(false, Ordering::Release);
+        r.was_serving = false;
+        let now = self.now;
+        self.table.orphan_sessions(keep_us, now);
+        // Nothing this node decides now is proposed.
+        self.fx.clear();
+    }
+
+    /// Publishes whether this shard serves; extends every lease deadline
+    /// when serving begins.
+    fn note_serving(&mut self) {
+        let Some(r) = self.raft.as_mut() else { return };
+        let serving = r.replica.serving();
+        if serving == r.was_serving {
+            return;
+        }
+        r.was_serving = serving;
+        r.view.serving[r.group].store(serving, Ordering::Release);
+        let (group, term, id) = (r.group, r.replica.term(), r.replica.id());
+        if serving {
+            let by = r.election_us;
+            let first = r.served_term != term;
+            r.served_term = term;
+            self.table.extend_leases(by);
+            log!(
+                Level::Info,
+                "raft_serving",
+                "group={} node={} term={} leases_extended_ms={} first_in_term={}",
+                group,
+                id,
+                term,
+                by / 1000,
+                first
+            );
+        } else {
+            log!(Level::Warn, "raft_not_serving", "group={} node={} term={} reason=\"leader lease lapsed\"", group, id, term);
+        }
+    }
+
+    /// Submits the cluster log's next write chain.
+    fn raft_file_chains(&mut self) {
+        let now_us = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else { return };
+        loop {
+            match r.file.next_chain(&mut self.table, now_us) {
+                Next::Chain(chain, buf) => self.cmds.push(Cmd::Log { chain, buf }),
+                Next::Idle => return,
+                Next::FailPending | Next::Propose(_) => {
+                    r.fatal = Some("the cluster log failed".into());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A chain of the cluster log landed.
+    pub(super) fn raft_file_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
+        let now_us = self.now.mono_us;
+        let r = self.raft.as_mut().expect("replica");
+        match r.file.landed(chain, result, buf, now_us) {
+            Landed::Append { took_us, .. } => {
+                self.metrics.observe_fdatasync_us(took_us);
+                let durable = r.file.durable_lsn();
+                let mut number = None;
+                while let Some(&(lsn, n)) = r.persisting.front() {
+                    if lsn > durable {
+                        break;
+                    }
+                    r.persisting.pop_front();
+                    number = Some(n);
+                }
+                if let Some(n) = number {
+                    let mut out = std::mem::take(&mut r.out);
+                    r.replica.persisted(n, &mut out);
+                    self.raft_output(&mut out);
+                    if let Some(r) = self.raft.as_mut() {
+                        r.out = out;
+                    }
+                }
+                self.raft_pump();
+            }
+            other => {
+                let err = result.err().unwrap_or(0);
+                let why = format!(
+                    "the cluster log's write or fdatasync failed ({other:?}, errno {}): \
+                     a replica that cannot persist must not vote or acknowledge",
+                    -err
+                );
+                log!(Level::Error, "raft_log_failed", "group={} error=\"{}\"", r.group, crate::log::Escaped(&why));
+                r.fatal = Some(why);
+            }
+        }
+    }
+}
+
+impl Shard {
+    /// A lock-port frame reached a node that does not serve: a session's
+    /// Hello is refused `not leader` with the leader's client address (when
+    /// known); a Locking-Center request gets `-` and the connection closes
+    /// (its clients retry, as after a restart). False: nothing executed.
+    pub(super) fn not_leader(&mut self, slot: u32) -> bool {
+        use crate::protocol::session::{self as sp, Status};
+        let hint = self.leader_hint();
+        let c = &mut self.conns[slot as usize];
+        if c.sid == 0 && c.rbuf.first() == Some(&sp::OP_HELLO) {
+            match sp::decode(&c.rbuf) {
+                sp::Decoded::Incomplete => return false,
+                sp::Decoded::Frame { rid, .. } => {
+                    c.rbuf.clear();
+                    sp::encode_refusal(rid, Status::NotLeader, &hint, &mut c.out);
+                    c.close_after_send = true;
+                    c.state = State::Answered;
+                    self.mark_dirty(slot);
+                    return false;
+                }
+                sp::Decoded::Bad(why) => {
+                    self.reject(slot, why);
+                    return false;
+                }
+            }
+        }
+        self.reject(slot, "not the leader");
+        false
+    }
+}
