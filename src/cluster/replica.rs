@@ -236,6 +236,10 @@ impl Replica {
     pub fn ticks(&self) -> u64 {
         self.ticks
     }
+    /// The term of the entry at `index` in this node's log (checks).
+    pub fn term_at(&self, index: u64) -> Option<u64> {
+        self.node.raft.raft_log.term(index).ok()
+    }
     pub fn voters(&self) -> Vec<u64> {
         self.cfg.voters.clone()
     }

@@ -211,7 +211,9 @@ impl Shard {
 
     /// The leader's client address, when known (for `not leader`).
     pub(super) fn leader_hint(&self) -> Vec<u8> {
-        let Some(r) = &self.raft else { return Vec::new() };
+        let Some(r) = &self.raft else {
+            return Vec::new();
+        };
         // Group 0's leader is the node every group follows.
         let leader = r.view.leader_of(0);
         if leader == r.replica.id() {
@@ -270,7 +272,13 @@ impl Shard {
             return;
         }
         if let Err(e) = r.replica.step(bytes) {
-            log!(Level::Warn, "raft_bad_message", "group={} error=\"{}\"", r.group, crate::log::Escaped(&e));
+            log!(
+                Level::Warn,
+                "raft_bad_message",
+                "group={} error=\"{}\"",
+                r.group,
+                crate::log::Escaped(&e)
+            );
         }
         self.raft_pump();
     }
@@ -362,7 +370,10 @@ impl Shard {
             }
             let mut out = std::mem::take(&mut r.out);
             r.replica.ready(&mut out);
-            let idle = out.send.is_empty() && out.persist.is_none() && out.apply.is_empty() && out.role.is_none();
+            let idle = out.send.is_empty()
+                && out.persist.is_none()
+                && out.apply.is_empty()
+                && out.role.is_none();
             self.raft_output(&mut out);
             if let Some(r) = self.raft.as_mut() {
                 r.out = out;
@@ -392,7 +403,14 @@ impl Shard {
             r.view.leaders[group].store(r.replica.leader(), Ordering::Release);
             match role {
                 RoleChange::Leader { term } => {
-                    log!(Level::Info, "raft_leader", "group={} node={} term={}", group, id, term);
+                    log!(
+                        Level::Info,
+                        "raft_leader",
+                        "group={} node={} term={}",
+                        group,
+                        id,
+                        term
+                    );
                 }
                 RoleChange::SteppedDown { term } => {
                     log!(
@@ -453,7 +471,14 @@ impl Shard {
                 crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now, keep)
             {
                 let r = self.raft.as_mut().expect("replica");
-                log!(Level::Error, "raft_apply_failed", "group={} index={} error=\"{}\"", r.group, e.index, crate::log::Escaped(&why));
+                log!(
+                    Level::Error,
+                    "raft_apply_failed",
+                    "group={} index={} error=\"{}\"",
+                    r.group,
+                    e.index,
+                    crate::log::Escaped(&why)
+                );
                 r.fatal = Some(why);
                 return;
             }
@@ -527,7 +552,14 @@ impl Shard {
                 first
             );
         } else {
-            log!(Level::Warn, "raft_not_serving", "group={} node={} term={} reason=\"leader lease lapsed\"", group, id, term);
+            log!(
+                Level::Warn,
+                "raft_not_serving",
+                "group={} node={} term={} reason=\"leader lease lapsed\"",
+                group,
+                id,
+                term
+            );
         }
     }
 
@@ -580,7 +612,13 @@ impl Shard {
                      a replica that cannot persist must not vote or acknowledge",
                     -err
                 );
-                log!(Level::Error, "raft_log_failed", "group={} error=\"{}\"", r.group, crate::log::Escaped(&why));
+                log!(
+                    Level::Error,
+                    "raft_log_failed",
+                    "group={} error=\"{}\"",
+                    r.group,
+                    crate::log::Escaped(&why)
+                );
                 r.fatal = Some(why);
             }
         }

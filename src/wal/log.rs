@@ -416,7 +416,10 @@ impl Log {
             if self.flight != Flight::None || self.filling.is_empty() {
                 return Next::Idle;
             }
-            let fresh = self.spare.take().expect("no flight: the spare buffer is home");
+            let fresh = self
+                .spare
+                .take()
+                .expect("no flight: the spare buffer is home");
             let buf = std::mem::replace(&mut self.filling, fresh);
             self.flight = Flight::Append {
                 lsn: self.tail_lsn,

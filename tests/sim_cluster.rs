@@ -1,0 +1,915 @@
+//! Deterministic simulation of a replicated cluster.
+//!
+//! 3 or 5 nodes (by seed), each one `Shard` in cluster mode — the same
+//! code the io_uring driver runs, with its raft-rs replica — and the
+//! simulator plays every driver, disk and wire:
+//! - **network**: every Raft frame goes through a seeded model with delay,
+//!   loss, duplication and reordering; partitions cut links one way or
+//!   both (symmetric, asymmetric, the leader isolated) and heal;
+//! - **nodes** pause (no events, no ticks, then a jump of their clock),
+//!   crash (in-flight writes torn: a random prefix of the write reaches the
+//!   disk, unacknowledged) and restart from their disk image; every node's
+//!   clock runs at its own rate (tick skew);
+//! - **clients**: Locking-Center clients on persistent connections, each
+//!   on one node at a time, locking and unlocking shared keys; a client
+//!   whose connection dies with a request outstanding does not know the
+//!   outcome, so it first resets its own source (the only release it can
+//!   make safely) before locking again; `not leader` / `-` send it to
+//!   another node.
+//!
+//! Checked after every step:
+//! - **no two owners**: no key is believed held by two clients at once (a
+//!   client believes from its `+` until it sends the Unlock);
+//! - **one server**: at most one node serves at any instant;
+//! - **nothing acknowledged is lost**: every hold a client believes is the
+//!   holder, by source, in the table of whichever node serves;
+//! - **tokens only grow**: the serving node's next grant id is above every
+//!   grant id any client was answered for, by any leader.
+//!
+//! At the end the network heals, every node is resumed or restarted, and
+//! within a bounded time a node serves and every client's requests are
+//! answered (liveness).
+//!
+//! `SIM_SEEDS=N` (default 40) from `SIM_FIRST_SEED` (default 1),
+//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`.
+
+mod sim_common;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ringlock::cluster::{store, wire, ClusterConfig};
+use ringlock::config::Config;
+use ringlock::core::{Limits, Now, Table, Token};
+use ringlock::metrics::Metrics;
+use ringlock::shard::conn::Port;
+use ringlock::shard::raft::{NodeView, Part};
+use ringlock::shard::{Cmd, ConnCounts, Shard};
+use ringlock::wal::log::Chain;
+use sim_common::Rng;
+
+const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma"];
+const CLIENTS: usize = 6;
+const T0_UNIX_MS: u64 = 1_700_000_000_000;
+
+fn frame(act: u8, key: &[u8], source: Option<&[u8]>) -> Vec<u8> {
+    let mut b = vec![act, key.len() as u8];
+    b.extend_from_slice(key);
+    if let Some(s) = source {
+        b.push(s.len() as u8);
+        b.extend_from_slice(s);
+    }
+    b
+}
+
+struct Node {
+    shard: Option<Shard>,
+    view: Arc<NodeView>,
+    /// The log file as the disk holds it (what survives a crash).
+    disk: Vec<u8>,
+    /// Writes in flight: (chain, buffer, completes at global µs).
+    inflight: VecDeque<(Chain, Vec<u8>, u64)>,
+    paused: bool,
+    /// Clock rate in per mille of the global clock (tick skew).
+    rate: u64,
+    /// This node's clock when it was last reset (start, resume).
+    clock_base: u64,
+    global_base: u64,
+    /// Connection → client, for this incarnation.
+    conns: HashMap<Token, usize>,
+    incarnation: u64,
+}
+
+struct Client {
+    source: Vec<u8>,
+    /// (node, token, incarnation) of its connection.
+    at: Option<(usize, Token, u64)>,
+    to_server: VecDeque<u8>,
+    to_client: VecDeque<u8>,
+    /// The server closed: EOF once `to_client` drains.
+    closing: bool,
+    /// Requests sent and unanswered, in order: (action, key).
+    outstanding: VecDeque<(u8, usize)>,
+    persisted: bool,
+    beliefs: HashSet<usize>,
+    /// A request's outcome is unknown: reset the source before anything.
+    uncertain: bool,
+    /// Node to try next.
+    next_node: usize,
+}
+
+struct Packet {
+    at: u64,
+    to: usize,
+    frame: Vec<u8>,
+}
+
+struct World {
+    rng: Rng,
+    seed: u64,
+    n: usize,
+    cfg: Config,
+    cluster: ClusterConfig,
+    nodes: Vec<Node>,
+    clients: Vec<Client>,
+    now: u64,
+    net: Vec<Packet>,
+    /// Directed links that are cut: (from, to).
+    cut: HashSet<(usize, usize)>,
+    loss_per_mille: u64,
+    dup_per_mille: u64,
+    max_delay_us: u64,
+    max_acked_grant: u64,
+    grants: u64,
+    failovers: u64,
+    crashes: u64,
+    last_leader: Option<usize>,
+}
+
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16 * 10))
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut rng = Rng::seeded(seed);
+        let n = if rng.chance(300) { 5 } else { 3 };
+        let mut cfg = Config::new("127.0.0.1:0".parse().expect("address"));
+        cfg.max_connections = 64;
+        cfg.max_keys = 16;
+        cfg.max_waiters = 64;
+        cfg.threads = 1;
+        cfg.idle_timeout_ms = 0;
+        let peers: String = (0..n)
+            .map(|i| format!("{}={}", i + 1, addr(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = ClusterConfig::parse(1, &peers).expect("peers");
+        // Short timeouts keep the simulated seconds few.
+        cluster.election_ticks = 10;
+        cluster.heartbeat_ticks = 2;
+        let nodes = (0..n)
+            .map(|_| Node {
+                shard: None,
+                view: NodeView::new(1),
+                disk: Vec::new(),
+                inflight: VecDeque::new(),
+                paused: false,
+                rate: 1000,
+                clock_base: 0,
+                global_base: 0,
+                conns: HashMap::new(),
+                incarnation: 0,
+            })
+            .collect();
+        let clients = (0..CLIENTS)
+            .map(|i| Client {
+                source: format!("c{i}").into_bytes(),
+                at: None,
+                to_server: VecDeque::new(),
+                to_client: VecDeque::new(),
+                closing: false,
+                outstanding: VecDeque::new(),
+                persisted: false,
+                beliefs: HashSet::new(),
+                uncertain: false,
+                next_node: i % n,
+            })
+            .collect();
+        let mut w = World {
+            seed,
+            n,
+            cfg,
+            cluster,
+            nodes,
+            clients,
+            now: 1_000_000,
+            net: Vec::new(),
+            cut: HashSet::new(),
+            loss_per_mille: rng.below(50),
+            dup_per_mille: rng.below(30),
+            max_delay_us: 200 + rng.below(3000),
+            max_acked_grant: 0,
+            grants: 0,
+            failovers: 0,
+            crashes: 0,
+            last_leader: None,
+            rng,
+        };
+        for i in 0..n {
+            w.nodes[i].rate = 980 + w.rng.below(41);
+            w.start_node(i);
+        }
+        w
+    }
+
+    fn fail(&self, why: String) -> ! {
+        panic!(
+            "seed {} ({} nodes): {why}\nreproduce: SIM_SEED={} cargo test --test sim_cluster",
+            self.seed, self.n, self.seed
+        )
+    }
+
+    fn node_now(&self, i: usize) -> Now {
+        let nd = &self.nodes[i];
+        let mono_us = nd.clock_base + (self.now - nd.global_base) * nd.rate / 1000;
+        Now {
+            mono_us,
+            // Wall clocks differ between nodes as much as their rates do.
+            unix_ms: T0_UNIX_MS + mono_us / 1000,
+        }
+    }
+
+    /// Starts (or restarts) node `i` from its disk.
+    fn start_node(&mut self, i: usize) {
+        let mut c = self.cluster.clone();
+        c.node_id = i as u64 + 1;
+        if self.nodes[i].disk.is_empty() {
+            self.nodes[i].disk = store::new_image(&store::Identity {
+                node: c.node_id,
+                group: 0,
+                groups: 1,
+                voters: c.voters(),
+            });
+        }
+        let view = NodeView::new(1);
+        let keep_ms = self.cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
+        let part = Part::start(
+            &c,
+            0,
+            1,
+            &self.nodes[i].disk,
+            "sim",
+            view.clone(),
+            format!("127.0.0.1:{}", 22119 + i),
+            keep_ms,
+            self.seed,
+        )
+        .unwrap_or_else(|e| self.fail(format!("node {} cannot start: {e}", i + 1)));
+        let valid = part.file().file_len() as usize;
+        self.nodes[i].disk.truncate(valid);
+        let nd = &mut self.nodes[i];
+        nd.clock_base = self.now + 5_000_000 * i as u64;
+        nd.global_base = self.now;
+        let now = self.node_now(i);
+        let table = Table::new(Limits {
+            max_keys: self.cfg.max_keys,
+            max_waiters: self.cfg.max_waiters,
+        });
+        let metrics = Arc::new(Metrics::new_loops(1));
+        let mut s = Shard::new(self.cfg.clone(), table, None, metrics, now);
+        s.place(0, 1, Arc::new(ConnCounts::default()));
+        s.enable_cluster(part);
+        for j in (0..self.n).filter(|&j| j != i) {
+            let h = wire::Hello {
+                node: j as u64 + 1,
+                group: 0,
+                groups: 1,
+                voters: c.voters(),
+                client_addr: format!("127.0.0.1:{}", 22119 + j),
+            };
+            s.on_peer_hello(&h).expect("same cluster");
+        }
+        let nd = &mut self.nodes[i];
+        nd.view = view;
+        nd.shard = Some(s);
+        nd.paused = false;
+        nd.inflight.clear();
+        nd.conns.clear();
+        nd.incarnation += 1;
+    }
+
+    fn crash(&mut self, i: usize) {
+        if self.nodes[i].shard.is_none() {
+            return;
+        }
+        self.crashes += 1;
+        let nd = &mut self.nodes[i];
+        nd.shard = None;
+        // A write in flight may be torn: a prefix of it reaches the disk.
+        if let Some((Chain::Append { offset }, buf, _)) = nd.inflight.front() {
+            if self.rng.chance(500) {
+                let keep = self.rng.below(buf.len() as u64 + 1) as usize;
+                let off = *offset as usize;
+                if nd.disk.len() < off + keep {
+                    nd.disk.resize(off + keep, 0);
+                }
+                nd.disk[off..off + keep].copy_from_slice(&buf[..keep]);
+            }
+        }
+        nd.inflight.clear();
+        let conns: Vec<usize> = nd.conns.drain().map(|(_, c)| c).collect();
+        for c in conns {
+            self.client_eof(c);
+        }
+    }
+
+    // ----- clients ----------------------------------------------------------
+
+    fn client_eof(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        if trace() {
+            eprintln!(
+                "t={} client {c}: EOF, outstanding {:?}",
+                self.now, cl.outstanding
+            );
+        }
+        cl.at = None;
+        cl.closing = false;
+        cl.to_server.clear();
+        cl.to_client.clear();
+        cl.persisted = false;
+        if !cl.outstanding.is_empty() {
+            // Any of them may or may not have happened.
+            cl.uncertain = true;
+            cl.beliefs.clear();
+        }
+        cl.outstanding.clear();
+        cl.next_node = (cl.next_node + 1) % self.n;
+    }
+
+    fn connect(&mut self, c: usize) {
+        let i = self.clients[c].next_node;
+        let paused = self.nodes[i].paused;
+        let Some(s) = self.nodes[i].shard.as_mut().filter(|_| !paused) else {
+            self.clients[c].next_node = (i + 1) % self.n;
+            return;
+        };
+        let peer = SocketAddr::from(([127, 0, 0, 1], 10_000 + c as u16));
+        let Some(t) = s.on_accept(Port::Lock, peer) else {
+            return;
+        };
+        let inc = self.nodes[i].incarnation;
+        self.nodes[i].conns.insert(t, c);
+        let cl = &mut self.clients[c];
+        cl.at = Some((i, t, inc));
+        cl.to_server.push_back(6);
+        cl.outstanding.push_back((6, 0));
+    }
+
+    fn client_step(&mut self, c: usize, quiesce: bool) {
+        let cl = &self.clients[c];
+        if cl.at.is_none() {
+            if self.rng.chance(200) || quiesce {
+                self.connect(c);
+            }
+            return;
+        }
+        if cl.closing || !cl.persisted || !cl.outstanding.is_empty() {
+            return;
+        }
+        if cl.uncertain {
+            let src = cl.source.clone();
+            let cl = &mut self.clients[c];
+            // ResetBySource names the source where other actions name the key.
+            cl.to_server.extend(frame(4, &src, None));
+            cl.outstanding.push_back((4, 0));
+            return;
+        }
+        let held: Vec<usize> = {
+            let mut h: Vec<usize> = cl.beliefs.iter().copied().collect();
+            h.sort();
+            h
+        };
+        let r = self.rng.below(100);
+        let k = self.rng.below(KEYS.len() as u64) as usize;
+        let (act, k) = if !held.is_empty() && (quiesce || r < 50) {
+            let k = held[self.rng.below(held.len() as u64) as usize];
+            // The critical section ends when the Unlock is sent.
+            self.clients[c].beliefs.remove(&k);
+            (2u8, k)
+        } else if quiesce || r > 85 || held.contains(&k) {
+            return;
+        } else if held.is_empty() && self.rng.chance(500) {
+            (1, k)
+        } else {
+            (5, k)
+        };
+        let cl = &mut self.clients[c];
+        let src = cl.source.clone();
+        let f = if act == 2 {
+            frame(2, KEYS[k], None)
+        } else {
+            frame(act, KEYS[k], Some(&src))
+        };
+        cl.to_server.extend(f);
+        cl.outstanding.push_back((act, k));
+    }
+
+    /// Bytes the client received: answers, in order.
+    fn client_read(&mut self, c: usize) {
+        loop {
+            let at = self.clients[c].at;
+            let clock = at.map(|a| (a.0 + 1, self.node_now(a.0).unix_ms - T0_UNIX_MS));
+            let cl = &mut self.clients[c];
+            let Some(b) = cl.to_client.pop_front() else {
+                break;
+            };
+            let Some((act, k)) = cl.outstanding.pop_front() else {
+                self.fail(format!("client {c} got {b:#x} with nothing outstanding"));
+            };
+            let ok = b == b'+';
+            if trace() {
+                eprintln!(
+                    "t={} client {c} on (node, clock ms) {:?}: act {act} key {k} -> {}",
+                    self.now, clock, b as char
+                );
+            }
+            match act {
+                6 => {
+                    cl.persisted = ok;
+                }
+                1 | 5 if ok => {
+                    cl.beliefs.insert(k);
+                    self.grants += 1;
+                    let (i, _, _) = cl.at.expect("connected");
+                    let g = self.nodes[i]
+                        .shard
+                        .as_ref()
+                        .and_then(|s| s.table().grant_of(KEYS[k]))
+                        .unwrap_or_else(|| {
+                            self.fail(format!(
+                                "client {c} was granted {:?} by node {} whose table has no holder",
+                                String::from_utf8_lossy(KEYS[k]),
+                                i + 1
+                            ))
+                        });
+                    self.max_acked_grant = self.max_acked_grant.max(g);
+                }
+                4 if ok => {
+                    cl.uncertain = false;
+                    if trace() {
+                        let (i, _, _) = cl.at.expect("connected");
+                        let held: Vec<String> = self.nodes[i]
+                            .shard
+                            .as_ref()
+                            .map(|s| {
+                                s.table()
+                                    .held_list()
+                                    .iter()
+                                    .map(|h| format!("{:?}={:?}", h.key, h.source))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let r = self.nodes[i]
+                            .shard
+                            .as_ref()
+                            .and_then(|s| s.replica())
+                            .map(|r| (r.term(), r.commit_index(), r.applied_index()));
+                        eprintln!(
+                            "   after reset, node {} (term, commit, applied) {r:?} holds {held:?}",
+                            i + 1
+                        );
+                    }
+                }
+                // An Unlock is always `+` when it ran (a free key too): a
+                // `-` is a node that does not serve; it did nothing.
+                2 if !ok => cl.uncertain = true,
+                _ => {}
+            }
+        }
+        let cl = &mut self.clients[c];
+        if cl.closing && cl.to_client.is_empty() {
+            if let Some((i, t, inc)) = cl.at {
+                if self.nodes[i].incarnation == inc {
+                    self.nodes[i].conns.remove(&t);
+                }
+            }
+            self.client_eof(c);
+        }
+    }
+
+    // ----- nodes ------------------------------------------------------------
+
+    /// One tick of node `i`: its due events, then its commands.
+    fn node_step(&mut self, i: usize) {
+        if self.nodes[i].paused || self.nodes[i].shard.is_none() {
+            return;
+        }
+        let now = self.node_now(i);
+        let global = self.now;
+        let mut landed = Vec::new();
+        while self.nodes[i]
+            .inflight
+            .front()
+            .is_some_and(|w| w.2 <= global)
+        {
+            landed.push(self.nodes[i].inflight.pop_front().expect("front"));
+        }
+        let mut packets = Vec::new();
+        let mut k = 0;
+        while k < self.net.len() {
+            if self.net[k].to == i && self.net[k].at <= global {
+                packets.push(self.net.swap_remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        // Reordering: deliver due packets in a random order.
+        for j in (1..packets.len()).rev() {
+            let o = self.rng.below(j as u64 + 1) as usize;
+            packets.swap(j, o);
+        }
+        let inc = self.nodes[i].incarnation;
+        let mut sends: Vec<(usize, Vec<u8>)> = Vec::new();
+        for c in 0..self.clients.len() {
+            let cl = &mut self.clients[c];
+            if let Some((ni, t, ci)) = cl.at {
+                if ni == i && ci == inc && !cl.to_server.is_empty() && !cl.closing {
+                    let n = 1 + self.rng.below(cl.to_server.len() as u64) as usize;
+                    let bytes: Vec<u8> = cl.to_server.drain(..n).collect();
+                    sends.push((c, bytes));
+                    let _ = t;
+                }
+            }
+        }
+        let s = self.nodes[i].shard.as_mut().expect("running");
+        s.begin_tick(now);
+        for (chain, buf, _) in landed {
+            if let Chain::Append { offset } = chain {
+                let nd_disk = &mut self.nodes[i].disk;
+                let off = offset as usize;
+                if nd_disk.len() < off + buf.len() {
+                    nd_disk.resize(off + buf.len(), 0);
+                }
+                nd_disk[off..off + buf.len()].copy_from_slice(&buf);
+            }
+            let s = self.nodes[i].shard.as_mut().expect("running");
+            s.on_log_landed(chain, Ok(()), buf);
+        }
+        for p in packets {
+            let s = self.nodes[i].shard.as_mut().expect("running");
+            if let Ok(Some((wire::KIND_RAFT, payload, _))) = wire::next_frame(&p.frame) {
+                s.on_raft_message(payload);
+            }
+        }
+        for (c, bytes) in sends {
+            let (_, t, _) = self.clients[c].at.expect("connected");
+            let s = self.nodes[i].shard.as_mut().expect("running");
+            s.on_recv(t, &bytes);
+        }
+        let s = self.nodes[i].shard.as_mut().expect("running");
+        s.end_tick();
+        if let Some(why) = s.cluster_fatal().map(str::to_string) {
+            self.fail(format!("node {} stopped: {why}", i + 1));
+        }
+        self.run_cmds(i);
+    }
+
+    fn run_cmds(&mut self, i: usize) {
+        let mut cmds = Vec::new();
+        self.nodes[i]
+            .shard
+            .as_mut()
+            .expect("running")
+            .take_cmds(&mut cmds);
+        for cmd in cmds {
+            match cmd {
+                Cmd::Send(t) => {
+                    let mut out = Vec::new();
+                    let s = self.nodes[i].shard.as_mut().expect("running");
+                    s.take_output(t, &mut out);
+                    s.on_send_done(t, Ok(()));
+                    if let Some(&c) = self.nodes[i].conns.get(&t) {
+                        self.clients[c].to_client.extend(out);
+                    }
+                }
+                Cmd::Close(t) => {
+                    let s = self.nodes[i].shard.as_mut().expect("running");
+                    s.on_closed(t);
+                    if let Some(c) = self.nodes[i].conns.remove(&t) {
+                        // Answers already out still reach the client.
+                        self.clients[c].closing = true;
+                    }
+                }
+                Cmd::Log { chain, buf } => {
+                    let prev = self.nodes[i].inflight.back().map_or(0, |w| w.2);
+                    let at = (self.now + 50 + self.rng.below(400)).max(prev);
+                    self.nodes[i].inflight.push_back((chain, buf, at));
+                }
+                Cmd::Peer { node, frame } => {
+                    let to = node as usize - 1;
+                    if self.cut.contains(&(i, to)) || self.rng.chance(self.loss_per_mille) {
+                        continue;
+                    }
+                    let copies = if self.rng.chance(self.dup_per_mille) {
+                        2
+                    } else {
+                        1
+                    };
+                    for _ in 0..copies {
+                        let at = self.now + 20 + self.rng.below(self.max_delay_us);
+                        self.net.push(Packet {
+                            at,
+                            to,
+                            frame: frame.clone(),
+                        });
+                    }
+                }
+                Cmd::Scatter { id, op } => {
+                    let s = self.nodes[i].shard.as_mut().expect("running");
+                    s.on_remote(0, id, op);
+                }
+                Cmd::Reply { id, result, .. } => {
+                    let s = self.nodes[i].shard.as_mut().expect("running");
+                    s.on_reply(id, result);
+                }
+                Cmd::Farewell(_) | Cmd::DiscardTemp => {}
+                Cmd::Migrate { .. } | Cmd::Sess { .. } => {
+                    self.fail("one shard per node: no cross-shard traffic".into())
+                }
+            }
+        }
+    }
+
+    // ----- checks -----------------------------------------------------------
+
+    /// State machine safety: committed entries agree on every node, and a
+    /// node's commit index never goes back within one incarnation.
+    fn check_logs(&mut self) {
+        let reps: Vec<(usize, u64)> = (0..self.n)
+            .filter_map(|i| {
+                let r = self.nodes[i].shard.as_ref()?.replica()?;
+                Some((i, r.commit_index()))
+            })
+            .collect();
+        for &(i, ci) in &reps {
+            for &(j, cj) in &reps {
+                if i >= j {
+                    continue;
+                }
+                let upto = ci.min(cj);
+                let ri = self.nodes[i].shard.as_ref().unwrap().replica().unwrap();
+                let rj = self.nodes[j].shard.as_ref().unwrap().replica().unwrap();
+                for idx in 1..=upto {
+                    if ri.term_at(idx) != rj.term_at(idx) {
+                        self.fail(format!(
+                            "committed entry {idx} differs: node {} has term {:?}, node {} term {:?}",
+                            i + 1,
+                            ri.term_at(idx),
+                            j + 1,
+                            rj.term_at(idx)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn check(&mut self) {
+        self.check_logs();
+        let mut owner: HashMap<usize, usize> = HashMap::new();
+        for (c, cl) in self.clients.iter().enumerate() {
+            for &k in &cl.beliefs {
+                if let Some(o) = owner.insert(k, c) {
+                    self.fail(format!(
+                        "two owners: clients {o} and {c} both believe they hold {:?}",
+                        String::from_utf8_lossy(KEYS[k])
+                    ));
+                }
+            }
+        }
+        let serving: Vec<usize> = (0..self.n)
+            .filter(|&i| {
+                self.nodes[i].shard.is_some()
+                    && !self.nodes[i].paused
+                    && self.nodes[i].view.all_serving()
+            })
+            .collect();
+        if serving.len() > 1 {
+            self.fail(format!(
+                "nodes {serving:?} (0-based) serve at the same time"
+            ));
+        }
+        if let Some(&i) = serving.first() {
+            if self.last_leader != Some(i) {
+                if self.last_leader.is_some() {
+                    self.failovers += 1;
+                }
+                self.last_leader = Some(i);
+            }
+            let s = self.nodes[i].shard.as_ref().expect("running");
+            s.check_invariants();
+            for (&k, &c) in &owner {
+                let h = s.table().holder_of(KEYS[k]);
+                let src = &self.clients[c].source;
+                if h.as_ref().map(|h| h.source.as_bytes()) != Some(src.as_slice()) {
+                    self.fail(format!(
+                        "lost grant: client {c} holds {:?} but node {} serves with holder {:?}",
+                        String::from_utf8_lossy(KEYS[k]),
+                        i + 1,
+                        h.map(|h| String::from_utf8_lossy(h.source.as_bytes()).into_owned())
+                    ));
+                }
+            }
+            if s.table().next_grant_id() <= self.max_acked_grant {
+                self.fail(format!(
+                    "tokens went back: node {} would grant {} after {} was answered",
+                    i + 1,
+                    s.table().next_grant_id(),
+                    self.max_acked_grant
+                ));
+            }
+        }
+    }
+
+    // ----- faults -----------------------------------------------------------
+
+    fn fault(&mut self) {
+        let r = self.rng.below(1000);
+        let i = self.rng.below(self.n as u64) as usize;
+        let leader = (0..self.n)
+            .find(|&j| self.nodes[j].view.all_serving() && self.nodes[j].shard.is_some());
+        match r {
+            0..=4 => self.crash(leader.unwrap_or(i)),
+            5..=9 => self.crash(i),
+            10..=19 => {
+                if self.nodes[i].shard.is_none() {
+                    self.start_node(i);
+                }
+            }
+            20..=24 => {
+                // Pause the leader (or anyone) past an election timeout.
+                let j = leader.unwrap_or(i);
+                if self.nodes[j].shard.is_some() {
+                    self.nodes[j].paused = true;
+                }
+            }
+            25..=34 => {
+                if self.nodes[i].paused {
+                    self.resume(i);
+                }
+            }
+            35..=38 => {
+                // Isolate the leader both ways.
+                if let Some(l) = leader {
+                    for j in 0..self.n {
+                        self.cut.insert((l, j));
+                        self.cut.insert((j, l));
+                    }
+                }
+            }
+            39..=42 => {
+                // One-way cut.
+                let j = self.rng.below(self.n as u64) as usize;
+                if i != j {
+                    self.cut.insert((i, j));
+                }
+            }
+            43..=55 => self.cut.clear(),
+            _ => {}
+        }
+        // Never more than a minority down, paused or crashed at once:
+        // beyond it availability is not promised (safety still is).
+        let down = (0..self.n)
+            .filter(|&j| self.nodes[j].shard.is_none() || self.nodes[j].paused)
+            .count();
+        if down > (self.n - 1) / 2 {
+            for j in 0..self.n {
+                if self.nodes[j].shard.is_none() {
+                    self.start_node(j);
+                } else if self.nodes[j].paused {
+                    self.resume(j);
+                }
+            }
+        }
+    }
+
+    fn resume(&mut self, i: usize) {
+        let now = self.node_now(i).mono_us;
+        // Its clock jumped while it slept: it reads the global time.
+        let _ = now;
+        self.nodes[i].paused = false;
+    }
+
+    fn step(&mut self, quiesce: bool) {
+        // Time advances by a small random jump.
+        self.now += 100 + self.rng.below(2_000);
+        if !quiesce {
+            self.fault();
+        }
+        for c in 0..self.clients.len() {
+            self.client_step(c, quiesce);
+        }
+        let mut order: Vec<usize> = (0..self.n).collect();
+        for j in (1..order.len()).rev() {
+            let o = self.rng.below(j as u64 + 1) as usize;
+            order.swap(j, o);
+        }
+        for i in order {
+            self.node_step(i);
+        }
+        for c in 0..self.clients.len() {
+            self.client_read(c);
+        }
+        self.check();
+    }
+
+    fn heal(&mut self) {
+        self.cut.clear();
+        self.loss_per_mille = 0;
+        for i in 0..self.n {
+            if self.nodes[i].shard.is_none() {
+                self.start_node(i);
+            } else if self.nodes[i].paused {
+                self.resume(i);
+            }
+        }
+    }
+
+    fn quiet(&self) -> bool {
+        self.clients
+            .iter()
+            .all(|c| c.beliefs.is_empty() && !c.uncertain && c.outstanding.is_empty())
+    }
+}
+
+fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
+    let mut w = World::new(seed);
+    for _ in 0..steps {
+        w.step(false);
+    }
+    w.heal();
+    // Liveness: within 20 simulated seconds of healing, a node serves and
+    // every client has released everything and heard every answer.
+    let deadline = w.now + 20_000_000;
+    while !(w.quiet() && w.last_leader.is_some_and(|l| w.nodes[l].view.all_serving())) {
+        if w.now > deadline {
+            let states: Vec<String> = (0..w.n)
+                .map(
+                    |i| match w.nodes[i].shard.as_ref().and_then(|s| s.replica()) {
+                        Some(r) => format!(
+                            "node {}: {} term {} commit {} applied {} serving {}",
+                            i + 1,
+                            r.role_name(),
+                            r.term(),
+                            r.commit_index(),
+                            r.applied_index(),
+                            w.nodes[i].view.all_serving()
+                        ),
+                        None => format!("node {}: down", i + 1),
+                    },
+                )
+                .collect();
+            w.fail(format!("no progress 20 s after healing: {states:?}"));
+        }
+        w.step(true);
+    }
+    if let Some(l) = w.last_leader {
+        let s = w.nodes[l].shard.as_ref().expect("serving");
+        if s.table().held_keys() != 0 {
+            let held: Vec<String> = s
+                .table()
+                .held_list()
+                .iter()
+                .map(|h| {
+                    format!(
+                        "{:?} by {:?} grant {} at {} ms",
+                        h.key,
+                        h.source,
+                        h.grant_id,
+                        h.acquired_unix_ms - T0_UNIX_MS
+                    )
+                })
+                .collect();
+            w.fail(format!("keys held after every client released: {held:?}"));
+        }
+    }
+    (w.grants, w.failovers, w.crashes)
+}
+
+fn trace() -> bool {
+    std::env::var("SIM_TRACE").is_ok()
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn cluster_simulation() {
+    if std::env::var("SIM_LOG").is_err() {
+        ringlock::log::set_level(ringlock::log::Level::Error);
+    }
+    let steps = env("SIM_STEPS", 2500) as usize;
+    let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("SIM_SEED")],
+        Err(_) => {
+            let first = env("SIM_FIRST_SEED", 1);
+            (first..first + env("SIM_SEEDS", 40)).collect()
+        }
+    };
+    let (mut grants, mut failovers, mut crashes) = (0, 0, 0);
+    for seed in seeds {
+        let (g, f, c) = run(seed, steps);
+        grants += g;
+        failovers += f;
+        crashes += c;
+    }
+    eprintln!("sim_cluster: {grants} grants, {failovers} failovers, {crashes} crashes");
+    assert!(grants > 0, "the workload made progress");
+}
