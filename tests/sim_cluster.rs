@@ -898,11 +898,7 @@ impl World {
         match r {
             0..=4 => self.crash(leader.unwrap_or(i)),
             5..=9 => self.crash(i),
-            10..=19 => {
-                if self.nodes[i].shard.is_none() {
-                    self.start_node(i);
-                }
-            }
+            10..=19 if self.nodes[i].shard.is_none() => self.start_node(i),
             20..=24 => {
                 // Pause the leader (or anyone) past an election timeout.
                 let j = leader.unwrap_or(i);
@@ -910,11 +906,7 @@ impl World {
                     self.nodes[j].paused = true;
                 }
             }
-            25..=34 => {
-                if self.nodes[i].paused {
-                    self.resume(i);
-                }
-            }
+            25..=34 if self.nodes[i].paused => self.resume(i),
             35..=38 => {
                 // Isolate the leader both ways.
                 if let Some(l) = leader {
