@@ -51,7 +51,7 @@ const KEYS: usize = 3;
 const ROUNDS: usize = 2;
 /// The keep-alive every session gets (the nodes' default and maximum), so
 /// that a dead leader's orphaned holds are kept for K + 300 ms.
-const KEEPALIVE_MS: u64 = 2000;
+const KEEPALIVE_MS: u64 = 3000;
 /// Bound on availability coming back after a fault.
 const RECOVER: Duration = Duration::from_secs(20);
 /// How long the leader stays stopped or cut off (past the 300 ms election
@@ -139,13 +139,18 @@ struct Shared {
     /// answered OK (a completed cycle).
     last_cycle_ns: AtomicU64,
     cycles: AtomicU64,
+    /// Workers inside a long hold now (a fault is aimed at one).
+    long_holds: AtomicU64,
     faults: Mutex<Vec<(Instant, String)>>,
     violations: Mutex<Vec<String>>,
 }
 
 impl Shared {
     fn ms(&self, t: Instant) -> String {
-        format!("{:.1}", t.saturating_duration_since(self.t0).as_secs_f64() * 1e3)
+        format!(
+            "{:.1}",
+            t.saturating_duration_since(self.t0).as_secs_f64() * 1e3
+        )
     }
 
     fn fault(&self, what: String) {
@@ -171,15 +176,29 @@ impl Shared {
     }
 }
 
+/// The keep-alive worker `w` asks for: half the workers the nodes'
+/// maximum, half a short one, so that after a leader hangs the short ones
+/// notice first and reach the new leader while a long one's holder still
+/// believes (the orphan rule must cover the longest keep-alive).
+fn keepalive_of(w: usize) -> Duration {
+    Duration::from_millis(if w % 2 == 0 { KEEPALIVE_MS } else { 600 })
+}
+
 fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
     let mut rng = Rng(seed | 1);
+    let mut attempt = 0;
     while !sh.stop.load(Ordering::SeqCst) {
-        let addrs = sh.addrs.lock().unwrap().clone();
+        let mut addrs = sh.addrs.lock().unwrap().clone();
+        // Each attempt starts at another node: a stopped one accepts the
+        // connection and never answers the Hello.
+        attempt += 1;
+        let n = addrs.len();
+        addrs.rotate_left((w + attempt) % n);
         let on_lost = Arc::clone(&sh);
         let opened = Session::builder(addrs)
             .source(format!("w{w}"))
-            .keepalive(Duration::from_millis(KEEPALIVE_MS))
-            .connect_timeout(Duration::from_millis(700))
+            .keepalive(keepalive_of(w))
+            .connect_timeout(Duration::from_millis(300))
             .retry(RetryPolicy {
                 initial_backoff: Duration::from_millis(20),
                 max_backoff: Duration::from_millis(200),
@@ -227,13 +246,19 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
                 });
                 acqs.len() - 1
             };
-            let hold_ms = if rng.below(6) == 0 {
-                300 + rng.below(2200)
+            // Long holds only on long keep-alives: those holders are the
+            // last to notice a hung leader.
+            let long = w % 2 == 0 && rng.below(2) == 0;
+            let hold_ms = if long {
+                500 + rng.below(2000)
             } else {
                 1 + rng.below(5)
             };
             let until = t_granted + Duration::from_millis(hold_ms);
             let mut seen_lost = None;
+            if long {
+                sh.long_holds.fetch_add(1, Ordering::SeqCst);
+            }
             loop {
                 if lease.lost().is_some() {
                     seen_lost = Some(Instant::now());
@@ -247,6 +272,9 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
                     break;
                 }
                 thread::sleep((until - now).min(Duration::from_millis(50)));
+            }
+            if long {
+                sh.long_holds.fetch_sub(1, Ordering::SeqCst);
             }
             let t_release = Instant::now();
             let r = lease.release();
@@ -334,12 +362,17 @@ fn excerpt(sh: &Shared, key: usize, from: Instant, to: Instant) -> String {
         if u.t_sent >= from && u.t_sent <= to {
             lines.push((
                 u.t_sent,
-                format!("acquire worker {} of unknown outcome: {}", u.worker, u.error),
+                format!(
+                    "acquire worker {} of unknown outcome: {}",
+                    u.worker, u.error
+                ),
             ));
         }
     }
+    // Faults a little further back: they explain what follows.
+    let faults_from = from.checked_sub(Duration::from_secs(2)).unwrap_or(from);
     for (t, f) in sh.faults.lock().unwrap().iter() {
-        if *t >= from && *t <= to {
+        if *t >= faults_from && *t <= to {
             lines.push((*t, format!("fault {f}")));
         }
     }
@@ -369,6 +402,15 @@ fn wait_available(sh: &Shared, since: Instant, what: &str) {
         sh.ms(Instant::now()),
         t.elapsed().as_millis()
     );
+}
+
+/// Waits (up to 5 s, then faults anyway) until a worker is inside a long
+/// hold, so that the fault lands on a holder that keeps believing.
+fn aim(sh: &Shared) {
+    let t = Instant::now();
+    while sh.long_holds.load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_secs(5) {
+        thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A node other than `l` that serves, waiting up to `RECOVER`.
@@ -429,6 +471,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
     let publish = |c: &Cluster| *sh.addrs.lock().unwrap() = c.lock_addrs.clone();
     for round in 0..ROUNDS {
         // kill -9 of the leader, then its restart.
+        aim(sh);
         let l = c.leader(RECOVER);
         sh.fault(format!("round {round}: kill -9 leader node {}", l + 1));
         c.kill9(l);
@@ -443,6 +486,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         wait_available(sh, t, "the restart");
 
         // SIGSTOP of the leader past the election timeout.
+        aim(sh);
         let l = c.leader(RECOVER);
         sh.fault(format!("round {round}: SIGSTOP leader node {}", l + 1));
         c.signal(l, libc::SIGSTOP);
@@ -455,6 +499,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         check_acked_releases(c, sh, "SIGSTOP");
 
         // The leader cut off both ways.
+        aim(sh);
         let l = c.leader(RECOVER);
         sh.fault(format!("round {round}: isolate leader node {}", l + 1));
         c.isolate(l);
@@ -468,6 +513,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
 
         // One way: the leader's messages to the others vanish; theirs
         // still reach it.
+        aim(sh);
         let l = c.leader(RECOVER);
         sh.fault(format!("round {round}: cut node {} -> others", l + 1));
         for j in (0..3).filter(|&j| j != l) {
@@ -502,17 +548,19 @@ fn check_history(sh: &Shared) -> Vec<String> {
         }
         // 2: no hold granted while an earlier one is still believed.
         let mut open: Option<&Acq> = None;
+        let mut reported: Option<u64> = None;
         for a in &holds {
             if let Some(o) = open {
                 let end = belief_end(o, &lost);
-                if a.t_granted < end {
+                if a.t_granted < end && reported != Some(o.token) {
+                    reported = Some(o.token);
                     out.push(format!(
                         "key{key}: overlapping holds, {:.1} ms both believed\n  first:  {}\n  \
                          second: {}\n{}",
                         end.duration_since(a.t_granted).as_secs_f64() * 1e3,
                         describe(sh, o, &lost),
                         describe(sh, a, &lost),
-                        excerpt(sh, key, o.t_granted, end)
+                        excerpt(sh, key, a.t_granted, end)
                     ));
                 }
             }
@@ -537,7 +585,11 @@ fn check_history(sh: &Shared) -> Vec<String> {
                 ));
             }
             *h = (*h).max(wr.token);
-        } else {
+        } else if acqs
+            .iter()
+            .find(|a| a.worker == wr.worker && a.key == wr.key && a.token == wr.token)
+            .is_none_or(|a| wr.t < belief_end(a, &lost))
+        {
             out.push(format!(
                 "key{}: worker {} wrote with token {} while it believed its hold, and the \
                  resource refused it (token {} had written)\n{}",
@@ -578,7 +630,10 @@ fn check_final(sh: &Shared, addrs: Vec<SocketAddr>) -> Vec<String> {
             .max()
             .unwrap_or(0);
         let at_once = last.is_some_and(|a| {
-            a.released_ok && !unknown.iter().any(|u| u.key == key && u.t_sent > a.t_granted)
+            a.released_ok
+                && !unknown
+                    .iter()
+                    .any(|u| u.key == key && u.t_sent > a.t_granted)
         });
         let t = Instant::now();
         let lease = loop {
@@ -628,11 +683,7 @@ fn fenced_workload_survives_leader_faults() {
         });
     eprintln!("workload seed {seed} (RINGLOCK_WORKLOAD_SEED={seed} repeats the choices)");
     let ka = KEEPALIVE_MS.to_string();
-    let mut c = Cluster::start(
-        3,
-        1,
-        &["--keepalive-ms", &ka, "--max-keepalive-ms", &ka],
-    );
+    let mut c = Cluster::start(3, 1, &["--keepalive-ms", &ka, "--max-keepalive-ms", &ka]);
     let sh = Arc::new(Shared {
         t0: Instant::now(),
         stop: AtomicBool::new(false),
@@ -644,6 +695,7 @@ fn fenced_workload_survives_leader_faults() {
         unknown: Mutex::new(Vec::new()),
         last_cycle_ns: AtomicU64::new(0),
         cycles: AtomicU64::new(0),
+        long_holds: AtomicU64::new(0),
         faults: Mutex::new(Vec::new()),
         violations: Mutex::new(Vec::new()),
     });
@@ -691,12 +743,24 @@ fn fenced_workload_survives_leader_faults() {
         sh.unknown.lock().unwrap().len(),
         sh.lost.lock().unwrap().len()
     );
+    if std::env::var_os("RINGLOCK_WORKLOAD_HISTORY").is_some() {
+        for key in 0..KEYS {
+            eprintln!(
+                "--- key{key} ---\n{}",
+                excerpt(&sh, key, sh.t0, Instant::now())
+            );
+        }
+    }
     if !violations.is_empty() || run.is_err() {
         for (i, n) in c.nodes.iter().enumerate() {
             if let Some(n) = n {
                 let lines: Vec<String> = n.log.try_iter().collect();
                 let tail = lines.len().saturating_sub(80);
-                eprintln!("--- node {} log (last {} lines) ---", i + 1, lines.len() - tail);
+                eprintln!(
+                    "--- node {} log (last {} lines) ---",
+                    i + 1,
+                    lines.len() - tail
+                );
                 for l in &lines[tail..] {
                     eprintln!("{l}");
                 }
