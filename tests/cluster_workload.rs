@@ -142,6 +142,8 @@ struct Shared {
     /// Workers inside a long hold now (a fault is aimed at one).
     long_holds: AtomicU64,
     faults: Mutex<Vec<(Instant, String)>>,
+    /// What each worker is doing now (printed when availability fails).
+    phase: Mutex<Vec<(Instant, String)>>,
     violations: Mutex<Vec<String>>,
 }
 
@@ -151,6 +153,10 @@ impl Shared {
             "{:.1}",
             t.saturating_duration_since(self.t0).as_secs_f64() * 1e3
         )
+    }
+
+    fn phase(&self, w: usize, what: String) {
+        self.phase.lock().unwrap()[w] = (Instant::now(), what);
     }
 
     fn fault(&self, what: String) {
@@ -194,6 +200,7 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
         attempt += 1;
         let n = addrs.len();
         addrs.rotate_left((w + attempt) % n);
+        sh.phase(w, format!("connecting to {addrs:?}"));
         let on_lost = Arc::clone(&sh);
         let opened = Session::builder(addrs)
             .source(format!("w{w}"))
@@ -215,6 +222,10 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
         while !sh.stop.load(Ordering::SeqCst) && session.ended().is_none() {
             let k = rng.below(KEYS as u64) as usize;
             let t_sent = Instant::now();
+            sh.phase(
+                w,
+                format!("lock key{k} on session {}", session.session_id()),
+            );
             let lease = match session.lock(key_name(k), Duration::from_secs(3)) {
                 Ok(l) => l,
                 Err(Error::Timeout) => continue,
@@ -277,6 +288,7 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
                 sh.long_holds.fetch_sub(1, Ordering::SeqCst);
             }
             let t_release = Instant::now();
+            sh.phase(w, format!("release key{k} token {token}"));
             let r = lease.release();
             let t_answered = Instant::now();
             {
@@ -390,6 +402,9 @@ fn wait_available(sh: &Shared, since: Instant, what: &str) {
     let t = Instant::now();
     while sh.last_cycle_ns.load(Ordering::SeqCst) <= since_ns {
         if t.elapsed() > RECOVER {
+            for (w, (at, p)) in sh.phase.lock().unwrap().iter().enumerate() {
+                eprintln!("worker {w} since {} ms: {p}", sh.ms(*at));
+            }
             sh.violations.lock().unwrap().push(format!(
                 "availability: no cycle completed within {RECOVER:?} after {what}"
             ));
@@ -466,6 +481,19 @@ fn check_acked_releases(c: &Cluster, sh: &Shared, after: &str) {
     }
 }
 
+/// [`wait_available`], saying which nodes serve when it fails.
+fn recovered(c: &Cluster, sh: &Shared, since: Instant, what: &str) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_available(sh, since, what)
+    }));
+    if let Err(p) = r {
+        for i in 0..c.nodes.len() {
+            eprintln!("node {} serves: {}", i + 1, c.serves(i));
+        }
+        std::panic::resume_unwind(p);
+    }
+}
+
 /// The fault schedule, `ROUNDS` times.
 fn faults(c: &mut Cluster, sh: &Shared) {
     let publish = |c: &Cluster| *sh.addrs.lock().unwrap() = c.lock_addrs.clone();
@@ -477,13 +505,13 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         c.kill9(l);
         let t = Instant::now();
         other_leader(c, l, "kill -9");
-        wait_available(sh, t, "kill -9 of the leader");
+        recovered(c, sh, t, "kill -9 of the leader");
         check_acked_releases(c, sh, "kill -9");
         c.start_node(l);
         publish(c);
         let t = Instant::now();
         sh.fault(format!("round {round}: node {} restarted", l + 1));
-        wait_available(sh, t, "the restart");
+        recovered(c, sh, t, "the restart");
 
         // SIGSTOP of the leader past the election timeout.
         aim(sh);
@@ -495,7 +523,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         thread::sleep(FAULT_FOR.saturating_sub(t.elapsed()));
         c.signal(l, libc::SIGCONT);
         sh.fault(format!("round {round}: SIGCONT node {}", l + 1));
-        wait_available(sh, Instant::now(), "SIGSTOP of the leader");
+        recovered(c, sh, Instant::now(), "SIGSTOP of the leader");
         check_acked_releases(c, sh, "SIGSTOP");
 
         // The leader cut off both ways.
@@ -508,7 +536,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         thread::sleep(FAULT_FOR.saturating_sub(t.elapsed()));
         c.heal();
         sh.fault(format!("round {round}: heal"));
-        wait_available(sh, Instant::now(), "isolation of the leader");
+        recovered(c, sh, Instant::now(), "isolation of the leader");
         check_acked_releases(c, sh, "isolation");
 
         // One way: the leader's messages to the others vanish; theirs
@@ -522,7 +550,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         other_leader(c, l, "the one-way cut");
         c.heal();
         sh.fault(format!("round {round}: heal"));
-        wait_available(sh, Instant::now(), "the one-way cut");
+        recovered(c, sh, Instant::now(), "the one-way cut");
         check_acked_releases(c, sh, "the one-way cut");
     }
 }
@@ -697,6 +725,7 @@ fn fenced_workload_survives_leader_faults() {
         cycles: AtomicU64::new(0),
         long_holds: AtomicU64::new(0),
         faults: Mutex::new(Vec::new()),
+        phase: Mutex::new(vec![(Instant::now(), "starting".into()); WORKERS]),
         violations: Mutex::new(Vec::new()),
     });
     let mut rng = Rng(seed | 1);
