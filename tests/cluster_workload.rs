@@ -637,11 +637,14 @@ fn check_history(sh: &Shared) -> Vec<String> {
 /// grant's token is above every token seen.
 fn check_final(sh: &Shared, addrs: Vec<SocketAddr>) -> Vec<String> {
     let mut out = Vec::new();
-    let session = Session::builder(addrs)
-        .source("checker")
-        .keepalive(Duration::from_millis(KEEPALIVE_MS))
-        .connect()
-        .expect("a checker session");
+    let connect = || {
+        Session::builder(addrs.clone())
+            .source("checker")
+            .keepalive(Duration::from_millis(KEEPALIVE_MS))
+            .connect()
+            .expect("a checker session")
+    };
+    let mut session = connect();
     let acqs = sh.acqs.lock().unwrap().clone();
     let unknown = sh.unknown.lock().unwrap().clone();
     // An orphan is kept K + election timeout after a leader serves.
@@ -657,7 +660,7 @@ fn check_final(sh: &Shared, addrs: Vec<SocketAddr>) -> Vec<String> {
             .map(|a| a.token)
             .max()
             .unwrap_or(0);
-        let at_once = last.is_some_and(|a| {
+        let mut at_once = last.is_some_and(|a| {
             a.released_ok
                 && !unknown
                     .iter()
@@ -671,6 +674,14 @@ fn check_final(sh: &Shared, addrs: Vec<SocketAddr>) -> Vec<String> {
                     thread::sleep(Duration::from_millis(20))
                 }
                 Ok(None) => break None,
+                // A leader change closed the checker's session (the
+                // outcome of its try is unknown: it may now hold the key
+                // as an orphan itself); a fresh session, and no "at once".
+                Err(e) if t.elapsed() < orphan_bound => {
+                    eprintln!("the checker's try_lock of key{key} failed ({e}); again");
+                    at_once = false;
+                    session = connect();
+                }
                 Err(e) => panic!("the checker's try_lock failed: {e}"),
             }
         };
