@@ -187,7 +187,11 @@ impl Shared {
 /// notice first and reach the new leader while a long one's holder still
 /// believes (the orphan rule must cover the longest keep-alive).
 fn keepalive_of(w: usize) -> Duration {
-    Duration::from_millis(if w % 2 == 0 { KEEPALIVE_MS } else { 600 })
+    Duration::from_millis(if w.is_multiple_of(2) {
+        KEEPALIVE_MS
+    } else {
+        600
+    })
 }
 
 fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
@@ -259,7 +263,7 @@ fn worker(w: usize, sh: Arc<Shared>, seed: u64) {
             };
             // Long holds only on long keep-alives: those holders are the
             // last to notice a hung leader.
-            let long = w % 2 == 0 && rng.below(2) == 0;
+            let long = w.is_multiple_of(2) && rng.below(2) == 0;
             let hold_ms = if long {
                 500 + rng.below(2000)
             } else {
