@@ -162,6 +162,8 @@ impl World {
         // Short timeouts keep the simulated seconds few.
         cluster.election_ticks = 10;
         cluster.heartbeat_ticks = 2;
+        // Compact often: snapshots, and followers behind them, every run.
+        cluster.compact_entries = 5 + rng.below(40);
         let nodes = (0..n)
             .map(|_| Node {
                 shard: None,
@@ -676,13 +678,19 @@ impl World {
         let s = self.nodes[i].shard.as_mut().expect("running");
         s.begin_tick(now);
         for (chain, buf, _) in landed {
-            if let Chain::Append { offset } = chain {
-                let nd_disk = &mut self.nodes[i].disk;
-                let off = offset as usize;
-                if nd_disk.len() < off + buf.len() {
-                    nd_disk.resize(off + buf.len(), 0);
+            match chain {
+                Chain::Append { offset } => {
+                    let nd_disk = &mut self.nodes[i].disk;
+                    let off = offset as usize;
+                    if nd_disk.len() < off + buf.len() {
+                        nd_disk.resize(off + buf.len(), 0);
+                    }
+                    nd_disk[off..off + buf.len()].copy_from_slice(&buf);
                 }
-                nd_disk[off..off + buf.len()].copy_from_slice(&buf);
+                // Written beside the log, synced, renamed over it: the
+                // whole new file at once (a crash before leaves the old).
+                Chain::Rewrite => self.nodes[i].disk = buf.clone(),
+                other => self.fail(format!("a cluster log ran {other:?}")),
             }
             let s = self.nodes[i].shard.as_mut().expect("running");
             s.on_log_landed(chain, Ok(()), buf);
@@ -791,7 +799,9 @@ impl World {
                 let upto = ci.min(cj);
                 let ri = self.nodes[i].shard.as_ref().unwrap().replica().unwrap();
                 let rj = self.nodes[j].shard.as_ref().unwrap().replica().unwrap();
-                for idx in 1..=upto {
+                // Entries a snapshot replaced are gone from memory.
+                let from = ri.snapshot_index().max(rj.snapshot_index()).max(1);
+                for idx in from..=upto {
                     if ri.term_at(idx) != rj.term_at(idx) {
                         self.fail(format!(
                             "committed entry {idx} differs: node {} has term {:?}, node {} term {:?}",
@@ -806,8 +816,46 @@ impl World {
         }
     }
 
+    /// Every node whose table is its applied state (nothing of its own
+    /// waiting for a commit) holds exactly what any other node at the same
+    /// applied index holds: the same keys, the same grants.
+    fn check_tables(&mut self) {
+        let mut seen: HashMap<u64, (usize, Vec<(Vec<u8>, u64)>)> = HashMap::new();
+        for i in 0..self.n {
+            let Some(s) = self.nodes[i].shard.as_ref() else {
+                continue;
+            };
+            let Some(r) = s.replica() else { continue };
+            if s.log().is_some_and(|l| l.pending()) || r.raft_applied() != r.applied_index() {
+                continue;
+            }
+            let mut held: Vec<(Vec<u8>, u64)> = s
+                .table()
+                .held_list()
+                .iter()
+                .map(|h| (h.key.as_bytes().to_vec(), h.grant_id))
+                .collect();
+            held.sort();
+            match seen.get(&r.applied_index()) {
+                Some((j, other)) if *other != held => self.fail(format!(
+                    "tables differ at applied index {}: node {} holds {:?}, node {} holds {:?}",
+                    r.applied_index(),
+                    j + 1,
+                    other,
+                    i + 1,
+                    held
+                )),
+                Some(_) => {}
+                None => {
+                    seen.insert(r.applied_index(), (i, held));
+                }
+            }
+        }
+    }
+
     fn check(&mut self) {
         self.check_logs();
+        self.check_tables();
         let mut owner: HashMap<usize, usize> = HashMap::new();
         let now = self.now;
         let ka = KEEPALIVE_MS as u64 * 1000;
@@ -1054,8 +1102,26 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
             w.fail(format!("keys held after every client released: {held:?}"));
         }
     }
+    let compacted = (0..w.n)
+        .filter(|&i| {
+            w.nodes[i]
+                .shard
+                .as_ref()
+                .and_then(|s| s.replica())
+                .is_some_and(|r| r.snapshot_index() > 0)
+        })
+        .count();
+    COMPACTED.fetch_add(compacted as u64, std::sync::atomic::Ordering::Relaxed);
+    let installs: u64 = (0..w.n)
+        .filter_map(|i| w.nodes[i].shard.as_ref().and_then(|s| s.replica()))
+        .map(|r| r.snapshots_installed())
+        .sum();
+    INSTALLS.fetch_add(installs, std::sync::atomic::Ordering::Relaxed);
     (w.grants, w.failovers, w.crashes)
 }
+
+static COMPACTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static INSTALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn trace() -> bool {
     std::env::var("SIM_TRACE").is_ok()
@@ -1090,6 +1156,12 @@ fn cluster_simulation() {
         failovers += f;
         crashes += c;
     }
-    eprintln!("sim_cluster: {grants} grants, {failovers} failovers, {crashes} crashes");
+    let compacted = COMPACTED.load(std::sync::atomic::Ordering::Relaxed);
+    let installs = INSTALLS.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "sim_cluster: {grants} grants, {failovers} failovers, {crashes} crashes, \
+         {compacted} nodes ended with a compacted log, {installs} snapshots installed from a leader"
+    );
     assert!(grants > 0, "the workload made progress");
+    assert!(compacted > 0, "logs were compacted");
 }

@@ -29,6 +29,9 @@ pub const TICK_US: u64 = 10_000;
 pub const ELECTION_TICKS: usize = 30;
 /// Default heartbeat: every 3 ticks (30 ms).
 pub const HEARTBEAT_TICKS: usize = 3;
+/// A shard's log is compacted into a snapshot once this many entries were
+/// applied since the last one.
+pub const COMPACT_ENTRIES: u64 = 10_000;
 
 /// A node's place in its cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +42,8 @@ pub struct ClusterConfig {
     pub peers: BTreeMap<u64, SocketAddr>,
     pub election_ticks: usize,
     pub heartbeat_ticks: usize,
+    /// Entries applied between two compactions of a shard's log.
+    pub compact_entries: u64,
 }
 
 impl ClusterConfig {
@@ -81,6 +86,7 @@ impl ClusterConfig {
             peers: map,
             election_ticks: ELECTION_TICKS,
             heartbeat_ticks: HEARTBEAT_TICKS,
+            compact_entries: COMPACT_ENTRIES,
         })
     }
 

@@ -38,9 +38,50 @@
 use std::collections::VecDeque;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
-use raft::{RawNode, StateRole};
+use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
+
+/// raft-rs's view of the log: its in-memory store for entries and hard
+/// state, and the newest snapshot with its data (the store keeps only a
+/// snapshot's metadata). The durable copy of all of it is the shard's log
+/// file ([`super::store`]).
+pub struct Store {
+    mem: MemStorage,
+    snap: Snapshot,
+}
+
+impl Storage for Store {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.mem.initial_state()
+    }
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snap.get_metadata().index < request_index.max(1) {
+            return Err(raft::Error::Store(
+                raft::StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        Ok(self.snap.clone())
+    }
+}
 
 use super::store;
 
@@ -66,6 +107,8 @@ pub struct ReplicaConfig {
 #[derive(Clone, Debug, Default)]
 pub struct Recovered {
     pub hard_state: HardState,
+    /// The newest snapshot (`index` 0: none); entries follow it.
+    pub snapshot: Snapshot,
     pub entries: Vec<Entry>,
 }
 
@@ -114,13 +157,16 @@ pub struct Output {
     /// Records to append to the log and fdatasync; report `number` to
     /// [`Replica::persisted`] when they are durable.
     pub persist: Option<(u64, Vec<u8>)>,
+    /// A snapshot from the leader to install before `apply`: the table
+    /// becomes its data ([`Replica::snapshot_installed`] once it is).
+    pub install: Option<Snapshot>,
     /// Committed entries, in order, to apply to the table.
     pub apply: Vec<Entry>,
     pub role: Option<RoleChange>,
 }
 
 pub struct Replica {
-    node: RawNode<MemStorage>,
+    node: RawNode<Store>,
     cfg: ReplicaConfig,
     rng: u64,
     /// Ticks since start.
@@ -146,6 +192,9 @@ pub struct Replica {
     role: StateRole,
     term: u64,
     leader: u64,
+    installs: u64,
+    /// A leader's snapshot in ready `.0`, up to index `.1`, not yet durable.
+    snapshot_ready: Option<(u64, u64)>,
 }
 
 fn next_rand(state: &mut u64) -> u64 {
@@ -174,26 +223,40 @@ impl Replica {
                 cfg.id, cfg.voters
             ));
         }
-        let restarted = rec.hard_state.term > 0 || !rec.entries.is_empty();
+        let restarted = rec.hard_state.term > 0
+            || !rec.entries.is_empty()
+            || rec.snapshot.get_metadata().index > 0;
         let cs = ConfState::from((cfg.voters.clone(), vec![]));
-        let storage = MemStorage::new_with_conf_state(cs);
+        let storage = MemStorage::new_with_conf_state(cs.clone());
+        let snap_index = rec.snapshot.get_metadata().index;
         {
             let mut w = storage.wl();
+            if snap_index > 0 {
+                let mut snap = rec.snapshot.clone();
+                snap.mut_metadata().set_conf_state(cs);
+                w.apply_snapshot(snap)
+                    .map_err(|e| format!("log snapshot: {e}"))?;
+            }
             w.append(&rec.entries)
                 .map_err(|e| format!("log entries: {e}"))?;
             let mut hs = rec.hard_state.clone();
-            let last = rec.entries.last().map_or(0, |e| e.index);
-            // A commit index past the recovered entries cannot be true.
-            hs.commit = hs.commit.min(last);
+            let last = rec.entries.last().map_or(snap_index, |e| e.index);
+            // A commit index past the recovered entries cannot be true, and
+            // one below the snapshot is implied by it.
+            hs.commit = hs.commit.min(last).max(snap_index);
             w.set_hardstate(hs);
         }
+        let storage = Store {
+            mem: storage,
+            snap: rec.snapshot.clone(),
+        };
         let rc = raft::Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
             heartbeat_tick: cfg.heartbeat_ticks,
             check_quorum: true,
             pre_vote: true,
-            applied: 0,
+            applied: snap_index,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             ..Default::default()
@@ -214,11 +277,13 @@ impl Replica {
             persisted_number: 0,
             inflight_max: 0,
             last_number: 0,
-            applied: 0,
+            applied: snap_index,
             term_start: u64::MAX,
             role: StateRole::Follower,
             term: rec.hard_state.term,
             leader: 0,
+            installs: 0,
+            snapshot_ready: None,
         };
         r.randomize_timeout();
         Ok(r)
@@ -412,6 +477,14 @@ impl Replica {
         }
         self.persisted_number = upto;
         self.node.on_persist_ready(upto);
+        if let Some((number, index)) = self.snapshot_ready {
+            if number <= upto {
+                self.snapshot_ready = None;
+                if index > self.node.raft.raft_log.applied {
+                    self.node.advance_apply_to(index);
+                }
+            }
+        }
         while let Some((n, _)) = self.held.front() {
             if *n > upto {
                 break;
@@ -423,10 +496,77 @@ impl Replica {
         }
     }
 
+    /// The snapshot of [`Output::install`] is the table now.
+    pub fn snapshot_installed(&mut self, index: u64) {
+        self.applied = self.applied.max(index);
+        self.installs += 1;
+    }
+
+    /// The index raft-rs counts as applied (behind [`Replica::applied_index`]
+    /// while an installed snapshot is not yet durable): the most a
+    /// compaction may cover.
+    pub fn raft_applied(&self) -> u64 {
+        self.node.raft.raft_log.applied
+    }
+
+    /// Snapshots received from a leader and installed since start.
+    pub fn snapshots_installed(&self) -> u64 {
+        self.installs
+    }
+
+    /// The newest snapshot's index (0: none).
+    pub fn snapshot_index(&self) -> u64 {
+        self.node.store().snap.get_metadata().index
+    }
+
+    /// A snapshot of the table as of applied entry `index` (its `data`),
+    /// with its metadata; kept for lagging followers once [`Replica::compacted`].
+    pub fn make_snapshot(&self, index: u64, data: Vec<u8>) -> Snapshot {
+        let mut snap = Snapshot::default();
+        snap.data = data.into();
+        let m = snap.mut_metadata();
+        m.index = index;
+        m.term = self.node.raft.raft_log.term(index).unwrap_or(0);
+        m.set_conf_state(ConfState::from((self.cfg.voters.clone(), vec![])));
+        snap
+    }
+
+    /// The log file now starts at `snap`: entries up to its index leave
+    /// memory, and lagging followers are sent `snap` instead.
+    pub fn compacted(&mut self, snap: Snapshot) {
+        let index = snap.get_metadata().index;
+        let store = self.node.mut_store();
+        store.snap = snap;
+        // Entries past the applied index stay; compaction never reaches them.
+        let _ = store.mem.wl().compact(index);
+    }
+
+    /// The hard state and the entries after `index`, as records (the rest
+    /// of a compacted log after its snapshot).
+    pub fn tail_records(&self, index: u64, out: &mut Vec<u8>) {
+        let w = self.node.store().mem.rl();
+        store::encode_hard_state(w.hard_state(), out);
+        drop(w);
+        let last = self.node.store().mem.last_index().unwrap_or(index);
+        if last > index {
+            let entries = self
+                .node
+                .store()
+                .mem
+                .entries(index + 1, last + 1, None, GetEntriesContext::empty(false))
+                .expect("the entries after the applied index are in memory");
+            for e in &entries {
+                store::encode_entry(e, out);
+            }
+        }
+    }
+
     /// The entries up to `index` were applied to the table.
     pub fn applied_to(&mut self, index: u64) {
         if index > self.applied {
             self.applied = index;
+        }
+        if self.snapshot_ready.is_none() && index > self.node.raft.raft_log.applied {
             self.node.advance_apply_to(index);
         }
     }
@@ -452,17 +592,29 @@ impl Replica {
                 self.lease_from = Some(self.lease_from.map_or(sent, |f| f.max(sent)));
             }
         }
-        assert!(
-            rd.snapshot().metadata.is_none() || rd.snapshot().get_metadata().index == 0,
-            "this log is never compacted, so no snapshot is ever sent"
-        );
-        out.apply.extend(rd.take_committed_entries());
         let mut records = Vec::new();
+        if rd.snapshot().get_metadata().index > 0 {
+            // A leader's snapshot: everything this node had is replaced.
+            let snap = rd.snapshot().clone();
+            self.node
+                .mut_store()
+                .mem
+                .wl()
+                .apply_snapshot(snap.clone())
+                .expect("raft-rs hands over only a newer snapshot");
+            store::encode_snapshot(&snap, &mut records);
+            self.node.mut_store().snap = snap.clone();
+            // raft-rs may count it applied only once it is durable.
+            self.snapshot_ready = Some((rd.number(), snap.get_metadata().index));
+            out.install = Some(snap);
+        }
+        out.apply.extend(rd.take_committed_entries());
         {
             let entries = rd.entries();
             if !entries.is_empty() {
                 self.node
                     .mut_store()
+                    .mem
                     .wl()
                     .append(entries)
                     .expect("entries follow the log");
@@ -472,7 +624,7 @@ impl Replica {
             }
         }
         if let Some(hs) = rd.hs() {
-            self.node.mut_store().wl().set_hardstate(hs.clone());
+            self.node.mut_store().mem.wl().set_hardstate(hs.clone());
             store::encode_hard_state(hs, &mut records);
         }
         let number = rd.number();

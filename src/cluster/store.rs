@@ -11,7 +11,15 @@
 //!             records, see `wal::record`, behind the leader's clock at
 //!             proposal: unix_ms u64)
 //! 3 HardState term u64 · vote u64 · commit u64
+//! 4 Snapshot  index u64 · term u64 · n u8 · voter u64 × n · data (the
+//!             table as of that index: lock records behind the snapshotting
+//!             node's clock, as a proposal's)
 //! ```
+//!
+//! A compacted log is the magic, the identity, one Snapshot, the hard state
+//! and the entries after the snapshot (written to a temp file, synced and
+//! renamed over the log). A snapshot received from the leader is appended;
+//! it replaces every entry before it.
 //!
 //! Replay follows Raft's rule: an entry at index *i* replaces every entry
 //! at *i* or after (a new leader overwrote an uncommitted suffix); the last
@@ -21,7 +29,7 @@
 //! corruption, and the node refuses to start rather than vote or
 //! acknowledge with a log it cannot trust.
 
-use raft::eraftpb::{Entry, EntryType, HardState};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 
 use super::replica::Recovered;
 
@@ -30,6 +38,7 @@ const HEAD: usize = 9;
 const T_IDENTITY: u8 = 1;
 const T_ENTRY: u8 = 2;
 const T_HARD_STATE: u8 = 3;
+const T_SNAPSHOT: u8 = 4;
 
 /// Who wrote a log: a node refuses a log of another node, group or
 /// cluster shape.
@@ -86,6 +95,20 @@ pub fn encode_hard_state(hs: &HardState, out: &mut Vec<u8>) {
     p.extend_from_slice(&hs.vote.to_le_bytes());
     p.extend_from_slice(&hs.commit.to_le_bytes());
     frame(T_HARD_STATE, &p, out);
+}
+
+pub fn encode_snapshot(s: &Snapshot, out: &mut Vec<u8>) {
+    let m = s.get_metadata();
+    let voters = &m.get_conf_state().voters;
+    let mut p = Vec::with_capacity(17 + 8 * voters.len() + s.data.len());
+    p.extend_from_slice(&m.index.to_le_bytes());
+    p.extend_from_slice(&m.term.to_le_bytes());
+    p.push(voters.len() as u8);
+    for v in voters {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p.extend_from_slice(&s.data);
+    frame(T_SNAPSHOT, &p, out);
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
@@ -189,12 +212,21 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
                     _ => EntryType::EntryConfChangeV2,
                 });
                 e.data = p[17..].to_vec().into();
+                let snap_index = r.recovered.snapshot.get_metadata().index;
+                if index <= snap_index {
+                    // Older than the snapshot that follows it in the file
+                    // cannot be; one it covers is already in it.
+                    at = end;
+                    r.records += 1;
+                    continue;
+                }
                 // Raft's rule: this entry replaces everything at or after
                 // its index.
                 while entries.last().is_some_and(|l| l.index >= index) {
                     entries.pop();
                 }
                 match entries.last() {
+                    None if index == snap_index + 1 && snap_index > 0 => {}
                     Some(l) if l.index + 1 != index => {
                         return Err(format!(
                             "{shown}: entry {index} at offset {at} does not follow entry {}",
@@ -210,6 +242,26 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
                     _ => {}
                 }
                 entries.push(e);
+            }
+            T_SNAPSHOT => {
+                let (Some(index), Some(term), Some(&n)) = (u64_at(p, 0), u64_at(p, 8), p.get(16))
+                else {
+                    return Err(format!("{shown}: short snapshot record at offset {at}"));
+                };
+                let n = n as usize;
+                let voters = (0..n)
+                    .map(|i| u64_at(p, 17 + 8 * i))
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| format!("{shown}: short snapshot record at offset {at}"))?;
+                let mut s = Snapshot::default();
+                s.data = p[17 + 8 * n..].to_vec().into();
+                let m = s.mut_metadata();
+                m.index = index;
+                m.term = term;
+                m.set_conf_state(ConfState::from((voters, vec![])));
+                r.recovered.snapshot = s;
+                // Everything before a snapshot is in it.
+                entries.clear();
             }
             T_HARD_STATE => {
                 let hs = &mut r.recovered.hard_state;

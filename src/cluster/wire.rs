@@ -14,9 +14,10 @@
 
 pub const KIND_HELLO: u8 = 1;
 pub const KIND_RAFT: u8 = 2;
-/// The largest frame accepted (a batch of entries is capped at 1 MiB by
-/// the replica; this leaves room).
-pub const FRAME_MAX: usize = 8 << 20;
+/// The largest frame accepted: a batch of entries is capped at 1 MiB by
+/// the replica, but a snapshot for a lagging follower holds every held key
+/// (about 60 bytes each: 256 MiB is some four million keys).
+pub const FRAME_MAX: usize = 256 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {

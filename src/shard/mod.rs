@@ -1813,7 +1813,10 @@ impl Shard {
                 // A session hold's session is ended below (its answer
                 // waited for this log) or by its home (Kill): the key stays
                 // free, as the end of the session would leave it.
-                Undo::Release { prev } if prev.mode == HoldMode::Session => {
+                // (In cluster mode the other replicas still hold it, and a
+                // failed proposal only means this node stopped leading: it
+                // is restored below like any hold, owned by nobody.)
+                Undo::Release { prev } if prev.mode == HoldMode::Session && self.raft.is_none() => {
                     touched.push(prev.key);
                 }
                 Undo::Extend(x) => {

@@ -94,6 +94,13 @@ pub struct Part {
     session_keep_ms: u64,
     fatal: Option<String>,
     last_transfer_tick: u64,
+    /// A compaction whose rewrite is in flight: its snapshot.
+    compacting: Option<raft::eraftpb::Snapshot>,
+    compact_entries: u64,
+    identity: store::Identity,
+    /// The recovered log's snapshot, installed into the table by
+    /// [`Shard::enable_cluster`].
+    initial: Option<raft::eraftpb::Snapshot>,
 }
 
 impl Part {
@@ -124,6 +131,15 @@ impl Part {
             session_keep_ms,
             fatal: None,
             last_transfer_tick: 0,
+            compacting: None,
+            compact_entries: crate::cluster::COMPACT_ENTRIES,
+            identity: store::Identity {
+                node: 0,
+                group: group as u32,
+                groups: 0,
+                voters: Vec::new(),
+            },
+            initial: None,
         }
     }
     pub fn file(&self) -> &Log {
@@ -206,6 +222,8 @@ impl Part {
             }
             None => return Err(format!("{shown}: the cluster log has no identity record")),
         }
+        let initial =
+            (r.recovered.snapshot.get_metadata().index > 0).then(|| r.recovered.snapshot.clone());
         let replica = Replica::new(
             crate::cluster::replica::ReplicaConfig {
                 id: cluster.node_id,
@@ -221,7 +239,7 @@ impl Part {
             max_waiters: 1,
         });
         let file = Log::raw(r.valid_len, &table);
-        Ok(Part::new(
+        let mut part = Part::new(
             replica,
             file,
             group,
@@ -229,14 +247,24 @@ impl Part {
             my_client_addr,
             cluster.election_us(),
             session_keep_ms,
-        ))
+        );
+        part.identity = want;
+        part.compact_entries = cluster.compact_entries.max(1);
+        part.initial = initial;
+        Ok(part)
     }
 }
 
 impl Shard {
     /// Makes this shard a replica (before it runs): its records become
     /// proposals, `part` holds the Raft node and the cluster log's writer.
-    pub fn enable_cluster(&mut self, part: Part) {
+    pub fn enable_cluster(&mut self, mut part: Part) {
+        if let Some(snap) = part.initial.take() {
+            let now = self.now;
+            if let Err(why) = install(&mut self.table, &snap.data, now) {
+                part.fatal = Some(format!("the log's snapshot: {why}"));
+            }
+        }
         self.log = Some(Log::replicated(&self.table));
         self.raft = Some(Box::new(part));
     }
@@ -431,6 +459,7 @@ impl Shard {
                 break;
             }
         }
+        self.maybe_compact();
         self.raft_file_chains();
         self.note_serving();
     }
@@ -477,6 +506,35 @@ impl Shard {
             }
         } else {
             r.view.leaders[r.group].store(r.replica.leader(), Ordering::Release);
+        }
+        if let Some(snap) = out.install.take() {
+            let now = self.now;
+            let index = snap.get_metadata().index;
+            let r = self.raft.as_mut().expect("replica");
+            if let Some((_, _, buf)) = r.proposal.take() {
+                let log = self.log.as_mut().expect("replicated log");
+                log.proposal_landed(Err(()), buf);
+                self.fail_pending("a leader's snapshot replaced this node's log", 0);
+            }
+            match install(&mut self.table, &snap.data, now) {
+                Ok(keys) => {
+                    let r = self.raft.as_mut().expect("replica");
+                    r.replica.snapshot_installed(index);
+                    log!(
+                        Level::Info,
+                        "raft_snapshot_installed",
+                        "group={} index={} held_keys={}",
+                        r.group,
+                        index,
+                        keys
+                    );
+                }
+                Err(why) => {
+                    let r = self.raft.as_mut().expect("replica");
+                    r.fatal = Some(format!("a leader's snapshot: {why}"));
+                    return;
+                }
+            }
         }
         let entries = std::mem::take(&mut out.apply);
         for e in &entries {
@@ -599,10 +657,11 @@ impl Shard {
             };
             r.served_term = term;
             self.table.extend_leases(by);
-            if first {
-                let now = self.now;
-                self.table.expire_orphans(keep_us, now);
-            }
+            // Session holds owned by nobody: a former leader's sessions, or
+            // this one's whose releases could not commit while it did not
+            // serve (their sessions ended).
+            let now = self.now;
+            self.table.expire_orphans(keep_us, now);
             log!(
                 Level::Info,
                 "raft_serving",
@@ -623,6 +682,80 @@ impl Shard {
                 term
             );
         }
+    }
+
+    /// Compacts the log into a snapshot once enough entries were applied
+    /// since the last one, and the log has nothing in flight: the new file
+    /// is the snapshot of the applied table, the hard state and the entries
+    /// after it, written beside the log and renamed over it.
+    fn maybe_compact(&mut self) {
+        let Some(r) = self.raft.as_ref() else { return };
+        let applied = r.replica.raft_applied();
+        if r.fatal.is_some()
+            || r.compacting.is_some()
+            || !r.file.idle()
+            || applied < r.replica.snapshot_index() + r.compact_entries
+        {
+            return;
+        }
+        let mut data = Vec::with_capacity(64 * 1024);
+        self.applied_snapshot(&mut data);
+        let r = self.raft.as_mut().expect("replica");
+        let snap = r.replica.make_snapshot(applied, data);
+        let mut image = store::new_image(&r.identity);
+        store::encode_snapshot(&snap, &mut image);
+        r.replica.tail_records(applied, &mut image);
+        log!(
+            Level::Info,
+            "raft_compaction_start",
+            "group={} snapshot_index={} bytes={}",
+            r.group,
+            applied,
+            image.len()
+        );
+        r.file.rewrite_with(image);
+        r.compacting = Some(snap);
+    }
+
+    /// The table as of the last applied entry, as a snapshot's data: the
+    /// live table less what is still waiting for its commit (taken back
+    /// with the undo journal, newest first), behind this node's clock.
+    fn applied_snapshot(&self, out: &mut Vec<u8>) {
+        use super::Undo;
+        use crate::core::HeldKey;
+        use std::collections::HashMap;
+        let now = self.now;
+        let mut records = Vec::with_capacity(64 * 1024);
+        crate::wal::record::encode_grant_mark(self.table.next_grant_id(), &mut records);
+        // Keys a pending record touched → their holder as applied.
+        let mut touched: HashMap<Vec<u8>, Option<HeldKey>> = HashMap::new();
+        for (_, u) in self.undo.iter().rev() {
+            match u {
+                Undo::Acquire { key, .. } => {
+                    touched.insert(key.as_bytes().to_vec(), None);
+                }
+                Undo::Release { prev } => {
+                    touched.insert(prev.key.as_bytes().to_vec(), Some(*prev));
+                }
+                Undo::Extend(x) => {
+                    let e = touched
+                        .entry(x.key.as_bytes().to_vec())
+                        .or_insert_with(|| self.table.holder_of(x.key.as_bytes()));
+                    if let Some(h) = e.as_mut().filter(|h| h.grant_id == x.grant_id) {
+                        h.expires_unix_ms = x.prev_unix_ms;
+                    }
+                }
+            }
+        }
+        self.table.for_each_held(|h| {
+            if !touched.contains_key(h.key) {
+                crate::wal::record::encode_acquire(h, &mut records);
+            }
+        });
+        for h in touched.values().flatten() {
+            crate::wal::record::encode_acquire(h.as_ref(), &mut records);
+        }
+        store::proposal(now.unix_ms, &records, out);
     }
 
     /// Submits the cluster log's next write chain.
@@ -667,6 +800,21 @@ impl Shard {
                 }
                 self.raft_pump();
             }
+            Landed::Rewrite { bytes, took_us, .. } => {
+                let snap = r.compacting.take().expect("a rewrite is a compaction");
+                let index = snap.get_metadata().index;
+                r.replica.compacted(snap);
+                log!(
+                    Level::Info,
+                    "raft_compacted",
+                    "group={} snapshot_index={} log_bytes={} duration_us={}",
+                    r.group,
+                    index,
+                    bytes,
+                    took_us
+                );
+                self.raft_pump();
+            }
             other => {
                 let err = result.err().unwrap_or(0);
                 let why = format!(
@@ -685,6 +833,26 @@ impl Shard {
             }
         }
     }
+}
+
+/// Makes `table` the table a snapshot's data describes: every holder is
+/// released, then the snapshot's records are applied. The number of keys
+/// it holds.
+fn install(
+    table: &mut crate::core::Table,
+    data: &[u8],
+    now: crate::core::Now,
+) -> Result<usize, String> {
+    let Some((unix_ms, records)) = store::split_proposal(data) else {
+        return Err("too short".into());
+    };
+    let mut keys = Vec::new();
+    table.for_each_held(|h| keys.push(h.key.to_vec()));
+    for k in &keys {
+        table.restore_release(k.as_slice(), now);
+    }
+    crate::wal::apply_replicated(records, unix_ms, table, now)?;
+    Ok(table.held_keys())
 }
 
 impl Shard {

@@ -183,6 +183,9 @@ pub struct Log {
     /// A replica's batcher (cluster mode): batches become Raft proposals,
     /// "durable" means committed and applied; no file, no compaction.
     replicated: bool,
+    /// A cluster log's compaction: the whole new file, to be written as
+    /// the next chain (a [`Chain::Rewrite`]).
+    rewrite: Option<Vec<u8>>,
 }
 
 impl Log {
@@ -208,6 +211,7 @@ impl Log {
             compact_retry_after_us: 0,
             snapshot_chunk: SNAPSHOT_CHUNK_KEYS,
             replicated: false,
+            rewrite: None,
         }
     }
 
@@ -232,6 +236,19 @@ impl Log {
 
     pub fn is_replicated(&self) -> bool {
         self.replicated
+    }
+
+    /// True when nothing is in flight or waiting to be written.
+    pub fn idle(&self) -> bool {
+        !self.busy() && self.filling.is_empty() && self.rewrite.is_none()
+    }
+
+    /// Replaces the file by `image` (a cluster log's compaction) as the
+    /// next chain: temp file, write, fdatasync, rename, directory fsync.
+    /// Only while [`Log::idle`]: the image must hold everything appended.
+    pub fn rewrite_with(&mut self, image: Vec<u8>) {
+        assert!(self.idle(), "a rewrite over records not yet written");
+        self.rewrite = Some(image);
     }
 
     /// Appends bytes that are already records (the cluster log's).
@@ -444,6 +461,17 @@ impl Log {
     ) -> Result<Option<(Chain, Vec<u8>)>, BrokenLog> {
         if self.replicated {
             unreachable!("a replicated log's batches are taken with next_chain");
+        }
+        if self.flight == Flight::None {
+            if let Some(buf) = self.rewrite.take() {
+                self.flight = Flight::Rewrite {
+                    lsn: self.tail_lsn,
+                    records: 0,
+                    bytes: buf.len() as u64,
+                };
+                self.flight_started_us = now_us;
+                return Ok(Some((Chain::Rewrite, buf)));
+            }
         }
         if let Some(c) = self.compaction.as_mut() {
             if c.phase == CompactPhase::Finishing {

@@ -529,6 +529,17 @@ pub fn apply_replicated(
         RecordRef::Acquire(h) => {
             if !table.restore(h, rel) {
                 over_limit = true;
+            } else if h.mode == crate::core::HoldMode::Lease {
+                // Kept on this node's own wall clock, so that a snapshot it
+                // takes later reads the same time left.
+                let left_ms = h.expires_unix_ms.saturating_sub(leader_unix_ms);
+                let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
+                table.set_expiry(
+                    h.key,
+                    h.grant_id,
+                    now.unix_ms.saturating_add(left_ms),
+                    mono_us,
+                );
             }
         }
         RecordRef::Release { key, .. } => table.restore_release(key, rel),
@@ -540,7 +551,7 @@ pub fn apply_replicated(
         } => {
             let left_ms = expires_unix_ms.saturating_sub(leader_unix_ms);
             let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
-            table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
+            table.set_expiry(key, grant_id, now.unix_ms.saturating_add(left_ms), mono_us);
         }
     })
     .map_err(|why| format!("a replicated entry does not parse: {why}"))?;

@@ -223,12 +223,24 @@ impl SessionView {
                         if !s.extend {
                             n.grants += 1;
                         }
+                        // An Extend sent after this one and not answered
+                        // yet may shorten the lease any moment now.
+                        let mut until_us = s.at_us + ttl as u64 * 1000;
+                        for later in self.sent.values() {
+                            if let (true, Some((_, t))) =
+                                (later.extend && later.key == s.key, later.hold)
+                            {
+                                if later.at_us >= s.at_us {
+                                    until_us = until_us.min(later.at_us + t as u64 * 1000);
+                                }
+                            }
+                        }
                         self.holds.insert(
                             s.key,
                             Belief {
                                 token,
                                 mode,
-                                until_us: s.at_us + ttl as u64 * 1000,
+                                until_us,
                             },
                         );
                     }
