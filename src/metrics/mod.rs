@@ -882,6 +882,14 @@ pub struct RaftMetrics {
 
 const LAG_UNKNOWN: u64 = u64::MAX;
 
+/// A per-shard series: name, help, type, and how to read it.
+type PerShard = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&RaftShard) -> u64,
+);
+
 impl RaftMetrics {
     fn new(node: u64, voters: &[u64], shards: usize) -> RaftMetrics {
         let mut peers: Vec<u64> = voters.iter().copied().filter(|&v| v != node).collect();
@@ -946,7 +954,7 @@ impl RaftMetrics {
             "This node's id in its cluster (--node-id).",
             self.node,
         );
-        let per_shard: [(&str, &str, &str, fn(&RaftShard) -> u64); 8] = [
+        let per_shard: [PerShard; 8] = [
             ("raft_term", "Current Raft term, per shard (Raft group).", "gauge", |s| {
                 s.term.load(Relaxed)
             }),
