@@ -341,3 +341,87 @@ fn a_single_node_server_is_not_a_cluster_member() {
     let out = cli_status(&gone.to_string(), false);
     assert_eq!(out.status.code(), Some(69));
 }
+
+/// `n` consecutive free loopback ports (bound once and released).
+fn free_ports(n: u16) -> u16 {
+    'outer: for _ in 0..200 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = l.local_addr().unwrap().port();
+        if base > 65_000 - n {
+            continue;
+        }
+        let mut held = vec![l];
+        for k in 1..n {
+            match std::net::TcpListener::bind(("127.0.0.1", base + k)) {
+                Ok(l) => held.push(l),
+                Err(_) => continue 'outer,
+            }
+        }
+        return base;
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Two shards a node (two Raft groups, linked directly): `CLST` gathers
+/// one record per shard from every node, every group ends up led by the
+/// same node, and the CLI agrees.
+#[test]
+fn two_shards_a_node_report_one_record_each() {
+    let dir = common::TempDir::new("cluster-status-2");
+    let ports: Vec<u16> = (0..3).map(|_| free_ports(2)).collect();
+    let peers = (0..3)
+        .map(|j| format!("{}=127.0.0.1:{}", j + 1, ports[j]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let nodes: Vec<Server> = (0..3)
+        .map(|i| {
+            let path = dir.path(&format!("n{i}.log"));
+            let id = (i + 1).to_string();
+            Server::spawn(
+                Command::new(env!("CARGO_BIN_EXE_ringlockd")),
+                &[
+                    "--bind",
+                    "127.0.0.1:0",
+                    "--admin-bind",
+                    "127.0.0.1:0",
+                    "--threads",
+                    "2",
+                    "--node-id",
+                    &id,
+                    "--peers",
+                    &peers,
+                    "--data-path",
+                    path.to_str().unwrap(),
+                ],
+            )
+            .expect("node starts")
+        })
+        .collect();
+    let admins = nodes
+        .iter()
+        .map(|n| n.admin_addr.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut table = String::new();
+    poll_until("one node leads both groups, all agree", WAIT, || {
+        let out = cli_status(&admins, false);
+        table = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.code() == Some(0)
+    });
+    let all: Vec<Vec<ShardStatus>> = nodes
+        .iter()
+        .map(|n| status_at(n.admin_addr).unwrap().unwrap())
+        .collect();
+    let leader = all[0][0].leader;
+    for (i, recs) in all.iter().enumerate() {
+        let shards: Vec<u32> = recs.iter().map(|r| r.shard).collect();
+        assert_eq!(shards, [0, 1], "{recs:?}");
+        for r in recs {
+            assert_eq!(r.node, i as u64 + 1);
+            assert_eq!(r.leader, leader, "{all:?}");
+            assert_eq!(r.role == Role::Leader, r.node == leader, "{all:?}");
+        }
+    }
+    // Six rows: three nodes, two shards each.
+    assert_eq!(table.lines().count(), 7, "{table}");
+}
