@@ -692,3 +692,80 @@ fn binding_a_port_in_use_is_an_error_for_the_caller() {
     let second = metrics::serve(first, Arc::new(Metrics::new()));
     assert!(second.is_err(), "second bind of {first} succeeded");
 }
+
+/// Cluster mode: the `ringlock_raft_*` series pass promtool, follower lag
+/// is exported only for the followers the leader reported (static peer
+/// labels), and `/readyz` is 200 only while every shard serves.
+#[test]
+fn cluster_series_and_readiness_follow_every_shard_serving() {
+    let m = Arc::new(Metrics::new_loops(2));
+    let single = render(&m, 0);
+    assert!(!single.contains("ringlock_raft_"), "single-node: none");
+    m.enable_raft(2, &[1, 2, 3], 2);
+    let r = m.raft().expect("enabled");
+    let addr = serve_with(Arc::clone(&m), |o| {
+        o.liveness_timeout = Duration::from_secs(60);
+    });
+    m.set_ready();
+    let now = metrics::monotonic_ms();
+    m.loop_heartbeat(0, now);
+    m.loop_heartbeat(1, now);
+    let (code, body) = probe(addr, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        body,
+        "not serving: node 2 is not the serving leader of every shard (no leader known)\n"
+    );
+    let g = metrics::RaftGauges {
+        term: 5,
+        leader_id: 2,
+        leader: true,
+        serving: true,
+        commit: 40,
+        applied: 38,
+        leader_changes: 3,
+    };
+    r.set_shard(0, &g);
+    // One shard serving is not enough: clients of the other would be refused.
+    assert_eq!(probe(addr, "/readyz").0, 503);
+    assert_eq!(probe(addr, "/healthz").0, 503);
+    r.set_shard(1, &g);
+    assert_eq!(probe(addr, "/readyz"), (200, "ok\n".into()));
+    assert_eq!(probe(addr, "/livez"), (200, "ok\n".into()));
+    r.set_follower_lag(0, 1, Some(4));
+    r.set_follower_lag(0, 3, Some(0));
+    r.set_follower_lag(0, 9, Some(7)); // not a peer: ignored
+    r.observe_commit_us(2_500);
+    let text = render(&m, 0);
+    assert!(promtool_check_metrics(&text), "promtool rejected:\n{text}");
+    for line in [
+        "ringlock_raft_node_id 2",
+        "ringlock_raft_term{shard=\"1\"} 5",
+        "ringlock_raft_leader{shard=\"0\"} 1",
+        "ringlock_raft_serving{shard=\"1\"} 1",
+        "ringlock_raft_leader_changes_total{shard=\"0\"} 3",
+        "ringlock_raft_apply_lag{shard=\"0\"} 2",
+        "ringlock_raft_follower_lag{shard=\"0\",peer=\"1\"} 4",
+        "ringlock_raft_follower_lag{shard=\"0\",peer=\"3\"} 0",
+        "ringlock_raft_commit_latency_seconds_bucket{le=\"0.0025\"} 1",
+        "ringlock_raft_commit_latency_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
+    assert_eq!(text.matches("ringlock_raft_follower_lag{").count(), 2);
+    // Stepping down: no lag reported, not ready.
+    r.clear_follower_lag(0);
+    r.set_shard(
+        0,
+        &metrics::RaftGauges {
+            leader: false,
+            serving: false,
+            leader_id: 1,
+            ..g
+        },
+    );
+    assert!(!render(&m, 0).contains("ringlock_raft_follower_lag{"));
+    let (code, body) = probe(addr, "/readyz");
+    assert_eq!(code, 503);
+    assert!(body.contains("the leader is node 1"), "{body}");
+}

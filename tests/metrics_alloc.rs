@@ -85,3 +85,33 @@ fn rendering_into_a_warm_buffer_does_not_allocate() {
     COUNTING.with(|c| c.set(false));
     assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn raft_updates_never_allocate() {
+    let m = Metrics::new_loops(2);
+    m.enable_raft(1, &[1, 2, 3], 2);
+    let r = m.raft().expect("enabled");
+    COUNTING.with(|c| c.set(true));
+    for i in 0..10_000u64 {
+        for shard in 0..2 {
+            r.set_shard(
+                shard,
+                &ringlock::metrics::RaftGauges {
+                    term: i,
+                    leader_id: 1,
+                    leader: i % 2 == 0,
+                    serving: i % 3 == 0,
+                    commit: i,
+                    applied: i,
+                    leader_changes: i,
+                },
+            );
+            r.set_follower_lag(shard, 2, Some(i));
+            r.set_follower_lag(shard, 3, None);
+            r.clear_follower_lag(shard);
+        }
+        r.observe_commit_us(i);
+    }
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), 0);
+}

@@ -68,6 +68,8 @@ pub mod session;
 mod wire;
 
 pub use crate::cancel::CancelToken;
+/// One shard's replication state, as [`Client::cluster_status`] returns it.
+pub use crate::protocol::status::{Follower as FollowerStatus, Role, ShardStatus};
 pub use addr::ToServerAddrs;
 pub use error::{Error, Result};
 pub use guard::Guard;
@@ -524,6 +526,68 @@ impl Client {
     /// `UnexpectedEof`, and [`keys`](Self::keys) still works there.
     pub fn keyx(&self) -> Result<Vec<KeyInfo>> {
         self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keyx)
+    }
+
+    /// The replication state of every shard of the node behind the admin
+    /// address (`CLST`, a ringlockd extension), as that node sees it: a
+    /// follower answers too. `Ok(None)`: the server is not a cluster
+    /// member (it runs without `--peers`). A server that does not know
+    /// `CLST` closes the connection: an [`Error::Io`] of kind
+    /// `UnexpectedEof`, not retried. Read-only, so other failures are
+    /// retried per the retry policy.
+    pub fn cluster_status(&self) -> Result<Option<Vec<ShardStatus>>> {
+        let mut streak = Streak::new(self.cfg.retry);
+        loop {
+            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+            let err = match self.send_admin(&mut conn, b"CLST") {
+                Ok(()) => match self.read_cluster_status(&mut conn) {
+                    Ok(recs) => return Ok((!recs.is_empty()).then_some(recs)),
+                    Err(Error::Io(err)) if err.kind() == io::ErrorKind::UnexpectedEof => {
+                        return Err(Error::Io(err))
+                    }
+                    Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
+                    Err(other) => return Err(other),
+                },
+                Err(err) => err,
+            };
+            self.backoff(&mut streak, err, peer, None, None)?;
+        }
+    }
+
+    fn read_cluster_status(&self, conn: &mut TcpStream) -> Result<Vec<ShardStatus>> {
+        conn.set_read_timeout(Some(self.cfg.io_timeout))
+            .map_err(Error::io)?;
+        if self.cfg.admin_auth.is_some() {
+            let mut b = [0u8; 1];
+            conn.read_exact(&mut b).map_err(Error::io)?;
+            if b[0] != b'+' {
+                return Err(Error::Refused);
+            }
+        }
+        let mut buf = Vec::with_capacity(512);
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some((recs, _)) =
+                crate::protocol::status::decode(&buf).map_err(Error::Protocol)?
+            {
+                return Ok(recs);
+            }
+            match conn.read(&mut chunk) {
+                Ok(0) => {
+                    return Err(Error::io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        if buf.is_empty() {
+                            "admin connection closed without an answer (a server without CLST?)"
+                        } else {
+                            "admin connection closed mid-answer"
+                        },
+                    )))
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(e)),
+            }
+        }
     }
 
     /// Compare-and-reset (`RSTK`, a ringlockd extension): resets each key

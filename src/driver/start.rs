@@ -190,6 +190,7 @@ impl Server {
         }
         if let Some(c) = &cluster {
             open_cluster(&cfg, c, &mut parts, lock_addr)?;
+            metrics.enable_raft(c.node_id, &c.voters(), n);
         }
         let signal_fd = block_signals()?;
         Ok(Server {

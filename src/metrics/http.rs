@@ -1,4 +1,5 @@
-//! The HTTP endpoint: `/metrics`, `/livez`, `/readyz`, `/healthz`.
+//! The HTTP endpoint: `/metrics`, `/livez`, `/readyz`, `/healthz`
+//! (`/readyz` of a cluster node: 200 only while it serves every shard).
 //!
 //! Invariants:
 //! - It shares nothing with the lock loop but `Arc<Metrics>` (atomics), so a
@@ -277,7 +278,12 @@ fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Re
         }
         Parsed::Get(Route::Readyz) => {
             let (code, body) = match liveness(metrics, options) {
-                Liveness::Live => (200, "ok\n".to_string()),
+                // A cluster node is ready only while it serves: a load
+                // balancer then routes clients to the leader alone.
+                Liveness::Live => match metrics.not_serving() {
+                    None => (200, "ok\n".to_string()),
+                    Some(why) => (503, why),
+                },
                 Liveness::Starting => (503, "recovering\n".to_string()),
                 Liveness::Stalled { loop_index, age_ms } => {
                     (503, stall_reason(loop_index, age_ms, options))

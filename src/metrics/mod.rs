@@ -47,6 +47,11 @@
 //!   a loop that has not beaten yet is judged from the moment of `set_ready`.
 //! - Ready means recovery is done (`set_ready`); `/readyz` and `/healthz`
 //!   additionally require liveness, `/livez` is liveness alone.
+//! - Cluster mode (`enable_raft`, once, before the loops run): ready also
+//!   requires every shard to serve (this node leads every group and holds
+//!   its lease), so a load balancer sends clients to the leader only. The
+//!   `ringlock_raft_*` series exist only then; a single-node server's
+//!   output is unchanged.
 
 mod http;
 
@@ -57,6 +62,7 @@ pub use http::{
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 
 /// CLOCK_MONOTONIC in milliseconds: the clock of heartbeats (the server's
 /// `mono_us` reads the same clock). Never 0 on a running system.
@@ -243,6 +249,8 @@ pub struct Metrics {
     ready_at_ms: AtomicU64,
     /// CLOCK_MONOTONIC ms of each loop's last tick; 0 = not beaten yet.
     heartbeats_ms: Box<[AtomicU64]>,
+    /// Cluster mode only: the replication series.
+    raft: OnceLock<RaftMetrics>,
 }
 
 impl Default for Metrics {
@@ -292,7 +300,42 @@ impl Metrics {
             recovery_us: AtomicU64::new(0),
             ready_at_ms: AtomicU64::new(0),
             heartbeats_ms: (0..loops).map(|_| AtomicU64::new(0)).collect(),
+            raft: OnceLock::new(),
         }
+    }
+
+    /// Cluster mode: this registry gets the `ringlock_raft_*` series of
+    /// node `node` with `shards` shards (at most its loop slots), whose
+    /// groups also have the nodes `voters` (this one may be among them).
+    /// Readiness then requires every shard to serve. The first call counts.
+    pub fn enable_raft(&self, node: u64, voters: &[u64], shards: usize) {
+        let shards = shards.clamp(1, self.loops());
+        self.raft
+            .get_or_init(|| RaftMetrics::new(node, voters, shards));
+    }
+
+    /// The replication series (cluster mode only).
+    pub fn raft(&self) -> Option<&RaftMetrics> {
+        self.raft.get()
+    }
+
+    /// Cluster mode: the node is not the serving leader of every group
+    /// (why, for `/readyz`); `None` when it serves, or is no cluster member.
+    pub fn not_serving(&self) -> Option<String> {
+        let r = self.raft.get()?;
+        if r.shards.iter().all(|s| s.serving.load(Relaxed) == 1) {
+            return None;
+        }
+        let leader = r.shards[0].leader_id.load(Relaxed);
+        let known = if leader == 0 {
+            "no leader known".to_string()
+        } else {
+            format!("the leader is node {leader}")
+        };
+        Some(format!(
+            "not serving: node {} is not the serving leader of every shard ({known})\n",
+            r.node
+        ))
     }
 
     pub fn request(&self, action: Action, outcome: Outcome) {
@@ -789,6 +832,203 @@ impl Metrics {
             w,
             "ringlock_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
+        );
+        if let Some(r) = self.raft.get() {
+            r.render(w);
+        }
+    }
+}
+
+/// One shard's replication figures, as its loop last published them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftGauges {
+    pub term: u64,
+    /// The leader this shard knows of (0: none).
+    pub leader_id: u64,
+    /// This node leads the shard's group.
+    pub leader: bool,
+    /// This shard answers lock requests.
+    pub serving: bool,
+    pub commit: u64,
+    pub applied: u64,
+    /// Times the known leader changed (a counter kept by the loop).
+    pub leader_changes: u64,
+}
+
+struct RaftShard {
+    term: AtomicU64,
+    leader_id: AtomicU64,
+    leader: AtomicU64,
+    serving: AtomicU64,
+    commit: AtomicU64,
+    applied: AtomicU64,
+    leader_changes: AtomicU64,
+    /// Per peer (in `RaftMetrics::peers` order); `u64::MAX`: not known
+    /// (this node does not lead the group).
+    follower_lag: Box<[AtomicU64]>,
+}
+
+/// The `ringlock_raft_*` series of a cluster node: per shard gauges, the
+/// leader's view of each follower's lag (labels: the static peer ids, so
+/// the label set is bounded), and one commit latency histogram (proposal
+/// to committed and applied, observed by the leader).
+pub struct RaftMetrics {
+    node: u64,
+    /// The other voters, sorted.
+    peers: Box<[u64]>,
+    shards: Box<[RaftShard]>,
+    commit_us: LatencyHistogram,
+}
+
+const LAG_UNKNOWN: u64 = u64::MAX;
+
+/// A per-shard series: name, help, type, and how to read it.
+type PerShard = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&RaftShard) -> u64,
+);
+
+impl RaftMetrics {
+    fn new(node: u64, voters: &[u64], shards: usize) -> RaftMetrics {
+        let mut peers: Vec<u64> = voters.iter().copied().filter(|&v| v != node).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        RaftMetrics {
+            node,
+            shards: (0..shards)
+                .map(|_| RaftShard {
+                    term: AtomicU64::new(0),
+                    leader_id: AtomicU64::new(0),
+                    leader: AtomicU64::new(0),
+                    serving: AtomicU64::new(0),
+                    commit: AtomicU64::new(0),
+                    applied: AtomicU64::new(0),
+                    leader_changes: AtomicU64::new(0),
+                    follower_lag: peers.iter().map(|_| AtomicU64::new(LAG_UNKNOWN)).collect(),
+                })
+                .collect(),
+            peers: peers.into(),
+            commit_us: Histogram::new(&LATENCY_BOUNDS_US),
+        }
+    }
+
+    /// Shard `shard`'s figures (once per tick; relaxed stores only).
+    pub fn set_shard(&self, shard: usize, g: &RaftGauges) {
+        let s = &self.shards[shard];
+        s.term.store(g.term, Relaxed);
+        s.leader_id.store(g.leader_id, Relaxed);
+        s.leader.store(u64::from(g.leader), Relaxed);
+        s.serving.store(u64::from(g.serving), Relaxed);
+        s.commit.store(g.commit, Relaxed);
+        s.applied.store(g.applied, Relaxed);
+        s.leader_changes.store(g.leader_changes, Relaxed);
+    }
+
+    /// Follower `peer`'s lag behind the leader's log in shard `shard`;
+    /// `None` forgets it (this node no longer leads). Unknown peers are
+    /// ignored.
+    pub fn set_follower_lag(&self, shard: usize, peer: u64, lag: Option<u64>) {
+        if let Some(i) = self.peers.iter().position(|&p| p == peer) {
+            self.shards[shard].follower_lag[i].store(lag.unwrap_or(LAG_UNKNOWN), Relaxed);
+        }
+    }
+
+    /// Forgets every follower's lag of shard `shard` (not the leader).
+    pub fn clear_follower_lag(&self, shard: usize) {
+        for a in self.shards[shard].follower_lag.iter() {
+            a.store(LAG_UNKNOWN, Relaxed);
+        }
+    }
+
+    /// One proposal committed and applied `us` after it was proposed.
+    pub fn observe_commit_us(&self, us: u64) {
+        self.commit_us.observe(us);
+    }
+
+    fn render(&self, w: &mut String) {
+        gauge(
+            w,
+            "raft_node_id",
+            "This node's id in its cluster (--node-id).",
+            self.node,
+        );
+        let per_shard: [PerShard; 8] = [
+            ("raft_term", "Current Raft term, per shard (Raft group).", "gauge", |s| {
+                s.term.load(Relaxed)
+            }),
+            (
+                "raft_leader_id",
+                "The leader this node knows of, per shard; 0 when none is known.",
+                "gauge",
+                |s| s.leader_id.load(Relaxed),
+            ),
+            (
+                "raft_leader",
+                "1 while this node leads the shard's Raft group.",
+                "gauge",
+                |s| s.leader.load(Relaxed),
+            ),
+            (
+                "raft_serving",
+                "1 while this node answers lock requests for the shard (leader, lease held).",
+                "gauge",
+                |s| s.serving.load(Relaxed),
+            ),
+            (
+                "raft_leader_changes_total",
+                "Times the leader this node knows of changed to another node, per shard (the first leader it learns of included).",
+                "counter",
+                |s| s.leader_changes.load(Relaxed),
+            ),
+            (
+                "raft_commit_index",
+                "Highest log index known to be committed, per shard.",
+                "gauge",
+                |s| s.commit.load(Relaxed),
+            ),
+            (
+                "raft_applied_index",
+                "Highest log index applied to this node's lock table, per shard.",
+                "gauge",
+                |s| s.applied.load(Relaxed),
+            ),
+            (
+                "raft_apply_lag",
+                "Committed entries not yet applied (commit index - applied index), per shard.",
+                "gauge",
+                |s| s.commit.load(Relaxed).saturating_sub(s.applied.load(Relaxed)),
+            ),
+        ];
+        for (name, help, kind, value) in per_shard {
+            header(w, name, help, kind);
+            for (i, s) in self.shards.iter().enumerate() {
+                let _ = writeln!(w, "ringlock_{name}{{shard=\"{i}\"}} {}", value(s));
+            }
+        }
+        header(
+            w,
+            "raft_follower_lag",
+            "Entries a follower's log is behind the leader's (last index - matched index), per shard and peer; exported by the leader only.",
+            "gauge",
+        );
+        for (i, s) in self.shards.iter().enumerate() {
+            for (p, lag) in self.peers.iter().zip(s.follower_lag.iter()) {
+                let lag = lag.load(Relaxed);
+                if lag != LAG_UNKNOWN {
+                    let _ = writeln!(
+                        w,
+                        "ringlock_raft_follower_lag{{shard=\"{i}\",peer=\"{p}\"}} {lag}"
+                    );
+                }
+            }
+        }
+        seconds_histogram(
+            w,
+            "raft_commit_latency_seconds",
+            "Time from a leader's proposal to its entry committed and applied.",
+            &self.commit_us,
         );
     }
 }

@@ -24,6 +24,7 @@ use crate::core::HeldKey;
 #[cfg(test)]
 mod listing_tests;
 pub mod session;
+pub mod status;
 
 /// Longest possible lock-port frame: action + 2 × (size + 127 bytes).
 pub const LOCK_FRAME_MAX: usize = 1 + 2 * (1 + 127);
@@ -209,6 +210,9 @@ pub mod admin {
         Rstk,
         /// `AUTH [u8 len][token]` (extension): presents the shared secret.
         Auth,
+        /// Each shard's replication state (extension, [`super::status`]):
+        /// answered by every node, leader or not.
+        Clst,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,6 +262,13 @@ pub mod admin {
                     } else {
                         Command::Keyx
                     },
+                    count: 0,
+                    len: 4,
+                }
+            }
+            b"CLST" => {
+                return Decoded::Frame {
+                    cmd: Command::Clst,
                     count: 0,
                     len: 4,
                 }
@@ -638,6 +649,14 @@ mod tests {
         assert_eq!(names, vec![&b"a"[..], &b"bc"[..]]);
         assert_eq!(admin::decode(&b[..b.len() - 1]), admin::Decoded::Incomplete);
         assert!(matches!(admin::decode(b"NOPE"), admin::Decoded::Bad(_)));
+        assert_eq!(
+            admin::decode(b"CLSTKEYS"),
+            admin::Decoded::Frame {
+                cmd: admin::Command::Clst,
+                count: 0,
+                len: 4
+            }
+        );
         let mut z = b"RSET".to_vec();
         z.extend_from_slice(&1u32.to_le_bytes());
         z.push(0);

@@ -117,6 +117,7 @@ impl Shard {
             extended: false,
             reset: Vec::new(),
             stream,
+            status: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -147,7 +148,7 @@ impl Shard {
                 };
             }
             RemoteResult::Failed => s.failed = true,
-            RemoteResult::Done | RemoteResult::Reset(_) => {}
+            RemoteResult::Done | RemoteResult::Reset(_) | RemoteResult::Status(_) => {}
         }
     }
 

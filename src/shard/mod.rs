@@ -128,6 +128,8 @@ struct Gather {
     reset: Vec<bool>,
     /// A round of the KEYS stream with this id (0: none).
     stream: u64,
+    /// CLST: the shards' records so far.
+    status: Vec<protocol::status::ShardStatus>,
 }
 
 /// A message for another shard that waits for this shard's log.
@@ -204,6 +206,8 @@ pub struct Shard {
     all_conns: Option<Arc<ConnCounts>>,
     /// Cluster mode: this shard's replica of its Raft group.
     raft: Option<Box<raft::Part>>,
+    /// Cluster mode: what the replication metrics are computed from.
+    raft_stats: raft::Stats,
 }
 
 impl Shard {
@@ -254,6 +258,7 @@ impl Shard {
             idle: crate::core::list::List::new(),
             all_conns: None,
             raft: None,
+            raft_stats: raft::Stats::default(),
             cfg,
         }
     }
@@ -355,6 +360,7 @@ impl Shard {
         self.raft_pump();
         self.flush();
         self.publish_gauges();
+        self.publish_raft();
     }
 
     fn token(&self, slot: u32) -> Token {
@@ -766,6 +772,7 @@ impl Shard {
             extended: false,
             reset: Vec::new(),
             stream: 0,
+            status: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -790,6 +797,19 @@ impl Shard {
         let result = match op {
             RemoteOp::KeysOpen { .. } | RemoteOp::KeysMore { .. } | RemoteOp::KeysClose { .. } => {
                 unreachable!("answered above")
+            }
+            RemoteOp::ClusterStatus => {
+                // A read of the replica, no table effect: nothing to wait for.
+                let result = match self.shard_status() {
+                    Some(s) => RemoteResult::Status(Box::new(s)),
+                    None => RemoteResult::Failed,
+                };
+                self.cmds.push(Cmd::Reply {
+                    to: from,
+                    id,
+                    result,
+                });
+                return;
             }
             RemoteOp::ResetKeys(keys) => {
                 let (me, shards) = (self.me, self.shards);
@@ -885,6 +905,7 @@ impl Shard {
                 }
             }
             RemoteResult::Failed => g.failed = true,
+            RemoteResult::Status(s) => g.status.push(*s),
         }
         if g.pending > 0 {
             return;
@@ -915,6 +936,11 @@ impl Shard {
                         c.out.push(if done { b'+' } else { b'#' });
                     }
                     c.out.push(b'+');
+                }
+                RemoteOp::ClusterStatus => {
+                    let mut recs = g.status;
+                    recs.sort_by_key(|r| r.shard);
+                    protocol::status::encode(&recs, &mut c.out);
                 }
             }
         }
@@ -1225,10 +1251,6 @@ impl Shard {
 
     /// Executes one admin command; false when more bytes are needed.
     fn pump_admin(&mut self, slot: u32) -> bool {
-        if !self.may_serve() {
-            self.reject(slot, "not the leader");
-            return false;
-        }
         let c = &self.conns[slot as usize];
         let peer = c.peer;
         let (cmd, count, len) = match admin::decode(&c.rbuf) {
@@ -1290,6 +1312,21 @@ impl Shard {
                 peer
             );
             self.reject(slot, "admin command before AUTH");
+            return false;
+        }
+        if cmd == admin::Command::Clst {
+            // Every node answers: the operator asks followers too.
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            self.cluster_status_start(slot);
+            return true;
+        }
+        // AUTH and CLST aside, the admin port reads or changes the lock
+        // table: only the serving node may.
+        if !self.may_serve() {
+            self.reject(slot, "not the leader");
             return false;
         }
         // Every admin command is a scatter/gather, also with one shard (the
@@ -1356,7 +1393,7 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
-            admin::Command::Auth => unreachable!("answered above"),
+            admin::Command::Auth | admin::Command::Clst => unreachable!("answered above"),
             admin::Command::Rstk => {
                 self.metrics
                     .request(metrics::Action::AdminRset, metrics::Outcome::Ok);

@@ -40,6 +40,8 @@ pub enum RemoteOp {
     ResetSources(Vec<Name>),
     /// RSTK: reset each key this shard owns if its holder has the token.
     ResetIf(Vec<(Name, u64)>),
+    /// CLST: this shard's replication state (read-only, answered at once).
+    ClusterStatus,
 }
 
 #[derive(Clone, Debug)]
@@ -57,6 +59,8 @@ pub enum RemoteResult {
     Reset(Vec<u32>),
     /// The log could not make the effects durable (they were undone).
     Failed,
+    /// CLST: one shard's record.
+    Status(Box<crate::protocol::status::ShardStatus>),
 }
 
 /// A connection moving to another shard: what it was in the middle of.

@@ -9,6 +9,7 @@
 //! ringlock [OPTIONS] reset KEY...
 //! ringlock [OPTIONS] reset --source SRC
 //! ringlock [OPTIONS] keys [-d] [--json] [--older-than D]
+//! ringlock [--admin-addr A,B,C] cluster status [--json]
 //! ringlock completions SHELL | ringlock man
 //! ```
 //!
@@ -26,6 +27,7 @@
 
 mod bytes;
 mod child;
+mod cluster;
 mod keys;
 
 use std::ffi::{OsStr, OsString};
@@ -74,6 +76,9 @@ Exit status:
        (a session, --ttl or mysql:// lock)
   126  CMD could not be executed;  127  CMD not found (the key was released)
   128+N  interrupted by signal N while waiting (the request was withdrawn)
+  cluster status: 0 some node serves and every answer names it the leader of every
+       shard; 69 no node answered; 75 no node serves, or the nodes disagree on the
+       leader (an election in progress: ask again); 76 no node is a cluster member
 
 Environment:
   RINGLOCK_ADDR, RINGLOCK_ADMIN_ADDR, RINGLOCK_SOURCE  defaults of --addr, --admin-addr, --source
@@ -114,7 +119,8 @@ struct Cli {
     )]
     addr: String,
 
-    /// Admin port, used by `keys` and to say who holds a key [default: lock port + 1]
+    /// Admin port, used by `keys` and to say who holds a key [default: lock port + 1];
+    /// `cluster status` takes every node's, comma-separated
     #[arg(long, env = "RINGLOCK_ADMIN_ADDR", value_name = "HOST[:PORT]")]
     admin_addr: Option<String>,
 
@@ -271,6 +277,11 @@ enum Cmd {
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         older_than: Option<Duration>,
     },
+    /// Replicated clusters (ringlockd --peers): `cluster status`
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum, value_name = "SHELL")]
@@ -278,6 +289,28 @@ enum Cmd {
     },
     /// Print the man page (roff) on stdout: `ringlock man > ringlock.1`
     Man,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Each node's role, term, leader, commit and applied index per shard, and each follower's lag
+    ///
+    /// Asks every node named by --admin-addr (comma-separated: give all of
+    /// them) at once, one second to connect and two to answer, no retries: a
+    /// node that does not answer is a `down` row, not a failure. LAG is how
+    /// many log entries a follower is behind the leader's log, as the leader
+    /// reports it (`?` when the leader did not answer). Exit 0 when some node
+    /// serves and every node that answered names it the leader of every
+    /// shard; 69 when no node answered; 75 when none serves or they disagree
+    /// (an election in progress: ask again); 76 when none is a cluster member.
+    Status {
+        /// Print a JSON array, one object per node: addr, up, member, error,
+        /// shards (shard, node, role, term, leader, commit, applied,
+        /// last_index, serving, lease_valid, lag, followers: node, matched,
+        /// lag, active)
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A failure that ends the process: exit code and its one-line message.
@@ -315,7 +348,7 @@ fn main() -> ExitCode {
 /// clap's message, on one line, with the usage it printed.
 fn one_line(err: &clap::Error) -> String {
     if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-        return "missing command: lock, try-lock, unlock, reset, keys, completions or man \
+        return "missing command: lock, try-lock, unlock, reset, keys, cluster, completions or man \
                 (see ringlock --help)"
             .into();
     }
@@ -376,6 +409,9 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             out(&buf);
             return Ok(0);
         }
+        Cmd::Cluster {
+            cmd: ClusterCmd::Status { json },
+        } => return cluster_status(&cli, &matches, *json),
         _ => {}
     }
     let fmt = cli.key_format;
@@ -524,7 +560,63 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             out(text.as_bytes());
             Ok(0)
         }
-        Cmd::Completions { .. } | Cmd::Man => unreachable!("handled above"),
+        Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } => {
+            unreachable!("handled above")
+        }
+    }
+}
+
+/// `ringlock cluster status`: every node in --admin-addr (or the admin
+/// port next to each --addr) asked at once; the table (or JSON) on stdout,
+/// the verdict as exit status with its reason on stderr.
+fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fail> {
+    let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
+    let nodes = match &cli.admin_addr {
+        Some(a) => cluster::parse_addrs(
+            a,
+            if from_env("admin_addr") {
+                "RINGLOCK_ADMIN_ADDR"
+            } else {
+                "--admin-addr"
+            },
+        )?,
+        None => {
+            let shown = if from_env("addr") {
+                "RINGLOCK_ADDR"
+            } else {
+                "--addr"
+            };
+            let mut nodes = Vec::new();
+            for a in cli.addr.split(',').map(str::trim) {
+                let lock = a
+                    .to_server_addrs(DEFAULT_PORT)
+                    .map_err(|e| Fail(EX_USAGE, format!("{shown}: {e}")))?;
+                let admin: Vec<SocketAddr> = lock
+                    .iter()
+                    .map(|l| SocketAddr::new(l.ip(), l.port().wrapping_add(1)))
+                    .collect();
+                nodes.push((admin[0].to_string(), admin));
+            }
+            nodes
+        }
+    };
+    let auth = match &cli.auth_token_file {
+        Some(path) => {
+            Some(read_auth_token(path).map_err(|e| usage(format!("--auth-token-file: {e}")))?)
+        }
+        None => None,
+    };
+    let answers = cluster::query(&nodes, auth.as_deref());
+    let text = if json {
+        cluster::to_json(&answers)
+    } else {
+        cluster::table(&answers)
+    };
+    let _ = io::stdout().write_all(text.as_bytes());
+    let _ = io::stdout().flush();
+    match cluster::verdict(&answers) {
+        (0, _) => Ok(0),
+        (code, why) => Err(Fail(code, why.unwrap_or_default())),
     }
 }
 
