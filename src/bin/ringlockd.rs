@@ -69,12 +69,20 @@ OPTIONS:
     --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
                              keys spread over them by a fixed hash; env RINGLOCK_THREADS
                              (default: one per CPU in the mask)
+    --node-id N              cluster mode: this node's id (1, 2, ...) [env RINGLOCK_NODE_ID]
+    --peers 1=HOST:PORT,...  cluster mode: every node's Raft address, this one's included; node
+                             n's shard g listens on its PORT + g, so leave --threads ports
+                             between nodes [env RINGLOCK_PEERS]. Needs --node-id and
+                             --data-path; every node runs the same --threads and --peers.
+                             Only the leader serves: see docs/cluster.md (default: one node)
     --log-level LEVEL        error | warn | info | debug (default info)
     -h, --help               print this help
     -V, --version            print the version
 ";
 
-fn parse() -> Result<Option<(Config, Level)>, String> {
+type Cluster = Option<ringlock::cluster::ClusterConfig>;
+
+fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
     use lexopt::prelude::*;
     let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
     let mut bind_retry_ms: Option<u64> = None;
@@ -95,6 +103,12 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
         .filter(|s| !s.is_empty())
         .map(Into::into);
     let mut level = Level::Info;
+    let mut node_id: Option<String> = std::env::var("RINGLOCK_NODE_ID")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let mut peers: Option<String> = std::env::var("RINGLOCK_PEERS")
+        .ok()
+        .filter(|s| !s.is_empty());
     let mut truncate_at = None;
     let mut limits: Vec<(&'static str, u64)> = Vec::new();
     let mut p = lexopt::Parser::from_env();
@@ -127,6 +141,8 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
                 )
             }
             "--data-path" => data_path = Some(val("--data-path")?.into()),
+            "--node-id" => node_id = Some(val("--node-id")?),
+            "--peers" => peers = Some(val("--peers")?),
             "--auth-token-file" => {
                 let p: std::path::PathBuf = val("--auth-token-file")?.into();
                 auth_token = Some(config::read_auth_token(&p)?);
@@ -314,7 +330,27 @@ fn parse() -> Result<Option<(Config, Level)>, String> {
             cfg.min_ttl_ms, cfg.max_ttl_ms
         ));
     }
-    Ok(Some((cfg, level)))
+    let cluster = match (node_id, peers) {
+        (None, None) => None,
+        (Some(_), None) => return Err("--node-id needs --peers (the cluster's nodes)".into()),
+        (None, Some(_)) => {
+            return Err("--peers needs --node-id (which of them this node is)".into())
+        }
+        (Some(id), Some(peers)) => {
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("--node-id: expected a node id (1 or more), got {id:?}"))?;
+            if cfg.data_path.is_none() {
+                return Err(
+                    "--peers needs --data-path: a cluster node's votes and log must survive a restart"
+                        .into(),
+                );
+            }
+            Some(ringlock::cluster::ClusterConfig::parse(id, &peers)?)
+        }
+    };
+    Ok(Some((cfg, level, cluster)))
 }
 
 /// A lock port other hosts can reach lets any of them unlock or reset any
@@ -359,7 +395,7 @@ fn parse_threads(v: &str, what: &str) -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
-    let (cfg, level) = match parse() {
+    let (cfg, level, cluster) = match parse() {
         Ok(Some(v)) => v,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
@@ -370,7 +406,7 @@ fn main() -> ExitCode {
     log::set_level(level);
     warn_if_exposed(&cfg);
     let m = Arc::new(Metrics::new_loops(cfg.threads));
-    let server = match Server::bind(cfg.clone(), m.clone()) {
+    let server = match Server::bind_cluster(cfg.clone(), m.clone(), cluster.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ringlockd: {e}");
@@ -403,7 +439,7 @@ fn main() -> ExitCode {
     ringlock::log!(
         Level::Info,
         "listening",
-        "lock={} admin={}{} data_path={} max_connections={} shards={} version={}",
+        "lock={} admin={}{} data_path={} max_connections={} shards={} node={} version={}",
         server.lock_addr(),
         server.admin_addr(),
         metrics_field,
@@ -412,6 +448,7 @@ fn main() -> ExitCode {
             .map_or(log::Bytes(b"none"), log::path),
         server.config().max_connections,
         server.config().threads,
+        cluster.as_ref().map_or(0, |c| c.node_id),
         env!("CARGO_PKG_VERSION")
     );
     match server.run() {

@@ -34,6 +34,7 @@
 //! - `conn.rs`: a connection's driver side (`DConn`): accept or refuse,
 //!   receive, send, close, migration between shards.
 //! - `logio.rs`: the log's I/O, steered by the write planner.
+//! - `peer.rs`: cluster mode's Raft links to the other nodes.
 //! - `sys.rs`: the libc calls outside the ring (bind, peer address, fd
 //!   limit, signalfd, CPU affinity, clocks); [`allowed_cpus`].
 //! - [`buf`]: the buffer lent to the kernel and its owner states.
@@ -47,6 +48,7 @@ mod conn;
 pub mod faults;
 mod logio;
 pub mod mesh;
+mod peer;
 pub mod poll;
 mod ring;
 mod start;
@@ -107,6 +109,8 @@ struct Loop {
     /// The poll window now, adapted to how soon events come (at most
     /// `idle_poll_us`).
     poll: poll::PollWindow,
+    /// Cluster mode: the Raft links of this shard.
+    peers: Option<peer::Peers>,
 }
 
 impl Drop for Loop {
@@ -122,6 +126,9 @@ impl Drop for Loop {
         }
         if let Some(io) = self.log.as_mut() {
             io.leak_in_flight();
+        }
+        if let Some(p) = self.peers.as_mut() {
+            p.leak_in_flight();
         }
     }
 }
@@ -191,15 +198,12 @@ impl Loop {
             }
             // A doorbell: messages are taken every tick.
             Op::Mesh => {}
+            Op::Peer => self.on_peer_op(ud, gen, slot, res, flags),
             Op::WalWrite if slot >= logio::STEP_GROW_ALLOC => self.on_grow_op(slot, res),
             Op::WalWrite => self.on_chain_op(Stream::Records, slot, res),
             Op::WalSync => self.on_chain_op(Stream::Compact, slot, res),
         }
     }
-
-    /// Cluster links are not wired into the ring yet: frames are dropped
-    /// (Raft retransmits).
-    fn send_peer(&mut self, _node: u64, _frame: Vec<u8>) {}
 
     fn execute(&mut self, cmd: Cmd) {
         match cmd {

@@ -121,6 +121,9 @@ impl Loop {
         if self.signal_fd.is_some() {
             self.arm_signal();
         }
+        if self.peers.is_some() {
+            self.arm_peer_accept();
+        }
         // Recovery may have restored held keys: publish before serving.
         self.shard.begin_tick(now());
         self.shard.end_tick();
@@ -144,7 +147,11 @@ impl Loop {
             if self.stop_requested {
                 self.shard.stop();
             }
+            self.peer_tick(t.mono_us);
             self.settle();
+            if let Some(why) = self.shard.cluster_fatal() {
+                return Err(io::Error::other(why.to_string()));
+            }
             self.ring_doorbells();
             if self.stop_requested {
                 // The Stop doorbells (and farewells) must reach the kernel.
@@ -255,11 +262,12 @@ impl Loop {
         // Wake at least every heartbeat interval, idle or not: liveness
         // (/livez) reads the heartbeat.
         let beat_us = crate::config::HEARTBEAT_INTERVAL_MS * 1000;
-        let mut timeout_us = Some(
-            self.shard
-                .next_deadline_us()
-                .map_or(beat_us, |d| d.saturating_sub(t).clamp(1000, beat_us)),
-        );
+        let next = match (self.shard.next_deadline_us(), self.peer_deadline_us()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut timeout_us =
+            Some(next.map_or(beat_us, |d| d.saturating_sub(t).clamp(1000, beat_us)));
         if self.mesh.as_ref().is_some_and(|m| m.backlogged()) {
             // Messages wait for queue space: come back soon.
             timeout_us = Some(1000);

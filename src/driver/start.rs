@@ -31,6 +31,17 @@ struct Part {
     table: Table,
     log: Option<(LogFiles, Log)>,
     faults: Faults,
+    /// Cluster mode: the shard's replica, its log file, its Raft listener
+    /// and the other nodes' link addresses for this shard.
+    raft: Option<RaftPart>,
+}
+
+struct RaftPart {
+    part: crate::shard::raft::Part,
+    files: LogFiles,
+    listener: TcpListener,
+    peers: Vec<(u64, SocketAddr)>,
+    hello: crate::cluster::wire::Hello,
 }
 
 /// The server before it runs: logs recovered, every shard's listeners
@@ -53,7 +64,18 @@ impl Server {
     /// retries) instead of waiting in the listen backlog for an unknown
     /// time, and nothing can be answered from a partial table
     /// (tests/scale.rs watches the start-up).
-    pub fn bind(mut cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+    pub fn bind(cfg: Config, metrics: Arc<Metrics>) -> io::Result<Server> {
+        Server::bind_cluster(cfg, metrics, None)
+    }
+
+    /// [`Server::bind`] for a cluster node (`cluster` given): every shard a
+    /// replica of its group, its log a cluster log (see
+    /// [`crate::cluster::store`]), its Raft listener bound.
+    pub fn bind_cluster(
+        mut cfg: Config,
+        metrics: Arc<Metrics>,
+        cluster: Option<crate::cluster::ClusterConfig>,
+    ) -> io::Result<Server> {
         let cpus = allowed_cpus();
         if cfg.threads == 0 {
             cfg.threads = cpus.len();
@@ -77,7 +99,13 @@ impl Server {
         let budget = crate::core::Budget::new(limits);
         let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
         let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
-        if let Some(path) = &cfg.data_path {
+        if cluster.is_some() && cfg.data_path.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster node (--peers) needs --data-path: its votes and log must survive a restart",
+            ));
+        }
+        if let (Some(path), None) = (&cfg.data_path, &cluster) {
             let started = std::time::Instant::now();
             let opened = wal::set::open(path, &mut tables, cfg.wal_truncate_at, now())
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -157,7 +185,11 @@ impl Server {
                 table,
                 log,
                 faults,
+                raft: None,
             });
+        }
+        if let Some(c) = &cluster {
+            open_cluster(&cfg, c, &mut parts, lock_addr)?;
         }
         let signal_fd = block_signals()?;
         Ok(Server {
@@ -322,16 +354,27 @@ impl Loop {
         let ring = build_ring(cfg.max_connections, n)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
         let cap = cfg.max_connections.min(65_536);
-        let (log, log_io) = match part.log {
-            None => (None, None),
-            Some((files, log)) => (
+        let prealloc = cfg.wal_preallocate_bytes;
+        let (log, log_io, raft) = match (part.log, part.raft) {
+            (Some((files, log)), _) => (
                 Some(log),
-                Some(LogIo::new(files, part.faults, cfg.wal_preallocate_bytes)),
+                Some(LogIo::new(files, part.faults, prealloc)),
+                None,
             ),
+            (None, Some(r)) => {
+                let io = LogIo::new(r.files, part.faults, prealloc);
+                let peers = super::peer::Peers::new(r.listener, r.peers, &r.hello);
+                (None, Some(io), Some((r.part, peers)))
+            }
+            (None, None) => (None, None, None),
         };
         let idle_poll_us = cfg.idle_poll_us;
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
+        let peers = raft.map(|(replica, peers)| {
+            shard.enable_cluster(replica);
+            peers
+        });
         Ok(Loop {
             ring,
             lock_listener: part.lock,
@@ -353,6 +396,140 @@ impl Loop {
             inbox: Vec::new(),
             idle_poll_us,
             poll: poll::PollWindow::new(idle_poll_us),
+            peers,
         })
     }
+}
+
+/// Cluster mode: opens every shard's cluster log (synced, then replayed,
+/// as a single node's), builds its replica and binds its Raft listener.
+fn open_cluster(
+    cfg: &Config,
+    c: &crate::cluster::ClusterConfig,
+    parts: &mut [Part],
+    lock_addr: SocketAddr,
+) -> io::Result<()> {
+    use crate::cluster::store;
+    use crate::shard::raft::{NodeView, Part as Replica};
+    let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+    let path = cfg.data_path.as_ref().expect("checked");
+    let n = parts.len();
+    let group_path = |g: usize| -> std::path::PathBuf {
+        if n == 1 {
+            path.clone()
+        } else {
+            let mut p = path.as_os_str().to_owned();
+            p.push(format!(".group{g}"));
+            p.into()
+        }
+    };
+    // A node restarted with another --threads would start fresh logs
+    // beside its old ones and vote with no memory of its votes: refused.
+    let other = if n == 1 {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".group0");
+        std::path::PathBuf::from(p)
+    } else {
+        path.clone()
+    };
+    if other.exists() {
+        return Err(bad(format!(
+            "{} exists: this node ran with another --threads; every node of a cluster keeps the \
+             --threads it was started with",
+            other.display()
+        )));
+    }
+    let view = NodeView::new(n);
+    let me = c.node_id;
+    let advertise = if cfg.bind.ip().is_unspecified() {
+        let ip = c.peers[&me].ip();
+        SocketAddr::new(ip, lock_addr.port())
+    } else {
+        lock_addr
+    };
+    let keep_ms = cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
+    for (g, part) in parts.iter_mut().enumerate() {
+        let p = group_path(g);
+        let shown = p.display().to_string();
+        let id = Replica::identity(c, g, n);
+        let image = store::new_image(&id);
+        let mut replayed = None;
+        let mut files = wal::open_file(&p, &image, &mut |data| {
+            let r = store::replay(data, &shown)?;
+            let valid = if r.identity.is_none() { 0 } else { r.valid_len };
+            replayed = Some(r);
+            Ok(valid)
+        })
+        .map_err(bad)?;
+        let mut r = replayed.expect("replayed");
+        if r.identity.is_none() {
+            r = store::replay(&image, &shown).map_err(bad)?;
+        }
+        log!(
+            Level::Info,
+            "recovery",
+            "shard={} path={} mode=cluster node={} entries={} term={} vote={} commit={} torn_tail_bytes={}",
+            g,
+            crate::log::path(&p),
+            me,
+            r.recovered.entries.len(),
+            r.recovered.hard_state.term,
+            r.recovered.hard_state.vote,
+            r.recovered.hard_state.commit,
+            r.torn_bytes
+        );
+        if cfg.wal_preallocate_bytes > 0 {
+            if let Ok(end) =
+                wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes)
+            {
+                files.alloc_len = end;
+            }
+        }
+        let seed = now().mono_us ^ (me << 40) ^ g as u64;
+        let replica = Replica::from_replayed(
+            c,
+            g,
+            n,
+            r,
+            &shown,
+            view.clone(),
+            advertise.to_string(),
+            keep_ms,
+            seed,
+        )
+        .map_err(bad)?;
+        let raft_addr = c
+            .link_addr(me, g)
+            .ok_or_else(|| bad("--peers port + shard overflows".into()))?;
+        let listener = listen(raft_addr, "raft", cfg.bind_retry_ms, false, true)?;
+        let peers = c
+            .peers
+            .keys()
+            .filter(|&&id| id != me)
+            .filter_map(|&id| Some((id, c.link_addr(id, g)?)))
+            .collect();
+        let hello = crate::cluster::wire::Hello {
+            node: me,
+            group: g as u32,
+            groups: n as u32,
+            voters: c.voters(),
+            client_addr: advertise.to_string(),
+        };
+        log!(
+            Level::Info,
+            "raft_listen",
+            "shard={} node={} addr={}",
+            g,
+            me,
+            raft_addr
+        );
+        part.raft = Some(RaftPart {
+            part: replica,
+            files,
+            listener,
+            peers,
+            hello,
+        });
+    }
+    Ok(())
 }

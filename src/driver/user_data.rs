@@ -24,6 +24,8 @@ pub enum Op {
     Ignore = 11,
     /// A doorbell from another shard (`IORING_OP_MSG_RING`).
     Mesh = 12,
+    /// A cluster link's op (its kind and link in `slot`: see `peer.rs`).
+    Peer = 13,
 }
 
 impl Op {
@@ -41,6 +43,7 @@ impl Op {
             10 => Op::WalSync,
             11 => Op::Ignore,
             12 => Op::Mesh,
+            13 => Op::Peer,
             _ => return None,
         })
     }

@@ -122,11 +122,26 @@ impl Part {
         &self.file
     }
 
+    /// The identity a node's log of `group` carries.
+    pub fn identity(
+        cluster: &crate::cluster::ClusterConfig,
+        group: usize,
+        groups: usize,
+    ) -> store::Identity {
+        store::Identity {
+            node: cluster.node_id,
+            group: group as u32,
+            groups: groups as u32,
+            voters: cluster.voters(),
+        }
+    }
+
     /// The replica of `group` on this node, from its log's image (the
     /// whole file, [`store::new_image`] for a new node). Refuses a log
     /// written by another node, group or cluster shape. `seed` spreads
     /// election timeouts; `now_unix_ms` is irrelevant to replay (entries
     /// are applied later, by raft-rs re-delivering the committed ones).
+    #[allow(clippy::too_many_arguments)] // a replica's parts, given once
     pub fn start(
         cluster: &crate::cluster::ClusterConfig,
         group: usize,
@@ -139,6 +154,32 @@ impl Part {
         seed: u64,
     ) -> Result<Part, String> {
         let r = store::replay(image, shown)?;
+        Part::from_replayed(
+            cluster,
+            group,
+            groups,
+            r,
+            shown,
+            view,
+            my_client_addr,
+            session_keep_ms,
+            seed,
+        )
+    }
+
+    /// [`Part::start`] over a log already replayed.
+    #[allow(clippy::too_many_arguments)] // a replica's parts, given once
+    pub fn from_replayed(
+        cluster: &crate::cluster::ClusterConfig,
+        group: usize,
+        groups: usize,
+        r: store::Replayed,
+        shown: &str,
+        view: Arc<NodeView>,
+        my_client_addr: String,
+        session_keep_ms: u64,
+        seed: u64,
+    ) -> Result<Part, String> {
         let want = store::Identity {
             node: cluster.node_id,
             group: group as u32,

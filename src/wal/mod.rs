@@ -236,18 +236,16 @@ pub enum Startup {
     Replay,
 }
 
-/// Replays the log file of `len` bytes into `table` through a read-only
-/// map; the valid length and what was recovered.
+/// Hands the log file of `len` bytes to `replay` through a read-only map;
+/// the valid length.
 fn replay_file(
     file: &File,
     len: u64,
     shown: &str,
-    table: &mut Table,
-    truncate: Truncate,
-    now: Now,
-) -> Result<(u64, Recovered), String> {
+    replay: &mut dyn FnMut(&[u8]) -> Result<u64, String>,
+) -> Result<u64, String> {
     if len == 0 {
-        return replay_with(&[], shown, table, truncate, now);
+        return replay(&[]);
     }
     // SAFETY: the map is read-only and dropped before the file is
     // modified; nothing else writes the log while we start (a second
@@ -259,7 +257,7 @@ fn replay_file(
     // page by page would cost more than the replay.
     let map = unsafe { memmap2::MmapOptions::new().populate().map(file) }
         .map_err(|e| format!("{shown}: cannot map log: {e}"))?;
-    replay_with(&map, shown, table, truncate, now)
+    replay(&map)
 }
 
 /// What `--wal-truncate-at` means for one log.
@@ -287,6 +285,28 @@ pub(crate) fn open_with(
     truncate: Truncate,
     now: Now,
 ) -> Result<(LogFiles, Recovered), String> {
+    let shown = path.display().to_string();
+    let mut rec = None;
+    let files = open_file(path, MAGIC, &mut |data| {
+        let (valid, r) = replay_with(data, &shown, table, truncate, now)?;
+        rec = Some(r);
+        Ok(valid)
+    })?;
+    let rec = rec.expect("STARTUP replays the log");
+    Ok((files, rec))
+}
+
+/// Opens (or creates) a log file and runs [`STARTUP`] on it: fsync the
+/// file and its directory, then `replay` over the file's bytes (mapped
+/// read-only), which returns the length of its valid prefix. A file with
+/// less than `new_image` valid is started afresh as `new_image` (written
+/// and synced with its directory); a torn tail is truncated. Shared by a
+/// single node's log and a cluster node's (whose image is different).
+pub fn open_file(
+    path: &Path,
+    new_image: &[u8],
+    replay: &mut dyn FnMut(&[u8]) -> Result<u64, String>,
+) -> Result<LogFiles, String> {
     let shown = path.display();
     let dir_path = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -323,32 +343,21 @@ pub(crate) fn open_with(
             Startup::SyncDir => fsync_dir(&dir)
                 .map_err(|e| format!("{}: fsync before replay failed: {e}", dir_path.display()))?,
             Startup::Replay => {
-                replayed = Some(replay_file(
-                    &file,
-                    len,
-                    &shown.to_string(),
-                    table,
-                    truncate,
-                    now,
-                )?)
+                replayed = Some(replay_file(&file, len, &shown.to_string(), replay)?)
             }
         }
     }
-    let (valid_len, rec) = replayed.expect("STARTUP replays the log");
-    let rec = Recovered {
-        file_bytes: len,
-        ..rec
-    };
+    let valid_len = replayed.expect("STARTUP replays the log");
     let mut file_len = valid_len;
-    if valid_len < MAGIC.len() as u64 {
+    if valid_len < new_image.len() as u64 {
         // New, or torn during creation: start a fresh log.
         file.set_len(0).map_err(|e| format!("{shown}: {e}"))?;
         use std::io::{Seek, SeekFrom};
         file.seek(SeekFrom::Start(0))
             .map_err(|e| format!("{shown}: {e}"))?;
-        file.write_all(MAGIC)
+        file.write_all(new_image)
             .map_err(|e| format!("{shown}: cannot write log header: {e}"))?;
-        file_len = MAGIC.len() as u64;
+        file_len = new_image.len() as u64;
         file.sync_all()
             .map_err(|e| format!("{shown}: fsync failed: {e}"))?;
         fsync_dir(&dir).map_err(|e| format!("{}: fsync failed: {e}", dir_path.display()))?;
@@ -358,18 +367,15 @@ pub(crate) fn open_with(
         file.sync_all()
             .map_err(|e| format!("{shown}: fsync failed: {e}"))?;
     }
-    Ok((
-        LogFiles {
-            path: path.to_path_buf(),
-            temp_path: cstr(&temp),
-            path_c: cstr(path),
-            file,
-            dir,
-            file_len,
-            alloc_len: file_len,
-        },
-        rec,
-    ))
+    Ok(LogFiles {
+        path: path.to_path_buf(),
+        temp_path: cstr(&temp),
+        path_c: cstr(path),
+        file,
+        dir,
+        file_len,
+        alloc_len: file_len,
+    })
 }
 
 /// Replays a log image into `table`: the pure half of recovery, shared by

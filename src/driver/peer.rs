@@ -1,0 +1,516 @@
+//! Cluster mode: this loop's Raft links to the same shard of every other
+//! node, through the same ring as its clients.
+//!
+//! Each node dials one outbound link per peer and shard and sends its Raft
+//! frames for that peer on it; it accepts the peers' links on its own
+//! listener (its `--peers` port + its shard index) and only reads those.
+//! So two nodes are joined by two connections per shard, one each way,
+//! and no frame waits for the other direction. The dialer speaks first: a
+//! Hello naming its node, shard, shard count and voters; a link whose Hello
+//! does not match is closed and logged.
+//!
+//! A link that fails is dialed again after [`REDIAL_US`]; frames for a
+//! peer whose link is down, or whose queue holds [`QUEUE_MAX`] bytes
+//! already (a peer that stopped reading), are dropped: Raft retransmits
+//! what matters. Buffers lent to the kernel (a receive, a send, a connect's
+//! address) are [`Lent`]/boxed and come back only with their op's final
+//! completion, as on client connections.
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::{opcode, types};
+
+use super::buf::{Lent, Slot};
+use super::user_data::{self as ring_io, Op};
+use super::Loop;
+use crate::cluster::wire;
+use crate::log::Level;
+
+/// How long a failed link waits before it is dialed again.
+pub const REDIAL_US: u64 = 100_000;
+/// The most bytes queued for one peer.
+pub const QUEUE_MAX: usize = 8 << 20;
+const RECV_BUF: usize = 64 * 1024;
+
+// The `slot` field of a peer op's user_data: kind in the top byte, the
+// link's index below.
+const K_ACCEPT: u32 = 1 << 24;
+const K_RECV: u32 = 2 << 24;
+const K_CONNECT: u32 = 3 << 24;
+const K_SEND: u32 = 4 << 24;
+const K_CLOSE: u32 = 5 << 24;
+const KIND_MASK: u32 = 0xFF << 24;
+
+/// An accepted link (a peer's outbound): read only.
+struct Inbound {
+    fd: RawFd,
+    recv: Slot,
+    rbuf: Vec<u8>,
+    /// The peer, once its Hello was accepted.
+    node: Option<u64>,
+    gen: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutState {
+    /// Dial again at this time.
+    Down {
+        at_us: u64,
+    },
+    Connecting,
+    Up,
+}
+
+/// This node's link to one peer: write only.
+struct Outbound {
+    node: u64,
+    addr: Box<socket2::SockAddr>,
+    shown: SocketAddr,
+    fd: RawFd,
+    state: OutState,
+    queue: Vec<u8>,
+    send: Slot,
+    sent: usize,
+    gen: u32,
+    /// Logged the current outage already.
+    quiet: bool,
+}
+
+pub(super) struct Peers {
+    listener: TcpListener,
+    inbound: Vec<Option<Inbound>>,
+    outbound: Vec<Outbound>,
+    hello: Vec<u8>,
+}
+
+impl Peers {
+    /// `peers`: every other node's id and the address of its link for this
+    /// shard; `hello`: this link's Hello.
+    pub(super) fn new(
+        listener: TcpListener,
+        peers: Vec<(u64, SocketAddr)>,
+        hello: &wire::Hello,
+    ) -> Peers {
+        let mut h = Vec::new();
+        wire::encode_hello(hello, &mut h);
+        Peers {
+            listener,
+            inbound: Vec::new(),
+            outbound: peers
+                .into_iter()
+                .map(|(node, a)| Outbound {
+                    node,
+                    addr: Box::new(socket2::SockAddr::from(a)),
+                    shown: a,
+                    fd: -1,
+                    state: OutState::Down { at_us: 0 },
+                    queue: Vec::new(),
+                    send: Slot::Ours(Vec::new()),
+                    sent: 0,
+                    gen: 0,
+                    quiet: false,
+                })
+                .collect(),
+            hello: h,
+        }
+    }
+
+    /// Gives up the buffers still lent (the server stops): leaked, never
+    /// freed under the kernel.
+    pub(super) fn leak_in_flight(&mut self) {
+        for i in self.inbound.iter_mut().flatten() {
+            if let Slot::Kernel(l) = std::mem::replace(&mut i.recv, Slot::Moving) {
+                l.leak();
+            }
+        }
+        for o in &mut self.outbound {
+            if let Slot::Kernel(l) = std::mem::replace(&mut o.send, Slot::Moving) {
+                l.leak();
+            }
+            if o.state == OutState::Connecting {
+                // The connect's address may still be read by the kernel.
+                std::mem::forget(std::mem::replace(
+                    &mut o.addr,
+                    Box::new(socket2::SockAddr::from(o.shown)),
+                ));
+            }
+        }
+    }
+}
+
+impl Loop {
+    fn peers(&mut self) -> &mut Peers {
+        self.peers.as_mut().expect("cluster mode")
+    }
+
+    pub(super) fn arm_peer_accept(&mut self) {
+        let fd = self.peers().listener.as_raw_fd();
+        let sqe = opcode::AcceptMulti::new(types::Fd(fd))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ring_io::encode(Op::Peer, 0, K_ACCEPT));
+        // SAFETY: references no buffer.
+        unsafe { self.push(sqe) };
+    }
+
+    /// A completion of a peer op.
+    pub(super) fn on_peer_op(&mut self, ud: u64, gen: u32, slot: u32, res: i32, flags: u32) {
+        let idx = (slot & !KIND_MASK) as usize;
+        match slot & KIND_MASK {
+            K_ACCEPT => {
+                if res >= 0 {
+                    self.peer_accepted(res);
+                }
+                if !io_uring::cqueue::more(flags) && !self.stop_requested {
+                    self.arm_peer_accept();
+                }
+            }
+            K_RECV => self.on_peer_recv(ud, gen, idx, res),
+            K_CONNECT => self.on_peer_connect(gen, idx, res),
+            K_SEND => self.on_peer_send(ud, gen, idx, res),
+            K_CLOSE => {}
+            k => panic!("peer op of unknown kind {k:#x}"),
+        }
+    }
+
+    fn peer_accepted(&mut self, fd: RawFd) {
+        let p = self.peers();
+        let idx = match p.inbound.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                p.inbound.push(None);
+                p.inbound.len() - 1
+            }
+        };
+        static GEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let gen =
+            GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & crate::shard::conn::GEN_MASK;
+        p.inbound[idx] = Some(Inbound {
+            fd,
+            recv: Slot::Ours(vec![0u8; RECV_BUF]),
+            rbuf: Vec::new(),
+            node: None,
+            gen,
+        });
+        self.arm_peer_recv(idx);
+    }
+
+    fn arm_peer_recv(&mut self, idx: usize) {
+        let i = self.peers().inbound[idx]
+            .as_mut()
+            .expect("a live inbound link");
+        let ud = ring_io::encode(Op::Peer, i.gen, K_RECV | idx as u32);
+        let mut lent = Lent::lend(i.recv.take_ours(), ud);
+        let (ptr, len) = (lent.mut_ptr(), lent.len() as u32);
+        i.recv = Slot::Kernel(lent);
+        let sqe = opcode::Recv::new(types::Fd(i.fd), ptr, len)
+            .build()
+            .user_data(ud);
+        // SAFETY: the buffer is `Lent` to this op until its completion
+        // (on_peer_recv reclaims it; `reclaim` panics for another op), and
+        // the link is not freed while it is lent (closing waits for this
+        // completion). tests/cluster.rs replicates every grant through
+        // these receives and checks each node's table.
+        unsafe { self.push(sqe) };
+    }
+
+    fn on_peer_recv(&mut self, ud: u64, gen: u32, idx: usize, res: i32) {
+        let p = self.peers();
+        let i = p.inbound[idx]
+            .as_mut()
+            .expect("a completion for a live inbound link");
+        assert_eq!(
+            i.gen, gen,
+            "a peer receive for an earlier link in this slot"
+        );
+        let buf = i.recv.reclaim(ud);
+        if res <= 0 {
+            if res < 0 && -res == libc::EINTR {
+                self.arm_peer_recv(idx);
+                return;
+            }
+            self.close_inbound(idx, None);
+            return;
+        }
+        i.rbuf.extend_from_slice(&buf[..res as usize]);
+        let mut rbuf = std::mem::take(&mut i.rbuf);
+        let mut node = i.node;
+        let mut used = 0;
+        let mut bad = None;
+        loop {
+            match wire::next_frame(&rbuf[used..]) {
+                Ok(None) => break,
+                Err(e) => {
+                    bad = Some(e);
+                    break;
+                }
+                Ok(Some((kind, payload, n))) => {
+                    match (kind, node) {
+                        (wire::KIND_HELLO, None) => match wire::decode_hello(payload) {
+                            None => bad = Some("a malformed Hello".into()),
+                            Some(h) => match self.shard.on_peer_hello(&h) {
+                                Ok(()) => node = Some(h.node),
+                                Err(e) => bad = Some(e),
+                            },
+                        },
+                        (wire::KIND_RAFT, Some(_)) => self.shard.on_raft_message(payload),
+                        (k, n) => {
+                            bad = Some(format!(
+                                "frame kind {k} {}",
+                                if n.is_none() {
+                                    "before the Hello"
+                                } else {
+                                    "after the Hello"
+                                }
+                            ))
+                        }
+                    }
+                    used += n;
+                    if bad.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        rbuf.drain(..used);
+        let p = self.peers();
+        let i = p.inbound[idx].as_mut().expect("live");
+        i.rbuf = rbuf;
+        i.node = node;
+        if let Some(why) = bad {
+            self.close_inbound(idx, Some(why));
+            return;
+        }
+        self.arm_peer_recv(idx);
+    }
+
+    fn close_inbound(&mut self, idx: usize, why: Option<String>) {
+        let i = self.peers().inbound[idx].take().expect("live");
+        debug_assert!(!i.recv.is_lent());
+        if let Some(why) = why {
+            log!(
+                Level::Warn,
+                "peer_link_refused",
+                "shard={} peer={:?} reason=\"{}\"",
+                self.shard.index(),
+                i.node,
+                crate::log::Escaped(&why)
+            );
+        }
+        let sqe = opcode::Close::new(types::Fd(i.fd))
+            .build()
+            .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
+        // SAFETY: references no buffer; the receive completed, no op uses
+        // the fd any more.
+        unsafe { self.push(sqe) };
+    }
+
+    /// Dials every link that is due (from the tick).
+    pub(super) fn peer_tick(&mut self, now_us: u64) {
+        if self.peers.is_none() || self.stop_requested {
+            return;
+        }
+        for o in 0..self.peers().outbound.len() {
+            if let OutState::Down { at_us } = self.peers().outbound[o].state {
+                if now_us >= at_us {
+                    self.dial(o);
+                }
+            }
+        }
+    }
+
+    /// When the next dial is due (for the wait).
+    pub(super) fn peer_deadline_us(&self) -> Option<u64> {
+        let p = self.peers.as_ref()?;
+        p.outbound
+            .iter()
+            .filter_map(|o| match o.state {
+                OutState::Down { at_us } => Some(at_us),
+                _ => None,
+            })
+            .min()
+    }
+
+    fn dial(&mut self, o: usize) {
+        use socket2::{Domain, Socket, Type};
+        let out = &self.peers().outbound[o];
+        let sock = match Socket::new(Domain::for_address(out.shown), Type::STREAM, None)
+            .and_then(|s| s.set_tcp_nodelay(true).map(|_| s))
+            .and_then(|s| s.set_cloexec(true).map(|_| s))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                log!(Level::Warn, "peer_dial_failed", "error=\"{}\"", e);
+                let at = super::sys::now().mono_us + REDIAL_US;
+                self.peers().outbound[o].state = OutState::Down { at_us: at };
+                return;
+            }
+        };
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(std::os::fd::OwnedFd::from(sock));
+        let out = &mut self.peers().outbound[o];
+        out.gen = (out.gen + 1) & crate::shard::conn::GEN_MASK;
+        out.fd = fd;
+        out.state = OutState::Connecting;
+        let (ptr, len) = (out.addr.as_ptr(), out.addr.len());
+        let ud = ring_io::encode(Op::Peer, out.gen, K_CONNECT | o as u32);
+        let sqe = opcode::Connect::new(types::Fd(fd), ptr as *const _, len)
+            .build()
+            .user_data(ud);
+        // SAFETY: the address is boxed in the link and neither moved nor
+        // dropped while the connect is in flight (state Connecting; a
+        // stopping server forgets it instead: leak_in_flight).
+        unsafe { self.push(sqe) };
+    }
+
+    fn on_peer_connect(&mut self, gen: u32, o: usize, res: i32) {
+        let shard = self.shard.index();
+        let out = &mut self.peers().outbound[o];
+        assert_eq!(out.gen, gen, "a connect completion for an earlier link");
+        if res < 0 {
+            if !out.quiet {
+                out.quiet = true;
+                log!(
+                    Level::Warn,
+                    "peer_link_down",
+                    "shard={} peer={} addr={} errno={} action=\"redialing every {} ms\"",
+                    shard,
+                    out.node,
+                    out.shown,
+                    -res,
+                    REDIAL_US / 1000
+                );
+            }
+            self.drop_outbound(o);
+            return;
+        }
+        if out.quiet {
+            log!(
+                Level::Info,
+                "peer_link_up",
+                "shard={} peer={} addr={}",
+                shard,
+                out.node,
+                out.shown
+            );
+        }
+        out.quiet = false;
+        out.state = OutState::Up;
+        // The Hello first; what was queued for the old link is stale.
+        let hello = self.peers().hello.clone();
+        let out = &mut self.peers().outbound[o];
+        out.queue.clear();
+        out.queue.extend_from_slice(&hello);
+        self.kick_send(o);
+    }
+
+    /// A frame for `node` from the shard.
+    pub(super) fn send_peer(&mut self, node: u64, frame: Vec<u8>) {
+        let Some(p) = self.peers.as_mut() else { return };
+        let Some(o) = p.outbound.iter().position(|o| o.node == node) else {
+            return;
+        };
+        let out = &mut p.outbound[o];
+        if out.state != OutState::Up || out.queue.len() + frame.len() > QUEUE_MAX {
+            return; // dropped: Raft retransmits
+        }
+        out.queue.extend_from_slice(&frame);
+        self.kick_send(o);
+    }
+
+    fn kick_send(&mut self, o: usize) {
+        let out = &mut self.peers().outbound[o];
+        if out.state != OutState::Up || out.send.is_lent() || out.queue.is_empty() {
+            return;
+        }
+        let mut buf = out.send.take_ours();
+        buf.clear();
+        std::mem::swap(&mut buf, &mut out.queue);
+        out.sent = 0;
+        out.send = Slot::Ours(buf);
+        self.submit_peer_send(o);
+    }
+
+    fn submit_peer_send(&mut self, o: usize) {
+        let out = &mut self.peers().outbound[o];
+        let ud = ring_io::encode(Op::Peer, out.gen, K_SEND | o as u32);
+        let lent = Lent::lend(out.send.take_ours(), ud);
+        // A release assert: the pointer arithmetic below rests on it.
+        assert!(
+            out.sent < lent.len(),
+            "peer send resumed at {} of {}",
+            out.sent,
+            lent.len()
+        );
+        // SAFETY (pointer arithmetic): `sent < len` (asserted above).
+        let ptr = unsafe { lent.ptr().add(out.sent) };
+        let len = (lent.len() - out.sent) as u32;
+        out.send = Slot::Kernel(lent);
+        let sqe = opcode::Send::new(types::Fd(out.fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(ud);
+        // SAFETY: the buffer is `Lent` to this op until its completion
+        // (on_peer_send reclaims it); the link's fd is closed only after it
+        // (drop_outbound runs from this completion). tests/cluster.rs
+        // replicates every grant through these sends.
+        unsafe { self.push(sqe) };
+    }
+
+    fn on_peer_send(&mut self, ud: u64, gen: u32, o: usize, res: i32) {
+        let shard = self.shard.index();
+        let out = &mut self.peers().outbound[o];
+        assert_eq!(out.gen, gen, "a send completion for an earlier link");
+        let len = out.send.reclaim(ud).len();
+        if res > 0 {
+            out.sent += res as usize;
+            if out.sent < len {
+                self.submit_peer_send(o);
+                return;
+            }
+            out.send.ours().clear();
+            out.sent = 0;
+            self.kick_send(o);
+            return;
+        }
+        if res < 0 && -res == libc::EINTR {
+            self.submit_peer_send(o);
+            return;
+        }
+        out.send.ours().clear();
+        out.sent = 0;
+        if !out.quiet {
+            out.quiet = true;
+            log!(
+                Level::Warn,
+                "peer_link_down",
+                "shard={} peer={} addr={} errno={} action=\"redialing every {} ms\"",
+                shard,
+                out.node,
+                out.shown,
+                -res,
+                REDIAL_US / 1000
+            );
+        }
+        let _ = shard;
+        self.drop_outbound(o);
+    }
+
+    /// Closes a link no op references any more and schedules its redial.
+    fn drop_outbound(&mut self, o: usize) {
+        let at = super::sys::now().mono_us + REDIAL_US;
+        let out = &mut self.peers().outbound[o];
+        debug_assert!(!out.send.is_lent());
+        let fd = std::mem::replace(&mut out.fd, -1);
+        out.state = OutState::Down { at_us: at };
+        out.queue.clear();
+        if fd >= 0 {
+            let sqe = opcode::Close::new(types::Fd(fd))
+                .build()
+                .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
+            // SAFETY: references no buffer; the connect or send that used
+            // the fd has completed.
+            unsafe { self.push(sqe) };
+        }
+    }
+}
