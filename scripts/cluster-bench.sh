@@ -128,7 +128,7 @@ log "building $PROFILE binaries"
 if [ "$PROFILE" = release ]; then CARGO_PROFILE=--release; else CARGO_PROFILE=; fi
 # shellcheck disable=SC2086
 (cd "$ROOT" && cargo build $CARGO_PROFILE -q --locked -p ringlock --bin ringlockd \
-    -p ringlock-loadgen -p ringlock-bench --bin failover --bin fsync-probe)
+    -p ringlock-loadgen --bin ringlock-loadgen -p ringlock-bench --bin failover --bin fsync-probe)
 BIN="$ROOT/target/$PROFILE"
 LOADGEN="$BIN/ringlock-loadgen"
 FAILOVER="$BIN/failover"
@@ -317,7 +317,7 @@ if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
             log "  $(tail -1 "$trials")"
             # The trial saw it die; reap it and bring it back on its log.
             kill -9 "$pid" 2>/dev/null || true
-            wait "$pid" 2>/dev/null || true
+            { wait "$pid"; } 2>/dev/null || true # (no "Killed" job notice)
             PID[rl$l]=""
             start_rl_node "$l" "$d/n$l"
             wait_port "${RL_PORT[$l]}" 30 "${PID[rl$l]}" || { log "node $l did not restart: $(tail -c 400 "$d/n$l/log")"; FAILED=1; break; }
@@ -380,7 +380,7 @@ fo() { # measure stat, from failover.json
         echo "| (a) kill → first grant by the new leader | $(fo a count) | $(fo a p50_ms) | $(fo a p99_ms) | $(fo a max_ms) |"
         echo "| (b) kill → grant of a waiter queued on the old leader (re-queued at the new one, holder released there) | $(fo b count) | $(fo b p50_ms) | $(fo b p99_ms) | $(fo b max_ms) |"
         echo
-        echo "p99 is nearest-rank (with 20 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Raw trials: failover-trials.jsonl."
+        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Raw trials: failover-trials.jsonl."
     fi
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"
