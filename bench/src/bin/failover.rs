@@ -4,7 +4,7 @@
 //! ```text
 //! failover probe  --nodes A,B,C [--wait-ms 30000] [--all-up]
 //! failover trial  --nodes A,B,C --leader I --pid PID --metrics M [--key P]
-//!               [--timeout-ms 30000] [--pause-us 1000] [--trial N]
+//!               [--logs L1,L2,L3] [--timeout-ms 30000] [--pause-us 1000] [--trial N]
 //! failover report FILE.jsonl
 //! ```
 //!
@@ -31,6 +31,10 @@
 //!     TryLock must answer `#`, K still held after the failover, or the
 //!     trial reports the key lost). So (b) = the waiter re-queued at the
 //!     new leader and granted after its holder released there.
+//!
+//!   With `--logs` (each node's log file, in node order) it also reports
+//!   from the new leader's log when it was elected and when it began to
+//!   serve (`elected_ms`, `serving_ms`, from the kill).
 //!
 //!   Prints one JSON line; exits 1 if a measure did not complete within
 //!   `--timeout-ms` or K was lost.
@@ -137,6 +141,7 @@ struct Args {
     all_up: bool,
     trial: u64,
     file: Option<String>,
+    logs: Vec<String>,
 }
 
 fn addr(s: &str) -> Result<SocketAddr, String> {
@@ -165,6 +170,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         all_up: false,
         trial: 0,
         file: None,
+        logs: Vec::new(),
     };
     while let Some(f) = it.next() {
         match f.as_str() {
@@ -181,6 +187,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--wait-ms" => a.wait = Duration::from_millis(num("--wait-ms", it.next())?),
             "--trial" => a.trial = num("--trial", it.next())?,
             "--all-up" => a.all_up = true,
+            "--logs" => {
+                let v = it.next().ok_or("--logs needs a value")?;
+                a.logs = v.split(',').map(str::to_string).collect();
+            }
             s if !s.starts_with('-') && a.file.is_none() => a.file = Some(s.to_string()),
             s => return Err(format!("unknown argument {s}")),
         }
@@ -430,6 +440,7 @@ fn trial(a: &Args) -> Result<bool, String> {
     drop(tx);
 
     let t0 = Instant::now();
+    let t0_unix = unix_now();
     // SAFETY: kill(2) with a PID the caller named and a valid signal number
     // touches no memory of this process; the worst a wrong PID does is
     // signal another process, which the script prevents by passing the PID
@@ -477,13 +488,21 @@ fn trial(a: &Args) -> Result<bool, String> {
         let _ = h.join();
     }
     let old_grant = matches!(granted, Some((usize::MAX, _)));
+    // The new leader's own account: when it won the election and when it
+    // began to serve (its log's event=raft_leader and event=raft_serving).
+    let (elected, serving) = match first.and_then(|(i, _)| a.logs.get(i)) {
+        Some(path) => leader_events(path, t0_unix),
+        None => (None, None),
+    };
     let new_leader = first.map(|(i, _)| (i + 1).to_string());
     println!(
-        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
+        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
         a.trial,
         a.leader,
         new_leader.unwrap_or_else(|| "null".into()),
         ms(dead_at),
+        opt_num(elected),
+        opt_num(serving),
         opt_ms(first.map(|f| f.1)),
         opt_ms(granted.filter(|_| !old_grant).map(|g| g.1)),
         opt_ms(released),
@@ -492,6 +511,53 @@ fn trial(a: &Args) -> Result<bool, String> {
         old_grant,
     );
     Ok(first.is_some() && released.is_some() && granted.is_some() && kept && !old_grant)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn opt_num(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.3}"))
+        .unwrap_or_else(|| "null".into())
+}
+
+/// Milliseconds after the kill of the first `event=raft_leader` line and
+/// the first `event=raft_serving` line after it, in a ringlockd log
+/// (`ts=UNIX.mmm ...`). The log's clock is the wall clock with millisecond
+/// resolution, so these are good to about a millisecond.
+fn leader_events(path: &str, since_unix: f64) -> (Option<f64>, Option<f64>) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (None, None);
+    };
+    // The log's ts is rounded to the millisecond: a line of the same
+    // millisecond as the kill counts.
+    let since = since_unix - 0.0005;
+    let mut elected = None;
+    let mut serving = None;
+    for line in text.lines() {
+        let Some(ts) = line
+            .strip_prefix("ts=")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|t| t.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if ts < since {
+            continue;
+        }
+        let at = ((ts - since_unix) * 1e3).max(0.0);
+        if elected.is_none() && line.contains(" event=raft_leader ") {
+            elected = Some(at);
+        } else if elected.is_some() && line.contains(" event=raft_serving ") {
+            serving = Some(at);
+            break;
+        }
+    }
+    (elected, serving)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -516,6 +582,8 @@ fn report(a: &Args) -> Result<(), String> {
     for m in [
         "a_ms",
         "b_ms",
+        "elected_ms",
+        "serving_ms",
         "holder_release_ms",
         "waiter_closed_ms",
         "kill_to_dead_ms",
