@@ -1276,13 +1276,14 @@ impl Table {
         }
     }
 
-    /// This node stopped leading (cluster mode): its sessions are gone
-    /// with their connections, but their holds are in the replicated log
-    /// and their clients may still believe in them. Each session hold
-    /// becomes a lease ending `keep_us` from now, owned by nobody, as the
-    /// other replicas hold it; every owner entry is dropped (their queued
-    /// requests were withdrawn with the connections). No effect.
-    pub fn orphan_sessions(&mut self, keep_us: u64, now: Now) {
+    /// This node stopped leading (cluster mode): its sessions went with
+    /// their connections, but their holds are in the replicated log and
+    /// their clients may still believe in them. Every hold loses its owner
+    /// and connection (a session hold stays a session hold, owned by
+    /// nobody, as the other replicas hold it, until a leader starts serving:
+    /// [`Table::expire_orphans`]); every owner entry and its queued
+    /// requests are dropped. No effect.
+    pub fn drop_owners(&mut self) {
         let mut cur = self.by_age.front();
         while let Some(k) = cur {
             cur = List::next_of(&self.keys, k, K_AGE);
@@ -1296,13 +1297,6 @@ impl Table {
             let h = self.keys[k as usize].holder.as_mut().expect("held");
             h.owner = NIL;
             h.conn = NO_CONN;
-            if h.mode == HoldMode::Session {
-                h.mode = HoldMode::Lease;
-                h.expires_mono_us = now.mono_us.saturating_add(keep_us);
-                h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
-                let (d, g) = (h.expires_mono_us, h.grant_id);
-                self.leases.push(Reverse((d, k, g)));
-            }
         }
         let ids: Vec<u64> = self.owner_index.keys().copied().collect();
         for id in ids {
@@ -1313,6 +1307,29 @@ impl Table {
                 }
                 self.owners.remove(o as usize);
             }
+        }
+    }
+
+    /// A leader starts serving (cluster mode): the session holds it has
+    /// are owned by sessions of an earlier leader, which it does not know.
+    /// Their clients counted on them until at most a keep-alive after their
+    /// last answered renewal, which was before now: each becomes a lease
+    /// ending `keep_us` from now, owned by nobody. No effect.
+    pub fn expire_orphans(&mut self, keep_us: u64, now: Now) {
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            cur = List::next_of(&self.keys, k, K_AGE);
+            let Some(h) = self.keys[k as usize].holder.as_mut() else {
+                continue;
+            };
+            if h.mode != HoldMode::Session || h.owner != NIL {
+                continue;
+            }
+            h.mode = HoldMode::Lease;
+            h.expires_mono_us = now.mono_us.saturating_add(keep_us);
+            h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
+            let (d, g) = (h.expires_mono_us, h.grant_id);
+            self.leases.push(Reverse((d, k, g)));
         }
     }
 

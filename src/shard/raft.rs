@@ -22,9 +22,14 @@
 //! - **Stepping down rolls back.** A leader that loses leadership closes
 //!   every client connection (their answers were never sent: outcome
 //!   unknown to them, as after a crash), fails its in-flight proposal
-//!   (undoing its effects: the table is the applied log again) and turns
-//!   its sessions' holds into leases of the longest keep-alive plus an
-//!   election timeout, as its followers hold them.
+//!   (undoing its effects: the table is the applied log again) and drops
+//!   its sessions; their holds stay, owned by nobody, as its followers
+//!   hold them.
+//! - **Orphaned session holds outlive their clients' belief.** A leader
+//!   that starts serving in a new term turns every session hold owned by
+//!   nobody into a lease of the longest keep-alive plus an election
+//!   timeout from that moment: the client's last answered renewal was
+//!   before it, so its session cannot outlast that in its own eyes.
 //! - **A log that cannot be written stops the node** (fail-stop): a
 //!   replica that cannot persist must not vote or acknowledge.
 
@@ -507,9 +512,8 @@ impl Shard {
                 r.fatal = Some(format!("entry {} is too short to be a proposal", e.index));
                 return;
             };
-            let keep = r.session_keep_ms;
             if let Err(why) =
-                crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now, keep)
+                crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now)
             {
                 let r = self.raft.as_mut().expect("replica");
                 log!(
@@ -557,11 +561,9 @@ impl Shard {
         }
         self.fail_pending(why, 0);
         let r = self.raft.as_mut().expect("replica");
-        let keep_us = r.session_keep_ms * 1000;
         r.view.serving[r.group].store(false, Ordering::Release);
         r.was_serving = false;
-        let now = self.now;
-        self.table.orphan_sessions(keep_us, now);
+        self.table.drop_owners();
         // Nothing this node decides now is proposed.
         self.fx.clear();
     }
@@ -579,9 +581,14 @@ impl Shard {
         let (group, term, id) = (r.group, r.replica.term(), r.replica.id());
         if serving {
             let by = r.election_us;
+            let keep_us = r.session_keep_ms * 1000;
             let first = r.served_term != term;
             r.served_term = term;
             self.table.extend_leases(by);
+            if first {
+                let now = self.now;
+                self.table.expire_orphans(keep_us, now);
+            }
             log!(
                 Level::Info,
                 "raft_serving",

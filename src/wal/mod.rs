@@ -510,16 +510,15 @@ fn replay_with(
 /// had left then, counted on this node's monotonic clock from `now` (when
 /// the entry is applied, which is no earlier than when it was decided), so
 /// clock differences between nodes never shorten a lease. A session hold
-/// becomes a lease of `session_keep_ms`: only the leader knows sessions,
-/// and if it fails the hold must outlive every keep-alive its client may
-/// still count on. Refuses a batch that does not parse (it was checked
-/// before it was proposed: damage here is a bug or a corrupt log).
+/// is kept as a session hold owned by nobody: only the leader knows its
+/// session, and a new leader turns it into a lease when it starts serving
+/// ([`Table::expire_orphans`]). Refuses a batch that does not parse (it was
+/// checked before it was proposed: damage here is a bug or a corrupt log).
 pub fn apply_replicated(
     records: &[u8],
     leader_unix_ms: u64,
     table: &mut Table,
     now: Now,
-    session_keep_ms: u64,
 ) -> Result<usize, String> {
     let rel = Now {
         mono_us: now.mono_us,
@@ -528,15 +527,6 @@ pub fn apply_replicated(
     let mut over_limit = false;
     let n = record::each_in_batch(records, |r| match r {
         RecordRef::Acquire(h) => {
-            let h = if h.mode == crate::core::HoldMode::Session {
-                crate::core::HeldRef {
-                    mode: crate::core::HoldMode::Lease,
-                    expires_unix_ms: leader_unix_ms.saturating_add(session_keep_ms),
-                    ..h
-                }
-            } else {
-                h
-            };
             if !table.restore(h, rel) {
                 over_limit = true;
             }

@@ -2,6 +2,7 @@
 //! ports and speaks raw Locking-Center frames to it.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod fault_proxy;
 pub mod session;
 
@@ -303,6 +304,12 @@ impl Conn {
             Ok(_) => false,
             Err(e) => panic!("read: {e}"),
         }
+    }
+
+    /// Sends a raw frame and reads its one-byte answer.
+    pub fn send_and_read(&mut self, bytes: &[u8]) -> u8 {
+        self.send(bytes);
+        self.read_byte()
     }
 
     pub fn lock(&mut self, key: &[u8], src: &[u8]) -> u8 {

@@ -1,0 +1,154 @@
+//! A replicated cluster of three real `ringlockd` processes on loopback,
+//! their Raft links through in-repository fault proxies: the leader is
+//! killed with `kill -9`, stopped with SIGSTOP past the election timeout,
+//! and cut off from the others, and every acknowledged hold must survive
+//! on whichever node serves next; a node that does not serve never grants.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{request, Cluster};
+use common::frame;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn try_lock(c: &Cluster, i: usize, key: &[u8], src: &[u8]) -> Option<u8> {
+    request(
+        c.lock_addrs[i],
+        &frame(5, key, Some(src)),
+        Duration::from_secs(5),
+    )
+}
+
+/// kill -9 of the leader: a follower takes over, every acknowledged hold
+/// is still held, released keys are free; the killed node comes back from
+/// its log as a follower; a second failover keeps all of it.
+#[test]
+fn kill9_of_the_leader_keeps_every_acknowledged_hold() {
+    let mut c = Cluster::start(3, 1, &[]);
+    let l = c.leader(WAIT);
+    let mut conn = c.conn(l);
+    assert_eq!(conn.lock(b"held", b"alice"), b'+');
+    assert_eq!(conn.try_lock(b"freed", b"alice"), b'+');
+    assert_eq!(conn.unlock(b"freed"), b'+');
+    // Followers refuse, and grant nothing.
+    for i in (0..3).filter(|&i| i != l) {
+        assert_eq!(
+            try_lock(&c, i, b"other", b"bob"),
+            None,
+            "node {} is not the leader",
+            i + 1
+        );
+    }
+    drop(conn);
+    c.kill9(l);
+    let l2 = c.leader(WAIT);
+    assert_ne!(l2, l);
+    assert_eq!(
+        try_lock(&c, l2, b"held", b"bob"),
+        Some(b'#'),
+        "the hold survived"
+    );
+    assert_eq!(
+        try_lock(&c, l2, b"freed", b"bob"),
+        Some(b'+'),
+        "the release survived"
+    );
+    // The killed node restarts from its log and follows.
+    c.start_node(l);
+    common::fault_proxy::poll_until("the restarted node follows", WAIT, || {
+        try_lock(&c, l, b"x", b"carol").is_none() && c.serves(l2)
+    });
+    c.kill9(l2);
+    let l3 = c.leader(WAIT);
+    assert_ne!(l3, l2);
+    assert_eq!(try_lock(&c, l3, b"held", b"dave"), Some(b'#'));
+    assert_eq!(
+        try_lock(&c, l3, b"freed", b"dave"),
+        Some(b'#'),
+        "bob's grant survived too"
+    );
+    let mut conn = c.conn(l3);
+    assert_eq!(conn.unlock(b"held"), b'+');
+    assert_eq!(conn.try_lock(b"held", b"dave"), b'+');
+}
+
+/// SIGSTOP of the leader past the election timeout: another node serves;
+/// when the stopped one resumes, it never grants what the new leader holds
+/// and it steps down.
+#[test]
+fn a_paused_leader_resumes_without_granting() {
+    let c = Cluster::start(3, 1, &[]);
+    let l = c.leader(WAIT);
+    assert_eq!(try_lock(&c, l, b"k", b"alice"), Some(b'+'));
+    c.signal(l, libc::SIGSTOP);
+    let t = Instant::now();
+    let l2 = loop {
+        if let Some(i) = (0..3).filter(|&i| i != l).find(|&i| c.serves(i)) {
+            break i;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "no new leader while the old one is stopped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The new leader takes "k" back from alice and grants it to bob.
+    let mut conn = c.conn(l2);
+    assert_eq!(conn.try_lock(b"k", b"bob"), b'#');
+    assert_eq!(conn.send_and_read(&frame(4, b"alice", None)), b'+');
+    assert_eq!(conn.try_lock(b"k", b"bob"), b'+');
+    // The old leader wakes up with its table from before: it must not
+    // answer from it.
+    c.signal(l, libc::SIGCONT);
+    for _ in 0..20 {
+        let a = try_lock(&c, l, b"k", b"carol");
+        assert_ne!(a, Some(b'+'), "the resumed old leader granted a held key");
+        assert_ne!(
+            a,
+            Some(b'#'),
+            "the resumed old leader answered from a stale table"
+        );
+    }
+    common::fault_proxy::poll_until("the old leader follows", WAIT, || {
+        !c.serves(l) && c.serves(l2)
+    });
+    assert_eq!(conn.try_lock(b"k", b"dave"), b'#', "bob still holds k");
+}
+
+/// The leader cut off from both others: they elect a leader; the isolated
+/// node grants nothing (what it decides cannot commit); after the heal it
+/// follows and what it had accepted is gone.
+#[test]
+fn an_isolated_leader_grants_nothing() {
+    let c = Cluster::start(3, 1, &[]);
+    let l = c.leader(WAIT);
+    assert_eq!(try_lock(&c, l, b"before", b"alice"), Some(b'+'));
+    c.isolate(l);
+    // While it is cut off, its Lock cannot commit: never `+`.
+    let a = try_lock(&c, l, b"during", b"eve");
+    assert_ne!(a, Some(b'+'), "an isolated leader granted");
+    let t = Instant::now();
+    let l2 = loop {
+        if let Some(i) = (0..3).filter(|&i| i != l).find(|&i| c.serves(i)) {
+            break i;
+        }
+        assert!(t.elapsed() < WAIT, "the majority elected no leader");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        !c.serves(l),
+        "the isolated node still serves next to the new leader"
+    );
+    assert_eq!(try_lock(&c, l2, b"before", b"bob"), Some(b'#'));
+    assert_eq!(
+        try_lock(&c, l2, b"during", b"bob"),
+        Some(b'+'),
+        "eve's uncommitted grant is void"
+    );
+    c.heal();
+    common::fault_proxy::poll_until("the old leader rejoins as a follower", WAIT, || {
+        !c.serves(l) && c.serves(l2)
+    });
+}

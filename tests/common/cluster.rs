@@ -1,0 +1,223 @@
+//! A cluster of real `ringlockd` processes on loopback whose Raft links
+//! run through [`FaultProxy`]s: one proxy per ordered pair of nodes, so a
+//! test can cut any link one way or both.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::fault_proxy::FaultProxy;
+use super::{Server, TempDir};
+
+pub struct Cluster {
+    pub nodes: Vec<Option<Server>>,
+    /// Each node's own Raft listener port (shard 0; shard g on + g).
+    pub raft_ports: Vec<u16>,
+    /// `(from, to)` → the proxy `from` dials to reach `to`.
+    pub proxies: HashMap<(usize, usize), FaultProxy>,
+    pub dir: TempDir,
+    pub threads: usize,
+    pub extra: Vec<String>,
+    /// Node → its lock address of the last start (kept after a kill).
+    pub lock_addrs: Vec<SocketAddr>,
+}
+
+/// `n` consecutive free ports (bound once and released: a race with other
+/// processes is possible, not with this test's own binds).
+fn free_ports(n: usize) -> u16 {
+    'outer: for _ in 0..200 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let base = l.local_addr().expect("addr").port();
+        if base as usize + n >= 65_000 {
+            continue;
+        }
+        let mut held = vec![l];
+        for k in 1..n {
+            match TcpListener::bind(("127.0.0.1", base + k as u16)) {
+                Ok(l) => held.push(l),
+                Err(_) => continue 'outer,
+            }
+        }
+        return base;
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+impl Cluster {
+    /// Starts `n` nodes with `threads` shards each (`extra`: more flags for
+    /// every node) and waits for a leader.
+    pub fn start(n: usize, threads: usize, extra: &[&str]) -> Cluster {
+        let raft_ports: Vec<u16> = (0..n).map(|_| free_ports(threads)).collect();
+        let mut proxies = HashMap::new();
+        for from in 0..n {
+            for to in 0..n {
+                if from != to {
+                    let up = SocketAddr::from(([127, 0, 0, 1], raft_ports[to]));
+                    proxies.insert((from, to), FaultProxy::start(up));
+                }
+            }
+        }
+        assert_eq!(threads, 1, "a proxy forwards one port: one shard per node");
+        let mut c = Cluster {
+            nodes: (0..n).map(|_| None).collect(),
+            raft_ports,
+            proxies,
+            dir: TempDir::new("cluster"),
+            threads,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            lock_addrs: vec![SocketAddr::from(([127, 0, 0, 1], 0)); n],
+        };
+        for i in 0..n {
+            c.start_node(i);
+        }
+        c.leader(Duration::from_secs(20));
+        c
+    }
+
+    /// The `--peers` node `i` is started with: itself at its real port,
+    /// every other node at the proxy `i` dials for it.
+    fn peers_for(&self, i: usize) -> String {
+        (0..self.nodes.len())
+            .map(|j| {
+                let a = if i == j {
+                    SocketAddr::from(([127, 0, 0, 1], self.raft_ports[j]))
+                } else {
+                    self.proxies[&(i, j)].addr()
+                };
+                format!("{}={}", j + 1, a)
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn data_path(&self, i: usize) -> std::path::PathBuf {
+        self.dir.path(&format!("node{}.log", i + 1))
+    }
+
+    pub fn start_node(&mut self, i: usize) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+        cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
+        let id = (i + 1).to_string();
+        let peers = self.peers_for(i);
+        let path = self.data_path(i);
+        let threads = self.threads.to_string();
+        let mut args: Vec<String> = vec![
+            "--node-id".into(),
+            id,
+            "--peers".into(),
+            peers,
+            "--data-path".into(),
+            path.to_string_lossy().into_owned(),
+            "--threads".into(),
+            threads,
+        ];
+        args.extend(self.extra.iter().cloned());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let s = Server::spawn(cmd, &refs)
+            .unwrap_or_else(|e| panic!("node {} did not start: {e}", i + 1));
+        self.lock_addrs[i] = s.lock_addr;
+        self.nodes[i] = Some(s);
+    }
+
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut s) = self.nodes[i].take() {
+            s.kill9();
+        }
+    }
+
+    pub fn signal(&self, i: usize, sig: libc::c_int) {
+        let pid = self.nodes[i].as_ref().expect("running").pid() as libc::pid_t;
+        // SAFETY: kill(2) on our own child's pid; no memory involved.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+
+    /// Cuts node `i` off from every other node, both ways.
+    pub fn isolate(&self, i: usize) {
+        for ((from, to), p) in &self.proxies {
+            if *from == i || *to == i {
+                p.partition();
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        for p in self.proxies.values() {
+            p.heal();
+        }
+    }
+
+    /// Whether node `i` serves now: a Persist request answers `+` only on
+    /// the serving leader (`-` elsewhere, or no answer).
+    pub fn serves(&self, i: usize) -> bool {
+        let Some(s) = &self.nodes[i] else {
+            return false;
+        };
+        probe(s.lock_addr)
+    }
+
+    /// The serving node, waiting up to `bound` for one.
+    pub fn leader(&self, bound: Duration) -> usize {
+        let t = Instant::now();
+        loop {
+            for i in 0..self.nodes.len() {
+                if self.serves(i) {
+                    return i;
+                }
+            }
+            if t.elapsed() > bound {
+                let logs: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        format!(
+                            "node {}: {}",
+                            i + 1,
+                            if s.is_some() { "up" } else { "down" }
+                        )
+                    })
+                    .collect();
+                panic!("no node served within {bound:?}: {logs:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A persistent connection to node `i`'s lock port.
+    pub fn conn(&self, i: usize) -> super::Conn {
+        super::Conn::persistent(self.nodes[i].as_ref().expect("running").lock_addr)
+    }
+}
+
+/// Persist (action 6) on a fresh connection: `+` from a serving node.
+pub fn probe(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(&[6]).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(1) if b[0] == b'+')
+}
+
+/// One request on a fresh persistent connection to `addr`: the answer byte,
+/// or `None` when the connection closed or timed out first.
+pub fn request(addr: SocketAddr, frame: &[u8], timeout: Duration) -> Option<u8> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(&[6]).ok()?;
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(1) if b[0] == b'+' => {}
+        _ => return None,
+    }
+    s.write_all(frame).ok()?;
+    match s.read(&mut b) {
+        Ok(1) => Some(b[0]),
+        _ => None,
+    }
+}
