@@ -103,10 +103,10 @@ cleanup() {
 trap cleanup EXIT
 
 stop_proc() { # name
-    local pid=${PID[$1]:-} i
+    local pid=${PID[$1]:-} _
     [ -n "$pid" ] || return 0
     kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
     wait "$pid" 2>/dev/null || true
     PID[$1]=""
@@ -151,8 +151,8 @@ NODES="127.0.0.1:${RL_PORT[1]},127.0.0.1:${RL_PORT[2]},127.0.0.1:${RL_PORT[3]}"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { # port seconds pid
-    local i
-    for i in $(seq 1 $(( $2 * 10 ))); do
+    local _
+    for _ in $(seq 1 $(( $2 * 10 ))); do
         port_open "$1" && return 0
         kill -0 "$3" 2>/dev/null || return 1
         sleep 0.1
@@ -222,8 +222,8 @@ stop_etcd_cluster() { local n; for n in 1 2 3; do stop_proc "etcd$n"; done; }
 # The member that is etcd's leader (1..3): its status names itself as
 # leader. Waits for an elected leader (at most 30 s).
 etcd_leader() {
-    local i n st me leader
-    for i in $(seq 1 300); do
+    local n st me leader
+    for _ in $(seq 1 300); do
         for n in 1 2 3; do
             st=$(http "${ETCD_CLIENT[$n]}" POST /v3/maintenance/status '{}' || true)
             me=$(echo "$st" | sed -n 's/.*"member_id":"\([0-9]*\)".*/\1/p')
@@ -253,7 +253,7 @@ ETCD_VERSION=$(command -v etcd >/dev/null && etcd --version 2>/dev/null | awk '/
 FSYNC=$("$BIN/fsync-probe" "$TMP" 300 2>/dev/null || echo "fsync probe failed")
 
 # ---------------------------------------------------------------- load
-declare -A TITLE TARGET_OF
+declare -A TITLE
 TITLE=([ringlock-cluster]="ringlock, 3-node cluster (leader)" [etcd-cluster]="etcd, 3-member cluster (leader member)"
        [ringlockd-durable]="ringlockd, single node, --data-path")
 FAILED=0
@@ -301,7 +301,6 @@ for c in $CLIENTS; do
 done
 
 # ---------------------------------------------------------------- failover
-FAILOVER_NOTE=""
 if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
     d="$TMP/run/failover"
     trials="$OUT/failover-trials.jsonl"
@@ -402,8 +401,9 @@ if [ "$SMOKE" = 1 ]; then
         done
     done
     if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
-        [ "$(fo a count)" = "$TRIALS" ] && [ "$(fo b count)" = "$TRIALS" ] \
-            || { echo "smoke: not every failover trial measured both (a) and (b)" >&2; FAILED=1; }
+        if [ "$(fo a count)" != "$TRIALS" ] || [ "$(fo b count)" != "$TRIALS" ]; then
+            echo "smoke: not every failover trial measured both (a) and (b)" >&2; FAILED=1
+        fi
     fi
 fi
 if [ "$FAILED" != 0 ]; then echo "cluster-bench: some runs failed (see above)" >&2; exit 1; fi

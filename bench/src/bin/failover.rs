@@ -647,3 +647,50 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_locking_center_frames() {
+        assert_eq!(frame(LOCK, "ab", Some("s")), [1, 2, b'a', b'b', 1, b's']);
+        assert_eq!(frame(UNLOCK, "ab", None), [2, 2, b'a', b'b']);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 10.0);
+        assert_eq!(percentile(&v, 99.0), 20.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+    }
+
+    #[test]
+    fn leader_events_after_the_kill_only() {
+        let path = std::env::temp_dir().join(format!("failover-log-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "ts=100.000 level=info event=raft_leader group=0 node=2 term=1\n\
+             ts=100.010 level=info event=raft_serving group=0 node=2 term=1\n\
+             ts=101.250 level=info event=raft_leader group=0 node=2 term=3\n\
+             ts=101.275 level=info event=raft_serving group=0 node=2 term=3\n",
+        )
+        .unwrap();
+        let (e, s) = leader_events(path.to_str().unwrap(), 101.0);
+        std::fs::remove_file(&path).unwrap();
+        assert!((e.unwrap() - 250.0).abs() < 0.01, "{e:?}");
+        assert!((s.unwrap() - 275.0).abs() < 0.01, "{s:?}");
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let p = |v: &[&str]| parse(v.iter().map(|s| s.to_string()));
+        assert!(p(&["--leader", "x"]).is_err());
+        assert!(p(&["--nodes", "nohost"]).is_err());
+        assert!(p(&["--bogus"]).is_err());
+        assert!(p(&["--key", ""]).is_err());
+        let a = p(&["--nodes", "127.0.0.1:1,127.0.0.1:2", "--leader", "2"]).unwrap();
+        assert_eq!((a.nodes.len(), a.leader), (2, 2));
+    }
+}
