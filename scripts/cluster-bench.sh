@@ -257,14 +257,35 @@ declare -A TITLE
 TITLE=([ringlock-cluster]="ringlock, 3-node cluster (leader)" [etcd-cluster]="etcd, 3-member cluster (leader member)"
        [ringlockd-durable]="ringlockd, single node, --data-path")
 FAILED=0
-run_load() { # system clients target
-    local s=$1 c=$2 target=$3 r="$OUT/$1-$2.json" err="$TMP/$1-$2.err"
+# Noise accounting, as in scripts/bench.sh: /proc/stat ticks over the run
+# minus what the servers and the load generator used = CPU that other work
+# on this shared machine took during the run (% of all CPUs); steal = time
+# the hypervisor gave to someone else.
+CLK_TCK=$(getconf CLK_TCK)
+cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+proc_ticks() { # pid... : utime+stime (+ reaped children) of them all
+    local p t=0
+    for p in "$@"; do t=$(( t + $(awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null || echo 0) )); done
+    echo "$t"
+}
+noise() { # "busy steal total" before, after, server ticks, loadgen cpu seconds
+    echo "$1 $2 $3 $4" | awk -v hz="$CLK_TCK" '{ dt = $6 - $3; if (dt <= 0) dt = 1;
+        foreign = ($4 - $1) - $7 - $8 * hz; if (foreign < 0) foreign = 0;
+        printf "%.0f %.0f\n", 100 * foreign / dt, 100 * ($5 - $2) / dt }'
+}
+run_load() { # system clients target server-pid...
+    local s=$1 c=$2 target=$3 r="$OUT/$1-$2.json" err="$TMP/$1-$2.err" c0 c1 p0 p1 lg
+    shift 3
     log "$s, $c clients: $target"
+    c0=$(cpu_snap); p0=$(proc_ticks "$@")
     # shellcheck disable=SC2086
     if $PIN_LOADGEN "$LOADGEN" --target "$target" --connections "$c" --dist private --keys "$c" \
         --conn-mode persistent --rate 0 --duration "$DURATION" --warmup "$WARMUP" \
         --key-prefix "cb$c" --label "$s/$c" --json --no-progress >"$TMP/$s-$c.out" 2>"$err"; then
         tail -1 "$TMP/$s-$c.out" >"$r"
+        c1=$(cpu_snap); p1=$(proc_ticks "$@")
+        lg=$(sed -n 's/.*"loadgen_cpu_s":{"user":\([0-9.]*\),"sys":\([0-9.]*\)}.*/\1 \2/p' "$r" | awk '{print $1 + $2}')
+        noise "$c0" "$c1" "$((p1 - p0))" "${lg:-0}" >"$TMP/$s-$c.noise"
     else
         log "  load generator failed: $(tail -c 300 "$err" | tr '\n' ' ')"
         echo "load generator failed: $(tail -c 300 "$err" | tr '\n' ' ')" >"$TMP/$s-$c.na"
@@ -278,7 +299,7 @@ for c in $CLIENTS; do
         case "$s" in
         ringlock-cluster)
             if start_rl_cluster "$d" && l=$(rl_leader); then
-                run_load "$s" "$c" "ringlock://127.0.0.1:${RL_PORT[$l]}"
+                run_load "$s" "$c" "ringlock://127.0.0.1:${RL_PORT[$l]}" "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}"
                 echo "node $l" >"$TMP/$s-$c.served-by"
             else
                 echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
@@ -286,14 +307,14 @@ for c in $CLIENTS; do
             stop_rl_cluster ;;
         etcd-cluster)
             if start_etcd_cluster "$d" && l=$(etcd_leader); then
-                run_load "$s" "$c" "etcd://127.0.0.1:${ETCD_CLIENT[$l]}"
+                run_load "$s" "$c" "etcd://127.0.0.1:${ETCD_CLIENT[$l]}" "${PID[etcd1]}" "${PID[etcd2]}" "${PID[etcd3]}"
                 echo "member $l" >"$TMP/$s-$c.served-by"
             else
                 echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
             fi
             stop_etcd_cluster ;;
         ringlockd-durable)
-            if start_rld "$d"; then run_load "$s" "$c" "ringlock://127.0.0.1:$RLD_PORT"
+            if start_rld "$d"; then run_load "$s" "$c" "ringlock://127.0.0.1:$RLD_PORT" "${PID[rld]}"
             else echo "server did not start" >"$TMP/$s-$c.na"; FAILED=1; fi
             stop_proc rld ;;
         esac
@@ -359,20 +380,24 @@ fo() { # measure stat, from failover.json
     echo "- load: lock+unlock, closed loop, persistent connections, each client its own key; $DURATION measured after $WARMUP warm-up$([ "$SMOKE" = 1 ] && echo " (**smoke mode**: not a measurement)")"
     echo "- every system durable: ringlock nodes and the single node with --data-path (fdatasync before an answer), etcd members fsync their raft log"
     echo
-    echo "| system | clients | served by | cycles/s | p50 µs | p99 µs | p99.9 µs | errors |"
-    echo "|---|---:|---|---:|---:|---:|---:|---:|"
+    echo "| system | clients | served by | cycles/s | p50 µs | p99 µs | p99.9 µs | errors | foreign CPU % | steal % |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
     for s in $SYSTEMS; do
         for c in $CLIENTS; do
             r="$OUT/$s-$c.json"
             if [ -s "$r" ]; then
-                printf '| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s |\n' "${TITLE[$s]}" "$c" \
+                read -r foreign steal <"$TMP/$s-$c.noise" || { foreign='?'; steal='?'; }
+                printf '| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n' "${TITLE[$s]}" "$c" \
                     "$(cat "$TMP/$s-$c.served-by" 2>/dev/null || echo -)" \
-                    "$(field "$r" ops)" "$(field "$r" p50)" "$(field "$r" p99)" "$(field "$r" p999)" "$(field "$r" errors)"
+                    "$(field "$r" ops)" "$(field "$r" p50)" "$(field "$r" p99)" "$(field "$r" p999)" "$(field "$r" errors)" \
+                    "$foreign" "$steal"
             else
                 echo "| ${TITLE[$s]} | $c | - | n/a | | | | $(cat "$TMP/$s-$c.na" 2>/dev/null || echo 'not run') |"
             fi
         done
     done
+    echo
+    echo "Foreign CPU: the share of both CPUs' time during the run used by neither the servers nor the load generator (other work on this shared machine); a row with much of it is noise, not the system."
     if [ -s "$OUT/failover.json" ]; then
         echo
         echo "### Failover (ringlock cluster, kill -9 of the leader; $(sed -n 's/.*"trials":\([0-9]*\).*/\1/p' "$OUT/failover.json") trials)"
@@ -384,7 +409,7 @@ fo() { # measure stat, from failover.json
         echo "| of which: kill → the new leader serving (event=raft_serving) | $(fo serving count) | $(fo serving p50_ms) | $(fo serving p99_ms) | $(fo serving max_ms) |"
         echo "| (b) kill → grant of a waiter queued on the old leader (re-queued at the new one, holder released there) | $(fo b count) | $(fo b p50_ms) | $(fo b p99_ms) | $(fo b max_ms) |"
         echo
-        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Raw trials: failover-trials.jsonl."
+        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Terms an election took (the new leader's term − the old one's, from their logs; more than 1: a vote was refused or split, and another election timeout passed): $(sed -n 's/.*"election_rounds":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
     fi
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"

@@ -490,19 +490,29 @@ fn trial(a: &Args) -> Result<bool, String> {
     let old_grant = matches!(granted, Some((usize::MAX, _)));
     // The new leader's own account: when it won the election and when it
     // began to serve (its log's event=raft_leader and event=raft_serving).
-    let (elected, serving) = match first.and_then(|(i, _)| a.logs.get(i)) {
+    let ev = match first.and_then(|(i, _)| a.logs.get(i)) {
         Some(path) => leader_events(path, t0_unix),
-        None => (None, None),
+        None => LeaderEvents::default(),
     };
+    // Terms the election took: 1 when the first candidate won; more when
+    // a vote was refused or split and another election timeout passed.
+    let old_term = a
+        .logs
+        .get(a.leader - 1)
+        .and_then(|p| last_leader_term(p, t0_unix));
+    let rounds = ev.term.zip(old_term).map(|(n, o)| n.saturating_sub(o));
     let new_leader = first.map(|(i, _)| (i + 1).to_string());
     println!(
-        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
+        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"old_term\":{},\"new_term\":{},\"election_rounds\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
         a.trial,
         a.leader,
         new_leader.unwrap_or_else(|| "null".into()),
         ms(dead_at),
-        opt_num(elected),
-        opt_num(serving),
+        opt_num(ev.elected),
+        opt_num(ev.serving),
+        opt_int(old_term),
+        opt_int(ev.term),
+        opt_int(rounds),
         opt_ms(first.map(|f| f.1)),
         opt_ms(granted.filter(|_| !old_grant).map(|g| g.1)),
         opt_ms(released),
@@ -520,44 +530,76 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+fn opt_int(v: Option<u64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "null".into())
+}
+
 fn opt_num(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.3}"))
         .unwrap_or_else(|| "null".into())
 }
 
-/// Milliseconds after the kill of the first `event=raft_leader` line and
-/// the first `event=raft_serving` line after it, in a ringlockd log
-/// (`ts=UNIX.mmm ...`). The log's clock is the wall clock with millisecond
-/// resolution, so these are good to about a millisecond.
-fn leader_events(path: &str, since_unix: f64) -> (Option<f64>, Option<f64>) {
+/// `ts=UNIX.mmm` of a ringlockd log line.
+fn line_ts(line: &str) -> Option<f64> {
+    line.strip_prefix("ts=")?.split(' ').next()?.parse().ok()
+}
+
+/// `term=N` of an `event=raft_leader` line.
+fn line_term(line: &str) -> Option<u64> {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("term="))?
+        .parse()
+        .ok()
+}
+
+/// What the new leader's log says after the kill.
+#[derive(Debug, Default, PartialEq)]
+struct LeaderEvents {
+    /// Milliseconds after the kill of the first `event=raft_leader` line.
+    elected: Option<f64>,
+    /// ... and of the first `event=raft_serving` line after it.
+    serving: Option<f64>,
+    /// The term it was elected in.
+    term: Option<u64>,
+}
+
+/// The log's clock is the wall clock with millisecond resolution, so
+/// these are good to about a millisecond.
+fn leader_events(path: &str, since_unix: f64) -> LeaderEvents {
+    let mut ev = LeaderEvents::default();
     let Ok(text) = std::fs::read_to_string(path) else {
-        return (None, None);
+        return ev;
     };
     // The log's ts is rounded to the millisecond: a line of the same
     // millisecond as the kill counts.
     let since = since_unix - 0.0005;
-    let mut elected = None;
-    let mut serving = None;
     for line in text.lines() {
-        let Some(ts) = line
-            .strip_prefix("ts=")
-            .and_then(|r| r.split(' ').next())
-            .and_then(|t| t.parse::<f64>().ok())
-        else {
+        let Some(ts) = line_ts(line).filter(|&t| t >= since) else {
             continue;
         };
-        if ts < since {
-            continue;
-        }
         let at = ((ts - since_unix) * 1e3).max(0.0);
-        if elected.is_none() && line.contains(" event=raft_leader ") {
-            elected = Some(at);
-        } else if elected.is_some() && line.contains(" event=raft_serving ") {
-            serving = Some(at);
+        if ev.elected.is_none() && line.contains(" event=raft_leader ") {
+            ev.elected = Some(at);
+            ev.term = line_term(line);
+        } else if ev.elected.is_some() && line.contains(" event=raft_serving ") {
+            ev.serving = Some(at);
             break;
         }
     }
-    (elected, serving)
+    ev
+}
+
+/// The term of the killed leader: its log's last `event=raft_leader` line
+/// before the kill.
+fn last_leader_term(path: &str, before_unix: f64) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .filter(|l| {
+            l.contains(" event=raft_leader ")
+                && line_ts(l).is_some_and(|t| t <= before_unix + 0.0005)
+        })
+        .filter_map(line_term)
+        .next_back()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -613,6 +655,17 @@ fn report(a: &Args) -> Result<(), String> {
             )
         })
         .count();
+    let mut rounds: Vec<(u64, usize)> = Vec::new();
+    for r in trials.iter().filter_map(|t| t.num("election_rounds")) {
+        let r = r as u64;
+        match rounds.iter_mut().find(|(k, _)| *k == r) {
+            Some((_, n)) => *n += 1,
+            None => rounds.push((r, 1)),
+        }
+    }
+    rounds.sort();
+    let rounds: Vec<String> = rounds.iter().map(|(k, n)| format!("\"{k}\":{n}")).collect();
+    out += &format!(",\"election_rounds\":{{{}}}", rounds.join(","));
     out += &format!(",\"keys_lost\":{lost}}}");
     println!("{out}");
     Ok(())
@@ -677,10 +730,13 @@ mod tests {
              ts=101.275 level=info event=raft_serving group=0 node=2 term=3\n",
         )
         .unwrap();
-        let (e, s) = leader_events(path.to_str().unwrap(), 101.0);
+        let p = path.to_str().unwrap();
+        let ev = leader_events(p, 101.0);
+        let old = last_leader_term(p, 101.0);
         std::fs::remove_file(&path).unwrap();
-        assert!((e.unwrap() - 250.0).abs() < 0.01, "{e:?}");
-        assert!((s.unwrap() - 275.0).abs() < 0.01, "{s:?}");
+        assert!((ev.elected.unwrap() - 250.0).abs() < 0.01, "{ev:?}");
+        assert!((ev.serving.unwrap() - 275.0).abs() < 0.01, "{ev:?}");
+        assert_eq!((old, ev.term), (Some(1), Some(3)));
     }
 
     #[test]
