@@ -88,7 +88,7 @@ if [ -z "$OUT" ]; then
     if [ "$SMOKE" = 1 ]; then OUT="$TMP/results"; else OUT="$ROOT/bench/results/cluster"; fi
 fi
 mkdir -p "$OUT"
-rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/latest.md
+rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/latest.md
 declare -A PID
 log() { echo "[cluster-bench $(date +%T)] $*" >&2; }
 
@@ -159,10 +159,15 @@ wait_port() { # port seconds pid
     done
     return 1
 }
+# A server this script just stopped may still hold its ports for a few
+# milliseconds after its process is gone (io_uring releases its sockets
+# after the exit), so a port gets up to 5 s to close before it counts as
+# another process's.
 ports_free() { # port...
-    local p
+    local p _
     for p in "$@"; do
-        if port_open "$p"; then echo "port $p is already in use by another process" >&2; return 1; fi
+        for _ in $(seq 1 50); do port_open "$p" || continue 2; sleep 0.1; done
+        echo "port $p is already in use by another process" >&2; return 1
     done
 }
 # One HTTP/1.1 request over bash's /dev/tcp; prints the body.
@@ -351,6 +356,9 @@ if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
             sleep "$(awk -v m="$SETTLE_MS" 'BEGIN{print m / 1000}')"
         done
         "$FAILOVER" report "$trials" >"$OUT/failover.json" || FAILED=1
+        # The nodes' own account (elections, serving, restarts), for reading
+        # a slow trial afterwards.
+        for n in 1 2 3; do cp "$d/n$n/log" "$OUT/failover-node$n.log"; done
     else
         log "failover: the cluster did not start"; FAILED=1
     fi
@@ -367,7 +375,7 @@ field() { # json path: a number from the load generator's one-line JSON
     esac
 }
 fo() { # measure stat, from failover.json
-    sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/failover.json"
+    sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/failover.json" 2>/dev/null
 }
 {
     echo "## Cluster benchmark"
@@ -407,9 +415,11 @@ fo() { # measure stat, from failover.json
         echo "| (a) kill → first grant by the new leader | $(fo a count) | $(fo a p50_ms) | $(fo a p99_ms) | $(fo a max_ms) |"
         echo "| of which: kill → the new leader elected (its log's event=raft_leader) | $(fo elected count) | $(fo elected p50_ms) | $(fo elected p99_ms) | $(fo elected max_ms) |"
         echo "| of which: kill → the new leader serving (event=raft_serving) | $(fo serving count) | $(fo serving p50_ms) | $(fo serving p99_ms) | $(fo serving max_ms) |"
+        echo "| (a), trials where no link between the two survivors broke during the election | $(fo a_no_stale_link count) | $(fo a_no_stale_link p50_ms) | | $(fo a_no_stale_link max_ms) |"
+        echo "| (a), trials where a survivor's link to the other survivor (restarted after an earlier trial) was found broken during the election | $(fo a_stale_link count) | $(fo a_stale_link p50_ms) | | $(fo a_stale_link max_ms) |"
         echo "| (b) kill → grant of a waiter queued on the old leader (re-queued at the new one, holder released there) | $(fo b count) | $(fo b p50_ms) | $(fo b p99_ms) | $(fo b max_ms) |"
         echo
-        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Terms an election took (the new leader's term − the old one's, from their logs; more than 1: a vote was refused or split, and another election timeout passed): $(sed -n 's/.*"election_rounds":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
+        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Term increase per election (new leader's term − old leader's, from their logs; pre-vote is on, so a refused pre-vote round does not show here): $(sed -n 's/.*"term_increase":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/+\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
     fi
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"

@@ -501,9 +501,21 @@ fn trial(a: &Args) -> Result<bool, String> {
         .get(a.leader - 1)
         .and_then(|p| last_leader_term(p, t0_unix));
     let rounds = ev.term.zip(old_term).map(|(n, o)| n.saturating_sub(o));
+    // Links between the survivors found broken while the cluster had no
+    // leader: a send to a peer restarted since the link was dialed fails
+    // (EPIPE), and the Raft message it carried is lost.
+    let until = t0_unix + ev.serving.or(first.map(|f| ms(f.1))).unwrap_or(0.0) / 1e3;
+    let stale: Option<usize> = (!a.logs.is_empty()).then(|| {
+        a.logs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| j + 1 != a.leader)
+            .map(|(_, p)| stale_link_breaks(p, t0_unix, until, a.leader))
+            .sum()
+    });
     let new_leader = first.map(|(i, _)| (i + 1).to_string());
     println!(
-        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"old_term\":{},\"new_term\":{},\"election_rounds\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
+        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"old_term\":{},\"new_term\":{},\"term_increase\":{},\"stale_links\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
         a.trial,
         a.leader,
         new_leader.unwrap_or_else(|| "null".into()),
@@ -513,6 +525,7 @@ fn trial(a: &Args) -> Result<bool, String> {
         opt_int(old_term),
         opt_int(ev.term),
         opt_int(rounds),
+        opt_int(stale.map(|n| n as u64)),
         opt_ms(first.map(|f| f.1)),
         opt_ms(granted.filter(|_| !old_grant).map(|g| g.1)),
         opt_ms(released),
@@ -602,6 +615,19 @@ fn last_leader_term(path: &str, before_unix: f64) -> Option<u64> {
         .next_back()
 }
 
+/// `event=peer_link_down` lines of a log between two instants, except
+/// those for the killed node (its links go down because it is dead).
+fn stale_link_breaks(path: &str, from_unix: f64, to_unix: f64, killed: usize) -> usize {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    let dead = format!(" peer={killed} ");
+    text.lines()
+        .filter(|l| l.contains(" event=peer_link_down ") && !l.contains(&dead))
+        .filter(|l| line_ts(l).is_some_and(|t| t >= from_unix - 0.0005 && t <= to_unix + 0.0005))
+        .count()
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     // Nearest rank.
     let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
@@ -656,7 +682,7 @@ fn report(a: &Args) -> Result<(), String> {
         })
         .count();
     let mut rounds: Vec<(u64, usize)> = Vec::new();
-    for r in trials.iter().filter_map(|t| t.num("election_rounds")) {
+    for r in trials.iter().filter_map(|t| t.num("term_increase")) {
         let r = r as u64;
         match rounds.iter_mut().find(|(k, _)| *k == r) {
             Some((_, n)) => *n += 1,
@@ -664,8 +690,27 @@ fn report(a: &Args) -> Result<(), String> {
         }
     }
     rounds.sort();
+    // (a) with and without a stale link between the survivors in the
+    // election.
+    for (name, pick) in [("a_no_stale_link", false), ("a_stale_link", true)] {
+        let mut v: Vec<f64> = trials
+            .iter()
+            .filter(|t| t.num("stale_links").is_some_and(|n| (n > 0.0) == pick))
+            .filter_map(|t| t.num("a_ms"))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        out += &match v.len() {
+            0 => format!(",\"{name}\":{{\"count\":0}}"),
+            n => format!(
+                ",\"{name}\":{{\"count\":{n},\"min_ms\":{:.3},\"p50_ms\":{:.3},\"max_ms\":{:.3}}}",
+                v[0],
+                percentile(&v, 50.0),
+                v[n - 1]
+            ),
+        };
+    }
     let rounds: Vec<String> = rounds.iter().map(|(k, n)| format!("\"{k}\":{n}")).collect();
-    out += &format!(",\"election_rounds\":{{{}}}", rounds.join(","));
+    out += &format!(",\"term_increase\":{{{}}}", rounds.join(","));
     out += &format!(",\"keys_lost\":{lost}}}");
     println!("{out}");
     Ok(())
@@ -737,6 +782,23 @@ mod tests {
         assert!((ev.elected.unwrap() - 250.0).abs() < 0.01, "{ev:?}");
         assert!((ev.serving.unwrap() - 275.0).abs() < 0.01, "{ev:?}");
         assert_eq!((old, ev.term), (Some(1), Some(3)));
+    }
+
+    #[test]
+    fn stale_links_exclude_the_killed_peer_and_other_times() {
+        let path = std::env::temp_dir().join(format!("failover-links-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "ts=99.000 level=warn event=peer_link_down shard=0 peer=2 errno=32\n\
+             ts=100.100 level=warn event=peer_link_down shard=0 peer=3 errno=32\n\
+             ts=100.200 level=warn event=peer_link_down shard=0 peer=2 errno=32\n\
+             ts=100.300 level=info event=peer_link_up shard=0 peer=2\n\
+             ts=102.000 level=warn event=peer_link_down shard=0 peer=2 errno=32\n",
+        )
+        .unwrap();
+        let n = stale_link_breaks(path.to_str().unwrap(), 100.0, 101.0, 3);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]
