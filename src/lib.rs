@@ -66,17 +66,22 @@
 //!    ([`wal::plan`], pure; the driver and the simulator both run it),
 //!    recovery replay over bytes (pure), and the one start-up function that
 //!    syncs, maps and replays the file ([`wal::STARTUP`]).
+//!    [`cluster`] beside it: a shard's replica of its Raft group (raft-rs
+//!    driven by hand, pure), the cluster log's records and replay, and the
+//!    frames of the links between nodes.
 //! 4. [`shard`]: everything one event loop decides, composed from the
 //!    above: connection protocol states, the lock table, the durability
 //!    gate (held replies, durable watermark, undo journal) and the log's
-//!    batching. Fed events, returns commands; no syscall, no clock read,
-//!    no `unsafe`. The simulator (`tests/sim`) drives it too.
+//!    batching; in cluster mode its batches are Raft proposals and the gate
+//!    opens on commit+apply (`shard::raft`). Fed events, returns commands;
+//!    no syscall, no clock read, no `unsafe`. The simulators (`tests/sim`,
+//!    `tests/sim_cluster.rs`) drive it too.
 //! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`
 //!    I/O; owns every fd and every buffer lent to the kernel. One file per
 //!    concern: syscall wrappers, the ring and its tick, connection I/O, the
 //!    log's I/O (thin: it submits what [`wal::plan`] says), start-up and
-//!    threads, the mesh between shards, and the `user_data` codec
-//!    ([`driver::user_data`]).
+//!    threads, the mesh between shards, the Raft links to other nodes, and
+//!    the `user_data` codec ([`driver::user_data`]).
 //! 6. The client side, beside the server's layers (it uses only
 //!    [`protocol`]'s codecs and the leaves): [`lease`] (the lock API every
 //!    backend shares: `Locker`, `Lease`, the lost-lock handler), below its

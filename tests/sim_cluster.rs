@@ -43,14 +43,18 @@ use ringlock::cluster::{store, wire, ClusterConfig};
 use ringlock::config::Config;
 use ringlock::core::{Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
+use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::raft::{NodeView, Part};
 use ringlock::shard::{Cmd, ConnCounts, Shard};
 use ringlock::wal::log::Chain;
-use sim_common::Rng;
+use sim_common::{Rng, SessionView};
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma"];
-const CLIENTS: usize = 6;
+const CLIENTS: usize = 8;
+/// Session clients' keep-alive, and the longest one the nodes allow.
+const KEEPALIVE_MS: u32 = 300;
+const MAX_KEEPALIVE_MS: u32 = 600;
 const T0_UNIX_MS: u64 = 1_700_000_000_000;
 
 fn frame(act: u8, key: &[u8], source: Option<&[u8]>) -> Vec<u8> {
@@ -82,6 +86,10 @@ struct Node {
 }
 
 struct Client {
+    /// A session client (else Locking-Center on a persistent connection).
+    session: bool,
+    view: SessionView,
+    rx: Vec<u8>,
     source: Vec<u8>,
     /// (node, token, incarnation) of its connection.
     at: Option<(usize, Token, u64)>,
@@ -121,6 +129,8 @@ struct World {
     dup_per_mille: u64,
     max_delay_us: u64,
     max_acked_grant: u64,
+    /// The last token a session client was granted, per key.
+    last_token: HashMap<usize, u64>,
     grants: u64,
     failovers: u64,
     crashes: u64,
@@ -141,6 +151,9 @@ impl World {
         cfg.max_waiters = 64;
         cfg.threads = 1;
         cfg.idle_timeout_ms = 0;
+        cfg.min_keepalive_ms = KEEPALIVE_MS;
+        cfg.max_keepalive_ms = MAX_KEEPALIVE_MS;
+        cfg.min_ttl_ms = 5;
         let peers: String = (0..n)
             .map(|i| format!("{}={}", i + 1, addr(i)))
             .collect::<Vec<_>>()
@@ -165,6 +178,9 @@ impl World {
             .collect();
         let clients = (0..CLIENTS)
             .map(|i| Client {
+                session: i % 2 == 1,
+                view: SessionView::default(),
+                rx: Vec::new(),
                 source: format!("c{i}").into_bytes(),
                 at: None,
                 to_server: VecDeque::new(),
@@ -191,6 +207,7 @@ impl World {
             dup_per_mille: rng.below(30),
             max_delay_us: 200 + rng.below(3000),
             max_acked_grant: 0,
+            last_token: HashMap::new(),
             grants: 0,
             failovers: 0,
             crashes: 0,
@@ -198,7 +215,11 @@ impl World {
             rng,
         };
         for i in 0..n {
-            w.nodes[i].rate = 980 + w.rng.below(41);
+            // Clocks run at the same rate (drift between real hosts is
+            // parts per million; a lease's lower bound assumes it away),
+            // but every node's clock reads differently and its ticks fire
+            // at their own phase (start_node), and a paused node's jumps.
+            w.nodes[i].rate = 1000;
             w.start_node(i);
         }
         w
@@ -250,7 +271,7 @@ impl World {
         let valid = part.file().file_len() as usize;
         self.nodes[i].disk.truncate(valid);
         let nd = &mut self.nodes[i];
-        nd.clock_base = self.now + 5_000_000 * i as u64;
+        nd.clock_base = self.now + 5_000_000 * i as u64 + self.rng.below(10_000);
         nd.global_base = self.now;
         let now = self.node_now(i);
         let table = Table::new(Limits {
@@ -326,6 +347,9 @@ impl World {
             cl.beliefs.clear();
         }
         cl.outstanding.clear();
+        // A session client knows its session is gone: it believes nothing.
+        cl.view = SessionView::default();
+        cl.rx.clear();
         cl.next_node = (cl.next_node + 1) % self.n;
     }
 
@@ -342,8 +366,18 @@ impl World {
         };
         let inc = self.nodes[i].incarnation;
         self.nodes[i].conns.insert(t, c);
+        let now = self.now;
         let cl = &mut self.clients[c];
         cl.at = Some((i, t, inc));
+        if cl.session {
+            let hello = Req::Hello {
+                version: sp::VERSION,
+                keepalive_ms: KEEPALIVE_MS,
+                auth: b"",
+            };
+            cl.view.send(&hello, None, now, &mut cl.to_server);
+            return;
+        }
         cl.to_server.push_back(6);
         cl.outstanding.push_back((6, 0));
     }
@@ -353,6 +387,46 @@ impl World {
         if cl.at.is_none() {
             if self.rng.chance(200) || quiesce {
                 self.connect(c);
+            }
+            return;
+        }
+        if cl.session {
+            if cl.closing || !cl.view.welcomed {
+                return;
+            }
+            let now = self.now;
+            let k = self.rng.below(KEYS.len() as u64) as usize;
+            let cl = &mut self.clients[c];
+            if quiesce {
+                // Release everything believed, then go quiet.
+                let held: Vec<usize> = cl.view.holds.keys().copied().collect();
+                for k in held {
+                    let b = cl.view.holds.remove(&k).expect("held");
+                    let req = Req::Release {
+                        token: b.token,
+                        key: KEYS[k],
+                    };
+                    cl.view.send(&req, None, now, &mut cl.to_server);
+                }
+                if cl.view.sent.is_empty() {
+                    cl.view.send(&Req::Ping, None, now, &mut cl.to_server);
+                }
+                return;
+            }
+            if self.rng.chance(300) && cl.view.sent.len() < 4 {
+                let mut rng = Rng(self.rng.next() | 1);
+                let before = cl.to_server.len();
+                cl.view
+                    .random_request(&mut rng, k, KEYS, now, &mut cl.to_server);
+                if trace() {
+                    let bytes: Vec<u8> = cl.to_server.iter().skip(before).copied().collect();
+                    if let sp::Decoded::Frame { rid, req, .. } = sp::decode(&bytes) {
+                        eprintln!("t={now} session client {c} sends rid {rid}: {req:?}");
+                    }
+                }
+            } else if cl.view.sent.is_empty() && self.rng.chance(200) {
+                // Keep the session alive.
+                cl.view.send(&Req::Ping, None, now, &mut cl.to_server);
             }
             return;
         }
@@ -399,6 +473,10 @@ impl World {
 
     /// Bytes the client received: answers, in order.
     fn client_read(&mut self, c: usize) {
+        if self.clients[c].session {
+            self.session_read(c);
+            return;
+        }
         loop {
             let at = self.clients[c].at;
             let clock = at.map(|a| (a.0 + 1, self.node_now(a.0).unix_ms - T0_UNIX_MS));
@@ -467,6 +545,77 @@ impl World {
                 // `-` is a node that does not serve; it did nothing.
                 2 if !ok => cl.uncertain = true,
                 _ => {}
+            }
+        }
+        let cl = &mut self.clients[c];
+        if cl.closing && cl.to_client.is_empty() {
+            if let Some((i, t, inc)) = cl.at {
+                if self.nodes[i].incarnation == inc {
+                    self.nodes[i].conns.remove(&t);
+                }
+            }
+            self.client_eof(c);
+        }
+    }
+
+    fn session_read(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        let bytes: Vec<u8> = cl.to_client.drain(..).collect();
+        cl.rx.extend(bytes);
+        loop {
+            let cl = &mut self.clients[c];
+            let hello = (!cl.view.welcomed).then_some(1);
+            let (a, n) = match sp::decode_answer(&cl.rx, hello) {
+                Ok(Some(v)) => v,
+                Ok(None) => break,
+                Err(e) => self.fail(format!("client {c}: {e}")),
+            };
+            cl.rx.drain(..n);
+            if let Answer::Refused { .. } = a {
+                // `not leader`: the connection closes; another node next.
+                continue;
+            }
+            if trace() {
+                eprintln!("t={} session client {c}: {a:?}", self.now);
+            }
+            let grant = match &a {
+                Answer::Reply {
+                    rid,
+                    status: sp::Status::Ok,
+                    token,
+                    ..
+                } if *token != 0 => cl
+                    .view
+                    .sent
+                    .get(rid)
+                    .filter(|s| !s.extend && s.hold.is_some())
+                    .map(|s| (s.key, *token)),
+                _ => None,
+            };
+            if let Err(e) = cl.view.answer(a, KEYS) {
+                self.fail(format!("client {c}: {e}"));
+            }
+            // Tokens grow in the order holds are believed: a grant whose
+            // answer arrives after its lease ended was never believed.
+            let now = self.now;
+            let ka = KEEPALIVE_MS as u64 * 1000;
+            let cl = &self.clients[c];
+            let grant = grant.filter(|&(k, t)| {
+                cl.view
+                    .holds
+                    .get(&k)
+                    .is_some_and(|b| b.token == t && cl.view.valid(b, now, ka))
+            });
+            if let Some((k, token)) = grant {
+                self.grants += 1;
+                let last = self.last_token.insert(k, token).unwrap_or(0);
+                if token <= last {
+                    self.fail(format!(
+                        "tokens went back on {:?}: {token} granted after {last}",
+                        String::from_utf8_lossy(KEYS[k])
+                    ));
+                }
+                self.max_acked_grant = self.max_acked_grant.max(token);
             }
         }
         let cl = &mut self.clients[c];
@@ -660,8 +809,20 @@ impl World {
     fn check(&mut self) {
         self.check_logs();
         let mut owner: HashMap<usize, usize> = HashMap::new();
+        let now = self.now;
+        let ka = KEEPALIVE_MS as u64 * 1000;
         for (c, cl) in self.clients.iter().enumerate() {
-            for &k in &cl.beliefs {
+            let believed: Vec<usize> = if cl.session {
+                cl.view
+                    .holds
+                    .iter()
+                    .filter(|(_, b)| cl.view.valid(b, now, ka))
+                    .map(|(&k, _)| k)
+                    .collect()
+            } else {
+                cl.beliefs.iter().copied().collect()
+            };
+            for k in believed {
                 if let Some(o) = owner.insert(k, c) {
                     self.fail(format!(
                         "two owners: clients {o} and {c} both believe they hold {:?}",
@@ -693,7 +854,20 @@ impl World {
             s.check_invariants();
             for (&k, &c) in &owner {
                 let h = s.table().holder_of(KEYS[k]);
-                let src = &self.clients[c].source;
+                let cl = &self.clients[c];
+                if cl.session {
+                    let token = cl.view.holds[&k].token;
+                    if h.as_ref().map(|h| h.grant_id) != Some(token) {
+                        self.fail(format!(
+                            "lost grant: session client {c} holds {:?} with token {token} but node {} serves with {:?}",
+                            String::from_utf8_lossy(KEYS[k]),
+                            i + 1,
+                            h.map(|h| (h.grant_id, h.mode))
+                        ));
+                    }
+                    continue;
+                }
+                let src = &cl.source;
                 if h.as_ref().map(|h| h.source.as_bytes()) != Some(src.as_slice()) {
                     self.fail(format!(
                         "lost grant: client {c} holds {:?} but node {} serves with holder {:?}",
@@ -724,11 +898,7 @@ impl World {
         match r {
             0..=4 => self.crash(leader.unwrap_or(i)),
             5..=9 => self.crash(i),
-            10..=19 => {
-                if self.nodes[i].shard.is_none() {
-                    self.start_node(i);
-                }
-            }
+            10..=19 if self.nodes[i].shard.is_none() => self.start_node(i),
             20..=24 => {
                 // Pause the leader (or anyone) past an election timeout.
                 let j = leader.unwrap_or(i);
@@ -736,11 +906,7 @@ impl World {
                     self.nodes[j].paused = true;
                 }
             }
-            25..=34 => {
-                if self.nodes[i].paused {
-                    self.resume(i);
-                }
-            }
+            25..=34 if self.nodes[i].paused => self.resume(i),
             35..=38 => {
                 // Isolate the leader both ways.
                 if let Some(l) = leader {
@@ -856,6 +1022,18 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
         }
         w.step(true);
     }
+    // Holds of sessions that died with a leader end as leases of the
+    // longest keep-alive plus an election timeout after a leader serves.
+    let drain = w.now + 3_000_000;
+    while w.last_leader.is_some_and(|l| {
+        w.nodes[l]
+            .shard
+            .as_ref()
+            .is_some_and(|s| s.table().held_keys() != 0)
+    }) && w.now < drain
+    {
+        w.step(true);
+    }
     if let Some(l) = w.last_leader {
         let s = w.nodes[l].shard.as_ref().expect("serving");
         if s.table().held_keys() != 0 {
@@ -892,8 +1070,10 @@ fn env(name: &str, default: u64) -> u64 {
 
 #[test]
 fn cluster_simulation() {
-    if std::env::var("SIM_LOG").is_err() {
-        ringlock::log::set_level(ringlock::log::Level::Error);
+    match std::env::var("SIM_LOG").as_deref() {
+        Err(_) => ringlock::log::set_level(ringlock::log::Level::Error),
+        Ok("debug") => ringlock::log::set_level(ringlock::log::Level::Debug),
+        Ok(_) => {}
     }
     let steps = env("SIM_STEPS", 2500) as usize;
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {

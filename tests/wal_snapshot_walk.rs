@@ -203,6 +203,7 @@ impl World {
                 }
                 Next::Idle => break,
                 Next::FailPending => panic!("the log is not broken"),
+                Next::Propose(_) => panic!("a single node's log proposes nothing"),
             }
         }
     }

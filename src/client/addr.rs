@@ -87,8 +87,22 @@ pub(crate) fn split_host_port(text: &str, default_port: u16) -> Result<(&str, u1
     Ok((host, port))
 }
 
+/// A comma-separated list (`"a:1,b:2,c:3"`, the nodes of a cluster) is
+/// every address of every item, in order: a session client tries them in
+/// turn. No host name contains a comma, so the list is unambiguous.
 impl ToServerAddrs for str {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
+        if self.contains(',') {
+            let mut all = Vec::new();
+            for item in self.split(',') {
+                let item = item.trim();
+                if item.is_empty() {
+                    return Err(invalid(self, "an empty item in the address list"));
+                }
+                all.extend(item.to_server_addrs(default_port)?);
+            }
+            return Ok(all);
+        }
         let (host, port) = split_host_port(self, default_port)?;
         if let Ok(ip) = host.parse::<IpAddr>() {
             return Ok(vec![SocketAddr::new(ip, port)]);
@@ -211,6 +225,19 @@ mod tests {
         split_host_port(s, 22119)
             .map(|(h, p)| (h.to_string(), p))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn comma_lists_are_every_item_in_order() {
+        let a = "127.0.0.1:1, 127.0.0.2,[::1]:3".to_server_addrs(9).unwrap();
+        let want: Vec<SocketAddr> = vec![
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.2:9".parse().unwrap(),
+            "[::1]:3".parse().unwrap(),
+        ];
+        assert_eq!(a, want);
+        let e = "127.0.0.1:1,,127.0.0.2".to_server_addrs(9).unwrap_err();
+        assert!(e.to_string().contains("empty item"), "{e}");
     }
 
     #[test]

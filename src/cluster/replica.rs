@@ -69,6 +69,33 @@ pub struct Recovered {
     pub entries: Vec<Entry>,
 }
 
+/// One follower as its leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowerStatus {
+    pub node: u64,
+    /// The highest index known to be in its log.
+    pub matched: u64,
+    /// Heard from within the last election timeout.
+    pub active: bool,
+}
+
+/// A replica's state (see [`Replica::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub node: u64,
+    pub role: &'static str,
+    pub term: u64,
+    /// 0: no leader known.
+    pub leader: u64,
+    pub commit: u64,
+    pub applied: u64,
+    pub last_index: u64,
+    pub serving: bool,
+    pub lease_valid: bool,
+    /// The leader's view of its followers (empty elsewhere).
+    pub followers: Vec<FollowerStatus>,
+}
+
 /// A role change the shard must act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoleChange {
@@ -236,6 +263,36 @@ impl Replica {
     pub fn ticks(&self) -> u64 {
         self.ticks
     }
+    /// What this replica knows, for `ringlock cluster status` and metrics.
+    pub fn status(&self) -> ReplicaStatus {
+        let r = &self.node.raft;
+        let mut followers = Vec::new();
+        if self.is_leader() {
+            for (&id, p) in r.prs().iter() {
+                if id != self.cfg.id {
+                    followers.push(FollowerStatus {
+                        node: id,
+                        matched: p.matched,
+                        active: p.recent_active,
+                    });
+                }
+            }
+            followers.sort_by_key(|f| f.node);
+        }
+        ReplicaStatus {
+            node: self.cfg.id,
+            role: self.role_name(),
+            term: r.term,
+            leader: r.leader_id,
+            commit: r.raft_log.committed,
+            applied: self.applied,
+            last_index: r.raft_log.last_index(),
+            serving: self.serving(),
+            lease_valid: self.lease_valid(),
+            followers,
+        }
+    }
+
     /// The term of the entry at `index` in this node's log (checks).
     pub fn term_at(&self, index: u64) -> Option<u64> {
         self.node.raft.raft_log.term(index).ok()

@@ -178,9 +178,11 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
                 else {
                     return Err(format!("{shown}: short entry record at offset {at}"));
                 };
-                let mut e = Entry::default();
-                e.index = index;
-                e.term = term;
+                let mut e = Entry {
+                    index,
+                    term,
+                    ..Default::default()
+                };
                 e.set_entry_type(match kind {
                     0 => EntryType::EntryNormal,
                     1 => EntryType::EntryConfChange,
@@ -244,11 +246,12 @@ mod tests {
     use super::*;
 
     fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
-        let mut e = Entry::default();
-        e.index = index;
-        e.term = term;
-        e.data = data.to_vec().into();
-        e
+        Entry {
+            index,
+            term,
+            data: data.to_vec().into(),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -264,9 +267,11 @@ mod tests {
         for (i, t) in [(1, 1), (2, 1), (3, 1)] {
             encode_entry(&entry(i, t, b"a"), &mut f);
         }
-        let mut hs = HardState::default();
-        hs.term = 1;
-        hs.commit = 1;
+        let mut hs = HardState {
+            term: 1,
+            commit: 1,
+            ..Default::default()
+        };
         encode_hard_state(&hs, &mut f);
         // A new leader of term 2 overwrote index 2 onwards.
         encode_entry(&entry(2, 2, b"b"), &mut f);

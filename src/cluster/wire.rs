@@ -71,10 +71,13 @@ pub fn decode_hello(p: &[u8]) -> Option<Hello> {
     })
 }
 
+/// A whole frame: `(kind, payload, bytes it took)`.
+pub type Frame<'a> = (u8, &'a [u8], usize);
+
 /// The next whole frame at the start of `buf`: `(kind, payload, bytes
 /// used)`, `Ok(None)` when more bytes are needed, `Err` for a frame no
 /// peer sends (the link is closed).
-pub fn next_frame(buf: &[u8]) -> Result<Option<(u8, &[u8], usize)>, String> {
+pub fn next_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
     if buf.len() < 5 {
         return Ok(None);
     }

@@ -83,6 +83,8 @@ pub struct Part {
     /// The term whose leases were extended when serving began.
     served_term: u64,
     was_serving: bool,
+    /// When this shard last stopped serving (mono µs).
+    stopped_serving_us: u64,
     /// Client addresses of the nodes, learned from their link Hellos.
     client_addrs: BTreeMap<u64, String>,
     my_client_addr: String,
@@ -114,6 +116,7 @@ impl Part {
             group,
             served_term: 0,
             was_serving: false,
+            stopped_serving_us: 0,
             client_addrs: BTreeMap::new(),
             my_client_addr,
             view,
@@ -580,9 +583,20 @@ impl Shard {
         r.view.serving[r.group].store(serving, Ordering::Release);
         let (group, term, id) = (r.group, r.replica.term(), r.replica.id());
         if serving {
-            let by = r.election_us;
             let keep_us = r.session_keep_ms * 1000;
             let first = r.served_term != term;
+            // A new term: an election timeout for every lease. The same
+            // term after the lease lapsed (the loop stalled, a quorum was
+            // out of reach): the time clients could not renew, at most an
+            // election timeout.
+            let by = if first {
+                r.election_us
+            } else {
+                self.now
+                    .mono_us
+                    .saturating_sub(r.stopped_serving_us)
+                    .min(r.election_us)
+            };
             r.served_term = term;
             self.table.extend_leases(by);
             if first {

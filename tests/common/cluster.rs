@@ -52,9 +52,9 @@ impl Cluster {
         let raft_ports: Vec<u16> = (0..n).map(|_| free_ports(threads)).collect();
         let mut proxies = HashMap::new();
         for from in 0..n {
-            for to in 0..n {
+            for (to, &port) in raft_ports.iter().enumerate() {
                 if from != to {
-                    let up = SocketAddr::from(([127, 0, 0, 1], raft_ports[to]));
+                    let up = SocketAddr::from(([127, 0, 0, 1], port));
                     proxies.insert((from, to), FaultProxy::start(up));
                 }
             }

@@ -169,6 +169,11 @@ impl SessionView {
                             at_us: now_us,
                             extend: true,
                         };
+                        // A shorter TTL may take effect the moment the
+                        // server reads it: believed no longer than that.
+                        if let Some(b) = self.holds.get_mut(&k) {
+                            b.until_us = b.until_us.min(now_us + ttl as u64 * 1000);
+                        }
                         self.send(&req, Some(what), now_us, out);
                     }
                 }
