@@ -89,6 +89,7 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/latest.md
+rm -rf "$OUT/logs"
 declare -A PID
 log() { echo "[cluster-bench $(date +%T)] $*" >&2; }
 
@@ -240,6 +241,9 @@ etcd_leader() {
     return 1
 }
 
+# The member's raft term (its status), to see an election during a run.
+etcd_term() { http "${ETCD_CLIENT[$1]}" POST /v3/maintenance/status '{}' | sed -n 's/.*"raftTerm":"\([0-9]*\)".*/\1/p'; }
+
 start_rld() { # dir
     mkdir -p "$1"
     ports_free "$RLD_PORT" || return 1
@@ -304,16 +308,35 @@ for c in $CLIENTS; do
         case "$s" in
         ringlock-cluster)
             if start_rl_cluster "$d" && l=$(rl_leader); then
+                declare -A LINES=()
+                for n in 1 2 3; do LINES[$n]=$(wc -l <"$d/n$n/log"); done
                 run_load "$s" "$c" "ringlock://127.0.0.1:${RL_PORT[$l]}" "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}"
                 echo "node $l" >"$TMP/$s-$c.served-by"
+                # A leader that lost its lease or stepped down during the
+                # run closes its clients' connections while the load
+                # generator keeps asking it: the row then measured a
+                # failover, not a steady state. Say so beside the numbers.
+                ev=0
+                for n in 1 2 3; do
+                    k=$(tail -n +"$(( LINES[$n] + 1 ))" "$d/n$n/log" | grep -c 'event=raft_\(not_serving\|stepped_down\|leader\) ' || true)
+                    ev=$(( ev + k ))
+                done
+                [ "$ev" = 0 ] || echo "leader changed during the run ($ev lease-lapse/step-down/election events in the nodes' logs)" >"$TMP/$s-$c.note"
+                mkdir -p "$OUT/logs"
+                for n in 1 2 3; do cp "$d/n$n/log" "$OUT/logs/$s-$c-node$n.log"; done
             else
                 echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
             fi
             stop_rl_cluster ;;
         etcd-cluster)
             if start_etcd_cluster "$d" && l=$(etcd_leader); then
+                t0=$(etcd_term "$l")
                 run_load "$s" "$c" "etcd://127.0.0.1:${ETCD_CLIENT[$l]}" "${PID[etcd1]}" "${PID[etcd2]}" "${PID[etcd3]}"
                 echo "member $l" >"$TMP/$s-$c.served-by"
+                t1=$(etcd_term "$l")
+                [ "$t0" = "$t1" ] || echo "leader changed during the run (raft term $t0 -> $t1)" >"$TMP/$s-$c.note"
+                mkdir -p "$OUT/logs"
+                for n in 1 2 3; do cp "$d/e$n/log" "$OUT/logs/$s-$c-member$n.log"; done
             else
                 echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
             fi
@@ -371,8 +394,12 @@ field() { # json path: a number from the load generator's one-line JSON
         ops) sed -n 's/.*"ops_per_sec":\([0-9.]*\).*/\1/p' "$1" ;;
         errors) sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$1" ;;
         cycles) sed -n 's/.*"cycles":\([0-9]*\).*/\1/p' "$1" ;;
+        first_error) sed -n 's/.*"first_error":"\([^"]*\)".*/first error: \1/p' "$1" ;;
         p50|p99|p999) sed -n "s/.*\"latency_us\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$1" ;;
     esac
+}
+row_note() { # run json: what happened besides the numbers
+    { cat "$TMP/$1.note" 2>/dev/null; field "$2" first_error; } | paste -sd ';' | sed 's/;/; /g'
 }
 fo() { # measure stat, from failover.json
     sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/failover.json" 2>/dev/null
@@ -388,19 +415,19 @@ fo() { # measure stat, from failover.json
     echo "- load: lock+unlock, closed loop, persistent connections, each client its own key; $DURATION measured after $WARMUP warm-up$([ "$SMOKE" = 1 ] && echo " (**smoke mode**: not a measurement)")"
     echo "- every system durable: ringlock nodes and the single node with --data-path (fdatasync before an answer), etcd members fsync their raft log"
     echo
-    echo "| system | clients | served by | cycles/s | p50 µs | p99 µs | p99.9 µs | errors | foreign CPU % | steal % |"
-    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| system | clients | served by | cycles/s | p50 µs | p99 µs | p99.9 µs | errors | foreign CPU % | steal % | note |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
     for s in $SYSTEMS; do
         for c in $CLIENTS; do
             r="$OUT/$s-$c.json"
             if [ -s "$r" ]; then
                 read -r foreign steal <"$TMP/$s-$c.noise" || { foreign='?'; steal='?'; }
-                printf '| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n' "${TITLE[$s]}" "$c" \
+                printf '| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "${TITLE[$s]}" "$c" \
                     "$(cat "$TMP/$s-$c.served-by" 2>/dev/null || echo -)" \
                     "$(field "$r" ops)" "$(field "$r" p50)" "$(field "$r" p99)" "$(field "$r" p999)" "$(field "$r" errors)" \
-                    "$foreign" "$steal"
+                    "$foreign" "$steal" "$(row_note "$s-$c" "$r")"
             else
-                echo "| ${TITLE[$s]} | $c | - | n/a | | | | $(cat "$TMP/$s-$c.na" 2>/dev/null || echo 'not run') |"
+                echo "| ${TITLE[$s]} | $c | - | n/a | | | | | | | $(cat "$TMP/$s-$c.na" 2>/dev/null || echo 'not run') |"
             fi
         done
     done
