@@ -334,7 +334,8 @@ for c in $CLIENTS; do
                 run_load "$s" "$c" "etcd://127.0.0.1:${ETCD_CLIENT[$l]}" "${PID[etcd1]}" "${PID[etcd2]}" "${PID[etcd3]}"
                 echo "member $l" >"$TMP/$s-$c.served-by"
                 t1=$(etcd_term "$l")
-                [ "$t0" = "$t1" ] || echo "leader changed during the run (raft term $t0 -> $t1)" >"$TMP/$s-$c.note"
+                if [ -z "$t0" ] || [ -z "$t1" ]; then echo "raft term not readable: leader changes not checked" >"$TMP/$s-$c.note"
+                elif [ "$t0" != "$t1" ]; then echo "leader changed during the run (raft term $t0 -> $t1)" >"$TMP/$s-$c.note"; fi
                 mkdir -p "$OUT/logs"
                 for n in 1 2 3; do cp "$d/e$n/log" "$OUT/logs/$s-$c-member$n.log"; done
             else
