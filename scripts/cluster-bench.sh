@@ -30,8 +30,10 @@
 # path and the next trial waits until the cluster serves with all three up.
 #
 # Writes DIR (default bench/results/cluster): one JSON per system x scenario
-# (the load generator's --json line), failover.json (+ the trial lines),
-# latest.md (the tables printed on stdout).
+# (the load generator's --json line), failover.json (+ the trial lines and
+# the failover cluster's node logs), logs/ (each cluster run's logs),
+# latest.md (the tables printed on stdout). A row whose leader changed
+# during its run says so in its note (it measured a failover).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -452,6 +454,9 @@ fo() { # measure stat, from failover.json
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"
 
+for f in "$TMP"/*.note; do
+    [ -e "$f" ] && log "WARNING: $(basename "$f" .note): $(cat "$f")"
+done
 if [ "$SMOKE" = 1 ]; then
     # Smoke mode tests the script: every row must have produced cycles
     # without errors, and every failover trial both measures.
