@@ -455,7 +455,7 @@ fo() { # measure stat, from failover.json
 cat "$OUT/latest.md"
 
 for f in "$TMP"/*.note; do
-    [ -e "$f" ] && log "WARNING: $(basename "$f" .note): $(cat "$f")"
+    if [ -e "$f" ]; then log "WARNING: $(basename "$f" .note): $(cat "$f")"; fi
 done
 if [ "$SMOKE" = 1 ]; then
     # Smoke mode tests the script: every row must have produced cycles
