@@ -465,7 +465,16 @@ if [ "$SMOKE" = 1 ]; then
             r="$OUT/$s-$c.json"
             [ -s "$r" ] || { echo "smoke: no result for $s at $c clients" >&2; FAILED=1; continue; }
             [ "$(field "$r" cycles)" -gt 0 ] || { echo "smoke: $s at $c clients completed no cycle" >&2; FAILED=1; }
-            [ "$(field "$r" errors)" = 0 ] || { echo "smoke: $s at $c clients had errors" >&2; FAILED=1; }
+            # Errors are the script's fault unless the row says its leader
+            # changed (a lease lapse under load on a loaded machine: the
+            # server's behaviour, reported in the row, not a broken script).
+            if [ "$(field "$r" errors)" != 0 ]; then
+                if grep -q 'leader changed' "$TMP/$s-$c.note" 2>/dev/null; then
+                    echo "smoke: $s at $c clients had errors after a leader change (reported in its row)" >&2
+                else
+                    echo "smoke: $s at $c clients had errors" >&2; FAILED=1
+                fi
+            fi
         done
     done
     if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
