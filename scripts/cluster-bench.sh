@@ -1,0 +1,486 @@
+#!/usr/bin/env bash
+# Cluster benchmark: a 3-node replicated ringlockd cluster beside a 3-member
+# etcd cluster and a single durable ringlockd, same machine, same run, same
+# load; then the ringlock cluster's failover time.
+#
+#   scripts/cluster-bench.sh [--no-install] [--out DIR] [--systems "ringlock-cluster etcd-cluster ringlockd-durable"]
+#                            [--clients "1 16 64"] [--duration 5s] [--warmup 1s] [--profile release|debug]
+#   env: FAILOVER_TRIALS (default 20), FAILOVER_SETTLE_MS (default 1000),
+#        CLUSTER_BENCH_SMOKE=1 (1 s per scenario, 3 failover trials, debug
+#        build, output to a temp dir unless --out; checks every row worked)
+#
+# Load: lock+unlock, closed loop, persistent connections, each client its own
+# key (ringlock-loadgen --dist private), at each --clients count; against the
+# ringlock cluster's leader (found by a Persist+TryLock probe: the node that
+# answers '+' serves), against etcd's leader member (its v3 lock API through
+# the gRPC-JSON gateway on the client URL), and against ringlockd
+# --data-path. Every member logs to its own data path / dir in a temp dir and
+# fsyncs before answering. Servers (all members of a cluster) are pinned to
+# CPU 1, the load generator and the failover client to CPU 0 (taskset), as
+# scripts/bench.sh does: the three members of a cluster share one CPU, so a
+# cluster's numbers here are a lower bound of what three hosts give.
+#
+# Failover (ringlock cluster only): FAILOVER_TRIALS times, `failover trial`
+# (bench/src/bin/failover.rs) kills the leader with SIGKILL and measures
+# (a) kill -> first grant by the new leader (TryLock of fresh keys against
+# every node in a loop) and (b) kill -> grant of a client that was queued
+# (blocking Lock) on the old leader behind a holder: the waiter reconnects
+# and queues again, the holder reconnects and releases, the waiter's '+' at
+# the new leader ends the measure. The killed node is restarted on its data
+# path and the next trial waits until the cluster serves with all three up.
+#
+# Writes DIR (default bench/results/cluster): one JSON per system x scenario
+# (the load generator's --json line), failover.json (+ the trial lines and
+# the failover cluster's node logs), logs/ (each cluster run's logs),
+# latest.md (the tables printed on stdout). A row whose leader changed
+# during its run says so in its note (it measured a failover).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SMOKE=${CLUSTER_BENCH_SMOKE:-0}
+INSTALL=1
+SYSTEMS="ringlock-cluster etcd-cluster ringlockd-durable"
+CLIENTS="1 16 64"
+OUT=""
+PROFILE=""
+DURATION=""
+WARMUP=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-install) INSTALL=0 ;;
+        --out) OUT="$2"; shift ;;
+        --systems) SYSTEMS="$2"; shift ;;
+        --clients) CLIENTS="$2"; shift ;;
+        --duration) DURATION="$2"; shift ;;
+        --warmup) WARMUP="$2"; shift ;;
+        --profile) PROFILE="$2"; shift ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+for s in $SYSTEMS; do
+    case "$s" in ringlock-cluster|etcd-cluster|ringlockd-durable) ;;
+        *) echo "unknown system $s (ringlock-cluster, etcd-cluster, ringlockd-durable)" >&2; exit 2 ;; esac
+done
+for c in $CLIENTS; do
+    case "$c" in ''|*[!0-9]*|0) echo "--clients takes positive integers, got $c" >&2; exit 2 ;; esac
+done
+if [ "$SMOKE" = 1 ]; then
+    DURATION=${DURATION:-1s}; WARMUP=${WARMUP:-0s}; TRIALS=${FAILOVER_TRIALS:-3}; PROFILE=${PROFILE:-debug}
+else
+    DURATION=${DURATION:-5s}; WARMUP=${WARMUP:-1s}; TRIALS=${FAILOVER_TRIALS:-20}; PROFILE=${PROFILE:-release}
+fi
+SETTLE_MS=${FAILOVER_SETTLE_MS:-1000}
+case "$TRIALS" in ''|*[!0-9]*) echo "FAILOVER_TRIALS must be a number, got $TRIALS" >&2; exit 2 ;; esac
+case "$SETTLE_MS" in ''|*[!0-9]*) echo "FAILOVER_SETTLE_MS must be a number, got $SETTLE_MS" >&2; exit 2 ;; esac
+case "$PROFILE" in release|debug) ;; *) echo "--profile is release or debug" >&2; exit 2 ;; esac
+
+NCPU=$(nproc)
+if [ "$NCPU" -ge 2 ]; then
+    PIN_SERVER="taskset -c 1"; PIN_LOADGEN="taskset -c 0"
+    PINNING="servers (every cluster member) on CPU 1, load generator and failover client on CPU 0 (taskset)"
+else
+    PIN_SERVER=""; PIN_LOADGEN=""; PINNING="none (1 CPU)"
+fi
+
+TMP=$(mktemp -d /tmp/ringlock-cluster-bench.XXXXXX)
+chmod 755 "$TMP"
+if [ -z "$OUT" ]; then
+    if [ "$SMOKE" = 1 ]; then OUT="$TMP/results"; else OUT="$ROOT/bench/results/cluster"; fi
+fi
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/latest.md
+rm -rf "$OUT/logs"
+declare -A PID
+log() { echo "[cluster-bench $(date +%T)] $*" >&2; }
+
+cleanup() {
+    # Only processes this script started and has not stopped yet.
+    local p
+    for p in "${!PID[@]}"; do
+        [ -n "${PID[$p]}" ] && stop_proc "$p"
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+stop_proc() { # name
+    local pid=${PID[$1]:-} _
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+    wait "$pid" 2>/dev/null || true
+    PID[$1]=""
+}
+
+# ---------------------------------------------------------------- install
+want() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if [ "$INSTALL" = 1 ] && want etcd-cluster && ! command -v etcd >/dev/null; then
+    log "installing: etcd-server"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+if want etcd-cluster && ! command -v etcd >/dev/null; then
+    echo "etcd is not installed (Debian package etcd-server)" >&2; exit 1
+fi
+
+# ---------------------------------------------------------------- build
+log "building $PROFILE binaries"
+if [ "$PROFILE" = release ]; then CARGO_PROFILE=--release; else CARGO_PROFILE=; fi
+# shellcheck disable=SC2086
+(cd "$ROOT" && cargo build $CARGO_PROFILE -q --locked -p ringlock --bin ringlockd \
+    -p ringlock-loadgen --bin ringlock-loadgen -p ringlock-bench --bin failover --bin fsync-probe)
+BIN="$ROOT/target/$PROFILE"
+LOADGEN="$BIN/ringlock-loadgen"
+FAILOVER="$BIN/failover"
+if want ringlock-cluster && ! "$BIN/ringlockd" --help 2>&1 | grep -q -- '--peers'; then
+    echo "this ringlockd has no --peers (replication): the ringlock-cluster row cannot run" >&2
+    exit 1
+fi
+
+# ---------------------------------------------------------------- servers
+# Lock ports (admin +1, metrics +2), Raft link ports (node n's shard g on
+# its base + g: gaps of 10 leave room for --threads up to 10), etcd client
+# and peer ports.
+RL_PORT=(0 24501 24511 24521)
+RL_RAFT=(0 24601 24611 24621)
+RLD_PORT=24531
+ETCD_CLIENT=(0 24401 24411 24421)
+ETCD_PEER=(0 24402 24412 24422)
+PEERS="1=127.0.0.1:${RL_RAFT[1]},2=127.0.0.1:${RL_RAFT[2]},3=127.0.0.1:${RL_RAFT[3]}"
+NODES="127.0.0.1:${RL_PORT[1]},127.0.0.1:${RL_PORT[2]},127.0.0.1:${RL_PORT[3]}"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { # port seconds pid
+    local _
+    for _ in $(seq 1 $(( $2 * 10 ))); do
+        port_open "$1" && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+# A server this script just stopped may still hold its ports for a few
+# milliseconds after its process is gone (io_uring releases its sockets
+# after the exit), so a port gets up to 5 s to close before it counts as
+# another process's.
+ports_free() { # port...
+    local p _
+    for p in "$@"; do
+        for _ in $(seq 1 50); do port_open "$p" || continue 2; sleep 0.1; done
+        echo "port $p is already in use by another process" >&2; return 1
+    done
+}
+# One HTTP/1.1 request over bash's /dev/tcp; prints the body.
+http() { # port method path [body]
+    local body=${4:-}
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
+            "$2" "$3" "${#body}" "$body" >&3
+        timeout 5 cat <&3 | sed '1,/^\r$/d'
+    ) 2>/dev/null
+}
+
+# ringlock cluster node n (1..3), on its data path; the same dir on restart.
+start_rl_node() { # n dir
+    local n=$1 d=$2 p=${RL_PORT[$1]}
+    mkdir -p "$d"
+    $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$PEERS" --data-path "$d/node$n.wal" \
+        --bind "127.0.0.1:$p" --admin-bind "127.0.0.1:$((p + 1))" --metrics-bind "127.0.0.1:$((p + 2))" \
+        2>>"$d/log" &
+    PID[rl$n]=$!
+    # Its kill -9 is expected: no "Killed" job notice from bash. (bash
+    # still reaps it; stop_proc and cleanup signal it by PID.)
+    disown "$!"
+}
+start_rl_cluster() { # dir
+    local n
+    ports_free "${RL_PORT[1]}" "${RL_PORT[2]}" "${RL_PORT[3]}" "${RL_RAFT[1]}" "${RL_RAFT[2]}" "${RL_RAFT[3]}" || return 1
+    for n in 1 2 3; do start_rl_node "$n" "$1/n$n"; done
+    for n in 1 2 3; do
+        wait_port "${RL_PORT[$n]}" 30 "${PID[rl$n]}" || { log "node $n did not start: $(tail -c 400 "$1/n$n/log")"; return 1; }
+    done
+    rl_leader >/dev/null
+}
+stop_rl_cluster() { local n; for n in 1 2 3; do stop_proc "rl$n"; done; }
+# The serving node's index (1..3), once every node answers.
+rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms 30000; }
+
+start_etcd_cluster() { # dir
+    local n cluster=""
+    ports_free "${ETCD_CLIENT[@]:1}" "${ETCD_PEER[@]:1}" || return 1
+    for n in 1 2 3; do cluster="$cluster${cluster:+,}e$n=http://127.0.0.1:${ETCD_PEER[$n]}"; done
+    for n in 1 2 3; do
+        mkdir -p "$1/e$n"
+        $PIN_SERVER etcd --name "e$n" --data-dir "$1/e$n/data" \
+            --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
+            --listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" \
+            --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token ringlock-bench \
+            >"$1/e$n/log" 2>&1 &
+        PID[etcd$n]=$!
+    done
+    for n in 1 2 3; do
+        wait_port "${ETCD_CLIENT[$n]}" 30 "${PID[etcd$n]}" || { log "etcd member $n did not start: $(tail -c 400 "$1/e$n/log")"; return 1; }
+    done
+}
+stop_etcd_cluster() { local n; for n in 1 2 3; do stop_proc "etcd$n"; done; }
+# The member that is etcd's leader (1..3): its status names itself as
+# leader. Waits for an elected leader (at most 30 s).
+etcd_leader() {
+    local n st me leader
+    for _ in $(seq 1 300); do
+        for n in 1 2 3; do
+            st=$(http "${ETCD_CLIENT[$n]}" POST /v3/maintenance/status '{}' || true)
+            me=$(echo "$st" | sed -n 's/.*"member_id":"\([0-9]*\)".*/\1/p')
+            leader=$(echo "$st" | sed -n 's/.*"leader":"\([0-9]*\)".*/\1/p')
+            if [ -n "$me" ] && [ "$me" = "$leader" ]; then echo "$n"; return 0; fi
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# The member's raft term (its status), to see an election during a run.
+etcd_term() { http "${ETCD_CLIENT[$1]}" POST /v3/maintenance/status '{}' | sed -n 's/.*"raftTerm":"\([0-9]*\)".*/\1/p'; }
+
+start_rld() { # dir
+    mkdir -p "$1"
+    ports_free "$RLD_PORT" || return 1
+    $PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$RLD_PORT" --admin-bind "127.0.0.1:$((RLD_PORT + 1))" \
+        --data-path "$1/ringlock.wal" 2>"$1/log" &
+    PID[rld]=$!
+    wait_port "$RLD_PORT" 30 "${PID[rld]}" || { log "ringlockd did not start: $(tail -c 400 "$1/log")"; return 1; }
+}
+
+# ---------------------------------------------------------------- environment
+HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet HEAD -- src loadgen bench || echo "+dirty")
+CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+KERNEL=$(uname -sr)
+RL_VERSION="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT ($PROFILE build)"
+ETCD_VERSION=$(command -v etcd >/dev/null && etcd --version 2>/dev/null | awk '/etcd Version/{print $3}' || echo "not installed")
+FSYNC=$("$BIN/fsync-probe" "$TMP" 300 2>/dev/null || echo "fsync probe failed")
+
+# ---------------------------------------------------------------- load
+declare -A TITLE
+TITLE=([ringlock-cluster]="ringlock, 3-node cluster (leader)" [etcd-cluster]="etcd, 3-member cluster (leader member)"
+       [ringlockd-durable]="ringlockd, single node, --data-path")
+FAILED=0
+# Noise accounting, as in scripts/bench.sh: /proc/stat ticks over the run
+# minus what the servers and the load generator used = CPU that other work
+# on this shared machine took during the run (% of all CPUs); steal = time
+# the hypervisor gave to someone else.
+CLK_TCK=$(getconf CLK_TCK)
+cpu_snap() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+proc_ticks() { # pid... : utime+stime (+ reaped children) of them all
+    local p t=0
+    for p in "$@"; do t=$(( t + $(awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null || echo 0) )); done
+    echo "$t"
+}
+noise() { # "busy steal total" before, after, server ticks, loadgen cpu seconds
+    echo "$1 $2 $3 $4" | awk -v hz="$CLK_TCK" '{ dt = $6 - $3; if (dt <= 0) dt = 1;
+        foreign = ($4 - $1) - $7 - $8 * hz; if (foreign < 0) foreign = 0;
+        printf "%.0f %.0f\n", 100 * foreign / dt, 100 * ($5 - $2) / dt }'
+}
+run_load() { # system clients target server-pid...
+    local s=$1 c=$2 target=$3 r="$OUT/$1-$2.json" err="$TMP/$1-$2.err" c0 c1 p0 p1 lg
+    shift 3
+    log "$s, $c clients: $target"
+    c0=$(cpu_snap); p0=$(proc_ticks "$@")
+    # shellcheck disable=SC2086
+    if $PIN_LOADGEN "$LOADGEN" --target "$target" --connections "$c" --dist private --keys "$c" \
+        --conn-mode persistent --rate 0 --duration "$DURATION" --warmup "$WARMUP" \
+        --key-prefix "cb$c" --label "$s/$c" --json --no-progress >"$TMP/$s-$c.out" 2>"$err"; then
+        tail -1 "$TMP/$s-$c.out" >"$r"
+        c1=$(cpu_snap); p1=$(proc_ticks "$@")
+        lg=$(sed -n 's/.*"loadgen_cpu_s":{"user":\([0-9.]*\),"sys":\([0-9.]*\)}.*/\1 \2/p' "$r" | awk '{print $1 + $2}')
+        noise "$c0" "$c1" "$((p1 - p0))" "${lg:-0}" >"$TMP/$s-$c.noise"
+    else
+        log "  load generator failed: $(tail -c 300 "$err" | tr '\n' ' ')"
+        echo "load generator failed: $(tail -c 300 "$err" | tr '\n' ' ')" >"$TMP/$s-$c.na"
+        FAILED=1
+    fi
+}
+
+for c in $CLIENTS; do
+    for s in $SYSTEMS; do
+        d="$TMP/run/$s-$c"
+        case "$s" in
+        ringlock-cluster)
+            if start_rl_cluster "$d" && l=$(rl_leader); then
+                declare -A LINES=()
+                for n in 1 2 3; do LINES[$n]=$(wc -l <"$d/n$n/log"); done
+                run_load "$s" "$c" "ringlock://127.0.0.1:${RL_PORT[$l]}" "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}"
+                echo "node $l" >"$TMP/$s-$c.served-by"
+                # A leader that lost its lease or stepped down during the
+                # run closes its clients' connections while the load
+                # generator keeps asking it: the row then measured a
+                # failover, not a steady state. Say so beside the numbers.
+                ev=0
+                for n in 1 2 3; do
+                    k=$(tail -n +"$(( LINES[$n] + 1 ))" "$d/n$n/log" | grep -c 'event=raft_\(not_serving\|stepped_down\|leader\) ' || true)
+                    ev=$(( ev + k ))
+                done
+                [ "$ev" = 0 ] || echo "leader changed during the run ($ev lease-lapse/step-down/election events in the nodes' logs)" >"$TMP/$s-$c.note"
+                mkdir -p "$OUT/logs"
+                for n in 1 2 3; do cp "$d/n$n/log" "$OUT/logs/$s-$c-node$n.log"; done
+            else
+                echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
+            fi
+            stop_rl_cluster ;;
+        etcd-cluster)
+            if start_etcd_cluster "$d" && l=$(etcd_leader); then
+                t0=$(etcd_term "$l")
+                run_load "$s" "$c" "etcd://127.0.0.1:${ETCD_CLIENT[$l]}" "${PID[etcd1]}" "${PID[etcd2]}" "${PID[etcd3]}"
+                echo "member $l" >"$TMP/$s-$c.served-by"
+                t1=$(etcd_term "$l")
+                if [ -z "$t0" ] || [ -z "$t1" ]; then echo "raft term not readable: leader changes not checked" >"$TMP/$s-$c.note"
+                elif [ "$t0" != "$t1" ]; then echo "leader changed during the run (raft term $t0 -> $t1)" >"$TMP/$s-$c.note"; fi
+                mkdir -p "$OUT/logs"
+                for n in 1 2 3; do cp "$d/e$n/log" "$OUT/logs/$s-$c-member$n.log"; done
+            else
+                echo "cluster did not start or elect a leader" >"$TMP/$s-$c.na"; FAILED=1
+            fi
+            stop_etcd_cluster ;;
+        ringlockd-durable)
+            if start_rld "$d"; then run_load "$s" "$c" "ringlock://127.0.0.1:$RLD_PORT" "${PID[rld]}"
+            else echo "server did not start" >"$TMP/$s-$c.na"; FAILED=1; fi
+            stop_proc rld ;;
+        esac
+    done
+done
+
+# ---------------------------------------------------------------- failover
+if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
+    d="$TMP/run/failover"
+    trials="$OUT/failover-trials.jsonl"
+    : >"$trials"
+    if start_rl_cluster "$d"; then
+        for t in $(seq 1 "$TRIALS"); do
+            if ! l=$(rl_leader); then log "trial $t: the cluster does not serve"; FAILED=1; break; fi
+            pid=${PID[rl$l]}
+            log "failover trial $t/$TRIALS: kill -9 node $l (pid $pid)"
+            if ! $PIN_LOADGEN "$FAILOVER" trial --trial "$t" --nodes "$NODES" --leader "$l" --pid "$pid" \
+                --metrics "127.0.0.1:$((RL_PORT[l] + 2))" --key "fo-trial-$t" --logs "$d/n1/log,$d/n2/log,$d/n3/log" --timeout-ms 30000 --pause-us "${FAILOVER_PAUSE_US:-1000}" \
+                >>"$trials" 2>"$TMP/trial-$t.err"; then
+                log "  trial $t failed: $(tail -1 "$trials" 2>/dev/null) $(tail -c 300 "$TMP/trial-$t.err" | tr '\n' ' ')"
+                FAILED=1
+            fi
+            log "  $(tail -1 "$trials")"
+            # The trial saw it die; reap it and bring it back on its log.
+            kill -9 "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+            PID[rl$l]=""
+            start_rl_node "$l" "$d/n$l"
+            wait_port "${RL_PORT[$l]}" 30 "${PID[rl$l]}" || { log "node $l did not restart: $(tail -c 400 "$d/n$l/log")"; FAILED=1; break; }
+            rl_leader >/dev/null || { log "the cluster does not serve after node $l restarted"; FAILED=1; break; }
+            # A restarted node withholds its vote for an election timeout
+            # (the leader lease); a kill inside that window would measure
+            # the restart, not the failover.
+            sleep "$(awk -v m="$SETTLE_MS" 'BEGIN{print m / 1000}')"
+        done
+        "$FAILOVER" report "$trials" >"$OUT/failover.json" || FAILED=1
+        # The nodes' own account (elections, serving, restarts), for reading
+        # a slow trial afterwards.
+        for n in 1 2 3; do cp "$d/n$n/log" "$OUT/failover-node$n.log"; done
+    else
+        log "failover: the cluster did not start"; FAILED=1
+    fi
+    stop_rl_cluster
+fi
+
+# ---------------------------------------------------------------- report
+field() { # json path: a number from the load generator's one-line JSON
+    case "$2" in
+        ops) sed -n 's/.*"ops_per_sec":\([0-9.]*\).*/\1/p' "$1" ;;
+        errors) sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$1" ;;
+        cycles) sed -n 's/.*"cycles":\([0-9]*\).*/\1/p' "$1" ;;
+        first_error) sed -n 's/.*"first_error":"\([^"]*\)".*/first error: \1/p' "$1" ;;
+        p50|p99|p999) sed -n "s/.*\"latency_us\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$1" ;;
+    esac
+}
+row_note() { # run json: what happened besides the numbers
+    { cat "$TMP/$1.note" 2>/dev/null; field "$2" first_error; } | paste -sd ';' | sed 's/;/; /g'
+}
+fo() { # measure stat, from failover.json
+    sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/failover.json" 2>/dev/null
+}
+{
+    echo "## Cluster benchmark"
+    echo
+    echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $HEAD_SHORT"
+    echo "- machine: $NCPU vCPU ($(nproc --all) online), $CPU_MODEL, kernel $KERNEL"
+    echo "- pinning: $PINNING. **All three members of a cluster share one CPU**, so a cluster's numbers here are a lower bound of what three hosts give."
+    echo "- disk: $(df -P "$TMP" | awk 'NR==2{print $1}') ($(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')), fdatasync: $FSYNC"
+    echo "- ringlockd: $RL_VERSION; etcd: $ETCD_VERSION"
+    echo "- load: lock+unlock, closed loop, persistent connections, each client its own key; $DURATION measured after $WARMUP warm-up$([ "$SMOKE" = 1 ] && echo " (**smoke mode**: not a measurement)")"
+    echo "- every system durable: ringlock nodes and the single node with --data-path (fdatasync before an answer), etcd members fsync their raft log"
+    echo
+    echo "| system | clients | served by | cycles/s | p50 µs | p99 µs | p99.9 µs | errors | foreign CPU % | steal % | note |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    for s in $SYSTEMS; do
+        for c in $CLIENTS; do
+            r="$OUT/$s-$c.json"
+            if [ -s "$r" ]; then
+                read -r foreign steal <"$TMP/$s-$c.noise" || { foreign='?'; steal='?'; }
+                printf '| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s | %s |\n' "${TITLE[$s]}" "$c" \
+                    "$(cat "$TMP/$s-$c.served-by" 2>/dev/null || echo -)" \
+                    "$(field "$r" ops)" "$(field "$r" p50)" "$(field "$r" p99)" "$(field "$r" p999)" "$(field "$r" errors)" \
+                    "$foreign" "$steal" "$(row_note "$s-$c" "$r")"
+            else
+                echo "| ${TITLE[$s]} | $c | - | n/a | | | | | | | $(cat "$TMP/$s-$c.na" 2>/dev/null || echo 'not run') |"
+            fi
+        done
+    done
+    echo
+    echo "Foreign CPU: the share of both CPUs' time during the run used by neither the servers nor the load generator (other work on this shared machine); a row with much of it is noise, not the system."
+    if [ -s "$OUT/failover.json" ]; then
+        echo
+        echo "### Failover (ringlock cluster, kill -9 of the leader; $(sed -n 's/.*"trials":\([0-9]*\).*/\1/p' "$OUT/failover.json") trials)"
+        echo
+        echo "| measure | trials | p50 ms | p99 ms | max ms |"
+        echo "|---|---:|---:|---:|---:|"
+        echo "| (a) kill → first grant by the new leader | $(fo a count) | $(fo a p50_ms) | $(fo a p99_ms) | $(fo a max_ms) |"
+        echo "| of which: kill → the new leader elected (its log's event=raft_leader) | $(fo elected count) | $(fo elected p50_ms) | $(fo elected p99_ms) | $(fo elected max_ms) |"
+        echo "| of which: kill → the new leader serving (event=raft_serving) | $(fo serving count) | $(fo serving p50_ms) | $(fo serving p99_ms) | $(fo serving max_ms) |"
+        echo "| (a), trials where no link between the two survivors broke during the election | $(fo a_no_stale_link count) | $(fo a_no_stale_link p50_ms) | | $(fo a_no_stale_link max_ms) |"
+        echo "| (a), trials where a survivor's link to the other survivor (restarted after an earlier trial) was found broken during the election | $(fo a_stale_link count) | $(fo a_stale_link p50_ms) | | $(fo a_stale_link max_ms) |"
+        echo "| (b) kill → grant of a waiter queued on the old leader (re-queued at the new one, holder released there) | $(fo b count) | $(fo b p50_ms) | $(fo b p99_ms) | $(fo b max_ms) |"
+        echo
+        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Term increase per election (new leader's term − old leader's, from their logs; pre-vote is on, so a refused pre-vote round does not show here): $(sed -n 's/.*"term_increase":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/+\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
+    fi
+} >"$OUT/latest.md"
+cat "$OUT/latest.md"
+
+for f in "$TMP"/*.note; do
+    if [ -e "$f" ]; then log "WARNING: $(basename "$f" .note): $(cat "$f")"; fi
+done
+if [ "$SMOKE" = 1 ]; then
+    # Smoke mode tests the script: every row must have produced cycles
+    # without errors, and every failover trial both measures.
+    for s in $SYSTEMS; do
+        for c in $CLIENTS; do
+            r="$OUT/$s-$c.json"
+            [ -s "$r" ] || { echo "smoke: no result for $s at $c clients" >&2; FAILED=1; continue; }
+            [ "$(field "$r" cycles)" -gt 0 ] || { echo "smoke: $s at $c clients completed no cycle" >&2; FAILED=1; }
+            # Errors are the script's fault unless the row says its leader
+            # changed (a lease lapse under load on a loaded machine: the
+            # server's behaviour, reported in the row, not a broken script).
+            if [ "$(field "$r" errors)" != 0 ]; then
+                if grep -q 'leader changed' "$TMP/$s-$c.note" 2>/dev/null; then
+                    echo "smoke: $s at $c clients had errors after a leader change (reported in its row)" >&2
+                else
+                    echo "smoke: $s at $c clients had errors" >&2; FAILED=1
+                fi
+            fi
+        done
+    done
+    if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
+        if [ "$(fo a count)" != "$TRIALS" ] || [ "$(fo b count)" != "$TRIALS" ]; then
+            echo "smoke: not every failover trial measured both (a) and (b)" >&2; FAILED=1
+        fi
+    fi
+fi
+if [ "$FAILED" != 0 ]; then echo "cluster-bench: some runs failed (see above)" >&2; exit 1; fi
