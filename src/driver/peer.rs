@@ -40,6 +40,9 @@ const K_RECV: u32 = 2 << 24;
 const K_CONNECT: u32 = 3 << 24;
 const K_SEND: u32 = 4 << 24;
 const K_CLOSE: u32 = 5 << 24;
+/// The watch on an outbound link: a receive that completes only when the
+/// peer closes or resets it (it never sends on our outbound link).
+const K_WATCH: u32 = 6 << 24;
 const KIND_MASK: u32 = 0xFF << 24;
 
 /// An accepted link (a peer's outbound): read only.
@@ -75,6 +78,10 @@ struct Outbound {
     gen: u32,
     /// Logged the current outage already.
     quiet: bool,
+    /// The watch receive's buffer (a few bytes; nothing is expected).
+    watch: Slot,
+    /// The link failed: close it once no op references it.
+    dead: bool,
 }
 
 pub(super) struct Peers {
@@ -110,6 +117,8 @@ impl Peers {
                     sent: 0,
                     gen: 0,
                     quiet: false,
+                    watch: Slot::Ours(vec![0u8; 16]),
+                    dead: false,
                 })
                 .collect(),
             hello: h,
@@ -126,6 +135,9 @@ impl Peers {
         }
         for o in &mut self.outbound {
             if let Slot::Kernel(l) = std::mem::replace(&mut o.send, Slot::Moving) {
+                l.leak();
+            }
+            if let Slot::Kernel(l) = std::mem::replace(&mut o.watch, Slot::Moving) {
                 l.leak();
             }
             if o.state == OutState::Connecting {
@@ -170,6 +182,7 @@ impl Loop {
             K_CONNECT => self.on_peer_connect(gen, idx, res),
             K_SEND => self.on_peer_send(ud, gen, idx, res),
             K_CLOSE => {}
+            K_WATCH => self.on_peer_watch(ud, gen, idx, res),
             k => panic!("peer op of unknown kind {k:#x}"),
         }
     }
@@ -396,6 +409,8 @@ impl Loop {
         }
         out.quiet = false;
         out.state = OutState::Up;
+        out.dead = false;
+        self.arm_watch(o);
         // The Hello first; what was queued for the old link is stale.
         let hello = self.peers().hello.clone();
         let out = &mut self.peers().outbound[o];
@@ -411,7 +426,7 @@ impl Loop {
             return;
         };
         let out = &mut p.outbound[o];
-        if out.state != OutState::Up || out.queue.len() + frame.len() > QUEUE_MAX {
+        if out.state != OutState::Up || out.dead || out.queue.len() + frame.len() > QUEUE_MAX {
             return; // dropped: Raft retransmits
         }
         out.queue.extend_from_slice(&frame);
@@ -420,7 +435,7 @@ impl Loop {
 
     fn kick_send(&mut self, o: usize) {
         let out = &mut self.peers().outbound[o];
-        if out.state != OutState::Up || out.send.is_lent() || out.queue.is_empty() {
+        if out.state != OutState::Up || out.dead || out.send.is_lent() || out.queue.is_empty() {
             return;
         }
         let mut buf = out.send.take_ours();
@@ -462,6 +477,12 @@ impl Loop {
         let out = &mut self.peers().outbound[o];
         assert_eq!(out.gen, gen, "a send completion for an earlier link");
         let len = out.send.reclaim(ud).len();
+        if out.dead {
+            out.send.ours().clear();
+            out.sent = 0;
+            self.fail_outbound(o, 0);
+            return;
+        }
         if res > 0 {
             out.sent += res as usize;
             if out.sent < len {
@@ -479,28 +500,83 @@ impl Loop {
         }
         out.send.ours().clear();
         out.sent = 0;
+        let _ = shard;
+        self.fail_outbound(o, -res);
+    }
+
+    fn arm_watch(&mut self, o: usize) {
+        let out = &mut self.peers().outbound[o];
+        let ud = ring_io::encode(Op::Peer, out.gen, K_WATCH | o as u32);
+        let mut lent = Lent::lend(out.watch.take_ours(), ud);
+        let (ptr, len) = (lent.mut_ptr(), lent.len() as u32);
+        out.watch = Slot::Kernel(lent);
+        let sqe = opcode::Recv::new(types::Fd(out.fd), ptr, len)
+            .build()
+            .user_data(ud);
+        // SAFETY: the buffer is `Lent` to this op until its completion
+        // (on_peer_watch reclaims it); the fd is closed only after it
+        // (drop_outbound needs both the watch and any send back).
+        // tests/cluster.rs restarts killed nodes, whose links this watch
+        // finds dead.
+        unsafe { self.push(sqe) };
+    }
+
+    /// The watch completed: the peer closed or reset the link (or sent
+    /// bytes no peer sends).
+    fn on_peer_watch(&mut self, ud: u64, gen: u32, o: usize, res: i32) {
+        let out = &mut self.peers().outbound[o];
+        assert_eq!(out.gen, gen, "a watch completion for an earlier link");
+        out.watch.reclaim(ud);
+        if res < 0 && -res == libc::EINTR && !out.dead {
+            self.arm_watch(o);
+            return;
+        }
+        self.fail_outbound(o, if res < 0 { -res } else { 0 });
+    }
+
+    /// The link is broken: shut it down so that every op on it completes,
+    /// then close it and redial (at once: the peer may be back already).
+    fn fail_outbound(&mut self, o: usize, errno: i32) {
+        let shard = self.shard.index();
+        let out = &mut self.peers().outbound[o];
         if !out.quiet {
             out.quiet = true;
             log!(
                 Level::Warn,
                 "peer_link_down",
-                "shard={} peer={} addr={} errno={} action=\"redialing every {} ms\"",
+                "shard={} peer={} addr={} errno={} action=\"redialing\"",
                 shard,
                 out.node,
                 out.shown,
-                -res,
-                REDIAL_US / 1000
+                errno
             );
         }
-        let _ = shard;
+        out.dead = true;
+        if out.send.is_lent() || out.watch.is_lent() {
+            // shutdown(2) makes the ops still in flight on this fd complete;
+            // their completions come back here.
+            // SAFETY: a plain syscall on an fd this link owns and has not
+            // closed (it is closed only once no op references it), so the
+            // number cannot belong to another socket; no memory involved.
+            unsafe { libc::shutdown(out.fd, libc::SHUT_RDWR) };
+            return;
+        }
         self.drop_outbound(o);
     }
 
     /// Closes a link no op references any more and schedules its redial.
     fn drop_outbound(&mut self, o: usize) {
-        let at = super::sys::now().mono_us + REDIAL_US;
+        let now = super::sys::now().mono_us;
         let out = &mut self.peers().outbound[o];
-        debug_assert!(!out.send.is_lent());
+        // A link that was up is dialed again at once (a restarted peer is
+        // listening already); a dial that failed waits.
+        let at = if out.state == OutState::Up {
+            now
+        } else {
+            now + REDIAL_US
+        };
+        debug_assert!(!out.send.is_lent() && !out.watch.is_lent());
+        out.dead = false;
         let fd = std::mem::replace(&mut out.fd, -1);
         out.state = OutState::Down { at_us: at };
         out.queue.clear();
