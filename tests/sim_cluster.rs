@@ -820,7 +820,9 @@ impl World {
     /// waiting for a commit) holds exactly what any other node at the same
     /// applied index holds: the same keys, the same grants.
     fn check_tables(&mut self) {
-        let mut seen: HashMap<u64, (usize, Vec<(Vec<u8>, u64)>)> = HashMap::new();
+        // applied index → (the first node seen there, its (key, grant)s)
+        type Held = Vec<(Vec<u8>, u64)>;
+        let mut seen: HashMap<u64, (usize, Held)> = HashMap::new();
         for i in 0..self.n {
             let Some(s) = self.nodes[i].shard.as_ref() else {
                 continue;

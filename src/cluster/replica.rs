@@ -522,8 +522,10 @@ impl Replica {
     /// A snapshot of the table as of applied entry `index` (its `data`),
     /// with its metadata; kept for lagging followers once [`Replica::compacted`].
     pub fn make_snapshot(&self, index: u64, data: Vec<u8>) -> Snapshot {
-        let mut snap = Snapshot::default();
-        snap.data = data.into();
+        let mut snap = Snapshot {
+            data: data.into(),
+            ..Default::default()
+        };
         let m = snap.mut_metadata();
         m.index = index;
         m.term = self.node.raft.raft_log.term(index).unwrap_or(0);

@@ -253,8 +253,10 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
                     .map(|i| u64_at(p, 17 + 8 * i))
                     .collect::<Option<Vec<u64>>>()
                     .ok_or_else(|| format!("{shown}: short snapshot record at offset {at}"))?;
-                let mut s = Snapshot::default();
-                s.data = p[17 + 8 * n..].to_vec().into();
+                let mut s = Snapshot {
+                    data: p[17 + 8 * n..].to_vec().into(),
+                    ..Default::default()
+                };
                 let m = s.mut_metadata();
                 m.index = index;
                 m.term = term;

@@ -1276,6 +1276,46 @@ impl Table {
         }
     }
 
+    /// Session `id` ended with its leader (cluster mode): its queued
+    /// requests are withdrawn; its session holds become leases ending
+    /// `keep_us` from now, owned by nobody (its client may still believe in
+    /// them until its keep-alive runs out); its other holds outlive it as
+    /// on [`Table::owner_end`]. No effect.
+    pub fn orphan_owner(&mut self, id: u64, keep_us: u64, now: Now) {
+        let Some(o) = self.owner_index.remove(&id) else {
+            return;
+        };
+        while let Some(w) = self.owners[o as usize].waiting.front() {
+            let waiter = self.detach_waiter(w);
+            self.source_drop_if_unused(waiter.source);
+        }
+        while let Some(k) = self.owners[o as usize].held.front() {
+            let (owners, keys) = (&mut self.owners, &mut self.keys);
+            owners[o as usize].held.unlink(keys, k, K_OWN);
+            let h = self.keys[k as usize]
+                .holder
+                .as_mut()
+                .expect("an owner's key is held");
+            h.owner = NIL;
+            h.conn = NO_CONN;
+            if h.mode == HoldMode::Session {
+                h.mode = HoldMode::Lease;
+                h.expires_mono_us = now.mono_us.saturating_add(keep_us);
+                h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
+                let (d, g) = (h.expires_mono_us, h.grant_id);
+                self.leases.push(Reverse((d, k, g)));
+            }
+        }
+        self.owners.remove(o as usize);
+    }
+
+    /// Visits every session this table tracks: `(id, tag)`.
+    pub fn for_each_owner(&self, mut f: impl FnMut(u64, u64)) {
+        for (_, e) in self.owners.iter() {
+            f(e.id, e.tag);
+        }
+    }
+
     /// This node stopped leading (cluster mode): its sessions went with
     /// their connections, but their holds are in the replicated log and
     /// their clients may still believe in them. Every hold loses its owner

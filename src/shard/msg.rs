@@ -134,6 +134,11 @@ pub enum SessMsg {
     },
     /// home → owner: the session ended.
     End { sid: u64 },
+    /// home → owner (cluster mode): the session ended because its home
+    /// shard lost its leader; its client may believe in its holds until its
+    /// keep-alive runs out, so they become leases that outlive that
+    /// instead of being released.
+    Orphan { sid: u64 },
     /// owner → home: an answer or a Lost push.
     Out { sid: u64, home: Token, out: SessOut },
     /// owner → home: what the owner answered was undone (its log failed):

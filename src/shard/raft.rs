@@ -278,6 +278,12 @@ impl Shard {
         self.raft.as_ref().and_then(|r| r.fatal.as_deref())
     }
 
+    /// How long a session hold outlives a session that ended with its
+    /// leader (the longest keep-alive plus an election timeout).
+    pub(super) fn orphan_keep_us(&self) -> u64 {
+        self.raft.as_ref().map_or(0, |r| r.session_keep_ms * 1000)
+    }
+
     /// The node may answer lock requests (always, without replication).
     pub(super) fn may_serve(&self) -> bool {
         match &self.raft {
@@ -601,6 +607,25 @@ impl Shard {
     /// The leader lost leadership: close every client connection, fail the
     /// proposal in flight and what waits behind it, orphan the sessions.
     fn step_down(&mut self, why: &str) {
+        // Sessions homed on other shards of this node that hold or wait
+        // here: their holds are in the log but no longer this shard's to
+        // keep for them (a new leader turns them into leases and expires
+        // them): each session ends at its home, whose client stops
+        // believing. The home shard ends the ones homed here itself below.
+        let me = self.me;
+        let mut kills = Vec::new();
+        self.table.for_each_owner(|sid, home| {
+            let to = (sid >> 56) as usize;
+            if to != me {
+                kills.push((to, sid, home));
+            }
+        });
+        for (to, sid, home) in kills {
+            self.cmds.push(Cmd::Sess {
+                to,
+                msg: Box::new(super::msg::SessMsg::Kill { sid, home }),
+            });
+        }
         for slot in 0..self.conns.len() as u32 {
             let c = &self.conns[slot as usize];
             if matches!(c.state, State::Free | State::Closing | State::Migrating) {
@@ -610,6 +635,22 @@ impl Shard {
             if c.port != Port::Lock {
                 continue;
             }
+            if c.sid != 0 {
+                // A session homed here: its holds on the other shards of
+                // this node outlive it as leases (their groups may still
+                // lead; its client learns of the end from the close).
+                let (sid, mask) = (c.sid, c.mask);
+                for to in (0..self.shards).filter(|&t| t != self.me) {
+                    if self.shards <= 64 && mask & (1u64 << to) == 0 {
+                        continue;
+                    }
+                    self.cmds.push(Cmd::Sess {
+                        to,
+                        msg: Box::new(super::msg::SessMsg::Orphan { sid }),
+                    });
+                }
+            }
+            let c = &mut self.conns[slot as usize];
             if let State::Queued { waiter } = c.state {
                 self.table.withdraw(waiter);
             }

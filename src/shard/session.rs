@@ -433,6 +433,11 @@ impl Shard {
                 let now = self.now;
                 self.table.owner_end(sid, now, &mut self.fx);
             }
+            SessMsg::Orphan { sid } => {
+                let now = self.now;
+                let keep_us = self.orphan_keep_us();
+                self.table.orphan_owner(sid, keep_us, now);
+            }
             SessMsg::Out { sid, home, out } => {
                 if let Some(slot) = self.session_conn(sid, home) {
                     self.session_out_local(slot, out);
@@ -440,7 +445,10 @@ impl Shard {
             }
             SessMsg::Kill { sid, home } => {
                 if let Some(slot) = self.session_conn(sid, home) {
-                    self.end_session(slot, "the log failed under one of its answers");
+                    self.end_session(
+                        slot,
+                        "another shard voided what it answered (its log failed, or its group lost its leader)",
+                    );
                 }
             }
         }
