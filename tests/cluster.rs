@@ -26,7 +26,7 @@ fn try_lock(c: &Cluster, i: usize, key: &[u8], src: &[u8]) -> Option<u8> {
 /// its log as a follower; a second failover keeps all of it.
 #[test]
 fn kill9_of_the_leader_keeps_every_acknowledged_hold() {
-    let mut c = Cluster::start(3, 1, &[]);
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
     let mut conn = c.conn(l);
     assert_eq!(conn.lock(b"held", b"alice"), b'+');
@@ -79,7 +79,7 @@ fn kill9_of_the_leader_keeps_every_acknowledged_hold() {
 /// and it steps down.
 #[test]
 fn a_paused_leader_resumes_without_granting() {
-    let c = Cluster::start(3, 1, &[]);
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
     assert_eq!(try_lock(&c, l, b"k", b"alice"), Some(b'+'));
     c.signal(l, libc::SIGSTOP);
@@ -122,7 +122,7 @@ fn a_paused_leader_resumes_without_granting() {
 /// follows and what it had accepted is gone.
 #[test]
 fn an_isolated_leader_grants_nothing() {
-    let c = Cluster::start(3, 1, &[]);
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
     assert_eq!(try_lock(&c, l, b"before", b"alice"), Some(b'+'));
     c.isolate(l);

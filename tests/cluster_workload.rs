@@ -41,7 +41,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::fault_proxy::{Dir, Mode};
 use ringlock::client::{Client, RetryPolicy, Session};
 use ringlock::fence::FenceMap;
 use ringlock::lease::{Error, Lease};
@@ -549,7 +548,7 @@ fn faults(c: &mut Cluster, sh: &Shared) {
         let l = c.leader(RECOVER);
         sh.fault(format!("round {round}: cut node {} -> others", l + 1));
         for j in (0..3).filter(|&j| j != l) {
-            c.proxies[&(l, j)].set_mode(Dir::Forward, Mode::Blackhole);
+            c.cut_one_way(l, j);
         }
         other_leader(c, l, "the one-way cut");
         c.heal();
@@ -726,7 +725,13 @@ fn fenced_workload_survives_leader_faults() {
         });
     eprintln!("workload seed {seed} (RINGLOCK_WORKLOAD_SEED={seed} repeats the choices)");
     let ka = KEEPALIVE_MS.to_string();
-    let mut c = Cluster::start(3, 1, &["--keepalive-ms", &ka, "--max-keepalive-ms", &ka]);
+    let threads = common::cluster::test_threads();
+    eprintln!("workload: 3 nodes x {threads} shards");
+    let mut c = Cluster::start(
+        3,
+        threads,
+        &["--keepalive-ms", &ka, "--max-keepalive-ms", &ka],
+    );
     let sh = Arc::new(Shared {
         t0: Instant::now(),
         stop: AtomicBool::new(false),

@@ -15,8 +15,9 @@ pub struct Cluster {
     pub nodes: Vec<Option<Server>>,
     /// Each node's own Raft listener port (shard 0; shard g on + g).
     pub raft_ports: Vec<u16>,
-    /// `(from, to)` → the proxy `from` dials to reach `to`.
-    pub proxies: HashMap<(usize, usize), FaultProxy>,
+    /// `(from, to)` → the proxies `from` dials to reach `to`, one per shard
+    /// on consecutive ports (shard g's at the first one's port + g).
+    pub proxies: HashMap<(usize, usize), Vec<FaultProxy>>,
     pub dir: TempDir,
     pub threads: usize,
     pub extra: Vec<String>,
@@ -24,42 +25,62 @@ pub struct Cluster {
     pub lock_addrs: Vec<SocketAddr>,
 }
 
-/// `n` consecutive free ports (bound once and released: a race with other
-/// processes is possible, not with this test's own binds).
-fn free_ports(n: usize) -> u16 {
-    'outer: for _ in 0..200 {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let base = l.local_addr().expect("addr").port();
-        if base as usize + n >= 65_000 {
-            continue;
+/// `n` listeners on consecutive free ports, below the kernel's ephemeral
+/// range (32768 and up by default): a node restarted after `kill -9` binds
+/// its Raft ports again, and an ephemeral port (any outgoing connection's)
+/// must not have taken one meanwhile.
+fn consecutive_listeners(n: usize) -> Vec<TcpListener> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over test processes by pid, then walked by every call.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 500) as u16 * 20;
+    let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
+    'outer: for _ in 0..2000 {
+        let mut base = NEXT.fetch_add(n as u16, Ordering::Relaxed);
+        if base as usize + n >= 32_000 {
+            NEXT.store(20_000, Ordering::Relaxed);
+            base = 20_000;
         }
-        let mut held = vec![l];
-        for k in 1..n {
+        let mut held = Vec::new();
+        for k in 0..n {
             match TcpListener::bind(("127.0.0.1", base + k as u16)) {
                 Ok(l) => held.push(l),
                 Err(_) => continue 'outer,
             }
         }
-        return base;
+        return held;
     }
-    panic!("no {n} consecutive free ports");
+    panic!("no {n} consecutive free ports between 20000 and 32000");
 }
 
 impl Cluster {
     /// Starts `n` nodes with `threads` shards each (`extra`: more flags for
     /// every node) and waits for a leader.
     pub fn start(n: usize, threads: usize, extra: &[&str]) -> Cluster {
-        let raft_ports: Vec<u16> = (0..n).map(|_| free_ports(threads)).collect();
+        // Held while the proxies bind theirs, so that no proxy takes a
+        // node's port; released just before the nodes start.
+        let reserved: Vec<Vec<TcpListener>> =
+            (0..n).map(|_| consecutive_listeners(threads)).collect();
+        let raft_ports: Vec<u16> = reserved
+            .iter()
+            .map(|ls| ls[0].local_addr().expect("addr").port())
+            .collect();
         let mut proxies = HashMap::new();
         for from in 0..n {
             for (to, &port) in raft_ports.iter().enumerate() {
                 if from != to {
-                    let up = SocketAddr::from(([127, 0, 0, 1], port));
-                    proxies.insert((from, to), FaultProxy::start(up));
+                    let ps = consecutive_listeners(threads)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(g, l)| {
+                            let up = SocketAddr::from(([127, 0, 0, 1], port + g as u16));
+                            FaultProxy::start_on(l, up)
+                        })
+                        .collect();
+                    proxies.insert((from, to), ps);
                 }
             }
         }
-        assert_eq!(threads, 1, "a proxy forwards one port: one shard per node");
         let mut c = Cluster {
             nodes: (0..n).map(|_| None).collect(),
             raft_ports,
@@ -69,6 +90,7 @@ impl Cluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             lock_addrs: vec![SocketAddr::from(([127, 0, 0, 1], 0)); n],
         };
+        drop(reserved);
         for i in 0..n {
             c.start_node(i);
         }
@@ -84,7 +106,7 @@ impl Cluster {
                 let a = if i == j {
                     SocketAddr::from(([127, 0, 0, 1], self.raft_ports[j]))
                 } else {
-                    self.proxies[&(i, j)].addr()
+                    self.proxies[&(i, j)][0].addr()
                 };
                 format!("{}={}", j + 1, a)
             })
@@ -135,15 +157,28 @@ impl Cluster {
 
     /// Cuts node `i` off from every other node, both ways.
     pub fn isolate(&self, i: usize) {
-        for ((from, to), p) in &self.proxies {
+        for ((from, to), ps) in &self.proxies {
             if *from == i || *to == i {
-                p.partition();
+                for p in ps {
+                    p.partition();
+                }
             }
         }
     }
 
+    /// Blackholes what node `from` sends to node `to` (every shard's
+    /// link); the other direction still passes.
+    pub fn cut_one_way(&self, from: usize, to: usize) {
+        for p in &self.proxies[&(from, to)] {
+            p.set_mode(
+                super::fault_proxy::Dir::Forward,
+                super::fault_proxy::Mode::Blackhole,
+            );
+        }
+    }
+
     pub fn heal(&self) {
-        for p in self.proxies.values() {
+        for p in self.proxies.values().flatten() {
             p.heal();
         }
     }
@@ -189,6 +224,15 @@ impl Cluster {
     pub fn conn(&self, i: usize) -> super::Conn {
         super::Conn::persistent(self.nodes[i].as_ref().expect("running").lock_addr)
     }
+}
+
+/// Shards per node for the cluster suites: `RINGLOCK_TEST_THREADS` (as the
+/// other suites; scripts/test.sh runs them with 1 and 2), default 1.
+pub fn test_threads() -> usize {
+    std::env::var("RINGLOCK_TEST_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
 }
 
 /// Persist (action 6) on a fresh connection: `+` from a serving node.

@@ -174,6 +174,12 @@ impl FaultProxy {
     /// Starts a proxy towards `upstream`, both directions `Pass`.
     pub fn start(upstream: SocketAddr) -> FaultProxy {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind fault proxy");
+        FaultProxy::start_on(l, upstream)
+    }
+
+    /// [`FaultProxy::start`] on a listener the caller bound (a port it
+    /// chose: a cluster node dials its peer's shard g at port + g).
+    pub fn start_on(l: TcpListener, upstream: SocketAddr) -> FaultProxy {
         let addr = l.local_addr().expect("fault proxy address");
         l.set_nonblocking(true).expect("nonblocking listener");
         let shared = Arc::new(Shared {
