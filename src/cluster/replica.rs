@@ -85,6 +85,10 @@ impl Storage for Store {
 
 use super::store;
 
+/// The context raft-rs gives a hand-over's campaign (raft-rs does not
+/// export its constant).
+const CAMPAIGN_TRANSFER: &[u8] = b"CampaignTransfer";
+
 /// Ticks of slack the leader lease leaves for tick skew between nodes.
 pub const LEASE_MARGIN_TICKS: u64 = 2;
 
@@ -375,7 +379,11 @@ impl Replica {
     /// True while this node may decide and answer: leader, its own term's
     /// first entry applied, inside its lease.
     pub fn serving(&self) -> bool {
-        self.is_leader() && self.applied >= self.term_start && self.lease_valid()
+        self.is_leader()
+            && self.applied >= self.term_start
+            && self.lease_valid()
+            // Handing over: the transferee may be elected any moment.
+            && self.node.raft.lead_transferee.is_none()
     }
 
     /// The leader lease holds (see the module docs).
@@ -432,7 +440,12 @@ impl Replica {
                 m.to, self.cfg.id
             ));
         }
+        // A leader's hand-over (its transferee campaigns with this context)
+        // is voted for even now: that leader stopped serving when it began
+        // the transfer, so no lease of it is left to protect.
+        let transfer = m.get_context() == CAMPAIGN_TRANSFER;
         if self.ticks < self.mute_votes_until
+            && !transfer
             && matches!(
                 m.get_msg_type(),
                 MessageType::MsgRequestVote | MessageType::MsgRequestPreVote

@@ -321,7 +321,9 @@ impl Loop {
 
     /// Dials every link that is due (from the tick).
     pub(super) fn peer_tick(&mut self, now_us: u64) {
-        if self.peers.is_none() || self.stop_requested {
+        // Links stay up while stopping: a leader hands its leadership over
+        // on them before it exits.
+        if self.peers.is_none() {
             return;
         }
         for o in 0..self.peers().outbound.len() {

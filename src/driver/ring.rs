@@ -144,7 +144,7 @@ impl Loop {
                 self.cqes = cqes;
             }
             self.take_messages();
-            if self.stop_requested {
+            if self.stop_requested && !self.shard.stopping() {
                 self.shard.stop();
             }
             self.peer_tick(t.mono_us);
@@ -153,7 +153,9 @@ impl Loop {
                 return Err(io::Error::other(why.to_string()));
             }
             self.ring_doorbells();
-            if self.stop_requested {
+            // A cluster leader runs on until it handed its leadership over
+            // (bounded): see Shard::stop.
+            if self.stop_requested && self.shard.stop_done() {
                 // The Stop doorbells (and farewells) must reach the kernel.
                 let _ = self.ring.submit();
                 return Ok(());

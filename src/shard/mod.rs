@@ -735,6 +735,7 @@ impl Shard {
     /// answered `-` (best effort, by the driver).
     pub fn stop(&mut self) {
         self.stopping = true;
+        self.raft_hand_over();
         let mut answered = 0;
         for slot in 0..self.conns.len() {
             if let State::Queued { waiter } = self.conns[slot].state {

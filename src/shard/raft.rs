@@ -94,6 +94,8 @@ pub struct Part {
     session_keep_ms: u64,
     fatal: Option<String>,
     last_transfer_tick: u64,
+    /// A stopping leader runs until it handed over, or until this.
+    hand_over_until_us: u64,
     /// A compaction whose rewrite is in flight: its snapshot.
     compacting: Option<raft::eraftpb::Snapshot>,
     compact_entries: u64,
@@ -131,6 +133,7 @@ impl Part {
             session_keep_ms,
             fatal: None,
             last_transfer_tick: 0,
+            hand_over_until_us: 0,
             compacting: None,
             compact_entries: crate::cluster::COMPACT_ENTRIES,
             identity: store::Identity {
@@ -288,7 +291,64 @@ impl Shard {
     pub(super) fn may_serve(&self) -> bool {
         match &self.raft {
             None => true,
-            Some(r) => r.replica.serving() && r.view.all_serving(),
+            Some(r) => !self.stopping && r.replica.serving() && r.view.all_serving(),
+        }
+    }
+
+    /// SIGTERM/SIGINT (from [`Shard::stop`]): a leader hands its group over
+    /// to its most caught-up follower, so that a rolling restart costs
+    /// clients one retry, not an election timeout. The loop runs on until
+    /// [`Shard::stop_done`].
+    pub(super) fn raft_hand_over(&mut self) {
+        let now = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else { return };
+        r.hand_over_until_us = now + 2 * r.election_us;
+        if !r.replica.is_leader() {
+            return;
+        }
+        let st = r.replica.status();
+        // The lowest id among the followers that have everything committed
+        // (in a healthy cluster: all of them, so every shard of this node
+        // picks the same node); else among those with the newest log.
+        let caught_up = st.followers.iter().filter(|f| f.matched >= st.commit);
+        let target = caught_up.map(|f| f.node).min().or_else(|| {
+            let best = st.followers.iter().map(|f| f.matched).max();
+            st.followers
+                .iter()
+                .filter(|f| Some(f.matched) == best)
+                .map(|f| f.node)
+                .min()
+        });
+        log!(
+            Level::Info,
+            "raft_hand_over",
+            "group={} node={} to={} term={}",
+            r.group,
+            st.node,
+            target.unwrap_or(0),
+            st.term
+        );
+        if let Some(t) = target {
+            r.replica.transfer_leader(t);
+        }
+        self.raft_pump();
+    }
+
+    /// True once this shard may exit: always without replication; in a
+    /// cluster once it no longer leads (its leadership handed over) or the
+    /// hand-over's bound (two election timeouts) passed.
+    pub fn stop_done(&self) -> bool {
+        match &self.raft {
+            None => true,
+            Some(r) => {
+                // Handed over: another node leads, and this one's vote for
+                // it is on disk and sent (votes wait for their fdatasync).
+                let handed = !r.replica.is_leader()
+                    && r.replica.leader() != 0
+                    && r.replica.leader() != r.replica.id()
+                    && r.file.idle();
+                r.fatal.is_some() || handed || self.now.mono_us >= r.hand_over_until_us
+            }
         }
     }
 
