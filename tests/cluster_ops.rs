@@ -133,7 +133,8 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
                         wk.conn = None;
                         continue;
                     }
-                    dirty = false;
+                    // (A reset that succeeded leaves nothing uncertain: a
+                    // failure below sets `dirty` again.)
                     if wk.ask(&frame(1, key.as_bytes(), Some(src.as_bytes()))) != Some(b'+') {
                         failed += 1;
                         dirty = true;
@@ -169,7 +170,7 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
     // that one hand-over is always measured.
     let mut restarted = Vec::new();
     let mut handed = 0;
-    let mut restart = |c: &mut Cluster, i: usize, handed: &mut u32| {
+    let restart = |c: &mut Cluster, i: usize, handed: &mut u32| {
         let was_leader = c.serves(i);
         c.signal(i, libc::SIGTERM);
         let t = Instant::now();
