@@ -82,9 +82,14 @@ struct Outbound {
     watch: Slot,
     /// The link failed: close it once no op references it.
     dead: bool,
+    /// When it last came up (mono µs).
+    up_since_us: u64,
 }
 
 pub(super) struct Peers {
+    /// Refused links are logged at most every 10 s (a misconfigured peer
+    /// dials again every [`REDIAL_US`]).
+    refusal_logged_us: u64,
     listener: TcpListener,
     inbound: Vec<Option<Inbound>>,
     outbound: Vec<Outbound>,
@@ -102,6 +107,7 @@ impl Peers {
         let mut h = Vec::new();
         wire::encode_hello(hello, &mut h);
         Peers {
+            refusal_logged_us: 0,
             listener,
             inbound: Vec::new(),
             outbound: peers
@@ -119,6 +125,7 @@ impl Peers {
                     quiet: false,
                     watch: Slot::Ours(vec![0u8; 16]),
                     dead: false,
+                    up_since_us: 0,
                 })
                 .collect(),
             hello: h,
@@ -301,7 +308,13 @@ impl Loop {
     fn close_inbound(&mut self, idx: usize, why: Option<String>) {
         let i = self.peers().inbound[idx].take().expect("live");
         debug_assert!(!i.recv.is_lent());
-        if let Some(why) = why {
+        let now = super::sys::now().mono_us;
+        let p = self.peers();
+        let log_it = why.is_some() && now >= p.refusal_logged_us;
+        if log_it {
+            p.refusal_logged_us = now + 10_000_000;
+        }
+        if let Some(why) = why.filter(|_| log_it) {
             log!(
                 Level::Warn,
                 "peer_link_refused",
@@ -412,6 +425,7 @@ impl Loop {
         out.quiet = false;
         out.state = OutState::Up;
         out.dead = false;
+        out.up_since_us = super::sys::now().mono_us;
         self.arm_watch(o);
         // The Hello first; what was queued for the old link is stale.
         let hello = self.peers().hello.clone();
@@ -570,9 +584,12 @@ impl Loop {
     fn drop_outbound(&mut self, o: usize) {
         let now = super::sys::now().mono_us;
         let out = &mut self.peers().outbound[o];
-        // A link that was up is dialed again at once (a restarted peer is
-        // listening already); a dial that failed waits.
-        let at = if out.state == OutState::Up {
+        // A link that was up a while is dialed again at once (a restarted
+        // peer is listening already); a dial that failed, or a link the
+        // peer closed at once (it refused our Hello), waits: never a busy
+        // loop of dials.
+        let lasted = now.saturating_sub(out.up_since_us) >= REDIAL_US;
+        let at = if out.state == OutState::Up && lasted {
             now
         } else {
             now + REDIAL_US
@@ -586,8 +603,9 @@ impl Loop {
             let sqe = opcode::Close::new(types::Fd(fd))
                 .build()
                 .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
-            // SAFETY: references no buffer; the connect or send that used
-            // the fd has completed.
+            // SAFETY: references no buffer; every op that used the fd (the
+            // connect, a send, the watch) has completed (asserted above),
+            // so the number is not reused under one of them.
             unsafe { self.push(sqe) };
         }
     }
