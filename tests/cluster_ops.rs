@@ -232,3 +232,39 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
         "an operation needed more than one retry across a rolling restart"
     );
 }
+
+/// `ringlock cluster transfer-leader NODE` hands every shard to NODE;
+/// a hand-over to a node that is not a peer is refused and changes nothing.
+#[test]
+fn transfer_leader_moves_every_shard_to_the_named_node() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let admin: Vec<String> = (0..3)
+        .map(|i| c.nodes[i].as_ref().unwrap().admin_addr.to_string())
+        .collect();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ringlock"))
+            .args(["--admin-addr", &admin.join(",")])
+            .args(["cluster", "transfer-leader"])
+            .args(args)
+            .output()
+            .expect("run ringlock")
+    };
+    let refused = cli(&["9"]);
+    assert_eq!(refused.status.code(), Some(75), "{refused:?}");
+    assert!(
+        leads_every_shard(&c, l),
+        "a refused hand-over moved nothing"
+    );
+    let to = (0..3).find(|&i| i != l).unwrap();
+    let out = cli(&[&(to + 1).to_string()]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains(&format!("node {} ", to + 1)), "{said}");
+    assert!(
+        leads_every_shard(&c, to),
+        "node {} leads every shard",
+        to + 1
+    );
+    assert!(!leads_every_shard(&c, l));
+}

@@ -554,6 +554,35 @@ impl Client {
         }
     }
 
+    /// Asks the serving leader behind the admin address to hand every
+    /// shard's leadership to node `to` (0: its most caught-up follower),
+    /// `XFER` (a ringlockd extension). `Ok` once every shard started the
+    /// transfer (watch [`cluster_status`](Self::cluster_status) for the new
+    /// leader); [`Error::Refused`] from a node that does not serve, or when
+    /// `to` is not a peer. Not retried: it changes the cluster.
+    pub fn transfer_leader(&self, to: u32) -> Result<()> {
+        let mut streak = Streak::new(RetryPolicy::none());
+        let (mut conn, _) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+        let mut cmd = b"XFER".to_vec();
+        cmd.extend_from_slice(&to.to_le_bytes());
+        self.send_admin(&mut conn, &cmd).map_err(Error::io)?;
+        conn.set_read_timeout(Some(self.cfg.io_timeout))
+            .map_err(Error::io)?;
+        let mut b = [0u8; 1];
+        if self.cfg.admin_auth.is_some() {
+            conn.read_exact(&mut b).map_err(Error::io)?;
+            if b[0] != b'+' {
+                return Err(Error::Refused);
+            }
+        }
+        match conn.read_exact(&mut b) {
+            Ok(()) if b[0] == b'+' => Ok(()),
+            Ok(()) => Err(Error::Refused),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Refused),
+            Err(e) => Err(Error::io(e)),
+        }
+    }
+
     fn read_cluster_status(&self, conn: &mut TcpStream) -> Result<Vec<ShardStatus>> {
         conn.set_read_timeout(Some(self.cfg.io_timeout))
             .map_err(Error::io)?;

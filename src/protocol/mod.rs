@@ -213,6 +213,9 @@ pub mod admin {
         /// Each shard's replication state (extension, [`super::status`]):
         /// answered by every node, leader or not.
         Clst,
+        /// `XFER [u32 node]` (extension): the serving leader hands every
+        /// shard's leadership to `node` (0: its most caught-up follower).
+        Xfer,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,6 +275,17 @@ pub mod admin {
                     count: 0,
                     len: 4,
                 }
+            }
+            b"XFER" => {
+                if buf.len() < 8 {
+                    return Decoded::Incomplete;
+                }
+                return Decoded::Frame {
+                    cmd: Command::Xfer,
+                    // The target node, carried where other commands count.
+                    count: u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")),
+                    len: 8,
+                };
             }
             b"RSET" => Command::Rset,
             b"RSBS" => Command::Rsbs,

@@ -812,6 +812,20 @@ impl Shard {
                 });
                 return;
             }
+            RemoteOp::TransferLeader { to } => {
+                // No table effect: answered at once.
+                let result = if self.raft_transfer(to) {
+                    RemoteResult::Done
+                } else {
+                    RemoteResult::Failed
+                };
+                self.cmds.push(Cmd::Reply {
+                    to: from,
+                    id,
+                    result,
+                });
+                return;
+            }
             RemoteOp::ResetKeys(keys) => {
                 let (me, shards) = (self.me, self.shards);
                 for key in keys.iter().filter(|k| owner(k.as_bytes(), shards) == me) {
@@ -943,6 +957,7 @@ impl Shard {
                     recs.sort_by_key(|r| r.shard);
                     protocol::status::encode(&recs, &mut c.out);
                 }
+                RemoteOp::TransferLeader { .. } => c.out.push(b'+'),
             }
         }
         if g.lock_port {
@@ -1395,6 +1410,16 @@ impl Shard {
                 RemoteOp::ResetSources(sources)
             }
             admin::Command::Auth | admin::Command::Clst => unreachable!("answered above"),
+            admin::Command::Xfer => {
+                log!(
+                    Level::Info,
+                    "operator_transfer_leader",
+                    "to={} peer={}",
+                    count,
+                    peer
+                );
+                RemoteOp::TransferLeader { to: count as u64 }
+            }
             admin::Command::Rstk => {
                 self.metrics
                     .request(metrics::Action::AdminRset, metrics::Outcome::Ok);

@@ -42,6 +42,9 @@ pub enum RemoteOp {
     ResetIf(Vec<(Name, u64)>),
     /// CLST: this shard's replication state (read-only, answered at once).
     ClusterStatus,
+    /// XFER: hand this shard's leadership to node `to` (0: the most
+    /// caught-up follower); answered once the transfer started.
+    TransferLeader { to: u64 },
 }
 
 #[derive(Clone, Debug)]

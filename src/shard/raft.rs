@@ -307,18 +307,7 @@ impl Shard {
             return;
         }
         let st = r.replica.status();
-        // The lowest id among the followers that have everything committed
-        // (in a healthy cluster: all of them, so every shard of this node
-        // picks the same node); else among those with the newest log.
-        let caught_up = st.followers.iter().filter(|f| f.matched >= st.commit);
-        let target = caught_up.map(|f| f.node).min().or_else(|| {
-            let best = st.followers.iter().map(|f| f.matched).max();
-            st.followers
-                .iter()
-                .filter(|f| Some(f.matched) == best)
-                .map(|f| f.node)
-                .min()
-        });
+        let target = hand_over_target(&st);
         log!(
             Level::Info,
             "raft_hand_over",
@@ -332,6 +321,37 @@ impl Shard {
             r.replica.transfer_leader(t);
         }
         self.raft_pump();
+    }
+
+    /// An operator's `XFER`: hands this shard's leadership to node `to`
+    /// (0: [`hand_over_target`]). False when this shard does not lead, the
+    /// node is not a peer, or there is nobody to hand over to.
+    pub(super) fn raft_transfer(&mut self, to: u64) -> bool {
+        let Some(r) = self.raft.as_mut() else {
+            return false;
+        };
+        if !r.replica.is_leader() {
+            return false;
+        }
+        let st = r.replica.status();
+        let target = if to == 0 {
+            hand_over_target(&st)
+        } else {
+            st.followers.iter().any(|f| f.node == to).then_some(to)
+        };
+        let Some(t) = target else { return false };
+        log!(
+            Level::Info,
+            "raft_hand_over",
+            "group={} node={} to={} term={} reason=operator",
+            r.group,
+            st.node,
+            t,
+            st.term
+        );
+        r.replica.transfer_leader(t);
+        self.raft_pump();
+        true
     }
 
     /// True once this shard may exit: always without replication; in a
@@ -939,6 +959,22 @@ impl Shard {
             }
         }
     }
+}
+
+/// Whom a leader hands over to: the lowest id among the followers that
+/// have everything committed (in a healthy cluster all of them, so every
+/// shard of a node picks the same node), else among those with the newest
+/// log.
+fn hand_over_target(st: &crate::cluster::replica::ReplicaStatus) -> Option<u64> {
+    let caught_up = st.followers.iter().filter(|f| f.matched >= st.commit);
+    caught_up.map(|f| f.node).min().or_else(|| {
+        let best = st.followers.iter().map(|f| f.matched).max();
+        st.followers
+            .iter()
+            .filter(|f| Some(f.matched) == best)
+            .map(|f| f.node)
+            .min()
+    })
 }
 
 /// Makes `table` the table a snapshot's data describes: every holder is

@@ -293,6 +293,18 @@ enum Cmd {
 
 #[derive(Subcommand, Debug)]
 enum ClusterCmd {
+    /// Hand the leadership of every shard to another node, then wait until it serves
+    ///
+    /// Finds the serving node among --admin-addr (all nodes, comma-separated),
+    /// asks it to hand over to NODE (default: its most caught-up follower),
+    /// and waits up to 5 s for another node to serve every shard; prints that
+    /// node. Exit 0 when it does, 75 when it did not in time or the leader
+    /// refused (NODE is not a peer, or it is the leader itself), 69 when no
+    /// node serves. Use before stopping the leader's host.
+    TransferLeader {
+        /// The node to take over (its --node-id); default: the leader's choice
+        node: Option<u32>,
+    },
     /// Each node's role, term, leader, commit and applied index per shard, and each follower's lag
     ///
     /// Asks every node named by --admin-addr (comma-separated: give all of
@@ -412,6 +424,9 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Cluster {
             cmd: ClusterCmd::Status { json },
         } => return cluster_status(&cli, &matches, *json),
+        Cmd::Cluster {
+            cmd: ClusterCmd::TransferLeader { node },
+        } => return cluster_transfer(&cli, &matches, node.unwrap_or(0)),
         _ => {}
     }
     let fmt = cli.key_format;
@@ -566,10 +581,13 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     }
 }
 
-/// `ringlock cluster status`: every node in --admin-addr (or the admin
-/// port next to each --addr) asked at once; the table (or JSON) on stdout,
-/// the verdict as exit status with its reason on stderr.
-fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fail> {
+/// The nodes' admin addresses for `ringlock cluster` (--admin-addr, or
+/// the admin port next to each --addr) and the admin auth token.
+#[allow(clippy::type_complexity)] // the two things every cluster command needs
+fn cluster_nodes(
+    cli: &Cli,
+    matches: &ArgMatches,
+) -> Result<(Vec<(String, Vec<SocketAddr>)>, Option<Vec<u8>>), Fail> {
     let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
     let nodes = match &cli.admin_addr {
         Some(a) => cluster::parse_addrs(
@@ -606,6 +624,59 @@ fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fai
         }
         None => None,
     };
+    Ok((nodes, auth))
+}
+
+/// `ringlock cluster transfer-leader [NODE]`: the serving node hands over;
+/// waits (bounded) until another node serves every shard.
+fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail> {
+    let (nodes, auth) = cluster_nodes(cli, matches)?;
+    let serving = |answers: &[cluster::NodeAnswer]| -> Option<usize> {
+        answers.iter().position(|n| {
+            matches!(&n.result, Ok(Some(shards)) if !shards.is_empty() && shards.iter().all(|s| s.serving))
+        })
+    };
+    let answers = cluster::query(&nodes, auth.as_deref());
+    let Some(old) = serving(&answers) else {
+        return Err(Fail(EX_UNAVAILABLE, "no node serves every shard".into()));
+    };
+    let mut b = ringlock::client::Client::builder(nodes[old].1.as_slice())
+        .admin_addr(nodes[old].1.as_slice())
+        .io_timeout(std::time::Duration::from_secs(2));
+    if let Some(t) = &auth {
+        b = b.admin_auth_token(t.clone());
+    }
+    let client = b.build().map_err(|e| Fail(EX_USAGE, e.to_string()))?;
+    if let Err(e) = client.transfer_leader(to) {
+        return Err(Fail(
+            EX_TEMPFAIL,
+            format!(
+                "{} refused the hand-over: {e} (is node {to} a peer, other than the leader?)",
+                nodes[old].0
+            ),
+        ));
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < std::time::Duration::from_secs(5) {
+        let answers = cluster::query(&nodes, auth.as_deref());
+        if let Some(new) = serving(&answers).filter(|&n| n != old) {
+            let id = match &answers[new].result {
+                Ok(Some(shards)) => shards[0].node,
+                _ => 0,
+            };
+            let _ = writeln!(io::stdout(), "node {id} ({}) serves", nodes[new].0);
+            return Ok(0);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(Fail(EX_TEMPFAIL, "no other node served within 5 s".into()))
+}
+
+/// `ringlock cluster status`: every node in --admin-addr (or the admin
+/// port next to each --addr) asked at once; the table (or JSON) on stdout,
+/// the verdict as exit status with its reason on stderr.
+fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fail> {
+    let (nodes, auth) = cluster_nodes(cli, matches)?;
     let answers = cluster::query(&nodes, auth.as_deref());
     let text = if json {
         cluster::to_json(&answers)
