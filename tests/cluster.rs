@@ -152,3 +152,33 @@ fn an_isolated_leader_grants_nothing() {
         !c.serves(l) && c.serves(l2)
     });
 }
+
+/// `KEYS` on a follower is linearizable: a grant the leader acknowledged
+/// is listed by a follower asked right after (its read barrier waits until
+/// the leader's commit index is applied there), however far behind the
+/// follower's own log was; resets stay refused on a follower.
+#[test]
+fn keys_on_a_follower_list_every_acknowledged_grant() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let admin = c.nodes[f].as_ref().unwrap().admin_addr;
+    let mut conn = c.conn(l);
+    for n in 0..20 {
+        let key = format!("lin{n}");
+        assert_eq!(conn.lock(key.as_bytes(), b"alice"), b'+');
+        let listed = common::keys(admin);
+        assert!(
+            listed.iter().any(|k| k.key == key.as_bytes()),
+            "follower node {} did not list {key}, acknowledged by the leader",
+            f + 1
+        );
+    }
+    let mut a = std::net::TcpStream::connect(admin).expect("admin");
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::io::Write::write_all(&mut a, b"RSET\x01\x00\x00\x00\x04lin0").unwrap();
+    let mut b = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut a, &mut b);
+    assert_eq!(b, b"-", "a follower refuses resets");
+    assert_eq!(conn.try_lock(b"lin0", b"bob"), b'#', "lin0 is still held");
+}

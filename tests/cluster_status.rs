@@ -173,13 +173,25 @@ fn status_metrics_and_readiness_follow_the_leader_through_kill9() {
         if i != l {
             assert_eq!(s.role, Role::Follower, "{s:?}");
             assert!(!s.serving && s.followers.is_empty(), "{s:?}");
-            // The lock-table commands stay refused on a follower.
+            // A follower answers KEYS after a read barrier: what the
+            // leader holds, no less (linearizable); changes stay refused.
+            let keys = |n: usize| {
+                let mut k: Vec<Vec<u8>> = common::keys(admin_addr_of(&c, n))
+                    .into_iter()
+                    .map(|k| k.key)
+                    .collect();
+                k.sort();
+                k
+            };
+            let held = keys(l);
+            assert!(!held.is_empty(), "the test holds keys");
+            assert_eq!(keys(i), held, "KEYS on follower node {}", i + 1);
             let mut a = TcpStream::connect(admin_addr_of(&c, i)).expect("admin");
             a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            a.write_all(b"KEYS").unwrap();
+            a.write_all(b"RSBS\0\0\0\0").unwrap();
             let mut b = Vec::new();
             let _ = a.read_to_end(&mut b);
-            assert_eq!(b, b"-", "KEYS on a follower is refused");
+            assert_eq!(b, b"-", "RSBS on a follower is refused");
         }
     }
 

@@ -166,6 +166,9 @@ pub struct Output {
     pub install: Option<Snapshot>,
     /// Committed entries, in order, to apply to the table.
     pub apply: Vec<Entry>,
+    /// Read barriers answered: `(id, index)` — a read issued with
+    /// [`Replica::read_barrier`] may be served once `index` is applied.
+    pub reads: Vec<(u64, u64)>,
     pub role: Option<RoleChange>,
 }
 
@@ -431,6 +434,16 @@ impl Replica {
         self.node.read_index(self.ticks.to_le_bytes().to_vec());
     }
 
+    /// A linearizable read on a follower (Raft's ReadIndex): the leader
+    /// confirms it still leads and names its commit index, which comes back
+    /// in [`Output::reads`] with `id`. raft-rs drops it when no leader is
+    /// known; the caller bounds the wait.
+    pub fn read_barrier(&mut self, id: u64) {
+        let mut ctx = vec![b'R'];
+        ctx.extend_from_slice(&id.to_le_bytes());
+        self.node.read_index(ctx);
+    }
+
     /// A message from a peer (already decoded from its frame).
     pub fn step(&mut self, bytes: &[u8]) -> Result<(), String> {
         let m = Message::parse_from_bytes(bytes).map_err(|e| format!("bad raft message: {e}"))?;
@@ -597,6 +610,11 @@ impl Replica {
             out.send.push((m.to, m.write_to_bytes().expect("encode")));
         }
         for rs in rd.take_read_states() {
+            if rs.request_ctx.len() == 9 && rs.request_ctx[0] == b'R' {
+                let id = u64::from_le_bytes(rs.request_ctx[1..9].try_into().expect("8"));
+                out.reads.push((id, rs.index));
+                continue;
+            }
             // A quorum acknowledged the probe sent at that tick.
             if rs.request_ctx.len() == 8 && self.is_leader() {
                 let sent = u64::from_le_bytes(rs.request_ctx[..8].try_into().expect("8"));

@@ -363,10 +363,17 @@ impl Loop {
     fn dial(&mut self, o: usize) {
         use socket2::{Domain, Socket, Type};
         let out = &self.peers().outbound[o];
+        // TCP_USER_TIMEOUT: a peer that vanished without a FIN or RST (its
+        // host died, a partition) fails this link's next send within a
+        // second instead of TCP's minutes, so the link is dialed again
+        // (Raft heartbeats keep data in flight on a healthy link).
         let sock = match Socket::new(Domain::for_address(out.shown), Type::STREAM, None)
             .and_then(|s| s.set_tcp_nodelay(true).map(|_| s))
             .and_then(|s| s.set_cloexec(true).map(|_| s))
-        {
+            .and_then(|s| {
+                s.set_tcp_user_timeout(Some(std::time::Duration::from_secs(1)))
+                    .map(|_| s)
+            }) {
             Ok(s) => s,
             Err(e) => {
                 log!(Level::Warn, "peer_dial_failed", "error=\"{}\"", e);

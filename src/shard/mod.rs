@@ -782,6 +782,9 @@ impl Shard {
     /// reply waits for this shard's log like any answer.
     pub fn on_remote(&mut self, from: usize, id: u64, op: RemoteOp) {
         let now = self.now;
+        if self.park_read(from, id, &op) {
+            return;
+        }
         if let Some(result) = self.keys_remote(from, &op) {
             // A listing's first chunk waits for the log like any answer;
             // later chunks are holders as they were then: no wait.
@@ -1340,8 +1343,10 @@ impl Shard {
             return true;
         }
         // AUTH and CLST aside, the admin port reads or changes the lock
-        // table: only the serving node may.
-        if !self.may_serve() {
+        // table: only the serving node may change it; a follower answers
+        // KEYS/KEYX after a read barrier (linearizable, see shard::raft).
+        let read = matches!(cmd, admin::Command::Keys | admin::Command::Keyx);
+        if !(self.may_serve() || read && self.raft.is_some()) {
             self.reject(slot, "not the leader");
             return false;
         }

@@ -44,6 +44,16 @@ use crate::cluster::{store, wire, TICK_US};
 use crate::log::Level;
 use crate::wal::log::{Chain, Landed, Log, Next};
 
+/// A listing a follower answers once its read barrier is applied.
+struct ParkedRead {
+    id: u64,
+    index: Option<u64>,
+    asked_us: u64,
+    from: usize,
+    request: u64,
+    op: super::RemoteOp,
+}
+
 /// What this node's shards tell each other (one per node): which node
 /// leads each group, and whether each shard serves.
 pub struct NodeView {
@@ -96,6 +106,10 @@ pub struct Part {
     last_transfer_tick: u64,
     /// A stopping leader runs until it handed over, or until this.
     hand_over_until_us: u64,
+    /// Listings parked on a follower until its read barrier is applied:
+    /// `(barrier id, index once known, asked at µs, from, request id, op)`.
+    reads: Vec<ParkedRead>,
+    next_read: u64,
     /// A compaction whose rewrite is in flight: its snapshot.
     compacting: Option<raft::eraftpb::Snapshot>,
     compact_entries: u64,
@@ -134,6 +148,8 @@ impl Part {
             fatal: None,
             last_transfer_tick: 0,
             hand_over_until_us: 0,
+            reads: Vec::new(),
+            next_read: 1,
             compacting: None,
             compact_entries: crate::cluster::COMPACT_ENTRIES,
             identity: store::Identity {
@@ -470,6 +486,7 @@ impl Shard {
         }
         if n > 0 {
             self.follow_group0();
+            self.release_reads();
         }
     }
 
@@ -479,6 +496,62 @@ impl Shard {
             .as_ref()
             .filter(|r| r.fatal.is_none())
             .map(|r| r.next_tick_us)
+    }
+
+    /// A listing (`KEYS`/`KEYX`) asked of this shard while it does not
+    /// serve: answered from this follower's table once a read barrier
+    /// (ReadIndex) says everything committed when it was asked is applied
+    /// here, so a follower's answer is linearizable too. True when parked.
+    pub(super) fn park_read(&mut self, from: usize, request: u64, op: &super::RemoteOp) -> bool {
+        let now = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else {
+            return false;
+        };
+        if r.replica.serving() || !matches!(op, super::RemoteOp::KeysOpen { .. }) {
+            return false;
+        }
+        let id = r.next_read;
+        r.next_read += 1;
+        r.reads.push(ParkedRead {
+            id,
+            index: None,
+            asked_us: now,
+            from,
+            request,
+            op: op.clone(),
+        });
+        r.replica.read_barrier(id);
+        self.raft_pump();
+        true
+    }
+
+    /// Runs every parked listing whose barrier is applied; fails those
+    /// that waited more than an election timeout (no leader answered).
+    fn release_reads(&mut self) {
+        let now = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else { return };
+        if r.reads.is_empty() {
+            return;
+        }
+        let applied = r.replica.applied_index();
+        let limit = r.election_us;
+        let (ready, waiting): (Vec<ParkedRead>, Vec<ParkedRead>) = std::mem::take(&mut r.reads)
+            .into_iter()
+            .partition(|p| p.index.is_some_and(|i| i <= applied) || now >= p.asked_us + limit);
+        r.reads = waiting;
+        for p in ready {
+            if p.index.is_some_and(|i| i <= applied) {
+                if let Some(result) = self.keys_remote(p.from, &p.op) {
+                    self.reply_when_durable(p.from, p.request, result);
+                }
+            } else {
+                self.cmds.push(Cmd::Reply {
+                    to: p.from,
+                    id: p.request,
+                    result: super::RemoteResult::Failed,
+                });
+            }
+        }
     }
 
     /// Every group follows group 0's leader, so one node serves them all:
@@ -633,6 +706,13 @@ impl Shard {
                 return;
             }
         }
+        let r = self.raft.as_mut().expect("replica");
+        for (id, index) in out.reads.drain(..) {
+            if let Some(p) = r.reads.iter_mut().find(|p| p.id == id) {
+                p.index = Some(index);
+            }
+        }
+        self.release_reads();
     }
 
     /// One committed entry.
