@@ -393,6 +393,32 @@ if have systemd-analyze "systemd unit (Debian package systemd)"; then
         fail "systemd-analyze verify"
     fi
 fi
+# The cluster node template, verified as the instance ringlock-cluster@1
+# (verify loads the template from beside the instance's name).
+cunit="$deploy/systemd/ringlock-cluster@.service"
+if have systemd-analyze "systemd unit (Debian package systemd)"; then
+    sed "s#^ExecStart=/usr/local/bin/ringlockd#ExecStart=$bin#" "$cunit" > "$tmp/ringlock-cluster@.service"
+    if out="$(systemd-analyze verify "$tmp/ringlock-cluster@1.service" 2>&1)" && ! grep -q 'ringlock-cluster' <<<"$out"; then
+        ok "systemd-analyze verify ringlock-cluster@1.service"
+    else
+        echo "$out" >&2
+        fail "systemd-analyze verify ringlock-cluster@1.service"
+    fi
+fi
+for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= DynamicUser=yes \
+    'StateDirectory=ringlock-cluster-%i$' 'EnvironmentFile=/etc/ringlock/cluster.env$' 'Environment=RINGLOCK_NODE_ID=%i$' \
+    'ExecStart=.* --node-id %i ' 'ExecStart=.* --data-path /var/lib/ringlock-cluster-%i/' 'KillSignal=SIGTERM$' 'TimeoutStopSec=[1-9][0-9]*s$'; do
+    grep -q "^$key" "$cunit" || fail "cluster unit lacks $key"
+done
+grep -q 'io_uring_setup' "$cunit" || fail "cluster unit's SystemCallFilter must allow io_uring"
+env_example="$deploy/systemd/cluster.env.example"
+for var in RINGLOCK_PEERS RINGLOCK_THREADS RINGLOCK_BIND RINGLOCK_ADMIN_BIND RINGLOCK_METRICS_BIND; do
+    grep -q "^$var=" "$env_example" || fail "cluster.env.example lacks $var"
+done
+for var in RINGLOCK_BIND RINGLOCK_ADMIN_BIND RINGLOCK_METRICS_BIND; do
+    grep -q "^ExecStart=.*\${$var}" "$cunit" || fail "cluster unit's ExecStart does not use \${$var}"
+done
+! grep -q '^RINGLOCK_NODE_ID=' "$env_example" || fail "cluster.env.example must not set RINGLOCK_NODE_ID (the instance is the id)"
 for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= StateDirectory=ringlock DynamicUser=yes; do
     grep -q "^$key" "$unit" || fail "systemd unit lacks $key"
 done
