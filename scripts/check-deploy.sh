@@ -84,7 +84,7 @@ def get(d, *path):
 
 for name in ["prometheus/ringlock-alerts.yml", "prometheus/ringlock-alerts.test.yml",
              "kubernetes/ringlock.yaml", "kubernetes/networkpolicy.yaml",
-             "kubernetes/podmonitor.yaml"]:
+             "kubernetes/podmonitor.yaml", "kubernetes/ringlock-cluster.yaml"]:
     try:
         with open(f"{deploy}/{name}") as f:
             list(yaml.safe_load_all(f))
@@ -199,11 +199,137 @@ need(all(pod_labels.get(k) == v for k, v in get(np, "spec", "podSelector", "matc
 np_ports = [p["port"] for rule in get(np, "spec", "ingress") for p in rule.get("ports", [])]
 need(22120 not in np_ports, "NetworkPolicy does not open the admin port")
 
+# --- the cluster manifest (docs/cluster.md) ---
+with open(f"{deploy}/kubernetes/ringlock-cluster.yaml") as f:
+    cdocs = [d for d in yaml.safe_load_all(f) if d]
+ck = {}
+for d in cdocs:
+    ck.setdefault(d["kind"], []).append(d)
+def cneed(cond, what):
+    need(cond, f"ringlock-cluster.yaml: {what}")
+csts = (ck.get("StatefulSet") or [None])[0]
+cneed(csts is not None, "a StatefulSet")
+csvcs = {s["metadata"]["name"]: s for s in ck.get("Service", [])}
+if csts:
+    spec = csts["spec"]
+    replicas = spec.get("replicas")
+    cneed(replicas == 3, "replicas must be 3")
+    start = get(spec, "ordinals", "start") or 0
+    cneed(spec.get("podManagementPolicy") == "Parallel",
+          "podManagementPolicy Parallel (followers are never Ready; OrderedReady would wait for them)")
+    cneed(get(spec, "updateStrategy", "type") == "OnDelete",
+          "updateStrategy OnDelete (a RollingUpdate waits for each updated pod to be Ready, which a follower never is)")
+    plabels = get(spec, "template", "metadata", "labels") or {}
+    cneed(plabels and all(plabels.get(k) == v for k, v in spec["selector"]["matchLabels"].items()), "selector matches pod labels")
+    cneed(plabels.get("app.kubernetes.io/name") not in (None, "ringlock"),
+          "pod labels differ from the single-node manifest's (its Services and NetworkPolicy select app.kubernetes.io/name=ringlock)")
+    pod = spec["template"]["spec"]
+    cneed(2 <= (pod.get("terminationGracePeriodSeconds") or 0) <= 60,
+          "terminationGracePeriodSeconds covers the hand-over (a few seconds)")
+    anti = get(pod, "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution") or []
+    cneed(any(t.get("topologyKey") == "kubernetes.io/hostname"
+              and all(plabels.get(k) == v for k, v in (get(t, "labelSelector", "matchLabels") or {"": None}).items())
+              for t in anti), "required pod anti-affinity on kubernetes.io/hostname selecting the cluster's pods")
+    localhost = {"type": "Localhost", "localhostProfile": "profiles/ringlock.json"}
+    cneed(get(pod, "securityContext", "runAsNonRoot") is True and get(pod, "securityContext", "runAsUser") == 65532
+          and get(pod, "securityContext", "fsGroup") == 65532, "pod securityContext as ringlock.yaml (non-root 65532, fsGroup)")
+    cneed(get(pod, "securityContext", "seccompProfile") == localhost, "pod seccompProfile: the shipped Localhost profile")
+    cneed(pod.get("automountServiceAccountToken") is False, "no service account token")
+    cs = pod.get("containers", [])
+    cneed(len(cs) == 1, "one container")
+    c = cs[0] if cs else {}
+    cneed(c.get("image", "").startswith("registry.invalid/"), "the image is the placeholder registry.invalid/...")
+    args = c.get("args", [])
+    def carg(flag):
+        return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else None
+    cneed(carg("--data-path") == "/data/ringlock.wal", "--data-path /data/ringlock.wal")
+    cneed((carg("--admin-bind") or "").startswith("127.0.0.1:"), "admin bound to loopback")
+    threads = carg("--threads")
+    cneed(threads is not None and threads.isdigit() and int(threads) >= 1,
+          "--threads fixed in the pod template (every node must run the same)")
+    threads = int(threads) if threads and threads.isdigit() else 1
+    # The node id: the pod's ordinal, from the pod-index label, with pods
+    # numbered from 1; or (without ordinals.start) a shell that adds 1.
+    env = {e["name"]: e for e in c.get("env", [])}
+    idx_ref = get(env.get("RINGLOCK_NODE_ID", {}), "valueFrom", "fieldRef", "fieldPath")
+    shell = " ".join(c.get("command", []) + args)
+    by_label = idx_ref == "metadata.labels['apps.kubernetes.io/pod-index']" and start == 1
+    by_shell = start == 0 and "--node-id $(( ${HOSTNAME##*-} + 1 ))" in shell
+    cneed(by_label or by_shell, "the node id is derived from the pod ordinal (pod-index label with ordinals.start 1, "
+          "or $(( ${HOSTNAME##*-} + 1 )) with ordinals from 0)")
+    cneed(carg("--node-id") is None or by_shell, "no fixed --node-id in the pod template")
+    # --peers: node id -> the stable name of the pod with that id, one port.
+    peers = carg("--peers") or ""
+    entries = dict(p.split("=", 1) for p in peers.split(",") if "=" in p)
+    sts_name = csts["metadata"]["name"]
+    # Node i + 1 is the pod of ordinal i + start (its id is ordinal + 1 from 0, or the ordinal from 1).
+    pods = {i + 1: f"{sts_name}-{i + start}" for i in range(replicas or 0)}
+    cneed(sorted(entries) == [str(i) for i in sorted(pods)], f"--peers names node ids {sorted(pods)}, got {peers!r}")
+    hosts = {}
+    peer_ports = set()
+    for nid, addr in entries.items():
+        host, _, port = addr.rpartition(":")
+        peer_ports.add(port)
+        hosts[nid] = host
+    cneed(len(peer_ports) == 1 and all(p.isdigit() for p in peer_ports), f"--peers uses one port for every node, got {sorted(peer_ports)}")
+    raft = int(next(iter(peer_ports))) if len(peer_ports) == 1 and all(p.isdigit() for p in peer_ports) else None
+    for nid, pod_name in pods.items():
+        host = hosts.get(str(nid), "")
+        # The host is the pod's stable name: its hostname (the per-pod
+        # Service outside the pod, /etc/hosts inside it) or its DNS record
+        # under the governing Service.
+        cneed(host == pod_name or host.startswith(f"{pod_name}.{spec.get('serviceName')}"),
+              f"--peers node {nid} is {host!r}, not pod {pod_name}'s stable name")
+        svc = csvcs.get(host)
+        if host == pod_name:
+            cneed(svc is not None, f"a Service {pod_name} (the peer address of node {nid})")
+        if svc:
+            cneed(svc["spec"].get("publishNotReadyAddresses") is True, f"Service {host} publishes not-ready addresses (followers)")
+            cneed(get(svc, "spec", "selector", "statefulset.kubernetes.io/pod-name") == pod_name, f"Service {host} selects pod {pod_name} only")
+            sports = {p["port"] for p in svc["spec"].get("ports", [])}
+            if raft:
+                cneed(set(range(raft, raft + threads)) <= sports, f"Service {host} routes the Raft ports {raft}..{raft + threads - 1} (--peers port + shard)")
+    cports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    if raft:
+        cneed(set(range(raft, raft + threads)) <= set(cports.values()), "container declares a Raft port per shard")
+    via_metrics = ("metrics", cports.get("metrics"))
+    cneed(get(c, "readinessProbe", "httpGet", "path") == "/readyz" and get(c, "readinessProbe", "httpGet", "port") in via_metrics,
+          "readiness probe on /readyz via the metrics port (only the leader is Ready)")
+    cneed(get(c, "livenessProbe", "httpGet", "path") == "/livez" and get(c, "livenessProbe", "httpGet", "port") in via_metrics,
+          "liveness probe on /livez via the metrics port")
+    cneed(get(c, "startupProbe", "httpGet", "path") in (None, "/livez"), "no startup probe on /readyz (a follower would never pass it)")
+    cneed(get(c, "resources", "requests", "cpu") and get(c, "resources", "requests", "memory"), "resource requests")
+    sc = c.get("securityContext", {})
+    cneed(sc.get("runAsNonRoot") is True and sc.get("readOnlyRootFilesystem") is True
+          and sc.get("allowPrivilegeEscalation") is False and get(sc, "capabilities", "drop") == ["ALL"]
+          and sc.get("seccompProfile") == localhost, "container securityContext as ringlock.yaml")
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    cneed(mounts.get("data") == "/data", "data volume mounted at /data")
+    vcts = {v["metadata"]["name"]: v for v in spec.get("volumeClaimTemplates", [])}
+    cneed(get(vcts.get("data", {}), "spec", "resources", "requests", "storage"), "volumeClaimTemplate 'data' with a storage request (one PVC per pod)")
+    gov = csvcs.get(spec.get("serviceName"))
+    cneed(gov is not None and gov["spec"].get("clusterIP") == "None", "serviceName is a headless Service in the manifest")
+    cneed(gov is not None and gov["spec"].get("publishNotReadyAddresses") is True,
+          "the headless peer Service publishes not-ready addresses (followers need DNS)")
+    clients = [s for s in csvcs.values() if s["spec"].get("clusterIP") != "None"
+               and s["spec"].get("selector") == spec["selector"]["matchLabels"]]
+    cneed(any(22119 in {p["port"] for p in s["spec"].get("ports", [])} and not s["spec"].get("publishNotReadyAddresses")
+              for s in clients), "a client Service on the lock port over the pods' readiness (routes to the leader)")
+    pdbs = ck.get("PodDisruptionBudget", [])
+    cneed(len(pdbs) == 1 and get(pdbs[0], "spec", "maxUnavailable") == 1, "a PodDisruptionBudget with maxUnavailable: 1")
+    cneed(pdbs and get(pdbs[0], "spec", "selector", "matchLabels") == spec["selector"]["matchLabels"], "the PDB selects the cluster's pods")
+    for s in csvcs.values():
+        for p in s["spec"].get("ports", []):
+            cneed(p["port"] not in (22120, 22121), f"Service {s['metadata']['name']} exposes no admin or metrics port")
+
 with open(f"{deploy}/seccomp/ringlock.json") as f:
     prof = json.load(f)
 allowed = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
 need(prof.get("defaultAction") == "SCMP_ACT_ERRNO", "seccomp profile is an allow-list")
 need({"io_uring_setup", "io_uring_enter", "io_uring_register"} <= allowed, "seccomp profile allows the three io_uring calls")
+# glibc's resolver connects a UDP socket and sends A and AAAA with sendmmsg;
+# without them a cluster node cannot resolve its --peers names.
+need({"connect", "sendmmsg"} <= allowed, "seccomp profile allows connect and sendmmsg (DNS lookups of --peers names)")
 
 if errors:
     for e in errors:
@@ -220,8 +346,9 @@ fi
 if have kubernetes-validate "Kubernetes schemas (pip install kubernetes-validate)"; then
     # Built-in kinds are validated strictly (no unknown fields); the PodMonitor
     # is a CRD without a bundled schema, checked structurally above.
-    if out="$(kubernetes-validate --strict --quiet "$deploy/kubernetes/ringlock.yaml" "$deploy/kubernetes/networkpolicy.yaml" 2>&1)"; then
-        ok "kubernetes-validate --strict (StatefulSet, Services, NetworkPolicy)"
+    if out="$(kubernetes-validate --strict --quiet "$deploy/kubernetes/ringlock.yaml" "$deploy/kubernetes/networkpolicy.yaml" \
+        "$deploy/kubernetes/ringlock-cluster.yaml" 2>&1)"; then
+        ok "kubernetes-validate --strict (StatefulSets, Services, NetworkPolicy, PodDisruptionBudget)"
     else
         echo "$out" >&2
         fail "kubernetes-validate"
@@ -266,6 +393,32 @@ if have systemd-analyze "systemd unit (Debian package systemd)"; then
         fail "systemd-analyze verify"
     fi
 fi
+# The cluster node template, verified as the instance ringlock-cluster@1
+# (verify loads the template from beside the instance's name).
+cunit="$deploy/systemd/ringlock-cluster@.service"
+if have systemd-analyze "systemd unit (Debian package systemd)"; then
+    sed "s#^ExecStart=/usr/local/bin/ringlockd#ExecStart=$bin#" "$cunit" > "$tmp/ringlock-cluster@.service"
+    if out="$(systemd-analyze verify "$tmp/ringlock-cluster@1.service" 2>&1)" && ! grep -q 'ringlock-cluster' <<<"$out"; then
+        ok "systemd-analyze verify ringlock-cluster@1.service"
+    else
+        echo "$out" >&2
+        fail "systemd-analyze verify ringlock-cluster@1.service"
+    fi
+fi
+for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= DynamicUser=yes \
+    'StateDirectory=ringlock-cluster-%i$' 'EnvironmentFile=/etc/ringlock/cluster.env$' 'Environment=RINGLOCK_NODE_ID=%i$' \
+    'ExecStart=.* --node-id %i ' 'ExecStart=.* --data-path /var/lib/ringlock-cluster-%i/' 'KillSignal=SIGTERM$' 'TimeoutStopSec=[1-9][0-9]*s$'; do
+    grep -q "^$key" "$cunit" || fail "cluster unit lacks $key"
+done
+grep -q 'io_uring_setup' "$cunit" || fail "cluster unit's SystemCallFilter must allow io_uring"
+env_example="$deploy/systemd/cluster.env.example"
+for var in RINGLOCK_PEERS RINGLOCK_THREADS RINGLOCK_BIND RINGLOCK_ADMIN_BIND RINGLOCK_METRICS_BIND; do
+    grep -q "^$var=" "$env_example" || fail "cluster.env.example lacks $var"
+done
+for var in RINGLOCK_BIND RINGLOCK_ADMIN_BIND RINGLOCK_METRICS_BIND; do
+    grep -q "^ExecStart=.*\${$var}" "$cunit" || fail "cluster unit's ExecStart does not use \${$var}"
+done
+! grep -q '^RINGLOCK_NODE_ID=' "$env_example" || fail "cluster.env.example must not set RINGLOCK_NODE_ID (the instance is the id)"
 for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= StateDirectory=ringlock DynamicUser=yes; do
     grep -q "^$key" "$unit" || fail "systemd unit lacks $key"
 done

@@ -21,25 +21,26 @@ fn flags_in(line: &str) -> Vec<String> {
 
 fn deploy_flags() -> Vec<(String, String)> {
     let mut found = Vec::new();
-    for line in read("deploy/kubernetes/ringlock.yaml").lines() {
-        let t = line.trim_start();
-        if let Some(arg) = t.strip_prefix("- ") {
-            if arg.starts_with("--") {
-                found.extend(
-                    flags_in(arg)
-                        .into_iter()
-                        .map(|f| ("kubernetes".to_string(), f)),
-                );
-            }
-        }
+    for (file, origin) in [
+        ("deploy/kubernetes/ringlock.yaml", "kubernetes"),
+        (
+            "deploy/kubernetes/ringlock-cluster.yaml",
+            "kubernetes-cluster",
+        ),
+    ] {
+        kube_flags(&read(file), origin, &mut found);
     }
-    for line in read("deploy/systemd/ringlock.service").lines() {
-        if line.starts_with("ExecStart=") {
-            found.extend(
-                flags_in(line)
-                    .into_iter()
-                    .map(|f| ("systemd".to_string(), f)),
-            );
+    for (file, origin) in [
+        ("deploy/systemd/ringlock.service", "systemd"),
+        (
+            "deploy/systemd/ringlock-cluster@.service",
+            "systemd-cluster",
+        ),
+    ] {
+        for line in read(file).lines() {
+            if line.starts_with("ExecStart=") {
+                found.extend(flags_in(line).into_iter().map(|f| (origin.to_string(), f)));
+            }
         }
     }
     for line in read("deploy/docker/Dockerfile").lines() {
@@ -54,16 +55,56 @@ fn deploy_flags() -> Vec<(String, String)> {
     found
 }
 
+fn kube_flags(text: &str, origin: &str, found: &mut Vec<(String, String)>) {
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(arg) = t.strip_prefix("- ") {
+            if arg.starts_with("--") {
+                found.extend(flags_in(arg).into_iter().map(|f| (origin.to_string(), f)));
+            }
+        }
+    }
+}
+
 #[test]
 fn deploy_files_pass_the_data_path_and_bind_flags() {
     let flags = deploy_flags();
-    for origin in ["kubernetes", "systemd", "Dockerfile"] {
+    for origin in [
+        "kubernetes",
+        "kubernetes-cluster",
+        "systemd",
+        "systemd-cluster",
+        "Dockerfile",
+    ] {
         for needed in ["--bind", "--admin-bind", "--metrics-bind", "--data-path"] {
             assert!(
                 flags.iter().any(|(o, f)| o == origin && f == needed),
                 "{origin} does not pass {needed}: {flags:?}"
             );
         }
+    }
+}
+
+#[test]
+fn cluster_files_pass_the_cluster_settings() {
+    let flags = deploy_flags();
+    for (origin, needed) in [
+        ("kubernetes-cluster", "--peers"),
+        ("kubernetes-cluster", "--threads"),
+        ("systemd-cluster", "--node-id"),
+    ] {
+        assert!(
+            flags.iter().any(|(o, f)| o == origin && f == needed),
+            "{origin} does not pass {needed}: {flags:?}"
+        );
+    }
+    // The systemd cluster unit leaves these to the environment file.
+    let env = read("deploy/systemd/cluster.env.example");
+    for var in ["RINGLOCK_PEERS", "RINGLOCK_THREADS"] {
+        assert!(
+            env.lines().any(|l| l.starts_with(&format!("{var}="))),
+            "cluster.env.example does not set {var}"
+        );
     }
 }
 
@@ -82,6 +123,22 @@ fn every_flag_in_the_deploy_files_is_known_to_ringlockd() {
         out.status.success() && help.contains("--bind"),
         "ringlockd --help must list its flags:\n{help}"
     );
+    // Variables of the cluster env file that ringlockd reads itself (the
+    // others are expanded in the unit's ExecStart).
+    let unit = read("deploy/systemd/ringlock-cluster@.service");
+    for line in read("deploy/systemd/cluster.env.example").lines() {
+        let Some((var, _)) = line.split_once('=') else {
+            continue;
+        };
+        if line.starts_with('#') || unit.contains(&format!("${{{var}}}")) {
+            continue;
+        }
+        assert!(
+            help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .any(|w| w == var),
+            "cluster.env.example sets {var}, which ringlockd does not read:\n{help}"
+        );
+    }
     let unknown: Vec<_> = deploy_flags()
         .into_iter()
         .filter(|(_, f)| {
