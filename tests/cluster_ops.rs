@@ -268,3 +268,53 @@ fn transfer_leader_moves_every_shard_to_the_named_node() {
     );
     assert!(!leads_every_shard(&c, l));
 }
+
+/// A node restarted on a log of another format version (a later ringlockd
+/// wrote it) refuses to start, naming both versions, and leaves the log as
+/// it was; started again on its own version's log it rejoins with all of
+/// it.
+#[test]
+fn a_log_of_another_format_version_is_refused_and_left_intact() {
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let mut conn = c.conn(l);
+    assert_eq!(conn.lock(b"kept", b"alice"), b'+');
+    drop(conn);
+    let f = (0..3).find(|&i| i != l).unwrap();
+    c.signal(f, libc::SIGTERM);
+    let _ = c.nodes[f].as_mut().unwrap().child.wait();
+    c.nodes[f] = None;
+    let path = c.log_path(f, 0);
+    let original = std::fs::read(&path).expect("the follower's log");
+    let mut later = original.clone();
+    later[7] = original[7] + 1;
+    std::fs::write(&path, &later).unwrap();
+    let err = c
+        .try_start_node(f)
+        .expect_err("a log of another version is refused");
+    assert!(
+        err.contains(&format!("format version {}", later[7])) && err.contains("reads version"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        later,
+        "the refused log is untouched"
+    );
+    std::fs::write(&path, &original).unwrap();
+    c.start_node(f);
+    // It rejoins: asked right after, it lists the hold (a read barrier
+    // through the leader, then its own log replayed and caught up).
+    let admin = c.nodes[f].as_ref().unwrap().admin_addr;
+    let client = ringlock::client::Client::builder(admin)
+        .admin_addr(admin)
+        .retry(ringlock::client::RetryPolicy::none())
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    common::fault_proxy::poll_until("the restarted follower lists the hold", WAIT, || {
+        client
+            .keys()
+            .is_ok_and(|k| k.iter().any(|k| k.key == b"kept"))
+    });
+}

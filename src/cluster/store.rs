@@ -141,6 +141,15 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
         return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
     }
     if &data[..8] != MAGIC {
+        if data[..7] == MAGIC[..7] {
+            // Another version of this format: a later ringlockd wrote it
+            // (or an earlier one, if this one is newer); never guessed at.
+            return Err(format!(
+                "{shown}: a cluster log of format version {}, this ringlockd reads version {}; \
+                 start the ringlockd version that wrote it (logs are never converted in place)",
+                data[7], MAGIC[7]
+            ));
+        }
         if data.starts_with(crate::wal::record::MAGIC) {
             return Err(format!(
                 "{shown}: this is a single-node log; a cluster node (--peers) keeps a \
@@ -371,5 +380,14 @@ mod tests {
         // A single-node log is named as such.
         let single = crate::wal::record::MAGIC.to_vec();
         assert!(replay(&single, "t").unwrap_err().contains("single-node"));
+        // A later format version is refused with both versions named, and
+        // the file is left as it was (replay only reads it).
+        let mut later = f.clone();
+        later[7] = 2;
+        let e = replay(&later, "t").unwrap_err();
+        assert!(
+            e.contains("format version 2") && e.contains("reads version 1"),
+            "{e}"
+        );
     }
 }

@@ -486,6 +486,14 @@ impl Shard {
         }
         if n > 0 {
             self.follow_group0();
+            // raft-rs drops a ReadIndex it cannot forward (no leader known
+            // yet, as right after a restart): ask again each tick until
+            // answered.
+            if let Some(r) = self.raft.as_mut() {
+                for p in r.reads.iter().filter(|p| p.index.is_none()) {
+                    r.replica.read_barrier(p.id);
+                }
+            }
             self.release_reads();
         }
     }

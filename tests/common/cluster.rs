@@ -119,6 +119,13 @@ impl Cluster {
     }
 
     pub fn start_node(&mut self, i: usize) {
+        if let Err(e) = self.try_start_node(i) {
+            panic!("node {} did not start: {e}", i + 1);
+        }
+    }
+
+    /// Starts node `i`; its stderr when it exits instead.
+    pub fn try_start_node(&mut self, i: usize) -> Result<(), String> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
         cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
         let id = (i + 1).to_string();
@@ -137,10 +144,22 @@ impl Cluster {
         ];
         args.extend(self.extra.iter().cloned());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let s = Server::spawn(cmd, &refs)
-            .unwrap_or_else(|e| panic!("node {} did not start: {e}", i + 1));
+        let s = Server::spawn(cmd, &refs)?;
         self.lock_addrs[i] = s.lock_addr;
         self.nodes[i] = Some(s);
+        Ok(())
+    }
+
+    /// Shard `g`'s log file of node `i`.
+    pub fn log_path(&self, i: usize, g: usize) -> std::path::PathBuf {
+        let p = self.data_path(i);
+        if self.threads == 1 {
+            p
+        } else {
+            let mut s = p.into_os_string();
+            s.push(format!(".group{g}"));
+            s.into()
+        }
     }
 
     pub fn kill9(&mut self, i: usize) {
