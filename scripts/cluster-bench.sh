@@ -5,7 +5,8 @@
 #
 #   scripts/cluster-bench.sh [--no-install] [--out DIR] [--systems "ringlock-cluster etcd-cluster ringlockd-durable"]
 #                            [--clients "1 16 64"] [--duration 5s] [--warmup 1s] [--profile release|debug]
-#   env: FAILOVER_TRIALS (default 20), FAILOVER_SETTLE_MS (default 1000),
+#   env: FAILOVER_TRIALS (default 20; also the number of SIGTERM hand-over
+#        trials after them), FAILOVER_SETTLE_MS (default 1000),
 #        CLUSTER_BENCH_SMOKE=1 (1 s per scenario, 3 failover trials, debug
 #        build, output to a temp dir unless --out; checks every row worked)
 #
@@ -356,19 +357,24 @@ done
 if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
     d="$TMP/run/failover"
     trials="$OUT/failover-trials.jsonl"
+    handovers="$OUT/handover-trials.jsonl"
     : >"$trials"
+    : >"$handovers"
     if start_rl_cluster "$d"; then
-        for t in $(seq 1 "$TRIALS"); do
+        for t in $(seq 1 "$((2 * TRIALS))"); do
             if ! l=$(rl_leader); then log "trial $t: the cluster does not serve"; FAILED=1; break; fi
             pid=${PID[rl$l]}
-            log "failover trial $t/$TRIALS: kill -9 node $l (pid $pid)"
-            if ! $PIN_LOADGEN "$FAILOVER" trial --trial "$t" --nodes "$NODES" --leader "$l" --pid "$pid" \
+            # The first TRIALS trials kill -9 the leader; the next TRIALS
+            # stop it with SIGTERM (it hands its leadership over first).
+            if [ "$t" -le "$TRIALS" ]; then sig="kill"; tfile="$trials"; else sig="term"; tfile="$handovers"; fi
+            log "failover trial $t/$((2 * TRIALS)): signal $sig to node $l (pid $pid)"
+            if ! $PIN_LOADGEN "$FAILOVER" trial --signal "$sig" --trial "$t" --nodes "$NODES" --leader "$l" --pid "$pid" \
                 --metrics "127.0.0.1:$((RL_PORT[l] + 2))" --key "fo-trial-$t" --logs "$d/n1/log,$d/n2/log,$d/n3/log" --timeout-ms 30000 --pause-us "${FAILOVER_PAUSE_US:-1000}" \
-                >>"$trials" 2>"$TMP/trial-$t.err"; then
-                log "  trial $t failed: $(tail -1 "$trials" 2>/dev/null) $(tail -c 300 "$TMP/trial-$t.err" | tr '\n' ' ')"
+                >>"$tfile" 2>"$TMP/trial-$t.err"; then
+                log "  trial $t failed: $(tail -1 "$tfile" 2>/dev/null) $(tail -c 300 "$TMP/trial-$t.err" | tr '\n' ' ')"
                 FAILED=1
             fi
-            log "  $(tail -1 "$trials")"
+            log "  $(tail -1 "$tfile")"
             # The trial saw it die; reap it and bring it back on its log.
             kill -9 "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
@@ -382,6 +388,7 @@ if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
             sleep "$(awk -v m="$SETTLE_MS" 'BEGIN{print m / 1000}')"
         done
         "$FAILOVER" report "$trials" >"$OUT/failover.json" || FAILED=1
+        "$FAILOVER" report "$handovers" >"$OUT/handover.json" || FAILED=1
         # The nodes' own account (elections, serving, restarts), for reading
         # a slow trial afterwards.
         for n in 1 2 3; do cp "$d/n$n/log" "$OUT/failover-node$n.log"; done
@@ -406,6 +413,9 @@ row_note() { # run json: what happened besides the numbers
 }
 fo() { # measure stat, from failover.json
     sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/failover.json" 2>/dev/null
+}
+ho() { # measure stat, from handover.json
+    sed -n "s/.*\"$1\":{[^}]*\"$2\":\([0-9.]*\).*/\1/p" "$OUT/handover.json" 2>/dev/null
 }
 {
     echo "## Cluster benchmark"
@@ -451,6 +461,17 @@ fo() { # measure stat, from failover.json
         echo
         echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Term increase per election (new leader's term − old leader's, from their logs; pre-vote is on, so a refused pre-vote round does not show here): $(sed -n 's/.*"term_increase":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/+\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
     fi
+    if [ -s "$OUT/handover.json" ]; then
+        echo
+        echo "### Hand-over (ringlock cluster, SIGTERM of the leader: it hands its leadership over, then exits; $(sed -n 's/.*"trials":\([0-9]*\).*/\1/p' "$OUT/handover.json") trials)"
+        echo
+        echo "| measure | trials | p50 ms | p99 ms | max ms |"
+        echo "|---|---:|---:|---:|---:|"
+        echo "| (a) SIGTERM → first grant by the new leader | $(ho a count) | $(ho a p50_ms) | $(ho a p99_ms) | $(ho a max_ms) |"
+        echo "| (b) SIGTERM → grant of a waiter queued on the old leader (answered '-' by it, re-queued at the new one) | $(ho b count) | $(ho b p50_ms) | $(ho b p99_ms) | $(ho b max_ms) |"
+        echo
+        echo "Same clients and clock as above, the signal SIGTERM instead of SIGKILL: the clients start once the old leader's process is gone, so (a) includes its hand-over and exit. Keys lost: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/handover.json"). Raw trials: handover-trials.jsonl."
+    fi
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"
 
@@ -480,6 +501,9 @@ if [ "$SMOKE" = 1 ]; then
     if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
         if [ "$(fo a count)" != "$TRIALS" ] || [ "$(fo b count)" != "$TRIALS" ]; then
             echo "smoke: not every failover trial measured both (a) and (b)" >&2; FAILED=1
+        fi
+        if [ "$(ho a count)" != "$TRIALS" ] || [ "$(ho b count)" != "$TRIALS" ]; then
+            echo "smoke: not every hand-over trial measured both (a) and (b)" >&2; FAILED=1
         fi
     fi
 fi

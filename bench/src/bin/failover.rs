@@ -18,8 +18,9 @@
 //!   (the holder's connection is then closed by the server; the key stays
 //!   held, as in Locking-Center), queues a second client's Lock on K behind
 //!   it (checked on the leader's `/metrics`: `ringlock_queued_waiters`),
-//!   sends SIGKILL to the leader's PID and measures from just before the
-//!   kill:
+//!   sends SIGKILL (or, with `--signal term`, SIGTERM: a graceful stop,
+//!   in which the leader hands its leadership over before it exits) to the
+//!   leader's PID and measures from just before the signal:
 //!   - (a) the first `+` to a Persist + TryLock of a fresh key, tried against
 //!     every node in a loop (one thread per node, `--pause-us` between
 //!     attempts, short timeouts): the first grant by the new leader;
@@ -142,6 +143,9 @@ struct Args {
     trial: u64,
     file: Option<String>,
     logs: Vec<String>,
+    /// The signal sent to the leader: SIGKILL (a crash) or SIGTERM (a
+    /// graceful stop: it hands its leadership over before it exits).
+    signal: i32,
 }
 
 fn addr(s: &str) -> Result<SocketAddr, String> {
@@ -171,6 +175,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         trial: 0,
         file: None,
         logs: Vec::new(),
+        signal: libc::SIGKILL,
     };
     while let Some(f) = it.next() {
         match f.as_str() {
@@ -187,6 +192,13 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--wait-ms" => a.wait = Duration::from_millis(num("--wait-ms", it.next())?),
             "--trial" => a.trial = num("--trial", it.next())?,
             "--all-up" => a.all_up = true,
+            "--signal" => {
+                a.signal = match it.next().as_deref() {
+                    Some("kill") => libc::SIGKILL,
+                    Some("term") => libc::SIGTERM,
+                    other => return Err(format!("--signal takes kill or term, got {other:?}")),
+                }
+            }
             "--logs" => {
                 let v = it.next().ok_or("--logs needs a value")?;
                 a.logs = v.split(',').map(str::to_string).collect();
@@ -445,7 +457,7 @@ fn trial(a: &Args) -> Result<bool, String> {
     // touches no memory of this process; the worst a wrong PID does is
     // signal another process, which the script prevents by passing the PID
     // of the ringlockd it started (scripts/cluster-bench.sh).
-    let rc = unsafe { libc::kill(a.pid, libc::SIGKILL) };
+    let rc = unsafe { libc::kill(a.pid, a.signal) };
     if rc != 0 {
         done.store(true, Ordering::Relaxed);
         let _ = t0_cell.set(t0);
@@ -807,6 +819,7 @@ mod tests {
         assert!(p(&["--leader", "x"]).is_err());
         assert!(p(&["--nodes", "nohost"]).is_err());
         assert!(p(&["--bogus"]).is_err());
+        assert!(p(&["--signal", "hup"]).is_err());
         assert!(p(&["--key", ""]).is_err());
         let a = p(&["--nodes", "127.0.0.1:1,127.0.0.1:2", "--leader", "2"]).unwrap();
         assert_eq!((a.nodes.len(), a.leader), (2, 2));
