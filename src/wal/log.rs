@@ -433,19 +433,7 @@ impl Log {
             if self.flight != Flight::None || self.filling.is_empty() {
                 return Next::Idle;
             }
-            let fresh = self
-                .spare
-                .take()
-                .expect("no flight: the spare buffer is home");
-            let buf = std::mem::replace(&mut self.filling, fresh);
-            self.flight = Flight::Append {
-                lsn: self.tail_lsn,
-                records: self.filling_records,
-                bytes: buf.len() as u64,
-            };
-            self.filling_records = 0;
-            self.flight_started_us = now_us;
-            return Next::Propose(buf);
+            return Next::Propose(self.take_batch(now_us));
         }
         match self.next(table, now_us) {
             Ok(Some((chain, buf))) => Next::Chain(chain, buf),
@@ -542,6 +530,18 @@ impl Log {
             // is not: its effects are in the table the walk reads, and it
             // goes to the old log below as usual.
         }
+        let buf = self.take_batch(now_us);
+        Ok(Some((
+            Chain::Append {
+                offset: self.file_len,
+            },
+            buf,
+        )))
+    }
+
+    /// The batch in `filling` goes out (an append, or a replica's
+    /// proposal): it becomes the flight, the spare buffer the next batch.
+    fn take_batch(&mut self, now_us: u64) -> Vec<u8> {
         let fresh = self
             .spare
             .take()
@@ -554,12 +554,7 @@ impl Log {
         };
         self.filling_records = 0;
         self.flight_started_us = now_us;
-        Ok(Some((
-            Chain::Append {
-                offset: self.file_len,
-            },
-            buf,
-        )))
+        buf
     }
 
     fn start_finishing(&mut self) -> (Chain, Vec<u8>) {
