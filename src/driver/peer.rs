@@ -169,7 +169,9 @@ impl Loop {
             .flags(libc::SOCK_CLOEXEC)
             .build()
             .user_data(ring_io::encode(Op::Peer, 0, K_ACCEPT));
-        // SAFETY: references no buffer.
+        // SAFETY: references no buffer; the listener lives as long as the
+        // loop. Were it closed under the accept, no peer could link: every
+        // test in tests/cluster.rs needs these accepts.
         unsafe { self.push(sqe) };
     }
 
@@ -328,7 +330,9 @@ impl Loop {
             .build()
             .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
         // SAFETY: references no buffer; the receive completed, no op uses
-        // the fd any more.
+        // the fd any more (a close under a live receive could let the number
+        // be reused and the receive read another socket). Restarts in
+        // tests/cluster.rs and tests/cluster_ops.rs close inbound links.
         unsafe { self.push(sqe) };
     }
 
@@ -394,7 +398,9 @@ impl Loop {
             .user_data(ud);
         // SAFETY: the address is boxed in the link and neither moved nor
         // dropped while the connect is in flight (state Connecting; a
-        // stopping server forgets it instead: leak_in_flight).
+        // stopping server forgets it instead: leak_in_flight); freed early,
+        // the kernel would dial garbage. tests/cluster.rs dials every link,
+        // and redials after each kill -9.
         unsafe { self.push(sqe) };
     }
 
@@ -480,7 +486,10 @@ impl Loop {
             out.sent,
             lent.len()
         );
-        // SAFETY (pointer arithmetic): `sent < len` (asserted above).
+        // SAFETY (pointer arithmetic): `sent < len` (asserted above), so the
+        // pointer stays inside the buffer; a wrong offset would send bytes
+        // out of frame, which the peer refuses (tests/cluster_workload.rs
+        // pushes large batches through short sends).
         let ptr = unsafe { lent.ptr().add(out.sent) };
         let len = (lent.len() - out.sent) as u32;
         out.send = Slot::Kernel(lent);
@@ -580,7 +589,9 @@ impl Loop {
             // their completions come back here.
             // SAFETY: a plain syscall on an fd this link owns and has not
             // closed (it is closed only once no op references it), so the
-            // number cannot belong to another socket; no memory involved.
+            // number cannot belong to another socket (shutting down a reused
+            // number would cut a client's connection); no memory involved.
+            // tests/cluster.rs kills peers whose links end here.
             unsafe { libc::shutdown(out.fd, libc::SHUT_RDWR) };
             return;
         }
@@ -612,7 +623,9 @@ impl Loop {
                 .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
             // SAFETY: references no buffer; every op that used the fd (the
             // connect, a send, the watch) has completed (asserted above),
-            // so the number is not reused under one of them.
+            // so the number is not reused under one of them (which would
+            // then act on another socket). tests/cluster.rs and
+            // tests/cluster_ops.rs drop and redial links on every restart.
             unsafe { self.push(sqe) };
         }
     }
