@@ -180,6 +180,10 @@ pub struct Replica {
     ticks: u64,
     /// Votes are refused until this tick (a restarted node).
     mute_votes_until: u64,
+    /// The tick each peer was last heard from (any message): liveness
+    /// that, unlike raft-rs's `recent_active`, is not cleared every
+    /// election timeout.
+    heard: std::collections::HashMap<u64, u64>,
     /// The lease: the tick of the newest heartbeat round a quorum
     /// acknowledged (valid for the current term only).
     lease_from: Option<u64>,
@@ -277,6 +281,7 @@ impl Replica {
             cfg,
             ticks: 0,
             mute_votes_until: if restarted { election } else { 0 },
+            heard: std::collections::HashMap::new(),
             lease_from: None,
             lease_term: 0,
             since_probe: 0,
@@ -345,7 +350,10 @@ impl Replica {
                     followers.push(FollowerStatus {
                         node: id,
                         matched: p.matched,
-                        active: p.recent_active,
+                        active: self
+                            .heard
+                            .get(&id)
+                            .is_some_and(|&t| self.ticks <= t + self.cfg.election_ticks as u64),
                     });
                 }
             }
@@ -457,6 +465,7 @@ impl Replica {
         // is voted for even now: that leader stopped serving when it began
         // the transfer, so no lease of it is left to protect.
         let transfer = m.get_context() == CAMPAIGN_TRANSFER;
+        self.heard.insert(m.from, self.ticks);
         if self.ticks < self.mute_votes_until
             && !transfer
             && matches!(

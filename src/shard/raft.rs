@@ -1049,20 +1049,33 @@ impl Shard {
     }
 }
 
-/// Whom a leader hands over to: the lowest id among the followers that
-/// have everything committed (in a healthy cluster all of them, so every
-/// shard of a node picks the same node), else among those with the newest
-/// log.
+/// How far behind the commit index a follower may be and still count as
+/// caught up for a hand-over: entries in flight to it (a pipeline of
+/// appends not yet acknowledged) must not make one group of a node pick
+/// another target than the others.
+const HAND_OVER_SLACK: u64 = 1024;
+
+/// Whom a leader hands over to: the lowest id among the live followers
+/// that are caught up (within [`HAND_OVER_SLACK`] of the commit index; in
+/// a healthy cluster all of them, so every shard of a node picks the same
+/// node and no group has to move a second time to follow group 0), else
+/// the live follower with the newest log, else any follower with the
+/// newest log. raft-rs brings the target fully up to date before it tells
+/// it to campaign.
 fn hand_over_target(st: &crate::cluster::replica::ReplicaStatus) -> Option<u64> {
-    let caught_up = st.followers.iter().filter(|f| f.matched >= st.commit);
-    caught_up.map(|f| f.node).min().or_else(|| {
-        let best = st.followers.iter().map(|f| f.matched).max();
-        st.followers
-            .iter()
-            .filter(|f| Some(f.matched) == best)
-            .map(|f| f.node)
-            .min()
-    })
+    let floor = st.commit.saturating_sub(HAND_OVER_SLACK);
+    let newest = |live: bool| {
+        let pool = || st.followers.iter().filter(move |f| !live || f.active);
+        let best = pool().map(|f| f.matched).max()?;
+        pool().filter(|f| f.matched == best).map(|f| f.node).min()
+    };
+    st.followers
+        .iter()
+        .filter(|f| f.active && f.matched >= floor)
+        .map(|f| f.node)
+        .min()
+        .or_else(|| newest(true))
+        .or_else(|| newest(false))
 }
 
 /// Makes `table` the table a snapshot's data describes: every holder is
@@ -1231,5 +1244,65 @@ impl Shard {
         } else {
             m.clear_follower_lag(self.me);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::replica::{FollowerStatus, ReplicaStatus};
+
+    fn status(followers: &[(u64, u64, bool)]) -> ReplicaStatus {
+        ReplicaStatus {
+            node: 2,
+            role: "leader",
+            term: 5,
+            leader: 2,
+            commit: 5000,
+            applied: 5000,
+            last_index: 5000,
+            serving: true,
+            lease_valid: true,
+            followers: followers
+                .iter()
+                .map(|&(node, matched, active)| FollowerStatus {
+                    node,
+                    matched,
+                    active,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_group_of_a_node_hands_over_to_the_same_live_follower() {
+        // Node 1 a few entries behind (appends in flight), node 3 at the
+        // commit index: still node 1, as in every other group.
+        assert_eq!(
+            hand_over_target(&status(&[(1, 4990, true), (3, 5000, true)])),
+            Some(1)
+        );
+        // A follower not heard from is passed over while a live one is
+        // caught up.
+        assert_eq!(
+            hand_over_target(&status(&[(1, 5000, false), (3, 5000, true)])),
+            Some(3)
+        );
+        // Far behind (a restarted node catching up): the caught-up one.
+        assert_eq!(
+            hand_over_target(&status(&[(1, 100, true), (3, 4999, true)])),
+            Some(3)
+        );
+        // Nobody caught up: the live one with the newest log; nobody live:
+        // the newest log.
+        assert_eq!(
+            hand_over_target(&status(&[(1, 100, true), (3, 200, true)])),
+            Some(3)
+        );
+        assert_eq!(
+            hand_over_target(&status(&[(1, 300, false), (3, 200, false)])),
+            Some(1)
+        );
+        assert_eq!(hand_over_target(&status(&[])), None);
     }
 }
