@@ -745,6 +745,8 @@ impl World {
                     let at = (self.now + 50 + self.rng.below(400)).max(prev);
                     self.nodes[i].inflight.push_back((chain, buf, at));
                 }
+                // The simulated network reaches every node by its id.
+                Cmd::PeerLink { .. } => {}
                 Cmd::Peer { node, frame } => {
                     let to = node as usize - 1;
                     if self.cut.contains(&(i, to)) || self.rng.chance(self.loss_per_mille) {

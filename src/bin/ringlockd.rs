@@ -75,6 +75,12 @@ OPTIONS:
                              between nodes [env RINGLOCK_PEERS]. Needs --node-id and
                              --data-path; every node runs the same --threads and --peers.
                              Only the leader serves: see docs/cluster.md (default: one node)
+    --join                   cluster mode: this node, with an empty --data-path, joins a running
+                             cluster (`ringlock cluster add`/`replace` adds it) instead of
+                             founding one with --peers as voters; ignored once its log holds
+                             anything [env RINGLOCK_JOIN=1]
+    --raft-compact-entries N cluster mode: compact each shard's log into a snapshot every N
+                             applied entries (default 10000)
     --log-level LEVEL        error | warn | info | debug (default info)
     -h, --help               print this help
     -V, --version            print the version
@@ -109,6 +115,8 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
     let mut peers: Option<String> = std::env::var("RINGLOCK_PEERS")
         .ok()
         .filter(|s| !s.is_empty());
+    let mut join = std::env::var("RINGLOCK_JOIN").is_ok_and(|v| v == "1" || v == "true");
+    let mut compact_entries: Option<u64> = None;
     let mut truncate_at = None;
     let mut limits: Vec<(&'static str, u64)> = Vec::new();
     let mut p = lexopt::Parser::from_env();
@@ -143,6 +151,13 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             "--data-path" => data_path = Some(val("--data-path")?.into()),
             "--node-id" => node_id = Some(val("--node-id")?),
             "--peers" => peers = Some(val("--peers")?),
+            "--join" => join = true,
+            "--raft-compact-entries" => {
+                let v = val("--raft-compact-entries")?;
+                compact_entries = Some(v.trim().parse().ok().filter(|&n: &u64| n > 0).ok_or_else(
+                    || format!("--raft-compact-entries: expected a count of 1 or more, got {v:?}"),
+                )?);
+            }
             "--auth-token-file" => {
                 let p: std::path::PathBuf = val("--auth-token-file")?.into();
                 auth_token = Some(config::read_auth_token(&p)?);
@@ -347,9 +362,20 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
                         .into(),
                 );
             }
-            Some(ringlock::cluster::ClusterConfig::parse(id, &peers)?)
+            let mut c = ringlock::cluster::ClusterConfig::parse(id, &peers)?;
+            c.join = join;
+            if let Some(n) = compact_entries {
+                c.compact_entries = n;
+            }
+            Some(c)
         }
     };
+    if cluster.is_none() && (join || compact_entries.is_some()) {
+        return Err(format!(
+            "{} is a cluster flag: it needs --node-id and --peers",
+            if join { "--join" } else { "--raft-compact-entries" }
+        ));
+    }
     Ok(Some((cfg, level, cluster)))
 }
 

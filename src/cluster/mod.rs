@@ -44,6 +44,10 @@ pub struct ClusterConfig {
     pub heartbeat_ticks: usize,
     /// Entries applied between two compactions of a shard's log.
     pub compact_entries: u64,
+    /// `--join`: a node with a new log joins a running cluster (added by
+    /// `ringlock cluster add`/`replace`) instead of founding one with the
+    /// `--peers` as its voters. Ignored once the log holds anything.
+    pub join: bool,
 }
 
 impl ClusterConfig {
@@ -87,6 +91,7 @@ impl ClusterConfig {
             election_ticks: ELECTION_TICKS,
             heartbeat_ticks: HEARTBEAT_TICKS,
             compact_entries: COMPACT_ENTRIES,
+            join: false,
         })
     }
 

@@ -38,7 +38,10 @@
 use std::collections::VecDeque;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
+use raft::eraftpb::{
+    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, Entry,
+    EntryType, HardState, Message, MessageType, Snapshot,
+};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 
@@ -97,7 +100,10 @@ pub const LEASE_MARGIN_TICKS: u64 = 2;
 pub struct ReplicaConfig {
     /// This node's id (1..).
     pub id: u64,
-    /// Every voter's id, this node's included.
+    /// The voters of a new group (a log without a snapshot): every voter's
+    /// id, this node's included; empty for a node that joins a running
+    /// group (it learns the configuration from the leader). A recovered
+    /// snapshot's configuration replaces it.
     pub voters: Vec<u64>,
     /// Election timeout in ticks (randomized in `[e, 2e)`).
     pub election_ticks: usize,
@@ -124,10 +130,13 @@ pub struct FollowerStatus {
     pub matched: u64,
     /// Heard from within the last election timeout.
     pub active: bool,
+    /// A voter (else a learner: it replicates but neither votes nor
+    /// counts for the quorum).
+    pub voter: bool,
 }
 
 /// A replica's state (see [`Replica::status`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ReplicaStatus {
     pub node: u64,
     pub role: &'static str,
@@ -141,6 +150,8 @@ pub struct ReplicaStatus {
     pub lease_valid: bool,
     /// The leader's view of its followers (empty elsewhere).
     pub followers: Vec<FollowerStatus>,
+    /// The configuration as this node applied it.
+    pub conf: ConfState,
 }
 
 /// A role change the shard must act on.
@@ -228,7 +239,8 @@ impl Replica {
                 cfg.election_ticks, cfg.heartbeat_ticks
             ));
         }
-        if !cfg.voters.contains(&cfg.id) {
+        let snap_index = rec.snapshot.get_metadata().index;
+        if snap_index == 0 && !cfg.voters.is_empty() && !cfg.voters.contains(&cfg.id) {
             return Err(format!(
                 "node {} is not among the voters {:?}",
                 cfg.id, cfg.voters
@@ -237,15 +249,18 @@ impl Replica {
         let restarted = rec.hard_state.term > 0
             || !rec.entries.is_empty()
             || rec.snapshot.get_metadata().index > 0;
-        let cs = ConfState::from((cfg.voters.clone(), vec![]));
+        // The configuration as of the snapshot (committed entries after it
+        // are applied again, their configuration changes included).
+        let cs = if snap_index > 0 {
+            rec.snapshot.get_metadata().get_conf_state().clone()
+        } else {
+            ConfState::from((cfg.voters.clone(), vec![]))
+        };
         let storage = MemStorage::new_with_conf_state(cs.clone());
-        let snap_index = rec.snapshot.get_metadata().index;
         {
             let mut w = storage.wl();
             if snap_index > 0 {
-                let mut snap = rec.snapshot.clone();
-                snap.mut_metadata().set_conf_state(cs);
-                w.apply_snapshot(snap)
+                w.apply_snapshot(rec.snapshot.clone())
                     .map_err(|e| format!("log snapshot: {e}"))?;
             }
             w.append(&rec.entries)
@@ -349,6 +364,7 @@ impl Replica {
                 if id != self.cfg.id {
                     followers.push(FollowerStatus {
                         node: id,
+                        voter: r.prs().conf().voters().contains(id),
                         matched: p.matched,
                         active: self
                             .heard
@@ -370,6 +386,7 @@ impl Replica {
             serving: self.serving(),
             lease_valid: self.lease_valid(),
             followers,
+            conf: self.conf_state(),
         }
     }
 
@@ -377,8 +394,100 @@ impl Replica {
     pub fn term_at(&self, index: u64) -> Option<u64> {
         self.node.raft.raft_log.term(index).ok()
     }
-    pub fn voters(&self) -> Vec<u64> {
-        self.cfg.voters.clone()
+    /// The configuration this node applied (voters, learners, and the
+    /// outgoing voters while a joint change is in progress).
+    pub fn conf_state(&self) -> ConfState {
+        self.node.raft.prs().conf().to_conf_state()
+    }
+
+    /// This node is a voter or a learner of its group.
+    pub fn is_member(&self) -> bool {
+        let c = self.conf_state();
+        c.voters.contains(&self.cfg.id) || c.learners.contains(&self.cfg.id)
+    }
+
+    /// A configuration change is proposed and not yet applied, or the
+    /// group is in a joint configuration (a change half done).
+    pub fn change_in_progress(&self) -> bool {
+        self.node.raft.has_pending_conf() || !self.conf_state().voters_outgoing.is_empty()
+    }
+
+    /// Proposes a configuration change: `add` become learners (`voter`
+    /// false) or voters (a learner promoted, or a new voter), `remove`
+    /// leave. More than one voter changing at once goes through a joint
+    /// configuration that raft-rs leaves on its own once it is applied.
+    /// `context` travels with the change (the added nodes' addresses).
+    /// The entry's index, or why not: this node does not lead, or another
+    /// change is in progress.
+    pub fn propose_change(
+        &mut self,
+        add: &[u64],
+        voter: bool,
+        remove: &[u64],
+        context: Vec<u8>,
+    ) -> Result<u64, String> {
+        if !self.is_leader() {
+            return Err("this node does not lead the group".into());
+        }
+        if self.change_in_progress() {
+            return Err("another membership change is in progress".into());
+        }
+        let single = |node_id: u64, t: ConfChangeType| {
+            let mut c = ConfChangeSingle::default();
+            c.node_id = node_id;
+            c.set_change_type(t);
+            c
+        };
+        let kind = if voter {
+            ConfChangeType::AddNode
+        } else {
+            ConfChangeType::AddLearnerNode
+        };
+        let mut cc = ConfChangeV2::default();
+        cc.changes = add
+            .iter()
+            .map(|&n| single(n, kind))
+            .chain(remove.iter().map(|&n| single(n, ConfChangeType::RemoveNode)))
+            .collect::<Vec<_>>()
+            .into();
+        cc.set_transition(ConfChangeTransition::Auto);
+        cc.context = context.into();
+        let before = self.node.raft.raft_log.last_index();
+        self.node
+            .propose_conf_change(vec![], cc)
+            .map_err(|e| format!("raft-rs refused the change: {e}"))?;
+        let after = self.node.raft.raft_log.last_index();
+        // raft-rs turns a change it will not take into an empty entry.
+        let landed = self
+            .node
+            .raft
+            .raft_log
+            .term(after)
+            .is_ok()
+            && after == before + 1
+            && self.node.raft.pending_conf_index == after;
+        if !landed {
+            return Err("raft-rs did not take the change (another one is in progress)".into());
+        }
+        Ok(after)
+    }
+
+    /// A committed configuration change entry (call before
+    /// [`Replica::applied_to`] for its index): the configuration it makes,
+    /// and the change itself (its context names added nodes' addresses).
+    pub fn apply_change(&mut self, e: &Entry) -> Result<(ConfState, ConfChangeV2), String> {
+        if e.get_entry_type() != EntryType::EntryConfChangeV2 {
+            // ringlockd proposes only version-2 changes.
+            return Err(format!("entry {}: a version-1 configuration change", e.index));
+        }
+        let cc = ConfChangeV2::parse_from_bytes(&e.data)
+            .map_err(|err| format!("entry {}: bad configuration change: {err}", e.index))?;
+        let cs = self
+            .node
+            .apply_conf_change(&cc)
+            .map_err(|err| format!("entry {}: configuration change refused: {err}", e.index))?;
+        self.node.mut_store().mem.wl().set_conf_state(cs.clone());
+        Ok((cs, cc))
     }
     /// Asks raft-rs to hand leadership to `to` (it must be caught up).
     pub fn transfer_leader(&mut self, to: u64) {
@@ -564,7 +673,7 @@ impl Replica {
         let m = snap.mut_metadata();
         m.index = index;
         m.term = self.node.raft.raft_log.term(index).unwrap_or(0);
-        m.set_conf_state(ConfState::from((self.cfg.voters.clone(), vec![])));
+        m.set_conf_state(self.conf_state());
         snap
     }
 
@@ -720,6 +829,11 @@ impl Replica {
     /// The type of a committed entry the shard must skip (no records).
     pub fn is_empty_entry(e: &Entry) -> bool {
         e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty()
+    }
+
+    /// A configuration change entry (see [`Replica::apply_change`]).
+    pub fn is_change(e: &Entry) -> bool {
+        e.get_entry_type() != EntryType::EntryNormal
     }
 }
 

@@ -3,7 +3,7 @@
 //! (group commit, the write planner, preallocation) and replayed at start.
 //!
 //! ```text
-//! file   := magic "RLRAFT\0\x01" · record*
+//! file   := magic "RLRAFT\0\x02" · record*
 //! record := crc32c u32 (over len, type, payload) · len u32 (type +
 //!           payload) · type u8 · payload
 //! 1 Identity  node u64 · group u32 · groups u32 · n u8 · voter u64 × n
@@ -13,8 +13,24 @@
 //! 3 HardState term u64 · vote u64 · commit u64
 //! 4 Snapshot  index u64 · term u64 · n u8 · voter u64 × n · data (the
 //!             table as of that index: lock records behind the snapshotting
-//!             node's clock, as a proposal's)
+//!             node's clock, as a proposal's; since version 2 behind the
+//!             membership, see below)
 //! ```
+//!
+//! Version 2 (membership changes) adds, in front of a snapshot's data,
+//! the membership as of its index — the whole configuration (voters,
+//! learners, the outgoing voters of a joint configuration) and every
+//! member's Raft address:
+//!
+//! ```text
+//! members := "RLMEMB\0\x01" · len u32 · conf state (raft-rs protobuf) ·
+//!            n u16 · (node u64 · len u8 · "HOST:PORT") × n
+//! ```
+//!
+//! A version-1 log (no membership change ever happened: the members are
+//! the voters of its records, their addresses the `--peers`) is read, and
+//! its magic is rewritten to version 2 when the node starts; a ringlockd
+//! that reads only version 1 then refuses it, naming both versions.
 //!
 //! A compacted log is the magic, the identity, one Snapshot, the hard state
 //! and the entries after the snapshot (written to a temp file, synced and
@@ -33,7 +49,10 @@ use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 
 use super::replica::Recovered;
 
-pub const MAGIC: &[u8; 8] = b"RLRAFT\0\x01";
+pub const MAGIC: &[u8; 8] = b"RLRAFT\0\x02";
+/// The format before membership changes: read, and upgraded at start.
+pub const MAGIC_V1: &[u8; 8] = b"RLRAFT\0\x01";
+const MEMBERS_MAGIC: &[u8; 8] = b"RLMEMB\0\x01";
 const HEAD: usize = 9;
 const T_IDENTITY: u8 = 1;
 const T_ENTRY: u8 = 2;
@@ -127,6 +146,90 @@ pub struct Replayed {
     pub valid_len: u64,
     pub records: usize,
     pub torn_bytes: u64,
+    /// The format version of the file (its magic's last byte; 0: empty).
+    pub version: u8,
+    /// The membership as of the snapshot (a version-2 snapshot's).
+    pub members: Option<Members>,
+}
+
+/// A group's membership as of a snapshot: the configuration and each
+/// member's Raft address (the address of its shard 0's link).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Members {
+    pub conf: ConfState,
+    pub addrs: std::collections::BTreeMap<u64, String>,
+}
+
+/// A configuration change's context: the added nodes' addresses, one
+/// `ID=HOST:PORT` per line.
+pub fn encode_addrs(addrs: &[(u64, String)]) -> Vec<u8> {
+    let mut out = String::new();
+    for (id, a) in addrs {
+        out.push_str(&format!("{id}={a}\n"));
+    }
+    out.into_bytes()
+}
+
+/// The addresses of [`encode_addrs`] (lines that do not parse are skipped).
+pub fn decode_addrs(context: &[u8]) -> Vec<(u64, String)> {
+    String::from_utf8_lossy(context)
+        .lines()
+        .filter_map(|l| {
+            let (id, a) = l.split_once('=')?;
+            Some((id.trim().parse().ok()?, a.trim().to_string()))
+        })
+        .collect()
+}
+
+/// A snapshot's data: the membership, then the table (a proposal).
+pub fn snapshot_data(members: &Members, table: &[u8]) -> Vec<u8> {
+    use protobuf::Message as _;
+    let conf = members.conf.write_to_bytes().expect("encode a conf state");
+    let mut out = MEMBERS_MAGIC.to_vec();
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(conf.len() as u32).to_le_bytes());
+    out.extend_from_slice(&conf);
+    out.extend_from_slice(&(members.addrs.len() as u16).to_le_bytes());
+    for (id, a) in &members.addrs {
+        out.extend_from_slice(&id.to_le_bytes());
+        let a = &a.as_bytes()[..a.len().min(255)];
+        out.push(a.len() as u8);
+        out.extend_from_slice(a);
+    }
+    let len = (out.len() - len_at - 4) as u32;
+    out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(table);
+    out
+}
+
+/// Splits a snapshot's data into its membership (none in a version-1
+/// snapshot) and the table (a proposal).
+pub fn split_snapshot(data: &[u8]) -> Result<(Option<Members>, &[u8]), String> {
+    use protobuf::Message as _;
+    if !data.starts_with(MEMBERS_MAGIC) {
+        return Ok((None, data));
+    }
+    let short = || "a snapshot's membership is cut short".to_string();
+    let len = u32_at(data, 8).ok_or_else(short)? as usize;
+    let end = 12usize.checked_add(len).filter(|&e| e <= data.len()).ok_or_else(short)?;
+    let m = &data[12..end];
+    let clen = u32_at(m, 0).ok_or_else(short)? as usize;
+    let cbytes = m.get(4..4 + clen).ok_or_else(short)?;
+    let conf = ConfState::parse_from_bytes(cbytes)
+        .map_err(|e| format!("a snapshot's configuration: {e}"))?;
+    let mut at = 4 + clen;
+    let n = u16::from_le_bytes(m.get(at..at + 2).ok_or_else(short)?.try_into().expect("2"));
+    at += 2;
+    let mut addrs = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        let id = u64_at(m, at).ok_or_else(short)?;
+        let l = *m.get(at + 8).ok_or_else(short)? as usize;
+        let a = m.get(at + 9..at + 9 + l).ok_or_else(short)?;
+        addrs.insert(id, String::from_utf8_lossy(a).into_owned());
+        at += 9 + l;
+    }
+    Ok((Some(Members { conf, addrs }), &data[end..]))
 }
 
 /// Replays a log image (the file, magic included). An empty image is a
@@ -140,14 +243,16 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
         }
         return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
     }
-    if &data[..8] != MAGIC {
+    r.version = data[7];
+    if &data[..8] != MAGIC && &data[..8] != MAGIC_V1 {
         if data[..7] == MAGIC[..7] {
             // Another version of this format: a later ringlockd wrote it
             // (or an earlier one, if this one is newer); never guessed at.
             return Err(format!(
-                "{shown}: a cluster log of format version {}, this ringlockd reads version {}; \
-                 start the ringlockd version that wrote it (logs are never converted in place)",
-                data[7], MAGIC[7]
+                "{shown}: a cluster log of format version {}, this ringlockd reads versions {} \
+                 and {}; start the ringlockd version that wrote it (a log is never converted \
+                 to an older version)",
+                data[7], MAGIC_V1[7], MAGIC[7]
             ));
         }
         if data.starts_with(crate::wal::record::MAGIC) {
@@ -266,10 +371,17 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
                     data: p[17 + 8 * n..].to_vec().into(),
                     ..Default::default()
                 };
+                let members = split_snapshot(&s.data)
+                    .map_err(|e| format!("{shown}: snapshot record at offset {at}: {e}"))?
+                    .0;
                 let m = s.mut_metadata();
                 m.index = index;
                 m.term = term;
-                m.set_conf_state(ConfState::from((voters, vec![])));
+                m.set_conf_state(match &members {
+                    Some(mb) => mb.conf.clone(),
+                    None => ConfState::from((voters, vec![])),
+                });
+                r.members = members;
                 r.recovered.snapshot = s;
                 // Everything before a snapshot is in it.
                 entries.clear();
@@ -307,6 +419,45 @@ pub fn split_proposal(data: &[u8]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_the_whole_membership() {
+        let mut conf = ConfState::from((vec![1, 2, 4], vec![5]));
+        conf.voters_outgoing = vec![1, 2, 3];
+        conf.auto_leave = true;
+        let members = Members {
+            conf: conf.clone(),
+            addrs: [(1, "10.0.0.1:22200"), (4, "ringlock-4.ringlock:22200")]
+                .into_iter()
+                .map(|(i, a)| (i, a.to_string()))
+                .collect(),
+        };
+        let mut table = Vec::new();
+        proposal(77, b"records", &mut table);
+        let data = snapshot_data(&members, &table);
+        let (got, rest) = split_snapshot(&data).unwrap();
+        assert_eq!(got.as_ref(), Some(&members));
+        assert_eq!(split_proposal(rest), Some((77, &b"records"[..])));
+        // A version-1 snapshot's data is the table alone.
+        assert_eq!(split_snapshot(&table).unwrap(), (None, &table[..]));
+        // Cut short anywhere: an error, never a guess.
+        for cut in 9..data.len() - table.len() {
+            assert!(split_snapshot(&data[..cut]).is_err(), "cut at {cut}");
+        }
+        // Through the log: the snapshot's configuration is the whole one.
+        let mut f = MAGIC.to_vec();
+        let mut snap = Snapshot {
+            data: data.into(),
+            ..Default::default()
+        };
+        snap.mut_metadata().index = 9;
+        snap.mut_metadata().term = 2;
+        snap.mut_metadata().set_conf_state(conf.clone());
+        encode_snapshot(&snap, &mut f);
+        let r = replay(&f, "t").unwrap();
+        assert_eq!(r.recovered.snapshot.get_metadata().get_conf_state(), &conf);
+        assert_eq!(r.members, Some(members));
+    }
 
     fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
         Entry {
@@ -383,11 +534,16 @@ mod tests {
         // A later format version is refused with both versions named, and
         // the file is left as it was (replay only reads it).
         let mut later = f.clone();
-        later[7] = 2;
+        later[7] = 3;
         let e = replay(&later, "t").unwrap_err();
         assert!(
-            e.contains("format version 2") && e.contains("reads version 1"),
+            e.contains("format version 3") && e.contains("reads versions 1 and 2"),
             "{e}"
         );
+        // Version 1 (before membership changes) is read.
+        let mut v1 = f.clone();
+        v1[7] = 1;
+        let r = replay(&v1, "t").unwrap();
+        assert_eq!((r.version, r.recovered.entries.len()), (1, 2));
     }
 }

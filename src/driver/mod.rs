@@ -247,6 +247,7 @@ impl Loop {
             }
             Cmd::Migrate { token, to } => self.migrate(token, to),
             Cmd::Peer { node, frame } => self.send_peer(node, frame),
+            Cmd::PeerLink { node, addr } => self.set_peer_link(node, addr),
         }
     }
 }

@@ -63,6 +63,8 @@ enum OutState {
     },
     Connecting,
     Up,
+    /// The peer left the group: never dialed again.
+    Retired,
 }
 
 /// This node's link to one peer: write only.
@@ -84,6 +86,29 @@ struct Outbound {
     dead: bool,
     /// When it last came up (mono µs).
     up_since_us: u64,
+    /// The peer left the group: close the link and never dial it again.
+    retired: bool,
+}
+
+impl Outbound {
+    fn new(node: u64, a: SocketAddr) -> Outbound {
+        Outbound {
+            node,
+            addr: Box::new(socket2::SockAddr::from(a)),
+            shown: a,
+            fd: -1,
+            state: OutState::Down { at_us: 0 },
+            queue: Vec::new(),
+            send: Slot::Ours(Vec::new()),
+            sent: 0,
+            gen: 0,
+            quiet: false,
+            watch: Slot::Ours(vec![0u8; 16]),
+            dead: false,
+            up_since_us: 0,
+            retired: false,
+        }
+    }
 }
 
 pub(super) struct Peers {
@@ -112,21 +137,7 @@ impl Peers {
             inbound: Vec::new(),
             outbound: peers
                 .into_iter()
-                .map(|(node, a)| Outbound {
-                    node,
-                    addr: Box::new(socket2::SockAddr::from(a)),
-                    shown: a,
-                    fd: -1,
-                    state: OutState::Down { at_us: 0 },
-                    queue: Vec::new(),
-                    send: Slot::Ours(Vec::new()),
-                    sent: 0,
-                    gen: 0,
-                    quiet: false,
-                    watch: Slot::Ours(vec![0u8; 16]),
-                    dead: false,
-                    up_since_us: 0,
-                })
+                .map(|(node, a)| Outbound::new(node, a))
                 .collect(),
             hello: h,
         }
@@ -408,6 +419,11 @@ impl Loop {
         let shard = self.shard.index();
         let out = &mut self.peers().outbound[o];
         assert_eq!(out.gen, gen, "a connect completion for an earlier link");
+        if out.retired {
+            // Retired while dialing: closed now that the connect is done.
+            self.drop_outbound(o);
+            return;
+        }
         if res < 0 {
             if !out.quiet {
                 out.quiet = true;
@@ -440,7 +456,13 @@ impl Loop {
         out.dead = false;
         out.up_since_us = super::sys::now().mono_us;
         self.arm_watch(o);
-        // The Hello first; what was queued for the old link is stale.
+        // The Hello first (as the shard has it now: a joining node adopts
+        // its cluster's identity); what was queued for the old link is stale.
+        if let Some(h) = self.shard.peer_hello() {
+            let mut b = Vec::new();
+            wire::encode_hello(&h, &mut b);
+            self.peers().hello = b;
+        }
         let hello = self.peers().hello.clone();
         let out = &mut self.peers().outbound[o];
         out.queue.clear();
@@ -451,7 +473,7 @@ impl Loop {
     /// A frame for `node` from the shard.
     pub(super) fn send_peer(&mut self, node: u64, frame: Vec<u8>) {
         let Some(p) = self.peers.as_mut() else { return };
-        let Some(o) = p.outbound.iter().position(|o| o.node == node) else {
+        let Some(o) = p.outbound.iter().position(|o| o.node == node && !o.retired) else {
             return;
         };
         let out = &mut p.outbound[o];
@@ -615,7 +637,11 @@ impl Loop {
         debug_assert!(!out.send.is_lent() && !out.watch.is_lent());
         out.dead = false;
         let fd = std::mem::replace(&mut out.fd, -1);
-        out.state = OutState::Down { at_us: at };
+        out.state = if out.retired {
+            OutState::Retired
+        } else {
+            OutState::Down { at_us: at }
+        };
         out.queue.clear();
         if fd >= 0 {
             let sqe = opcode::Close::new(types::Fd(fd))
@@ -627,6 +653,46 @@ impl Loop {
             // then act on another socket). tests/cluster.rs and
             // tests/cluster_ops.rs drop and redial links on every restart.
             unsafe { self.push(sqe) };
+        }
+    }
+
+    /// The group's membership changed: `node`'s link goes to `addr`, or
+    /// (`None`) the node left and its link is closed for good. A link to
+    /// the same address is kept as it is.
+    pub(super) fn set_peer_link(&mut self, node: u64, addr: Option<SocketAddr>) {
+        let shard = self.shard.index();
+        let Some(p) = self.peers.as_mut() else { return };
+        if let Some(o) = p.outbound.iter().position(|o| o.node == node && !o.retired) {
+            if Some(p.outbound[o].shown) == addr {
+                return;
+            }
+            log!(
+                Level::Info,
+                "peer_link_retired",
+                "shard={} peer={} addr={}",
+                shard,
+                node,
+                p.outbound[o].shown
+            );
+            let out = &mut p.outbound[o];
+            out.retired = true;
+            match out.state {
+                OutState::Down { .. } => out.state = OutState::Retired,
+                // The connect's completion closes it.
+                OutState::Connecting | OutState::Retired => {}
+                OutState::Up => self.fail_outbound(o, 0),
+            }
+        }
+        if let Some(a) = addr {
+            log!(
+                Level::Info,
+                "peer_link_added",
+                "shard={} peer={} addr={}",
+                shard,
+                node,
+                a
+            );
+            self.peers().outbound.push(Outbound::new(node, a));
         }
     }
 }

@@ -466,6 +466,24 @@ fn open_cluster(
         if r.identity.is_none() {
             r = store::replay(&image, &shown).map_err(bad)?;
         }
+        if r.version == store::MAGIC_V1[7] {
+            // A log from before membership changes: read as it is; marked
+            // version 2 (an 8-byte overwrite in the first sector), so that
+            // the ringlockd before this one refuses it by name.
+            use std::os::unix::fs::FileExt;
+            files
+                .file
+                .write_all_at(store::MAGIC, 0)
+                .and_then(|_| files.file.sync_data())
+                .map_err(|e| bad(format!("{shown}: cannot mark the log format version 2: {e}")))?;
+            log!(
+                Level::Info,
+                "raft_log_upgraded",
+                "shard={} path={} from_version=1 to_version=2",
+                g,
+                crate::log::path(&p)
+            );
+        }
         log!(
             Level::Info,
             "recovery",
@@ -503,19 +521,10 @@ fn open_cluster(
             .link_addr(me, g)
             .ok_or_else(|| bad("--peers port + shard overflows".into()))?;
         let listener = listen(raft_addr, "raft", cfg.bind_retry_ms, false, true)?;
-        let peers = c
-            .peers
-            .keys()
-            .filter(|&&id| id != me)
-            .filter_map(|&id| Some((id, c.link_addr(id, g)?)))
-            .collect();
-        let hello = crate::cluster::wire::Hello {
-            node: me,
-            group: g as u32,
-            groups: n as u32,
-            voters: c.voters(),
-            client_addr: advertise.to_string(),
-        };
+        let peers = replica.link_peers();
+        let hello = replica
+            .hello(n)
+            .expect("a cluster shard has a Hello");
         log!(
             Level::Info,
             "raft_listen",

@@ -97,6 +97,12 @@ pub enum Cmd {
     /// Cluster mode: send this frame on the link to `node`'s same shard
     /// (dropped if the link is down: Raft retransmits).
     Peer { node: u64, frame: Vec<u8> },
+    /// Cluster mode: the group's membership changed; `node`'s link for
+    /// this shard goes to `addr`, or (`None`) is closed for good.
+    PeerLink {
+        node: u64,
+        addr: Option<std::net::SocketAddr>,
+    },
 }
 
 /// Open connections of every shard, per port (`[lock, admin]`): the admin

@@ -117,6 +117,12 @@ pub struct Part {
     /// The recovered log's snapshot, installed into the table by
     /// [`Shard::enable_cluster`].
     initial: Option<raft::eraftpb::Snapshot>,
+    /// Each member's Raft address as given (`HOST:PORT` of its shard 0's
+    /// link; shard *g* listens on the port + *g*): the `--peers` of a new
+    /// group, then what the snapshots and configuration changes say.
+    addrs: BTreeMap<u64, String>,
+    /// This node left the group (a configuration change removed it).
+    removed: bool,
 }
 
 impl Part {
@@ -159,6 +165,8 @@ impl Part {
                 voters: Vec::new(),
             },
             initial: None,
+            addrs: BTreeMap::new(),
+            removed: false,
         }
     }
     pub fn file(&self) -> &Log {
@@ -175,8 +183,34 @@ impl Part {
             node: cluster.node_id,
             group: group as u32,
             groups: groups as u32,
-            voters: cluster.voters(),
+            // A joining node learns its cluster's from the first Hello.
+            voters: if cluster.join {
+                Vec::new()
+            } else {
+                cluster.voters()
+            },
         }
+    }
+
+    /// The Hello this shard's links send (`groups`: the node's shards).
+    pub fn hello(&self, groups: usize) -> Option<wire::Hello> {
+        Some(wire::Hello {
+            node: self.replica.id(),
+            group: self.group as u32,
+            groups: groups as u32,
+            voters: self.identity.voters.clone(),
+            client_addr: self.my_client_addr.clone(),
+        })
+    }
+
+    /// Every other member's link for this shard (the links to dial).
+    pub fn link_peers(&self) -> Vec<(u64, std::net::SocketAddr)> {
+        let me = self.replica.id();
+        self.addrs
+            .iter()
+            .filter(|(&id, _)| id != me)
+            .filter_map(|(&id, a)| Some((id, link_addr(a, self.group)?)))
+            .collect()
     }
 
     /// The replica of `group` on this node, from its log's image (the
@@ -223,30 +257,39 @@ impl Part {
         session_keep_ms: u64,
         seed: u64,
     ) -> Result<Part, String> {
-        let want = store::Identity {
-            node: cluster.node_id,
-            group: group as u32,
-            groups: groups as u32,
-            voters: cluster.voters(),
-        };
-        match &r.identity {
-            Some(id) if *id == want => {}
+        let want = Part::identity(cluster, group, groups);
+        // The founding voters are the cluster's identity, whatever the
+        // membership became since (and whatever --peers says now).
+        let founding = match &r.identity {
+            Some(id) if (id.node, id.group, id.groups) == (want.node, want.group, want.groups) => {
+                id.voters.clone()
+            }
             Some(id) => {
                 return Err(format!(
-                    "{shown}: this log belongs to node {} (shard {} of {}, cluster of nodes {:?}), \
-                     not to node {} (shard {} of {}, nodes {:?}); refusing to start. Every node of a \
-                     cluster runs the same --threads and --peers",
-                    id.node, id.group, id.groups, id.voters, want.node, want.group, want.groups, want.voters
+                    "{shown}: this log belongs to node {} (shard {} of {}), not to node {} (shard \
+                     {} of {}); refusing to start. Every node of a cluster runs the same --threads, \
+                     and each keeps its own --data-path",
+                    id.node, id.group, id.groups, want.node, want.group, want.groups
                 ))
             }
             None => return Err(format!("{shown}: the cluster log has no identity record")),
-        }
+        };
+        // The members' addresses: a snapshot's, else (a log that never
+        // changed membership) --peers.
+        let addrs: BTreeMap<u64, String> = match &r.members {
+            Some(m) => m.addrs.clone(),
+            None => cluster
+                .peers
+                .iter()
+                .map(|(&id, a)| (id, a.to_string()))
+                .collect(),
+        };
         let initial =
             (r.recovered.snapshot.get_metadata().index > 0).then(|| r.recovered.snapshot.clone());
         let replica = Replica::new(
             crate::cluster::replica::ReplicaConfig {
                 id: cluster.node_id,
-                voters: cluster.voters(),
+                voters: want.voters.clone(),
                 election_ticks: cluster.election_ticks,
                 heartbeat_ticks: cluster.heartbeat_ticks,
                 seed: seed ^ group as u64,
@@ -267,7 +310,11 @@ impl Part {
             cluster.election_us(),
             session_keep_ms,
         );
-        part.identity = want;
+        part.identity = store::Identity {
+            voters: founding,
+            ..want
+        };
+        part.addrs = addrs;
         part.compact_entries = cluster.compact_entries.max(1);
         part.initial = initial;
         Ok(part)
@@ -353,7 +400,10 @@ impl Shard {
         let target = if to == 0 {
             hand_over_target(&st)
         } else {
-            st.followers.iter().any(|f| f.node == to).then_some(to)
+            st.followers
+                .iter()
+                .any(|f| f.node == to && f.voter)
+                .then_some(to)
         };
         let Some(t) = target else { return false };
         log!(
@@ -418,15 +468,34 @@ impl Shard {
                 hello.node, hello.groups, hello.group, r.group, self.shards
             ));
         }
-        let voters = r.replica.voters();
-        if hello.voters != voters {
-            return Err(format!(
-                "node {} was started with --peers naming nodes {:?}, this node with {:?}",
-                hello.node, hello.voters, voters
-            ));
+        if hello.node == id {
+            return Err(format!("node {} linked to itself (two nodes with one --node-id?)", id));
         }
-        if hello.node == id || !voters.contains(&hello.node) {
-            return Err(format!("node {} is not a peer of node {id}", hello.node));
+        let mine = &r.identity.voters;
+        if mine.is_empty() && !hello.voters.is_empty() {
+            // Joining: this is the cluster that added us (only its leader
+            // sends to a node with an empty log). Its identity is ours,
+            // durable with the next records written.
+            log!(
+                Level::Info,
+                "raft_joined",
+                "group={} node={} cluster_founders={:?} via={}",
+                r.group,
+                id,
+                hello.voters,
+                hello.node
+            );
+            r.identity.voters = hello.voters.clone();
+            let mut rec = Vec::new();
+            store::encode_identity(&r.identity, &mut rec);
+            let _ = r.file.append_raw(&rec);
+        } else if !hello.voters.is_empty() && hello.voters != *mine {
+            return Err(format!(
+                "node {} belongs to the cluster founded by nodes {:?}, this node to the one \
+                 founded by {:?} (a node that joins a running cluster starts with --join and an \
+                 empty --data-path)",
+                hello.node, hello.voters, mine
+            ));
         }
         r.client_addrs.insert(hello.node, hello.client_addr.clone());
         Ok(())
@@ -434,14 +503,7 @@ impl Shard {
 
     /// The Hello this shard's links send.
     pub fn peer_hello(&self) -> Option<wire::Hello> {
-        let r = self.raft.as_ref()?;
-        Some(wire::Hello {
-            node: r.replica.id(),
-            group: r.group as u32,
-            groups: self.shards as u32,
-            voters: r.replica.voters(),
-            client_addr: r.my_client_addr.clone(),
-        })
+        self.raft.as_ref()?.hello(self.shards)
     }
 
     /// A Raft message from a peer link.
@@ -689,6 +751,11 @@ impl Shard {
             }
             match install(&mut self.table, &snap.data, now) {
                 Ok(keys) => {
+                    if let Ok((Some(m), _)) = store::split_snapshot(&snap.data) {
+                        let r = self.raft.as_mut().expect("replica");
+                        r.addrs = m.addrs;
+                        self.members_changed(index);
+                    }
                     let r = self.raft.as_mut().expect("replica");
                     r.replica.snapshot_installed(index);
                     log!(
@@ -747,6 +814,29 @@ impl Shard {
             other => r.proposal = other,
         }
         let r = self.raft.as_mut().expect("replica");
+        if Replica::is_change(e) {
+            match r.replica.apply_change(e) {
+                Ok((_, cc)) => {
+                    for (id, a) in store::decode_addrs(&cc.context) {
+                        r.addrs.insert(id, a);
+                    }
+                    self.members_changed(e.index);
+                }
+                Err(why) => {
+                    log!(
+                        Level::Error,
+                        "raft_apply_failed",
+                        "group={} index={} error=\"{}\"",
+                        r.group,
+                        e.index,
+                        crate::log::Escaped(&why)
+                    );
+                    r.fatal = Some(why);
+                    return;
+                }
+            }
+        }
+        let r = self.raft.as_mut().expect("replica");
         if !Replica::is_empty_entry(e) {
             let Some((leader_unix_ms, records)) = store::split_proposal(&e.data) else {
                 r.fatal = Some(format!("entry {} is too short to be a proposal", e.index));
@@ -770,6 +860,77 @@ impl Shard {
         }
         let r = self.raft.as_mut().expect("replica");
         r.replica.applied_to(e.index);
+    }
+
+    /// The configuration changed (applied at `index`): members that left
+    /// lose their address and link, every member's link goes to its
+    /// address, and a node that was removed says so and stops serving.
+    fn members_changed(&mut self, index: u64) {
+        let r = self.raft.as_mut().expect("replica");
+        let cs = r.replica.conf_state();
+        let members: std::collections::BTreeSet<u64> = cs
+            .voters
+            .iter()
+            .chain(&cs.learners)
+            .chain(&cs.voters_outgoing)
+            .chain(&cs.learners_next)
+            .copied()
+            .collect();
+        let me = r.replica.id();
+        let gone: Vec<u64> = r
+            .addrs
+            .keys()
+            .filter(|id| !members.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            r.addrs.remove(&id);
+            if id != me {
+                self.cmds.push(Cmd::PeerLink {
+                    node: id,
+                    addr: None,
+                });
+            }
+        }
+        for (&id, a) in r.addrs.iter().filter(|(&id, _)| id != me) {
+            match link_addr(a, r.group) {
+                Some(addr) => self.cmds.push(Cmd::PeerLink {
+                    node: id,
+                    addr: Some(addr),
+                }),
+                None => log!(
+                    Level::Warn,
+                    "raft_member_unresolved",
+                    "group={} node={} addr={:?}",
+                    r.group,
+                    id,
+                    a
+                ),
+            }
+        }
+        log!(
+            Level::Info,
+            "raft_membership",
+            "group={} node={} index={} voters={:?} learners={:?} outgoing={:?}",
+            r.group,
+            me,
+            index,
+            cs.voters,
+            cs.learners,
+            cs.voters_outgoing
+        );
+        let member = members.contains(&me);
+        if !member && !r.removed {
+            log!(
+                Level::Warn,
+                "raft_removed",
+                "group={} node={} index={} action=\"not serving; stop this node\"",
+                r.group,
+                me,
+                index
+            );
+        }
+        r.removed = !member && (index > 0);
     }
 
     /// The leader lost leadership: close every client connection, fail the
@@ -912,10 +1073,16 @@ impl Shard {
         {
             return;
         }
-        let mut data = Vec::with_capacity(64 * 1024);
-        self.applied_snapshot(&mut data);
+        let mut table = Vec::with_capacity(64 * 1024);
+        self.applied_snapshot(&mut table);
         let r = self.raft.as_mut().expect("replica");
-        let snap = r.replica.make_snapshot(applied, data);
+        let members = store::Members {
+            conf: r.replica.conf_state(),
+            addrs: r.addrs.clone(),
+        };
+        let snap = r
+            .replica
+            .make_snapshot(applied, store::snapshot_data(&members, &table));
         let mut image = store::new_image(&r.identity);
         store::encode_snapshot(&snap, &mut image);
         r.replica.tail_records(applied, &mut image);
@@ -1049,6 +1216,15 @@ impl Shard {
     }
 }
 
+/// The address of shard `group`'s link of a member whose shard 0 links
+/// on `addr` (`HOST:PORT`, resolved now).
+fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let mut a = addr.to_socket_addrs().ok()?.next()?;
+    a.set_port(a.port().checked_add(group as u16)?);
+    Some(a)
+}
+
 /// How far behind the commit index a follower may be and still count as
 /// caught up for a hand-over: entries in flight to it (a pipeline of
 /// appends not yet acknowledged) must not make one group of a node pick
@@ -1064,13 +1240,14 @@ const HAND_OVER_SLACK: u64 = 1024;
 /// it to campaign.
 fn hand_over_target(st: &crate::cluster::replica::ReplicaStatus) -> Option<u64> {
     let floor = st.commit.saturating_sub(HAND_OVER_SLACK);
+    // Only a voter can be elected (a learner is still catching up).
+    let voters = || st.followers.iter().filter(|f| f.voter);
     let newest = |live: bool| {
-        let pool = || st.followers.iter().filter(move |f| !live || f.active);
+        let pool = || voters().filter(move |f| !live || f.active);
         let best = pool().map(|f| f.matched).max()?;
         pool().filter(|f| f.matched == best).map(|f| f.node).min()
     };
-    st.followers
-        .iter()
+    voters()
         .filter(|f| f.active && f.matched >= floor)
         .map(|f| f.node)
         .min()
@@ -1086,6 +1263,7 @@ fn install(
     data: &[u8],
     now: crate::core::Now,
 ) -> Result<usize, String> {
+    let (_, data) = store::split_snapshot(data)?;
     let Some((unix_ms, records)) = store::split_proposal(data) else {
         return Err("too short".into());
     };
@@ -1269,8 +1447,10 @@ mod tests {
                     node,
                     matched,
                     active,
+                    voter: node != 9,
                 })
                 .collect(),
+            conf: Default::default(),
         }
     }
 
@@ -1304,5 +1484,8 @@ mod tests {
             Some(1)
         );
         assert_eq!(hand_over_target(&status(&[])), None);
+        // A learner (node 9 here) is never the target.
+        assert_eq!(hand_over_target(&status(&[(9, 5000, true), (3, 10, true)])), Some(3));
+        assert_eq!(hand_over_target(&status(&[(9, 5000, true)])), None);
     }
 }
