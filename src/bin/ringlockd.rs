@@ -373,7 +373,11 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
     if cluster.is_none() && (join || compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
-            if join { "--join" } else { "--raft-compact-entries" }
+            if join {
+                "--join"
+            } else {
+                "--raft-compact-entries"
+            }
         ));
     }
     Ok(Some((cfg, level, cluster)))

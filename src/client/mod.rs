@@ -63,6 +63,7 @@ mod addr;
 mod conn;
 mod error;
 mod guard;
+pub mod members;
 mod retry;
 pub mod session;
 mod wire;

@@ -52,6 +52,10 @@ use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 pub struct Store {
     mem: MemStorage,
     snap: Snapshot,
+    /// A follower needs a snapshot newer than `snap` (one that names it:
+    /// a node added since `snap` cannot install it). The shard compacts
+    /// at once ([`Replica::take_snapshot_wanted`]).
+    wanted: std::cell::Cell<bool>,
 }
 
 impl Storage for Store {
@@ -76,8 +80,19 @@ impl Storage for Store {
     fn last_index(&self) -> raft::Result<u64> {
         self.mem.last_index()
     }
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        if self.snap.get_metadata().index < request_index.max(1) {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let cs = self.snap.get_metadata().get_conf_state();
+        let names = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ]
+        .iter()
+        .any(|l| l.contains(&to));
+        if self.snap.get_metadata().index < request_index.max(1) || !names {
+            // raft-rs asks again at the next heartbeat round.
+            self.wanted.set(true);
             return Err(raft::Error::Store(
                 raft::StorageError::SnapshotTemporarilyUnavailable,
             ));
@@ -191,6 +206,9 @@ pub struct Replica {
     ticks: u64,
     /// Votes are refused until this tick (a restarted node).
     mute_votes_until: u64,
+    /// A node joining a running group (`--join`, new log) that no change
+    /// or snapshot has made a member yet: it neither campaigns nor votes.
+    joining: bool,
     /// The tick each peer was last heard from (any message): liveness
     /// that, unlike raft-rs's `recent_active`, is not cleared every
     /// election timeout.
@@ -217,6 +235,22 @@ pub struct Replica {
     installs: u64,
     /// A leader's snapshot in ready `.0`, up to index `.1`, not yet durable.
     snapshot_ready: Option<(u64, u64)>,
+}
+
+fn single_change(node_id: u64, t: ConfChangeType) -> ConfChangeSingle {
+    let mut c = ConfChangeSingle {
+        node_id,
+        ..Default::default()
+    };
+    c.set_change_type(t);
+    c
+}
+
+fn conf_change(changes: Vec<ConfChangeSingle>) -> ConfChangeV2 {
+    ConfChangeV2 {
+        changes: changes.into(),
+        ..Default::default()
+    }
 }
 
 fn next_rand(state: &mut u64) -> u64 {
@@ -275,6 +309,7 @@ impl Replica {
         let storage = Store {
             mem: storage,
             snap: rec.snapshot.clone(),
+            wanted: std::cell::Cell::new(false),
         };
         let rc = raft::Config {
             id: cfg.id,
@@ -290,12 +325,14 @@ impl Replica {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let node = RawNode::new(&rc, storage, &logger).map_err(|e| format!("raft: {e}"))?;
         let election = cfg.election_ticks as u64;
+        let joining = !restarted && cfg.voters.is_empty();
         let mut r = Replica {
             node,
             rng: cfg.seed ^ (cfg.id << 32) ^ 0x5EED,
             cfg,
             ticks: 0,
             mute_votes_until: if restarted { election } else { 0 },
+            joining,
             heard: std::collections::HashMap::new(),
             lease_from: None,
             lease_term: 0,
@@ -432,24 +469,21 @@ impl Replica {
         if self.change_in_progress() {
             return Err("another membership change is in progress".into());
         }
-        let single = |node_id: u64, t: ConfChangeType| {
-            let mut c = ConfChangeSingle::default();
-            c.node_id = node_id;
-            c.set_change_type(t);
-            c
-        };
         let kind = if voter {
             ConfChangeType::AddNode
         } else {
             ConfChangeType::AddLearnerNode
         };
-        let mut cc = ConfChangeV2::default();
-        cc.changes = add
+        let changes = add
             .iter()
-            .map(|&n| single(n, kind))
-            .chain(remove.iter().map(|&n| single(n, ConfChangeType::RemoveNode)))
-            .collect::<Vec<_>>()
-            .into();
+            .map(|&n| single_change(n, kind))
+            .chain(
+                remove
+                    .iter()
+                    .map(|&n| single_change(n, ConfChangeType::RemoveNode)),
+            )
+            .collect();
+        let mut cc = conf_change(changes);
         cc.set_transition(ConfChangeTransition::Auto);
         cc.context = context.into();
         let before = self.node.raft.raft_log.last_index();
@@ -458,12 +492,7 @@ impl Replica {
             .map_err(|e| format!("raft-rs refused the change: {e}"))?;
         let after = self.node.raft.raft_log.last_index();
         // raft-rs turns a change it will not take into an empty entry.
-        let landed = self
-            .node
-            .raft
-            .raft_log
-            .term(after)
-            .is_ok()
+        let landed = self.node.raft.raft_log.term(after).is_ok()
             && after == before + 1
             && self.node.raft.pending_conf_index == after;
         if !landed {
@@ -478,7 +507,10 @@ impl Replica {
     pub fn apply_change(&mut self, e: &Entry) -> Result<(ConfState, ConfChangeV2), String> {
         if e.get_entry_type() != EntryType::EntryConfChangeV2 {
             // ringlockd proposes only version-2 changes.
-            return Err(format!("entry {}: a version-1 configuration change", e.index));
+            return Err(format!(
+                "entry {}: a version-1 configuration change",
+                e.index
+            ));
         }
         let cc = ConfChangeV2::parse_from_bytes(&e.data)
             .map_err(|err| format!("entry {}: bad configuration change: {err}", e.index))?;
@@ -487,6 +519,13 @@ impl Replica {
             .apply_conf_change(&cc)
             .map_err(|err| format!("entry {}: configuration change refused: {err}", e.index))?;
         self.node.mut_store().mem.wl().set_conf_state(cs.clone());
+        if self.joining
+            && cc.changes.iter().any(|c| {
+                c.node_id == self.cfg.id && c.get_change_type() != ConfChangeType::RemoveNode
+            })
+        {
+            self.joining = false;
+        }
         Ok((cs, cc))
     }
     /// Asks raft-rs to hand leadership to `to` (it must be caught up).
@@ -521,9 +560,34 @@ impl Replica {
         self.cfg.election_ticks as u64
     }
 
+    /// A joining node learned its cluster's founding voters (from a link
+    /// Hello): while its log is empty, they are its configuration, as they
+    /// were every founder's before entry 1, so that the entries it is sent
+    /// from the start replay every change since. A snapshot replaces it.
+    pub fn adopt_founders(&mut self, voters: &[u64]) {
+        if !self.joining || self.last_index() > 0 || !self.conf_state().voters.is_empty() {
+            return;
+        }
+        for &v in voters {
+            let cc = conf_change(vec![single_change(v, ConfChangeType::AddNode)]);
+            if let Ok(cs) = self.node.apply_conf_change(&cc) {
+                self.node.mut_store().mem.wl().set_conf_state(cs);
+            }
+        }
+    }
+
+    /// Still joining (see [`Replica::adopt_founders`]).
+    pub fn is_joining(&self) -> bool {
+        self.joining
+    }
+
     /// One tick of the logical clock.
     pub fn tick(&mut self) {
         self.ticks += 1;
+        if self.joining {
+            // Not a member yet: never stands for election.
+            return;
+        }
         self.node.tick();
         if self.is_leader() {
             self.since_probe += 1;
@@ -575,6 +639,14 @@ impl Replica {
         // the transfer, so no lease of it is left to protect.
         let transfer = m.get_context() == CAMPAIGN_TRANSFER;
         self.heard.insert(m.from, self.ticks);
+        if self.joining
+            && matches!(
+                m.get_msg_type(),
+                MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+            )
+        {
+            return Ok(());
+        }
         if self.ticks < self.mute_votes_until
             && !transfer
             && matches!(
@@ -651,6 +723,12 @@ impl Replica {
     /// compaction may cover.
     pub fn raft_applied(&self) -> u64 {
         self.node.raft.raft_log.applied
+    }
+
+    /// A follower was refused a snapshot because the newest one is too
+    /// old for it (true once per refusal): compact now.
+    pub fn take_snapshot_wanted(&mut self) -> bool {
+        self.node.store().wanted.replace(false)
     }
 
     /// Snapshots received from a leader and installed since start.
@@ -757,6 +835,10 @@ impl Replica {
             self.node.mut_store().snap = snap.clone();
             // raft-rs may count it applied only once it is durable.
             self.snapshot_ready = Some((rd.number(), snap.get_metadata().index));
+            let named = snap.get_metadata().get_conf_state();
+            if named.voters.contains(&self.cfg.id) || named.learners.contains(&self.cfg.id) {
+                self.joining = false;
+            }
             out.install = Some(snap);
         }
         out.apply.extend(rd.take_committed_entries());

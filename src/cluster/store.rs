@@ -212,7 +212,10 @@ pub fn split_snapshot(data: &[u8]) -> Result<(Option<Members>, &[u8]), String> {
     }
     let short = || "a snapshot's membership is cut short".to_string();
     let len = u32_at(data, 8).ok_or_else(short)? as usize;
-    let end = 12usize.checked_add(len).filter(|&e| e <= data.len()).ok_or_else(short)?;
+    let end = 12usize
+        .checked_add(len)
+        .filter(|&e| e <= data.len())
+        .ok_or_else(short)?;
     let m = &data[12..end];
     let clen = u32_at(m, 0).ok_or_else(short)? as usize;
     let cbytes = m.get(4..4 + clen).ok_or_else(short)?;

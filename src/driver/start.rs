@@ -475,7 +475,11 @@ fn open_cluster(
                 .file
                 .write_all_at(store::MAGIC, 0)
                 .and_then(|_| files.file.sync_data())
-                .map_err(|e| bad(format!("{shown}: cannot mark the log format version 2: {e}")))?;
+                .map_err(|e| {
+                    bad(format!(
+                        "{shown}: cannot mark the log format version 2: {e}"
+                    ))
+                })?;
             log!(
                 Level::Info,
                 "raft_log_upgraded",
@@ -522,9 +526,7 @@ fn open_cluster(
             .ok_or_else(|| bad("--peers port + shard overflows".into()))?;
         let listener = listen(raft_addr, "raft", cfg.bind_retry_ms, false, true)?;
         let peers = replica.link_peers();
-        let hello = replica
-            .hello(n)
-            .expect("a cluster shard has a Hello");
+        let hello = replica.hello(n).expect("a cluster shard has a Hello");
         log!(
             Level::Info,
             "raft_listen",

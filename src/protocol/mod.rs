@@ -23,6 +23,7 @@ use crate::core::HeldKey;
 
 #[cfg(test)]
 mod listing_tests;
+pub mod members;
 pub mod session;
 pub mod status;
 
@@ -216,6 +217,12 @@ pub mod admin {
         /// `XFER [u32 node]` (extension): the serving leader hands every
         /// shard's leadership to `node` (0: its most caught-up follower).
         Xfer,
+        /// Each shard's membership (extension, [`super::members`]):
+        /// answered by every node.
+        Cmem,
+        /// A membership change (extension, [`super::members::Change`]),
+        /// made by the serving leader in every shard's group.
+        Cchg,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,6 +281,23 @@ pub mod admin {
                     cmd: Command::Clst,
                     count: 0,
                     len: 4,
+                }
+            }
+            b"CMEM" => {
+                return Decoded::Frame {
+                    cmd: Command::Cmem,
+                    count: 0,
+                    len: 4,
+                }
+            }
+            b"CCHG" => {
+                return match super::members::Change::frame_len(buf) {
+                    None => Decoded::Incomplete,
+                    Some(len) => Decoded::Frame {
+                        cmd: Command::Cchg,
+                        count: 0,
+                        len,
+                    },
                 }
             }
             b"XFER" => {

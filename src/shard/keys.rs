@@ -118,6 +118,8 @@ impl Shard {
             reset: Vec::new(),
             stream,
             status: Vec::new(),
+            members: Vec::new(),
+            refused: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -148,7 +150,11 @@ impl Shard {
                 };
             }
             RemoteResult::Failed => s.failed = true,
-            RemoteResult::Done | RemoteResult::Reset(_) | RemoteResult::Status(_) => {}
+            RemoteResult::Done
+            | RemoteResult::Reset(_)
+            | RemoteResult::Status(_)
+            | RemoteResult::Members(_)
+            | RemoteResult::Refused(_) => {}
         }
     }
 

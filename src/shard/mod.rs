@@ -136,6 +136,10 @@ struct Gather {
     stream: u64,
     /// CLST: the shards' records so far.
     status: Vec<protocol::status::ShardStatus>,
+    /// CMEM: the shards' records so far.
+    members: Vec<protocol::members::MemberStatus>,
+    /// CCHG: why shards refused.
+    refused: Vec<String>,
 }
 
 /// A message for another shard that waits for this shard's log.
@@ -780,6 +784,8 @@ impl Shard {
             reset: Vec::new(),
             stream: 0,
             status: Vec::new(),
+            members: Vec::new(),
+            refused: Vec::new(),
         });
         self.cmds.push(Cmd::Scatter { id, op });
     }
@@ -814,6 +820,16 @@ impl Shard {
                     Some(s) => RemoteResult::Status(Box::new(s)),
                     None => RemoteResult::Failed,
                 };
+                self.cmds.push(Cmd::Reply {
+                    to: from,
+                    id,
+                    result,
+                });
+                return;
+            }
+            RemoteOp::Members | RemoteOp::ChangeMembers(_) => {
+                // No table effect: answered at once.
+                let result = self.members_op(&op);
                 self.cmds.push(Cmd::Reply {
                     to: from,
                     id,
@@ -930,6 +946,8 @@ impl Shard {
             }
             RemoteResult::Failed => g.failed = true,
             RemoteResult::Status(s) => g.status.push(*s),
+            RemoteResult::Members(m) => g.members.push(*m),
+            RemoteResult::Refused(why) => g.refused.push(why),
         }
         if g.pending > 0 {
             return;
@@ -940,7 +958,17 @@ impl Shard {
         };
         let c = &mut self.conns[slot as usize];
         c.out.clear();
-        if g.failed {
+        if matches!(g.op, RemoteOp::ChangeMembers(_)) {
+            let mut why = g.refused;
+            why.sort();
+            why.dedup();
+            let result = if why.is_empty() && !g.failed {
+                Ok(())
+            } else {
+                Err(why.join("; "))
+            };
+            protocol::members::encode_answer(&result, &mut c.out);
+        } else if g.failed {
             c.out.push(b'-');
         } else if g.lock_port {
             c.out.push(b'+');
@@ -967,6 +995,12 @@ impl Shard {
                     protocol::status::encode(&recs, &mut c.out);
                 }
                 RemoteOp::TransferLeader { .. } => c.out.push(b'+'),
+                RemoteOp::Members => {
+                    let mut recs = g.members;
+                    recs.sort_by_key(|r| r.shard);
+                    protocol::members::encode(&recs, &mut c.out);
+                }
+                RemoteOp::ChangeMembers(_) => unreachable!("answered above"),
             }
         }
         if g.lock_port {
@@ -1339,13 +1373,17 @@ impl Shard {
             self.reject(slot, "admin command before AUTH");
             return false;
         }
-        if cmd == admin::Command::Clst {
+        if cmd == admin::Command::Clst || cmd == admin::Command::Cmem {
             // Every node answers: the operator asks followers too.
             let c = &mut self.conns[slot as usize];
             c.rbuf.drain(..len);
             c.persistent = true;
             c.action = Some(Action::Persist);
-            self.cluster_status_start(slot);
+            if cmd == admin::Command::Clst {
+                self.cluster_status_start(slot);
+            } else {
+                self.cluster_members_start(slot);
+            }
             return true;
         }
         // AUTH and CLST aside, the admin port reads or changes the lock
@@ -1420,7 +1458,35 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
-            admin::Command::Auth | admin::Command::Clst => unreachable!("answered above"),
+            admin::Command::Auth | admin::Command::Clst | admin::Command::Cmem => {
+                unreachable!("answered above")
+            }
+            admin::Command::Cchg => {
+                let raw = &self.conns[slot as usize].rbuf[..len];
+                match protocol::members::Change::decode(raw) {
+                    Ok(change) => {
+                        log!(
+                            Level::Info,
+                            "operator_membership_change",
+                            "change={:?} peer={}",
+                            change,
+                            peer
+                        );
+                        RemoteOp::ChangeMembers(change)
+                    }
+                    Err(why) => {
+                        let c = &mut self.conns[slot as usize];
+                        c.rbuf.drain(..len);
+                        c.persistent = true;
+                        c.action = Some(Action::Persist);
+                        protocol::members::encode_answer(&Err(why), &mut c.out);
+                        c.state = State::Answered;
+                        c.gate_lsn = 0;
+                        self.mark_dirty(slot);
+                        return true;
+                    }
+                }
+            }
             admin::Command::Xfer => {
                 log!(
                     Level::Info,

@@ -45,6 +45,10 @@ pub enum RemoteOp {
     /// XFER: hand this shard's leadership to node `to` (0: the most
     /// caught-up follower); answered once the transfer started.
     TransferLeader { to: u64 },
+    /// CMEM: this shard's membership.
+    Members,
+    /// CCHG: make this membership change in this shard's group.
+    ChangeMembers(crate::protocol::members::Change),
 }
 
 #[derive(Clone, Debug)]
@@ -64,6 +68,10 @@ pub enum RemoteResult {
     Failed,
     /// CLST: one shard's record.
     Status(Box<crate::protocol::status::ShardStatus>),
+    /// CMEM: one shard's membership.
+    Members(Box<crate::protocol::members::MemberStatus>),
+    /// CCHG: this shard refused the change, and why.
+    Refused(String),
 }
 
 /// A connection moving to another shard: what it was in the middle of.

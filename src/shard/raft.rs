@@ -123,6 +123,8 @@ pub struct Part {
     addrs: BTreeMap<u64, String>,
     /// This node left the group (a configuration change removed it).
     removed: bool,
+    /// A follower needs a newer snapshot: compact at the next chance.
+    snapshot_wanted: bool,
 }
 
 impl Part {
@@ -167,6 +169,7 @@ impl Part {
             initial: None,
             addrs: BTreeMap::new(),
             removed: false,
+            snapshot_wanted: false,
         }
     }
     pub fn file(&self) -> &Log {
@@ -289,7 +292,9 @@ impl Part {
         let replica = Replica::new(
             crate::cluster::replica::ReplicaConfig {
                 id: cluster.node_id,
-                voters: want.voters.clone(),
+                // The log's founders (a joining node's: none until its
+                // first Hello, then the ones it adopted).
+                voters: founding.clone(),
                 election_ticks: cluster.election_ticks,
                 heartbeat_ticks: cluster.heartbeat_ticks,
                 seed: seed ^ group as u64,
@@ -469,7 +474,10 @@ impl Shard {
             ));
         }
         if hello.node == id {
-            return Err(format!("node {} linked to itself (two nodes with one --node-id?)", id));
+            return Err(format!(
+                "node {} linked to itself (two nodes with one --node-id?)",
+                id
+            ));
         }
         let mine = &r.identity.voters;
         if mine.is_empty() && !hello.voters.is_empty() {
@@ -486,6 +494,7 @@ impl Shard {
                 hello.node
             );
             r.identity.voters = hello.voters.clone();
+            r.replica.adopt_founders(&hello.voters);
             let mut rec = Vec::new();
             store::encode_identity(&r.identity, &mut rec);
             let _ = r.file.append_raw(&rec);
@@ -915,9 +924,9 @@ impl Shard {
             r.group,
             me,
             index,
-            cs.voters,
-            cs.learners,
-            cs.voters_outgoing
+            sorted(&cs.voters),
+            sorted(&cs.learners),
+            sorted(&cs.voters_outgoing)
         );
         let member = members.contains(&me);
         if !member && !r.removed {
@@ -1064,15 +1073,21 @@ impl Shard {
     /// is the snapshot of the applied table, the hard state and the entries
     /// after it, written beside the log and renamed over it.
     fn maybe_compact(&mut self) {
-        let Some(r) = self.raft.as_ref() else { return };
+        let Some(r) = self.raft.as_mut() else { return };
         let applied = r.replica.raft_applied();
+        // A follower that needs a newer snapshot than the newest one (a
+        // node added since) gets one made now.
+        let wanted = r.replica.is_leader() && r.replica.take_snapshot_wanted();
+        r.snapshot_wanted |= wanted;
         if r.fatal.is_some()
             || r.compacting.is_some()
             || !r.file.idle()
-            || applied < r.replica.snapshot_index() + r.compact_entries
+            || applied <= r.replica.snapshot_index()
+            || (applied < r.replica.snapshot_index() + r.compact_entries && !r.snapshot_wanted)
         {
             return;
         }
+        r.snapshot_wanted = false;
         let mut table = Vec::with_capacity(64 * 1024);
         self.applied_snapshot(&mut table);
         let r = self.raft.as_mut().expect("replica");
@@ -1216,6 +1231,12 @@ impl Shard {
     }
 }
 
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v
+}
+
 /// The address of shard `group`'s link of a member whose shard 0 links
 /// on `addr` (`HOST:PORT`, resolved now).
 fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
@@ -1224,6 +1245,12 @@ fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
     a.set_port(a.port().checked_add(group as u16)?);
     Some(a)
 }
+
+/// How far behind the commit index a learner may be and be promoted:
+/// under load the entries in flight to it (not yet acknowledged) keep it
+/// a few entries behind at any instant; what remains is sent within a
+/// heartbeat.
+pub const CATCH_UP_SLACK: u64 = 100;
 
 /// How far behind the commit index a follower may be and still count as
 /// caught up for a hand-over: entries in flight to it (a pipeline of
@@ -1368,6 +1395,180 @@ impl Shard {
         })
     }
 
+    /// `CMEM` on the admin connection in `slot`: every shard's membership,
+    /// or at once the empty answer "not a cluster member".
+    pub(super) fn cluster_members_start(&mut self, slot: u32) {
+        if self.raft.is_none() {
+            let c = &mut self.conns[slot as usize];
+            crate::protocol::members::encode(&[], &mut c.out);
+            c.state = State::Answered;
+            c.gate_lsn = 0;
+            self.mark_dirty(slot);
+            return;
+        }
+        self.scatter(slot, super::RemoteOp::Members, false);
+    }
+
+    /// This shard's part of `CMEM` or `CCHG`.
+    pub(super) fn members_op(&mut self, op: &super::RemoteOp) -> super::RemoteResult {
+        use super::{RemoteOp, RemoteResult};
+        match op {
+            RemoteOp::Members => match self.member_status() {
+                Some(m) => RemoteResult::Members(Box::new(m)),
+                None => RemoteResult::Failed,
+            },
+            RemoteOp::ChangeMembers(change) => match self.raft_change(change) {
+                Ok(()) => RemoteResult::Done,
+                Err(why) => RemoteResult::Refused(why),
+            },
+            _ => unreachable!("a membership op"),
+        }
+    }
+
+    fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
+        let r = self.raft.as_ref()?;
+        let cs = r.replica.conf_state();
+        Some(crate::protocol::members::MemberStatus {
+            shard: self.me as u32,
+            node: r.replica.id(),
+            change_in_progress: r.replica.change_in_progress(),
+            removed: r.removed,
+            voters: sorted(&cs.voters),
+            outgoing: sorted(&cs.voters_outgoing),
+            learners: sorted(&cs.learners),
+            addrs: r.addrs.clone(),
+        })
+    }
+
+    /// Proposes `change` in this shard's group, or says why not (the
+    /// checks every group makes alike, so that all change together or
+    /// none does, as far as one node can see).
+    fn raft_change(&mut self, change: &crate::protocol::members::Change) -> Result<(), String> {
+        use crate::protocol::members::Change;
+        let serving = self.may_serve();
+        let g = self.me;
+        let Some(r) = self.raft.as_mut() else {
+            return Err("this server is not a cluster member".into());
+        };
+        let me = r.replica.id();
+        if !serving || !r.replica.is_leader() {
+            return Err(format!(
+                "node {me} does not serve shard {g} (the leader is node {}); ask the serving node",
+                r.replica.leader()
+            ));
+        }
+        let cs = r.replica.conf_state();
+        if r.replica.change_in_progress() {
+            return Err(format!(
+                "shard {g}: another membership change is in progress (voters {:?}, outgoing {:?});                  wait until `ringlock cluster status` shows it done",
+                cs.voters, cs.voters_outgoing
+            ));
+        }
+        let st = r.replica.status();
+        let caught_up = |node: u64| -> Result<(), String> {
+            let f = st.followers.iter().find(|f| f.node == node);
+            match f {
+                Some(f) if f.matched + CATCH_UP_SLACK >= st.commit && f.active => Ok(()),
+                Some(f) => Err(format!(
+                    "shard {g}: learner {node} has not caught up (it has entries up to {} of {}{})",
+                    f.matched,
+                    st.commit,
+                    if f.active { "" } else { "; not heard from" }
+                )),
+                None => Err(format!("shard {g}: node {node} is not a learner")),
+            }
+        };
+        let voter = |n: u64| cs.voters.contains(&n);
+        let learner = |n: u64| cs.learners.contains(&n);
+        let leader_gone = |n: u64| -> Result<(), String> {
+            if n == me {
+                Err(format!(
+                    "node {me} leads; hand leadership over first (ringlock cluster transfer-leader),                      then ask the new leader"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let (add, as_voter, remove, context): (Vec<u64>, bool, Vec<u64>, Vec<u8>) = match change {
+            Change::AddLearner { node, addr } => {
+                if voter(*node) {
+                    return Err(format!("node {node} is already a voter"));
+                }
+                if learner(*node) {
+                    if r.addrs.get(node) == Some(addr) {
+                        return Ok(()); // asked again: already done
+                    }
+                    return Err(format!(
+                        "node {node} is already a learner at {}",
+                        r.addrs.get(node).map_or("?", |a| a.as_str())
+                    ));
+                }
+                if let Some(other) = cs.learners.first() {
+                    return Err(format!(
+                        "learner {other} is still being added; promote or remove it first"
+                    ));
+                }
+                if link_addr(addr, g).is_none() {
+                    return Err(format!(
+                        "{addr:?} does not resolve to an address (with port) on node {me}"
+                    ));
+                }
+                let ctx = store::encode_addrs(&[(*node, addr.clone())]);
+                (vec![*node], false, vec![], ctx)
+            }
+            Change::Promote { node } => {
+                if voter(*node) {
+                    return Ok(()); // already done
+                }
+                caught_up(*node)?;
+                (vec![*node], true, vec![], vec![])
+            }
+            Change::Remove { node } => {
+                if !voter(*node) && !learner(*node) {
+                    return Err(format!(
+                        "node {node} is not a member (voters {:?})",
+                        cs.voters
+                    ));
+                }
+                if voter(*node) && cs.voters.len() == 1 {
+                    return Err(format!(
+                        "node {node} is the last voter; a cluster cannot remove its last voter"
+                    ));
+                }
+                leader_gone(*node)?;
+                (vec![], false, vec![*node], vec![])
+            }
+            Change::Replace { old, new } => {
+                if !voter(*old) {
+                    return Err(format!(
+                        "node {old} is not a voter (voters {:?})",
+                        cs.voters
+                    ));
+                }
+                if voter(*new) {
+                    return Err(format!("node {new} is already a voter"));
+                }
+                caught_up(*new)?;
+                leader_gone(*old)?;
+                (vec![*new], true, vec![*old], vec![])
+            }
+        };
+        let index = r.replica.propose_change(&add, as_voter, &remove, context)?;
+        log!(
+            Level::Info,
+            "raft_change_proposed",
+            "group={} node={} index={} add={:?} as_voter={} remove={:?}",
+            g,
+            me,
+            index,
+            add,
+            as_voter,
+            remove
+        );
+        self.raft_pump();
+        Ok(())
+    }
+
     /// `CLST` on the admin connection in `slot`: every shard's record, or
     /// at once the empty answer "not a cluster member".
     pub(super) fn cluster_status_start(&mut self, slot: u32) {
@@ -1485,7 +1686,10 @@ mod tests {
         );
         assert_eq!(hand_over_target(&status(&[])), None);
         // A learner (node 9 here) is never the target.
-        assert_eq!(hand_over_target(&status(&[(9, 5000, true), (3, 10, true)])), Some(3));
+        assert_eq!(
+            hand_over_target(&status(&[(9, 5000, true), (3, 10, true)])),
+            Some(3)
+        );
         assert_eq!(hand_over_target(&status(&[(9, 5000, true)])), None);
     }
 }

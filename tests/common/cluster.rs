@@ -23,6 +23,9 @@ pub struct Cluster {
     pub extra: Vec<String>,
     /// Node → its lock address of the last start (kept after a kill).
     pub lock_addrs: Vec<SocketAddr>,
+    /// Node → started with `--join` (added to the running cluster, its
+    /// links direct, without proxies).
+    pub join: Vec<bool>,
 }
 
 /// `n` listeners on consecutive free ports, below the kernel's ephemeral
@@ -89,6 +92,7 @@ impl Cluster {
             threads,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             lock_addrs: vec![SocketAddr::from(([127, 0, 0, 1], 0)); n],
+            join: vec![false; n],
         };
         drop(reserved);
         for i in 0..n {
@@ -103,13 +107,44 @@ impl Cluster {
     fn peers_for(&self, i: usize) -> String {
         (0..self.nodes.len())
             .map(|j| {
-                let a = if i == j {
-                    SocketAddr::from(([127, 0, 0, 1], self.raft_ports[j]))
-                } else {
-                    self.proxies[&(i, j)][0].addr()
+                let a = match self.proxies.get(&(i, j)) {
+                    Some(p) if i != j => p[0].addr(),
+                    _ => self.raft_addr(j),
                 };
                 format!("{}={}", j + 1, a)
             })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `i`'s own Raft address (its shard 0's listener).
+    pub fn raft_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.raft_ports[i]))
+    }
+
+    /// Starts one more node, with `--join` and an empty data path, its
+    /// links direct (no proxies); its index. It serves nobody until a
+    /// membership change adds it.
+    pub fn add_node(&mut self) -> usize {
+        let reserved = consecutive_listeners(self.threads);
+        let i = self.nodes.len();
+        self.raft_ports
+            .push(reserved[0].local_addr().expect("addr").port());
+        self.nodes.push(None);
+        self.lock_addrs.push(SocketAddr::from(([127, 0, 0, 1], 0)));
+        self.join.push(true);
+        drop(reserved);
+        self.start_node(i);
+        i
+    }
+
+    /// The admin addresses of the running nodes, comma-separated (for
+    /// `ringlock --admin-addr`).
+    pub fn admin_list(&self) -> String {
+        self.nodes
+            .iter()
+            .flatten()
+            .map(|s| s.admin_addr.to_string())
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -142,6 +177,9 @@ impl Cluster {
             "--threads".into(),
             threads,
         ];
+        if self.join[i] {
+            args.push("--join".into());
+        }
         args.extend(self.extra.iter().cloned());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let s = Server::spawn(cmd, &refs)?;

@@ -1158,7 +1158,9 @@ impl World {
                     Cmd::Sess { .. } => {
                         self.fail("session traffic to another shard with one shard".into())
                     }
-                    Cmd::Peer { .. } | Cmd::PeerLink { .. } => self.fail("a cluster link without --peers".into()),
+                    Cmd::Peer { .. } | Cmd::PeerLink { .. } => {
+                        self.fail("a cluster link without --peers".into())
+                    }
                 }
             }
             self.cmds = cmds;

@@ -29,6 +29,7 @@ mod bytes;
 mod child;
 mod cluster;
 mod keys;
+mod members;
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -305,6 +306,57 @@ enum ClusterCmd {
         /// The node to take over (its --node-id); default: the leader's choice
         node: Option<u32>,
     },
+    /// Add a node: it joins as a learner, catches up, then becomes a voter
+    ///
+    /// Start the new node first (ringlockd --join --node-id NODE --peers ...
+    /// with an empty --data-path). Then this asks the serving node among
+    /// --admin-addr (all nodes, comma-separated) to add NODE as a learner
+    /// at ADDR (its Raft address, as in --peers) in every shard, waits
+    /// until it holds everything committed (a far-behind node is sent a
+    /// snapshot), and promotes it. Running it again finishes an
+    /// interrupted add. Exit 0 when NODE is a voter of every shard, 75 when
+    /// refused (the message says why: another change in progress, already a
+    /// member, ...) or not done within --timeout, 69 when ADDR cannot be
+    /// reached from this host or no node serves.
+    Add {
+        /// The new node's --node-id
+        node: u64,
+        /// Its Raft address, HOST:PORT (its shard 0; shard g uses PORT + g)
+        addr: String,
+        /// How long to wait for each step (catching up, the change applied)
+        #[arg(long, value_name = "D", default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Remove a node from every shard's group (a leader hands over first)
+    ///
+    /// The removed node stops serving and is no longer replicated to; stop
+    /// it afterwards. Refused: removing the last voter, a node that is not a
+    /// member, a change while another is in progress. Exit codes as for add.
+    Remove {
+        /// The node's --node-id
+        node: u64,
+        /// How long to wait for each step
+        #[arg(long, value_name = "D", default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Replace voter OLD by a new node NEW in one joint change
+    ///
+    /// NEW (started with --join and an empty --data-path) is added as a
+    /// learner at ADDR and caught up; then one joint-consensus change makes
+    /// NEW a voter and removes OLD together, so the number of voters never
+    /// drops. OLD may be down (the usual case: its host died). Exit codes as
+    /// for add.
+    Replace {
+        /// The node that leaves
+        old: u64,
+        /// The node that takes its place
+        new: u64,
+        /// NEW's Raft address, HOST:PORT
+        addr: String,
+        /// How long to wait for each step
+        #[arg(long, value_name = "D", default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
     /// Each node's role, term, leader, commit and applied index per shard, and each follower's lag
     ///
     /// Asks every node named by --admin-addr (comma-separated: give all of
@@ -427,6 +479,42 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Cluster {
             cmd: ClusterCmd::TransferLeader { node },
         } => return cluster_transfer(&cli, &matches, node.unwrap_or(0)),
+        Cmd::Cluster { cmd } => {
+            let (op, timeout) = match cmd {
+                ClusterCmd::Add {
+                    node,
+                    addr,
+                    timeout,
+                } => (
+                    members::Op::Add {
+                        node: *node,
+                        addr: addr.clone(),
+                    },
+                    *timeout,
+                ),
+                ClusterCmd::Remove { node, timeout } => {
+                    (members::Op::Remove { node: *node }, *timeout)
+                }
+                ClusterCmd::Replace {
+                    old,
+                    new,
+                    addr,
+                    timeout,
+                } => (
+                    members::Op::Replace {
+                        old: *old,
+                        new: *new,
+                        addr: addr.clone(),
+                    },
+                    *timeout,
+                ),
+                ClusterCmd::Status { .. } | ClusterCmd::TransferLeader { .. } => {
+                    unreachable!("answered above")
+                }
+            };
+            let (nodes, auth) = cluster_nodes(&cli, &matches)?;
+            return members::run(&nodes, auth.as_deref(), timeout, op);
+        }
         _ => {}
     }
     let fmt = cli.key_format;

@@ -1,0 +1,303 @@
+//! `ringlock cluster add | remove | replace`: membership changes, each
+//! driven step by step from here against whichever node serves.
+//!
+//! - add: the node joins as a learner (it must run already, started with
+//!   `--join`), catches up (from a snapshot when it is far behind), and is
+//!   promoted to voter only once it holds everything committed.
+//! - remove: a leader that is to go hands its leadership over first.
+//! - replace: the new node is added as a learner and caught up, then one
+//!   joint change makes it a voter and removes the old one together.
+//!
+//! Every step is asked again from the start when the command is run again
+//! (a step already done is accepted as done), so an interrupted command
+//! is finished by running it once more.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use ringlock::client::members::{Change, MemberStatus};
+use ringlock::client::{Client, RetryPolicy, ShardStatus};
+
+use crate::{Fail, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
+
+type Nodes = [(String, Vec<SocketAddr>)];
+
+/// What to change.
+pub enum Op {
+    Add { node: u64, addr: String },
+    Remove { node: u64 },
+    Replace { old: u64, new: u64, addr: String },
+}
+
+struct Ctx<'a> {
+    nodes: &'a Nodes,
+    auth: Option<&'a [u8]>,
+    timeout: Duration,
+}
+
+impl Ctx<'_> {
+    fn client(&self, addrs: &[SocketAddr]) -> Result<Client, Fail> {
+        let mut b = Client::builder(addrs)
+            .admin_addr(addrs)
+            .retry(RetryPolicy::none())
+            .connect_timeout(Duration::from_secs(1))
+            .io_timeout(Duration::from_secs(3));
+        if let Some(t) = self.auth {
+            b = b.admin_auth_token(t.to_vec());
+        }
+        b.build().map_err(|e| Fail(EX_USAGE, e.to_string()))
+    }
+
+    /// The node that serves every shard: its index, its client, and its
+    /// shards' replication records.
+    fn leader(&self) -> Result<(usize, Client, Vec<ShardStatus>), Fail> {
+        let answers = crate::cluster::query(self.nodes, self.auth);
+        for (i, a) in answers.into_iter().enumerate() {
+            if let Ok(Some(shards)) = a.result {
+                if !shards.is_empty() && shards.iter().all(|s| s.serving) {
+                    return Ok((i, self.client(&self.nodes[i].1)?, shards));
+                }
+            }
+        }
+        Err(Fail(
+            EX_UNAVAILABLE,
+            "no node named by --admin-addr serves every shard (see ringlock cluster status)".into(),
+        ))
+    }
+
+    /// Waits (polling the serving node) until `done` says so for its
+    /// records, printing what `progress` says every few seconds.
+    fn wait(
+        &self,
+        what: &str,
+        done: impl Fn(&[ShardStatus], &[MemberStatus]) -> Result<bool, String>,
+    ) -> Result<(), Fail> {
+        let start = Instant::now();
+        let mut said = Instant::now();
+        let mut last = String::new();
+        loop {
+            match self.leader().and_then(|(_, c, shards)| {
+                let m = c
+                    .cluster_members()
+                    .map_err(|e| Fail(EX_UNAVAILABLE, format!("CMEM: {e}")))?
+                    .unwrap_or_default();
+                Ok((shards, m))
+            }) {
+                Ok((shards, m)) => match done(&shards, &m) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(why) => last = why,
+                },
+                Err(Fail(_, why)) => last = why,
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(Fail(
+                    EX_TEMPFAIL,
+                    format!(
+                        "{what}: not done within {:?}{}",
+                        self.timeout,
+                        if last.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({last})")
+                        }
+                    ),
+                ));
+            }
+            if said.elapsed() >= Duration::from_secs(3) && !last.is_empty() {
+                said = Instant::now();
+                say(&format!("waiting: {what}: {last}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Asks the serving node to make `change`.
+    fn change(&self, change: &Change) -> Result<(), Fail> {
+        let (i, c, _) = self.leader()?;
+        match c.change_members(change) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(Fail(
+                EX_TEMPFAIL,
+                format!("{} refused {}: {why}", self.nodes[i].0, describe(change)),
+            )),
+            Err(e) => Err(Fail(
+                EX_UNAVAILABLE,
+                format!("{}: {}: {e}", self.nodes[i].0, describe(change)),
+            )),
+        }
+    }
+
+    /// A leader that is to leave hands its leadership over first.
+    fn not_led_by(&self, node: u64) -> Result<(), Fail> {
+        let (i, c, shards) = self.leader()?;
+        if shards.first().map(|s| s.node) != Some(node) {
+            return Ok(());
+        }
+        say(&format!(
+            "node {node} leads: handing its leadership over first"
+        ));
+        c.transfer_leader(0).map_err(|e| {
+            Fail(
+                EX_TEMPFAIL,
+                format!("{} refused to hand over: {e}", self.nodes[i].0),
+            )
+        })?;
+        self.wait("another node serves", |shards, _| {
+            Ok(shards.first().is_some_and(|s| s.node != node))
+        })
+    }
+
+    /// Adds `node` as a learner and waits until it caught up in every
+    /// shard.
+    fn add_learner(&self, node: u64, addr: &str) -> Result<(), Fail> {
+        reachable(addr)?;
+        let (_, c, _) = self.leader()?;
+        let m = members(&c)?;
+        if m.iter().all(|s| s.voters.contains(&node)) {
+            return Ok(());
+        }
+        self.change(&Change::AddLearner {
+            node,
+            addr: addr.to_string(),
+        })?;
+        say(&format!("node {node} added as a learner; catching up"));
+        self.wait(&format!("node {node} catches up"), |shards, _| {
+            for s in shards {
+                match s.followers.iter().find(|f| f.node == node) {
+                    // As the leader counts it (a few entries in flight).
+                    Some(f) if f.matched + 100 >= s.commit && f.active => {}
+                    Some(f) => {
+                        return Err(format!(
+                            "shard {} has entries up to {} of {}{}",
+                            s.shard,
+                            f.matched,
+                            s.commit,
+                            if f.active { "" } else { ", not heard from" }
+                        ))
+                    }
+                    None => return Err(format!("shard {} does not list it yet", s.shard)),
+                }
+            }
+            Ok(true)
+        })
+    }
+}
+
+fn members(c: &Client) -> Result<Vec<MemberStatus>, Fail> {
+    c.cluster_members()
+        .map_err(|e| Fail(EX_UNAVAILABLE, format!("CMEM: {e}")))?
+        .ok_or_else(|| Fail(EX_USAGE, "the server is not a cluster member".into()))
+}
+
+fn describe(c: &Change) -> String {
+    match c {
+        Change::AddLearner { node, addr } => format!("adding node {node} at {addr}"),
+        Change::Promote { node } => format!("promoting node {node}"),
+        Change::Remove { node } => format!("removing node {node}"),
+        Change::Replace { old, new } => format!("replacing node {old} by node {new}"),
+    }
+}
+
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "ringlock: {msg}");
+}
+
+/// The new node's Raft address answers from this host (a cheap check
+/// before anything changes; the leader must reach it too).
+fn reachable(addr: &str) -> Result<(), Fail> {
+    let a = addr
+        .to_socket_addrs()
+        .map_err(|e| {
+            Fail(
+                EX_USAGE,
+                format!("{addr:?}: {e} (give HOST:PORT of its --peers entry)"),
+            )
+        })?
+        .next()
+        .ok_or_else(|| Fail(EX_USAGE, format!("{addr:?} has no address")))?;
+    TcpStream::connect_timeout(&a, Duration::from_secs(2)).map_err(|e| {
+        Fail(
+            EX_UNAVAILABLE,
+            format!(
+                "{addr} ({a}) is not reachable from this host: {e}; start the new node first \
+                 (ringlockd --join --node-id N --peers ... with an empty --data-path)"
+            ),
+        )
+    })?;
+    Ok(())
+}
+
+/// A wait's test: every shard's membership satisfies `want`, with no
+/// change in progress.
+fn settled<'a>(
+    want: &'a dyn Fn(&MemberStatus) -> bool,
+) -> impl Fn(&[ShardStatus], &[MemberStatus]) -> Result<bool, String> + 'a {
+    move |_, m| {
+        if m.is_empty() {
+            return Err("no membership answer".into());
+        }
+        for s in m {
+            if s.change_in_progress {
+                return Err(format!("shard {} is changing", s.shard));
+            }
+            if !want(s) {
+                return Err(format!("shard {} has voters {:?}", s.shard, s.voters));
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Runs `op`; prints the resulting voters.
+pub fn run(nodes: &Nodes, auth: Option<&[u8]>, timeout: Duration, op: Op) -> Result<u8, Fail> {
+    let ctx = Ctx {
+        nodes,
+        auth,
+        timeout,
+    };
+    match op {
+        Op::Add { node, addr } => {
+            ctx.add_learner(node, &addr)?;
+            ctx.change(&Change::Promote { node })?;
+            ctx.wait(
+                &format!("node {node} becomes a voter"),
+                settled(&|s| s.voters.contains(&node)),
+            )?;
+        }
+        Op::Remove { node } => {
+            let (_, c, _) = ctx.leader()?;
+            // The last voter: the leader refuses; never hand over first.
+            if members(&c)?.iter().any(|m| m.voters != [node]) {
+                ctx.not_led_by(node)?;
+            }
+            ctx.change(&Change::Remove { node })?;
+            ctx.wait(
+                &format!("node {node} leaves"),
+                settled(&|s| !s.voters.contains(&node) && !s.learners.contains(&node)),
+            )?;
+            say(&format!(
+                "node {node} is no longer a member: stop it, and empty its --data-path before it \
+                 is ever added again"
+            ));
+        }
+        Op::Replace { old, new, addr } => {
+            ctx.add_learner(new, &addr)?;
+            ctx.not_led_by(old)?;
+            ctx.change(&Change::Replace { old, new })?;
+            ctx.wait(
+                &format!("node {new} replaces node {old}"),
+                settled(&|s| {
+                    s.voters.contains(&new) && !s.voters.contains(&old) && s.outgoing.is_empty()
+                }),
+            )?;
+            say(&format!("node {old} is no longer a member: stop it"));
+        }
+    }
+    let (_, c, _) = ctx.leader()?;
+    let m = members(&c)?;
+    let voters = m.first().map(|s| s.voters.clone()).unwrap_or_default();
+    let _ = writeln!(std::io::stdout(), "voters {voters:?}");
+    Ok(0)
+}
