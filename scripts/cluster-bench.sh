@@ -38,6 +38,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/cluster.sh
+. "$ROOT/scripts/lib/cluster.sh"
+LOG_TAG=cluster-bench
 SMOKE=${CLUSTER_BENCH_SMOKE:-0}
 INSTALL=1
 SYSTEMS="ringlock-cluster etcd-cluster ringlockd-durable"
@@ -77,13 +80,7 @@ case "$TRIALS" in ''|*[!0-9]*) echo "FAILOVER_TRIALS must be a number, got $TRIA
 case "$SETTLE_MS" in ''|*[!0-9]*) echo "FAILOVER_SETTLE_MS must be a number, got $SETTLE_MS" >&2; exit 2 ;; esac
 case "$PROFILE" in release|debug) ;; *) echo "--profile is release or debug" >&2; exit 2 ;; esac
 
-NCPU=$(nproc)
-if [ "$NCPU" -ge 2 ]; then
-    PIN_SERVER="taskset -c 1"; PIN_LOADGEN="taskset -c 0"
-    PINNING="servers (every cluster member) on CPU 1, load generator and failover client on CPU 0 (taskset)"
-else
-    PIN_SERVER=""; PIN_LOADGEN=""; PINNING="none (1 CPU)"
-fi
+cluster_pinning "load generator and failover client"
 
 TMP=$(mktemp -d /tmp/ringlock-cluster-bench.XXXXXX)
 chmod 755 "$TMP"
@@ -93,39 +90,11 @@ fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*.log "$OUT"/latest.md
 rm -rf "$OUT/logs"
-declare -A PID
-log() { echo "[cluster-bench $(date +%T)] $*" >&2; }
-
-cleanup() {
-    # Only processes this script started and has not stopped yet.
-    local p
-    for p in "${!PID[@]}"; do
-        [ -n "${PID[$p]}" ] && stop_proc "$p"
-    done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-stop_proc() { # name
-    local pid=${PID[$1]:-} _
-    [ -n "$pid" ] || return 0
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
-    wait "$pid" 2>/dev/null || true
-    PID[$1]=""
-}
+trap cluster_cleanup EXIT
 
 # ---------------------------------------------------------------- install
 want() { case " $SYSTEMS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-if [ "$INSTALL" = 1 ] && want etcd-cluster && ! command -v etcd >/dev/null; then
-    log "installing: etcd-server"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
-fi
-if want etcd-cluster && ! command -v etcd >/dev/null; then
-    echo "etcd is not installed (Debian package etcd-server)" >&2; exit 1
-fi
+if want etcd-cluster; then need_etcd "$INSTALL" || exit 1; fi
 
 # ---------------------------------------------------------------- build
 log "building $PROFILE binaries"
@@ -145,107 +114,8 @@ fi
 # Lock ports (admin +1, metrics +2), Raft link ports (node n's shard g on
 # its base + g: gaps of 10 leave room for --threads up to 10), etcd client
 # and peer ports.
-RL_PORT=(0 24501 24511 24521)
-RL_RAFT=(0 24601 24611 24621)
+cluster_ports 24501 24601 24401
 RLD_PORT=24531
-ETCD_CLIENT=(0 24401 24411 24421)
-ETCD_PEER=(0 24402 24412 24422)
-PEERS="1=127.0.0.1:${RL_RAFT[1]},2=127.0.0.1:${RL_RAFT[2]},3=127.0.0.1:${RL_RAFT[3]}"
-NODES="127.0.0.1:${RL_PORT[1]},127.0.0.1:${RL_PORT[2]},127.0.0.1:${RL_PORT[3]}"
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() { # port seconds pid
-    local _
-    for _ in $(seq 1 $(( $2 * 10 ))); do
-        port_open "$1" && return 0
-        kill -0 "$3" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
-# A server this script just stopped may still hold its ports for a few
-# milliseconds after its process is gone (io_uring releases its sockets
-# after the exit), so a port gets up to 5 s to close before it counts as
-# another process's.
-ports_free() { # port...
-    local p _
-    for p in "$@"; do
-        for _ in $(seq 1 50); do port_open "$p" || continue 2; sleep 0.1; done
-        echo "port $p is already in use by another process" >&2; return 1
-    done
-}
-# One HTTP/1.1 request over bash's /dev/tcp; prints the body.
-http() { # port method path [body]
-    local body=${4:-}
-    (
-        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
-        printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
-            "$2" "$3" "${#body}" "$body" >&3
-        timeout 5 cat <&3 | sed '1,/^\r$/d'
-    ) 2>/dev/null
-}
-
-# ringlock cluster node n (1..3), on its data path; the same dir on restart.
-start_rl_node() { # n dir
-    local n=$1 d=$2 p=${RL_PORT[$1]}
-    mkdir -p "$d"
-    $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$PEERS" --data-path "$d/node$n.wal" \
-        --bind "127.0.0.1:$p" --admin-bind "127.0.0.1:$((p + 1))" --metrics-bind "127.0.0.1:$((p + 2))" \
-        2>>"$d/log" &
-    PID[rl$n]=$!
-    # Its kill -9 is expected: no "Killed" job notice from bash. (bash
-    # still reaps it; stop_proc and cleanup signal it by PID.)
-    disown "$!"
-}
-start_rl_cluster() { # dir
-    local n
-    ports_free "${RL_PORT[1]}" "${RL_PORT[2]}" "${RL_PORT[3]}" "${RL_RAFT[1]}" "${RL_RAFT[2]}" "${RL_RAFT[3]}" || return 1
-    for n in 1 2 3; do start_rl_node "$n" "$1/n$n"; done
-    for n in 1 2 3; do
-        wait_port "${RL_PORT[$n]}" 30 "${PID[rl$n]}" || { log "node $n did not start: $(tail -c 400 "$1/n$n/log")"; return 1; }
-    done
-    rl_leader >/dev/null
-}
-stop_rl_cluster() { local n; for n in 1 2 3; do stop_proc "rl$n"; done; }
-# The serving node's index (1..3), once every node answers.
-rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms 30000; }
-
-start_etcd_cluster() { # dir
-    local n cluster=""
-    ports_free "${ETCD_CLIENT[@]:1}" "${ETCD_PEER[@]:1}" || return 1
-    for n in 1 2 3; do cluster="$cluster${cluster:+,}e$n=http://127.0.0.1:${ETCD_PEER[$n]}"; done
-    for n in 1 2 3; do
-        mkdir -p "$1/e$n"
-        $PIN_SERVER etcd --name "e$n" --data-dir "$1/e$n/data" \
-            --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
-            --listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" \
-            --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token ringlock-bench \
-            >"$1/e$n/log" 2>&1 &
-        PID[etcd$n]=$!
-    done
-    for n in 1 2 3; do
-        wait_port "${ETCD_CLIENT[$n]}" 30 "${PID[etcd$n]}" || { log "etcd member $n did not start: $(tail -c 400 "$1/e$n/log")"; return 1; }
-    done
-}
-stop_etcd_cluster() { local n; for n in 1 2 3; do stop_proc "etcd$n"; done; }
-# The member that is etcd's leader (1..3): its status names itself as
-# leader. Waits for an elected leader (at most 30 s).
-etcd_leader() {
-    local n st me leader
-    for _ in $(seq 1 300); do
-        for n in 1 2 3; do
-            st=$(http "${ETCD_CLIENT[$n]}" POST /v3/maintenance/status '{}' || true)
-            me=$(echo "$st" | sed -n 's/.*"member_id":"\([0-9]*\)".*/\1/p')
-            leader=$(echo "$st" | sed -n 's/.*"leader":"\([0-9]*\)".*/\1/p')
-            if [ -n "$me" ] && [ "$me" = "$leader" ]; then echo "$n"; return 0; fi
-        done
-        sleep 0.1
-    done
-    return 1
-}
-
-# The member's raft term (its status), to see an election during a run.
-etcd_term() { http "${ETCD_CLIENT[$1]}" POST /v3/maintenance/status '{}' | sed -n 's/.*"raftTerm":"\([0-9]*\)".*/\1/p'; }
 
 start_rld() { # dir
     mkdir -p "$1"
@@ -257,12 +127,7 @@ start_rld() { # dir
 }
 
 # ---------------------------------------------------------------- environment
-HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet HEAD -- src loadgen bench || echo "+dirty")
-CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-KERNEL=$(uname -sr)
-RL_VERSION="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT ($PROFILE build)"
-ETCD_VERSION=$(command -v etcd >/dev/null && etcd --version 2>/dev/null | awk '/etcd Version/{print $3}' || echo "not installed")
-FSYNC=$("$BIN/fsync-probe" "$TMP" 300 2>/dev/null || echo "fsync probe failed")
+cluster_env_info "$PROFILE"
 
 # ---------------------------------------------------------------- load
 declare -A TITLE

