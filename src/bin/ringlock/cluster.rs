@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ringlock::client::members::MemberStatus;
 use ringlock::client::{
     Client, Error, RetryPolicy, Role, ShardStatus, ToServerAddrs, DEFAULT_PORT,
 };
@@ -23,6 +24,9 @@ pub struct NodeAnswer {
     pub shown: String,
     /// `Ok(None)`: not a cluster member; `Err`: no answer (why).
     pub result: Result<Option<Vec<ShardStatus>>, String>,
+    /// Each shard's membership as the node applied it (`CMEM`; `None`
+    /// when it did not answer that).
+    pub members: Option<Vec<MemberStatus>>,
 }
 
 /// The admin addresses, comma-separated (`where_` names the flag or the
@@ -53,9 +57,13 @@ pub fn query(nodes: &[(String, Vec<SocketAddr>)], auth: Option<&[u8]>) -> Vec<No
         let handles: Vec<_> = nodes
             .iter()
             .map(|(shown, addrs)| {
-                s.spawn(move || NodeAnswer {
-                    shown: shown.clone(),
-                    result: ask(addrs, auth),
+                s.spawn(move || {
+                    let (result, members) = ask(addrs, auth);
+                    NodeAnswer {
+                        shown: shown.clone(),
+                        result,
+                        members,
+                    }
                 })
             })
             .collect();
@@ -66,7 +74,12 @@ pub fn query(nodes: &[(String, Vec<SocketAddr>)], auth: Option<&[u8]>) -> Vec<No
     })
 }
 
-fn ask(addrs: &[SocketAddr], auth: Option<&[u8]>) -> Result<Option<Vec<ShardStatus>>, String> {
+type Answer = (
+    Result<Option<Vec<ShardStatus>>, String>,
+    Option<Vec<MemberStatus>>,
+);
+
+fn ask(addrs: &[SocketAddr], auth: Option<&[u8]>) -> Answer {
     // The lock address is never used; the builder wants one.
     let mut b = Client::builder(addrs)
         .admin_addr(addrs)
@@ -76,15 +89,78 @@ fn ask(addrs: &[SocketAddr], auth: Option<&[u8]>) -> Result<Option<Vec<ShardStat
     if let Some(t) = auth {
         b = b.admin_auth_token(t.to_vec());
     }
-    let client = b.build().map_err(|e| e.to_string())?;
-    match client.cluster_status() {
+    let client = match b.build() {
+        Ok(c) => c,
+        Err(e) => return (Err(e.to_string()), None),
+    };
+    let result = match client.cluster_status() {
         Ok(v) => Ok(v),
         Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Err("closed without an answer (a server without CLST, or not authorized)".into())
         }
         Err(Error::Refused) => Err("refused: wrong auth token".into()),
         Err(e) => Err(e.to_string()),
+    };
+    let members = match &result {
+        Ok(Some(_)) => client.cluster_members().ok().flatten(),
+        _ => None,
+    };
+    (result, members)
+}
+
+/// The membership lines under the table: the voters (and learners, and a
+/// change in progress) as the serving node applied them, shard by shard
+/// where shards differ; every node that says it was removed.
+pub fn membership(nodes: &[NodeAnswer]) -> String {
+    let serving = nodes.iter().find(|n| {
+        matches!(&n.result, Ok(Some(r)) if !r.is_empty() && r.iter().all(|s| s.serving))
+    });
+    let Some(view) = serving
+        .or_else(|| nodes.iter().find(|n| n.members.is_some()))
+        .and_then(|n| n.members.as_ref())
+    else {
+        return String::new();
+    };
+    let list = |v: &[u64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+        }
+    };
+    let line = |m: &MemberStatus| {
+        let mut l = format!("voters {}  learners {}", list(&m.voters), list(&m.learners));
+        if !m.outgoing.is_empty() {
+            l.push_str(&format!(
+                "  (joint change in progress: outgoing voters {})",
+                list(&m.outgoing)
+            ));
+        } else if m.change_in_progress {
+            l.push_str("  (change in progress)");
+        }
+        l
+    };
+    let mut out = String::new();
+    let first = view.first().map(line).unwrap_or_default();
+    if view.iter().all(|m| line(m) == first) {
+        out.push_str(&format!("members: {first}\n"));
+    } else {
+        for m in view {
+            out.push_str(&format!("members of shard {}: {}\n", m.shard, line(m)));
+        }
     }
+    for n in nodes {
+        if let Some(m) = &n.members {
+            if m.iter().any(|s| s.removed) {
+                let id = m.first().map_or(0, |s| s.node);
+                out.push_str(&format!(
+                    "node {id} ({}) was removed from the cluster: stop it\n",
+                    bytes::escape(n.shown.as_bytes())
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The exit status and, when not 0, the line that says why:
@@ -279,8 +355,40 @@ pub fn to_json(nodes: &[NodeAnswer]) -> String {
                 )
             })
             .collect();
+        let membership = match &n.members {
+            None => "null".to_string(),
+            Some(ms) => {
+                let ids = |v: &[u64]| {
+                    v.iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                let recs: Vec<String> = ms
+                    .iter()
+                    .map(|m| {
+                        let addrs: Vec<String> = m
+                            .addrs
+                            .iter()
+                            .map(|(id, a)| format!("\"{id}\":{}", bytes::json_str(a)))
+                            .collect();
+                        format!(
+                            "{{\"shard\":{},\"voters\":[{}],\"outgoing\":[{}],\"learners\":[{}],\"change_in_progress\":{},\"removed\":{},\"addrs\":{{{}}}}}",
+                            m.shard,
+                            ids(&m.voters),
+                            ids(&m.outgoing),
+                            ids(&m.learners),
+                            m.change_in_progress,
+                            m.removed,
+                            addrs.join(",")
+                        )
+                    })
+                    .collect();
+                format!("[{}]", recs.join(","))
+            }
+        };
         out.push_str(&format!(
-            "{{\"addr\":{},\"up\":{up},\"member\":{member},\"error\":{error},\"shards\":[{}]}}",
+            "{{\"addr\":{},\"up\":{up},\"member\":{member},\"error\":{error},\"shards\":[{}],\"membership\":{membership}}}",
             bytes::json_str(&n.shown),
             shards.join(",")
         ));
@@ -322,6 +430,7 @@ mod tests {
         NodeAnswer {
             shown: shown.into(),
             result: Ok(Some(vec![r])),
+            members: None,
         }
     }
 
@@ -330,6 +439,7 @@ mod tests {
         let down = || NodeAnswer {
             shown: "c:3".into(),
             result: Err("refused".into()),
+            members: None,
         };
         let healthy = vec![
             up("a:1", rec(1, Role::Leader, 1, true)),
@@ -358,9 +468,39 @@ mod tests {
         let single = vec![NodeAnswer {
             shown: "a:1".into(),
             result: Ok(None),
+            members: None,
         }];
         assert_eq!(verdict(&single).0, EX_PROTOCOL);
         assert!(table(&single).contains("not-a-cluster-member"));
+    }
+
+    #[test]
+    fn membership_lines_follow_the_serving_node_and_name_removed_nodes() {
+        let m = |node: u64, voters: Vec<u64>, outgoing: Vec<u64>, removed: bool| MemberStatus {
+            shard: 0,
+            node,
+            change_in_progress: !outgoing.is_empty(),
+            removed,
+            voters,
+            outgoing,
+            learners: vec![],
+            addrs: Default::default(),
+        };
+        let mut a = up("a:1", rec(1, Role::Leader, 1, true));
+        a.members = Some(vec![m(1, vec![1, 2, 4], vec![1, 2, 3], false)]);
+        let mut b = up("b:2", rec(2, Role::Follower, 1, false));
+        b.members = Some(vec![m(2, vec![1, 2, 3], vec![], false)]);
+        let mut c = up("c:3", rec(3, Role::Follower, 1, false));
+        c.members = Some(vec![m(3, vec![1, 2, 3], vec![], true)]);
+        let text = membership(&[b, a, c]);
+        assert_eq!(
+            text,
+            "members: voters 1 2 4  learners -  (joint change in progress: outgoing voters 1 2 3)\n\
+             node 3 (c:3) was removed from the cluster: stop it\n"
+        );
+        let mut lone = up("a:1", rec(1, Role::Leader, 1, true));
+        lone.members = Some(vec![m(1, vec![1], vec![], false)]);
+        assert!(to_json(&[lone]).contains("\"membership\":[{\"shard\":0,\"voters\":[1]"));
     }
 
     #[test]

@@ -769,7 +769,7 @@ fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fai
     let text = if json {
         cluster::to_json(&answers)
     } else {
-        cluster::table(&answers)
+        cluster::table(&answers) + &cluster::membership(&answers)
     };
     let _ = io::stdout().write_all(text.as_bytes());
     let _ = io::stdout().flush();
