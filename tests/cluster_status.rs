@@ -434,6 +434,12 @@ fn two_shards_a_node_report_one_record_each() {
             assert_eq!(r.role == Role::Leader, r.node == leader, "{all:?}");
         }
     }
-    // Six rows: three nodes, two shards each.
-    assert_eq!(table.lines().count(), 7, "{table}");
+    // Six rows: three nodes, two shards each; then the membership, the
+    // same in both shards.
+    assert_eq!(table.lines().count(), 8, "{table}");
+    assert_eq!(
+        table.lines().last(),
+        Some("members: voters 1 2 3  learners -"),
+        "{table}"
+    );
 }
