@@ -334,3 +334,62 @@ fn the_last_voter_cannot_be_removed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("last voter"));
     assert!(c.serves(0), "the node still serves");
 }
+
+#[test]
+fn disaster_recovery_from_one_surviving_nodes_log_keeps_what_it_acknowledged() {
+    let threads = common::cluster::test_threads();
+    let mut c = Cluster::start(3, threads, &[]);
+    let l = c.leader(WAIT);
+    let mut conn = c.conn(l);
+    let keys: Vec<String> = (0..20).map(|i| format!("kept{i}")).collect();
+    for k in &keys {
+        assert_eq!(conn.lock(k.as_bytes(), b"alice"), b'+');
+    }
+    drop(conn);
+    // Every node lost but the leader's disk; nothing serves.
+    for i in 0..3 {
+        c.kill9(i);
+    }
+    c.extra.push("--force-new-cluster".into());
+    c.start_node(l);
+    c.extra.pop();
+    logged(&c, l, "raft_forced_new_cluster_done");
+    poll_until("the survivor serves alone", WAIT, || c.serves(l));
+    all_held(&c, l, &keys);
+    let mut conn = c.conn(l);
+    assert_eq!(
+        conn.lock(b"after", b"bob"),
+        b'+',
+        "a one-voter cluster commits"
+    );
+    drop(conn);
+    // Durable: restarted without the flag, it is still the only voter.
+    c.signal(l, libc::SIGTERM);
+    let _ = c.nodes[l].as_mut().unwrap().child.wait();
+    c.nodes[l] = None;
+    c.start_node(l);
+    poll_until("the survivor serves alone after a restart", WAIT, || {
+        c.serves(l)
+    });
+    for m in members_of(&c, l) {
+        assert_eq!(m.voters, vec![l as u64 + 1]);
+    }
+    let mut all = keys.clone();
+    all.push("after".into());
+    all_held(&c, l, &all);
+    // And grows again: a fresh node joins.
+    let new = c.add_node();
+    let out = cli_ok(
+        &c,
+        &[
+            "add",
+            &(new + 1).to_string(),
+            &c.raft_addr(new).to_string(),
+            "--timeout",
+            "30s",
+        ],
+    );
+    let mut want = vec![l as u64 + 1, new as u64 + 1];
+    want.sort();
+    assert_eq!(out.trim(), format!("voters {want:?}"));
+}

@@ -79,6 +79,11 @@ OPTIONS:
                              cluster (`ringlock cluster add`/`replace` adds it) instead of
                              founding one with --peers as voters; ignored once its log holds
                              anything [env RINGLOCK_JOIN=1]
+    --force-new-cluster      disaster recovery (cluster mode): when most nodes are lost for good,
+                             start the surviving node with the longest log with this flag once:
+                             it becomes the only voter of every shard, every entry in its log
+                             is kept (committed or not), and its log is rewritten so. Remove the
+                             flag before the next start; add new nodes with `ringlock cluster add`
     --raft-compact-entries N cluster mode: compact each shard's log into a snapshot every N
                              applied entries (default 10000)
     --log-level LEVEL        error | warn | info | debug (default info)
@@ -117,6 +122,7 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
         .filter(|s| !s.is_empty());
     let mut join = std::env::var("RINGLOCK_JOIN").is_ok_and(|v| v == "1" || v == "true");
     let mut compact_entries: Option<u64> = None;
+    let mut force_new = false;
     let mut truncate_at = None;
     let mut limits: Vec<(&'static str, u64)> = Vec::new();
     let mut p = lexopt::Parser::from_env();
@@ -152,6 +158,7 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             "--node-id" => node_id = Some(val("--node-id")?),
             "--peers" => peers = Some(val("--peers")?),
             "--join" => join = true,
+            "--force-new-cluster" => force_new = true,
             "--raft-compact-entries" => {
                 let v = val("--raft-compact-entries")?;
                 compact_entries = Some(v.trim().parse().ok().filter(|&n: &u64| n > 0).ok_or_else(
@@ -364,6 +371,10 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             }
             let mut c = ringlock::cluster::ClusterConfig::parse(id, &peers)?;
             c.join = join;
+            c.force_new = force_new;
+            if join && force_new {
+                return Err("--join and --force-new-cluster exclude each other".into());
+            }
             if let Some(n) = compact_entries {
                 c.compact_entries = n;
             }

@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     /// `ringlock cluster add`/`replace`) instead of founding one with the
     /// `--peers` as its voters. Ignored once the log holds anything.
     pub join: bool,
+    /// `--force-new-cluster`: disaster recovery when most nodes are gone
+    /// for good: this node becomes the only voter of every shard's group,
+    /// its whole log committed, and rewrites its log as such.
+    pub force_new: bool,
 }
 
 impl ClusterConfig {
@@ -92,6 +96,7 @@ impl ClusterConfig {
             heartbeat_ticks: HEARTBEAT_TICKS,
             compact_entries: COMPACT_ENTRIES,
             join: false,
+            force_new: false,
         })
     }
 

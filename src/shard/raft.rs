@@ -125,6 +125,9 @@ pub struct Part {
     removed: bool,
     /// A follower needs a newer snapshot: compact at the next chance.
     snapshot_wanted: bool,
+    /// `--force-new-cluster`, until the log rewritten as this node alone
+    /// is durable: no membership change yet.
+    forced: bool,
 }
 
 impl Part {
@@ -170,6 +173,7 @@ impl Part {
             addrs: BTreeMap::new(),
             removed: false,
             snapshot_wanted: false,
+            forced: false,
         }
     }
     pub fn file(&self) -> &Log {
@@ -287,14 +291,60 @@ impl Part {
                 .map(|(&id, a)| (id, a.to_string()))
                 .collect(),
         };
+        let mut r = r;
+        let mut addrs = addrs;
+        let mut voters = founding.clone();
+        if cluster.force_new {
+            // Disaster recovery: this node alone, every entry it has kept.
+            // Configuration history is void (blanked to empty entries);
+            // the log is rewritten as a snapshot naming only this node
+            // once everything is applied (Part::snapshot_wanted).
+            let me = cluster.node_id;
+            let alone = raft::eraftpb::ConfState::from((vec![me], vec![]));
+            if r.recovered.snapshot.get_metadata().index > 0 {
+                r.recovered
+                    .snapshot
+                    .mut_metadata()
+                    .set_conf_state(alone.clone());
+            }
+            let mut blanked = 0;
+            for e in r.recovered.entries.iter_mut() {
+                if Replica::is_change(e) {
+                    e.set_entry_type(raft::eraftpb::EntryType::EntryNormal);
+                    e.data = Vec::new().into();
+                    blanked += 1;
+                }
+            }
+            let mine = addrs
+                .get(&me)
+                .cloned()
+                .or_else(|| cluster.peers.get(&me).map(|a| a.to_string()));
+            addrs.clear();
+            if let Some(a) = mine {
+                addrs.insert(me, a);
+            }
+            voters = vec![me];
+            log!(
+                Level::Warn,
+                "raft_forced_new_cluster",
+                "group={} node={} entries_kept={} changes_voided={} action=\"this node is the only \
+                 voter; its log is rewritten once applied; remove --force-new-cluster before the next \
+                 start\"",
+                group,
+                me,
+                r.recovered.entries.len(),
+                blanked
+            );
+        }
         let initial =
             (r.recovered.snapshot.get_metadata().index > 0).then(|| r.recovered.snapshot.clone());
         let replica = Replica::new(
             crate::cluster::replica::ReplicaConfig {
                 id: cluster.node_id,
                 // The log's founders (a joining node's: none until its
-                // first Hello, then the ones it adopted).
-                voters: founding.clone(),
+                // first Hello, then the ones it adopted; this node alone
+                // when forced).
+                voters,
                 election_ticks: cluster.election_ticks,
                 heartbeat_ticks: cluster.heartbeat_ticks,
                 seed: seed ^ group as u64,
@@ -320,6 +370,8 @@ impl Part {
             ..want
         };
         part.addrs = addrs;
+        part.snapshot_wanted = cluster.force_new;
+        part.forced = cluster.force_new;
         part.compact_entries = cluster.compact_entries.max(1);
         part.initial = initial;
         Ok(part)
@@ -1200,6 +1252,18 @@ impl Shard {
                 let snap = r.compacting.take().expect("a rewrite is a compaction");
                 let index = snap.get_metadata().index;
                 r.replica.compacted(snap);
+                if r.forced {
+                    r.forced = false;
+                    log!(
+                        Level::Warn,
+                        "raft_forced_new_cluster_done",
+                        "group={} node={} snapshot_index={} action=\"remove --force-new-cluster; add \
+                         nodes with ringlock cluster add\"",
+                        r.group,
+                        r.replica.id(),
+                        index
+                    );
+                }
                 log!(
                     Level::Info,
                     "raft_compacted",
@@ -1455,6 +1519,11 @@ impl Shard {
             return Err(format!(
                 "node {me} does not serve shard {g} (the leader is node {}); ask the serving node",
                 r.replica.leader()
+            ));
+        }
+        if r.forced {
+            return Err(format!(
+                "shard {g}: the log of --force-new-cluster is being rewritten; try again in a moment"
             ));
         }
         let cs = r.replica.conf_state();

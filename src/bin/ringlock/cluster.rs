@@ -112,9 +112,9 @@ fn ask(addrs: &[SocketAddr], auth: Option<&[u8]>) -> Answer {
 /// change in progress) as the serving node applied them, shard by shard
 /// where shards differ; every node that says it was removed.
 pub fn membership(nodes: &[NodeAnswer]) -> String {
-    let serving = nodes.iter().find(|n| {
-        matches!(&n.result, Ok(Some(r)) if !r.is_empty() && r.iter().all(|s| s.serving))
-    });
+    let serving = nodes
+        .iter()
+        .find(|n| matches!(&n.result, Ok(Some(r)) if !r.is_empty() && r.iter().all(|s| s.serving)));
     let Some(view) = serving
         .or_else(|| nodes.iter().find(|n| n.members.is_some()))
         .and_then(|n| n.members.as_ref())
@@ -125,7 +125,10 @@ pub fn membership(nodes: &[NodeAnswer]) -> String {
         if v.is_empty() {
             "-".to_string()
         } else {
-            v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ")
+            v.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
         }
     };
     let line = |m: &MemberStatus| {
