@@ -1594,10 +1594,9 @@ impl Shard {
             }
             Change::Remove { node } => {
                 if !voter(*node) && !learner(*node) {
-                    return Err(format!(
-                        "node {node} is not a member (voters {:?})",
-                        cs.voters
-                    ));
+                    // Asked again after this shard made it: done (the CLI
+                    // checks first that some shard has the node).
+                    return Ok(());
                 }
                 if voter(*node) && cs.voters.len() == 1 {
                     return Err(format!(
@@ -1608,6 +1607,9 @@ impl Shard {
                 (vec![], false, vec![*node], vec![])
             }
             Change::Replace { old, new } => {
+                if voter(*new) && !voter(*old) {
+                    return Ok(()); // asked again: done
+                }
                 if !voter(*old) {
                     return Err(format!(
                         "node {old} is not a voter (voters {:?})",

@@ -113,8 +113,8 @@ impl Ctx<'_> {
         }
     }
 
-    /// Asks the serving node to make `change`.
-    fn change(&self, change: &Change) -> Result<(), Fail> {
+    /// Asks the serving node to make `change`, once.
+    fn change_once(&self, change: &Change) -> Result<(), Fail> {
         let (i, c, _) = self.leader()?;
         match c.change_members(change) {
             Ok(Ok(())) => Ok(()),
@@ -126,6 +126,62 @@ impl Ctx<'_> {
                 EX_UNAVAILABLE,
                 format!("{}: {}: {e}", self.nodes[i].0, describe(change)),
             )),
+        }
+    }
+
+    /// Makes `change` until every shard's membership satisfies `want`
+    /// with no change in progress: asked again while a shard refuses for
+    /// a passing reason (another change in progress, a learner still
+    /// catching up, an election) or lost it (its leader changed before it
+    /// committed); a shard that made it already answers `+`. A refusal for
+    /// any other reason ends the command.
+    fn make(
+        &self,
+        change: &Change,
+        what: &str,
+        want: &dyn Fn(&MemberStatus) -> bool,
+    ) -> Result<(), Fail> {
+        let passing = |why: &str| {
+            ["in progress", "has not caught up", "does not serve", "being rewritten"]
+                .iter()
+                .any(|p| why.contains(p))
+        };
+        let start = Instant::now();
+        let mut said = Instant::now();
+        let mut last = String::new();
+        let mut asked_at: Option<Instant> = None;
+        loop {
+            match self.leader().and_then(|(_, c, _)| members(&c)) {
+                Ok(m) if !m.is_empty() && m.iter().all(|s| !s.change_in_progress && want(s)) => {
+                    return Ok(())
+                }
+                Ok(m) => {
+                    let busy = m.iter().any(|s| s.change_in_progress);
+                    // Asked, and nothing in progress a while later: lost.
+                    let lost = asked_at.is_some_and(|t| t.elapsed() > Duration::from_secs(1));
+                    if asked_at.is_none() || (!busy && lost) {
+                        match self.change_once(change) {
+                            Ok(()) => asked_at = Some(Instant::now()),
+                            Err(Fail(_, why)) if passing(&why) => last = why,
+                            Err(f) => return Err(f),
+                        }
+                    } else if let Some(s) = m.iter().find(|s| s.change_in_progress || !want(s)) {
+                        last = format!("shard {} has voters {:?}", s.shard, s.voters);
+                    }
+                }
+                Err(Fail(_, why)) => last = why,
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(Fail(
+                    EX_TEMPFAIL,
+                    format!("{what}: not done within {:?} ({last})", self.timeout),
+                ));
+            }
+            if said.elapsed() >= Duration::from_secs(3) && !last.is_empty() {
+                said = Instant::now();
+                say(&format!("waiting: {what}: {last}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -158,10 +214,14 @@ impl Ctx<'_> {
         if m.iter().all(|s| s.voters.contains(&node)) {
             return Ok(());
         }
-        self.change(&Change::AddLearner {
-            node,
-            addr: addr.to_string(),
-        })?;
+        self.make(
+            &Change::AddLearner {
+                node,
+                addr: addr.to_string(),
+            },
+            &format!("node {node} becomes a learner"),
+            &|s| s.learners.contains(&node) || s.voters.contains(&node),
+        )?;
         say(&format!("node {node} added as a learner; catching up"));
         self.wait(&format!("node {node} catches up"), |shards, _| {
             for s in shards {
@@ -229,27 +289,6 @@ fn reachable(addr: &str) -> Result<(), Fail> {
     Ok(())
 }
 
-/// A wait's test: every shard's membership satisfies `want`, with no
-/// change in progress.
-fn settled<'a>(
-    want: &'a dyn Fn(&MemberStatus) -> bool,
-) -> impl Fn(&[ShardStatus], &[MemberStatus]) -> Result<bool, String> + 'a {
-    move |_, m| {
-        if m.is_empty() {
-            return Err("no membership answer".into());
-        }
-        for s in m {
-            if s.change_in_progress {
-                return Err(format!("shard {} is changing", s.shard));
-            }
-            if !want(s) {
-                return Err(format!("shard {} has voters {:?}", s.shard, s.voters));
-            }
-        }
-        Ok(true)
-    }
-}
-
 /// Runs `op`; prints the resulting voters.
 pub fn run(nodes: &Nodes, auth: Option<&[u8]>, timeout: Duration, op: Op) -> Result<u8, Fail> {
     let ctx = Ctx {
@@ -260,22 +299,33 @@ pub fn run(nodes: &Nodes, auth: Option<&[u8]>, timeout: Duration, op: Op) -> Res
     match op {
         Op::Add { node, addr } => {
             ctx.add_learner(node, &addr)?;
-            ctx.change(&Change::Promote { node })?;
-            ctx.wait(
+            ctx.make(
+                &Change::Promote { node },
                 &format!("node {node} becomes a voter"),
-                settled(&|s| s.voters.contains(&node)),
+                &|s| s.voters.contains(&node),
             )?;
         }
         Op::Remove { node } => {
             let (_, c, _) = ctx.leader()?;
+            let m = members(&c)?;
+            let member = |s: &MemberStatus| s.voters.contains(&node) || s.learners.contains(&node);
+            if !m.iter().any(member) {
+                return Err(Fail(
+                    EX_TEMPFAIL,
+                    format!(
+                        "node {node} is not a member (voters {:?})",
+                        m.first().map(|s| s.voters.clone()).unwrap_or_default()
+                    ),
+                ));
+            }
             // The last voter: the leader refuses; never hand over first.
-            if members(&c)?.iter().any(|m| m.voters != [node]) {
+            if m.iter().any(|s| s.voters != [node]) {
                 ctx.not_led_by(node)?;
             }
-            ctx.change(&Change::Remove { node })?;
-            ctx.wait(
+            ctx.make(
+                &Change::Remove { node },
                 &format!("node {node} leaves"),
-                settled(&|s| !s.voters.contains(&node) && !s.learners.contains(&node)),
+                &|s| !member(s),
             )?;
             say(&format!(
                 "node {node} is no longer a member: stop it, and empty its --data-path before it \
@@ -285,12 +335,10 @@ pub fn run(nodes: &Nodes, auth: Option<&[u8]>, timeout: Duration, op: Op) -> Res
         Op::Replace { old, new, addr } => {
             ctx.add_learner(new, &addr)?;
             ctx.not_led_by(old)?;
-            ctx.change(&Change::Replace { old, new })?;
-            ctx.wait(
+            ctx.make(
+                &Change::Replace { old, new },
                 &format!("node {new} replaces node {old}"),
-                settled(&|s| {
-                    s.voters.contains(&new) && !s.voters.contains(&old) && s.outgoing.is_empty()
-                }),
+                &|s| s.voters.contains(&new) && !s.voters.contains(&old) && s.outgoing.is_empty(),
             )?;
             say(&format!("node {old} is no longer a member: stop it"));
         }
