@@ -142,9 +142,14 @@ impl Ctx<'_> {
         want: &dyn Fn(&MemberStatus) -> bool,
     ) -> Result<(), Fail> {
         let passing = |why: &str| {
-            ["in progress", "has not caught up", "does not serve", "being rewritten"]
-                .iter()
-                .any(|p| why.contains(p))
+            [
+                "in progress",
+                "has not caught up",
+                "does not serve",
+                "being rewritten",
+            ]
+            .iter()
+            .any(|p| why.contains(p))
         };
         let start = Instant::now();
         let mut said = Instant::now();

@@ -1,0 +1,114 @@
+//! Log compaction: the log rewritten as a snapshot of the applied table
+//! (with the membership) plus the entries after it, and a snapshot made the
+//! table (the recovered one at start, or one a leader sent).
+
+use super::*;
+
+impl Shard {
+    /// Compacts the log into a snapshot once enough entries were applied
+    /// since the last one, and the log has nothing in flight: the new file
+    /// is the snapshot of the applied table, the hard state and the entries
+    /// after it, written beside the log and renamed over it.
+    pub(in crate::shard) fn maybe_compact(&mut self) {
+        let Some(r) = self.raft.as_mut() else { return };
+        let applied = r.replica.raft_applied();
+        // A follower that needs a newer snapshot than the newest one (a
+        // node added since) gets one made now.
+        let wanted = r.replica.is_leader() && r.replica.take_snapshot_wanted();
+        r.snapshot_wanted |= wanted;
+        if r.fatal.is_some()
+            || r.compacting.is_some()
+            || !r.file.idle()
+            || applied <= r.replica.snapshot_index()
+            || (applied < r.replica.snapshot_index() + r.compact_entries && !r.snapshot_wanted)
+        {
+            return;
+        }
+        r.snapshot_wanted = false;
+        let mut table = Vec::with_capacity(64 * 1024);
+        self.applied_snapshot(&mut table);
+        let r = self.raft.as_mut().expect("replica");
+        let members = store::Members {
+            conf: r.replica.conf_state(),
+            addrs: r.addrs.clone(),
+        };
+        let snap = r
+            .replica
+            .make_snapshot(applied, store::snapshot_data(&members, &table));
+        let mut image = store::new_image(&r.identity);
+        store::encode_snapshot(&snap, &mut image);
+        r.replica.tail_records(applied, &mut image);
+        log!(
+            Level::Info,
+            "raft_compaction_start",
+            "group={} snapshot_index={} bytes={}",
+            r.group,
+            applied,
+            image.len()
+        );
+        r.file.rewrite_with(image);
+        r.compacting = Some(snap);
+    }
+
+    /// The table as of the last applied entry, as a snapshot's data: the
+    /// live table less what is still waiting for its commit (taken back
+    /// with the undo journal, newest first), behind this node's clock.
+    pub(in crate::shard) fn applied_snapshot(&self, out: &mut Vec<u8>) {
+        use crate::core::HeldKey;
+        use crate::shard::Undo;
+        use std::collections::HashMap;
+        let now = self.now;
+        let mut records = Vec::with_capacity(64 * 1024);
+        crate::wal::record::encode_grant_mark(self.table.next_grant_id(), &mut records);
+        // Keys a pending record touched → their holder as applied.
+        let mut touched: HashMap<Vec<u8>, Option<HeldKey>> = HashMap::new();
+        for (_, u) in self.undo.iter().rev() {
+            match u {
+                Undo::Acquire { key, .. } => {
+                    touched.insert(key.as_bytes().to_vec(), None);
+                }
+                Undo::Release { prev } => {
+                    touched.insert(prev.key.as_bytes().to_vec(), Some(*prev));
+                }
+                Undo::Extend(x) => {
+                    let e = touched
+                        .entry(x.key.as_bytes().to_vec())
+                        .or_insert_with(|| self.table.holder_of(x.key.as_bytes()));
+                    if let Some(h) = e.as_mut().filter(|h| h.grant_id == x.grant_id) {
+                        h.expires_unix_ms = x.prev_unix_ms;
+                    }
+                }
+            }
+        }
+        self.table.for_each_held(|h| {
+            if !touched.contains_key(h.key) {
+                crate::wal::record::encode_acquire(h, &mut records);
+            }
+        });
+        for h in touched.values().flatten() {
+            crate::wal::record::encode_acquire(h.as_ref(), &mut records);
+        }
+        store::proposal(now.unix_ms, &records, out);
+    }
+}
+
+/// Makes `table` the table a snapshot's data describes: every holder is
+/// released, then the snapshot's records are applied. The number of keys
+/// it holds.
+pub(in crate::shard) fn install(
+    table: &mut crate::core::Table,
+    data: &[u8],
+    now: crate::core::Now,
+) -> Result<usize, String> {
+    let (_, data) = store::split_snapshot(data)?;
+    let Some((unix_ms, records)) = store::split_proposal(data) else {
+        return Err("too short".into());
+    };
+    let mut keys = Vec::new();
+    table.for_each_held(|h| keys.push(h.key.to_vec()));
+    for k in &keys {
+        table.restore_release(k.as_slice(), now);
+    }
+    crate::wal::apply_replicated(records, unix_ms, table, now)?;
+    Ok(table.held_keys())
+}

@@ -1,0 +1,290 @@
+//! Membership changes of a shard's group (see docs/cluster.md, "Changing
+//! the membership"): the admin port's `CMEM` and `CCHG` for this shard,
+//! and what a node does when a change is applied (addresses, links, a
+//! node that was removed).
+//!
+//! A change is decided by each group's leader alone; the checks are the
+//! same in every group, so that on one node every shard accepts or refuses
+//! alike, and a change made by some shards and refused or lost by others
+//! is made again by asking again (every accepted change answers `+` when
+//! asked twice). The CLI (`ringlock cluster add|remove|replace`) does so.
+
+use super::*;
+
+impl Shard {
+    /// The configuration changed (applied at `index`): members that left
+    /// lose their address and link, every member's link goes to its
+    /// address, and a node that was removed says so and stops serving.
+    pub(in crate::shard) fn members_changed(&mut self, index: u64) {
+        let r = self.raft.as_mut().expect("replica");
+        let cs = r.replica.conf_state();
+        let members: std::collections::BTreeSet<u64> = cs
+            .voters
+            .iter()
+            .chain(&cs.learners)
+            .chain(&cs.voters_outgoing)
+            .chain(&cs.learners_next)
+            .copied()
+            .collect();
+        let me = r.replica.id();
+        let gone: Vec<u64> = r
+            .addrs
+            .keys()
+            .filter(|id| !members.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            r.addrs.remove(&id);
+            if id != me {
+                self.cmds.push(Cmd::PeerLink {
+                    node: id,
+                    addr: None,
+                });
+            }
+        }
+        for (&id, a) in r.addrs.iter().filter(|(&id, _)| id != me) {
+            match link_addr(a, r.group) {
+                Some(addr) => self.cmds.push(Cmd::PeerLink {
+                    node: id,
+                    addr: Some(addr),
+                }),
+                None => log!(
+                    Level::Warn,
+                    "raft_member_unresolved",
+                    "group={} node={} addr={:?}",
+                    r.group,
+                    id,
+                    a
+                ),
+            }
+        }
+        log!(
+            Level::Info,
+            "raft_membership",
+            "group={} node={} index={} voters={:?} learners={:?} outgoing={:?}",
+            r.group,
+            me,
+            index,
+            sorted(&cs.voters),
+            sorted(&cs.learners),
+            sorted(&cs.voters_outgoing)
+        );
+        let member = members.contains(&me);
+        if !member && !r.removed {
+            log!(
+                Level::Warn,
+                "raft_removed",
+                "group={} node={} index={} action=\"not serving; stop this node\"",
+                r.group,
+                me,
+                index
+            );
+        }
+        r.removed = !member && (index > 0);
+    }
+
+    /// `CMEM` on the admin connection in `slot`: every shard's membership,
+    /// or at once the empty answer "not a cluster member".
+    pub(in crate::shard) fn cluster_members_start(&mut self, slot: u32) {
+        if self.raft.is_none() {
+            let c = &mut self.conns[slot as usize];
+            crate::protocol::members::encode(&[], &mut c.out);
+            c.state = State::Answered;
+            c.gate_lsn = 0;
+            self.mark_dirty(slot);
+            return;
+        }
+        self.scatter(slot, crate::shard::RemoteOp::Members, false);
+    }
+
+    /// This shard's part of `CMEM` or `CCHG`.
+    pub(in crate::shard) fn members_op(
+        &mut self,
+        op: &crate::shard::RemoteOp,
+    ) -> crate::shard::RemoteResult {
+        use crate::shard::{RemoteOp, RemoteResult};
+        match op {
+            RemoteOp::Members => match self.member_status() {
+                Some(m) => RemoteResult::Members(Box::new(m)),
+                None => RemoteResult::Failed,
+            },
+            RemoteOp::ChangeMembers(change) => match self.raft_change(change) {
+                Ok(()) => RemoteResult::Done,
+                Err(why) => RemoteResult::Refused(why),
+            },
+            _ => unreachable!("a membership op"),
+        }
+    }
+
+    fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
+        let r = self.raft.as_ref()?;
+        let cs = r.replica.conf_state();
+        Some(crate::protocol::members::MemberStatus {
+            shard: self.me as u32,
+            node: r.replica.id(),
+            change_in_progress: r.replica.change_in_progress(),
+            removed: r.removed,
+            voters: sorted(&cs.voters),
+            outgoing: sorted(&cs.voters_outgoing),
+            learners: sorted(&cs.learners),
+            addrs: r.addrs.clone(),
+        })
+    }
+
+    /// Proposes `change` in this shard's group, or says why not (the
+    /// checks every group makes alike, so that all change together or
+    /// none does, as far as one node can see).
+    fn raft_change(&mut self, change: &crate::protocol::members::Change) -> Result<(), String> {
+        use crate::protocol::members::Change;
+        let serving = self.may_serve();
+        let g = self.me;
+        let Some(r) = self.raft.as_mut() else {
+            return Err("this server is not a cluster member".into());
+        };
+        let me = r.replica.id();
+        if !serving || !r.replica.is_leader() {
+            return Err(format!(
+                "node {me} does not serve shard {g} (the leader is node {}); ask the serving node",
+                r.replica.leader()
+            ));
+        }
+        if r.forced {
+            return Err(format!(
+                "shard {g}: the log of --force-new-cluster is being rewritten; try again in a moment"
+            ));
+        }
+        let cs = r.replica.conf_state();
+        if r.replica.change_in_progress() {
+            return Err(format!(
+                "shard {g}: another membership change is in progress (voters {:?}, outgoing {:?});                  wait until `ringlock cluster status` shows it done",
+                cs.voters, cs.voters_outgoing
+            ));
+        }
+        let st = r.replica.status();
+        let caught_up = |node: u64| -> Result<(), String> {
+            let f = st.followers.iter().find(|f| f.node == node);
+            match f {
+                Some(f) if f.matched + CATCH_UP_SLACK >= st.commit && f.active => Ok(()),
+                Some(f) => Err(format!(
+                    "shard {g}: learner {node} has not caught up (it has entries up to {} of {}{})",
+                    f.matched,
+                    st.commit,
+                    if f.active { "" } else { "; not heard from" }
+                )),
+                None => Err(format!("shard {g}: node {node} is not a learner")),
+            }
+        };
+        let voter = |n: u64| cs.voters.contains(&n);
+        let learner = |n: u64| cs.learners.contains(&n);
+        let leader_gone = |n: u64| -> Result<(), String> {
+            if n == me {
+                Err(format!(
+                    "node {me} leads; hand leadership over first (ringlock cluster transfer-leader),                      then ask the new leader"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let (add, as_voter, remove, context): (Vec<u64>, bool, Vec<u64>, Vec<u8>) = match change {
+            Change::AddLearner { node, addr } => {
+                if voter(*node) {
+                    return Err(format!("node {node} is already a voter"));
+                }
+                if learner(*node) {
+                    if r.addrs.get(node) == Some(addr) {
+                        return Ok(()); // asked again: already done
+                    }
+                    return Err(format!(
+                        "node {node} is already a learner at {}",
+                        r.addrs.get(node).map_or("?", |a| a.as_str())
+                    ));
+                }
+                if let Some(other) = cs.learners.first() {
+                    return Err(format!(
+                        "learner {other} is still being added; promote or remove it first"
+                    ));
+                }
+                if link_addr(addr, g).is_none() {
+                    return Err(format!(
+                        "{addr:?} does not resolve to an address (with port) on node {me}"
+                    ));
+                }
+                let ctx = store::encode_addrs(&[(*node, addr.clone())]);
+                (vec![*node], false, vec![], ctx)
+            }
+            Change::Promote { node } => {
+                if voter(*node) {
+                    return Ok(()); // already done
+                }
+                caught_up(*node)?;
+                (vec![*node], true, vec![], vec![])
+            }
+            Change::Remove { node } => {
+                if !voter(*node) && !learner(*node) {
+                    // Asked again after this shard made it: done (the CLI
+                    // checks first that some shard has the node).
+                    return Ok(());
+                }
+                if voter(*node) && cs.voters.len() == 1 {
+                    return Err(format!(
+                        "node {node} is the last voter; a cluster cannot remove its last voter"
+                    ));
+                }
+                leader_gone(*node)?;
+                (vec![], false, vec![*node], vec![])
+            }
+            Change::Replace { old, new } => {
+                if voter(*new) && !voter(*old) {
+                    return Ok(()); // asked again: done
+                }
+                if !voter(*old) {
+                    return Err(format!(
+                        "node {old} is not a voter (voters {:?})",
+                        cs.voters
+                    ));
+                }
+                if voter(*new) {
+                    return Err(format!("node {new} is already a voter"));
+                }
+                caught_up(*new)?;
+                leader_gone(*old)?;
+                (vec![*new], true, vec![*old], vec![])
+            }
+        };
+        let index = r.replica.propose_change(&add, as_voter, &remove, context)?;
+        log!(
+            Level::Info,
+            "raft_change_proposed",
+            "group={} node={} index={} add={:?} as_voter={} remove={:?}",
+            g,
+            me,
+            index,
+            add,
+            as_voter,
+            remove
+        );
+        self.raft_pump();
+        Ok(())
+    }
+}
+
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v
+}
+
+/// The address of shard `group`'s link of a member whose shard 0 links
+/// on `addr` (`HOST:PORT`, resolved now).
+pub(in crate::shard) fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let mut a = addr.to_socket_addrs().ok()?.next()?;
+    a.set_port(a.port().checked_add(group as u16)?);
+    Some(a)
+}
+
+/// How far behind the commit index a learner may be and be promoted:
+/// under load the entries in flight to it (not yet acknowledged) keep it
+/// a few entries behind at any instant; what remains is sent within a
+/// heartbeat.
+const CATCH_UP_SLACK: u64 = 100;
