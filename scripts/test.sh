@@ -78,10 +78,11 @@ echo "== cluster benchmark, smoke mode (scripts/cluster-bench.sh)"
 CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
 
 # The cluster operations benchmark's script in smoke mode (debug build, one
-# rolling restart of each cluster, SIGTERM node by node, under 8 workers;
-# ~15 s): it fails if a run, a restart or a worker did not work.
+# rolling restart of each cluster, SIGTERM node by node, and one round of
+# node replacements, a follower's and the leader's, under 8 workers; ~30 s):
+# it fails if a run, a restart, a replacement or a worker did not work.
 echo "== cluster operations benchmark, smoke mode (scripts/cluster-ops-bench.sh)"
-CLUSTER_OPS_SMOKE=1 timeout 120 scripts/cluster-ops-bench.sh --no-install
+CLUSTER_OPS_SMOKE=1 timeout 240 scripts/cluster-ops-bench.sh --no-install
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

@@ -1,8 +1,12 @@
 //! What a client saw while a cluster was operated on (`cluster-ops`,
 //! `scripts/cluster-ops-bench.sh`): each worker's completed cycles and
-//! retries, cut into one window per restart by the script's marks.
+//! retries, cut into one window per operation by the script's marks.
 //!
 //! No I/O here: the tool records, this module reduces.
+//!
+//! An **operation** is a restart (SIGTERM, the same node started again on
+//! its data path) or a replacement (`kill -9`, a fresh node started and
+//! made a voter in the killed one's place); the code calls both restarts.
 //!
 //! - A **gap** is the time between two successive completed cycles of one
 //!   worker (its first cycle opens the record; the time from its last cycle
@@ -26,13 +30,18 @@
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mark {
     pub t: f64,
-    /// `signal`, `exited`, `started` or `ready`.
+    /// `signal`, `exited`, `started`, `ready`; a replacement also
+    /// `replaced` and `snapshot`.
     pub event: String,
-    /// The restart's number, from 1.
+    /// The operation's number, from 1.
     pub k: u32,
+    /// The node signalled (for a replacement: the node replaced).
     pub node: u32,
     /// signal: the node's role (`leader`/`follower`); exited: its exit
-    /// status; ready: the serving node after it.
+    /// status; started: `-` (the same node again) or the new node's id;
+    /// replaced: the voters after it (`2,3,4`); snapshot: `yes`/`no`
+    /// (whether the new node installed one); ready: the serving node
+    /// after it.
     pub info: String,
 }
 
@@ -58,8 +67,8 @@ pub fn parse_marks(text: &str) -> Result<Vec<Mark>, String> {
     Ok(out)
 }
 
-/// One restart, as the marks tell it (unix seconds).
-#[derive(Clone, Debug, PartialEq)]
+/// One restart or replacement, as the marks tell it (unix seconds).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Restart {
     pub k: u32,
     pub node: u32,
@@ -67,7 +76,15 @@ pub struct Restart {
     pub signal: f64,
     pub exited: Option<f64>,
     pub exit_status: Option<String>,
+    /// The node (the same one, or the new one) listens.
     pub started: Option<f64>,
+    /// A replacement's new node.
+    pub new_node: Option<u32>,
+    /// A replacement: done (the new node a voter, the old one gone).
+    pub replaced: Option<f64>,
+    pub voters: Option<String>,
+    /// A replacement: whether the new node installed a snapshot.
+    pub snapshot: Option<String>,
     pub ready: Option<f64>,
 }
 
@@ -84,10 +101,7 @@ pub fn restarts(marks: &[Mark]) -> Result<Vec<Restart>, String> {
                 node: m.node,
                 role: m.info.clone(),
                 signal: m.t,
-                exited: None,
-                exit_status: None,
-                started: None,
-                ready: None,
+                ..Restart::default()
             });
             continue;
         }
@@ -100,7 +114,21 @@ pub fn restarts(marks: &[Mark]) -> Result<Vec<Restart>, String> {
                 r.exited = Some(m.t);
                 r.exit_status = Some(m.info.clone());
             }
-            "started" => r.started = Some(m.t),
+            "started" => {
+                r.started = Some(m.t);
+                if m.info != "-" {
+                    let n = m
+                        .info
+                        .parse()
+                        .map_err(|_| format!("restart {}: started names node {:?}", m.k, m.info))?;
+                    r.new_node = Some(n);
+                }
+            }
+            "replaced" => {
+                r.replaced = Some(m.t);
+                r.voters = Some(m.info.clone());
+            }
+            "snapshot" => r.snapshot = Some(m.info.clone()),
             "ready" => r.ready = Some(m.t),
             other => return Err(format!("unknown mark {other:?}")),
         }
@@ -241,6 +269,12 @@ fn ms(us: u64) -> String {
     format!("{:.3}", us as f64 / 1e3)
 }
 
+/// A JSON string or null (the marks' words have no quotes or escapes).
+fn opt_str(v: Option<&str>) -> String {
+    v.map(|e| format!("\"{e}\""))
+        .unwrap_or_else(|| "null".into())
+}
+
 fn opt_ms(from: f64, to: Option<f64>) -> String {
     to.map(|t| format!("{:.3}", (t - from) * 1e3))
         .unwrap_or_else(|| "null".into())
@@ -277,14 +311,20 @@ pub fn to_json(a: &Analysis, rs: &[Restart], head: &str, duration_s: f64) -> Str
             .map(|(_, w)| w.max_gap_us)
             .collect()
     };
+    // Signal -> replacement done, of the replacements.
+    let replace_us: Vec<u64> = rs
+        .iter()
+        .filter_map(|r| r.replaced.map(|t| ((t - r.signal).max(0.0) * 1e6) as u64))
+        .collect();
     let mut s = format!("{{{head}");
     s += &format!(
-        ",\"duration_s\":{duration_s:.3},\"cycles\":{cycles},\"max_gap_ms\":{},\"baseline_max_gap_ms\":{},\"restart_max_gap\":{},\"leader_restart_max_gap\":{},\"follower_restart_max_gap\":{},\"retries\":{retries},\"max_retries_per_op\":{max_retries},\"walks\":{walks},\"timeouts\":{timeouts}",
+        ",\"duration_s\":{duration_s:.3},\"cycles\":{cycles},\"max_gap_ms\":{},\"baseline_max_gap_ms\":{},\"restart_max_gap\":{},\"leader_restart_max_gap\":{},\"follower_restart_max_gap\":{},\"replace\":{},\"retries\":{retries},\"max_retries_per_op\":{max_retries},\"walks\":{walks},\"timeouts\":{timeouts}",
         ms(max_gap),
         ms(a.baseline.max_gap_us),
         dist(&gaps(None)),
         dist(&gaps(Some("leader"))),
         dist(&gaps(Some("follower"))),
+        dist(&replace_us),
     );
     let items: Vec<String> = rs
         .iter()
@@ -292,14 +332,19 @@ pub fn to_json(a: &Analysis, rs: &[Restart], head: &str, duration_s: f64) -> Str
         .zip(&a.signals_us)
         .map(|((r, w), &sig)| {
             format!(
-                "{{\"k\":{},\"node\":{},\"role\":\"{}\",\"exit_status\":{},\"stop_ms\":{},\"down_ms\":{},\"rejoin_ms\":{},\"max_gap_ms\":{},\"max_gap_ended_ms\":{:.3},\"retries\":{},\"max_retries_per_op\":{},\"walks\":{},\"timeouts\":{},\"workers_retried\":{}}}",
+                "{{\"k\":{},\"node\":{},\"role\":\"{}\",\"exit_status\":{},\"stop_ms\":{},\"down_ms\":{},\"rejoin_ms\":{},\"new_node\":{},\"replaced_ms\":{},\"voters\":{},\"snapshot\":{},\"ready_ms\":{},\"max_gap_ms\":{},\"max_gap_ended_ms\":{:.3},\"retries\":{},\"max_retries_per_op\":{},\"walks\":{},\"timeouts\":{},\"workers_retried\":{}}}",
                 r.k,
                 r.node,
                 r.role,
-                r.exit_status.as_deref().map(|e| format!("\"{e}\"")).unwrap_or_else(|| "null".into()),
+                opt_str(r.exit_status.as_deref()),
                 opt_ms(r.signal, r.exited),
                 opt_ms(r.signal, r.started),
                 r.started.map(|s| opt_ms(s, r.ready)).unwrap_or_else(|| "null".into()),
+                r.new_node.map(|n| n.to_string()).unwrap_or_else(|| "null".into()),
+                opt_ms(r.signal, r.replaced),
+                opt_str(r.voters.as_deref()),
+                opt_str(r.snapshot.as_deref()),
+                opt_ms(r.signal, r.ready),
                 ms(w.max_gap_us),
                 (w.max_gap_end_us as i64 - sig) as f64 / 1e3,
                 w.retries,
@@ -344,6 +389,7 @@ mod tests {
             exit_status: Some("0".into()),
             started: Some(signal + 0.02),
             ready: Some(signal + 0.5),
+            ..Restart::default()
         }
     }
 
@@ -364,6 +410,40 @@ mod tests {
         assert!(restarts(&parse_marks("1 exited 1 2 0").unwrap()).is_err());
         assert!(restarts(&parse_marks("1 signal 1 2 a\n2 signal 1 3 b").unwrap()).is_err());
         assert!(restarts(&parse_marks("1 signal 1 2 a\n2 bogus 1 2 x").unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_replacement_has_its_new_node_voters_and_snapshot() {
+        let m = parse_marks(
+            "10.0 signal 1 2 leader\n10.1 exited 1 2 137\n10.5 started 1 2 4\n\
+             12.0 replaced 1 2 1,3,4\n12.5 ready 1 2 3\n12.5 snapshot 1 2 yes\n",
+        )
+        .unwrap();
+        let rs = restarts(&m).unwrap();
+        assert_eq!(rs[0].new_node, Some(4));
+        assert_eq!(rs[0].replaced, Some(12.0));
+        assert_eq!(rs[0].voters.as_deref(), Some("1,3,4"));
+        assert_eq!(rs[0].snapshot.as_deref(), Some("yes"));
+        assert!(restarts(&parse_marks("1 signal 1 2 a\n2 started 1 2 x").unwrap()).is_err());
+        let w = WorkerLog {
+            done_us: vec![1_000_000, 2_000_000],
+            ..WorkerLog::default()
+        };
+        let a = analyse(9.0, 4_000_000, &[w], &rs);
+        let v = crate::json::parse(&to_json(&a, &rs, "\"system\":\"x\"", 4.0)).unwrap();
+        assert_eq!(v.num("replace.count"), Some(1.0));
+        assert_eq!(v.num("replace.max_ms"), Some(2000.0));
+        match v.get("restarts") {
+            Some(crate::json::Value::Arr(r)) => {
+                assert_eq!(r[0].num("new_node"), Some(4.0));
+                assert_eq!(r[0].num("replaced_ms"), Some(2000.0));
+                assert_eq!(r[0].num("ready_ms"), Some(2500.0));
+                assert_eq!(r[0].str("voters"), Some("1,3,4"));
+                assert_eq!(r[0].str("snapshot"), Some("yes"));
+                assert_eq!(r[0].str("exit_status"), Some("137"));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -441,11 +521,14 @@ mod tests {
         assert_eq!(v.num("restart_max_gap.p50_ms"), Some(600.0));
         assert_eq!(v.num("leader_restart_max_gap.max_ms"), Some(1150.0));
         assert_eq!(v.num("follower_restart_max_gap.max_ms"), Some(600.0));
+        assert_eq!(v.num("replace.count"), Some(0.0));
         match v.get("restarts") {
             Some(crate::json::Value::Arr(r)) => {
                 assert_eq!(r.len(), 2);
                 assert_eq!(r[1].num("stop_ms"), Some(10.0));
                 assert_eq!(r[1].num("rejoin_ms"), Some(480.0));
+                assert_eq!(r[1].get("new_node"), Some(&crate::json::Value::Null));
+                assert_eq!(r[1].get("replaced_ms"), Some(&crate::json::Value::Null));
                 assert_eq!(r[0].num("max_gap_ended_ms"), Some(100.0));
                 assert_eq!(r[1].num("max_gap_ended_ms"), Some(300.0));
             }

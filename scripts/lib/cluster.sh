@@ -13,25 +13,53 @@
 #   RL_DISOWN    1 (default): a ringlock node is disowned once started, so
 #                that its kill -9 prints no job notice; 0: it stays a job of
 #                the script, whose `wait PID` then gives its exit status.
+#   RL_ARGS      (array, default empty) more ringlockd arguments for every
+#                node started, e.g. --raft-compact-entries 1000.
 
 declare -A PID
 RL_DISOWN=${RL_DISOWN:-1}
+RL_ARGS=()
 
 log() { echo "[$LOG_TAG $(date +%T)] $*" >&2; }
 
 # Ports: ringlock node n's lock port (admin +1, metrics +2) and Raft base
 # (shard g on base + g: gaps of 10 leave room for --threads up to 10), etcd
 # member n's client and peer (client + 1) ports; bases for node 1, +10 per
-# node.
-cluster_ports() { # rl_base raft_base etcd_base
+# node. Nodes and members 4 and up (replacements, cluster_new_ports) take
+# their ports from the two extra bases, when given: ringlock node n's Raft
+# base at extra + 20 (n - 4), its lock port 10 above; etcd member n's client
+# port at etcd_extra + 10 (n - 4). cluster_max_id says how far that goes.
+cluster_ports() { # rl_base raft_base etcd_base [extra etcd_extra]
     RL_PORT=(0 "$1" $(( $1 + 10 )) $(( $1 + 20 )))
     RL_RAFT=(0 "$2" $(( $2 + 10 )) $(( $2 + 20 )))
     ETCD_CLIENT=(0 "$3" $(( $3 + 10 )) $(( $3 + 20 )))
     ETCD_PEER=(0 $(( $3 + 1 )) $(( $3 + 11 )) $(( $3 + 21 )))
-    PEERS="1=127.0.0.1:${RL_RAFT[1]},2=127.0.0.1:${RL_RAFT[2]},3=127.0.0.1:${RL_RAFT[3]}"
-    NODES="127.0.0.1:${RL_PORT[1]},127.0.0.1:${RL_PORT[2]},127.0.0.1:${RL_PORT[3]}"
-    ADMINS="127.0.0.1:$(( RL_PORT[1] + 1 )),127.0.0.1:$(( RL_PORT[2] + 1 )),127.0.0.1:$(( RL_PORT[3] + 1 ))"
-    MEMBERS="127.0.0.1:${ETCD_CLIENT[1]},127.0.0.1:${ETCD_CLIENT[2]},127.0.0.1:${ETCD_CLIENT[3]}"
+    PORT_EXTRA=${4:-}; PORT_ETCD_EXTRA=${5:-}
+    cluster_members_reset
+}
+# The highest node id the extra ports leave room for (no extra: 3).
+cluster_max_id() { if [ -n "$PORT_EXTRA" ]; then echo 53; else echo 3; fi; }
+cluster_new_ports() { # n (4 and up)
+    local n=$1
+    [ -n "$PORT_EXTRA" ] && [ "$n" -ge 4 ] && [ "$n" -le "$(cluster_max_id)" ] || { log "no ports for node $n"; return 1; }
+    RL_RAFT[n]=$(( PORT_EXTRA + 20 * (n - 4) )); RL_PORT[n]=$(( RL_RAFT[n] + 10 ))
+    ETCD_CLIENT[n]=$(( PORT_ETCD_EXTRA + 10 * (n - 4) )); ETCD_PEER[n]=$(( ETCD_CLIENT[n] + 1 ))
+}
+# The members: RL_IDS (ringlock node ids) and ETCD_IDS (etcd member
+# numbers), in order, and the lists made of them: PEERS (--peers), NODES
+# (lock ports), ADMINS (admin ports), MEMBERS (etcd client ports). Reset
+# to 1 2 3 at cluster_ports and before each cluster starts; a replacement
+# changes them (cluster_lists after).
+cluster_members_reset() { RL_IDS="1 2 3"; ETCD_IDS="1 2 3"; cluster_lists; }
+cluster_lists() {
+    local n
+    PEERS=""; NODES=""; ADMINS=""; MEMBERS=""
+    for n in $RL_IDS; do
+        PEERS="$PEERS${PEERS:+,}$n=127.0.0.1:${RL_RAFT[$n]}"
+        NODES="$NODES${NODES:+,}127.0.0.1:${RL_PORT[$n]}"
+        ADMINS="$ADMINS${ADMINS:+,}127.0.0.1:$(( RL_PORT[n] + 1 ))"
+    done
+    for n in $ETCD_IDS; do MEMBERS="$MEMBERS${MEMBERS:+,}127.0.0.1:${ETCD_CLIENT[$n]}"; done
 }
 
 # Servers (every member of a cluster) on CPU 1, the clients on CPU 0, as
@@ -65,15 +93,22 @@ stop_proc() { # name
     PID[$1]=""
 }
 
-# etcd-server from Debian when it is missing and installing is allowed.
-need_etcd() { # install(0|1)
-    if [ "$1" = 1 ] && ! command -v etcd >/dev/null; then
-        log "installing: etcd-server"
+# etcd-server (etcd) from Debian when it is missing and installing is
+# allowed; with "etcdctl", etcd-client (etcdctl) too.
+need_etcd() { # install(0|1) [etcdctl]
+    local need=()
+    command -v etcd >/dev/null || need+=(etcd-server)
+    if [ "${2:-}" = etcdctl ] && ! command -v etcdctl >/dev/null; then need+=(etcd-client); fi
+    if [ "$1" = 1 ] && [ "${#need[@]}" -gt 0 ]; then
+        log "installing: ${need[*]}"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     fi
     if ! command -v etcd >/dev/null; then
         echo "etcd is not installed (Debian package etcd-server)" >&2; return 1
+    fi
+    if [ "${2:-}" = etcdctl ] && ! command -v etcdctl >/dev/null; then
+        echo "etcdctl is not installed (Debian package etcd-client)" >&2; return 1
     fi
 }
 
@@ -109,13 +144,16 @@ http() { # port method path [body]
     ) 2>/dev/null
 }
 
-# ringlock cluster node n (1..3), on its data path; the same dir on restart.
-start_rl_node() { # n dir
-    local n=$1 d=$2 p=${RL_PORT[$1]}
+# ringlock cluster node n, on its data path; the same dir on restart. With
+# join_peers: a fresh node (empty dir) started with --join and those
+# --peers (every member's Raft address and its own).
+start_rl_node() { # n dir [join_peers]
+    local n=$1 d=$2 p=${RL_PORT[$1]} peers=$PEERS join=()
+    if [ -n "${3:-}" ]; then peers=$3; join=(--join); fi
     mkdir -p "$d"
-    $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$PEERS" --data-path "$d/node$n.wal" \
+    $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$peers" --data-path "$d/node$n.wal" \
         --bind "127.0.0.1:$p" --admin-bind "127.0.0.1:$((p + 1))" --metrics-bind "127.0.0.1:$((p + 2))" \
-        2>>"$d/log" &
+        "${join[@]}" "${RL_ARGS[@]}" 2>>"$d/log" &
     PID[rl$n]=$!
     # Its kill -9 is expected: no "Killed" job notice from bash. (bash
     # still reaps it; stop_proc and cleanup signal it by PID.)
@@ -130,20 +168,26 @@ start_rl_cluster() { # dir
     done
     rl_leader >/dev/null
 }
-stop_rl_cluster() { local n; for n in 1 2 3; do stop_proc "rl$n"; done; }
+# Every node started (replacements too).
+stop_rl_cluster() { local p; for p in "${!PID[@]}"; do case $p in rl[0-9]*) stop_proc "$p" ;; esac; done; }
 # The serving node's index (1..3), once every node answers.
 rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms 30000; }
 
-# etcd member n (1..3) of the cluster e1..e3, on its data dir; the same dir
-# on restart (a member with a data dir ignores the --initial-* flags).
-start_etcd_member() { # n dir
-    local n=$1 m cluster=""
-    for m in 1 2 3; do cluster="$cluster${cluster:+,}e$m=http://127.0.0.1:${ETCD_PEER[$m]}"; done
+# etcd member n of the cluster e1..e3, on its data dir; the same dir on
+# restart (a member with a data dir ignores the --initial-* flags). With
+# initial_cluster (what `etcdctl member add` printed): a new member, fresh
+# data dir, joining the running cluster (--initial-cluster-state existing).
+start_etcd_member() { # n dir [initial_cluster]
+    local n=$1 m cluster=${3:-} state=existing
+    if [ -z "$cluster" ]; then
+        state=new
+        for m in 1 2 3; do cluster="$cluster${cluster:+,}e$m=http://127.0.0.1:${ETCD_PEER[$m]}"; done
+    fi
     mkdir -p "$2/e$n"
     $PIN_SERVER etcd --name "e$n" --data-dir "$2/e$n/data" \
         --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
         --listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" \
-        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token ringlock-bench \
+        --initial-cluster "$cluster" --initial-cluster-state "$state" --initial-cluster-token ringlock-bench \
         >>"$2/e$n/log" 2>&1 &
     PID[etcd$n]=$!
 }
@@ -155,7 +199,8 @@ start_etcd_cluster() { # dir
         wait_port "${ETCD_CLIENT[$n]}" 30 "${PID[etcd$n]}" || { log "etcd member $n did not start: $(tail -c 400 "$1/e$n/log")"; return 1; }
     done
 }
-stop_etcd_cluster() { local n; for n in 1 2 3; do stop_proc "etcd$n"; done; }
+# Every member started (new members too).
+stop_etcd_cluster() { local p; for p in "${!PID[@]}"; do case $p in etcd[0-9]*) stop_proc "$p" ;; esac; done; }
 # The member that is etcd's leader (1..3): its status names itself as
 # leader. Waits for an elected leader (at most 30 s).
 etcd_leader() {

@@ -3,11 +3,11 @@
 //! (`scripts/cluster-ops-bench.sh` does the operating).
 //!
 //! ```text
-//! cluster-ops run   --system ringlock|etcd --nodes A,B,C --dir CTL --out FILE.json
+//! cluster-ops run   --system ringlock|etcd --nodes A,B,C|--nodes-file F --dir CTL --out FILE.json
 //!                   [--workers 8] [--scenario NAME] [--max-s 600] [--io-timeout-ms 3000]
 //!                   [--pause-us 1000] [--key-prefix P]
 //! cluster-ops ready --system ringlock|etcd --nodes A,B,C [--wait-ms 30000]
-//!                   [--progress CTL/cycles --cycles 20]
+//!                   [--progress CTL/cycles --cycles 20] [--min-commit N]
 //! cluster-ops table FILE.json...
 //! ```
 //!
@@ -15,9 +15,14 @@
 //!   until the file `CTL/stop` appears (or `--max-s` passes: then it exits
 //!   1). Every 20 ms it writes the total of completed cycles to
 //!   `CTL/cycles`. At the stop it reads `CTL/marks` (the script's account
-//!   of its restarts, see `ringlock_bench::ops`), and writes one JSON object
-//!   to FILE: per worker and per restart the longest gap between two
-//!   completed cycles, the retries and walks (definitions in `ops`).
+//!   of its restarts and replacements, see `ringlock_bench::ops`), and
+//!   writes one JSON object to FILE: per worker and per operation the
+//!   longest gap between two completed cycles, the retries and walks
+//!   (definitions in `ops`). With `--nodes-file` the address list is that
+//!   file's (addresses separated by commas or white space), read again
+//!   every 20 ms: when it changes (a node replaced by a new one), a worker
+//!   takes the new list the next time it moves on from an address, going
+//!   on from the address it was at when that is still listed.
 //!   - ringlock (`--nodes`: the lock ports): Locking-Center frames on a
 //!     persistent connection (Persist), as `tests/cluster_ops.rs` does. A
 //!     node that does not serve answers the Persist `-`: the worker walks on
@@ -42,7 +47,10 @@
 //!   was when the wait began; etcd: every member answers its status, all
 //!   name the same leader, and every member's raft index reached the
 //!   leader's as it was when the wait began. With `--progress` it also
-//!   waits until that file's count grew by `--cycles` (the workload runs).
+//!   waits until that file's count grew by `--cycles` (the workload runs);
+//!   with `--min-commit N`, until the leader's commit index (etcd: its raft
+//!   index) reached N in every shard (so that a log compacted every N
+//!   entries or fewer has been compacted).
 //! - `table` prints the markdown rows of the runs' JSON files.
 
 use std::io::{self, Read, Write};
@@ -50,12 +58,13 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ringlock_bench::json::{self, Value};
+use ringlock_bench::json;
 use ringlock_bench::ops::{self, Trouble, WorkerLog};
+use ringlock_bench::ops_table;
 use ringlock_loadgen::proto::etcd::{base64, json_string_field, take_response};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -69,6 +78,7 @@ enum System {
 struct Args {
     system: Option<System>,
     nodes: Vec<SocketAddr>,
+    nodes_file: Option<PathBuf>,
     workers: usize,
     dir: Option<PathBuf>,
     out: Option<PathBuf>,
@@ -80,6 +90,7 @@ struct Args {
     wait: Duration,
     progress: Option<PathBuf>,
     cycles: u64,
+    min_commit: u64,
     files: Vec<String>,
 }
 
@@ -88,6 +99,14 @@ fn addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("bad address {s:?}: {e}"))?
         .next()
         .ok_or_else(|| format!("bad address {s:?}"))
+}
+
+/// Addresses separated by commas or white space.
+fn addr_list(s: &str) -> Result<Vec<SocketAddr>, String> {
+    s.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|a| !a.is_empty())
+        .map(addr)
+        .collect()
 }
 
 fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -100,6 +119,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         system: None,
         nodes: Vec::new(),
+        nodes_file: None,
         workers: 8,
         dir: None,
         out: None,
@@ -111,6 +131,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         wait: Duration::from_secs(30),
         progress: None,
         cycles: 20,
+        min_commit: 0,
         files: Vec::new(),
     };
     let val = |it: &mut dyn Iterator<Item = String>, f: &str| {
@@ -125,12 +146,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     o => return Err(format!("--system takes ringlock or etcd, got {o:?}")),
                 })
             }
-            "--nodes" => {
-                a.nodes = val(&mut it, "--nodes")?
-                    .split(',')
-                    .map(addr)
-                    .collect::<Result<_, _>>()?
-            }
+            "--nodes" => a.nodes = addr_list(&val(&mut it, "--nodes")?)?,
+            "--nodes-file" => a.nodes_file = Some(val(&mut it, "--nodes-file")?.into()),
             "--workers" => a.workers = num("--workers", it.next())?,
             "--dir" => a.dir = Some(val(&mut it, "--dir")?.into()),
             "--out" => a.out = Some(val(&mut it, "--out")?.into()),
@@ -144,6 +161,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--wait-ms" => a.wait = Duration::from_millis(num("--wait-ms", it.next())?),
             "--progress" => a.progress = Some(val(&mut it, "--progress")?.into()),
             "--cycles" => a.cycles = num("--cycles", it.next())?,
+            "--min-commit" => a.min_commit = num("--min-commit", it.next())?,
             s if !s.starts_with('-') => a.files.push(s.to_string()),
             s => return Err(format!("unknown argument {s}")),
         }
@@ -217,8 +235,25 @@ impl Rec {
     }
 }
 
+/// The workers' address list, which the run's main thread replaces when
+/// `--nodes-file` changes; `version` counts the replacements.
+struct NodeList {
+    version: AtomicU64,
+    list: Mutex<Arc<Vec<SocketAddr>>>,
+}
+
+impl NodeList {
+    fn set(&self, list: Vec<SocketAddr>) {
+        *self.list.lock().expect("no worker panics holding the list") = Arc::new(list);
+        self.version.fetch_add(1, Ordering::Release);
+    }
+}
+
 struct Worker {
-    nodes: Vec<SocketAddr>,
+    nodes: Arc<Vec<SocketAddr>>,
+    /// The list's version `nodes` is.
+    seen: u64,
+    shared: Arc<NodeList>,
     next: usize,
     io_timeout: Duration,
     pause: Duration,
@@ -226,9 +261,33 @@ struct Worker {
 }
 
 impl Worker {
-    /// A failure on the current node: on to the next address.
+    /// A failure on the current node: on to the next address (of the
+    /// latest list).
     fn move_on(&mut self) {
+        self.refresh();
         self.next += 1;
+    }
+
+    /// Takes the latest list, if it changed: at the address this worker is
+    /// at when that is still listed, else at the same position.
+    fn refresh(&mut self) {
+        let v = self.shared.version.load(Ordering::Acquire);
+        if v == self.seen {
+            return;
+        }
+        let at = self.addr();
+        self.next %= self.nodes.len();
+        let list = self
+            .shared
+            .list
+            .lock()
+            .expect("no worker panics holding the list")
+            .clone();
+        if let Some(i) = list.iter().position(|&a| a == at) {
+            self.next = i;
+        }
+        self.nodes = list;
+        self.seen = v;
     }
 
     fn addr(&self) -> SocketAddr {
@@ -430,9 +489,25 @@ fn run(a: &Args) -> Result<bool, String> {
     let system = a.system.ok_or("run needs --system")?;
     let dir = a.dir.as_deref().ok_or("run needs --dir")?;
     let out = a.out.as_deref().ok_or("run needs --out")?;
-    if a.nodes.is_empty() {
-        return Err("run needs --nodes".into());
+    let read_list = |p: &Path| -> Result<(String, Vec<SocketAddr>), String> {
+        let t = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let l = addr_list(&t).map_err(|e| format!("{}: {e}", p.display()))?;
+        if l.is_empty() {
+            return Err(format!("{}: no address", p.display()));
+        }
+        Ok((t, l))
+    };
+    let (mut list_text, first) = match &a.nodes_file {
+        Some(p) => read_list(p)?,
+        None => (String::new(), a.nodes.clone()),
+    };
+    if first.is_empty() {
+        return Err("run needs --nodes or --nodes-file".into());
     }
+    let shared = Arc::new(NodeList {
+        version: AtomicU64::new(0),
+        list: Mutex::new(Arc::new(first)),
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let t0_unix = unix_now();
@@ -443,7 +518,9 @@ fn run(a: &Args) -> Result<bool, String> {
         let done = Arc::new(AtomicU64::new(0));
         counters.push(done.clone());
         let wk = Worker {
-            nodes: a.nodes.clone(),
+            nodes: shared.list.lock().expect("not shared yet").clone(),
+            seen: 0,
+            shared: shared.clone(),
             next: 0,
             io_timeout: a.io_timeout,
             pause: a.pause,
@@ -481,6 +558,21 @@ fn run(a: &Args) -> Result<bool, String> {
         }
         write_atomic(&cycles_file, &progress())
             .map_err(|e| format!("{}: {e}", cycles_file.display()))?;
+        if let Some(p) = &a.nodes_file {
+            // The script replaces the file whole (rename), so a read sees
+            // one version or the other.
+            let t = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            if t != list_text {
+                let (t, l) = read_list(p)?;
+                eprintln!(
+                    "cluster-ops: {:.3} s: addresses now {}",
+                    t0.elapsed().as_secs_f64(),
+                    t.trim()
+                );
+                shared.set(l);
+                list_text = t;
+            }
+        }
         thread::sleep(Duration::from_millis(20));
     }
     let stop_us = t0.elapsed().as_micros() as u64;
@@ -550,7 +642,11 @@ fn progressed(base: &[u64], now: &[u64], cycles: u64) -> Result<(), String> {
 
 /// One look at a ringlock cluster: Ok(leader index) when it is ready;
 /// `target` keeps the leader's commit indexes from the first full look.
-fn ringlock_ready(nodes: &[SocketAddr], target: &mut Vec<(u32, u64)>) -> Result<usize, String> {
+fn ringlock_ready(
+    nodes: &[SocketAddr],
+    min_commit: u64,
+    target: &mut Vec<(u32, u64)>,
+) -> Result<usize, String> {
     use ringlock::protocol::status::Role;
     let mut all = Vec::new();
     for &n in nodes {
@@ -582,6 +678,12 @@ fn ringlock_ready(nodes: &[SocketAddr], target: &mut Vec<(u32, u64)>) -> Result<
     }
     if target.is_empty() {
         *target = all[l].iter().map(|s| (s.shard, s.commit)).collect();
+    }
+    if let Some(s) = all[l].iter().find(|s| s.commit < min_commit) {
+        return Err(format!(
+            "shard {}: commit index {} of {min_commit}",
+            s.shard, s.commit
+        ));
     }
     for s in &all[l] {
         let want = target.iter().find(|t| t.0 == s.shard).map_or(0, |t| t.1);
@@ -616,7 +718,11 @@ fn etcd_status(n: SocketAddr) -> Result<(String, String, u64), String> {
     ))
 }
 
-fn etcd_ready(nodes: &[SocketAddr], target: &mut Vec<(u32, u64)>) -> Result<usize, String> {
+fn etcd_ready(
+    nodes: &[SocketAddr],
+    min_index: u64,
+    target: &mut Vec<(u32, u64)>,
+) -> Result<usize, String> {
     let st: Vec<_> = nodes
         .iter()
         .map(|&n| etcd_status(n))
@@ -631,6 +737,9 @@ fn etcd_ready(nodes: &[SocketAddr], target: &mut Vec<(u32, u64)>) -> Result<usiz
         .ok_or("the leader is not one of --nodes")?;
     if target.is_empty() {
         target.push((0, st[l].2));
+    }
+    if st[l].2 < min_index {
+        return Err(format!("raft index {} of {min_index}", st[l].2));
     }
     match st.iter().position(|s| s.2 < target[0].1) {
         Some(i) => Err(format!(
@@ -656,8 +765,8 @@ fn ready(a: &Args) -> Result<(), String> {
     let mut target = Vec::new();
     loop {
         let r = match system {
-            System::Ringlock => ringlock_ready(&a.nodes, &mut target),
-            System::Etcd => etcd_ready(&a.nodes, &mut target),
+            System::Ringlock => ringlock_ready(&a.nodes, a.min_commit, &mut target),
+            System::Etcd => etcd_ready(&a.nodes, a.min_commit, &mut target),
         };
         let why = match (r, a.progress.as_deref().zip(base.as_deref())) {
             (Ok(l), None) => return println_ok(l),
@@ -681,15 +790,6 @@ fn println_ok(l: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn f(v: &Value, path: &str) -> String {
-    match v.get(path) {
-        Some(Value::Num(n)) if n.fract() == 0.0 => format!("{n:.0}"),
-        Some(Value::Num(n)) => format!("{n:.1}"),
-        Some(Value::Str(s)) => s.clone(),
-        _ => "–".into(),
-    }
-}
-
 fn table(a: &Args) -> Result<(), String> {
     if a.files.is_empty() {
         return Err("table needs the runs' JSON files".into());
@@ -699,59 +799,7 @@ fn table(a: &Args) -> Result<(), String> {
         let t = std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"))?;
         runs.push(json::parse(t.trim()).map_err(|e| format!("{p}: {e}"))?);
     }
-    println!("| system | scenario | restarts | workers | cycles | max gap ms | per-restart max gap p50 / p99 ms | leader's restart: max gap p50 / max ms | followers' restarts: max gap p50 / max ms | steady-state max gap ms | retries | of which timeouts | max retries per op | walks |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for v in &runs {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
-            f(v, "system"),
-            f(v, "scenario"),
-            f(v, "restart_max_gap.count"),
-            f(v, "workers"),
-            f(v, "cycles"),
-            f(v, "max_gap_ms"),
-            f(v, "restart_max_gap.p50_ms"),
-            f(v, "restart_max_gap.p99_ms"),
-            f(v, "leader_restart_max_gap.p50_ms"),
-            f(v, "leader_restart_max_gap.max_ms"),
-            f(v, "follower_restart_max_gap.p50_ms"),
-            f(v, "follower_restart_max_gap.max_ms"),
-            f(v, "baseline_max_gap_ms"),
-            f(v, "retries"),
-            f(v, "timeouts"),
-            f(v, "max_retries_per_op"),
-            f(v, "walks"),
-        );
-    }
-    println!();
-    println!("| system | scenario | restart | node | role | SIGTERM → exit ms | exit status | SIGTERM → restarted ms | restarted → ready ms | max gap ms | it ended, ms after SIGTERM | retries | of which timeouts | max retries per op | walks | workers that retried |");
-    println!("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for v in &runs {
-        let Some(Value::Arr(rs)) = v.get("restarts") else {
-            continue;
-        };
-        for r in rs {
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                f(v, "system"),
-                f(v, "scenario"),
-                f(r, "k"),
-                f(r, "node"),
-                f(r, "role"),
-                f(r, "stop_ms"),
-                f(r, "exit_status"),
-                f(r, "down_ms"),
-                f(r, "rejoin_ms"),
-                f(r, "max_gap_ms"),
-                f(r, "max_gap_ended_ms"),
-                f(r, "retries"),
-                f(r, "timeouts"),
-                f(r, "max_retries_per_op"),
-                f(r, "walks"),
-                f(r, "workers_retried"),
-            );
-        }
-    }
+    print!("{}", ops_table::table(&runs));
     Ok(())
 }
 
@@ -823,6 +871,44 @@ mod tests {
         assert!(progressed(&[], &[40, 40, 0], 20).is_err());
         assert!(progressed(&[], &[], 20).is_err());
         assert!(progressed(&[0, 0], &[40, 35, 5], 20).is_err());
+    }
+
+    #[test]
+    fn a_worker_takes_a_changed_list_where_it_is() {
+        let l = |v: &[u16]| -> Vec<SocketAddr> {
+            v.iter()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+                .collect()
+        };
+        assert_eq!(
+            addr_list("127.0.0.1:1, 127.0.0.1:2\n127.0.0.1:3\n").unwrap(),
+            l(&[1, 2, 3])
+        );
+        assert!(addr_list("127.0.0.1:1,nohost").is_err());
+        let shared = Arc::new(NodeList {
+            version: AtomicU64::new(0),
+            list: Mutex::new(Arc::new(l(&[1, 2, 3]))),
+        });
+        let mut wk = Worker {
+            nodes: Arc::new(l(&[1, 2, 3])),
+            seen: 0,
+            shared: shared.clone(),
+            next: 1,
+            io_timeout: Duration::from_secs(1),
+            pause: Duration::ZERO,
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        // At 2 when 4 is added: on from 2 in the new list.
+        shared.set(l(&[4, 1, 2, 3]));
+        wk.move_on();
+        assert_eq!(wk.addr(), l(&[3])[0]);
+        // At 3 (position 3) when 3 goes: position 3 of [1, 2, 5] is 1,
+        // and on from there.
+        shared.set(l(&[1, 2, 5]));
+        wk.move_on();
+        assert_eq!((wk.addr(), wk.seen), (l(&[2])[0], 2));
+        wk.move_on();
+        assert_eq!(wk.addr(), l(&[5])[0]);
     }
 
     #[test]
