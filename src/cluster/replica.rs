@@ -576,6 +576,13 @@ impl Replica {
         }
     }
 
+    /// The link to `node` failed (it closed or reset: the node exited or
+    /// restarts): it no longer counts as heard from (a hand-over picks a
+    /// live node) until its next message.
+    pub fn forget_heard(&mut self, node: u64) {
+        self.heard.remove(&node);
+    }
+
     /// Still joining (see [`Replica::adopt_founders`]).
     pub fn is_joining(&self) -> bool {
         self.joining

@@ -592,6 +592,8 @@ impl Loop {
     /// then close it and redial (at once: the peer may be back already).
     fn fail_outbound(&mut self, o: usize, errno: i32) {
         let shard = self.shard.index();
+        let node = self.peers().outbound[o].node;
+        self.shard.on_peer_link_down(node);
         let out = &mut self.peers().outbound[o];
         if !out.quiet {
             out.quiet = true;

@@ -502,6 +502,13 @@ impl Shard {
         self.raft.as_ref()?.hello(self.shards)
     }
 
+    /// The link to `node` failed (from the driver).
+    pub fn on_peer_link_down(&mut self, node: u64) {
+        if let Some(r) = self.raft.as_mut() {
+            r.replica.forget_heard(node);
+        }
+    }
+
     /// A Raft message from a peer link.
     pub fn on_raft_message(&mut self, bytes: &[u8]) {
         let Some(r) = self.raft.as_mut() else { return };
