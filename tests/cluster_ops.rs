@@ -274,7 +274,7 @@ fn transfer_leader_moves_every_shard_to_the_named_node() {
 /// it was; started again on its own version's log it rejoins with all of
 /// it.
 #[test]
-fn a_log_of_another_format_version_is_refused_and_left_intact() {
+fn a_later_log_format_is_refused_and_left_intact_and_version_1_is_upgraded() {
     let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
     let mut conn = c.conn(l);
@@ -301,8 +301,27 @@ fn a_log_of_another_format_version_is_refused_and_left_intact() {
         later,
         "the refused log is untouched"
     );
-    std::fs::write(&path, &original).unwrap();
+    // The version before membership changes (1) is read, and marked 2:
+    // this log has no snapshot yet, the one thing version 2 changed.
+    assert_eq!(original[7], 2, "this version writes format 2");
+    let mut v1 = original.clone();
+    v1[7] = 1;
+    std::fs::write(&path, &v1).unwrap();
     c.start_node(f);
+    let upgraded = std::fs::read(&path).unwrap();
+    assert_eq!(
+        upgraded[7], 2,
+        "a version-1 log is marked version 2 at start"
+    );
+    assert!(
+        c.nodes[f]
+            .as_ref()
+            .unwrap()
+            .startup_log
+            .iter()
+            .any(|l| l.contains("raft_log_upgraded") && l.contains("from_version=1")),
+        "the upgrade is logged"
+    );
     // It rejoins: asked right after, it lists the hold (a read barrier
     // through the leader, then its own log replayed and caught up).
     let admin = c.nodes[f].as_ref().unwrap().admin_addr;
