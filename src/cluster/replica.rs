@@ -117,8 +117,10 @@ pub struct ReplicaConfig {
     pub id: u64,
     /// The voters of a new group (a log without a snapshot): every voter's
     /// id, this node's included; empty for a node that joins a running
-    /// group (it learns the configuration from the leader). A recovered
-    /// snapshot's configuration replaces it.
+    /// group (it learns the configuration from the leader). A node that
+    /// joined (not among them) and has no snapshot yet starts from them
+    /// too: its log replays every change since, the one adding it
+    /// included. A recovered snapshot's configuration replaces it.
     pub voters: Vec<u64>,
     /// Election timeout in ticks (randomized in `[e, 2e)`).
     pub election_ticks: usize,
@@ -274,15 +276,15 @@ impl Replica {
             ));
         }
         let snap_index = rec.snapshot.get_metadata().index;
-        if snap_index == 0 && !cfg.voters.is_empty() && !cfg.voters.contains(&cfg.id) {
-            return Err(format!(
-                "node {} is not among the voters {:?}",
-                cfg.id, cfg.voters
-            ));
-        }
         let restarted = rec.hard_state.term > 0
             || !rec.entries.is_empty()
             || rec.snapshot.get_metadata().index > 0;
+        // Not among the founders and no snapshot: a node that joined by a
+        // change (`--join`), restarted before any snapshot named it. Its
+        // log replays from the founders' configuration (as
+        // `adopt_founders` set it), the change adding it included; with
+        // nothing from a leader yet it is still joining.
+        let joined = snap_index == 0 && !cfg.voters.contains(&cfg.id);
         // The configuration as of the snapshot (committed entries after it
         // are applied again, their configuration changes included).
         let cs = if snap_index > 0 {
@@ -325,7 +327,7 @@ impl Replica {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let node = RawNode::new(&rc, storage, &logger).map_err(|e| format!("raft: {e}"))?;
         let election = cfg.election_ticks as u64;
-        let joining = !restarted && cfg.voters.is_empty();
+        let joining = !restarted && joined;
         let mut r = Replica {
             node,
             rng: cfg.seed ^ (cfg.id << 32) ^ 0x5EED,
