@@ -538,13 +538,37 @@ impl Replica {
     }
 
     /// True while this node may decide and answer: leader, its own term's
-    /// first entry applied, inside its lease.
+    /// first entry applied, inside its lease, and a voter of the
+    /// configuration it applied.
     pub fn serving(&self) -> bool {
         self.is_leader()
             && self.applied >= self.term_start
             && self.lease_valid()
             // Handing over: the transferee may be elected any moment.
             && self.node.raft.lead_transferee.is_none()
+            && self.is_voter()
+    }
+
+    /// This node votes in the configuration it applied (in either half
+    /// of a joint one). A leader that applied its own removal is not one:
+    /// it no longer serves, and steps down ([`Replica::step_down_removed`]).
+    pub fn is_voter(&self) -> bool {
+        self.node.raft.prs().conf().voters().contains(self.cfg.id)
+    }
+
+    /// A leader that applied its own removal hands leadership over to `to`
+    /// (raft-rs tells it to stand at once when it is caught up) and steps
+    /// down in its term, as `check_quorum` steps a leader down. raft-rs
+    /// would keep it leading, and panics when such a leader commits.
+    pub fn step_down_removed(&mut self, to: Option<u64>) {
+        if !self.is_leader() || self.is_voter() {
+            return;
+        }
+        if let Some(t) = to {
+            self.node.transfer_leader(t);
+        }
+        let term = self.node.raft.term;
+        self.node.raft.become_follower(term, raft::INVALID_ID);
     }
 
     /// The leader lease holds (see the module docs).

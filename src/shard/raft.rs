@@ -56,6 +56,7 @@ mod members;
 mod ops;
 mod reads;
 use compact::install;
+use handover::hand_over_target;
 use members::link_addr;
 pub use ops::Stats;
 
@@ -571,6 +572,34 @@ impl Shard {
             .map(|r| r.next_tick_us)
     }
 
+    /// A leader that applied its own removal (elected in the joint
+    /// configuration that replaces it, or before it applied the change
+    /// that removes it) must not lead on: it no longer serves
+    /// ([`Replica::serving`]), no other node would stand while it sends
+    /// heartbeats, and raft-rs, which does not step a removed leader down,
+    /// panics when such a leader commits an entry (`maybe_commit` looks up
+    /// its own progress). It hands over to a voter, as a stopping leader
+    /// does, and steps down at once: a caught-up transferee is told to
+    /// stand now, else the others elect one after an election timeout.
+    fn removed_leader_steps_down(&mut self) {
+        let Some(r) = self.raft.as_mut() else { return };
+        if !r.replica.is_leader() || r.replica.is_voter() {
+            return;
+        }
+        let st = r.replica.status();
+        let target = hand_over_target(&st);
+        log!(
+            Level::Warn,
+            "raft_hand_over",
+            "group={} node={} to={} term={} reason=removed",
+            r.group,
+            st.node,
+            target.unwrap_or(0),
+            st.term
+        );
+        r.replica.step_down_removed(target);
+    }
+
     /// Proposes a batch of records (the replicated log's next batch).
     pub(super) fn propose(&mut self, buf: Vec<u8>) {
         let serving = self.may_serve();
@@ -750,6 +779,7 @@ impl Shard {
                         r.addrs.insert(id, a);
                     }
                     self.members_changed(e.index);
+                    self.removed_leader_steps_down();
                 }
                 Err(why) => {
                     log!(

@@ -117,7 +117,7 @@ const HAND_OVER_SLACK: u64 = 1024;
 /// the live follower with the newest log, else any follower with the
 /// newest log. raft-rs brings the target fully up to date before it tells
 /// it to campaign.
-fn hand_over_target(st: &crate::cluster::replica::ReplicaStatus) -> Option<u64> {
+pub(super) fn hand_over_target(st: &crate::cluster::replica::ReplicaStatus) -> Option<u64> {
     let floor = st.commit.saturating_sub(HAND_OVER_SLACK);
     // Only a voter can be elected (a learner is still catching up).
     let voters = || st.followers.iter().filter(|f| f.voter);
