@@ -43,7 +43,7 @@ use raft::eraftpb::{
     EntryType, HardState, Message, MessageType, Snapshot,
 };
 use raft::storage::MemStorage;
-use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage};
+use raft::{GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage};
 
 /// raft-rs's view of the log: its in-memory store for entries and hard
 /// state, and the newest snapshot with its data (the store keeps only a
@@ -237,7 +237,20 @@ pub struct Replica {
     installs: u64,
     /// A leader's snapshot in ready `.0`, up to index `.1`, not yet durable.
     snapshot_ready: Option<(u64, u64)>,
+    /// Snapshots this leader sent: follower → the tick it was sent at
+    /// (see [`SNAPSHOT_RETRY_TIMEOUTS`]).
+    snapshots_sent: std::collections::HashMap<u64, u64>,
 }
+
+/// raft-rs sends a follower nothing more after a snapshot until that
+/// follower acknowledges it (it relies on the application to report a
+/// snapshot it could not deliver): a snapshot lost on the way (a link that
+/// broke, a follower that crashed before the snapshot was durable) would
+/// stop the follower's replication until another leader is elected. A
+/// snapshot not acknowledged within this many election timeouts is
+/// reported failed, and raft-rs probes the follower again (sending a new
+/// snapshot if it still needs one).
+pub const SNAPSHOT_RETRY_TIMEOUTS: u64 = 4;
 
 fn single_change(node_id: u64, t: ConfChangeType) -> ConfChangeSingle {
     let mut c = ConfChangeSingle {
@@ -350,6 +363,7 @@ impl Replica {
             leader: 0,
             installs: 0,
             snapshot_ready: None,
+            snapshots_sent: std::collections::HashMap::new(),
         };
         r.randomize_timeout();
         Ok(r)
@@ -623,11 +637,30 @@ impl Replica {
         }
         self.node.tick();
         if self.is_leader() {
+            self.retry_snapshots();
             self.since_probe += 1;
             if self.since_probe >= self.cfg.heartbeat_ticks {
                 self.since_probe = 0;
                 self.probe();
             }
+        }
+    }
+
+    /// Reports the snapshots sent [`SNAPSHOT_RETRY_TIMEOUTS`] election
+    /// timeouts ago as failed (raft-rs ignores it for a follower that
+    /// acknowledged its snapshot meanwhile).
+    fn retry_snapshots(&mut self) {
+        let wait = SNAPSHOT_RETRY_TIMEOUTS * self.cfg.election_ticks as u64;
+        let ticks = self.ticks;
+        let due: Vec<u64> = self
+            .snapshots_sent
+            .iter()
+            .filter(|(_, &sent)| ticks >= sent + wait)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            self.snapshots_sent.remove(&id);
+            self.node.report_snapshot(id, SnapshotStatus::Failure);
         }
     }
 
@@ -836,6 +869,9 @@ impl Replica {
         }
         let mut rd = self.node.ready();
         for m in rd.take_messages() {
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                self.snapshots_sent.insert(m.to, self.ticks);
+            }
             out.send.push((m.to, m.write_to_bytes().expect("encode")));
         }
         for rs in rd.take_read_states() {
