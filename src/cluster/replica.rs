@@ -822,10 +822,16 @@ impl Replica {
     }
 
     /// The log file now starts at `snap`: entries up to its index leave
-    /// memory, and lagging followers are sent `snap` instead.
+    /// memory, and lagging followers are sent `snap` instead — unless a
+    /// leader's newer snapshot was installed while the rewrite was in
+    /// flight: that one stays the newest (the file holds it after the
+    /// rewritten image), and memory already starts after it.
     pub fn compacted(&mut self, snap: Snapshot) {
         let index = snap.get_metadata().index;
         let store = self.node.mut_store();
+        if index < store.snap.get_metadata().index {
+            return;
+        }
         store.snap = snap;
         // Entries past the applied index stay; compaction never reaches them.
         let _ = store.mem.wl().compact(index);
