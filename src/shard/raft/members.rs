@@ -156,7 +156,7 @@ impl Shard {
         let cs = r.replica.conf_state();
         if r.replica.change_in_progress() {
             return Err(format!(
-                "shard {g}: another membership change is in progress (voters {:?}, outgoing {:?});                  wait until `ringlock cluster status` shows it done",
+                "shard {g}: another membership change is in progress (voters {:?}, outgoing {:?}); wait until `ringlock cluster status` shows it done",
                 cs.voters, cs.voters_outgoing
             ));
         }
@@ -179,7 +179,7 @@ impl Shard {
         let leader_gone = |n: u64| -> Result<(), String> {
             if n == me {
                 Err(format!(
-                    "node {me} leads; hand leadership over first (ringlock cluster transfer-leader),                      then ask the new leader"
+                    "node {me} leads; hand leadership over first (ringlock cluster transfer-leader), then ask the new leader"
                 ))
             } else {
                 Ok(())
