@@ -116,7 +116,10 @@ impl Shard {
         }
     }
 
-    fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
+    /// This shard's membership as it applied it (its part of `CMEM`):
+    /// voters, the outgoing voters of a joint change, learners, whether
+    /// a change is in progress and whether this node was removed.
+    pub fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
         let r = self.raft.as_ref()?;
         let cs = r.replica.conf_state();
         Some(crate::protocol::members::MemberStatus {
@@ -129,6 +132,18 @@ impl Shard {
             learners: sorted(&cs.learners),
             addrs: r.addrs.clone(),
         })
+    }
+
+    /// Proposes `change` in this shard's group: the very call the admin
+    /// port's `CCHG` makes on every shard (through `members_op`),
+    /// public for the deterministic simulator (`tests/sim_cluster.rs`),
+    /// which plays the admin client itself. `Ok` once proposed (watch
+    /// [`Shard::member_status`] for it applied); refusals as for `CCHG`.
+    pub fn change_members(
+        &mut self,
+        change: &crate::protocol::members::Change,
+    ) -> Result<(), String> {
+        self.raft_change(change)
     }
 
     /// Proposes `change` in this shard's group, or says why not (the
