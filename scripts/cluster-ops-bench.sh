@@ -510,7 +510,10 @@ for s in $SYSTEMS; do for sc in $SCENARIOS; do [ -s "$OUT/$s-$sc.json" ] && file
     echo "- disk: $(df -P "$TMP" | awk 'NR==2{print $1}') ($(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')), fdatasync: $FSYNC"
     echo "- ringlockd: $RL_VERSION; etcd: $ETCD_VERSION; every member durable (ringlock --data-path, etcd's fsynced raft log)"
     echo "- workload: $WORKERS workers, lock+unlock cycles, closed loop, each its own key; ringlock: Locking-Center frames, persistent connection, node list walked to the node that serves; etcd: v3 lock API through the gRPC-JSON gateway, keep-alive, worker w starts at member w mod 3; on any failure a worker moves to the next address (connect timeout 100 ms, I/O timeout $IO_TIMEOUT_MS ms, 1 ms pause after an address that did not serve)"
-    smoke_note=$([ "$SMOKE" = 1 ] && echo " (**smoke mode**: not a measurement)")
+    # (An `if`, not `[ ] && echo` in a substitution: under `set -e` a
+    # false test there ended the script before the tables of a real run.)
+    smoke_note=""
+    if [ "$SMOKE" = 1 ]; then smoke_note=" (**smoke mode**: not a measurement)"; fi
     if want_sc rolling-restart; then
         echo "- rolling restart: $ROUNDS round(s), each node in turn SIGTERM then started again on its data path, followers first, leader last; between nodes: every node up and caught up, every worker completed a cycle, then $SETTLE_MS ms$smoke_note"
     fi
