@@ -8,6 +8,9 @@ use super::retry::Streak;
 use super::{Client, Error, Result, RetryPolicy};
 pub use crate::protocol::members::{Change, MemberStatus};
 
+/// What a membership command closed without an answer probably met.
+const CLOSED_WHY: &str = "not the leader, or a server without membership changes";
+
 impl Client {
     /// Every shard's membership as the node behind the admin address
     /// applied it (`CMEM`): voters, learners, the outgoing voters of a
@@ -20,7 +23,7 @@ impl Client {
         loop {
             let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
             let err = match self.send_admin(&mut conn, b"CMEM") {
-                Ok(()) => match self.read_answer(&mut conn, |b| {
+                Ok(()) => match self.read_answer(&mut conn, CLOSED_WHY, |b| {
                     Ok(crate::protocol::members::decode(b)?.map(|(r, _)| r))
                 }) {
                     Ok(recs) => return Ok((!recs.is_empty()).then_some(recs)),
@@ -48,14 +51,20 @@ impl Client {
         let mut cmd = Vec::new();
         change.encode(&mut cmd);
         self.send_admin(&mut conn, &cmd).map_err(Error::io)?;
-        self.read_answer(&mut conn, crate::protocol::members::decode_answer)
+        self.read_answer(
+            &mut conn,
+            CLOSED_WHY,
+            crate::protocol::members::decode_answer,
+        )
     }
 
-    /// Reads one whole answer (`decode` says when it is whole), after the
-    /// `+` of an AUTH when a token is set.
-    fn read_answer<T>(
+    /// Reads one whole admin answer (`decode` says when it is whole), after
+    /// the `+` of an AUTH when a token is set; `closed_why` says what a
+    /// connection closed before any answer probably means.
+    pub(super) fn read_answer<T>(
         &self,
         conn: &mut TcpStream,
+        closed_why: &str,
         decode: impl Fn(&[u8]) -> std::result::Result<Option<T>, String>,
     ) -> Result<T> {
         conn.set_read_timeout(Some(self.cfg.io_timeout))
@@ -78,10 +87,9 @@ impl Client {
                     return Err(Error::io(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         if buf.is_empty() {
-                            "admin connection closed without an answer (not the leader, or a \
-                             server without membership changes)"
+                            format!("admin connection closed without an answer ({closed_why})")
                         } else {
-                            "admin connection closed mid-answer"
+                            "admin connection closed mid-answer".to_string()
                         },
                     )))
                 }

@@ -585,39 +585,9 @@ impl Client {
     }
 
     fn read_cluster_status(&self, conn: &mut TcpStream) -> Result<Vec<ShardStatus>> {
-        conn.set_read_timeout(Some(self.cfg.io_timeout))
-            .map_err(Error::io)?;
-        if self.cfg.admin_auth.is_some() {
-            let mut b = [0u8; 1];
-            conn.read_exact(&mut b).map_err(Error::io)?;
-            if b[0] != b'+' {
-                return Err(Error::Refused);
-            }
-        }
-        let mut buf = Vec::with_capacity(512);
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some((recs, _)) =
-                crate::protocol::status::decode(&buf).map_err(Error::Protocol)?
-            {
-                return Ok(recs);
-            }
-            match conn.read(&mut chunk) {
-                Ok(0) => {
-                    return Err(Error::io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        if buf.is_empty() {
-                            "admin connection closed without an answer (a server without CLST?)"
-                        } else {
-                            "admin connection closed mid-answer"
-                        },
-                    )))
-                }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(e)),
-            }
-        }
+        self.read_answer(conn, "a server without CLST?", |b| {
+            Ok(crate::protocol::status::decode(b)?.map(|(r, _)| r))
+        })
     }
 
     /// Compare-and-reset (`RSTK`, a ringlockd extension): resets each key
