@@ -34,7 +34,7 @@ impl Shard {
     }
 
     /// An operator's `XFER`: hands this shard's leadership to node `to`
-    /// (0: [`hand_over_target`]). False when this shard does not lead, the
+    /// (0: the follower `hand_over_target` picks). False when this shard does not lead, the
     /// node is not a peer, or there is nobody to hand over to. Public for
     /// the deterministic simulator, which hands over as an operator would.
     pub fn raft_transfer(&mut self, to: u64) -> bool {
