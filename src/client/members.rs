@@ -19,13 +19,26 @@ impl Client {
     /// that a server without `CMEM` (it closes at once) is an
     /// [`Error::Io`] of kind `UnexpectedEof`.
     pub fn cluster_members(&self) -> Result<Option<Vec<MemberStatus>>> {
+        self.admin_records(b"CMEM", CLOSED_WHY, |b| {
+            Ok(crate::protocol::members::decode(b)?.map(|(r, _)| r))
+        })
+    }
+
+    /// A read-only admin command answered by per-shard records (`CLST`,
+    /// `CMEM`): `Ok(None)` for none (not a cluster member). Retried per the
+    /// retry policy, except a connection closed without an answer (a server
+    /// without the command), an [`Error::Io`] of kind `UnexpectedEof`.
+    pub(super) fn admin_records<T>(
+        &self,
+        cmd: &[u8; 4],
+        closed_why: &str,
+        decode: impl Fn(&[u8]) -> std::result::Result<Option<Vec<T>>, String>,
+    ) -> Result<Option<Vec<T>>> {
         let mut streak = Streak::new(self.cfg.retry);
         loop {
             let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
-            let err = match self.send_admin(&mut conn, b"CMEM") {
-                Ok(()) => match self.read_answer(&mut conn, CLOSED_WHY, |b| {
-                    Ok(crate::protocol::members::decode(b)?.map(|(r, _)| r))
-                }) {
+            let err = match self.send_admin(&mut conn, cmd) {
+                Ok(()) => match self.read_answer(&mut conn, closed_why, &decode) {
                     Ok(recs) => return Ok((!recs.is_empty()).then_some(recs)),
                     Err(Error::Io(err)) if err.kind() == io::ErrorKind::UnexpectedEof => {
                         return Err(Error::Io(err))

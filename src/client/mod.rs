@@ -537,22 +537,9 @@ impl Client {
     /// `UnexpectedEof`, not retried. Read-only, so other failures are
     /// retried per the retry policy.
     pub fn cluster_status(&self) -> Result<Option<Vec<ShardStatus>>> {
-        let mut streak = Streak::new(self.cfg.retry);
-        loop {
-            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
-            let err = match self.send_admin(&mut conn, b"CLST") {
-                Ok(()) => match self.read_cluster_status(&mut conn) {
-                    Ok(recs) => return Ok((!recs.is_empty()).then_some(recs)),
-                    Err(Error::Io(err)) if err.kind() == io::ErrorKind::UnexpectedEof => {
-                        return Err(Error::Io(err))
-                    }
-                    Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
-                    Err(other) => return Err(other),
-                },
-                Err(err) => err,
-            };
-            self.backoff(&mut streak, err, peer, None, None)?;
-        }
+        self.admin_records(b"CLST", "a server without CLST?", |b| {
+            Ok(crate::protocol::status::decode(b)?.map(|(r, _)| r))
+        })
     }
 
     /// Asks the serving leader behind the admin address to hand every
@@ -582,12 +569,6 @@ impl Client {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Refused),
             Err(e) => Err(Error::io(e)),
         }
-    }
-
-    fn read_cluster_status(&self, conn: &mut TcpStream) -> Result<Vec<ShardStatus>> {
-        self.read_answer(conn, "a server without CLST?", |b| {
-            Ok(crate::protocol::status::decode(b)?.map(|(r, _)| r))
-        })
     }
 
     /// Compare-and-reset (`RSTK`, a ringlockd extension): resets each key

@@ -192,6 +192,19 @@ impl Part {
             forced: false,
         }
     }
+    /// A committed entry could not be applied: logged, and the node stops.
+    fn apply_failed(&mut self, index: u64, why: String) {
+        log!(
+            Level::Error,
+            "raft_apply_failed",
+            "group={} index={} error=\"{}\"",
+            self.group,
+            index,
+            crate::log::Escaped(&why)
+        );
+        self.fatal = Some(why);
+    }
+
     pub fn file(&self) -> &Log {
         &self.file
     }
@@ -782,15 +795,7 @@ impl Shard {
                     self.removed_leader_steps_down();
                 }
                 Err(why) => {
-                    log!(
-                        Level::Error,
-                        "raft_apply_failed",
-                        "group={} index={} error=\"{}\"",
-                        r.group,
-                        e.index,
-                        crate::log::Escaped(&why)
-                    );
-                    r.fatal = Some(why);
+                    r.apply_failed(e.index, why);
                     return;
                 }
             }
@@ -804,16 +809,10 @@ impl Shard {
             if let Err(why) =
                 crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now)
             {
-                let r = self.raft.as_mut().expect("replica");
-                log!(
-                    Level::Error,
-                    "raft_apply_failed",
-                    "group={} index={} error=\"{}\"",
-                    r.group,
-                    e.index,
-                    crate::log::Escaped(&why)
-                );
-                r.fatal = Some(why);
+                self.raft
+                    .as_mut()
+                    .expect("replica")
+                    .apply_failed(e.index, why);
                 return;
             }
         }
