@@ -83,7 +83,7 @@ impl Peer {
                             f.key = key.to_vec();
                             f.target = target;
                         }
-                        Req::Ping | Req::Hello { .. } => {}
+                        Req::Ping | Req::Hello { .. } | Req::Resume { .. } => {}
                     }
                     self.buf.drain(..len);
                     if op == wire::OP_PING {
@@ -189,6 +189,7 @@ fn peer<T: Send + 'static>(
                 max_keys: 1000,
                 max_waiters: 1000,
                 shards: 1,
+                flags: 0,
             },
             &mut b,
         );

@@ -52,6 +52,7 @@ impl Sess {
                 max_keys: 0,
                 max_waiters: 0,
                 shards: 0,
+                flags: 0,
             },
             stash: VecDeque::new(),
         };

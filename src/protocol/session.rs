@@ -46,9 +46,18 @@ pub const OP_RELEASE: u8 = 9;
 pub const OP_EXTEND: u8 = 10;
 pub const OP_CANCEL: u8 = 11;
 pub const OP_PING: u8 = 12;
+/// Resumes a replicated session on another connection (cluster mode).
+pub const OP_RESUME: u8 = 13;
 
 pub const KIND_REPLY: u8 = 0x80;
 pub const KIND_LOST: u8 = 0x81;
+/// One session hold a resumed session still has (answers a Resume, before
+/// its Reply).
+pub const KIND_HELD: u8 = 0x82;
+
+/// Welcome `flags` bit: the session is replicated, and can be resumed on
+/// another connection (and on a new leader) with a Resume.
+pub const FLAG_RESUMABLE: u8 = 1;
 
 /// How a granted lock is held (the lock core's own type; its byte is the
 /// Acquire frame's mode).
@@ -89,10 +98,12 @@ pub enum Status {
     /// A Hello of a version the server does not speak; the answer names the
     /// versions it does ([`Answer::Refused`]) and the server closes.
     UnsupportedVersion = 11,
-    /// Reserved for a replicated mode: this server is not the leader, try
-    /// another address (the answer may name the leader,
-    /// [`Answer::Refused`]). Never sent by this server.
+    /// This server is not the serving leader of its cluster: try another
+    /// address (the answer may name the leader, [`Answer::Refused`]).
     NotLeader = 12,
+    /// A Resume named a session this server does not have (never
+    /// replicated, ended, or its resume window passed): its holds are gone.
+    UnknownSession = 13,
 }
 
 impl Status {
@@ -111,6 +122,7 @@ impl Status {
             10 => Status::Unauthorized,
             11 => Status::UnsupportedVersion,
             12 => Status::NotLeader,
+            13 => Status::UnknownSession,
             _ => return None,
         })
     }
@@ -129,6 +141,7 @@ impl Status {
             Status::Unauthorized => "unauthorized",
             Status::UnsupportedVersion => "unsupported_version",
             Status::NotLeader => "not_leader",
+            Status::UnknownSession => "unknown_session",
         }
     }
 
@@ -195,6 +208,14 @@ pub enum Req<'a> {
     Cancel { target: u32, key: &'a [u8] },
     /// empty body
     Ping,
+    /// `[u8 version][u64 session_id]`, then optionally `[u8 authLen][auth]`:
+    /// a connection's first frame, instead of a Hello, to take over a
+    /// replicated session ([`FLAG_RESUMABLE`]).
+    Resume {
+        version: u8,
+        session_id: u64,
+        auth: &'a [u8],
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,7 +235,7 @@ pub enum Decoded<'a> {
 
 /// True for the action bytes of this protocol.
 pub fn is_session_op(b: u8) -> bool {
-    (OP_HELLO..=OP_PING).contains(&b)
+    (OP_HELLO..=OP_RESUME).contains(&b)
 }
 
 struct Body<'a> {
@@ -253,23 +274,39 @@ impl<'a> Body<'a> {
     }
 }
 
+impl<'a> Body<'a> {
+    /// An optional trailing `[u8 authLen][auth]` (Hello, Resume).
+    fn auth(&mut self, short: &'static str) -> Result<&'a [u8], &'static str> {
+        if self.done() {
+            return Ok(&[][..]);
+        }
+        let n = self.u8().ok_or(short)? as usize;
+        let a = self.b.get(self.at..self.at + n).ok_or("short auth token")?;
+        self.at += n;
+        Ok(a)
+    }
+}
+
 fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
     let mut r = Body { b, at: 0 };
     let req = match op {
         OP_HELLO => {
             let version = r.u8().ok_or("short hello")?;
             let keepalive_ms = r.u32().ok_or("short hello")?;
-            let auth = if r.done() {
-                &[][..]
-            } else {
-                let n = r.u8().ok_or("short hello")? as usize;
-                let a = r.b.get(r.at..r.at + n).ok_or("short auth token")?;
-                r.at += n;
-                a
-            };
+            let auth = r.auth("short hello")?;
             Req::Hello {
                 version,
                 keepalive_ms,
+                auth,
+            }
+        }
+        OP_RESUME => {
+            let version = r.u8().ok_or("short resume")?;
+            let session_id = r.u64().ok_or("short resume")?;
+            let auth = r.auth("short resume")?;
+            Req::Resume {
+                version,
+                session_id,
                 auth,
             }
         }
@@ -368,8 +405,22 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         Req::Extend { .. } => OP_EXTEND,
         Req::Cancel { .. } => OP_CANCEL,
         Req::Ping => OP_PING,
+        Req::Resume { .. } => OP_RESUME,
     };
     frame(out, op, rid, |o| match *req {
+        Req::Resume {
+            version,
+            session_id,
+            auth,
+        } => {
+            o.push(version);
+            o.extend_from_slice(&session_id.to_le_bytes());
+            if !auth.is_empty() {
+                assert!(auth.len() <= 255, "auth token longer than 255 bytes");
+                o.push(auth.len() as u8);
+                o.extend_from_slice(auth);
+            }
+        }
         Req::Hello {
             version,
             keepalive_ms,
@@ -433,10 +484,12 @@ pub struct Welcome {
     pub max_keys: u32,
     pub max_waiters: u32,
     pub shards: u16,
+    /// [`FLAG_RESUMABLE`]; 0 from a server that does not send the byte.
+    pub flags: u8,
 }
 
-/// Length of the Hello reply body; version 1 servers may append fields
-/// after it, which clients ignore.
+/// Length of the Hello reply body as first defined; later fields (`flags`)
+/// follow it, and a client skips what it does not know.
 pub const WELCOME_BODY: usize = 32;
 
 /// Encodes the Hello reply:
@@ -453,6 +506,16 @@ pub fn encode_welcome(rid: u32, w: &Welcome, out: &mut Vec<u8>) {
         o.extend_from_slice(&w.max_keys.to_le_bytes());
         o.extend_from_slice(&w.max_waiters.to_le_bytes());
         o.extend_from_slice(&w.shards.to_le_bytes());
+        o.push(w.flags);
+    });
+}
+
+/// Encodes a Held frame (answers a Resume, before its Reply):
+/// `[u64 token][u8 keyLen][key]`.
+pub fn encode_held(rid: u32, key: &[u8], token: u64, out: &mut Vec<u8>) {
+    frame(out, KIND_HELD, rid, |o| {
+        o.extend_from_slice(&token.to_le_bytes());
+        put_name(o, key);
     });
 }
 
@@ -506,6 +569,13 @@ pub enum Answer {
         key: Vec<u8>,
         token: u64,
         why: LostWhy,
+    },
+    /// A session hold the resumed session still has (before the Resume's
+    /// Welcome).
+    Held {
+        rid: u32,
+        key: Vec<u8>,
+        token: u64,
     },
     /// A Reply of a status with detail ([`Status::has_detail`]): for
     /// `unsupported version` the versions the server speaks, for `not
@@ -572,6 +642,7 @@ pub fn decode_answer(
                     r.at += 2;
                     u16::from_le_bytes([s[0], s[1]])
                 },
+                flags: r.b.get(WELCOME_BODY).copied().unwrap_or(0),
             };
             // Fields a later server appends are skipped.
             r.at = r.b.len();
@@ -595,6 +666,11 @@ pub fn decode_answer(
             let why = LostWhy::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
             let key = r.name(1).ok_or_else(bad)?.to_vec();
             Answer::Lost { key, token, why }
+        }
+        KIND_HELD => {
+            let token = r.u64().ok_or_else(bad)?;
+            let key = r.name(1).ok_or_else(bad)?.to_vec();
+            Answer::Held { rid, key, token }
         }
         _ => return Err(format!("unknown answer kind {kind:#x}")),
     };
@@ -643,6 +719,16 @@ mod tests {
                 key: b"k",
             },
             Req::Ping,
+            Req::Resume {
+                version: VERSION,
+                session_id: 0x0180_0000_0000_0007,
+                auth: b"s3cret",
+            },
+            Req::Resume {
+                version: VERSION,
+                session_id: 1,
+                auth: b"",
+            },
         ];
         let mut buf = Vec::new();
         for (i, r) in reqs.iter().enumerate() {
@@ -724,7 +810,9 @@ mod tests {
             max_keys: 100_000,
             max_waiters: 5,
             shards: 2,
+            flags: FLAG_RESUMABLE,
         };
+        encode_held(1, b"held", 77, &mut b);
         encode_welcome(1, &w, &mut b);
         encode_reply(2, Status::Ok, 12345, NO_TTL, &mut b);
         encode_reply(3, Status::Stale, 0, 500, &mut b);
@@ -739,6 +827,11 @@ mod tests {
         assert_eq!(
             got,
             vec![
+                Answer::Held {
+                    rid: 1,
+                    key: b"held".to_vec(),
+                    token: 77
+                },
                 Answer::Welcome { rid: 1, welcome: w },
                 Answer::Reply {
                     rid: 2,

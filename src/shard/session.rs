@@ -159,6 +159,7 @@ impl Shard {
             max_keys: self.cfg.max_keys.min(u32::MAX as usize) as u32,
             max_waiters: self.cfg.max_waiters.min(u32::MAX as usize) as u32,
             shards: self.shards.min(u16::MAX as usize) as u16,
+            flags: 0,
         };
         sp::encode_welcome(rid, &welcome, &mut c.out);
         self.session_deadlines
@@ -231,6 +232,7 @@ impl Shard {
             let parsed = match req {
                 Err(why) => Err(why),
                 Ok(Req::Hello { .. }) => Err("a session's Hello comes once, first"),
+                Ok(Req::Resume { .. }) => Err("a Resume comes first, instead of a Hello"),
                 Ok(Req::Ping) => Ok(None),
                 Ok(Req::Acquire {
                     hold,

@@ -201,6 +201,9 @@ impl SessionView {
     pub fn answer(&mut self, a: Answer, keys: &[&[u8]]) -> Result<Counted, String> {
         let mut n = Counted::default();
         match a {
+            Answer::Held { rid, .. } => {
+                return Err(format!("a Held frame (rid {rid}) with no Resume sent"))
+            }
             Answer::Welcome { .. } => {
                 self.welcomed = true;
                 self.alive_since_us = self.sent.get(&1).map_or(0, |s| s.at_us);

@@ -92,6 +92,7 @@ impl Codec for SessionLock {
                 status.name()
             )),
             Answer::Lost { .. } => Err("Lost pushed before the Hello was answered".into()),
+            Answer::Held { .. } => Err("a Held frame answered the Hello".into()),
             Answer::Refused { status, detail, .. } => Err(format!(
                 "Hello refused: {} (detail {detail:?}; this load generator speaks version {VERSION})",
                 status.name()
@@ -129,6 +130,7 @@ impl Codec for SessionLock {
                     rid, status, token, ..
                 } => (rid, status, token),
                 Answer::Welcome { .. } => return Err("a second Hello reply".into()),
+                Answer::Held { .. } => return Err("a Held frame outside a Resume".into()),
                 Answer::Refused { status, .. } => {
                     return Err(format!("the server refused the session: {}", status.name()))
                 }
@@ -181,6 +183,7 @@ mod tests {
                 max_keys: 1000,
                 max_waiters: 1000,
                 shards: 1,
+                flags: 0,
             },
             &mut b,
         );

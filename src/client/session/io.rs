@@ -694,6 +694,12 @@ impl Shared {
                 drop(st);
                 self.changed.notify_all();
             }
+            Answer::Held { .. } => {
+                return Some((
+                    LostReason::ConnectionLost,
+                    cause_msg("the server sent a Held frame outside a Resume"),
+                ));
+            }
             Answer::Lost { key, token, why } => {
                 let reason = match why {
                     LostWhy::Expired => LostReason::Expired,
