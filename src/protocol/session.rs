@@ -510,11 +510,21 @@ pub fn encode_welcome(rid: u32, w: &Welcome, out: &mut Vec<u8>) {
     });
 }
 
-/// Encodes a Held frame (answers a Resume, before its Reply):
-/// `[u64 token][u8 keyLen][key]`.
-pub fn encode_held(rid: u32, key: &[u8], token: u64, out: &mut Vec<u8>) {
+/// Encodes a Held frame (answers a Resume, before its Reply), one hold of
+/// the resumed session: `[u64 token][u8 hold][u32 ttl_left_ms][u8
+/// keyLen][key]` ([`NO_TTL`] for a hold that is not a lease).
+pub fn encode_held(
+    rid: u32,
+    key: &[u8],
+    token: u64,
+    hold: HoldMode,
+    ttl_left_ms: u32,
+    out: &mut Vec<u8>,
+) {
     frame(out, KIND_HELD, rid, |o| {
         o.extend_from_slice(&token.to_le_bytes());
+        o.push(hold as u8);
+        o.extend_from_slice(&ttl_left_ms.to_le_bytes());
         put_name(o, key);
     });
 }
@@ -570,12 +580,14 @@ pub enum Answer {
         token: u64,
         why: LostWhy,
     },
-    /// A session hold the resumed session still has (before the Resume's
-    /// Welcome).
+    /// A hold the resumed session still has (before the Resume's Welcome).
     Held {
         rid: u32,
         key: Vec<u8>,
         token: u64,
+        hold: HoldMode,
+        /// `None` for [`NO_TTL`] (not a lease).
+        ttl_left_ms: Option<u32>,
     },
     /// A Reply of a status with detail ([`Status::has_detail`]): for
     /// `unsupported version` the versions the server speaks, for `not
@@ -669,8 +681,16 @@ pub fn decode_answer(
         }
         KIND_HELD => {
             let token = r.u64().ok_or_else(bad)?;
+            let hold = HoldMode::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
+            let ttl = r.u32().ok_or_else(bad)?;
             let key = r.name(1).ok_or_else(bad)?.to_vec();
-            Answer::Held { rid, key, token }
+            Answer::Held {
+                rid,
+                key,
+                token,
+                hold,
+                ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
+            }
         }
         _ => return Err(format!("unknown answer kind {kind:#x}")),
     };
@@ -812,7 +832,8 @@ mod tests {
             shards: 2,
             flags: FLAG_RESUMABLE,
         };
-        encode_held(1, b"held", 77, &mut b);
+        encode_held(1, b"held", 77, HoldMode::Session, NO_TTL, &mut b);
+        encode_held(1, b"lease", 78, HoldMode::Lease, 900, &mut b);
         encode_welcome(1, &w, &mut b);
         encode_reply(2, Status::Ok, 12345, NO_TTL, &mut b);
         encode_reply(3, Status::Stale, 0, 500, &mut b);
@@ -830,7 +851,16 @@ mod tests {
                 Answer::Held {
                     rid: 1,
                     key: b"held".to_vec(),
-                    token: 77
+                    token: 77,
+                    hold: HoldMode::Session,
+                    ttl_left_ms: None
+                },
+                Answer::Held {
+                    rid: 1,
+                    key: b"lease".to_vec(),
+                    token: 78,
+                    hold: HoldMode::Lease,
+                    ttl_left_ms: Some(900)
                 },
                 Answer::Welcome { rid: 1, welcome: w },
                 Answer::Reply {
