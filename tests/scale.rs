@@ -35,6 +35,7 @@ fn write_log(path: &Path, n: usize) {
                 grant_id: 1 + i as u64,
                 mode: HoldMode::Persistent,
                 expires_unix_ms: 0,
+                session: 0,
             },
             &mut img,
         );
@@ -190,6 +191,7 @@ fn a_version_1_log_is_read_appended_to_and_read_again() {
                 grant_id: 10 + i as u64,
                 mode: HoldMode::Persistent,
                 expires_unix_ms: 0,
+                session: 0,
             },
             &mut img,
         );

@@ -189,6 +189,8 @@ fn max_grant_id(dir: &std::path::Path) -> u64 {
                     Record::Release { grant_id, .. } | Record::Extend { grant_id, .. } => {
                         max = max.max(grant_id)
                     }
+                    // Cluster entries only.
+                    Record::SessionOpen { .. } | Record::SessionEnd { .. } => {}
                 }
             }
         }

@@ -200,6 +200,35 @@ pub struct Output {
     pub role: Option<RoleChange>,
 }
 
+/// The protobuf field number that carries a node's [`FEATURES`] in every
+/// raft message it sends. raft-rs's `Message` does not define it, so a
+/// node of an earlier version parses the message as before and ignores it
+/// (protobuf keeps unknown fields aside); this version reads it.
+pub const FEATURES_FIELD: u32 = 9001;
+/// Feature bit: this node reads session records (SessionOpen, SessionEnd,
+/// SessionHold: replicated sessions).
+pub const FEATURE_SESSIONS: u64 = 1;
+/// What this version announces.
+pub const FEATURES: u64 = FEATURE_SESSIONS;
+
+/// A raft message as sent on a peer link: its protobuf encoding followed
+/// by the [`FEATURES_FIELD`] varint (a protobuf message may end with any
+/// field; a parser merges it in).
+pub fn encode_message(m: &Message) -> Vec<u8> {
+    let mut b = m.write_to_bytes().expect("encode");
+    let varint = |mut v: u64, b: &mut Vec<u8>| loop {
+        if v < 0x80 {
+            b.push(v as u8);
+            break;
+        }
+        b.push((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
+    };
+    varint((FEATURES_FIELD as u64) << 3, &mut b);
+    varint(FEATURES, &mut b);
+    b
+}
+
 pub struct Replica {
     node: RawNode<Store>,
     cfg: ReplicaConfig,
@@ -215,6 +244,9 @@ pub struct Replica {
     /// that, unlike raft-rs's `recent_active`, is not cleared every
     /// election timeout.
     heard: std::collections::HashMap<u64, u64>,
+    /// What each peer's newest message announced it can read
+    /// ([`FEATURES`]; 0 for a node of an earlier version).
+    features: std::collections::HashMap<u64, u64>,
     /// The lease: the tick of the newest heartbeat round a quorum
     /// acknowledged (valid for the current term only).
     lease_from: Option<u64>,
@@ -349,6 +381,7 @@ impl Replica {
             mute_votes_until: if restarted { election } else { 0 },
             joining,
             heard: std::collections::HashMap::new(),
+            features: std::collections::HashMap::new(),
             lease_from: None,
             lease_term: 0,
             since_probe: 0,
@@ -691,6 +724,26 @@ impl Replica {
         self.node.read_index(ctx);
     }
 
+    /// Whether every other member of this group (voters, learners, both
+    /// halves of a joint configuration) announced in its newest message
+    /// that it reads session records (a node of an earlier version stops
+    /// on a record it does not know, so none is written until then).
+    pub fn peers_read_sessions(&self) -> bool {
+        let cs = self.node.raft.prs().conf().to_conf_state();
+        let me = self.cfg.id;
+        cs.voters
+            .iter()
+            .chain(&cs.learners)
+            .chain(&cs.voters_outgoing)
+            .chain(&cs.learners_next)
+            .filter(|&&n| n != me)
+            .all(|n| {
+                self.features
+                    .get(n)
+                    .is_some_and(|f| f & FEATURE_SESSIONS != 0)
+            })
+    }
+
     /// A message from a peer (already decoded from its frame).
     pub fn step(&mut self, bytes: &[u8]) -> Result<(), String> {
         let m = Message::parse_from_bytes(bytes).map_err(|e| format!("bad raft message: {e}"))?;
@@ -705,6 +758,12 @@ impl Replica {
         // the transfer, so no lease of it is left to protect.
         let transfer = m.get_context() == CAMPAIGN_TRANSFER;
         self.heard.insert(m.from, self.ticks);
+        let features = m
+            .get_unknown_fields()
+            .get(FEATURES_FIELD)
+            .and_then(|v| v.varint.last().copied())
+            .unwrap_or(0);
+        self.features.insert(m.from, features);
         if self.joining
             && matches!(
                 m.get_msg_type(),
@@ -773,7 +832,7 @@ impl Replica {
             }
             let (_, msgs) = self.held.pop_front().expect("front");
             for m in msgs {
-                out.send.push((m.to, m.write_to_bytes().expect("encode")));
+                out.send.push((m.to, encode_message(&m)));
             }
         }
     }
@@ -878,7 +937,7 @@ impl Replica {
             if m.get_msg_type() == MessageType::MsgSnapshot {
                 self.snapshots_sent.insert(m.to, self.ticks);
             }
-            out.send.push((m.to, m.write_to_bytes().expect("encode")));
+            out.send.push((m.to, encode_message(&m)));
         }
         for rs in rd.take_read_states() {
             if rs.request_ctx.len() == 9 && rs.request_ctx[0] == b'R' {

@@ -44,7 +44,7 @@ use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef, NAME_MAX};
 use super::types::{
     Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
-    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN,
+    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
 };
 
 // Link slots.
@@ -54,6 +54,12 @@ const K_SRC: usize = 0; // held key on its holder source's held list
 const K_AGE: usize = 1; // held key on the table's grant-order list
 const W_OWN: usize = 2; // waiter on its session's waiting list
 const K_OWN: usize = 2; // held key on its session's held list
+
+/// The routing tag of a replicated session's owner entry while no
+/// connection has it (after a failover, on a follower): its holds stay
+/// the session's until a resume adopts it ([`Table::adopt`]) or its
+/// window passes ([`Table::end_orphan`]).
+pub const ORPHAN: u64 = u64::MAX;
 
 fn refuse(conn: Token, limit: Limit, fx: &mut Effects) {
     fx.push(Effect::LimitReached { limit });
@@ -87,6 +93,9 @@ struct Retired {
     key: NameRef,
     source: NameRef,
     holder: Holder,
+    /// Its replicated session's id, read when it was released (the owner
+    /// entry may be gone by the time the effect is applied).
+    session: u64,
 }
 
 struct KeyEntry {
@@ -179,6 +188,9 @@ pub struct Table {
     next_grant_id: u64,
     owners: Slab<OwnerEntry>,
     owner_index: HashMap<u64, u32>,
+    /// Replicated sessions homed on this shard that are open: id →
+    /// keep-alive ms (cluster mode; see [`Table::session_opened`]).
+    sessions_homed: HashMap<u64, u32>,
     /// Lease deadlines `(mono µs, key slot, grant id)`, earliest first. An
     /// extend pushes a new entry; an entry whose holder or deadline no
     /// longer matches is skipped when it surfaces, so a tick costs
@@ -242,6 +254,7 @@ impl Table {
             next_grant_id: 1,
             owners: Slab::new(),
             owner_index: HashMap::new(),
+            sessions_homed: HashMap::new(),
             leases: BinaryHeap::new(),
             waits: BinaryHeap::new(),
             next_seq: 1,
@@ -351,7 +364,21 @@ impl Table {
             grant_id: h.grant_id,
             mode: h.mode,
             expires_unix_ms: h.expires_unix_ms,
+            session: self.replicated_owner(h.owner),
         })
+    }
+
+    /// The id of owner entry `o` if it is a replicated session's, else 0.
+    fn replicated_owner(&self, o: u32) -> u64 {
+        if o == NIL {
+            return 0;
+        }
+        let id = self.owners[o as usize].id;
+        if id & REPLICATED_SESSION != 0 {
+            id
+        } else {
+            0
+        }
     }
 
     /// A key's name as a [`Name`] (for an effect).
@@ -490,6 +517,7 @@ impl Table {
             grant_id: r.holder.grant_id,
             mode: r.holder.mode,
             expires_unix_ms: r.holder.expires_unix_ms,
+            session: r.session,
         }
     }
 
@@ -606,6 +634,7 @@ impl Table {
             key: self.keys[k as usize].name,
             source: self.sources[held.source as usize].name,
             holder: held,
+            session: self.replicated_owner(held.owner),
         });
         let h = self.unhold(k);
         fx.push(Effect::Released {
@@ -969,6 +998,20 @@ impl Table {
             self.key_drop_if_unused(k);
             return false;
         };
+        // A replicated session's hold stays its session's: owned by an
+        // entry without a connection until a resume adopts it.
+        let owner = if h.session & REPLICATED_SESSION != 0 {
+            match self.owner_open(h.session, ORPHAN) {
+                Some(o) => o,
+                None => {
+                    self.source_drop_if_unused(s);
+                    self.key_drop_if_unused(k);
+                    return false;
+                }
+            }
+        } else {
+            NIL
+        };
         // A lease keeps the time it had left on the wall clock (the
         // monotonic clock does not survive a restart).
         let lease = h.mode == HoldMode::Lease;
@@ -978,7 +1021,7 @@ impl Table {
             acquired_unix_ms: h.acquired_unix_ms,
             acquired_mono_us: now.mono_us,
             mode: h.mode,
-            owner: NIL,
+            owner,
             expires_mono_us: if lease {
                 // Saturating: a deadline read from a log is not trusted to
                 // fit (the server caps TTLs, a hand-made log need not).
@@ -996,9 +1039,25 @@ impl Table {
     pub fn restore_release(&mut self, key: &(impl AsRef<[u8]> + ?Sized), _now: Now) {
         if let Some(k) = self.find_key(key.as_ref()) {
             if self.keys[k as usize].holder.is_some() {
-                self.unhold(k);
+                let h = self.unhold(k);
+                self.owner_drop_if_empty_orphan(h.owner);
             }
             self.key_drop_if_unused(k);
+        }
+    }
+
+    /// Forgets owner entry `o` if it is an orphan with nothing left (a
+    /// follower's entry of a replicated session whose last hold was
+    /// released by the log).
+    fn owner_drop_if_empty_orphan(&mut self, o: u32) {
+        if o == NIL {
+            return;
+        }
+        let e = &self.owners[o as usize];
+        if e.tag == ORPHAN && e.held.is_empty() && e.waiting.is_empty() {
+            let id = e.id;
+            self.owner_index.remove(&id);
+            self.owners.remove(o as usize);
         }
     }
 
@@ -1281,7 +1340,16 @@ impl Table {
     /// `keep_us` from now, owned by nobody (its client may still believe in
     /// them until its keep-alive runs out); its other holds outlive it as
     /// on [`Table::owner_end`]. No effect.
+    /// A replicated session (the [`REPLICATED_SESSION`] bit) instead keeps
+    /// its holds, its entry turned [`ORPHAN`]: a new leader, or this one
+    /// after a resume, knows them as the session's.
     pub fn orphan_owner(&mut self, id: u64, keep_us: u64, now: Now) {
+        if id & REPLICATED_SESSION != 0 {
+            if let Some(&o) = self.owner_index.get(&id) {
+                self.orphan_entry(o);
+            }
+            return;
+        }
         let Some(o) = self.owner_index.remove(&id) else {
             return;
         };
@@ -1323,6 +1391,10 @@ impl Table {
     /// nobody, as the other replicas hold it, until a leader starts serving:
     /// [`Table::expire_orphans`]); every owner entry and its queued
     /// requests are dropped. No effect.
+    ///
+    /// A replicated session's entry stays, [`ORPHAN`], with its holds (its
+    /// queued requests are dropped): they are the log's, and its client
+    /// may resume it on the next leader.
     pub fn drop_owners(&mut self) {
         let mut cur = self.by_age.front();
         while let Some(k) = cur {
@@ -1330,16 +1402,22 @@ impl Table {
             let Some(h) = self.keys[k as usize].holder else {
                 continue;
             };
-            if h.owner != NIL {
+            if h.owner != NIL && self.replicated_owner(h.owner) == 0 {
                 let (owners, keys) = (&mut self.owners, &mut self.keys);
                 owners[h.owner as usize].held.unlink(keys, k, K_OWN);
+                let h = self.keys[k as usize].holder.as_mut().expect("held");
+                h.owner = NIL;
             }
             let h = self.keys[k as usize].holder.as_mut().expect("held");
-            h.owner = NIL;
             h.conn = NO_CONN;
         }
         let ids: Vec<u64> = self.owner_index.keys().copied().collect();
         for id in ids {
+            if id & REPLICATED_SESSION != 0 {
+                let o = self.owner_index[&id];
+                self.orphan_entry(o);
+                continue;
+            }
             if let Some(o) = self.owner_index.remove(&id) {
                 while let Some(w) = self.owners[o as usize].waiting.front() {
                     let waiter = self.detach_waiter(w);
@@ -1371,6 +1449,108 @@ impl Table {
             let (d, g) = (h.expires_mono_us, h.grant_id);
             self.leases.push(Reverse((d, k, g)));
         }
+    }
+
+    /// Turns owner entry `o` [`ORPHAN`]: its queued requests are dropped
+    /// unanswered (waiters are a connection's), its holds stay, without a
+    /// connection. No effect.
+    fn orphan_entry(&mut self, o: u32) {
+        while let Some(w) = self.owners[o as usize].waiting.front() {
+            let waiter = self.detach_waiter(w);
+            self.source_drop_if_unused(waiter.source);
+        }
+        let mut cur = self.owners[o as usize].held.front();
+        while let Some(k) = cur {
+            cur = List::next_of(&self.keys, k, K_OWN);
+            if let Some(h) = self.keys[k as usize].holder.as_mut() {
+                h.conn = NO_CONN;
+            }
+        }
+        self.owners[o as usize].tag = ORPHAN;
+    }
+
+    /// A resume of replicated session `id`, now routed by `tag`: its
+    /// queued requests (an earlier connection's) are dropped unanswered,
+    /// and `f` visits each hold it has, with a lease's deadline on the
+    /// monotonic clock (0 for other modes). A session this table has no
+    /// entry for has no holds here. No effect.
+    pub fn adopt(&mut self, id: u64, tag: u64, mut f: impl FnMut(HeldRef<'_>, u64)) {
+        let Some(&o) = self.owner_index.get(&id) else {
+            return;
+        };
+        self.orphan_entry(o);
+        self.owners[o as usize].tag = tag;
+        let mut cur = self.owners[o as usize].held.front();
+        while let Some(k) = cur {
+            cur = List::next_of(&self.keys, k, K_OWN);
+            if let (Some(r), Some(h)) = (self.held_ref(k), self.keys[k as usize].holder) {
+                f(r, h.expires_mono_us);
+            }
+        }
+    }
+
+    /// Replicated sessions this table keeps for nobody ([`ORPHAN`]).
+    pub fn orphans(&self) -> Vec<u64> {
+        self.owners
+            .iter()
+            .filter(|(_, e)| e.tag == ORPHAN)
+            .map(|(_, e)| e.id)
+            .collect()
+    }
+
+    /// Ends replicated session `id` here if nobody resumed it (still
+    /// [`ORPHAN`]): as [`Table::owner_end`]. False if it was resumed or
+    /// is gone.
+    pub fn end_orphan(&mut self, id: u64, now: Now, fx: &mut Effects) -> bool {
+        match self.owner_index.get(&id) {
+            Some(&o) if self.owners[o as usize].tag == ORPHAN => {
+                self.owner_end(id, now, fx);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    // ----- the replicated sessions homed on this shard ----------------------
+
+    /// Replicated session `id` opened (decided by this shard as leader, or
+    /// read from the log), with its keep-alive. Its id's counter (the low
+    /// 55 bits) came from the grant counter, which moves past it: a later
+    /// leader never hands the same id out again.
+    pub fn session_opened(&mut self, id: u64, keepalive_ms: u32) {
+        self.sessions_homed.insert(id, keepalive_ms);
+        let counter = id & (REPLICATED_SESSION - 1);
+        self.raise_next_grant_id(counter + 1);
+    }
+
+    /// Replicated session `id` ended; its keep-alive if it was known.
+    pub fn session_closed(&mut self, id: u64) -> Option<u32> {
+        self.sessions_homed.remove(&id)
+    }
+
+    /// Forgets every replicated session homed here (a snapshot installed
+    /// replaces them all).
+    pub fn sessions_forget(&mut self) {
+        self.sessions_homed.clear();
+    }
+
+    /// The keep-alive of replicated session `id`, if it is open.
+    pub fn session_keepalive(&self, id: u64) -> Option<u32> {
+        self.sessions_homed.get(&id).copied()
+    }
+
+    /// Every open replicated session homed here: `(id, keepalive_ms)`.
+    pub fn sessions_homed(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.sessions_homed.iter().map(|(&id, &ka)| (id, ka))
+    }
+
+    /// A new replicated session's id: `home` in the top 8 bits, the
+    /// replicated bit, and the next grant id as its counter (taken: no
+    /// token will carry it).
+    pub fn next_session_id(&mut self, home: usize) -> u64 {
+        let counter = self.next_grant_id & (REPLICATED_SESSION - 1);
+        self.next_grant_id += 1;
+        (home as u64) << 56 | REPLICATED_SESSION | counter
     }
 
     /// Withdraws the queued request of session `owner` whose connection

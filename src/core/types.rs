@@ -238,7 +238,16 @@ pub struct HeldKey {
     pub mode: HoldMode,
     /// A lease's deadline (Unix ms), 0 for other modes.
     pub expires_unix_ms: u64,
+    /// The replicated session holding it ([`REPLICATED_SESSION`] set), 0
+    /// for none: a Locking-Center hold, a hold of a session that is not
+    /// replicated, or one that outlived its session.
+    pub session: u64,
 }
+
+/// Session id bit: a replicated session (cluster mode), whose opening, end
+/// and holds are log records, so that a new leader knows it and its client
+/// can resume it. Its holds' records name it; no other session's do.
+pub const REPLICATED_SESSION: u64 = 1 << 55;
 
 impl HeldKey {
     /// The same holder by reference.
@@ -251,6 +260,7 @@ impl HeldKey {
             grant_id: self.grant_id,
             mode: self.mode,
             expires_unix_ms: self.expires_unix_ms,
+            session: self.session,
         }
     }
 }
@@ -267,6 +277,8 @@ pub struct HeldRef<'a> {
     pub grant_id: u64,
     pub mode: HoldMode,
     pub expires_unix_ms: u64,
+    /// As [`HeldKey::session`].
+    pub session: u64,
 }
 
 impl HeldRef<'_> {
@@ -311,6 +323,7 @@ impl HeldRef<'_> {
             grant_id: self.grant_id,
             mode: self.mode,
             expires_unix_ms: self.expires_unix_ms,
+            session: self.session,
         })
     }
 }

@@ -715,6 +715,7 @@ mod tests {
             grant_id: 1,
             mode: crate::core::HoldMode::Persistent,
             expires_unix_ms: 0,
+            session: 0,
         }];
         let mut out = Vec::new();
         admin::encode_keys(&held, &mut out);

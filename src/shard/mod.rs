@@ -38,6 +38,7 @@ pub mod conn;
 mod keys;
 pub mod msg;
 pub mod raft;
+mod resume;
 pub mod session;
 
 use std::collections::VecDeque;
@@ -161,9 +162,23 @@ const REMOTE_BIT: u64 = 1 << 63;
 /// durable.
 #[derive(Clone, Copy, Debug)]
 enum Undo {
-    Acquire { key: Name, grant_id: u64 },
-    Release { prev: HeldKey },
+    Acquire {
+        key: Name,
+        grant_id: u64,
+    },
+    Release {
+        prev: HeldKey,
+    },
     Extend(Extended),
+    /// A replicated session opened (its SessionOpen record).
+    SessionOpen {
+        sid: u64,
+    },
+    /// A replicated session ended (its SessionEnd record).
+    SessionEnd {
+        sid: u64,
+        keepalive_ms: u32,
+    },
 }
 
 pub struct Shard {
@@ -208,6 +223,8 @@ pub struct Shard {
     /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
     /// session was heard from since is pushed again with its new deadline.
     session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
+    /// Replicated sessions: who has them, resumes in progress, windows.
+    resumes: resume::Resumes,
     /// Open connections (not sessions) by last traffic, oldest first (link
     /// slot 1 of [`Conn`]): the idle timeout looks at the front only.
     idle: crate::core::list::List,
@@ -265,6 +282,7 @@ impl Shard {
             remotes: Vec::new(),
             next_sid: 1,
             session_deadlines: std::collections::BinaryHeap::new(),
+            resumes: resume::Resumes::default(),
             idle: crate::core::list::List::new(),
             all_conns: None,
             raft: None,
@@ -337,7 +355,8 @@ impl Shard {
             .front()
             .map(|slot| self.conns[slot as usize].active_us + self.cfg.idle_timeout_ms * 1000);
         let raft = self.raft_deadline_us();
-        [frame, retry, expiry, session, idle, raft]
+        let resume = self.resumes.next_deadline_us();
+        [frame, retry, expiry, session, idle, raft, resume]
             .into_iter()
             .flatten()
             .min()
@@ -365,6 +384,7 @@ impl Shard {
         }
         self.apply_effects();
         self.expire_sessions();
+        self.expire_detached();
         self.expire_idle();
         self.wal_tick();
         self.raft_pump();
@@ -1155,12 +1175,13 @@ impl Shard {
         }
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
-        if c.action.is_none()
-            && c.sid == 0
-            && c.rbuf.first() == Some(&crate::protocol::session::OP_HELLO)
-        {
-            // Only a connection's first frame may open a session.
-            return self.hello(slot);
+        if c.action.is_none() && c.sid == 0 {
+            // Only a connection's first frame may open or resume a session.
+            match c.rbuf.first() {
+                Some(&crate::protocol::session::OP_HELLO) => return self.hello(slot),
+                Some(&crate::protocol::session::OP_RESUME) => return self.resume_first(slot),
+                _ => {}
+            }
         }
         let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
         {
@@ -1962,6 +1983,12 @@ impl Shard {
                 Undo::Extend(x) => {
                     self.table
                         .set_expiry(&x.key, x.grant_id, x.prev_unix_ms, x.prev_mono_us);
+                }
+                Undo::SessionOpen { sid } => {
+                    self.table.session_closed(sid);
+                }
+                Undo::SessionEnd { sid, keepalive_ms } => {
+                    self.table.session_opened(sid, keepalive_ms);
                 }
                 Undo::Release { prev } => {
                     // The key is free again here: later records were undone.

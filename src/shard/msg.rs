@@ -132,6 +132,10 @@ pub enum SessOut {
     },
 }
 
+/// One hold of a session as a Resume lists it: key, token, mode, lease
+/// TTL left in ms (`NO_TTL` for other modes).
+pub type HeldOut = (Name, u64, HoldMode, u32);
+
 /// Session traffic between shards.
 #[derive(Clone, Debug)]
 pub enum SessMsg {
@@ -155,4 +159,18 @@ pub enum SessMsg {
     /// owner → home: what the owner answered was undone (its log failed):
     /// end the session.
     Kill { sid: u64, home: Token },
+    /// owner → home (cluster mode): the owner's group lost its leader; a
+    /// replicated session is detached (its client resumes it on the next
+    /// leader), any other ends as on `Kill`.
+    Detach { sid: u64, home: Token },
+    /// home → owner: a Resume gave replicated session `sid` to connection
+    /// `home`: route to it, drop the earlier connection's queued requests,
+    /// and answer with the session's holds here.
+    Adopt { sid: u64, home: Token },
+    /// owner → home: the answer to `Adopt` (behind the owner's log).
+    Adopted {
+        sid: u64,
+        home: Token,
+        held: Vec<HeldOut>,
+    },
 }

@@ -115,7 +115,7 @@ pub struct Part {
     client_addrs: BTreeMap<u64, String>,
     my_client_addr: String,
     view: Arc<NodeView>,
-    election_us: u64,
+    pub(super) election_us: u64,
     /// How long a stepped-down leader's session holds stay held.
     session_keep_ms: u64,
     fatal: Option<String>,
@@ -839,7 +839,7 @@ impl Shard {
         for (to, sid, home) in kills {
             self.cmds.push(Cmd::Sess {
                 to,
-                msg: Box::new(super::msg::SessMsg::Kill { sid, home }),
+                msg: Box::new(super::msg::SessMsg::Detach { sid, home }),
             });
         }
         for slot in 0..self.conns.len() as u32 {
@@ -924,6 +924,8 @@ impl Shard {
             // serve (their sessions ended).
             let now = self.now;
             self.table.expire_orphans(keep_us, now);
+            // Replicated sessions nobody has: kept for a resume.
+            self.arm_resume_windows();
             log!(
                 Level::Info,
                 "raft_serving",
@@ -1044,7 +1046,7 @@ impl Shard {
         use crate::protocol::session::{self as sp, Status};
         let hint = self.leader_hint();
         let c = &mut self.conns[slot as usize];
-        if c.sid == 0 && c.rbuf.first() == Some(&sp::OP_HELLO) {
+        if c.sid == 0 && matches!(c.rbuf.first(), Some(&sp::OP_HELLO | &sp::OP_RESUME)) {
             match sp::decode(&c.rbuf) {
                 sp::Decoded::Incomplete => return false,
                 sp::Decoded::Frame { rid, .. } => {

@@ -135,10 +135,18 @@ impl Shard {
         } else {
             keepalive_ms.clamp(cfg.min_keepalive_ms, cfg.max_keepalive_ms)
         };
-        let sid = (self.me as u64) << 56 | self.next_sid;
-        self.next_sid += 1;
         let now_us = self.now.mono_us;
         let token = self.token(slot);
+        let replicated = self.sessions_replicated();
+        let sid = if replicated {
+            let sid = self.table.next_session_id(self.me);
+            self.open_replicated(sid, ka, token);
+            sid
+        } else {
+            let sid = (self.me as u64) << 56 | self.next_sid;
+            self.next_sid += 1;
+            sid
+        };
         let c = &mut self.conns[slot as usize];
         c.rbuf.drain(..len);
         c.persistent = true;
@@ -148,19 +156,9 @@ impl Shard {
         c.state = State::Session;
         // Sessions follow their keep-alive, not the idle timeout.
         self.untouch(slot);
+        let flags = if replicated { sp::FLAG_RESUMABLE } else { 0 };
+        let welcome = self.welcome(sid, ka, flags);
         let c = &mut self.conns[slot as usize];
-        let welcome = sp::Welcome {
-            status: Status::Ok,
-            version: sp::VERSION,
-            keepalive_ms: ka,
-            min_ttl_ms: self.cfg.min_ttl_ms,
-            max_ttl_ms: self.cfg.max_ttl_ms,
-            session_id: sid,
-            max_keys: self.cfg.max_keys.min(u32::MAX as usize) as u32,
-            max_waiters: self.cfg.max_waiters.min(u32::MAX as usize) as u32,
-            shards: self.shards.min(u16::MAX as usize) as u16,
-            flags: 0,
-        };
         sp::encode_welcome(rid, &welcome, &mut c.out);
         self.session_deadlines
             .push(Reverse((now_us + ka as u64 * 1000, token)));
@@ -178,10 +176,26 @@ impl Shard {
         true
     }
 
+    /// The welcome of session `sid` (a Hello's or a Resume's answer).
+    pub(super) fn welcome(&self, sid: u64, keepalive_ms: u32, flags: u8) -> sp::Welcome {
+        sp::Welcome {
+            status: Status::Ok,
+            version: sp::VERSION,
+            keepalive_ms,
+            min_ttl_ms: self.cfg.min_ttl_ms,
+            max_ttl_ms: self.cfg.max_ttl_ms,
+            session_id: sid,
+            max_keys: self.cfg.max_keys.min(u32::MAX as usize) as u32,
+            max_waiters: self.cfg.max_waiters.min(u32::MAX as usize) as u32,
+            shards: self.shards.min(u16::MAX as usize) as u16,
+            flags,
+        }
+    }
+
     /// Answers a Hello that opens no session and closes the connection:
     /// `unsupported version` naming [`sp::VERSIONS`] when `version` is not
     /// one of them, else `invalid` (a plain Reply).
-    fn refuse_hello(&mut self, slot: u32, rid: u32, version: Option<u8>, why: &str) {
+    pub(super) fn refuse_hello(&mut self, slot: u32, rid: u32, version: Option<u8>, why: &str) {
         let c = &mut self.conns[slot as usize];
         let peer = c.peer;
         c.rbuf.clear();
@@ -216,7 +230,7 @@ impl Shard {
     pub(super) fn pump_session(&mut self, slot: u32) {
         loop {
             let c = &self.conns[slot as usize];
-            if c.state != State::Session || c.rbuf.is_empty() {
+            if c.state != State::Session || c.rbuf.is_empty() || self.resuming(slot) {
                 break;
             }
             let (op, rid, req, len) = match sp::decode(&c.rbuf) {
@@ -377,6 +391,9 @@ impl Shard {
             crate::log::Escaped(why)
         );
         self.metrics.session_ended();
+        if sid & crate::core::REPLICATED_SESSION != 0 {
+            self.close_replicated(sid);
+        }
         for to in 0..self.shards {
             if self.shards <= 64 && mask & (1u64 << to) == 0 {
                 continue;
@@ -435,10 +452,13 @@ impl Shard {
                 let now = self.now;
                 self.table.owner_end(sid, now, &mut self.fx);
             }
-            SessMsg::Orphan { sid } => {
-                let now = self.now;
-                let keep_us = self.orphan_keep_us();
-                self.table.orphan_owner(sid, keep_us, now);
+            SessMsg::Orphan { sid } => self.orphaned(sid),
+            SessMsg::Adopt { sid, home } => self.adopt(sid, home),
+            SessMsg::Adopted { sid, home, held } => self.adopted(sid, home, held),
+            SessMsg::Detach { sid, home } => {
+                if let Some(slot) = self.session_conn(sid, home) {
+                    self.detach_session(slot, "another shard's group lost its leader");
+                }
             }
             SessMsg::Out { sid, home, out } => {
                 if let Some(slot) = self.session_conn(sid, home) {
@@ -458,7 +478,10 @@ impl Shard {
     }
 
     /// The live session connection `home` of session `sid`, if any.
-    fn session_conn(&self, sid: u64, home: Token) -> Option<u32> {
+    pub(super) fn session_conn(&self, sid: u64, home: Token) -> Option<u32> {
+        if !super::resume::routable(home) {
+            return None;
+        }
         let slot = self.conn_of(home)?;
         let c = &self.conns[slot as usize];
         (c.state == State::Session && c.sid == sid && !c.dead).then_some(slot)
@@ -545,14 +568,28 @@ impl Shard {
     /// An answer for session `sid`: written at once if its home is this
     /// shard, else sent there once this shard's log holds it durably.
     pub(super) fn send_out(&mut self, sid: u64, home: Token, out: SessOut) {
-        let to = home_of(sid);
-        if to == self.me {
+        if home_of(sid) == self.me {
             if let Some(slot) = self.session_conn(sid, home) {
                 self.session_out_local(slot, out);
             }
             return;
         }
-        let msg = Box::new(SessMsg::Out { sid, home, out });
+        self.send_home(sid, home, SessMsg::Out { sid, home, out });
+    }
+
+    /// A message for session `sid`'s home shard, behind this shard's log;
+    /// handled at once when this shard is the home (the answers it writes
+    /// are gated there).
+    pub(super) fn send_home(&mut self, sid: u64, home: Token, msg: SessMsg) {
+        let to = home_of(sid);
+        if !super::resume::routable(home) {
+            return;
+        }
+        if to == self.me {
+            self.on_sess(Box::new(msg));
+            return;
+        }
+        let msg = Box::new(msg);
         match self.log.as_ref().filter(|l| l.pending()) {
             Some(l) => {
                 let lsn = l.tail_lsn();

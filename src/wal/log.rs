@@ -384,6 +384,31 @@ impl Log {
         self.tail_lsn
     }
 
+    /// A replicated session opened (cluster mode only). Counted live: a
+    /// compacted log holds the open sessions' SessionOpen records.
+    pub fn append_session_open(&mut self, session: u64, keepalive_ms: u32) -> u64 {
+        let start = self.filling.len();
+        record::encode_session_open(session, keepalive_ms, &mut self.filling);
+        self.carry_from(start);
+        self.live_bytes += (self.filling.len() - start) as u64;
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
+    /// A replicated session ended (cluster mode only).
+    pub fn append_session_end(&mut self, session: u64) -> u64 {
+        let start = self.filling.len();
+        record::encode_session_end(session, &mut self.filling);
+        self.carry_from(start);
+        self.live_bytes = self
+            .live_bytes
+            .saturating_sub((record::HEADER + 1 + 8 + 4) as u64);
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        self.tail_lsn
+    }
+
     /// The release of `holder` (as it was).
     pub fn append_release(&mut self, holder: HeldRef<'_>) -> u64 {
         let start = self.filling.len();

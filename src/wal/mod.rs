@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use std::ops::ControlFlow;
 
-use crate::core::{Now, Table};
+use crate::core::{HeldRef, Now, Table};
 
 use record::{RecordRef, Scanned, MAGIC};
 
@@ -419,11 +419,19 @@ fn replay_with(
                 table.raise_next_grant_id(h.grant_id + 1);
             }
             RecordRef::Acquire(h) => {
+                // A single node keeps no session across a restart: a
+                // replicated session's lease or persistent hold (only in a
+                // cluster's log, never here) would be nobody's.
+                let h = HeldRef { session: 0, ..h };
                 if !table.restore(h, now) {
                     over_limit = true;
                     return ControlFlow::Break(());
                 }
             }
+            RecordRef::SessionOpen { session, .. } => {
+                table.raise_next_grant_id((session & (crate::core::REPLICATED_SESSION - 1)) + 1)
+            }
+            RecordRef::SessionEnd { .. } => {}
             RecordRef::Release { key, .. } => table.restore_release(key, now),
             RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
             RecordRef::Extend {
@@ -543,6 +551,13 @@ pub fn apply_replicated(
             }
         }
         RecordRef::Release { key, .. } => table.restore_release(key, rel),
+        RecordRef::SessionOpen {
+            session,
+            keepalive_ms,
+        } => table.session_opened(session, keepalive_ms),
+        RecordRef::SessionEnd { session } => {
+            table.session_closed(session);
+        }
         RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
         RecordRef::Extend {
             key,

@@ -12,7 +12,8 @@
 //!             describe would run past the end of the file
 //! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark, 4 = Hold,
 //!             5 = Extend, 6 = Acquire (binary endpoint), 7 = Hold (binary
-//!             endpoint)
+//!             endpoint); cluster entries only: 8 = SessionOpen, 9 =
+//!             SessionEnd, 10 = SessionHold
 //! 9      ..   payload
 //! ```
 //!
@@ -30,6 +31,19 @@
 //! - The binary endpoint: `family u8` then, for 4, `ip 4 bytes · port u16`
 //!   (7 bytes in all); for 6, `ip 16 bytes · port u16 · scope_id u32` (23).
 //! - **Extend** (5): `grant_id u64 · expires_unix_ms u64 · key`.
+//! - **SessionOpen** (8): `session_id u64 · keepalive_ms u32`, and
+//!   **SessionEnd** (9): `session_id u64` — a replicated session
+//!   ([`crate::core::REPLICATED_SESSION`]) opened or ended, in its home
+//!   shard's group.
+//! - **SessionHold** (10; a hold, of any mode, taken by a replicated
+//!   session): `grant_id u64 · acquired_unix_ms u64 · mode u8 ·
+//!   expires_unix_ms u64 (0 unless a lease) · session_id u64 · key · source
+//!   · endpoint`. A follower keeps it as that session's, so a new leader
+//!   can hand it back to the session's client (a Resume).
+//!
+//! Records 8–10 appear only in a cluster's replicated entries and
+//! snapshots, and only once every member can read them (a single node's
+//! log never holds them).
 //! - **Release** (2): `grant_id u64 · key`.
 //! - **GrantMark** (3): `next_grant_id u64` — written first in every
 //!   rewritten log, so grant ids keep increasing across compaction and
@@ -124,6 +138,9 @@ pub const HOLD_V1: u8 = 4;
 pub const EXTEND: u8 = 5;
 pub const ACQUIRE: u8 = 6;
 pub const HOLD: u8 = 7;
+pub const SESSION_OPEN: u8 = 8;
+pub const SESSION_END: u8 = 9;
+pub const SESSION_HOLD: u8 = 10;
 
 /// An owned record, as [`scan`] collects them (tests and tools; recovery
 /// uses [`scan_each`] and borrows instead).
@@ -144,6 +161,13 @@ pub enum Record {
         grant_id: u64,
         expires_unix_ms: u64,
     },
+    SessionOpen {
+        session: u64,
+        keepalive_ms: u32,
+    },
+    SessionEnd {
+        session: u64,
+    },
 }
 
 /// One record as the scan found it; names borrow the log image.
@@ -161,6 +185,13 @@ pub enum RecordRef<'a> {
         key: &'a [u8],
         grant_id: u64,
         expires_unix_ms: u64,
+    },
+    SessionOpen {
+        session: u64,
+        keepalive_ms: u32,
+    },
+    SessionEnd {
+        session: u64,
     },
 }
 
@@ -182,6 +213,14 @@ impl RecordRef<'_> {
                 grant_id,
                 expires_unix_ms,
             },
+            RecordRef::SessionOpen {
+                session,
+                keepalive_ms,
+            } => Record::SessionOpen {
+                session,
+                keepalive_ms,
+            },
+            RecordRef::SessionEnd { session } => Record::SessionEnd { session },
         })
     }
 }
@@ -196,7 +235,13 @@ pub fn endpoint_len(ep: &SocketAddr) -> usize {
 
 /// The whole size of the Acquire or Hold record of `h`, header included.
 pub fn acquire_len(h: HeldRef<'_>) -> usize {
-    let hold = if h.mode == HoldMode::Persistent { 0 } else { 9 };
+    let hold = if h.session != 0 {
+        17
+    } else if h.mode == HoldMode::Persistent {
+        0
+    } else {
+        9
+    };
     HEADER + 1 + 16 + hold + 1 + h.key.len() + 1 + h.source.len() + endpoint_len(&h.endpoint)
 }
 
@@ -224,14 +269,25 @@ fn put_endpoint(out: &mut Vec<u8>, ep: &SocketAddr) {
 
 /// Appends one Acquire (or, for a session or lease, Hold) record to `out`
 /// without allocating (beyond `out`'s own growth).
+/// A hold of a replicated session (`h.session` set) is a SessionHold.
 pub fn encode_acquire(h: HeldRef<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     let persistent = h.mode == HoldMode::Persistent;
-    out.push(if persistent { ACQUIRE } else { HOLD });
+    out.push(if h.session != 0 {
+        SESSION_HOLD
+    } else if persistent {
+        ACQUIRE
+    } else {
+        HOLD
+    });
     out.extend_from_slice(&h.grant_id.to_le_bytes());
     out.extend_from_slice(&h.acquired_unix_ms.to_le_bytes());
-    if !persistent {
+    if h.session != 0 {
+        out.push(h.mode as u8);
+        out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
+        out.extend_from_slice(&h.session.to_le_bytes());
+    } else if !persistent {
         out.push(h.mode as u8);
         out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
     }
@@ -258,6 +314,23 @@ pub fn encode_acquire_v1(h: HeldRef<'_>, out: &mut Vec<u8>) {
     put_name(out, h.key);
     put_name(out, h.source);
     put_name(out, h.endpoint.to_string().as_bytes());
+    seal(out, start);
+}
+
+pub fn encode_session_open(session: u64, keepalive_ms: u32, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(SESSION_OPEN);
+    out.extend_from_slice(&session.to_le_bytes());
+    out.extend_from_slice(&keepalive_ms.to_le_bytes());
+    seal(out, start);
+}
+
+pub fn encode_session_end(session: u64, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(SESSION_END);
+    out.extend_from_slice(&session.to_le_bytes());
     seal(out, start);
 }
 
@@ -359,17 +432,29 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
     let ty = b.u8()?;
     let grant_id = b.u64()?;
     let r = match ty {
-        ACQUIRE | HOLD | ACQUIRE_V1 | HOLD_V1 => {
+        SESSION_OPEN => RecordRef::SessionOpen {
+            session: grant_id,
+            keepalive_ms: b.u32()?,
+        },
+        SESSION_END => RecordRef::SessionEnd { session: grant_id },
+        ACQUIRE | HOLD | ACQUIRE_V1 | HOLD_V1 | SESSION_HOLD => {
             let acquired_unix_ms = b.u64()?;
             let (mode, expires_unix_ms) = if ty == HOLD || ty == HOLD_V1 {
                 let mode = HoldMode::from_byte(b.u8()?).filter(|&m| m != HoldMode::Persistent)?;
                 (mode, b.u64()?)
+            } else if ty == SESSION_HOLD {
+                (HoldMode::from_byte(b.u8()?)?, b.u64()?)
             } else {
                 (HoldMode::Persistent, 0)
             };
+            let session = if ty == SESSION_HOLD {
+                Some(b.u64()?).filter(|s| s & crate::core::REPLICATED_SESSION != 0)?
+            } else {
+                0
+            };
             let key = b.name()?;
             let source = b.name()?;
-            let endpoint = if ty == ACQUIRE || ty == HOLD {
+            let endpoint = if ty == ACQUIRE || ty == HOLD || ty == SESSION_HOLD {
                 b.endpoint()?
             } else {
                 b.text_endpoint()?
@@ -385,6 +470,7 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
                 grant_id,
                 mode,
                 expires_unix_ms,
+                session,
             })
         }
         EXTEND => {
@@ -646,6 +732,7 @@ mod tests {
             grant_id: id,
             mode: crate::core::HoldMode::Persistent,
             expires_unix_ms: 0,
+            session: 0,
         }
     }
 
@@ -978,6 +1065,7 @@ mod tests {
         let lease = HeldKey {
             mode: crate::core::HoldMode::Lease,
             expires_unix_ms: 1_700_000_060_000,
+            session: 0,
             ..held("lease", 7)
         };
         let v6 = HeldKey {

@@ -53,7 +53,10 @@ fn in_doubt(intact: &[u8]) -> String {
             Record::Release { key, .. } => {
                 held.remove(key.as_bytes());
             }
-            Record::GrantMark { .. } | Record::Extend { .. } => {}
+            Record::GrantMark { .. }
+            | Record::Extend { .. }
+            | Record::SessionOpen { .. }
+            | Record::SessionEnd { .. } => {}
         }
     }
     let lost = "grants recorded after the offset are lost, so a client may believe it holds a key this log does not show; check the clients before you truncate";
@@ -188,6 +191,7 @@ mod tests {
             grant_id: id,
             mode: crate::core::HoldMode::Persistent,
             expires_unix_ms: 0,
+            session: 0,
         };
         let mut image = record::MAGIC.to_vec();
         record::encode_acquire(held(b"a", 1).as_ref(), &mut image);

@@ -221,5 +221,6 @@ fn held_ref_of<'a>(
         grant_id: h.grant_id,
         mode: h.mode,
         expires_unix_ms: h.expires_unix_ms,
+        session: 0,
     }
 }

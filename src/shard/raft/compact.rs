@@ -60,10 +60,18 @@ impl Shard {
         let now = self.now;
         let mut records = Vec::with_capacity(64 * 1024);
         crate::wal::record::encode_grant_mark(self.table.next_grant_id(), &mut records);
-        // Keys a pending record touched → their holder as applied.
+        // Keys a pending record touched → their holder as applied; the
+        // replicated sessions homed here as applied.
         let mut touched: HashMap<Vec<u8>, Option<HeldKey>> = HashMap::new();
+        let mut sessions: HashMap<u64, u32> = self.table.sessions_homed().collect();
         for (_, u) in self.undo.iter().rev() {
             match u {
+                Undo::SessionOpen { sid } => {
+                    sessions.remove(sid);
+                }
+                Undo::SessionEnd { sid, keepalive_ms } => {
+                    sessions.insert(*sid, *keepalive_ms);
+                }
                 Undo::Acquire { key, .. } => {
                     touched.insert(key.as_bytes().to_vec(), None);
                 }
@@ -79,6 +87,9 @@ impl Shard {
                     }
                 }
             }
+        }
+        for (&sid, &ka) in &sessions {
+            crate::wal::record::encode_session_open(sid, ka, &mut records);
         }
         self.table.for_each_held(|h| {
             if !touched.contains_key(h.key) {
@@ -109,6 +120,7 @@ pub(in crate::shard) fn install(
     for k in &keys {
         table.restore_release(k.as_slice(), now);
     }
+    table.sessions_forget();
     crate::wal::apply_replicated(records, unix_ms, table, now)?;
     Ok(table.held_keys())
 }

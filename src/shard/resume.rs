@@ -1,0 +1,475 @@
+//! Replicated sessions and their resumption (cluster mode;
+//! `docs/protocol.md`, "Resuming a session").
+//!
+//! A session opened by a serving leader whose every peer can read session
+//! records is *replicated*: its id has [`REPLICATED_SESSION`] set, its
+//! opening and end are records of its home shard's group (SessionOpen,
+//! SessionEnd: the table's `sessions_homed`), and every hold it takes is a
+//! SessionHold record naming it, in the key's group. A follower therefore
+//! holds each such hold for the session (an owner entry tagged
+//! [`ORPHAN`]), and a new leader can give the holds back to the session's
+//! client when it sends a Resume.
+//!
+//! Rules this file keeps:
+//! - **A failover keeps the session, a close ends it.** Only a leader that
+//!   steps down (or whose owner shard stepped down) lets a session go
+//!   without ending it (`detach`); a connection that closes, fails or
+//!   times out on a serving leader ends its session as on a single node.
+//! - **The resume window is never shorter than the client's.** When a
+//!   shard starts serving, every session homed here that no connection has
+//!   is kept for its keep-alive plus an election timeout, and every orphan
+//!   owner entry for the longest keep-alive plus an election timeout (the
+//!   owner does not know the session's own); both count from after the old
+//!   leader's last answer. After that the session ends as on a keep-alive
+//!   expiry (a proposed SessionEnd and releases).
+//! - **A resume answers what is durable.** Each shard answers the home's
+//!   Adopt with the session's holds through its own durability gate, like
+//!   any answer; the home writes the Held frames and the welcome once every
+//!   shard has answered.
+//! - **One connection per session.** A Resume of a session another
+//!   connection still has takes it over: that connection is closed without
+//!   ending the session, and its queued requests are dropped unanswered
+//!   (the client sends them again).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use super::conn::State;
+use super::msg::HeldOut;
+use super::session::{home_of, SessMsg};
+use super::{Cmd, Shard, Undo};
+use crate::core::table::ORPHAN;
+use crate::core::{HoldMode, Name, Token, REPLICATED_SESSION};
+use crate::log::Level;
+use crate::protocol::session::{self as sp, Req, Status};
+
+/// A Resume waiting for every shard's list of the session's holds.
+struct Pending {
+    sid: u64,
+    rid: u32,
+    left: usize,
+    held: Vec<HeldOut>,
+}
+
+/// The shard's bookkeeping of replicated sessions.
+#[derive(Default)]
+pub struct Resumes {
+    /// Replicated sessions homed here → the connection that has each
+    /// (stale entries are harmless: checked with `session_conn`).
+    attached: HashMap<u64, Token>,
+    /// Resumes being gathered, by the resuming connection.
+    pending: HashMap<Token, Pending>,
+    /// `(mono µs, session)`: a session homed here that no connection has
+    /// ends then unless resumed.
+    windows: BinaryHeap<Reverse<(u64, u64)>>,
+    /// `(mono µs, session)`: an orphan owner entry of this shard's table
+    /// ends then unless adopted.
+    orphans: BinaryHeap<Reverse<(u64, u64)>>,
+}
+
+impl Resumes {
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        let w = self.windows.peek().map(|r| r.0 .0);
+        let o = self.orphans.peek().map(|r| r.0 .0);
+        w.into_iter().chain(o).min()
+    }
+}
+
+impl Shard {
+    /// Whether a session opened now is replicated: a cluster node whose
+    /// every peer announced that it reads session records.
+    pub(super) fn sessions_replicated(&self) -> bool {
+        self.raft
+            .as_ref()
+            .is_some_and(|r| r.replica.peers_read_sessions())
+    }
+
+    /// A Hello opened replicated session `sid` on `slot`: its SessionOpen
+    /// record (the welcome waits for it like any answer).
+    pub(super) fn open_replicated(&mut self, sid: u64, keepalive_ms: u32, token: Token) {
+        self.table.session_opened(sid, keepalive_ms);
+        if let Some(log) = self.log.as_mut() {
+            let lsn = log.append_session_open(sid, keepalive_ms);
+            self.undo.push_back((lsn, Undo::SessionOpen { sid }));
+        }
+        self.resumes.attached.insert(sid, token);
+    }
+
+    /// Replicated session `sid` ends (its client closed, its keep-alive
+    /// passed, its resume window passed): its SessionEnd record.
+    pub(super) fn close_replicated(&mut self, sid: u64) {
+        self.resumes.attached.remove(&sid);
+        if let Some(ka) = self.table.session_closed(sid) {
+            if let Some(log) = self.log.as_mut() {
+                let lsn = log.append_session_end(sid);
+                self.undo.push_back((
+                    lsn,
+                    Undo::SessionEnd {
+                        sid,
+                        keepalive_ms: ka,
+                    },
+                ));
+            }
+        }
+    }
+
+    /// A connection's first frame is a Resume. False when more bytes are
+    /// needed or nothing more is to be read (refused, moved, gathering).
+    pub(super) fn resume_first(&mut self, slot: u32) -> bool {
+        let (rid, sid, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
+            sp::Decoded::Incomplete => return false,
+            sp::Decoded::Frame {
+                rid,
+                req:
+                    Ok(Req::Resume {
+                        version: sp::VERSION,
+                        session_id,
+                        auth,
+                    }),
+                len,
+                ..
+            } => {
+                let authed = match &self.cfg.auth_token {
+                    Some(t) => crate::config::token_matches(t, auth),
+                    None => true,
+                };
+                (rid, session_id, authed, len)
+            }
+            sp::Decoded::Frame { rid, len, req, .. } => {
+                let rbuf = &self.conns[slot as usize].rbuf;
+                let version = (len > sp::HEADER).then(|| rbuf[sp::HEADER]);
+                let why = match req {
+                    Err(why) => why,
+                    Ok(_) => "not a Resume",
+                };
+                self.refuse_hello(slot, rid, version, why);
+                return false;
+            }
+            sp::Decoded::Bad(why) => {
+                self.reject(slot, why);
+                return false;
+            }
+        };
+        if !authed {
+            let peer = self.conns[slot as usize].peer;
+            self.metrics.auth_failure();
+            log!(
+                Level::Warn,
+                "auth_failed",
+                "port=lock peer={} reason=\"session resume without the auth token\"",
+                peer
+            );
+            self.refuse_resume(slot, rid, Status::Unauthorized);
+            return false;
+        }
+        let home = home_of(sid);
+        if sid & REPLICATED_SESSION != 0 && home != self.me && home < self.shards {
+            // The frame stays in the buffer: the home shard decodes it.
+            let token = self.token(slot);
+            self.conns[slot as usize].state = State::Migrating;
+            self.cmds.push(Cmd::Migrate { token, to: home });
+            return false;
+        }
+        let known = sid & REPLICATED_SESSION != 0 && home == self.me;
+        let Some(ka) = self
+            .table
+            .session_keepalive(sid)
+            .filter(|_| known && self.raft.is_some())
+        else {
+            log!(
+                Level::Info,
+                "resume_refused",
+                "session={:#x} peer={} reason=\"unknown session\"",
+                sid,
+                self.conns[slot as usize].peer
+            );
+            self.refuse_resume(slot, rid, Status::UnknownSession);
+            return false;
+        };
+        // Another connection still has it: it is taken over.
+        if let Some(old) = self
+            .resumes
+            .attached
+            .get(&sid)
+            .and_then(|&t| self.session_conn(sid, t))
+        {
+            let c = &mut self.conns[old as usize];
+            c.sid = 0;
+            c.dead = true;
+            c.read_closed = true;
+            c.out.clear();
+            self.close(old);
+        }
+        let token = self.token(slot);
+        let now_us = self.now.mono_us;
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.drain(..len);
+        c.persistent = true;
+        c.sid = sid;
+        c.mask = u64::MAX;
+        c.keepalive_us = ka as u64 * 1000;
+        c.heard_us = now_us;
+        c.state = State::Session;
+        let peer = c.peer;
+        self.untouch(slot);
+        self.resumes.attached.insert(sid, token);
+        self.session_deadlines
+            .push(Reverse((now_us + ka as u64 * 1000, token)));
+        self.resumes.pending.insert(
+            token,
+            Pending {
+                sid,
+                rid,
+                left: self.shards,
+                held: Vec::new(),
+            },
+        );
+        log!(
+            Level::Info,
+            "session_resume",
+            "session={:#x} conn={:#x} peer={}",
+            sid,
+            token,
+            peer
+        );
+        for to in 0..self.shards {
+            if to == self.me {
+                self.adopt(sid, token);
+            } else {
+                self.cmds.push(Cmd::Sess {
+                    to,
+                    msg: Box::new(SessMsg::Adopt { sid, home: token }),
+                });
+            }
+        }
+        false
+    }
+
+    fn refuse_resume(&mut self, slot: u32, rid: u32, status: Status) {
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.clear();
+        sp::encode_reply(rid, status, 0, sp::NO_TTL, &mut c.out);
+        c.close_after_send = true;
+        c.state = State::Answered;
+        self.mark_dirty(slot);
+    }
+
+    /// True while `slot` waits for its Resume's answer: its later frames
+    /// wait too.
+    pub(super) fn resuming(&self, slot: u32) -> bool {
+        !self.resumes.pending.is_empty() && self.resumes.pending.contains_key(&self.token(slot))
+    }
+
+    /// Owner side of a Resume: session `sid` is `home`'s now; its holds on
+    /// this shard go back to the home, behind this shard's log.
+    pub(super) fn adopt(&mut self, sid: u64, home: Token) {
+        let now_us = self.now.mono_us;
+        let mut held = Vec::new();
+        self.table.adopt(sid, home, |h, expires_mono_us| {
+            let ttl = if h.mode == HoldMode::Lease {
+                (expires_mono_us.saturating_sub(now_us) / 1000).min(sp::NO_TTL as u64 - 1) as u32
+            } else {
+                sp::NO_TTL
+            };
+            held.push((
+                Name::new(h.key).expect("names are at most NAME_MAX"),
+                h.grant_id,
+                h.mode,
+                ttl,
+            ));
+        });
+        self.send_home(sid, home, SessMsg::Adopted { sid, home, held });
+    }
+
+    /// Home side: one shard's list of the resumed session's holds; the
+    /// answer goes out once every shard's is in.
+    pub(super) fn adopted(&mut self, sid: u64, home: Token, held: Vec<HeldOut>) {
+        let Some(p) = self.resumes.pending.get_mut(&home).filter(|p| p.sid == sid) else {
+            return;
+        };
+        p.held.extend(held);
+        p.left -= 1;
+        if p.left > 0 {
+            return;
+        }
+        let p = self.resumes.pending.remove(&home).expect("pending");
+        let Some(slot) = self.session_conn(sid, home) else {
+            return;
+        };
+        let ka = (self.conns[slot as usize].keepalive_us / 1000) as u32;
+        let welcome = self.welcome(sid, ka, sp::FLAG_RESUMABLE);
+        let c = &mut self.conns[slot as usize];
+        for (key, token, mode, ttl) in &p.held {
+            sp::encode_held(p.rid, key.as_bytes(), *token, *mode, *ttl, &mut c.out);
+        }
+        sp::encode_welcome(p.rid, &welcome, &mut c.out);
+        self.metrics.session_opened();
+        log!(
+            Level::Info,
+            "session_resumed",
+            "session={:#x} conn={:#x} holds={}",
+            sid,
+            home,
+            p.held.len()
+        );
+        self.gate(slot);
+        self.pump_session(slot);
+    }
+
+    /// Step-down on an owner shard: the session homed elsewhere loses its
+    /// connection there. A replicated one is detached (its client resumes
+    /// it on the next leader), any other ends.
+    pub(super) fn detach_session(&mut self, slot: u32, why: &str) {
+        let c = &self.conns[slot as usize];
+        let (sid, mask) = (c.sid, c.mask);
+        if sid & REPLICATED_SESSION == 0 {
+            self.end_session(slot, why);
+            return;
+        }
+        log!(
+            Level::Info,
+            "session_detached",
+            "session={:#x} peer={} reason=\"{}\"",
+            sid,
+            c.peer,
+            crate::log::Escaped(why)
+        );
+        let c = &mut self.conns[slot as usize];
+        c.sid = 0;
+        c.dead = true;
+        c.read_closed = true;
+        c.out.clear();
+        self.close(slot);
+        self.resumes.attached.remove(&sid);
+        let (now, keep_us) = (self.now, self.orphan_keep_us());
+        for to in 0..self.shards {
+            if self.shards <= 64 && mask & (1u64 << to) == 0 {
+                continue;
+            }
+            if to == self.me {
+                self.table.orphan_owner(sid, keep_us, now);
+            } else {
+                self.cmds.push(Cmd::Sess {
+                    to,
+                    msg: Box::new(SessMsg::Orphan { sid }),
+                });
+            }
+        }
+        if self.may_serve() {
+            let ka = self.table.session_keepalive(sid).unwrap_or(0);
+            let at = self.now.mono_us + ka as u64 * 1000 + self.election_us();
+            self.resumes.windows.push(Reverse((at, sid)));
+        }
+    }
+
+    /// Owner side: a session homed elsewhere lost its connection there; a
+    /// replicated one's entry here is an orphan now, with a window.
+    pub(super) fn orphaned(&mut self, sid: u64) {
+        let (now, keep_us) = (self.now, self.orphan_keep_us());
+        self.table.orphan_owner(sid, keep_us, now);
+        if sid & REPLICATED_SESSION != 0 && self.may_serve() {
+            let at = self.now.mono_us + keep_us;
+            self.resumes.orphans.push(Reverse((at, sid)));
+        }
+    }
+
+    /// This shard starts serving: every replicated session homed here that
+    /// no connection has, and every orphan owner entry, gets its window
+    /// (from now: after the old leader's last answer).
+    pub(super) fn arm_resume_windows(&mut self) {
+        let now_us = self.now.mono_us;
+        let election_us = self.election_us();
+        let detached: Vec<(u64, u32)> = self
+            .table
+            .sessions_homed()
+            .filter(|&(sid, _)| {
+                self.resumes
+                    .attached
+                    .get(&sid)
+                    .and_then(|&t| self.session_conn(sid, t))
+                    .is_none()
+            })
+            .collect();
+        for (sid, ka) in detached {
+            self.resumes
+                .windows
+                .push(Reverse((now_us + ka as u64 * 1000 + election_us, sid)));
+        }
+        let keep_us = self.orphan_keep_us();
+        for sid in self.table.orphans() {
+            self.resumes.orphans.push(Reverse((now_us + keep_us, sid)));
+        }
+    }
+
+    /// Ends the replicated sessions and orphan entries whose window passed
+    /// (a serving leader only; one that does not serve arms them again
+    /// when it starts).
+    pub(super) fn expire_detached(&mut self) {
+        let now_us = self.now.mono_us;
+        let serving = self.may_serve();
+        while let Some(&Reverse((at, sid))) = self.resumes.windows.peek() {
+            if at > now_us {
+                break;
+            }
+            self.resumes.windows.pop();
+            let attached = self
+                .resumes
+                .attached
+                .get(&sid)
+                .and_then(|&t| self.session_conn(sid, t))
+                .is_some();
+            if !serving || attached || self.table.session_keepalive(sid).is_none() {
+                continue;
+            }
+            log!(
+                Level::Info,
+                "session_end",
+                "session={:#x} reason=\"not resumed within its keep-alive after a failover\"",
+                sid
+            );
+            self.metrics.session_expired();
+            self.close_replicated(sid);
+            for to in 0..self.shards {
+                if to == self.me {
+                    let now = self.now;
+                    self.table.owner_end(sid, now, &mut self.fx);
+                } else {
+                    self.cmds.push(Cmd::Sess {
+                        to,
+                        msg: Box::new(SessMsg::End { sid }),
+                    });
+                }
+            }
+            self.apply_effects();
+        }
+        while let Some(&Reverse((at, sid))) = self.resumes.orphans.peek() {
+            if at > now_us {
+                break;
+            }
+            self.resumes.orphans.pop();
+            if !serving {
+                continue;
+            }
+            let now = self.now;
+            if self.table.end_orphan(sid, now, &mut self.fx) {
+                log!(
+                    Level::Info,
+                    "orphan_end",
+                    "session={:#x} reason=\"its holds were not resumed in time\"",
+                    sid
+                );
+            }
+            self.apply_effects();
+        }
+    }
+
+    /// The election timeout (0 without replication).
+    fn election_us(&self) -> u64 {
+        self.raft.as_ref().map_or(0, |r| r.election_us)
+    }
+}
+
+/// Whether `tag` routes to a connection (not an orphan's).
+pub fn routable(tag: u64) -> bool {
+    tag != ORPHAN
+}

@@ -1,0 +1,311 @@
+//! Replicated sessions on a cluster of three real `ringlockd` processes:
+//! a session's holds survive `kill -9` of its leader, the client takes the
+//! session over on the new leader with a Resume (every hold listed, none
+//! granted to anyone else meanwhile), a session nobody resumes ends after
+//! its window, and a session whose connection closes on a serving leader
+//! ends there and then. Raw protocol frames, so that what is on the wire
+//! is what is checked.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::cluster::{request, Cluster};
+use common::fault_proxy::poll_until;
+use common::frame;
+use ringlock::core::HoldMode;
+use ringlock::protocol::session::{self as sp, Answer, Req, Status, Welcome};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `(key, token, mode)` of a Held frame.
+type Held = (Vec<u8>, u64, HoldMode);
+
+/// A session connection speaking raw frames.
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+    next: u32,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Raw {
+            s,
+            buf: Vec::new(),
+            next: 1,
+        }
+    }
+
+    fn send(&mut self, req: &Req<'_>) -> u32 {
+        let rid = self.next;
+        self.next += 1;
+        let mut b = Vec::new();
+        sp::encode(rid, req, &mut b);
+        self.s.write_all(&b).expect("send");
+        rid
+    }
+
+    /// The next answer; `None` when the server closed the connection.
+    fn read(&mut self, hello_rid: Option<u32>) -> Option<Answer> {
+        loop {
+            if let Some((a, n)) = sp::decode_answer(&self.buf, hello_rid).expect("well-formed") {
+                self.buf.drain(..n);
+                return Some(a);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn hello(addr: SocketAddr, keepalive_ms: u32) -> (Raw, Welcome) {
+        let mut r = Raw::connect(addr);
+        let rid = r.send(&Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms,
+            auth: b"",
+        });
+        match r.read(Some(rid)) {
+            Some(Answer::Welcome { welcome, .. }) => (r, welcome),
+            other => panic!("Hello answered {other:?}"),
+        }
+    }
+
+    /// Sends a Resume: the Held frames, then the welcome (or the refusal).
+    fn resume(addr: SocketAddr, sid: u64) -> (Raw, Vec<Held>, Answer) {
+        let mut r = Raw::connect(addr);
+        let rid = r.send(&Req::Resume {
+            version: sp::VERSION,
+            session_id: sid,
+            auth: b"",
+        });
+        let mut held = Vec::new();
+        loop {
+            match r.read(Some(rid)).expect("the Resume is answered") {
+                Answer::Held {
+                    rid: r2,
+                    key,
+                    token,
+                    hold,
+                    ..
+                } => {
+                    assert_eq!(r2, rid);
+                    held.push((key, token, hold));
+                }
+                other => {
+                    held.sort_by(|a, b| a.0.cmp(&b.0));
+                    return (r, held, other);
+                }
+            }
+        }
+    }
+
+    /// One request and its Reply `(status, token)` (Lost pushes skipped).
+    fn call(&mut self, req: &Req<'_>) -> (Status, u64) {
+        let rid = self.send(req);
+        loop {
+            match self.read(None).expect("answered") {
+                Answer::Reply {
+                    rid: r,
+                    status,
+                    token,
+                    ..
+                } if r == rid => return (status, token),
+                Answer::Lost { .. } => continue,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    fn take(&mut self, key: &[u8], hold: HoldMode) -> u64 {
+        let (st, token) = self.call(&Req::Acquire {
+            hold,
+            ttl_ms: if hold == HoldMode::Lease { 60_000 } else { 0 },
+            wait_ms: 0,
+            key,
+            source: b"resumer",
+        });
+        assert_eq!(st, Status::Ok, "{key:?} granted");
+        token
+    }
+}
+
+/// A Locking-Center TryLock on node `i`: `+` free, `#` held, `None` when
+/// the node does not serve.
+fn try_lock(c: &Cluster, i: usize, key: &[u8]) -> Option<u8> {
+    request(
+        c.lock_addrs[i],
+        &frame(5, key, Some(b"other")),
+        Duration::from_secs(5),
+    )
+}
+
+fn welcome_of(a: Answer) -> Welcome {
+    match a {
+        Answer::Welcome { welcome, .. } => welcome,
+        other => panic!("the Resume was answered {other:?}"),
+    }
+}
+
+/// kill -9 of the leader: the session's holds (a session hold, a lease, a
+/// persistent hold) stay held for it, the Resume on the new leader lists
+/// each with its token, and the resumed session releases them.
+#[test]
+fn a_session_survives_kill9_of_its_leader_and_is_resumed() {
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let (mut s, w) = Raw::hello(c.lock_addrs[l], 10_000);
+    assert_eq!(
+        w.flags & sp::FLAG_RESUMABLE,
+        sp::FLAG_RESUMABLE,
+        "a cluster session is resumable"
+    );
+    let sid = w.session_id;
+    let t_sess = s.take(b"sess-key", HoldMode::Session);
+    let t_lease = s.take(b"lease-key", HoldMode::Lease);
+    let t_pers = s.take(b"pers-key", HoldMode::Persistent);
+    c.kill9(l);
+    let l2 = c.leader(WAIT);
+    assert_ne!(l2, l);
+    // Nobody else gets the session's keys meanwhile.
+    for k in [&b"sess-key"[..], b"lease-key", b"pers-key"] {
+        assert_eq!(try_lock(&c, l2, k), Some(b'#'), "{k:?} still held");
+    }
+    // A follower refuses the Resume and names the leader.
+    let f = (0..3).find(|&i| i != l && i != l2).expect("a follower");
+    let (_, held, a) = Raw::resume(c.lock_addrs[f], sid);
+    assert!(held.is_empty());
+    assert!(
+        matches!(
+            a,
+            Answer::Refused {
+                status: Status::NotLeader,
+                ..
+            }
+        ),
+        "a follower answered {a:?}"
+    );
+    let (mut r, held, a) = Raw::resume(c.lock_addrs[l2], sid);
+    let w2 = welcome_of(a);
+    assert_eq!(w2.session_id, sid);
+    assert_eq!(w2.keepalive_ms, w.keepalive_ms);
+    assert_eq!(w2.flags & sp::FLAG_RESUMABLE, sp::FLAG_RESUMABLE);
+    assert_eq!(
+        held,
+        vec![
+            (b"lease-key".to_vec(), t_lease, HoldMode::Lease),
+            (b"pers-key".to_vec(), t_pers, HoldMode::Persistent),
+            (b"sess-key".to_vec(), t_sess, HoldMode::Session),
+        ],
+        "every hold of the session, with its token"
+    );
+    // The session is the connection's again: its session hold is its own.
+    let (st, _) = r.call(&Req::Release {
+        token: t_sess,
+        key: b"sess-key",
+    });
+    assert_eq!(st, Status::Ok);
+    assert_eq!(try_lock(&c, l2, b"sess-key"), Some(b'+'));
+    // New grants of the resumed session are larger than every earlier one.
+    let t_new = r.take(b"new-key", HoldMode::Session);
+    assert!(t_new > t_pers, "{t_new} > {t_pers}");
+    // Its end (the connection closes) releases its session holds at once.
+    drop(r);
+    poll_until("the resumed session's end frees its key", WAIT, || {
+        try_lock(&c, l2, b"new-key") == Some(b'+')
+    });
+    assert_eq!(try_lock(&c, l2, b"pers-key"), Some(b'#'), "persistent");
+    drop(s);
+}
+
+/// A session nobody resumes ends once its window (keep-alive plus an
+/// election timeout after the new leader started) passes; a Resume after
+/// that is `unknown session`.
+#[test]
+fn a_session_nobody_resumes_ends_after_its_window() {
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let (mut s, w) = Raw::hello(c.lock_addrs[l], 1_000);
+    assert_eq!(w.keepalive_ms, 1_000);
+    s.take(b"orphan-key", HoldMode::Session);
+    c.kill9(l);
+    let l2 = c.leader(WAIT);
+    assert_eq!(try_lock(&c, l2, b"orphan-key"), Some(b'#'));
+    poll_until("the unresumed session's hold is released", WAIT, || {
+        try_lock(&c, l2, b"orphan-key") == Some(b'+')
+    });
+    let (_, held, a) = Raw::resume(c.lock_addrs[l2], w.session_id);
+    assert!(held.is_empty());
+    assert!(
+        matches!(
+            a,
+            Answer::Reply {
+                status: Status::UnknownSession,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    drop(s);
+}
+
+/// On a serving leader a connection's close ends its session at once (as
+/// on a single node), and a Resume of it is `unknown session`; a Resume of
+/// a session another connection still has takes it over.
+#[test]
+fn a_close_ends_a_session_and_a_resume_takes_over_a_live_one() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let (mut s, w) = Raw::hello(c.lock_addrs[l], 10_000);
+    s.take(b"closed-key", HoldMode::Session);
+    drop(s);
+    poll_until("the closed session's key is free", WAIT, || {
+        try_lock(&c, l, b"closed-key") == Some(b'+')
+    });
+    let (_, _, a) = Raw::resume(c.lock_addrs[l], w.session_id);
+    assert!(
+        matches!(
+            a,
+            Answer::Reply {
+                status: Status::UnknownSession,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+
+    let (mut s, w) = Raw::hello(c.lock_addrs[l], 10_000);
+    let t = s.take(b"live-key", HoldMode::Session);
+    let (mut r, held, a) = Raw::resume(c.lock_addrs[l], w.session_id);
+    welcome_of(a);
+    assert_eq!(held, vec![(b"live-key".to_vec(), t, HoldMode::Session)]);
+    // The earlier connection is closed; the session (and its hold) is not.
+    assert!(s.read(None).is_none(), "the taken-over connection closes");
+    assert_eq!(try_lock(&c, l, b"live-key"), Some(b'#'));
+    let (st, _) = r.call(&Req::Release {
+        token: t,
+        key: b"live-key",
+    });
+    assert_eq!(st, Status::Ok);
+    // A session of a single node, or never opened, is unknown.
+    let (_, _, a) = Raw::resume(c.lock_addrs[l], 12345);
+    assert!(
+        matches!(
+            a,
+            Answer::Reply {
+                status: Status::UnknownSession,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+}
