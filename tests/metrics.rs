@@ -103,6 +103,9 @@ ringlock_undelivered_grants_total 1
 # HELP ringlock_sessions_opened_total Session connections opened (Hello).
 # TYPE ringlock_sessions_opened_total counter
 ringlock_sessions_opened_total 0
+# HELP ringlock_sessions_resumed_total Replicated sessions taken over by a new connection (Resume), after a failover or from a connection the server still had.
+# TYPE ringlock_sessions_resumed_total counter
+ringlock_sessions_resumed_total 0
 # HELP ringlock_sessions_ended_total Sessions ended: connection closed or failed, or keep-alive deadline passed.
 # TYPE ringlock_sessions_ended_total counter
 ringlock_sessions_ended_total 0

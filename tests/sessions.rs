@@ -810,8 +810,9 @@ fn the_hello_is_framed_its_reply_echoes_its_rid_and_rid_zero_is_ordinary() {
     sp::encode(0, &Req::Ping, &mut b);
     s.write_all(&b).expect("send");
     let frames = raw_frames(&mut s, 2).expect("two answers");
-    assert_eq!(frames[0][..7], [0x80, 0xD4, 0xC3, 0xB2, 0xA1, 32, 0]);
-    assert_eq!(frames[0].len(), 7 + sp::WELCOME_BODY);
+    // The 32-byte body of version 1, then this version's flags byte.
+    assert_eq!(frames[0][..7], [0x80, 0xD4, 0xC3, 0xB2, 0xA1, 33, 0]);
+    assert_eq!(frames[0].len(), 7 + sp::WELCOME_BODY + 1);
     let mut pong = Vec::new();
     sp::encode_reply(0, Status::Ok, 0, sp::NO_TTL, &mut pong);
     assert_eq!(frames[1], pong);
@@ -1104,7 +1105,7 @@ fn the_documented_session_example_is_what_the_server_says() {
         f
     };
     const HELLO: &[usize] = &[1, 4, 2, 1, 4];
-    const WELCOME: &[usize] = &[1, 4, 2, 1, 1, 4, 4, 4, 8, 4, 4, 2];
+    const WELCOME: &[usize] = &[1, 4, 2, 1, 1, 4, 4, 4, 8, 4, 4, 2, 1];
     const REPLY: &[usize] = &[1, 4, 2, 1, 8, 4];
     const ACQUIRE: &[usize] = &[1, 4, 2, 1, 4, 4, 1, 3, 1, 2];
     const EXTEND: &[usize] = &[1, 4, 2, 8, 4, 1, 3];

@@ -724,24 +724,36 @@ impl Replica {
         self.node.read_index(ctx);
     }
 
-    /// Whether every other member of this group (voters, learners, both
-    /// halves of a joint configuration) announced in its newest message
-    /// that it reads session records (a node of an earlier version stops
-    /// on a record it does not know, so none is written until then).
+    /// Whether session records may be written: every other member of this
+    /// group (voters, learners, both halves of a joint configuration) that
+    /// this node has heard from since it started announced in its newest
+    /// message that it reads them, and those that did, with this node,
+    /// are a majority of the voters. A node of an earlier version stops on
+    /// a record it does not know; one not heard from (down since this node
+    /// started) is assumed to run what it ran before, which the other
+    /// nodes' announcements stand for (docs/cluster.md: never bring back an
+    /// older version into a cluster whose sessions are replicated).
     pub fn peers_read_sessions(&self) -> bool {
         let cs = self.node.raft.prs().conf().to_conf_state();
         let me = self.cfg.id;
-        cs.voters
+        let reads = |n: &u64| {
+            *n == me
+                || self
+                    .features
+                    .get(n)
+                    .is_some_and(|f| f & FEATURE_SESSIONS != 0)
+        };
+        let members = cs
+            .voters
             .iter()
             .chain(&cs.learners)
             .chain(&cs.voters_outgoing)
-            .chain(&cs.learners_next)
-            .filter(|&&n| n != me)
-            .all(|n| {
-                self.features
-                    .get(n)
-                    .is_some_and(|f| f & FEATURE_SESSIONS != 0)
-            })
+            .chain(&cs.learners_next);
+        let known_all_read = members.filter(|n| self.features.contains_key(n)).all(reads);
+        let majority = |voters: &[u64]| {
+            voters.is_empty() || voters.iter().filter(|n| reads(n)).count() * 2 > voters.len()
+        };
+        known_all_read && majority(&cs.voters) && majority(&cs.voters_outgoing)
     }
 
     /// A message from a peer (already decoded from its frame).

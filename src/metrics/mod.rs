@@ -226,6 +226,7 @@ pub struct Metrics {
     hangup_withdrawals: AtomicU64,
     undelivered_grants: AtomicU64,
     sessions_opened: AtomicU64,
+    sessions_resumed: AtomicU64,
     sessions_ended: AtomicU64,
     sessions_expired: AtomicU64,
     lost_pushed: AtomicU64,
@@ -279,6 +280,7 @@ impl Metrics {
             hangup_withdrawals: AtomicU64::new(0),
             undelivered_grants: AtomicU64::new(0),
             sessions_opened: AtomicU64::new(0),
+            sessions_resumed: AtomicU64::new(0),
             sessions_ended: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
             lost_pushed: AtomicU64::new(0),
@@ -407,6 +409,11 @@ impl Metrics {
     /// A session connection opened (Hello).
     pub fn session_opened(&self) {
         self.sessions_opened.fetch_add(1, Relaxed);
+    }
+
+    /// A replicated session taken over by a connection (Resume).
+    pub fn session_resumed(&self) {
+        self.sessions_resumed.fetch_add(1, Relaxed);
     }
 
     /// A session ended (closed, failed, or its keep-alive passed).
@@ -649,6 +656,12 @@ impl Metrics {
             "sessions_opened_total",
             "Session connections opened (Hello).",
             self.sessions_opened.load(Relaxed),
+        );
+        counter(
+            w,
+            "sessions_resumed_total",
+            "Replicated sessions taken over by a new connection (Resume), after a failover or from a connection the server still had.",
+            self.sessions_resumed.load(Relaxed),
         );
         counter(
             w,

@@ -303,7 +303,7 @@ impl Shard {
             sp::encode_held(p.rid, key.as_bytes(), *token, *mode, *ttl, &mut c.out);
         }
         sp::encode_welcome(p.rid, &welcome, &mut c.out);
-        self.metrics.session_opened();
+        self.metrics.session_resumed();
         log!(
             Level::Info,
             "session_resumed",
