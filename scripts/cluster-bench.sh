@@ -27,7 +27,9 @@
 # every node in a loop) and (b) kill -> grant of a client that was queued
 # (blocking Lock) on the old leader behind a holder: the waiter reconnects
 # and queues again, the holder reconnects and releases, the waiter's '+' at
-# the new leader ends the measure. The killed node is restarted on its data
+# the new leader ends the measure; (c) kill -> a session opened on the old
+# leader (holding a session hold) resumed on the new one, its hold listed.
+# The killed node is restarted on its data
 # path and the next trial waits until the cluster serves with all three up.
 #
 # Writes DIR (default bench/results/cluster): one JSON per system x scenario
@@ -323,8 +325,9 @@ ho() { # measure stat, from handover.json
         echo "| (a), trials where no link between the two survivors broke during the election | $(fo a_no_stale_link count) | $(fo a_no_stale_link p50_ms) | | $(fo a_no_stale_link max_ms) |"
         echo "| (a), trials where a survivor's link to the other survivor (restarted after an earlier trial) was found broken during the election | $(fo a_stale_link count) | $(fo a_stale_link p50_ms) | | $(fo a_stale_link max_ms) |"
         echo "| (b) kill → grant of a waiter queued on the old leader (re-queued at the new one, holder released there) | $(fo b count) | $(fo b p50_ms) | $(fo b p99_ms) | $(fo b max_ms) |"
+        echo "| (c) kill → a session of the old leader resumed on the new one (its session hold listed) | $(fo c count) | $(fo c p50_ms) | $(fo c p99_ms) | $(fo c max_ms) |"
         echo
-        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Term increase per election (new leader's term − old leader's, from their logs; pre-vote is on, so a refused pre-vote round does not show here): $(sed -n 's/.*"term_increase":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/+\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
+        echo "p99 is nearest-rank (with up to 100 trials it is the largest). Clients retry every node with a $( [ -n "${FAILOVER_PAUSE_US:-}" ] && echo "$FAILOVER_PAUSE_US µs" || echo "1 ms") pause, connect timeout 100 ms, read timeout 1 s; the clock starts just before kill(2). Keys lost by a failover: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"); sessions whose hold was not listed by the Resume: $(sed -n 's/.*"sessions_lost":\([0-9]*\).*/\1/p' "$OUT/failover.json"). Term increase per election (new leader's term − old leader's, from their logs; pre-vote is on, so a refused pre-vote round does not show here): $(sed -n 's/.*"term_increase":{\([^}]*\)}.*/\1/p' "$OUT/failover.json" | sed 's/"\([0-9]*\)":\([0-9]*\)/+\1 in \2 trials/g; s/,/, /g'). Raw trials: failover-trials.jsonl."
     fi
     if [ -s "$OUT/handover.json" ]; then
         echo
@@ -334,8 +337,9 @@ ho() { # measure stat, from handover.json
         echo "|---|---:|---:|---:|---:|"
         echo "| (a) SIGTERM → first grant by the new leader | $(ho a count) | $(ho a p50_ms) | $(ho a p99_ms) | $(ho a max_ms) |"
         echo "| (b) SIGTERM → grant of a waiter queued on the old leader (answered '-' by it, re-queued at the new one) | $(ho b count) | $(ho b p50_ms) | $(ho b p99_ms) | $(ho b max_ms) |"
+        echo "| (c) SIGTERM → a session of the old leader resumed on the new one | $(ho c count) | $(ho c p50_ms) | $(ho c p99_ms) | $(ho c max_ms) |"
         echo
-        echo "Same clients and clock as above, the signal SIGTERM instead of SIGKILL: the clients start once the old leader's process is gone, so (a) includes its hand-over and exit. Keys lost: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/handover.json"). Raw trials: handover-trials.jsonl."
+        echo "Same clients and clock as above, the signal SIGTERM instead of SIGKILL: the clients start once the old leader's process is gone, so (a) includes its hand-over and exit. Keys lost: $(sed -n 's/.*"keys_lost":\([0-9]*\).*/\1/p' "$OUT/handover.json"); sessions not kept: $(sed -n 's/.*"sessions_lost":\([0-9]*\).*/\1/p' "$OUT/handover.json"). Raw trials: handover-trials.jsonl."
     fi
 } >"$OUT/latest.md"
 cat "$OUT/latest.md"

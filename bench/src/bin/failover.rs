@@ -33,6 +33,14 @@
 //!     trial reports the key lost). So (b) = the waiter re-queued at the
 //!     new leader and granted after its holder released there.
 //!
+//!   - (c) the session's resume: a session opened on the leader before the
+//!     kill (a Hello; `session_resumable` says whether its welcome had the
+//!     resumable flag) holds key `K-s` as a session hold; after the kill
+//!     it sends a Resume, node after node, until one answers with a
+//!     welcome; `session_kept` says whether that answer listed `K-s` with
+//!     the token the session was granted (a replicated session keeps its
+//!     holds through the failover), `c_ms` when it came.
+//!
 //!   With `--logs` (each node's log file, in node order) it also reports
 //!   from the new leader's log when it was elected and when it began to
 //!   serve (`elected_ms`, `serving_ms`, from the kill).
@@ -283,6 +291,110 @@ enum Event {
     HolderReleased(Duration, bool),
     /// (b): node index, time; and when the old connection was seen dead.
     WaiterGranted(usize, Duration, Option<Duration>),
+    /// (c): time, and whether the resumed session still held its key.
+    Resumed(Duration, bool),
+}
+
+/// A session on `node` holding `key` as a session hold: the connection,
+/// the session id, whether it is resumable, the token.
+fn session_holding(node: SocketAddr, key: &str) -> Result<(TcpStream, u64, bool, u64), String> {
+    use ringlock::protocol::session::{self as sp, Answer, HoldMode, Req};
+    let mut s = connect(node, READ_TIMEOUT).map_err(|e| format!("session: {e}"))?;
+    let mut b = Vec::new();
+    sp::encode(
+        1,
+        &Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms: 0,
+            auth: b"",
+        },
+        &mut b,
+    );
+    sp::encode(
+        2,
+        &Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: 0,
+            key: key.as_bytes(),
+            source: b"fo-session",
+        },
+        &mut b,
+    );
+    s.write_all(&b).map_err(|e| format!("session: {e}"))?;
+    let mut buf = Vec::new();
+    let (mut sid, mut flags, mut token) = (None, 0, None);
+    while sid.is_none() || token.is_none() {
+        match read_answer(&mut s, &mut buf, Some(1))? {
+            Answer::Welcome { welcome, .. } => {
+                sid = Some(welcome.session_id);
+                flags = welcome.flags;
+            }
+            Answer::Reply {
+                rid: 2,
+                status: sp::Status::Ok,
+                token: t,
+                ..
+            } => token = Some(t),
+            other => return Err(format!("session: answered {other:?}")),
+        }
+    }
+    Ok((
+        s,
+        sid.expect("set"),
+        flags & sp::FLAG_RESUMABLE != 0,
+        token.expect("set"),
+    ))
+}
+
+/// The next session answer on `s`.
+fn read_answer(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    hello_rid: Option<u32>,
+) -> Result<ringlock::protocol::session::Answer, String> {
+    loop {
+        if let Some((a, n)) = ringlock::protocol::session::decode_answer(buf, hello_rid)? {
+            buf.drain(..n);
+            return Ok(a);
+        }
+        let mut chunk = [0u8; 1024];
+        match s.read(&mut chunk) {
+            Ok(0) => return Err("closed".into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// One Resume of session `sid` on `node`: `Some(listed)` when it was
+/// answered with a welcome (`listed`: `key` with `token` among the Held
+/// frames), `None` for a refusal or no answer.
+fn resume_once(node: SocketAddr, sid: u64, key: &str, token: u64) -> Option<bool> {
+    use ringlock::protocol::session::{self as sp, Answer, Req};
+    let mut s = connect(node, READ_TIMEOUT).ok()?;
+    let mut b = Vec::new();
+    sp::encode(
+        1,
+        &Req::Resume {
+            version: sp::VERSION,
+            session_id: sid,
+            auth: b"",
+        },
+        &mut b,
+    );
+    s.write_all(&b).ok()?;
+    let mut buf = Vec::new();
+    let mut listed = false;
+    loop {
+        match read_answer(&mut s, &mut buf, Some(1)).ok()? {
+            Answer::Held { key: k, token: t, .. } => {
+                listed |= k == key.as_bytes() && t == token;
+            }
+            Answer::Welcome { .. } => return Some(listed),
+            _ => return None,
+        }
+    }
 }
 
 fn trial(a: &Args) -> Result<bool, String> {
@@ -327,9 +439,12 @@ fn trial(a: &Args) -> Result<bool, String> {
     waiter
         .set_read_timeout(Some(a.timeout))
         .map_err(|e| e.to_string())?;
+    // (c): a session holding K-s.
+    let skey = format!("{key}-s");
+    let (session, sid, resumable, stoken) = session_holding(leader, &skey)?;
 
     let done = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(n + 3));
+    let start = Arc::new(Barrier::new(n + 4));
     let (tx, rx) = mpsc::channel::<Event>();
     let t0_cell: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
     let mut handles = Vec::new();
@@ -449,6 +564,30 @@ fn trial(a: &Args) -> Result<bool, String> {
             }
         }));
     }
+    // The session: resumes on whichever node serves.
+    {
+        let (done, start, tx, t0c, pause, nodes) = (
+            done.clone(),
+            start.clone(),
+            tx.clone(),
+            t0_cell.clone(),
+            a.pause,
+            a.nodes.clone(),
+        );
+        handles.push(thread::spawn(move || {
+            start.wait();
+            let t0 = *t0c.get().expect("t0 set before the start");
+            let mut i = 0;
+            while !done.load(Ordering::Relaxed) {
+                if let Some(kept) = resume_once(nodes[i % nodes.len()], sid, &skey, stoken) {
+                    let _ = tx.send(Event::Resumed(t0.elapsed(), kept));
+                    return;
+                }
+                i += 1;
+                thread::sleep(pause);
+            }
+        }));
+    }
     drop(tx);
 
     let t0 = Instant::now();
@@ -480,7 +619,13 @@ fn trial(a: &Args) -> Result<bool, String> {
     let (mut first, mut released, mut granted) = (None, None, None);
     let mut kept = true;
     let mut waiter_closed = None;
-    while first.is_none() || released.is_none() || granted.is_none() {
+    // Only a resumable session is waited for.
+    let mut resumed: Option<(Duration, bool)> = None;
+    while first.is_none()
+        || released.is_none()
+        || granted.is_none()
+        || (resumable && resumed.is_none())
+    {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(Event::FirstGrant(i, t)) => first = Some((i, t)),
@@ -492,6 +637,7 @@ fn trial(a: &Args) -> Result<bool, String> {
                 granted = Some((i, t));
                 waiter_closed = c;
             }
+            Ok(Event::Resumed(t, k)) => resumed = Some((t, k)),
             Err(_) => break,
         }
     }
@@ -499,6 +645,7 @@ fn trial(a: &Args) -> Result<bool, String> {
     for h in handles {
         let _ = h.join();
     }
+    drop(session);
     let old_grant = matches!(granted, Some((usize::MAX, _)));
     // The new leader's own account: when it won the election and when it
     // began to serve (its log's event=raft_leader and event=raft_serving).
@@ -527,7 +674,7 @@ fn trial(a: &Args) -> Result<bool, String> {
     });
     let new_leader = first.map(|(i, _)| (i + 1).to_string());
     println!(
-        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"old_term\":{},\"new_term\":{},\"term_increase\":{},\"stale_links\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{}}}",
+        "{{\"trial\":{},\"killed\":{},\"new_leader\":{},\"kill_to_dead_ms\":{:.3},\"elected_ms\":{},\"serving_ms\":{},\"old_term\":{},\"new_term\":{},\"term_increase\":{},\"stale_links\":{},\"a_ms\":{},\"b_ms\":{},\"holder_release_ms\":{},\"waiter_closed_ms\":{},\"key_kept\":{},\"waiter_granted_by_dead_leader\":{},\"session_resumable\":{},\"c_ms\":{},\"session_kept\":{}}}",
         a.trial,
         a.leader,
         new_leader.unwrap_or_else(|| "null".into()),
@@ -544,8 +691,17 @@ fn trial(a: &Args) -> Result<bool, String> {
         opt_ms(waiter_closed),
         kept,
         old_grant,
+        resumable,
+        opt_ms(resumed.map(|r| r.0)),
+        resumed.is_some_and(|r| r.1),
     );
-    Ok(first.is_some() && released.is_some() && granted.is_some() && kept && !old_grant)
+    let session_ok = !resumable || resumed.is_some_and(|r| r.1);
+    Ok(first.is_some()
+        && released.is_some()
+        && granted.is_some()
+        && kept
+        && !old_grant
+        && session_ok)
 }
 
 fn unix_now() -> f64 {
@@ -662,6 +818,7 @@ fn report(a: &Args) -> Result<(), String> {
     for m in [
         "a_ms",
         "b_ms",
+        "c_ms",
         "elected_ms",
         "serving_ms",
         "holder_release_ms",
@@ -723,7 +880,16 @@ fn report(a: &Args) -> Result<(), String> {
     }
     let rounds: Vec<String> = rounds.iter().map(|(k, n)| format!("\"{k}\":{n}")).collect();
     out += &format!(",\"term_increase\":{{{}}}", rounds.join(","));
-    out += &format!(",\"keys_lost\":{lost}}}");
+    let sessions_lost = trials
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.get("session_kept"),
+                Some(ringlock_bench::json::Value::Bool(false))
+            )
+        })
+        .count();
+    out += &format!(",\"keys_lost\":{lost},\"sessions_lost\":{sessions_lost}}}");
     println!("{out}");
     Ok(())
 }
