@@ -402,8 +402,9 @@ impl Shard {
     }
 
     /// Ends the replicated sessions and orphan entries whose window passed
-    /// (a serving leader only; one that does not serve arms them again
-    /// when it starts).
+    /// (a serving node only: while it does not serve, each is looked at
+    /// again an election timeout later, and every window is armed anew
+    /// when this shard starts serving).
     pub(super) fn expire_detached(&mut self) {
         let now_us = self.now.mono_us;
         let serving = self.may_serve();
@@ -418,7 +419,15 @@ impl Shard {
                 .get(&sid)
                 .and_then(|&t| self.session_conn(sid, t))
                 .is_some();
-            if !serving || attached || self.table.session_keepalive(sid).is_none() {
+            if attached || self.table.session_keepalive(sid).is_none() {
+                continue;
+            }
+            if !serving {
+                // Not now (another shard of this node does not serve): no
+                // later than an election timeout from now, or when this
+                // shard starts serving again.
+                let at = now_us + self.election_us().max(1);
+                self.resumes.windows.push(Reverse((at, sid)));
                 continue;
             }
             log!(
@@ -448,6 +457,8 @@ impl Shard {
             }
             self.resumes.orphans.pop();
             if !serving {
+                let at = now_us + self.election_us().max(1);
+                self.resumes.orphans.push(Reverse((at, sid)));
                 continue;
             }
             let now = self.now;

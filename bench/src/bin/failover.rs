@@ -388,7 +388,9 @@ fn resume_once(node: SocketAddr, sid: u64, key: &str, token: u64) -> Option<bool
     let mut listed = false;
     loop {
         match read_answer(&mut s, &mut buf, Some(1)).ok()? {
-            Answer::Held { key: k, token: t, .. } => {
+            Answer::Held {
+                key: k, token: t, ..
+            } => {
                 listed |= k == key.as_bytes() && t == token;
             }
             Answer::Welcome { .. } => return Some(listed),
