@@ -309,3 +309,59 @@ fn a_close_ends_a_session_and_a_resume_takes_over_a_live_one() {
         "{a:?}"
     );
 }
+
+/// The serving node other than `old`, waiting for one.
+fn new_leader(c: &Cluster, old: usize) -> usize {
+    let mut found = None;
+    poll_until("another node serves", WAIT, || {
+        found = (0..3).filter(|&i| i != old).find(|&i| c.serves(i));
+        found.is_some()
+    });
+    found.expect("found")
+}
+
+/// SIGSTOP of the leader past the election timeout, and its Raft links cut
+/// (the session's own connection stays up, so its client hears nothing):
+/// the session is resumed on the new leader with its hold; when the old
+/// leader runs (or is reachable) again it closes the old connection, and
+/// what it did meanwhile (a keep-alive expiry, on its stale clock) does not
+/// end the session.
+#[test]
+fn a_session_is_resumed_when_its_leader_pauses_or_is_cut_off() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    for fault in ["pause", "partition"] {
+        let l = c.leader(WAIT);
+        let (mut s, w) = Raw::hello(c.lock_addrs[l], 10_000);
+        let key = format!("{fault}-key");
+        let t = s.take(key.as_bytes(), HoldMode::Session);
+        match fault {
+            "pause" => c.signal(l, libc::SIGSTOP),
+            _ => c.isolate(l),
+        }
+        let l2 = new_leader(&c, l);
+        let (mut r, held, a) = Raw::resume(c.lock_addrs[l2], w.session_id);
+        welcome_of(a);
+        assert_eq!(
+            held,
+            vec![(key.as_bytes().to_vec(), t, HoldMode::Session)],
+            "{fault}: the hold is the session's on the new leader"
+        );
+        match fault {
+            "pause" => c.signal(l, libc::SIGCONT),
+            _ => c.heal(),
+        }
+        // The old leader's connection closes (it steps down when it hears
+        // of the new term): that does not end the session.
+        assert!(s.read(None).is_none(), "{fault}: the old connection closes");
+        poll_until("the old leader follows", WAIT, || {
+            !c.serves(l) && c.serves(l2)
+        });
+        assert_eq!(r.call(&Req::Ping).0, Status::Ok);
+        assert_eq!(try_lock(&c, l2, key.as_bytes()), Some(b'#'), "{fault}");
+        let (st, _) = r.call(&Req::Release {
+            token: t,
+            key: key.as_bytes(),
+        });
+        assert_eq!(st, Status::Ok, "{fault}: released by the resumed session");
+    }
+}
