@@ -1343,8 +1343,9 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 		s.pending[rid] = c
 		resend = append(resend, c.frame)
 	}
+	// s.w stays: the same session's welcome (read without the lock by
+	// TTLBounds, ID, Shards).
 	s.conn, s.addr = r.conn, r.addr
-	s.w = r.w
 	s.resuming = false
 	s.gen++
 	s.resumes++
