@@ -9,8 +9,8 @@ import (
 // The session protocol's frames (docs/protocol.md, "Sessions"). Every frame,
 // in both directions, is a 7-byte header followed by at most 512 body bytes:
 //
-//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=12
-//	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost
+//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=13
+//	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost, 0x82 Held
 //
 // Integers are little-endian. This file holds the encoders and decoders
 // only, so that they can be tested without a server.
@@ -26,9 +26,15 @@ const (
 	opExtend  = 10
 	opCancel  = 11
 	opPing    = 12
+	opResume  = 13 // instead of a Hello: takes a replicated session over
 
 	kindReply = 0x80
 	kindLost  = 0x81
+	kindHeld  = 0x82 // one hold of a resumed session, before the Resume's welcome
+
+	// flagResumable is bit 0 of the welcome's flags byte (after the
+	// 32-byte body): the session is replicated and can be resumed.
+	flagResumable = 1
 
 	// replyBodyLen is the body of every Reply but the Hello's.
 	replyBodyLen = 13
@@ -121,6 +127,19 @@ func encodeHello(rid uint32, version uint8, keepaliveMs uint32, auth []byte) []b
 	return finish(b)
 }
 
+// encodeResume: [u8 version][u64 session_id], then [u8 authLen][auth] if
+// there is a token.
+func encodeResume(rid uint32, version uint8, sessionID uint64, auth []byte) []byte {
+	b := frame(opResume, rid, 10+len(auth))
+	b = append(b, version)
+	b = putU64(b, sessionID)
+	if len(auth) > 0 {
+		b = append(b, byte(len(auth)))
+		b = append(b, auth...)
+	}
+	return finish(b)
+}
+
 // encodeAcquire: [u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src].
 func encodeAcquire(rid uint32, hold HoldMode, ttlMs, waitMs uint32, key, source string) []byte {
 	b := frame(opAcquire, rid, 11+len(key)+len(source))
@@ -173,6 +192,16 @@ type welcome struct {
 	maxKeys     uint32
 	maxWaiters  uint32
 	shards      uint16
+	flags       uint8 // the byte after the 32-byte body; 0 when absent
+}
+
+// heldFrame is a Held frame (answers a Resume, before its welcome):
+// [u64 token][u8 hold][u32 ttl_left_ms][u8 keyLen][key].
+type heldFrame struct {
+	token     uint64
+	mode      HoldMode
+	ttlLeftMs uint32 // noTTL for a hold that is not a lease
+	key       string
 }
 
 // reply is every other Reply: [u8 status][u64 token][u32 ttl_left_ms], or
@@ -201,14 +230,14 @@ func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
 	if blen > bodyMax {
 		return 0, 0, 0, fmt.Errorf("answer body of %d bytes (at most %d)", blen, bodyMax)
 	}
-	if kind != kindReply && kind != kindLost {
+	if kind != kindReply && kind != kindLost && kind != kindHeld {
 		return 0, 0, 0, fmt.Errorf("unknown answer kind %#02x", kind)
 	}
 	return kind, rid, blen, nil
 }
 
 func decodeStatus(b byte) (Status, error) {
-	if b > byte(StatusNotLeader) {
+	if b > byte(StatusUnknownSession) {
 		return 0, fmt.Errorf("unknown status %d", b)
 	}
 	return Status(b), nil
@@ -225,7 +254,12 @@ func decodeWelcome(b []byte) (welcome, error) {
 		return welcome{}, err
 	}
 	le := binary.LittleEndian
+	var flags uint8
+	if len(b) > welcomeBodyLen {
+		flags = b[welcomeBodyLen]
+	}
 	return welcome{
+		flags:       flags,
 		status:      st,
 		version:     b[1],
 		keepaliveMs: le.Uint32(b[2:6]),
@@ -284,5 +318,25 @@ func decodeLost(b []byte) (lostPush, error) {
 		token:  binary.LittleEndian.Uint64(b[0:8]),
 		reason: b[8],
 		key:    string(b[10:]),
+	}, nil
+}
+
+// decodeHeld reads a Held frame's body.
+func decodeHeld(b []byte) (heldFrame, error) {
+	if len(b) < 15 {
+		return heldFrame{}, errShortBody
+	}
+	n := int(b[13])
+	if n < 1 || n > MaxKeyLen || len(b) != 14+n {
+		return heldFrame{}, fmt.Errorf("held frame with a key of %d bytes in a body of %d", n, len(b))
+	}
+	if b[8] > byte(HoldLease) {
+		return heldFrame{}, fmt.Errorf("held frame with unknown hold mode %d", b[8])
+	}
+	return heldFrame{
+		token:     binary.LittleEndian.Uint64(b[0:8]),
+		mode:      HoldMode(b[8]),
+		ttlLeftMs: binary.LittleEndian.Uint32(b[9:13]),
+		key:       string(b[14:]),
 	}, nil
 }

@@ -60,7 +60,7 @@ func TestBodyLengthCountsTheLongestKeyAndSource(t *testing.T) {
 
 func TestDecodeWelcome(t *testing.T) {
 	body := unhex(t, "00 01 10270000 0a000000 005c2605 2a00000000000000 a0860100 a0860100 0200")
-	w, err := decodeWelcome(append(body, 0xEE, 0xEE)) // appended fields are skipped
+	w, err := decodeWelcome(body) // a 32-byte welcome: flags 0
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +68,11 @@ func TestDecodeWelcome(t *testing.T) {
 		sessionID: 42, maxKeys: 100000, maxWaiters: 100000, shards: 2}
 	if w != want {
 		t.Fatalf("got %+v\nwant %+v", w, want)
+	}
+	w, err = decodeWelcome(append(append([]byte{}, body...), flagResumable, 0xEE)) // flags, then skipped
+	want.flags = flagResumable
+	if err != nil || w != want {
+		t.Fatalf("got %+v %v\nwant %+v", w, err, want)
 	}
 	if _, err := decodeWelcome(body[:31]); err == nil {
 		t.Fatal("a 31-byte Hello reply decoded")
@@ -110,7 +115,7 @@ func TestDecodeStatusesWithDetail(t *testing.T) {
 		"0b 01 01 02",                  // longer
 		"0b 0000000000000000 000000",   // the 13-byte layout
 		"",                             // empty
-		"0d 0000000000000000 00000000", // unknown status
+		"0e 0000000000000000 00000000", // unknown status
 	} {
 		if _, err := decodeReply(unhex(t, bad)); err == nil {
 			t.Errorf("%q decoded", bad)
@@ -207,5 +212,32 @@ func TestNormalizeAddr(t *testing.T) {
 		if got, err := normalizeAddr(bad); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("%q: got %q, %v; want ErrInvalidArgument", bad, got, err)
 		}
+	}
+}
+
+func TestResumeAndHeld(t *testing.T) {
+	got := encodeResume(1, 1, 0x0080000000000007, nil)
+	if want := unhex(t, "0d 01000000 0900 01 0700000000008000"); !bytes.Equal(got, want) {
+		t.Fatalf("resume % x, want % x", got, want)
+	}
+	if got := encodeResume(1, 1, 7, []byte("s")); !bytes.Equal(got[len(got)-2:], []byte{1, 's'}) {
+		t.Fatalf("resume with a token % x", got)
+	}
+	h, err := decodeHeld(unhex(t, "2a00000000000000 02 dc050000 03 616263"))
+	if err != nil || h != (heldFrame{token: 42, mode: HoldLease, ttlLeftMs: 1500, key: "abc"}) {
+		t.Fatalf("got %+v %v", h, err)
+	}
+	for _, bad := range []string{
+		"2a00000000000000 03 dc050000 01 61", // hold mode 3
+		"2a00000000000000 01 dc050000 02 61", // key length
+		"2a00000000000000 01 dc050000 00",    // empty key
+	} {
+		if _, err := decodeHeld(unhex(t, bad)); err == nil {
+			t.Errorf("%q decoded", bad)
+		}
+	}
+	r, err := decodeReply(unhex(t, "0d 0000000000000000 ffffffff"))
+	if err != nil || r.status != StatusUnknownSession || !errors.Is(&StatusError{Op: "resume", Status: r.status}, ErrUnknownSession) {
+		t.Fatalf("got %+v %v", r, err)
 	}
 }

@@ -9,6 +9,10 @@
 // *Lease with the grant's fencing token (Token), a Lost channel, and
 // Release, which is safe to call more than once.
 //
+// A replicated session of a cluster (Session.Resumable) survives the loss
+// of its connection: within its keep-alive it resumes on the addresses
+// given to Dial, keeping the holds the server still lists (see Session).
+//
 //	s, err := ringlock.Dial(ctx, []string{"10.0.0.5", "10.0.0.6:22119"},
 //		ringlock.WithSource("billing-worker"))
 //	if err != nil {

@@ -30,12 +30,15 @@ const (
 	// StatusNotLeader: a server of a (future) replicated deployment that
 	// cannot serve this session (*NotLeaderError names the leader).
 	StatusNotLeader Status = 12
+	// StatusUnknownSession: a Resume named a session the server does not
+	// have (ended, never replicated, or past its resume window).
+	StatusUnknownSession Status = 13
 )
 
 var statusNames = [...]string{
 	"ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
 	"limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
-	"unsupported_version", "not_leader",
+	"unsupported_version", "not_leader", "unknown_session",
 }
 
 func (s Status) String() string {
@@ -64,6 +67,9 @@ var (
 	ErrUnsupportedVersion = errors.New("ringlock: unsupported_version")
 	// ErrNotLeader matches a *NotLeaderError.
 	ErrNotLeader = errors.New("ringlock: not_leader")
+	// ErrUnknownSession: a Resume was refused, the session has ended
+	// (Session.Err matches it when that ended the session).
+	ErrUnknownSession = errors.New("ringlock: unknown_session")
 )
 
 // Errors that are not a server status.
@@ -95,6 +101,7 @@ var statusSentinels = map[Status]error{
 	StatusUnauthorized:       ErrUnauthorized,
 	StatusUnsupportedVersion: ErrUnsupportedVersion,
 	StatusNotLeader:          ErrNotLeader,
+	StatusUnknownSession:     ErrUnknownSession,
 }
 
 // VersionError: the server at Addr does not speak this client's session
@@ -190,6 +197,11 @@ const (
 	// LostSessionEnded: the session's connection closed, failed, or its
 	// keep-alive went unanswered.
 	LostSessionEnded = 5
+	// LostNotListed: the session was resumed on a new connection (cluster
+	// mode) and the server's list of its holds did not have this one: it
+	// was reset, expired or released by token while the connection was
+	// down.
+	LostNotListed = 6
 )
 
 var lostReasons = map[int]string{
@@ -198,6 +210,7 @@ var lostReasons = map[int]string{
 	LostExpiredLocally: "the lease's TTL passed on the client's clock",
 	LostStaleToken:     "the server answered that the token is no longer the key's",
 	LostSessionEnded:   "the session ended",
+	LostNotListed:      "the resumed session does not list it (reset, expired or released by token while the connection was down)",
 }
 
 // LostError says why a lease's lock was lost. It matches ErrLost.

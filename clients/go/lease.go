@@ -245,7 +245,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.relSent = true
 		l.mu.Unlock()
 		if resend {
-			_, _ = l.s.send(&call{op: opRelease, key: l.key}, func(rid uint32) []byte {
+			_, _ = l.s.send(&call{op: opRelease, key: l.key, token: l.token}, func(rid uint32) []byte {
 				return encodeRelease(rid, l.token, l.key)
 			})
 		}
@@ -264,7 +264,7 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 func (l *Lease) sendRelease() {
-	c := &call{op: opRelease, key: l.key, ch: make(chan result, 1)}
+	c := &call{op: opRelease, key: l.key, token: l.token, ch: make(chan result, 1)}
 	if _, err := l.s.send(c, func(rid uint32) []byte {
 		return encodeRelease(rid, l.token, l.key)
 	}); err != nil {
@@ -314,4 +314,16 @@ func (l *Lease) releasedElsewhere() {
 	close(l.stop)
 	l.mu.Unlock()
 	l.released(result{})
+}
+
+// capExpiry moves a held lease's expiry on this side's clock earlier to t
+// (a resume's Held list said that much TTL is left).
+func (l *Lease) capExpiry(t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateHeld || l.timer == nil || !t.Before(l.expiresAt) {
+		return
+	}
+	l.expiresAt = t
+	l.timer.Reset(time.Until(t))
 }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -87,12 +89,32 @@ func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
 // background goroutine reads every answer and push. Another sends the
 // keep-alive Pings.
 //
-// The session does not reconnect: once it ended (Done is closed), every
-// request fails with ErrSessionEnded and every lock it held is reported
-// lost; open a new one with Dial.
+// The session does not reconnect, except for a resume: once it ended
+// (Done is closed), every request fails with ErrSessionEnded and every
+// lock it held is reported lost; open a new one with Dial.
+//
+// Resume (cluster mode). When the server's welcome has the resumable flag
+// (Resumable: a replicated session of a cluster), a failed connection
+// (EOF, an error, a not_leader close, an unanswered keep-alive Ping) does
+// not end the session at once: while the keep-alive, counted from the last
+// frame received, has not passed, the session walks its addresses (a
+// not_leader's hint first) sending a Resume as each new connection's first
+// frame. Requests made meanwhile wait and are sent after it. The holds the
+// server lists (Held frames) are kept (their Lost channels stay open),
+// those it does not list are lost (LostNotListed); an Acquire in flight
+// whose key is listed with a token this client never received is granted
+// with it, the other Acquires, an Extend, a Release whose hold is still
+// listed and a caller's Ping are sent again, a Release whose hold is not
+// listed has happened, a Cancel is settled with its Acquire; a listed hold
+// nobody here knows is released by token. Resumes counts the resumes.
+// unknown_session (Err then matches ErrUnknownSession), any other refusal,
+// or the keep-alive passing end the session as a failed connection always
+// did. Without the flag a failed connection ends the session.
 type Session struct {
-	conn           net.Conn
-	addr           string
+	conn           net.Conn // guarded by mu: a resume replaces it
+	addr           string   // guarded by mu
+	addrs          []string // every address Dial was given, normalised
+	opts           Options
 	source         string
 	w              welcome
 	keepalive      time.Duration
@@ -108,6 +130,16 @@ type Session struct {
 	holds   map[holdID]*Lease
 	err     error         // why the session ended; set once
 	done    chan struct{} // closed when err is set
+
+	// Resume (a session whose welcome had the resumable flag).
+	resumable bool
+	resuming  bool   // from a failed connection until the resume: frames are not written
+	resumes   int    // resumes that succeeded
+	gen       uint64 // the connection's generation: one more after each resume
+	seq       uint64 // order in which requests were registered
+	failCause error  // why a writer or the keep-alive failed the connection
+	t0        time.Time
+	lastRx    atomic.Int64 // when the last frame was read, as time since t0
 }
 
 type holdID struct {
@@ -124,6 +156,13 @@ type call struct {
 	ttl    time.Duration
 	sentAt time.Time
 	ch     chan result
+
+	frame     []byte // as written, rid included: a resume sends it again
+	seq       uint64
+	token     uint64 // a Release's token
+	target    uint32 // a Cancel's Acquire's rid
+	internal  bool   // a keep-alive Ping (a resume drops it)
+	cancelled bool   // an Acquire whose Cancel was sent
 }
 
 // result is an answer, or the session's end (err).
@@ -176,43 +215,67 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 		}
 		norm[i] = n
 	}
-	var tried []string
-	var last error
+	var s *Session
+	tried, err, stop := walk(ctx, norm, "", func(a string) error {
+		var err error
+		s, err = dialOne(ctx, a, norm, &o)
+		return err
+	})
+	if stop {
+		if err == nil {
+			return s, nil
+		}
+		return nil, err
+	}
+	if len(tried) == 1 {
+		return nil, err
+	}
+	return nil, fmt.Errorf("ringlock: no session could be opened (%s): %w", strings.Join(tried, "; "), err)
+}
+
+// walk tries each address once, in order; an attempt answered not_leader
+// puts the leader it names first among those not tried yet (one that is
+// not an address is skipped), and so does hint. stop: an attempt
+// succeeded (err nil), or err is a refusal no other address can change (a
+// *StatusError, a *VersionError) or ctx ended. Otherwise err is the last
+// failure and tried says every one.
+func walk(ctx context.Context, addrs []string, hint string, try func(addr string) error) (tried []string, err error, stop bool) {
 	seen := map[string]bool{}
-	for todo := norm; len(todo) > 0; {
+	todo := append([]string(nil), addrs...)
+	prefer := func(h string) {
+		if n, herr := normalizeAddr(h); herr == nil && !seen[n] {
+			todo = append([]string{n}, todo...)
+		}
+	}
+	if hint != "" {
+		prefer(hint)
+	}
+	var last error
+	for len(todo) > 0 {
 		a := todo[0]
 		todo = todo[1:]
 		if seen[a] {
 			continue
 		}
 		seen[a] = true
-		s, err := dialOne(ctx, a, &o)
+		err := try(a)
 		if err == nil {
-			return s, nil
+			return tried, nil, true
 		}
 		var se *StatusError
 		var ve *VersionError
-		if errors.As(err, &se) || errors.As(err, &ve) {
-			return nil, err
-		}
-		if ctx.Err() != nil {
-			return nil, err
+		if errors.As(err, &se) || errors.As(err, &ve) || ctx.Err() != nil {
+			return tried, err, true
 		}
 		tried = append(tried, err.Error())
 		last = err
 		var nl *NotLeaderError
 		if errors.As(err, &nl) && nl.Leader != "" {
-			// Preferred over every address not tried yet; one that is not
-			// an address is skipped (the others are still tried).
-			if h, herr := normalizeAddr(nl.Leader); herr == nil && !seen[h] {
-				todo = append([]string{h}, todo...)
-			}
+			// Preferred over every address not tried yet.
+			prefer(nl.Leader)
 		}
 	}
-	if len(tried) == 1 {
-		return nil, last
-	}
-	return nil, fmt.Errorf("ringlock: no session could be opened (%s): %w", strings.Join(tried, "; "), last)
+	return tried, last, false
 }
 
 // normalizeAddr adds the default port to an address without one.
@@ -246,7 +309,7 @@ func normalizeAddr(a string) (string, error) {
 	return a, nil
 }
 
-func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
+func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Session, error) {
 	dctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
 	d := net.Dialer{KeepAlive: 15 * time.Second}
@@ -345,6 +408,10 @@ func dialOne(ctx context.Context, addr string, o *Options) (*Session, error) {
 	s := &Session{
 		conn:           conn,
 		addr:           addr,
+		addrs:          addrs,
+		opts:           *o,
+		resumable:      w.flags&flagResumable != 0,
+		t0:             time.Now(),
 		source:         o.Source,
 		w:              w,
 		keepalive:      k,
@@ -389,11 +456,32 @@ func (s *Session) ID() uint64 { return s.w.sessionID }
 // Shards is the server's shard count.
 func (s *Session) Shards() int { return int(s.w.shards) }
 
-// RemoteAddr is the address the session is connected to.
-func (s *Session) RemoteAddr() net.Addr { return s.conn.RemoteAddr() }
+// RemoteAddr is the address the session is connected to (after a resume,
+// the server it resumed on).
+func (s *Session) RemoteAddr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.RemoteAddr()
+}
 
 // LocalAddr is the session connection's local address.
-func (s *Session) LocalAddr() net.Addr { return s.conn.LocalAddr() }
+func (s *Session) LocalAddr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.LocalAddr()
+}
+
+// Resumable reports whether the server's welcome had the resumable flag:
+// a replicated session (cluster mode) that survives a failed connection
+// by a Resume (see Session). A single node never sets it.
+func (s *Session) Resumable() bool { return s.resumable }
+
+// Resumes is how many times the session was resumed on a new connection.
+func (s *Session) Resumes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resumes
+}
 
 // Done is closed when the session has ended.
 func (s *Session) Done() <-chan struct{} { return s.done }
@@ -432,8 +520,9 @@ func (s *Session) end(cause error) {
 	s.pending = map[uint32]*call{}
 	s.holds = map[holdID]*Lease{}
 	close(s.done)
+	conn := s.conn
 	s.mu.Unlock()
-	s.conn.Close()
+	conn.Close()
 	for _, c := range pending {
 		if c.ch != nil {
 			c.ch <- result{err: err}
@@ -454,28 +543,67 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 		s.mu.Unlock()
 		return 0, err
 	}
+	rid := s.allocRid()
+	c.sentAt = time.Now()
+	c.frame = encode(rid)
+	s.seq++
+	c.seq = s.seq
+	s.pending[rid] = c
+	conn, addr := s.conn, s.addr
+	if s.resuming {
+		conn = nil // the resume sends it
+	}
+	s.mu.Unlock()
+	if conn == nil {
+		return rid, nil
+	}
+	if err := s.write(conn, c.frame); err != nil {
+		if s.failConn(conn, fmt.Errorf("writing to %s: %v", addr, err)) {
+			return rid, nil // a resume settles it
+		}
+		return 0, s.Err()
+	}
+	return rid, nil
+}
+
+// allocRid returns a request id no outstanding request has (under mu).
+func (s *Session) allocRid() uint32 {
 	rid := s.nextRid
 	for s.pending[rid] != nil {
 		rid++
 	}
 	s.nextRid = rid + 1
-	c.sentAt = time.Now()
-	s.pending[rid] = c
-	s.mu.Unlock()
-	frame := encode(rid)
+	return rid
+}
+
+// write writes one frame on conn.
+func (s *Session) write(conn net.Conn, frame []byte) error {
 	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	// A write blocks only when the server stopped reading: past the ping
 	// timeout that is a hung connection.
-	err := s.conn.SetWriteDeadline(time.Now().Add(s.pingTimeout))
+	err := conn.SetWriteDeadline(time.Now().Add(s.pingTimeout))
 	if err == nil {
-		_, err = s.conn.Write(frame)
+		_, err = conn.Write(frame)
 	}
-	s.wmu.Unlock()
-	if err != nil {
-		s.end(fmt.Errorf("writing to %s: %v", s.addr, err))
-		return 0, s.Err()
+	return err
+}
+
+// failConn handles a failure of conn seen by a writer or the keep-alive:
+// a resumable session closes conn (its reader then resumes; true), any
+// other session ends (false).
+func (s *Session) failConn(conn net.Conn, cause error) bool {
+	if !s.resumable {
+		s.end(cause)
+		return false
 	}
-	return rid, nil
+	s.mu.Lock()
+	if s.conn == conn && !s.resuming && s.failCause == nil {
+		s.failCause = cause
+	}
+	s.mu.Unlock()
+	conn.Close()
+	return true
 }
 
 // roundTrip sends a request and waits for its answer or ctx.
@@ -494,56 +622,75 @@ func (s *Session) roundTrip(ctx context.Context, c *call, encode func(rid uint32
 }
 
 // readLoop is the one reader of the connection: it matches every Reply to
-// its request by rid and hands Lost pushes to their leases.
+// its request by rid and hands Lost pushes to their leases. When the
+// connection of a resumable session fails, it resumes the session.
 func (s *Session) readLoop(br *bufio.Reader) {
+	for {
+		cause, connFailed := s.serve(br)
+		if !connFailed || !s.resumable {
+			s.end(cause)
+			return
+		}
+		nbr, err := s.resume(cause)
+		if err != nil {
+			s.end(err)
+			return
+		}
+		br = nbr
+	}
+}
+
+// serve reads the current connection until it fails: why, and whether it
+// was the connection that failed (not the server breaking the protocol).
+func (s *Session) serve(br *bufio.Reader) (cause error, connFailed bool) {
+	s.mu.Lock()
+	addr := s.addr
+	s.mu.Unlock()
 	var h [headerLen]byte
 	body := make([]byte, bodyMax)
 	for {
 		if _, err := io.ReadFull(br, h[:]); err != nil {
-			s.end(readErr(s.addr, err))
-			return
+			return readErr(addr, err), true
 		}
 		kind, rid, blen, err := decodeHeader(h[:])
 		if err != nil {
-			s.end(fmt.Errorf("%w: %v", ErrProtocol, err))
-			return
+			return fmt.Errorf("%w: %v", ErrProtocol, err), false
 		}
 		b := body[:blen]
 		if _, err := io.ReadFull(br, b); err != nil {
-			s.end(readErr(s.addr, err))
-			return
+			return readErr(addr, err), true
+		}
+		s.lastRx.Store(int64(time.Since(s.t0)))
+		if kind == kindHeld {
+			return fmt.Errorf("%w: a Held frame on an open session", ErrProtocol), false
 		}
 		if kind == kindLost {
 			p, err := decodeLost(b)
 			if err != nil || rid != 0 {
-				s.end(fmt.Errorf("%w: bad Lost push (rid %d): %v", ErrProtocol, rid, err))
-				return
+				return fmt.Errorf("%w: bad Lost push (rid %d): %v", ErrProtocol, rid, err), false
 			}
 			s.pushed(p)
 			continue
 		}
 		r, err := decodeReply(b)
 		if err != nil {
-			s.end(fmt.Errorf("%w: %v", ErrProtocol, err))
-			return
+			return fmt.Errorf("%w: %v", ErrProtocol, err), false
 		}
 		switch r.status {
 		case StatusNotLeader:
 			// A replicated server that cannot serve this session (it
-			// closes after this): the session ends naming the leader; a
-			// new Dial tries it first.
-			s.end(&NotLeaderError{Addr: s.addr, Leader: string(r.detail)})
-			return
+			// closes after this): a resumable session resumes (the leader
+			// named first); any other ends naming the leader, and a new
+			// Dial tries it first.
+			return &NotLeaderError{Addr: addr, Leader: string(r.detail)}, true
 		case StatusUnsupportedVersion:
-			s.end(fmt.Errorf("%w: %s on an open session", ErrProtocol, r.status))
-			return
+			return fmt.Errorf("%w: %s on an open session", ErrProtocol, r.status), false
 		}
 		s.mu.Lock()
 		c := s.pending[rid]
 		if c == nil {
 			s.mu.Unlock()
-			s.end(fmt.Errorf("%w: a reply to request id %d, which is not outstanding", ErrProtocol, rid))
-			return
+			return fmt.Errorf("%w: a reply to request id %d, which is not outstanding", ErrProtocol, rid), false
 		}
 		delete(s.pending, rid)
 		var l *Lease
@@ -594,25 +741,36 @@ func (s *Session) keepaliveLoop() {
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	var ping chan result
+	var pingGen uint64
 	for {
 		select {
 		case <-s.done:
 			return
 		case <-t.C:
 		}
-		if ping != nil {
+		s.mu.Lock()
+		resuming, gen, conn := s.resuming, s.gen, s.conn
+		s.mu.Unlock()
+		if resuming {
+			ping = nil // a resume drops it; the resume's answer proves the session
+			continue
+		}
+		if ping != nil && pingGen == gen {
 			select {
 			case <-ping:
 			default:
-				s.end(fmt.Errorf("a keep-alive Ping went unanswered for %v", s.pingTimeout))
-				return
+				if !s.failConn(conn, fmt.Errorf("a keep-alive Ping went unanswered for %v", s.pingTimeout)) {
+					return
+				}
+				ping = nil
+				continue
 			}
 		}
-		c := &call{op: opPing, ch: make(chan result, 1)}
+		c := &call{op: opPing, internal: true, ch: make(chan result, 1)}
 		if _, err := s.send(c, encodePing); err != nil {
 			return
 		}
-		ping = c.ch
+		ping, pingGen = c.ch, gen
 	}
 }
 
@@ -727,7 +885,10 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	// The server decides between the grant and the Cancel; it answers the
 	// Acquire before the Cancel, and a session that ends answers it with
 	// its end, so this wait is bounded by the keep-alive.
-	cc := &call{op: opCancel, key: key, ch: make(chan result, 1)}
+	s.mu.Lock()
+	c.cancelled = true
+	s.mu.Unlock()
+	cc := &call{op: opCancel, key: key, target: rid, ch: make(chan result, 1)}
 	_, _ = s.send(cc, func(r uint32) []byte { return encodeCancel(r, rid, key) })
 	var res result
 	select {
@@ -829,7 +990,7 @@ func (s *Session) ReleaseToken(ctx context.Context, key string, token uint64) er
 	if len(key) < 1 || len(key) > MaxKeyLen {
 		return fmt.Errorf("%w: a key is 1..%d bytes, got %d", ErrInvalidArgument, MaxKeyLen, len(key))
 	}
-	res, err := s.roundTrip(ctx, &call{op: opRelease, key: key}, func(rid uint32) []byte {
+	res, err := s.roundTrip(ctx, &call{op: opRelease, key: key, token: token}, func(rid uint32) []byte {
 		return encodeRelease(rid, token, key)
 	})
 	if err != nil {
@@ -868,4 +1029,341 @@ func (s *Session) ExtendToken(ctx context.Context, key string, token uint64, ttl
 		return 0, &StatusError{Op: "extend", Key: key, Status: res.r.status}
 	}
 	return time.Duration(res.r.ttlLeftMs) * time.Millisecond, nil
+}
+
+// resume takes a resumable session over on a new connection after its
+// connection failed (cause): Resume on every address, rounds until the
+// keep-alive, counted from the last frame read, has passed. It returns
+// the new connection's reader, or why the session ends.
+func (s *Session) resume(cause error) (*bufio.Reader, error) {
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return nil, err
+	}
+	if s.failCause != nil {
+		cause, s.failCause = s.failCause, nil
+	}
+	s.resuming = true
+	old := s.conn
+	deadline := s.t0.Add(time.Duration(s.lastRx.Load()) + s.keepalive)
+	// Reserved for the Resume, so no request registered meanwhile takes it.
+	rid := s.allocRid()
+	s.pending[rid] = &call{op: opResume}
+	s.mu.Unlock()
+	old.Close()
+	var hint string
+	var nl *NotLeaderError
+	if errors.As(cause, &nl) {
+		hint = nl.Leader
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done: // Close during the resume
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	ended := func(err error) (*bufio.Reader, error) {
+		if e := s.Err(); e != nil {
+			return nil, e
+		}
+		return nil, err
+	}
+	delay := 50 * time.Millisecond
+	for {
+		var r resumed
+		tried, err, stop := walk(ctx, s.addrs, hint, func(addr string) error {
+			var err error
+			r, err = s.resumeOne(ctx, addr, rid)
+			return err
+		})
+		if stop && err == nil {
+			return s.reconcile(r), nil
+		}
+		if stop && ctx.Err() == nil {
+			return ended(fmt.Errorf("%v; the resume was refused: %w", cause, err))
+		}
+		if ctx.Err() != nil {
+			return ended(fmt.Errorf("%v; no resume succeeded within the keep-alive (%v): %s", cause, s.keepalive, strings.Join(tried, "; ")))
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+		}
+		if delay *= 2; delay > 500*time.Millisecond {
+			delay = 500 * time.Millisecond
+		}
+	}
+}
+
+// resumed is a Resume that succeeded.
+type resumed struct {
+	conn net.Conn
+	br   *bufio.Reader
+	addr string
+	rid  uint32
+	w    welcome
+	held []heldFrame
+	sent time.Time
+}
+
+// resumeOne sends one Resume to addr and reads its Held frames and welcome.
+func (s *Session) resumeOne(ctx context.Context, addr string, rid uint32) (resumed, error) {
+	dctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
+	defer cancel()
+	d := net.Dialer{KeepAlive: 15 * time.Second}
+	conn, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return resumed{}, fmt.Errorf("ringlock: connecting to %s: %w", addr, err)
+	}
+	deadline, _ := dctx.Deadline()
+	if err := conn.SetDeadline(deadline); err != nil {
+		conn.Close()
+		return resumed{}, err
+	}
+	// As in dialOne: the context (a Close) can end the wait early; the
+	// watcher is stopped before the deadline is cleared.
+	watch, watching := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watching)
+		select {
+		case <-dctx.Done():
+			_ = conn.SetDeadline(time.Unix(1, 0))
+		case <-watch:
+		}
+	}()
+	stopWatch := func() { close(watch); <-watching }
+	fail := func(err error) (resumed, error) {
+		stopWatch()
+		conn.Close()
+		return resumed{}, err
+	}
+	sent := time.Now()
+	if _, err := conn.Write(encodeResume(rid, protocolVersion, s.w.sessionID, s.opts.AuthToken)); err != nil {
+		return fail(fmt.Errorf("ringlock: resume on %s: %w", addr, err))
+	}
+	br := bufio.NewReader(conn)
+	var held []heldFrame
+	body := make([]byte, bodyMax)
+	for {
+		var h [headerLen]byte
+		if _, err := io.ReadFull(br, h[:1]); err != nil {
+			return fail(fmt.Errorf("ringlock: resume on %s: %v", addr, readErr(addr, err)))
+		}
+		if h[0] != kindReply && h[0] != kindHeld {
+			// A server without Resume answers the Locking-Center '-'.
+			return fail(fmt.Errorf("%s answered %#02x to a Resume (a server without Resume): %w", addr, h[0], &StatusError{Op: "resume", Status: StatusUnknownSession}))
+		}
+		if _, err := io.ReadFull(br, h[1:]); err != nil {
+			return fail(fmt.Errorf("ringlock: resume on %s: %v", addr, readErr(addr, err)))
+		}
+		kind, frid, blen, err := decodeHeader(h[:])
+		protocol := func(what string, args ...interface{}) (resumed, error) {
+			return fail(fmt.Errorf("%w: %s: resume: %s", ErrProtocol, addr, fmt.Sprintf(what, args...)))
+		}
+		if err != nil || frid != rid {
+			return protocol("bad answer header % x", h)
+		}
+		b := body[:blen]
+		if _, err := io.ReadFull(br, b); err != nil {
+			return fail(fmt.Errorf("ringlock: resume on %s: %v", addr, readErr(addr, err)))
+		}
+		if kind == kindHeld {
+			hf, err := decodeHeld(b)
+			if err != nil {
+				return protocol("%v", err)
+			}
+			held = append(held, hf)
+			continue
+		}
+		if blen >= welcomeBodyLen && b[0] == byte(StatusOK) {
+			w, err := decodeWelcome(b)
+			if err != nil {
+				return protocol("%v", err)
+			}
+			if w.sessionID != s.w.sessionID || w.keepaliveMs == 0 {
+				return protocol("resumed session %#x (keep-alive %d ms), not %#x", w.sessionID, w.keepaliveMs, s.w.sessionID)
+			}
+			stopWatch()
+			if err := conn.SetDeadline(time.Time{}); err != nil {
+				conn.Close()
+				return resumed{}, err
+			}
+			return resumed{conn: conn, br: br, addr: addr, rid: rid, w: w, held: held, sent: sent}, nil
+		}
+		r, err := decodeReply(b)
+		if err != nil {
+			return protocol("%v", err)
+		}
+		switch r.status {
+		case StatusNotLeader:
+			return fail(&NotLeaderError{Addr: addr, Leader: string(r.detail)})
+		case StatusUnsupportedVersion:
+			return fail(&VersionError{Addr: addr, Client: protocolVersion, Versions: r.detail})
+		}
+		return fail(&StatusError{Op: "resume", Status: r.status})
+	}
+}
+
+// reconcile settles the session's holds and requests in flight by the
+// Held list of a Resume that succeeded, makes its connection the
+// session's, and returns its reader.
+func (s *Session) reconcile(r resumed) *bufio.Reader {
+	type delivery struct {
+		ch  chan result
+		res result
+	}
+	listed := map[holdID]heldFrame{}
+	for _, h := range r.held {
+		listed[holdID{h.key, h.token}] = h
+	}
+	used := map[holdID]bool{}
+	var lose []*Lease
+	var deliver []delivery
+	var resend [][]byte
+	answer := func(c *call, res result) {
+		if c.ch != nil {
+			deliver = append(deliver, delivery{c.ch, res})
+		}
+	}
+	left := func(h heldFrame) time.Time { return r.sent.Add(time.Duration(h.ttlLeftMs) * time.Millisecond) }
+
+	s.mu.Lock()
+	// Holds this side believes in: kept if listed with their token, lost
+	// if not. A hold being released is settled by its Release below.
+	for id, l := range s.holds {
+		l.mu.Lock()
+		releasing := l.state != stateHeld
+		l.mu.Unlock()
+		if releasing {
+			continue
+		}
+		if h, ok := listed[id]; ok {
+			used[id] = true
+			if h.ttlLeftMs != noTTL {
+				l.capExpiry(left(h))
+			}
+			continue
+		}
+		lose = append(lose, l)
+	}
+	type inFlight struct {
+		rid uint32
+		c   *call
+	}
+	var calls []inFlight
+	for rid, c := range s.pending {
+		calls = append(calls, inFlight{rid, c})
+		if c.op == opRelease {
+			used[holdID{c.key, c.token}] = true // the hold it names is no grant to match
+		}
+	}
+	sort.Slice(calls, func(i, j int) bool { return calls[i].c.seq < calls[j].c.seq })
+	outcome := map[uint32]Status{} // an Acquire settled here: StatusOK granted, StatusCancelled
+	for _, f := range calls {
+		c := f.c
+		switch c.op {
+		case opResume:
+			delete(s.pending, f.rid)
+		case opAcquire:
+			var tok uint64
+			found := false
+			for id := range listed {
+				if id.key == c.key && !used[id] && (!found || id.token < tok) {
+					tok, found = id.token, true
+				}
+			}
+			switch {
+			case found:
+				// Granted; its answer was lost with the connection.
+				id := holdID{c.key, tok}
+				used[id] = true
+				h := listed[id]
+				l := newLease(s, c, tok)
+				if h.ttlLeftMs != noTTL {
+					l.capExpiry(left(h))
+				}
+				s.holds[id] = l
+				delete(s.pending, f.rid)
+				outcome[f.rid] = StatusOK
+				answer(c, result{r: reply{status: StatusOK, token: tok, ttlLeftMs: h.ttlLeftMs}, lease: l})
+			case c.cancelled:
+				// Not granted, and its caller withdrew it.
+				delete(s.pending, f.rid)
+				outcome[f.rid] = StatusCancelled
+				answer(c, result{r: reply{status: StatusCancelled, ttlLeftMs: noTTL}})
+			default:
+				resend = append(resend, c.frame) // queued Acquires are not kept
+			}
+		case opRelease:
+			if _, ok := listed[holdID{c.key, c.token}]; ok {
+				resend = append(resend, c.frame) // it did not happen
+			} else {
+				delete(s.pending, f.rid) // it happened
+				answer(c, result{r: reply{status: StatusOK, ttlLeftMs: noTTL}})
+			}
+		case opCancel:
+		case opPing:
+			if c.internal {
+				delete(s.pending, f.rid) // the keep-alive's: the Resume proved the session
+			} else {
+				resend = append(resend, c.frame)
+			}
+		default: // an Extend: it counts from when it runs
+			resend = append(resend, c.frame)
+		}
+	}
+	for _, f := range calls {
+		if f.c.op != opCancel {
+			continue
+		}
+		// Settled with its Acquire: cancelled as asked if it was not
+		// granted, else not_queued (the grant stands).
+		delete(s.pending, f.rid)
+		st := StatusNotQueued
+		if outcome[f.c.target] == StatusCancelled {
+			st = StatusOK
+		}
+		answer(f.c, result{r: reply{status: st, ttlLeftMs: noTTL}})
+	}
+	// Listed holds nobody here knows: let go of them.
+	for id := range listed {
+		if used[id] {
+			continue
+		}
+		rid := s.allocRid()
+		c := &call{op: opRelease, key: id.key, token: id.token, sentAt: r.sent}
+		c.frame = encodeRelease(rid, id.token, id.key)
+		s.seq++
+		c.seq = s.seq
+		s.pending[rid] = c
+		resend = append(resend, c.frame)
+	}
+	// s.w stays: the same session's welcome (read without the lock by
+	// TTLBounds, ID, Shards).
+	s.conn, s.addr = r.conn, r.addr
+	s.resuming = false
+	s.gen++
+	s.resumes++
+	s.failCause = nil
+	s.lastRx.Store(int64(time.Since(s.t0)))
+	s.mu.Unlock()
+
+	for _, f := range resend {
+		if err := s.write(r.conn, f); err != nil {
+			r.conn.Close() // the reader sees it and resumes again
+			break
+		}
+	}
+	for _, d := range deliver {
+		d.ch <- d.res
+	}
+	for _, l := range lose {
+		l.lose(&LostError{Key: l.key, Token: l.token, Reason: LostNotListed})
+	}
+	return r.br
 }

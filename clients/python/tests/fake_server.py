@@ -41,9 +41,21 @@ class FakeConn:
     def send(self, b: bytes) -> None:
         self.sock.sendall(b)
 
-    def welcome(self, rid: int, keepalive_ms: int = 10_000) -> None:
-        body = struct.pack("<BBIIIQIIH", 0, 1, keepalive_ms, 10, 86_400_000, 7, 100, 100, 1)
+    def welcome(self, rid: int, keepalive_ms: int = 10_000, flags: Optional[int] = None,
+                session_id: int = 7) -> None:
+        """The Hello's (or a Resume's) ok; ``flags``: the 33rd byte (none: a
+        32-byte welcome, as from an older server)."""
+        body = struct.pack("<BBIIIQIIH", 0, 1, keepalive_ms, 10, 86_400_000, session_id, 100,
+                           100, 1)
+        if flags is not None:
+            body += bytes([flags])
         self.send(HDR.pack(0x80, rid, len(body)) + body)
+
+    def held(self, rid: int, key: bytes, token: int, hold: int = 1,
+             ttl_left_ms: int = 0xFFFFFFFF) -> None:
+        """A Held frame: one hold of a resumed session."""
+        body = struct.pack("<QBIB", token, hold, ttl_left_ms, len(key)) + key
+        self.send(HDR.pack(0x82, rid, len(body)) + body)
 
     def reply(self, rid: int, status: int, token: int = 0, ttl: int = 0xFFFFFFFF) -> None:
         self.send(HDR.pack(0x80, rid, 13) + struct.pack("<BQI", status, token, ttl))

@@ -126,12 +126,38 @@ class DecodeTest(unittest.TestCase):
         frame = struct.pack("<BIH", 0x81, 0, len(body)) + body
         self.assertEqual(c.decode_answer(frame), (c.Lost(b"abc", 77, c.LostWhy.RESET), len(frame)))
 
+    def test_resume_held_and_the_welcome_flags(self) -> None:
+        self.assertEqual(c.encode_resume(1, 0x0080000000000007),
+                         bytes([13, 1, 0, 0, 0, 9, 0, 1]) + struct.pack("<Q", 0x0080000000000007))
+        self.assertEqual(c.encode_resume(1, 7, b"s")[-2:], b"\x01s")
+        body = struct.pack("<QBIB", 42, 2, 1500, 3) + b"abc"
+        frame = struct.pack("<BIH", 0x82, 1, len(body)) + body
+        self.assertEqual(c.decode_answer(frame),
+                         (c.Held(1, b"abc", 42, c.HoldMode.LEASE, 1500), len(frame)))
+        body = struct.pack("<QBIB", 43, 1, 0xFFFFFFFF, 1) + b"k"
+        held = c.decode_answer(struct.pack("<BIH", 0x82, 1, len(body)) + body)
+        assert held is not None
+        self.assertIsNone(held[0].ttl_left_ms)
+        w32 = welcome(1)
+        w = c.decode_answer(w32, 1)
+        assert w is not None
+        self.assertEqual((w[0].flags, w[0].resumable), (0, False))
+        w33 = struct.pack("<BIH", 0x80, 1, 33) + w32[7:] + b"\x01"
+        w = c.decode_answer(w33, 1)
+        assert w is not None
+        self.assertEqual((w[0].flags, w[0].resumable, w[1]), (1, True, len(w33)))
+        r = c.decode_answer(reply(1, 13, 0, 0xFFFFFFFF))
+        assert r is not None
+        self.assertEqual(r[0].status, c.Status.UNKNOWN_SESSION)
+
     def test_garbage_is_a_protocol_error(self) -> None:
         bad = [
             struct.pack("<BIH", 0x99, 0, 0),                        # unknown kind
             struct.pack("<BIH", 0x80, 0, 513) + b"\0" * 513,         # oversized body
             struct.pack("<BIH", 0x80, 3, 12) + b"\0" * 12,           # short reply
-            reply(3, 13, 0, 0),                                      # unknown status
+            reply(3, 14, 0, 0),                                      # unknown status
+            struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 3, 0, 1) + b"k",  # hold 3
+            struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 1, 0, 2) + b"k",  # key len
             reply(3, 11, 0, 0),              # status 11 in the 13-byte layout
             struct.pack("<BIH", 0x80, 3, 1) + b"\x0c",                # no detail length
             struct.pack("<BIH", 0x80, 3, 4) + b"\x0b\x01\x01\x02",    # detail longer than said

@@ -37,10 +37,11 @@ import math
 import queue
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _codec as codec
 from ._codec import HoldMode, Status
@@ -82,6 +83,7 @@ PING_TIMEOUT_MAX = 10.0
 #: Every other request gets another rid (0 included: rid 0 is ordinary).
 _PING_RID = 1
 
+_T = TypeVar("_T")
 Address = Union[str, Tuple[str, int]]
 Key = Union[str, bytes]
 LostCallback = Callable[["Lease", "LostInfo"], None]
@@ -103,6 +105,10 @@ class LostReason(str, enum.Enum):
     SESSION_ENDED = "session_ended"
     #: A keep-alive Ping went unanswered: the connection hangs.
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
+    #: The session was resumed on a new connection (cluster mode) and the
+    #: server's list of its holds did not have this one: it was reset,
+    #: expired, or released by token while the connection was down.
+    NOT_LISTED = "not_listed"
 
 
 @dataclass(frozen=True)
@@ -215,7 +221,7 @@ class _Pending:
     """One outstanding request."""
 
     __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "mode", "ttl_ms",
-                 "on_lost", "keep_alive", "cancel_sent", "target")
+                 "on_lost", "keep_alive", "cancel_sent", "target", "frame")
 
     def __init__(self, kind: str, sent_at: float) -> None:
         # "acquire" | "call" (a caller waits) | "extend" (background) | "ignore"
@@ -231,6 +237,8 @@ class _Pending:
         self.keep_alive = False
         self.cancel_sent = False
         self.target: Optional[Lease] = None
+        #: The request as written (its rid included): a resume sends it again.
+        self.frame = b""
 
 
 class Lease:
@@ -409,6 +417,12 @@ class _Welcome:
     max_keys: int
     max_waiters: int
     shards: int
+    flags: int = 0
+
+
+class _Gone(Exception):
+    """A Resume was refused for good (``unknown_session``, a server without
+    Resume, ``unauthorized``...): the session has ended."""
 
 
 class Client:
@@ -432,8 +446,21 @@ class Client:
       is lost, before the lease's own callback.
 
     Close it (``close()`` or ``with Client(...) as c:``) to end the session:
-    the server then frees its session holds at once. The session never
-    reconnects; after it ended every request raises :class:`~ringlock.Unavailable`.
+    the server then frees its session holds at once. After it ended every
+    request raises :class:`~ringlock.Unavailable`.
+
+    **Resume (cluster mode).** When the server's welcome has the
+    *resumable* flag (:attr:`resumable`: a replicated session of a
+    cluster), a failed connection (EOF, an error, a ``not_leader`` close, an
+    unanswered keep-alive) does not end the session at once: while the
+    keep-alive, counted from the last frame received, has not passed, the
+    reader thread walks the addresses (a ``not_leader`` hint first) sending
+    a Resume. The holds the server lists are kept (no ``on_lost``), those
+    it does not list are lost (reason ``not_listed``), requests in flight
+    are settled by that list or sent again (``docs/protocol.md``, "Resuming
+    a session"), and :attr:`resumes` counts it. ``unknown_session`` or the
+    window passing ends the session as a failed connection always did.
+    Without the flag a failed connection ends the session.
     """
 
     def __init__(self, addrs: Union[Address, Sequence[Address]] = "127.0.0.1", *,
@@ -472,8 +499,16 @@ class Client:
         self._leader: Optional[str] = None
         self._not_leader = False
         self._callbacks: "queue.Queue[Optional[Tuple[LostCallback, Lease, LostInfo]]]" = queue.Queue()
+        self._connect_timeout = connect_timeout
+        #: True from a failed connection of a resumable session until the
+        #: Resume succeeded (or the session ended): requests are queued in
+        #: ``_pending`` (with their frames), not written.
+        self._resuming = False
+        self._resumes = 0
 
         sock, welcome, addr, hello_sent = self._open(keepalive_ms, connect_timeout, retry)
+        #: When the last frame from the server was received (the resume window).
+        self._last_rx = time.monotonic()
         self._sock = sock
         self._server = addr
         self._w = welcome
@@ -500,10 +535,17 @@ class Client:
     # --- opening ------------------------------------------------------------
     def _open(self, keepalive_ms: int, timeout: float, retry: float
               ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
-        give_up = time.monotonic() + retry
+        return self._walk(lambda addr, t: self._hello(addr, keepalive_ms, t), timeout,
+                          time.monotonic() + retry, None, time.sleep, 2.0, "opened")
+
+    def _walk(self, attempt: Callable[[Tuple[str, int], float], "_T"], timeout: float,
+              give_up: float, hint: Optional[Tuple[str, int]],
+              sleep: Callable[[float], None], max_delay: float, what: str) -> "_T":
+        """Tries ``attempt(addr, timeout)`` on every address, rounds until
+        ``give_up``; an attempt raising :class:`_Retry` moves on (to the
+        leader it names first), anything else ends the walk."""
         delay = 0.05
         attempts = 0
-        hint: Optional[Tuple[str, int]] = None
         while True:
             last: Optional[str] = None
             # One round: every address once. A `not_leader` answer puts the
@@ -518,8 +560,10 @@ class Client:
                     continue
                 tried.append(addr)
                 attempts += 1
+                left = give_up - time.monotonic()
+                t = timeout if what == "opened" else max(0.001, min(timeout, left))
                 try:
-                    return self._hello(addr, keepalive_ms, timeout)
+                    return attempt(addr, t)
                 except _Retry as e:
                     last = f"{addr[0]}:{addr[1]}: {e}"
                     if e.leader is not None:
@@ -534,10 +578,10 @@ class Client:
             left = give_up - time.monotonic()
             if left <= 0:
                 n = attempts
-                raise Unavailable(f"no session could be opened after {n} attempt"
+                raise Unavailable(f"no session could be {what} after {n} attempt"
                                   f"{'' if n == 1 else 's'}; last: {last}")
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 2.0)
+            sleep(min(delay, left))
+            delay = min(delay * 2, max_delay)
 
     def _hello(self, addr: Tuple[str, int], keepalive_ms: int, timeout: float
                ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
@@ -598,7 +642,8 @@ class Client:
                             raise ProtocolError(f"{addr[0]}:{addr[1]} answered a keep-alive of 0")
                         ok = True
                         w = _Welcome(ans.keepalive_ms / 1000.0, ans.min_ttl_ms, ans.max_ttl_ms,
-                                     ans.session_id, ans.max_keys, ans.max_waiters, ans.shards)
+                                     ans.session_id, ans.max_keys, ans.max_waiters, ans.shards,
+                                     ans.flags)
                         return sock, w, addr, sent
                     raise ProtocolError(f"{addr[0]}:{addr[1]} pushed before the hello reply")
                 left = deadline - time.monotonic()
@@ -648,8 +693,20 @@ class Client:
 
     @property
     def server_address(self) -> Tuple[str, int]:
-        """The address the session was opened with."""
+        """The address the session is connected to (opened with, or resumed on)."""
         return self._server
+
+    @property
+    def resumable(self) -> bool:
+        """The welcome had the *resumable* flag: a replicated session (cluster
+        mode) that survives a failed connection by a Resume (see the class)."""
+        return bool(self._w.flags & codec.FLAG_RESUMABLE)
+
+    @property
+    def resumes(self) -> int:
+        """How many times the session was resumed on a new connection."""
+        with self._lock:
+            return self._resumes
 
     @property
     def local_address(self) -> Optional[Tuple[str, int]]:
@@ -860,13 +917,35 @@ class Client:
             return NotLeader(message, self._leader)
         return Unavailable(message)
 
-    def _write(self, frame: bytes) -> None:
+    def _write(self, sock: Optional[socket.socket], frame: bytes) -> None:
+        """Writes ``frame`` on ``sock``, the connection that was current when
+        its request was registered (``None`` while resuming: the resume
+        sends it). A failed write of a resumable session fails the
+        connection (the reader resumes, the request stays pending); of any
+        other session it ends the session."""
+        if sock is None:
+            return
         try:
             with self._wlock:
-                self._sock.sendall(frame)
+                sock.sendall(frame)
         except OSError as e:
+            if self.resumable:
+                self._fail_connection(sock)
+                return
             self._die(LostReason.SESSION_ENDED, f"sending a request failed: {e}")
             raise Unavailable(f"the session has ended: sending failed: {e}") from None
+
+    @staticmethod
+    def _fail_connection(sock: socket.socket) -> None:
+        """Shuts ``sock`` down: the reader sees the failure and resumes."""
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _current_sock(self) -> Optional[socket.socket]:
+        """The connection to write on (caller holds ``_lock``)."""
+        return None if self._resuming else self._sock
 
     def _send(self, p: _Pending, encode: Callable[[int], bytes]) -> int:
         with self._lock:
@@ -874,11 +953,12 @@ class Client:
                 raise self._ended(f"the session has ended ({self._dead[0].value}: "
                                   f"{self._dead[1]})")
             rid = self._alloc_rid()
+            p.frame = encode(rid)
+            p.sent_at = time.monotonic()
             self._pending[rid] = p
-        frame = encode(rid)
-        p.sent_at = time.monotonic()
+            sock = self._current_sock()
         try:
-            self._write(frame)
+            self._write(sock, p.frame)
         except Unavailable:
             with self._lock:
                 self._pending.pop(rid, None)
@@ -891,9 +971,12 @@ class Client:
                 return
             p.cancel_sent = True
             rid = self._alloc_rid()
-            self._pending[rid] = _Pending("ignore", time.monotonic())
+            q = _Pending("ignore", time.monotonic())
+            q.frame = codec.encode_cancel(rid, target, p.key)
+            self._pending[rid] = q
+            sock = self._current_sock()
         try:
-            self._write(codec.encode_cancel(rid, target, p.key))
+            self._write(sock, q.frame)
         except Unavailable:
             pass  # the session's end answers the acquire
 
@@ -958,8 +1041,8 @@ class Client:
         window was answered: right after a pause (SIGSTOP, a VM freeze), before
         the reader thread has run again."""
         with self._lock:
-            if self._dead is not None:
-                return
+            if self._dead is not None or self._resuming:
+                return  # a resume decides (within the keep-alive)
             overdue = time.monotonic() > self._confirmed_at + self._interval + self._ping_timeout
         if overdue:
             self._die(LostReason.KEEPALIVE_TIMEOUT,
@@ -1076,13 +1159,23 @@ class Client:
 
     def _run_reader(self) -> None:
         try:
-            reason, detail = self._serve()
+            while True:
+                reason, detail, conn_failed = self._serve()
+                if not (conn_failed and self.resumable):
+                    break
+                end = self._resume(detail)
+                if end is None:
+                    continue  # resumed: serve the new connection
+                reason, detail = end
+                break
         except BaseException as e:  # never let the session hang on a bug
             reason, detail = LostReason.SESSION_ENDED, f"internal error in the reader: {e!r}"
             log.exception("ringlock reader thread failed")
         self._die(reason, detail)
 
-    def _serve(self) -> Tuple[LostReason, str]:
+    def _serve(self) -> Tuple[LostReason, str, bool]:
+        """Serves the current connection until it ends: why, and whether it
+        was the connection that failed (a resumable session then resumes)."""
         buf = bytearray()
         next_ping = time.monotonic() + self._interval
         ping_due: Optional[float] = None  # due time of the outstanding Ping
@@ -1090,7 +1183,7 @@ class Client:
         while True:
             with self._lock:
                 if self._dead is not None:
-                    return self._dead
+                    return self._dead[0], self._dead[1], False
                 wake_at = ping_due + self._ping_timeout if ping_due is not None else next_ping
                 for lease in self._holds.values():
                     if lease._state != "held":
@@ -1103,7 +1196,7 @@ class Client:
                 r, _, _ = select.select([self._sock, self._wake_r], [], [],
                                         max(0.0, wake_at - time.monotonic()))
             except (OSError, ValueError) as e:
-                return LostReason.SESSION_ENDED, f"select failed: {e}"
+                return LostReason.SESSION_ENDED, f"select failed: {e}", False
             if self._wake_r in r:
                 try:
                     while self._wake_r.recv(4096):
@@ -1116,9 +1209,9 @@ class Client:
                 except socket.timeout:
                     data = None
                 except OSError as e:
-                    return LostReason.SESSION_ENDED, f"the connection failed: {e}"
+                    return LostReason.SESSION_ENDED, f"the connection failed: {e}", True
                 if data == b"":
-                    return LostReason.SESSION_ENDED, "the server closed the connection"
+                    return LostReason.SESSION_ENDED, "the server closed the connection", True
                 if data:
                     buf += data
                     at = 0
@@ -1126,11 +1219,13 @@ class Client:
                         try:
                             got = codec.decode_answer(memoryview(buf)[at:])
                         except codec.ProtocolError as e:
-                            return LostReason.SESSION_ENDED, f"the server broke the protocol: {e}"
+                            return (LostReason.SESSION_ENDED,
+                                    f"the server broke the protocol: {e}", False)
                         if got is None:
                             break
                         ans, used = got
                         at += used
+                        self._last_rx = time.monotonic()
                         if isinstance(ans, codec.Reply) and ans.rid == _PING_RID:
                             if ping_due is not None:
                                 ping_due = None
@@ -1138,7 +1233,8 @@ class Client:
                                     self._confirmed_at = max(self._confirmed_at, ping_sent)
                                 if ans.status != Status.OK:
                                     return (LostReason.KEEPALIVE_TIMEOUT,
-                                            f"the server answered a ping {ans.status.label}")
+                                            f"the server answered a ping {ans.status.label}",
+                                            False)
                             continue
                         end = self._dispatch(ans)
                         if end is not None:
@@ -1150,7 +1246,7 @@ class Client:
             if ping_due is not None and now >= ping_due + self._ping_timeout:
                 return (LostReason.KEEPALIVE_TIMEOUT,
                         f"no answer to a ping within {self._ping_timeout:.3f} s (keep-alive "
-                        f"{self._w.keepalive} s): the connection hangs")
+                        f"{self._w.keepalive} s): the connection hangs", True)
             if ping_due is None and now >= next_ping:
                 ping_due = next_ping
                 next_ping = max(next_ping + self._interval, now)
@@ -1159,7 +1255,7 @@ class Client:
                     with self._wlock:
                         self._sock.sendall(codec.encode_ping(_PING_RID))
                 except OSError as e:
-                    return LostReason.SESSION_ENDED, f"sending a ping failed: {e}"
+                    return LostReason.SESSION_ENDED, f"sending a ping failed: {e}", True
             self._timers(time.monotonic())
 
     def _timers(self, now: float) -> None:
@@ -1184,22 +1280,25 @@ class Client:
                     p.target = lease
                     rid = self._alloc_rid()
                     self._pending[rid] = p
-                    extends.append((rid, codec.encode_extend(rid, lease._token, lease._ttl_ms,
-                                                             lease._key), p))
+                    p.frame = codec.encode_extend(rid, lease._token, lease._ttl_ms, lease._key)
+                    extends.append(p)
+            sock = self._current_sock()
         for lease, info in lost:
             self._notify(lease, info)
-        for _rid, frame, p in extends:
+        for p in extends:
             p.sent_at = time.monotonic()
             try:
-                with self._wlock:
-                    self._sock.sendall(frame)
-            except OSError as e:
-                self._die(LostReason.SESSION_ENDED, f"sending an extend failed: {e}")
+                self._write(sock, p.frame)
+            except Unavailable:
                 return
 
-    def _dispatch(self, ans: codec.Answer) -> Optional[Tuple[LostReason, str]]:
+    def _dispatch(self, ans: codec.Answer) -> Optional[Tuple[LostReason, str, bool]]:
         if isinstance(ans, codec.Welcome):
-            return LostReason.SESSION_ENDED, "the server broke the protocol: a second hello reply"
+            return (LostReason.SESSION_ENDED, "the server broke the protocol: a second hello reply",
+                    False)
+        if isinstance(ans, codec.Held):
+            return (LostReason.SESSION_ENDED, "the server broke the protocol: a held frame on an "
+                    "open session", False)
         if isinstance(ans, codec.Lost):
             self._on_push(ans)
             return None
@@ -1214,9 +1313,10 @@ class Client:
                 where = f"{self._server[0]}:{self._server[1]}"
                 return (LostReason.SESSION_ENDED,
                         f"{where} answered not_leader: "
-                        + (f"the leader is {ans.leader}" if ans.leader else "it named no leader"))
+                        + (f"the leader is {ans.leader}" if ans.leader else "it named no leader"),
+                        True)
             return (LostReason.SESSION_ENDED,
-                    f"the server broke the protocol: {ans.status.label} on an open session")
+                    f"the server broke the protocol: {ans.status.label} on an open session", False)
         notify: Optional[Tuple[Lease, LostInfo]] = None
         with self._lock:
             p = self._pending.get(ans.rid)
@@ -1245,23 +1345,32 @@ class Client:
                     lease._next_extend = time.monotonic() + lease._ttl_ms / 10000.0
             else:
                 if p.kind == "acquire" and ans.status == Status.OK:
-                    lease = Lease(self, p.key, ans.token, p.mode, p.ttl_ms, p.sent_at,
-                                  p.on_lost, p.keep_alive)
-                    if p.mode == HoldMode.LEASE and lease._expires_at is not None \
-                            and lease._expires_at - time.monotonic() < p.ttl_ms / 2000.0:
-                        # Granted after a long wait: the caller extends before
-                        # handing it out; until then no client-side expiry.
-                        lease._expires_at = None
-                        lease._next_extend = None
-                    # Registered before any later push is read, so a Lost
-                    # right behind the grant is never missed.
-                    self._holds[(p.key, ans.token)] = lease
-                    p.lease = lease
+                    self._grant(p, ans.token)
                 p.reply = ans
                 p.event.set()
         if notify is not None:
             self._notify(*notify)
         return None
+
+    def _grant(self, p: _Pending, token: int, left: Optional[Tuple[float, int]] = None) -> None:
+        """Registers the Lease of a granted acquire (caller holds ``_lock``).
+        ``left``: (a time before the server measured it, its TTL left in ms),
+        for a grant a resume's Held list reported."""
+        lease = Lease(self, p.key, token, p.mode, p.ttl_ms, p.sent_at, p.on_lost, p.keep_alive)
+        if p.mode == HoldMode.LEASE and left is not None:
+            lease._expires_at = left[0] + left[1] / 1000.0
+            if lease._keep_alive:
+                lease._next_extend = left[0] + min(left[1], p.ttl_ms / 3.0) / 1000.0
+        if p.mode == HoldMode.LEASE and lease._expires_at is not None \
+                and lease._expires_at - time.monotonic() < p.ttl_ms / 2000.0:
+            # Granted after a long wait: the caller extends before
+            # handing it out; until then no client-side expiry.
+            lease._expires_at = None
+            lease._next_extend = None
+        # Registered before any later push is read, so a Lost
+        # right behind the grant is never missed.
+        self._holds[(p.key, token)] = lease
+        p.lease = lease
 
     def _on_push(self, push: codec.Lost) -> None:
         reason = LostReason.EXPIRED if push.why == codec.LostWhy.EXPIRED else LostReason.RESET
@@ -1305,6 +1414,253 @@ class Client:
             self._notify(lease, info)
         self._callbacks.put(None)
         self._wake()
+
+    # --- internals: resuming a replicated session -----------------------------
+    def _resume(self, why: str) -> Optional[Tuple[LostReason, str]]:
+        """The connection of a resumable session failed (reader thread):
+        Resume on the addresses while the keep-alive, counted from the last
+        frame received, has not passed. ``None`` once resumed, else why the
+        session ends."""
+        with self._lock:
+            if self._dead is not None:
+                return self._dead
+            self._resuming = True
+            old = self._sock
+            hint: Optional[Tuple[str, int]] = None
+            if self._not_leader and self._leader:
+                try:
+                    hint = _parse_address(self._leader)
+                except InvalidArgument:
+                    hint = None
+        try:
+            old.close()
+        except OSError:
+            pass
+        k = self._w.keepalive
+        deadline = self._last_rx + k
+        sid = self._w.session_id
+        log.warning("ringlock: session %#x: %s; resuming for up to %.3f s", sid, why,
+                    max(0.0, deadline - time.monotonic()))
+
+        def sleep(t: float) -> None:
+            # A close() wakes it.
+            try:
+                select.select([self._wake_r], [], [], t)
+                while self._wake_r.recv(4096):
+                    pass
+            except (OSError, ValueError):
+                pass
+
+        def attempt(addr: Tuple[str, int], t: float
+                    ) -> Tuple[socket.socket, codec.Welcome, List[codec.Held], Tuple[str, int],
+                               float]:
+            if self._dead is not None:
+                raise _Gone("the session was closed")
+            if time.monotonic() >= deadline:
+                raise _Retry("the keep-alive passed")
+            return self._resume_one(addr, t)
+
+        try:
+            sock, w, helds, addr, sent = self._walk(attempt, self._connect_timeout, deadline,
+                                                    hint, sleep, 0.5, "resumed")
+        except (_Gone, Unavailable) as e:
+            with self._lock:
+                if self._dead is not None:
+                    return self._dead
+            if isinstance(e, _Gone):
+                detail = f"{why}; the resume was refused: {e}"
+            else:
+                detail = f"{why}; no resume succeeded within the keep-alive ({k} s): {e}"
+            log.warning("ringlock: session %#x ended: %s", sid, detail)
+            return LostReason.SESSION_ENDED, detail
+        with self._lock:
+            if self._dead is not None:
+                sock.close()
+                return self._dead
+        kept, lost, resent = self._reconcile(sock, w, helds, addr, sent)
+        log.info("ringlock: session %#x resumed on %s:%s (%d hold(s) kept, %d lost, %d "
+                 "request(s) sent again)", sid, addr[0], addr[1], kept, lost, resent)
+        return None
+
+    def _resume_one(self, addr: Tuple[str, int], timeout: float
+                    ) -> Tuple[socket.socket, codec.Welcome, List[codec.Held], Tuple[str, int],
+                               float]:
+        """One Resume: the new connection, its welcome and the Held list."""
+        name = f"{addr[0]}:{addr[1]}"
+        deadline = time.monotonic() + timeout
+        try:
+            sock = socket.create_connection(addr, timeout=timeout)
+        except OSError as e:
+            raise _Retry(str(e)) from None
+        ok = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sent = time.monotonic()
+            try:
+                sock.sendall(codec.encode_resume(_PING_RID, self._w.session_id, self._auth))
+            except OSError as e:
+                raise _Retry(f"sending the resume failed: {e}") from None
+            buf = bytearray()
+            helds: List[codec.Held] = []
+            while True:
+                while buf:
+                    if buf[0] not in (codec.KIND_REPLY, codec.KIND_HELD):
+                        raise _Gone(f"{name} answered {buf[0]:#04x} to a Resume (a server "
+                                    f"without Resume): unknown_session")
+                    try:
+                        got = codec.decode_answer(buf, _PING_RID)
+                    except codec.ProtocolError as e:
+                        raise _Gone(f"{name} broke the protocol: {e}") from None
+                    if got is None:
+                        break
+                    ans, used = got
+                    del buf[:used]
+                    if isinstance(ans, codec.Lost) or ans.rid != _PING_RID:
+                        raise _Gone(f"{name} broke the protocol: {ans!r} before the resume's "
+                                    f"answer")
+                    if isinstance(ans, codec.Held):
+                        helds.append(ans)
+                    elif isinstance(ans, codec.Refused) and ans.status == Status.NOT_LEADER:
+                        raise _Retry("not the leader" + (f" (the leader is {ans.leader})"
+                                                         if ans.leader else
+                                                         " (it named no leader)"), ans.leader)
+                    elif isinstance(ans, codec.Welcome) and ans.status == Status.OK:
+                        if ans.session_id != self._w.session_id:
+                            raise _Gone(f"{name} resumed session {ans.session_id:#x}, not "
+                                        f"{self._w.session_id:#x}")
+                        if ans.keepalive_ms == 0:
+                            raise _Gone(f"{name} answered a keep-alive of 0")
+                        ok = True
+                        return sock, ans, helds, addr, sent
+                    elif ans.status == Status.UNKNOWN_SESSION:
+                        raise _Gone(f"{name} answered unknown_session (the session ended "
+                                    f"on the server)")
+                    else:
+                        raise _Gone(f"{name} refused the resume: {ans.status.label}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Retry(f"no answer to the resume within {timeout:.3f} s")
+                sock.settimeout(left)
+                try:
+                    chunk = sock.recv(4096)
+                except socket.timeout:
+                    raise _Retry(f"no answer to the resume within {timeout:.3f} s") from None
+                except OSError as e:
+                    raise _Retry(str(e)) from None
+                if not chunk:
+                    raise _Retry("the server closed the connection before answering the resume")
+                buf += chunk
+        finally:
+            if not ok:
+                sock.close()
+
+    def _reconcile(self, sock: socket.socket, w: codec.Welcome, helds: List[codec.Held],
+                   addr: Tuple[str, int], sent: float) -> Tuple[int, int, int]:
+        """Settles the session's state by the Held list of a successful
+        Resume, then makes ``sock`` the session's connection. Returns (holds
+        kept, holds lost, requests sent again)."""
+        listed: Dict[Tuple[bytes, int], codec.Held] = {(h.key, h.token): h for h in helds}
+        used: set = set()
+        lost: List[Tuple[Lease, LostInfo]] = []
+        resend: List[_Pending] = []
+        done: List[_Pending] = []
+        kept = 0
+        with self._lock:
+            # Holds this side believes in: kept if listed with their token,
+            # else lost (reset, expired, released by token meanwhile).
+            for kt, lease in list(self._holds.items()):
+                h = listed.get(kt)
+                if h is not None:
+                    used.add(kt)
+                    kept += 1
+                    if h.ttl_left_ms is not None and lease._expires_at is not None:
+                        lease._expires_at = min(lease._expires_at, sent + h.ttl_left_ms / 1000.0)
+                    continue
+                del self._holds[kt]
+                info = LostInfo(lease._key, lease._token, LostReason.NOT_LISTED,
+                                "the resumed session does not list it (reset, expired or "
+                                "released by token while the connection was down)", True)
+                if self._claim_loss(lease, info):
+                    lost.append((lease, info))
+            # A Release in flight names its hold: that hold is no grant to match.
+            for p in self._pending.values():
+                if p.frame and p.frame[0] == codec.OP_RELEASE and not p.event.is_set():
+                    used.add(self._named_hold(p.frame))
+            # Requests in flight, in the order they were registered.
+            for rid, p in list(self._pending.items()):
+                if p.event.is_set() or not p.frame:
+                    continue  # answered; its caller has not taken it yet
+                op = p.frame[0]
+                if op == codec.OP_ACQUIRE:
+                    tok = next((t for (k, t) in listed if k == p.key and (k, t) not in used),
+                               None)
+                    if tok is not None:
+                        # Granted, its answer lost with the connection.
+                        used.add((p.key, tok))
+                        left = listed[(p.key, tok)].ttl_left_ms
+                        self._grant(p, tok, None if left is None else (sent, left))
+                        p.reply = codec.Reply(rid, Status.OK, tok, left)
+                        done.append(p)
+                    elif p.cancel_sent:
+                        # Not granted, and its caller withdrew it: cancelled.
+                        p.reply = codec.Reply(rid, Status.CANCELLED, 0, None)
+                        done.append(p)
+                    else:
+                        resend.append(p)  # queued Acquires are not kept
+                elif op == codec.OP_RELEASE:
+                    if self._named_hold(p.frame) in listed:
+                        resend.append(p)  # it did not happen
+                    elif p.kind == "ignore":
+                        del self._pending[rid]
+                    else:
+                        p.reply = codec.Reply(rid, Status.OK, 0, None)  # it happened
+                        done.append(p)
+                elif op == codec.OP_CANCEL or (op == codec.OP_PING and p.kind == "ignore"):
+                    # A Cancel's Acquire was settled above; a Ping nobody waits for.
+                    del self._pending[rid]
+                else:
+                    resend.append(p)  # Extend (it counts from when it runs), a caller's Ping
+            # Listed holds nobody here knows (a grant whose acquire is gone): let go.
+            for kt, h in listed.items():
+                if kt in used:
+                    continue
+                r = self._alloc_rid()
+                q = _Pending("ignore", sent)
+                q.frame = codec.encode_release(r, h.token, h.key)
+                self._pending[r] = q
+                resend.append(q)
+            self._sock = sock
+            self._server = addr
+            self._w = _Welcome(w.keepalive_ms / 1000.0, w.min_ttl_ms, w.max_ttl_ms, w.session_id,
+                               w.max_keys, w.max_waiters, w.shards, w.flags)
+            self._interval = max(0.001, min(self._w.keepalive / 3, PING_INTERVAL_MAX))
+            self._ping_timeout = max(0.001, min(self._w.keepalive / 3, PING_TIMEOUT_MAX))
+            self._confirmed_at = sent
+            self._last_rx = time.monotonic()
+            self._not_leader = False
+            self._leader = None
+            self._resuming = False
+            self._resumes += 1
+            sock.settimeout(self._ping_timeout)
+        for p in resend:
+            p.sent_at = time.monotonic()
+            try:
+                with self._wlock:
+                    sock.sendall(p.frame)
+            except OSError:
+                self._fail_connection(sock)  # the reader resumes again
+                break
+        for p in done:
+            p.event.set()
+        for lease, info in lost:
+            self._notify(lease, info)
+        return kept, len(lost), len(resend)
+
+    @staticmethod
+    def _named_hold(frame: bytes) -> Tuple[bytes, int]:
+        """The (key, token) a Release frame names."""
+        token, klen = struct.unpack_from("<QB", frame, codec.HEADER)
+        return bytes(frame[codec.HEADER + 9:codec.HEADER + 9 + klen]), token
 
     def _run_callbacks(self) -> None:
         while True:

@@ -2,8 +2,8 @@
 
 Layout (``docs/protocol.md``, "Sessions"; integers little-endian)::
 
-    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=12, bodyLen <= 512
-    answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost
+    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=13, bodyLen <= 512
+    answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost, 0x82 Held
 
 Everything here is deterministic and side-effect free, so it is unit-tested
 on its own (``tests/test_codec.py``).
@@ -33,9 +33,16 @@ OP_RELEASE = 9
 OP_EXTEND = 10
 OP_CANCEL = 11
 OP_PING = 12
+#: Resumes a replicated session on a new connection (instead of a Hello).
+OP_RESUME = 13
 
 KIND_REPLY = 0x80
 KIND_LOST = 0x81
+#: One hold of a resumed session (answers a Resume, before its welcome).
+KIND_HELD = 0x82
+
+#: Welcome ``flags`` bit 0: the session is replicated and can be resumed.
+FLAG_RESUMABLE = 1
 
 _HDR = struct.Struct("<BIH")
 
@@ -56,6 +63,7 @@ class Status(enum.IntEnum):
     UNAUTHORIZED = 10
     UNSUPPORTED_VERSION = 11
     NOT_LEADER = 12
+    UNKNOWN_SESSION = 13
 
     @property
     def label(self) -> str:
@@ -102,6 +110,26 @@ class Welcome:
     max_keys: int
     max_waiters: int
     shards: int
+    #: The byte after the 32-byte body (0 from a server that does not send
+    #: it); bit 0 (:data:`FLAG_RESUMABLE`): the session can be resumed.
+    flags: int = 0
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.flags & FLAG_RESUMABLE)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One hold a resumed session still has (answers a Resume, before its
+    welcome; ``rid`` is the Resume's)."""
+
+    rid: int
+    key: bytes
+    token: int
+    hold: HoldMode
+    #: ``None`` for a hold that is not a lease.
+    ttl_left_ms: Optional[int]
 
 
 @dataclass(frozen=True)
@@ -150,7 +178,7 @@ class Lost:
     why: LostWhy
 
 
-Answer = Union[Welcome, Reply, Refused, Lost]
+Answer = Union[Welcome, Reply, Refused, Lost, Held]
 
 
 def _frame(op: int, rid: int, body: bytes) -> bytes:
@@ -185,6 +213,14 @@ def encode_hello(rid: int, keepalive_ms: int, auth: bytes = b"", version: int = 
     if auth:
         body += _name(auth, 1, AUTH_MAX, "auth token")
     return _frame(OP_HELLO, rid, body)
+
+
+def encode_resume(rid: int, session_id: int, auth: bytes = b"", version: int = VERSION) -> bytes:
+    """Resume: ``[u8 version][u64 session_id]`` then, with a secret, ``[u8 len][auth]``."""
+    body = bytes([version]) + _u64(session_id, "session_id")
+    if auth:
+        body += _name(auth, 1, AUTH_MAX, "auth token")
+    return _frame(OP_RESUME, rid, body)
 
 
 def encode_acquire(
@@ -259,8 +295,9 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
             return Refused(rid, Status(body[0]), body[2:]), used
         if hello_rid is not None and rid == hello_rid and blen >= WELCOME_BODY:
             st, ver, ka, mn, mx, sid, mk, mw, sh = struct.unpack_from("<BBIIIQIIH", body, 0)
+            flags = body[WELCOME_BODY] if blen > WELCOME_BODY else 0
             # A later server may append fields: they are skipped.
-            return Welcome(rid, _status(st), ver, ka, mn, mx, sid, mk, mw, sh), used
+            return Welcome(rid, _status(st), ver, ka, mn, mx, sid, mk, mw, sh, flags), used
         if blen != REPLY_BODY:
             raise ProtocolError(f"a reply body is {REPLY_BODY} bytes, got {blen}")
         st, token, ttl = struct.unpack_from("<BQI", body, 0)
@@ -276,4 +313,15 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
         except ValueError:
             raise ProtocolError(f"unknown lost reason {why}") from None
         return Lost(body[10:], token, reason), used
+    if kind == KIND_HELD:
+        if blen < 15:
+            raise ProtocolError(f"a held frame of {blen} body bytes is too short")
+        token, hold, ttl, klen = struct.unpack_from("<QBIB", body, 0)
+        if klen < 1 or klen > KEY_MAX or 14 + klen != blen:
+            raise ProtocolError(f"a held frame with a key of {klen} bytes in {blen} body bytes")
+        try:
+            mode = HoldMode(hold)
+        except ValueError:
+            raise ProtocolError(f"a held frame with unknown hold mode {hold}") from None
+        return Held(rid, body[14:], token, mode, None if ttl == NO_TTL else ttl), used
     raise ProtocolError(f"unknown answer kind {kind:#04x}")
