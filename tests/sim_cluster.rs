@@ -40,11 +40,20 @@
 //! then every running node agrees on the membership, which is the one the
 //! changes made.
 //!
+//! - **resume** (see `sim_cluster/resume.rs`): session clients 1, 3, 5
+//!   resume their replicated session after a lost connection and
+//!   reconcile what they believe with its Held list; their beliefs, kept
+//!   between connections and after, go through every check above.
+//!
 //! `SIM_SEEDS=N` (default 40) from `SIM_FIRST_SEED` (default 1),
-//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`.
+//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`; `SIM_KEEP_GOING=1` runs
+//! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
+//! between connections believes nothing (a weaker check).
 
 #[path = "sim_cluster/memb.rs"]
 mod memb;
+#[path = "sim_cluster/resume.rs"]
+mod resume;
 mod sim_common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -126,6 +135,8 @@ struct Client {
     /// A session client (else Locking-Center on a persistent connection).
     session: bool,
     view: SessionView,
+    /// Its session's id, and its resume (see `sim_cluster/resume.rs`).
+    res: resume::Res,
     rx: Vec<u8>,
     source: Vec<u8>,
     /// (node, token, incarnation) of its connection.
@@ -221,6 +232,8 @@ impl World {
             .map(|i| Client {
                 session: i % 2 == 1,
                 view: SessionView::default(),
+                // Clients 1, 3, 5 resume; 7 abandons its session.
+                res: resume::Res::new(i % 2 == 1 && i != 7),
                 rx: Vec::new(),
                 source: format!("c{i}").into_bytes(),
                 at: None,
@@ -432,10 +445,14 @@ impl World {
             cl.beliefs.clear();
         }
         cl.outstanding.clear();
-        // A session client knows its session is gone: it believes nothing.
-        cl.view = SessionView::default();
-        cl.rx.clear();
         cl.next_node = (cl.next_node + 1) % self.nodes.len();
+        // A session client resumes its session, or knows it is gone: it
+        // believes nothing.
+        if cl.session && !self.resume_keep(c) {
+            let cl = &mut self.clients[c];
+            cl.view = SessionView::default();
+        }
+        self.clients[c].rx.clear();
     }
 
     fn connect(&mut self, c: usize) {
@@ -455,6 +472,10 @@ impl World {
         let cl = &mut self.clients[c];
         cl.at = Some((i, t, inc));
         if cl.session {
+            if self.resume_send(c) {
+                return;
+            }
+            let cl = &mut self.clients[c];
             let hello = Req::Hello {
                 version: sp::VERSION,
                 keepalive_ms: KEEPALIVE_MS,
@@ -649,13 +670,18 @@ impl World {
         cl.rx.extend(bytes);
         loop {
             let cl = &mut self.clients[c];
-            let hello = (!cl.view.welcomed).then_some(1);
+            // A Resume's welcome answers its rid, a Hello's rid 1.
+            let hello = (!cl.view.welcomed).then(|| cl.res.pending.map_or(1, |p| p.0));
             let (a, n) = match sp::decode_answer(&cl.rx, hello) {
                 Ok(Some(v)) => v,
                 Ok(None) => break,
                 Err(e) => self.fail(format!("client {c}: {e}")),
             };
             cl.rx.drain(..n);
+            if self.resume_answer(c, &a) {
+                continue;
+            }
+            let cl = &mut self.clients[c];
             if let Answer::Refused { .. } = a {
                 // `not leader`: the connection closes; another node next.
                 continue;
@@ -968,7 +994,9 @@ impl World {
         let now = self.now;
         let ka = KEEPALIVE_MS as u64 * 1000;
         for (c, cl) in self.clients.iter().enumerate() {
-            let believed: Vec<usize> = if cl.session {
+            let believed: Vec<usize> = if cl.session && cl.res.resuming && !resume::gap_belief() {
+                Vec::new()
+            } else if cl.session {
                 cl.view
                     .holds
                     .iter()
@@ -1279,15 +1307,27 @@ fn cluster_simulation() {
         }
     };
     let (mut grants, mut failovers, mut crashes) = (0, 0, 0);
+    // `SIM_KEEP_GOING=1`: every seed runs; the failed ones are listed.
+    let keep_going = std::env::var("SIM_KEEP_GOING").is_ok();
+    let mut failed = Vec::new();
     for seed in seeds {
         // A panic inside the code under test (raft-rs's included) names
         // the seed too.
-        let (g, f, c) = std::panic::catch_unwind(|| run(seed, steps)).unwrap_or_else(|e| {
-            eprintln!(
-                "seed {seed} failed\nreproduce: SIM_SEED={seed} cargo test --test sim_cluster"
-            );
-            std::panic::resume_unwind(e)
-        });
+        let r = std::panic::catch_unwind(|| run(seed, steps));
+        let (g, f, c) = match r {
+            Ok(v) => v,
+            Err(_) if keep_going => {
+                eprintln!("seed {seed} failed");
+                failed.push(seed);
+                continue;
+            }
+            Err(e) => {
+                eprintln!(
+                    "seed {seed} failed\nreproduce: SIM_SEED={seed} cargo test --test sim_cluster"
+                );
+                std::panic::resume_unwind(e)
+            }
+        };
         grants += g;
         failovers += f;
         crashes += c;
@@ -1300,8 +1340,14 @@ fn cluster_simulation() {
          {compacted} nodes ended with a compacted log, {installs} snapshots installed from a leader, \
          {changes} membership changes made"
     );
+    eprintln!("sim_cluster {}", resume::summary());
+    assert!(failed.is_empty(), "seeds failed: {failed:?}");
     assert!(grants > 0, "the workload made progress");
     if std::env::var("SIM_SEED").is_err() {
+        assert!(
+            resume::stat(resume::Stat::WithHolds) > 0,
+            "sessions were resumed with holds listed"
+        );
         // Over many seeds (one alone may have neither).
         assert!(compacted > 0, "logs were compacted");
         assert!(changes > 0, "the membership changed");
