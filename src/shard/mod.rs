@@ -2021,7 +2021,15 @@ impl Shard {
         // New grants from settling are new records for the rewritten log.
         self.apply_effects();
         for slot in sessions {
-            self.end_session(slot, "the log failed under one of its answers");
+            if self.raft.is_some() {
+                // Cluster mode: what was undone was never committed, and a
+                // replicated session itself is in the log: its client
+                // resumes it (on this node once it serves again, or on the
+                // next leader) and learns from the Held list what it has.
+                self.detach_session(slot, "its answers were not committed");
+            } else {
+                self.end_session(slot, "the log failed under one of its answers");
+            }
         }
     }
 
