@@ -87,6 +87,8 @@
 
 mod hold;
 mod io;
+mod resume;
+mod sys;
 
 use std::fmt;
 use std::net::{SocketAddr, TcpStream};
@@ -102,7 +104,8 @@ use crate::lease::{
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
 use hold::SessionHold;
-use io::{AcquireReq, Handle, Shared, Timing, Waited, What, PING_RID};
+use io::{AcquireReq, Handle, Op, Shared, Timing, Waited, What, PING_RID};
+use resume::{EventHandler, Resumer};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
@@ -163,6 +166,7 @@ pub struct SessionBuilder {
     release_timeout: Duration,
     retry: RetryPolicy,
     on_lost: Option<LostHandler>,
+    on_resume: Option<EventHandler>,
     auth: Vec<u8>,
 }
 
@@ -233,6 +237,17 @@ impl SessionBuilder {
         self
     }
 
+    /// A handler of the session's resume events (a replicated session,
+    /// [resumed](Session#resuming-a-replicated-session) when its connection
+    /// fails): one line each when a resume begins, succeeds (what was kept
+    /// and lost) and fails. It runs on the session's I/O thread, so it must
+    /// be quick (log the line and return); a panic in it is caught. Default:
+    /// none (the events are only counted: [`Session::resumes`]).
+    pub fn on_resume(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_resume = Some(Arc::new(handler));
+        self
+    }
+
     /// Connects, opens the session (Hello) and starts its I/O thread.
     /// A bad address or source is [`Error::InvalidArgument`] (nothing is
     /// sent); a server that cannot be reached, or refuses the session, is
@@ -285,6 +300,12 @@ impl SessionBuilder {
         // ping timeout that is a hung connection.
         sock.set_write_timeout(Some(timing.ping_timeout))
             .map_err(unavailable)?;
+        let resumer = Resumer {
+            addrs,
+            auth: self.auth,
+            connect_timeout,
+            on_event: self.on_resume,
+        };
         let shared = Shared::new(
             sock,
             welcome,
@@ -292,6 +313,7 @@ impl SessionBuilder {
             super::conn::nonzero(self.release_timeout),
             self.source,
             self.on_lost,
+            resumer,
         )
         .map_err(unavailable)?;
         shared.spawn().map_err(unavailable)?;
@@ -312,6 +334,7 @@ impl fmt::Debug for SessionBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("retry", &self.retry)
             .field("on_lost", &self.on_lost.is_some())
+            .field("on_resume", &self.on_resume.is_some())
             .field("auth", &(!self.auth.is_empty()).then_some("<secret>"))
             .finish()
     }
@@ -491,6 +514,7 @@ impl Session {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             retry: RetryPolicy::default(),
             on_lost: None,
+            on_resume: None,
             auth: Vec::new(),
         }
     }
@@ -545,6 +569,20 @@ impl Session {
     /// This end of the connection (what `ringlock keys` lists as ENDPOINT).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.shared().local_addr()
+    }
+
+    /// Whether the server replicates this session (its welcome's resumable
+    /// flag): then a failed connection is
+    /// [resumed](Session#resuming-a-replicated-session) instead of ending
+    /// the session.
+    pub fn is_resumable(&self) -> bool {
+        self.shared().lock().resumable
+    }
+
+    /// How many times this session was resumed on a new connection (0 for
+    /// a session that is not replicated).
+    pub fn resumes(&self) -> u64 {
+        self.shared().resumes()
     }
 
     /// Why the session ended, once it did (`None` while it is open).
@@ -619,6 +657,7 @@ impl Session {
         let req = AcquireReq {
             key: key.to_vec(),
             key_text: key_text.clone(),
+            mode,
             ttl,
             sent_at,
             // A try never queues, so there is nothing to cancel.
@@ -629,7 +668,7 @@ impl Session {
             cancelled: None,
         };
         let rid = shared
-            .send(What::Acquire(Box::new(req)), |rid, out| {
+            .send(What::Acquire(Box::new(req)), Op::Acquire, |rid, out| {
                 wire::encode(
                     rid,
                     &Req::Acquire {
@@ -783,6 +822,7 @@ impl fmt::Debug for Session {
             .field("session_id", &sh.welcome.session_id)
             .field("local_addr", &sh.local_addr())
             .field("timing", &sh.timing)
+            .field("resumes", &sh.resumes())
             .field("ended", &sh.end().map(|(r, _)| r))
             .finish()
     }
