@@ -32,7 +32,9 @@
 //! ```
 //!
 //! # One connection, one I/O thread
-//! A session is one TCP connection to the lock port, opened with a Hello
+//! A session is one TCP connection to the lock port (one at a time: a
+//! [replicated](#resuming-a-replicated-session) session may move to
+//! another), opened with a Hello
 //! (`docs/protocol.md`, "Sessions"). Every request carries a request id, so
 //! any number of threads may wait on the same session at once, and a Ping
 //! is never stuck behind a queued Acquire. One background thread reads
@@ -62,8 +64,42 @@
 //! | [`Hold::Persistent`] | it is released by token or reset (Locking-Center semantics) | the session's end (the client can no longer release it) |
 //!
 //! A lease and a persistent hold outlive the session on the server; this
-//! client does not reconnect, so it reports them lost when its session
-//! ends (their release then says what stays held).
+//! client does not open a new session behind the caller's back, so it
+//! reports them lost when its session ends (their release then says what
+//! stays held).
+//!
+//! # Resuming a replicated session
+//! A cluster's serving leader replicates a session when it can (its
+//! welcome has the resumable flag: [`Session::is_resumable`]). Then a
+//! failed connection (end of stream, an error, a Ping unanswered within
+//! the ping timeout, a `not leader` answer) does not end the session: the
+//! I/O thread takes it over on a new connection with a Resume
+//! (`docs/protocol.md`, "Resuming a session (cluster mode)"), trying the
+//! builder's addresses in turn and the leader a `not leader` answer
+//! names first, for as long as the session's keep-alive K, counted from
+//! the last frame received from the server, has not passed. The answer
+//! lists the holds the session still has, and settles what the client
+//! believed:
+//! - a hold that is listed is kept: no loss, its [`Lease`] goes on (a
+//!   lease's client-side expiry counts the TTL left it was listed with
+//!   from when the Resume was sent);
+//! - a hold that is not listed is lost, as for a Lost push
+//!   ([`LostReason::ConnectionLost`], "not kept across the failover");
+//! - an Acquire in flight whose key is listed with a new token was
+//!   granted: the caller gets that grant; otherwise it is sent again (it
+//!   queues at the back, and its `wait_ms` starts again), unless its
+//!   caller gave up meanwhile (then it is cancelled, as a Cancel would);
+//! - a Release in flight whose hold is still listed is sent again; one
+//!   whose hold is not listed happened; an Extend in flight is sent again.
+//!
+//! Requests made during the resume wait for it (and fail as usual if the
+//! session ends). A resume that is refused (`unknown session`: the new
+//! leader does not have the session; `unauthorized`, ...) or that does
+//! not succeed within K ends the session as any failure does: every hold
+//! is lost. [`Session::resumes`] counts the successful resumes, and
+//! [`SessionBuilder::on_resume`] reports each one in a line. A session
+//! without the flag (a single node) ends at its first failed connection,
+//! as before.
 //!
 //! # Errors (`lease::Error`)
 //! Bad arguments are refused before any traffic: [`Error::InvalidKey`]
@@ -88,6 +124,7 @@
 mod hold;
 mod io;
 mod resume;
+mod serve;
 mod sys;
 
 use std::fmt;
