@@ -914,11 +914,16 @@ impl Conn {
     }
 
     /// Opens a session with the lock port (retried like every request),
-    /// with `--keepalive` and `--ping-timeout` if given.
+    /// with `--keepalive` and `--ping-timeout` if given. A replicated
+    /// session (a cluster's) is resumed on another `--addr` when its
+    /// connection fails, so CMD goes on: its locks are lost (and CMD
+    /// stopped, exit 79) only if the session ends or the resume does not
+    /// keep them. Each resume is noted on stderr.
     fn session(&self, what: &str, hold: &HoldArgs) -> Result<Session, Fail> {
         let mut b = Session::builder(self.lock_addrs.as_slice())
             .source(self.source.clone())
-            .retry(self.retry);
+            .retry(self.retry)
+            .on_resume(note);
         if let Some(auth) = &self.auth {
             b = b.auth_token(auth.clone());
         }

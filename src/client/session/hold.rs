@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Ended, Handle, HoldId, HoldNow, Waited, What};
+use super::io::{Ended, Handle, HoldId, HoldNow, Op, Waited, What};
 use crate::lease::{self, cause_msg, Error, LostLock, LostReason, Result};
 use crate::protocol::session::{self as wire, HoldMode, Req, Status};
 
@@ -78,19 +78,23 @@ impl SessionHold {
         let key = &self.id.0[..];
         let sent_at = Instant::now();
         let rid = match (self.mode, self.ttl) {
-            (HoldMode::Lease, Some(ttl)) => sh.send(What::Call, |rid, out| {
-                let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX - 1);
-                wire::encode(
-                    rid,
-                    &Req::Extend {
-                        token: self.token(),
-                        ttl_ms,
-                        key,
-                    },
-                    out,
-                )
+            (HoldMode::Lease, Some(ttl)) => {
+                sh.send(What::Call, Op::Extend(self.id.clone()), |rid, out| {
+                    let ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX - 1);
+                    wire::encode(
+                        rid,
+                        &Req::Extend {
+                            token: self.token(),
+                            ttl_ms,
+                            key,
+                        },
+                        out,
+                    )
+                })
+            }
+            _ => sh.send(What::Call, Op::Ping, |rid, out| {
+                wire::encode(rid, &Req::Ping, out)
             }),
-            _ => sh.send(What::Call, |rid, out| wire::encode(rid, &Req::Ping, out)),
         }
         .map_err(|end| self.lost_by_end(end))?;
         // No bound of its own: a connection that hangs ends the session
@@ -143,7 +147,7 @@ impl lease::Hold for SessionHold {
         let key = &self.id.0[..];
         let token = self.token();
         let rid = sh
-            .send(What::Call, |rid, out| {
+            .send(What::Call, Op::Release(self.id.clone()), |rid, out| {
                 wire::encode(rid, &Req::Release { token, key }, out)
             })
             .map_err(|(reason, cause)| {

@@ -1,16 +1,22 @@
-//! The one connection of a [`Session`](super::Session) and its one I/O
+//! The connection of a [`Session`](super::Session) and its one I/O
 //! thread.
 //!
 //! Who owns what:
 //! - **The socket** is shared. Callers write their own request frames
 //!   (under `write`, so frames never interleave; each write is bounded by
-//!   `SO_SNDTIMEO` = the ping timeout). Only the I/O thread reads.
+//!   `SO_SNDTIMEO` = the ping timeout). Only the I/O thread reads. The
+//!   current socket lives in `State` with its connection number: a
+//!   replicated session (the welcome's resumable flag) gets a new one when
+//!   the I/O thread resumes it ([`super::resume`]).
 //! - **The I/O thread** reads every answer and push, sends the Pings, sends
-//!   the Cancels of acquires whose caller gave up, and keeps the client-side
-//!   expiry of leases. It never waits for an answer itself, so nothing a
-//!   handler or a caller does can stall it behind its own reply.
-//! - **`State`** (one mutex) holds the outstanding requests by request id,
-//!   the held locks by (key, token), and the session's end once it ended.
+//!   the Cancels of acquires whose caller gave up, keeps the client-side
+//!   expiry of leases, and resumes a replicated session whose connection
+//!   failed. It never waits for an answer itself, so nothing a handler or
+//!   a caller does can stall it behind its own reply.
+//! - **`State`** (one mutex) holds the outstanding requests by request id
+//!   (each with its frame, so a resume can send it again), the held locks
+//!   by (key, token), the current socket, and the session's end once it
+//!   ended.
 //!
 //! Invariants:
 //! - A request id is in `pending` from before its frame is written until
@@ -18,25 +24,31 @@
 //!   and its late answer is dropped), so an answer can never be matched to
 //!   the wrong request. Ids 0 (Lost pushes) and [`PING_RID`] are never
 //!   handed out.
-//! - A granted lock enters `holds` when the I/O thread reads its grant,
-//!   before any later push can be read, so a Lost push that follows its
-//!   grant at once is never missed.
+//! - A request is written on the socket it was registered with (`conn`),
+//!   or, while a resume is under way, not at all: it waits in `pending`
+//!   with `conn: None` and the I/O thread writes it on the new connection
+//!   before any caller may write there. The Resume is therefore always the
+//!   new connection's first frame, and an answer is only ever read on the
+//!   connection its request was written on.
+//! - A granted lock enters `holds` when the I/O thread reads its grant
+//!   (or when a resume finds it granted), before any later push can be
+//!   read, so a Lost push that follows its grant at once is never missed.
 //! - `dead` is set once, by the I/O thread, together with draining
 //!   `holds`; nothing is sent after it.
 //! - Losses follow `lease`'s order: the verdict (`claim_loss`), then letting
 //!   go (the hold is marked ended so no request is sent for it; on a dead
 //!   connection the socket is shut down and every waiter woken), then the
-//!   handlers, with no lock held. Handlers of a Lost push or a client-side
-//!   expiry run on a short-lived thread of their own, so a slow handler
-//!   never delays the Pings that keep the session's other locks alive;
-//!   handlers of the session's end run on the I/O thread, which has nothing
-//!   left to do.
+//!   handlers, with no lock held. Handlers of a Lost push, a client-side
+//!   expiry or a resume run on a short-lived thread of their own, so a slow
+//!   handler never delays the Pings that keep the session's other locks
+//!   alive; handlers of the session's end run on the I/O thread, which has
+//!   nothing left to do.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -45,7 +57,10 @@ use crate::lease::{
     cause_msg, CancelToken, Cause, Error, LeaseWatch, LostHandler, LostLock, LostReason,
     PendingLoss,
 };
-use crate::protocol::session::{self as wire, Answer, LostWhy, Req, Status, Welcome};
+use crate::protocol::session::{self as wire, HoldMode, Status, Welcome};
+
+use super::resume::Resumer;
+use super::sys::{notify_elsewhere, EventFd};
 
 /// The request id of every keep-alive Ping (one is outstanding at a time)
 /// and of the Hello before it.
@@ -114,6 +129,9 @@ pub(super) enum What {
 pub(super) struct AcquireReq {
     pub key: Vec<u8>,
     pub key_text: String,
+    /// The hold mode asked for: a resume matches a listed hold by key and
+    /// mode.
+    pub mode: HoldMode,
     /// The TTL as sent (whole milliseconds), for a lease.
     pub ttl: Option<Duration>,
     /// Just before the frame was written: a lease's client-side expiry
@@ -125,21 +143,61 @@ pub(super) struct AcquireReq {
     pub cancelled: Option<Error>,
 }
 
-struct Pending {
-    what: What,
-    answer: Option<Answered>,
+/// What an outstanding request asks the server, for a resume to settle
+/// it when the connection it was written on failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Op {
+    Acquire,
+    Release(HoldId),
+    Extend(HoldId),
+    Cancel,
+    Ping,
+}
+
+pub(super) struct Pending {
+    pub(super) what: What,
+    pub(super) answer: Option<Answered>,
+    /// The request as written, kept until it is answered: a resume writes
+    /// it again when its outcome is unknown.
+    pub(super) frame: Vec<u8>,
+    /// The connection it was written on; `None` while it waits for a
+    /// resume to end (the I/O thread writes it then).
+    pub(super) conn: Option<u64>,
+    pub(super) op: Op,
 }
 
 /// A held lock, as the session sees it.
 pub(super) type HoldId = (Vec<u8>, u64);
 
-struct Entry {
-    key_text: String,
+pub(super) struct Entry {
+    pub(super) key_text: String,
     /// Set when the caller wrapped the grant in a lease.
-    watch: Option<LeaseWatch>,
-    ended: Option<Ended>,
+    pub(super) watch: Option<LeaseWatch>,
+    pub(super) ended: Option<Ended>,
     /// The client-side expiry of a lease.
-    expires_at: Option<Instant>,
+    pub(super) expires_at: Option<Instant>,
+}
+
+impl Entry {
+    /// The hold an Acquire's grant of `token` becomes, and whether the
+    /// caller must extend it before handing it out. `expires_at` is the
+    /// server-safe expiry of a lease (`None` for other holds): when more
+    /// than half of the lease's TTL is already gone by it, the client-side
+    /// expiry waits for that Extend instead.
+    pub(super) fn granted(a: &AcquireReq, expires_at: Option<Instant>) -> (Entry, bool) {
+        let expires_at = a.ttl.and_then(|ttl| {
+            let x = expires_at?;
+            (x >= Instant::now() + ttl / 2).then_some(x)
+        });
+        let rebase = a.ttl.is_some() && expires_at.is_none();
+        let entry = Entry {
+            key_text: a.key_text.clone(),
+            watch: None,
+            ended: None,
+            expires_at,
+        };
+        (entry, rebase)
+    }
 }
 
 /// Why a hold ended while its session lives on.
@@ -165,17 +223,29 @@ impl Ended {
 /// How a session ended: the reason every hold's loss gets, and why.
 pub(super) type End = (LostReason, Cause);
 
-struct State {
+pub(super) struct State {
     next_rid: u32,
-    pending: HashMap<u32, Pending>,
-    holds: HashMap<HoldId, Entry>,
-    /// A writer's failure, or a close, waiting for the I/O thread to act on.
-    fail: Option<End>,
-    dead: Option<End>,
+    pub(super) pending: HashMap<u32, Pending>,
+    pub(super) holds: HashMap<HoldId, Entry>,
+    /// A writer's failure (of a session that cannot be resumed), or a
+    /// close, waiting for the I/O thread to act on: the session ends.
+    pub(super) fail: Option<End>,
+    /// A writer's failure on connection `.0` of a resumable session: the
+    /// I/O thread resumes (the cause is for its report).
+    pub(super) broke: Option<(u64, End)>,
+    pub(super) dead: Option<End>,
+    /// The current connection.
+    pub(super) sock: Arc<TcpStream>,
+    /// Its number: 0 for the Hello's, one more per resume.
+    pub(super) conn: u64,
+    /// A resume is under way: requests wait in `pending` (`conn: None`).
+    pub(super) resuming: bool,
+    /// The last welcome had the resumable flag.
+    pub(super) resumable: bool,
 }
 
 impl State {
-    fn alloc_rid(&mut self) -> u32 {
+    pub(super) fn alloc_rid(&mut self) -> u32 {
         loop {
             let rid = self.next_rid;
             self.next_rid = self.next_rid.wrapping_add(1);
@@ -204,17 +274,22 @@ pub(super) enum HoldNow {
 }
 
 pub(super) struct Shared {
-    sock: TcpStream,
     write: Mutex<()>,
     state: Mutex<State>,
-    changed: Condvar,
-    wake: EventFd,
+    pub(super) changed: Condvar,
+    pub(super) wake: EventFd,
     io_thread: OnceLock<ThreadId>,
     pub timing: Timing,
     pub welcome: Welcome,
     pub release_timeout: Duration,
     pub source: Vec<u8>,
     pub on_lost: Option<LostHandler>,
+    /// How to take the session over on another connection (its addresses,
+    /// auth token, connect timeout): used while the welcome says the
+    /// session is resumable.
+    pub(super) resumer: Resumer,
+    /// Successful resumes so far.
+    pub(super) resumes: AtomicU64,
 }
 
 impl Shared {
@@ -225,16 +300,21 @@ impl Shared {
         release_timeout: Duration,
         source: Vec<u8>,
         on_lost: Option<LostHandler>,
+        resumer: Resumer,
     ) -> io::Result<Arc<Shared>> {
         Ok(Arc::new(Shared {
-            sock,
             write: Mutex::new(()),
             state: Mutex::new(State {
                 next_rid: PING_RID + 1,
                 pending: HashMap::new(),
                 holds: HashMap::new(),
                 fail: None,
+                broke: None,
                 dead: None,
+                sock: Arc::new(sock),
+                conn: 0,
+                resuming: false,
+                resumable: welcome.flags & wire::FLAG_RESUMABLE != 0,
             }),
             changed: Condvar::new(),
             wake: EventFd::new()?,
@@ -244,10 +324,12 @@ impl Shared {
             release_timeout,
             source,
             on_lost,
+            resumer,
+            resumes: AtomicU64::new(0),
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Every update is an insert, a remove or an assignment: a panic
         // cannot leave the state half-changed, so poisoning is ignored.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -262,8 +344,8 @@ impl Shared {
             .map(drop)
     }
 
-    pub(super) fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.sock.local_addr().ok()
+    pub(super) fn local_addr(&self) -> Option<SocketAddr> {
+        self.lock().sock.local_addr().ok()
     }
 
     /// How the session ended, once it did.
@@ -271,37 +353,64 @@ impl Shared {
         self.lock().dead.clone()
     }
 
-    fn write_frame(&self, frame: &[u8]) -> io::Result<()> {
-        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
-        (&self.sock).write_all(frame)
+    /// Successful resumes so far.
+    pub(super) fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Relaxed)
     }
 
-    /// Registers a request and writes its frame. `Err`: the session has
-    /// ended (or this write ended it); nothing was sent.
+    pub(super) fn write_frame(&self, sock: &TcpStream, frame: &[u8]) -> io::Result<()> {
+        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        (&*sock).write_all(frame)
+    }
+
+    /// Registers a request and writes its frame (or, while a resume is
+    /// under way, leaves it for the I/O thread to write on the new
+    /// connection). `Err`: the session has ended (or this write ended it);
+    /// nothing was sent. A failed write on a resumable session is not an
+    /// error: the request is in flight, and the resume settles it.
     pub(super) fn send(
         &self,
         what: What,
+        op: Op,
         encode: impl FnOnce(u32, &mut Vec<u8>),
     ) -> Result<u32, End> {
         let wakes_io =
             matches!(&what, What::Acquire(a) if a.cancel.is_some() || a.deadline.is_some());
-        let rid = {
+        let mut frame = Vec::with_capacity(wire::HEADER + 64);
+        let (rid, now) = {
             let mut st = self.lock();
             if let Some(end) = st.dead.as_ref().or(st.fail.as_ref()) {
                 return Err(end.clone());
             }
             let rid = st.alloc_rid();
-            st.pending.insert(rid, Pending { what, answer: None });
-            rid
+            encode(rid, &mut frame);
+            let now = (!st.resuming).then(|| (Arc::clone(&st.sock), st.conn, st.resumable));
+            st.pending.insert(
+                rid,
+                Pending {
+                    what,
+                    answer: None,
+                    frame: frame.clone(),
+                    conn: now.as_ref().map(|n| n.1),
+                    op,
+                },
+            );
+            (rid, now)
         };
-        let mut frame = Vec::with_capacity(wire::HEADER + 64);
-        encode(rid, &mut frame);
-        if let Err(e) = self.write_frame(&frame) {
-            self.lock().pending.remove(&rid);
+        let Some((sock, conn, resumable)) = now else {
+            // Written by the I/O thread when the resume ends.
+            return Ok(rid);
+        };
+        if let Err(e) = self.write_frame(&sock, &frame) {
             let end = (
                 LostReason::ConnectionLost,
                 cause_msg(format!("sending a request failed: {e}")),
             );
+            if resumable {
+                self.broke(conn, end);
+                return Ok(rid);
+            }
+            self.lock().pending.remove(&rid);
             self.fail(end.clone());
             return Err(end);
         }
@@ -311,6 +420,21 @@ impl Shared {
             self.wake.signal();
         }
         Ok(rid)
+    }
+
+    /// A write on connection `conn` of a resumable session failed: unless
+    /// that connection is gone already, shuts it down, which wakes the I/O
+    /// thread to resume.
+    fn broke(&self, conn: u64, end: End) {
+        {
+            let mut st = self.lock();
+            if st.conn != conn || st.resuming || st.broke.as_ref().is_some_and(|b| b.0 == conn) {
+                return;
+            }
+            st.broke = Some((conn, end));
+            let _ = st.sock.shutdown(Shutdown::Both);
+        }
+        self.wake.signal();
     }
 
     /// Waits for the answer to `rid`, the session's end, or `until`.
@@ -354,8 +478,10 @@ impl Shared {
             if st.dead.is_none() && st.fail.is_none() {
                 st.fail = Some(end);
             }
+            // During a resume this is the failed connection: the wake-up
+            // below interrupts the attempt under way.
+            let _ = st.sock.shutdown(Shutdown::Both);
         }
-        let _ = self.sock.shutdown(Shutdown::Both);
         self.wake.signal();
     }
 
@@ -488,308 +614,10 @@ impl Shared {
         self.die(end);
     }
 
-    /// The I/O loop; returns why the session ended.
-    fn serve(&self) -> End {
-        let t = self.timing;
-        let mut buf: Vec<u8> = Vec::with_capacity(4096);
-        let mut chunk = vec![0u8; 16 * 1024];
-        let mut frame = Vec::with_capacity(wire::FRAME_MAX);
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
-        let mut next_ping = Instant::now() + t.interval;
-        let mut ping_deadline: Option<Instant> = None;
-        loop {
-            // 1. What to wait for: the socket, a wake-up, the callers'
-            //    cancel tokens, and the earliest timer.
-            let mut wake_at = ping_deadline.unwrap_or(next_ping);
-            fds.clear();
-            fds.push(pollfd(self.sock.as_raw_fd()));
-            fds.push(pollfd(self.wake.fd()));
-            {
-                let st = self.lock();
-                if let Some(end) = &st.fail {
-                    return end.clone();
-                }
-                for p in st.pending.values() {
-                    if let (What::Acquire(a), None) = (&p.what, &p.answer) {
-                        if a.cancelled.is_none() {
-                            if let Some(tok) = &a.cancel {
-                                fds.push(pollfd(tok.as_raw_fd()));
-                            }
-                            if let Some(d) = a.deadline {
-                                wake_at = wake_at.min(d);
-                            }
-                        }
-                    }
-                }
-                for e in st.holds.values() {
-                    if let (None, Some(x)) = (&e.ended, e.expires_at) {
-                        wake_at = wake_at.min(x);
-                    }
-                }
-            }
-
-            // 2. Wait.
-            if let Err(e) = poll(&mut fds, wake_at) {
-                return (
-                    LostReason::ConnectionLost,
-                    cause_msg(format!("poll failed: {e}")),
-                );
-            }
-            if fds[1].revents != 0 {
-                self.wake.drain();
-            }
-
-            // 3. Read what arrived, answer by answer.
-            if fds[0].revents != 0 {
-                match (&self.sock).read(&mut chunk) {
-                    Ok(0) => return self.end_of_stream(None),
-                    Ok(n) => {
-                        buf.extend_from_slice(&chunk[..n]);
-                        let mut at = 0;
-                        loop {
-                            match wire::decode_answer(&buf[at..], None) {
-                                Ok(Some((answer, used))) => {
-                                    at += used;
-                                    if let Some(end) = self.dispatch(answer, &mut ping_deadline) {
-                                        return end;
-                                    }
-                                }
-                                Ok(None) => break,
-                                Err(e) => {
-                                    return (
-                                        LostReason::ConnectionLost,
-                                        cause_msg(format!(
-                                            "the server broke the session protocol: {e}"
-                                        )),
-                                    )
-                                }
-                            }
-                        }
-                        buf.drain(..at);
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                        ) => {}
-                    Err(e) => return self.end_of_stream(Some(e)),
-                }
-            }
-
-            // 4. The keep-alive. Its deadline counts from when the Ping was
-            //    due, not from when it was written, so a slow write or a
-            //    late wake-up shortens the wait and never stretches it.
-            let now = Instant::now();
-            match ping_deadline {
-                Some(deadline) if now >= deadline => {
-                    return (
-                        LostReason::KeepAliveTimedOut,
-                        cause_msg(format!(
-                            "no answer to a ping within {:?} (ping every {:?}, server keep-alive {:?}): \
-                             the connection hangs",
-                            t.ping_timeout, t.interval, t.keepalive
-                        )),
-                    )
-                }
-                Some(_) => {}
-                None if now >= next_ping => {
-                    ping_deadline = Some(next_ping + t.ping_timeout);
-                    next_ping = (next_ping + t.interval).max(now);
-                    frame.clear();
-                    wire::encode(PING_RID, &Req::Ping, &mut frame);
-                    if let Err(e) = self.write_frame(&frame) {
-                        return (
-                            LostReason::ConnectionLost,
-                            cause_msg(format!("sending a ping failed: {e}")),
-                        );
-                    }
-                }
-                None => {}
-            }
-
-            // 5. Cancels for callers that gave up waiting.
-            if let Err(end) = self.send_cancels(now, &mut frame) {
-                return end;
-            }
-
-            // 6. Leases whose TTL passed on this side.
-            self.expire(now);
-        }
-    }
-
-    fn end_of_stream(&self, err: Option<io::Error>) -> End {
-        if let Some(end) = self.lock().fail.clone() {
-            return end;
-        }
-        match err {
-            None => (
-                LostReason::ConnectionLost,
-                cause_msg("the server closed the connection"),
-            ),
-            Some(e) => (
-                LostReason::ConnectionLost,
-                cause_msg(format!("the connection failed: {e}")),
-            ),
-        }
-    }
-
-    fn dispatch(&self, answer: Answer, ping_deadline: &mut Option<Instant>) -> Option<End> {
-        match answer {
-            Answer::Reply {
-                rid: PING_RID,
-                status,
-                ..
-            } => {
-                if ping_deadline.take().is_some() && status != Status::Ok {
-                    return Some((
-                        LostReason::KeepAliveFailed,
-                        cause_msg(format!("the server answered a ping with {}", status.name())),
-                    ));
-                }
-            }
-            Answer::Reply {
-                rid, status, token, ..
-            } => {
-                let mut st = self.lock();
-                let Some(p) = st.pending.get_mut(&rid) else {
-                    return None; // an answer nobody waits for
-                };
-                let mut rebase = false;
-                let grant = match &p.what {
-                    What::Ignore => {
-                        st.pending.remove(&rid);
-                        return None;
-                    }
-                    What::Acquire(a) if status == Status::Ok => {
-                        // The server's TTL started at the grant, which the
-                        // client cannot see; `sent_at + ttl` is safe, but after
-                        // a wait in the queue it may be (nearly) over. Then the
-                        // caller extends first, and this side's expiry counts
-                        // from that Extend.
-                        let expires_at = a.ttl.and_then(|ttl| {
-                            let x = a.sent_at + ttl;
-                            (x >= Instant::now() + ttl / 2).then_some(x)
-                        });
-                        rebase = a.ttl.is_some() && expires_at.is_none();
-                        Some((
-                            (a.key.clone(), token),
-                            Entry {
-                                key_text: a.key_text.clone(),
-                                watch: None,
-                                ended: None,
-                                expires_at,
-                            },
-                        ))
-                    }
-                    _ => None,
-                };
-                p.answer = Some(Answered {
-                    status,
-                    token,
-                    rebase,
-                });
-                if let Some((id, entry)) = grant {
-                    st.holds.insert(id, entry);
-                }
-                drop(st);
-                self.changed.notify_all();
-            }
-            Answer::Held { .. } => {
-                return Some((
-                    LostReason::ConnectionLost,
-                    cause_msg("the server sent a Held frame outside a Resume"),
-                ));
-            }
-            Answer::Lost { key, token, why } => {
-                let reason = match why {
-                    LostWhy::Expired => LostReason::Expired,
-                    LostWhy::Reset => LostReason::Reset,
-                };
-                let lost = LostLock::new(
-                    String::from_utf8_lossy(&key),
-                    reason,
-                    Some(cause_msg(format!(
-                        "the server pushed Lost ({}) for token {token}",
-                        why.name()
-                    ))),
-                );
-                if let Some(p) = self.server_lost(&(key, token), lost) {
-                    notify_elsewhere(vec![p]);
-                }
-            }
-            Answer::Welcome { .. } => {
-                return Some((
-                    LostReason::ConnectionLost,
-                    cause_msg("the server broke the session protocol: a second hello reply"),
-                ))
-            }
-            // `not leader` (reserved) on an open session: the server gives
-            // the session up; nothing of it can be trusted any more.
-            Answer::Refused { status, detail, .. } => {
-                return Some((
-                    LostReason::ConnectionLost,
-                    cause_msg(format!(
-                        "the server refused the session: {} {}",
-                        status.name(),
-                        String::from_utf8_lossy(&detail)
-                    )),
-                ))
-            }
-        }
-        None
-    }
-
-    fn send_cancels(&self, now: Instant, frame: &mut Vec<u8>) -> Result<(), End> {
-        let mut due: Vec<Vec<u8>> = Vec::new();
-        {
-            let mut st = self.lock();
-            let mut targets = Vec::new();
-            for (rid, p) in st.pending.iter_mut() {
-                let (What::Acquire(a), None) = (&mut p.what, &p.answer) else {
-                    continue;
-                };
-                if a.cancelled.is_some() {
-                    continue;
-                }
-                let why = if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
-                    Error::Cancelled
-                } else if a.deadline.is_some_and(|d| now >= d) {
-                    Error::DeadlineExceeded
-                } else {
-                    continue;
-                };
-                a.cancelled = Some(why);
-                targets.push((*rid, a.key.clone()));
-            }
-            for (target, key) in targets {
-                let rid = st.alloc_rid();
-                st.pending.insert(
-                    rid,
-                    Pending {
-                        what: What::Ignore,
-                        answer: None,
-                    },
-                );
-                frame.clear();
-                wire::encode(rid, &Req::Cancel { target, key: &key }, frame);
-                due.push(std::mem::take(frame));
-            }
-        }
-        for bytes in due {
-            if let Err(e) = self.write_frame(&bytes) {
-                return Err((
-                    LostReason::ConnectionLost,
-                    cause_msg(format!("sending a cancel failed: {e}")),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Client-side expiry: a lease whose TTL passed (counted from when its
     /// Acquire or last Extend was sent) is lost here, at or before the
     /// moment the server expires it.
-    fn expire(&self, now: Instant) {
+    pub(super) fn expire(&self, now: Instant) {
         let due: Vec<(HoldId, Option<LeaseWatch>, LostLock)> = {
             let st = self.lock();
             st.holds
@@ -838,6 +666,7 @@ impl Shared {
                 return;
             }
             st.dead = Some((reason, cause.clone()));
+            let _ = st.sock.shutdown(Shutdown::Both);
             st.holds.drain().map(|(_, e)| e).collect()
         };
         let claims: Vec<PendingLoss> = entries
@@ -848,112 +677,9 @@ impl Shared {
                 e.watch.and_then(|w| w.claim_loss(lost))
             })
             .collect();
-        let _ = self.sock.shutdown(Shutdown::Both);
         self.changed.notify_all();
         for p in claims {
             p.notify();
-        }
-    }
-}
-
-/// Runs the handlers of `claims` on a thread of their own (inline if no
-/// thread can be started).
-fn notify_elsewhere(claims: Vec<PendingLoss>) {
-    if claims.is_empty() {
-        return;
-    }
-    let slot = Arc::new(Mutex::new(Some(claims)));
-    let theirs = Arc::clone(&slot);
-    let spawned = std::thread::Builder::new()
-        .name("ringlock-session-lost".into())
-        .spawn(move || run_claims(&theirs));
-    if spawned.is_err() {
-        run_claims(&slot);
-    }
-}
-
-fn run_claims(slot: &Mutex<Option<Vec<PendingLoss>>>) {
-    let claims = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-    for p in claims.into_iter().flatten() {
-        p.notify();
-    }
-}
-
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }
-}
-
-/// `poll(2)` until `until` (rounded up to whole milliseconds, so it never
-/// wakes early and spins); EINTR is a normal return.
-fn poll(fds: &mut [libc::pollfd], until: Instant) -> io::Result<()> {
-    let left = until.saturating_duration_since(Instant::now());
-    let ms = left
-        .as_micros()
-        .div_ceil(1000)
-        .min(libc::c_int::MAX as u128) as libc::c_int;
-    // SAFETY: `fds` is a live, exclusively borrowed slice of pollfds and its
-    // length is passed with it; a longer length would let the kernel write
-    // `revents` past the slice. Every test of tests/session_fake.rs and
-    // tests/session_client.rs runs the I/O thread through this poll.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-        for f in fds.iter_mut() {
-            f.revents = 0;
-        }
-    }
-    Ok(())
-}
-
-/// A counter `eventfd` that wakes the I/O thread's poll.
-struct EventFd(OwnedFd);
-
-impl EventFd {
-    fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd has no memory arguments; we own the returned fd
-        // (checked below: a failure is an error, never a descriptor). Every
-        // Session of tests/session_fake.rs creates one.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor that nothing else owns; owning
-        // one that something else also closes would close a reused number
-        // under it. Dropping a Session closes it once
-        // (session_client::dropping_the_last_handle_ends_the_session).
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
-    fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live local to our own eventfd; a
-        // full counter (EAGAIN) already means "wake up". A wrong size would
-        // be EINVAL and the wake-up lost: a release or cancel would then wait
-        // for the next ping (tests/session_fake.rs bounds those waits).
-        unsafe {
-            libc::write(self.fd(), (&one as *const u64).cast(), 8);
-        }
-    }
-
-    fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live local from our own
-        // non-blocking eventfd; a shorter buffer is EINVAL and the counter
-        // would stay set, so poll would spin (the I/O thread's waits in
-        // tests/session_fake.rs would then never sleep, not fail).
-        unsafe {
-            libc::read(self.fd(), (&mut v as *mut u64).cast(), 8);
         }
     }
 }
@@ -1003,18 +729,28 @@ mod tests {
 
     #[test]
     fn request_ids_skip_the_reserved_ones_and_those_in_flight() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let mut st = State {
             next_rid: u32::MAX,
             pending: HashMap::new(),
             holds: HashMap::new(),
             fail: None,
+            broke: None,
             dead: None,
+            sock: Arc::new(sock),
+            conn: 0,
+            resuming: false,
+            resumable: false,
         };
         st.pending.insert(
             2,
             Pending {
                 what: What::Call,
                 answer: None,
+                frame: Vec::new(),
+                conn: Some(0),
+                op: Op::Ping,
             },
         );
         assert_eq!(st.alloc_rid(), u32::MAX);

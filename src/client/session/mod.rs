@@ -32,7 +32,9 @@
 //! ```
 //!
 //! # One connection, one I/O thread
-//! A session is one TCP connection to the lock port, opened with a Hello
+//! A session is one TCP connection to the lock port (one at a time: a
+//! [replicated](#resuming-a-replicated-session) session may move to
+//! another), opened with a Hello
 //! (`docs/protocol.md`, "Sessions"). Every request carries a request id, so
 //! any number of threads may wait on the same session at once, and a Ping
 //! is never stuck behind a queued Acquire. One background thread reads
@@ -62,8 +64,42 @@
 //! | [`Hold::Persistent`] | it is released by token or reset (Locking-Center semantics) | the session's end (the client can no longer release it) |
 //!
 //! A lease and a persistent hold outlive the session on the server; this
-//! client does not reconnect, so it reports them lost when its session
-//! ends (their release then says what stays held).
+//! client does not open a new session behind the caller's back, so it
+//! reports them lost when its session ends (their release then says what
+//! stays held).
+//!
+//! # Resuming a replicated session
+//! A cluster's serving leader replicates a session when it can (its
+//! welcome has the resumable flag: [`Session::is_resumable`]). Then a
+//! failed connection (end of stream, an error, a Ping unanswered within
+//! the ping timeout, a `not leader` answer) does not end the session: the
+//! I/O thread takes it over on a new connection with a Resume
+//! (`docs/protocol.md`, "Resuming a session (cluster mode)"), trying the
+//! builder's addresses in turn and the leader a `not leader` answer
+//! names first, for as long as the session's keep-alive K, counted from
+//! the last frame received from the server, has not passed. The answer
+//! lists the holds the session still has, and settles what the client
+//! believed:
+//! - a hold that is listed is kept: no loss, its [`Lease`] goes on (a
+//!   lease's client-side expiry counts the TTL left it was listed with
+//!   from when the Resume was sent);
+//! - a hold that is not listed is lost, as for a Lost push
+//!   ([`LostReason::ConnectionLost`], "not kept across the failover");
+//! - an Acquire in flight whose key is listed with a new token was
+//!   granted: the caller gets that grant; otherwise it is sent again (it
+//!   queues at the back, and its `wait_ms` starts again), unless its
+//!   caller gave up meanwhile (then it is cancelled, as a Cancel would);
+//! - a Release in flight whose hold is still listed is sent again; one
+//!   whose hold is not listed happened; an Extend in flight is sent again.
+//!
+//! Requests made during the resume wait for it (and fail as usual if the
+//! session ends). A resume that is refused (`unknown session`: the new
+//! leader does not have the session; `unauthorized`, ...) or that does
+//! not succeed within K ends the session as any failure does: every hold
+//! is lost. [`Session::resumes`] counts the successful resumes, and
+//! [`SessionBuilder::on_resume`] reports each one in a line. A session
+//! without the flag (a single node) ends at its first failed connection,
+//! as before.
 //!
 //! # Errors (`lease::Error`)
 //! Bad arguments are refused before any traffic: [`Error::InvalidKey`]
@@ -87,6 +123,9 @@
 
 mod hold;
 mod io;
+mod resume;
+mod serve;
+mod sys;
 
 use std::fmt;
 use std::net::{SocketAddr, TcpStream};
@@ -102,7 +141,8 @@ use crate::lease::{
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
 use hold::SessionHold;
-use io::{AcquireReq, Handle, Shared, Timing, Waited, What, PING_RID};
+use io::{AcquireReq, Handle, Op, Shared, Timing, Waited, What, PING_RID};
+use resume::{EventHandler, Resumer};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
@@ -163,6 +203,7 @@ pub struct SessionBuilder {
     release_timeout: Duration,
     retry: RetryPolicy,
     on_lost: Option<LostHandler>,
+    on_resume: Option<EventHandler>,
     auth: Vec<u8>,
 }
 
@@ -233,6 +274,17 @@ impl SessionBuilder {
         self
     }
 
+    /// A handler of the session's resume events (a replicated session,
+    /// [resumed](Session#resuming-a-replicated-session) when its connection
+    /// fails): one line each when a resume begins, succeeds (what was kept
+    /// and lost) and fails. It runs on the session's I/O thread, so it must
+    /// be quick (log the line and return); a panic in it is caught. Default:
+    /// none (the events are only counted: [`Session::resumes`]).
+    pub fn on_resume(mut self, handler: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_resume = Some(Arc::new(handler));
+        self
+    }
+
     /// Connects, opens the session (Hello) and starts its I/O thread.
     /// A bad address or source is [`Error::InvalidArgument`] (nothing is
     /// sent); a server that cannot be reached, or refuses the session, is
@@ -285,6 +337,12 @@ impl SessionBuilder {
         // ping timeout that is a hung connection.
         sock.set_write_timeout(Some(timing.ping_timeout))
             .map_err(unavailable)?;
+        let resumer = Resumer {
+            addrs,
+            auth: self.auth,
+            connect_timeout,
+            on_event: self.on_resume,
+        };
         let shared = Shared::new(
             sock,
             welcome,
@@ -292,6 +350,7 @@ impl SessionBuilder {
             super::conn::nonzero(self.release_timeout),
             self.source,
             self.on_lost,
+            resumer,
         )
         .map_err(unavailable)?;
         shared.spawn().map_err(unavailable)?;
@@ -312,6 +371,7 @@ impl fmt::Debug for SessionBuilder {
             .field("release_timeout", &self.release_timeout)
             .field("retry", &self.retry)
             .field("on_lost", &self.on_lost.is_some())
+            .field("on_resume", &self.on_resume.is_some())
             .field("auth", &(!self.auth.is_empty()).then_some("<secret>"))
             .finish()
     }
@@ -491,6 +551,7 @@ impl Session {
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             retry: RetryPolicy::default(),
             on_lost: None,
+            on_resume: None,
             auth: Vec::new(),
         }
     }
@@ -545,6 +606,20 @@ impl Session {
     /// This end of the connection (what `ringlock keys` lists as ENDPOINT).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.shared().local_addr()
+    }
+
+    /// Whether the server replicates this session (its welcome's resumable
+    /// flag): then a failed connection is
+    /// [resumed](Session#resuming-a-replicated-session) instead of ending
+    /// the session.
+    pub fn is_resumable(&self) -> bool {
+        self.shared().lock().resumable
+    }
+
+    /// How many times this session was resumed on a new connection (0 for
+    /// a session that is not replicated).
+    pub fn resumes(&self) -> u64 {
+        self.shared().resumes()
     }
 
     /// Why the session ended, once it did (`None` while it is open).
@@ -619,6 +694,7 @@ impl Session {
         let req = AcquireReq {
             key: key.to_vec(),
             key_text: key_text.clone(),
+            mode,
             ttl,
             sent_at,
             // A try never queues, so there is nothing to cancel.
@@ -629,7 +705,7 @@ impl Session {
             cancelled: None,
         };
         let rid = shared
-            .send(What::Acquire(Box::new(req)), |rid, out| {
+            .send(What::Acquire(Box::new(req)), Op::Acquire, |rid, out| {
                 wire::encode(
                     rid,
                     &Req::Acquire {
@@ -783,6 +859,7 @@ impl fmt::Debug for Session {
             .field("session_id", &sh.welcome.session_id)
             .field("local_addr", &sh.local_addr())
             .field("timing", &sh.timing)
+            .field("resumes", &sh.resumes())
             .field("ended", &sh.end().map(|(r, _)| r))
             .finish()
     }

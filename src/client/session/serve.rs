@@ -1,0 +1,379 @@
+//! The I/O thread's loop over one connection: what it waits for, the
+//! answers and pushes it reads, the keep-alive Pings, the Cancels of
+//! callers that gave up ([`super::io`] has who owns what). When a
+//! connection of a resumable session fails, [`Shared::serve`] resumes the
+//! session on a new one ([`super::resume`]) and serves that.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::io::{Answered, End, Entry, Op, Pending, Shared, What, PING_RID};
+use super::resume;
+use super::sys::{notify_elsewhere, poll, pollfd};
+use crate::lease::{cause_msg, CancelToken, Error, LostLock, LostReason};
+use crate::protocol::session::{self as wire, Answer, LostWhy, Req, Status};
+
+/// Why the I/O loop left a connection.
+pub(super) enum Stop {
+    /// The session is over: closed by this side, a protocol break, a Ping
+    /// answered with an error.
+    End(End),
+    /// The connection failed (end of stream, an error, a hung connection,
+    /// `not leader`): a resumable session is resumed, another one is over.
+    Failed(End),
+}
+
+impl Shared {
+    /// The I/O loop; returns why the session ended. A connection that
+    /// fails under a resumable session is resumed ([`resume::resume`]) and
+    /// served again.
+    pub(super) fn serve(&self) -> End {
+        // The welcome was just read.
+        let mut last_rx = Instant::now();
+        loop {
+            let (sock, conn) = {
+                let st = self.lock();
+                (Arc::clone(&st.sock), st.conn)
+            };
+            let why = match self.serve_conn(&sock, conn, &mut last_rx) {
+                Stop::End(end) => return end,
+                Stop::Failed(why) => why,
+            };
+            {
+                let st = self.lock();
+                if let Some(end) = &st.fail {
+                    return end.clone();
+                }
+                if !st.resumable {
+                    return why;
+                }
+            }
+            match resume::resume(self, why, last_rx) {
+                Ok(at) => last_rx = at,
+                Err(end) => return end,
+            }
+        }
+    }
+
+    /// Serves connection `conn` until it fails or the session ends;
+    /// `last_rx` is when the last whole frame arrived from the server.
+    fn serve_conn(&self, sock: &TcpStream, conn: u64, last_rx: &mut Instant) -> Stop {
+        let t = self.timing;
+        let mut buf: Vec<u8> = Vec::with_capacity(4096);
+        let mut chunk = vec![0u8; 16 * 1024];
+        let mut frame = Vec::with_capacity(wire::FRAME_MAX);
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        let mut next_ping = Instant::now() + t.interval;
+        let mut ping_deadline: Option<Instant> = None;
+        loop {
+            // 1. What to wait for: the socket, a wake-up, the callers'
+            //    cancel tokens, and the earliest timer.
+            let mut wake_at = ping_deadline.unwrap_or(next_ping);
+            fds.clear();
+            fds.push(pollfd(sock.as_raw_fd()));
+            fds.push(pollfd(self.wake.fd()));
+            {
+                let mut st = self.lock();
+                if let Some(end) = &st.fail {
+                    return Stop::End(end.clone());
+                }
+                if let Some((_, why)) = st.broke.take_if(|(c, _)| *c == conn) {
+                    return Stop::Failed(why);
+                }
+                for p in st.pending.values() {
+                    if let (What::Acquire(a), None) = (&p.what, &p.answer) {
+                        if a.cancelled.is_none() {
+                            if let Some(tok) = &a.cancel {
+                                fds.push(pollfd(tok.as_raw_fd()));
+                            }
+                            if let Some(d) = a.deadline {
+                                wake_at = wake_at.min(d);
+                            }
+                        }
+                    }
+                }
+                for e in st.holds.values() {
+                    if let (None, Some(x)) = (&e.ended, e.expires_at) {
+                        wake_at = wake_at.min(x);
+                    }
+                }
+            }
+
+            // 2. Wait.
+            if let Err(e) = poll(&mut fds, wake_at) {
+                return Stop::End((
+                    LostReason::ConnectionLost,
+                    cause_msg(format!("poll failed: {e}")),
+                ));
+            }
+            if fds[1].revents != 0 {
+                self.wake.drain();
+            }
+
+            // 3. Read what arrived, answer by answer.
+            if fds[0].revents != 0 {
+                match (&*sock).read(&mut chunk) {
+                    Ok(0) => return self.end_of_stream(conn, None),
+                    Ok(n) => {
+                        buf.extend_from_slice(&chunk[..n]);
+                        let mut at = 0;
+                        loop {
+                            match wire::decode_answer(&buf[at..], None) {
+                                Ok(Some((answer, used))) => {
+                                    at += used;
+                                    *last_rx = Instant::now();
+                                    if let Some(stop) = self.dispatch(answer, &mut ping_deadline) {
+                                        return stop;
+                                    }
+                                }
+                                Ok(None) => break,
+                                Err(e) => {
+                                    return Stop::End((
+                                        LostReason::ConnectionLost,
+                                        cause_msg(format!(
+                                            "the server broke the session protocol: {e}"
+                                        )),
+                                    ))
+                                }
+                            }
+                        }
+                        buf.drain(..at);
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                        ) => {}
+                    Err(e) => return self.end_of_stream(conn, Some(e)),
+                }
+            }
+
+            // 4. The keep-alive. Its deadline counts from when the Ping was
+            //    due, not from when it was written, so a slow write or a
+            //    late wake-up shortens the wait and never stretches it.
+            let now = Instant::now();
+            match ping_deadline {
+                Some(deadline) if now >= deadline => {
+                    return Stop::Failed((
+                        LostReason::KeepAliveTimedOut,
+                        cause_msg(format!(
+                            "no answer to a ping within {:?} (ping every {:?}, server keep-alive {:?}): \
+                             the connection hangs",
+                            t.ping_timeout, t.interval, t.keepalive
+                        )),
+                    ))
+                }
+                Some(_) => {}
+                None if now >= next_ping => {
+                    ping_deadline = Some(next_ping + t.ping_timeout);
+                    next_ping = (next_ping + t.interval).max(now);
+                    frame.clear();
+                    wire::encode(PING_RID, &Req::Ping, &mut frame);
+                    if let Err(e) = self.write_frame(sock, &frame) {
+                        return Stop::Failed((
+                            LostReason::ConnectionLost,
+                            cause_msg(format!("sending a ping failed: {e}")),
+                        ));
+                    }
+                }
+                None => {}
+            }
+
+            // 5. Cancels for callers that gave up waiting.
+            if let Err(why) = self.send_cancels(sock, now, &mut frame) {
+                return Stop::Failed(why);
+            }
+
+            // 6. Leases whose TTL passed on this side.
+            self.expire(now);
+        }
+    }
+
+    fn end_of_stream(&self, conn: u64, err: Option<io::Error>) -> Stop {
+        let mut st = self.lock();
+        if let Some(end) = st.fail.clone() {
+            return Stop::End(end);
+        }
+        // A writer saw it fail first (and shut it down).
+        if let Some((_, why)) = st.broke.take_if(|(c, _)| *c == conn) {
+            return Stop::Failed(why);
+        }
+        Stop::Failed(match err {
+            None => (
+                LostReason::ConnectionLost,
+                cause_msg("the server closed the connection"),
+            ),
+            Some(e) => (
+                LostReason::ConnectionLost,
+                cause_msg(format!("the connection failed: {e}")),
+            ),
+        })
+    }
+
+    fn dispatch(&self, answer: Answer, ping_deadline: &mut Option<Instant>) -> Option<Stop> {
+        match answer {
+            Answer::Reply {
+                rid: PING_RID,
+                status,
+                ..
+            } => {
+                if ping_deadline.take().is_some() && status != Status::Ok {
+                    return Some(Stop::End((
+                        LostReason::KeepAliveFailed,
+                        cause_msg(format!("the server answered a ping with {}", status.name())),
+                    )));
+                }
+            }
+            Answer::Reply {
+                rid, status, token, ..
+            } => {
+                let mut st = self.lock();
+                let Some(p) = st.pending.get_mut(&rid) else {
+                    return None; // an answer nobody waits for
+                };
+                let mut rebase = false;
+                let grant = match &p.what {
+                    What::Ignore => {
+                        st.pending.remove(&rid);
+                        return None;
+                    }
+                    What::Acquire(a) if status == Status::Ok => {
+                        // The server's TTL started at the grant, which the
+                        // client cannot see; `sent_at + ttl` is safe, but after
+                        // a wait in the queue it may be (nearly) over. Then the
+                        // caller extends first, and this side's expiry counts
+                        // from that Extend.
+                        let (entry, late) = Entry::granted(a, a.ttl.map(|ttl| a.sent_at + ttl));
+                        rebase = late;
+                        Some(((a.key.clone(), token), entry))
+                    }
+                    _ => None,
+                };
+                p.answer = Some(Answered {
+                    status,
+                    token,
+                    rebase,
+                });
+                if let Some((id, entry)) = grant {
+                    st.holds.insert(id, entry);
+                }
+                drop(st);
+                self.changed.notify_all();
+            }
+            Answer::Held { .. } => {
+                return Some(Stop::End((
+                    LostReason::ConnectionLost,
+                    cause_msg("the server sent a Held frame outside a Resume"),
+                )));
+            }
+            Answer::Lost { key, token, why } => {
+                let reason = match why {
+                    LostWhy::Expired => LostReason::Expired,
+                    LostWhy::Reset => LostReason::Reset,
+                };
+                let lost = LostLock::new(
+                    String::from_utf8_lossy(&key),
+                    reason,
+                    Some(cause_msg(format!(
+                        "the server pushed Lost ({}) for token {token}",
+                        why.name()
+                    ))),
+                );
+                if let Some(p) = self.server_lost(&(key, token), lost) {
+                    notify_elsewhere(vec![p]);
+                }
+            }
+            Answer::Welcome { .. } => {
+                return Some(Stop::End((
+                    LostReason::ConnectionLost,
+                    cause_msg("the server broke the session protocol: a second hello reply"),
+                )))
+            }
+            // `not leader` on an open session: this server gives the
+            // session's connection up (it closes it). A replicated session
+            // lives on at the new leader (resumed); another one is over.
+            Answer::Refused {
+                status: Status::NotLeader,
+                detail,
+                ..
+            } => {
+                return Some(Stop::Failed((
+                    LostReason::ConnectionLost,
+                    cause_msg(format!(
+                        "the server answered not leader{}",
+                        if detail.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (the leader is {})", String::from_utf8_lossy(&detail))
+                        }
+                    )),
+                )))
+            }
+            Answer::Refused { status, detail, .. } => {
+                return Some(Stop::End((
+                    LostReason::ConnectionLost,
+                    cause_msg(format!(
+                        "the server refused the session: {} {}",
+                        status.name(),
+                        String::from_utf8_lossy(&detail)
+                    )),
+                )))
+            }
+        }
+        None
+    }
+
+    fn send_cancels(&self, sock: &TcpStream, now: Instant, frame: &mut Vec<u8>) -> Result<(), End> {
+        let mut due: Vec<Vec<u8>> = Vec::new();
+        {
+            let mut st = self.lock();
+            let mut targets = Vec::new();
+            for (rid, p) in st.pending.iter_mut() {
+                let (What::Acquire(a), None) = (&mut p.what, &p.answer) else {
+                    continue;
+                };
+                if a.cancelled.is_some() {
+                    continue;
+                }
+                let why = if a.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
+                    Error::Cancelled
+                } else if a.deadline.is_some_and(|d| now >= d) {
+                    Error::DeadlineExceeded
+                } else {
+                    continue;
+                };
+                a.cancelled = Some(why);
+                targets.push((*rid, a.key.clone()));
+            }
+            for (target, key) in targets {
+                let rid = st.alloc_rid();
+                frame.clear();
+                wire::encode(rid, &Req::Cancel { target, key: &key }, frame);
+                let conn = Some(st.conn);
+                st.pending.insert(
+                    rid,
+                    Pending {
+                        what: What::Ignore,
+                        answer: None,
+                        frame: frame.clone(),
+                        conn,
+                        op: Op::Cancel,
+                    },
+                );
+                due.push(std::mem::take(frame));
+            }
+        }
+        for bytes in due {
+            if let Err(e) = self.write_frame(sock, &bytes) {
+                return Err((
+                    LostReason::ConnectionLost,
+                    cause_msg(format!("sending a cancel failed: {e}")),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
