@@ -365,3 +365,157 @@ fn a_session_is_resumed_when_its_leader_pauses_or_is_cut_off() {
         assert_eq!(st, Status::Ok, "{fault}: released by the resumed session");
     }
 }
+
+/// The Rust session client, given every node's address, resumes its
+/// session on the new leader after `kill -9` of its leader: its locks are
+/// kept (no Lost), still its own, and released by it; `ringlock lock` keeps
+/// its command running across the failover and exits with the command's
+/// status, not 79.
+#[test]
+fn the_rust_client_and_the_cli_resume_across_kill9() {
+    use ringlock::client::{RetryPolicy, Session};
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let lost = Arc::new(AtomicUsize::new(0));
+    let l = c.leader(WAIT);
+    let session = {
+        let lost = lost.clone();
+        Session::builder(c.lock_addrs.as_slice())
+            .retry(RetryPolicy::none())
+            .keepalive(Duration::from_secs(10))
+            .on_lost(move |_, _| {
+                lost.fetch_add(1, Ordering::SeqCst);
+            })
+            .connect()
+            .expect("session")
+    };
+    assert!(session.is_resumable(), "a cluster session is resumable");
+    let lease = session
+        .lock("client-key", Duration::from_secs(5))
+        .expect("locked");
+    // The CLI holds another key while its command waits for a file.
+    let go = c.data_path(0).with_extension("go");
+    let started = c.data_path(0).with_extension("started");
+    let addrs: Vec<String> = c.lock_addrs.iter().map(|a| a.to_string()).collect();
+    let mut cli = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .args([
+            "--addr",
+            &addrs.join(","),
+            "lock",
+            "cli-key",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+            started.display(),
+            go.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ringlock lock");
+    let stderr = cli.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    // (Not a TryLock probe: it would take the key if it were still free.)
+    poll_until("the CLI's command runs", WAIT, || started.exists());
+    c.kill9(l);
+    let l2 = c.leader(WAIT);
+    poll_until("the client resumed its session", WAIT, || {
+        session.resumes() == 1
+    });
+    let mut notes = Vec::new();
+    poll_until("the CLI resumed its session", WAIT, || {
+        notes.extend(rx.try_iter());
+        notes.iter().any(|n| n.contains("resumed"))
+    });
+    assert_eq!(lost.load(Ordering::SeqCst), 0, "nothing was lost");
+    assert!(lease.lost().is_none());
+    assert_eq!(
+        cli.try_wait().expect("wait"),
+        None,
+        "the command still runs"
+    );
+    for k in [&b"client-key"[..], b"cli-key"] {
+        assert_eq!(
+            try_lock(&c, l2, k),
+            Some(b'#'),
+            "{k:?} held through the failover"
+        );
+    }
+    lease.release().expect("released by the resumed session");
+    assert_eq!(try_lock(&c, l2, b"client-key"), Some(b'+'));
+    std::fs::write(&go, b"").expect("go");
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = cli.try_wait().expect("wait") {
+            break st;
+        }
+        if t.elapsed() > WAIT {
+            let _ = cli.kill();
+            notes.extend(rx.try_iter());
+            panic!("the CLI did not exit once its command did: {notes:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    notes.extend(rx.try_iter());
+    assert!(status.success(), "the CLI exited {status:?}: {notes:?}");
+    poll_until("the CLI's key is free after it exits", WAIT, || {
+        try_lock(&c, l2, b"cli-key") == Some(b'+')
+    });
+}
+
+/// Requests pipelined right behind a Resume (a client re-sending what was
+/// in flight) wait for the Resume's answer, then are served in order.
+#[test]
+fn requests_pipelined_behind_a_resume_are_served_after_it() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let (s, w) = Raw::hello(c.lock_addrs[l], 10_000);
+    let mut r = Raw::connect(c.lock_addrs[l]);
+    let mut b = Vec::new();
+    sp::encode(
+        1,
+        &Req::Resume {
+            version: sp::VERSION,
+            session_id: w.session_id,
+            auth: b"",
+        },
+        &mut b,
+    );
+    sp::encode(
+        2,
+        &Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: sp::WAIT_FOREVER,
+            key: b"piped",
+            source: b"resumer",
+        },
+        &mut b,
+    );
+    r.s.write_all(&b).expect("send");
+    welcome_of(r.read(Some(1)).expect("the Resume is answered"));
+    match r.read(None).expect("the Acquire is answered") {
+        Answer::Reply {
+            rid: 2,
+            status: Status::Ok,
+            ..
+        } => {}
+        other => panic!("the pipelined Acquire was answered {other:?}"),
+    }
+    assert_eq!(try_lock(&c, l, b"piped"), Some(b'#'));
+    drop(s);
+}
