@@ -60,14 +60,30 @@ pub struct Resumes {
     /// Resumes being gathered, by the resuming connection.
     pending: HashMap<Token, Pending>,
     /// `(mono µs, session)`: a session homed here that no connection has
-    /// ends then unless resumed.
+    /// ends then unless resumed — if that is still its window in
+    /// `window_at` (an entry armed by an earlier serving start, or before a
+    /// resume, is stale: a window only moves later).
     windows: BinaryHeap<Reverse<(u64, u64)>>,
+    window_at: HashMap<u64, u64>,
     /// `(mono µs, session)`: an orphan owner entry of this shard's table
-    /// ends then unless adopted.
+    /// ends then unless adopted (current in `orphan_at`, as above).
     orphans: BinaryHeap<Reverse<(u64, u64)>>,
+    orphan_at: HashMap<u64, u64>,
 }
 
 impl Resumes {
+    /// Session `sid` homed here ends at `at` unless resumed first.
+    fn arm_window(&mut self, sid: u64, at: u64) {
+        self.window_at.insert(sid, at);
+        self.windows.push(Reverse((at, sid)));
+    }
+
+    /// This shard's orphan entry of `sid` ends at `at` unless adopted.
+    fn arm_orphan(&mut self, sid: u64, at: u64) {
+        self.orphan_at.insert(sid, at);
+        self.orphans.push(Reverse((at, sid)));
+    }
+
     pub fn next_deadline_us(&self) -> Option<u64> {
         let w = self.windows.peek().map(|r| r.0 .0);
         let o = self.orphans.peek().map(|r| r.0 .0);
@@ -213,6 +229,7 @@ impl Shard {
         let peer = c.peer;
         self.untouch(slot);
         self.resumes.attached.insert(sid, token);
+        self.resumes.window_at.remove(&sid);
         self.session_deadlines
             .push(Reverse((now_us + ka as u64 * 1000, token)));
         self.resumes.pending.insert(
@@ -263,6 +280,7 @@ impl Shard {
     /// Owner side of a Resume: session `sid` is `home`'s now; its holds on
     /// this shard go back to the home, behind this shard's log.
     pub(super) fn adopt(&mut self, sid: u64, home: Token) {
+        self.resumes.orphan_at.remove(&sid);
         let now_us = self.now.mono_us;
         let mut held = Vec::new();
         self.table.adopt(sid, home, |h, expires_mono_us| {
@@ -358,7 +376,7 @@ impl Shard {
         if self.may_serve() {
             let ka = self.table.session_keepalive(sid).unwrap_or(0);
             let at = self.now.mono_us + ka as u64 * 1000 + self.election_us();
-            self.resumes.windows.push(Reverse((at, sid)));
+            self.resumes.arm_window(sid, at);
         }
     }
 
@@ -369,7 +387,7 @@ impl Shard {
         self.table.orphan_owner(sid, keep_us, now);
         if sid & REPLICATED_SESSION != 0 && self.may_serve() {
             let at = self.now.mono_us + keep_us;
-            self.resumes.orphans.push(Reverse((at, sid)));
+            self.resumes.arm_orphan(sid, at);
         }
     }
 
@@ -392,12 +410,11 @@ impl Shard {
             .collect();
         for (sid, ka) in detached {
             self.resumes
-                .windows
-                .push(Reverse((now_us + ka as u64 * 1000 + election_us, sid)));
+                .arm_window(sid, now_us + ka as u64 * 1000 + election_us);
         }
         let keep_us = self.orphan_keep_us();
         for sid in self.table.orphans() {
-            self.resumes.orphans.push(Reverse((now_us + keep_us, sid)));
+            self.resumes.arm_orphan(sid, now_us + keep_us);
         }
     }
 
@@ -413,6 +430,9 @@ impl Shard {
                 break;
             }
             self.resumes.windows.pop();
+            if self.resumes.window_at.get(&sid) != Some(&at) {
+                continue; // stale: armed again later, or resumed
+            }
             let attached = self
                 .resumes
                 .attached
@@ -420,16 +440,18 @@ impl Shard {
                 .and_then(|&t| self.session_conn(sid, t))
                 .is_some();
             if attached || self.table.session_keepalive(sid).is_none() {
+                self.resumes.window_at.remove(&sid);
                 continue;
             }
             if !serving {
-                // Not now (another shard of this node does not serve): no
-                // later than an election timeout from now, or when this
-                // shard starts serving again.
+                // Not now (another shard of this node does not serve): an
+                // election timeout from now, or when this shard starts
+                // serving again, whichever is later.
                 let at = now_us + self.election_us().max(1);
-                self.resumes.windows.push(Reverse((at, sid)));
+                self.resumes.arm_window(sid, at);
                 continue;
             }
+            self.resumes.window_at.remove(&sid);
             log!(
                 Level::Info,
                 "session_end",
@@ -456,11 +478,15 @@ impl Shard {
                 break;
             }
             self.resumes.orphans.pop();
-            if !serving {
-                let at = now_us + self.election_us().max(1);
-                self.resumes.orphans.push(Reverse((at, sid)));
+            if self.resumes.orphan_at.get(&sid) != Some(&at) {
                 continue;
             }
+            if !serving {
+                let at = now_us + self.election_us().max(1);
+                self.resumes.arm_orphan(sid, at);
+                continue;
+            }
+            self.resumes.orphan_at.remove(&sid);
             let now = self.now;
             if self.table.end_orphan(sid, now, &mut self.fx) {
                 log!(
