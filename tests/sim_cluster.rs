@@ -25,6 +25,9 @@
 //!   holder, by source, in the table of whichever node serves;
 //! - **tokens only grow**: the serving node's next grant id is above every
 //!   grant id any client was answered for, by any leader.
+//! - **no lease ends before its lower bound** (see `sim_cluster/leases.rs`):
+//!   the serving node's deadline of every lease a client believes is no
+//!   earlier than the client's send time + TTL.
 //!
 //! - **membership** (see `sim_cluster/memb.rs`): through the serving
 //!   leader, as `ringlock cluster replace`/`remove`/`add` would, a voter
@@ -50,6 +53,8 @@
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
 
+#[path = "sim_cluster/leases.rs"]
+mod leases;
 #[path = "sim_cluster/memb.rs"]
 mod memb;
 #[path = "sim_cluster/resume.rs"]
@@ -1044,6 +1049,7 @@ impl World {
                             h.map(|h| (h.grant_id, h.mode))
                         ));
                     }
+                    self.check_lease_bound(i, k, c);
                     continue;
                 }
                 let src = &cl.source;
@@ -1341,6 +1347,7 @@ fn cluster_simulation() {
          {changes} membership changes made"
     );
     eprintln!("sim_cluster {}", resume::summary());
+    eprintln!("sim_cluster: {}", leases::summary());
     assert!(failed.is_empty(), "seeds failed: {failed:?}");
     assert!(grants > 0, "the workload made progress");
     if std::env::var("SIM_SEED").is_err() {
