@@ -57,6 +57,8 @@
 mod leases;
 #[path = "sim_cluster/memb.rs"]
 mod memb;
+#[path = "sim_cluster/mesh.rs"]
+mod mesh;
 #[path = "sim_cluster/resume.rs"]
 mod resume;
 mod sim_common;
@@ -115,6 +117,8 @@ struct Node {
     join: bool,
     /// Removed from the cluster and wiped: never started again.
     retired: bool,
+    /// The queues between its shards (see `sim_cluster/mesh.rs`).
+    mesh: mesh::Mesh,
 }
 
 impl Node {
@@ -132,6 +136,7 @@ impl Node {
             incarnation: 0,
             join,
             retired: false,
+            mesh: mesh::Mesh::default(),
         }
     }
 }
@@ -172,6 +177,9 @@ struct World {
     /// The founding voters (nodes 1..=n); slot `i` is node `i + 1`, and
     /// the last slot is the spare a replacement starts in.
     n: usize,
+    /// Shards per node, each a replica of its own group (1 for now: see
+    /// `sim_cluster/mesh.rs` for what two need).
+    groups: usize,
     cfg: Config,
     cluster: ClusterConfig,
     nodes: Vec<Node>,
@@ -255,6 +263,7 @@ impl World {
         let mut w = World {
             seed,
             n,
+            groups: 1,
             cfg,
             cluster,
             nodes,
@@ -423,6 +432,7 @@ impl World {
             }
         }
         nd.inflight.clear();
+        nd.mesh.clear();
         let conns: Vec<usize> = nd.conns.drain().map(|(_, c)| c).collect();
         for c in conns {
             self.client_eof(c);
@@ -815,6 +825,16 @@ impl World {
                 s.on_raft_message(payload);
             }
         }
+        // The node's own shards' messages (none with one shard per node).
+        while let Some((to, m)) = self.nodes[i].mesh.pick(&mut self.rng) {
+            if to != 0 {
+                self.fail(format!("a message for shard {to} of a node of one shard"));
+            }
+            let s = self.nodes[i].shard.as_mut().expect("running");
+            if mesh::Mesh::deliver(s, m).is_some() {
+                self.fail("a connection handed over on a node of one shard".into());
+            }
+        }
         for (c, bytes) in sends {
             let (_, t, _) = self.clients[c].at.expect("connected");
             let s = self.nodes[i].shard.as_mut().expect("running");
@@ -891,12 +911,18 @@ impl World {
                     }
                 }
                 Cmd::Scatter { id, op } => {
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.on_remote(0, id, op);
+                    let groups = self.groups;
+                    let nd = &mut self.nodes[i];
+                    let s = nd.shard.as_mut().expect("running");
+                    nd.mesh.scatter(s, 0, groups, id, op);
                 }
-                Cmd::Reply { id, result, .. } => {
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.on_reply(id, result);
+                Cmd::Reply { to, id, result } => {
+                    let nd = &mut self.nodes[i];
+                    let s = nd.shard.as_mut().expect("running");
+                    nd.mesh.reply(s, 0, to, id, result);
+                }
+                Cmd::Sess { to, msg } if to < self.groups => {
+                    self.nodes[i].mesh.send(0, to, mesh::Msg::Sess(msg));
                 }
                 Cmd::Farewell(_) | Cmd::DiscardTemp => {}
                 Cmd::Migrate { .. } | Cmd::Sess { .. } => {
