@@ -537,8 +537,11 @@ impl World {
             if self.rng.chance(300) && cl.view.sent.len() < 4 {
                 let mut rng = Rng(self.rng.next() | 1);
                 let before = cl.to_server.len();
+                // Even seeds: leases long enough (up to 400 ms, beyond an
+                // election timeout) to outlive failovers often.
+                let max_ttl = if self.seed % 2 == 0 { 400 } else { 65 };
                 cl.view
-                    .random_request(&mut rng, k, KEYS, now, &mut cl.to_server);
+                    .random_request_ttl(&mut rng, k, KEYS, now, &mut cl.to_server, max_ttl);
                 if trace() {
                     let bytes: Vec<u8> = cl.to_server.iter().skip(before).copied().collect();
                     if let sp::Decoded::Frame { rid, req, .. } = sp::decode(&bytes) {
