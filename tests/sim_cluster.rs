@@ -25,6 +25,9 @@
 //!   holder, by source, in the table of whichever node serves;
 //! - **tokens only grow**: the serving node's next grant id is above every
 //!   grant id any client was answered for, by any leader.
+//! - **no lease ends before its lower bound** (see `sim_cluster/leases.rs`):
+//!   the serving node's deadline of every lease a client believes is no
+//!   earlier than the client's send time + TTL.
 //!
 //! - **membership** (see `sim_cluster/memb.rs`): through the serving
 //!   leader, as `ringlock cluster replace`/`remove`/`add` would, a voter
@@ -50,8 +53,12 @@
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
 
+#[path = "sim_cluster/leases.rs"]
+mod leases;
 #[path = "sim_cluster/memb.rs"]
 mod memb;
+#[path = "sim_cluster/mesh.rs"]
+mod mesh;
 #[path = "sim_cluster/resume.rs"]
 mod resume;
 mod sim_common;
@@ -110,6 +117,8 @@ struct Node {
     join: bool,
     /// Removed from the cluster and wiped: never started again.
     retired: bool,
+    /// The queues between its shards (see `sim_cluster/mesh.rs`).
+    mesh: mesh::Mesh,
 }
 
 impl Node {
@@ -127,6 +136,7 @@ impl Node {
             incarnation: 0,
             join,
             retired: false,
+            mesh: mesh::Mesh::default(),
         }
     }
 }
@@ -167,6 +177,9 @@ struct World {
     /// The founding voters (nodes 1..=n); slot `i` is node `i + 1`, and
     /// the last slot is the spare a replacement starts in.
     n: usize,
+    /// Shards per node, each a replica of its own group (1 for now: see
+    /// `sim_cluster/mesh.rs` for what two need).
+    groups: usize,
     cfg: Config,
     cluster: ClusterConfig,
     nodes: Vec<Node>,
@@ -250,6 +263,7 @@ impl World {
         let mut w = World {
             seed,
             n,
+            groups: 1,
             cfg,
             cluster,
             nodes,
@@ -418,6 +432,7 @@ impl World {
             }
         }
         nd.inflight.clear();
+        nd.mesh.clear();
         let conns: Vec<usize> = nd.conns.drain().map(|(_, c)| c).collect();
         for c in conns {
             self.client_eof(c);
@@ -522,8 +537,11 @@ impl World {
             if self.rng.chance(300) && cl.view.sent.len() < 4 {
                 let mut rng = Rng(self.rng.next() | 1);
                 let before = cl.to_server.len();
+                // Even seeds: leases long enough (up to 400 ms, beyond an
+                // election timeout) to outlive failovers often.
+                let max_ttl = if self.seed % 2 == 0 { 400 } else { 65 };
                 cl.view
-                    .random_request(&mut rng, k, KEYS, now, &mut cl.to_server);
+                    .random_request_ttl(&mut rng, k, KEYS, now, &mut cl.to_server, max_ttl);
                 if trace() {
                     let bytes: Vec<u8> = cl.to_server.iter().skip(before).copied().collect();
                     if let sp::Decoded::Frame { rid, req, .. } = sp::decode(&bytes) {
@@ -810,6 +828,16 @@ impl World {
                 s.on_raft_message(payload);
             }
         }
+        // The node's own shards' messages (none with one shard per node).
+        while let Some((to, m)) = self.nodes[i].mesh.pick(&mut self.rng) {
+            if to != 0 {
+                self.fail(format!("a message for shard {to} of a node of one shard"));
+            }
+            let s = self.nodes[i].shard.as_mut().expect("running");
+            if mesh::Mesh::deliver(s, m).is_some() {
+                self.fail("a connection handed over on a node of one shard".into());
+            }
+        }
         for (c, bytes) in sends {
             let (_, t, _) = self.clients[c].at.expect("connected");
             let s = self.nodes[i].shard.as_mut().expect("running");
@@ -886,12 +914,18 @@ impl World {
                     }
                 }
                 Cmd::Scatter { id, op } => {
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.on_remote(0, id, op);
+                    let groups = self.groups;
+                    let nd = &mut self.nodes[i];
+                    let s = nd.shard.as_mut().expect("running");
+                    nd.mesh.scatter(s, 0, groups, id, op);
                 }
-                Cmd::Reply { id, result, .. } => {
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.on_reply(id, result);
+                Cmd::Reply { to, id, result } => {
+                    let nd = &mut self.nodes[i];
+                    let s = nd.shard.as_mut().expect("running");
+                    nd.mesh.reply(s, 0, to, id, result);
+                }
+                Cmd::Sess { to, msg } if to < self.groups => {
+                    self.nodes[i].mesh.send(0, to, mesh::Msg::Sess(msg));
                 }
                 Cmd::Farewell(_) | Cmd::DiscardTemp => {}
                 Cmd::Migrate { .. } | Cmd::Sess { .. } => {
@@ -1044,6 +1078,7 @@ impl World {
                             h.map(|h| (h.grant_id, h.mode))
                         ));
                     }
+                    self.check_lease_bound(i, k, c);
                     continue;
                 }
                 let src = &cl.source;
@@ -1341,6 +1376,7 @@ fn cluster_simulation() {
          {changes} membership changes made"
     );
     eprintln!("sim_cluster {}", resume::summary());
+    eprintln!("sim_cluster: {}", leases::summary());
     assert!(failed.is_empty(), "seeds failed: {failed:?}");
     assert!(grants > 0, "the workload made progress");
     if std::env::var("SIM_SEED").is_err() {

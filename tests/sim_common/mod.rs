@@ -113,10 +113,25 @@ impl SessionView {
         now_us: u64,
         out: &mut VecDeque<u8>,
     ) -> bool {
+        self.random_request_ttl(rng, k, keys, now_us, out, 65)
+    }
+
+    /// [`SessionView::random_request`] with lease TTLs of 5 ms up to
+    /// `max_ttl_ms` (exclusive; at least 6).
+    pub fn random_request_ttl(
+        &mut self,
+        rng: &mut Rng,
+        k: usize,
+        keys: &[&[u8]],
+        now_us: u64,
+        out: &mut VecDeque<u8>,
+        max_ttl_ms: u64,
+    ) -> bool {
+        let span = max_ttl_ms.max(6) - 5;
         match rng.below(100) {
             0..=39 => {
                 let (hold, ttl) = if rng.chance(500) {
-                    (HoldMode::Lease, 5 + rng.below(60) as u32)
+                    (HoldMode::Lease, 5 + rng.below(span) as u32)
                 } else {
                     (HoldMode::Session, 0)
                 };
@@ -157,7 +172,7 @@ impl SessionView {
             60..=74 => {
                 if let Some(b) = self.holds.get(&k).copied() {
                     if b.mode == HoldMode::Lease {
-                        let ttl = 5 + rng.below(60) as u32;
+                        let ttl = 5 + rng.below(span) as u32;
                         let req = Req::Extend {
                             token: b.token,
                             ttl_ms: ttl,
