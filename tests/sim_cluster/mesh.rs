@@ -41,9 +41,19 @@ use super::sim_common::Rng;
 #[allow(dead_code)] // Adopt and Sess travel once a node runs two shards
 pub enum Msg {
     /// A connection handed over to the shard owning its request's key.
-    Adopt { client: usize, d: Detached },
-    Request { from: usize, id: u64, op: RemoteOp },
-    Reply { id: u64, result: RemoteResult },
+    Adopt {
+        client: usize,
+        d: Detached,
+    },
+    Request {
+        from: usize,
+        id: u64,
+        op: RemoteOp,
+    },
+    Reply {
+        id: u64,
+        result: RemoteResult,
+    },
     Sess(Box<SessMsg>),
 }
 

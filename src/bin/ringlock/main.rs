@@ -745,9 +745,18 @@ fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail
         ));
     }
     let t = std::time::Instant::now();
+    let mut asked = t;
     while t.elapsed() < std::time::Duration::from_secs(5) {
         let answers = cluster::query(&nodes, auth.as_deref());
-        if let Some(new) = serving(&answers).filter(|&n| n != old) {
+        let now_serving = serving(&answers);
+        if now_serving == Some(old) && asked.elapsed() > std::time::Duration::from_millis(700) {
+            // The leader serves again: it gave the hand-over up (raft-rs
+            // does after an election timeout when the target is not caught
+            // up yet, e.g. just promoted on a busy host). Ask again.
+            let _ = client.transfer_leader(to);
+            asked = std::time::Instant::now();
+        }
+        if let Some(new) = now_serving.filter(|&n| n != old) {
             let id = match &answers[new].result {
                 Ok(Some(shards)) => shards[0].node,
                 _ => 0,
