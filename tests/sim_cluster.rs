@@ -539,7 +539,7 @@ impl World {
                 let before = cl.to_server.len();
                 // Even seeds: leases long enough (up to 400 ms, beyond an
                 // election timeout) to outlive failovers often.
-                let max_ttl = if self.seed % 2 == 0 { 400 } else { 65 };
+                let max_ttl = if self.seed.is_multiple_of(2) { 400 } else { 65 };
                 cl.view
                     .random_request_ttl(&mut rng, k, KEYS, now, &mut cl.to_server, max_ttl);
                 if trace() {
