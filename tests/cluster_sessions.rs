@@ -519,3 +519,32 @@ fn requests_pipelined_behind_a_resume_are_served_after_it() {
     assert_eq!(try_lock(&c, l, b"piped"), Some(b'#'));
     drop(s);
 }
+
+/// A server with `--auth-token-file` refuses a Resume without the token
+/// (`unauthorized`, then close) before it looks the session up.
+#[test]
+fn a_resume_without_the_auth_token_is_unauthorized() {
+    let token = std::env::temp_dir().join(format!("ringlock-resume-auth-{}", std::process::id()));
+    std::fs::write(&token, b"s3cret\n").expect("token file");
+    let path = token.to_str().expect("utf-8 path").to_string();
+    let c = Cluster::start(
+        3,
+        common::cluster::test_threads(),
+        &["--auth-token-file", &path],
+    );
+    let l = c.leader(WAIT);
+    let (_, held, a) = Raw::resume(c.lock_addrs[l], 12345);
+    assert!(held.is_empty());
+    assert!(
+        matches!(
+            a,
+            Answer::Reply {
+                status: Status::Unauthorized,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    drop(c);
+    let _ = std::fs::remove_file(&token);
+}

@@ -36,12 +36,12 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::conn::State;
 use super::msg::HeldOut;
-use super::session::{home_of, SessMsg};
+use super::session::{home_of, Opening, SessMsg};
 use super::{Cmd, Shard, Undo};
 use crate::core::table::ORPHAN;
 use crate::core::{HoldMode, Name, Token, REPLICATED_SESSION};
 use crate::log::Level;
-use crate::protocol::session::{self as sp, Req, Status};
+use crate::protocol::session::{self as sp, Status};
 
 /// A Resume waiting for every shard's list of the session's holds.
 struct Pending {
@@ -132,52 +132,9 @@ impl Shard {
     /// A connection's first frame is a Resume. False when more bytes are
     /// needed or nothing more is to be read (refused, moved, gathering).
     pub(super) fn resume_first(&mut self, slot: u32) -> bool {
-        let (rid, sid, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
-            sp::Decoded::Incomplete => return false,
-            sp::Decoded::Frame {
-                rid,
-                req:
-                    Ok(Req::Resume {
-                        version: sp::VERSION,
-                        session_id,
-                        auth,
-                    }),
-                len,
-                ..
-            } => {
-                let authed = match &self.cfg.auth_token {
-                    Some(t) => crate::config::token_matches(t, auth),
-                    None => true,
-                };
-                (rid, session_id, authed, len)
-            }
-            sp::Decoded::Frame { rid, len, req, .. } => {
-                let rbuf = &self.conns[slot as usize].rbuf;
-                let version = (len > sp::HEADER).then(|| rbuf[sp::HEADER]);
-                let why = match req {
-                    Err(why) => why,
-                    Ok(_) => "not a Resume",
-                };
-                self.refuse_hello(slot, rid, version, why);
-                return false;
-            }
-            sp::Decoded::Bad(why) => {
-                self.reject(slot, why);
-                return false;
-            }
-        };
-        if !authed {
-            let peer = self.conns[slot as usize].peer;
-            self.metrics.auth_failure();
-            log!(
-                Level::Warn,
-                "auth_failed",
-                "port=lock peer={} reason=\"session resume without the auth token\"",
-                peer
-            );
-            self.refuse_resume(slot, rid, Status::Unauthorized);
+        let Some((rid, Opening::Resume { session_id: sid }, len)) = self.opening(slot) else {
             return false;
-        }
+        };
         let home = home_of(sid);
         if sid & REPLICATED_SESSION != 0 && home != self.me && home < self.shards {
             // The frame stays in the buffer: the home shard decodes it.
@@ -199,7 +156,7 @@ impl Shard {
                 sid,
                 self.conns[slot as usize].peer
             );
-            self.refuse_resume(slot, rid, Status::UnknownSession);
+            self.refuse_plain(slot, rid, Status::UnknownSession);
             return false;
         };
         // Another connection still has it: it is taken over.
@@ -260,15 +217,6 @@ impl Shard {
             }
         }
         false
-    }
-
-    fn refuse_resume(&mut self, slot: u32, rid: u32, status: Status) {
-        let c = &mut self.conns[slot as usize];
-        c.rbuf.clear();
-        sp::encode_reply(rid, status, 0, sp::NO_TTL, &mut c.out);
-        c.close_after_send = true;
-        c.state = State::Answered;
-        self.mark_dirty(slot);
     }
 
     /// True while `slot` waits for its Resume's answer: its later frames

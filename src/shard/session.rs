@@ -46,6 +46,13 @@ fn table_token(owner_slot: u32, rid: u32) -> Token {
     SESS_BIT | (owner_slot as u64) << 32 | rid as u64
 }
 
+/// What an accepted first frame of a session connection asks for.
+#[derive(Clone, Copy)]
+pub(super) enum Opening {
+    Hello { keepalive_ms: u32 },
+    Resume { session_id: u64 },
+}
+
 fn status_of(r: Reply) -> Status {
     match r {
         Reply::Ok => Status::Ok,
@@ -68,11 +75,18 @@ fn reply(rid: u32, status: Status) -> SessOut {
 impl Shard {
     // ----- home side ----------------------------------------------------------
 
-    /// The connection's first frame is a Hello: make it a session. False
-    /// when more bytes are needed.
-    pub(super) fn hello(&mut self, slot: u32) -> bool {
-        let (rid, keepalive_ms, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
-            sp::Decoded::Incomplete => return false,
+    /// Decodes a connection's first frame, a Hello or a Resume of this
+    /// version whose auth token the server accepts. `None` when more bytes
+    /// are needed or the frame was refused: a session-framed answer, then
+    /// close (`unsupported version`, `invalid`, `unauthorized`), or the
+    /// Locking-Center `-` for broken framing.
+    pub(super) fn opening(&mut self, slot: u32) -> Option<(u32, Opening, usize)> {
+        let ok = |auth: &[u8]| match &self.cfg.auth_token {
+            Some(t) => crate::config::token_matches(t, auth),
+            None => true,
+        };
+        let (rid, open, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {
+            sp::Decoded::Incomplete => return None,
             sp::Decoded::Frame {
                 rid,
                 req:
@@ -83,13 +97,18 @@ impl Shard {
                     }),
                 len,
                 ..
-            } => {
-                let authed = match &self.cfg.auth_token {
-                    Some(t) => crate::config::token_matches(t, auth),
-                    None => true,
-                };
-                (rid, keepalive_ms, authed, len)
-            }
+            } => (rid, Opening::Hello { keepalive_ms }, ok(auth), len),
+            sp::Decoded::Frame {
+                rid,
+                req:
+                    Ok(Req::Resume {
+                        version: sp::VERSION,
+                        session_id,
+                        auth,
+                    }),
+                len,
+                ..
+            } => (rid, Opening::Resume { session_id }, ok(auth), len),
             sp::Decoded::Frame { rid, len, req, .. } => {
                 // The version is the body's first byte, whatever follows
                 // (a later version's Hello may be laid out differently):
@@ -101,14 +120,14 @@ impl Shard {
                 let version = (len > sp::HEADER).then(|| rbuf[sp::HEADER]);
                 let why = match req {
                     Err(why) => why,
-                    Ok(_) => "not a Hello",
+                    Ok(_) => "not a Hello or a Resume",
                 };
                 self.refuse_hello(slot, rid, version, why);
-                return false;
+                return None;
             }
             sp::Decoded::Bad(why) => {
                 self.reject(slot, why);
-                return false;
+                return None;
             }
         };
         if !authed {
@@ -118,17 +137,36 @@ impl Shard {
             log!(
                 Level::Warn,
                 "auth_failed",
-                "port=lock peer={} reason=\"session hello without the auth token\"",
-                peer
+                "port=lock peer={} reason=\"session {} without the auth token\"",
+                peer,
+                match open {
+                    Opening::Hello { .. } => "hello",
+                    Opening::Resume { .. } => "resume",
+                }
             );
-            let c = &mut self.conns[slot as usize];
-            c.rbuf.clear();
-            sp::encode_reply(rid, Status::Unauthorized, 0, sp::NO_TTL, &mut c.out);
-            c.close_after_send = true;
-            c.state = State::Answered;
-            self.mark_dirty(slot);
-            return false;
+            self.refuse_plain(slot, rid, Status::Unauthorized);
+            return None;
         }
+        Some((rid, open, len))
+    }
+
+    /// Answers a connection's first frame with a plain Reply of `status`,
+    /// then closes.
+    pub(super) fn refuse_plain(&mut self, slot: u32, rid: u32, status: Status) {
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.clear();
+        sp::encode_reply(rid, status, 0, sp::NO_TTL, &mut c.out);
+        c.close_after_send = true;
+        c.state = State::Answered;
+        self.mark_dirty(slot);
+    }
+
+    /// The connection's first frame is a Hello: make it a session. False
+    /// when more bytes are needed.
+    pub(super) fn hello(&mut self, slot: u32) -> bool {
+        let Some((rid, Opening::Hello { keepalive_ms }, len)) = self.opening(slot) else {
+            return false;
+        };
         let cfg = &self.cfg;
         let ka = if keepalive_ms == 0 {
             cfg.keepalive_ms
