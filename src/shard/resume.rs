@@ -106,7 +106,7 @@ impl Shard {
         self.table.session_opened(sid, keepalive_ms);
         if let Some(log) = self.log.as_mut() {
             let lsn = log.append_session_open(sid, keepalive_ms);
-            self.undo.push_back((lsn, Undo::SessionOpen { sid }));
+            self.journal(lsn, Undo::SessionOpen { sid });
         }
         self.resumes.attached.insert(sid, token);
     }
@@ -118,13 +118,13 @@ impl Shard {
         if let Some(ka) = self.table.session_closed(sid) {
             if let Some(log) = self.log.as_mut() {
                 let lsn = log.append_session_end(sid);
-                self.undo.push_back((
+                self.journal(
                     lsn,
                     Undo::SessionEnd {
                         sid,
                         keepalive_ms: ka,
                     },
-                ));
+                );
             }
         }
     }

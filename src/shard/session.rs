@@ -29,7 +29,7 @@ use std::cmp::Reverse;
 use std::net::SocketAddr;
 
 pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
-use super::{owner, Cmd, Shard, State, Undo, REMOTE_BIT};
+use super::{owner, Cmd, Shard, State, Undo};
 use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
 use crate::log::Level;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
@@ -576,7 +576,7 @@ impl Shard {
                     Ok(x) => {
                         if let Some(log) = self.log.as_mut() {
                             let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
-                            self.undo.push_back((lsn, Undo::Extend(x)));
+                            self.journal(lsn, Undo::Extend(x));
                         }
                         self.send_out(
                             sid,
@@ -634,15 +634,7 @@ impl Shard {
             self.on_sess(Box::new(msg));
             return;
         }
-        let msg = Box::new(msg);
-        match self.log.as_ref().filter(|l| l.pending()) {
-            Some(l) => {
-                let lsn = l.tail_lsn();
-                let idx = self.park_remote(super::Parked::Sess { to, msg });
-                self.held.push_back((lsn, REMOTE_BIT | idx as u64));
-            }
-            None => self.cmds.push(Cmd::Sess { to, msg }),
-        }
+        self.sess_when_durable(to, Box::new(msg));
     }
 
     /// The session side of a table effect whose connection token has

@@ -55,7 +55,7 @@ impl Shard {
     /// with the undo journal, newest first), behind this node's clock.
     pub(in crate::shard) fn applied_snapshot(&self, out: &mut Vec<u8>) {
         use crate::core::HeldKey;
-        use crate::shard::Undo;
+        use crate::shard::gate::Undo;
         use std::collections::HashMap;
         let now = self.now;
         let mut records = Vec::with_capacity(64 * 1024);
@@ -64,7 +64,7 @@ impl Shard {
         // replicated sessions homed here as applied.
         let mut touched: HashMap<Vec<u8>, Option<HeldKey>> = HashMap::new();
         let mut sessions: HashMap<u64, u32> = self.table.sessions_homed().collect();
-        for (_, u) in self.undo.iter().rev() {
+        for u in self.durability.undo_newest_first() {
             match u {
                 Undo::SessionOpen { sid } => {
                     sessions.remove(sid);

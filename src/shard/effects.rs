@@ -1,0 +1,185 @@
+//! The table's effects turned into actions: the one place where a grant,
+//! a release, a reply or a limit becomes a log record, an undo entry, a
+//! metric and an answer behind the durability gate.
+//!
+//! Rule: every table operation writes its effects into `Shard::fx`, and
+//! every event handler leaves none unapplied ([`Shard::apply_effects`]
+//! before it returns; an effect may cascade — giving back an undeliverable
+//! grant grants the next waiter — and is applied in the same round).
+//! [`Shard::flush`] then hands each answer that may leave to the driver.
+
+use super::*;
+
+pub(super) fn metrics_action(a: Action) -> Option<metrics::Action> {
+    Some(match a {
+        Action::Lock => metrics::Action::Lock,
+        Action::Unlock => metrics::Action::Unlock,
+        Action::ResetByKey => metrics::Action::ResetByKey,
+        Action::ResetBySource => metrics::Action::ResetBySource,
+        Action::TryLock => metrics::Action::TryLock,
+        Action::Persist => return None,
+    })
+}
+
+impl Shard {
+    /// Applies the table's effects in order (they may cascade: releasing an
+    /// undeliverable grant can grant the next waiter).
+    pub(super) fn apply_effects(&mut self) {
+        // Effects refer to released holders by index until the table is
+        // told they were applied: only the outermost round tells it.
+        self.fx_depth += 1;
+        while !self.fx.is_empty() {
+            let batch = std::mem::replace(&mut self.fx, std::mem::take(&mut self.fx_spare));
+            for e in &batch {
+                self.apply(e);
+            }
+            let mut batch = batch;
+            batch.clear();
+            self.fx_spare = batch;
+        }
+        self.fx_depth -= 1;
+        if self.fx_depth == 0 {
+            self.table.effects_applied();
+        }
+    }
+
+    pub(super) fn apply(&mut self, e: &Effect) {
+        match *e {
+            Effect::LimitReached { limit } => {
+                // At most one line per second: a flood of refusals must not
+                // turn into a flood of log lines.
+                if self.now.mono_us >= self.limit_log_after_us {
+                    self.limit_log_after_us = self.now.mono_us + 1_000_000;
+                    log!(
+                        Level::Warn,
+                        "limit_reached",
+                        "limit={} max_keys={} max_waiters={} held_keys={} queued={}",
+                        limit.name(),
+                        self.cfg.max_keys,
+                        self.cfg.max_waiters,
+                        self.table.held_keys(),
+                        self.table.queued_waiters()
+                    );
+                }
+            }
+            Effect::Reply { conn, .. } if conn & SESS_BIT != 0 => self.session_effect(e),
+            Effect::Reply { conn, reply } => {
+                let outcome = match reply {
+                    Reply::Ok => metrics::Outcome::Ok,
+                    Reply::Busy => metrics::Outcome::Busy,
+                    _ => metrics::Outcome::Error,
+                };
+                if let Some(slot) = self.conn_of(conn) {
+                    if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                        self.metrics.request(a, outcome);
+                    }
+                    self.answer(slot, reply.byte(), None);
+                }
+            }
+            Effect::Granted {
+                conn,
+                key_slot,
+                grant_id,
+                waited_us,
+            } => {
+                if let Some(log) = self.log.as_mut() {
+                    // Durable mode only: the record, and the key's name
+                    // for the undo journal (it outlives this round).
+                    let (held, _) = self.table.granted(key_slot, grant_id);
+                    let lsn = log.append_acquire(held);
+                    let key = Name::new(held.key).expect("names are at most NAME_MAX");
+                    self.durability
+                        .journal(lsn, Undo::Acquire { key, grant_id });
+                }
+                self.metrics.grant();
+                if let Some(us) = waited_us {
+                    self.metrics.handoff();
+                    self.metrics.observe_queue_wait_us(us);
+                }
+                if conn & SESS_BIT != 0 {
+                    self.session_effect(e);
+                    return;
+                }
+                match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
+                    Some(slot) => {
+                        if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                            self.metrics.request(a, metrics::Outcome::Ok);
+                        }
+                        self.answer(slot, b'+', Some((key_slot, grant_id)));
+                    }
+                    None => {
+                        // Nobody left to tell: give the key back at once.
+                        self.metrics.undelivered_grant();
+                        let now = self.now;
+                        self.table
+                            .release_grant(key_slot, grant_id, now, &mut self.fx);
+                    }
+                }
+            }
+            Effect::Released {
+                released,
+                grant_id,
+                held_us,
+                holder_conn,
+                ..
+            } => {
+                if let Some(log) = self.log.as_mut() {
+                    // Durable mode only: the record, and the holder as it
+                    // was for the undo journal (it outlives this round).
+                    let prev = self.table.released(released, grant_id);
+                    let lsn = log.append_release(prev);
+                    let prev = prev.to_owned().expect("names are at most NAME_MAX");
+                    self.durability.journal(lsn, Undo::Release { prev });
+                }
+                self.metrics.observe_hold_us(held_us);
+                if holder_conn & SESS_BIT != 0 {
+                    // A Lost push, before the next holder's grant.
+                    self.session_effect(e);
+                }
+            }
+        }
+    }
+
+    /// Queues the one-byte answer to the connection's outstanding request.
+    pub(super) fn answer(&mut self, slot: u32, byte: u8, grant: Option<(u32, u64)>) {
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Answered;
+        c.out.push(byte);
+        if grant.is_some() {
+            debug_assert!(
+                c.grant.is_none(),
+                "two grants outstanding on one connection"
+            );
+            c.grant = grant;
+        }
+        self.gate(slot);
+    }
+
+    /// Hands every answer that may leave to the driver (one send each).
+    pub(super) fn flush(&mut self) {
+        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
+            let c = &mut self.conns[slot as usize];
+            c.dirty = false;
+            if c.state == State::Session {
+                if c.sending || c.out.is_empty() || c.gate_lsn > durable {
+                    continue;
+                }
+                c.sending = true;
+                let token = ((c.gen as u64) << 32) | slot as u64;
+                self.cmds.push(Cmd::Send(token));
+                continue;
+            }
+            if c.state != State::Answered || c.out.is_empty() || c.gate_lsn > durable {
+                continue;
+            }
+            c.state = State::Sending;
+            c.grant_in_flight = c.grant.is_some();
+            let token = ((c.gen as u64) << 32) | slot as u64;
+            self.cmds.push(Cmd::Send(token));
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+}

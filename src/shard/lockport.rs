@@ -1,0 +1,169 @@
+//! The lock port's requests (Locking-Center's one-byte actions): one frame
+//! decoded at a time, executed on the table or handed to the key's owner
+//! shard, answered `+`/`-` in order.
+
+use super::effects::metrics_action;
+use super::*;
+
+impl Shard {
+    /// Executes one lock-port frame; false when more bytes are needed.
+    pub(super) fn pump_lock(&mut self, slot: u32) -> bool {
+        if !self.may_serve() {
+            return self.not_leader(slot);
+        }
+        let token = self.token(slot);
+        let c = &self.conns[slot as usize];
+        if c.action.is_none() && c.sid == 0 {
+            // Only a connection's first frame may open or resume a session.
+            match c.rbuf.first() {
+                Some(&crate::protocol::session::OP_HELLO) => return self.hello(slot),
+                Some(&crate::protocol::session::OP_RESUME) => return self.resume_first(slot),
+                _ => {}
+            }
+        }
+        let (action, key, mut source, len) = match protocol::decode(&self.conns[slot as usize].rbuf)
+        {
+            Decoded::Incomplete => return false,
+            Decoded::Bad(why) => {
+                self.metrics
+                    .request(metrics::Action::Lock, metrics::Outcome::Error);
+                let why = why.to_string();
+                self.reject(slot, &why);
+                return false;
+            }
+            // Sizes were validated by the decoder (1..=127 / 0..=127).
+            Decoded::Frame { req, len } => (
+                req.action,
+                Name::new(req.key).expect("decoder bounds keys to 127 bytes"),
+                Name::new(req.source).expect("decoder bounds sources to 127 bytes"),
+                len,
+            ),
+        };
+        let peer = self.conns[slot as usize].peer;
+        if matches!(
+            action,
+            Action::Unlock | Action::ResetByKey | Action::ResetBySource
+        ) && !self.cfg.lc_admin_actions.allows(&peer)
+        {
+            // No owner check in this protocol: refused by policy, `-`.
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.action = Some(action);
+            self.metrics.lc_action_refused();
+            if self.now.mono_us >= self.policy_log_after_us {
+                self.policy_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "lc_action_refused",
+                    "action={:?} peer={} policy={:?}",
+                    action,
+                    peer,
+                    self.cfg.lc_admin_actions
+                );
+            }
+            if let Some(a) = metrics_action(action) {
+                self.metrics.request(a, metrics::Outcome::Error);
+            }
+            self.answer(slot, b'-', None);
+            return true;
+        }
+        if self.shards > 1
+            && matches!(
+                action,
+                Action::Lock | Action::TryLock | Action::Unlock | Action::ResetByKey
+            )
+        {
+            let to = owner(key.as_bytes(), self.shards);
+            if to != self.me {
+                // The frame stays in the buffer: the owner decodes it.
+                self.conns[slot as usize].state = State::Migrating;
+                self.cmds.push(Cmd::Migrate { token, to });
+                return false;
+            }
+        }
+        let c = &mut self.conns[slot as usize];
+        let peer = c.peer;
+        if source.is_empty() {
+            // Formatted once per connection, not per request.
+            source = *c.peer_ip.get_or_insert_with(|| ip_name(&peer));
+        }
+        c.rbuf.drain(..len);
+        c.action = Some(action);
+        if self.shards > 1 && action == Action::ResetBySource {
+            self.metrics.reset(true);
+            log!(
+                Level::Info,
+                "reset",
+                "by=source source={:?} peer={}",
+                source,
+                peer
+            );
+            self.scatter(slot, RemoteOp::ResetSources(vec![source]), true);
+            return true;
+        }
+        let now = self.now;
+        let fx = &mut self.fx;
+        match action {
+            Action::Persist => {
+                // Reveals no lock state: never waits for the log (nor can a
+                // log failure turn it into `-`).
+                let c = &mut self.conns[slot as usize];
+                c.persistent = true;
+                c.state = State::Answered;
+                c.out.push(b'+');
+                self.mark_dirty(slot);
+            }
+            Action::Lock | Action::TryLock => {
+                let mode = if action == Action::Lock {
+                    LockMode::Blocking
+                } else {
+                    LockMode::Try
+                };
+                // Until an effect answers it, the request waits.
+                self.conns[slot as usize].state = State::Executing;
+                let w = self.table.lock(token, &key, &source, peer, mode, now, fx);
+                self.apply_effects();
+                let c = &mut self.conns[slot as usize];
+                match w {
+                    Some(waiter) if c.read_closed => {
+                        // Nobody will wait for it: withdraw at once.
+                        self.table.withdraw(waiter);
+                        self.metrics.hangup_withdrawal();
+                        self.withdrawn(slot);
+                    }
+                    Some(waiter) => c.state = State::Queued { waiter },
+                    None => debug_assert_ne!(
+                        c.state,
+                        State::Executing,
+                        "a lock neither queued nor answered"
+                    ),
+                }
+                return true;
+            }
+            Action::Unlock => {
+                self.conns[slot as usize].state = State::Executing;
+                self.table.unlock(token, &key, now, fx)
+            }
+            Action::ResetByKey => {
+                self.metrics.reset(false);
+                log!(Level::Info, "reset", "by=key key={:?} peer={}", key, peer);
+                self.conns[slot as usize].state = State::Executing;
+                self.table.reset_by_key(Some(token), &key, now, fx)
+            }
+            Action::ResetBySource => {
+                self.metrics.reset(true);
+                log!(
+                    Level::Info,
+                    "reset",
+                    "by=source source={:?} peer={}",
+                    source,
+                    peer
+                );
+                self.conns[slot as usize].state = State::Executing;
+                self.table.reset_by_source(Some(token), &source, now, fx)
+            }
+        }
+        self.apply_effects();
+        true
+    }
+}
