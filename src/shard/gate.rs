@@ -18,7 +18,8 @@
 //! a prefix ([`Gate::pop_durable`]); a failure voids everything
 //! ([`Gate::pop_any`], then [`Gate::pop_undo_newest`]).
 //!
-//! The [`Shard`] methods below drive it: [`Shard::gate`] and the other
+//! The [`Shard`] methods below drive it: `on_log_landed` is told what the
+//! log did, [`Shard::gate`] and the other
 //! `*_when_durable` helpers put things behind the log, `release_durable`
 //! lets through what became durable, `fail_pending` answers `-` and undoes.
 
@@ -26,7 +27,7 @@ use std::collections::VecDeque;
 
 use crate::core::{Extended, HeldKey, HoldMode, Name, Token};
 use crate::log::Level;
-use crate::wal::log::{Chain, Next};
+use crate::wal::log::{Chain, Landed, Next};
 
 use super::conn::State;
 use super::msg::SessMsg;
@@ -228,6 +229,103 @@ impl Gate {
 }
 
 impl Shard {
+    /// A log chain landed; its buffer comes back.
+    pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
+        if self.raft.is_some() {
+            self.raft_file_landed(chain, result, buf);
+            self.apply_effects();
+            return;
+        }
+        let now = self.now;
+        let log = self.log.as_mut().expect("log completion without a log");
+        match log.landed(chain, result, buf, now.mono_us) {
+            Landed::Append {
+                records,
+                bytes,
+                took_us,
+            } => {
+                self.metrics.observe_fdatasync_us(took_us);
+                self.metrics.observe_wal_batch(records, bytes);
+                self.release_durable();
+            }
+            Landed::Rewrite {
+                records,
+                bytes,
+                took_us,
+            } => {
+                self.metrics.observe_fdatasync_us(took_us);
+                self.metrics.observe_wal_batch(records, bytes);
+                self.metrics.wal_compaction();
+                log!(
+                    Level::Info,
+                    "compaction_done",
+                    "mode=blocking bytes={} held_keys={} duration_us={}",
+                    bytes,
+                    records,
+                    took_us
+                );
+                self.release_durable();
+            }
+            Landed::SnapshotDone => {}
+            Landed::Compacted {
+                bytes,
+                snapshot_records,
+                carried_records,
+                took_us,
+            } => {
+                self.metrics.wal_compaction();
+                log!(
+                    Level::Info,
+                    "compaction_done",
+                    "mode=background bytes={} held_keys={} carried_records={} duration_us={}",
+                    bytes,
+                    snapshot_records,
+                    carried_records,
+                    took_us
+                );
+                self.release_durable();
+            }
+            Landed::AbandonedDone => self.cmds.push(Cmd::DiscardTemp),
+            Landed::Failed { rewrite } => {
+                let err = result.err().unwrap_or(0);
+                log!(
+                    Level::Error,
+                    "wal_io_error",
+                    "op={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
+                    if rewrite { "rewrite" } else { "append" },
+                    -err,
+                    crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
+                );
+                self.metrics.wal_io_error();
+                self.fail_pending("log write or fdatasync failed", -err);
+            }
+            Landed::CompactionFailed { voided } => {
+                let err = result.err().unwrap_or(0);
+                self.metrics.wal_io_error();
+                if voided {
+                    // The finishing step held records no other file has.
+                    log!(
+                        Level::Error,
+                        "wal_io_error",
+                        "op=compaction step=finish errno={} error=\"{}\" action=\"answering '-' to requests whose records it carried, rewriting the log\"",
+                        -err,
+                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
+                    );
+                    self.fail_pending("compaction's finishing step failed", -err);
+                } else {
+                    log!(
+                        Level::Warn,
+                        "compaction_failed",
+                        "step=snapshot errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
+                        -err,
+                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
+                    );
+                }
+            }
+        }
+        self.apply_effects();
+    }
+
     /// The lsn an answer produced now must wait for: `None` when nothing
     /// the log holds is pending (no log, or everything durable).
     pub(super) fn pending_lsn(&self) -> Option<u64> {

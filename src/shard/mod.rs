@@ -1,8 +1,9 @@
 //! The shard: everything one event loop decides, as a pure state machine.
 //!
 //! It owns the connection protocol states ([`conn::State`]), the lock table,
-//! the durability gate (held replies, the durable watermark, the undo
-//! journal) and the log's record batching ([`crate::wal::log::Log`]). It is
+//! the durability gate (`gate.rs`: held replies, parked messages for other
+//! shards, the undo journal) and the log's record batching
+//! ([`crate::wal::log::Log`]). It is
 //! fed events — a connection accepted, bytes received, a send completed, a
 //! hang-up, a log chain landed, the time — through its `on_*` methods, and
 //! answers with [`Cmd`]s for its driver: send a connection's answer, close
@@ -15,6 +16,15 @@
 //! partial frames, close the log batch (the next chain if none is in flight),
 //! hand over every answer whose records are durable, publish gauges. The
 //! driver then executes the commands and waits.
+//!
+//! # Files
+//! `mod.rs` (state, events, connection lifecycle), `lockport.rs` and
+//! `adminport.rs` (decoding and executing requests), `effects.rs` (the table's
+//! effects turned into records, metrics and answers — the one place),
+//! `gate.rs` (the durability gate and the log's completions), `gather.rs`
+//! (requests spanning shards), `msg.rs` (messages between shards),
+//! `session.rs` and `resume.rs` (the session protocol), `keys.rs`
+//! (streamed listings), `raft.rs` (cluster mode).
 //!
 //! # Connection rules
 //! - One-shot by default: a connection carries one request and is closed by
@@ -54,7 +64,7 @@ use crate::core::{Effect, Effects, LockMode, Name, Now, Reply, Table, Token};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
-use crate::wal::log::{Chain, Landed, Log};
+use crate::wal::log::{Chain, Log};
 use conn::{Conn, Port, State};
 use gate::Undo;
 use msg::{SessMsg, SESS_BIT};
@@ -622,103 +632,6 @@ impl Shard {
         if let Some(all) = &self.all_conns {
             all[port_index(port)].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
-    }
-
-    /// A log chain landed; its buffer comes back.
-    pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
-        if self.raft.is_some() {
-            self.raft_file_landed(chain, result, buf);
-            self.apply_effects();
-            return;
-        }
-        let now = self.now;
-        let log = self.log.as_mut().expect("log completion without a log");
-        match log.landed(chain, result, buf, now.mono_us) {
-            Landed::Append {
-                records,
-                bytes,
-                took_us,
-            } => {
-                self.metrics.observe_fdatasync_us(took_us);
-                self.metrics.observe_wal_batch(records, bytes);
-                self.release_durable();
-            }
-            Landed::Rewrite {
-                records,
-                bytes,
-                took_us,
-            } => {
-                self.metrics.observe_fdatasync_us(took_us);
-                self.metrics.observe_wal_batch(records, bytes);
-                self.metrics.wal_compaction();
-                log!(
-                    Level::Info,
-                    "compaction_done",
-                    "mode=blocking bytes={} held_keys={} duration_us={}",
-                    bytes,
-                    records,
-                    took_us
-                );
-                self.release_durable();
-            }
-            Landed::SnapshotDone => {}
-            Landed::Compacted {
-                bytes,
-                snapshot_records,
-                carried_records,
-                took_us,
-            } => {
-                self.metrics.wal_compaction();
-                log!(
-                    Level::Info,
-                    "compaction_done",
-                    "mode=background bytes={} held_keys={} carried_records={} duration_us={}",
-                    bytes,
-                    snapshot_records,
-                    carried_records,
-                    took_us
-                );
-                self.release_durable();
-            }
-            Landed::AbandonedDone => self.cmds.push(Cmd::DiscardTemp),
-            Landed::Failed { rewrite } => {
-                let err = result.err().unwrap_or(0);
-                log!(
-                    Level::Error,
-                    "wal_io_error",
-                    "op={} errno={} error=\"{}\" action=\"answering '-' to requests waiting for the log, rewriting it into a new file\"",
-                    if rewrite { "rewrite" } else { "append" },
-                    -err,
-                    crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
-                );
-                self.metrics.wal_io_error();
-                self.fail_pending("log write or fdatasync failed", -err);
-            }
-            Landed::CompactionFailed { voided } => {
-                let err = result.err().unwrap_or(0);
-                self.metrics.wal_io_error();
-                if voided {
-                    // The finishing step held records no other file has.
-                    log!(
-                        Level::Error,
-                        "wal_io_error",
-                        "op=compaction step=finish errno={} error=\"{}\" action=\"answering '-' to requests whose records it carried, rewriting the log\"",
-                        -err,
-                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
-                    );
-                    self.fail_pending("compaction's finishing step failed", -err);
-                } else {
-                    log!(
-                        Level::Warn,
-                        "compaction_failed",
-                        "step=snapshot errno={} error=\"{}\" action=\"retrying in 1 s; the log itself is unaffected\"",
-                        -err,
-                        crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
-                    );
-                }
-            }
-        }
-        self.apply_effects();
     }
 
     /// SIGINT/SIGTERM: no more accepts; every queued waiter is withdrawn and
