@@ -153,7 +153,12 @@ impl Loop {
         }
         if res > 0 {
             self.shard.on_recv(token, &buf[..res as usize]);
-            if !self.conns[s].closing && self.conns[s].migrate_to.is_none() {
+            // A one-shot answer already decided needs no further receive:
+            // saves the re-armed receive, its cancel and their completions.
+            if !self.conns[s].closing
+                && self.conns[s].migrate_to.is_none()
+                && self.shard.wants_input(token)
+            {
                 self.arm_recv(s);
             }
             return;

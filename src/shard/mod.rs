@@ -962,6 +962,29 @@ impl Shard {
         );
     }
 
+    /// Whether the driver should receive again on this connection after
+    /// the bytes it just passed in. False only for a one-shot lock-port
+    /// connection whose one answer is decided and not held for the log: it
+    /// leaves at the end of this tick and the connection closes after it,
+    /// so nothing the peer could still send or do would change it (a
+    /// hang-up now fails the send, which gives a grant back as before). A
+    /// queued Lock, an answer waiting for the log, a persistent connection
+    /// or a session keep receiving: their hang-up must be seen.
+    pub fn wants_input(&self, token: Token) -> bool {
+        let Some(slot) = self.conn_of(token) else {
+            return false;
+        };
+        let c = &self.conns[slot as usize];
+        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let one_shot_decided = c.port == Port::Lock
+            && c.sid == 0
+            && !c.persistent
+            && c.action.is_some()
+            && c.state == State::Answered
+            && c.gate_lsn <= durable;
+        !one_shot_decided
+    }
+
     /// True while the connection is open and its input has not ended
     /// (inspection: a waiter of such a connection must not be skipped).
     pub fn conn_open(&self, token: Token) -> bool {
