@@ -4,7 +4,11 @@
 //! - The lock loop owns nothing here but a shared `Arc<Metrics>`; every update
 //!   is one or a few `Relaxed` atomic operations on fixed fields. No locks, no
 //!   allocation, no syscalls on the update path, so instrumentation can never
-//!   stall or reorder the loop's work.
+//!   stall or reorder the loop's work. What every request touches (request
+//!   counts, grants, handoffs, the hold and queue-wait histograms, the
+//!   gauges) is kept per loop ([`Hot`], one cache-line-aligned set each,
+//!   written through [`Metrics::at`]) and summed at scrape time, so loops
+//!   on different cores never write one line.
 //! - The scrape side ([`serve`], in `http.rs`) runs on its own std thread and
 //!   only *reads* atomics in [`Metrics::render`]. Because updates are
 //!   `Relaxed`, one scrape may see a counter bumped and its sibling not yet;
@@ -213,16 +217,70 @@ impl<const N: usize, const M: usize> Histogram<N, M> {
 type LatencyHistogram = Histogram<19, 20>;
 type BatchHistogram = Histogram<11, 12>;
 
-/// Every figure the server exports. Share it as `Arc<Metrics>`.
-pub struct Metrics {
+/// The figures every request touches, one set per event loop (shard), so
+/// that no two loops write one cache line: aligned to 128 bytes (a line and
+/// the adjacent line the prefetcher pairs with it), summed at scrape time.
+/// A loop writes only its own set ([`Metrics::at`]).
+#[repr(align(128))]
+pub struct Hot {
     requests: [[AtomicU64; 3]; 8],
-    /// Gauges per event loop (shard); exported as totals, plus per-shard
-    /// series when there is more than one shard.
-    held_keys: Box<[AtomicU64]>,
-    queued_waiters: Box<[AtomicU64]>,
-    open_connections: Box<[AtomicU64]>,
     grants: AtomicU64,
     handoffs: AtomicU64,
+    queue_wait_us: LatencyHistogram,
+    hold_us: LatencyHistogram,
+    /// Gauges, exported as totals, plus per-shard series when there is
+    /// more than one shard.
+    held_keys: AtomicU64,
+    queued_waiters: AtomicU64,
+    open_connections: AtomicU64,
+    oldest_acquired_unix_ms: AtomicU64,
+}
+
+impl Hot {
+    fn new() -> Hot {
+        Hot {
+            requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
+            grants: AtomicU64::new(0),
+            handoffs: AtomicU64::new(0),
+            queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
+            hold_us: Histogram::new(&LATENCY_BOUNDS_US),
+            held_keys: AtomicU64::new(0),
+            queued_waiters: AtomicU64::new(0),
+            open_connections: AtomicU64::new(0),
+            oldest_acquired_unix_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// One answered request (see the module's semantics).
+    pub fn request(&self, action: Action, outcome: Outcome) {
+        self.requests[action.index()][outcome.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Every grant, immediate or after waiting.
+    pub fn grant(&self) {
+        self.grants.fetch_add(1, Relaxed);
+    }
+
+    /// A grant to a waiter that was queued (also counted by `grant`).
+    pub fn handoff(&self) {
+        self.handoffs.fetch_add(1, Relaxed);
+    }
+
+    /// Enqueue to grant of a waiter.
+    pub fn observe_queue_wait_us(&self, us: u64) {
+        self.queue_wait_us.observe(us);
+    }
+
+    /// Grant to release of a held key.
+    pub fn observe_hold_us(&self, us: u64) {
+        self.hold_us.observe(us);
+    }
+}
+
+/// Every figure the server exports. Share it as `Arc<Metrics>`.
+pub struct Metrics {
+    /// Per event loop: what requests touch ([`Hot`]).
+    hot: Box<[Hot]>,
     hangup_withdrawals: AtomicU64,
     undelivered_grants: AtomicU64,
     sessions_opened: AtomicU64,
@@ -237,9 +295,6 @@ pub struct Metrics {
     resets_by_source: AtomicU64,
     connections_refused: AtomicU64,
     frame_timeouts: AtomicU64,
-    queue_wait_us: LatencyHistogram,
-    hold_us: LatencyHistogram,
-    oldest_acquired_unix_ms: Box<[AtomicU64]>,
     fdatasync_us: LatencyHistogram,
     wal_batch_records: BatchHistogram,
     wal_bytes_written: AtomicU64,
@@ -271,12 +326,7 @@ impl Metrics {
     pub fn new_loops(loops: usize) -> Metrics {
         assert!(loops >= 1, "a server has at least one event loop");
         Metrics {
-            requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
-            held_keys: (0..loops).map(|_| AtomicU64::new(0)).collect(),
-            queued_waiters: (0..loops).map(|_| AtomicU64::new(0)).collect(),
-            open_connections: (0..loops).map(|_| AtomicU64::new(0)).collect(),
-            grants: AtomicU64::new(0),
-            handoffs: AtomicU64::new(0),
+            hot: (0..loops).map(|_| Hot::new()).collect(),
             hangup_withdrawals: AtomicU64::new(0),
             undelivered_grants: AtomicU64::new(0),
             sessions_opened: AtomicU64::new(0),
@@ -291,9 +341,6 @@ impl Metrics {
             resets_by_source: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             frame_timeouts: AtomicU64::new(0),
-            queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
-            hold_us: Histogram::new(&LATENCY_BOUNDS_US),
-            oldest_acquired_unix_ms: (0..loops).map(|_| AtomicU64::new(0)).collect(),
             fdatasync_us: Histogram::new(&LATENCY_BOUNDS_US),
             wal_batch_records: Histogram::new(&BATCH_BOUNDS),
             wal_bytes_written: AtomicU64::new(0),
@@ -340,25 +387,36 @@ impl Metrics {
         ))
     }
 
+    /// Event loop `shard`'s own counters (the loop's hot path writes only
+    /// these).
+    pub fn at(&self, shard: usize) -> &Hot {
+        &self.hot[shard]
+    }
+
+    /// One answered request, counted for loop 0 (a loop uses
+    /// [`Metrics::at`]).
     pub fn request(&self, action: Action, outcome: Outcome) {
-        self.requests[action.index()][outcome.index()].fetch_add(1, Relaxed);
+        self.hot[0].request(action, outcome);
     }
 
     /// Count of requests answered so far with this action and outcome.
     pub fn requests(&self, action: Action, outcome: Outcome) -> u64 {
-        self.requests[action.index()][outcome.index()].load(Relaxed)
+        self.hot
+            .iter()
+            .map(|h| h.requests[action.index()][outcome.index()].load(Relaxed))
+            .sum()
     }
 
     pub fn set_held_keys(&self, n: u64) {
-        self.held_keys[0].store(n, Relaxed);
+        self.hot[0].held_keys.store(n, Relaxed);
     }
 
     pub fn set_queued_waiters(&self, n: u64) {
-        self.queued_waiters[0].store(n, Relaxed);
+        self.hot[0].queued_waiters.store(n, Relaxed);
     }
 
     pub fn set_open_connections(&self, n: u64) {
-        self.open_connections[0].store(n, Relaxed);
+        self.hot[0].open_connections.store(n, Relaxed);
     }
 
     /// Number of event loops (shards) this registry was built for.
@@ -376,29 +434,31 @@ impl Metrics {
         open: u64,
         oldest_ms: u64,
     ) {
-        self.held_keys[shard].store(held, Relaxed);
-        self.queued_waiters[shard].store(queued, Relaxed);
-        self.open_connections[shard].store(open, Relaxed);
-        self.oldest_acquired_unix_ms[shard].store(oldest_ms, Relaxed);
+        let h = &self.hot[shard];
+        h.held_keys.store(held, Relaxed);
+        h.queued_waiters.store(queued, Relaxed);
+        h.open_connections.store(open, Relaxed);
+        h.oldest_acquired_unix_ms.store(oldest_ms, Relaxed);
     }
 
-    fn sum(v: &[AtomicU64]) -> u64 {
-        v.iter().map(|a| a.load(Relaxed)).sum()
+    /// A per-loop figure summed over every loop.
+    fn sum(&self, f: impl Fn(&Hot) -> &AtomicU64) -> u64 {
+        self.hot.iter().map(|h| f(h).load(Relaxed)).sum()
     }
 
     /// Total held keys over every shard.
     pub fn held_keys_total(&self) -> u64 {
-        Self::sum(&self.held_keys)
+        self.sum(|h| &h.held_keys)
     }
 
-    /// Every grant, immediate or after waiting.
+    /// Every grant, counted for loop 0 (a loop uses [`Metrics::at`]).
     pub fn grant(&self) {
-        self.grants.fetch_add(1, Relaxed);
+        self.hot[0].grant();
     }
 
-    /// A grant to a waiter that was queued (also counted by `grant`).
+    /// A handoff, counted for loop 0 (a loop uses [`Metrics::at`]).
     pub fn handoff(&self) {
-        self.handoffs.fetch_add(1, Relaxed);
+        self.hot[0].handoff();
     }
 
     /// A queued waiter withdrawn because its client hung up.
@@ -472,18 +532,18 @@ impl Metrics {
     }
 
     pub fn observe_queue_wait_us(&self, us: u64) {
-        self.queue_wait_us.observe(us);
+        self.hot[0].observe_queue_wait_us(us);
     }
 
     pub fn observe_hold_us(&self, us: u64) {
-        self.hold_us.observe(us);
+        self.hot[0].observe_hold_us(us);
     }
 
     /// Acquire time of the oldest held key, unix milliseconds; 0 = none held.
     /// The age is computed at scrape time so it keeps growing while the loop
     /// is idle (which is exactly when a stuck lock sits unnoticed).
     pub fn set_oldest_acquired_unix_ms(&self, ms: u64) {
-        self.oldest_acquired_unix_ms[0].store(ms, Relaxed);
+        self.hot[0].oldest_acquired_unix_ms.store(ms, Relaxed);
     }
 
     pub fn observe_fdatasync_us(&self, us: u64) {
@@ -570,41 +630,41 @@ impl Metrics {
             w,
             "held_keys",
             "Keys currently held.",
-            Self::sum(&self.held_keys),
+            self.sum(|h| &h.held_keys),
         );
         gauge(
             w,
             "queued_waiters",
             "Lock requests currently queued behind a holder.",
-            Self::sum(&self.queued_waiters),
+            self.sum(|h| &h.queued_waiters),
         );
         gauge(
             w,
             "open_connections",
             "Client connections currently open (lock and admin ports).",
-            Self::sum(&self.open_connections),
+            self.sum(|h| &h.open_connections),
         );
-        if self.held_keys.len() > 1 {
-            for (name, help, v) in [
-                (
-                    "shard_held_keys",
-                    "Keys currently held, per shard.",
-                    &self.held_keys,
-                ),
+        if self.hot.len() > 1 {
+            type Field = fn(&Hot) -> &AtomicU64;
+            let series: [(&str, &str, Field); 3] = [
+                ("shard_held_keys", "Keys currently held, per shard.", |h| {
+                    &h.held_keys
+                }),
                 (
                     "shard_queued_waiters",
                     "Lock requests currently queued, per shard.",
-                    &self.queued_waiters,
+                    |h| &h.queued_waiters,
                 ),
                 (
                     "shard_open_connections",
                     "Connections currently open, per shard.",
-                    &self.open_connections,
+                    |h| &h.open_connections,
                 ),
-            ] {
+            ];
+            for (name, help, f) in series {
                 header(w, name, help, "gauge");
-                for (i, a) in v.iter().enumerate() {
-                    let _ = writeln!(w, "ringlock_{name}{{shard=\"{i}\"}} {}", a.load(Relaxed));
+                for (i, h) in self.hot.iter().enumerate() {
+                    let _ = writeln!(w, "ringlock_{name}{{shard=\"{i}\"}} {}", f(h).load(Relaxed));
                 }
             }
         }
@@ -631,13 +691,13 @@ impl Metrics {
             w,
             "grants_total",
             "Locks granted, immediately or after waiting.",
-            self.grants.load(Relaxed),
+            self.sum(|h| &h.grants),
         );
         counter(
             w,
             "handoffs_total",
             "Grants to a waiter that had been queued.",
-            self.handoffs.load(Relaxed),
+            self.sum(|h| &h.handoffs),
         );
         counter(
             w,
@@ -734,13 +794,13 @@ impl Metrics {
             w,
             "queue_wait_seconds",
             "Time a lock request waited in a queue before its grant.",
-            &self.queue_wait_us,
+            self.hot.iter().map(|h| &h.queue_wait_us),
         );
         seconds_histogram(
             w,
             "hold_seconds",
             "Time a key was held, observed at its release.",
-            &self.hold_us,
+            self.hot.iter().map(|h| &h.hold_us),
         );
 
         header(
@@ -750,9 +810,9 @@ impl Metrics {
             "gauge",
         );
         let oldest_ms = self
-            .oldest_acquired_unix_ms
+            .hot
             .iter()
-            .map(|a| a.load(Relaxed))
+            .map(|h| h.oldest_acquired_unix_ms.load(Relaxed))
             .filter(|&v| v != 0)
             .min()
             .unwrap_or(0);
@@ -769,7 +829,7 @@ impl Metrics {
             w,
             "wal_fdatasync_seconds",
             "Latency of WAL fdatasync calls.",
-            &self.fdatasync_us,
+            std::iter::once(&self.fdatasync_us),
         );
 
         header(
@@ -1041,7 +1101,7 @@ impl RaftMetrics {
             w,
             "raft_commit_latency_seconds",
             "Time from a leader's proposal to its entry committed and applied.",
-            &self.commit_us,
+            std::iter::once(&self.commit_us),
         );
     }
 }
@@ -1061,19 +1121,26 @@ fn counter(w: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(w, "ringlock_{name} {value}");
 }
 
-fn seconds_histogram(w: &mut String, name: &str, help: &str, h: &LatencyHistogram) {
+/// One histogram in seconds: the sum of `hs` (one per event loop).
+fn seconds_histogram<'a>(
+    w: &mut String,
+    name: &str,
+    help: &str,
+    hs: impl Iterator<Item = &'a LatencyHistogram> + Clone,
+) {
     header(w, name, help, "histogram");
+    let bucket = |i: usize| -> u64 { hs.clone().map(|h| h.buckets[i].load(Relaxed)).sum() };
     let mut cumulative = 0;
     for (i, &bound_us) in LATENCY_BOUNDS_US.iter().enumerate() {
-        cumulative += h.buckets[i].load(Relaxed);
+        cumulative += bucket(i);
         let _ = write!(w, "ringlock_{name}_bucket{{le=\"");
         push_seconds(w, bound_us);
         let _ = writeln!(w, "\"}} {cumulative}");
     }
-    cumulative += h.buckets[LATENCY_BOUNDS_US.len()].load(Relaxed);
+    cumulative += bucket(LATENCY_BOUNDS_US.len());
     let _ = writeln!(w, "ringlock_{name}_bucket{{le=\"+Inf\"}} {cumulative}");
     let _ = write!(w, "ringlock_{name}_sum ");
-    push_seconds(w, h.sum());
+    push_seconds(w, hs.map(|h| h.sum()).sum());
     w.push('\n');
     let _ = writeln!(w, "ringlock_{name}_count {cumulative}");
 }
@@ -1111,6 +1178,41 @@ mod tests {
         assert_eq!(seconds(1_000_000), "1");
         assert_eq!(seconds(2_500_000), "2.5");
         assert_eq!(seconds(10_000_001), "10.000001");
+    }
+
+    #[test]
+    fn each_loop_counts_on_its_own_cache_lines_and_a_scrape_sums_them() {
+        let m = Metrics::new_loops(2);
+        let (a, b) = (
+            m.at(0) as *const Hot as usize,
+            m.at(1) as *const Hot as usize,
+        );
+        assert_eq!(std::mem::align_of::<Hot>(), 128);
+        assert!(
+            b - a >= 128 && a % 128 == 0,
+            "two loops' counters share a line"
+        );
+        m.at(0).request(Action::Lock, Outcome::Ok);
+        m.at(1).request(Action::Lock, Outcome::Ok);
+        m.at(1).grant();
+        m.at(0).grant();
+        m.at(1).handoff();
+        m.at(0).observe_hold_us(10);
+        m.at(1).observe_hold_us(3_000_000);
+        m.at(1).observe_queue_wait_us(30);
+        assert_eq!(m.requests(Action::Lock, Outcome::Ok), 2);
+        let mut out = String::new();
+        m.render(&mut out, 0);
+        for line in [
+            "ringlock_grants_total 2",
+            "ringlock_handoffs_total 1",
+            "ringlock_hold_seconds_bucket{le=\"0.00001\"} 1",
+            "ringlock_hold_seconds_bucket{le=\"+Inf\"} 2",
+            "ringlock_hold_seconds_sum 3.00001",
+            "ringlock_queue_wait_seconds_count 1",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Shard {
                 };
                 if let Some(slot) = self.conn_of(conn) {
                     if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
-                        self.metrics.request(a, outcome);
+                        self.metrics.at(self.me).request(a, outcome);
                     }
                     self.answer(slot, reply.byte(), None);
                 }
@@ -91,10 +91,10 @@ impl Shard {
                     self.durability
                         .journal(lsn, Undo::Acquire { key, grant_id });
                 }
-                self.metrics.grant();
+                self.metrics.at(self.me).grant();
                 if let Some(us) = waited_us {
-                    self.metrics.handoff();
-                    self.metrics.observe_queue_wait_us(us);
+                    self.metrics.at(self.me).handoff();
+                    self.metrics.at(self.me).observe_queue_wait_us(us);
                 }
                 if conn & SESS_BIT != 0 {
                     self.session_effect(e);
@@ -103,7 +103,7 @@ impl Shard {
                 match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
                     Some(slot) => {
                         if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
-                            self.metrics.request(a, metrics::Outcome::Ok);
+                            self.metrics.at(self.me).request(a, metrics::Outcome::Ok);
                         }
                         self.answer(slot, b'+', Some((key_slot, grant_id)));
                     }
@@ -131,7 +131,7 @@ impl Shard {
                     let prev = prev.to_owned().expect("names are at most NAME_MAX");
                     self.durability.journal(lsn, Undo::Release { prev });
                 }
-                self.metrics.observe_hold_us(held_us);
+                self.metrics.at(self.me).observe_hold_us(held_us);
                 if holder_conn & SESS_BIT != 0 {
                     // A Lost push, before the next holder's grant.
                     self.session_effect(e);

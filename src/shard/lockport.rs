@@ -62,7 +62,7 @@ impl Shard {
                 );
             }
             if let Some(a) = metrics_action(action) {
-                self.metrics.request(a, metrics::Outcome::Error);
+                self.metrics.at(self.me).request(a, metrics::Outcome::Error);
             }
             self.answer(slot, b'-', None);
             return true;
