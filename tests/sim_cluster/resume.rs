@@ -396,7 +396,8 @@ impl World {
                     String::from_utf8_lossy(KEYS[k])
                 ));
             }
-            self.max_acked_grant = self.max_acked_grant.max(t);
+            let o = self.owner(k);
+            self.max_acked_grant[o] = self.max_acked_grant[o].max(t);
         }
         let cl = &mut self.clients[c];
         // Every other request sent is forgotten: its answer never comes.
