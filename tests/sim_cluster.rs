@@ -1,8 +1,16 @@
 //! Deterministic simulation of a replicated cluster.
 //!
-//! 3 or 5 nodes (by seed), each one `Shard` in cluster mode — the same
-//! code the io_uring driver runs, with its raft-rs replica — and the
-//! simulator plays every driver, disk and wire:
+//! 3 or 5 nodes (by seed), each of 1, 2 or 3 `Shard`s in cluster mode
+//! (by seed, `SIM_GROUPS`: see `sim_cluster/shards.rs`) — the same code
+//! the io_uring driver runs, each shard with the raft-rs replica of its
+//! own group, sharing one `NodeView` — and the simulator plays every
+//! driver, disk, wire and the mesh between a node's shards:
+//! - **shards** (see `sim_cluster/mesh.rs`, `sim_cluster/node.rs`):
+//!   group g's Raft frames reach group g of the peers, its log its own
+//!   disk; a connection whose request names another shard's key, or a
+//!   Resume on a shard other than its session's home, is handed over
+//!   through the node's mesh, as are session requests and scatter/gather
+//!   parts;
 //! - **network**: every Raft frame goes through a seeded model with delay,
 //!   loss, duplication and reordering; partitions cut links one way or
 //!   both (symmetric, asymmetric, the leader isolated) and heal;
@@ -17,14 +25,19 @@
 //!   make safely) before locking again; `not leader` / `-` send it to
 //!   another node.
 //!
-//! Checked after every step:
+//! Checked after every step, per group (see `sim_cluster/checks.rs`):
+//! - **logs and tables** of group g agree across nodes;
 //! - **no two owners**: no key is believed held by two clients at once (a
 //!   client believes from its `+` until it sends the Unlock);
-//! - **one server**: at most one node serves at any instant;
+//! - **one server**: at most one node serves (every one of its shards
+//!   leads its group and holds its lease: `NodeView::all_serving`) at
+//!   any instant;
 //! - **nothing acknowledged is lost**: every hold a client believes is the
-//!   holder, by source, in the table of whichever node serves;
-//! - **tokens only grow**: the serving node's next grant id is above every
-//!   grant id any client was answered for, by any leader.
+//!   holder, by source, in the table of the key's owner shard of
+//!   whichever node serves, and no other shard holds the key;
+//! - **tokens only grow**: each group's next grant id on the serving node
+//!   is above every grant id any client was answered for in that group,
+//!   by any leader; a key's session tokens grow across leaders.
 //! - **no lease ends before its lower bound** (see `sim_cluster/leases.rs`):
 //!   the serving node's deadline of every lease a client believes is no
 //!   earlier than the client's send time + TTL.
@@ -35,21 +48,26 @@
 //!   back under its id with an empty disk; a removed node's disk is wiped
 //!   once its removal is committed. Only a voter of the current
 //!   membership (or the node being added) ever serves, and a serving node
-//!   is a voter of its own configuration.
+//!   is a voter of its own configuration, in every group. Each group
+//!   decides alone: the change is asked of every group's leader until
+//!   every group made it (the CLI asks again).
 //!
 //! At the end the network heals, every node is resumed or restarted, and
 //! within a bounded time a voter serves, every client's requests are
 //! answered and the membership change in progress is done (liveness);
-//! then every running node agrees on the membership, which is the one the
-//! changes made.
+//! then every running node agrees on the membership, in every group,
+//! which is the one the changes made.
 //!
 //! - **resume** (see `sim_cluster/resume.rs`): session clients 1, 3, 5
 //!   resume their replicated session after a lost connection and
-//!   reconcile what they believe with its Held list; their beliefs, kept
+//!   reconcile what they believe with its Held list (a Resume reaching
+//!   another shard than the session's home, the top byte of its id, is
+//!   handed over there); their beliefs, kept
 //!   between connections and after, go through every check above.
 //!
 //! `SIM_SEEDS=N` (default 40) from `SIM_FIRST_SEED` (default 1),
-//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`; `SIM_KEEP_GOING=1` runs
+//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
+//! node for every seed); `SIM_KEEP_GOING=1` runs
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
 
