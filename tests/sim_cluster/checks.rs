@@ -103,13 +103,14 @@ impl World {
     /// Which node's shard leads each group, and how often that changed.
     fn note_group_leaders(&mut self) {
         for g in 0..self.groups {
-            let l = (0..self.nodes.len()).find(|&i| {
-                !self.nodes[i].paused
-                    && self.nodes[i]
-                        .shard(g)
-                        .and_then(|s| s.replica())
-                        .is_some_and(|r| r.is_leader())
-            });
+            // The leader of the newest term (a deposed one may not know yet).
+            let l = (0..self.nodes.len())
+                .filter_map(|i| {
+                    let r = self.nodes[i].shard(g)?.replica()?;
+                    r.is_leader().then(|| (r.term(), i))
+                })
+                .max()
+                .map(|(_, i)| i);
             if l.is_some() && l != self.group_leader[g] {
                 if self.group_leader[g].is_some() {
                     self.group_failovers[g] += 1;
