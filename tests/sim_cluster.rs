@@ -464,7 +464,7 @@ impl World {
         // node and back (a joining node learns its cluster's founders
         // from theirs).
         for j in (0..self.nodes.len()).filter(|&j| j != i) {
-            for g in 0..groups {
+            for (g, mine) in mine.iter().enumerate() {
                 let Some(h) = self.nodes[j].shard(g).and_then(|s| s.peer_hello()) else {
                     continue;
                 };
@@ -475,7 +475,7 @@ impl World {
                         j + 1
                     ));
                 }
-                if let Err(e) = self.nodes[j].shards[g].on_peer_hello(&mine[g]) {
+                if let Err(e) = self.nodes[j].shards[g].on_peer_hello(mine) {
                     self.fail(format!(
                         "node {} refused node {}'s Hello (group {g}): {e}",
                         j + 1,
