@@ -65,7 +65,7 @@
 //!   handed over there); their beliefs, kept
 //!   between connections and after, go through every check above.
 //!
-//! `SIM_SEEDS=N` (default 40) from `SIM_FIRST_SEED` (default 1; with
+//! `SIM_SEEDS=N` (default 37) from `SIM_FIRST_SEED` (default 1; with
 //! neither set, the seeds that found bugs too: `REGRESSION_SEEDS`),
 //! `SIM_STEPS=N` (default 2500 for 1 shard per node, 1666 for 2, 1250 for
 //! 3; a regression seed 2500), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
@@ -77,8 +77,9 @@
 //! bit-for-bit the same in every process: the server iterates std
 //! `HashMap`s (per-process random order) in a few places (orphaning
 //! owners on a step-down, arming resume windows, a compaction's
-//! snapshot), so a seed's counters can differ between runs; the failing
-//! seeds found so far reproduced on every try.
+//! snapshot), so a seed's counters can differ between runs, and a failing
+//! seed may need a few tries (`REGRESSION_SEEDS` failed on every try
+//! before their fix; seed 507, below, about every other one).
 
 #[path = "sim_cluster/checks.rs"]
 mod checks;
@@ -1101,6 +1102,14 @@ fn env(name: &str, default: u64) -> u64 {
 /// follow it there, and the change could never be finished (fixed in
 /// `follow_group0`: a leader on a node that is no voter of every group
 /// hands over).
+///
+/// Not fixed yet: `SIM_SEED=507 SIM_STEPS=2500` (3 × 3, release build,
+/// about every other try): the replaced node 1 was removed from group 2
+/// but never applied its removal (the new leader no longer sends it
+/// anything), so it believes it is a voter of every group and goes on
+/// leading groups 0 and 1; group 2's leader cannot follow it (node 1 is
+/// no voter there) and nobody serves, so the change is never finished in
+/// groups 0 and 1.
 const REGRESSION_SEEDS: [u64; 3] = [87, 163, 331];
 
 #[test]
@@ -1127,7 +1136,7 @@ fn cluster_simulation() {
         Ok(s) => vec![s.parse().expect("SIM_SEED")],
         Err(_) => {
             let first = env("SIM_FIRST_SEED", 1);
-            let mut seeds: Vec<u64> = (first..first + env("SIM_SEEDS", 40)).collect();
+            let mut seeds: Vec<u64> = (first..first + env("SIM_SEEDS", 37)).collect();
             if std::env::var("SIM_FIRST_SEED").is_err() && std::env::var("SIM_SEEDS").is_err() {
                 // Seeds that found bugs, run by default as well.
                 seeds.extend(REGRESSION_SEEDS);

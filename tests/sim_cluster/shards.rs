@@ -3,7 +3,7 @@
 //!
 //! Shards per node (`World::groups`): `SIM_GROUPS=N` for every seed, else
 //! by seed: 1 for seeds ≡ 0, 1 (mod 4), 2 for ≡ 2, 3 for ≡ 3, so the
-//! default 40 seeds run 3 and 5 nodes × 1, 2 and 3 shards (the node count
+//! default 37 seeds (and 3 regression seeds) run 3 and 5 nodes × 1, 2 and 3 shards (the node count
 //! is drawn from the seed's generator as before; a seed of one shard
 //! draws from it as it did before shards). The run fails unless the seeds
 //! of more than
