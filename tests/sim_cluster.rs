@@ -1,8 +1,16 @@
 //! Deterministic simulation of a replicated cluster.
 //!
-//! 3 or 5 nodes (by seed), each one `Shard` in cluster mode — the same
-//! code the io_uring driver runs, with its raft-rs replica — and the
-//! simulator plays every driver, disk and wire:
+//! 3 or 5 nodes (by seed), each of 1, 2 or 3 `Shard`s in cluster mode
+//! (by seed, `SIM_GROUPS`: see `sim_cluster/shards.rs`) — the same code
+//! the io_uring driver runs, each shard with the raft-rs replica of its
+//! own group, sharing one `NodeView` — and the simulator plays every
+//! driver, disk, wire and the mesh between a node's shards:
+//! - **shards** (see `sim_cluster/mesh.rs`, `sim_cluster/node.rs`):
+//!   group g's Raft frames reach group g of the peers, its log its own
+//!   disk; a connection whose request names another shard's key, or a
+//!   Resume on a shard other than its session's home, is handed over
+//!   through the node's mesh, as are session requests and scatter/gather
+//!   parts;
 //! - **network**: every Raft frame goes through a seeded model with delay,
 //!   loss, duplication and reordering; partitions cut links one way or
 //!   both (symmetric, asymmetric, the leader isolated) and heal;
@@ -17,14 +25,19 @@
 //!   make safely) before locking again; `not leader` / `-` send it to
 //!   another node.
 //!
-//! Checked after every step:
+//! Checked after every step, per group (see `sim_cluster/checks.rs`):
+//! - **logs and tables** of group g agree across nodes;
 //! - **no two owners**: no key is believed held by two clients at once (a
 //!   client believes from its `+` until it sends the Unlock);
-//! - **one server**: at most one node serves at any instant;
+//! - **one server**: at most one node serves (every one of its shards
+//!   leads its group and holds its lease: `NodeView::all_serving`) at
+//!   any instant;
 //! - **nothing acknowledged is lost**: every hold a client believes is the
-//!   holder, by source, in the table of whichever node serves;
-//! - **tokens only grow**: the serving node's next grant id is above every
-//!   grant id any client was answered for, by any leader.
+//!   holder, by source, in the table of the key's owner shard of
+//!   whichever node serves, and no other shard holds the key;
+//! - **tokens only grow**: each group's next grant id on the serving node
+//!   is above every grant id any client was answered for in that group,
+//!   by any leader; a key's session tokens grow across leaders.
 //! - **no lease ends before its lower bound** (see `sim_cluster/leases.rs`):
 //!   the serving node's deadline of every lease a client believes is no
 //!   earlier than the client's send time + TTL.
@@ -35,32 +48,53 @@
 //!   back under its id with an empty disk; a removed node's disk is wiped
 //!   once its removal is committed. Only a voter of the current
 //!   membership (or the node being added) ever serves, and a serving node
-//!   is a voter of its own configuration.
+//!   is a voter of its own configuration, in every group. Each group
+//!   decides alone: the change is asked of every group's leader until
+//!   every group made it (the CLI asks again).
 //!
 //! At the end the network heals, every node is resumed or restarted, and
 //! within a bounded time a voter serves, every client's requests are
 //! answered and the membership change in progress is done (liveness);
-//! then every running node agrees on the membership, which is the one the
-//! changes made.
+//! then every running node agrees on the membership, in every group,
+//! which is the one the changes made.
 //!
 //! - **resume** (see `sim_cluster/resume.rs`): session clients 1, 3, 5
 //!   resume their replicated session after a lost connection and
-//!   reconcile what they believe with its Held list; their beliefs, kept
+//!   reconcile what they believe with its Held list (a Resume reaching
+//!   another shard than the session's home, the top byte of its id, is
+//!   handed over there); their beliefs, kept
 //!   between connections and after, go through every check above.
 //!
-//! `SIM_SEEDS=N` (default 40) from `SIM_FIRST_SEED` (default 1),
-//! `SIM_STEPS=N` (default 2500), `SIM_SEED=S`; `SIM_KEEP_GOING=1` runs
+//! `SIM_SEEDS=N` (default 37) from `SIM_FIRST_SEED` (default 1; with
+//! neither set, the seeds that found bugs too: `REGRESSION_SEEDS`),
+//! `SIM_STEPS=N` (default 2500 for 1 shard per node, 1666 for 2, 1250 for
+//! 3; a regression seed 2500), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
+//! node for every seed); `SIM_KEEP_GOING=1` runs
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
+//!
+//! Every choice the simulator makes comes from the seed, but a run is not
+//! bit-for-bit the same in every process: the server iterates std
+//! `HashMap`s (per-process random order) in a few places (orphaning
+//! owners on a step-down, arming resume windows, a compaction's
+//! snapshot), so a seed's counters can differ between runs, and a failing
+//! seed may need a few tries (`REGRESSION_SEEDS` failed on every try
+//! before their fix; seed 507, below, about every other one).
 
+#[path = "sim_cluster/checks.rs"]
+mod checks;
 #[path = "sim_cluster/leases.rs"]
 mod leases;
 #[path = "sim_cluster/memb.rs"]
 mod memb;
 #[path = "sim_cluster/mesh.rs"]
 mod mesh;
+#[path = "sim_cluster/node.rs"]
+mod node;
 #[path = "sim_cluster/resume.rs"]
 mod resume;
+#[path = "sim_cluster/shards.rs"]
+mod shards;
 mod sim_common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -68,7 +102,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use memb::Memb;
-use ringlock::cluster::{store, wire, ClusterConfig};
+use ringlock::cluster::{store, ClusterConfig};
 use ringlock::config::Config;
 use ringlock::core::{Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
@@ -76,8 +110,9 @@ use ringlock::protocol::members::MemberStatus;
 use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::raft::{NodeView, Part};
-use ringlock::shard::{Cmd, ConnCounts, Shard};
+use ringlock::shard::{ConnCounts, Shard};
 use ringlock::wal::log::Chain;
+use shards::groups_of;
 use sim_common::{Rng, SessionView};
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma"];
@@ -98,20 +133,21 @@ fn frame(act: u8, key: &[u8], source: Option<&[u8]>) -> Vec<u8> {
 }
 
 struct Node {
-    shard: Option<Shard>,
+    /// One shard per group (empty while the node is down).
+    shards: Vec<Shard>,
     view: Arc<NodeView>,
-    /// The log file as the disk holds it (what survives a crash).
-    disk: Vec<u8>,
-    /// Writes in flight: (chain, buffer, completes at global µs).
-    inflight: VecDeque<(Chain, Vec<u8>, u64)>,
+    /// Each group's log file as the disk holds it (what survives a crash).
+    disks: Vec<Vec<u8>>,
+    /// Each group's writes in flight: (chain, buffer, completes at global µs).
+    inflight: Vec<VecDeque<(Chain, Vec<u8>, u64)>>,
     paused: bool,
     /// Clock rate in per mille of the global clock (tick skew).
     rate: u64,
     /// This node's clock when it was last reset (start, resume).
     clock_base: u64,
     global_base: u64,
-    /// Connection → client, for this incarnation.
-    conns: HashMap<Token, usize>,
+    /// (shard, connection) → client, for this incarnation.
+    conns: HashMap<(usize, Token), usize>,
     incarnation: u64,
     /// Starts with `--join` (a new log joins the running cluster).
     join: bool,
@@ -122,12 +158,12 @@ struct Node {
 }
 
 impl Node {
-    fn new(join: bool) -> Node {
+    fn new(join: bool, groups: usize) -> Node {
         Node {
-            shard: None,
-            view: NodeView::new(1),
-            disk: Vec::new(),
-            inflight: VecDeque::new(),
+            shards: Vec::new(),
+            view: NodeView::new(groups),
+            disks: vec![Vec::new(); groups],
+            inflight: vec![VecDeque::new(); groups],
             paused: false,
             rate: 1000,
             clock_base: 0,
@@ -139,6 +175,16 @@ impl Node {
             mesh: mesh::Mesh::default(),
         }
     }
+
+    /// The node runs (its shards exist).
+    fn up(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    /// Shard `g`, while the node runs.
+    fn shard(&self, g: usize) -> Option<&Shard> {
+        self.shards.get(g)
+    }
 }
 
 struct Client {
@@ -149,8 +195,14 @@ struct Client {
     res: resume::Res,
     rx: Vec<u8>,
     source: Vec<u8>,
-    /// (node, token, incarnation) of its connection.
-    at: Option<(usize, Token, u64)>,
+    /// (node, shard, token, incarnation) of its connection (the token
+    /// is stale while it is handed over: `moving`).
+    at: Option<(usize, usize, Token, u64)>,
+    /// A `Cmd::Migrate` named this shard: the connection is detached at
+    /// its node's next tick (the driver's receive comes back).
+    migrate_to: Option<usize>,
+    /// Detached, in the mesh on its way to its new shard.
+    moving: bool,
     to_server: VecDeque<u8>,
     to_client: VecDeque<u8>,
     /// The server closed: EOF once `to_client` drains.
@@ -168,6 +220,8 @@ struct Client {
 struct Packet {
     at: u64,
     to: usize,
+    /// The group (shard) it is for on both ends.
+    group: usize,
     frame: Vec<u8>,
 }
 
@@ -177,8 +231,7 @@ struct World {
     /// The founding voters (nodes 1..=n); slot `i` is node `i + 1`, and
     /// the last slot is the spare a replacement starts in.
     n: usize,
-    /// Shards per node, each a replica of its own group (1 for now: see
-    /// `sim_cluster/mesh.rs` for what two need).
+    /// Shards per node, each a replica of its own group.
     groups: usize,
     cfg: Config,
     cluster: ClusterConfig,
@@ -191,19 +244,29 @@ struct World {
     loss_per_mille: u64,
     dup_per_mille: u64,
     max_delay_us: u64,
-    max_acked_grant: u64,
+    /// Per group: the highest grant id any client was answered for.
+    max_acked_grant: Vec<u64>,
     /// The last token a session client was granted, per key.
     last_token: HashMap<usize, u64>,
     grants: u64,
     failovers: u64,
     crashes: u64,
     last_leader: Option<usize>,
+    /// Per group: the node whose shard leads it, last seen, and how often
+    /// that changed.
+    group_leader: Vec<Option<usize>>,
+    group_failovers: Vec<u64>,
+    /// Connections handed over between shards, messages between shards.
+    migrations: u64,
+    mesh_messages: u64,
+    /// Resumes handed to their session's home shard.
+    resume_moves: u64,
     /// The voters as the last completed change left them (slots).
     voters: Vec<usize>,
     /// The membership change in progress.
     memb: Memb,
-    /// What the leader is asked at its tick this step.
-    ask: Option<(usize, memb::Ask)>,
+    /// What the leader is asked at its tick this step: (node, group, ask).
+    ask: Vec<(usize, usize, memb::Ask)>,
     /// Changes still to start this run: replacements, removals.
     replaces_left: u32,
     readds_left: u32,
@@ -220,11 +283,12 @@ impl World {
     fn new(seed: u64) -> World {
         let mut rng = Rng::seeded(seed);
         let n = if rng.chance(300) { 5 } else { 3 };
+        let groups = groups_of(seed);
         let mut cfg = Config::new("127.0.0.1:0".parse().expect("address"));
         cfg.max_connections = 64;
         cfg.max_keys = 16;
         cfg.max_waiters = 64;
-        cfg.threads = 1;
+        cfg.threads = groups;
         cfg.idle_timeout_ms = 0;
         cfg.min_keepalive_ms = KEEPALIVE_MS;
         cfg.max_keepalive_ms = MAX_KEEPALIVE_MS;
@@ -240,7 +304,7 @@ impl World {
         // Compact often: snapshots, and followers behind them, every run.
         cluster.compact_entries = 5 + rng.below(40);
         // The founders, and the spare slot a replacement starts in.
-        let nodes = (0..=n).map(|i| Node::new(i == n)).collect();
+        let nodes = (0..=n).map(|i| Node::new(i == n, groups)).collect();
         let clients = (0..CLIENTS)
             .map(|i| Client {
                 session: i % 2 == 1,
@@ -250,6 +314,8 @@ impl World {
                 rx: Vec::new(),
                 source: format!("c{i}").into_bytes(),
                 at: None,
+                migrate_to: None,
+                moving: false,
                 to_server: VecDeque::new(),
                 to_client: VecDeque::new(),
                 closing: false,
@@ -263,7 +329,7 @@ impl World {
         let mut w = World {
             seed,
             n,
-            groups: 1,
+            groups,
             cfg,
             cluster,
             nodes,
@@ -274,15 +340,20 @@ impl World {
             loss_per_mille: rng.below(50),
             dup_per_mille: rng.below(30),
             max_delay_us: 200 + rng.below(3000),
-            max_acked_grant: 0,
+            max_acked_grant: vec![0; groups],
             last_token: HashMap::new(),
             grants: 0,
             failovers: 0,
             crashes: 0,
             last_leader: None,
+            group_leader: vec![None; groups],
+            group_failovers: vec![0; groups],
+            migrations: 0,
+            mesh_messages: 0,
+            resume_moves: 0,
             voters: (0..n).collect(),
             memb: Memb::Idle,
-            ask: None,
+            ask: Vec::new(),
             replaces_left: 1 + rng.below(2) as u32,
             readds_left: if n == 5 { 1 } else { 0 },
             changes_done: 0,
@@ -303,9 +374,9 @@ impl World {
     fn fail(&self, why: String) -> ! {
         let recent = &self.memb_log[self.memb_log.len().saturating_sub(30)..];
         panic!(
-            "seed {} ({} nodes): {why}\nmembership (the last 30 events): {recent:#?}\n\
+            "seed {} ({} nodes x {} shards): {why}\nmembership (the last 30 events): {recent:#?}\n\
              reproduce: SIM_SEED={} cargo test --test sim_cluster",
-            self.seed, self.n, self.seed
+            self.seed, self.n, self.groups, self.seed
         )
     }
 
@@ -319,9 +390,11 @@ impl World {
         }
     }
 
-    /// Starts (or restarts) node `i` from its disk.
+    /// Starts (or restarts) node `i` from its disks: one shard per group,
+    /// sharing one `NodeView`, as `open_cluster` and the loops start them.
     fn start_node(&mut self, i: usize) {
         assert!(!self.nodes[i].retired, "a removed node never comes back");
+        let groups = self.groups;
         let mut c = self.cluster.clone();
         c.node_id = i as u64 + 1;
         if self.nodes[i].join {
@@ -329,84 +402,94 @@ impl World {
             c.join = true;
             c.peers.insert(c.node_id, addr(i));
         }
-        if self.nodes[i].disk.is_empty() {
-            self.nodes[i].disk = store::new_image(&Part::identity(&c, 0, 1));
-        }
-        let view = NodeView::new(1);
+        let view = NodeView::new(groups);
         let keep_ms = self.cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
-        let part = Part::start(
-            &c,
-            0,
-            1,
-            &self.nodes[i].disk,
-            "sim",
-            view.clone(),
-            format!("127.0.0.1:{}", 22119 + i),
-            keep_ms,
-            self.seed,
-        )
-        .unwrap_or_else(|e| {
-            let r = store::replay(&self.nodes[i].disk, "sim").ok();
-            let what = r.map(|r| {
-                format!(
-                    "identity {:?}, hard state {:?}, snapshot index {}, entries {:?}",
-                    r.identity,
-                    r.recovered.hard_state,
-                    r.recovered.snapshot.get_metadata().index,
-                    r.recovered
-                        .entries
-                        .iter()
-                        .map(|e| (e.index, e.term, e.get_entry_type()))
-                        .collect::<Vec<_>>()
-                )
-            });
-            self.fail(format!(
-                "node {} cannot start: {e}; its log: {what:?}",
-                i + 1
-            ))
-        });
-        let valid = part.file().file_len() as usize;
-        self.nodes[i].disk.truncate(valid);
         let nd = &mut self.nodes[i];
         nd.clock_base = self.now + 5_000_000 * i as u64 + self.rng.below(10_000);
         nd.global_base = self.now;
         let now = self.node_now(i);
-        let table = Table::new(Limits {
-            max_keys: self.cfg.max_keys,
-            max_waiters: self.cfg.max_waiters,
-        });
-        let metrics = Arc::new(Metrics::new_loops(1));
-        let mut s = Shard::new(self.cfg.clone(), table, None, metrics, now);
-        s.place(0, 1, Arc::new(ConnCounts::default()));
-        s.enable_cluster(part);
-        let mine = s.peer_hello().expect("a cluster node");
+        let metrics = Arc::new(Metrics::new_loops(groups));
+        let counts = Arc::new(ConnCounts::default());
+        let mut shards = Vec::with_capacity(groups);
+        for g in 0..groups {
+            if self.nodes[i].disks[g].is_empty() {
+                self.nodes[i].disks[g] = store::new_image(&Part::identity(&c, g, groups));
+            }
+            let part = Part::start(
+                &c,
+                g,
+                groups,
+                &self.nodes[i].disks[g],
+                "sim",
+                view.clone(),
+                format!("127.0.0.1:{}", 22119 + i),
+                keep_ms,
+                self.seed,
+            )
+            .unwrap_or_else(|e| {
+                let r = store::replay(&self.nodes[i].disks[g], "sim").ok();
+                let what = r.map(|r| {
+                    format!(
+                        "identity {:?}, hard state {:?}, snapshot index {}, entries {:?}",
+                        r.identity,
+                        r.recovered.hard_state,
+                        r.recovered.snapshot.get_metadata().index,
+                        r.recovered
+                            .entries
+                            .iter()
+                            .map(|e| (e.index, e.term, e.get_entry_type()))
+                            .collect::<Vec<_>>()
+                    )
+                });
+                self.fail(format!(
+                    "node {} cannot start group {g}: {e}; its log: {what:?}",
+                    i + 1
+                ))
+            });
+            let valid = part.file().file_len() as usize;
+            self.nodes[i].disks[g].truncate(valid);
+            let table = Table::new(Limits {
+                max_keys: self.cfg.max_keys,
+                max_waiters: self.cfg.max_waiters,
+            });
+            let mut s = Shard::new(self.cfg.clone(), table, None, metrics.clone(), now);
+            s.place(g, groups, counts.clone());
+            s.enable_cluster(part);
+            shards.push(s);
+        }
+        let mine: Vec<_> = shards
+            .iter()
+            .map(|s| s.peer_hello().expect("a cluster node"))
+            .collect();
         let nd = &mut self.nodes[i];
         nd.view = view;
-        nd.shard = Some(s);
+        nd.shards = shards;
         nd.paused = false;
-        nd.inflight.clear();
+        nd.inflight.iter_mut().for_each(VecDeque::clear);
         nd.conns.clear();
-        // The links come up: each running node's Hello to the other (a
-        // joining node learns its cluster's founders from theirs).
+        nd.mesh.clear();
+        // The links come up: group g's Hello to group g of each running
+        // node and back (a joining node learns its cluster's founders
+        // from theirs).
         for j in (0..self.nodes.len()).filter(|&j| j != i) {
-            let Some(h) = self.nodes[j].shard.as_ref().and_then(|s| s.peer_hello()) else {
-                continue;
-            };
-            let s = self.nodes[i].shard.as_mut().expect("started");
-            if let Err(e) = s.on_peer_hello(&h) {
-                self.fail(format!(
-                    "node {} refused node {}'s Hello: {e}",
-                    i + 1,
-                    j + 1
-                ));
-            }
-            let s = self.nodes[j].shard.as_mut().expect("running");
-            if let Err(e) = s.on_peer_hello(&mine) {
-                self.fail(format!(
-                    "node {} refused node {}'s Hello: {e}",
-                    j + 1,
-                    i + 1
-                ));
+            for (g, mine) in mine.iter().enumerate() {
+                let Some(h) = self.nodes[j].shard(g).and_then(|s| s.peer_hello()) else {
+                    continue;
+                };
+                if let Err(e) = self.nodes[i].shards[g].on_peer_hello(&h) {
+                    self.fail(format!(
+                        "node {} refused node {}'s Hello (group {g}): {e}",
+                        i + 1,
+                        j + 1
+                    ));
+                }
+                if let Err(e) = self.nodes[j].shards[g].on_peer_hello(mine) {
+                    self.fail(format!(
+                        "node {} refused node {}'s Hello (group {g}): {e}",
+                        j + 1,
+                        i + 1
+                    ));
+                }
             }
         }
         let nd = &mut self.nodes[i];
@@ -414,28 +497,40 @@ impl World {
     }
 
     fn crash(&mut self, i: usize) {
-        if self.nodes[i].shard.is_none() {
+        if !self.nodes[i].up() {
             return;
         }
         self.crashes += 1;
         let nd = &mut self.nodes[i];
-        nd.shard = None;
-        // A write in flight may be torn: a prefix of it reaches the disk.
-        if let Some((Chain::Append { offset }, buf, _)) = nd.inflight.front() {
-            if self.rng.chance(500) {
-                let keep = self.rng.below(buf.len() as u64 + 1) as usize;
-                let off = *offset as usize;
-                if nd.disk.len() < off + keep {
-                    nd.disk.resize(off + keep, 0);
+        nd.shards.clear();
+        // Each group's write in flight may be torn: a prefix of it
+        // reaches that group's disk.
+        for g in 0..self.groups {
+            let nd = &mut self.nodes[i];
+            if let Some((Chain::Append { offset }, buf, _)) = nd.inflight[g].front() {
+                if self.rng.chance(500) {
+                    let keep = self.rng.below(buf.len() as u64 + 1) as usize;
+                    let off = *offset as usize;
+                    let disk = &mut nd.disks[g];
+                    if disk.len() < off + keep {
+                        disk.resize(off + keep, 0);
+                    }
+                    disk[off..off + keep].copy_from_slice(&buf[..keep]);
                 }
-                nd.disk[off..off + keep].copy_from_slice(&buf[..keep]);
             }
+            nd.inflight[g].clear();
         }
-        nd.inflight.clear();
+        let nd = &mut self.nodes[i];
         nd.mesh.clear();
-        let conns: Vec<usize> = nd.conns.drain().map(|(_, c)| c).collect();
-        for c in conns {
-            self.client_eof(c);
+        nd.conns.clear();
+        // Every client connected there, handed over or not, sees EOF (one
+        // the node closed reads what reached it first).
+        let inc = nd.incarnation;
+        for c in 0..self.clients.len() {
+            let cl = &self.clients[c];
+            if !cl.closing && cl.at.is_some_and(|(n, _, _, ci)| n == i && ci == inc) {
+                self.client_eof(c);
+            }
         }
     }
 
@@ -450,6 +545,8 @@ impl World {
             );
         }
         cl.at = None;
+        cl.migrate_to = None;
+        cl.moving = false;
         cl.closing = false;
         cl.to_server.clear();
         cl.to_client.clear();
@@ -472,20 +569,26 @@ impl World {
 
     fn connect(&mut self, c: usize) {
         let i = self.clients[c].next_node;
-        let paused = self.nodes[i].paused;
-        let Some(s) = self.nodes[i].shard.as_mut().filter(|_| !paused) else {
+        if self.nodes[i].paused || !self.nodes[i].up() {
             self.clients[c].next_node = (i + 1) % self.nodes.len();
             return;
+        }
+        // The kernel spreads accepted connections over the node's shards.
+        let g = if self.groups > 1 {
+            self.rng.below(self.groups as u64) as usize
+        } else {
+            0
         };
+        let s = &mut self.nodes[i].shards[g];
         let peer = SocketAddr::from(([127, 0, 0, 1], 10_000 + c as u16));
         let Some(t) = s.on_accept(Port::Lock, peer) else {
             return;
         };
         let inc = self.nodes[i].incarnation;
-        self.nodes[i].conns.insert(t, c);
+        self.nodes[i].conns.insert((g, t), c);
         let now = self.now;
         let cl = &mut self.clients[c];
-        cl.at = Some((i, t, inc));
+        cl.at = Some((i, g, t, inc));
         if cl.session {
             if self.resume_send(c) {
                 return;
@@ -520,7 +623,9 @@ impl World {
             let cl = &mut self.clients[c];
             if quiesce {
                 // Release everything believed, then go quiet.
-                let held: Vec<usize> = cl.view.holds.keys().copied().collect();
+                // In key order: a HashMap's order differs between runs.
+                let mut held: Vec<usize> = cl.view.holds.keys().copied().collect();
+                held.sort_unstable();
                 for k in held {
                     let b = cl.view.holds.remove(&k).expect("held");
                     let req = Req::Release {
@@ -625,10 +730,12 @@ impl World {
                 1 | 5 if ok => {
                     cl.beliefs.insert(k);
                     self.grants += 1;
-                    let (i, _, _) = cl.at.expect("connected");
+                    let (i, _, _, _) = cl.at.expect("connected");
+                    // The key's owner shard granted it (the connection
+                    // was handed over to it).
+                    let o = self.owner(k);
                     let g = self.nodes[i]
-                        .shard
-                        .as_ref()
+                        .shard(o)
                         .and_then(|s| s.table().grant_of(KEYS[k]))
                         .unwrap_or_else(|| {
                             self.fail(format!(
@@ -637,26 +744,25 @@ impl World {
                                 i + 1
                             ))
                         });
-                    self.max_acked_grant = self.max_acked_grant.max(g);
+                    self.max_acked_grant[o] = self.max_acked_grant[o].max(g);
                 }
                 4 if ok => {
                     cl.uncertain = false;
                     if trace() {
-                        let (i, _, _) = cl.at.expect("connected");
+                        let (i, _, _, _) = cl.at.expect("connected");
                         let held: Vec<String> = self.nodes[i]
-                            .shard
-                            .as_ref()
-                            .map(|s| {
+                            .shards
+                            .iter()
+                            .flat_map(|s| {
                                 s.table()
                                     .held_list()
                                     .iter()
                                     .map(|h| format!("{:?}={:?}", h.key, h.source))
-                                    .collect()
+                                    .collect::<Vec<_>>()
                             })
-                            .unwrap_or_default();
+                            .collect();
                         let r = self.nodes[i]
-                            .shard
-                            .as_ref()
+                            .shard(0)
                             .and_then(|s| s.replica())
                             .map(|r| (r.term(), r.commit_index(), r.applied_index()));
                         eprintln!(
@@ -673,9 +779,9 @@ impl World {
         }
         let cl = &mut self.clients[c];
         if cl.closing && cl.to_client.is_empty() {
-            if let Some((i, t, inc)) = cl.at {
+            if let Some((i, g, t, inc)) = cl.at {
                 if self.nodes[i].incarnation == inc {
-                    self.nodes[i].conns.remove(&t);
+                    self.nodes[i].conns.remove(&(g, t));
                 }
             }
             self.client_eof(c);
@@ -744,361 +850,18 @@ impl World {
                         String::from_utf8_lossy(KEYS[k])
                     ));
                 }
-                self.max_acked_grant = self.max_acked_grant.max(token);
+                let o = self.owner(k);
+                self.max_acked_grant[o] = self.max_acked_grant[o].max(token);
             }
         }
         let cl = &mut self.clients[c];
         if cl.closing && cl.to_client.is_empty() {
-            if let Some((i, t, inc)) = cl.at {
+            if let Some((i, g, t, inc)) = cl.at {
                 if self.nodes[i].incarnation == inc {
-                    self.nodes[i].conns.remove(&t);
+                    self.nodes[i].conns.remove(&(g, t));
                 }
             }
             self.client_eof(c);
-        }
-    }
-
-    // ----- nodes ------------------------------------------------------------
-
-    /// One tick of node `i`: its due events, then its commands.
-    fn node_step(&mut self, i: usize) {
-        if self.nodes[i].paused || self.nodes[i].shard.is_none() {
-            return;
-        }
-        let now = self.node_now(i);
-        let global = self.now;
-        let mut landed = Vec::new();
-        while self.nodes[i]
-            .inflight
-            .front()
-            .is_some_and(|w| w.2 <= global)
-        {
-            landed.push(self.nodes[i].inflight.pop_front().expect("front"));
-        }
-        let mut packets = Vec::new();
-        let mut k = 0;
-        while k < self.net.len() {
-            if self.net[k].to == i && self.net[k].at <= global {
-                packets.push(self.net.swap_remove(k));
-            } else {
-                k += 1;
-            }
-        }
-        // Reordering: deliver due packets in a random order.
-        for j in (1..packets.len()).rev() {
-            let o = self.rng.below(j as u64 + 1) as usize;
-            packets.swap(j, o);
-        }
-        let inc = self.nodes[i].incarnation;
-        let mut sends: Vec<(usize, Vec<u8>)> = Vec::new();
-        for c in 0..self.clients.len() {
-            let cl = &mut self.clients[c];
-            if let Some((ni, t, ci)) = cl.at {
-                if ni == i && ci == inc && !cl.to_server.is_empty() && !cl.closing {
-                    let n = 1 + self.rng.below(cl.to_server.len() as u64) as usize;
-                    let bytes: Vec<u8> = cl.to_server.drain(..n).collect();
-                    sends.push((c, bytes));
-                    let _ = t;
-                }
-            }
-        }
-        let s = self.nodes[i].shard.as_mut().expect("running");
-        s.begin_tick(now);
-        for (chain, buf, _) in landed {
-            match chain {
-                Chain::Append { offset } => {
-                    let nd_disk = &mut self.nodes[i].disk;
-                    let off = offset as usize;
-                    if nd_disk.len() < off + buf.len() {
-                        nd_disk.resize(off + buf.len(), 0);
-                    }
-                    nd_disk[off..off + buf.len()].copy_from_slice(&buf);
-                }
-                // Written beside the log, synced, renamed over it: the
-                // whole new file at once (a crash before leaves the old).
-                Chain::Rewrite => self.nodes[i].disk = buf.clone(),
-                other => self.fail(format!("a cluster log ran {other:?}")),
-            }
-            let s = self.nodes[i].shard.as_mut().expect("running");
-            s.on_log_landed(chain, Ok(()), buf);
-        }
-        for p in packets {
-            let s = self.nodes[i].shard.as_mut().expect("running");
-            if let Ok(Some((wire::KIND_RAFT, payload, _))) = wire::next_frame(&p.frame) {
-                s.on_raft_message(payload);
-            }
-        }
-        // The node's own shards' messages (none with one shard per node).
-        while let Some((to, m)) = self.nodes[i].mesh.pick(&mut self.rng) {
-            if to != 0 {
-                self.fail(format!("a message for shard {to} of a node of one shard"));
-            }
-            let s = self.nodes[i].shard.as_mut().expect("running");
-            if mesh::Mesh::deliver(s, m).is_some() {
-                self.fail("a connection handed over on a node of one shard".into());
-            }
-        }
-        for (c, bytes) in sends {
-            let (_, t, _) = self.clients[c].at.expect("connected");
-            let s = self.nodes[i].shard.as_mut().expect("running");
-            s.on_recv(t, &bytes);
-        }
-        self.memb_ask(i);
-        let s = self.nodes[i].shard.as_mut().expect("running");
-        s.end_tick();
-        if let Some(why) = s.cluster_fatal().map(str::to_string) {
-            self.fail(format!("node {} stopped: {why}", i + 1));
-        }
-        self.run_cmds(i);
-    }
-
-    fn run_cmds(&mut self, i: usize) {
-        let mut cmds = Vec::new();
-        self.nodes[i]
-            .shard
-            .as_mut()
-            .expect("running")
-            .take_cmds(&mut cmds);
-        for cmd in cmds {
-            match cmd {
-                Cmd::Send(t) => {
-                    let mut out = Vec::new();
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.take_output(t, &mut out);
-                    s.on_send_done(t, Ok(()));
-                    if let Some(&c) = self.nodes[i].conns.get(&t) {
-                        self.clients[c].to_client.extend(out);
-                    }
-                }
-                Cmd::Close(t) => {
-                    let s = self.nodes[i].shard.as_mut().expect("running");
-                    s.on_closed(t);
-                    if let Some(c) = self.nodes[i].conns.remove(&t) {
-                        // Answers already out still reach the client.
-                        self.clients[c].closing = true;
-                    }
-                }
-                Cmd::Log { chain, buf } => {
-                    let prev = self.nodes[i].inflight.back().map_or(0, |w| w.2);
-                    // A compaction writes a whole file, syncs and renames
-                    // it: slower than an append, and Raft runs on meanwhile.
-                    let took = match chain {
-                        Chain::Rewrite => 500 + self.rng.below(5_000),
-                        _ => 50 + self.rng.below(400),
-                    };
-                    let at = (self.now + took).max(prev);
-                    self.nodes[i].inflight.push_back((chain, buf, at));
-                }
-                // The simulated network reaches every node by its id.
-                Cmd::PeerLink { .. } => {}
-                Cmd::Peer { node, frame } => {
-                    let to = node as usize - 1;
-                    if to >= self.nodes.len() || self.nodes[to].retired {
-                        continue;
-                    }
-                    if self.cut.contains(&(i, to)) || self.rng.chance(self.loss_per_mille) {
-                        continue;
-                    }
-                    let copies = if self.rng.chance(self.dup_per_mille) {
-                        2
-                    } else {
-                        1
-                    };
-                    for _ in 0..copies {
-                        let at = self.now + 20 + self.rng.below(self.max_delay_us);
-                        self.net.push(Packet {
-                            at,
-                            to,
-                            frame: frame.clone(),
-                        });
-                    }
-                }
-                Cmd::Scatter { id, op } => {
-                    let groups = self.groups;
-                    let nd = &mut self.nodes[i];
-                    let s = nd.shard.as_mut().expect("running");
-                    nd.mesh.scatter(s, 0, groups, id, op);
-                }
-                Cmd::Reply { to, id, result } => {
-                    let nd = &mut self.nodes[i];
-                    let s = nd.shard.as_mut().expect("running");
-                    nd.mesh.reply(s, 0, to, id, result);
-                }
-                Cmd::Sess { to, msg } if to < self.groups => {
-                    self.nodes[i].mesh.send(0, to, mesh::Msg::Sess(msg));
-                }
-                Cmd::Farewell(_) | Cmd::DiscardTemp => {}
-                Cmd::Migrate { .. } | Cmd::Sess { .. } => {
-                    self.fail("one shard per node: no cross-shard traffic".into())
-                }
-            }
-        }
-    }
-
-    // ----- checks -----------------------------------------------------------
-
-    /// State machine safety: committed entries agree on every node, and a
-    /// node's commit index never goes back within one incarnation.
-    fn check_logs(&mut self) {
-        // Each running node's committed terms, from its snapshot (entries
-        // a snapshot replaced are gone from memory): (node, first, terms).
-        let logs: Vec<(usize, u64, Vec<Option<u64>>)> = (0..self.nodes.len())
-            .filter_map(|i| {
-                let r = self.nodes[i].shard.as_ref()?.replica()?;
-                let from = r.snapshot_index().max(1);
-                let terms = (from..=r.commit_index()).map(|x| r.term_at(x)).collect();
-                Some((i, from, terms))
-            })
-            .collect();
-        for i in 0..self.nodes.len() {
-            // The newest snapshot is where the log in memory starts
-            // (raft-rs says term 0 for an index outside the log).
-            let Some(r) = self.nodes[i].shard.as_ref().and_then(|s| s.replica()) else {
-                continue;
-            };
-            let snap = r.snapshot_index();
-            if snap > 0 && r.term_at(snap) == Some(0) {
-                self.fail(format!(
-                    "node {}'s newest snapshot ({snap}) is not where its log starts",
-                    i + 1
-                ));
-            }
-        }
-        for (a, (i, fi, ti)) in logs.iter().enumerate() {
-            for (j, fj, tj) in &logs[a + 1..] {
-                let from = *fi.max(fj);
-                let upto = (fi + ti.len() as u64).min(fj + tj.len() as u64);
-                for idx in from..upto {
-                    let (x, y) = (ti[(idx - fi) as usize], tj[(idx - fj) as usize]);
-                    if x != y {
-                        self.fail(format!(
-                            "committed entry {idx} differs: node {} has term {x:?}, node {} term {y:?}",
-                            i + 1,
-                            j + 1,
-                        ));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Every node whose table is its applied state (nothing of its own
-    /// waiting for a commit) holds exactly what any other node at the same
-    /// applied index holds: the same keys, the same grants.
-    fn check_tables(&mut self) {
-        // applied index → (the first node seen there, its (key, grant)s)
-        type Held = Vec<(Vec<u8>, u64)>;
-        let mut seen: HashMap<u64, (usize, Held)> = HashMap::new();
-        for i in 0..self.nodes.len() {
-            let Some(s) = self.nodes[i].shard.as_ref() else {
-                continue;
-            };
-            let Some(r) = s.replica() else { continue };
-            if s.log().is_some_and(|l| l.pending()) || r.raft_applied() != r.applied_index() {
-                continue;
-            }
-            let mut held: Vec<(Vec<u8>, u64)> = s
-                .table()
-                .held_list()
-                .iter()
-                .map(|h| (h.key.as_bytes().to_vec(), h.grant_id))
-                .collect();
-            held.sort();
-            match seen.get(&r.applied_index()) {
-                Some((j, other)) if *other != held => self.fail(format!(
-                    "tables differ at applied index {}: node {} holds {:?}, node {} holds {:?}",
-                    r.applied_index(),
-                    j + 1,
-                    other,
-                    i + 1,
-                    held
-                )),
-                Some(_) => {}
-                None => {
-                    seen.insert(r.applied_index(), (i, held));
-                }
-            }
-        }
-    }
-
-    fn check(&mut self) {
-        self.check_logs();
-        self.check_tables();
-        let mut owner: HashMap<usize, usize> = HashMap::new();
-        let now = self.now;
-        let ka = KEEPALIVE_MS as u64 * 1000;
-        for (c, cl) in self.clients.iter().enumerate() {
-            let believed: Vec<usize> = if cl.session && cl.res.resuming && !resume::gap_belief() {
-                Vec::new()
-            } else if cl.session {
-                cl.view
-                    .holds
-                    .iter()
-                    .filter(|(_, b)| cl.view.valid(b, now, ka))
-                    .map(|(&k, _)| k)
-                    .collect()
-            } else {
-                cl.beliefs.iter().copied().collect()
-            };
-            for k in believed {
-                if let Some(o) = owner.insert(k, c) {
-                    self.fail(format!(
-                        "two owners: clients {o} and {c} both believe they hold {:?}",
-                        String::from_utf8_lossy(KEYS[k])
-                    ));
-                }
-            }
-        }
-        let serving: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.serves(i)).collect();
-        if serving.len() > 1 {
-            self.fail(format!(
-                "nodes {serving:?} (0-based) serve at the same time"
-            ));
-        }
-        if let Some(&i) = serving.first() {
-            self.check_server_is_voter(i);
-            if self.last_leader != Some(i) {
-                if self.last_leader.is_some() {
-                    self.failovers += 1;
-                }
-                self.last_leader = Some(i);
-            }
-            let s = self.nodes[i].shard.as_ref().expect("running");
-            s.check_invariants();
-            for (&k, &c) in &owner {
-                let h = s.table().holder_of(KEYS[k]);
-                let cl = &self.clients[c];
-                if cl.session {
-                    let token = cl.view.holds[&k].token;
-                    if h.as_ref().map(|h| h.grant_id) != Some(token) {
-                        self.fail(format!(
-                            "lost grant: session client {c} holds {:?} with token {token} but node {} serves with {:?}",
-                            String::from_utf8_lossy(KEYS[k]),
-                            i + 1,
-                            h.map(|h| (h.grant_id, h.mode))
-                        ));
-                    }
-                    self.check_lease_bound(i, k, c);
-                    continue;
-                }
-                let src = &cl.source;
-                if h.as_ref().map(|h| h.source.as_bytes()) != Some(src.as_slice()) {
-                    self.fail(format!(
-                        "lost grant: client {c} holds {:?} but node {} serves with holder {:?}",
-                        String::from_utf8_lossy(KEYS[k]),
-                        i + 1,
-                        h.map(|h| String::from_utf8_lossy(h.source.as_bytes()).into_owned())
-                    ));
-                }
-            }
-            if s.table().next_grant_id() <= self.max_acked_grant {
-                self.fail(format!(
-                    "tokens went back: node {} would grant {} after {} was answered",
-                    i + 1,
-                    s.table().next_grant_id(),
-                    self.max_acked_grant
-                ));
-            }
         }
     }
 
@@ -1107,8 +870,8 @@ impl World {
     fn fault(&mut self) {
         let r = self.rng.below(1000);
         let i = self.rng.below(self.nodes.len() as u64) as usize;
-        let leader = (0..self.nodes.len())
-            .find(|&j| self.nodes[j].view.all_serving() && self.nodes[j].shard.is_some());
+        let leader =
+            (0..self.nodes.len()).find(|&j| self.nodes[j].view.all_serving() && self.nodes[j].up());
         if self.nodes[i].retired {
             return;
         }
@@ -1116,11 +879,11 @@ impl World {
             0..=4 => self.crash(leader.unwrap_or(i)),
             5..=9 => self.crash(i),
             // Not the spare (a replacement starts it), never a removed node.
-            10..=19 if self.nodes[i].shard.is_none() && self.startable(i) => self.start_node(i),
+            10..=19 if !self.nodes[i].up() && self.startable(i) => self.start_node(i),
             20..=24 => {
                 // Pause the leader (or anyone) past an election timeout.
                 let j = leader.unwrap_or(i);
-                if self.nodes[j].shard.is_some() {
+                if self.nodes[j].up() {
                     self.nodes[j].paused = true;
                 }
             }
@@ -1147,7 +910,7 @@ impl World {
         // Never more than a minority of any voter set in play (before and
         // after the change in progress) down, paused or crashed at once:
         // beyond it availability is not promised (safety still is).
-        let down = |w: &World, j: usize| w.nodes[j].shard.is_none() || w.nodes[j].paused;
+        let down = |w: &World, j: usize| !w.nodes[j].up() || w.nodes[j].paused;
         let over = self
             .voter_sets()
             .iter()
@@ -1160,7 +923,7 @@ impl World {
     /// Starts or resumes every node that may run.
     fn wake_all(&mut self) {
         for j in 0..self.nodes.len() {
-            if self.nodes[j].shard.is_none() && self.startable(j) {
+            if !self.nodes[j].up() && self.startable(j) {
                 self.start_node(j);
             } else if self.nodes[j].paused {
                 self.resume(j);
@@ -1215,11 +978,12 @@ impl World {
 
     /// Node `i` runs, is not paused and serves.
     fn serves(&self, i: usize) -> bool {
-        self.nodes[i].shard.is_some() && !self.nodes[i].paused && self.nodes[i].view.all_serving()
+        self.nodes[i].up() && !self.nodes[i].paused && self.nodes[i].view.all_serving()
     }
 
-    fn members(&self, i: usize) -> Option<MemberStatus> {
-        self.nodes[i].shard.as_ref()?.member_status()
+    /// Group `g`'s configuration on node `i`, while it runs.
+    fn members_of(&self, i: usize, g: usize) -> Option<MemberStatus> {
+        self.nodes[i].shard(g)?.member_status()
     }
 }
 
@@ -1239,21 +1003,30 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
     {
         if w.now > deadline {
             let states: Vec<String> = (0..w.nodes.len())
-                .map(
-                    |i| match w.nodes[i].shard.as_ref().and_then(|s| s.replica()) {
-                        Some(r) => format!(
-                            "node {}: {} term {} commit {} applied {} serving {}",
+                .map(|i| match &w.nodes[i].shards[..] {
+                    [] if w.nodes[i].retired => format!("node {}: removed", i + 1),
+                    [] => format!("node {}: down", i + 1),
+                    shards => {
+                        let groups: Vec<String> = shards
+                            .iter()
+                            .filter_map(|s| s.replica())
+                            .map(|r| {
+                                format!(
+                                    "{} term {} commit {} applied {}",
+                                    r.role_name(),
+                                    r.term(),
+                                    r.commit_index(),
+                                    r.applied_index()
+                                )
+                            })
+                            .collect();
+                        format!(
+                            "node {}: groups {groups:?} serving {}",
                             i + 1,
-                            r.role_name(),
-                            r.term(),
-                            r.commit_index(),
-                            r.applied_index(),
                             w.nodes[i].view.all_serving()
-                        ),
-                        None if w.nodes[i].retired => format!("node {}: removed", i + 1),
-                        None => format!("node {}: down", i + 1),
-                    },
-                )
+                        )
+                    }
+                })
                 .collect();
             w.fail(format!("no progress 20 s after healing: {states:?}"));
         }
@@ -1262,22 +1035,22 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
     // Holds of sessions that died with a leader end as leases of the
     // longest keep-alive plus an election timeout after a leader serves.
     let drain = w.now + 3_000_000;
-    while w.last_leader.is_some_and(|l| {
+    let held_keys = |w: &World, l: usize| -> usize {
         w.nodes[l]
-            .shard
-            .as_ref()
-            .is_some_and(|s| s.table().held_keys() != 0)
-    }) && w.now < drain
-    {
+            .shards
+            .iter()
+            .map(|s| s.table().held_keys())
+            .sum()
+    };
+    while w.last_leader.is_some_and(|l| held_keys(&w, l) != 0) && w.now < drain {
         w.step(true);
     }
     if let Some(l) = w.last_leader {
-        let s = w.nodes[l].shard.as_ref().expect("serving");
-        if s.table().held_keys() != 0 {
-            let held: Vec<String> = s
-                .table()
-                .held_list()
+        if held_keys(&w, l) != 0 {
+            let held: Vec<String> = w.nodes[l]
+                .shards
                 .iter()
+                .flat_map(|s| s.table().held_list())
                 .map(|h| {
                     format!(
                         "{:?} by {:?} grant {} at {} ms",
@@ -1292,22 +1065,18 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
         }
     }
     w.check_membership_agrees();
-    let compacted = (0..w.nodes.len())
-        .filter(|&i| {
-            w.nodes[i]
-                .shard
-                .as_ref()
-                .and_then(|s| s.replica())
-                .is_some_and(|r| r.snapshot_index() > 0)
-        })
-        .count();
+    let replicas = || {
+        w.nodes
+            .iter()
+            .flat_map(|nd| nd.shards.iter())
+            .filter_map(|s| s.replica())
+    };
+    let compacted = replicas().filter(|r| r.snapshot_index() > 0).count();
     COMPACTED.fetch_add(compacted as u64, std::sync::atomic::Ordering::Relaxed);
-    let installs: u64 = (0..w.nodes.len())
-        .filter_map(|i| w.nodes[i].shard.as_ref().and_then(|s| s.replica()))
-        .map(|r| r.snapshots_installed())
-        .sum();
+    let installs: u64 = replicas().map(|r| r.snapshots_installed()).sum();
     INSTALLS.fetch_add(installs, std::sync::atomic::Ordering::Relaxed);
     CHANGES.fetch_add(w.changes_done, std::sync::atomic::Ordering::Relaxed);
+    shards::note(&w);
     (w.grants, w.failovers, w.crashes)
 }
 
@@ -1326,6 +1095,23 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// 87, 163, 331 (3 nodes × 3 shards, 5 × 3, 3 × 3): a replacement made in
+/// some groups only left no node that could serve: the replacement led
+/// group 0 while still a learner of another group (or the replaced node
+/// led a group it was still a voter of), the other groups could not
+/// follow it there, and the change could never be finished (fixed in
+/// `follow_group0`: a leader on a node that is no voter of every group
+/// hands over).
+///
+/// Not fixed yet: `SIM_SEED=507 SIM_STEPS=2500` (3 × 3, release build,
+/// about every other try): the replaced node 1 was removed from group 2
+/// but never applied its removal (the new leader no longer sends it
+/// anything), so it believes it is a voter of every group and goes on
+/// leading groups 0 and 1; group 2's leader cannot follow it (node 1 is
+/// no voter there) and nobody serves, so the change is never finished in
+/// groups 0 and 1.
+const REGRESSION_SEEDS: [u64; 3] = [87, 163, 331];
+
 #[test]
 fn cluster_simulation() {
     match std::env::var("SIM_LOG").as_deref() {
@@ -1333,12 +1119,29 @@ fn cluster_simulation() {
         Ok("debug") => ringlock::log::set_level(ringlock::log::Level::Debug),
         Ok(_) => {}
     }
-    let steps = env("SIM_STEPS", 2500) as usize;
+    // A seed's steps: SIM_STEPS, else 2500 for one shard per node and
+    // fewer for more (each step of a node of n shards costs about
+    // (n + 1) / 2 of one's), so the default run costs what it did before
+    // shards; a regression seed runs the steps it failed in.
+    let fixed = std::env::var("SIM_STEPS").is_ok();
+    let steps_of = |seed: u64| -> usize {
+        let steps = env("SIM_STEPS", 2500) as usize;
+        if fixed || REGRESSION_SEEDS.contains(&seed) {
+            steps
+        } else {
+            steps * 2 / (groups_of(seed) + 1)
+        }
+    };
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
         Ok(s) => vec![s.parse().expect("SIM_SEED")],
         Err(_) => {
             let first = env("SIM_FIRST_SEED", 1);
-            (first..first + env("SIM_SEEDS", 40)).collect()
+            let mut seeds: Vec<u64> = (first..first + env("SIM_SEEDS", 37)).collect();
+            if std::env::var("SIM_FIRST_SEED").is_err() && std::env::var("SIM_SEEDS").is_err() {
+                // Seeds that found bugs, run by default as well.
+                seeds.extend(REGRESSION_SEEDS);
+            }
+            seeds
         }
     };
     let (mut grants, mut failovers, mut crashes) = (0, 0, 0);
@@ -1348,7 +1151,7 @@ fn cluster_simulation() {
     for seed in seeds {
         // A panic inside the code under test (raft-rs's included) names
         // the seed too.
-        let r = std::panic::catch_unwind(|| run(seed, steps));
+        let r = std::panic::catch_unwind(|| run(seed, steps_of(seed)));
         let (g, f, c) = match r {
             Ok(v) => v,
             Err(_) if keep_going => {
@@ -1377,6 +1180,7 @@ fn cluster_simulation() {
     );
     eprintln!("sim_cluster {}", resume::summary());
     eprintln!("sim_cluster: {}", leases::summary());
+    eprintln!("sim_cluster: {}", shards::summary());
     assert!(failed.is_empty(), "seeds failed: {failed:?}");
     assert!(grants > 0, "the workload made progress");
     if std::env::var("SIM_SEED").is_err() {
@@ -1387,5 +1191,6 @@ fn cluster_simulation() {
         // Over many seeds (one alone may have neither).
         assert!(compacted > 0, "logs were compacted");
         assert!(changes > 0, "the membership changed");
+        shards::assert_exercised();
     }
 }

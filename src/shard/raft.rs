@@ -71,10 +71,12 @@ struct ParkedRead {
 }
 
 /// What this node's shards tell each other (one per node): which node
-/// leads each group, and whether each shard serves.
+/// leads each group, whether each shard serves, and whether each is a
+/// voter of its group.
 pub struct NodeView {
     leaders: Vec<AtomicU64>,
     serving: Vec<AtomicBool>,
+    voters: Vec<AtomicBool>,
 }
 
 impl NodeView {
@@ -82,7 +84,14 @@ impl NodeView {
         Arc::new(NodeView {
             leaders: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             serving: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+            voters: (0..groups).map(|_| AtomicBool::new(true)).collect(),
         })
+    }
+    /// True when every shard of this node is a voter of its group (false
+    /// while a membership change is made in some groups and not yet in
+    /// the others: then this node can never serve).
+    pub fn all_voters(&self) -> bool {
+        self.voters.iter().all(|s| s.load(Ordering::Acquire))
     }
     /// True when every shard of this node serves.
     pub fn all_serving(&self) -> bool {
@@ -665,6 +674,9 @@ impl Shard {
         self.maybe_compact();
         self.raft_file_chains();
         self.note_serving();
+        if let Some(r) = self.raft.as_ref() {
+            r.view.voters[r.group].store(r.replica.is_voter(), Ordering::Release);
+        }
     }
 
     fn raft_output(&mut self, out: &mut Output) {

@@ -30,7 +30,7 @@ impl World {
         if b.mode != HoldMode::Lease {
             return;
         }
-        let s = self.nodes[i].shard.as_ref().expect("serving");
+        let s = self.nodes[i].shard(self.owner(k)).expect("serving");
         let Some(d) = s.table().lease_deadline_us(KEYS[k]) else {
             self.fail(format!(
                 "session client {c} believes a lease of {:?} (token {}) that node {} serves as no lease",

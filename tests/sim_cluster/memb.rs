@@ -109,7 +109,7 @@ impl World {
     /// The next membership step: start a change now and then, see whether
     /// the one in progress is done, else ask the leader for it again.
     pub(super) fn memb_step(&mut self, quiesce: bool) {
-        self.ask = None;
+        self.ask.clear();
         let idle = matches!(self.memb, Memb::Idle);
         if idle && (quiesce || self.replaces_left + self.readds_left == 0) {
             return;
@@ -117,30 +117,36 @@ impl World {
         if idle || matches!(self.memb, Memb::Leaving { .. }) {
             return self.memb_idle(quiesce);
         }
-        // A node applies only committed entries, and its configuration
-        // follows what it applied: the running node that applied the most
-        // has the newest configuration known to be committed.
-        let newest = (0..self.nodes.len())
-            .filter_map(|i| Some((self.nodes[i].shard.as_ref()?.replica()?.applied_index(), i)))
-            .max()
-            .and_then(|(_, i)| self.members(i));
-        let removed = |node: usize| newest.as_ref().is_some_and(|m| !in_conf(m, id(node)));
-        let added = |new: usize, old: Option<usize>| {
-            newest.as_ref().is_some_and(|m| {
-                m.voters.contains(&id(new))
-                    && m.outgoing.is_empty()
-                    && old.is_none_or(|o| !in_conf(m, id(o)))
-            })
+        // Each group decides alone, and the change is made once every
+        // group made it. A node applies only committed entries, and its
+        // configuration follows what it applied: the running node whose
+        // shard of group g applied the most has group g's newest
+        // configuration known to be committed.
+        let newest = |g: usize| {
+            (0..self.nodes.len())
+                .filter_map(|i| Some((self.nodes[i].shard(g)?.replica()?.applied_index(), i)))
+                .max()
+                .and_then(|(_, i)| self.members_of(i, g))
         };
-        match self.memb {
-            Memb::Removing { old } if removed(old) => {}
-            Memb::Adding { new, old } if added(new, old) => {}
-            _ => {
-                let Some(l) = (0..self.nodes.len()).find(|&i| self.serves(i)) else {
-                    return;
-                };
-                return self.memb_ask_next(l);
+        let done = |g: usize| {
+            let Some(m) = newest(g) else { return false };
+            match self.memb {
+                Memb::Removing { old } => !in_conf(&m, id(old)),
+                Memb::Adding { new, old } => {
+                    m.voters.contains(&id(new))
+                        && m.outgoing.is_empty()
+                        && old.is_none_or(|o| !in_conf(&m, id(o)))
+                }
+                Memb::Idle | Memb::Leaving { .. } => true,
             }
+        };
+        let pending: Vec<usize> = (0..self.groups).filter(|&g| !done(g)).collect();
+        if !pending.is_empty() {
+            // Asked again of every group not done, as the CLI does.
+            let Some(l) = (0..self.nodes.len()).find(|&i| self.serves(i)) else {
+                return;
+            };
+            return self.memb_ask_next(l, &pending);
         }
         match self.memb {
             Memb::Idle | Memb::Leaving { .. } => unreachable!("handled by memb_idle"),
@@ -217,43 +223,42 @@ impl World {
     /// is dialed again), never by what was sent to the one it replaces.
     fn wipe(&mut self, i: usize) {
         self.crash(i);
-        self.nodes[i].disk.clear();
+        self.nodes[i].disks.iter_mut().for_each(Vec::clear);
         self.net.retain(|p| p.to != i);
     }
 
-    /// What the serving leader `l` is asked next (a change started, now
-    /// and then, when none is in progress).
-    fn memb_ask_next(&mut self, l: usize) {
-        let ms = self.members(l).expect("a cluster node");
-        match self.memb {
+    /// What the serving leader `l` is asked next, of each group in
+    /// `pending` (the ones that did not make the change yet).
+    fn memb_ask_next(&mut self, l: usize, pending: &[usize]) {
+        // A leader that is to go hands over (group 0; the other groups
+        // follow its leader).
+        let going = match self.memb {
+            Memb::Removing { old } => l == old,
+            Memb::Adding { old, .. } => old == Some(l),
             Memb::Idle | Memb::Leaving { .. } => unreachable!("nothing to ask"),
-            Memb::Removing { old } => {
-                if l == old {
-                    self.ask = Some((l, Ask::Transfer));
-                } else {
-                    self.ask = Some((l, Ask::Change(Change::Remove { node: id(old) })));
-                }
+        };
+        for &g in pending {
+            let ms = self.members_of(l, g).expect("a cluster node");
+            let change = match self.memb {
+                Memb::Idle | Memb::Leaving { .. } => unreachable!("nothing to ask"),
+                Memb::Removing { old } => Change::Remove { node: id(old) },
+                Memb::Adding { new, .. } if !in_conf(&ms, id(new)) => Change::AddLearner {
+                    node: id(new),
+                    addr: addr(new).to_string(),
+                },
+                Memb::Adding { new, old: Some(o) } => Change::Replace {
+                    old: id(o),
+                    new: id(new),
+                },
+                Memb::Adding { new, old: None } => Change::Promote { node: id(new) },
+            };
+            // Only a change that removes the leader waits for the hand-over.
+            let removes = matches!(change, Change::Remove { .. } | Change::Replace { .. });
+            if going && removes {
+                self.ask.push((l, 0, Ask::Transfer));
+                return;
             }
-            Memb::Adding { new, old } => {
-                let change = if !in_conf(&ms, id(new)) {
-                    Change::AddLearner {
-                        node: id(new),
-                        addr: addr(new).to_string(),
-                    }
-                } else if let Some(o) = old {
-                    if l == o {
-                        self.ask = Some((l, Ask::Transfer));
-                        return;
-                    }
-                    Change::Replace {
-                        old: id(o),
-                        new: id(new),
-                    }
-                } else {
-                    Change::Promote { node: id(new) }
-                };
-                self.ask = Some((l, Ask::Change(change)));
-            }
+            self.ask.push((l, g, Ask::Change(change)));
         }
     }
 
@@ -273,7 +278,7 @@ impl World {
             self.replaces_left -= 1;
             // The spare joins; a new spare (a new id) waits behind it.
             let new = self.nodes.len() - 1;
-            self.nodes.push(super::Node::new(true));
+            self.nodes.push(super::Node::new(true, self.groups));
             self.note(format!("replace node {} by node {}", id(old), id(new)));
             self.memb = Memb::Adding {
                 new,
@@ -286,14 +291,17 @@ impl World {
     /// Node `i`'s tick: asks what [`World::memb_step`] chose of it, if
     /// anything.
     pub(super) fn memb_ask(&mut self, i: usize) {
-        let Some((l, ask)) = self.ask.take() else {
-            return;
-        };
-        if l != i {
-            self.ask = Some((l, ask));
-            return;
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ask)
+            .into_iter()
+            .partition(|a| a.0 == i);
+        self.ask = others;
+        for (_, g, ask) in mine {
+            self.memb_ask_group(i, g, ask);
         }
-        let s = self.nodes[i].shard.as_mut().expect("running");
+    }
+
+    fn memb_ask_group(&mut self, i: usize, g: usize, ask: Ask) {
+        let s = &mut self.nodes[i].shards[g];
         let change = match ask {
             Ask::Transfer => {
                 if s.raft_transfer(0) {
@@ -304,13 +312,16 @@ impl World {
             Ask::Change(c) => c,
         };
         match s.change_members(&change) {
-            Ok(()) => self.note(format!("node {} took {change:?}", i + 1)),
+            Ok(()) => self.note(format!("node {} (group {g}) took {change:?}", i + 1)),
             Err(why) => {
                 // What `ringlock cluster` asks again: a change in progress,
                 // a learner catching up, a leader that stopped serving.
                 let passing = ["in progress", "has not caught up", "does not serve"];
                 if !passing.iter().any(|p| why.contains(p)) {
-                    self.fail(format!("node {} refused {change:?}: {why}", i + 1));
+                    self.fail(format!(
+                        "node {} (group {g}) refused {change:?}: {why}",
+                        i + 1
+                    ));
                 }
             }
         }
@@ -327,12 +338,14 @@ impl World {
                 self.voters.iter().map(|&v| id(v)).collect::<Vec<_>>()
             ));
         }
-        let ms = self.members(i).expect("a cluster node");
-        if ms.removed || !(ms.voters.contains(&id(i)) || ms.outgoing.contains(&id(i))) {
-            self.fail(format!(
-                "node {} serves outside its own configuration: {ms:?}",
-                i + 1
-            ));
+        for g in 0..self.groups {
+            let ms = self.members_of(i, g).expect("a cluster node");
+            if ms.removed || !(ms.voters.contains(&id(i)) || ms.outgoing.contains(&id(i))) {
+                self.fail(format!(
+                    "node {} serves outside group {g}'s configuration: {ms:?}",
+                    i + 1
+                ));
+            }
         }
     }
 
@@ -343,7 +356,8 @@ impl World {
         let deadline = self.now + 3_000_000;
         loop {
             let views: Vec<MemberStatus> = (0..self.nodes.len())
-                .filter_map(|i| self.members(i))
+                .flat_map(|i| (0..self.groups).map(move |g| (i, g)))
+                .filter_map(|(i, g)| self.members_of(i, g))
                 .collect();
             let agree = views.iter().all(|m| {
                 m.voters == want
@@ -352,12 +366,13 @@ impl World {
                     && !m.change_in_progress
                     && !m.removed
             });
-            if agree && views.len() == want.len() {
+            if agree && views.len() == want.len() * self.groups {
                 return;
             }
             if self.now > deadline {
                 let leader: Vec<String> = (0..self.nodes.len())
-                    .filter_map(|i| self.nodes[i].shard.as_ref()?.replica())
+                    .flat_map(|i| self.nodes[i].shards.iter())
+                    .filter_map(|s| s.replica())
                     .filter(|r| r.is_leader())
                     .map(|r| format!("{:?}", r.status()))
                     .collect();

@@ -1,35 +1,33 @@
-//! The mesh between one node's shards (groundwork for more than one
-//! shard per node; see below for what is left).
+//! The mesh between one node's shards.
 //!
 //! As `tests/sim_shards.rs` models it: cross-shard messages (scatter/gather
 //! parts and replies, session requests, answers and ends, connection
 //! hand-overs) are queued FIFO per ordered pair of shards, as the real
 //! queues are, and delivered one at a time from a random non-empty pair,
-//! so reordered across pairs. The queues live in the node's memory: a
-//! crash loses them. A node with one shard never queues anything, and
-//! then the mesh draws nothing from the seed's generator (the runs of one
-//! shard per node are those of before).
+//! so reordered across pairs, at the node's next tick (`node.rs`). The
+//! queues live in the node's memory: a crash loses them (and every
+//! connection handed over in them sees EOF). A node with one shard never
+//! queues anything, and then the mesh draws nothing from the seed's
+//! generator.
 //!
-//! Left to do for two shards per node (`World::groups`, 1 for now):
-//! - `Node` holds one `Shard` and one disk image per group; `start_node`
-//!   starts every group's `Part` (`Part::start(&c, g, groups, ..)`) with one
-//!   shared `NodeView::new(groups)`, `place(g, groups, ..)`, and links
-//!   group g's Hello to group g of every other node;
-//! - `Cmd::Peer` from group g goes to group g of the peer (the packet
-//!   carries its group), `Cmd::Log` to that group's disk, a crash tears
-//!   each group's write in flight and clears this mesh;
-//! - `Cmd::Migrate` (a request naming another shard's key): the client's
-//!   connection is detached, travels as `Msg::Adopt`, is adopted and
-//!   resumed on the owner (bytes and hang-ups arriving meanwhile), as in
-//!   `sim_shards.rs`; clients then track (node, shard, token);
-//! - the checks per group: logs and tables compare group g across nodes;
-//!   a key's holder is looked up on the shard `owner(key, groups)` of the
-//!   serving node; "tokens only grow" per group; a node serves when
-//!   `view.all_serving()` (every shard leads and holds its lease) — the
-//!   "one server" check is unchanged;
-//! - membership changes are asked of every group's leader until all made
-//!   (`memb.rs`: each group decides alone; the CLI asks again), resumes
-//!   (`resume.rs`) reach the session's home shard.
+//! With several shards per node (`World::groups`, see `shards.rs`):
+//! - each shard is the replica of its own group, all started with one
+//!   shared `NodeView::new(groups)` (`start_node`), group g's Hello linked
+//!   to group g of every other node; group g's Raft frames go to group g
+//!   of the peer (the packet carries its group), its log to its own disk;
+//! - `Cmd::Migrate` (a Locking-Center request naming another shard's key,
+//!   a Resume reaching a shard other than its session's home): the
+//!   connection is detached at the node's next tick (its receive is back),
+//!   travels as `Msg::Adopt`, is adopted and resumed on the owner; bytes
+//!   the client sends meanwhile wait for it; clients track (node, shard,
+//!   token);
+//! - session requests for another shard's keys travel as `Msg::Sess`,
+//!   `ResetBySource` as a scatter/gather.
+//!
+//! Not modelled: a shard's loop stalling alone (a node pauses or crashes
+//! as a whole), a full queue (`limit=shard_queue`), the link to one group
+//! of a peer failing while its other groups' stay up (the network cuts
+//! links between nodes, for every group at once).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -38,7 +36,6 @@ use ringlock::shard::{Detached, RemoteOp, RemoteResult, Shard};
 
 use super::sim_common::Rng;
 
-#[allow(dead_code)] // Adopt and Sess travel once a node runs two shards
 pub enum Msg {
     /// A connection handed over to the shard owning its request's key.
     Adopt {

@@ -222,6 +222,27 @@ impl World {
                     // Any refusal closes: the session is given up.
                     if *status == Status::UnknownSession {
                         count(Stat::Unknown);
+                        // The session is gone: so is every hold it had,
+                        // and none may still be valid in its eyes.
+                        let ka = KEEPALIVE_MS as u64 * 1000;
+                        let valid: Vec<usize> = cl
+                            .view
+                            .holds
+                            .iter()
+                            .filter(|(_, b)| cl.view.valid(b, now, ka))
+                            .map(|(&k, _)| k)
+                            .collect();
+                        if !valid.is_empty() {
+                            let sid = cl.res.sid;
+                            self.fail(format!(
+                                "lost grant: session client {c}'s Resume of {sid:#x} was answered \
+                                 unknown session while it still believes it holds {:?}",
+                                valid
+                                    .iter()
+                                    .map(|&k| String::from_utf8_lossy(KEYS[k]))
+                                    .collect::<Vec<_>>()
+                            ));
+                        }
                     } else if *status == Status::Ok {
                         self.fail(format!(
                             "client {c}: a Resume answered ok without a welcome"
@@ -396,7 +417,8 @@ impl World {
                     String::from_utf8_lossy(KEYS[k])
                 ));
             }
-            self.max_acked_grant = self.max_acked_grant.max(t);
+            let o = self.owner(k);
+            self.max_acked_grant[o] = self.max_acked_grant[o].max(t);
         }
         let cl = &mut self.clients[c];
         // Every other request sent is forgotten: its answer never comes.

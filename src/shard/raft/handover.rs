@@ -88,8 +88,39 @@ impl Shard {
 
     /// Every group follows group 0's leader, so one node serves them all:
     /// a leader of another group hands its leadership over to it.
+    ///
+    /// Each group makes a membership change alone. While some groups have
+    /// made one and others not, a node may be a voter of some groups only
+    /// (a replacement, a learner elsewhere; the node replaced, removed
+    /// elsewhere): it can never serve, and a group whose leader it is
+    /// must not stay there, or nobody serves and the change cannot be
+    /// finished (the other groups cannot follow a node that is no voter of
+    /// theirs). So a leader of any group, group 0 included, on such a node
+    /// hands over to the follower `hand_over_target` picks (the lowest
+    /// caught-up voter: the same node for every group), once per election
+    /// timeout, instead of following group 0.
     pub(in crate::shard) fn follow_group0(&mut self) {
         let Some(r) = self.raft.as_mut() else { return };
+        if r.replica.is_leader() && !r.view.all_voters() {
+            let ticks = r.replica.ticks();
+            if ticks >= r.last_transfer_tick + r.replica.election_ticks() {
+                r.last_transfer_tick = ticks;
+                let st = r.replica.status();
+                if let Some(t) = hand_over_target(&st) {
+                    log!(
+                        Level::Info,
+                        "raft_hand_over",
+                        "group={} node={} to={} term={} reason=not_a_voter_of_every_group",
+                        r.group,
+                        st.node,
+                        t,
+                        st.term
+                    );
+                    r.replica.transfer_leader(t);
+                }
+            }
+            return;
+        }
         if r.group == 0 || !r.replica.is_leader() {
             return;
         }
