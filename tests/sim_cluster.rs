@@ -73,13 +73,14 @@
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
 //!
-//! Every choice the simulator makes comes from the seed, but a run is not
-//! bit-for-bit the same in every process: the server iterates std
-//! `HashMap`s (per-process random order) in a few places (orphaning
-//! owners on a step-down, arming resume windows, a compaction's
-//! snapshot), so a seed's counters can differ between runs, and a failing
-//! seed may need a few tries (`REGRESSION_SEEDS` failed on every try
-//! before their fix; seed 507, below, about every other one).
+//! Every choice the simulator makes comes from the seed (its own maps are
+//! ordered; the server's maps keyed by ids use a fixed hash,
+//! `ringlock::core::idmap`), but a run is still not bit-for-bit the same
+//! in every process: raft-rs draws each randomized election timeout from
+//! `rand::thread_rng()`, which no seed reaches. So a seed's counters can
+//! differ between runs, and a failing seed may need a few tries
+//! (`REGRESSION_SEEDS` failed on every try before their fix; seed 507,
+//! below, about every other one).
 
 #[path = "sim_cluster/checks.rs"]
 mod checks;
@@ -97,7 +98,7 @@ mod resume;
 mod shards;
 mod sim_common;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -147,7 +148,7 @@ struct Node {
     clock_base: u64,
     global_base: u64,
     /// (shard, connection) → client, for this incarnation.
-    conns: HashMap<(usize, Token), usize>,
+    conns: BTreeMap<(usize, Token), usize>,
     incarnation: u64,
     /// Starts with `--join` (a new log joins the running cluster).
     join: bool,
@@ -168,7 +169,7 @@ impl Node {
             rate: 1000,
             clock_base: 0,
             global_base: 0,
-            conns: HashMap::new(),
+            conns: BTreeMap::new(),
             incarnation: 0,
             join,
             retired: false,
@@ -210,7 +211,7 @@ struct Client {
     /// Requests sent and unanswered, in order: (action, key).
     outstanding: VecDeque<(u8, usize)>,
     persisted: bool,
-    beliefs: HashSet<usize>,
+    beliefs: BTreeSet<usize>,
     /// A request's outcome is unknown: reset the source before anything.
     uncertain: bool,
     /// Node to try next.
@@ -240,14 +241,14 @@ struct World {
     now: u64,
     net: Vec<Packet>,
     /// Directed links that are cut: (from, to).
-    cut: HashSet<(usize, usize)>,
+    cut: BTreeSet<(usize, usize)>,
     loss_per_mille: u64,
     dup_per_mille: u64,
     max_delay_us: u64,
     /// Per group: the highest grant id any client was answered for.
     max_acked_grant: Vec<u64>,
     /// The last token a session client was granted, per key.
-    last_token: HashMap<usize, u64>,
+    last_token: BTreeMap<usize, u64>,
     grants: u64,
     failovers: u64,
     crashes: u64,
@@ -321,7 +322,7 @@ impl World {
                 closing: false,
                 outstanding: VecDeque::new(),
                 persisted: false,
-                beliefs: HashSet::new(),
+                beliefs: BTreeSet::new(),
                 uncertain: false,
                 next_node: i % n,
             })
@@ -336,12 +337,12 @@ impl World {
             clients,
             now: 1_000_000,
             net: Vec::new(),
-            cut: HashSet::new(),
+            cut: BTreeSet::new(),
             loss_per_mille: rng.below(50),
             dup_per_mille: rng.below(30),
             max_delay_us: 200 + rng.below(3000),
             max_acked_grant: vec![0; groups],
-            last_token: HashMap::new(),
+            last_token: BTreeMap::new(),
             grants: 0,
             failovers: 0,
             crashes: 0,
@@ -623,7 +624,7 @@ impl World {
             let cl = &mut self.clients[c];
             if quiesce {
                 // Release everything believed, then go quiet.
-                // In key order: a HashMap's order differs between runs.
+                // In key order: a BTreeMap's order differs between runs.
                 let mut held: Vec<usize> = cl.view.holds.keys().copied().collect();
                 held.sort_unstable();
                 for k in held {

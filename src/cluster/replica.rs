@@ -243,10 +243,10 @@ pub struct Replica {
     /// The tick each peer was last heard from (any message): liveness
     /// that, unlike raft-rs's `recent_active`, is not cleared every
     /// election timeout.
-    heard: std::collections::HashMap<u64, u64>,
+    heard: crate::core::idmap::IdMap<u64, u64>,
     /// What each peer's newest message announced it can read
     /// ([`FEATURES`]; 0 for a node of an earlier version).
-    features: std::collections::HashMap<u64, u64>,
+    features: crate::core::idmap::IdMap<u64, u64>,
     /// The lease: the tick of the newest heartbeat round a quorum
     /// acknowledged (valid for the current term only).
     lease_from: Option<u64>,
@@ -271,7 +271,7 @@ pub struct Replica {
     snapshot_ready: Option<(u64, u64)>,
     /// Snapshots this leader sent: follower → the tick it was sent at
     /// (see [`SNAPSHOT_RETRY_TIMEOUTS`]).
-    snapshots_sent: std::collections::HashMap<u64, u64>,
+    snapshots_sent: crate::core::idmap::IdMap<u64, u64>,
 }
 
 /// raft-rs sends a follower nothing more after a snapshot until that
@@ -380,8 +380,8 @@ impl Replica {
             ticks: 0,
             mute_votes_until: if restarted { election } else { 0 },
             joining,
-            heard: std::collections::HashMap::new(),
-            features: std::collections::HashMap::new(),
+            heard: crate::core::idmap::id_map(),
+            features: crate::core::idmap::id_map(),
             lease_from: None,
             lease_term: 0,
             since_probe: 0,
@@ -396,7 +396,7 @@ impl Replica {
             leader: 0,
             installs: 0,
             snapshot_ready: None,
-            snapshots_sent: std::collections::HashMap::new(),
+            snapshots_sent: crate::core::idmap::id_map(),
         };
         r.randomize_timeout();
         Ok(r)

@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod endpoint;
+pub mod idmap;
 pub mod index;
 pub mod list;
 pub mod name;

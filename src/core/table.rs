@@ -32,8 +32,10 @@
 //!   allocated for.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::net::SocketAddr;
+
+use super::idmap::{id_map, IdMap};
 
 use slab::Slab;
 
@@ -187,10 +189,10 @@ pub struct Table {
     by_age: List,
     next_grant_id: u64,
     owners: Slab<OwnerEntry>,
-    owner_index: HashMap<u64, u32>,
+    owner_index: IdMap<u64, u32>,
     /// Replicated sessions homed on this shard that are open: id →
     /// keep-alive ms (cluster mode; see [`Table::session_opened`]).
-    sessions_homed: HashMap<u64, u32>,
+    sessions_homed: IdMap<u64, u32>,
     /// Lease deadlines `(mono µs, key slot, grant id)`, earliest first. An
     /// extend pushes a new entry; an entry whose holder or deadline no
     /// longer matches is skipped when it surfaces, so a tick costs
@@ -253,8 +255,8 @@ impl Table {
             by_age: List::new(),
             next_grant_id: 1,
             owners: Slab::new(),
-            owner_index: HashMap::new(),
-            sessions_homed: HashMap::new(),
+            owner_index: id_map(),
+            sessions_homed: id_map(),
             leases: BinaryHeap::new(),
             waits: BinaryHeap::new(),
             next_seq: 1,

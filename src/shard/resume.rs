@@ -32,12 +32,13 @@
 //!   (the client sends them again).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use super::conn::State;
 use super::msg::HeldOut;
 use super::session::{home_of, Opening, SessMsg};
 use super::{Cmd, Shard, Undo};
+use crate::core::idmap::IdMap;
 use crate::core::table::ORPHAN;
 use crate::core::{HoldMode, Name, Token, REPLICATED_SESSION};
 use crate::log::Level;
@@ -56,19 +57,19 @@ struct Pending {
 pub struct Resumes {
     /// Replicated sessions homed here → the connection that has each
     /// (stale entries are harmless: checked with `session_conn`).
-    attached: HashMap<u64, Token>,
+    attached: IdMap<u64, Token>,
     /// Resumes being gathered, by the resuming connection.
-    pending: HashMap<Token, Pending>,
+    pending: IdMap<Token, Pending>,
     /// `(mono µs, session)`: a session homed here that no connection has
     /// ends then unless resumed — if that is still its window in
     /// `window_at` (an entry armed by an earlier serving start, or before a
     /// resume, is stale: a window only moves later).
     windows: BinaryHeap<Reverse<(u64, u64)>>,
-    window_at: HashMap<u64, u64>,
+    window_at: IdMap<u64, u64>,
     /// `(mono µs, session)`: an orphan owner entry of this shard's table
     /// ends then unless adopted (current in `orphan_at`, as above).
     orphans: BinaryHeap<Reverse<(u64, u64)>>,
-    orphan_at: HashMap<u64, u64>,
+    orphan_at: IdMap<u64, u64>,
 }
 
 impl Resumes {

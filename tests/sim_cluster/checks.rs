@@ -4,7 +4,7 @@
 //! (`owner(key, groups)`) of the serving node, and grant ids grow per
 //! group; a node serves when every one of its shards serves.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use ringlock::shard::owner;
 
@@ -67,7 +67,7 @@ impl World {
     fn check_tables(&mut self, g: usize) {
         // applied index → (the first node seen there, its (key, grant)s)
         type Held = Vec<(Vec<u8>, u64)>;
-        let mut seen: HashMap<u64, (usize, Held)> = HashMap::new();
+        let mut seen: BTreeMap<u64, (usize, Held)> = BTreeMap::new();
         for i in 0..self.nodes.len() {
             let Some(s) = self.nodes[i].shard(g) else {
                 continue;
@@ -126,7 +126,7 @@ impl World {
             self.check_tables(g);
         }
         self.note_group_leaders();
-        let mut owner: HashMap<usize, usize> = HashMap::new();
+        let mut owner: BTreeMap<usize, usize> = BTreeMap::new();
         let now = self.now;
         let ka = KEEPALIVE_MS as u64 * 1000;
         for (c, cl) in self.clients.iter().enumerate() {

@@ -64,7 +64,7 @@ impl World {
 }
 
 thread_local! {
-    static FIRST_SERVER: std::cell::RefCell<std::collections::HashMap<(u64, u64), usize>> =
+    static FIRST_SERVER: std::cell::RefCell<std::collections::BTreeMap<(u64, u64), usize>> =
         Default::default();
 }
 static MOVED: AtomicU64 = AtomicU64::new(0);

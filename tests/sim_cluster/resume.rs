@@ -36,7 +36,7 @@
 //! abandoned sessions (whose holds end after the server's window) are
 //! still simulated.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ringlock::core::HoldMode;
@@ -63,7 +63,7 @@ pub struct Res {
     /// Its Held frames so far: (key, token, mode, ttl left).
     pub held: Vec<(usize, u64, HoldMode, Option<u32>)>,
     /// The highest token the client was answered for, per key.
-    pub known: HashMap<usize, u64>,
+    pub known: BTreeMap<usize, u64>,
 }
 
 impl Res {
@@ -329,7 +329,8 @@ impl World {
             );
         }
         let cl = &mut self.clients[c];
-        let mut beliefs: Vec<(usize, Belief)> = cl.view.holds.drain().collect();
+        let mut beliefs: Vec<(usize, Belief)> =
+            std::mem::take(&mut cl.view.holds).into_iter().collect();
         beliefs.sort_by_key(|b| b.0);
         for (k, b) in beliefs {
             match listed.get(&k) {

@@ -3,7 +3,7 @@
 //! the rules of the client library).
 #![allow(dead_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use ringlock::core::HoldMode;
 use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
@@ -59,12 +59,12 @@ pub struct Belief {
 pub struct SessionView {
     pub welcomed: bool,
     pub next_rid: u32,
-    pub sent: HashMap<u32, Sent>,
+    pub sent: BTreeMap<u32, Sent>,
     /// Send time of the latest request whose answer arrived.
     pub alive_since_us: u64,
     /// Acquires sent and not answered: (rid, key).
     pub queued: Vec<(u32, usize)>,
-    pub holds: HashMap<usize, Belief>,
+    pub holds: BTreeMap<usize, Belief>,
 }
 
 /// What an answer changed, for the simulators' counters.

@@ -56,14 +56,16 @@ impl Shard {
     pub(in crate::shard) fn applied_snapshot(&self, out: &mut Vec<u8>) {
         use crate::core::HeldKey;
         use crate::shard::gate::Undo;
-        use std::collections::HashMap;
+        // Ordered maps: the snapshot's bytes depend only on the table
+        // (and lock names, chosen by clients, are never hashed here).
+        use std::collections::BTreeMap;
         let now = self.now;
         let mut records = Vec::with_capacity(64 * 1024);
         crate::wal::record::encode_grant_mark(self.table.next_grant_id(), &mut records);
         // Keys a pending record touched → their holder as applied; the
         // replicated sessions homed here as applied.
-        let mut touched: HashMap<Vec<u8>, Option<HeldKey>> = HashMap::new();
-        let mut sessions: HashMap<u64, u32> = self.table.sessions_homed().collect();
+        let mut touched: BTreeMap<Vec<u8>, Option<HeldKey>> = BTreeMap::new();
+        let mut sessions: BTreeMap<u64, u32> = self.table.sessions_homed().collect();
         for u in self.durability.undo_newest_first() {
             match u {
                 Undo::SessionOpen { sid } => {
