@@ -70,7 +70,9 @@ THREADS=()
 "$ROOT/target/release/ringlockd" --help 2>&1 | grep -q -- '--threads' && THREADS=(--threads 1)
 RUNS=0
 TICKS=$(getconf CLK_TCK)
-echo "# commit cycles/s p99_us server_cpu_us_per_cycle  (load: ${LOAD[*]}${AB_DURABLE:+, durable})"
+DURABLE_LABEL=""
+[ "${AB_DURABLE:-0}" = 1 ] && DURABLE_LABEL=", durable"
+echo "# commit cycles/s p99_us server_cpu_us_per_cycle  (load: ${LOAD[*]}$DURABLE_LABEL)"
 for _ in $(seq "$ROUNDS"); do
     run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
     run "$NEW" "$ROOT/target/release/ringlockd" "$ROOT/target/release/ringlock-loadgen" "${THREADS[@]}"
