@@ -898,11 +898,15 @@ impl Table {
         now: Now,
         fx: &mut Effects,
     ) -> bool {
-        let key = key.as_ref();
-        if self.grant_of(key) != Some(token) {
+        // One probe of the index: the slot found is the one released.
+        let Some(k) = self.find_key(key.as_ref()) else {
+            return false;
+        };
+        if self.keys[k as usize].holder.map(|h| h.grant_id) != Some(token) {
             return false;
         }
-        self.release_key(None, key, ReleaseCause::ResetByKey, now, fx);
+        self.clear_holder(k, now, ReleaseCause::ResetByKey, fx);
+        self.grant_next(k, now, fx);
         true
     }
 

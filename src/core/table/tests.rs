@@ -113,6 +113,35 @@ fn reset_by_source_answers_its_waiters_and_frees_its_keys() {
 }
 
 #[test]
+fn reset_if_releases_only_the_holder_with_that_token_and_hands_over() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    lk(&mut tb, &mut fx, 1, "k", "a", LockMode::Blocking, 0);
+    lk(&mut tb, &mut fx, 2, "k", "b", LockMode::Blocking, 0);
+    let first = tb.grant_of(b"k").expect("held");
+    fx.clear();
+    // Another token, or a key nobody holds: nothing changes.
+    assert!(!tb.reset_if(b"k", first + 1, at(5), &mut fx));
+    assert!(!tb.reset_if(b"free", 1, at(5), &mut fx));
+    assert!(fx.is_empty());
+    assert_eq!(tb.grant_of(b"k"), Some(first));
+    // The holder's token: released, and the waiter is granted the key.
+    assert!(tb.reset_if(b"k", first, at(10), &mut fx));
+    tb.check_invariants();
+    assert_eq!(granted(&fx), vec![2]);
+    let second = tb.grant_of(b"k").expect("handed over");
+    assert!(second > first);
+    assert_eq!(tb.holder_of(b"k").unwrap().source, n("b"));
+    // The old token cannot reset the new holder.
+    fx.clear();
+    assert!(!tb.reset_if(b"k", first, at(20), &mut fx));
+    assert_eq!(tb.grant_of(b"k"), Some(second));
+    assert!(tb.reset_if(b"k", second, at(30), &mut fx));
+    assert_eq!(tb.held_keys(), 0);
+    tb.check_invariants();
+}
+
+#[test]
 fn undelivered_grant_is_released_only_if_still_held_by_it() {
     let mut tb = t();
     let mut fx = Vec::new();
