@@ -10,7 +10,10 @@
 # Prints one line per run: commit, cycles/s, lock p99 (µs), and the
 # server's CPU per lock+unlock cycle (µs, from /proc/PID/stat over the run).
 # AB_DURABLE=1 runs both servers durable, each run on a fresh log
-# (--data-path in the temp dir).
+# (--data-path in the temp dir). AB_SERVER_ARGS="..." passes the same
+# extra arguments to both servers (e.g. "--idle-poll-us 0": with the idle
+# poll off, a closed loop's CPU per cycle is the work per cycle, not the
+# time spent polling while the load generator is busy).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OLD=${1:?usage: scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]}
@@ -47,7 +50,9 @@ run() { # label server loadgen extra-server-args...
     RUNS=$((RUNS + 1))
     local durable=()
     [ "${AB_DURABLE:-0}" = 1 ] && durable=(--data-path "$WT/run.$RUNS.wal")
-    taskset -c 1 "$srv" "$@" "${durable[@]}" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
+    local extra=()
+    [ -n "${AB_SERVER_ARGS:-}" ] && read -r -a extra <<<"$AB_SERVER_ARGS"
+    taskset -c 1 "$srv" "$@" "${durable[@]}" "${extra[@]}" --bind 127.0.0.1:26119 --admin-bind 127.0.0.1:26120 2>/dev/null &
     P=$!
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null && break; sleep 0.1; done
     # The server's CPU (user + system ticks) over the whole load, warm-up
@@ -72,6 +77,7 @@ RUNS=0
 TICKS=$(getconf CLK_TCK)
 DURABLE_LABEL=""
 [ "${AB_DURABLE:-0}" = 1 ] && DURABLE_LABEL=", durable"
+[ -n "${AB_SERVER_ARGS:-}" ] && DURABLE_LABEL="$DURABLE_LABEL, both servers: $AB_SERVER_ARGS"
 echo "# commit cycles/s p99_us server_cpu_us_per_cycle  (load: ${LOAD[*]}$DURABLE_LABEL)"
 for _ in $(seq "$ROUNDS"); do
     run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
