@@ -7,6 +7,9 @@
 //! walked the server into RLIMIT_NOFILE. Here hostile clients connect past
 //! both limits with `SO_LINGER 0` and close at once (an RST), on 1, 2 and 4
 //! shards, and the server's descriptor count must come back to what it was.
+//!
+//! The same count for a connection the server ends while its last send can
+//! never complete: a session client that never reads its answers.
 
 mod common;
 
@@ -150,4 +153,89 @@ fn refused_connections_that_reset_leave_no_descriptor_two_shards() {
 #[test]
 fn refused_connections_that_reset_leave_no_descriptor_four_shards() {
     no_leak_with("4");
+}
+
+/// A session client that sends and never reads: the server ends the
+/// session once its unread answers pass the limit, and must then close the
+/// socket, although its last send can never complete (the peer's window is
+/// full). The close used to wait for that send, so the descriptor stayed
+/// open for as long as the client kept the connection.
+fn unread_session_is_closed_with(threads: &str) {
+    use ringlock::protocol::session::{self as sp, Req};
+    use std::io::{ErrorKind, Write};
+    let srv = Server::start(&[
+        "--idle-timeout-ms",
+        "0",
+        "--threads",
+        threads,
+        "--metrics-bind",
+        "127.0.0.1:0",
+    ]);
+    let baseline = wait_fds(&srv, None);
+    let ended_before = metric(srv.metrics(), "ringlock_sessions_ended_total");
+    let mut s = TcpStream::connect(srv.lock_addr).expect("connect");
+    s.set_write_timeout(Some(Duration::from_secs(2)))
+        .expect("write timeout");
+    let mut hello = Vec::new();
+    sp::encode(
+        1,
+        &Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms: 0,
+            auth: b"",
+        },
+        &mut hello,
+    );
+    s.write_all(&hello).expect("hello");
+    let mut pings = Vec::new();
+    for rid in 2..1002u32 {
+        sp::encode(rid, &Req::Ping, &mut pings);
+    }
+    // Pings until the server stops taking them: it ended the session (a
+    // reset, or a write that times out once it no longer reads). Bounded:
+    // 20 000 batches are ~20 M answers, far past any socket buffer.
+    let mut batches = 0;
+    while batches < 20_000 {
+        match s.write_all(&pings) {
+            Ok(()) => batches += 1,
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock
+                            | ErrorKind::TimedOut
+                            | ErrorKind::ConnectionReset
+                            | ErrorKind::BrokenPipe
+                    ),
+                    "{e}"
+                );
+                break;
+            }
+        }
+    }
+    assert!(batches < 20_000, "the server never stopped taking pings");
+    // The session ended for not reading ...
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(srv.metrics(), "ringlock_sessions_ended_total") < ended_before + 1.0 {
+        assert!(Instant::now() < deadline, "the session never ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // ... and its socket is closed while the client still holds its end
+    // open and unread.
+    let after = wait_fds(&srv, Some(baseline));
+    assert_eq!(
+        after, baseline,
+        "{threads} shard(s): descriptors after the unread session ended"
+    );
+    drop(s);
+}
+
+#[test]
+fn a_session_that_does_not_read_its_answers_is_closed_one_shard() {
+    unread_session_is_closed_with("1");
+}
+
+#[test]
+fn a_session_that_does_not_read_its_answers_is_closed_two_shards() {
+    unread_session_is_closed_with("2");
 }

@@ -28,6 +28,8 @@ pub(super) struct DConn {
     sent: usize,
     closing: bool,
     cancel_submitted: bool,
+    /// A cancel of the send in flight was submitted (at a close).
+    send_cancel_submitted: bool,
     /// The shard hands this connection to that shard once its receive is
     /// back (cancelled or completed).
     migrate_to: Option<usize>,
@@ -43,6 +45,7 @@ impl DConn {
             sent: 0,
             closing: false,
             cancel_submitted: false,
+            send_cancel_submitted: false,
             migrate_to: None,
         }
     }
@@ -95,6 +98,7 @@ impl Loop {
         c.sent = 0;
         c.closing = false;
         c.cancel_submitted = false;
+        c.send_cancel_submitted = false;
         self.arm_recv(slot);
     }
 
@@ -267,16 +271,37 @@ impl Loop {
         self.submit_send(s);
     }
 
-    /// `Cmd::Close`: cancels the receive in flight, closes once no op
-    /// references the socket.
+    /// `Cmd::Close`: cancels the receive and the send in flight, closes
+    /// once no op references the socket.
+    ///
+    /// The shard asks for a close while a send is in flight only when it
+    /// ends the connection (a session ended, a protocol violation, a
+    /// step-down): an answer it wants delivered is closed after its send
+    /// completed. A send still in flight by then is one the kernel could
+    /// not take, because the peer stopped reading and its window is full;
+    /// left alone it never completes and the descriptor stays open for as
+    /// long as the peer keeps the connection (tests/refuse_leak.rs,
+    /// `a_session_that_does_not_read_its_answers_is_closed`). What the
+    /// kernel already took is still delivered before the FIN. The buffer
+    /// stays lent until the send's own completion (`ECANCELED`, or its
+    /// result if it won the race); a Locking-Center answer is one byte, so
+    /// a cancelled send carried none of it, and a grant in it is given back.
     pub(super) fn close_conn(&mut self, token: Token) {
         let s = token as u32 as usize;
         let c = &mut self.conns[s];
         debug_assert_eq!(c.token, token);
         c.closing = true;
+        let gen = (c.token >> 32) as u32;
+        let mut targets = [None, None];
         if c.recv.is_lent() && !c.cancel_submitted {
             c.cancel_submitted = true;
-            let target = ring_io::encode(Op::Recv, (c.token >> 32) as u32, s as u32);
+            targets[0] = Some(ring_io::encode(Op::Recv, gen, s as u32));
+        }
+        if c.send.is_lent() && !c.send_cancel_submitted {
+            c.send_cancel_submitted = true;
+            targets[1] = Some(ring_io::encode(Op::Send, gen, s as u32));
+        }
+        for target in targets.into_iter().flatten() {
             let sqe = opcode::AsyncCancel::new(target)
                 .build()
                 .user_data(ring_io::encode(Op::Cancel, 0, s as u32));
@@ -339,6 +364,7 @@ impl Loop {
         c.sent = 0;
         c.closing = false;
         c.cancel_submitted = false;
+        c.send_cancel_submitted = false;
         c.migrate_to = None;
         if !conn.read_closed {
             self.arm_recv(slot);
@@ -361,6 +387,7 @@ impl Loop {
                 c.fd = -1;
                 c.closing = false;
                 c.cancel_submitted = false;
+                c.send_cancel_submitted = false;
                 let mesh = self.mesh.as_mut().expect("a migration needs a mesh");
                 if let Err(Msg::Adopt { fd, .. }) = mesh.send(to, Msg::Adopt { fd, conn: d }) {
                     log!(Level::Warn, "limit_reached", "limit=shard_queue to={}", to);
