@@ -641,27 +641,46 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         } => {
             // KEYX has token, mode and lease; a server without it (the
             // original Locking-Center) closes at once, and KEYS still works.
-            let (mut list, extended) = match conn.client.keyx() {
-                Ok(list) => (list, true),
-                Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => (
-                    conn.client
-                        .keys()
-                        .map_err(|e| client_fail(&e, "keys (admin port)"))?,
-                    false,
-                ),
+            let stream = match conn.client.keyx_stream() {
+                Ok(stream) => stream,
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => conn
+                    .client
+                    .keys_stream()
+                    .map_err(|e| client_fail(&e, "keys (admin port)"))?,
                 Err(e) => return Err(client_fail(&e, "keys (admin port)")),
             };
             let now = SystemTime::now();
-            if let Some(min) = older_than {
-                list.retain(|k| k.held_for(now) >= *min);
-            }
-            let text = if *json {
-                keys::to_json(&list, now, extended)
+            let extended = stream.extended();
+            // Each key is written as it arrives: memory does not grow with
+            // the number of keys.
+            let listed = stream.filter(|k| match (k, older_than) {
+                (Ok(k), Some(min)) => k.held_for(now) >= *min,
+                _ => true,
+            });
+            let printer = if *json {
+                keys::Printer::json(now, extended)
             } else {
-                keys::table(&list, now, *dates, extended)
+                keys::Printer::table(now, *dates, extended)
             };
-            out(text.as_bytes());
-            Ok(0)
+            let mut stdout = io::BufWriter::with_capacity(64 << 10, io::stdout().lock());
+            let done = printer.print(listed, &mut stdout);
+            let flushed = stdout.flush();
+            match done.and(flushed.map_err(keys::Stop::Output)) {
+                Ok(()) => Ok(0),
+                // A closed pipe (`ringlock keys | head`) is not an error
+                // worth a line.
+                Err(keys::Stop::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+                Err(keys::Stop::Output(e)) => {
+                    Err(Fail(EX_IOERR, format!("keys: writing the listing: {e}")))
+                }
+                Err(keys::Stop::Listing { err, written: 0 }) => {
+                    Err(client_fail(&err, "keys (admin port)"))
+                }
+                Err(keys::Stop::Listing { err, written }) => Err(client_fail(
+                    &err,
+                    &format!("keys (admin port): the listing stopped after {written} keys"),
+                )),
+            }
         }
         Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } => {
             unreachable!("handled above")
