@@ -74,7 +74,6 @@ impl Listing {
 /// println!("{stuck} keys held for 5 minutes or more");
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct KeyStream {
     conn: TcpStream,
     /// Received bytes; `buf[start..end]` is not decoded yet.
@@ -233,6 +232,19 @@ impl Iterator for KeyStream {
 }
 
 impl FusedIterator for KeyStream {}
+
+impl std::fmt::Debug for KeyStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyStream")
+            .field("peer", &self.conn.peer_addr().ok())
+            .field("extended", &self.extended())
+            .field("total", &self.total)
+            .field("remaining", &self.remaining())
+            .field("buffered", &(self.end - self.start))
+            .field("done", &self.done)
+            .finish()
+    }
+}
 
 impl Client {
     /// Lists the held keys as they arrive from the admin port (`KEYS`:
