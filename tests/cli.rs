@@ -855,3 +855,67 @@ fn hostile_keys_are_escaped_in_the_table() {
     let line = stderr_line(&o);
     assert!(!line.trim_end().bytes().any(|b| b < 0x20), "{line:?}");
 }
+
+/// A listing cut short is not passed off as whole: the JSON printed so far
+/// stays, unclosed, and `keys` exits 74 saying how many keys it printed.
+/// (`ringlock keys` prints as it reads: its output is blocked on the pipe
+/// while the admin connection is cut behind it.)
+#[test]
+fn a_keys_listing_cut_short_leaves_the_json_open_and_exits_74() {
+    use common::fault_proxy::FaultProxy;
+    use std::io::Read;
+    const N: usize = 20_000;
+    let s = Server::start(&[]);
+    // 100-byte keys, TryLocks pipelined 4 deep (512 bytes a connection).
+    let mut c = s.connect();
+    let key = |i: usize| format!("{i:09}-{}", "x".repeat(90));
+    for first in (0..N).step_by(4) {
+        let last = (first + 4).min(N);
+        let mut buf = Vec::new();
+        for i in first..last {
+            buf.extend_from_slice(&common::frame(5, key(i).as_bytes(), Some(b"many")));
+        }
+        c.send(&buf);
+        for _ in first..last {
+            assert_eq!(c.read_byte(), b'+');
+        }
+    }
+    let proxy = FaultProxy::start(s.admin_addr);
+    let mut child = cli(s.lock_addr, proxy.addr())
+        .args(["keys", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ringlock");
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("the first line");
+    assert_eq!(first, "[\n", "printing began");
+    // It prints far more than a pipe holds: it is blocked, mid-listing.
+    proxy.reset_all();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the rest");
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(74), "{err}");
+    let objects = rest.lines().filter(|l| l.starts_with('{')).count();
+    assert!(objects > 0 && objects < N, "{objects} of {N} printed");
+    assert!(rest.ends_with("},\n") || rest.ends_with('}'), "left open");
+    assert!(!rest.contains(']'), "never closed");
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(
+        err.starts_with(&format!(
+            "ringlock: keys (admin port): the listing stopped after {objects} keys: "
+        )),
+        "{err:?}"
+    );
+    assert!(err.contains("closed mid-answer"), "{err:?}");
+    assert_eq!(proxy.connections_accepted(), 1, "not retried");
+}

@@ -396,3 +396,103 @@ fn a_host_without_port_gets_the_lock_port_and_bad_addresses_are_usage_errors() {
         Err(Error::InvalidAddress { .. })
     ));
 }
+
+/// Holds `n` keys of 100 bytes each (persistent TryLocks, pipelined 4 deep
+/// on one connection: the server takes 512 bytes of pipelined requests)
+/// and returns them in key order.
+fn hold_many(s: &Server, n: usize) -> Vec<Vec<u8>> {
+    let key = |i: usize| format!("{i:09}-{}", "x".repeat(90)).into_bytes();
+    let mut c = s.connect();
+    let mut buf = Vec::new();
+    for first in (0..n).step_by(4) {
+        let last = (first + 4).min(n);
+        buf.clear();
+        for i in first..last {
+            buf.extend_from_slice(&common::frame(5, &key(i), Some(b"many")));
+        }
+        c.send(&buf);
+        for _ in first..last {
+            assert_eq!(c.read_byte(), b'+', "a TryLock of a free key");
+        }
+    }
+    (0..n).map(key).collect()
+}
+
+/// The streams list every key once, in key order, one at a time; `keys()`
+/// and `keyx()` (collected streams) list the same.
+#[test]
+fn key_streams_list_every_key_in_order() {
+    const N: usize = 5_000;
+    let s = Server::start(&[]);
+    let want = hold_many(&s, N);
+    let c = client(&s);
+    let mut stream = c.keys_stream().expect("KEYS stream");
+    assert_eq!((stream.total(), stream.remaining()), (N as u32, N as u32));
+    assert!(!stream.extended());
+    for (i, key) in want.iter().enumerate() {
+        let k = stream.next().expect("an entry").expect("read");
+        assert_eq!(&k.key, key, "entry {i}");
+        assert_eq!(k.source, b"many");
+        assert_eq!(stream.remaining() as usize, N - i - 1);
+    }
+    assert!(stream.next().is_none(), "the answer ends after its count");
+    assert!(stream.next().is_none(), "and stays ended");
+
+    let listed: Vec<_> = c
+        .keyx_stream()
+        .expect("KEYX stream")
+        .collect::<Result<_, _>>()
+        .expect("read");
+    assert_eq!(listed.len(), N);
+    assert!(listed.iter().zip(&want).all(|(k, w)| &k.key == w));
+    assert!(listed.iter().all(|k| k.token != 0), "KEYX has the tokens");
+    assert_eq!(c.keyx().expect("keyx"), listed);
+    let keys = c.keys().expect("keys");
+    assert_eq!(keys.len(), N);
+    assert!(keys.iter().zip(&want).all(|(k, w)| &k.key == w));
+}
+
+/// A stream whose connection breaks after it handed out keys ends with an
+/// error and does not reconnect (a retry would hand them out again);
+/// `keys()` through the same path still works, opening a new connection.
+#[test]
+fn a_key_stream_cut_short_ends_in_an_error_and_is_not_retried() {
+    use common::fault_proxy::FaultProxy;
+    // About 2.6 MB of answer: far more than the socket buffers and the
+    // proxy hold, so the cut is seen before the end.
+    const N: usize = 20_000;
+    let s = Server::start(&[]);
+    let want = hold_many(&s, N);
+    let proxy = FaultProxy::start(s.admin_addr);
+    let c = Client::builder(s.lock_addr)
+        .admin_addr(proxy.addr())
+        .retry(RetryPolicy {
+            max_elapsed: Duration::from_secs(2),
+            ..RetryPolicy::default()
+        })
+        .build()
+        .expect("valid client");
+    let mut stream = c.keys_stream().expect("KEYS stream");
+    assert_eq!(stream.total() as usize, N);
+    let first = stream.next().expect("an entry").expect("read");
+    assert_eq!(first.key, want[0]);
+    proxy.reset_all();
+    let mut got = 1;
+    let err = loop {
+        match stream.next() {
+            Some(Ok(k)) => {
+                assert_eq!(k.key, want[got], "entry {got}, once and in order");
+                got += 1;
+            }
+            Some(Err(e)) => break e,
+            None => panic!("the whole answer arrived through a cut connection"),
+        }
+    };
+    assert!(got < N, "{got}");
+    assert!(matches!(err, Error::Io(_)), "the read's own error: {err:?}");
+    assert!(stream.next().is_none(), "nothing after the error");
+    assert_eq!(proxy.connections_accepted(), 1, "no reconnection");
+    eprintln!("cut after {got} of {N} keys: {err}");
+    assert_eq!(c.keys().expect("keys after the cut").len(), N);
+    assert_eq!(proxy.connections_accepted(), 2);
+}

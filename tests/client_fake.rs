@@ -303,3 +303,44 @@ fn lost_unlock_answer_without_admin_is_an_error_not_a_guess() {
     }
     assert_eq!(connections, 1, "no blind second Unlock");
 }
+
+/// A Locking-Center admin port knows `KEYS` and not `KEYX`: it reads the
+/// command and closes. `keyx_stream()` and `keyx()` fail at once with an
+/// `UnexpectedEof` (one connection each: not retried, as retrying cannot
+/// help) and `keys_stream()` lists the keys there.
+#[test]
+fn keyx_on_a_server_without_it_is_unexpected_eof_at_once() {
+    let (tx, rx) = mpsc::channel();
+    let addr = fake(move |i, mut s| {
+        let mut cmd = [0u8; 4];
+        s.read_exact(&mut cmd).unwrap();
+        tx.send((i, cmd)).unwrap();
+        if &cmd == b"KEYS" {
+            let mut b = 1u32.to_le_bytes().to_vec();
+            for f in [&b"k"[..], b"src", b"10.0.0.1:5"] {
+                b.push(f.len() as u8);
+                b.extend_from_slice(f);
+            }
+            b.extend_from_slice(&0i64.to_le_bytes());
+            s.write_all(&b).unwrap();
+        }
+    });
+    let c = client(addr, addr);
+    match c.keyx_stream() {
+        Err(Error::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match c.keyx() {
+        Err(Error::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let keys: Vec<_> = c
+        .keys_stream()
+        .expect("KEYS")
+        .collect::<Result<_, _>>()
+        .expect("read");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].key, b"k");
+    let seen: Vec<(usize, [u8; 4])> = rx.try_iter().collect();
+    assert_eq!(seen, [(0, *b"KEYX"), (1, *b"KEYX"), (2, *b"KEYS")]);
+}

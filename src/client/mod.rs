@@ -63,6 +63,7 @@ mod addr;
 mod conn;
 mod error;
 mod guard;
+mod listing;
 pub mod members;
 mod retry;
 pub mod session;
@@ -74,6 +75,7 @@ pub use crate::protocol::status::{Follower as FollowerStatus, Role, ShardStatus}
 pub use addr::ToServerAddrs;
 pub use error::{Error, Result};
 pub use guard::Guard;
+pub use listing::KeyStream;
 pub use retry::RetryPolicy;
 pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
@@ -84,6 +86,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conn::Wake;
+use listing::Listing;
 use retry::Streak;
 use wire::{Action, Reply};
 
@@ -250,16 +253,6 @@ struct Config {
 #[derive(Debug, Clone)]
 pub struct Client {
     cfg: Arc<Config>,
-}
-
-/// Decodes a whole `KEYS`/`KEYX` answer from the front of a buffer.
-type ParseKeys = fn(&[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>>;
-
-/// Which admin listing to ask for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Listing {
-    Keys,
-    Keyx,
 }
 
 /// How a request/answer exchange failed.
@@ -514,21 +507,6 @@ impl Client {
         )
     }
 
-    /// Lists the held keys, sorted by key, from the admin port (`KEYS`:
-    /// `token`, `mode` and `lease_left_ms` are left at their defaults).
-    pub fn keys(&self) -> Result<Vec<KeyInfo>> {
-        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keys)
-    }
-
-    /// Like [`keys`](Self::keys), with each key's fencing token, hold mode
-    /// and lease time left (`KEYX`, a ringlockd extension). A server that
-    /// does not know `KEYX` (Locking-Center, an older ringlockd) closes the
-    /// connection without an answer: that is an [`Error::Io`] of kind
-    /// `UnexpectedEof`, and [`keys`](Self::keys) still works there.
-    pub fn keyx(&self) -> Result<Vec<KeyInfo>> {
-        self.keys_with(&mut Streak::new(self.cfg.retry), Listing::Keyx)
-    }
-
     /// The replication state of every shard of the node behind the admin
     /// address (`CLST`, a ringlockd extension), as that node sees it: a
     /// follower answers too. `Ok(None)`: the server is not a cluster
@@ -639,71 +617,6 @@ impl Client {
         conn.read_exact(out).map_err(Error::io)
     }
 
-    fn keys_with(&self, streak: &mut Streak, listing: Listing) -> Result<Vec<KeyInfo>> {
-        let (cmd, parse): (&[u8], ParseKeys) = match listing {
-            Listing::Keys => (b"KEYS", wire::parse_keys),
-            Listing::Keyx => (b"KEYX", wire::parse_keyx),
-        };
-        loop {
-            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
-            let err = match self.send_admin(&mut conn, cmd) {
-                Ok(()) => match self.read_keys(&mut conn, parse) {
-                    Ok(keys) => return Ok(keys),
-                    // A server that closes at once does not know the command
-                    // (KEYX on a Locking-Center server): retrying cannot help.
-                    Err(Error::Io(err))
-                        if listing == Listing::Keyx
-                            && err.kind() == io::ErrorKind::UnexpectedEof =>
-                    {
-                        return Err(Error::Io(err))
-                    }
-                    Err(Error::Io(err)) => io::Error::new(err.kind(), err.to_string()),
-                    Err(other) => return Err(other),
-                },
-                Err(err) => err,
-            };
-            // KEYS and KEYX are read-only, so any failure is safe to retry.
-            self.backoff(streak, err, peer, None, None)?;
-        }
-    }
-
-    fn read_keys(&self, conn: &mut TcpStream, parse: ParseKeys) -> Result<Vec<KeyInfo>> {
-        conn.set_read_timeout(Some(self.cfg.io_timeout))
-            .map_err(Error::io)?;
-        if self.cfg.admin_auth.is_some() {
-            let mut b = [0u8; 1];
-            conn.read_exact(&mut b).map_err(Error::io)?;
-            if b[0] != b'+' {
-                return Err(Error::Refused);
-            }
-        }
-        let mut buf = Vec::with_capacity(4096);
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            if let Some((keys, _)) = parse(&buf)? {
-                return Ok(keys);
-            }
-            match conn.read(&mut chunk) {
-                Ok(0) => {
-                    return Err(Error::io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        if buf.is_empty() {
-                            "admin connection closed without an answer"
-                        } else {
-                            "admin connection closed mid-answer"
-                        },
-                    )))
-                }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(e)),
-            }
-            if buf.len() > wire::KEYS_ANSWER_BYTES_MAX {
-                return Err(Error::Protocol("KEYS answer too large".into()));
-            }
-        }
-    }
-
     /// Whether the server's table shows `key` held by the connection whose
     /// local address was `endpoint`. One attempt, no retries: used to settle
     /// ambiguous outcomes.
@@ -711,8 +624,14 @@ impl Client {
         let endpoint = endpoint
             .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
             .to_string();
-        let keys = self.keys_with(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
-        Ok(keys.iter().any(|k| k.key == key && k.endpoint == endpoint))
+        let (keys, _) = self.open_listing(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
+        for k in keys {
+            let k = k?;
+            if k.key == key && k.endpoint == endpoint {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// A request answered by `+` or `-` whose outcome is not settled by a

@@ -12,8 +12,6 @@ pub const KEY_LEN_MAX: usize = 127;
 /// Longest source name the protocol can carry (its size is one signed byte).
 pub const SOURCE_LEN_MAX: usize = 127;
 
-pub(crate) use crate::protocol::admin::KEYS_ANSWER_BYTES_MAX;
-
 pub(crate) use crate::protocol::Action;
 
 /// One-byte answers on the lock port.
@@ -76,20 +74,10 @@ pub(crate) fn encode(action: Action, field: &[u8], source: Option<&[u8]>) -> Vec
 
 pub use crate::protocol::admin::KeyInfo;
 
-/// Parses a complete `KEYS` answer from the front of `buf` with the
-/// server's own codec: `Ok(None)` while incomplete.
-pub(crate) fn parse_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, Error> {
-    crate::protocol::admin::decode_keys(buf).map_err(Error::Protocol)
-}
-
-/// [`parse_keys`] for a `KEYX` answer.
-pub(crate) fn parse_keyx(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, Error> {
-    crate::protocol::admin::decode_keyx(buf).map_err(Error::Protocol)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::admin::decode_keys as parse_keys;
     use std::time::{Duration, UNIX_EPOCH};
 
     #[test]

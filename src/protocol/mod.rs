@@ -445,8 +445,11 @@ pub mod admin {
         }
     }
 
-    /// Upper bound on a `KEYS` answer a client buffers. A server holding
-    /// this many bytes of keys is either broken or hostile.
+    /// Upper bound on a whole `KEYS` answer a reader keeps in memory
+    /// ([`decode_keys`], and the count [`check_count`] accepts for a list
+    /// collected whole). A server holding this many bytes of keys is either
+    /// broken or hostile. A reader that takes the answer one entry at a
+    /// time ([`KeysDecoder`]) needs no such bound.
     pub const KEYS_ANSWER_BYTES_MAX: usize = 256 << 20;
 
     /// One held key as reported by the admin port's `KEYS` command.
@@ -496,9 +499,18 @@ pub mod admin {
         }
     }
 
+    /// Most bytes one `KEYX` entry can take on the wire (three names of up
+    /// to 255 bytes with their sizes, the time, token, mode and lease);
+    /// a `KEYS` entry is smaller. A reader's buffer at least this big
+    /// always holds a whole entry.
+    pub const KEYS_ENTRY_BYTES_MAX: usize = 3 * (1 + 255) + 8 + 8 + 1 + 4;
+
     /// Parses a complete `KEYS` answer from the front of `buf`:
     /// `Ok(None)` while it is incomplete (read more and call again),
-    /// `Ok(Some((keys, consumed)))` once whole, `Err` for an implausible count.
+    /// `Ok(Some((keys, consumed)))` once whole, `Err` for an implausible count
+    /// (more entries than [`KEYS_ANSWER_BYTES_MAX`] could hold) or bad data.
+    /// Built on [`KeysDecoder`], which reads an answer of any size one entry
+    /// at a time instead.
     pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
         decode_keys_as(buf, false)
     }
@@ -509,6 +521,150 @@ pub mod admin {
     }
 
     fn decode_keys_as(buf: &[u8], x: bool) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
+        let mut dec = KeysDecoder::new(x);
+        let mut keys = Vec::new();
+        let mut at = 0;
+        loop {
+            let (step, used) = dec.decode_next(&buf[at..])?;
+            at += used;
+            match step {
+                KeysStep::Incomplete => return Ok(None),
+                KeysStep::Count(count) => {
+                    check_count(count)?;
+                    keys.reserve((count as usize).min(4096));
+                }
+                KeysStep::Entry(k) => keys.push(k),
+                KeysStep::End => return Ok(Some((keys, at))),
+            }
+        }
+    }
+
+    /// Rejects a count of entries that a whole answer of at most
+    /// [`KEYS_ANSWER_BYTES_MAX`] bytes cannot hold (each entry is at least
+    /// 3 size bytes and 8 time bytes): corruption, not a reason to
+    /// preallocate. For readers that keep the whole list.
+    pub fn check_count(count: u32) -> Result<(), String> {
+        if count as usize > KEYS_ANSWER_BYTES_MAX / 11 {
+            return Err(format!("KEYS count {count} is implausible"));
+        }
+        Ok(())
+    }
+
+    /// One step of a [`KeysDecoder`].
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum KeysStep {
+        /// Not enough bytes for the next part: nothing was consumed; read
+        /// more and call again with them appended.
+        Incomplete,
+        /// The answer's first part: how many entries follow.
+        Count(u32),
+        /// The next entry (in key order).
+        Entry(KeyInfo),
+        /// Every entry was decoded: the answer ends here (nothing consumed;
+        /// any byte after it is not part of the answer).
+        End,
+    }
+
+    /// Decodes a `KEYS` or `KEYX` answer one part at a time, from the front
+    /// of whatever prefix of it has arrived: first its count, then each
+    /// entry as soon as all of its bytes are there, then the end. It keeps
+    /// no bytes of its own (only how many entries are left), so a reader
+    /// needs no more than a buffer of [`KEYS_ENTRY_BYTES_MAX`] bytes and
+    /// memory for one entry at a time, whatever the size of the answer.
+    ///
+    /// ```
+    /// use ringlock::protocol::admin::{KeysDecoder, KeysStep};
+    /// let mut answer = 1u32.to_le_bytes().to_vec();
+    /// for field in [&b"k"[..], b"svc", b"10.0.0.1:5000"] {
+    ///     answer.push(field.len() as u8);
+    ///     answer.extend_from_slice(field);
+    /// }
+    /// answer.extend_from_slice(&1_700_000_000i64.to_le_bytes());
+    ///
+    /// let mut dec = KeysDecoder::keys();
+    /// let mut at = 0;
+    /// let (step, used) = dec.decode_next(&answer[at..]).unwrap();
+    /// assert_eq!((step, used), (KeysStep::Count(1), 4));
+    /// at += used;
+    /// // The entry is not whole yet: nothing is consumed.
+    /// let (step, used) = dec.decode_next(&answer[at..answer.len() - 1]).unwrap();
+    /// assert_eq!((step, used), (KeysStep::Incomplete, 0));
+    /// let (step, used) = dec.decode_next(&answer[at..]).unwrap();
+    /// assert!(matches!(step, KeysStep::Entry(ref k) if k.key == b"k"));
+    /// at += used;
+    /// assert_eq!(dec.decode_next(&answer[at..]).unwrap(), (KeysStep::End, 0));
+    /// assert!(dec.is_done());
+    /// ```
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct KeysDecoder {
+        extended: bool,
+        /// Entries still to come; `None` before the count.
+        left: Option<u32>,
+    }
+
+    impl KeysDecoder {
+        /// A decoder of a `KEYX` answer (`extended`) or a `KEYS` one.
+        pub fn new(extended: bool) -> KeysDecoder {
+            KeysDecoder {
+                extended,
+                left: None,
+            }
+        }
+
+        /// A decoder of a `KEYS` answer.
+        pub fn keys() -> KeysDecoder {
+            KeysDecoder::new(false)
+        }
+
+        /// A decoder of a `KEYX` answer.
+        pub fn keyx() -> KeysDecoder {
+            KeysDecoder::new(true)
+        }
+
+        /// Whether it decodes `KEYX` entries.
+        pub fn extended(&self) -> bool {
+            self.extended
+        }
+
+        /// Entries not decoded yet; `None` until the count was.
+        pub fn remaining(&self) -> Option<u32> {
+            self.left
+        }
+
+        /// The count and every entry were decoded: the answer is whole.
+        pub fn is_done(&self) -> bool {
+            self.left == Some(0)
+        }
+
+        /// Decodes the next part from the front of `buf`, which holds the
+        /// answer's bytes after those earlier calls consumed: the step and
+        /// how many bytes of `buf` it consumed. `Err` for bad data (an
+        /// unknown hold mode in a `KEYX` entry); the answer cannot be read
+        /// on after it.
+        pub fn decode_next(&mut self, buf: &[u8]) -> Result<(KeysStep, usize), String> {
+            let Some(left) = self.left else {
+                let Some(count) = buf.get(..4) else {
+                    return Ok((KeysStep::Incomplete, 0));
+                };
+                let count = u32::from_le_bytes(count.try_into().expect("4 bytes"));
+                self.left = Some(count);
+                return Ok((KeysStep::Count(count), 4));
+            };
+            if left == 0 {
+                return Ok((KeysStep::End, 0));
+            }
+            match decode_entry(buf, self.extended)? {
+                None => Ok((KeysStep::Incomplete, 0)),
+                Some((entry, used)) => {
+                    self.left = Some(left - 1);
+                    Ok((KeysStep::Entry(entry), used))
+                }
+            }
+        }
+    }
+
+    /// One entry from the front of `buf`: `Ok(None)` while incomplete.
+    fn decode_entry(buf: &[u8], x: bool) -> Result<Option<(KeyInfo, usize)>, String> {
         fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8]> {
             let slice = buf.get(*at..*at + len)?;
             *at += len;
@@ -519,42 +675,31 @@ pub mod admin {
             take(buf, at, len)
         }
         let mut at = 0usize;
-        let Some(count) = take(buf, &mut at, 4) else {
+        let (Some(key), Some(source), Some(endpoint), Some(acquired)) = (
+            take_sized(buf, &mut at),
+            take_sized(buf, &mut at),
+            take_sized(buf, &mut at),
+            take(buf, &mut at, 8),
+        ) else {
             return Ok(None);
         };
-        let count = u32::from_le_bytes(count.try_into().expect("took 4 bytes"));
-        // Each entry is at least 3 size bytes + 8 time bytes; a count that
-        // cannot fit in the bound is corruption, not a reason to preallocate.
-        if count as usize > KEYS_ANSWER_BYTES_MAX / 11 {
-            return Err(format!("KEYS count {count} is implausible"));
-        }
-        let mut keys = Vec::with_capacity((count as usize).min(4096));
-        for _ in 0..count {
-            let (Some(key), Some(source), Some(endpoint), Some(acquired)) = (
-                take_sized(buf, &mut at),
-                take_sized(buf, &mut at),
-                take_sized(buf, &mut at),
+        let (mut token, mut mode, mut lease_left_ms) = (0, crate::core::HoldMode::Persistent, None);
+        if x {
+            let (Some(t), Some(m), Some(l)) = (
                 take(buf, &mut at, 8),
+                take(buf, &mut at, 1),
+                take(buf, &mut at, 4),
             ) else {
                 return Ok(None);
             };
-            let (mut token, mut mode, mut lease_left_ms) =
-                (0, crate::core::HoldMode::Persistent, None);
-            if x {
-                let (Some(t), Some(m), Some(l)) = (
-                    take(buf, &mut at, 8),
-                    take(buf, &mut at, 1),
-                    take(buf, &mut at, 4),
-                ) else {
-                    return Ok(None);
-                };
-                token = u64::from_le_bytes(t.try_into().expect("took 8 bytes"));
-                mode = crate::core::HoldMode::from_byte(m[0])
-                    .ok_or_else(|| format!("KEYX: unknown hold mode {}", m[0]))?;
-                let l = u32::from_le_bytes(l.try_into().expect("took 4 bytes"));
-                lease_left_ms = (l != u32::MAX).then_some(l);
-            }
-            keys.push(KeyInfo {
+            token = u64::from_le_bytes(t.try_into().expect("took 8 bytes"));
+            mode = crate::core::HoldMode::from_byte(m[0])
+                .ok_or_else(|| format!("KEYX: unknown hold mode {}", m[0]))?;
+            let l = u32::from_le_bytes(l.try_into().expect("took 4 bytes"));
+            lease_left_ms = (l != u32::MAX).then_some(l);
+        }
+        Ok(Some((
+            KeyInfo {
                 key: key.to_vec(),
                 source: source.to_vec(),
                 endpoint: String::from_utf8_lossy(endpoint).into_owned(),
@@ -562,9 +707,9 @@ pub mod admin {
                 token,
                 mode,
                 lease_left_ms,
-            });
-        }
-        Ok(Some((keys, at)))
+            },
+            at,
+        )))
     }
 }
 
@@ -727,6 +872,139 @@ mod tests {
         assert_eq!(admin::decode_keys(&out[..out.len() - 1]).unwrap(), None);
     }
 
+    fn held(key: &str, source: &str, mode: crate::core::HoldMode, grant: u64) -> HeldKey {
+        use crate::core::Name;
+        HeldKey {
+            key: Name::new(key.as_bytes()).unwrap(),
+            source: Name::new(source.as_bytes()).unwrap(),
+            endpoint: "[2001:db8::7]:65000".parse().unwrap(),
+            acquired_unix_ms: 1_700_000_000_000 + grant,
+            grant_id: grant,
+            mode,
+            expires_unix_ms: 1_700_000_060_000,
+            session: 0,
+        }
+    }
+
+    /// A KEYX answer of a few entries, long names and every mode among them.
+    fn keyx_answer() -> Vec<u8> {
+        use crate::core::HoldMode;
+        let long = "k".repeat(127);
+        let held = vec![
+            held("a", "", HoldMode::Persistent, 1),
+            held(&long, &"s".repeat(127), HoldMode::Lease, 2),
+            held("b/c", "svc", HoldMode::Session, 3),
+        ];
+        let mut out = Vec::new();
+        admin::encode_keyx(&held, 1_700_000_050_000, &mut out);
+        out
+    }
+
+    /// Fed one byte at a time, the decoder hands out the count once its
+    /// 4 bytes are there, each entry exactly when its last byte arrives,
+    /// and the end only then; it consumes nothing it did not decode and
+    /// nothing after the answer.
+    #[test]
+    fn keys_decoder_fed_byte_by_byte() {
+        use admin::{KeysDecoder, KeysStep};
+        let answer = keyx_answer();
+        let (whole, len) = admin::decode_keyx(&answer).unwrap().unwrap();
+        assert_eq!(len, answer.len());
+        let mut dec = KeysDecoder::keyx();
+        let mut buf = Vec::new(); // received and not consumed yet
+        let (mut count, mut entries, mut ends) = (None, Vec::new(), Vec::new());
+        // The answer, then bytes of whatever comes after it.
+        for (i, &b) in answer.iter().chain(b"KEYS").enumerate() {
+            buf.push(b);
+            loop {
+                let (step, used) = dec.decode_next(&buf).unwrap();
+                assert!(used <= buf.len());
+                buf.drain(..used);
+                match step {
+                    KeysStep::Incomplete => {
+                        assert_eq!(used, 0);
+                        break;
+                    }
+                    KeysStep::Count(n) => {
+                        assert_eq!((i, count), (3, None), "the count at its 4th byte");
+                        count = Some(n);
+                    }
+                    KeysStep::Entry(k) => {
+                        assert!(buf.is_empty(), "an entry at its last byte, not later");
+                        entries.push(k);
+                    }
+                    KeysStep::End => {
+                        assert_eq!(used, 0);
+                        ends.push(i);
+                        break;
+                    }
+                }
+            }
+            assert_eq!(dec.is_done(), i + 1 >= answer.len(), "byte {i}");
+        }
+        assert_eq!(count, Some(3));
+        assert_eq!(entries, whole);
+        assert_eq!(entries[1].key, "k".repeat(127).as_bytes());
+        assert_eq!(entries[1].mode, crate::core::HoldMode::Lease);
+        assert_eq!(entries[1].lease_left_ms, Some(10_000));
+        assert_eq!(entries[2].mode, crate::core::HoldMode::Session);
+        assert_eq!(entries[2].endpoint, "[2001:db8::7]:65000");
+        // The end from the answer's last byte on, the bytes after it untouched.
+        assert_eq!(ends.first(), Some(&(answer.len() - 1)));
+        assert_eq!(buf, b"KEYS");
+        assert_eq!(dec.remaining(), Some(0));
+    }
+
+    #[test]
+    fn keys_decoder_empty_answer_bad_mode_and_largest_entry() {
+        use admin::{KeysDecoder, KeysStep};
+        let mut dec = KeysDecoder::keys();
+        assert_eq!(
+            dec.decode_next(&[0, 0, 0]).unwrap(),
+            (KeysStep::Incomplete, 0)
+        );
+        assert_eq!(dec.remaining(), None);
+        assert_eq!(dec.decode_next(&[0; 4]).unwrap(), (KeysStep::Count(0), 4));
+        assert!(dec.is_done());
+        assert_eq!(dec.decode_next(b"").unwrap(), (KeysStep::End, 0));
+
+        // A KEYX entry with hold mode 9.
+        let mut answer = keyx_answer();
+        let mut one = 1u32.to_le_bytes().to_vec();
+        let first = 4 + 2 + 1 + 1 + "[2001:db8::7]:65000".len() + 8;
+        one.extend_from_slice(&answer[4..first]);
+        one.extend_from_slice(&[7; 8]);
+        one.push(9);
+        one.extend_from_slice(&[0; 4]);
+        let mut dec = KeysDecoder::keyx();
+        assert_eq!(dec.decode_next(&one).unwrap().0, KeysStep::Count(1));
+        let err = dec.decode_next(&one[4..]).unwrap_err();
+        assert!(err.contains("unknown hold mode 9"), "{err}");
+        // A KEYS decoder reads a KEYX answer's first entry as a KEYS one
+        // and consumes only its bytes.
+        answer[..4].copy_from_slice(&1u32.to_le_bytes());
+        let (list, used) = admin::decode_keys(&answer).unwrap().unwrap();
+        assert_eq!((list.len(), used), (1, first));
+
+        // The largest entry there can be fits KEYS_ENTRY_BYTES_MAX exactly.
+        let mut big = Vec::new();
+        for _ in 0..3 {
+            big.push(255);
+            big.extend_from_slice(&[b'x'; 255]);
+        }
+        big.extend_from_slice(&[0; 8 + 8]);
+        big.push(2);
+        big.extend_from_slice(&[0; 4]);
+        assert_eq!(big.len(), admin::KEYS_ENTRY_BYTES_MAX);
+        let mut dec = KeysDecoder::keyx();
+        dec.decode_next(&1u32.to_le_bytes()).unwrap();
+        assert_eq!(
+            dec.decode_next(&big[..big.len() - 1]).unwrap(),
+            (KeysStep::Incomplete, 0)
+        );
+        assert_eq!(dec.decode_next(&big).unwrap().1, big.len());
+    }
+
     proptest! {
         #[test]
         fn never_panics_and_frames_fit(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
@@ -743,6 +1021,46 @@ mod tests {
             }
             let _ = admin::decode(&bytes);
             let _ = admin::decode_keys(&bytes);
+        }
+
+        /// Whatever the bytes and however they are cut into arrivals, the
+        /// incremental decoder agrees with the whole-buffer one.
+        #[test]
+        fn keys_decoder_agrees_with_whole_decode(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400),
+            cuts in proptest::collection::vec(1usize..40, 1..40),
+            x in any::<bool>(),
+        ) {
+            use admin::{KeysDecoder, KeysStep};
+            let whole = if x { admin::decode_keyx(&bytes) } else { admin::decode_keys(&bytes) };
+            let mut dec = KeysDecoder::new(x);
+            let (mut got, mut at, mut avail, mut cut) = (Vec::new(), 0usize, 0usize, 0usize);
+            let streamed = loop {
+                match dec.decode_next(&bytes[at..avail]) {
+                    Err(e) => break Err(e),
+                    Ok((KeysStep::Count(_), used)) => at += used,
+                    Ok((KeysStep::Entry(k), used)) => { at += used; got.push(k) }
+                    Ok((KeysStep::End, used)) => { prop_assert_eq!(used, 0); break Ok(Some(at)) }
+                    Ok((KeysStep::Incomplete, used)) => {
+                        prop_assert_eq!(used, 0);
+                        if avail == bytes.len() { break Ok(None) }
+                        avail = (avail + cuts[cut % cuts.len()]).min(bytes.len());
+                        cut += 1;
+                    }
+                }
+                prop_assert!(at <= avail);
+            };
+            match (whole, streamed) {
+                (Ok(Some((keys, len))), Ok(Some(end))) => {
+                    prop_assert_eq!(len, end);
+                    prop_assert_eq!(keys, got);
+                }
+                (Ok(None), Ok(None)) => {}
+                // The whole decoder also rejects an implausible count.
+                (Err(e), _) if e.contains("implausible") => {}
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                (w, st) => prop_assert!(false, "whole {:?}, streamed {:?}", w, st),
+            }
         }
 
         #[test]

@@ -45,8 +45,8 @@ use std::time::{Duration, SystemTime};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use ringlock::client::{
-    Acquire, CancelToken, Client, Error, Hold, KeyInfo, LateGrant, LockOptions, RetryPolicy,
-    Session, ToServerAddrs, Wait, DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
+    Acquire, CancelToken, Client, Error, Hold, KeyInfo, KeyStream, LateGrant, LockOptions,
+    RetryPolicy, Session, ToServerAddrs, Wait, DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
 };
 use ringlock::lease::{self, Lease, LostLock};
 
@@ -579,7 +579,8 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                 .map(|k| key_arg(k, fmt))
                 .collect::<Result<Vec<_>, _>>()?;
             if !force {
-                match conn.client.keyx() {
+                // Only the keys asked for are kept from the listing.
+                match conn.client.keyx_stream().and_then(|s| listed(s, &keys)) {
                     Ok(list) => return reset_listed(&conn, &keys, &list),
                     // A server without KEYX (Locking-Center) has no
                     // compare-and-reset either: a plain reset, said so.
@@ -589,7 +590,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                     Err(e) => return Err(client_fail(&e, "reset: listing the holders")),
                 }
             }
-            let table = conn.keys_for_notes();
+            let table = conn.keys_for_notes(&keys);
             for key in &keys {
                 conn.client
                     .reset_by_key(key)
@@ -641,27 +642,46 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         } => {
             // KEYX has token, mode and lease; a server without it (the
             // original Locking-Center) closes at once, and KEYS still works.
-            let (mut list, extended) = match conn.client.keyx() {
-                Ok(list) => (list, true),
-                Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => (
-                    conn.client
-                        .keys()
-                        .map_err(|e| client_fail(&e, "keys (admin port)"))?,
-                    false,
-                ),
+            let stream = match conn.client.keyx_stream() {
+                Ok(stream) => stream,
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => conn
+                    .client
+                    .keys_stream()
+                    .map_err(|e| client_fail(&e, "keys (admin port)"))?,
                 Err(e) => return Err(client_fail(&e, "keys (admin port)")),
             };
             let now = SystemTime::now();
-            if let Some(min) = older_than {
-                list.retain(|k| k.held_for(now) >= *min);
-            }
-            let text = if *json {
-                keys::to_json(&list, now, extended)
+            let extended = stream.extended();
+            // Each key is written as it arrives: memory does not grow with
+            // the number of keys.
+            let listed = stream.filter(|k| match (k, older_than) {
+                (Ok(k), Some(min)) => k.held_for(now) >= *min,
+                _ => true,
+            });
+            let printer = if *json {
+                keys::Printer::json(now, extended)
             } else {
-                keys::table(&list, now, *dates, extended)
+                keys::Printer::table(now, *dates, extended)
             };
-            out(text.as_bytes());
-            Ok(0)
+            let mut stdout = io::BufWriter::with_capacity(64 << 10, io::stdout().lock());
+            let done = printer.print(listed, &mut stdout);
+            let flushed = stdout.flush();
+            match done.and(flushed.map_err(keys::Stop::Output)) {
+                Ok(()) => Ok(0),
+                // A closed pipe (`ringlock keys | head`) is not an error
+                // worth a line.
+                Err(keys::Stop::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
+                Err(keys::Stop::Output(e)) => {
+                    Err(Fail(EX_IOERR, format!("keys: writing the listing: {e}")))
+                }
+                Err(keys::Stop::Listing { err, written: 0 }) => {
+                    Err(client_fail(&err, "keys (admin port)"))
+                }
+                Err(keys::Stop::Listing { err, written }) => Err(client_fail(
+                    &err,
+                    &format!("keys (admin port): the listing stopped after {written} keys"),
+                )),
+            }
         }
         Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } => {
             unreachable!("handled above")
@@ -945,28 +965,36 @@ impl Conn {
         b.connect().map_err(|e| lease_fail(&e, None, what))
     }
 
-    /// One quick `KEYS`, or `None` when the admin port does not answer.
-    fn keys_for_notes(&self) -> Option<Vec<KeyInfo>> {
-        self.probe.keys().ok()
+    /// The held keys among `keys`, from one quick `KEYS`, or `None` when
+    /// the admin port does not answer.
+    fn keys_for_notes(&self, keys: &[Vec<u8>]) -> Option<Vec<KeyInfo>> {
+        listed(self.probe.keys_stream().ok()?, keys).ok()
     }
 
     /// Whether any held key matches, or `None` when that cannot be known.
     fn held(&self, pred: impl Fn(&KeyInfo) -> bool) -> Option<bool> {
-        self.keys_for_notes().map(|t| t.iter().any(pred))
+        for k in self.probe.keys_stream().ok()? {
+            if pred(&k.ok()?) {
+                return Some(true);
+            }
+        }
+        Some(false)
     }
 
     /// "source S (endpoint E) for 1m05s", or why that is unknown.
     fn holder_of(&self, key: &[u8]) -> String {
-        match self.probe.keys() {
-            Ok(list) => match list.iter().find(|k| k.key == key) {
-                Some(k) => format!(
-                    "source {} (endpoint {}) for {}",
-                    bytes::escape(&k.source),
-                    bytes::escape(k.endpoint.as_bytes()),
-                    keys::format_held(k.held_for(SystemTime::now()))
-                ),
-                None => "someone else (no longer listed: it may be free now)".into(),
-            },
+        let found = self.probe.keys_stream().and_then(|mut s| {
+            s.find(|k| k.as_ref().map_or(true, |k| k.key == key))
+                .transpose()
+        });
+        match found {
+            Ok(Some(k)) => format!(
+                "source {} (endpoint {}) for {}",
+                bytes::escape(&k.source),
+                bytes::escape(k.endpoint.as_bytes()),
+                keys::format_held(k.held_for(SystemTime::now()))
+            ),
+            Ok(None) => "someone else (no longer listed: it may be free now)".into(),
             Err(e) => format!("someone else (who is unknown: {e})"),
         }
     }
@@ -1280,6 +1308,14 @@ fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str) -> Fail {
         _ => EX_SOFTWARE,
     };
     Fail(code, format!("{what}: {e}"))
+}
+
+/// The entries of a listing whose key is one of `keys`: whatever the
+/// number of held keys, only those are kept in memory.
+fn listed(stream: KeyStream, keys: &[Vec<u8>]) -> Result<Vec<KeyInfo>, Error> {
+    stream
+        .filter(|k| k.as_ref().map_or(true, |k| keys.contains(&k.key)))
+        .collect()
 }
 
 /// `reset KEY...` without `--force`: each held key is reset only if the
