@@ -297,6 +297,25 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
     kb * 1024
 }
 
+/// One shard serving `n` held keys recovered from a log written here
+/// (the lock port opens only on the recovered table).
+fn server_holding(name: &str, n: usize) -> (TempDir, Server) {
+    let dir = TempDir::new(name);
+    let log = dir.path("locks.wal");
+    write_log(&log, n);
+    let path = log.to_str().expect("a UTF-8 path");
+    let s = Server::start(&[
+        "--threads",
+        "1",
+        "--max-keys",
+        &(n + 1).to_string(),
+        "--data-path",
+        path,
+    ]);
+    assert_eq!(s.connect().try_lock(&key(n - 1), b"other"), b'#');
+    (dir, s)
+}
+
 /// A KEYS answer is streamed from the table, not built whole: with a
 /// million held keys its peak extra RSS (VmHWM after `clear_refs` reset it,
 /// minus VmRSS before) stays under 16 MB — about 4 MB of sorted key slots
@@ -307,20 +326,7 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
 fn a_keys_answer_of_a_million_keys_costs_the_server_at_most_16_mb() {
     const N: usize = 1_000_000;
     const BOUND: u64 = 16 << 20;
-    let dir = TempDir::new("scale-keys-stream");
-    let log = dir.path("locks.wal");
-    write_log(&log, N);
-    let path = log.to_str().expect("a UTF-8 path");
-    let s = Server::start(&[
-        "--threads",
-        "1",
-        "--max-keys",
-        "1000001",
-        "--data-path",
-        path,
-    ]);
-    // The lock port serves only a recovered table.
-    assert_eq!(s.connect().try_lock(&key(N - 1), b"other"), b'#');
+    let (_dir, s) = server_holding("scale-keys-stream", N);
     let mut admin = TcpStream::connect(s.admin_addr).expect("connect admin");
     admin
         .set_read_timeout(Some(Duration::from_secs(60)))
@@ -450,20 +456,7 @@ fn cli_keys(s: &Server, args: &[&str], mut check: impl FnMut(usize, &[u8])) -> C
 fn ringlock_keys_of_a_million_keys_stays_under_32_mb() {
     const N: usize = 1_000_000;
     const BOUND: u64 = 32 << 20;
-    let dir = TempDir::new("scale-cli-keys");
-    let log = dir.path("locks.wal");
-    write_log(&log, N);
-    let path = log.to_str().expect("a UTF-8 path");
-    let s = Server::start(&[
-        "--threads",
-        "1",
-        "--max-keys",
-        "1000001",
-        "--data-path",
-        path,
-    ]);
-    // The lock port serves only a recovered table.
-    assert_eq!(s.connect().try_lock(&key(N - 1), b"other"), b'#');
+    let (_dir, s) = server_holding("scale-cli-keys", N);
     let table = cli_keys(&s, &[], |i, line| {
         if i == 0 {
             assert!(line.starts_with(b"KEY "), "the header first");
