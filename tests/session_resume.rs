@@ -528,3 +528,47 @@ fn a_resume_stops_when_the_keepalive_window_passes() {
     done_tx.send(()).unwrap();
     h.join().unwrap();
 }
+
+/// A listed hold nothing of the client's accounts for (a grant whose
+/// Acquire's caller is gone) is released by token on the new connection,
+/// as the Python and Go clients do; the holds it knows are kept.
+#[test]
+fn a_listed_hold_the_client_does_not_know_is_released_by_token() {
+    let (l, addr) = listener();
+    let h = thread::spawn(move || {
+        let mut p = Peer::open(&l, KEEPALIVE_MS, wire::FLAG_RESUMABLE);
+        let a = p.expect(wire::OP_ACQUIRE);
+        p.reply(a.rid, Status::Ok, 10);
+        p.fail();
+        let (mut p, r) = Peer::resume_frame(&l);
+        p.resumed(
+            r.rid,
+            &[
+                (b"kept", 10, HoldMode::Session, wire::NO_TTL),
+                (b"stray", 77, HoldMode::Session, wire::NO_TTL),
+            ],
+        );
+        let stray = p.expect(wire::OP_RELEASE);
+        p.reply(stray.rid, Status::Ok, 0);
+        let kept = p.expect(wire::OP_RELEASE);
+        p.reply(kept.rid, Status::Ok, 0);
+        (stray, kept, p.drain())
+    });
+    let (b, reports) = builder(addr);
+    let session = b.connect().expect("session opens");
+    let kept = session.lock("kept", BOUND).unwrap();
+    report(&reports, "resuming");
+    let line = report(&reports, "resumed on");
+    assert!(
+        line.contains("1 holds kept, 0 lost")
+            && line.contains("1 listed holds this client does not know released"),
+        "{line}"
+    );
+    assert!(kept.lost().is_none());
+    kept.release().expect("the kept hold releases");
+    drop((kept, session));
+    let (stray, kept, rest) = h.join().unwrap();
+    assert_eq!((stray.key.as_slice(), stray.token), (&b"stray"[..], 77));
+    assert_eq!((kept.key.as_slice(), kept.token), (&b"kept"[..], 10));
+    assert!(rest.is_empty(), "{rest:?}");
+}

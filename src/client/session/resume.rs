@@ -25,7 +25,10 @@
 //!   whose hold is not listed happened (answered `ok` here);
 //! - an Extend in flight is written again; a Ping in flight is answered
 //!   `ok` here (the resume itself proves the session alive); a Cancel in
-//!   flight is dropped (its Acquire was settled above).
+//!   flight is dropped (its Acquire was settled above);
+//! - a listed hold that nothing above accounts for (the grant of an
+//!   Acquire whose caller is gone) is released by token, nobody waiting
+//!   for the answer.
 //!
 //! Requests made while the resume is under way wait in `pending` and are
 //! written on the new connection after the re-sent ones, before any caller
@@ -42,7 +45,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Answered, End, Entry, HoldId, Op, Shared, What, PING_RID};
+use super::io::{Answered, End, Entry, HoldId, Op, Pending, Shared, What, PING_RID};
 use super::sys::{notify_elsewhere, poll, pollfd};
 use crate::lease::{cause_msg, CancelToken, Error, LostLock, LostReason};
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
@@ -406,7 +409,7 @@ impl fmt::Display for Summary {
         if self.unknown > 0 {
             write!(
                 f,
-                ", {} listed holds this client does not know left as they are",
+                ", {} listed holds this client does not know released",
                 self.unknown
             )?;
         }
@@ -549,7 +552,38 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         for (id, entry) in grants {
             st.holds.insert(id, entry);
         }
-        sum.unknown = held.keys().filter(|id| !known.contains(*id)).count();
+        // Listed holds no belief and no request here accounts for (a grant
+        // whose Acquire's caller is gone): released by token, as the
+        // Python and Go clients do, so that nobody waits on them until the
+        // session ends. Written in step 5; nobody waits for the answer.
+        let unknown: Vec<HoldId> = held
+            .keys()
+            .filter(|id| !known.contains(*id))
+            .cloned()
+            .collect();
+        sum.unknown = unknown.len();
+        for id in unknown {
+            let rid = st.alloc_rid();
+            let mut frame = Vec::new();
+            wire::encode(
+                rid,
+                &Req::Release {
+                    token: id.1,
+                    key: &id.0,
+                },
+                &mut frame,
+            );
+            st.pending.insert(
+                rid,
+                Pending {
+                    what: What::Ignore,
+                    answer: None,
+                    frame,
+                    conn: None,
+                    op: Op::Release(id),
+                },
+            );
+        }
     }
     sh.changed.notify_all();
 
