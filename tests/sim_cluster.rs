@@ -68,7 +68,7 @@
 //! `SIM_SEEDS=N` (default 37) from `SIM_FIRST_SEED` (default 1; with
 //! neither set, the seeds that found bugs too: `REGRESSION_SEEDS`),
 //! `SIM_STEPS=N` (default 2500 for 1 shard per node, 1666 for 2, 1250 for
-//! 3; a regression seed 2500), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
+//! 3; a regression seed the steps it failed in), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
 //! node for every seed); `SIM_KEEP_GOING=1` runs
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
@@ -80,7 +80,7 @@
 //! `rand::thread_rng()`, which no seed reaches. So a seed's counters can
 //! differ between runs, and a failing seed may need a few tries
 //! (`REGRESSION_SEEDS` failed on every try before their fix, but for
-//! 507, which failed on about one try in three).
+//! 507, which failed on about one try in three, as 2455 did not).
 
 #[path = "sim_cluster/checks.rs"]
 mod checks;
@@ -1117,8 +1117,15 @@ fn env(name: &str, default: u64) -> u64 {
 /// configuration excludes that peer (with the index of the change that
 /// made it; `Replica::excluded`), so node 1 learned from its followers in
 /// groups 0 and 1 that it is no voter of group 2 and handed those
-/// leaderships over (`follow_group0`).
-const REGRESSION_SEEDS: [u64; 4] = [87, 163, 331, 507];
+/// leaderships over (`follow_group0`). 2455 (5 × 3, 1250 steps, the
+/// default for 3 shards) is the same, and failed on every try.
+const REGRESSION_SEEDS: [(u64, usize); 5] = [
+    (87, 2500),
+    (163, 2500),
+    (331, 2500),
+    (507, 2500),
+    (2455, 1250),
+];
 
 #[test]
 fn cluster_simulation() {
@@ -1134,10 +1141,11 @@ fn cluster_simulation() {
     let fixed = std::env::var("SIM_STEPS").is_ok();
     let steps_of = |seed: u64| -> usize {
         let steps = env("SIM_STEPS", 2500) as usize;
-        if fixed || REGRESSION_SEEDS.contains(&seed) {
-            steps
-        } else {
-            steps * 2 / (groups_of(seed) + 1)
+        let regression = REGRESSION_SEEDS.iter().find(|r| r.0 == seed);
+        match regression {
+            _ if fixed => steps,
+            Some(&(_, failed_in)) => failed_in,
+            None => steps * 2 / (groups_of(seed) + 1),
         }
     };
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
@@ -1147,7 +1155,7 @@ fn cluster_simulation() {
             let mut seeds: Vec<u64> = (first..first + env("SIM_SEEDS", 37)).collect();
             if std::env::var("SIM_FIRST_SEED").is_err() && std::env::var("SIM_SEEDS").is_err() {
                 // Seeds that found bugs, run by default as well.
-                seeds.extend(REGRESSION_SEEDS);
+                seeds.extend(REGRESSION_SEEDS.map(|r| r.0));
             }
             seeds
         }
