@@ -293,7 +293,7 @@ fn a_running_node_replaced_in_one_group_only_hands_its_other_leaderships_over() 
             let f = s.followers.iter().find(|f| f.node == 4).unwrap();
             (f.active, f.matched + 100 >= s.commit)
         };
-        f(0).0 == false && f(1) == (true, true)
+        !f(0).0 && f(1) == (true, true)
     });
     let refused = two
         .change_members(&Change::Replace { old: 1, new: 4 })
