@@ -1,6 +1,8 @@
 //! Membership changes with real processes and the real CLI: a killed node
-//! replaced by a fresh one while a lock workload runs, a node removed and
-//! added back with an empty disk, and the changes that are refused.
+//! replaced by a fresh one while a lock workload runs, a running node
+//! replaced (one that missed its removal from one shard's group while it
+//! still leads another's), a node removed and added back with an empty
+//! disk, and the changes that are refused.
 //!
 //! The workload takes fresh keys on persistent Locking-Center connections
 //! to whichever node serves; every key it was answered `+` for must be held
@@ -19,7 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::fault_proxy::poll_until;
+use common::fault_proxy::{poll_until, Dir, Mode};
 use common::frame;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -239,6 +241,107 @@ fn a_killed_node_is_replaced_by_a_fresh_one_under_load_and_nothing_acknowledged_
     let now = c.leader(WAIT);
     all_held(&c, now, &acked);
     eprintln!("{} grants acknowledged, all held", acked.len());
+}
+
+/// A node replaced while it still runs (a hardware migration), in a
+/// cluster of two shards per node, with the change made in shard 1's group
+/// only so far (the new node's shard 0 is cut off and cannot catch up),
+/// and node 1 cut off from shard 1's traffic meanwhile: it never learns
+/// from shard 1's leader that it was removed (a leader sends a removed
+/// node nothing more). Then node 1 leads shard 0's group (handed to it
+/// here, as an election could): shard 1's group cannot follow it there,
+/// so nobody would serve and the change could never be finished — but
+/// the other nodes' shard 0 tell it, on their messages, that shard 1's
+/// configuration excludes it; it hands its leadership back, a node
+/// serves, and `ringlock cluster replace` finishes while node 1 runs on.
+#[test]
+fn a_running_node_replaced_in_one_group_only_hands_its_other_leaderships_over() {
+    use ringlock::client::members::{Change, MemberStatus};
+    let shard = |m: &[MemberStatus], g: u32| m.iter().find(|s| s.shard == g).cloned().unwrap();
+    let pause = || thread::sleep(Duration::from_millis(50));
+    let threads = common::cluster::test_threads().max(2);
+    let mut c = Cluster::start(3, threads, &[]);
+    // Node 2 serves.
+    if c.leader(WAIT) != 1 {
+        cli_ok(&c, &["transfer-leader", "2"]);
+    }
+    poll_until("node 2 serves", WAIT, || c.serves(1));
+    let new = c.add_node();
+    let front = c.front(new);
+    let addr = front[0].addr().to_string();
+    let two = admin(c.nodes[1].as_ref().unwrap().admin_addr);
+    let add = Change::AddLearner {
+        node: 4,
+        addr: addr.clone(),
+    };
+    poll_until("node 4 is a learner of every shard", WAIT, || {
+        let _ = two.change_members(&add);
+        pause();
+        members_of(&c, 1).iter().all(|m| m.learners == [4])
+    });
+    // Node 1 hears nothing more of shard 1's group; node 4's shard 0
+    // nothing at all.
+    for from in [1, 2] {
+        c.proxies[&(from, 0)][1].set_mode(Dir::Forward, Mode::Blackhole);
+    }
+    front[0].partition();
+    poll_until("node 4 is caught up in shard 1 only", WAIT, || {
+        pause();
+        let st = two.cluster_status().unwrap().unwrap();
+        let f = |g: u32| {
+            let s = st.iter().find(|s| s.shard == g).unwrap();
+            let f = s.followers.iter().find(|f| f.node == 4).unwrap();
+            (f.active, f.matched + 100 >= s.commit)
+        };
+        !f(0).0 && f(1) == (true, true)
+    });
+    let refused = two
+        .change_members(&Change::Replace { old: 1, new: 4 })
+        .unwrap()
+        .unwrap_err();
+    assert!(refused.contains("has not caught up"), "{refused}");
+    poll_until("shard 1's group replaced node 1", WAIT, || {
+        pause();
+        let m = members_of(&c, 1);
+        let (m0, m1) = (shard(&m, 0), shard(&m, 1));
+        m1.voters == [2, 3, 4] && !m1.change_in_progress && m0.voters == [1, 2, 3]
+    });
+    for from in [1, 2] {
+        c.proxies[&(from, 0)][1].heal();
+    }
+    assert_eq!(
+        shard(&members_of(&c, 0), 1).voters,
+        [1, 2, 3],
+        "node 1 missed its removal"
+    );
+    // Node 1 leads shard 0's group (shard 1's group refuses: node 1 is no
+    // voter there).
+    while c.nodes[0].as_ref().unwrap().log.try_recv().is_ok() {}
+    let _ = two.transfer_leader(1);
+    logged(&c, 0, "event=raft_leader group=0 node=1");
+    let l = c.leader(Duration::from_secs(10));
+    assert_ne!(l, 0, "the node that left no longer serves");
+    // Told by its peers' shard 0 that shard 1's configuration excludes
+    // it, though it never applied that configuration.
+    let m = members_of(&c, 0);
+    assert!(shard(&m, 1).removed && !shard(&m, 0).removed, "{m:?}");
+    assert_eq!(shard(&m, 1).voters, [1, 2, 3]);
+    front[0].heal();
+    let out = cli_ok(&c, &["replace", "1", "4", &addr, "--timeout", "30s"]);
+    assert_eq!(out.trim(), "voters [2, 3, 4]");
+    assert!(
+        c.nodes[0]
+            .as_mut()
+            .unwrap()
+            .child
+            .try_wait()
+            .unwrap()
+            .is_none(),
+        "node 1 runs on"
+    );
+    for m in members_of(&c, c.leader(WAIT)) {
+        assert_eq!(m.voters, [2, 3, 4], "shard {}", m.shard);
+    }
 }
 
 #[test]

@@ -216,17 +216,84 @@ pub const FEATURES: u64 = FEATURE_SESSIONS;
 /// field; a parser merges it in).
 pub fn encode_message(m: &Message) -> Vec<u8> {
     let mut b = m.write_to_bytes().expect("encode");
-    let varint = |mut v: u64, b: &mut Vec<u8>| loop {
+    put_varint((FEATURES_FIELD as u64) << 3, &mut b);
+    put_varint(FEATURES, &mut b);
+    b
+}
+
+/// The protobuf field number of the configuration notices a node adds
+/// to the raft messages it sends a peer of one group: "my replica of
+/// group `g` applied a configuration that excludes you (no voter, no
+/// outgoing voter, no learner), made by the entry at committed index
+/// `i`", for each other group `g` of which that is so. Length-delimited,
+/// a sequence of varint pairs `(g, i)`. A node removed from group `g`
+/// whose removal it never applied (the leader sends a removed node
+/// nothing, not even the commit index that would let it apply its
+/// removal) learns it so from the groups where it is still a member
+/// ([`Replica::told_excluded`]). raft-rs's `Message` does not define the
+/// field, so a node of an earlier version ignores it, as [`FEATURES_FIELD`].
+pub const EXCLUDED_FIELD: u32 = 9002;
+
+fn put_varint(mut v: u64, b: &mut Vec<u8>) {
+    loop {
         if v < 0x80 {
             b.push(v as u8);
             break;
         }
         b.push((v as u8 & 0x7f) | 0x80);
         v >>= 7;
+    }
+}
+
+fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The [`EXCLUDED_FIELD`] listing `notes` (`(group, index)` pairs), as
+/// bytes to append to an encoded message (a protobuf message may end with
+/// any field; a parser merges it in). Nothing for an empty list.
+pub fn encode_excluded(notes: &[(u32, u64)], out: &mut Vec<u8>) {
+    if notes.is_empty() {
+        return;
+    }
+    let mut payload = Vec::with_capacity(notes.len() * 6);
+    for &(g, i) in notes {
+        put_varint(u64::from(g), &mut payload);
+        put_varint(i, &mut payload);
+    }
+    put_varint(((EXCLUDED_FIELD as u64) << 3) | 2, out);
+    put_varint(payload.len() as u64, out);
+    out.extend_from_slice(&payload);
+}
+
+/// The `(group, index)` pairs of a message's [`EXCLUDED_FIELD`] (none
+/// when absent; a malformed pair and what follows it are ignored).
+pub fn decode_excluded(m: &Message) -> Vec<(u32, u64)> {
+    let mut notes = Vec::new();
+    let Some(values) = m.get_unknown_fields().get(EXCLUDED_FIELD) else {
+        return notes;
     };
-    varint((FEATURES_FIELD as u64) << 3, &mut b);
-    varint(FEATURES, &mut b);
-    b
+    for p in &values.length_delimited {
+        let mut at = 0;
+        while at < p.len() {
+            let (Some(g), Some(i)) = (get_varint(p, &mut at), get_varint(p, &mut at)) else {
+                break;
+            };
+            if let Ok(g) = u32::try_from(g) {
+                notes.push((g, i));
+            }
+        }
+    }
+    notes
 }
 
 pub struct Replica {
@@ -272,6 +339,9 @@ pub struct Replica {
     /// Snapshots this leader sent: follower → the tick it was sent at
     /// (see [`SNAPSHOT_RETRY_TIMEOUTS`]).
     snapshots_sent: crate::core::idmap::IdMap<u64, u64>,
+    /// The newest index as of which a peer said this group's committed
+    /// configuration excludes this node ([`Replica::told_excluded`]).
+    excluded_as_of: u64,
 }
 
 /// raft-rs sends a follower nothing more after a snapshot until that
@@ -397,6 +467,7 @@ impl Replica {
             installs: 0,
             snapshot_ready: None,
             snapshots_sent: crate::core::idmap::id_map(),
+            excluded_as_of: 0,
         };
         r.randomize_timeout();
         Ok(r)
@@ -586,7 +657,8 @@ impl Replica {
 
     /// True while this node may decide and answer: leader, its own term's
     /// first entry applied, inside its lease, and a voter of the
-    /// configuration it applied.
+    /// configuration it applied, not told by a peer that a newer one
+    /// excludes it ([`Replica::excluded`]).
     pub fn serving(&self) -> bool {
         self.is_leader()
             && self.applied >= self.term_start
@@ -594,6 +666,7 @@ impl Replica {
             // Handing over: the transferee may be elected any moment.
             && self.node.raft.lead_transferee.is_none()
             && self.is_voter()
+            && !self.excluded()
     }
 
     /// This node votes in the configuration it applied (in either half
@@ -756,8 +829,10 @@ impl Replica {
         known_all_read && majority(&cs.voters) && majority(&cs.voters_outgoing)
     }
 
-    /// A message from a peer (already decoded from its frame).
-    pub fn step(&mut self, bytes: &[u8]) -> Result<(), String> {
+    /// A message from a peer (already decoded from its frame); the
+    /// configuration notices it carried (see [`EXCLUDED_FIELD`]), for the
+    /// shard to pass on to the groups they name.
+    pub fn step(&mut self, bytes: &[u8]) -> Result<Vec<(u32, u64)>, String> {
         let m = Message::parse_from_bytes(bytes).map_err(|e| format!("bad raft message: {e}"))?;
         if m.to != self.cfg.id {
             return Err(format!(
@@ -776,13 +851,14 @@ impl Replica {
             .and_then(|v| v.varint.last().copied())
             .unwrap_or(0);
         self.features.insert(m.from, features);
+        let notes = decode_excluded(&m);
         if self.joining
             && matches!(
                 m.get_msg_type(),
                 MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
             )
         {
-            return Ok(());
+            return Ok(notes);
         }
         if self.ticks < self.mute_votes_until
             && !transfer
@@ -791,12 +867,33 @@ impl Replica {
                 MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
             )
         {
-            return Ok(());
+            return Ok(notes);
         }
         // A message of an unknown peer, or one for a stale term, is the
         // protocol's business: raft-rs ignores what it must.
         let _ = self.node.step(m);
-        Ok(())
+        Ok(notes)
+    }
+
+    /// A peer's replica of this group applied a configuration that
+    /// excludes this node, made by the entry at `index` (committed: a
+    /// replica applies nothing else). See [`Replica::excluded`].
+    pub fn told_excluded(&mut self, index: u64) {
+        self.excluded_as_of = self.excluded_as_of.max(index);
+    }
+
+    /// True while this node has not applied a configuration that a peer
+    /// said excludes it ([`Replica::told_excluded`]): the group's
+    /// committed history removes it at or before that index, so whatever
+    /// configuration it applied so far, it is no voter of the group any
+    /// more (when this node applied a configuration that includes it
+    /// below that index, some entry after it removed it). Once it applied
+    /// that far, its own configuration says which it is: a stale notice
+    /// (this node was added back since, under the same id) says nothing
+    /// about what came after it. A joining node (nothing applied from a
+    /// leader yet) is no voter anyway and takes no notice.
+    pub fn excluded(&self) -> bool {
+        !self.joining && self.applied < self.excluded_as_of
     }
 
     /// Proposes `data` (a batch of lock records) as the next entry; the
@@ -1130,5 +1227,150 @@ mod tests {
         for a in &applied {
             assert_eq!(a, &vec![b"hello".to_vec()]);
         }
+    }
+
+    fn replica(id: u64, voters: Vec<u64>) -> Replica {
+        Replica::new(
+            ReplicaConfig {
+                id,
+                voters,
+                election_ticks: 10,
+                heartbeat_ticks: 2,
+                seed: 7,
+            },
+            Recovered::default(),
+        )
+        .unwrap()
+    }
+
+    /// Ticks every replica `rounds` times, delivering every message at
+    /// once and persisting at once; applies what commits.
+    fn run(nodes: &mut [Replica], rounds: usize) {
+        for _ in 0..rounds {
+            for n in nodes.iter_mut() {
+                n.tick();
+            }
+            for _ in 0..20 {
+                let mut mail = Vec::new();
+                for n in nodes.iter_mut() {
+                    let mut out = Output::default();
+                    n.ready(&mut out);
+                    if let Some((num, _)) = out.persist.take() {
+                        n.persisted(num, &mut out);
+                    }
+                    for e in &out.apply {
+                        n.applied_to(e.index);
+                    }
+                    mail.extend(out.send);
+                }
+                if mail.is_empty() {
+                    break;
+                }
+                for (to, bytes) in mail {
+                    nodes[(to - 1) as usize].step(&bytes).unwrap();
+                }
+            }
+        }
+    }
+
+    /// The notices ride on a raft message as a field raft-rs does not
+    /// define: the message parses as before (what a node of an earlier
+    /// version reads, the features announcement included), and this
+    /// version reads the notices back.
+    #[test]
+    fn excluded_notices_ride_on_a_message_that_parses_as_before() {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgHeartbeatResponse);
+        m.to = 1;
+        m.from = 2;
+        m.term = 5;
+        m.commit = 9;
+        let plain = encode_message(&m);
+        let mut b = plain.clone();
+        let notes = [(2, 13), (0, 300_000), (7, u64::MAX)];
+        encode_excluded(&notes, &mut b);
+        assert!(b.len() > plain.len());
+        let mut got = Message::parse_from_bytes(&b).unwrap();
+        assert_eq!(decode_excluded(&got), notes);
+        let features = got
+            .get_unknown_fields()
+            .get(FEATURES_FIELD)
+            .and_then(|v| v.varint.last().copied());
+        assert_eq!(features, Some(FEATURES));
+        protobuf::Clear::clear(got.mut_unknown_fields());
+        assert_eq!(
+            got.write_to_bytes().unwrap(),
+            m.write_to_bytes().unwrap(),
+            "the message itself is unchanged"
+        );
+        // Nothing to say: nothing added.
+        let mut b = plain.clone();
+        encode_excluded(&[], &mut b);
+        assert_eq!(b, plain);
+        assert!(decode_excluded(&Message::parse_from_bytes(&plain).unwrap()).is_empty());
+        // Two fields (the same one twice) are both read; a truncated pair
+        // ends the list, a group beyond u32 is skipped.
+        let mut b = plain.clone();
+        encode_excluded(&[(1, 4)], &mut b);
+        put_varint(((EXCLUDED_FIELD as u64) << 3) | 2, &mut b);
+        let mut p = Vec::new();
+        put_varint(1 << 40, &mut p);
+        put_varint(6, &mut p);
+        put_varint(3, &mut p);
+        put_varint(8, &mut p);
+        p.extend_from_slice(&[5, 0x80]);
+        put_varint(p.len() as u64, &mut b);
+        b.extend_from_slice(&p);
+        let got = Message::parse_from_bytes(&b).unwrap();
+        assert_eq!(decode_excluded(&got), [(1, 4), (3, 8)]);
+    }
+
+    /// A peer's notice that a configuration as of an index this replica
+    /// has not applied excludes it makes it no voter (it neither serves
+    /// nor counts as one) until it applied that far; a notice of an index
+    /// it applied already (stale: say it was added back since) changes
+    /// nothing, and a joining node takes no notice.
+    #[test]
+    fn a_notice_of_a_newer_configuration_holds_until_applied_that_far() {
+        let mut nodes: Vec<Replica> = (1..=3).map(|id| replica(id, vec![1, 2, 3])).collect();
+        run(&mut nodes, 60);
+        let l = nodes
+            .iter()
+            .position(|n| n.serving())
+            .expect("a leader serves");
+        let f = (l + 1) % 3;
+        let applied = nodes[f].applied_index();
+        assert!(applied > 0 && nodes[f].is_voter());
+        nodes[f].told_excluded(applied);
+        assert!(!nodes[f].excluded(), "a notice of what it applied already");
+        // The notice comes in a peer's message.
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgHeartbeatResponse);
+        m.to = f as u64 + 1;
+        m.from = l as u64 + 1;
+        m.term = nodes[f].term();
+        let mut b = encode_message(&m);
+        encode_excluded(&[(4, applied + 2)], &mut b);
+        let notes = nodes[f].step(&b).unwrap();
+        assert_eq!(notes, [(4, applied + 2)]);
+        nodes[f].told_excluded(applied + 2);
+        assert!(nodes[f].excluded());
+        // The leader, told so, stops serving until it applied that far.
+        let la = nodes[l].applied_index();
+        nodes[l].told_excluded(la + 2);
+        assert!(nodes[l].excluded() && !nodes[l].serving());
+        for _ in 0..2 {
+            assert!(nodes[l].propose(b"x".to_vec()).is_some());
+            run(&mut nodes, 1);
+        }
+        run(&mut nodes, 10);
+        assert!(nodes[l].applied_index() >= la + 2);
+        assert!(!nodes[l].excluded() && nodes[l].serving());
+        assert!(!nodes[f].excluded(), "the follower applied that far too");
+        // A joining node (no configuration of its own yet) takes none.
+        let mut j = replica(9, vec![]);
+        assert!(j.is_joining());
+        j.told_excluded(100);
+        assert!(!j.excluded());
     }
 }

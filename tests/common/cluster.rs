@@ -138,6 +138,21 @@ impl Cluster {
         i
     }
 
+    /// Proxies in front of node `i`'s Raft listeners, one per shard on
+    /// consecutive ports: name the first one's address as the node's in a
+    /// membership change and every member reaches it through them (its
+    /// own links stay as they are).
+    pub fn front(&self, i: usize) -> Vec<FaultProxy> {
+        let port = self.raft_ports[i];
+        consecutive_listeners(self.threads)
+            .into_iter()
+            .enumerate()
+            .map(|(g, l)| {
+                FaultProxy::start_on(l, SocketAddr::from(([127, 0, 0, 1], port + g as u16)))
+            })
+            .collect()
+    }
+
     /// The admin addresses of the running nodes, comma-separated (for
     /// `ringlock --admin-addr`).
     pub fn admin_list(&self) -> String {

@@ -118,7 +118,9 @@ impl Shard {
 
     /// This shard's membership as it applied it (its part of `CMEM`):
     /// voters, the outgoing voters of a joint change, learners, whether
-    /// a change is in progress and whether this node was removed.
+    /// a change is in progress and whether this node was removed (it
+    /// applied its removal, or a peer said a configuration it has not
+    /// applied yet excludes it: `Replica::excluded`).
     pub fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
         let r = self.raft.as_ref()?;
         let cs = r.replica.conf_state();
@@ -126,7 +128,7 @@ impl Shard {
             shard: self.me as u32,
             node: r.replica.id(),
             change_in_progress: r.replica.change_in_progress(),
-            removed: r.removed,
+            removed: r.removed || r.replica.excluded(),
             voters: sorted(&cs.voters),
             outgoing: sorted(&cs.voters_outgoing),
             learners: sorted(&cs.learners),
