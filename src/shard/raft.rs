@@ -73,7 +73,7 @@ struct ParkedRead {
 /// What this node's shards tell each other (one per node): which node
 /// leads each group, whether each shard serves, whether each is a voter
 /// of its group, each group's applied configuration, and what the peers
-/// said of this node's membership (see [`Part::excluded_notes`]).
+/// said of this node's membership (see `Part::excluded_notes`).
 pub struct NodeView {
     leaders: Vec<AtomicU64>,
     serving: Vec<AtomicBool>,
