@@ -1163,10 +1163,11 @@ fn env(name: &str, default: u64) -> u64 {
 /// leaderships over (`follow_group0`). 2455 (5 × 3, 1250 steps, the
 /// default for 3 shards) is the same, and failed on every try.
 ///
-/// 286 (3 × 3, 1250 steps; with `SIM_GROUPS=3`: by its number it runs 2
-/// shards; it failed on every try): node 2 led every group; group 2's
-/// leadership went to node 3 for a moment (node 2 paused) and came back,
-/// while node 2's shards 0 and 1 led their groups throughout. Meanwhile
+/// 286 (3 × 3, 1250 steps: found with `SIM_GROUPS=3`, its own number
+/// would run it on 2 shards; it failed on every try): node 2 led every
+/// group; while it was paused node 3 won group 2 (its timer fired first),
+/// and group 2 came back to node 2 a moment later, while node 2's shards
+/// 0 and 1 led their groups throughout. Meanwhile
 /// node 2 did not serve: shard 0's proposal was refused, so the answers
 /// it had parked for session client 7's session (homed on shard 1, holding
 /// "beta" on shard 0) were voided and shard 1 detached the session, and
