@@ -69,7 +69,8 @@
 //! neither set, the seeds that found bugs too: `REGRESSION_SEEDS`),
 //! `SIM_STEPS=N` (default 2500 for 1 shard per node, 1666 for 2, 1250 for
 //! 3; a regression seed the steps it failed in), `SIM_SEED=S`, `SIM_GROUPS=N` (shards per
-//! node for every seed); `SIM_KEEP_GOING=1` runs
+//! node for every seed; else by seed, a regression seed the shards it
+//! failed with); `SIM_KEEP_GOING=1` runs
 //! every seed and lists the failed ones; `SIM_RESUME_GAP=0`: a client
 //! between connections believes nothing (a weaker check).
 //!
@@ -376,8 +377,11 @@ impl World {
         let recent = &self.memb_log[self.memb_log.len().saturating_sub(30)..];
         panic!(
             "seed {} ({} nodes x {} shards): {why}\nmembership (the last 30 events): {recent:#?}\n\
-             reproduce: SIM_SEED={} cargo test --test sim_cluster",
-            self.seed, self.n, self.groups, self.seed
+             reproduce: {}",
+            self.seed,
+            self.n,
+            self.groups,
+            reproduce(self.seed)
         )
     }
 
@@ -876,22 +880,41 @@ impl World {
         if self.nodes[i].retired {
             return;
         }
+        let note = |w: &World, what: &str, j: usize| {
+            if trace() {
+                eprintln!("t={} fault: {what} node {}", w.now, j + 1);
+            }
+        };
         match r {
-            0..=4 => self.crash(leader.unwrap_or(i)),
-            5..=9 => self.crash(i),
+            0..=4 => {
+                note(self, "crash", leader.unwrap_or(i));
+                self.crash(leader.unwrap_or(i))
+            }
+            5..=9 => {
+                note(self, "crash", i);
+                self.crash(i)
+            }
             // Not the spare (a replacement starts it), never a removed node.
-            10..=19 if !self.nodes[i].up() && self.startable(i) => self.start_node(i),
+            10..=19 if !self.nodes[i].up() && self.startable(i) => {
+                note(self, "start", i);
+                self.start_node(i)
+            }
             20..=24 => {
                 // Pause the leader (or anyone) past an election timeout.
                 let j = leader.unwrap_or(i);
                 if self.nodes[j].up() {
+                    note(self, "pause", j);
                     self.nodes[j].paused = true;
                 }
             }
-            25..=34 if self.nodes[i].paused => self.resume(i),
+            25..=34 if self.nodes[i].paused => {
+                note(self, "resume", i);
+                self.resume(i)
+            }
             35..=38 => {
                 // Isolate the leader both ways.
                 if let Some(l) = leader {
+                    note(self, "isolate", l);
                     for j in 0..self.nodes.len() {
                         self.cut.insert((l, j));
                         self.cut.insert((j, l));
@@ -902,10 +925,18 @@ impl World {
                 // One-way cut.
                 let j = self.rng.below(self.nodes.len() as u64) as usize;
                 if i != j {
+                    if trace() {
+                        eprintln!("t={} fault: cut node {} -> node {}", self.now, i + 1, j + 1);
+                    }
                     self.cut.insert((i, j));
                 }
             }
-            43..=55 => self.cut.clear(),
+            43..=55 => {
+                if trace() && !self.cut.is_empty() {
+                    eprintln!("t={} fault: every link heals", self.now);
+                }
+                self.cut.clear()
+            }
             _ => {}
         }
         // Never more than a minority of any voter set in play (before and
@@ -1085,6 +1116,18 @@ static COMPACTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 static INSTALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The command that runs `seed` alone as this run did (with the
+/// `SIM_GROUPS`, `SIM_STEPS` this run was given).
+fn reproduce(seed: u64) -> String {
+    let mut cmd = String::new();
+    for v in ["SIM_GROUPS", "SIM_STEPS"] {
+        if let Ok(x) = std::env::var(v) {
+            cmd += &format!("{v}={x} ");
+        }
+    }
+    format!("{cmd}SIM_SEED={seed} cargo test --test sim_cluster")
+}
+
 fn trace() -> bool {
     std::env::var("SIM_TRACE").is_ok()
 }
@@ -1119,13 +1162,53 @@ fn env(name: &str, default: u64) -> u64 {
 /// groups 0 and 1 that it is no voter of group 2 and handed those
 /// leaderships over (`follow_group0`). 2455 (5 × 3, 1250 steps, the
 /// default for 3 shards) is the same, and failed on every try.
-const REGRESSION_SEEDS: [(u64, usize); 5] = [
-    (87, 2500),
-    (163, 2500),
-    (331, 2500),
-    (507, 2500),
-    (2455, 1250),
+///
+/// 286 (3 × 3, 1250 steps: found with `SIM_GROUPS=3`, its own number
+/// would run it on 2 shards; it failed on every try): node 2 led every
+/// group; while it was paused node 3 won group 2 (its timer fired first),
+/// and group 2 came back to node 2 a moment later, while node 2's shards
+/// 0 and 1 led their groups throughout. Meanwhile
+/// node 2 did not serve: shard 0's proposal was refused, so the answers
+/// it had parked for session client 7's session (homed on shard 1, holding
+/// "beta" on shard 0) were voided and shard 1 detached the session, and
+/// shard 0 orphaned its owner entry — each arming its window only if the
+/// node served, else leaving it to "when this shard starts serving", which
+/// shards 0 and 1 never did (only shard 2 did). So the abandoned session
+/// was never ended and its session hold on "beta" was held for ever.
+/// Fixed by arming every window when the node serves again, seen by every
+/// shard (`Resumes::rearm`).
+const REGRESSION_SEEDS: [Regression; 6] = [
+    Regression::new(87, 2500, 3),
+    Regression::new(163, 2500, 3),
+    Regression::new(331, 2500, 3),
+    Regression::new(507, 2500, 3),
+    Regression::new(2455, 1250, 3),
+    Regression::new(286, 1250, 3),
 ];
+
+/// A seed that found a bug, and the shape it failed in: a regression seed
+/// runs its steps and its shards per node (unless `SIM_STEPS`,
+/// `SIM_GROUPS` say otherwise).
+struct Regression {
+    seed: u64,
+    steps: usize,
+    groups: usize,
+}
+
+impl Regression {
+    const fn new(seed: u64, steps: usize, groups: usize) -> Regression {
+        Regression {
+            seed,
+            steps,
+            groups,
+        }
+    }
+}
+
+/// The regression seed `seed`, if it is one.
+fn regression(seed: u64) -> Option<&'static Regression> {
+    REGRESSION_SEEDS.iter().find(|r| r.seed == seed)
+}
 
 #[test]
 fn cluster_simulation() {
@@ -1141,10 +1224,9 @@ fn cluster_simulation() {
     let fixed = std::env::var("SIM_STEPS").is_ok();
     let steps_of = |seed: u64| -> usize {
         let steps = env("SIM_STEPS", 2500) as usize;
-        let regression = REGRESSION_SEEDS.iter().find(|r| r.0 == seed);
-        match regression {
+        match regression(seed) {
             _ if fixed => steps,
-            Some(&(_, failed_in)) => failed_in,
+            Some(r) => r.steps,
             None => steps * 2 / (groups_of(seed) + 1),
         }
     };
@@ -1155,7 +1237,7 @@ fn cluster_simulation() {
             let mut seeds: Vec<u64> = (first..first + env("SIM_SEEDS", 37)).collect();
             if std::env::var("SIM_FIRST_SEED").is_err() && std::env::var("SIM_SEEDS").is_err() {
                 // Seeds that found bugs, run by default as well.
-                seeds.extend(REGRESSION_SEEDS.map(|r| r.0));
+                seeds.extend(REGRESSION_SEEDS.iter().map(|r| r.seed));
             }
             seeds
         }
@@ -1176,9 +1258,7 @@ fn cluster_simulation() {
                 continue;
             }
             Err(e) => {
-                eprintln!(
-                    "seed {seed} failed\nreproduce: SIM_SEED={seed} cargo test --test sim_cluster"
-                );
+                eprintln!("seed {seed} failed\nreproduce: {}", reproduce(seed));
                 std::panic::resume_unwind(e)
             }
         };

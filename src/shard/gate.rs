@@ -553,6 +553,12 @@ impl Shard {
         }
         // New grants from settling are new records for the rewritten log.
         self.apply_effects();
+        if self.raft.is_some() {
+            // What was undone (an end of a session, a release) left session
+            // holds and sessions without a window: armed when the node
+            // serves again.
+            self.rearm_when_serving();
+        }
         for slot in sessions {
             if self.raft.is_some() {
                 // Cluster mode: what was undone was never committed, and a

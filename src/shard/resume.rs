@@ -16,12 +16,18 @@
 //!   without ending it (`detach`); a connection that closes, fails or
 //!   times out on a serving leader ends its session as on a single node.
 //! - **The resume window is never shorter than the client's.** When a
-//!   shard starts serving, every session homed here that no connection has
-//!   is kept for its keep-alive plus an election timeout, and every orphan
-//!   owner entry for the longest keep-alive plus an election timeout (the
-//!   owner does not know the session's own); both count from after the old
-//!   leader's last answer. After that the session ends as on a keep-alive
-//!   expiry (a proposed SessionEnd and releases).
+//!   shard starts serving, and again when its node serves after a spell in
+//!   which it did not (another group of the node lost its leader and won it
+//!   back, while this shard's group led throughout: `rearm`), every session
+//!   homed here that no connection has is kept for its keep-alive plus an
+//!   election timeout, and every orphan owner entry for the longest
+//!   keep-alive plus an election timeout (the owner does not know the
+//!   session's own); both count from after the old leader's last answer. A
+//!   session detached or orphaned while its node serves gets its window
+//!   then; one detached while it does not, when it serves again. After that
+//!   the session ends as on a keep-alive expiry (a proposed SessionEnd and
+//!   releases). Every session left without a connection gets a window:
+//!   none is kept for ever.
 //! - **A resume answers what is durable.** Each shard answers the home's
 //!   Adopt with the session's holds through its own durability gate, like
 //!   any answer; the home writes the Held frames and the welcome once every
@@ -70,6 +76,12 @@ pub struct Resumes {
     /// ends then unless adopted (current in `orphan_at`, as above).
     orphans: BinaryHeap<Reverse<(u64, u64)>>,
     orphan_at: IdMap<u64, u64>,
+    /// Every window is armed anew when the node serves next: this shard
+    /// saw its node not serve, or let a session or owner entry lose its
+    /// connection (or undid records) while it did not. Its own group may
+    /// have led throughout — another group of the node lost its leader and
+    /// won it back — and then `note_serving` sees no start to arm them at.
+    rearm: bool,
 }
 
 impl Resumes {
@@ -326,6 +338,9 @@ impl Shard {
             let ka = self.table.session_keepalive(sid).unwrap_or(0);
             let at = self.now.mono_us + ka as u64 * 1000 + self.election_us();
             self.resumes.arm_window(sid, at);
+        } else {
+            // From when the node serves again.
+            self.rearm_when_serving();
         }
     }
 
@@ -334,10 +349,23 @@ impl Shard {
     pub(super) fn orphaned(&mut self, sid: u64) {
         let (now, keep_us) = (self.now, self.orphan_keep_us());
         self.table.orphan_owner(sid, keep_us, now);
-        if sid & REPLICATED_SESSION != 0 && self.may_serve() {
+        if sid & REPLICATED_SESSION == 0 {
+            return;
+        }
+        if self.may_serve() {
             let at = self.now.mono_us + keep_us;
             self.resumes.arm_orphan(sid, at);
+        } else {
+            self.rearm_when_serving();
         }
+    }
+
+    /// Something was left without a window while the node did not serve
+    /// (a session detached, an owner entry orphaned, records undone): every
+    /// window is armed when it serves again, even if this shard's own group
+    /// never stopped serving.
+    pub(super) fn rearm_when_serving(&mut self) {
+        self.resumes.rearm = true;
     }
 
     /// This shard starts serving: every replicated session homed here that
@@ -370,10 +398,15 @@ impl Shard {
     /// Ends the replicated sessions and orphan entries whose window passed
     /// (a serving node only: while it does not serve, each is looked at
     /// again an election timeout later, and every window is armed anew
-    /// when this shard starts serving).
+    /// when the node serves again).
     pub(super) fn expire_detached(&mut self) {
         let now_us = self.now.mono_us;
         let serving = self.may_serve();
+        if self.raft.is_some() && !serving {
+            self.resumes.rearm = true;
+        } else if serving && std::mem::take(&mut self.resumes.rearm) {
+            self.node_serves_again();
+        }
         while let Some(&Reverse((at, sid))) = self.resumes.windows.peek() {
             if at > now_us {
                 break;
@@ -447,6 +480,19 @@ impl Shard {
             }
             self.apply_effects();
         }
+    }
+
+    /// The node serves again after a spell in which it did not (seen by
+    /// every shard, whether or not its own group stopped serving): as when
+    /// this shard's group starts serving (`note_serving`), session holds
+    /// owned by nobody (releases undone while the node did not serve)
+    /// become leases, and every session homed here that no connection has
+    /// and every orphan owner entry gets its window from now. A window only
+    /// moves later.
+    fn node_serves_again(&mut self) {
+        let (keep_us, now) = (self.orphan_keep_us(), self.now);
+        self.table.expire_orphans(keep_us, now);
+        self.arm_resume_windows();
     }
 
     /// The election timeout (0 without replication).

@@ -2,8 +2,9 @@
 //! of a node, over every seed of the test.
 //!
 //! Shards per node (`World::groups`): `SIM_GROUPS=N` for every seed, else
-//! by seed: 1 for seeds ≡ 0, 1 (mod 4), 2 for ≡ 2, 3 for ≡ 3, so the
-//! default 37 seeds (and 3 regression seeds) run 3 and 5 nodes × 1, 2 and 3 shards (the node count
+//! a regression seed's own (`REGRESSION_SEEDS`: the shards it failed
+//! with), else by seed: 1 for seeds ≡ 0, 1 (mod 4), 2 for ≡ 2, 3 for ≡ 3, so the
+//! default 37 seeds (and the regression seeds) run 3 and 5 nodes × 1, 2 and 3 shards (the node count
 //! is drawn from the seed's generator as before; a seed of one shard
 //! draws from it as it did before shards). The run fails unless the seeds
 //! of more than
@@ -15,12 +16,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::World;
 
-/// Shards per node for `seed`.
+/// Shards per node for `seed`: `SIM_GROUPS`, else a regression seed's
+/// (the shards it failed with), else by seed.
 pub fn groups_of(seed: u64) -> usize {
     if let Ok(v) = std::env::var("SIM_GROUPS") {
         let g: usize = v.parse().expect("SIM_GROUPS");
         assert!((1..=8).contains(&g), "SIM_GROUPS: 1 to 8");
         return g;
+    }
+    if let Some(r) = super::regression(seed) {
+        return r.groups;
     }
     [1, 1, 2, 3][(seed % 4) as usize]
 }
