@@ -557,6 +557,18 @@ impl Replica {
         self.node.raft.prs().conf().to_conf_state()
     }
 
+    /// Every member of a configuration: voters, learners, and during a
+    /// joint change the outgoing voters and the learners to be (a node may
+    /// appear twice).
+    pub fn members_of(cs: &ConfState) -> impl Iterator<Item = u64> + '_ {
+        cs.voters
+            .iter()
+            .chain(&cs.learners)
+            .chain(&cs.voters_outgoing)
+            .chain(&cs.learners_next)
+            .copied()
+    }
+
     /// This node is a voter or a learner of its group.
     pub fn is_member(&self) -> bool {
         let c = self.conf_state();
@@ -816,13 +828,9 @@ impl Replica {
                     .get(n)
                     .is_some_and(|f| f & FEATURE_SESSIONS != 0)
         };
-        let members = cs
-            .voters
-            .iter()
-            .chain(&cs.learners)
-            .chain(&cs.voters_outgoing)
-            .chain(&cs.learners_next);
-        let known_all_read = members.filter(|n| self.features.contains_key(n)).all(reads);
+        let known_all_read = Self::members_of(&cs)
+            .filter(|n| self.features.contains_key(n))
+            .all(|n| reads(&n));
         let majority = |voters: &[u64]| {
             voters.is_empty() || voters.iter().filter(|n| reads(n)).count() * 2 > voters.len()
         };

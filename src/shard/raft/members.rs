@@ -18,14 +18,7 @@ impl Shard {
     pub(in crate::shard) fn members_changed(&mut self, index: u64) {
         let r = self.raft.as_mut().expect("replica");
         let cs = r.replica.conf_state();
-        let members: std::collections::BTreeSet<u64> = cs
-            .voters
-            .iter()
-            .chain(&cs.learners)
-            .chain(&cs.voters_outgoing)
-            .chain(&cs.learners_next)
-            .copied()
-            .collect();
+        let members: std::collections::BTreeSet<u64> = Replica::members_of(&cs).collect();
         let me = r.replica.id();
         let gone: Vec<u64> = r
             .addrs

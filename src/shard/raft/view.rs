@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::Part;
+use crate::cluster::replica::Replica;
 use crate::log::Level;
 
 /// What this node's shards tell each other (one per node): which node
@@ -82,14 +83,7 @@ impl Part {
     /// `--force-new-cluster` is rewriting.
     pub(super) fn publish_conf(&self, index: u64) {
         let cs = self.replica.conf_state();
-        let members: Vec<u64> = cs
-            .voters
-            .iter()
-            .chain(&cs.learners)
-            .chain(&cs.voters_outgoing)
-            .chain(&cs.learners_next)
-            .copied()
-            .collect();
+        let members: Vec<u64> = Replica::members_of(&cs).collect();
         let index = if self.forced { 0 } else { index };
         self.view.publish_conf(self.group, index, members);
     }
@@ -113,13 +107,7 @@ impl Part {
         self.excluded_notes.clear();
         let cs = self.replica.conf_state();
         let me = self.replica.id();
-        for &peer in cs
-            .voters
-            .iter()
-            .chain(&cs.learners)
-            .chain(&cs.voters_outgoing)
-            .chain(&cs.learners_next)
-        {
+        for peer in Replica::members_of(&cs) {
             if peer == me || self.excluded_notes.contains_key(&peer) {
                 continue;
             }
