@@ -704,7 +704,7 @@ impl Client {
                     ),
                     None => self.cfg.connect_timeout,
                 };
-                match TcpStream::connect_timeout(addr, timeout) {
+                match conn::connect(addr, timeout) {
                     Ok(conn) => {
                         // Requests are tiny and latency-bound.
                         let _ = conn.set_nodelay(true);

@@ -394,7 +394,7 @@ fn hello(
 ) -> std::result::Result<(TcpStream, Welcome), Hello> {
     use std::io::{Read, Write};
     let deadline = Instant::now() + timeout;
-    let mut sock = TcpStream::connect_timeout(addr, timeout).map_err(Hello::Retry)?;
+    let mut sock = crate::client::conn::connect(addr, timeout).map_err(Hello::Retry)?;
     // Requests are tiny and latency-bound.
     let _ = sock.set_nodelay(true);
     let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());

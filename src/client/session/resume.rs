@@ -238,7 +238,7 @@ fn attempt(sh: &Shared, addr: SocketAddr, until: Instant) -> Result<Resumed, Att
     if left.is_zero() {
         return Err(retry(&"no time left for an attempt"));
     }
-    let mut sock = TcpStream::connect_timeout(&addr, left).map_err(|e| retry(&e))?;
+    let mut sock = crate::client::conn::connect(&addr, left).map_err(|e| retry(&e))?;
     let _ = sock.set_nodelay(true);
     let mut frame = Vec::with_capacity(wire::HEADER + 10 + sh.resumer.auth.len());
     wire::encode(
