@@ -587,7 +587,7 @@ class Client:
                ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
         deadline = time.monotonic() + timeout
         try:
-            sock = socket.create_connection(addr, timeout=timeout)
+            sock = _connect(addr, timeout)
         except OSError as e:
             raise _Retry(str(e)) from None
         ok = False
@@ -1489,7 +1489,7 @@ class Client:
         name = f"{addr[0]}:{addr[1]}"
         deadline = time.monotonic() + timeout
         try:
-            sock = socket.create_connection(addr, timeout=timeout)
+            sock = _connect(addr, timeout)
         except OSError as e:
             raise _Retry(str(e)) from None
         ok = False
@@ -1687,6 +1687,26 @@ class Client:
             fn(lease, info)
         except Exception:
             log.exception("a ringlock on_lost callback raised")
+
+
+def _connect(addr: Tuple[str, int], timeout: float) -> socket.socket:
+    """Connects to ``addr``, refusing a connection that reached itself.
+
+    With nothing listening on a local port of the ephemeral range, a
+    connect may be given that port as its own and complete to itself (TCP's
+    simultaneous open); every request would then come back as its own
+    answer. Such a connection is closed and reported as refused, which the
+    callers retry like any other (Go's dialer does the same).
+    """
+    sock = socket.create_connection(addr, timeout=timeout)
+    try:
+        if sock.getsockname() == sock.getpeername():
+            raise ConnectionRefusedError(
+                f"nothing listens on {addr[0]}:{addr[1]} (the connection reached itself)")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _Retry(Exception):
