@@ -1205,30 +1205,11 @@ mod tests {
                     proposed = true;
                 }
             }
-            // Drain until quiet.
-            for _ in 0..20 {
-                let mut mail = Vec::new();
-                for (i, n) in nodes.iter_mut().enumerate() {
-                    let mut out = Output::default();
-                    n.ready(&mut out);
-                    if let Some((num, _)) = out.persist.take() {
-                        n.persisted(num, &mut out);
-                    }
-                    for e in &out.apply {
-                        if !Replica::is_empty_entry(e) {
-                            applied[i].push(e.data.to_vec());
-                        }
-                        n.applied_to(e.index);
-                    }
-                    mail.extend(out.send);
+            drain(&mut nodes, |i, e| {
+                if !Replica::is_empty_entry(e) {
+                    applied[i].push(e.data.to_vec());
                 }
-                if mail.is_empty() {
-                    break;
-                }
-                for (to, bytes) in mail {
-                    nodes[(to - 1) as usize].step(&bytes).unwrap();
-                }
-            }
+            });
         }
         assert!(proposed, "a leader served");
         assert_eq!(nodes.iter().filter(|n| n.is_leader()).count(), 1);
@@ -1258,25 +1239,33 @@ mod tests {
             for n in nodes.iter_mut() {
                 n.tick();
             }
-            for _ in 0..20 {
-                let mut mail = Vec::new();
-                for n in nodes.iter_mut() {
-                    let mut out = Output::default();
-                    n.ready(&mut out);
-                    if let Some((num, _)) = out.persist.take() {
-                        n.persisted(num, &mut out);
-                    }
-                    for e in &out.apply {
-                        n.applied_to(e.index);
-                    }
-                    mail.extend(out.send);
+            drain(nodes, |_, _| {});
+        }
+    }
+
+    /// Delivers every message at once and persists at once until the
+    /// replicas are quiet (at most 20 rounds); `applied(i, entry)` for each
+    /// entry replica `i` applies.
+    fn drain(nodes: &mut [Replica], mut applied: impl FnMut(usize, &raft::eraftpb::Entry)) {
+        for _ in 0..20 {
+            let mut mail = Vec::new();
+            for (i, n) in nodes.iter_mut().enumerate() {
+                let mut out = Output::default();
+                n.ready(&mut out);
+                if let Some((num, _)) = out.persist.take() {
+                    n.persisted(num, &mut out);
                 }
-                if mail.is_empty() {
-                    break;
+                for e in &out.apply {
+                    applied(i, e);
+                    n.applied_to(e.index);
                 }
-                for (to, bytes) in mail {
-                    nodes[(to - 1) as usize].step(&bytes).unwrap();
-                }
+                mail.extend(out.send);
+            }
+            if mail.is_empty() {
+                break;
+            }
+            for (to, bytes) in mail {
+                nodes[(to - 1) as usize].step(&bytes).unwrap();
             }
         }
     }
