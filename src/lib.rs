@@ -41,7 +41,9 @@
 //! ```
 //!
 //! Features: `server` (default) builds `ringlockd` and the server modules;
-//! `cli` (default) builds the `ringlock` command-line tool.
+//! `cli` (default) builds the `ringlock` command-line tool; `tls` (enabled
+//! by both) builds [`tls`], the certificates and TLS configurations of
+//! every port.
 //!
 //! # Architecture of the server
 //!
@@ -51,8 +53,10 @@
 //! 0. Leaves, which import nothing above them: [`config`] (every limit and
 //!    default), [`mod@log`] (the structured log), [`metrics`]
 //!    (atomics-only registry and its HTTP thread), [`fence`] (the protected
-//!    resource's side of fencing tokens) and the cancel token that
-//!    [`lease`] and [`client`] re-export.
+//!    resource's side of fencing tokens), [`tls`] (the certificates of
+//!    `ringlock cert` checked and turned into rustls configurations, cargo
+//!    feature `tls`) and the cancel token that [`lease`] and [`client`]
+//!    re-export.
 //! 1. [`core`]: the lock table — keys, holders, intrusive FIFO wait lists in
 //!    slabs, a per-source index — with its contract types
 //!    ([`core::HoldMode`], [`core::HeldKey`], ...) and the key → shard
@@ -139,5 +143,7 @@ pub mod cluster;
 pub mod driver;
 #[cfg(feature = "server")]
 pub mod shard;
+#[cfg(feature = "tls")]
+pub mod tls;
 #[cfg(feature = "server")]
 pub mod wal;

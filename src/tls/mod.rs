@@ -1,0 +1,1075 @@
+//! Mutual TLS on every link: the certificates `ringlock cert` makes, read
+//! back, checked, and turned into rustls configurations for the peer
+//! (Raft), lock and admin ports and for the client.
+//!
+//! rustls runs in user space (no kTLS): the server's io_uring loop and the
+//! blocking client drive a [`rustls::ServerConnection`] or
+//! [`rustls::ClientConnection`] from their own buffers. This module only
+//! hands out the configurations and names the peer; it does no I/O except
+//! reading the certificate files in [`NodeTls::load`], [`ClientTls::load`]
+//! and [`list`].
+//!
+//! # The certs dir
+//! One directory per node or client host, all PEM:
+//!
+//! | file | what | written by |
+//! |---|---|---|
+//! | `ca.crt` | the CA certificate, or several (a bundle, while a CA is rotated) | `ringlock cert create-ca`, then copied to every host |
+//! | `node.crt`, `node.key` | the node's certificate (intermediates may follow it) and its key | `ringlock cert create-node` |
+//! | `client.NAME.crt`, `client.NAME.key` | a client's certificate and key | `ringlock cert create-client` |
+//!
+//! The CA key is never read here: it is only needed to issue certificates
+//! and lives wherever `--ca-key` said, off the nodes.
+//!
+//! # Identities
+//! Every node and client certificate names exactly one identity, as a URI
+//! subject alternative name: `ringlock://node/<id>` (id ≥ 1, decimal, no
+//! leading zero) or `ringlock://client/<name>` (1 to 64 of `A-Z a-z 0-9 .
+//! _ -`). A node certificate also names the node's hosts as DNS or IP
+//! names, so a standard TLS client can check it by host name. See
+//! [`Identity`] and [`identity_of`].
+//!
+//! # Invariants
+//! - **The kind of identity is checked in the handshake.** Chaining to
+//!   `ca.crt` is not enough: the peer port accepts only node certificates,
+//!   the lock and admin ports only client certificates, a node dialling
+//!   node N only node N's certificate, and a client only a node's
+//!   certificate as the server. A client certificate never passes for a
+//!   node nor a node's for a client.
+//! - **The peer acceptor admits any node.** It cannot know which node
+//!   ought to be calling; the link layer must compare the node id the
+//!   peer claims (its link hello) with [`peer_identity`] and drop the
+//!   link if they differ, so node 2's certificate never speaks for node 1.
+//! - **TLS 1.3 only, no resumption, no 0-RTT.** Every configuration is
+//!   built on the ring provider passed explicitly (never the process-wide
+//!   default, which another library in the process could have set);
+//!   servers send no tickets and keep no session cache, clients store no
+//!   sessions and send no early data. Each connection is a full handshake
+//!   with a fresh certificate check.
+//! - **A load is checked before it returns.** [`NodeTls::load`] and
+//!   [`ClientTls::load`] check that the key matches the certificate, the
+//!   certificate chains to `ca.crt`, names the right kind of identity and
+//!   is within its validity, and build every configuration; an error (it
+//!   names the file and what is wrong) leaves the caller's current
+//!   configuration in place, so a reload on SIGHUP can fail safely.
+//! - **`ca.crt` is a bundle.** Everything that reads it trusts every CA
+//!   certificate in it, so a new CA can be trusted beside the old one
+//!   while certificates are re-issued.
+//!
+//! A leaf: imports nothing from the rest of the crate.
+
+#[cfg(feature = "cli")]
+pub mod gen;
+#[cfg(all(test, feature = "cli"))]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name, Resumption};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{
+    CertificateError, ClientConfig, CommonState, DigitallySignedStruct, DistinguishedName,
+    InconsistentKeys, OtherError, RootCertStore, ServerConfig, SignatureScheme,
+};
+use x509_parser::extensions::GeneralName;
+
+/// The CA bundle in a certs dir.
+pub const CA_FILE: &str = "ca.crt";
+/// A node's certificate in its certs dir.
+pub const NODE_CERT_FILE: &str = "node.crt";
+/// A node's private key in its certs dir.
+pub const NODE_KEY_FILE: &str = "node.key";
+/// The prefix of a node identity URI: `ringlock://node/<id>`.
+pub const NODE_URI_PREFIX: &str = "ringlock://node/";
+/// The prefix of a client identity URI: `ringlock://client/<name>`.
+pub const CLIENT_URI_PREFIX: &str = "ringlock://client/";
+/// The longest client name.
+pub const CLIENT_NAME_MAX: usize = 64;
+
+/// `client.NAME.crt`: client NAME's certificate in a certs dir.
+pub fn client_cert_file(name: &str) -> String {
+    format!("client.{name}.crt")
+}
+
+/// `client.NAME.key`: client NAME's private key in a certs dir.
+pub fn client_key_file(name: &str) -> String {
+    format!("client.{name}.key")
+}
+
+/// Who a certificate speaks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// Node `id` of the cluster (its `--node-id`, at least 1).
+    Node(u64),
+    /// A client: 1 to [`CLIENT_NAME_MAX`] of `A-Z a-z 0-9 . _ -`.
+    Client(String),
+}
+
+impl Identity {
+    /// The URI subject alternative name that carries this identity.
+    pub fn uri(&self) -> String {
+        match self {
+            Identity::Node(id) => format!("{NODE_URI_PREFIX}{id}"),
+            Identity::Client(name) => format!("{CLIENT_URI_PREFIX}{name}"),
+        }
+    }
+
+    /// The certificate's common name: `ringlock node <id>` or
+    /// `ringlock client <name>` (informative only: the URI is what counts).
+    pub fn common_name(&self) -> String {
+        format!("ringlock {self}")
+    }
+
+    /// Parses an identity URI, exactly as [`uri`](Self::uri) writes it:
+    /// one spelling per identity (lower-case scheme and kind, a node id
+    /// without sign or leading zero).
+    pub fn from_uri(uri: &str) -> Result<Identity, String> {
+        if let Some(id) = uri.strip_prefix(NODE_URI_PREFIX) {
+            return parse_node_id(id)
+                .map(Identity::Node)
+                .map_err(|e| format!("identity URI {uri:?}: {e}"));
+        }
+        if let Some(name) = uri.strip_prefix(CLIENT_URI_PREFIX) {
+            check_client_name(name).map_err(|e| format!("identity URI {uri:?}: {e}"))?;
+            return Ok(Identity::Client(name.to_owned()));
+        }
+        Err(format!(
+            "identity URI {uri:?} is neither {NODE_URI_PREFIX}<id> nor {CLIENT_URI_PREFIX}<name>"
+        ))
+    }
+}
+
+/// `node 3`, `client billing`.
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Node(id) => write!(f, "node {id}"),
+            Identity::Client(name) => write!(f, "client {name}"),
+        }
+    }
+}
+
+/// A node id as the URI writes it: decimal digits, no sign, no leading
+/// zero, 1 to `u64::MAX`.
+fn parse_node_id(s: &str) -> Result<u64, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("node id {s:?} is not a decimal number"));
+    }
+    if s.starts_with('0') {
+        return Err(format!(
+            "node id {s:?}: ids start at 1 and are written without leading zeros"
+        ));
+    }
+    s.parse()
+        .map_err(|_| format!("node id {s:?} does not fit in 64 bits"))
+}
+
+/// Checks a client name: 1 to [`CLIENT_NAME_MAX`] of `A-Z a-z 0-9 . _ -`
+/// (it becomes part of a file name and a URI, so nothing else).
+pub fn check_client_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > CLIENT_NAME_MAX {
+        return Err(format!(
+            "client name {name:?} has {} characters; it must have 1 to {CLIENT_NAME_MAX}",
+            name.chars().count()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "client name {name:?}: {c:?} is not allowed (only A-Z a-z 0-9 . _ -)"
+        ));
+    }
+    Ok(())
+}
+
+/// The identity an end-entity certificate (DER) names: its one
+/// `ringlock://` URI subject alternative name. An error says what is
+/// wrong: not a certificate, no such name, more than one, or a malformed
+/// one (a URI whose scheme is `ringlock` in any case counts as one, so a
+/// near miss is an error rather than ignored). Other URI names are ignored.
+pub fn identity_of(end_entity_der: &[u8]) -> Result<Identity, String> {
+    let (rest, cert) = x509_parser::parse_x509_certificate(end_entity_der)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!(
+            "{} bytes follow the certificate's DER encoding",
+            rest.len()
+        ));
+    }
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| format!("its subject alternative names cannot be read: {e}"))?;
+    let mut uris = Vec::new();
+    for name in san.iter().flat_map(|san| &san.value.general_names) {
+        match name {
+            GeneralName::URI(uri)
+                if uri
+                    .get(..9)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("ringlock:")) =>
+            {
+                uris.push(*uri)
+            }
+            // [6] is uniformResourceIdentifier: one that is not text could
+            // be a ringlock name nobody can read.
+            GeneralName::Invalid(tag, _) if tag.0 == 6 => {
+                return Err("a URI subject alternative name is not valid text".into())
+            }
+            _ => {}
+        }
+    }
+    match uris.as_slice() {
+        [] => Err(format!(
+            "no ringlock identity: no {NODE_URI_PREFIX}<id> or {CLIENT_URI_PREFIX}<name> \
+             URI subject alternative name (not a ringlock node or client certificate)"
+        )),
+        [uri] => Identity::from_uri(uri),
+        many => Err(format!(
+            "{} ringlock:// URI names ({}); a certificate names exactly one identity",
+            many.len(),
+            many.join(", ")
+        )),
+    }
+}
+
+/// The identity of the end-entity certificate the peer presented in a
+/// completed handshake; `None` before the handshake is done, when the peer
+/// presented no certificate (a client on `client_acceptor(false)`), or
+/// when it names no valid identity (which the verifiers of this module
+/// never let through).
+pub fn peer_identity(conn: &CommonState) -> Option<Identity> {
+    identity_of(conn.peer_certificates()?.first()?).ok()
+}
+
+/// The server name to dial node `node` with on [`NodeTls::peer_dialer`]
+/// and [`ClientTls::config_for_node`] configurations: those check the
+/// server's identity, not a host name, so any fixed name does; this one
+/// reads well in traces. SNI is off on those configurations, so it is
+/// never sent.
+pub fn peer_server_name(node: u64) -> ServerName<'static> {
+    ServerName::try_from(format!("ringlock-node-{node}"))
+        .expect("ringlock-node-<digits> is a valid DNS name")
+}
+
+/// One certificate of a certs dir, for `ringlock cert list`.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    /// The file it is in.
+    pub path: PathBuf,
+    /// Its place in the file (0-based): a `ca.crt` bundle or a chain holds
+    /// several.
+    pub index: usize,
+    /// How many certificates the file holds.
+    pub count: usize,
+    /// The subject's distinguished name, e.g. `CN=ringlock node 1`.
+    pub subject: String,
+    /// A CA certificate (basic constraints `cA`).
+    pub is_ca: bool,
+    /// Its ringlock identity, or why it has none (always an error for a
+    /// CA certificate).
+    pub identity: Result<Identity, String>,
+    /// Valid from.
+    pub not_before: SystemTime,
+    /// Valid until (inclusive).
+    pub not_after: SystemTime,
+}
+
+/// Every certificate in every `*.crt` file of `certs_dir`: `ca.crt` first
+/// (each CA of a bundle), then `node.crt`, then the clients' by name. An
+/// error names the directory or the file that cannot be read or parsed.
+pub fn list(certs_dir: &Path) -> Result<Vec<CertInfo>, String> {
+    let entries = std::fs::read_dir(certs_dir)
+        .map_err(|e| format!("{}: cannot list: {e}", certs_dir.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: cannot list: {e}", certs_dir.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".crt") && !name.starts_with('.') {
+            let rank = match name.as_str() {
+                CA_FILE => 0,
+                NODE_CERT_FILE => 1,
+                _ => 2,
+            };
+            files.push((rank, name, entry.path()));
+        }
+    }
+    files.sort();
+    let mut out = Vec::new();
+    for (_, _, path) in files {
+        let file = read(&path)?;
+        let certs = pem_certs(&file)?;
+        let count = certs.len();
+        for (index, der) in certs.iter().enumerate() {
+            let info =
+                parse(der).map_err(|e| format!("{}: {e}", nth(&file.label, index, count)))?;
+            out.push(CertInfo {
+                path: path.clone(),
+                index,
+                count,
+                subject: info.subject,
+                is_ca: info.is_ca,
+                identity: identity_of(der),
+                not_before: info.not_before,
+                not_after: info.not_after,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A node's TLS: its certificate and key, the CA bundle, and the
+/// configurations of its three ports and of its dials to other nodes.
+/// Cheap to clone (one `Arc`); every configuration is shared.
+#[derive(Clone)]
+pub struct NodeTls {
+    inner: Arc<NodeInner>,
+}
+
+struct NodeInner {
+    node_id: u64,
+    not_after: SystemTime,
+    roots: Arc<RootCertStore>,
+    key: Arc<CertifiedKey>,
+    peer_acceptor: Arc<ServerConfig>,
+    client_acceptor_required: Arc<ServerConfig>,
+    client_acceptor_optional: Arc<ServerConfig>,
+}
+
+impl fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeTls")
+            .field("node_id", &self.inner.node_id)
+            .field("not_after", &self.inner.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeTls {
+    /// Reads `ca.crt`, `node.crt` and `node.key` from `certs_dir` and
+    /// checks them (see the module's invariants): the key matches the
+    /// certificate, which chains to a CA of `ca.crt` for both server and
+    /// client use, names a node (node `expect_node`, when given) and is
+    /// valid now. Every error names the file and what is wrong with it.
+    pub fn load(certs_dir: &Path, expect_node: Option<u64>) -> Result<NodeTls, String> {
+        let ca = read(&certs_dir.join(CA_FILE))?;
+        let cert = read(&certs_dir.join(NODE_CERT_FILE))?;
+        let key = read(&certs_dir.join(NODE_KEY_FILE))?;
+        Self::checked(&ca, &cert, &key, expect_node)
+    }
+
+    /// As [`load`](Self::load), from PEM held in memory; errors name the
+    /// parts `ca.crt`, `node.crt` and `node.key`.
+    pub fn from_pem(
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        expect_node: Option<u64>,
+    ) -> Result<NodeTls, String> {
+        let named = |label: &str, bytes: &[u8]| Pem {
+            label: label.into(),
+            bytes: bytes.to_vec(),
+        };
+        Self::checked(
+            &named(CA_FILE, ca_pem),
+            &named(NODE_CERT_FILE, cert_pem),
+            &named(NODE_KEY_FILE, key_pem),
+            expect_node,
+        )
+    }
+
+    fn checked(ca: &Pem, cert: &Pem, key: &Pem, expect: Option<u64>) -> Result<NodeTls, String> {
+        let roots = pem_roots(ca)?;
+        let chain = pem_certs(cert)?;
+        let key = certified_key(chain, key, &cert.label)?;
+        let (identity, not_after) = check_end_entity(&key, &roots, cert, &ca.label, Use::Node)?;
+        let node_id = match identity {
+            Identity::Node(n) => n,
+            Identity::Client(_) => unreachable!("check_end_entity refuses a client for Use::Node"),
+        };
+        if let Some(want) = expect.filter(|&want| want != node_id) {
+            return Err(format!(
+                "{}: is node {node_id}'s certificate, but this is node {want}",
+                cert.label
+            ));
+        }
+        Self::assemble(roots, key, node_id, not_after)
+            .map_err(|e| format!("{}: cannot be used: {e}", cert.label))
+    }
+
+    /// Builds the configurations from parts already checked (tests build
+    /// some from parts that fail the checks, to see the handshake refuse
+    /// them).
+    fn assemble(
+        roots: Arc<RootCertStore>,
+        key: Arc<CertifiedKey>,
+        node_id: u64,
+        not_after: SystemTime,
+    ) -> Result<NodeTls, rustls::Error> {
+        let verifier = |want, optional| -> Result<Arc<dyn ClientCertVerifier>, rustls::Error> {
+            let builder = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider());
+            let builder = if optional {
+                builder.allow_unauthenticated()
+            } else {
+                builder
+            };
+            let inner = builder
+                .build()
+                .map_err(|e| rustls::Error::General(format!("client verifier: {e}")))?;
+            Ok(Arc::new(IdentityClientVerifier { inner, want }))
+        };
+        Ok(NodeTls {
+            inner: Arc::new(NodeInner {
+                node_id,
+                not_after,
+                peer_acceptor: server_config(verifier(Want::AnyNode, false)?, &key)?,
+                client_acceptor_required: server_config(verifier(Want::AnyClient, false)?, &key)?,
+                client_acceptor_optional: server_config(verifier(Want::AnyClient, true)?, &key)?,
+                roots,
+                key,
+            }),
+        })
+    }
+
+    /// This node's id, from its certificate.
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    /// When `node.crt` expires.
+    pub fn not_after(&self) -> SystemTime {
+        self.inner.not_after
+    }
+
+    /// The Raft port's configuration: requires a client certificate that
+    /// chains to `ca.crt` and names a node (any node: the link layer must
+    /// match [`peer_identity`] against the node the peer says it is).
+    pub fn peer_acceptor(&self) -> Arc<ServerConfig> {
+        self.inner.peer_acceptor.clone()
+    }
+
+    /// The configuration to dial node `node` with (use
+    /// [`peer_server_name`]`(node)` as the server name): presents
+    /// `node.crt`, accepts only a server certificate that chains to
+    /// `ca.crt` and names node `node`; no host name check. Built on each
+    /// call (no file I/O: a few allocations).
+    pub fn peer_dialer(&self, node: u64) -> Arc<ClientConfig> {
+        client_config(
+            ServerVerifier::new(self.inner.roots.clone(), Want::Node(node), false),
+            Some(&self.inner.key),
+        )
+    }
+
+    /// The lock and admin ports' configuration: serves `node.crt`; a client
+    /// certificate, when presented, must chain to `ca.crt` and name a
+    /// client (never a node); `require_client_cert` refuses clients
+    /// without one.
+    pub fn client_acceptor(&self, require_client_cert: bool) -> Arc<ServerConfig> {
+        if require_client_cert {
+            self.inner.client_acceptor_required.clone()
+        } else {
+            self.inner.client_acceptor_optional.clone()
+        }
+    }
+}
+
+/// A client's TLS (the Rust client and the CLI): the CA bundle and,
+/// optionally, the client's own certificate. Cheap to clone.
+#[derive(Clone)]
+pub struct ClientTls {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    roots: Arc<RootCertStore>,
+    key: Option<Arc<CertifiedKey>>,
+    identity: Option<String>,
+    not_after: Option<SystemTime>,
+    config: Arc<ClientConfig>,
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client", &self.inner.identity)
+            .field("not_after", &self.inner.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// Reads `ca.crt` from `certs_dir` and, with `client` = `Some(NAME)`,
+    /// `client.NAME.crt` and `client.NAME.key`, checked as
+    /// [`NodeTls::load`] checks a node's: the key matches, the certificate
+    /// chains to `ca.crt` for client use, names client NAME and is valid
+    /// now. Errors name the file and what is wrong.
+    pub fn load(certs_dir: &Path, client: Option<&str>) -> Result<ClientTls, String> {
+        let ca = read(&certs_dir.join(CA_FILE))?;
+        let own = match client {
+            None => None,
+            Some(name) => {
+                check_client_name(name)?;
+                let cert = read(&certs_dir.join(client_cert_file(name)))?;
+                let key = read(&certs_dir.join(client_key_file(name)))?;
+                Some((cert, key, name))
+            }
+        };
+        Self::checked(&ca, own.as_ref().map(|(c, k, n)| (c, k, Some(*n))))
+    }
+
+    /// As [`load`](Self::load), from PEM held in memory: the CA bundle and
+    /// optionally a client certificate and its key (any client name);
+    /// errors name the parts `ca.crt`, `client.crt` and `client.key`.
+    pub fn from_pem(ca_pem: &[u8], client: Option<(&[u8], &[u8])>) -> Result<ClientTls, String> {
+        let named = |label: &str, bytes: &[u8]| Pem {
+            label: label.into(),
+            bytes: bytes.to_vec(),
+        };
+        let own = client.map(|(c, k)| (named("client.crt", c), named("client.key", k)));
+        Self::checked(
+            &named(CA_FILE, ca_pem),
+            own.as_ref().map(|(c, k)| (c, k, None)),
+        )
+    }
+
+    fn checked(ca: &Pem, own: Option<(&Pem, &Pem, Option<&str>)>) -> Result<ClientTls, String> {
+        let roots = pem_roots(ca)?;
+        let (key, identity, not_after) = match own {
+            None => (None, None, None),
+            Some((cert, key, expect)) => {
+                let key = certified_key(pem_certs(cert)?, key, &cert.label)?;
+                let (identity, not_after) =
+                    check_end_entity(&key, &roots, cert, &ca.label, Use::Client)?;
+                let Identity::Client(name) = identity else {
+                    unreachable!("check_end_entity refuses a node for Use::Client")
+                };
+                if let Some(want) = expect.filter(|want| *want != name) {
+                    return Err(format!(
+                        "{}: is client {name}'s certificate, not client {want}'s",
+                        cert.label
+                    ));
+                }
+                (Some(key), Some(name), Some(not_after))
+            }
+        };
+        let config = client_config(
+            ServerVerifier::new(roots.clone(), Want::AnyNode, true),
+            key.as_ref(),
+        );
+        Ok(ClientTls {
+            inner: Arc::new(ClientInner {
+                roots,
+                key,
+                identity,
+                not_after,
+                config,
+            }),
+        })
+    }
+
+    /// The client name of the certificate presented, if any.
+    pub fn client_name(&self) -> Option<&str> {
+        self.inner.identity.as_deref()
+    }
+
+    /// When the client certificate expires, if there is one.
+    pub fn not_after(&self) -> Option<SystemTime> {
+        self.inner.not_after
+    }
+
+    /// The configuration for dialling a server by host name: standard
+    /// certificate verification against `ca.crt` (the name dialled must be
+    /// one of the node certificate's DNS or IP names), and the certificate
+    /// must name a node. Presents the client certificate if one was loaded.
+    pub fn config(&self) -> Arc<ClientConfig> {
+        self.inner.config.clone()
+    }
+
+    /// The configuration for dialling node `node` whatever its address (a
+    /// "not leader" hint names a node): the server's certificate must chain
+    /// to `ca.crt` and name node `node`; no host name check (dial with
+    /// [`peer_server_name`]`(node)`). Built on each call.
+    pub fn config_for_node(&self, node: u64) -> Arc<ClientConfig> {
+        client_config(
+            ServerVerifier::new(self.inner.roots.clone(), Want::Node(node), false),
+            self.inner.key.as_ref(),
+        )
+    }
+}
+
+/// The one crypto provider of every configuration here: ring, given
+/// explicitly so that a process-wide default installed by anyone else
+/// changes nothing.
+fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| {
+            // rustls 0.23.48 deprecates it because ring has no post-quantum
+            // key exchange (X25519MLKEM768 needs aws-lc-rs, which does not
+            // build offline here); ring is the provider Cargo.toml chose,
+            // and this function is its only constructor.
+            #[allow(deprecated)]
+            let ring = rustls::crypto::ring::default_provider();
+            Arc::new(ring)
+        })
+        .clone()
+}
+
+const TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+/// A server configuration: TLS 1.3, `verifier` for client certificates,
+/// no tickets, no session cache, no early data.
+fn server_config(
+    verifier: Arc<dyn ClientCertVerifier>,
+    key: &Arc<CertifiedKey>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(TLS13_ONLY)?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(SingleCertAndKey::from(key.clone())));
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
+}
+
+/// A client configuration: TLS 1.3, `verifier` for the server, `key` as
+/// the client certificate, no resumption, no early data. SNI only where
+/// the host name is what is checked.
+fn client_config(verifier: ServerVerifier, key: Option<&Arc<CertifiedKey>>) -> Arc<ClientConfig> {
+    let sni = verifier.check_name;
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(TLS13_ONLY)
+        .expect("the ring provider supports TLS 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let mut config = match key {
+        Some(key) => {
+            builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(key.clone())))
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.resumption = Resumption::disabled();
+    config.enable_early_data = false;
+    config.enable_sni = sni;
+    Arc::new(config)
+}
+
+/// Which identity a verifier lets through, once the chain is good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    AnyNode,
+    Node(u64),
+    AnyClient,
+}
+
+impl Want {
+    fn check(self, end_entity: &[u8]) -> Result<Identity, String> {
+        let identity = identity_of(end_entity)
+            .map_err(|e| format!("the certificate is not ringlock's: {e}"))?;
+        match (self, &identity) {
+            (Want::AnyNode, Identity::Node(_)) | (Want::AnyClient, Identity::Client(_)) => {}
+            (Want::Node(want), Identity::Node(got)) if want == *got => {}
+            (Want::Node(want), _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s, not node {want}'s"
+                ))
+            }
+            (Want::AnyNode, _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s; a node's is required here"
+                ))
+            }
+            (Want::AnyClient, _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s; a client's is required here"
+                ))
+            }
+        }
+        Ok(identity)
+    }
+
+    /// As [`check`](Self::check), as the rustls error that fails the
+    /// handshake (a bad-certificate alert to the peer).
+    fn check_tls(self, end_entity: &[u8]) -> Result<Identity, rustls::Error> {
+        self.check(end_entity).map_err(|e| {
+            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
+                IdentityRefused(e),
+            ))))
+        })
+    }
+}
+
+/// A certificate that chains to the CA but names the wrong identity.
+#[derive(Debug)]
+struct IdentityRefused(String);
+
+impl fmt::Display for IdentityRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for IdentityRefused {}
+
+/// The server-certificate check of every client configuration here:
+/// webpki's chain check against `ca.crt` (server use), the host name when
+/// `check_name`, then the identity.
+#[derive(Debug)]
+struct ServerVerifier {
+    roots: Arc<RootCertStore>,
+    algs: WebPkiSupportedAlgorithms,
+    want: Want,
+    check_name: bool,
+}
+
+impl ServerVerifier {
+    fn new(roots: Arc<RootCertStore>, want: Want, check_name: bool) -> ServerVerifier {
+        ServerVerifier {
+            roots,
+            algs: provider().signature_verification_algorithms,
+            want,
+            check_name,
+        }
+    }
+}
+
+impl ServerCertVerifier for ServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.algs.all,
+        )?;
+        if self.check_name {
+            verify_server_name(&cert, server_name)?;
+        }
+        self.want.check_tls(end_entity)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algs.supported_schemes()
+    }
+}
+
+/// The client-certificate check of every server configuration here:
+/// webpki's (chain to `ca.crt`, client use; whether a certificate is
+/// required), then the identity.
+#[derive(Debug)]
+struct IdentityClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    want: Want,
+}
+
+impl ClientCertVerifier for IdentityClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        self.want.check_tls(end_entity)?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// A PEM file's bytes and the name its errors use (its path, or a part
+/// name for PEM from memory).
+struct Pem {
+    label: String,
+    bytes: Vec<u8>,
+}
+
+fn read(path: &Path) -> Result<Pem, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    Ok(Pem {
+        label: path.display().to_string(),
+        bytes,
+    })
+}
+
+/// "FILE" for a file of one certificate, "FILE (certificate 2 of 3)"
+/// otherwise.
+fn nth(label: &str, index: usize, count: usize) -> String {
+    if count == 1 {
+        label.to_owned()
+    } else {
+        format!("{label} (certificate {} of {count})", index + 1)
+    }
+}
+
+/// Every CERTIFICATE block of a PEM file, in order; at least one.
+fn pem_certs(file: &Pem) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(&file.bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not a readable PEM file: {e}", file.label))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: holds no certificate (no -----BEGIN CERTIFICATE----- block)",
+            file.label
+        ));
+    }
+    Ok(certs)
+}
+
+/// The trust anchors of a CA bundle: every certificate in it, each of
+/// which must be a CA certificate (a node's `node.crt` copied over
+/// `ca.crt` is refused here rather than trusted as a root).
+fn pem_roots(ca: &Pem) -> Result<Arc<RootCertStore>, String> {
+    let certs = pem_certs(ca)?;
+    let count = certs.len();
+    let mut roots = RootCertStore::empty();
+    for (index, der) in certs.into_iter().enumerate() {
+        let what = nth(&ca.label, index, count);
+        let info = parse(&der).map_err(|e| format!("{what}: {e}"))?;
+        if !info.is_ca {
+            return Err(format!(
+                "{what}: {} is not a CA certificate (ca.crt holds only the CA's)",
+                info.subject
+            ));
+        }
+        roots
+            .add(der)
+            .map_err(|e| format!("{what}: not usable as a trust anchor: {e}"))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The key in `key` (PEM), with `chain`, checked to match the chain's
+/// first certificate.
+fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: &Pem,
+    cert_label: &str,
+) -> Result<Arc<CertifiedKey>, String> {
+    let der = PrivateKeyDer::from_pem_slice(&key.bytes)
+        .map_err(|e| format!("{}: no private key in PEM form: {e}", key.label))?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| format!("{}: unusable private key: {e}", key.label))?;
+    let certified = CertifiedKey::new(chain, signing);
+    match certified.keys_match() {
+        Ok(()) => Ok(Arc::new(certified)),
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => Err(format!(
+            "{}: is not the key of {cert_label} (the certificate holds another public key)",
+            key.label
+        )),
+        Err(e) => Err(format!(
+            "{}: cannot tell whether it is the key of {cert_label}: {e}",
+            key.label
+        )),
+    }
+}
+
+/// How an end-entity certificate is to be used.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Both ends of peer links, and the server of the lock and admin ports.
+    Node,
+    /// The client end of the lock and admin ports.
+    Client,
+}
+
+/// Checks the end-entity certificate of `key` before anything uses it: it
+/// names an identity of the right kind, is valid now, and chains to the CA
+/// bundle for every use it will be put to. Returns its identity and expiry.
+fn check_end_entity(
+    key: &CertifiedKey,
+    roots: &Arc<RootCertStore>,
+    cert: &Pem,
+    ca_label: &str,
+    usage: Use,
+) -> Result<(Identity, SystemTime), String> {
+    let label = &cert.label;
+    let ee = &key.cert[0];
+    let info = parse(ee).map_err(|e| format!("{label}: {e}"))?;
+    let identity = identity_of(ee).map_err(|e| format!("{label}: {e}"))?;
+    match (usage, &identity) {
+        (Use::Node, Identity::Node(_)) | (Use::Client, Identity::Client(_)) => {}
+        (Use::Node, _) => {
+            return Err(format!(
+                "{label}: is {identity}'s certificate, not a node's"
+            ))
+        }
+        (Use::Client, _) => {
+            return Err(format!(
+                "{label}: is {identity}'s certificate, not a client's"
+            ))
+        }
+    }
+    let now = SystemTime::now();
+    if now > info.not_after {
+        return Err(format!(
+            "{label}: expired at {} ({identity}); issue a new one",
+            utc(info.not_after)
+        ));
+    }
+    if now < info.not_before {
+        return Err(format!(
+            "{label}: not valid before {} (is this host's clock right?)",
+            utc(info.not_before)
+        ));
+    }
+    let unix_now = UnixTime::since_unix_epoch(
+        now.duration_since(UNIX_EPOCH)
+            .expect("the clock reads after 1970"),
+    );
+    let intermediates = &key.cert[1..];
+    let chain_error = |what: &str, e: rustls::Error| match e {
+        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            format!("{label}: not issued by any CA in {ca_label}")
+        }
+        rustls::Error::InvalidCertificate(CertificateError::BadSignature) => format!(
+            "{label}: not issued by any CA in {ca_label} (its issuer has the name of one \
+             there, but another key signed it: another CA of the same name?)"
+        ),
+        e => format!("{label}: refused by {ca_label} as a {what} certificate: {e}"),
+    };
+    if usage == Use::Node {
+        let parsed = ParsedCertificate::try_from(ee).map_err(|e| format!("{label}: {e}"))?;
+        verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            roots,
+            intermediates,
+            unix_now,
+            provider().signature_verification_algorithms.all,
+        )
+        .map_err(|e| chain_error("server", e))?;
+    }
+    // Nodes are clients too, on the peer links they dial.
+    WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        .build()
+        .map_err(|e| format!("{ca_label}: {e}"))?
+        .verify_client_cert(ee, intermediates, unix_now)
+        .map_err(|e| chain_error("client", e))?;
+    Ok((identity, info.not_after))
+}
+
+/// What this module reads of a certificate besides its identity.
+struct Parsed {
+    subject: String,
+    is_ca: bool,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+fn parse(der: &[u8]) -> Result<Parsed, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let validity = cert.validity();
+    Ok(Parsed {
+        subject: cert.subject().to_string(),
+        is_ca: cert.is_ca(),
+        not_before: unix_time(validity.not_before.timestamp()),
+        not_after: unix_time(validity.not_after.timestamp()),
+    })
+}
+
+fn unix_time(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days), for error
+/// messages.
+fn utc(t: SystemTime) -> String {
+    let unix_s = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    };
+    let days = unix_s.div_euclid(86_400);
+    let secs = unix_s.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
