@@ -194,10 +194,19 @@ need(get(pm, "spec", "podMetricsEndpoints", 0, "port") == "metrics", "PodMonitor
 need(get(pm, "spec", "podMetricsEndpoints", 0, "path") == "/metrics", "PodMonitor path /metrics")
 
 with open(f"{deploy}/kubernetes/networkpolicy.yaml") as f:
-    np = yaml.safe_load(f)
+    nps = [d for d in yaml.safe_load_all(f) if d]
+np = nps[0]
 need(all(pod_labels.get(k) == v for k, v in get(np, "spec", "podSelector", "matchLabels").items()), "NetworkPolicy selects the ringlock pod")
-np_ports = [p["port"] for rule in get(np, "spec", "ingress") for p in rule.get("ports", [])]
+np_ports = [p["port"] for n in nps for rule in get(n, "spec", "ingress") for p in rule.get("ports", [])]
 need(22120 not in np_ports, "NetworkPolicy does not open the admin port")
+# The cluster's pods: a policy of their own, whose Raft ports admit the
+# cluster's pods only (a rule without `from` admits everyone).
+cnp = [n for n in nps if get(n, "spec", "podSelector", "matchLabels", "app.kubernetes.io/name") == "ringlock-cluster"]
+need(len(cnp) == 1, "a NetworkPolicy selects the cluster's pods")
+raft_rules = [r for n in cnp for r in get(n, "spec", "ingress") if {p["port"] for p in r.get("ports", [])} & {22200, 22201}]
+need(raft_rules and all(r.get("from") and all(get(f, "podSelector", "matchLabels", "app.kubernetes.io/name") == "ringlock-cluster"
+                                             for f in r["from"]) for r in raft_rules),
+     "the cluster's Raft ports admit the cluster's own pods only")
 
 # --- the cluster manifest (docs/cluster.md) ---
 with open(f"{deploy}/kubernetes/ringlock-cluster.yaml") as f:
@@ -305,6 +314,12 @@ if csts:
           and sc.get("seccompProfile") == localhost, "container securityContext as ringlock.yaml")
     mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
     cneed(mounts.get("data") == "/data", "data volume mounted at /data")
+    # Secure by default: a cluster node starts only with certificates.
+    certs_dir = carg("--certs-dir")
+    cneed(certs_dir is not None and "--insecure" not in args, "--certs-dir given, not --insecure (mutual TLS on the Raft links)")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    cneed(certs_dir is not None and any(m["mountPath"] == certs_dir and get(vols.get(m["name"], {}), "secret", "secretName")
+                                        for m in c.get("volumeMounts", [])), "the certs dir is a mounted Secret")
     vcts = {v["metadata"]["name"]: v for v in spec.get("volumeClaimTemplates", [])}
     cneed(get(vcts.get("data", {}), "spec", "resources", "requests", "storage"), "volumeClaimTemplate 'data' with a storage request (one PVC per pod)")
     gov = csvcs.get(spec.get("serviceName"))

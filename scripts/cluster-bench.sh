@@ -102,7 +102,7 @@ if want etcd-cluster; then need_etcd "$INSTALL" || exit 1; fi
 log "building $PROFILE binaries"
 if [ "$PROFILE" = release ]; then CARGO_PROFILE=--release; else CARGO_PROFILE=; fi
 # shellcheck disable=SC2086
-(cd "$ROOT" && cargo build $CARGO_PROFILE -q --locked -p ringlock --bin ringlockd \
+(cd "$ROOT" && cargo build $CARGO_PROFILE -q --locked -p ringlock --bin ringlockd --bin ringlock \
     -p ringlock-loadgen --bin ringlock-loadgen -p ringlock-bench --bin failover --bin fsync-probe)
 BIN="$ROOT/target/$PROFILE"
 LOADGEN="$BIN/ringlock-loadgen"

@@ -107,6 +107,12 @@ pub struct Config {
     pub auth_token: Option<Vec<u8>>,
     /// Who may use the lock port's destructive Locking-Center actions.
     pub lc_admin_actions: LcAdminActions,
+    /// `--certs-dir`: `ca.crt`, `node.crt`, `node.key`; mutual TLS on the
+    /// peer (Raft) links. Re-read on SIGHUP.
+    pub certs_dir: Option<PathBuf>,
+    /// `--insecure`: a cluster without certificates (its peer links are
+    /// open to anyone who reaches them). Refused without `--peers`.
+    pub insecure: bool,
 }
 
 /// `--lc-admin-actions`: Unlock, ResetByKey and ResetBySource on the lock
@@ -199,6 +205,8 @@ impl Config {
             max_ttl_ms: 86_400_000,
             auth_token: None,
             lc_admin_actions: LcAdminActions::Any,
+            certs_dir: None,
+            insecure: false,
         }
     }
 }

@@ -404,6 +404,8 @@ fn two_shards_a_node_report_one_record_each() {
                     &peers,
                     "--data-path",
                     path.to_str().unwrap(),
+                    // Not about TLS (tests/peer_tls.rs is): an open cluster.
+                    "--insecure",
                 ],
             )
             .expect("node starts")

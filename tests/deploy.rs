@@ -91,6 +91,8 @@ fn cluster_files_pass_the_cluster_settings() {
     for (origin, needed) in [
         ("kubernetes-cluster", "--peers"),
         ("kubernetes-cluster", "--threads"),
+        // Secure by default: a cluster node starts only with certificates.
+        ("kubernetes-cluster", "--certs-dir"),
         ("systemd-cluster", "--node-id"),
     ] {
         assert!(
@@ -100,7 +102,7 @@ fn cluster_files_pass_the_cluster_settings() {
     }
     // The systemd cluster unit leaves these to the environment file.
     let env = read("deploy/systemd/cluster.env.example");
-    for var in ["RINGLOCK_PEERS", "RINGLOCK_THREADS"] {
+    for var in ["RINGLOCK_PEERS", "RINGLOCK_THREADS", "RINGLOCK_CERTS_DIR"] {
         assert!(
             env.lines().any(|l| l.starts_with(&format!("{var}="))),
             "cluster.env.example does not set {var}"

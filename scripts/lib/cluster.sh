@@ -15,10 +15,14 @@
 #                the script, whose `wait PID` then gives its exit status.
 #   RL_ARGS      (array, default empty) more ringlockd arguments for every
 #                node started, e.g. --raft-compact-entries 1000.
+#   RL_PEER_TLS  1 (default): every node runs with certificates (mutual TLS
+#                on the Raft links), made with $BIN/ringlock cert under
+#                $TMP/certs; 0: --insecure (plaintext Raft links).
 
 declare -A PID
 RL_DISOWN=${RL_DISOWN:-1}
 RL_ARGS=()
+RL_PEER_TLS=${RL_PEER_TLS:-1}
 
 log() { echo "[$LOG_TAG $(date +%T)] $*" >&2; }
 
@@ -147,13 +151,30 @@ http() { # port method path [body]
 # ringlock cluster node n, on its data path; the same dir on restart. With
 # join_peers: a fresh node (empty dir) started with --join and those
 # --peers (every member's Raft address and its own).
+# The Raft links' security for node n: --certs-dir (its certificate made
+# on first use, one CA for the run) or --insecure (RL_PEER_TLS=0).
+rl_security() { # n
+    local n=$1 c="$TMP/certs"
+    if [ "$RL_PEER_TLS" != 1 ]; then echo --insecure; return; fi
+    if [ ! -f "$c/ca.key" ]; then
+        "$BIN/ringlock" cert create-ca --certs-dir "$c/ca" --ca-key "$c/ca.key" >/dev/null || return 1
+    fi
+    if [ ! -f "$c/node$n/node.crt" ]; then
+        mkdir -p "$c/node$n" && cp "$c/ca/ca.crt" "$c/node$n/ca.crt"
+        "$BIN/ringlock" cert create-node --certs-dir "$c/node$n" --ca-key "$c/ca.key" \
+            --node-id "$n" 127.0.0.1 localhost >/dev/null || return 1
+    fi
+    echo "--certs-dir $c/node$n"
+}
 start_rl_node() { # n dir [join_peers]
-    local n=$1 d=$2 p=${RL_PORT[$1]} peers=$PEERS join=()
+    local n=$1 d=$2 p=${RL_PORT[$1]} peers=$PEERS join=() sec
     if [ -n "${3:-}" ]; then peers=$3; join=(--join); fi
     mkdir -p "$d"
+    sec=$(rl_security "$n") || { log "no certificates for node $n"; return 1; }
+    # shellcheck disable=SC2086 # $sec is one flag, or a flag and a path without spaces
     $PIN_SERVER "$BIN/ringlockd" --node-id "$n" --peers "$peers" --data-path "$d/node$n.wal" \
         --bind "127.0.0.1:$p" --admin-bind "127.0.0.1:$((p + 1))" --metrics-bind "127.0.0.1:$((p + 2))" \
-        "${join[@]}" "${RL_ARGS[@]}" 2>>"$d/log" &
+        $sec "${join[@]}" "${RL_ARGS[@]}" 2>>"$d/log" &
     PID[rl$n]=$!
     # Its kill -9 is expected: no "Killed" job notice from bash. (bash
     # still reaps it; stop_proc and cleanup signal it by PID.)

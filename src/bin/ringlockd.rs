@@ -84,6 +84,14 @@ OPTIONS:
                              it becomes the only voter of every shard, every entry in its log
                              is kept (committed or not), and its log is rewritten so. Remove the
                              flag before the next start; add new nodes with `ringlock cluster add`
+    --certs-dir DIR          ca.crt, node.crt, node.key (made by `ringlock cert`): mutual TLS
+                             on every peer (Raft) link, a link's node id taken from its
+                             certificate; SIGHUP re-reads the directory [env RINGLOCK_CERTS_DIR].
+                             A cluster node needs it unless --insecure (docs/security.md)
+    --insecure               cluster mode without certificates: anyone who reaches a Raft port
+                             can join, stall, read or rewrite the cluster. Only for a network
+                             nobody else reaches; warned at start, ringlock_insecure 1 in
+                             /metrics [env RINGLOCK_INSECURE=1]
     --raft-compact-entries N cluster mode: compact each shard's log into a snapshot every N
                              applied entries (default 10000)
     --log-level LEVEL        error | warn | info | debug (default info)
@@ -121,6 +129,10 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
         .ok()
         .filter(|s| !s.is_empty());
     let mut join = std::env::var("RINGLOCK_JOIN").is_ok_and(|v| v == "1" || v == "true");
+    let mut certs_dir: Option<std::path::PathBuf> = std::env::var_os("RINGLOCK_CERTS_DIR")
+        .filter(|s| !s.is_empty())
+        .map(Into::into);
+    let mut insecure = std::env::var("RINGLOCK_INSECURE").is_ok_and(|v| v == "1" || v == "true");
     let mut compact_entries: Option<u64> = None;
     let mut force_new = false;
     let mut truncate_at = None;
@@ -158,6 +170,8 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             "--node-id" => node_id = Some(val("--node-id")?),
             "--peers" => peers = Some(val("--peers")?),
             "--join" => join = true,
+            "--certs-dir" => certs_dir = Some(val("--certs-dir")?.into()),
+            "--insecure" => insecure = true,
             "--force-new-cluster" => force_new = true,
             "--raft-compact-entries" => {
                 let v = val("--raft-compact-entries")?;
@@ -378,9 +392,30 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             if let Some(n) = compact_entries {
                 c.compact_entries = n;
             }
+            if certs_dir.is_none() && !insecure {
+                return Err(
+                    "a cluster node needs certificates: make them with `ringlock cert \
+                     create-ca` and `ringlock cert create-node`, then give --certs-dir DIR \
+                     (docs/security.md); or give every node --insecure to run the cluster open \
+                     to anyone who can reach its Raft ports"
+                        .into(),
+                );
+            }
             Some(c)
         }
     };
+    if insecure && certs_dir.is_some() {
+        return Err("--insecure and --certs-dir contradict each other: give one".into());
+    }
+    if insecure && cluster.is_none() {
+        return Err(
+            "--insecure is for a cluster (--peers) without certificates; a single node \
+             runs without them unless given --certs-dir"
+                .into(),
+        );
+    }
+    cfg.certs_dir = certs_dir;
+    cfg.insecure = insecure;
     if cluster.is_none() && (join || compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
@@ -413,6 +448,13 @@ fn warn_if_exposed(cfg: &Config) {
             } else {
                 "session clients are not authenticated (see --auth-token-file)"
             }
+        );
+    }
+    if cfg.insecure {
+        ringlock::log!(
+            Level::Warn,
+            "insecure_cluster",
+            "reason=\"--insecure: the Raft ports take anyone; a stranger who reaches them can join, stall, read or rewrite the cluster\" action=\"make certificates with ringlock cert and start with --certs-dir\""
         );
     }
     if !cfg.admin_bind.ip().is_loopback() && cfg.auth_token.is_none() {

@@ -18,6 +18,10 @@ pub const KIND_RAFT: u8 = 2;
 /// the replica, but a snapshot for a lagging follower holds every held key
 /// (about 60 bytes each: 256 MiB is some four million keys).
 pub const FRAME_MAX: usize = 256 << 20;
+/// The largest frame before a link's Hello: a Hello is at most
+/// 8 + 4 + 4 + 1 + 255 × 8 + 1 + 255 bytes (2 313); whatever announces more
+/// is not a peer and is closed before its bytes are waited for.
+pub const HELLO_FRAME_MAX: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
@@ -77,14 +81,19 @@ pub type Frame<'a> = (u8, &'a [u8], usize);
 
 /// The next whole frame at the start of `buf`: `(kind, payload, bytes
 /// used)`, `Ok(None)` when more bytes are needed, `Err` for a frame no
-/// peer sends (the link is closed).
-pub fn next_frame(buf: &[u8]) -> Result<Option<Frame<'_>>, String> {
-    if buf.len() < 5 {
+/// peer sends, or one announcing more than `max` bytes (the link is
+/// closed; the length is checked as soon as its 4 bytes are in, never
+/// after waiting for the rest).
+pub fn next_frame(buf: &[u8], max: usize) -> Result<Option<Frame<'_>>, String> {
+    if buf.len() < 4 {
         return Ok(None);
     }
     let len = u32::from_le_bytes(buf[..4].try_into().expect("4")) as usize;
-    if len == 0 || len > FRAME_MAX {
-        return Err(format!("peer frame of {len} bytes"));
+    if len == 0 || len > max {
+        return Err(format!("peer frame of {len} bytes (at most {max} here)"));
+    }
+    if buf.len() < 5 {
+        return Ok(None);
     }
     if buf.len() < 4 + len {
         return Ok(None);
@@ -108,13 +117,33 @@ mod tests {
         let mut b = Vec::new();
         encode_hello(&h, &mut b);
         frame(KIND_RAFT, b"xyz", &mut b);
-        let (k, p, used) = next_frame(&b).unwrap().unwrap();
+        let (k, p, used) = next_frame(&b, HELLO_FRAME_MAX).unwrap().unwrap();
         assert_eq!(k, KIND_HELLO);
         assert_eq!(decode_hello(p), Some(h));
-        assert_eq!(next_frame(&b[used..used + 6]).unwrap(), None);
-        let (k, p, _) = next_frame(&b[used..]).unwrap().unwrap();
+        assert_eq!(next_frame(&b[used..used + 6], FRAME_MAX).unwrap(), None);
+        let (k, p, _) = next_frame(&b[used..], FRAME_MAX).unwrap().unwrap();
         assert_eq!((k, p), (KIND_RAFT, &b"xyz"[..]));
-        assert!(next_frame(&[0, 0, 0, 0, 1]).is_err());
+        assert!(next_frame(&[0, 0, 0, 0, 1], FRAME_MAX).is_err());
         assert!(decode_hello(&[1, 2, 3]).is_none());
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_its_bytes_arrive() {
+        // 256 MiB announced: refused from the 4 length bytes alone.
+        let big = (256u32 << 20).to_le_bytes();
+        assert!(next_frame(&big, HELLO_FRAME_MAX).is_err());
+        assert!(next_frame(&big, FRAME_MAX).is_ok());
+        // The largest Hello fits before the Hello.
+        let h = Hello {
+            node: u64::MAX,
+            group: u32::MAX,
+            groups: u32::MAX,
+            voters: vec![u64::MAX; 255],
+            client_addr: "x".repeat(255),
+        };
+        let mut b = Vec::new();
+        encode_hello(&h, &mut b);
+        assert!(b.len() <= HELLO_FRAME_MAX + 4);
+        assert!(next_frame(&b, HELLO_FRAME_MAX).unwrap().is_some());
     }
 }

@@ -44,6 +44,7 @@
 //! - [`faults`]: test-only fault injection into the log's I/O.
 
 pub mod buf;
+pub mod certs;
 mod conn;
 pub mod faults;
 mod logio;
@@ -53,6 +54,7 @@ pub mod poll;
 mod ring;
 mod start;
 mod sys;
+mod tlsio;
 pub mod user_data;
 
 use std::io;
@@ -75,6 +77,10 @@ use conn::DConn;
 use logio::LogIo;
 use mesh::{MeshEnd, Msg};
 use user_data::{self as ring_io, Op};
+
+/// Accepted peer links waiting for their TLS handshake and Hello, per
+/// shard (a new one evicts the oldest).
+pub use peer::PENDING_MAX as PEER_PENDING_MAX;
 
 pub use start::Server;
 pub use sys::allowed_cpus;
@@ -111,6 +117,9 @@ struct Loop {
     poll: poll::PollWindow,
     /// Cluster mode: the Raft links of this shard.
     peers: Option<peer::Peers>,
+    /// `--certs-dir`: the node's certificates; shard 0 reloads them on
+    /// SIGHUP, every shard's new connections take the current set.
+    certs: Option<Arc<certs::Certs>>,
 }
 
 impl Drop for Loop {
@@ -178,7 +187,10 @@ impl Loop {
             Op::Recv => self.on_recv(ud, gen, slot, res),
             Op::Send => self.on_send(ud, gen, slot, res),
             Op::Signal => {
-                if res > 0 {
+                if res > 0 && self.signal_buf.ssi_signo == libc::SIGHUP as u32 {
+                    self.reload_certs();
+                    self.arm_signal();
+                } else if res > 0 {
                     log!(
                         Level::Info,
                         "signal",
@@ -202,6 +214,43 @@ impl Loop {
             Op::WalWrite if slot >= logio::STEP_GROW_ALLOC => self.on_grow_op(slot, res),
             Op::WalWrite => self.on_chain_op(Stream::Records, slot, res),
             Op::WalSync => self.on_chain_op(Stream::Compact, slot, res),
+        }
+    }
+
+    /// SIGHUP: re-reads `--certs-dir` (validated whole first; on an error
+    /// the certificates in use stay, and the log says why).
+    fn reload_certs(&mut self) {
+        let Some(c) = self.certs.as_ref() else {
+            log!(
+                Level::Info,
+                "signal",
+                "signo=SIGHUP action=none reason=\"no --certs-dir\""
+            );
+            return;
+        };
+        match c.reload() {
+            Ok(()) => {
+                self.metrics.security.cert_reload(true);
+                self.metrics
+                    .security
+                    .set_cert_not_after_s(c.not_after_unix_s());
+                log!(
+                    Level::Info,
+                    "certs_reloaded",
+                    "dir={} action=\"new connections use them; live ones keep theirs\"",
+                    crate::log::path(c.dir())
+                );
+            }
+            Err(e) => {
+                self.metrics.security.cert_reload(false);
+                log!(
+                    Level::Error,
+                    "certs_reload_failed",
+                    "dir={} error=\"{}\" action=\"kept the certificates in use\"",
+                    crate::log::path(c.dir()),
+                    crate::log::Escaped(&e)
+                );
+            }
         }
     }
 

@@ -9,6 +9,23 @@
 //! Hello naming its node, shard, shard count and voters; a link whose Hello
 //! does not match is closed and logged.
 //!
+//! With `--certs-dir` every link is TLS 1.3 with a node certificate on
+//! both sides ([`crate::tls::NodeTls`]): the dialer checks that the peer's
+//! certificate names the node it dialed, the acceptor takes the link's
+//! node id from the dialer's certificate and refuses a Hello that claims
+//! another. The first byte of an accepted link must start a TLS handshake
+//! record (0x16): a plaintext byte closes it before anything is buffered
+//! or parsed. TLS is driven here, from the loop's own buffers
+//! ([`super::tlsio`]); both directions therefore read and write during
+//! the handshake, and the outbound link's watch is its TLS input.
+//!
+//! Limits on what an unknown dialer can make this loop hold: an accepted
+//! link must finish its handshake and Hello within [`HELLO_DEADLINE_US`];
+//! at most [`PENDING_MAX`] links wait for theirs (a new one evicts the
+//! oldest); a frame before the Hello is at most [`wire::HELLO_FRAME_MAX`]
+//! bytes; a node has one inbound link per shard (a newer one replaces it).
+//! Peer links are counted apart from client connections.
+//!
 //! A link that fails is dialed again after [`REDIAL_US`]; frames for a
 //! peer whose link is down, or whose queue holds [`QUEUE_MAX`] bytes
 //! already (a peer that stopped reading), are dropped: Raft retransmits
@@ -16,12 +33,13 @@
 //! address) are [`Lent`]/boxed and come back only with their op's final
 //! completion, as on client connections.
 
+use io_uring::{opcode, types};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 
-use io_uring::{opcode, types};
-
 use super::buf::{Lent, Slot};
+use super::certs::CertsView;
+use super::tlsio;
 use super::user_data::{self as ring_io, Op};
 use super::Loop;
 use crate::cluster::wire;
@@ -31,7 +49,18 @@ use crate::log::Level;
 pub const REDIAL_US: u64 = 100_000;
 /// The most bytes queued for one peer.
 pub const QUEUE_MAX: usize = 8 << 20;
+/// An accepted link finishes its TLS handshake and its Hello within this
+/// (and a dialed link its handshake), or it is closed.
+pub const HELLO_DEADLINE_US: u64 = 5_000_000;
+/// Accepted links still waiting for their Hello, per shard; a new one
+/// evicts the oldest (a dialer that keeps connections open without
+/// speaking cannot lock the real peers out).
+pub const PENDING_MAX: usize = 16;
 const RECV_BUF: usize = 64 * 1024;
+/// An outbound link's input: TLS handshake records (a few KiB) and alerts.
+const WATCH_BUF: usize = 8 * 1024;
+/// A TLS handshake record starts with this content type.
+const TLS_HANDSHAKE: u8 = 0x16;
 
 // The `slot` field of a peer op's user_data: kind in the top byte, the
 // link's index below.
@@ -40,19 +69,36 @@ const K_RECV: u32 = 2 << 24;
 const K_CONNECT: u32 = 3 << 24;
 const K_SEND: u32 = 4 << 24;
 const K_CLOSE: u32 = 5 << 24;
-/// The watch on an outbound link: a receive that completes only when the
-/// peer closes or resets it (it never sends on our outbound link).
+/// The watch on an outbound link: its input, which is TLS handshake
+/// records only (the peer never sends data on our outbound link); with
+/// `--insecure`, a receive that completes only when the peer closes or
+/// resets it.
 const K_WATCH: u32 = 6 << 24;
+/// A send on an accepted link (TLS handshake flights and alerts).
+const K_ISEND: u32 = 7 << 24;
 const KIND_MASK: u32 = 0xFF << 24;
 
-/// An accepted link (a peer's outbound): read only.
+/// An accepted link (a peer's outbound): its data is read only; with TLS
+/// its handshake flights are sent.
 struct Inbound {
     fd: RawFd,
     recv: Slot,
+    /// Plaintext received and not yet parsed into frames.
     rbuf: Vec<u8>,
     /// The peer, once its Hello was accepted.
     node: Option<u64>,
     gen: u32,
+    tls: Option<rustls::Connection>,
+    /// Nothing received yet (the first byte is checked).
+    fresh: bool,
+    /// The node id the peer's certificate names (after the handshake).
+    cert_node: Option<u64>,
+    send: Slot,
+    sent: usize,
+    /// Handshake and Hello due by then (mono µs).
+    deadline_us: u64,
+    /// Failed: closed once no op references it.
+    dead: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,13 +120,15 @@ struct Outbound {
     shown: SocketAddr,
     fd: RawFd,
     state: OutState,
+    /// Plaintext frames waiting for the send slot (and, with TLS, for the
+    /// handshake to finish).
     queue: Vec<u8>,
     send: Slot,
     sent: usize,
     gen: u32,
     /// Logged the current outage already.
     quiet: bool,
-    /// The watch receive's buffer (a few bytes; nothing is expected).
+    /// The watch receive's buffer.
     watch: Slot,
     /// The link failed: close it once no op references it.
     dead: bool,
@@ -88,6 +136,7 @@ struct Outbound {
     up_since_us: u64,
     /// The peer left the group: close the link and never dial it again.
     retired: bool,
+    tls: Option<rustls::Connection>,
 }
 
 impl Outbound {
@@ -103,10 +152,11 @@ impl Outbound {
             sent: 0,
             gen: 0,
             quiet: false,
-            watch: Slot::Ours(vec![0u8; 16]),
+            watch: Slot::Ours(vec![0u8; WATCH_BUF]),
             dead: false,
             up_since_us: 0,
             retired: false,
+            tls: None,
         }
     }
 }
@@ -119,15 +169,19 @@ pub(super) struct Peers {
     inbound: Vec<Option<Inbound>>,
     outbound: Vec<Outbound>,
     hello: Vec<u8>,
+    /// `--certs-dir`: every link is mutual TLS; `None` with `--insecure`.
+    certs: Option<CertsView>,
 }
 
 impl Peers {
     /// `peers`: every other node's id and the address of its link for this
-    /// shard; `hello`: this link's Hello.
+    /// shard; `hello`: this link's Hello; `certs`: the node's certificates
+    /// (`None`: plaintext links, `--insecure`).
     pub(super) fn new(
         listener: TcpListener,
         peers: Vec<(u64, SocketAddr)>,
         hello: &wire::Hello,
+        certs: Option<CertsView>,
     ) -> Peers {
         let mut h = Vec::new();
         wire::encode_hello(hello, &mut h);
@@ -140,6 +194,7 @@ impl Peers {
                 .map(|(node, a)| Outbound::new(node, a))
                 .collect(),
             hello: h,
+            certs,
         }
     }
 
@@ -147,8 +202,10 @@ impl Peers {
     /// freed under the kernel.
     pub(super) fn leak_in_flight(&mut self) {
         for i in self.inbound.iter_mut().flatten() {
-            if let Slot::Kernel(l) = std::mem::replace(&mut i.recv, Slot::Moving) {
-                l.leak();
+            for slot in [&mut i.recv, &mut i.send] {
+                if let Slot::Kernel(l) = std::mem::replace(slot, Slot::Moving) {
+                    l.leak();
+                }
             }
         }
         for o in &mut self.outbound {
@@ -166,6 +223,11 @@ impl Peers {
                 ));
             }
         }
+    }
+
+    /// Live accepted links (for the metrics and tests).
+    pub(super) fn inbound_links(&self) -> usize {
+        self.inbound.iter().flatten().filter(|i| !i.dead).count()
     }
 }
 
@@ -193,12 +255,15 @@ impl Loop {
             K_ACCEPT => {
                 if res >= 0 {
                     self.peer_accepted(res);
+                } else if res != -libc::ECANCELED {
+                    self.log_refusal(None, format!("accept failed: errno {}", -res));
                 }
                 if !io_uring::cqueue::more(flags) && !self.stop_requested {
                     self.arm_peer_accept();
                 }
             }
             K_RECV => self.on_peer_recv(ud, gen, idx, res),
+            K_ISEND => self.on_inbound_send(ud, gen, idx, res),
             K_CONNECT => self.on_peer_connect(gen, idx, res),
             K_SEND => self.on_peer_send(ud, gen, idx, res),
             K_CLOSE => {}
@@ -207,7 +272,61 @@ impl Loop {
         }
     }
 
+    /// Logs a refused or failed accepted link, at most every 10 s.
+    fn log_refusal(&mut self, node: Option<u64>, why: String) {
+        let now = super::sys::now().mono_us;
+        let shard = self.shard.index();
+        let p = self.peers();
+        if now < p.refusal_logged_us {
+            return;
+        }
+        p.refusal_logged_us = now + 10_000_000;
+        log!(
+            Level::Warn,
+            "peer_link_refused",
+            "shard={} peer={:?} reason=\"{}\"",
+            shard,
+            node,
+            crate::log::Escaped(&why)
+        );
+    }
+
     fn peer_accepted(&mut self, fd: RawFd) {
+        let now = super::sys::now().mono_us;
+        // A new link evicts the oldest one still waiting for its Hello.
+        let p = self.peers();
+        let pending: Vec<(u64, usize)> = p
+            .inbound
+            .iter()
+            .enumerate()
+            .filter_map(|(k, i)| {
+                i.as_ref()
+                    .filter(|i| i.node.is_none() && !i.dead)
+                    .map(|i| (i.deadline_us, k))
+            })
+            .collect();
+        if pending.len() >= PENDING_MAX {
+            let (_, oldest) = pending.into_iter().min().expect("PENDING_MAX > 0");
+            self.fail_inbound(
+                oldest,
+                Some(format!(
+                    "evicted: {PENDING_MAX} links were waiting for their Hello"
+                )),
+            );
+        }
+        let tls = match self.peers().certs.as_mut() {
+            None => None,
+            Some(c) => match rustls::ServerConnection::new(c.current().peer_acceptor()) {
+                Ok(t) => Some(rustls::Connection::from(t)),
+                Err(e) => {
+                    // SAFETY: a plain close of the socket just accepted,
+                    // which no op references yet.
+                    unsafe { libc::close(fd) };
+                    self.log_refusal(None, format!("TLS setup failed: {e}"));
+                    return;
+                }
+            },
+        };
         let p = self.peers();
         let idx = match p.inbound.iter().position(Option::is_none) {
             Some(i) => i,
@@ -225,7 +344,15 @@ impl Loop {
             rbuf: Vec::new(),
             node: None,
             gen,
+            tls,
+            fresh: true,
+            cert_node: None,
+            send: Slot::Ours(Vec::new()),
+            sent: 0,
+            deadline_us: now + HELLO_DEADLINE_US,
+            dead: false,
         });
+        self.metrics.security.peer_link_accepted();
         self.arm_peer_recv(idx);
     }
 
@@ -257,22 +384,98 @@ impl Loop {
             i.gen, gen,
             "a peer receive for an earlier link in this slot"
         );
-        let buf = i.recv.reclaim(ud);
+        let buf = std::mem::take(i.recv.reclaim(ud));
+        if i.dead {
+            i.recv = Slot::Ours(buf);
+            self.finish_inbound(idx);
+            return;
+        }
         if res <= 0 {
+            i.recv = Slot::Ours(buf);
             if res < 0 && -res == libc::EINTR {
                 self.arm_peer_recv(idx);
                 return;
             }
-            self.close_inbound(idx, None);
+            self.fail_inbound(idx, None);
             return;
         }
-        i.rbuf.extend_from_slice(&buf[..res as usize]);
+        let data = &buf[..res as usize];
+        let mut bad = None;
+        if i.fresh {
+            i.fresh = false;
+            if i.tls.is_some() && data[0] != TLS_HANDSHAKE {
+                bad = Some(format!(
+                    "a plaintext peer (first byte {:#04x}) on a TLS peer port: every node of \
+                     a cluster with certificates needs --certs-dir",
+                    data[0]
+                ));
+            } else if i.tls.is_none() && data[0] == TLS_HANDSHAKE {
+                bad = Some(
+                    "a TLS peer on a plaintext peer port: this node runs --insecure, the peer \
+                     has certificates"
+                        .into(),
+                );
+            }
+        }
+        if bad.is_none() {
+            match i.tls.as_mut() {
+                None => i.rbuf.extend_from_slice(data),
+                Some(t) => {
+                    let was_handshaking = t.is_handshaking();
+                    match tlsio::input(t, data, &mut i.rbuf) {
+                        Err(e) => bad = Some(e),
+                        Ok(true) => bad = Some("the peer closed its TLS session".into()),
+                        Ok(false) => {}
+                    }
+                    if bad.is_none() && was_handshaking && !t.is_handshaking() {
+                        // The certificate chained to our CA (the acceptor's
+                        // verifier) and names a node: which one is the
+                        // link's identity from now on.
+                        match crate::tls::peer_identity(t) {
+                            Some(crate::tls::Identity::Node(n)) => i.cert_node = Some(n),
+                            other => {
+                                bad = Some(format!(
+                                    "a peer link whose certificate names {} (a node certificate \
+                                     is needed)",
+                                    other.map_or("nobody".to_string(), |o| o.to_string())
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        i.recv = Slot::Ours(buf);
+        if bad.is_none() {
+            bad = self.parse_inbound(idx);
+        }
+        // A TLS flight or alert to send (an alert also when refusing).
+        self.flush_inbound(idx);
+        if let Some(why) = bad {
+            self.fail_inbound(idx, Some(why));
+            return;
+        }
+        self.arm_peer_recv(idx);
+    }
+
+    /// Takes every whole frame out of the link's plaintext.
+    fn parse_inbound(&mut self, idx: usize) -> Option<String> {
+        let i = self.peers().inbound[idx].as_mut().expect("live");
         let mut rbuf = std::mem::take(&mut i.rbuf);
         let mut node = i.node;
+        let cert_node = i.cert_node;
+        let tls = i.tls.is_some();
         let mut used = 0;
         let mut bad = None;
+        let mut replaced = None;
         loop {
-            match wire::next_frame(&rbuf[used..]) {
+            // Before the Hello a frame is a Hello: a few hundred bytes.
+            let max = if node.is_none() {
+                wire::HELLO_FRAME_MAX
+            } else {
+                wire::FRAME_MAX
+            };
+            match wire::next_frame(&rbuf[used..], max) {
                 Ok(None) => break,
                 Err(e) => {
                     bad = Some(e);
@@ -282,8 +485,18 @@ impl Loop {
                     match (kind, node) {
                         (wire::KIND_HELLO, None) => match wire::decode_hello(payload) {
                             None => bad = Some("a malformed Hello".into()),
+                            Some(h) if tls && cert_node != Some(h.node) => {
+                                bad = Some(format!(
+                                    "a Hello claiming node {} over the certificate of node {}",
+                                    h.node,
+                                    cert_node.map_or("?".to_string(), |c| c.to_string())
+                                ))
+                            }
                             Some(h) => match self.shard.on_peer_hello(&h) {
-                                Ok(()) => node = Some(h.node),
+                                Ok(()) => {
+                                    node = Some(h.node);
+                                    replaced = Some(h.node);
+                                }
                                 Err(e) => bad = Some(e),
                             },
                         },
@@ -307,47 +520,143 @@ impl Loop {
             }
         }
         rbuf.drain(..used);
-        let p = self.peers();
-        let i = p.inbound[idx].as_mut().expect("live");
+        let i = self.peers().inbound[idx].as_mut().expect("live");
         i.rbuf = rbuf;
         i.node = node;
-        if let Some(why) = bad {
-            self.close_inbound(idx, Some(why));
-            return;
+        if let Some(n) = replaced {
+            // The peer dialed again: its older link to this shard is stale
+            // (half-open, or on its way out); one link per node.
+            let p = self.peers();
+            let old: Vec<usize> = p
+                .inbound
+                .iter()
+                .enumerate()
+                .filter(|(k, i)| {
+                    *k != idx && i.as_ref().is_some_and(|i| i.node == Some(n) && !i.dead)
+                })
+                .map(|(k, _)| k)
+                .collect();
+            for k in old {
+                self.fail_inbound(k, None);
+            }
         }
-        self.arm_peer_recv(idx);
+        bad
     }
 
-    fn close_inbound(&mut self, idx: usize, why: Option<String>) {
-        let i = self.peers().inbound[idx].take().expect("live");
-        debug_assert!(!i.recv.is_lent());
-        let now = super::sys::now().mono_us;
-        let p = self.peers();
-        let log_it = why.is_some() && now >= p.refusal_logged_us;
-        if log_it {
-            p.refusal_logged_us = now + 10_000_000;
+    /// Sends what the accepted link's TLS has to send, if no send is in
+    /// flight (its completion calls this again).
+    fn flush_inbound(&mut self, idx: usize) {
+        let Some(i) = self.peers().inbound[idx].as_mut() else {
+            return;
+        };
+        if i.send.is_lent() {
+            return;
         }
-        if let Some(why) = why.filter(|_| log_it) {
-            log!(
-                Level::Warn,
-                "peer_link_refused",
-                "shard={} peer={:?} reason=\"{}\"",
-                self.shard.index(),
-                i.node,
-                crate::log::Escaped(&why)
-            );
+        let Some(t) = i.tls.as_mut() else { return };
+        let buf = i.send.ours();
+        buf.clear();
+        if tlsio::output(t, buf).is_err() || buf.is_empty() {
+            return;
         }
-        let sqe = opcode::Close::new(types::Fd(i.fd))
+        i.sent = 0;
+        self.submit_inbound_send(idx);
+    }
+
+    fn submit_inbound_send(&mut self, idx: usize) {
+        let i = self.peers().inbound[idx].as_mut().expect("live");
+        let ud = ring_io::encode(Op::Peer, i.gen, K_ISEND | idx as u32);
+        let lent = Lent::lend(i.send.take_ours(), ud);
+        assert!(i.sent < lent.len(), "inbound send resumed past its end");
+        // SAFETY (pointer arithmetic): `sent < len` (asserted above).
+        let ptr = unsafe { lent.ptr().add(i.sent) };
+        let len = (lent.len() - i.sent) as u32;
+        i.send = Slot::Kernel(lent);
+        let sqe = opcode::Send::new(types::Fd(i.fd), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
             .build()
-            .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
-        // SAFETY: references no buffer; the receive completed, no op uses
-        // the fd any more (a close under a live receive could let the number
-        // be reused and the receive read another socket). Restarts in
-        // tests/cluster.rs and tests/cluster_ops.rs close inbound links.
+            .user_data(ud);
+        // SAFETY: the buffer is `Lent` to this op until its completion
+        // (on_inbound_send reclaims it); the fd is closed only after both
+        // this send and the receive completed (finish_inbound).
+        // tests/peer_tls.rs links every node over TLS through these sends.
         unsafe { self.push(sqe) };
     }
 
-    /// Dials every link that is due (from the tick).
+    fn on_inbound_send(&mut self, ud: u64, gen: u32, idx: usize, res: i32) {
+        let i = self.peers().inbound[idx]
+            .as_mut()
+            .expect("a send completion for a live inbound link");
+        assert_eq!(i.gen, gen, "an inbound send for an earlier link");
+        let len = i.send.reclaim(ud).len();
+        if i.dead {
+            self.finish_inbound(idx);
+            return;
+        }
+        if res > 0 {
+            i.sent += res as usize;
+            if i.sent < len {
+                self.submit_inbound_send(idx);
+            } else {
+                self.flush_inbound(idx);
+            }
+            return;
+        }
+        if res < 0 && -res == libc::EINTR {
+            self.submit_inbound_send(idx);
+            return;
+        }
+        self.fail_inbound(idx, None);
+    }
+
+    /// The accepted link is refused or broken: ops still in flight are cut
+    /// short, and the link is closed once none references it.
+    fn fail_inbound(&mut self, idx: usize, why: Option<String>) {
+        let Some(i) = self.peers().inbound[idx].as_mut() else {
+            return;
+        };
+        if i.dead {
+            return;
+        }
+        i.dead = true;
+        let node = i.node.or(i.cert_node);
+        let lent = i.recv.is_lent() || i.send.is_lent();
+        let fd = i.fd;
+        if let Some(why) = why {
+            self.metrics.security.peer_link_refused();
+            self.log_refusal(node, why);
+        }
+        if lent {
+            // SAFETY: a plain syscall on an fd this link owns and has not
+            // closed (closed only once no op references it), so the number
+            // cannot belong to another socket; it makes the ops in flight
+            // complete. tests/peer_tls.rs refuses links with a receive armed.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            return;
+        }
+        self.finish_inbound(idx);
+    }
+
+    /// Closes a failed accepted link once no op references it.
+    fn finish_inbound(&mut self, idx: usize) {
+        let i = self.peers().inbound[idx].as_ref().expect("live");
+        debug_assert!(i.dead);
+        if i.recv.is_lent() || i.send.is_lent() {
+            return;
+        }
+        let i = self.peers().inbound[idx].take().expect("live");
+        let sqe = opcode::Close::new(types::Fd(i.fd))
+            .build()
+            .user_data(ring_io::encode(Op::Peer, 0, K_CLOSE));
+        // SAFETY: references no buffer; the receive and any send completed,
+        // no op uses the fd any more (a close under a live receive could
+        // let the number be reused and the receive read another socket).
+        // Restarts in tests/cluster.rs and tests/cluster_ops.rs close
+        // inbound links.
+        unsafe { self.push(sqe) };
+    }
+
+    /// Dials every link that is due and closes links past their handshake
+    /// or Hello deadline (from the tick).
     pub(super) fn peer_tick(&mut self, now_us: u64) {
         // Links stay up while stopping: a leader hands its leadership over
         // on them before it exits.
@@ -355,24 +664,56 @@ impl Loop {
             return;
         }
         for o in 0..self.peers().outbound.len() {
-            if let OutState::Down { at_us } = self.peers().outbound[o].state {
-                if now_us >= at_us {
-                    self.dial(o);
+            let out = &self.peers().outbound[o];
+            match out.state {
+                OutState::Down { at_us } if now_us >= at_us => self.dial(o),
+                OutState::Up
+                    if !out.dead
+                        && out.tls.as_ref().is_some_and(|t| t.is_handshaking())
+                        && now_us >= out.up_since_us + HELLO_DEADLINE_US =>
+                {
+                    self.fail_outbound(o, libc::ETIMEDOUT);
                 }
+                _ => {}
             }
         }
+        for k in 0..self.peers().inbound.len() {
+            let late = self.peers().inbound[k]
+                .as_ref()
+                .is_some_and(|i| !i.dead && i.node.is_none() && now_us >= i.deadline_us);
+            if late {
+                self.fail_inbound(
+                    k,
+                    Some(format!(
+                        "no TLS handshake and Hello within {} ms",
+                        HELLO_DEADLINE_US / 1000
+                    )),
+                );
+            }
+        }
+        let n = self.peers().inbound_links();
+        self.metrics
+            .security
+            .set_peer_links(self.shard.index(), n as u64);
     }
 
-    /// When the next dial is due (for the wait).
+    /// When the next dial or deadline is due (for the wait).
     pub(super) fn peer_deadline_us(&self) -> Option<u64> {
         let p = self.peers.as_ref()?;
-        p.outbound
+        let dials = p.outbound.iter().filter_map(|o| match o.state {
+            OutState::Down { at_us } => Some(at_us),
+            OutState::Up if o.tls.as_ref().is_some_and(|t| t.is_handshaking()) => {
+                Some(o.up_since_us + HELLO_DEADLINE_US)
+            }
+            _ => None,
+        });
+        let hellos = p
+            .inbound
             .iter()
-            .filter_map(|o| match o.state {
-                OutState::Down { at_us } => Some(at_us),
-                _ => None,
-            })
-            .min()
+            .flatten()
+            .filter(|i| i.node.is_none() && !i.dead)
+            .map(|i| i.deadline_us);
+        dials.chain(hellos).min()
     }
 
     fn dial(&mut self, o: usize) {
@@ -455,6 +796,32 @@ impl Loop {
         out.state = OutState::Up;
         out.dead = false;
         out.up_since_us = super::sys::now().mono_us;
+        let node = out.node;
+        // TLS: the peer must prove it is the node we dialed (its
+        // certificate names it; `peer_dialer`'s verifier checks).
+        let tls = match self.peers().certs.as_mut() {
+            None => None,
+            Some(c) => {
+                let name = rustls::pki_types::ServerName::try_from(format!("ringlock-node-{node}"))
+                    .expect("a valid DNS name");
+                match rustls::ClientConnection::new(c.current().peer_dialer(node), name) {
+                    Ok(t) => Some(rustls::Connection::from(t)),
+                    Err(e) => {
+                        log!(
+                            Level::Warn,
+                            "peer_tls_failed",
+                            "shard={} peer={} error=\"{}\"",
+                            shard,
+                            node,
+                            crate::log::Escaped(&e)
+                        );
+                        self.fail_outbound(o, 0);
+                        return;
+                    }
+                }
+            }
+        };
+        self.peers().outbound[o].tls = tls;
         self.arm_watch(o);
         // The Hello first (as the shard has it now: a joining node adopts
         // its cluster's identity); what was queued for the old link is stale.
@@ -484,17 +851,49 @@ impl Loop {
         self.kick_send(o);
     }
 
+    /// Starts the next send if none is in flight: the queued frames (with
+    /// TLS: encrypted, once the handshake is done) and any TLS records.
     fn kick_send(&mut self, o: usize) {
         let out = &mut self.peers().outbound[o];
-        if out.state != OutState::Up || out.dead || out.send.is_lent() || out.queue.is_empty() {
+        if out.state != OutState::Up || out.dead || out.send.is_lent() {
             return;
         }
         let mut buf = out.send.take_ours();
         buf.clear();
-        std::mem::swap(&mut buf, &mut out.queue);
+        let mut failed = None;
+        match out.tls.as_mut() {
+            None => std::mem::swap(&mut buf, &mut out.queue),
+            Some(t) => {
+                if !t.is_handshaking() && !out.queue.is_empty() {
+                    if let Err(e) = tlsio::encrypt(t, &out.queue) {
+                        failed = Some(e);
+                    }
+                    out.queue.clear();
+                }
+                if let Err(e) = tlsio::output(t, &mut buf) {
+                    failed = Some(e);
+                }
+            }
+        }
         out.sent = 0;
+        let empty = buf.is_empty();
         out.send = Slot::Ours(buf);
-        self.submit_peer_send(o);
+        if let Some(e) = failed {
+            let node = out.node;
+            log!(
+                Level::Warn,
+                "peer_tls_failed",
+                "shard={} peer={} error=\"{}\"",
+                self.shard.index(),
+                node,
+                crate::log::Escaped(&e)
+            );
+            self.fail_outbound(o, 0);
+            return;
+        }
+        if !empty {
+            self.submit_peer_send(o);
+        }
     }
 
     fn submit_peer_send(&mut self, o: usize) {
@@ -527,7 +926,6 @@ impl Loop {
     }
 
     fn on_peer_send(&mut self, ud: u64, gen: u32, o: usize, res: i32) {
-        let shard = self.shard.index();
         let out = &mut self.peers().outbound[o];
         assert_eq!(out.gen, gen, "a send completion for an earlier link");
         let len = out.send.reclaim(ud).len();
@@ -554,7 +952,6 @@ impl Loop {
         }
         out.send.ours().clear();
         out.sent = 0;
-        let _ = shard;
         self.fail_outbound(o, -res);
     }
 
@@ -575,15 +972,57 @@ impl Loop {
         unsafe { self.push(sqe) };
     }
 
-    /// The watch completed: the peer closed or reset the link (or sent
-    /// bytes no peer sends).
+    /// The watch completed: TLS records from the peer (its handshake
+    /// flight), or the peer closed or reset the link (or, on a plaintext
+    /// link, sent bytes no peer sends).
     fn on_peer_watch(&mut self, ud: u64, gen: u32, o: usize, res: i32) {
         let out = &mut self.peers().outbound[o];
         assert_eq!(out.gen, gen, "a watch completion for an earlier link");
-        out.watch.reclaim(ud);
+        let buf = std::mem::take(out.watch.reclaim(ud));
         if res < 0 && -res == libc::EINTR && !out.dead {
+            out.watch = Slot::Ours(buf);
             self.arm_watch(o);
             return;
+        }
+        let mut why = None;
+        if res > 0 && !out.dead {
+            match out.tls.as_mut() {
+                None => why = Some("bytes on an outbound link".to_string()),
+                Some(t) => {
+                    let mut plain = Vec::new();
+                    match tlsio::input(t, &buf[..res as usize], &mut plain) {
+                        Err(e) => why = Some(e),
+                        Ok(true) => why = Some("the peer closed its TLS session".into()),
+                        Ok(false) if !plain.is_empty() => {
+                            why = Some("data from the peer on an outbound link".into())
+                        }
+                        Ok(false) => {}
+                    }
+                }
+            }
+            if why.is_none() {
+                out.watch = Slot::Ours(buf);
+                // The handshake may have moved on (our Finished to send) or
+                // ended (the queued Hello and frames go out now).
+                self.kick_send(o);
+                if !self.peers().outbound[o].dead {
+                    self.arm_watch(o);
+                }
+                return;
+            }
+        }
+        out.watch = Slot::Ours(buf);
+        if let Some(why) = why {
+            let (node, shard) = (out.node, self.shard.index());
+            log!(
+                Level::Warn,
+                "peer_link_refused",
+                "shard={} peer={} direction=out reason=\"{}\"",
+                shard,
+                node,
+                crate::log::Escaped(&why)
+            );
+            // An alert, if rustls has one, is not waited for.
         }
         self.fail_outbound(o, if res < 0 { -res } else { 0 });
     }
@@ -638,6 +1077,7 @@ impl Loop {
         };
         debug_assert!(!out.send.is_lent() && !out.watch.is_lent());
         out.dead = false;
+        out.tls = None;
         let fd = std::mem::replace(&mut out.fd, -1);
         out.state = if out.retired {
             OutState::Retired

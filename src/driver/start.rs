@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
+use super::certs::Certs;
 use super::faults::Faults;
 use super::logio::LogIo;
 use super::mesh::{self, MeshEnd};
@@ -34,6 +35,8 @@ struct Part {
     /// Cluster mode: the shard's replica, its log file, its Raft listener
     /// and the other nodes' link addresses for this shard.
     raft: Option<RaftPart>,
+    /// `--certs-dir`: the node's certificates (shared by every shard).
+    certs: Option<Arc<Certs>>,
 }
 
 struct RaftPart {
@@ -99,6 +102,51 @@ impl Server {
         let budget = crate::core::Budget::new(limits);
         let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
         let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
+        let certs = match (&cfg.certs_dir, &cluster) {
+            (Some(dir), c) => {
+                let node = c.as_ref().map(|c| c.node_id);
+                let certs = Certs::load(dir.clone(), node)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                metrics.security.enable(false);
+                metrics
+                    .security
+                    .set_cert_not_after_s(certs.not_after_unix_s());
+                log!(
+                    Level::Info,
+                    "certs_loaded",
+                    "dir={} node={:?} not_after_unix_s={}",
+                    crate::log::path(dir),
+                    node,
+                    certs.not_after_unix_s()
+                );
+                Some(certs)
+            }
+            (None, Some(_)) if cfg.insecure => {
+                metrics.security.enable(true);
+                None
+            }
+            (None, Some(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a cluster node (--peers) needs certificates: make them with `ringlock cert \
+                     create-ca` and `ringlock cert create-node` and give --certs-dir DIR \
+                     (docs/security.md), or start every node with --insecure to run the cluster \
+                     open to anyone who can reach its Raft ports",
+                ));
+            }
+            (None, None) => None,
+        };
+        if cfg.insecure && (cluster.is_none() || cfg.certs_dir.is_some()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                if cluster.is_none() {
+                    "--insecure is for a cluster (--peers) without certificates; a single node \
+                     needs no flag to run without them"
+                } else {
+                    "--insecure and --certs-dir contradict each other: give one"
+                },
+            ));
+        }
         if cluster.is_some() && cfg.data_path.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -186,6 +234,7 @@ impl Server {
                 log,
                 faults,
                 raft: None,
+                certs: certs.clone(),
             });
         }
         if let Some(c) = &cluster {
@@ -364,7 +413,8 @@ impl Loop {
             ),
             (None, Some(r)) => {
                 let io = LogIo::new(r.files, part.faults, prealloc);
-                let peers = super::peer::Peers::new(r.listener, r.peers, &r.hello);
+                let view = part.certs.as_ref().map(|c| c.view());
+                let peers = super::peer::Peers::new(r.listener, r.peers, &r.hello, view);
                 (None, Some(io), Some((r.part, peers)))
             }
             (None, None) => (None, None, None),
@@ -398,6 +448,7 @@ impl Loop {
             idle_poll_us,
             poll: poll::PollWindow::new(idle_poll_us),
             peers,
+            certs: part.certs,
         })
     }
 }

@@ -58,6 +58,8 @@
 //!   output is unchanged.
 
 mod http;
+mod security;
+pub use security::Security;
 
 pub use http::{
     serve, serve_with, Options, CONNECTIONS_MAX, REQUEST_HEAD_BYTES_MAX, REQUEST_TIMEOUT,
@@ -307,6 +309,8 @@ pub struct Metrics {
     heartbeats_ms: Box<[AtomicU64]>,
     /// Cluster mode only: the replication series.
     raft: OnceLock<RaftMetrics>,
+    /// Peer links and certificates (cluster or `--certs-dir` only).
+    pub security: Security,
 }
 
 impl Default for Metrics {
@@ -350,6 +354,7 @@ impl Metrics {
             ready_at_ms: AtomicU64::new(0),
             heartbeats_ms: (0..loops).map(|_| AtomicU64::new(0)).collect(),
             raft: OnceLock::new(),
+            security: Security::new(loops),
         }
     }
 
@@ -909,6 +914,7 @@ impl Metrics {
         if let Some(r) = self.raft.get() {
             r.render(w);
         }
+        self.security.render(w);
     }
 }
 

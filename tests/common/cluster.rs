@@ -1,6 +1,11 @@
 //! A cluster of real `ringlockd` processes on loopback whose Raft links
 //! run through [`FaultProxy`]s: one proxy per ordered pair of nodes, so a
 //! test can cut any link one way or both.
+//!
+//! Nodes run with certificates (`--certs-dir`: mutual TLS on every Raft
+//! link) made by the real `ringlock cert` CLI, one CA per cluster, unless
+//! `extra` holds `--insecure` (tests whose subject is not TLS may, and
+//! say so).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -26,6 +31,20 @@ pub struct Cluster {
     /// Node → started with `--join` (added to the running cluster, its
     /// links direct, without proxies).
     pub join: Vec<bool>,
+}
+
+/// Runs `ringlock cert ARGS` (the real CLI); panics with its stderr.
+pub fn cert_cli(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ringlock"))
+        .arg("cert")
+        .args(args)
+        .output()
+        .expect("run ringlock cert");
+    assert!(
+        out.status.success(),
+        "ringlock cert {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `n` listeners on consecutive free ports, below the kernel's ephemeral
@@ -168,6 +187,51 @@ impl Cluster {
         self.dir.path(&format!("node{}.log", i + 1))
     }
 
+    /// The CA key of this cluster's certificates (made on first use).
+    pub fn ca_key(&self) -> std::path::PathBuf {
+        let key = self.dir.path("ca.key");
+        if !key.exists() {
+            let ca = self.dir.path("ca");
+            cert_cli(&[
+                "create-ca",
+                "--certs-dir",
+                ca.to_str().expect("utf-8"),
+                "--ca-key",
+                key.to_str().expect("utf-8"),
+            ]);
+        }
+        key
+    }
+
+    /// Node `i`'s certs dir (`ca.crt`, `node.crt`, `node.key` for node id
+    /// `i + 1`), made on first use.
+    pub fn certs_dir(&self, i: usize) -> std::path::PathBuf {
+        let dir = self.dir.path(&format!("certs{}", i + 1));
+        if !dir.join("node.crt").exists() {
+            let key = self.ca_key();
+            std::fs::create_dir_all(&dir).expect("certs dir");
+            std::fs::copy(self.dir.path("ca").join("ca.crt"), dir.join("ca.crt"))
+                .expect("copy ca.crt");
+            cert_cli(&[
+                "create-node",
+                "--certs-dir",
+                dir.to_str().expect("utf-8"),
+                "--ca-key",
+                key.to_str().expect("utf-8"),
+                "--node-id",
+                &(i + 1).to_string(),
+                "127.0.0.1",
+                "localhost",
+            ]);
+        }
+        dir
+    }
+
+    /// Runs without certificates (`--insecure` among the flags).
+    pub fn insecure(&self) -> bool {
+        self.extra.iter().any(|a| a == "--insecure")
+    }
+
     pub fn start_node(&mut self, i: usize) {
         if let Err(e) = self.try_start_node(i) {
             panic!("node {} did not start: {e}", i + 1);
@@ -194,6 +258,10 @@ impl Cluster {
         ];
         if self.join[i] {
             args.push("--join".into());
+        }
+        if !self.insecure() {
+            args.push("--certs-dir".into());
+            args.push(self.certs_dir(i).to_string_lossy().into_owned());
         }
         args.extend(self.extra.iter().cloned());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
