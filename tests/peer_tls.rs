@@ -203,6 +203,11 @@ fn a_huge_frame_before_the_hello_is_refused_at_once() {
     let mut s = tls_dial(c.raft_addr(0), node2.peer_dialer(1));
     s.write_all(&(256u32 << 20).to_le_bytes()).expect("send");
     let _ = s.flush();
+    // Refused for its length, at once (not at the Hello deadline).
+    c.nodes[0]
+        .as_ref()
+        .unwrap()
+        .wait_log("peer frame of 268435456 bytes (at most 4096 here)");
     let mut b = [0u8; 16];
     assert!(!matches!(s.read(&mut b), Ok(n) if n > 0));
     wait_refused(&c, 0, r0);
@@ -221,6 +226,10 @@ fn a_huge_frame_before_the_hello_is_refused_at_once() {
         let _ = s.write_all(&vec![0u8; 1 << 20]);
         conns.push(s);
     }
+    c.nodes[0]
+        .as_ref()
+        .unwrap()
+        .wait_log("peer frame of 268435456 bytes (at most 4096 here)");
     for s in &mut conns {
         assert!(closed_by_server(s), "the oversized frame's link was closed");
     }
@@ -249,7 +258,12 @@ fn two_thousand_silent_peer_connections_change_nothing() {
             silent.push(s);
         }
     }
-    // The node closes all but the newest few as they come.
+    // The node closes all but the newest few as they come: evicted, not
+    // left for the Hello deadline.
+    c.nodes[leader]
+        .as_ref()
+        .unwrap()
+        .wait_log("evicted: 16 links were waiting for their Hello");
     let t = Instant::now();
     loop {
         let fds = c.nodes[leader].as_ref().unwrap().open_fds();

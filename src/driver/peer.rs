@@ -57,6 +57,10 @@ pub const HELLO_DEADLINE_US: u64 = 5_000_000;
 /// speaking cannot lock the real peers out).
 pub const PENDING_MAX: usize = 16;
 const RECV_BUF: usize = 64 * 1024;
+/// A link's receive buffer until its Hello is accepted: a TLS ClientHello
+/// or a Hello fits, and a flood of dialers that never get that far costs
+/// little memory and no 64 KiB clearing each.
+const PENDING_RECV_BUF: usize = 4 * 1024;
 /// An outbound link's input: TLS handshake records (a few KiB) and alerts.
 const WATCH_BUF: usize = 8 * 1024;
 /// A TLS handshake record starts with this content type.
@@ -340,7 +344,7 @@ impl Loop {
             GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & crate::shard::conn::GEN_MASK;
         p.inbound[idx] = Some(Inbound {
             fd,
-            recv: Slot::Ours(vec![0u8; RECV_BUF]),
+            recv: Slot::Ours(vec![0u8; PENDING_RECV_BUF]),
             rbuf: Vec::new(),
             node: None,
             gen,
@@ -523,6 +527,10 @@ impl Loop {
         let i = self.peers().inbound[idx].as_mut().expect("live");
         i.rbuf = rbuf;
         i.node = node;
+        if replaced.is_some() {
+            // A member now: Raft batches come in 64 KiB receives.
+            i.recv.ours().resize(RECV_BUF, 0);
+        }
         if let Some(n) = replaced {
             // The peer dialed again: its older link to this shard is stale
             // (half-open, or on its way out); one link per node.
