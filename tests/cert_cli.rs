@@ -435,8 +435,25 @@ fn a_rotated_ca_bundle_issues_and_trusts_both() {
     shake(&n1, &n2).expect("old to new");
     shake(&n2, &n1).expect("new to old");
     let listed = ok(cert(&["list", "--certs-dir", p(&n2_dir)]));
-    assert!(
-        listed.contains("ca.crt#1") && listed.contains("ca.crt#2"),
-        "{listed}"
-    );
+    // The ISSUER column (FILE SUBJECT IDENTITY ISSUER ...): cells are
+    // separated by two spaces or more, and none holds two.
+    let issuer = |listed: &str, file: &str| {
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(file))
+            .unwrap_or_else(|| panic!("no {file} in {listed}"))
+            .to_owned();
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .nth(3)
+            .unwrap_or_else(|| panic!("no ISSUER in {line}"))
+            .to_owned()
+    };
+    assert_eq!(issuer(&listed, "ca.crt#1"), "self");
+    assert_eq!(issuer(&listed, "ca.crt#2"), "self");
+    assert_eq!(issuer(&listed, "node.crt"), "ca.crt#2");
+    // Node 1's, in its dir with the bundle: the old CA's.
+    let listed = ok(cert(&["list", "--certs-dir", p(&m.certs)]));
+    assert_eq!(issuer(&listed, "node.crt"), "ca.crt#1");
 }

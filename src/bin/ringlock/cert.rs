@@ -107,7 +107,12 @@ pub enum CertCmd {
         #[arg(value_name = "NAME")]
         name: String,
     },
-    /// List the certificates in DIR: file, subject, identity, expiry (EXPIRED, or expiring within 30 days)
+    /// List the certificates in DIR: file, subject, identity, issuer, expiry (EXPIRED, or expiring within 30 days)
+    ///
+    /// ISSUER is the certificate of ca.crt that issued it (ca.crt#N in a
+    /// bundle; "self" for a CA; "not in ca.crt" when none there did): after
+    /// a CA rotation, no certificate may still name the old CA when it is
+    /// removed from ca.crt.
     List {
         /// The certs dir
         #[arg(long, value_name = "DIR")]
@@ -324,10 +329,23 @@ fn list(certs_dir: &Path) -> Result<u8, Fail> {
         "FILE".to_string(),
         "SUBJECT".into(),
         "IDENTITY".into(),
+        "ISSUER".into(),
         "NOT AFTER (UTC)".into(),
         "STATUS".into(),
     ]];
+    // How ca.crt's certificates are named in the FILE column.
+    let ca_count = certs
+        .iter()
+        .find(|c| c.path.file_name().is_some_and(|f| f == tls::CA_FILE))
+        .map_or(0, |c| c.count);
     for c in &certs {
+        let in_ca_crt = c.path.file_name().is_some_and(|f| f == tls::CA_FILE);
+        let issuer = match c.issued_by {
+            Some(i) if in_ca_crt && i == c.index => "self".to_string(),
+            Some(_) if ca_count == 1 => tls::CA_FILE.to_string(),
+            Some(i) => format!("{}#{}", tls::CA_FILE, i + 1),
+            None => "not in ca.crt".to_string(),
+        };
         let mut file = c
             .path
             .file_name()
@@ -353,9 +371,16 @@ fn list(certs_dir: &Path) -> Result<u8, Fail> {
                 "ok".to_string()
             }
         };
-        rows.push([file, c.subject.clone(), identity, utc(c.not_after), status]);
+        rows.push([
+            file,
+            c.subject.clone(),
+            identity,
+            issuer,
+            utc(c.not_after),
+            status,
+        ]);
     }
-    let mut widths = [0; 5];
+    let mut widths = [0; 6];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
