@@ -80,7 +80,7 @@ use rustls::{
     CertificateError, ClientConfig, CommonState, DigitallySignedStruct, DistinguishedName,
     InconsistentKeys, OtherError, RootCertStore, ServerConfig, SignatureScheme,
 };
-use x509_parser::extensions::GeneralName;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
 
 /// The CA bundle in a certs dir.
 pub const CA_FILE: &str = "ca.crt";
@@ -273,6 +273,13 @@ pub struct CertInfo {
     pub count: usize,
     /// The subject's distinguished name, e.g. `CN=ringlock node 1`.
     pub subject: String,
+    /// The issuer's distinguished name (the subject, for a CA's own).
+    pub issuer: String,
+    /// Which certificate of this dir's `ca.crt` issued it (0-based; a
+    /// CA's own self-signed certificate names itself): the one whose key
+    /// identifier its authority key identifier names, else the one whose
+    /// subject is its issuer. `None` when `ca.crt` holds no such CA.
+    pub issued_by: Option<usize>,
     /// A CA certificate (basic constraints `cA`).
     pub is_ca: bool,
     /// Its ringlock identity, or why it has none (always an error for a
@@ -304,7 +311,7 @@ pub fn list(certs_dir: &Path) -> Result<Vec<CertInfo>, String> {
         }
     }
     files.sort();
-    let mut out = Vec::new();
+    let mut parsed = Vec::new();
     for (_, _, path) in files {
         let file = read(&path)?;
         let certs = pem_certs(&file)?;
@@ -312,19 +319,48 @@ pub fn list(certs_dir: &Path) -> Result<Vec<CertInfo>, String> {
         for (index, der) in certs.iter().enumerate() {
             let info =
                 parse(der).map_err(|e| format!("{}: {e}", nth(&file.label, index, count)))?;
-            out.push(CertInfo {
-                path: path.clone(),
+            parsed.push((path.clone(), index, count, info, identity_of(der)));
+        }
+    }
+    // ca.crt sorts first: its certificates are the first `cas`.
+    let cas = parsed
+        .iter()
+        .take_while(|(path, ..)| path.file_name().is_some_and(|f| f == CA_FILE))
+        .count();
+    let issued_by = |cert: &Parsed| {
+        let by_key = cert.authority_key_id.as_ref().and_then(|aki| {
+            parsed[..cas]
+                .iter()
+                .position(|(_, _, _, ca, _)| ca.key_id.as_ref() == Some(aki))
+        });
+        by_key.or_else(|| {
+            parsed[..cas]
+                .iter()
+                .position(|(_, _, _, ca, _)| ca.subject_der == cert.issuer_der)
+        })
+    };
+    let by: Vec<_> = parsed
+        .iter()
+        .map(|(_, _, _, info, _)| issued_by(info))
+        .collect();
+    Ok(parsed
+        .into_iter()
+        .zip(by)
+        .map(
+            |((path, index, count, info, identity), issued_by)| CertInfo {
+                path,
                 index,
                 count,
                 subject: info.subject,
+                issuer: info.issuer,
+                issued_by,
                 is_ca: info.is_ca,
-                identity: identity_of(der),
+                identity,
                 not_before: info.not_before,
                 not_after: info.not_after,
-            });
-        }
-    }
-    Ok(out)
+            },
+        )
+        .collect())
 }
 
 /// A node's TLS: its certificate and key, the CA bundle, and the
@@ -1023,20 +1059,42 @@ fn check_end_entity(
 /// What this module reads of a certificate besides its identity.
 struct Parsed {
     subject: String,
+    subject_der: Vec<u8>,
+    issuer: String,
+    issuer_der: Vec<u8>,
     is_ca: bool,
     not_before: SystemTime,
     not_after: SystemTime,
+    /// Subject key identifier.
+    key_id: Option<Vec<u8>>,
+    /// The key identifier of the issuer's key.
+    authority_key_id: Option<Vec<u8>>,
 }
 
 fn parse(der: &[u8]) -> Result<Parsed, String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| format!("not an X.509 certificate: {e}"))?;
     let validity = cert.validity();
+    let (mut key_id, mut authority_key_id) = (None, None);
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(id) => key_id = Some(id.0.to_vec()),
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                authority_key_id = aki.key_identifier.as_ref().map(|id| id.0.to_vec())
+            }
+            _ => {}
+        }
+    }
     Ok(Parsed {
         subject: cert.subject().to_string(),
+        subject_der: cert.subject().as_raw().to_vec(),
+        issuer: cert.issuer().to_string(),
+        issuer_der: cert.issuer().as_raw().to_vec(),
         is_ca: cert.is_ca(),
         not_before: unix_time(validity.not_before.timestamp()),
         not_after: unix_time(validity.not_after.timestamp()),
+        key_id,
+        authority_key_id,
     })
 }
 

@@ -526,7 +526,8 @@ fn list_names_every_certificate_of_the_dir() {
     let dir = TempDir::new();
     dir.write(CA_FILE, &[old.pem(), new.pem()].concat());
     dir.write(NODE_CERT_FILE, new.node_cert(7).cert_pem.as_bytes());
-    dir.write("client.zed.crt", new.client_cert("zed").cert_pem.as_bytes());
+    // zed's is of the old CA.
+    dir.write("client.zed.crt", old.client_cert("zed").cert_pem.as_bytes());
     dir.write("client.amy.crt", new.client_cert("amy").cert_pem.as_bytes());
     dir.write(NODE_KEY_FILE, b"not listed");
     let listed = list(&dir.0).expect("list");
@@ -540,6 +541,7 @@ fn list_names_every_certificate_of_the_dir() {
                 c.subject.clone(),
                 c.is_ca,
                 c.identity.clone().ok(),
+                c.issued_by,
             )
         })
         .collect();
@@ -548,7 +550,7 @@ fn list_names_every_certificate_of_the_dir() {
             .expect("parse")
             .subject;
         assert!(subject.starts_with("CN=ringlock CA, OU=key "), "{subject}");
-        ("ca.crt".to_string(), i, 2, subject, true, None)
+        ("ca.crt".to_string(), i, 2, subject, true, None, Some(i))
     };
     assert_eq!(
         rows,
@@ -561,7 +563,8 @@ fn list_names_every_certificate_of_the_dir() {
                 1,
                 "CN=ringlock node 7".into(),
                 false,
-                Some(Identity::Node(7))
+                Some(Identity::Node(7)),
+                Some(1)
             ),
             (
                 "client.amy.crt".into(),
@@ -569,7 +572,8 @@ fn list_names_every_certificate_of_the_dir() {
                 1,
                 "CN=ringlock client amy".into(),
                 false,
-                Some(Identity::Client("amy".into()))
+                Some(Identity::Client("amy".into())),
+                Some(1)
             ),
             (
                 "client.zed.crt".into(),
@@ -577,7 +581,8 @@ fn list_names_every_certificate_of_the_dir() {
                 1,
                 "CN=ringlock client zed".into(),
                 false,
-                Some(Identity::Client("zed".into()))
+                Some(Identity::Client("zed".into())),
+                Some(0)
             ),
         ]
     );

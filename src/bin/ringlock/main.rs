@@ -10,6 +10,7 @@
 //! ringlock [OPTIONS] reset --source SRC
 //! ringlock [OPTIONS] keys [-d] [--json] [--older-than D]
 //! ringlock [--admin-addr A,B,C] cluster status [--json]
+//! ringlock cert create-ca | create-node | create-client | list --certs-dir DIR ...
 //! ringlock completions SHELL | ringlock man
 //! ```
 //!
@@ -26,6 +27,7 @@
 //! ([`run_under_lease`]).
 
 mod bytes;
+mod cert;
 mod child;
 mod cluster;
 mod keys;
@@ -283,6 +285,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ClusterCmd,
     },
+    /// TLS certificates: make the CA and node and client certificates, list them
+    #[command(arg_required_else_help = false)]
+    Cert {
+        #[command(subcommand)]
+        cmd: cert::CertCmd,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum, value_name = "SHELL")]
@@ -412,7 +420,7 @@ fn main() -> ExitCode {
 /// clap's message, on one line, with the usage it printed.
 fn one_line(err: &clap::Error) -> String {
     if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-        return "missing command: lock, try-lock, unlock, reset, keys, cluster, completions or man \
+        return "missing command: lock, try-lock, unlock, reset, keys, cluster, cert, completions or man \
                 (see ringlock --help)"
             .into();
     }
@@ -473,6 +481,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             out(&buf);
             return Ok(0);
         }
+        Cmd::Cert { cmd } => return cert::run(cmd),
         Cmd::Cluster {
             cmd: ClusterCmd::Status { json },
         } => return cluster_status(&cli, &matches, *json),
@@ -683,7 +692,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                 )),
             }
         }
-        Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } => {
+        Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }
     }
