@@ -3,12 +3,18 @@
 # etcd cluster and a single durable ringlockd, same machine, same run, same
 # load; then the ringlock cluster's failover time.
 #
-#   scripts/cluster-bench.sh [--no-install] [--out DIR] [--systems "ringlock-cluster etcd-cluster ringlockd-durable"]
+#   scripts/cluster-bench.sh [--no-install] [--out DIR] [--systems "ringlock-cluster ringlock-cluster-insecure etcd-cluster ringlockd-durable"]
 #                            [--clients "1 16 64"] [--duration 5s] [--warmup 1s] [--profile release|debug]
 #   env: FAILOVER_TRIALS (default 20; also the number of SIGTERM hand-over
 #        trials after them), FAILOVER_SETTLE_MS (default 1000),
 #        CLUSTER_BENCH_SMOKE=1 (1 s per scenario, 3 failover trials, debug
 #        build, output to a temp dir unless --out; checks every row worked)
+#
+# Peer links: ringlock-cluster runs with certificates (mutual TLS on every
+# Raft link, made with ringlock cert), ringlock-cluster-insecure the same
+# cluster with --insecure (plaintext links), side by side; etcd-cluster's
+# members link with peer TLS (--peer-client-cert-auth) unless
+# ETCD_PEER_TLS=0. Clients talk plaintext to all of them.
 #
 # Load: lock+unlock, closed loop, persistent connections, each client its own
 # key (ringlock-loadgen --dist private), at each --clients count; against the
@@ -45,7 +51,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=cluster-bench
 SMOKE=${CLUSTER_BENCH_SMOKE:-0}
 INSTALL=1
-SYSTEMS="ringlock-cluster etcd-cluster ringlockd-durable"
+SYSTEMS="ringlock-cluster ringlock-cluster-insecure etcd-cluster ringlockd-durable"
 CLIENTS="1 16 64"
 OUT=""
 PROFILE=""
@@ -66,8 +72,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 for s in $SYSTEMS; do
-    case "$s" in ringlock-cluster|etcd-cluster|ringlockd-durable) ;;
-        *) echo "unknown system $s (ringlock-cluster, etcd-cluster, ringlockd-durable)" >&2; exit 2 ;; esac
+    case "$s" in ringlock-cluster|ringlock-cluster-insecure|etcd-cluster|ringlockd-durable) ;;
+        *) echo "unknown system $s (ringlock-cluster, ringlock-cluster-insecure, etcd-cluster, ringlockd-durable)" >&2; exit 2 ;; esac
 done
 for c in $CLIENTS; do
     case "$c" in ''|*[!0-9]*|0) echo "--clients takes positive integers, got $c" >&2; exit 2 ;; esac
@@ -133,7 +139,9 @@ cluster_env_info "$PROFILE"
 
 # ---------------------------------------------------------------- load
 declare -A TITLE
-TITLE=([ringlock-cluster]="ringlock, 3-node cluster (leader)" [etcd-cluster]="etcd, 3-member cluster (leader member)"
+TITLE=([ringlock-cluster]="ringlock, 3-node cluster (leader), mTLS peer links"
+       [ringlock-cluster-insecure]="ringlock, 3-node cluster (leader), --insecure"
+       [etcd-cluster]="etcd, 3-member cluster (leader member), peer TLS"
        [ringlockd-durable]="ringlockd, single node, --data-path")
 FAILED=0
 # Noise accounting, as in scripts/bench.sh: /proc/stat ticks over the run
@@ -176,7 +184,8 @@ for c in $CLIENTS; do
     for s in $SYSTEMS; do
         d="$TMP/run/$s-$c"
         case "$s" in
-        ringlock-cluster)
+        ringlock-cluster|ringlock-cluster-insecure)
+            if [ "$s" = ringlock-cluster ]; then RL_PEER_TLS=1; else RL_PEER_TLS=0; fi
             if start_rl_cluster "$d" && l=$(rl_leader); then
                 declare -A LINES=()
                 for n in 1 2 3; do LINES[$n]=$(wc -l <"$d/n$n/log"); done
@@ -221,6 +230,8 @@ for c in $CLIENTS; do
 done
 
 # ---------------------------------------------------------------- failover
+# The failover trials run the secure default (mutual TLS peer links).
+RL_PEER_TLS=1
 if want ringlock-cluster && [ "$TRIALS" -gt 0 ]; then
     d="$TMP/run/failover"
     trials="$OUT/failover-trials.jsonl"

@@ -198,18 +198,39 @@ rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms
 # restart (a member with a data dir ignores the --initial-* flags). With
 # initial_cluster (what `etcdctl member add` printed): a new member, fresh
 # data dir, joining the running cluster (--initial-cluster-state existing).
+# ETCD_PEER_TLS=1 (default): the members' peer links are mutual TLS
+# (--peer-client-cert-auth), with certificates of the same kind as
+# ringlock's (made by $BIN/ringlock cert: ECDSA P-256, IP SAN 127.0.0.1,
+# server and client use), so both clusters pay for peer TLS; 0: plaintext.
+ETCD_PEER_TLS=${ETCD_PEER_TLS:-1}
+etcd_peer_tls() { # n: the member's peer TLS flags (certificates made once)
+    local n=$1 c="$TMP/etcd-certs"
+    [ "$ETCD_PEER_TLS" = 1 ] || return 0
+    if [ ! -f "$c/ca.key" ]; then
+        "$BIN/ringlock" cert create-ca --certs-dir "$c/ca" --ca-key "$c/ca.key" >/dev/null || return 1
+    fi
+    if [ ! -f "$c/e$n/node.crt" ]; then
+        mkdir -p "$c/e$n" && cp "$c/ca/ca.crt" "$c/e$n/ca.crt"
+        "$BIN/ringlock" cert create-node --certs-dir "$c/e$n" --ca-key "$c/ca.key" \
+            --node-id "$((100 + n))" 127.0.0.1 localhost >/dev/null || return 1
+    fi
+    echo "--peer-cert-file $c/e$n/node.crt --peer-key-file $c/e$n/node.key --peer-trusted-ca-file $c/e$n/ca.crt --peer-client-cert-auth"
+}
 start_etcd_member() { # n dir [initial_cluster]
-    local n=$1 m cluster=${3:-} state=existing
+    local n=$1 m cluster=${3:-} state=existing scheme=http tls
+    [ "$ETCD_PEER_TLS" = 1 ] && scheme=https
     if [ -z "$cluster" ]; then
         state=new
-        for m in 1 2 3; do cluster="$cluster${cluster:+,}e$m=http://127.0.0.1:${ETCD_PEER[$m]}"; done
+        for m in 1 2 3; do cluster="$cluster${cluster:+,}e$m=$scheme://127.0.0.1:${ETCD_PEER[$m]}"; done
     fi
     mkdir -p "$2/e$n"
+    tls=$(etcd_peer_tls "$n") || { log "no peer certificates for etcd member $n"; return 1; }
+    # shellcheck disable=SC2086 # $tls: flags and paths without spaces
     $PIN_SERVER etcd --name "e$n" --data-dir "$2/e$n/data" \
         --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
-        --listen-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER[$n]}" \
+        --listen-peer-urls "$scheme://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "$scheme://127.0.0.1:${ETCD_PEER[$n]}" \
         --initial-cluster "$cluster" --initial-cluster-state "$state" --initial-cluster-token ringlock-bench \
-        >>"$2/e$n/log" 2>&1 &
+        $tls >>"$2/e$n/log" 2>&1 &
     PID[etcd$n]=$!
 }
 start_etcd_cluster() { # dir
