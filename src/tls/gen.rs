@@ -218,7 +218,7 @@ impl Issuer {
     }
 
     /// A client certificate for client `name` (see
-    /// [`check_client_name`](super::check_client_name)).
+    /// [`check_client_name`]).
     pub fn client(&self, name: &str, validity: Validity) -> Result<Issued, String> {
         check_client_name(name)?;
         self.leaf(
