@@ -321,7 +321,7 @@ impl Loop {
         let tls = match self.peers().certs.as_mut() {
             None => None,
             Some(c) => match rustls::ServerConnection::new(c.current().peer_acceptor()) {
-                Ok(t) => Some(rustls::Connection::from(t)),
+                Ok(t) => Some(tlsio::unlimited(t.into())),
                 Err(e) => {
                     // SAFETY: a plain close of the socket just accepted,
                     // which no op references yet.
@@ -813,7 +813,7 @@ impl Loop {
                 let name = rustls::pki_types::ServerName::try_from(format!("ringlock-node-{node}"))
                     .expect("a valid DNS name");
                 match rustls::ClientConnection::new(c.current().peer_dialer(node), name) {
-                    Ok(t) => Some(rustls::Connection::from(t)),
+                    Ok(t) => Some(tlsio::unlimited(t.into())),
                     Err(e) => {
                         log!(
                             Level::Warn,
@@ -1013,7 +1013,10 @@ impl Loop {
                 // The handshake may have moved on (our Finished to send) or
                 // ended (the queued Hello and frames go out now).
                 self.kick_send(o);
-                if !self.peers().outbound[o].dead {
+                // Unless that send failed the link (then it is down or
+                // being shut down, and its fd is not ours to read).
+                let out = &self.peers().outbound[o];
+                if out.state == OutState::Up && !out.dead {
                     self.arm_watch(o);
                 }
                 return;
