@@ -101,6 +101,7 @@ impl Storage for Store {
     }
 }
 
+use super::check::{Reason, Refusal};
 use super::store;
 
 /// The context raft-rs gives a hand-over's campaign (raft-rs does not
@@ -837,17 +838,16 @@ impl Replica {
         known_all_read && majority(&cs.voters) && majority(&cs.voters_outgoing)
     }
 
-    /// A message from a peer (already decoded from its frame); the
-    /// configuration notices it carried (see [`EXCLUDED_FIELD`]), for the
-    /// shard to pass on to the groups they name.
-    pub fn step(&mut self, bytes: &[u8]) -> Result<Vec<(u32, u64)>, String> {
-        let m = Message::parse_from_bytes(bytes).map_err(|e| format!("bad raft message: {e}"))?;
-        if m.to != self.cfg.id {
-            return Err(format!(
-                "raft message for node {} reached node {}",
-                m.to, self.cfg.id
-            ));
-        }
+    /// A message from a peer (already decoded from its frame), that
+    /// arrived on the link of node `link`; the configuration notices it
+    /// carried (see [`EXCLUDED_FIELD`]), for the shard to pass on to the
+    /// groups they name. A message that does not parse, or that
+    /// [`super::check::check`] refuses, changes nothing (raft-rs never
+    /// sees it): the refusal says why.
+    pub fn step(&mut self, link: u64, bytes: &[u8]) -> Result<Vec<(u32, u64)>, Refusal> {
+        let m = Message::parse_from_bytes(bytes)
+            .map_err(|e| Refusal::new(Reason::Malformed, format!("not a raft message: {e}")))?;
+        self.check(&m, link)?;
         // A leader's hand-over (its transferee campaigns with this context)
         // is voted for even now: that leader stopped serving when it began
         // the transfer, so no lease of it is left to protect.
@@ -881,6 +881,29 @@ impl Replica {
         // protocol's business: raft-rs ignores what it must.
         let _ = self.node.step(m);
         Ok(notes)
+    }
+
+    /// [`super::check::check`] against this replica's state now.
+    pub fn check(&self, m: &Message, link: u64) -> Result<(), Refusal> {
+        let r = &self.node.raft;
+        let log = &r.raft_log;
+        // raft-rs answers 0 for an index outside the log (compacted, or
+        // past its end): not known. Every entry has a term of 1 or more.
+        let term_at = |i: u64| log.term(i).ok().filter(|&t| t != 0);
+        super::check::check(
+            m,
+            link,
+            &super::check::Local {
+                id: self.cfg.id,
+                term: r.term,
+                last_index: log.last_index(),
+                committed: log.committed,
+                persisted: log.persisted,
+                leader: r.state == StateRole::Leader,
+                candidate: r.state == StateRole::Candidate,
+                term_at: &term_at,
+            },
+        )
     }
 
     /// A peer's replica of this group applied a configuration that
@@ -1174,6 +1197,16 @@ impl Replica {
 mod tests {
     use super::*;
 
+    /// An entry's data as a leader proposes it: its clock, then a batch
+    /// of records (one grant mark, `n`). Peers refuse anything else.
+    fn payload(n: u64) -> Vec<u8> {
+        let mut records = Vec::new();
+        crate::wal::record::encode_grant_mark(n, &mut records);
+        let mut data = Vec::new();
+        store::proposal(1_700_000_000_000, &records, &mut data);
+        data
+    }
+
     /// Three replicas in memory, messages delivered at once, persistence
     /// immediate: one is elected, a proposal commits everywhere.
     #[test]
@@ -1201,7 +1234,7 @@ mod tests {
             }
             if !proposed {
                 if let Some(l) = nodes.iter_mut().find(|n| n.serving()) {
-                    assert!(l.propose(b"hello".to_vec()).is_some());
+                    assert!(l.propose(payload(7)).is_some());
                     proposed = true;
                 }
             }
@@ -1214,7 +1247,7 @@ mod tests {
         assert!(proposed, "a leader served");
         assert_eq!(nodes.iter().filter(|n| n.is_leader()).count(), 1);
         for a in &applied {
-            assert_eq!(a, &vec![b"hello".to_vec()]);
+            assert_eq!(a, &vec![payload(7)]);
         }
     }
 
@@ -1259,13 +1292,14 @@ mod tests {
                     applied(i, e);
                     n.applied_to(e.index);
                 }
-                mail.extend(out.send);
+                let from = n.id();
+                mail.extend(out.send.into_iter().map(|(to, b)| (from, to, b)));
             }
             if mail.is_empty() {
                 break;
             }
-            for (to, bytes) in mail {
-                nodes[(to - 1) as usize].step(&bytes).unwrap();
+            for (from, to, bytes) in mail {
+                nodes[(to - 1) as usize].step(from, &bytes).unwrap();
             }
         }
     }
@@ -1348,7 +1382,7 @@ mod tests {
         m.term = nodes[f].term();
         let mut b = encode_message(&m);
         encode_excluded(&[(4, applied + 2)], &mut b);
-        let notes = nodes[f].step(&b).unwrap();
+        let notes = nodes[f].step(l as u64 + 1, &b).unwrap();
         assert_eq!(notes, [(4, applied + 2)]);
         nodes[f].told_excluded(applied + 2);
         assert!(nodes[f].excluded());
@@ -1357,7 +1391,7 @@ mod tests {
         nodes[l].told_excluded(la + 2);
         assert!(nodes[l].excluded() && !nodes[l].serving());
         for _ in 0..2 {
-            assert!(nodes[l].propose(b"x".to_vec()).is_some());
+            assert!(nodes[l].propose(payload(1)).is_some());
             run(&mut nodes, 1);
         }
         run(&mut nodes, 10);
