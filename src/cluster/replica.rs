@@ -1538,12 +1538,30 @@ mod tests {
         let cases: Vec<(usize, u64, Message, Reason, &str)> = vec![
             // raft-rs: "to_commit 2^60 is out of range" (commit_to).
             (f, lid, hb(1 << 60, term), Reason::Index, "commit 2^60"),
-            (f, lid, hb(last + 1, term), Reason::Index, "commit past the log"),
+            (
+                f,
+                lid,
+                hb(last + 1, term),
+                Reason::Index,
+                "commit past the log",
+            ),
             // Persisted as the term; `term + 1` overflows at the next
             // election, at every start.
             (f, lid, hb(committed, u64::MAX), Reason::Term, "term 2^64-1"),
-            (f, lid, hb(committed, MAX_TERM_PLUS), Reason::Term, "term 2^48+1"),
-            (f, oid, hb(committed, term), Reason::From, "from another link"),
+            (
+                f,
+                lid,
+                hb(committed, MAX_TERM_PLUS),
+                Reason::Term,
+                "term 2^48+1",
+            ),
+            (
+                f,
+                oid,
+                hb(committed, term),
+                Reason::From,
+                "from another link",
+            ),
             (f, 0, hb(committed, term), Reason::From, "from node 0"),
             (
                 f,
@@ -1558,7 +1576,13 @@ mod tests {
             ),
             // Appended on the leader and committed cluster-wide.
             (l, oid, propose, Reason::Type, "a forwarded proposal"),
-            (f, lid, msg(MessageType::MsgHup, lid, fid, 0), Reason::Type, "local"),
+            (
+                f,
+                lid,
+                msg(MessageType::MsgHup, lid, fid, 0),
+                Reason::Type,
+                "local",
+            ),
             (
                 f,
                 lid,
@@ -1569,7 +1593,13 @@ mod tests {
             // Forwarded with a term: raft-rs's `send` panics.
             (l, oid, read, Reason::Term, "read index with a term"),
             // raft-rs takes `entries[0]`.
-            (l, oid, read_no_ctx, Reason::Entries, "read index without context"),
+            (
+                l,
+                oid,
+                read_no_ctx,
+                Reason::Entries,
+                "read index without context",
+            ),
             // Answered with term 0: raft-rs's `send` panics.
             (f, oid, vote, Reason::Term, "a vote of term 0"),
             // Stored, committed, then stops the node at every start.
@@ -1591,8 +1621,20 @@ mod tests {
                 Reason::Payload,
                 "an entry with a torn record",
             ),
-            (f, lid, append(vec![conf_v1]), Reason::Payload, "a v1 change"),
-            (f, lid, append(vec![conf_zero]), Reason::Payload, "node 0 added"),
+            (
+                f,
+                lid,
+                append(vec![conf_v1]),
+                Reason::Payload,
+                "a v1 change",
+            ),
+            (
+                f,
+                lid,
+                append(vec![conf_zero]),
+                Reason::Payload,
+                "node 0 added",
+            ),
             // maybe_append slices out of bounds.
             (
                 f,
@@ -1677,13 +1719,24 @@ mod tests {
             (
                 f,
                 lid,
-                snap(snapshot(committed, term + 1, conf.clone(), snapshot_data(&conf))),
+                snap(snapshot(
+                    committed,
+                    term + 1,
+                    conf.clone(),
+                    snapshot_data(&conf),
+                )),
                 Reason::Snapshot,
                 "a snapshot of the committed index with another term",
             ),
             // The leader: a matched index past its log, a hint + 1 that
             // overflows, a snapshot asked for.
-            (l, fid, ack_beyond, Reason::Index, "an ack past the leader's log"),
+            (
+                l,
+                fid,
+                ack_beyond,
+                Reason::Index,
+                "an ack past the leader's log",
+            ),
             (l, fid, hint_max, Reason::Index, "a hint of 2^64-1"),
             (l, fid, ask_snapshot, Reason::Index, "a snapshot request"),
         ];
@@ -1759,7 +1812,10 @@ mod tests {
         // vote arrives before its vote requests left.
         let term = nodes[f].term();
         nodes[f]
-            .step(lid, &encode_message(&msg(MessageType::MsgTimeoutNow, lid, fid, term)))
+            .step(
+                lid,
+                &encode_message(&msg(MessageType::MsgTimeoutNow, lid, fid, term)),
+            )
             .unwrap();
         assert_eq!(nodes[f].role_name(), "candidate");
         let vote = msg(MessageType::MsgRequestVoteResponse, oid, fid, term + 1);
@@ -1783,9 +1839,9 @@ mod tests {
             sent.append(&mut out.send);
         }
         assert!(sent.iter().any(|(to, b)| *to == oid
-            && Message::parse_from_bytes(b).unwrap().get_msg_type() == MessageType::MsgRequestVote));
+            && Message::parse_from_bytes(b).unwrap().get_msg_type()
+                == MessageType::MsgRequestVote));
         assert_eq!(nodes[f].step(oid, &encode_message(&vote)), Ok(vec![]));
         assert!(nodes[f].is_leader());
     }
-
 }
