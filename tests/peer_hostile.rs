@@ -284,6 +284,13 @@ fn forged_raft_messages_crash_nothing_and_change_nothing() {
             lock_works(&c, &format!("after-{k}"));
         }
     }
+    // A Hello claiming node 0 (raft-rs's "no node": its messages would be
+    // taken as the node's own) is refused: the link is closed.
+    let addr = SocketAddr::from(([127, 0, 0, 1], c.raft_ports[l]));
+    let link = PeerLink::open(addr, 0, 0, groups as u32, &VOTERS);
+    poll_until("a Hello of node 0: the link closed", WAIT, || {
+        !link.is_open()
+    });
     // Bytes that are no Raft message at all, on a link of the leader.
     let before = dropped(&c, l, "malformed");
     let addr = SocketAddr::from(([127, 0, 0, 1], c.raft_ports[l]));

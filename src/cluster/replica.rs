@@ -1562,7 +1562,17 @@ mod tests {
                 Reason::From,
                 "from another link",
             ),
-            (f, 0, hb(committed, term), Reason::From, "from node 0"),
+            (
+                f,
+                0,
+                {
+                    let mut m = hb(committed, term);
+                    m.from = 0;
+                    m
+                },
+                Reason::From,
+                "from node 0 on a link of node 0",
+            ),
             (
                 f,
                 lid,
@@ -1643,11 +1653,18 @@ mod tests {
                 Reason::Entries,
                 "entries not following the index",
             ),
-            // "entry conflict with committed entry".
+            // "entry conflict with committed entry" once the entries do
+            // not follow the index (below); following it, raft-rs ignores
+            // an append below its commit index, but not its later term.
             (
                 f,
                 lid,
-                append(vec![entry(committed, term + 1, good())]),
+                {
+                    let mut m = append(vec![entry(committed, term + 1, good())]);
+                    m.term = term + 1;
+                    m.index = committed - 1;
+                    m
+                },
                 Reason::Entries,
                 "an entry replacing a committed one",
             ),
@@ -1727,6 +1744,18 @@ mod tests {
                 )),
                 Reason::Snapshot,
                 "a snapshot of the committed index with another term",
+            ),
+            (
+                f,
+                lid,
+                snap(snapshot(
+                    last + 10,
+                    term + 1,
+                    conf.clone(),
+                    snapshot_data(&conf),
+                )),
+                Reason::Snapshot,
+                "a snapshot of a later term than its message",
             ),
             // The leader: a matched index past its log, a hint + 1 that
             // overflows, a snapshot asked for.
