@@ -739,6 +739,12 @@ fn cluster_series_and_readiness_follow_every_shard_serving() {
     r.set_follower_lag(0, 3, Some(0));
     r.set_follower_lag(0, 9, Some(7)); // not a peer: ignored
     r.observe_commit_us(2_500);
+    // Refused peer messages, per shard and reason: summed over shards.
+    let mut dropped = [0u64; ringlock::cluster::check::Reason::COUNT];
+    dropped[ringlock::cluster::check::Reason::Index.index()] = 2;
+    r.set_dropped(0, &dropped);
+    dropped[ringlock::cluster::check::Reason::From.index()] = 1;
+    r.set_dropped(1, &dropped);
     let text = render(&m, 0);
     assert!(promtool_check_metrics(&text), "promtool rejected:\n{text}");
     for line in [
@@ -752,6 +758,9 @@ fn cluster_series_and_readiness_follow_every_shard_serving() {
         "ringlock_raft_follower_lag{shard=\"0\",peer=\"3\"} 0",
         "ringlock_raft_commit_latency_seconds_bucket{le=\"0.0025\"} 1",
         "ringlock_raft_commit_latency_seconds_count 1",
+        "ringlock_raft_messages_dropped_total{reason=\"index\"} 4",
+        "ringlock_raft_messages_dropped_total{reason=\"from\"} 1",
+        "ringlock_raft_messages_dropped_total{reason=\"payload\"} 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
     }

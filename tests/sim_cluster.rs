@@ -221,6 +221,9 @@ struct Client {
 
 struct Packet {
     at: u64,
+    /// The sending node's slot (its id is `from + 1`): the node of the
+    /// link a real packet arrives on.
+    from: usize,
     to: usize,
     /// The group (shard) it is for on both ends.
     group: usize,

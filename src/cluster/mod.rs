@@ -7,6 +7,7 @@
 //! message crosses cores inside a node.
 //!
 //! - [`replica`]: the group's Raft node, driven by hand (pure).
+//! - [`check`]: what every peer message must be before raft-rs sees it.
 //! - [`store`]: the log file's records (entries, hard state) and replay.
 //! - [`wire`]: the frames of a peer link.
 //!
@@ -15,12 +16,23 @@
 //! answer until that entry is committed and applied; followers apply the
 //! same records. See docs/cluster.md for what a client sees.
 
+pub mod check;
 pub mod replica;
 pub mod store;
 pub mod wire;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+
+/// `ringlockd`'s exit status when a committed entry or a snapshot of its
+/// own log cannot be applied (EX_DATAERR): the node stops (fail-stop)
+/// instead of running on with a dead shard, and stops again at every
+/// start, since the entry stays in its log (docs/cluster.md).
+pub const EXIT_APPLY_FAILED: u8 = 65;
+/// `ringlockd`'s exit status when a shard's log cannot be written or
+/// synced (EX_IOERR): a replica that cannot persist must not vote or
+/// acknowledge.
+pub const EXIT_LOG_FAILED: u8 = 74;
 
 /// Ticks of the replication clock per second: one tick every 10 ms.
 pub const TICK_US: u64 = 10_000;

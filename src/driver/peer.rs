@@ -504,7 +504,7 @@ impl Loop {
                                 Err(e) => bad = Some(e),
                             },
                         },
-                        (wire::KIND_RAFT, Some(_)) => self.shard.on_raft_message(payload),
+                        (wire::KIND_RAFT, Some(link)) => self.shard.on_raft_message(link, payload),
                         (k, n) => {
                             bad = Some(format!(
                                 "frame kind {k} {}",

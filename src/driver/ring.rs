@@ -14,6 +14,7 @@ use super::sys::now;
 use super::user_data::{self as ring_io, Op};
 use super::Loop;
 use crate::config::RING_ENTRIES;
+use crate::log::Level;
 use crate::shard::conn::Port;
 
 /// Ops one connection can have in flight at once: recv, send, cancel.
@@ -149,8 +150,8 @@ impl Loop {
             }
             self.peer_tick(t.mono_us);
             self.settle();
-            if let Some(why) = self.shard.cluster_fatal() {
-                return Err(io::Error::other(why.to_string()));
+            if let Some(f) = self.shard.cluster_fail_stop() {
+                fail_stop(f);
             }
             self.ring_doorbells();
             // A cluster leader runs on until it handed its leadership over
@@ -348,4 +349,24 @@ impl Loop {
             self.cqes.push((cqe.user_data(), cqe.result(), cqe.flags()));
         }
     }
+}
+
+/// A replica must stop its node (see [`crate::shard::raft::FailStop`]):
+/// one line saying which group, entry and why, then the whole process
+/// ends with the fail-stop's exit status — every shard with it, at once
+/// (`_exit`: no other shard runs another step, nothing is flushed that the
+/// log did not already make durable; stderr is unbuffered).
+fn fail_stop(f: &crate::shard::raft::FailStop) -> ! {
+    log!(
+        Level::Error,
+        f.event(),
+        "group={} index={} exit_code={} error=\"{}\" action=\"{}\"",
+        f.group,
+        f.index.map_or("none".to_string(), |i| i.to_string()),
+        f.exit_code(),
+        crate::log::Escaped(&f.why),
+        f.action()
+    );
+    // SAFETY: _exit(2) ends the process; it touches no memory of ours.
+    unsafe { libc::_exit(i32::from(f.exit_code())) }
 }

@@ -70,6 +70,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
+use crate::cluster::check::Reason;
+
 /// CLOCK_MONOTONIC in milliseconds: the clock of heartbeats (the server's
 /// `mono_us` reads the same clock). Never 0 on a running system.
 pub fn monotonic_ms() -> u64 {
@@ -945,6 +947,9 @@ struct RaftShard {
     /// Per peer (in `RaftMetrics::peers` order); `u64::MAX`: not known
     /// (this node does not lead the group).
     follower_lag: Box<[AtomicU64]>,
+    /// Peer messages refused before raft-rs saw them, per reason (in
+    /// `Reason::ALL` order; counters kept by the loop).
+    dropped: [AtomicU64; Reason::COUNT],
 }
 
 /// The `ringlock_raft_*` series of a cluster node: per shard gauges, the
@@ -986,6 +991,7 @@ impl RaftMetrics {
                     applied: AtomicU64::new(0),
                     leader_changes: AtomicU64::new(0),
                     follower_lag: peers.iter().map(|_| AtomicU64::new(LAG_UNKNOWN)).collect(),
+                    dropped: [const { AtomicU64::new(0) }; Reason::COUNT],
                 })
                 .collect(),
             peers: peers.into(),
@@ -1003,6 +1009,14 @@ impl RaftMetrics {
         s.commit.store(g.commit, Relaxed);
         s.applied.store(g.applied, Relaxed);
         s.leader_changes.store(g.leader_changes, Relaxed);
+    }
+
+    /// Shard `shard`'s counts of refused peer messages, per reason (in
+    /// [`Reason::ALL`] order; relaxed stores only).
+    pub fn set_dropped(&self, shard: usize, dropped: &[u64; Reason::COUNT]) {
+        for (a, &n) in self.shards[shard].dropped.iter().zip(dropped) {
+            a.store(n, Relaxed);
+        }
     }
 
     /// Follower `peer`'s lag behind the leader's log in shard `shard`;
@@ -1102,6 +1116,24 @@ impl RaftMetrics {
                     );
                 }
             }
+        }
+        header(
+            w,
+            "raft_messages_dropped_total",
+            "Raft messages from peers dropped before raft-rs saw them (a message no correct peer sends), by reason, summed over shards.",
+            "counter",
+        );
+        for r in Reason::ALL {
+            let n: u64 = self
+                .shards
+                .iter()
+                .map(|s| s.dropped[r.index()].load(Relaxed))
+                .sum();
+            let _ = writeln!(
+                w,
+                "ringlock_raft_messages_dropped_total{{reason=\"{}\"}} {n}",
+                r.label()
+            );
         }
         seconds_histogram(
             w,

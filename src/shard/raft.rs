@@ -45,6 +45,7 @@ use std::sync::Arc;
 
 use super::conn::{Port, State};
 use super::{Cmd, Shard};
+use crate::cluster::check::{Reason, Refusal};
 use crate::cluster::replica::{Output, Replica, RoleChange};
 use crate::cluster::{store, wire, TICK_US};
 use crate::log::Level;
@@ -61,6 +62,65 @@ use handover::hand_over_target;
 use members::link_addr;
 pub use ops::Stats;
 pub use view::NodeView;
+
+/// At most one log line per reason of refusal, per shard, in this long.
+const DROP_LOG_QUIET_US: u64 = 10_000_000;
+
+/// Why a replica stops its node (fail-stop), and what the driver says when
+/// it ends the process: the shard stops stepping, ticking and applying at
+/// once, and the driver logs one line (group, entry, why) and exits with
+/// [`FailStop::exit_code`], every shard with it — never a process that
+/// runs on with a dead shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailStop {
+    pub group: usize,
+    /// The entry (or snapshot index) that could not be applied.
+    pub index: Option<u64>,
+    pub why: String,
+    pub kind: FailKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// A committed entry, or a snapshot, of this node's own log could not
+    /// be applied (a bad disk, or a bug): it stays in the log, so the node
+    /// stops again at every start until it is replaced.
+    Apply,
+    /// The log's write or fdatasync failed: a replica that cannot persist
+    /// must not vote or acknowledge.
+    Log,
+}
+
+impl FailStop {
+    /// The process's exit status ([`crate::cluster::EXIT_APPLY_FAILED`],
+    /// [`crate::cluster::EXIT_LOG_FAILED`]).
+    pub fn exit_code(&self) -> u8 {
+        match self.kind {
+            FailKind::Apply => crate::cluster::EXIT_APPLY_FAILED,
+            FailKind::Log => crate::cluster::EXIT_LOG_FAILED,
+        }
+    }
+
+    /// The log line's event.
+    pub fn event(&self) -> &'static str {
+        match self.kind {
+            FailKind::Apply => "raft_apply_failed",
+            FailKind::Log => "raft_log_failed",
+        }
+    }
+
+    /// What an operator does about it.
+    pub fn action(&self) -> &'static str {
+        match self.kind {
+            FailKind::Apply => {
+                "this node's own log holds it, so the node stops again at every start: replace \
+                 the node (ringlock cluster replace, or remove it and add it back with an empty \
+                 --data-path)"
+            }
+            FailKind::Log => "check the disk of --data-path, then start the node again",
+        }
+    }
+}
 
 /// A listing a follower answers once its read barrier is applied.
 struct ParkedRead {
@@ -97,7 +157,13 @@ pub struct Part {
     pub(super) election_us: u64,
     /// How long a stepped-down leader's session holds stay held.
     session_keep_ms: u64,
-    fatal: Option<String>,
+    /// Why this node must stop, once set (see [`FailStop`]).
+    fatal: Option<FailStop>,
+    /// Peer messages refused before raft-rs saw them, by reason
+    /// ([`crate::cluster::check::Reason`]).
+    dropped: [u64; Reason::COUNT],
+    /// Per reason: no log line about a refusal before this (mono µs).
+    drop_quiet_until_us: [u64; Reason::COUNT],
     last_transfer_tick: u64,
     /// A stopping leader runs until it handed over, or until this.
     hand_over_until_us: u64,
@@ -159,6 +225,8 @@ impl Part {
             election_us,
             session_keep_ms,
             fatal: None,
+            dropped: [0; Reason::COUNT],
+            drop_quiet_until_us: [0; Reason::COUNT],
             last_transfer_tick: 0,
             hand_over_until_us: 0,
             reads: Vec::new(),
@@ -181,17 +249,44 @@ impl Part {
             excluded_logged: false,
         }
     }
-    /// A committed entry could not be applied: logged, and the node stops.
+    /// A committed entry (or a snapshot) could not be applied: the node
+    /// stops (the driver logs it and exits, see [`FailStop`]).
     fn apply_failed(&mut self, index: u64, why: String) {
+        self.fail(FailKind::Apply, Some(index), why);
+    }
+
+    /// The node must stop: the first reason stays.
+    fn fail(&mut self, kind: FailKind, index: Option<u64>, why: String) {
+        if self.fatal.is_none() {
+            self.fatal = Some(FailStop {
+                group: self.group,
+                index,
+                why,
+                kind,
+            });
+        }
+    }
+
+    /// A peer's message was refused (before raft-rs saw it): counted, and
+    /// logged unless a refusal for the same reason was logged in the last
+    /// 10 s.
+    fn refused(&mut self, link: u64, refusal: &Refusal, now_us: u64) {
+        let i = refusal.reason.index();
+        self.dropped[i] += 1;
+        if now_us < self.drop_quiet_until_us[i] {
+            return;
+        }
+        self.drop_quiet_until_us[i] = now_us + DROP_LOG_QUIET_US;
         log!(
-            Level::Error,
-            "raft_apply_failed",
-            "group={} index={} error=\"{}\"",
+            Level::Warn,
+            "raft_message_dropped",
+            "group={} link_node={} reason={} dropped_total={} detail=\"{}\"",
             self.group,
-            index,
-            crate::log::Escaped(&why)
+            link,
+            refusal.reason.label(),
+            self.dropped[i],
+            crate::log::Escaped(&refusal.detail)
         );
-        self.fatal = Some(why);
     }
 
     pub fn file(&self) -> &Log {
@@ -406,7 +501,8 @@ impl Shard {
         if let Some(snap) = part.initial.take() {
             let now = self.now;
             if let Err(why) = install(&mut self.table, &snap.data, now) {
-                part.fatal = Some(format!("the log's snapshot: {why}"));
+                let index = snap.get_metadata().index;
+                part.apply_failed(index, format!("the log's snapshot: {why}"));
             }
         }
         self.log = Some(Log::replicated(&self.table));
@@ -417,9 +513,22 @@ impl Shard {
         self.raft.as_ref().map(|r| &r.replica)
     }
 
-    /// Why the node must stop (its log failed), once set.
+    /// Why the node must stop (its log failed, or an entry of it could
+    /// not be applied), once set.
     pub fn cluster_fatal(&self) -> Option<&str> {
-        self.raft.as_ref().and_then(|r| r.fatal.as_deref())
+        self.cluster_fail_stop().map(|f| f.why.as_str())
+    }
+
+    /// [`Shard::cluster_fatal`] with which group, entry and kind: the
+    /// driver logs it and ends the process ([`FailStop::exit_code`]).
+    pub fn cluster_fail_stop(&self) -> Option<&FailStop> {
+        self.raft.as_ref().and_then(|r| r.fatal.as_ref())
+    }
+
+    /// Peer messages this shard refused so far, by reason (in
+    /// [`Reason::ALL`] order); `None` without replication.
+    pub fn raft_dropped(&self) -> Option<[u64; Reason::COUNT]> {
+        self.raft.as_ref().map(|r| r.dropped)
     }
 
     /// How long a session hold outlives a session that ended with its
@@ -459,6 +568,11 @@ impl Shard {
             return Err("this node is not a cluster member".into());
         };
         let id = r.replica.id();
+        if hello.node == 0 {
+            // raft-rs's INVALID_ID: its messages would be taken as this
+            // node's own.
+            return Err("a Hello from node 0 (node ids are 1 and up)".into());
+        }
         if hello.group as usize != r.group || hello.groups as usize != self.shards {
             return Err(format!(
                 "node {} runs {} shards and linked its group {} to this node's group {} of {} \
@@ -515,13 +629,17 @@ impl Shard {
         }
     }
 
-    /// A Raft message from a peer link.
-    pub fn on_raft_message(&mut self, bytes: &[u8]) {
+    /// A Raft message from the peer link of node `link_node` (the node its
+    /// Hello named). Checked before raft-rs sees it
+    /// ([`crate::cluster::check`]): a message no correct peer sends is
+    /// dropped, counted and logged, and changes nothing.
+    pub fn on_raft_message(&mut self, link_node: u64, bytes: &[u8]) {
+        let now_us = self.now.mono_us;
         let Some(r) = self.raft.as_mut() else { return };
         if r.fatal.is_some() {
             return;
         }
-        match r.replica.step(bytes) {
+        match r.replica.step(link_node, bytes) {
             Ok(notes) => {
                 // What the peer's groups say of this node's membership:
                 // each group's shard takes it up (`Part::note_excluded`).
@@ -531,13 +649,10 @@ impl Shard {
                     }
                 }
             }
-            Err(e) => log!(
-                Level::Warn,
-                "raft_bad_message",
-                "group={} error=\"{}\"",
-                r.group,
-                crate::log::Escaped(&e)
-            ),
+            Err(refusal) => {
+                r.refused(link_node, &refusal, now_us);
+                return;
+            }
         }
         self.raft_pump();
     }
@@ -751,7 +866,7 @@ impl Shard {
                 }
                 Err(why) => {
                     let r = self.raft.as_mut().expect("replica");
-                    r.fatal = Some(format!("a leader's snapshot: {why}"));
+                    r.apply_failed(index, format!("a leader's snapshot: {why}"));
                     return;
                 }
             }
@@ -815,7 +930,7 @@ impl Shard {
         let r = self.raft.as_mut().expect("replica");
         if !Replica::is_empty_entry(e) {
             let Some((leader_unix_ms, records)) = store::split_proposal(&e.data) else {
-                r.fatal = Some(format!("entry {} is too short to be a proposal", e.index));
+                r.apply_failed(e.index, "too short to be a proposal".into());
                 return;
             };
             if let Err(why) =
@@ -969,7 +1084,7 @@ impl Shard {
                 Next::Chain(chain, buf) => self.cmds.push(Cmd::Log { chain, buf }),
                 Next::Idle => return,
                 Next::FailPending | Next::Propose(_) => {
-                    r.fatal = Some("the cluster log failed".into());
+                    r.fail(FailKind::Log, None, "the cluster log failed".into());
                     return;
                 }
             }
@@ -1036,14 +1151,7 @@ impl Shard {
                      a replica that cannot persist must not vote or acknowledge",
                     -err
                 );
-                log!(
-                    Level::Error,
-                    "raft_log_failed",
-                    "group={} error=\"{}\"",
-                    r.group,
-                    crate::log::Escaped(&why)
-                );
-                r.fatal = Some(why);
+                r.fail(FailKind::Log, None, why);
             }
         }
     }

@@ -100,7 +100,7 @@ impl World {
         for p in packets {
             let s = &mut self.nodes[i].shards[p.group];
             if let Ok(Some((wire::KIND_RAFT, payload, _))) = wire::next_frame(&p.frame) {
-                s.on_raft_message(payload);
+                s.on_raft_message(p.from as u64 + 1, payload);
             }
         }
         // The node's own shards' messages (none with one shard per node).
@@ -121,6 +121,22 @@ impl World {
             s.end_tick();
             if let Some(why) = s.cluster_fatal().map(str::to_string) {
                 self.fail(format!("node {} (group {g}) stopped: {why}", i + 1));
+            }
+            // Every peer here is a correct one: a message the checks
+            // refused is a check that is wrong (or a bug in raft-rs's
+            // driving that sent it).
+            if let Some(d) = s.raft_dropped().filter(|d| d.iter().any(|&n| n > 0)) {
+                let reasons: Vec<String> = ringlock::cluster::check::Reason::ALL
+                    .iter()
+                    .zip(d)
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(r, n)| format!("{}={n}", r.label()))
+                    .collect();
+                self.fail(format!(
+                    "node {} (group {g}) refused messages of correct peers: {}",
+                    i + 1,
+                    reasons.join(" ")
+                ));
             }
         }
         for g in 0..groups {
@@ -206,6 +222,7 @@ impl World {
                         let at = self.now + 20 + self.rng.below(self.max_delay_us);
                         self.net.push(Packet {
                             at,
+                            from: i,
                             to,
                             group: g,
                             frame: frame.clone(),

@@ -105,6 +105,7 @@ impl Shard {
                 leader_changes: self.raft_stats.leader_changes,
             },
         );
+        m.set_dropped(self.me, &r.dropped);
         if leader {
             let s = rep.status();
             for f in &s.followers {
