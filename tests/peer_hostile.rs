@@ -265,9 +265,8 @@ fn forged_raft_messages_crash_nothing_and_change_nothing() {
                 .expect("the shard's status");
             let m = (case.make)(t as u64 + 1, claimed as u64 + 1, other as u64 + 1, &st);
             let before = dropped(&c, t, case.reason);
-            let addr = SocketAddr::from(([127, 0, 0, 1], c.raft_ports[t] + g as u16));
             let mut link =
-                PeerLink::open(addr, claimed as u64 + 1, g as u32, groups as u32, &VOTERS);
+                PeerLink::open(&c, t, claimed as u64 + 1, g as u32, groups as u32, &VOTERS);
             link.send_raft(&m);
             let what = format!(
                 "{} to node {} (shard {g}) as node {}",
@@ -286,15 +285,13 @@ fn forged_raft_messages_crash_nothing_and_change_nothing() {
     }
     // A Hello claiming node 0 (raft-rs's "no node": its messages would be
     // taken as the node's own) is refused: the link is closed.
-    let addr = SocketAddr::from(([127, 0, 0, 1], c.raft_ports[l]));
-    let link = PeerLink::open(addr, 0, 0, groups as u32, &VOTERS);
+    let mut link = PeerLink::open(&c, l, 0, 0, groups as u32, &VOTERS);
     poll_until("a Hello of node 0: the link closed", WAIT, || {
         !link.is_open()
     });
     // Bytes that are no Raft message at all, on a link of the leader.
     let before = dropped(&c, l, "malformed");
-    let addr = SocketAddr::from(([127, 0, 0, 1], c.raft_ports[l]));
-    let mut link = PeerLink::open(addr, ((l + 1) % 3) as u64 + 1, 0, groups as u32, &VOTERS);
+    let mut link = PeerLink::open(&c, l, ((l + 1) % 3) as u64 + 1, 0, groups as u32, &VOTERS);
     link.send_payload(b"\xff\xff\xff\xff");
     poll_until("bytes that do not parse: counted", WAIT, || {
         dropped(&c, l, "malformed") > before
