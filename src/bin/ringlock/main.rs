@@ -88,7 +88,8 @@ Environment:
 
 Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
 lock/try-lock hold a session lock by default: the server frees it when ringlock's connection
-closes (kill -9 included) or its keep-alive stops. --ttl D takes a lease instead (freed D after
+closes (kill -9 included) or its keep-alive stops. If ringlock dies, CMD (and its process group)
+dies first, whatever the hold. --ttl D takes a lease instead (freed D after
 the last extend; ringlock extends every D/3); --persistent a Locking-Center lock (held until
 released or reset, whatever happens to ringlock).
 Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
@@ -1074,7 +1075,9 @@ fn lock_and_run(
     };
 
     let env = [("RINGLOCK_KEY", OsString::from_vec(key.to_vec()))];
-    run_while_held(argv, &env, || {
+    // A persistent lock outlives ringlock anyway: no connection to inherit
+    // (CMD still dies with ringlock: see `child`).
+    run_while_held(argv, &env, &[], || {
         guard.release().map_err(|e| {
             format!(
                 "releasing {shown} failed: {e} (use `ringlock unlock {}`)",
@@ -1187,7 +1190,7 @@ fn session_lock_and_run(
             let _ = h.join();
         }
     };
-    run_under_lease(
+    let result = run_under_lease(
         &lease,
         &shown,
         argv,
@@ -1195,7 +1198,11 @@ fn session_lock_and_run(
         hold.kill_after,
         stop_extending,
         hint,
-    )
+    );
+    // Processes CMD left behind hold a copy of the connection: end the
+    // session now rather than at its keep-alive deadline.
+    session.close();
+    result
 }
 
 /// The lost-lock handler of every lock `lock`/`try-lock` holds over a
@@ -1229,7 +1236,10 @@ fn run_under_lease(
             format!("{}; the command was not started", lost.line),
         ));
     }
-    let status = run_while_held(argv, env, || {
+    // CMD inherits the lock's connection, so the server cannot see it end
+    // (and free the lock) before CMD is dead: see `child`.
+    let keep: Vec<_> = lease.connection_fd().into_iter().collect();
+    let status = run_while_held(argv, env, &keep, || {
         before_release();
         match child::lost() {
             // Reported below, once.
@@ -1387,6 +1397,7 @@ fn read_auth_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
 fn run_while_held(
     argv: &[OsString],
     env: &[(&str, OsString)],
+    keep_fds: &[std::os::fd::RawFd],
     release: impl FnOnce() -> Result<(), String>,
 ) -> Result<u8, Fail> {
     // From here on a signal must reach the child or, before it exists, stop
@@ -1402,7 +1413,7 @@ fn run_while_held(
             ),
         ))
     } else {
-        run_child(argv, env)
+        run_child(argv, env, keep_fds)
     };
     match (status, release()) {
         (Ok(code), Ok(())) => Ok(code),
