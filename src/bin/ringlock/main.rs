@@ -30,6 +30,7 @@ mod child;
 mod cluster;
 mod keys;
 mod members;
+mod retry;
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -134,7 +135,8 @@ struct Cli {
     #[arg(long, env = "RINGLOCK_AUTH_TOKEN_FILE", value_name = "FILE")]
     auth_token_file: Option<PathBuf>,
 
-    /// Keep retrying an unreachable server for D (0 = one attempt)
+    /// Keep retrying an unreachable server for D (0 = one attempt); without
+    /// --retry a refused connection (nothing listens) fails at once
     #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
     retry: Duration,
 
@@ -404,7 +406,12 @@ fn main() -> ExitCode {
     match run(std::env::args_os()) {
         Ok(code) => ExitCode::from(code),
         Err(Fail(code, msg)) => {
-            let _ = writeln!(io::stderr(), "ringlock: {msg}");
+            let hint = if code == EX_UNAVAILABLE {
+                retry::hint()
+            } else {
+                ""
+            };
+            let _ = writeln!(io::stderr(), "ringlock: {msg}{hint}");
             ExitCode::from(code)
         }
     }
@@ -860,6 +867,8 @@ struct Conn {
     lock_addrs: Vec<SocketAddr>,
     source: Vec<u8>,
     retry: RetryPolicy,
+    /// `--retry` was given on the command line (see `retry`).
+    retry_asked: bool,
     auth: Option<Vec<u8>>,
 }
 
@@ -915,10 +924,12 @@ impl Conn {
             })?),
             None => None,
         };
+        let retry_asked = matches.value_source("retry") == Some(ValueSource::CommandLine);
         let build = |retry: RetryPolicy, quick: bool| {
             let mut b = Client::builder(lock.as_slice())
                 .source(source.clone())
-                .retry(retry);
+                .retry(retry)
+                .on_retry(retry::handler(retry_asked));
             if let Some(t) = &auth {
                 b = b.admin_auth_token(t.clone());
             }
@@ -939,6 +950,7 @@ impl Conn {
             lock_addrs: lock,
             source,
             retry,
+            retry_asked,
             auth,
         })
     }
@@ -953,6 +965,7 @@ impl Conn {
         let mut b = Session::builder(self.lock_addrs.as_slice())
             .source(self.source.clone())
             .retry(self.retry)
+            .on_retry(retry::handler(self.retry_asked))
             .on_resume(note);
         if let Some(auth) = &self.auth {
             b = b.auth_token(auth.clone());
