@@ -423,6 +423,17 @@ pub trait Hold: Send + Sync + 'static {
     fn session_id(&self) -> Option<u64> {
         None
     }
+
+    /// The descriptor of the connection whose end frees the lock (a
+    /// session's socket, MySQL's pinned connection), while the hold has
+    /// one. For a program that runs a child under the lock: a child that
+    /// inherits it keeps the connection open (the server ends a session
+    /// when the *last* copy of its socket is closed), so a parent that dies
+    /// cannot free the lock before the child is gone too. `None` where the
+    /// backend has no such connection, or after a loss or release.
+    fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// A granted lock. Clones share it; see the module docs for the promises.
@@ -511,6 +522,13 @@ impl Lease {
     /// `SHOW PROCESSLIST` and `IS_USED_LOCK`).
     pub fn session_id(&self) -> Option<u64> {
         self.core.hold.session_id()
+    }
+
+    /// The descriptor of the connection whose end frees this lock, where
+    /// the backend has one ([`Hold::connection_fd`]). It stays owned by
+    /// the backend: only read it (or let a child process inherit it).
+    pub fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.core.hold.connection_fd()
     }
 
     /// The loss, once the backend presumed the lock lost.

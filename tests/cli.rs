@@ -590,6 +590,94 @@ fn unreachable_server_exits_69() {
     }
 }
 
+/// A command line without --retry (`cli` gives one).
+fn cli_default_retry(lock: SocketAddr) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    c.env_remove("RINGLOCK_ADDR")
+        .env_remove("RINGLOCK_ADMIN_ADDR")
+        .env_remove("RINGLOCK_SOURCE")
+        .args(["--addr", &lock.to_string()]);
+    c
+}
+
+#[test]
+fn a_port_where_nothing_listens_fails_at_once_unless_retry_is_asked() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // Session lock, persistent lock (the classic client), admin port.
+    for args in [
+        &["lock", "k", "--", "true"][..],
+        &["lock", "--persistent", "k", "--", "true"],
+        &["keys"],
+    ] {
+        let started = std::time::Instant::now();
+        let mut c = cli_default_retry(closed);
+        c.args(args);
+        let o = run(c);
+        let took = started.elapsed();
+        assert_eq!(code(&o), 69, "{args:?}");
+        let line = stderr_line(&o);
+        assert!(
+            line.contains("unavailable after 1 attempt: Connection refused")
+                && line.contains("nothing listens there")
+                && line.contains("--retry D"),
+            "{args:?}: {line}"
+        );
+        // It used to take 8.7 s (11 attempts) to say anything at all.
+        assert!(took < Duration::from_secs(2), "{args:?}: {took:?}");
+    }
+}
+
+#[test]
+fn a_retry_says_so_at_once_where_why_and_for_how_long() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for args in [
+        &["lock", "k", "--", "true"][..],
+        &["lock", "--persistent", "k", "--", "true"],
+    ] {
+        let started = std::time::Instant::now();
+        let mut c = cli_default_retry(closed);
+        let mut child = c
+            .args(["--retry", "3s"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ringlock");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).expect("a line");
+        let first_after = started.elapsed();
+        assert_eq!(
+            first.trim_end(),
+            format!(
+                "ringlock: cannot reach {closed}: Connection refused (os error 111); \
+                 retrying for up to 3s (--retry)"
+            ),
+            "{args:?}"
+        );
+        assert!(
+            first_after < Duration::from_secs(1),
+            "{args:?}: {first_after:?}"
+        );
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(69), "{args:?}");
+        assert!(
+            rest.contains("unavailable after") && !rest.contains("nothing listens"),
+            "{args:?}: {rest}"
+        );
+        assert_eq!(rest.lines().count(), 1, "one line per streak: {rest}");
+        assert!(started.elapsed() >= Duration::from_secs(1), "it retried");
+    }
+}
+
 #[test]
 fn timeout_zero_means_do_not_wait() {
     let s = Server::start(&["--metrics-bind", "127.0.0.1:0"]);

@@ -4,8 +4,11 @@
 //! from another session with IS_FREE_LOCK); a lock lost while the command
 //! runs (its session `KILL`ed, or its pings unanswered) stops the command
 //! and exits 79, as over ringlockd; `--keepalive` and `--ping-timeout` take
-//! effect and refuse bad values. Against a private mariadbd.
+//! effect and refuse bad values; `kill -9` of the CLI kills its command
+//! (and the command's children) before MySQL can grant the lock to the next
+//! waiter, over 50 rounds. Against a private mariadbd.
 
+mod kill_common;
 mod mysql_common;
 
 use mysql::prelude::Queryable;
@@ -53,6 +56,17 @@ fn cli_serializes_two_commands_over_mysql() {
         assert_eq!(pair[1], format!("end{who}"), "interleaved:\n{text}");
     }
     assert!(db.is_free("cli/serial"), "the lock outlived the command");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kill_9_of_the_cli_never_lets_a_second_holder_in_over_mysql() {
+    let db = MariaDb::shared();
+    let dir = std::env::temp_dir().join(format!("ringlock-cli-mysql-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    kill_common::kill9_rounds(|| ringlock(&db.url()), "cli/kill9", &[], 50, &dir);
+    assert!(db.is_free("cli/kill9"), "the lock outlived the rounds");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

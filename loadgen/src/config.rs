@@ -68,6 +68,10 @@ impl Target {
     }
 }
 
+/// Every scheme `--target` takes (aliases after a slash).
+pub const SCHEMES: &str =
+    "ringlock/lc, ringlock-session, redis, postgres/postgresql, mysql/mariadb, etcd";
+
 /// Parse `scheme://[user[:pass]@]host:port[/db]`.
 pub fn parse_target(url: &str) -> Result<Target, String> {
     let (scheme, rest) = url
@@ -126,8 +130,19 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
             };
             (Kind::Mysql { user, password }, 3306)
         }
-        "etcd" | "http" => (Kind::Etcd, 2379),
-        other => return Err(format!("target {url:?}: unknown scheme {other:?}")),
+        // Not `http`: an HTTP URL names no lock service (it used to mean
+        // etcd's gateway on 2379 without saying so).
+        "etcd" => (Kind::Etcd, 2379),
+        other => {
+            return Err(format!(
+                "target {url:?}: unknown scheme {other:?} (known: {SCHEMES}{})",
+                if other.starts_with("http") {
+                    "; etcd's HTTP/JSON gateway is etcd://HOST:PORT"
+                } else {
+                    ""
+                }
+            ))
+        }
     };
     Ok(Target {
         kind,
@@ -252,6 +267,12 @@ Targets:
   postgres://USER@HOST:PORT/DB    pg_advisory_lock / pg_advisory_unlock (trust or cleartext auth)
   mysql://USER:PASS@HOST:PORT     GET_LOCK / RELEASE_LOCK (MySQL, MariaDB)
   etcd://HOST:PORT                etcd v3 lock API through the HTTP/JSON gateway
+  (aliases: lc:// = ringlock://, postgresql://, mariadb://; any other scheme, http:// included,
+  is refused; a port left out is the service's default: 22119, 6379, 5432, 3306, 2379)
+
+Exit status: 0 when some request succeeded (errors are in the report); 1 when every request
+failed (nothing listens, auth refused, ...: the report is printed, then one line says why)
+or the run could not start; 2 for a usage error.
 
 Options:
   --connections N      clients, one connection each (default 1)
@@ -482,6 +503,17 @@ mod tests {
         assert_eq!(t.port, 6379);
         assert!(parse_target("ftp://x:1").is_err());
         assert!(parse_target("127.0.0.1:1").is_err());
+        for bad in ["http://127.0.0.1:2379", "https://h", "memcached://h:1"] {
+            let e = parse_target(bad).unwrap_err();
+            assert!(
+                e.contains("unknown scheme") && e.contains("etcd"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(parse_target("http://h:1")
+            .unwrap_err()
+            .contains("etcd://HOST:PORT"));
+        assert_eq!(parse_target("etcd://h").unwrap().port, 2379);
         assert!(parse_target("redis://h:99999").is_err());
     }
 

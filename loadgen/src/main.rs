@@ -32,4 +32,8 @@ fn main() {
     if cfg.json {
         println!("{}", report::to_json(&cfg, &stats));
     }
+    if let Some(why) = report::all_failed(&stats) {
+        eprintln!("error: {why}");
+        std::process::exit(1);
+    }
 }

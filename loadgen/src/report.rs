@@ -62,6 +62,28 @@ fn json_str(s: &str) -> String {
     o
 }
 
+/// Why the run is a failure when every request failed: errors, and not one
+/// cycle completed, lock granted or try-lock answered `busy`. (A report of
+/// connect errors alone, exit 0, read like a result.)
+pub fn all_failed(st: &Stats) -> Option<String> {
+    let errors = st.errors.total();
+    if errors == 0 || st.cycles_all > 0 || st.grants > 0 || st.busy > 0 {
+        return None;
+    }
+    let e = &st.errors;
+    Some(format!(
+        "every request failed: {errors} errors (connect {}, server {}, io {}, protocol {}, \
+         not-held {}, incomplete {}), no lock granted; first error: {}",
+        e.connect,
+        e.server,
+        e.io,
+        e.protocol,
+        e.not_held,
+        e.incomplete,
+        st.first_error.as_deref().unwrap_or("none recorded")
+    ))
+}
+
 pub fn fairness(grants: &[u64]) -> (u64, u64, f64) {
     let min = grants.iter().copied().min().unwrap_or(0);
     let max = grants.iter().copied().max().unwrap_or(0);

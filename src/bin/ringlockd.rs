@@ -65,7 +65,8 @@ OPTIONS:
     --min-ttl-ms MS          shortest lease TTL accepted (default 10)
     --max-ttl-ms MS          longest lease TTL accepted (default 86400000, a day)
     --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
-                             retry binding for up to MS before giving up (default 10000; 0 = no retry)
+                             retry binding for up to MS before giving up (default 10000; 0 = no retry);
+                             a port a live process listens on fails at once, naming it
     --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
                              keys spread over them by a fixed hash; env RINGLOCK_THREADS
                              (default: one per CPU in the mask)

@@ -76,7 +76,7 @@ pub use addr::ToServerAddrs;
 pub use error::{Error, Result};
 pub use guard::Guard;
 pub use listing::KeyStream;
-pub use retry::RetryPolicy;
+pub use retry::{RetryEvent, RetryPolicy};
 pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
@@ -87,7 +87,7 @@ use std::time::{Duration, Instant};
 
 use conn::Wake;
 use listing::Listing;
-use retry::Streak;
+use retry::{OnRetry, Streak};
 use wire::{Action, Reply};
 
 /// The default lock port (Locking-Center's).
@@ -153,6 +153,7 @@ pub struct ClientBuilder {
     retry: RetryPolicy,
     keepalive: Option<Duration>,
     admin_auth: Option<Vec<u8>>,
+    on_retry: Option<OnRetry>,
 }
 
 impl ClientBuilder {
@@ -189,6 +190,20 @@ impl ClientBuilder {
     /// How connection failures are retried (default [`RetryPolicy::default`]).
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
+        self
+    }
+
+    /// A handler called before each wait for another connection attempt
+    /// (not for the last failure, which is returned as
+    /// [`Error::Unavailable`]): to say that the client is retrying (the
+    /// library prints nothing), or to give up early by returning `false`
+    /// (e.g. on `ConnectionRefused` when nothing listens). It runs on the
+    /// calling thread; keep it quick. Default: none (retry silently).
+    pub fn on_retry(
+        mut self,
+        handler: impl Fn(&RetryEvent<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.on_retry = Some(OnRetry(Arc::new(handler)));
         self
     }
 
@@ -230,6 +245,7 @@ impl ClientBuilder {
                 retry: self.retry,
                 keepalive: self.keepalive,
                 admin_auth: self.admin_auth,
+                on_retry: self.on_retry,
             }),
         })
     }
@@ -245,6 +261,7 @@ struct Config {
     retry: RetryPolicy,
     keepalive: Option<Duration>,
     admin_auth: Option<Vec<u8>>,
+    on_retry: Option<OnRetry>,
 }
 
 /// A handle to one lock server. Cheap to clone; clones share configuration.
@@ -282,6 +299,7 @@ impl Client {
             retry: RetryPolicy::default(),
             keepalive: Some(Duration::from_secs(15)),
             admin_auth: None,
+            on_retry: None,
         }
     }
 
@@ -708,6 +726,7 @@ impl Client {
                     Ok(conn) => {
                         // Requests are tiny and latency-bound.
                         let _ = conn.set_nodelay(true);
+                        streak.connected = true;
                         return Ok((conn, *addr));
                     }
                     Err(err) => last = Some((*addr, err)),
@@ -727,7 +746,8 @@ impl Client {
         deadline: Option<Instant>,
         cancel: Option<&CancelToken>,
     ) -> Result<()> {
-        match streak.failed(Instant::now(), deadline) {
+        let now = Instant::now();
+        match streak.failed_and_asked(now, deadline, addr, &err, self.cfg.on_retry.as_ref()) {
             Some(delay) => {
                 if conn::pause(delay, cancel) {
                     Ok(())

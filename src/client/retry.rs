@@ -3,8 +3,48 @@
 //! random draw, so it is unit-tested without sleeping.
 
 use std::collections::hash_map::RandomState;
+use std::fmt;
 use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A failed attempt to reach the server that the policy would retry: what
+/// a retry handler ([`ClientBuilder::on_retry`](super::ClientBuilder::on_retry),
+/// [`SessionBuilder::on_retry`](super::SessionBuilder::on_retry)) is told.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RetryEvent<'a> {
+    /// The address of the failed attempt (the last one tried, when the
+    /// client has several).
+    pub addr: SocketAddr,
+    /// Why it failed (`ConnectionRefused`: nothing listens there).
+    pub error: &'a io::Error,
+    /// Failed attempts in this streak so far (1 at the first).
+    pub attempts: u32,
+    /// The wait before the next attempt.
+    pub delay: Duration,
+    /// Time since the streak's first failure.
+    pub elapsed: Duration,
+    /// The policy's budget for the streak ([`RetryPolicy::max_elapsed`]).
+    pub budget: Duration,
+    /// This call reached the server before (a connection broke and is
+    /// being replaced), as opposed to never having reached it.
+    pub reconnecting: bool,
+}
+
+/// A retry handler: called before each wait for another attempt; `false`
+/// gives up at once (the call fails with `Unavailable` and this attempt's
+/// error).
+#[derive(Clone)]
+pub(crate) struct OnRetry(pub(crate) Arc<dyn Fn(&RetryEvent<'_>) -> bool + Send + Sync>);
+
+impl fmt::Debug for OnRetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnRetry(..)")
+    }
+}
 
 /// How the client retries when it cannot reach the server.
 ///
@@ -73,6 +113,8 @@ pub(crate) struct Streak {
     policy: RetryPolicy,
     started: Option<Instant>,
     pub(crate) attempts: u32,
+    /// A connection of this call succeeded before ([`RetryEvent::reconnecting`]).
+    pub(crate) connected: bool,
     rng: u64,
 }
 
@@ -84,6 +126,7 @@ impl Streak {
             policy,
             started: None,
             attempts: 0,
+            connected: false,
             rng: h.finish() | 1,
         }
     }
@@ -116,6 +159,34 @@ impl Streak {
             return None;
         }
         Some(delay)
+    }
+
+    /// [`failed`](Self::failed), then the handler (if any) is asked:
+    /// `None` when the streak gives up either way.
+    pub(crate) fn failed_and_asked(
+        &mut self,
+        now: Instant,
+        hard_deadline: Option<Instant>,
+        addr: SocketAddr,
+        error: &io::Error,
+        handler: Option<&OnRetry>,
+    ) -> Option<Duration> {
+        let delay = self.failed(now, hard_deadline)?;
+        let Some(OnRetry(h)) = handler else {
+            return Some(delay);
+        };
+        let event = RetryEvent {
+            addr,
+            error,
+            attempts: self.attempts,
+            delay,
+            elapsed: self
+                .started
+                .map_or(Duration::ZERO, |s| now.saturating_duration_since(s)),
+            budget: self.policy.max_elapsed,
+            reconnecting: self.connected,
+        };
+        h(&event).then_some(delay)
     }
 
     fn next_draw(&mut self) -> u64 {
@@ -157,6 +228,47 @@ mod tests {
         // Huge retry counts do not overflow.
         assert!(p.delay(u32::MAX, 3) <= ms(1000));
         assert_eq!(RetryPolicy::none().delay(5, 99), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_handler_is_told_each_retry_and_may_give_up() {
+        use std::sync::Mutex;
+        let p = RetryPolicy {
+            initial_backoff: ms(10),
+            max_backoff: ms(40),
+            max_elapsed: ms(200),
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let handler = OnRetry(Arc::new(move |ev: &RetryEvent<'_>| {
+            log.lock()
+                .unwrap()
+                .push((ev.attempts, ev.elapsed, ev.budget, ev.reconnecting));
+            ev.attempts < 2
+        }));
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let err = io::Error::from(io::ErrorKind::ConnectionRefused);
+        let t0 = Instant::now();
+        let mut s = Streak::new(p);
+        let d = s.failed_and_asked(t0, None, addr, &err, Some(&handler));
+        assert!(d.is_some_and(|d| d <= ms(10)));
+        s.connected = true;
+        assert_eq!(
+            s.failed_and_asked(t0 + ms(10), None, addr, &err, Some(&handler)),
+            None,
+            "the handler gave up"
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(1, ms(0), ms(200), false), (2, ms(10), ms(200), true)]
+        );
+        // Without a handler, or when the policy gives up first, it is not asked.
+        let mut s = Streak::new(RetryPolicy::none());
+        assert_eq!(
+            s.failed_and_asked(t0, None, addr, &err, Some(&handler)),
+            None
+        );
+        assert_eq!(seen.lock().unwrap().len(), 2);
     }
 
     #[test]

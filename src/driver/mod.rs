@@ -51,6 +51,7 @@ mod logio;
 pub mod mesh;
 mod peer;
 pub mod poll;
+mod port_owner;
 mod ring;
 mod start;
 mod sys;

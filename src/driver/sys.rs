@@ -48,7 +48,9 @@ fn backlog() -> i32 {
 
 /// Binds a listener. After `kill -9`, the dead process's io_uring may keep
 /// its listener bound for a while (the ring's file references are dropped
-/// asynchronously): an address in use is retried for `retry_ms`. With
+/// asynchronously): an address in use is retried for `retry_ms`, unless a
+/// live process listens there (`port_owner`: another ringlockd, any
+/// server), which waiting would not change: that fails at once. With
 /// `reuse_port` every shard binds its own listener on the same address
 /// (SO_REUSEPORT) and the kernel spreads connections over them.
 pub(super) fn listen(
@@ -61,6 +63,7 @@ pub(super) fn listen(
     use socket2::{Domain, Socket, Type};
     let started = std::time::Instant::now();
     let mut logged = false;
+    let mut looked = false;
     let sock = loop {
         let attempt = (|| {
             if reuse_port && addr.port() != 0 && first {
@@ -87,6 +90,16 @@ pub(super) fn listen(
         })();
         match attempt {
             Ok(s) => break s,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && !looked => {
+                looked = true;
+                if let Some(who) = super::port_owner::live_listener(addr) {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("cannot bind {what} port {addr}: {e}: {who}"),
+                    ));
+                }
+                // Nobody alive holds it: retried below, on the next turn.
+            }
             Err(e)
                 if e.kind() == io::ErrorKind::AddrInUse
                     && started.elapsed().as_millis() < retry_ms as u128 =>

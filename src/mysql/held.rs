@@ -562,6 +562,16 @@ impl Hold for Held {
     fn session_id(&self) -> Option<u64> {
         Some(u64::from(self.conn_id))
     }
+
+    /// The pinned connection, idle in the slot or out with its one user.
+    fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        let slot = self.lock();
+        if slot.stopping || slot.ended.is_some() {
+            return None;
+        }
+        slot.busy
+            .or_else(|| slot.conn.as_ref().map(|c| c.as_raw_fd()))
+    }
 }
 
 impl Held {

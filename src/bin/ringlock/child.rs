@@ -14,8 +14,65 @@
 //! reaches a recycled pid. A loss that lands before the command started is
 //! acted on when it starts ([`run_child`] registers it under the same
 //! mutex).
+//!
+//! # The command never outlives ringlock's hold
+//! flock(1)'s lock lives as long as any process holds its descriptor, so
+//! `kill -9` of flock cannot let a second holder in while the first
+//! command runs. Here the lock lives in a connection (a ringlockd session,
+//! a MySQL session) that the server frees when it sees it close, and the
+//! kernel closes a dying process's descriptors *before* it signals that
+//! process's children (`do_exit`: files first, the parent-death signal
+//! later). So "the command dies with ringlock" alone would race the
+//! server's grant to the next waiter. Three things, together:
+//!
+//! 1. **The command inherits the lock's connection** (`keep_fds`, from
+//!    [`ringlock::lease::Lease::connection_fd`]: `FD_CLOEXEC` is cleared in
+//!    the child only). A socket is closed (FIN: the server ends the session
+//!    and frees the lock) when its *last* descriptor is closed, so
+//!    ringlock's death alone closes nothing: the connection ends when the
+//!    command, and every process that inherited the descriptor from it, are
+//!    gone. This is what orders "the command is dead" before "the lock is
+//!    free": the kernel's own rule, as for flock(1). It does not keep the
+//!    lock past the session's keep-alive deadline (nobody pings once
+//!    ringlock is dead), so the command must also die:
+//! 2. **The command gets SIGKILL when ringlock dies**:
+//!    `PR_SET_PDEATHSIG(SIGKILL)`, set between fork and exec. It fires when
+//!    the *thread* that forked exits, so the command is started from the
+//!    main thread (which lives as long as the process); and ringlock may
+//!    have died before the `prctl`, so the child compares `getppid()` with
+//!    ringlock's pid after it and does not exec if they differ. The kernel
+//!    clears it when the command execs a set-user-ID/set-group-ID or
+//!    file-capability program (`sudo`, `ping`): then only 3. kills it.
+//! 3. **Its children die too** (a shell's commands: `sh -c 'step1; step2'`
+//!    is `sh` and its children): unless ringlock runs in the foreground of
+//!    a terminal, the command runs in a process group of its own, led by a
+//!    *warden*: a child of ringlock forked before the command, which does
+//!    nothing but wait on a pipe whose only writer is ringlock. A byte means
+//!    "the command ended, stand down"; end of file means ringlock died
+//!    without saying so (any signal, `kill -9` included): the warden sends
+//!    SIGKILL to the whole group, itself included. The warden holds copies
+//!    of ringlock's connections too (it is a fork of it), so they end no
+//!    earlier than that kill. It ignores the terminal's and the usual
+//!    termination signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, ...);
+//!    only a SIGKILL of the warden itself defeats 3.
+//!
+//! In a terminal's foreground (`tcgetpgrp` of fd 0, 1 or 2 is ringlock's
+//! group) the command stays in ringlock's process group, so that the
+//! terminal's ^C and ^Z reach it and it may read the terminal; then only
+//! the first two apply: the command itself is killed, and a process it
+//! started keeps the lock while it holds the inherited descriptor, but only
+//! until the server's keep-alive deadline passes (it is not killed). With
+//! its own group, a signal from the terminal (SI_KERNEL: the job was
+//! brought to the foreground later) is forwarded to the whole group, as the
+//! terminal would have done; a lost lock's SIGTERM and SIGKILL go to the
+//! whole group too.
+//!
+//! Processes the command leaves running *after it exits normally* are not
+//! covered: the lock is released when the command itself exits (unlike
+//! flock(1), whose inherited descriptor would keep it); see docs/client.md.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -28,6 +85,9 @@ use crate::{Fail, EX_CANNOT_EXEC, EX_NOT_FOUND, EX_SOFTWARE};
 
 /// The child's pid while it runs (0 otherwise).
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+/// The child's process group while it runs in one of its own (the
+/// warden's pid), 0 when it shares ringlock's.
+static CHILD_PGID: AtomicI32 = AtomicI32::new(0);
 /// The cancel token's eventfd while a lock wait is in progress (-1 otherwise).
 pub static CANCEL_FD: AtomicI32 = AtomicI32::new(-1);
 /// The last forwarded-or-cancelling signal received.
@@ -49,9 +109,19 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
         // garbage and this read would fault. tests/cli.rs
         // (sigterm_is_forwarded_…) runs this handler.
         let code = unsafe { (*info).si_code };
+        let pgid = CHILD_PGID.load(Ordering::SeqCst);
         // A terminal's ^C (SI_KERNEL) already reached the child through the
-        // foreground process group; sending it again would double it.
-        if code != libc::SI_KERNEL {
+        // foreground process group; sending it again would double it. In a
+        // group of its own the child did not get it: the whole group gets
+        // it, as from the terminal (the warden ignores it).
+        if code == libc::SI_KERNEL {
+            if pgid > 0 {
+                // SAFETY: plain syscall; the group is led by the warden, an
+                // unreaped child of ours (run_child clears CHILD_PGID before
+                // it reaps it), so the id cannot name another group.
+                unsafe { libc::kill(-pgid, sig) };
+            }
+        } else {
             // SAFETY: plain syscall; `pid` is an unreaped child (run_child
             // clears CHILD_PID before it reaps). Were it reaped, the pid could
             // be reused and the signal hit an unrelated process; no test can
@@ -116,6 +186,9 @@ pub fn mask_signals(block: bool) {
 struct Sup {
     /// The running command (0: not started, or exited).
     pid: i32,
+    /// Where a lost lock's signals go: minus the group for a command in a
+    /// group of its own, else its pid.
+    target: i32,
     /// Why the lock was lost (the line to print), once it was.
     lost: Option<String>,
     kill_after: Duration,
@@ -127,6 +200,7 @@ struct Sup {
 
 static SUP: Mutex<Sup> = Mutex::new(Sup {
     pid: 0,
+    target: 0,
     lost: None,
     kill_after: Duration::from_secs(10),
     signalled: false,
@@ -176,14 +250,15 @@ pub fn lost() -> Option<Lost> {
 /// SIGTERM to the running command, and a thread that sends SIGKILL if it
 /// has not exited `kill_after` later.
 fn terminate(s: &mut Sup) {
-    let (pid, kill_after) = (s.pid, s.kill_after);
+    let (pid, target, kill_after) = (s.pid, s.target, s.kill_after);
     // SAFETY: plain syscall; `pid` is our unreaped child (module docs). If
     // it had been reaped, the pid could belong to an unrelated process by
     // now and the signal would hit it: the supervisor's mutex orders
     // "exited" before the reap. tests/cli_session.rs pins that a lost lock
     // stops the command (SIGTERM, and SIGKILL after --kill-after); no test
-    // can provoke a pid reuse.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // can provoke a pid reuse. A negative `target` is the group the warden
+    // leads, and the warden is unreaped while `s.pid` is set.
+    unsafe { libc::kill(target, libc::SIGTERM) };
     s.signalled = true;
     let escalate = move || {
         let deadline = Instant::now() + kill_after;
@@ -192,7 +267,7 @@ fn terminate(s: &mut Sup) {
             let now = Instant::now();
             if now >= deadline {
                 // SAFETY: as above: still unreaped while `s.pid == pid`.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                unsafe { libc::kill(target, libc::SIGKILL) };
                 s.killed = true;
                 return;
             }
@@ -209,30 +284,162 @@ fn terminate(s: &mut Sup) {
     {
         // Without a timer the command could outlive its lock for good.
         // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        unsafe { libc::kill(target, libc::SIGKILL) };
         s.killed = true;
     }
 }
 
+/// Whether ringlock runs in the foreground process group of a terminal
+/// (one of fds 0 to 2): then the command stays in ringlock's group, so that
+/// the terminal's signals reach it and it may read the terminal.
+fn in_terminal_foreground() -> bool {
+    (0..=2).any(|fd| {
+        // SAFETY: plain queries on a descriptor number; a closed or
+        // non-terminal one just answers no.
+        unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() }
+    })
+}
+
+/// The warden of a command that runs in a process group of its own (the
+/// module docs, 3.): a forked child of ringlock that leads the group and
+/// kills it when ringlock dies.
+struct Warden {
+    pid: libc::pid_t,
+    /// The pipe's only write end: a byte stands the warden down; its close
+    /// without one (ringlock died) makes the warden kill the group.
+    tell: OwnedFd,
+}
+
+impl Warden {
+    /// Forks the warden; its pid is the new group's id. Call with the
+    /// forwarded signals blocked (the warden ignores them once it runs).
+    fn start() -> io::Result<Warden> {
+        let mut fds = [-1; 2];
+        // SAFETY: pipe2 fills the two-element array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: two fresh descriptors that nothing else owns.
+        let (read, tell) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: a fork of a multi-threaded process: the child runs only
+        // `watch`, which makes async-signal-safe calls and never returns
+        // (nothing is dropped or allocated in it). tests/cli_kill.rs runs it.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            watch(fds[0], fds[1]);
+        }
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        drop(read);
+        let warden = Warden { pid, tell };
+        // The warden does it too: whichever runs first, the group exists
+        // before the command joins it.
+        // SAFETY: plain syscall on our own child, which never execs.
+        if unsafe { libc::setpgid(pid, pid) } != 0 {
+            let e = io::Error::last_os_error();
+            warden.stand_down();
+            return Err(e);
+        }
+        Ok(warden)
+    }
+
+    /// The command ended (or never started): the warden exits without
+    /// killing anything, and is reaped.
+    fn stand_down(self) {
+        // SAFETY: a one-byte write from a live buffer on our own pipe. It
+        // fails (EPIPE; SIGPIPE is ignored by Rust's runtime) only if the
+        // warden is dead already (a lost lock's SIGKILL to the group).
+        unsafe { libc::write(self.tell.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        drop(self.tell);
+        loop {
+            let mut status = 0;
+            // SAFETY: reaps our own child; `status` is a live out-parameter.
+            let rc = unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            if rc >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+}
+
+/// The warden's whole life, in the forked child: async-signal-safe calls
+/// only (the parent's other threads may hold locks the fork copied).
+fn watch(read: RawFd, tell: RawFd) -> ! {
+    // SAFETY: close, signal, setpgid, read, kill and _exit are
+    // async-signal-safe, and only touch locals.
+    unsafe {
+        // Only ringlock may hold the write end, or its death would go
+        // unseen.
+        libc::close(tell);
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+            libc::SIGPIPE,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        libc::setpgid(0, 0);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(read, (&mut byte as *mut u8).cast(), 1);
+            if n == 1 {
+                libc::_exit(0);
+            }
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        // End of file: ringlock died while the command ran. The group is
+        // this process, the command and whatever it started there.
+        libc::kill(0, libc::SIGKILL);
+        libc::_exit(0)
+    }
+}
+
 /// Runs the command with the forwarded signals blocked on entry, `env`
-/// added to its environment; returns its exit code (128+N for death by
-/// signal N).
+/// added to its environment and the descriptors `keep_fds` (the lock's
+/// connection) inherited; returns its exit code (128+N for death by signal
+/// N). The command dies with ringlock (module docs); this thread must live
+/// until it returns, which it does by waiting for the command.
 pub fn run_child(
     argv: &[std::ffi::OsString],
     env: &[(&str, std::ffi::OsString)],
+    keep_fds: &[RawFd],
 ) -> Result<u8, Fail> {
     let mut command = Command::new(&argv[0]);
     command.args(&argv[1..]);
     for (k, v) in env {
         command.env(k, v);
     }
+    let warden = if in_terminal_foreground() {
+        None
+    } else {
+        Some(
+            Warden::start()
+                .map_err(|e| Fail(EX_SOFTWARE, format!("starting the command's warden: {e}")))?,
+        )
+    };
+    let pgid = warden.as_ref().map_or(0, |w| w.pid);
+    // SAFETY: plain syscall.
+    let parent = unsafe { libc::getpid() };
+    let keep = keep_fds.to_vec();
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (signal, pthread_sigmask) on locals; an
-    // allocation or lock there could deadlock the forked child. Every
+    // async-signal-safe calls (signal, pthread_sigmask, setpgid, prctl,
+    // getppid, fcntl) on locals and on `keep`, allocated before the fork;
+    // an allocation or lock there could deadlock the forked child. Every
     // CLI test that runs a command goes through it (tests/cli.rs,
-    // tests/cli_session.rs).
+    // tests/cli_session.rs, tests/cli_kill.rs).
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             // Our mask is inherited across exec (std does not reset it), and
             // a signal landing before exec must not run our handler in the
             // child: default dispositions first, then unblock.
@@ -240,6 +447,30 @@ pub fn run_child(
                 libc::signal(sig, libc::SIG_DFL);
             }
             mask_signals(false);
+            if pgid > 0 && libc::setpgid(0, pgid) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // Dies when ringlock does (the forking thread, which waits for
+            // this child); and if ringlock is gone already, before exec.
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            for &fd in &keep {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                }
+            }
             Ok(())
         });
     }
@@ -247,6 +478,9 @@ pub fn run_child(
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
+            if let Some(w) = warden {
+                w.stand_down();
+            }
             mask_signals(false);
             let code = match e.kind() {
                 io::ErrorKind::NotFound => EX_NOT_FOUND,
@@ -256,10 +490,12 @@ pub fn run_child(
         }
     };
     let pid = child.id() as i32;
+    CHILD_PGID.store(pgid, Ordering::SeqCst);
     CHILD_PID.store(pid, Ordering::SeqCst);
     {
         let mut s = sup();
         s.pid = pid;
+        s.target = if pgid > 0 { -pgid } else { pid };
         // Lost between the grant and now: stop it at once.
         if s.lost.is_some() {
             terminate(&mut s);
@@ -292,13 +528,23 @@ pub fn run_child(
             break; // child.wait() below reports it.
         }
     }
-    // Exited but not reaped: after this nobody signals the pid again.
-    sup().pid = 0;
+    // Exited but not reaped: after this nobody signals the pid (or the
+    // warden's group) again.
+    {
+        let mut s = sup();
+        s.pid = 0;
+        s.target = 0;
+    }
     SUP_CHANGED.notify_all();
     CHILD_PID.store(0, Ordering::SeqCst);
-    let status = child
-        .wait()
-        .map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
+    CHILD_PGID.store(0, Ordering::SeqCst);
+    let status = child.wait();
+    // What the command left running in its group is not killed: the lock
+    // is released when the command itself ends (docs/client.md).
+    if let Some(w) = warden {
+        w.stand_down();
+    }
+    let status = status.map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),

@@ -32,6 +32,7 @@ mod child;
 mod cluster;
 mod keys;
 mod members;
+mod retry;
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -90,7 +91,8 @@ Environment:
 
 Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
 lock/try-lock hold a session lock by default: the server frees it when ringlock's connection
-closes (kill -9 included) or its keep-alive stops. --ttl D takes a lease instead (freed D after
+closes (kill -9 included) or its keep-alive stops. If ringlock dies, CMD (and its process group)
+dies first, whatever the hold. --ttl D takes a lease instead (freed D after
 the last extend; ringlock extends every D/3); --persistent a Locking-Center lock (held until
 released or reset, whatever happens to ringlock).
 Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
@@ -135,7 +137,8 @@ struct Cli {
     #[arg(long, env = "RINGLOCK_AUTH_TOKEN_FILE", value_name = "FILE")]
     auth_token_file: Option<PathBuf>,
 
-    /// Keep retrying an unreachable server for D (0 = one attempt)
+    /// Keep retrying an unreachable server for D (0 = one attempt); without
+    /// --retry a refused connection (nothing listens) fails at once
     #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
     retry: Duration,
 
@@ -411,7 +414,12 @@ fn main() -> ExitCode {
     match run(std::env::args_os()) {
         Ok(code) => ExitCode::from(code),
         Err(Fail(code, msg)) => {
-            let _ = writeln!(io::stderr(), "ringlock: {msg}");
+            let hint = if code == EX_UNAVAILABLE {
+                retry::hint()
+            } else {
+                ""
+            };
+            let _ = writeln!(io::stderr(), "ringlock: {msg}{hint}");
             ExitCode::from(code)
         }
     }
@@ -868,6 +876,8 @@ struct Conn {
     lock_addrs: Vec<SocketAddr>,
     source: Vec<u8>,
     retry: RetryPolicy,
+    /// `--retry` was given on the command line (see `retry`).
+    retry_asked: bool,
     auth: Option<Vec<u8>>,
 }
 
@@ -923,10 +933,12 @@ impl Conn {
             })?),
             None => None,
         };
+        let retry_asked = matches.value_source("retry") == Some(ValueSource::CommandLine);
         let build = |retry: RetryPolicy, quick: bool| {
             let mut b = Client::builder(lock.as_slice())
                 .source(source.clone())
-                .retry(retry);
+                .retry(retry)
+                .on_retry(retry::handler(retry_asked));
             if let Some(t) = &auth {
                 b = b.admin_auth_token(t.clone());
             }
@@ -947,6 +959,7 @@ impl Conn {
             lock_addrs: lock,
             source,
             retry,
+            retry_asked,
             auth,
         })
     }
@@ -961,6 +974,7 @@ impl Conn {
         let mut b = Session::builder(self.lock_addrs.as_slice())
             .source(self.source.clone())
             .retry(self.retry)
+            .on_retry(retry::handler(self.retry_asked))
             .on_resume(note);
         if let Some(auth) = &self.auth {
             b = b.auth_token(auth.clone());
@@ -1083,7 +1097,9 @@ fn lock_and_run(
     };
 
     let env = [("RINGLOCK_KEY", OsString::from_vec(key.to_vec()))];
-    run_while_held(argv, &env, || {
+    // A persistent lock outlives ringlock anyway: no connection to inherit
+    // (CMD still dies with ringlock: see `child`).
+    run_while_held(argv, &env, &[], || {
         guard.release().map_err(|e| {
             format!(
                 "releasing {shown} failed: {e} (use `ringlock unlock {}`)",
@@ -1196,7 +1212,7 @@ fn session_lock_and_run(
             let _ = h.join();
         }
     };
-    run_under_lease(
+    let result = run_under_lease(
         &lease,
         &shown,
         argv,
@@ -1204,7 +1220,11 @@ fn session_lock_and_run(
         hold.kill_after,
         stop_extending,
         hint,
-    )
+    );
+    // Processes CMD left behind hold a copy of the connection: end the
+    // session now rather than at its keep-alive deadline.
+    session.close();
+    result
 }
 
 /// The lost-lock handler of every lock `lock`/`try-lock` holds over a
@@ -1238,7 +1258,10 @@ fn run_under_lease(
             format!("{}; the command was not started", lost.line),
         ));
     }
-    let status = run_while_held(argv, env, || {
+    // CMD inherits the lock's connection, so the server cannot see it end
+    // (and free the lock) before CMD is dead: see `child`.
+    let keep: Vec<_> = lease.connection_fd().into_iter().collect();
+    let status = run_while_held(argv, env, &keep, || {
         before_release();
         match child::lost() {
             // Reported below, once.
@@ -1396,6 +1419,7 @@ fn read_auth_token(path: &std::path::Path) -> Result<Vec<u8>, String> {
 fn run_while_held(
     argv: &[OsString],
     env: &[(&str, OsString)],
+    keep_fds: &[std::os::fd::RawFd],
     release: impl FnOnce() -> Result<(), String>,
 ) -> Result<u8, Fail> {
     // From here on a signal must reach the child or, before it exists, stop
@@ -1411,7 +1435,7 @@ fn run_while_held(
             ),
         ))
     } else {
-        run_child(argv, env)
+        run_child(argv, env, keep_fds)
     };
     match (status, release()) {
         (Ok(code), Ok(())) => Ok(code),

@@ -193,4 +193,9 @@ impl lease::Hold for SessionHold {
     fn session_id(&self) -> Option<u64> {
         Some(self.session.shared.welcome.session_id)
     }
+
+    /// The session's current connection (a resume replaces it).
+    fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.session.shared.connection_fd()
+    }
 }

@@ -344,6 +344,13 @@ impl Shared {
             .map(drop)
     }
 
+    /// The current connection's descriptor, while the session is open.
+    pub(super) fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let st = self.lock();
+        (st.dead.is_none() && st.fail.is_none()).then(|| st.sock.as_raw_fd())
+    }
+
     pub(super) fn local_addr(&self) -> Option<SocketAddr> {
         self.lock().sock.local_addr().ok()
     }

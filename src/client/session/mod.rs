@@ -133,7 +133,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::addr::ToServerAddrs;
-use super::retry::{RetryPolicy, Streak};
+use super::retry::{OnRetry, RetryEvent, RetryPolicy, Streak};
 use super::DEFAULT_PORT;
 use crate::lease::{
     self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
@@ -204,6 +204,7 @@ pub struct SessionBuilder {
     retry: RetryPolicy,
     on_lost: Option<LostHandler>,
     on_resume: Option<EventHandler>,
+    on_retry: Option<OnRetry>,
     auth: Vec<u8>,
 }
 
@@ -254,6 +255,18 @@ impl SessionBuilder {
     /// are retried; nothing after the session is open.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
+        self
+    }
+
+    /// A handler called before each wait for another attempt to open the
+    /// session, as [`ClientBuilder::on_retry`](super::ClientBuilder::on_retry):
+    /// to say so (the library prints nothing), or `false` to give up now.
+    /// Default: none.
+    pub fn on_retry(
+        mut self,
+        handler: impl Fn(&RetryEvent<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.on_retry = Some(OnRetry(Arc::new(handler)));
         self
     }
 
@@ -314,7 +327,7 @@ impl SessionBuilder {
                 }
             }
             let (addr, e) = last.expect("a resolved address list is never empty");
-            match streak.failed(Instant::now(), None) {
+            match streak.failed_and_asked(Instant::now(), None, addr, &e, self.on_retry.as_ref()) {
                 Some(delay) => std::thread::sleep(delay),
                 None => {
                     let n = streak.attempts;
@@ -372,6 +385,7 @@ impl fmt::Debug for SessionBuilder {
             .field("retry", &self.retry)
             .field("on_lost", &self.on_lost.is_some())
             .field("on_resume", &self.on_resume.is_some())
+            .field("on_retry", &self.on_retry.is_some())
             .field("auth", &(!self.auth.is_empty()).then_some("<secret>"))
             .finish()
     }
@@ -552,6 +566,7 @@ impl Session {
             retry: RetryPolicy::default(),
             on_lost: None,
             on_resume: None,
+            on_retry: None,
             auth: Vec::new(),
         }
     }
