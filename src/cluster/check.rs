@@ -591,3 +591,146 @@ pub fn check_conf_state(cs: &ConfState) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proposal(records: &[u8]) -> Vec<u8> {
+        let mut data = Vec::new();
+        store::proposal(1_700_000_000_000, records, &mut data);
+        data
+    }
+
+    fn grant_mark() -> Vec<u8> {
+        let mut r = Vec::new();
+        crate::wal::record::encode_grant_mark(42, &mut r);
+        r
+    }
+
+    fn change(ids: &[u64]) -> Vec<u8> {
+        let cc = ConfChangeV2 {
+            changes: ids
+                .iter()
+                .map(|&id| {
+                    let mut c = ConfChangeSingle {
+                        node_id: id,
+                        ..Default::default()
+                    };
+                    c.set_change_type(ConfChangeType::AddLearnerNode);
+                    c
+                })
+                .collect::<Vec<_>>()
+                .into(),
+            ..Default::default()
+        };
+        cc.write_to_bytes().unwrap()
+    }
+
+    fn entry(t: EntryType, data: Vec<u8>) -> Entry {
+        let mut e = Entry {
+            index: 7,
+            term: 2,
+            data: data.into(),
+            ..Default::default()
+        };
+        e.set_entry_type(t);
+        e
+    }
+
+    /// What the shard applies passes; what it cannot apply is named.
+    #[test]
+    fn entries_decode_as_the_shard_applies_them() {
+        use EntryType::*;
+        let ok = [
+            entry(EntryNormal, Vec::new()),
+            entry(EntryNormal, proposal(&grant_mark())),
+            entry(EntryNormal, proposal(&[])),
+            entry(EntryConfChangeV2, change(&[4])),
+            // Leaving a joint configuration: an empty change.
+            entry(EntryConfChangeV2, Vec::new()),
+        ];
+        for e in ok {
+            assert_eq!(check_entry(&e), Ok(()), "{e:?}");
+        }
+        let mut torn = proposal(&grant_mark());
+        torn.pop();
+        let mut flipped = proposal(&grant_mark());
+        *flipped.last_mut().unwrap() ^= 1;
+        let bad = [
+            (entry(EntryNormal, b"short".to_vec()), "too short"),
+            (entry(EntryNormal, torn), "do not parse"),
+            (entry(EntryNormal, flipped), "checksum"),
+            (entry(EntryConfChangeV2, vec![0xff, 0xff]), "does not parse"),
+            (entry(EntryConfChangeV2, change(&[4, 0])), "node 0"),
+            (entry(EntryConfChange, Vec::new()), "version-1"),
+        ];
+        for (e, why) in bad {
+            let got = check_entry(&e).unwrap_err();
+            assert!(got.contains(why), "{e:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn snapshot_data_decodes_as_install_reads_it() {
+        let conf = ConfState::from((vec![1, 2, 3], vec![]));
+        let members = store::Members {
+            conf,
+            addrs: Default::default(),
+        };
+        let table = proposal(&grant_mark());
+        let mut s = Snapshot {
+            data: store::snapshot_data(&members, &table).into(),
+            ..Default::default()
+        };
+        assert_eq!(check_snapshot_data(&s), Ok(()));
+        // A version-1 snapshot: the table alone.
+        s.data = table.clone().into();
+        assert_eq!(check_snapshot_data(&s), Ok(()));
+        for data in [b"x".to_vec(), store::snapshot_data(&members, b"abc")] {
+            s.data = data.into();
+            assert!(check_snapshot_data(&s).is_err());
+        }
+        let mut cut = store::snapshot_data(&members, &table);
+        cut.truncate(20);
+        s.data = cut.into();
+        assert!(check_snapshot_data(&s).unwrap_err().contains("cut short"));
+    }
+
+    /// What raft-rs restores passes (simple and joint); the rest is
+    /// named before raft-rs would panic restoring it.
+    #[test]
+    fn a_configuration_must_be_one_raft_rs_restores() {
+        let plain = ConfState::from((vec![1, 2, 3], vec![4]));
+        // Node 3 leaving for a learner, node 4 joining as a voter.
+        let mut joint = ConfState::from((vec![1, 2, 4], vec![]));
+        joint.voters_outgoing = vec![1, 2, 3];
+        joint.learners_next = vec![3];
+        joint.auto_leave = true;
+        for cs in [&plain, &joint] {
+            assert_eq!(check_conf_state(cs), Ok(()), "{cs:?}");
+        }
+        let with = |f: &dyn Fn(&mut ConfState)| {
+            let mut cs = plain.clone();
+            f(&mut cs);
+            cs
+        };
+        let bad = [
+            (ConfState::default(), "no voters"),
+            (with(&|c| c.learners = vec![0]), "node 0 among the learners"),
+            (with(&|c| c.voters = vec![1, 0]), "node 0 among the voters"),
+            (
+                with(&|c| c.voters = vec![1, 2, 1]),
+                "twice among the voters",
+            ),
+            // A voter that is also a learner, next learners with no joint
+            // change: raft-rs restores something else.
+            (with(&|c| c.learners = vec![2]), "raft-rs"),
+            (with(&|c| c.learners_next = vec![5]), "raft-rs"),
+        ];
+        for (cs, why) in bad {
+            let got = check_conf_state(&cs).unwrap_err();
+            assert!(got.contains(why), "{cs:?}: {got}");
+        }
+    }
+}

@@ -1645,6 +1645,19 @@ mod tests {
                 Reason::Payload,
                 "node 0 added",
             ),
+            // `index + entries` overflows (in raft-rs's maybe_append and
+            // in the checks after this one).
+            (
+                f,
+                lid,
+                {
+                    let mut m = append(vec![entry(0, term, good())]);
+                    m.index = u64::MAX;
+                    m
+                },
+                Reason::Index,
+                "an append after index 2^64-1",
+            ),
             // maybe_append slices out of bounds.
             (
                 f,
@@ -1736,12 +1749,16 @@ mod tests {
             (
                 f,
                 lid,
-                snap(snapshot(
-                    committed,
-                    term + 1,
-                    conf.clone(),
-                    snapshot_data(&conf),
-                )),
+                {
+                    let mut m = snap(snapshot(
+                        committed,
+                        term + 1,
+                        conf.clone(),
+                        snapshot_data(&conf),
+                    ));
+                    m.term = term + 1;
+                    m
+                },
                 Reason::Snapshot,
                 "a snapshot of the committed index with another term",
             ),
