@@ -99,7 +99,9 @@ impl World {
         }
         for p in packets {
             let s = &mut self.nodes[i].shards[p.group];
-            if let Ok(Some((wire::KIND_RAFT, payload, _))) = wire::next_frame(&p.frame) {
+            if let Ok(Some((wire::KIND_RAFT, payload, _))) =
+                wire::next_frame(&p.frame, wire::FRAME_MAX)
+            {
                 s.on_raft_message(p.from as u64 + 1, payload);
             }
         }
