@@ -31,7 +31,12 @@
 //!   timeout from that moment: the client's last answered renewal was
 //!   before it, so its session cannot outlast that in its own eyes.
 //! - **A log that cannot be written stops the node** (fail-stop): a
-//!   replica that cannot persist must not vote or acknowledge.
+//!   replica that cannot persist must not vote or acknowledge. So does a
+//!   committed entry or snapshot that cannot be applied: the whole process
+//!   exits ([`FailStop`]), never a process with a dead shard.
+//! - **Peers are not trusted.** Every Raft message from a link is checked
+//!   ([`crate::cluster::check`]) before raft-rs sees it: one no correct
+//!   peer sends is dropped and counted, and cannot crash this node.
 //!
 //! This file keeps the replica's life (start, ticks, messages, proposals,
 //! applying, stepping down, serving); beside it: `members` (membership
