@@ -273,41 +273,41 @@ pub fn check(m: &Message, link: u64, local: &Local<'_>) -> Result<(), Refusal> {
     let acted = m.term != 0 && m.term >= local.term;
     match t {
         MsgAppend => check_append(m, local, acted)?,
-        MsgHeartbeat => {
-            // raft-rs commits to it (`commit_to`), and panics when it is
-            // beyond the log ("to_commit is out of range"). A leader sends
-            // min(the follower's matched index, its commit): the follower
-            // acknowledged those entries once they were durable, and
-            // entries up to a commit index are never truncated.
-            if acted && m.commit > local.last_index {
-                return refuse(
-                    Reason::Index,
-                    format!(
-                        "a heartbeat's commit {} beyond this node's last index {}",
-                        m.commit, local.last_index
-                    ),
-                );
-            }
+        // raft-rs commits to a heartbeat's commit (`commit_to`), and
+        // panics when it is beyond the log ("to_commit is out of range").
+        // A leader sends min(the follower's matched index, its commit):
+        // the follower acknowledged those entries once they were durable,
+        // and entries up to a commit index are never truncated.
+        MsgHeartbeat if acted && m.commit > local.last_index => {
+            return refuse(
+                Reason::Index,
+                format!(
+                    "a heartbeat's commit {} beyond this node's last index {}",
+                    m.commit, local.last_index
+                ),
+            );
         }
         MsgSnapshot => check_snapshot(m, local, acted)?,
-        MsgAppendResponse if local.leader && m.term == local.term => {
-            // What a follower says of this leader's own log: it
-            // acknowledges (or rejects, hinting at its own end) what this
-            // leader sent in this term, or its commit index, which this
-            // leader's log holds (every committed entry is in the log of
-            // every later leader). Beyond it, raft-rs takes a matched
-            // index past its log (a next index that overflows) or probes
-            // from an index + 1 that overflows.
-            if m.index > local.last_index || (m.reject && m.reject_hint > local.last_index) {
-                return refuse(
-                    Reason::Index,
-                    format!(
-                        "an append response for index {} (hint {}) beyond this leader's last \
-                         index {}",
-                        m.index, m.reject_hint, local.last_index
-                    ),
-                );
-            }
+        // What a follower says of this leader's own log: it acknowledges
+        // (or rejects, hinting at its own end) what this leader sent in
+        // this term, or its commit index, which this leader's log holds
+        // (every committed entry is in the log of every later leader).
+        // Beyond it, raft-rs takes a matched index past its log (a next
+        // index that overflows) or probes from an index + 1 that
+        // overflows.
+        MsgAppendResponse
+            if local.leader
+                && m.term == local.term
+                && (m.index > local.last_index
+                    || (m.reject && m.reject_hint > local.last_index)) =>
+        {
+            return refuse(
+                Reason::Index,
+                format!(
+                    "an append response for index {} (hint {}) beyond this leader's last index {}",
+                    m.index, m.reject_hint, local.last_index
+                ),
+            );
         }
         MsgRequestVoteResponse
             if !m.reject
