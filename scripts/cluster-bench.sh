@@ -46,6 +46,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# etcd's members link with peer TLS here (scripts/lib/cluster.sh).
+ETCD_PEER_TLS=${ETCD_PEER_TLS:-1}
 # shellcheck source=scripts/lib/cluster.sh
 . "$ROOT/scripts/lib/cluster.sh"
 LOG_TAG=cluster-bench

@@ -198,11 +198,13 @@ rl_leader() { $PIN_LOADGEN "$FAILOVER" probe --nodes "$NODES" --all-up --wait-ms
 # restart (a member with a data dir ignores the --initial-* flags). With
 # initial_cluster (what `etcdctl member add` printed): a new member, fresh
 # data dir, joining the running cluster (--initial-cluster-state existing).
-# ETCD_PEER_TLS=1 (default): the members' peer links are mutual TLS
+# ETCD_PEER_TLS=1: the members' peer links are mutual TLS
 # (--peer-client-cert-auth), with certificates of the same kind as
 # ringlock's (made by $BIN/ringlock cert: ECDSA P-256, IP SAN 127.0.0.1,
-# server and client use), so both clusters pay for peer TLS; 0: plaintext.
-ETCD_PEER_TLS=${ETCD_PEER_TLS:-1}
+# server and client use), so both clusters pay for peer TLS; 0 (the
+# default here): plaintext. cluster-bench.sh sets 1; cluster-ops-bench.sh
+# leaves 0 (its member replacements name http:// peer URLs).
+ETCD_PEER_TLS=${ETCD_PEER_TLS:-0}
 etcd_peer_tls() { # n: the member's peer TLS flags (certificates made once)
     local n=$1 c="$TMP/etcd-certs"
     [ "$ETCD_PEER_TLS" = 1 ] || return 0
