@@ -324,7 +324,10 @@ impl Loop {
                 Ok(t) => Some(tlsio::unlimited(t.into())),
                 Err(e) => {
                     // SAFETY: a plain close of the socket just accepted,
-                    // which no op references yet.
+                    // which no op references yet (closed under an op, the
+                    // number could be reused and the op act on another
+                    // socket). Reached only if rustls refuses its own
+                    // configuration; no test can provoke that.
                     unsafe { libc::close(fd) };
                     self.log_refusal(None, format!("TLS setup failed: {e}"));
                     return;
@@ -575,7 +578,10 @@ impl Loop {
         let ud = ring_io::encode(Op::Peer, i.gen, K_ISEND | idx as u32);
         let lent = Lent::lend(i.send.take_ours(), ud);
         assert!(i.sent < lent.len(), "inbound send resumed past its end");
-        // SAFETY (pointer arithmetic): `sent < len` (asserted above).
+        // SAFETY (pointer arithmetic): `sent < len` (asserted above), so the
+        // pointer stays in the buffer; a wrong offset would send TLS records
+        // out of order and the dialer's handshake would fail: every test of
+        // tests/peer_tls.rs and the cluster suites link through it.
         let ptr = unsafe { lent.ptr().add(i.sent) };
         let len = (lent.len() - i.sent) as u32;
         i.send = Slot::Kernel(lent);
@@ -585,8 +591,10 @@ impl Loop {
             .user_data(ud);
         // SAFETY: the buffer is `Lent` to this op until its completion
         // (on_inbound_send reclaims it); the fd is closed only after both
-        // this send and the receive completed (finish_inbound).
-        // tests/peer_tls.rs links every node over TLS through these sends.
+        // this send and the receive completed (finish_inbound). Freed early,
+        // the kernel would send freed memory as the handshake; reused fd, to
+        // another socket. tests/peer_tls.rs links every node over TLS
+        // through these sends, and refuses links with one in flight.
         unsafe { self.push(sqe) };
     }
 

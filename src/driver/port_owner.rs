@@ -59,7 +59,9 @@ pub(super) fn live_listener(addr: SocketAddr) -> Option<String> {
     if let Some((pid, comm)) = owner(&found) {
         return Some(format!("pid {pid} ({comm}) listens there"));
     }
-    // SAFETY: geteuid cannot fail and touches no memory.
+    // SAFETY: geteuid cannot fail and touches no memory. A wrong uid would
+    // only pick the slower probe for our own sockets; tests/busy_port.rs's
+    // live-port test names the holder's pid, which needs this path.
     let me = unsafe { libc::geteuid() };
     if me == 0 || found.iter().all(|l| l.uid == me) {
         // We could read every candidate's descriptors: nobody holds it.

@@ -367,6 +367,9 @@ fn fail_stop(f: &crate::shard::raft::FailStop) -> ! {
         crate::log::Escaped(&f.why),
         f.action()
     );
-    // SAFETY: _exit(2) ends the process; it touches no memory of ours.
+    // SAFETY: _exit(2) ends the process; it touches no memory of ours (no
+    // destructor runs, so no buffer lent to the kernel is freed under it).
+    // Were the process left running, a dead shard would sit behind a live
+    // node: tests/peer_hostile.rs's fail-stop test checks exit 65.
     unsafe { libc::_exit(i32::from(f.exit_code())) }
 }

@@ -294,8 +294,10 @@ fn terminate(s: &mut Sup) {
 /// the terminal's signals reach it and it may read the terminal.
 fn in_terminal_foreground() -> bool {
     (0..=2).any(|fd| {
-        // SAFETY: plain queries on a descriptor number; a closed or
-        // non-terminal one just answers no.
+        // SAFETY: plain queries on a descriptor number, no memory: a closed
+        // or non-terminal one just answers no. Answered wrongly "foreground",
+        // the command would share the CLI's group and its children outlive
+        // a kill -9: tests/cli_kill.rs (no terminal) checks they die.
         unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() }
     })
 }
@@ -315,11 +317,15 @@ impl Warden {
     /// forwarded signals blocked (the warden ignores them once it runs).
     fn start() -> io::Result<Warden> {
         let mut fds = [-1; 2];
-        // SAFETY: pipe2 fills the two-element array it is given.
+        // SAFETY: pipe2 fills the two-element array it is given (a shorter
+        // one would be written past its end). tests/cli_kill.rs starts a
+        // warden through this pipe in every round.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: two fresh descriptors that nothing else owns.
+        // SAFETY: two fresh descriptors that nothing else owns; owned twice,
+        // one would be closed under another user (a double close).
+        // tests/cli_kill.rs: the warden sees the CLI die through them.
         let (read, tell) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // SAFETY: a fork of a multi-threaded process: the child runs only
         // `watch`, which makes async-signal-safe calls and never returns
@@ -335,7 +341,9 @@ impl Warden {
         let warden = Warden { pid, tell };
         // The warden does it too: whichever runs first, the group exists
         // before the command joins it.
-        // SAFETY: plain syscall on our own child, which never execs.
+        // SAFETY: plain syscall on our own child, which never execs (after
+        // an exec setpgid fails, and the command would not be in a group the
+        // warden kills: tests/cli_kill.rs's rounds catch survivors).
         if unsafe { libc::setpgid(pid, pid) } != 0 {
             let e = io::Error::last_os_error();
             warden.stand_down();
@@ -350,11 +358,15 @@ impl Warden {
         // SAFETY: a one-byte write from a live buffer on our own pipe. It
         // fails (EPIPE; SIGPIPE is ignored by Rust's runtime) only if the
         // warden is dead already (a lost lock's SIGKILL to the group).
+        // Without the byte the warden would kill a command that exited
+        // normally's leftovers: tests/cli.rs's command tests stand it down.
         unsafe { libc::write(self.tell.as_raw_fd(), b"x".as_ptr().cast(), 1) };
         drop(self.tell);
         loop {
             let mut status = 0;
-            // SAFETY: reaps our own child; `status` is a live out-parameter.
+            // SAFETY: reaps our own child; `status` is a live out-parameter
+            // (a dangling one would be written by the kernel). Unreaped, the
+            // warden stays a zombie; tests/cli_kill.rs runs it every round.
             let rc = unsafe { libc::waitpid(self.pid, &mut status, 0) };
             if rc >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
                 return;
@@ -367,7 +379,10 @@ impl Warden {
 /// only (the parent's other threads may hold locks the fork copied).
 fn watch(read: RawFd, tell: RawFd) -> ! {
     // SAFETY: close, signal, setpgid, read, kill and _exit are
-    // async-signal-safe, and only touch locals.
+    // async-signal-safe, and only touch locals: in this forked child of a
+    // multi-threaded process an allocation or lock could deadlock it, and
+    // then nothing kills the command when the CLI dies. tests/cli_kill.rs
+    // (50 rounds of kill -9) fails if the warden does not act.
     unsafe {
         // Only ringlock may hold the write end, or its death would go
         // unseen.
@@ -429,7 +444,9 @@ pub fn run_child(
         )
     };
     let pgid = warden.as_ref().map_or(0, |w| w.pid);
-    // SAFETY: plain syscall.
+    // SAFETY: plain syscall, no memory; a wrong pid would make the child's
+    // parent-death check (getppid after prctl) misjudge a live CLI as dead
+    // and kill every command: each command test of tests/cli.rs would fail.
     let parent = unsafe { libc::getpid() };
     let keep = keep_fds.to_vec();
     // SAFETY: the closure runs between fork and exec and only makes
@@ -506,7 +523,9 @@ pub fn run_child(
     // may still signal it; then forget it and reap.
     loop {
         // SAFETY: siginfo is plain data (all-zero is a valid value) that
-        // the kernel fills in.
+        // the kernel fills in; a type with invalid zero patterns would be
+        // undefined behaviour here. The command tests of tests/cli.rs read
+        // its exit status from it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waits on our own child; `info` is a live out-parameter
         // the kernel writes. Reaping here instead (no WNOWAIT) would let
