@@ -267,6 +267,35 @@ fn escape(out: &mut impl fmt::Write, bytes: &[u8]) -> fmt::Result {
     Ok(())
 }
 
+/// Unix seconds to `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days).
+pub fn format_utc(unix_s: i64) -> String {
+    let days = unix_s.div_euclid(86_400);
+    let secs = unix_s.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// A time as [`format_utc`] writes it (before 1970 too).
+pub fn format_utc_time(t: std::time::SystemTime) -> String {
+    format_utc(match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! left.
 
 mod common;
+mod kill_common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -79,41 +80,6 @@ fn signal(pid: u32, sig: libc::c_int) {
     );
 }
 
-/// True while a process with this pid runs (exists and is no zombie).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| {
-            st.rsplit_once(") ")
-                .map(|(_, r)| !r.starts_with(['Z', 'X']))
-        })
-        .unwrap_or(false)
-        && !dying(pid)
-}
-
-/// A process that is being killed: SIGKILL pending, or already in exit
-/// (PF_EXITING in /proc's flags). Its user code never runs again, but its
-/// descriptors close during its exit, before it becomes a zombie: so the
-/// server may free its lock an instant before /proc shows it dead.
-fn dying(pid: i32) -> bool {
-    const PF_EXITING: u64 = 0x4;
-    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let exiting = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| {
-            let rest = st.rsplit_once(") ")?.1.to_string();
-            rest.split_whitespace().nth(6)?.parse::<u64>().ok()
-        })
-        .is_some_and(|flags| flags & PF_EXITING != 0);
-    let killed = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("SigPnd:") || l.starts_with("ShdPnd:"))
-        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
-        .any(|m| m & SIGKILL_BIT != 0);
-    exiting || killed
-}
-
 /// True while a process with this pid exists.
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks for existence; it delivers nothing, so a
@@ -176,7 +142,7 @@ fn kill_9_of_a_cli_holding_a_session_lock_frees_the_key_at_once() {
     // connection too): a zombie at most (tests/cli_kill.rs checks the
     // order over many rounds).
     assert!(
-        !running(cmd_pid),
+        !kill_common::running(cmd_pid),
         "kill -9 of the CLI left its command running"
     );
     let (status, _) = wait_exit(cli);

@@ -71,36 +71,16 @@ pub fn output(tls: &mut Connection, out: &mut Vec<u8>) -> Result<(), String> {
 #[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
-    use crate::tls::gen::{self, Issuer, Validity};
-    use crate::tls::NodeTls;
-
-    fn node(issuer: &Issuer, ca: &gen::Issued, id: u64) -> NodeTls {
-        let n = issuer
-            .node(id, &["127.0.0.1".to_string()], Validity::days(1))
-            .expect("node cert");
-        NodeTls::from_pem(
-            ca.cert_pem.as_bytes(),
-            n.cert_pem.as_bytes(),
-            n.key_pem.as_bytes(),
-            Some(id),
-        )
-        .expect("node tls")
-    }
+    use crate::tls::gen;
+    use crate::tls::testkit::new_ca;
 
     /// A Raft batch larger than rustls' default buffer limit goes through
     /// one encrypt/output/input round whole (it failed half-way with the
     /// default limit).
     #[test]
     fn a_megabyte_crosses_in_one_hand_over() {
-        let ca = gen::ca(Validity::days(1)).expect("ca");
-        let issuer = Issuer::from_pem(
-            "ca.crt",
-            ca.cert_pem.as_bytes(),
-            "ca.key",
-            ca.key_pem.as_bytes(),
-        )
-        .expect("issuer");
-        let (a, b) = (node(&issuer, &ca, 1), node(&issuer, &ca, 2));
+        let ca = new_ca();
+        let (a, b) = (ca.node(1), ca.node(2));
         let mut client =
             rustls::ClientConnection::new(a.peer_dialer(2), crate::tls::peer_server_name(2))
                 .expect("client");

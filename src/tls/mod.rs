@@ -61,6 +61,8 @@
 #[cfg(feature = "cli")]
 pub mod gen;
 #[cfg(all(test, feature = "cli"))]
+pub(crate) mod testkit;
+#[cfg(all(test, feature = "cli"))]
 mod tests;
 
 use std::fmt;
@@ -1106,28 +1108,7 @@ fn unix_time(secs: i64) -> SystemTime {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days), for error
-/// messages.
+/// `YYYY-MM-DDTHH:MM:SSZ`, for error messages.
 fn utc(t: SystemTime) -> String {
-    let unix_s = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        Err(e) => -(e.duration().as_secs() as i64),
-    };
-    let days = unix_s.div_euclid(86_400);
-    let secs = unix_s.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
+    crate::log::format_utc_time(t)
 }

@@ -9,65 +9,8 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, ServerConfig, ServerConnection};
 
 use super::gen::{self, Issued, Issuer, Validity};
+use super::testkit::{new_ca, Ca};
 use super::*;
-
-/// A CA and the means to issue under it.
-struct Ca {
-    cert: Issued,
-    issuer: Issuer,
-}
-
-fn new_ca() -> Ca {
-    let cert = gen::ca(Validity::days(30)).expect("CA");
-    let issuer = Issuer::from_pem(
-        "ca.crt",
-        cert.cert_pem.as_bytes(),
-        "ca.key",
-        cert.key_pem.as_bytes(),
-    )
-    .expect("issuer");
-    Ca { cert, issuer }
-}
-
-impl Ca {
-    fn pem(&self) -> &[u8] {
-        self.cert.cert_pem.as_bytes()
-    }
-
-    fn node_cert(&self, id: u64) -> Issued {
-        let hosts = [format!("node{id}.example"), format!("10.1.2.{id}")];
-        self.issuer
-            .node(id, &hosts, Validity::days(1))
-            .expect("node cert")
-    }
-
-    fn client_cert(&self, name: &str) -> Issued {
-        self.issuer
-            .client(name, Validity::days(1))
-            .expect("client cert")
-    }
-
-    fn node(&self, id: u64) -> NodeTls {
-        let c = self.node_cert(id);
-        NodeTls::from_pem(
-            self.pem(),
-            c.cert_pem.as_bytes(),
-            c.key_pem.as_bytes(),
-            Some(id),
-        )
-        .expect("node loads")
-    }
-
-    fn client(&self, name: Option<&str>) -> ClientTls {
-        let own = name.map(|n| self.client_cert(n));
-        ClientTls::from_pem(
-            self.pem(),
-            own.as_ref()
-                .map(|c| (c.cert_pem.as_bytes(), c.key_pem.as_bytes())),
-        )
-        .expect("client loads")
-    }
-}
 
 /// A window that ended yesterday.
 fn expired() -> Validity {

@@ -36,7 +36,8 @@ fn state(pid: i32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-fn running(pid: i32) -> bool {
+/// The process runs (not gone, not a zombie, not being killed).
+pub fn running(pid: i32) -> bool {
     state(pid).is_some_and(|s| s != 'Z' && s != 'X') && !dying(pid)
 }
 

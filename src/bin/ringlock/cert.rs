@@ -28,13 +28,12 @@ use std::fs::{self, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 use ringlock::tls::gen::{self, Issuer, Validity};
 use ringlock::tls::{self, ClientTls, NodeTls, CA_FILE, NODE_CERT_FILE, NODE_KEY_FILE};
 
-use crate::keys::format_utc;
 use crate::{Fail, EX_IOERR, EX_SOFTWARE, EX_USAGE};
 
 /// The CA certificate or key is unusable (not a key, the key of another
@@ -405,11 +404,7 @@ fn list(certs_dir: &Path) -> Result<u8, Fail> {
 }
 
 fn utc(t: SystemTime) -> String {
-    let secs = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        Err(e) => -(e.duration().as_secs() as i64),
-    };
-    format_utc(secs)
+    ringlock::log::format_utc_time(t)
 }
 
 fn say(line: &str) {
