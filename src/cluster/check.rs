@@ -195,8 +195,15 @@ fn sent_by_peers(t: MessageType) -> bool {
 }
 
 /// Checks `m`, which arrived on the link of node `link`, against this
-/// replica (`local`); `Err`: drop it whole, raft-rs must not see it.
-pub fn check(m: &Message, link: u64, local: &Local<'_>) -> Result<(), Refusal> {
+/// replica (`local`); `notes`: the configuration notices it carries, as the
+/// replica decoded them (group, index); `Err`: drop it whole, raft-rs must
+/// not see it.
+pub fn check(
+    m: &Message,
+    link: u64,
+    notes: &[(u32, u64)],
+    local: &Local<'_>,
+) -> Result<(), Refusal> {
     use MessageType::*;
     // Who: the link's Hello named its node (and a Hello naming this node,
     // or node 0, is refused); raft-rs takes `from` as given, and from 0
@@ -257,7 +264,7 @@ pub fn check(m: &Message, link: u64, local: &Local<'_>) -> Result<(), Refusal> {
     // The configuration notices (`replica::EXCLUDED_FIELD`) keep this node
     // from serving until it applied that far: an index beyond any log's
     // would keep it from serving for good.
-    for (g, i) in super::replica::decode_excluded(m) {
+    for &(g, i) in notes {
         if i > MAX_INDEX {
             return refuse(
                 Reason::Index,

@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 use protobuf::Message as _;
 use raft::eraftpb::{
     ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, Entry,
-    EntryType, HardState, Message, MessageType, Snapshot,
+    EntryType, Message, MessageType, Snapshot,
 };
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage};
@@ -131,14 +131,8 @@ pub struct ReplicaConfig {
     pub seed: u64,
 }
 
-/// What the replica recovered from its log (empty for a new node).
-#[derive(Clone, Debug, Default)]
-pub struct Recovered {
-    pub hard_state: HardState,
-    /// The newest snapshot (`index` 0: none); entries follow it.
-    pub snapshot: Snapshot,
-    pub entries: Vec<Entry>,
-}
+/// What the replica recovered from its log (the log's replay makes it).
+pub use super::store::Recovered;
 
 /// One follower as its leader sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -847,7 +841,8 @@ impl Replica {
     pub fn step(&mut self, link: u64, bytes: &[u8]) -> Result<Vec<(u32, u64)>, Refusal> {
         let m = Message::parse_from_bytes(bytes)
             .map_err(|e| Refusal::new(Reason::Malformed, format!("not a raft message: {e}")))?;
-        self.check(&m, link)?;
+        let notes = decode_excluded(&m);
+        self.check_noted(&m, link, &notes)?;
         // A leader's hand-over (its transferee campaigns with this context)
         // is voted for even now: that leader stopped serving when it began
         // the transfer, so no lease of it is left to protect.
@@ -859,7 +854,6 @@ impl Replica {
             .and_then(|v| v.varint.last().copied())
             .unwrap_or(0);
         self.features.insert(m.from, features);
-        let notes = decode_excluded(&m);
         if self.joining
             && matches!(
                 m.get_msg_type(),
@@ -885,6 +879,11 @@ impl Replica {
 
     /// [`super::check::check`] against this replica's state now.
     pub fn check(&self, m: &Message, link: u64) -> Result<(), Refusal> {
+        self.check_noted(m, link, &decode_excluded(m))
+    }
+
+    /// [`Replica::check`] with the message's notices decoded already.
+    fn check_noted(&self, m: &Message, link: u64, notes: &[(u32, u64)]) -> Result<(), Refusal> {
         let r = &self.node.raft;
         let log = &r.raft_log;
         // raft-rs answers 0 for an index outside the log (compacted, or
@@ -893,6 +892,7 @@ impl Replica {
         super::check::check(
             m,
             link,
+            notes,
             &super::check::Local {
                 id: self.cfg.id,
                 term: r.term,

@@ -47,9 +47,16 @@
 
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 
-use super::replica::Recovered;
-
 pub const MAGIC: &[u8; 8] = b"RLRAFT\0\x02";
+/// What the replica recovered from its log (empty for a new node).
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    pub hard_state: HardState,
+    /// The newest snapshot (`index` 0: none); entries follow it.
+    pub snapshot: Snapshot,
+    pub entries: Vec<Entry>,
+}
+
 /// The format before membership changes: read, and upgraded at start.
 pub const MAGIC_V1: &[u8; 8] = b"RLRAFT\0\x01";
 const MEMBERS_MAGIC: &[u8; 8] = b"RLMEMB\0\x01";
