@@ -34,7 +34,11 @@
 //! - `conn.rs`: a connection's driver side (`DConn`): accept or refuse,
 //!   receive, send, close, migration between shards.
 //! - `logio.rs`: the log's I/O, steered by the write planner.
-//! - `peer.rs`: cluster mode's Raft links to the other nodes.
+//! - `peer/`: cluster mode's Raft links to the other nodes (`mod.rs`: the
+//!   limits, dialing and outbound links; `inbound.rs`: accepted links).
+//! - `tlsio.rs`: rustls over the loop's own buffers (ciphertext in and
+//!   out; no thread, no socket call); `certs.rs`: the node's certificates,
+//!   shared by every shard and replaced whole on SIGHUP.
 //! - `sys.rs`: the libc calls outside the ring (bind, peer address, fd
 //!   limit, signalfd, CPU affinity, clocks); [`allowed_cpus`].
 //! - [`buf`]: the buffer lent to the kernel and its owner states.

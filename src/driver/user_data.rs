@@ -24,7 +24,7 @@ pub enum Op {
     Ignore = 11,
     /// A doorbell from another shard (`IORING_OP_MSG_RING`).
     Mesh = 12,
-    /// A cluster link's op (its kind and link in `slot`: see `peer.rs`).
+    /// A cluster link's op (its kind and link in `slot`: see `peer/`).
     Peer = 13,
 }
 
