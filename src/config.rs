@@ -113,6 +113,13 @@ pub struct Config {
     /// `--insecure`: a cluster without certificates (its peer links are
     /// open to anyone who reaches them). Refused without `--peers`.
     pub insecure: bool,
+    /// `--client-cert-auth` (needs `--certs-dir`): TLS clients of the lock
+    /// and admin ports must present a client certificate signed by the CA.
+    pub client_cert_auth: bool,
+    /// `--lc-plaintext` (needs `--certs-dir`): plaintext Locking-Center
+    /// requests are still served on the lock port (its clients cannot
+    /// speak TLS); session frames always need TLS then.
+    pub lc_plaintext: bool,
 }
 
 /// `--lc-admin-actions`: Unlock, ResetByKey and ResetBySource on the lock
@@ -207,6 +214,8 @@ impl Config {
             lc_admin_actions: LcAdminActions::Any,
             certs_dir: None,
             insecure: false,
+            client_cert_auth: false,
+            lc_plaintext: false,
         }
     }
 }

@@ -87,8 +87,15 @@ OPTIONS:
                              flag before the next start; add new nodes with `ringlock cluster add`
     --certs-dir DIR          ca.crt, node.crt, node.key (made by `ringlock cert`): mutual TLS
                              on every peer (Raft) link, a link's node id taken from its
-                             certificate; SIGHUP re-reads the directory [env RINGLOCK_CERTS_DIR].
+                             certificate; TLS on the lock port (sessions need it) and the admin
+                             port (TLS only, a client certificate or the auth token also on
+                             loopback); SIGHUP re-reads the directory [env RINGLOCK_CERTS_DIR].
                              A cluster node needs it unless --insecure (docs/security.md)
+    --client-cert-auth       with --certs-dir: lock and admin clients must present a client
+                             certificate signed by the CA [env RINGLOCK_CLIENT_CERT_AUTH=1]
+    --lc-plaintext           with --certs-dir: still serve plaintext Locking-Center requests on
+                             the lock port (their clients cannot speak TLS); sessions still
+                             need TLS [env RINGLOCK_LC_PLAINTEXT=1]
     --insecure               cluster mode without certificates: anyone who reaches a Raft port
                              can join, stall, read or rewrite the cluster. Only for a network
                              nobody else reaches; warned at start, ringlock_insecure 1 in
@@ -134,6 +141,10 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
         .filter(|s| !s.is_empty())
         .map(Into::into);
     let mut insecure = std::env::var("RINGLOCK_INSECURE").is_ok_and(|v| v == "1" || v == "true");
+    let mut client_cert_auth =
+        std::env::var("RINGLOCK_CLIENT_CERT_AUTH").is_ok_and(|v| v == "1" || v == "true");
+    let mut lc_plaintext =
+        std::env::var("RINGLOCK_LC_PLAINTEXT").is_ok_and(|v| v == "1" || v == "true");
     let mut compact_entries: Option<u64> = None;
     let mut force_new = false;
     let mut truncate_at = None;
@@ -173,6 +184,8 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             "--join" => join = true,
             "--certs-dir" => certs_dir = Some(val("--certs-dir")?.into()),
             "--insecure" => insecure = true,
+            "--client-cert-auth" => client_cert_auth = true,
+            "--lc-plaintext" => lc_plaintext = true,
             "--force-new-cluster" => force_new = true,
             "--raft-compact-entries" => {
                 let v = val("--raft-compact-entries")?;
@@ -415,8 +428,20 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
                 .into(),
         );
     }
+    if certs_dir.is_none() && (client_cert_auth || lc_plaintext) {
+        return Err(format!(
+            "{} needs --certs-dir: without certificates the lock port speaks no TLS",
+            if client_cert_auth {
+                "--client-cert-auth"
+            } else {
+                "--lc-plaintext"
+            }
+        ));
+    }
     cfg.certs_dir = certs_dir;
     cfg.insecure = insecure;
+    cfg.client_cert_auth = client_cert_auth;
+    cfg.lc_plaintext = lc_plaintext;
     if cluster.is_none() && (join || compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
@@ -458,7 +483,15 @@ fn warn_if_exposed(cfg: &Config) {
             "reason=\"--insecure: the Raft ports take anyone; a stranger who reaches them can join, stall, read or rewrite the cluster\" action=\"make certificates with ringlock cert and start with --certs-dir\""
         );
     }
-    if !cfg.admin_bind.ip().is_loopback() && cfg.auth_token.is_none() {
+    if cfg.lc_plaintext {
+        ringlock::log!(
+            Level::Warn,
+            "lc_plaintext",
+            "port=lock addr={} reason=\"--lc-plaintext: Locking-Center requests travel in clear, unauthenticated; sessions still need TLS\"",
+            cfg.bind
+        );
+    }
+    if !cfg.admin_bind.ip().is_loopback() && cfg.auth_token.is_none() && cfg.certs_dir.is_none() {
         ringlock::log!(
             Level::Warn,
             "insecure_bind",
