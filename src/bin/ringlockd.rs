@@ -96,6 +96,10 @@ OPTIONS:
     --lc-plaintext           with --certs-dir: still serve plaintext Locking-Center requests on
                              the lock port (their clients cannot speak TLS); sessions still
                              need TLS [env RINGLOCK_LC_PLAINTEXT=1]
+    --client-plaintext       with --certs-dir: the lock and admin ports also take plaintext
+                             clients (sessions, admin commands) as without certificates; TLS
+                             stays available, peer links stay mutual TLS. For a network only
+                             trusted hosts reach [env RINGLOCK_CLIENT_PLAINTEXT=1]
     --insecure               cluster mode without certificates: anyone who reaches a Raft port
                              can join, stall, read or rewrite the cluster. Only for a network
                              nobody else reaches; warned at start, ringlock_insecure 1 in
@@ -145,6 +149,8 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
         std::env::var("RINGLOCK_CLIENT_CERT_AUTH").is_ok_and(|v| v == "1" || v == "true");
     let mut lc_plaintext =
         std::env::var("RINGLOCK_LC_PLAINTEXT").is_ok_and(|v| v == "1" || v == "true");
+    let mut client_plaintext =
+        std::env::var("RINGLOCK_CLIENT_PLAINTEXT").is_ok_and(|v| v == "1" || v == "true");
     let mut compact_entries: Option<u64> = None;
     let mut force_new = false;
     let mut truncate_at = None;
@@ -186,6 +192,7 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             "--insecure" => insecure = true,
             "--client-cert-auth" => client_cert_auth = true,
             "--lc-plaintext" => lc_plaintext = true,
+            "--client-plaintext" => client_plaintext = true,
             "--force-new-cluster" => force_new = true,
             "--raft-compact-entries" => {
                 let v = val("--raft-compact-entries")?;
@@ -428,20 +435,30 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
                 .into(),
         );
     }
-    if certs_dir.is_none() && (client_cert_auth || lc_plaintext) {
+    if certs_dir.is_none() && (client_cert_auth || lc_plaintext || client_plaintext) {
         return Err(format!(
             "{} needs --certs-dir: without certificates the lock port speaks no TLS",
             if client_cert_auth {
                 "--client-cert-auth"
-            } else {
+            } else if lc_plaintext {
                 "--lc-plaintext"
+            } else {
+                "--client-plaintext"
             }
         ));
+    }
+    if client_cert_auth && client_plaintext {
+        return Err(
+            "--client-cert-auth and --client-plaintext contradict each other: a plaintext \
+             client presents no certificate"
+                .into(),
+        );
     }
     cfg.certs_dir = certs_dir;
     cfg.insecure = insecure;
     cfg.client_cert_auth = client_cert_auth;
     cfg.lc_plaintext = lc_plaintext;
+    cfg.client_plaintext = client_plaintext;
     if cluster.is_none() && (join || compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
@@ -483,7 +500,15 @@ fn warn_if_exposed(cfg: &Config) {
             "reason=\"--insecure: the Raft ports take anyone; a stranger who reaches them can join, stall, read or rewrite the cluster\" action=\"make certificates with ringlock cert and start with --certs-dir\""
         );
     }
-    if cfg.lc_plaintext {
+    if cfg.client_plaintext {
+        ringlock::log!(
+            Level::Warn,
+            "client_plaintext",
+            "port=lock addr={} admin={} reason=\"--client-plaintext: sessions, admin commands and their auth token may travel in clear\"",
+            cfg.bind,
+            cfg.admin_bind
+        );
+    } else if cfg.lc_plaintext {
         ringlock::log!(
             Level::Warn,
             "lc_plaintext",
