@@ -23,7 +23,10 @@ pub trait ToServerAddrs {
     /// the host name it was given by, if any: a TLS client verifies the
     /// server's certificate against it (an address without one is
     /// verified by its IP address).
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         Ok(self
             .to_server_addrs(default_port)?
             .into_iter()
@@ -132,7 +135,10 @@ impl ToServerAddrs for str {
         Ok(addrs)
     }
 
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         let mut all = Vec::new();
         for item in self.split(',') {
             let item = item.trim();
@@ -148,7 +154,10 @@ impl ToServerAddrs for String {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         self.as_str().to_server_addrs(default_port)
     }
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         self.as_str().to_named_server_addrs(default_port)
     }
 }
@@ -157,7 +166,10 @@ impl<T: ToServerAddrs + ?Sized> ToServerAddrs for &T {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         (**self).to_server_addrs(default_port)
     }
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         (**self).to_named_server_addrs(default_port)
     }
 }
@@ -238,7 +250,10 @@ impl ToServerAddrs for (&str, u16) {
         }
         Ok(addrs)
     }
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         Ok(self
             .to_server_addrs(default_port)?
             .into_iter()
@@ -251,7 +266,10 @@ impl ToServerAddrs for (String, u16) {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         (self.0.as_str(), self.1).to_server_addrs(default_port)
     }
-    fn to_named_server_addrs(&self, default_port: u16) -> Result<Vec<(SocketAddr, Option<String>)>> {
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
         (self.0.as_str(), self.1).to_named_server_addrs(default_port)
     }
 }

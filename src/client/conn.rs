@@ -129,7 +129,10 @@ pub(crate) fn nonzero(d: Duration) -> Duration {
 }
 
 /// Reads one byte within `timeout`. `Ok(None)` is EOF.
-pub(crate) fn read_byte(sock: &mut super::stream::Stream, timeout: Duration) -> io::Result<Option<u8>> {
+pub(crate) fn read_byte(
+    sock: &mut super::stream::Stream,
+    timeout: Duration,
+) -> io::Result<Option<u8>> {
     sock.set_read_timeout(Some(nonzero(timeout)))?;
     let mut b = [0u8; 1];
     loop {
@@ -191,9 +194,9 @@ pub(crate) fn set_keepalive(sock: &TcpStream, idle: Duration) -> io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::stream::Stream;
     use std::io::Write;
     use std::net::TcpListener;
-    use crate::client::stream::Stream;
 
     /// A socket bound to a port and connected to that same port completes
     /// to itself (what a connect to a dead local port may do by chance):

@@ -1,8 +1,8 @@
 //! Cluster membership on the admin port (`CMEM`, `CCHG`; ringlockd
 //! extensions, see [`crate::protocol::members`]).
 
-use std::io::{self, Read};
 use super::stream::Stream;
+use std::io::{self, Read};
 
 use super::retry::Streak;
 use super::{Client, Error, Result, RetryPolicy};

@@ -61,13 +61,13 @@
 
 mod addr;
 mod conn;
-pub mod stream;
 mod error;
 mod guard;
 mod listing;
 pub mod members;
 mod retry;
 pub mod session;
+pub mod stream;
 mod wire;
 
 pub use crate::cancel::CancelToken;
@@ -87,9 +87,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conn::Wake;
-use stream::{Dial, Stream};
 use listing::Listing;
 use retry::{OnRetry, Streak};
+use stream::{Dial, Stream};
 use wire::{Action, Reply};
 
 /// The default lock port (Locking-Center's).
@@ -144,11 +144,14 @@ impl LockOptions {
     }
 }
 
+/// An address with the host name it was given by (TLS verifies it).
+type Named = (SocketAddr, Option<String>);
+
 /// Builds a [`Client`]. Created by [`Client::builder`].
 #[derive(Debug)]
 pub struct ClientBuilder {
-    addrs: Result<Vec<(SocketAddr, Option<String>)>>,
-    admin_addr: Option<Result<Vec<(SocketAddr, Option<String>)>>>,
+    addrs: Result<Vec<Named>>,
+    admin_addr: Option<Result<Vec<Named>>>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,

@@ -39,8 +39,8 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn client(&self, node: &(String, Vec<SocketAddr>)) -> Result<Client, Fail> {
         let (shown, addrs) = node;
-        let b = Client::builder(addrs.as_slice())
-            .admin_addr(crate::cluster::admin_named(shown, addrs));
+        let b =
+            Client::builder(addrs.as_slice()).admin_addr(crate::cluster::admin_named(shown, addrs));
         let mut b = crate::tlsopt::client(b)
             .retry(RetryPolicy::none())
             .connect_timeout(Duration::from_secs(1))

@@ -26,12 +26,10 @@ pub fn init(dir: Option<&Path>, client: Option<&str>) -> Result<(), Fail> {
                     .into(),
             ))
         }
-        (Some(dir), client) => Some(ClientTls::load(dir, client).map_err(|e| {
-            Fail(
-                EX_CONFIG,
-                format!("--certs-dir {}: {e}", dir.display()),
-            )
-        })?),
+        (Some(dir), client) => Some(
+            ClientTls::load(dir, client)
+                .map_err(|e| Fail(EX_CONFIG, format!("--certs-dir {}: {e}", dir.display())))?,
+        ),
     };
     let _ = TLS.set(tls);
     Ok(())

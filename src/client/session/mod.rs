@@ -445,7 +445,9 @@ fn hello(
 ) -> std::result::Result<(Stream, Welcome), Hello> {
     use std::io::{Read, Write};
     let deadline = Instant::now() + timeout;
-    let sock = dial.connect(addr, timeout).map_err(|e| tls_final(dial, e))?;
+    let sock = dial
+        .connect(addr, timeout)
+        .map_err(|e| tls_final(dial, e))?;
     // Requests are tiny and latency-bound.
     let _ = sock.set_nodelay(true);
     let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());

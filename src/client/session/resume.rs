@@ -253,12 +253,7 @@ fn next_expiry(sh: &Shared, now: Instant) -> Option<Instant> {
 }
 
 /// One Resume on `addr`, bounded by `until`.
-fn attempt(
-    sh: &Shared,
-    dial: &Dial,
-    addr: SocketAddr,
-    until: Instant,
-) -> Result<Resumed, Attempt> {
+fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result<Resumed, Attempt> {
     let retry = |e: &dyn fmt::Display| Attempt::Retry(e.to_string(), None);
     let left = until.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -682,5 +677,7 @@ fn gave_up(a: &super::io::AcquireReq, now: Instant) -> Option<Error> {
 /// name a TLS dial to it verifies.
 fn hint_host(hint: &str) -> String {
     let host = hint.rsplit_once(':').map_or(hint, |(h, _)| h);
-    host.trim_start_matches('[').trim_end_matches(']').to_string()
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string()
 }

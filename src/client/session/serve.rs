@@ -4,8 +4,8 @@
 //! connection of a resumable session fails, [`Shared::serve`] resumes the
 //! session on a new one ([`super::resume`]) and serves that.
 
-use std::io::{self, Read};
 use crate::client::stream::Stream;
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
