@@ -104,8 +104,11 @@ with open(f"{deploy}/prometheus/ringlock-alerts.yml") as f:
 rules = yaml.safe_load(text)
 need("job=" not in text.replace("# ", ""), "alert rules must not match a job name")
 alerts = {r.get("alert"): r for g in rules["groups"] for r in g["rules"]}
-for a in ["RinglockStuckLock", "RinglockWalIoErrors", "RinglockFsyncSlow", "RinglockDown", "RinglockAbsent"]:
+for a in ["RinglockStuckLock", "RinglockWalIoErrors", "RinglockFsyncSlow", "RinglockDown", "RinglockAbsent",
+          "RinglockRequestErrors"]:
     need(a in alerts, f"alert {a} missing")
+need("ringlock_requests_total" in alerts.get("RinglockRequestErrors", {}).get("expr", ""),
+     "request-error alert must watch ringlock_requests_total")
 stuck = alerts.get("RinglockStuckLock", {})
 need("ringlock_oldest_hold_seconds" in stuck.get("expr", ""), "stuck-lock alert must watch ringlock_oldest_hold_seconds")
 need("--older-than" in get(stuck, "annotations", "description") or "", "stuck-lock alert must say how to list every old key")
