@@ -5,7 +5,7 @@
 //! Center and admin traffic, a session ended by its keep-alive, then every
 //! `ringlock_requests_total` series of `/metrics` checked against what was
 //! done; the real CLI's default (session) traffic; a follower's `not
-//! leader` in a 3-node cluster.
+//! leader` and a Resume in a 3-node cluster.
 
 mod common;
 
@@ -101,16 +101,23 @@ impl Sess {
 
     /// A session opened with a Hello asking for `keepalive_ms`.
     fn open(addr: SocketAddr, keepalive_ms: u32) -> Sess {
+        Sess::open_welcomed(addr, keepalive_ms).0
+    }
+
+    /// A session opened with a Hello, and its Welcome.
+    fn open_welcomed(addr: SocketAddr, keepalive_ms: u32) -> (Sess, sp::Welcome) {
         let mut x = Sess::connect(addr);
         match x.first(&Req::Hello {
             version: sp::VERSION,
             keepalive_ms,
             auth: b"",
         }) {
-            Some(Answer::Welcome { welcome, .. }) => assert_eq!(welcome.status, Status::Ok),
+            Some(Answer::Welcome { welcome, .. }) => {
+                assert_eq!(welcome.status, Status::Ok);
+                (x, welcome)
+            }
             other => panic!("hello answered {other:?}"),
         }
-        x
     }
 
     fn send(&mut self, req: &Req<'_>) -> u32 {
@@ -393,9 +400,10 @@ fn the_clis_default_traffic_is_session_traffic() {
     );
 }
 
-/// A follower refuses a Hello `not leader`: counted on the follower.
+/// A follower refuses a Hello `not leader`: counted on the follower; the
+/// leader counts its welcome, and a Resume of the replicated session.
 #[test]
-fn a_followers_not_leader_answer_is_counted() {
+fn a_followers_not_leader_answer_and_a_resume_are_counted() {
     let c = common::cluster::Cluster::start(3, 1, &["--metrics-bind", "127.0.0.1:0"]);
     let l = c.leader(Duration::from_secs(20));
     let f = (l + 1) % 3;
@@ -416,13 +424,30 @@ fn a_followers_not_leader_answer_is_counted() {
         1.0,
         "{text}"
     );
-    // The leader welcomes one.
+    // The leader welcomes one, replicated; a second connection takes it
+    // over with a Resume.
     let leader = c.nodes[l].as_ref().expect("running");
-    let _a = Sess::open(leader.lock_addr, 0);
-    let (text, series) = scrape(leader.metrics());
-    assert_eq!(
-        requests(&series, "session")[&("hello".to_string(), "ok".to_string())],
-        1.0,
-        "{text}"
+    let (_a, welcome) = Sess::open_welcomed(leader.lock_addr, 0);
+    assert_ne!(
+        welcome.flags & sp::FLAG_RESUMABLE,
+        0,
+        "a replicated session"
     );
+    let mut r = Sess::connect(leader.lock_addr);
+    match r.first(&Req::Resume {
+        version: sp::VERSION,
+        session_id: welcome.session_id,
+        auth: b"",
+    }) {
+        Some(Answer::Welcome { welcome: w, .. }) => {
+            assert_eq!((w.status, w.session_id), (Status::Ok, welcome.session_id))
+        }
+        other => panic!("the Resume was answered {other:?}"),
+    }
+    let (text, series) = scrape(leader.metrics());
+    let got = requests(&series, "session");
+    for (op, n) in [("hello", 1.0), ("resume", 1.0)] {
+        assert_eq!(got[&(op.to_string(), "ok".to_string())], n, "{op}\n{text}");
+    }
+    assert_eq!(series["ringlock_sessions_resumed_total"], 1.0, "{text}");
 }
