@@ -175,8 +175,8 @@ pub enum SessionOp {
 }
 
 /// Every status of a session Reply, in byte order (`Status as usize` is
-/// its index: the discriminants are 0..=13).
-pub const SESSION_STATUSES: [Status; 14] = [
+/// its index: the discriminants are 0..=14).
+pub const SESSION_STATUSES: [Status; 15] = [
     Status::Ok,
     Status::TimedOut,
     Status::Busy,
@@ -191,6 +191,7 @@ pub const SESSION_STATUSES: [Status; 14] = [
     Status::UnsupportedVersion,
     Status::NotLeader,
     Status::UnknownSession,
+    Status::TlsRequired,
 ];
 
 impl SessionOp {
