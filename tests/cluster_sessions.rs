@@ -548,3 +548,100 @@ fn a_resume_without_the_auth_token_is_unauthorized() {
     drop(c);
     let _ = std::fs::remove_file(&token);
 }
+
+/// Sessions over TLS on a cluster whose client ports take sessions only
+/// over TLS (Locking-Center stays plaintext for the harness's probes):
+/// a plaintext Hello is refused `tls_required`; a session whose leader
+/// hands over is resumed through the old leader's `not leader` hint on a
+/// node the session was never given, the hint's certificate verified.
+#[test]
+fn a_tls_session_follows_a_verified_hint_after_a_hand_over() {
+    use ringlock::client::{Client, RetryPolicy, Session};
+    use ringlock::tls::ClientTls;
+    use std::sync::{Arc, Mutex};
+
+    let c = Cluster::start(
+        3,
+        common::cluster::test_threads(),
+        &["--tls-clients-only", "--lc-plaintext"],
+    );
+    let l = c.leader(WAIT);
+    let ca = c.dir.path("ca");
+    let key = c.ca_key();
+    common::cluster::cert_cli(&[
+        "create-client",
+        "--certs-dir",
+        ca.to_str().unwrap(),
+        "--ca-key",
+        key.to_str().unwrap(),
+        "ops",
+    ]);
+    let tls = ClientTls::load(&ca, Some("ops")).expect("client TLS");
+    let other = (0..3).find(|&i| i != l).unwrap();
+    let third = (0..3).find(|&i| i != l && i != other).unwrap();
+
+    // Plaintext: refused with the status that says why.
+    let mut s = TcpStream::connect(c.lock_addrs[l]).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut hello = Vec::new();
+    sp::encode(
+        3,
+        &Req::Hello {
+            version: sp::VERSION,
+            keepalive_ms: 0,
+            auth: b"",
+        },
+        &mut hello,
+    );
+    s.write_all(&hello).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert!(
+        matches!(
+            sp::decode_answer(&got, Some(3)),
+            Ok(Some((
+                Answer::Reply {
+                    status: Status::TlsRequired,
+                    ..
+                },
+                _
+            )))
+        ),
+        "{got:?}"
+    );
+
+    let events = Arc::new(Mutex::new(Vec::<String>::new()));
+    let session = {
+        let events = events.clone();
+        Session::builder(vec![c.lock_addrs[l], c.lock_addrs[other]])
+            .tls(tls.clone())
+            .retry(RetryPolicy::none())
+            .keepalive(Duration::from_secs(10))
+            .on_resume(move |line| events.lock().unwrap().push(line.to_string()))
+            .connect()
+            .expect("a TLS session")
+    };
+    let lease = session.lock("tls-key", WAIT).expect("locked");
+    // The leader hands over to the node the session does not know.
+    let admin = c.nodes[l].as_ref().unwrap().admin_addr;
+    let client = Client::builder(c.lock_addrs[l])
+        .admin_addr(admin)
+        .tls(tls)
+        .retry(RetryPolicy::none())
+        .build()
+        .unwrap();
+    poll_until("the hand-over is accepted", WAIT, || {
+        client.transfer_leader((third + 1) as u32).is_ok()
+    });
+    poll_until("the third node serves", WAIT, || c.serves(third));
+    poll_until("the session resumed", WAIT, || session.resumes() == 1);
+    let resumed = events.lock().unwrap().join("\n");
+    assert!(
+        resumed.contains(&format!("resumed on {}", c.lock_addrs[third])),
+        "resumed through the hint: {resumed}"
+    );
+    assert!(lease.lost().is_none());
+    assert_eq!(try_lock(&c, third, b"tls-key"), Some(b'#'), "still held");
+    lease.release().expect("released by the resumed session");
+    assert_eq!(try_lock(&c, third, b"tls-key"), Some(b'+'));
+}
