@@ -140,6 +140,30 @@ pub struct Config {
     /// requests are still served on the lock port (its clients cannot
     /// speak TLS); session frames always need TLS then.
     pub lc_plaintext: bool,
+    /// `--client-plaintext` (needs `--certs-dir`): the lock and admin
+    /// ports also take plaintext clients, as without certificates (TLS
+    /// stays available; the peer links stay mutual TLS).
+    pub client_plaintext: bool,
+}
+
+impl Config {
+    /// Sessions and admin connections must come over TLS (`--certs-dir`
+    /// without `--client-plaintext`).
+    pub fn client_tls_required(&self) -> bool {
+        self.certs_dir.is_some() && !self.client_plaintext
+    }
+
+    /// Plaintext Locking-Center requests are refused on the lock port.
+    pub fn lc_tls_required(&self) -> bool {
+        self.client_tls_required() && !self.lc_plaintext
+    }
+
+    /// Every admin connection must authenticate (a client certificate or
+    /// the auth token), also on loopback: some authentication is
+    /// configured (a token, or certificates the port requires TLS for).
+    pub fn admin_auth_required(&self) -> bool {
+        self.auth_token.is_some() || self.client_tls_required()
+    }
 }
 
 /// `--lc-admin-actions`: Unlock, ResetByKey and ResetBySource on the lock
@@ -236,6 +260,7 @@ impl Config {
             insecure: false,
             client_cert_auth: false,
             lc_plaintext: false,
+            client_plaintext: false,
         }
     }
 }

@@ -164,7 +164,8 @@ rl_security() { # n
         "$BIN/ringlock" cert create-node --certs-dir "$c/node$n" --ca-key "$c/ca.key" \
             --node-id "$n" 127.0.0.1 localhost >/dev/null || return 1
     fi
-    echo "--certs-dir $c/node$n"
+    # The bench clients speak plaintext: the rows measure the Raft links' TLS.
+    echo "--certs-dir $c/node$n --client-plaintext"
 }
 start_rl_node() { # n dir [join_peers]
     local n=$1 d=$2 p=${RL_PORT[$1]} peers=$PEERS join=() sec

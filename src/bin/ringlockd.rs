@@ -205,6 +205,13 @@ struct Args {
     #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
     lc_plaintext: bool,
 
+    /// With --certs-dir: the lock and admin ports also take plaintext clients (sessions, admin commands), as without certificates
+    ///
+    /// TLS stays available, peer links stay mutual TLS. For a network only trusted
+    /// hosts reach; warned at start.
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
+    client_plaintext: bool,
+
     /// Cluster mode without certificates: anyone who reaches a Raft port can join, stall, read or rewrite the cluster
     ///
     /// Only for a network nobody else reaches; warned at start, ringlock_insecure 1 in
@@ -958,20 +965,30 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
                 .into(),
         );
     }
-    if a.certs_dir.is_none() && (a.client_cert_auth || a.lc_plaintext) {
+    if a.certs_dir.is_none() && (a.client_cert_auth || a.lc_plaintext || a.client_plaintext) {
         return Err(format!(
             "{} needs --certs-dir: without certificates the lock port speaks no TLS",
             if a.client_cert_auth {
                 "--client-cert-auth"
-            } else {
+            } else if a.lc_plaintext {
                 "--lc-plaintext"
+            } else {
+                "--client-plaintext"
             }
         ));
+    }
+    if a.client_cert_auth && a.client_plaintext {
+        return Err(
+            "--client-cert-auth and --client-plaintext contradict each other: a plaintext \
+             client presents no certificate"
+                .into(),
+        );
     }
     cfg.certs_dir = a.certs_dir.clone();
     cfg.insecure = insecure;
     cfg.client_cert_auth = a.client_cert_auth;
     cfg.lc_plaintext = a.lc_plaintext;
+    cfg.client_plaintext = a.client_plaintext;
     if cluster.is_none() && (join || a.raft_compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
@@ -1083,6 +1100,7 @@ fn effective(s: &Settings) -> String {
     line("certs-dir", c.certs_dir.as_deref().map(q), "none");
     line("client-cert-auth", Some(c.client_cert_auth.to_string()), "");
     line("lc-plaintext", Some(c.lc_plaintext.to_string()), "");
+    line("client-plaintext", Some(c.client_plaintext.to_string()), "");
     line("insecure", Some(c.insecure.to_string()), "");
     let cl = s.cluster.as_ref();
     line(
@@ -1137,7 +1155,15 @@ fn warn_if_exposed(cfg: &Config) {
             "reason=\"--insecure: the Raft ports take anyone; a stranger who reaches them can join, stall, read or rewrite the cluster\" action=\"make certificates with ringlock cert and start with --certs-dir\""
         );
     }
-    if cfg.lc_plaintext {
+    if cfg.client_plaintext {
+        ringlock::log!(
+            Level::Warn,
+            "client_plaintext",
+            "port=lock addr={} admin={} reason=\"--client-plaintext: sessions, admin commands and their auth token may travel in clear\"",
+            cfg.bind,
+            cfg.admin_bind
+        );
+    } else if cfg.lc_plaintext {
         ringlock::log!(
             Level::Warn,
             "lc_plaintext",

@@ -18,6 +18,21 @@ use super::error::{Error, Result};
 pub trait ToServerAddrs {
     /// Resolves to one or more socket addresses.
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>>;
+
+    /// As [`to_server_addrs`](Self::to_server_addrs), each address with
+    /// the host name it was given by, if any: a TLS client verifies the
+    /// server's certificate against it (an address without one is
+    /// verified by its IP address).
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        Ok(self
+            .to_server_addrs(default_port)?
+            .into_iter()
+            .map(|a| (a, None))
+            .collect())
+    }
 }
 
 fn invalid(addr: &str, reason: impl Into<String>) -> Error {
@@ -119,17 +134,43 @@ impl ToServerAddrs for str {
         }
         Ok(addrs)
     }
+
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        let mut all = Vec::new();
+        for item in self.split(',') {
+            let item = item.trim();
+            let addrs = item.to_server_addrs(default_port)?;
+            let (host, _) = split_host_port(item, default_port)?;
+            all.extend(addrs.into_iter().map(|a| (a, Some(host.to_string()))));
+        }
+        Ok(all)
+    }
 }
 
 impl ToServerAddrs for String {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         self.as_str().to_server_addrs(default_port)
     }
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        self.as_str().to_named_server_addrs(default_port)
+    }
 }
 
 impl<T: ToServerAddrs + ?Sized> ToServerAddrs for &T {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         (**self).to_server_addrs(default_port)
+    }
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        (**self).to_named_server_addrs(default_port)
     }
 }
 
@@ -209,11 +250,27 @@ impl ToServerAddrs for (&str, u16) {
         }
         Ok(addrs)
     }
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        Ok(self
+            .to_server_addrs(default_port)?
+            .into_iter()
+            .map(|a| (a, Some(self.0.to_string())))
+            .collect())
+    }
 }
 
 impl ToServerAddrs for (String, u16) {
     fn to_server_addrs(&self, default_port: u16) -> Result<Vec<SocketAddr>> {
         (self.0.as_str(), self.1).to_server_addrs(default_port)
+    }
+    fn to_named_server_addrs(
+        &self,
+        default_port: u16,
+    ) -> Result<Vec<(SocketAddr, Option<String>)>> {
+        (self.0.as_str(), self.1).to_named_server_addrs(default_port)
     }
 }
 

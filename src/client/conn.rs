@@ -46,10 +46,14 @@ pub(crate) enum Wake {
 /// passes, or the token is cancelled. Cancellation wins over readability so
 /// that a caller's decision is always routed through exact cancellation.
 pub(crate) fn wait_readable(
-    sock: &TcpStream,
+    sock: &super::stream::Stream,
     deadline: Option<Instant>,
     cancel: Option<&CancelToken>,
 ) -> io::Result<Wake> {
+    if sock.buffered() && !cancel.is_some_and(CancelToken::is_cancelled) {
+        // TLS plaintext already decrypted: the socket may stay quiet.
+        return Ok(Wake::Readable);
+    }
     loop {
         let timeout_ms: libc::c_int = match deadline {
             None => -1,
@@ -125,7 +129,10 @@ pub(crate) fn nonzero(d: Duration) -> Duration {
 }
 
 /// Reads one byte within `timeout`. `Ok(None)` is EOF.
-pub(crate) fn read_byte(sock: &mut TcpStream, timeout: Duration) -> io::Result<Option<u8>> {
+pub(crate) fn read_byte(
+    sock: &mut super::stream::Stream,
+    timeout: Duration,
+) -> io::Result<Option<u8>> {
     sock.set_read_timeout(Some(nonzero(timeout)))?;
     let mut b = [0u8; 1];
     loop {
@@ -187,6 +194,7 @@ pub(crate) fn set_keepalive(sock: &TcpStream, idle: Duration) -> io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::stream::Stream;
     use std::io::Write;
     use std::net::TcpListener;
 
@@ -217,7 +225,7 @@ mod tests {
     #[test]
     fn cancel_token_wakes_a_wait_and_stays_cancelled() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let c = Stream::plain(TcpStream::connect(l.local_addr().unwrap()).unwrap());
         let token = CancelToken::new().unwrap();
         assert!(!token.is_cancelled());
         let far = Some(Instant::now() + Duration::from_secs(30));
@@ -238,21 +246,21 @@ mod tests {
     #[test]
     fn wait_reports_deadline_then_data_and_liveness() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut c = Stream::plain(TcpStream::connect(l.local_addr().unwrap()).unwrap());
         let (mut s, _) = l.accept().unwrap();
         let soon = Some(Instant::now() + Duration::from_millis(10));
         assert_eq!(wait_readable(&c, soon, None).unwrap(), Wake::Deadline);
-        assert!(looks_alive(&c));
+        assert!(looks_alive(c.tcp()));
         s.write_all(b"+").unwrap();
         assert_eq!(wait_readable(&c, None, None).unwrap(), Wake::Readable);
-        assert!(!looks_alive(&c), "stray byte pending");
+        assert!(!looks_alive(c.tcp()), "stray byte pending");
         assert_eq!(
             read_byte(&mut c, Duration::from_secs(1)).unwrap(),
             Some(b'+')
         );
         drop(s);
         assert_eq!(read_byte(&mut c, Duration::from_secs(1)).unwrap(), None);
-        assert!(!looks_alive(&c));
-        set_keepalive(&c, Duration::from_secs(15)).unwrap();
+        assert!(!looks_alive(c.tcp()));
+        set_keepalive(c.tcp(), Duration::from_secs(15)).unwrap();
     }
 }

@@ -6,7 +6,9 @@
 //! Unlock for the same grant.
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use super::stream::Stream;
 
 use super::{Client, Result};
 
@@ -20,7 +22,7 @@ use super::{Client, Result};
 pub struct Guard {
     client: Client,
     key: Vec<u8>,
-    conn: Option<TcpStream>,
+    conn: Option<Stream>,
     endpoint: Option<SocketAddr>,
     released: Option<Result<()>>,
 }
@@ -29,7 +31,7 @@ impl Guard {
     pub(crate) fn new(
         client: Client,
         key: &[u8],
-        conn: Option<TcpStream>,
+        conn: Option<Stream>,
         endpoint: Option<SocketAddr>,
     ) -> Guard {
         Guard {

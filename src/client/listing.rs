@@ -7,7 +7,9 @@
 
 use std::io::{self, Read};
 use std::iter::FusedIterator;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use super::stream::Stream;
 
 use super::retry::Streak;
 use super::wire::KeyInfo;
@@ -75,7 +77,7 @@ impl Listing {
 /// # Ok(()) }
 /// ```
 pub struct KeyStream {
-    conn: TcpStream,
+    conn: Stream,
     /// Received bytes; `buf[start..end]` is not decoded yet.
     buf: Box<[u8]>,
     start: usize,
@@ -92,7 +94,7 @@ impl KeyStream {
     /// when `authed`). A connection closed before it is an `Io` error of
     /// kind `UnexpectedEof`.
     fn open(
-        conn: TcpStream,
+        conn: Stream,
         io_timeout: std::time::Duration,
         authed: bool,
         listing: Listing,
@@ -164,6 +166,16 @@ impl KeyStream {
         }
         loop {
             match self.conn.read(&mut self.buf[self.end..]) {
+                Ok(0) if self.end == 1 && self.buf[0] == b'-' && self.total == 0 => {
+                    // The admin port's `-`, then its close: refused, not cut.
+                    return Err(Error::io(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "the admin port refused the command: a server with certificates takes \
+                         admin commands over TLS with a client certificate (--certs-dir, \
+                         --client) or the auth token (--auth-token-file); without them, one \
+                         whose admin port is not on loopback needs the auth token",
+                    )));
+                }
                 Ok(0) => {
                     let why = match self.decoder.remaining() {
                         None if self.end == 0 => {
@@ -334,6 +346,10 @@ impl Client {
                     listing,
                 ) {
                     Ok(stream) => return Ok((stream, peer)),
+                    // Refused (TLS or authentication): retrying cannot help.
+                    Err(Error::Io(err)) if err.kind() == io::ErrorKind::PermissionDenied => {
+                        return Err(Error::Io(err))
+                    }
                     // A server that closes at once does not know the command
                     // (KEYX on a Locking-Center server): retrying cannot help.
                     Err(Error::Io(err))

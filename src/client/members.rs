@@ -1,8 +1,8 @@
 //! Cluster membership on the admin port (`CMEM`, `CCHG`; ringlockd
 //! extensions, see [`crate::protocol::members`]).
 
+use super::stream::Stream;
 use std::io::{self, Read};
-use std::net::TcpStream;
 
 use super::retry::Streak;
 use super::{Client, Error, Result, RetryPolicy};
@@ -76,7 +76,7 @@ impl Client {
     /// connection closed before any answer probably means.
     pub(super) fn read_answer<T>(
         &self,
-        conn: &mut TcpStream,
+        conn: &mut Stream,
         closed_why: &str,
         decode: impl Fn(&[u8]) -> std::result::Result<Option<T>, String>,
     ) -> Result<T> {

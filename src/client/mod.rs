@@ -67,6 +67,7 @@ mod listing;
 pub mod members;
 mod retry;
 pub mod session;
+pub mod stream;
 mod wire;
 
 pub use crate::cancel::CancelToken;
@@ -81,13 +82,14 @@ pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use conn::Wake;
 use listing::Listing;
 use retry::{OnRetry, Streak};
+use stream::{Dial, Stream};
 use wire::{Action, Reply};
 
 /// The default lock port (Locking-Center's).
@@ -145,8 +147,10 @@ impl LockOptions {
 /// Builds a [`Client`]. Created by [`Client::builder`].
 #[derive(Debug)]
 pub struct ClientBuilder {
-    addrs: Result<Vec<SocketAddr>>,
-    admin_addr: Option<Result<Vec<SocketAddr>>>,
+    addrs: Result<Vec<(SocketAddr, Option<String>)>>,
+    admin_addr: Option<Result<Vec<(SocketAddr, Option<String>)>>>,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,
     connect_timeout: Duration,
     io_timeout: Duration,
@@ -168,7 +172,7 @@ impl ClientBuilder {
     /// ambiguous outcomes. Default: the lock address with port + 1. A host
     /// without a port gets port [`DEFAULT_PORT`] + 1.
     pub fn admin_addr(mut self, addr: impl ToServerAddrs) -> Self {
-        self.admin_addr = Some(addr.to_server_addrs(DEFAULT_PORT + 1));
+        self.admin_addr = Some(addr.to_named_server_addrs(DEFAULT_PORT + 1));
         self
     }
 
@@ -215,6 +219,18 @@ impl ClientBuilder {
         self
     }
 
+    /// Speaks TLS to the lock and admin ports (a server started with
+    /// `--certs-dir`): the server's certificate must chain to the CA
+    /// bundle of `tls` and name the host each address was given by (a
+    /// [`SocketAddr`] is verified by its IP address); `tls`'s client
+    /// certificate, if any, is presented (it stands for the admin auth
+    /// token on a server that verifies it).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// TCP keepalive idle time on lock connections (default 15 s; `None`
     /// turns it off). A dead peer is detected about twice this long later.
     pub fn tcp_keepalive(mut self, idle: Option<Duration>) -> Self {
@@ -227,18 +243,42 @@ impl ClientBuilder {
     /// [`Error::InvalidAddress`].
     pub fn build(self) -> Result<Client> {
         wire::validate_source(&self.source)?;
-        let addrs = self.addrs?;
-        let admin_addrs = match self.admin_addr {
+        let named = self.addrs?;
+        let admin_named = match self.admin_addr {
             Some(admin) => admin?,
-            None => addrs
+            None => named
                 .iter()
-                .map(|a| SocketAddr::new(a.ip(), a.port().wrapping_add(1)))
+                .map(|(a, host)| {
+                    (
+                        SocketAddr::new(a.ip(), a.port().wrapping_add(1)),
+                        host.clone(),
+                    )
+                })
                 .collect(),
+        };
+        let addrs: Vec<SocketAddr> = named.iter().map(|(a, _)| *a).collect();
+        let admin_addrs: Vec<SocketAddr> = admin_named.iter().map(|(a, _)| *a).collect();
+        #[cfg(feature = "tls")]
+        let dial = match self.tls {
+            Some(tls) => Dial::tls(
+                tls,
+                named
+                    .into_iter()
+                    .chain(admin_named)
+                    .filter_map(|(a, host)| host.map(|h| (a, h))),
+            ),
+            None => Dial::plain(),
+        };
+        #[cfg(not(feature = "tls"))]
+        let dial = {
+            drop((named, admin_named));
+            Dial::plain()
         };
         Ok(Client {
             cfg: Arc::new(Config {
                 addrs,
                 admin_addrs,
+                dial,
                 source: self.source,
                 connect_timeout: conn::nonzero(self.connect_timeout),
                 io_timeout: conn::nonzero(self.io_timeout),
@@ -255,6 +295,8 @@ impl ClientBuilder {
 struct Config {
     addrs: Vec<SocketAddr>,
     admin_addrs: Vec<SocketAddr>,
+    /// Plaintext, or TLS with the names to verify.
+    dial: Dial,
     source: Vec<u8>,
     connect_timeout: Duration,
     io_timeout: Duration,
@@ -291,8 +333,10 @@ impl Client {
     /// bad address as [`Error::InvalidAddress`].
     pub fn builder(addr: impl ToServerAddrs) -> ClientBuilder {
         ClientBuilder {
-            addrs: addr.to_server_addrs(DEFAULT_PORT),
+            addrs: addr.to_named_server_addrs(DEFAULT_PORT),
             admin_addr: None,
+            #[cfg(feature = "tls")]
+            tls: None,
             source: Vec::new(),
             connect_timeout: Duration::from_secs(3),
             io_timeout: Duration::from_secs(5),
@@ -357,7 +401,7 @@ impl Client {
             let endpoint = conn.local_addr().ok();
             if let Some(idle) = self.cfg.keepalive {
                 // Best effort: a wait without keepalive still works.
-                let _ = conn::set_keepalive(&conn, idle);
+                let _ = conn::set_keepalive(conn.tcp(), idle);
             }
             if let Err(err) = self.send(&mut conn, &frame) {
                 // An incomplete frame has no effect; closing withdraws a
@@ -427,7 +471,7 @@ impl Client {
     /// The exact-cancellation protocol: half-close, then read until EOF.
     fn cancel_exact(
         &self,
-        mut conn: TcpStream,
+        mut conn: Stream,
         key: &[u8],
         endpoint: Option<SocketAddr>,
         reason: Error,
@@ -607,7 +651,7 @@ impl Client {
     }
 
     /// Sends an admin command, preceded by `AUTH` when a token is set.
-    fn send_admin(&self, conn: &mut TcpStream, cmd: &[u8]) -> io::Result<()> {
+    fn send_admin(&self, conn: &mut Stream, cmd: &[u8]) -> io::Result<()> {
         match &self.cfg.admin_auth {
             Some(t) => {
                 let mut b = Vec::with_capacity(5 + t.len() + cmd.len());
@@ -622,7 +666,7 @@ impl Client {
     }
 
     /// Reads exactly `out.len()` answer bytes (after AUTH's `+`).
-    fn read_admin(&self, conn: &mut TcpStream, out: &mut [u8]) -> Result<()> {
+    fn read_admin(&self, conn: &mut Stream, out: &mut [u8]) -> Result<()> {
         conn.set_read_timeout(Some(self.cfg.io_timeout))
             .map_err(Error::io)?;
         if self.cfg.admin_auth.is_some() {
@@ -668,7 +712,7 @@ impl Client {
 
     /// One request, one answer byte, on a fresh connection. Retries only
     /// what provably had no effect (connecting, an incomplete frame).
-    fn unary(&self, frame: &[u8]) -> Result<(Reply, TcpStream), UnaryFail> {
+    fn unary(&self, frame: &[u8]) -> Result<(Reply, Stream), UnaryFail> {
         let mut streak = Streak::new(self.cfg.retry);
         loop {
             let (mut conn, peer) = self
@@ -698,7 +742,7 @@ impl Client {
     }
 
     /// Writes a whole frame within the I/O timeout.
-    fn send(&self, conn: &mut TcpStream, frame: &[u8]) -> io::Result<()> {
+    fn send(&self, conn: &mut Stream, frame: &[u8]) -> io::Result<()> {
         conn.set_write_timeout(Some(self.cfg.io_timeout))?;
         conn.write_all(frame)
     }
@@ -711,7 +755,7 @@ impl Client {
         streak: &mut Streak,
         deadline: Option<Instant>,
         cancel: Option<&CancelToken>,
-    ) -> Result<(TcpStream, SocketAddr)> {
+    ) -> Result<(Stream, SocketAddr)> {
         loop {
             let mut last = None;
             for addr in addrs {
@@ -722,12 +766,23 @@ impl Client {
                     ),
                     None => self.cfg.connect_timeout,
                 };
-                match conn::connect(addr, timeout) {
+                match self.cfg.dial.connect(addr, timeout) {
                     Ok(conn) => {
                         // Requests are tiny and latency-bound.
                         let _ = conn.set_nodelay(true);
                         streak.connected = true;
                         return Ok((conn, *addr));
+                    }
+                    // A certificate that fails verification fails the
+                    // next attempt the same way: said at once.
+                    Err(err)
+                        if self.cfg.dial.is_tls() && err.kind() == io::ErrorKind::InvalidData =>
+                    {
+                        return Err(Error::Unavailable {
+                            addr: *addr,
+                            attempts: streak.attempts + 1,
+                            last: Arc::new(err),
+                        })
                     }
                     Err(err) => last = Some((*addr, err)),
                 }
@@ -769,13 +824,13 @@ impl Client {
     fn release_key(
         &self,
         key: &[u8],
-        conn: Option<TcpStream>,
+        conn: Option<Stream>,
         endpoint: Option<SocketAddr>,
     ) -> Result<()> {
         let frame = wire::encode(Action::Unlock, key, None);
         let mut ambiguous: Option<io::Error> = None;
         if let Some(mut conn) = conn {
-            if conn::looks_alive(&conn) && self.send(&mut conn, &frame).is_ok() {
+            if conn::looks_alive(conn.tcp()) && self.send(&mut conn, &frame).is_ok() {
                 match conn::read_byte(&mut conn, self.cfg.io_timeout) {
                     Ok(Some(byte)) => return unit_reply(byte, "unlock"),
                     Ok(None) => {

@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
+use super::clienttls::ConnTls;
 use super::mesh::Msg;
 use super::sys::{peer_of, refuse_fd, REFUSED};
 use super::user_data::{self as ring_io, Op};
@@ -21,18 +22,22 @@ use crate::shard::conn::Port;
 /// The driver's side of one connection slot (same index as the shard's).
 pub(super) struct DConn {
     /// The shard's token for the occupant; 0 when unused.
-    token: Token,
-    fd: RawFd,
+    pub(super) token: Token,
+    pub(super) fd: RawFd,
     pub(super) recv: Slot,
     pub(super) send: Slot,
-    sent: usize,
-    closing: bool,
+    pub(super) sent: usize,
+    pub(super) closing: bool,
     cancel_submitted: bool,
     /// A cancel of the send in flight was submitted (at a close).
     send_cancel_submitted: bool,
     /// The shard hands this connection to that shard once its receive is
     /// back (cancelled or completed).
-    migrate_to: Option<usize>,
+    pub(super) migrate_to: Option<usize>,
+    /// The first byte was looked at (with certificates: TLS or not).
+    pub(super) sniffed: bool,
+    /// A TLS connection's state (see `clienttls`).
+    pub(super) tls: Option<Box<ConnTls>>,
 }
 
 impl DConn {
@@ -47,6 +52,8 @@ impl DConn {
             cancel_submitted: false,
             send_cancel_submitted: false,
             migrate_to: None,
+            sniffed: false,
+            tls: None,
         }
     }
 }
@@ -99,6 +106,8 @@ impl Loop {
         c.closing = false;
         c.cancel_submitted = false;
         c.send_cancel_submitted = false;
+        c.sniffed = false;
+        c.tls = None;
         self.arm_recv(slot);
     }
 
@@ -114,7 +123,7 @@ impl Loop {
         }
     }
 
-    fn arm_recv(&mut self, slot: usize) {
+    pub(super) fn arm_recv(&mut self, slot: usize) {
         let c = &mut self.conns[slot];
         debug_assert!(!c.closing && !c.recv.is_lent());
         let ud = ring_io::encode(Op::Recv, (c.token >> 32) as u32, slot as u32);
@@ -139,11 +148,19 @@ impl Loop {
         let token = self.conns[s].token;
         let closing = self.conns[s].closing;
         let migrating = self.conns[s].migrate_to.is_some();
-        let buf = self.conns[s].recv.reclaim(ud);
+        let first = self.conns[s].recv.reclaim(ud).first().copied();
         if closing {
             self.maybe_close(s);
             return;
         }
+        if res > 0 && !self.conns[s].sniffed && self.client_tls.is_some() {
+            self.tls_sniff(s, first.expect("a receive buffer is never empty"));
+        }
+        if self.conns[s].tls.is_some() {
+            self.on_tls_recv(s, token, migrating, res);
+            return;
+        }
+        let buf = self.conns[s].recv.ours();
         if migrating {
             // The last receive before the hand-over: keep what it brought.
             match res {
@@ -183,7 +200,39 @@ impl Loop {
         }
     }
 
-    fn submit_send(&mut self, slot: usize) {
+    /// `on_recv` of a TLS connection: as for plaintext, the shard getting
+    /// what rustls made of the bytes.
+    fn on_tls_recv(&mut self, s: usize, token: Token, migrating: bool, res: i32) {
+        if res > 0 {
+            let rearm = self.tls_received(s, res as usize);
+            if migrating {
+                self.finish_migrate(s);
+                return;
+            }
+            let c = &self.conns[s];
+            let established = c.tls.as_ref().is_some_and(|t| t.established());
+            if rearm
+                && !c.closing
+                && c.migrate_to.is_none()
+                && !c.recv.is_lent()
+                && (!established || self.shard.wants_input(token))
+            {
+                self.arm_recv(s);
+            }
+            return;
+        }
+        match -res {
+            0 => self.shard.on_peer_closed(token, None),
+            libc::EINTR | libc::EAGAIN if !migrating => self.arm_recv(s),
+            libc::ECANCELED | libc::EINTR | libc::EAGAIN => {}
+            e => self.shard.on_peer_closed(token, Some(e)),
+        }
+        if migrating {
+            self.finish_migrate(s);
+        }
+    }
+
+    pub(super) fn submit_send(&mut self, slot: usize) {
         let c = &mut self.conns[slot];
         let ud = ring_io::encode(Op::Send, (c.token >> 32) as u32, slot as u32);
         let lent = Lent::lend(c.send.take_ours(), ud);
@@ -217,6 +266,11 @@ impl Loop {
         let s = slot as usize;
         let token = self.conns[s].token;
         let len = self.conns[s].send.reclaim(ud).len();
+        if self.conns[s].tls.is_some() {
+            self.tls_sent(s, token, res, len);
+            self.maybe_close(s);
+            return;
+        }
         if res >= 0 {
             let c = &mut self.conns[s];
             c.sent += res as usize;
@@ -255,6 +309,8 @@ impl Loop {
         c.token = 0;
         c.fd = -1;
         c.migrate_to = None;
+        c.tls = None;
+        c.sniffed = false;
         // SAFETY: references no buffer; no other op uses this fd any more.
         unsafe { self.push(sqe) };
         self.closed.push(token);
@@ -264,6 +320,10 @@ impl Loop {
     pub(super) fn send_answers(&mut self, token: Token) {
         let s = token as u32 as usize;
         debug_assert_eq!(self.conns[s].token, token);
+        if self.conns[s].tls.is_some() {
+            self.tls_send_answers(s, token);
+            return;
+        }
         let mut out = self.conns[s].send.take_ours();
         self.shard.take_output(token, &mut out);
         self.conns[s].send = Slot::Ours(out);
@@ -288,6 +348,9 @@ impl Loop {
     /// a cancelled send carried none of it, and a grant in it is given back.
     pub(super) fn close_conn(&mut self, token: Token) {
         let s = token as u32 as usize;
+        if self.conns[s].tls.is_some() && !self.conns[s].closing {
+            self.tls_goodbye(s);
+        }
         let c = &mut self.conns[s];
         debug_assert_eq!(c.token, token);
         c.closing = true;
@@ -313,7 +376,12 @@ impl Loop {
 
     /// `Cmd::Farewell`: at shutdown, `-` to a queued Lock, best effort.
     pub(super) fn farewell(&mut self, token: Token) {
-        let c = &self.conns[token as u32 as usize];
+        let s = token as u32 as usize;
+        if self.conns[s].tls.is_some() {
+            self.tls_farewell(s);
+            return;
+        }
+        let c = &self.conns[s];
         // SAFETY: a live connection's fd is open; one static byte.
         unsafe {
             libc::send(
@@ -348,7 +416,12 @@ impl Loop {
     }
 
     /// Hands a connection over from another shard.
-    pub(super) fn adopt(&mut self, fd: RawFd, conn: crate::shard::Detached) {
+    pub(super) fn adopt(
+        &mut self,
+        fd: RawFd,
+        conn: crate::shard::Detached,
+        tls: Option<Box<ConnTls>>,
+    ) {
         let Some(token) = self.shard.on_adopt(&conn) else {
             refuse_fd(fd);
             return;
@@ -366,15 +439,26 @@ impl Loop {
         c.cancel_submitted = false;
         c.send_cancel_submitted = false;
         c.migrate_to = None;
+        c.sniffed = true;
+        let is_tls = tls.is_some();
+        c.tls = tls;
         if !conn.read_closed {
             self.arm_recv(slot);
+        }
+        if is_tls {
+            self.tls_adopted(slot);
         }
         self.shard.resume(token);
     }
 
     /// A Migrating connection's receive is back: send it to its new shard.
-    fn finish_migrate(&mut self, slot: usize) {
+    pub(super) fn finish_migrate(&mut self, slot: usize) {
         let c = &mut self.conns[slot];
+        if c.migrate_to.is_none() || c.send.is_lent() || c.recv.is_lent() {
+            // A TLS connection's own send (or the receive) still holds a
+            // buffer: its completion comes back here.
+            return;
+        }
         let Some(to) = c.migrate_to.take() else {
             return;
         };
@@ -388,8 +472,10 @@ impl Loop {
                 c.closing = false;
                 c.cancel_submitted = false;
                 c.send_cancel_submitted = false;
+                c.sniffed = false;
+                let tls = c.tls.take();
                 let mesh = self.mesh.as_mut().expect("a migration needs a mesh");
-                if let Err(Msg::Adopt { fd, .. }) = mesh.send(to, Msg::Adopt { fd, conn: d }) {
+                if let Err(Msg::Adopt { fd, .. }) = mesh.send(to, Msg::Adopt { fd, conn: d, tls }) {
                     log!(Level::Warn, "limit_reached", "limit=shard_queue to={}", to);
                     refuse_fd(fd);
                 }

@@ -27,6 +27,8 @@ pub enum Msg {
     Adopt {
         fd: RawFd,
         conn: Detached,
+        /// A TLS connection's session state (its keys and buffers).
+        tls: Option<Box<super::clienttls::ConnTls>>,
     },
     /// Run a scatter/gather part and reply.
     Request {

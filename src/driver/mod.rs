@@ -49,6 +49,7 @@
 
 pub mod buf;
 pub mod certs;
+mod clienttls;
 mod conn;
 pub mod faults;
 mod logio;
@@ -125,6 +126,8 @@ struct Loop {
     /// `--certs-dir`: the node's certificates; shard 0 reloads them on
     /// SIGHUP, every shard's new connections take the current set.
     certs: Option<Arc<certs::Certs>>,
+    /// `--certs-dir`: TLS on the lock and admin ports.
+    client_tls: Option<clienttls::ClientTls>,
 }
 
 impl Drop for Loop {

@@ -135,6 +135,7 @@ impl Loop {
             let t = now();
             self.metrics.loop_heartbeat(me, t.mono_us / 1000);
             self.shard.begin_tick(t);
+            self.tls_tick(t.mono_us);
             self.drain();
             let mut cqes = std::mem::take(&mut self.cqes);
             for &(ud, res, flags) in &cqes {
@@ -173,7 +174,7 @@ impl Loop {
         mesh.drain(&mut inbox);
         for m in inbox.drain(..) {
             match m {
-                Msg::Adopt { fd, conn } => self.adopt(fd, conn),
+                Msg::Adopt { fd, conn, tls } => self.adopt(fd, conn, tls),
                 Msg::Request { from, id, op } => self.shard.on_remote(from, id, op),
                 Msg::Reply { id, result } => self.shard.on_reply(id, result),
                 Msg::Sess(msg) => self.shard.on_sess(msg),
@@ -245,7 +246,8 @@ impl Loop {
     }
 
     fn wait(&mut self) -> io::Result<()> {
-        if !self.cqes.is_empty() || self.shard.busy_between_events() {
+        let tls_waits = self.client_tls.as_ref().is_some_and(|c| c.pending());
+        if !self.cqes.is_empty() || self.shard.busy_between_events() || tls_waits {
             // Completions drained while submitting: dispatch them first.
             // Or the shard has work between events (a snapshot encoded a
             // chunk per tick): submit, take what completed, tick again.

@@ -420,6 +420,9 @@ impl Loop {
             (None, None) => (None, None, None),
         };
         let idle_poll_us = cfg.idle_poll_us;
+        let client_tls = part.certs.as_ref().map(|c| {
+            super::clienttls::ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms)
+        });
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
         let peers = raft.map(|(replica, peers)| {
@@ -448,6 +451,7 @@ impl Loop {
             idle_poll_us,
             poll: poll::PollWindow::new(idle_poll_us),
             peers,
+            client_tls,
             certs: part.certs,
         })
     }

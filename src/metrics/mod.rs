@@ -59,7 +59,7 @@
 
 mod http;
 mod security;
-pub use security::Security;
+pub use security::{Handshake, Security};
 
 pub use http::{
     serve, serve_with, Options, CONNECTIONS_MAX, REQUEST_HEAD_BYTES_MAX, REQUEST_TIMEOUT,

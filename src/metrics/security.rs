@@ -20,6 +20,20 @@ pub struct Security {
     cert_reloads_failed: AtomicU64,
     /// Unix seconds at which the node certificate in use expires; 0: none.
     cert_not_after_s: AtomicU64,
+    /// Client-port TLS handshakes by result: ok, failed, timed out.
+    tls_handshakes: [AtomicU64; 3],
+    /// Time spent in client-port handshakes' TLS processing (µs).
+    tls_handshake_us: AtomicU64,
+    /// Plaintext refused by a TLS-only port: Locking-Center or admin, session.
+    plaintext_refused: [AtomicU64; 2],
+}
+
+/// How a client-port TLS handshake ended.
+#[derive(Clone, Copy, Debug)]
+pub enum Handshake {
+    Ok = 0,
+    Failed = 1,
+    TimedOut = 2,
 }
 
 impl Security {
@@ -33,6 +47,9 @@ impl Security {
             cert_reloads_ok: AtomicU64::new(0),
             cert_reloads_failed: AtomicU64::new(0),
             cert_not_after_s: AtomicU64::new(0),
+            tls_handshakes: Default::default(),
+            tls_handshake_us: AtomicU64::new(0),
+            plaintext_refused: Default::default(),
         }
     }
 
@@ -63,6 +80,20 @@ impl Security {
         } else {
             self.cert_reloads_failed.fetch_add(1, Relaxed);
         }
+    }
+
+    pub fn tls_handshake(&self, how: Handshake) {
+        self.tls_handshakes[how as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn tls_handshake_time(&self, us: u64) {
+        self.tls_handshake_us.fetch_add(us, Relaxed);
+    }
+
+    /// A plaintext connection refused by a TLS-only port (`session`: its
+    /// first frame was a session frame).
+    pub fn plaintext_refused(&self, session: bool) {
+        self.plaintext_refused[session as usize].fetch_add(1, Relaxed);
     }
 
     pub fn set_cert_not_after_s(&self, unix_s: u64) {
@@ -115,6 +146,44 @@ impl Security {
             "ringlock_cert_reloads_total{{result=\"failed\"}} {}",
             self.cert_reloads_failed.load(Relaxed)
         );
+        header(
+            w,
+            "tls_handshakes_total",
+            "TLS handshakes on the lock and admin ports by result (failed: a bad or missing \
+             certificate, a protocol error; timed_out: not finished within --frame-timeout).",
+            "counter",
+        );
+        for (i, result) in ["ok", "failed", "timed_out"].iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "ringlock_tls_handshakes_total{{result=\"{result}\"}} {}",
+                self.tls_handshakes[i].load(Relaxed)
+            );
+        }
+        header(
+            w,
+            "tls_handshake_seconds_total",
+            "Time the event loops spent processing client-port TLS handshakes (their crypto).",
+            "counter",
+        );
+        let _ = writeln!(
+            w,
+            "ringlock_tls_handshake_seconds_total {:.6}",
+            self.tls_handshake_us.load(Relaxed) as f64 / 1e6
+        );
+        header(
+            w,
+            "plaintext_refused_total",
+            "Plaintext connections refused by a TLS-only lock or admin port, by protocol.",
+            "counter",
+        );
+        for (i, protocol) in ["lc_or_admin", "session"].iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "ringlock_plaintext_refused_total{{protocol=\"{protocol}\"}} {}",
+                self.plaintext_refused[i].load(Relaxed)
+            );
+        }
         let na = self.cert_not_after_s.load(Relaxed);
         if na > 0 {
             gauge(

@@ -104,6 +104,10 @@ pub enum Status {
     /// A Resume named a session this server does not have (never
     /// replicated, ended, or its resume window passed): its holds are gone.
     UnknownSession = 13,
+    /// The server has certificates (`--certs-dir`) and takes sessions
+    /// over TLS only: this Hello or Resume came in plaintext. The server
+    /// closes after it; the client should dial again with TLS.
+    TlsRequired = 14,
 }
 
 impl Status {
@@ -123,6 +127,7 @@ impl Status {
             11 => Status::UnsupportedVersion,
             12 => Status::NotLeader,
             13 => Status::UnknownSession,
+            14 => Status::TlsRequired,
             _ => return None,
         })
     }
@@ -142,6 +147,7 @@ impl Status {
             Status::UnsupportedVersion => "unsupported_version",
             Status::NotLeader => "not_leader",
             Status::UnknownSession => "unknown_session",
+            Status::TlsRequired => "tls_required",
         }
     }
 

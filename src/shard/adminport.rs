@@ -9,6 +9,20 @@ impl Shard {
     pub(super) fn pump_admin(&mut self, slot: u32) -> bool {
         let c = &self.conns[slot as usize];
         let peer = c.peer;
+        if !c.tls && self.cfg.client_tls_required() {
+            self.metrics.security.plaintext_refused(false);
+            if self.now.mono_us >= self.policy_log_after_us {
+                self.policy_log_after_us = self.now.mono_us + 1_000_000;
+                log!(
+                    Level::Warn,
+                    "plaintext_refused",
+                    "port=admin peer={} reason=\"this server's admin port takes TLS only\"",
+                    peer
+                );
+            }
+            self.reject(slot, "plaintext on a TLS-only admin port");
+            return false;
+        }
         let (cmd, count, len) = match admin::decode(&c.rbuf) {
             admin::Decoded::Incomplete => {
                 if c.rbuf.len() >= admin::FRAME_MAX {
@@ -29,14 +43,17 @@ impl Shard {
             }
             admin::Decoded::Frame { cmd, count, len } => (cmd, count, len),
         };
-        // The shared secret: checked when presented, required before any
-        // command when the admin port is reachable from other hosts.
-        let required = self.cfg.auth_token.is_some() && !self.cfg.admin_bind.ip().is_loopback();
+        // The shared secret (or a client certificate): checked when
+        // presented, required before any command when any authentication
+        // is configured, on loopback too.
+        let required = self.cfg.admin_auth_required();
         if cmd == admin::Command::Auth {
             let c = &self.conns[slot as usize];
             let ok = match &self.cfg.auth_token {
                 Some(t) => crate::config::token_matches(t, &c.rbuf[5..len]),
-                None => true,
+                // No token to match: AUTH is a no-op where nothing is
+                // required, and never a way in where something is.
+                None => !required,
             };
             if !ok {
                 self.metrics.auth_failure();

@@ -119,8 +119,14 @@ pub struct Conn {
     pub active_us: u64,
     /// On the shard's idle list (ordered by `active_us`).
     pub idle_link: Link,
-    /// An admin connection that presented the auth token.
+    /// An admin connection that presented the auth token or a client
+    /// certificate.
     pub authed: bool,
+    /// The connection speaks TLS (the driver decrypts and encrypts; the
+    /// shard sees plaintext). Set before any of its bytes arrive.
+    pub tls: bool,
+    /// The client name of the verified client certificate it presented.
+    pub cert_client: Option<Box<str>>,
 }
 
 /// Link slot 0: the partial-frame list; 1: the idle list.
@@ -177,6 +183,8 @@ impl Conn {
             active_us: 0,
             idle_link: Link::default(),
             authed: false,
+            tls: false,
+            cert_client: None,
         }
     }
 
@@ -220,6 +228,8 @@ impl Conn {
         self.sid = 0;
         self.mask = 0;
         self.authed = false;
+        self.tls = false;
+        self.cert_client = None;
         self.sending = false;
     }
 

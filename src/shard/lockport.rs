@@ -6,8 +6,61 @@ use super::effects::metrics_action;
 use super::*;
 
 impl Shard {
+    /// The first frame of a plaintext connection to a server that has
+    /// certificates: a session frame is answered `tls_required` and
+    /// closed; a Locking-Center request is refused (`-`, closed) unless
+    /// `--lc-plaintext`. `None`: served as usual; `Some(more)`: refused
+    /// (or more bytes needed), what `pump_lock` returns.
+    fn plaintext_first_frame(&mut self, slot: u32) -> Option<bool> {
+        let c = &self.conns[slot as usize];
+        let first = *c.rbuf.first()?;
+        let session = crate::protocol::session::is_session_op(first);
+        if !session && !self.cfg.lc_tls_required() {
+            return None;
+        }
+        let peer = c.peer;
+        let rid = if session {
+            match crate::protocol::session::decode(&c.rbuf) {
+                crate::protocol::session::Decoded::Incomplete => return Some(false),
+                crate::protocol::session::Decoded::Frame { rid, .. } => Some(rid),
+                crate::protocol::session::Decoded::Bad(_) => None,
+            }
+        } else {
+            None
+        };
+        self.metrics.security.plaintext_refused(session);
+        if self.now.mono_us >= self.policy_log_after_us {
+            self.policy_log_after_us = self.now.mono_us + 1_000_000;
+            log!(
+                Level::Warn,
+                "plaintext_refused",
+                "port=lock peer={} protocol={} reason=\"this server takes {} over TLS only\"",
+                peer,
+                if session { "session" } else { "lc" },
+                if session {
+                    "sessions"
+                } else {
+                    "Locking-Center requests (--lc-plaintext re-opens them)"
+                }
+            );
+        }
+        match rid {
+            Some(rid) => {
+                self.refuse_plain(slot, rid, crate::protocol::session::Status::TlsRequired)
+            }
+            None => self.reject(slot, "plaintext request to a TLS-only port"),
+        }
+        Some(false)
+    }
+
     /// Executes one lock-port frame; false when more bytes are needed.
     pub(super) fn pump_lock(&mut self, slot: u32) -> bool {
+        let c = &self.conns[slot as usize];
+        if !c.tls && c.action.is_none() && c.sid == 0 && self.cfg.client_tls_required() {
+            if let Some(more) = self.plaintext_first_frame(slot) {
+                return more;
+            }
+        }
         if !self.may_serve() {
             return self.not_leader(slot);
         }

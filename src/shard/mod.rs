@@ -447,6 +447,26 @@ impl Shard {
         Some(token)
     }
 
+    /// The connection's TLS handshake finished (before any of its
+    /// plaintext arrives): `client` is the name of the verified client
+    /// certificate it presented, if any. Such a certificate stands for the
+    /// auth token on both ports.
+    pub fn on_tls(&mut self, token: Token, client: Option<&str>) {
+        let slot = self.slot_of(token, "tls");
+        let c = &mut self.conns[slot as usize];
+        c.tls = true;
+        c.cert_client = client.map(Into::into);
+        c.authed = c.port == Port::Admin && client.is_some();
+        log!(
+            Level::Debug,
+            "tls",
+            "conn={:#x} peer={} client={}",
+            token,
+            c.peer,
+            client.unwrap_or("-")
+        );
+    }
+
     /// Bytes arrived on a connection (copied out of the driver's buffer).
     pub fn on_recv(&mut self, token: Token, bytes: &[u8]) {
         let slot = self.slot_of(token, "recv");
@@ -677,6 +697,8 @@ impl Shard {
             persistent: c.persistent,
             served: c.action.is_some() && !c.persistent,
             read_closed: c.read_closed,
+            tls: c.tls,
+            cert_client: c.cert_client.take(),
             rbuf: c.rbuf.clone(),
         };
         if c.partial_link.linked {
@@ -704,6 +726,9 @@ impl Shard {
         let c = &mut self.conns[slot];
         c.persistent = d.persistent;
         c.read_closed = d.read_closed;
+        c.tls = d.tls;
+        c.cert_client = d.cert_client.clone();
+        c.authed = c.port == Port::Admin && c.cert_client.is_some();
         if d.served {
             c.action = Some(Action::Persist);
         }

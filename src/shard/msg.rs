@@ -83,6 +83,9 @@ pub struct Detached {
     /// A one-shot connection that already had its request served.
     pub served: bool,
     pub read_closed: bool,
+    /// The connection speaks TLS, and the client certificate's name.
+    pub tls: bool,
+    pub cert_client: Option<Box<str>>,
     /// Received bytes not yet decoded (the request that caused the move
     /// comes first).
     pub rbuf: Vec<u8>,

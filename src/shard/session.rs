@@ -81,8 +81,10 @@ impl Shard {
     /// close (`unsupported version`, `invalid`, `unauthorized`), or the
     /// Locking-Center `-` for broken framing.
     pub(super) fn opening(&mut self, slot: u32) -> Option<(u32, Opening, usize)> {
+        // A verified client certificate stands for the token.
+        let cert = self.conns[slot as usize].cert_client.is_some();
         let ok = |auth: &[u8]| match &self.cfg.auth_token {
-            Some(t) => crate::config::token_matches(t, auth),
+            Some(t) => cert || crate::config::token_matches(t, auth),
             None => true,
         };
         let (rid, open, authed, len) = match sp::decode(&self.conns[slot as usize].rbuf) {

@@ -5,7 +5,11 @@
 //! Nodes run with certificates (`--certs-dir`: mutual TLS on every Raft
 //! link) made by the real `ringlock cert` CLI, one CA per cluster, unless
 //! `extra` holds `--insecure` (tests whose subject is not TLS may, and
-//! say so).
+//! say so). Their lock and admin ports also take plaintext clients
+//! (`--client-plaintext`): the suites' own clients speak plaintext, and
+//! the client ports' TLS is the subject of tests/client_tls.rs; a test
+//! that wants TLS-only client ports puts `--tls-clients-only` in `extra`
+//! (the harness's marker, not a server flag).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -259,11 +263,20 @@ impl Cluster {
         if self.join[i] {
             args.push("--join".into());
         }
+        let tls_only = self.extra.iter().any(|a| a == "--tls-clients-only");
         if !self.insecure() {
             args.push("--certs-dir".into());
             args.push(self.certs_dir(i).to_string_lossy().into_owned());
+            if !tls_only {
+                args.push("--client-plaintext".into());
+            }
         }
-        args.extend(self.extra.iter().cloned());
+        args.extend(
+            self.extra
+                .iter()
+                .filter(|a| *a != "--tls-clients-only")
+                .cloned(),
+        );
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let s = Server::spawn(cmd, &refs)?;
         self.lock_addrs[i] = s.lock_addr;

@@ -58,7 +58,7 @@ pub fn query(nodes: &[(String, Vec<SocketAddr>)], auth: Option<&[u8]>) -> Vec<No
             .iter()
             .map(|(shown, addrs)| {
                 s.spawn(move || {
-                    let (result, members) = ask(addrs, auth);
+                    let (result, members) = ask(shown, addrs, auth);
                     NodeAnswer {
                         shown: shown.clone(),
                         result,
@@ -79,10 +79,11 @@ type Answer = (
     Option<Vec<MemberStatus>>,
 );
 
-fn ask(addrs: &[SocketAddr], auth: Option<&[u8]>) -> Answer {
-    // The lock address is never used; the builder wants one.
-    let mut b = Client::builder(addrs)
-        .admin_addr(addrs)
+fn ask(shown: &str, addrs: &[SocketAddr], auth: Option<&[u8]>) -> Answer {
+    // The lock address is never used; the builder wants one. The admin
+    // address as given: a TLS dial verifies its host name.
+    let b = Client::builder(addrs).admin_addr(admin_named(shown, addrs));
+    let mut b = crate::tlsopt::client(b)
         .retry(RetryPolicy::none())
         .connect_timeout(Duration::from_secs(1))
         .io_timeout(Duration::from_secs(2));
@@ -519,4 +520,25 @@ mod tests {
         assert!(msg.contains("empty"), "{msg}");
         assert!(parse_addrs("127.0.0.1:99999", "--admin-addr").is_err());
     }
+}
+
+/// `shown` (an admin address as the user gave it) with the port it
+/// resolved to, for a builder: a host name kept for TLS verification.
+pub fn admin_named(shown: &str, addrs: &[SocketAddr]) -> (String, u16) {
+    let port = addrs
+        .first()
+        .map_or(crate::DEFAULT_PORT + 1, SocketAddr::port);
+    let host = match shown.parse::<SocketAddr>() {
+        Ok(a) => a.ip().to_string(),
+        Err(_) => match shown.rsplit_once(':') {
+            Some((h, p)) if p.parse::<u16>().is_ok() => h.to_string(),
+            _ => shown.to_string(),
+        },
+    };
+    (
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+    )
 }

@@ -33,6 +33,7 @@ mod cluster;
 mod keys;
 mod members;
 mod retry;
+mod tlsopt;
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -61,6 +62,7 @@ pub(crate) const EX_UNAVAILABLE: u8 = 69;
 pub(crate) const EX_SOFTWARE: u8 = 70;
 pub(crate) const EX_IOERR: u8 = 74;
 pub(crate) const EX_TEMPFAIL: u8 = 75;
+pub(crate) const EX_CONFIG: u8 = 78;
 pub(crate) const EX_PROTOCOL: u8 = 76;
 /// The session or lease lock was lost while CMD ran (CMD was stopped).
 pub(crate) const EX_LOST: u8 = 79;
@@ -137,6 +139,17 @@ struct Cli {
     /// The server's --auth-token-file secret, for session and --ttl locks
     #[arg(long, env = "RINGLOCK_AUTH_TOKEN_FILE", value_name = "FILE")]
     auth_token_file: Option<PathBuf>,
+
+    /// TLS: a directory holding ca.crt (the CA that signed the servers'
+    /// certificates; each server must be dialled by a host its certificate
+    /// names), and client.NAME.crt/.key for --client
+    #[arg(long, env = "RINGLOCK_CERTS_DIR", value_name = "DIR")]
+    certs_dir: Option<PathBuf>,
+
+    /// With --certs-dir: present client.NAME.crt (made by `ringlock cert
+    /// create-client`); it stands for the auth token where the server checks it
+    #[arg(long, env = "RINGLOCK_CLIENT", value_name = "NAME")]
+    client: Option<String>,
 
     /// Keep retrying an unreachable server for D (0 = one attempt); without
     /// --retry a refused connection (nothing listens) fails at once
@@ -491,6 +504,9 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             return Ok(0);
         }
         Cmd::Cert { cmd } => return cert::run(cmd),
+        _ => tlsopt::init(cli.certs_dir.as_deref(), cli.client.as_deref())?,
+    }
+    match &cli.cmd {
         Cmd::Cluster {
             cmd: ClusterCmd::Status { json },
         } => return cluster_status(&cli, &matches, *json),
@@ -766,9 +782,10 @@ fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail
     let Some(old) = serving(&answers) else {
         return Err(Fail(EX_UNAVAILABLE, "no node serves every shard".into()));
     };
-    let mut b = ringlock::client::Client::builder(nodes[old].1.as_slice())
-        .admin_addr(nodes[old].1.as_slice())
+    let b = ringlock::client::Client::builder(nodes[old].1.as_slice())
+        .admin_addr(nodes[old].0.as_str())
         .io_timeout(std::time::Duration::from_secs(2));
+    let mut b = tlsopt::client(b);
     if let Some(t) = &auth {
         b = b.admin_auth_token(t.clone());
     }
@@ -874,7 +891,8 @@ fn shell_key(key: &[u8]) -> String {
 struct Conn {
     client: Client,
     probe: Client,
-    lock_addrs: Vec<SocketAddr>,
+    /// `--addr` as given (host names kept for TLS verification).
+    lock_text: String,
     source: Vec<u8>,
     retry: RetryPolicy,
     /// `--retry` was given on the command line (see `retry`).
@@ -891,7 +909,8 @@ impl Conn {
                 flag.to_string()
             }
         };
-        let lock: Vec<SocketAddr> =
+        // Resolved here for a message that names the flag; the builders take the text.
+        let _lock: Vec<SocketAddr> =
             cli.addr
                 .as_str()
                 .to_server_addrs(DEFAULT_PORT)
@@ -936,16 +955,17 @@ impl Conn {
         };
         let retry_asked = matches.value_source("retry") == Some(ValueSource::CommandLine);
         let build = |retry: RetryPolicy, quick: bool| {
-            let mut b = Client::builder(lock.as_slice())
+            let mut b = Client::builder(cli.addr.as_str())
                 .source(source.clone())
                 .retry(retry)
                 .on_retry(retry::handler(retry_asked));
             if let Some(t) = &auth {
                 b = b.admin_auth_token(t.clone());
             }
-            if let Some(admin) = &admin {
-                b = b.admin_addr(admin.as_slice());
+            if admin.is_some() {
+                b = b.admin_addr(cli.admin_addr.as_deref().unwrap_or_default());
             }
+            b = tlsopt::client(b);
             if quick {
                 b = b
                     .connect_timeout(Duration::from_secs(1))
@@ -957,7 +977,7 @@ impl Conn {
         Ok(Conn {
             client: build(retry, false)?,
             probe: build(RetryPolicy::none(), true)?,
-            lock_addrs: lock,
+            lock_text: cli.addr.clone(),
             source,
             retry,
             retry_asked,
@@ -972,7 +992,7 @@ impl Conn {
     /// stopped, exit 79) only if the session ends or the resume does not
     /// keep them. Each resume is noted on stderr.
     fn session(&self, what: &str, hold: &HoldArgs) -> Result<Session, Fail> {
-        let mut b = Session::builder(self.lock_addrs.as_slice())
+        let mut b = tlsopt::session(Session::builder(self.lock_text.as_str()))
             .source(self.source.clone())
             .retry(self.retry)
             .on_retry(retry::handler(self.retry_asked))

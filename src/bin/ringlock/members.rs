@@ -37,9 +37,11 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn client(&self, addrs: &[SocketAddr]) -> Result<Client, Fail> {
-        let mut b = Client::builder(addrs)
-            .admin_addr(addrs)
+    fn client(&self, node: &(String, Vec<SocketAddr>)) -> Result<Client, Fail> {
+        let (shown, addrs) = node;
+        let b =
+            Client::builder(addrs.as_slice()).admin_addr(crate::cluster::admin_named(shown, addrs));
+        let mut b = crate::tlsopt::client(b)
             .retry(RetryPolicy::none())
             .connect_timeout(Duration::from_secs(1))
             .io_timeout(Duration::from_secs(3));
@@ -56,7 +58,7 @@ impl Ctx<'_> {
         for (i, a) in answers.into_iter().enumerate() {
             if let Ok(Some(shards)) = a.result {
                 if !shards.is_empty() && shards.iter().all(|s| s.serving) {
-                    return Ok((i, self.client(&self.nodes[i].1)?, shards));
+                    return Ok((i, self.client(&self.nodes[i])?, shards));
                 }
             }
         }

@@ -46,7 +46,9 @@
 
 use std::collections::HashMap;
 use std::io::{self, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr};
+
+use crate::client::stream::Stream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -235,7 +237,7 @@ pub(super) struct State {
     pub(super) broke: Option<(u64, End)>,
     pub(super) dead: Option<End>,
     /// The current connection.
-    pub(super) sock: Arc<TcpStream>,
+    pub(super) sock: Arc<Stream>,
     /// Its number: 0 for the Hello's, one more per resume.
     pub(super) conn: u64,
     /// A resume is under way: requests wait in `pending` (`conn: None`).
@@ -294,7 +296,7 @@ pub(super) struct Shared {
 
 impl Shared {
     pub(super) fn new(
-        sock: TcpStream,
+        sock: Stream,
         welcome: Welcome,
         timing: Timing,
         release_timeout: Duration,
@@ -365,7 +367,7 @@ impl Shared {
         self.resumes.load(Ordering::Relaxed)
     }
 
-    pub(super) fn write_frame(&self, sock: &TcpStream, frame: &[u8]) -> io::Result<()> {
+    pub(super) fn write_frame(&self, sock: &Stream, frame: &[u8]) -> io::Result<()> {
         let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
         (&*sock).write_all(frame)
     }
@@ -737,7 +739,7 @@ mod tests {
     #[test]
     fn request_ids_skip_the_reserved_ones_and_those_in_flight() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let sock = Stream::plain(std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap());
         let mut st = State {
             next_rid: u32::MAX,
             pending: HashMap::new(),

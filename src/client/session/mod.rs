@@ -128,7 +128,9 @@ mod serve;
 mod sys;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use crate::client::stream::{Dial, Stream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -195,7 +197,9 @@ pub struct Acquire {
 
 /// Builds a [`Session`]. Created by [`Session::builder`].
 pub struct SessionBuilder {
-    addrs: super::Result<Vec<SocketAddr>>,
+    addrs: super::Result<Vec<(SocketAddr, Option<String>)>>,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,
     keepalive: Option<Duration>,
     ping_timeout: Option<Duration>,
@@ -278,6 +282,21 @@ impl SessionBuilder {
         self
     }
 
+    /// Speaks TLS (a server started with `--certs-dir`): the server's
+    /// certificate must chain to the CA bundle of `tls` and name the host
+    /// each address was given by (a [`SocketAddr`] is verified by its IP
+    /// address); `tls`'s client certificate, if it has one, is presented
+    /// (a server with `--client-cert-auth` requires one; it stands for the
+    /// auth token). A resume follows a `not leader` hint over TLS,
+    /// verified against the hint's host; without TLS a hint is followed
+    /// only to an address of this builder's list, so that the session id
+    /// and the auth token never reach a server nobody verified.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// A lost-lock handler for every lease of this session, called before
     /// the lease's own (see [`lease`] for the promises). It lives as long
     /// as the session: a handler that owns a [`Session`] or a [`Lease`] of
@@ -303,9 +322,25 @@ impl SessionBuilder {
     /// sent); a server that cannot be reached, or refuses the session, is
     /// [`Error::Unavailable`].
     pub fn connect(self) -> Result<Session> {
-        let addrs = self
+        let named = self
             .addrs
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let addrs: Vec<SocketAddr> = named.iter().map(|(a, _)| *a).collect();
+        #[cfg(feature = "tls")]
+        let dial = match self.tls {
+            Some(tls) => Dial::tls(
+                tls,
+                named
+                    .into_iter()
+                    .filter_map(|(a, host)| host.map(|h| (a, h))),
+            ),
+            None => Dial::plain(),
+        };
+        #[cfg(not(feature = "tls"))]
+        let dial = {
+            drop(named);
+            Dial::plain()
+        };
         if self.source.len() > SOURCE_LEN_MAX {
             return Err(Error::InvalidArgument(format!(
                 "a source is at most {SOURCE_LEN_MAX} bytes, got {}",
@@ -320,7 +355,7 @@ impl SessionBuilder {
         let (sock, welcome) = 'open: loop {
             let mut last = None;
             for addr in &addrs {
-                match hello(addr, keepalive_ms, &self.auth, connect_timeout) {
+                match hello(&dial, addr, keepalive_ms, &self.auth, connect_timeout) {
                     Ok(opened) => break 'open opened,
                     Err(Hello::Retry(e)) => last = Some((*addr, e)),
                     Err(Hello::Final(e)) => return Err(e),
@@ -352,6 +387,7 @@ impl SessionBuilder {
             .map_err(unavailable)?;
         let resumer = Resumer {
             addrs,
+            dial,
             auth: self.auth,
             connect_timeout,
             on_event: self.on_resume,
@@ -401,14 +437,17 @@ enum Hello {
 
 /// Connects to `addr` and opens a session on it.
 fn hello(
+    dial: &Dial,
     addr: &SocketAddr,
     keepalive_ms: u32,
     auth: &[u8],
     timeout: Duration,
-) -> std::result::Result<(TcpStream, Welcome), Hello> {
+) -> std::result::Result<(Stream, Welcome), Hello> {
     use std::io::{Read, Write};
     let deadline = Instant::now() + timeout;
-    let mut sock = crate::client::conn::connect(addr, timeout).map_err(Hello::Retry)?;
+    let sock = dial
+        .connect(addr, timeout)
+        .map_err(|e| tls_final(dial, e))?;
     // Requests are tiny and latency-bound.
     let _ = sock.set_nodelay(true);
     let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());
@@ -423,7 +462,7 @@ fn hello(
     );
     sock.set_write_timeout(Some(timeout))
         .map_err(Hello::Retry)?;
-    sock.write_all(&frame).map_err(Hello::Retry)?;
+    (&sock).write_all(&frame).map_err(Hello::Retry)?;
     let mut buf = Vec::with_capacity(64);
     let mut chunk = [0u8; 256];
     loop {
@@ -480,7 +519,7 @@ fn hello(
             )));
         }
         sock.set_read_timeout(Some(left)).map_err(Hello::Retry)?;
-        match sock.read(&mut chunk) {
+        match (&sock).read(&mut chunk) {
             Ok(0) => {
                 return Err(Hello::Retry(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
@@ -491,8 +530,18 @@ fn hello(
             }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Hello::Retry(e)),
+            Err(e) => return Err(tls_final(dial, e)),
         }
+    }
+}
+
+/// A failed connect: a TLS verification failure is final (another try
+/// meets the same certificate), anything else is retried.
+fn tls_final(dial: &Dial, e: std::io::Error) -> Hello {
+    if dial.is_tls() && e.kind() == std::io::ErrorKind::InvalidData {
+        Hello::Final(Error::Unavailable(cause_msg(e.to_string())))
+    } else {
+        Hello::Retry(e)
     }
 }
 
@@ -503,6 +552,9 @@ fn refusal_text(status: Status) -> String {
                                  to SessionBuilder::auth_token)"
             .into(),
         Status::Invalid => "invalid (the server could not read this client's Hello)".into(),
+        Status::TlsRequired => "tls_required (the server takes sessions over TLS only: give \
+                                SessionBuilder::tls, `--certs-dir` in the CLI)"
+            .into(),
         s => s.name().into(),
     }
 }
@@ -557,7 +609,9 @@ impl Session {
     /// [`Client::builder`](super::Client::builder).
     pub fn builder(addr: impl ToServerAddrs) -> SessionBuilder {
         SessionBuilder {
-            addrs: addr.to_server_addrs(DEFAULT_PORT),
+            addrs: addr.to_named_server_addrs(DEFAULT_PORT),
+            #[cfg(feature = "tls")]
+            tls: None,
             source: Vec::new(),
             keepalive: None,
             ping_timeout: None,

@@ -39,7 +39,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr};
+
+use crate::client::stream::{Dial, Stream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -63,6 +65,8 @@ const ROUND_PAUSE_MIN: Duration = Duration::from_millis(10);
 pub(crate) struct Resumer {
     /// The session's address list, as given to the builder.
     pub addrs: Vec<SocketAddr>,
+    /// Plaintext or TLS (with the host names the addresses were given by).
+    pub dial: Dial,
     pub auth: Vec<u8>,
     /// Bound on one attempt (connecting, the Resume's answer).
     pub connect_timeout: Duration,
@@ -90,7 +94,7 @@ struct Held {
 enum Attempt {
     /// Try another address (connecting failed, the connection failed
     /// before the welcome, `not leader`), maybe the one it named.
-    Retry(String, Option<SocketAddr>),
+    Retry(String, Option<(SocketAddr, String)>),
     /// The session is over (`unknown session`, a refusal, a protocol
     /// break, a close on this side).
     Over(End),
@@ -98,7 +102,7 @@ enum Attempt {
 
 /// A successful attempt.
 struct Resumed {
-    sock: TcpStream,
+    sock: Stream,
     addr: SocketAddr,
     held: HashMap<HoldId, Held>,
     welcome: Welcome,
@@ -166,6 +170,8 @@ pub(super) fn resume(sh: &Shared, why: End, last_rx: Instant) -> Result<Instant,
 /// resumes the session, the session is over, or `window_end` passes.
 fn attempts(sh: &Shared, window_end: Instant) -> Result<Resumed, Attempt> {
     let r = &sh.resumer;
+    // Hints add host names to verify: a copy of the dialer for this resume.
+    let mut dial = r.dial.clone();
     let mut queue: VecDeque<SocketAddr> = r.addrs.iter().copied().collect();
     let mut tried: HashSet<SocketAddr> = HashSet::new();
     let mut pause = ROUND_PAUSE_MIN;
@@ -206,13 +212,28 @@ fn attempts(sh: &Shared, window_end: Instant) -> Result<Resumed, Attempt> {
         if let Some(x) = next_expiry(sh, now) {
             until = until.min(x);
         }
-        match attempt(sh, addr, until) {
+        match attempt(sh, &dial, addr, until) {
             Ok(resumed) => return Ok(resumed),
             Err(Attempt::Retry(why, hint)) => {
                 last = format!("{addr}: {why}");
-                if let Some(h) = hint.filter(|h| !tried.contains(h)) {
-                    queue.retain(|a| *a != h);
-                    queue.push_front(h);
+                if let Some((h, host)) = hint.filter(|(h, _)| !tried.contains(h)) {
+                    // A Resume carries the session id (and the auth token):
+                    // it goes to a hinted address only over TLS (the
+                    // certificate must name the hint's host) or when the
+                    // user listed that address.
+                    if dial.is_tls() || r.addrs.contains(&h) {
+                        dial.name(h, &host);
+                        queue.retain(|a| *a != h);
+                        queue.push_front(h);
+                    } else {
+                        last = format!(
+                            "{last}; not following the hint to {h}: it is not among the \
+                             session's addresses and the connection is not TLS (the Resume \
+                             would carry the session id and auth token to a server nobody \
+                             verified): list it, or connect with TLS"
+                        );
+                        r.event(|| format!("session {:#x}: {last}", sh.welcome.session_id));
+                    }
                 }
             }
             Err(over) => return Err(over),
@@ -232,13 +253,13 @@ fn next_expiry(sh: &Shared, now: Instant) -> Option<Instant> {
 }
 
 /// One Resume on `addr`, bounded by `until`.
-fn attempt(sh: &Shared, addr: SocketAddr, until: Instant) -> Result<Resumed, Attempt> {
+fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result<Resumed, Attempt> {
     let retry = |e: &dyn fmt::Display| Attempt::Retry(e.to_string(), None);
     let left = until.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(retry(&"no time left for an attempt"));
     }
-    let mut sock = crate::client::conn::connect(&addr, left).map_err(|e| retry(&e))?;
+    let sock = dial.connect(&addr, left).map_err(|e| retry(&e))?;
     let _ = sock.set_nodelay(true);
     let mut frame = Vec::with_capacity(wire::HEADER + 10 + sh.resumer.auth.len());
     wire::encode(
@@ -255,7 +276,7 @@ fn attempt(sh: &Shared, addr: SocketAddr, until: Instant) -> Result<Resumed, Att
         .max(Duration::from_millis(1));
     sock.set_write_timeout(Some(left)).map_err(|e| retry(&e))?;
     let sent_at = Instant::now();
-    sock.write_all(&frame).map_err(|e| retry(&e))?;
+    (&sock).write_all(&frame).map_err(|e| retry(&e))?;
     let over = |why: String| {
         Attempt::Over((
             LostReason::ConnectionLost,
@@ -325,7 +346,10 @@ fn attempt(sh: &Shared, addr: SocketAddr, until: Instant) -> Result<Resumed, Att
                             ..
                         } => {
                             let text = String::from_utf8_lossy(&detail).into_owned();
-                            let hint = text.parse::<SocketAddr>().ok();
+                            let hint = text
+                                .parse::<SocketAddr>()
+                                .ok()
+                                .map(|a| (a, hint_host(&text)));
                             return Err(Attempt::Retry(
                                 if text.is_empty() {
                                     "not the leader".into()
@@ -363,20 +387,25 @@ fn attempt(sh: &Shared, addr: SocketAddr, until: Instant) -> Result<Resumed, Att
         }
         // Then wait for more, or a close on this side.
         let mut fds = [pollfd(sock.as_raw_fd()), pollfd(sh.wake.fd())];
-        poll(&mut fds, until).map_err(|e| retry(&e))?;
+        let wait_until = if sock.buffered() {
+            Instant::now()
+        } else {
+            until
+        };
+        poll(&mut fds, wait_until).map_err(|e| retry(&e))?;
         if fds[1].revents != 0 {
             sh.wake.drain();
             if let Some(end) = &sh.lock().fail {
                 return Err(Attempt::Over(end.clone()));
             }
         }
-        if fds[0].revents == 0 {
+        if fds[0].revents == 0 && !sock.buffered() {
             if Instant::now() >= until {
                 return Err(retry(&"no answer to the Resume in time"));
             }
             continue;
         }
-        match sock.read(&mut chunk) {
+        match (&sock).read(&mut chunk) {
             Ok(0) => return Err(retry(&"the connection closed before the welcome")),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e)
@@ -642,4 +671,13 @@ fn gave_up(a: &super::io::AcquireReq, now: Instant) -> Option<Error> {
     a.deadline
         .filter(|d| now >= *d)
         .map(|_| Error::DeadlineExceeded)
+}
+
+/// The host part of a `not leader` hint (`HOST:PORT`, `[V6]:PORT`): the
+/// name a TLS dial to it verifies.
+fn hint_host(hint: &str) -> String {
+    let host = hint.rsplit_once(':').map_or(hint, |(h, _)| h);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string()
 }

@@ -4,8 +4,8 @@
 //! connection of a resumable session fails, [`Shared::serve`] resumes the
 //! session on a new one ([`super::resume`]) and serves that.
 
+use crate::client::stream::Stream;
 use std::io::{self, Read};
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,7 +60,7 @@ impl Shared {
 
     /// Serves connection `conn` until it fails or the session ends;
     /// `last_rx` is when the last whole frame arrived from the server.
-    fn serve_conn(&self, sock: &TcpStream, conn: u64, last_rx: &mut Instant) -> Stop {
+    fn serve_conn(&self, sock: &Stream, conn: u64, last_rx: &mut Instant) -> Stop {
         let t = self.timing;
         let mut buf: Vec<u8> = Vec::with_capacity(4096);
         let mut chunk = vec![0u8; 16 * 1024];
@@ -102,7 +102,11 @@ impl Shared {
                 }
             }
 
-            // 2. Wait.
+            // 2. Wait (not at all while TLS has plaintext already
+            //    decrypted: the socket may have nothing more to say).
+            if sock.buffered() {
+                wake_at = Instant::now();
+            }
             if let Err(e) = poll(&mut fds, wake_at) {
                 return Stop::End((
                     LostReason::ConnectionLost,
@@ -114,7 +118,7 @@ impl Shared {
             }
 
             // 3. Read what arrived, answer by answer.
-            if fds[0].revents != 0 {
+            if fds[0].revents != 0 || sock.buffered() {
                 match (&*sock).read(&mut chunk) {
                     Ok(0) => return self.end_of_stream(conn, None),
                     Ok(n) => {
@@ -326,7 +330,7 @@ impl Shared {
         None
     }
 
-    fn send_cancels(&self, sock: &TcpStream, now: Instant, frame: &mut Vec<u8>) -> Result<(), End> {
+    fn send_cancels(&self, sock: &Stream, now: Instant, frame: &mut Vec<u8>) -> Result<(), End> {
         let mut due: Vec<Vec<u8>> = Vec::new();
         {
             let mut st = self.lock();
