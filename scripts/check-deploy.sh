@@ -2,6 +2,8 @@
 # Checks everything under deploy/ with the tools that can check it here:
 #   - Prometheus rules: promtool check rules + promtool test rules; every
 #     runbook_url names a section that exists in docs/operations.md
+#   - Grafana dashboard: valid JSON with the structure Grafana imports
+#     (its queries against real servers: cargo test --test dashboard)
 #   - Kubernetes manifests: kubernetes-validate --strict (offline schemas of
 #     the built-in kinds), plus the structure this project relies on (PyYAML)
 #   - Dockerfile: hadolint, plus its shape (multi-stage, non-root, /data owned)
@@ -108,8 +110,11 @@ with open(f"{deploy}/prometheus/ringlock-alerts.yml") as f:
 rules = yaml.safe_load(text)
 need("job=" not in text.replace("# ", ""), "alert rules must not match a job name")
 alerts = {r.get("alert"): r for g in rules["groups"] for r in g["rules"]}
-for a in ["RinglockStuckLock", "RinglockWalIoErrors", "RinglockFsyncSlow", "RinglockDown", "RinglockAbsent"]:
+for a in ["RinglockStuckLock", "RinglockWalIoErrors", "RinglockFsyncSlow", "RinglockDown", "RinglockAbsent",
+          "RinglockRequestErrors"]:
     need(a in alerts, f"alert {a} missing")
+need("ringlock_requests_total" in alerts.get("RinglockRequestErrors", {}).get("expr", ""),
+     "request-error alert must watch ringlock_requests_total")
 stuck = alerts.get("RinglockStuckLock", {})
 need("ringlock_oldest_hold_seconds" in stuck.get("expr", ""), "stuck-lock alert must watch ringlock_oldest_hold_seconds")
 need("--older-than" in get(stuck, "annotations", "description") or "", "stuck-lock alert must say how to list every old key")
@@ -341,6 +346,44 @@ if csts:
         for p in s["spec"].get("ports", []):
             cneed(p["port"] not in (22120, 22121), f"Service {s['metadata']['name']} exposes no admin or metrics port")
 
+# --- the Grafana dashboard (docs/operations.md#grafana-dashboard) ---
+def gneed(cond, what):
+    need(cond, f"grafana/ringlock.json: {what}")
+try:
+    with open(f"{deploy}/grafana/ringlock.json") as f:
+        dash = json.load(f)
+except Exception as e:
+    errors.append(f"grafana/ringlock.json: not valid JSON: {e}")
+    dash = {}
+gneed(dash.get("uid") == "ringlock" and dash.get("title"), "uid ringlock and a title")
+gneed(isinstance(dash.get("schemaVersion"), int), "a schemaVersion")
+gvars = {v.get("name"): v for v in get(dash, "templating", "list") or []}
+gneed(get(gvars, "datasource", "type") == "datasource" and get(gvars, "datasource", "query") == "prometheus",
+      "a datasource variable of type prometheus")
+gneed("ringlock_build_info" in json.dumps(get(gvars, "instance", "query")), "an instance variable over ringlock_build_info")
+gids = set()
+cells = {}
+overlaps = set()
+for p in dash.get("panels") or []:
+    t = p.get("title", "?")
+    gneed(p.get("id") not in gids, f"{t}: duplicate panel id")
+    gids.add(p.get("id"))
+    g = p.get("gridPos") or {}
+    gneed(all(isinstance(g.get(k), int) for k in "xywh") and g.get("x", 0) + g.get("w", 0) <= 24, f"{t}: gridPos")
+    for cx in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+        for cy in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+            if (cx, cy) in cells:
+                overlaps.add((cells[(cx, cy)], t))
+            cells[(cx, cy)] = t
+    if p.get("type") == "row":
+        continue
+    gneed(get(p, "datasource", "uid") == "${datasource}", f"{t}: datasource is the variable")
+    targets = p.get("targets") or []
+    gneed(targets and all((x.get("expr") or "").count("ringlock_") for x in targets), f"{t}: queries of ringlock_ series")
+for a, b in sorted(overlaps):
+    gneed(False, f"panels {a!r} and {b!r} overlap")
+gneed(len(gids) >= 10, "panels")
+
 with open(f"{deploy}/seccomp/ringlock.json") as f:
     prof = json.load(f)
 allowed = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
@@ -356,7 +399,7 @@ if errors:
     sys.exit(1)
 PY
 then
-    ok "YAML parses; manifests, rules, runbook links and the seccomp profile have the required fields"
+    ok "YAML and JSON parse; manifests, rules, runbook links, the Grafana dashboard and the seccomp profile have the required fields"
 else
     fail "YAML structure"
 fi

@@ -37,7 +37,7 @@ for n in 2 4; do
     --test protocol --test pipelining --test client --test cli --test stress \
     --test wal_crash --test wal_compaction --test sessions --test hostile \
     --test fence_example --test loadgen_session --test session_client --test cli_session \
-    --test conformance
+    --test conformance --test metrics_sessions
 done
 # The replicated cluster's real-process suites with 2 shards per node
 # (cross-shard sessions in a cluster, groups that follow group 0's leader).

@@ -3,7 +3,8 @@
 
 mod common;
 use common::promtool_check_metrics;
-use ringlock::metrics::{self, Action, Metrics, Outcome};
+use ringlock::metrics::{self, Action, Metrics, Outcome, SessionOp};
+use ringlock::protocol::session::Status;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -16,6 +17,13 @@ fn known_updates() -> Metrics {
     m.request(Action::TryLock, Outcome::Busy);
     m.request(Action::Unlock, Outcome::Error);
     m.request(Action::AdminRsbs, Outcome::Ok);
+    m.session_request(SessionOp::Hello, Status::Ok);
+    m.session_request(SessionOp::Acquire, Status::Ok);
+    m.session_request(SessionOp::Acquire, Status::Ok);
+    m.session_request(SessionOp::Acquire, Status::Busy);
+    m.session_request(SessionOp::Acquire, Status::TimedOut);
+    m.session_request(SessionOp::Release, Status::Stale);
+    m.session_request(SessionOp::Resume, Status::UnknownSession);
     m.set_held_keys(3);
     m.set_queued_waiters(2);
     m.set_open_connections(7);
@@ -62,32 +70,65 @@ ringlock_queued_waiters 2
 # HELP ringlock_open_connections Client connections currently open (lock and admin ports).
 # TYPE ringlock_open_connections gauge
 ringlock_open_connections 7
-# HELP ringlock_requests_total Requests answered, by action and result (+ ok, # busy, - error).
+# HELP ringlock_requests_total Requests answered, by protocol (lc, admin, session), action and result (lc and admin: + ok, # busy, - error; session: the Reply's status).
 # TYPE ringlock_requests_total counter
-ringlock_requests_total{action="lock",result="ok"} 2
-ringlock_requests_total{action="lock",result="busy"} 0
-ringlock_requests_total{action="lock",result="error"} 0
-ringlock_requests_total{action="unlock",result="ok"} 0
-ringlock_requests_total{action="unlock",result="busy"} 0
-ringlock_requests_total{action="unlock",result="error"} 1
-ringlock_requests_total{action="reset_by_key",result="ok"} 0
-ringlock_requests_total{action="reset_by_key",result="busy"} 0
-ringlock_requests_total{action="reset_by_key",result="error"} 0
-ringlock_requests_total{action="reset_by_source",result="ok"} 0
-ringlock_requests_total{action="reset_by_source",result="busy"} 0
-ringlock_requests_total{action="reset_by_source",result="error"} 0
-ringlock_requests_total{action="trylock",result="ok"} 0
-ringlock_requests_total{action="trylock",result="busy"} 1
-ringlock_requests_total{action="trylock",result="error"} 0
-ringlock_requests_total{action="admin_keys",result="ok"} 0
-ringlock_requests_total{action="admin_keys",result="busy"} 0
-ringlock_requests_total{action="admin_keys",result="error"} 0
-ringlock_requests_total{action="admin_rset",result="ok"} 0
-ringlock_requests_total{action="admin_rset",result="busy"} 0
-ringlock_requests_total{action="admin_rset",result="error"} 0
-ringlock_requests_total{action="admin_rsbs",result="ok"} 1
-ringlock_requests_total{action="admin_rsbs",result="busy"} 0
-ringlock_requests_total{action="admin_rsbs",result="error"} 0
+ringlock_requests_total{protocol="lc",action="lock",result="ok"} 2
+ringlock_requests_total{protocol="lc",action="lock",result="busy"} 0
+ringlock_requests_total{protocol="lc",action="lock",result="error"} 0
+ringlock_requests_total{protocol="lc",action="unlock",result="ok"} 0
+ringlock_requests_total{protocol="lc",action="unlock",result="busy"} 0
+ringlock_requests_total{protocol="lc",action="unlock",result="error"} 1
+ringlock_requests_total{protocol="lc",action="reset_by_key",result="ok"} 0
+ringlock_requests_total{protocol="lc",action="reset_by_key",result="busy"} 0
+ringlock_requests_total{protocol="lc",action="reset_by_key",result="error"} 0
+ringlock_requests_total{protocol="lc",action="reset_by_source",result="ok"} 0
+ringlock_requests_total{protocol="lc",action="reset_by_source",result="busy"} 0
+ringlock_requests_total{protocol="lc",action="reset_by_source",result="error"} 0
+ringlock_requests_total{protocol="lc",action="trylock",result="ok"} 0
+ringlock_requests_total{protocol="lc",action="trylock",result="busy"} 1
+ringlock_requests_total{protocol="lc",action="trylock",result="error"} 0
+ringlock_requests_total{protocol="admin",action="admin_keys",result="ok"} 0
+ringlock_requests_total{protocol="admin",action="admin_keys",result="busy"} 0
+ringlock_requests_total{protocol="admin",action="admin_keys",result="error"} 0
+ringlock_requests_total{protocol="admin",action="admin_rset",result="ok"} 0
+ringlock_requests_total{protocol="admin",action="admin_rset",result="busy"} 0
+ringlock_requests_total{protocol="admin",action="admin_rset",result="error"} 0
+ringlock_requests_total{protocol="admin",action="admin_rsbs",result="ok"} 1
+ringlock_requests_total{protocol="admin",action="admin_rsbs",result="busy"} 0
+ringlock_requests_total{protocol="admin",action="admin_rsbs",result="error"} 0
+ringlock_requests_total{protocol="session",action="hello",result="ok"} 1
+ringlock_requests_total{protocol="session",action="hello",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="hello",result="unauthorized"} 0
+ringlock_requests_total{protocol="session",action="hello",result="unsupported_version"} 0
+ringlock_requests_total{protocol="session",action="hello",result="not_leader"} 0
+ringlock_requests_total{protocol="session",action="acquire",result="ok"} 2
+ringlock_requests_total{protocol="session",action="acquire",result="timed_out"} 1
+ringlock_requests_total{protocol="session",action="acquire",result="busy"} 1
+ringlock_requests_total{protocol="session",action="acquire",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="acquire",result="limit_reached"} 0
+ringlock_requests_total{protocol="session",action="acquire",result="cancelled"} 0
+ringlock_requests_total{protocol="session",action="release",result="ok"} 0
+ringlock_requests_total{protocol="session",action="release",result="not_owner"} 0
+ringlock_requests_total{protocol="session",action="release",result="stale_token"} 1
+ringlock_requests_total{protocol="session",action="release",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="release",result="limit_reached"} 0
+ringlock_requests_total{protocol="session",action="extend",result="ok"} 0
+ringlock_requests_total{protocol="session",action="extend",result="not_owner"} 0
+ringlock_requests_total{protocol="session",action="extend",result="stale_token"} 0
+ringlock_requests_total{protocol="session",action="extend",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="extend",result="limit_reached"} 0
+ringlock_requests_total{protocol="session",action="cancel",result="ok"} 0
+ringlock_requests_total{protocol="session",action="cancel",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="cancel",result="limit_reached"} 0
+ringlock_requests_total{protocol="session",action="cancel",result="not_queued"} 0
+ringlock_requests_total{protocol="session",action="ping",result="ok"} 0
+ringlock_requests_total{protocol="session",action="ping",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="resume",result="ok"} 0
+ringlock_requests_total{protocol="session",action="resume",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="resume",result="unauthorized"} 0
+ringlock_requests_total{protocol="session",action="resume",result="unsupported_version"} 0
+ringlock_requests_total{protocol="session",action="resume",result="not_leader"} 0
+ringlock_requests_total{protocol="session",action="resume",result="unknown_session"} 1
 # HELP ringlock_grants_total Locks granted, immediately or after waiting.
 # TYPE ringlock_grants_total counter
 ringlock_grants_total 2
@@ -318,7 +359,9 @@ fn updates_from_many_threads_are_all_counted() {
     }
     let out = render(&m, 0);
     assert!(out.contains("\nringlock_grants_total 40000\n"));
-    assert!(out.contains("ringlock_requests_total{action=\"lock\",result=\"ok\"} 40000\n"));
+    assert!(out.contains(
+        "ringlock_requests_total{protocol=\"lc\",action=\"lock\",result=\"ok\"} 40000\n"
+    ));
     assert!(out.contains("\nringlock_hold_seconds_count 40000\n"));
     assert!(out.contains("\nringlock_hold_seconds_bucket{le=\"+Inf\"} 40000\n"));
     // 4 × (0 + 1 + … + 9999) µs = 199.98 s
@@ -408,7 +451,9 @@ fn serves_metrics_and_health_over_tcp() {
     // No key held, so the output is independent of the scrape time.
     assert_eq!(body, render(&m, 0));
     assert!(body.contains("\nringlock_grants_total 1\n"));
-    assert!(body.contains("ringlock_requests_total{action=\"trylock\",result=\"busy\"} 1\n"));
+    assert!(body.contains(
+        "ringlock_requests_total{protocol=\"lc\",action=\"trylock\",result=\"busy\"} 1\n"
+    ));
     assert!(promtool_check_metrics(body), "promtool rejected the scrape");
 
     // A query string is ignored, as Prometheus' params would be.

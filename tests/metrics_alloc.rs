@@ -1,7 +1,7 @@
 //! Proves the update path the lock loop calls never allocates, with a
 //! counting global allocator (its own test binary, so nothing else shares it).
 
-use ringlock::metrics::{Action, Metrics, Outcome};
+use ringlock::metrics::{Action, Metrics, Outcome, SessionOp, SESSION_STATUSES};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,6 +46,12 @@ fn updates_never_allocate() {
         for action in Action::ALL {
             for outcome in Outcome::ALL {
                 m.request(action, outcome);
+            }
+        }
+        for op in SessionOp::ALL {
+            for status in SESSION_STATUSES {
+                m.session_request(op, status);
+                m.at(0).session_request(op, status);
             }
         }
         m.set_held_keys(i);

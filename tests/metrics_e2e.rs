@@ -83,7 +83,14 @@ fn scrape_until(server: &Server, what: &str, done: impl Fn(&Scrape) -> bool) -> 
 }
 
 fn req(action: &str, result: &str) -> String {
-    format!("ringlock_requests_total{{action=\"{action}\",result=\"{result}\"}}")
+    let protocol = if action.starts_with("admin_") {
+        "admin"
+    } else {
+        "lc"
+    };
+    format!(
+        "ringlock_requests_total{{protocol=\"{protocol}\",action=\"{action}\",result=\"{result}\"}}"
+    )
 }
 
 const HISTOGRAMS: [&str; 4] = [

@@ -1,7 +1,8 @@
 //! Proof that the event loop does not allocate per request in steady state:
 //! a counting global allocator counts only allocations made on the server
 //! thread, while a client drives connection-per-request and persistent
-//! traffic (lock, contended hand-off, try-lock, unlock).
+//! traffic (lock, contended hand-off, try-lock, unlock) and session traffic
+//! (acquire, busy, ping, release: each answer also counted in the metrics).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -9,6 +10,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use ringlock::protocol::session as sp;
 
 struct Counting;
 static SERVER_ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -61,6 +64,52 @@ fn round(addr: std::net::SocketAddr, persistent: &mut TcpStream, waiter: &mut Tc
     assert_eq!(req(persistent, &unlock), b'+');
 }
 
+/// One session request and its Reply: (status byte, token).
+fn sess_req(s: &mut TcpStream, r: &sp::Req<'_>, rid: u32) -> (u8, u64) {
+    let mut b = Vec::with_capacity(sp::FRAME_MAX);
+    sp::encode(rid, r, &mut b);
+    s.write_all(&b).unwrap();
+    let mut h = [0u8; sp::HEADER];
+    s.read_exact(&mut h).unwrap();
+    assert_eq!(u32::from_le_bytes([h[1], h[2], h[3], h[4]]), rid);
+    let mut body = vec![0u8; u16::from_le_bytes([h[5], h[6]]) as usize];
+    s.read_exact(&mut body).unwrap();
+    let token = body
+        .get(1..9)
+        .map_or(0, |t| u64::from_le_bytes(t.try_into().unwrap()));
+    (body[0], token)
+}
+
+fn session(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let hello = sp::Req::Hello {
+        version: sp::VERSION,
+        keepalive_ms: 600_000,
+        auth: b"",
+    };
+    assert_eq!(sess_req(&mut s, &hello, 0).0, sp::Status::Ok as u8);
+    s
+}
+
+/// Session traffic: a acquires, b is busy, a pings and releases.
+fn session_round(a: &mut TcpStream, b: &mut TcpStream, i: usize) {
+    let key = [b'k', b'0' + (i % 10) as u8];
+    let acquire = sp::Req::Acquire {
+        hold: sp::HoldMode::Session,
+        ttl_ms: 0,
+        wait_ms: 0,
+        key: &key,
+        source: b"s",
+    };
+    let rid = i as u32 * 4 + 1;
+    let (status, token) = sess_req(a, &acquire, rid);
+    assert_eq!(status, sp::Status::Ok as u8);
+    assert_eq!(sess_req(b, &acquire, rid).0, sp::Status::Busy as u8);
+    assert_eq!(sess_req(a, &sp::Req::Ping, rid + 1).0, sp::Status::Ok as u8);
+    let release = sp::Req::Release { token, key: &key };
+    assert_eq!(sess_req(a, &release, rid + 2).0, sp::Status::Ok as u8);
+}
+
 fn persistent(addr: std::net::SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     assert_eq!(req(&mut s, &[6u8]), b'+', "Persist refused");
@@ -81,12 +130,15 @@ fn allocations_in_steady_state(cfg: ringlock::config::Config) -> (u64, u64) {
     let addr = rx.recv().unwrap();
     let mut persistent = persistent(addr);
     let mut waiter = persistent_conn(addr);
+    let (mut sa, mut sb) = (session(addr), session(addr));
     for i in 0..200 {
         round(addr, &mut persistent, &mut waiter, i);
+        session_round(&mut sa, &mut sb, i);
     }
     let before = SERVER_ALLOCS.load(Ordering::Relaxed);
     for i in 0..2000 {
         round(addr, &mut persistent, &mut waiter, i);
+        session_round(&mut sa, &mut sb, i);
     }
     let after = SERVER_ALLOCS.load(Ordering::Relaxed);
     (before, after - before)

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ringlock::client::{Acquire, Hold, RetryPolicy, Session, SessionBuilder, Wait};
 use ringlock::lease::{Error, LockOptions, LostReason};
@@ -168,9 +168,14 @@ fn listener() -> (TcpListener, SocketAddr) {
 
 /// A builder whose resume reports come through the returned channel.
 fn builder(addr: SocketAddr) -> (SessionBuilder, mpsc::Receiver<String>) {
+    builder_of(&[addr])
+}
+
+/// As [`builder`], for a session with several addresses.
+fn builder_of(addrs: &[SocketAddr]) -> (SessionBuilder, mpsc::Receiver<String>) {
     let (tx, rx) = mpsc::channel();
     let tx = Mutex::new(tx);
-    let b = Session::builder(addr)
+    let b = Session::builder(addrs.to_vec())
         .retry(RetryPolicy::none())
         .release_timeout(BOUND)
         .on_resume(move |line| {
@@ -303,8 +308,9 @@ fn a_resumed_session_keeps_its_listed_holds_and_loses_the_others() {
 
 #[test]
 fn requests_in_flight_are_settled_by_the_held_list() {
-    // The session's one address answers the Resume `not leader`, naming a
-    // second peer, which has the session.
+    // The session's first address answers the Resume `not leader`, naming
+    // its second, which has the session (a plaintext session follows a
+    // hint only to an address of its own list: see the next test).
     let (l, addr) = listener();
     let (l2, addr2) = listener();
     let h = thread::spawn(move || {
@@ -355,7 +361,7 @@ fn requests_in_flight_are_settled_by_the_held_list() {
         released.sort_unstable();
         (released, p.drain())
     });
-    let (b, reports) = builder(addr);
+    let (b, reports) = builder_of(&[addr, addr2]);
     let session = b.connect().expect("session opens");
     let rel = session.lock("rel", BOUND).unwrap();
     let spawn_lock = |key: &'static str| {
@@ -389,6 +395,71 @@ fn requests_in_flight_are_settled_by_the_held_list() {
     let (released, rest) = h.join().unwrap();
     assert_eq!(released, [77, 78]);
     assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[test]
+fn a_plaintext_resume_never_takes_the_session_id_to_an_unlisted_hint() {
+    // The session's one address answers the Resume `not leader`, naming a
+    // stranger's address: without TLS nobody can verify who listens there,
+    // and the Resume would hand it the session id and the auth token.
+    let (l, addr) = listener();
+    let (stranger, stranger_addr) = listener();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let h = thread::spawn(move || {
+        let mut p = Peer::open(&l, 900, wire::FLAG_RESUMABLE);
+        let a = p.expect(wire::OP_ACQUIRE);
+        p.reply(a.rid, Status::Ok, 5);
+        p.fail();
+        // Every Resume of the window gets the same hint.
+        l.set_nonblocking(true).unwrap();
+        loop {
+            if done_rx.try_recv().is_ok() {
+                return;
+            }
+            match l.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    let mut p = Peer { s, buf: Vec::new() };
+                    if let Some(r) = p.next() {
+                        let mut b = Vec::new();
+                        wire::encode_refusal(
+                            r.rid,
+                            Status::NotLeader,
+                            stranger_addr.to_string().as_bytes(),
+                            &mut b,
+                        );
+                        let _ = p.s.write_all(&b);
+                    }
+                }
+                Err(_) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    let (b, reports) = builder(addr);
+    let session = b
+        .keepalive(Duration::from_millis(900))
+        .auth_token("secret-token")
+        .connect()
+        .expect("session opens");
+    let lease = session.lock("a", BOUND).unwrap();
+    let line = report(&reports, "not following the hint");
+    assert!(line.contains(&stranger_addr.to_string()), "{line}");
+    assert!(line.contains("not TLS"), "{line}");
+    // The session ends when its window passes, never resumed.
+    let t = Instant::now();
+    while session.ended().is_none() {
+        assert!(t.elapsed() < BOUND, "the session outlived its window");
+        thread::sleep(Duration::from_millis(10));
+    }
+    done_tx.send(()).unwrap();
+    h.join().unwrap();
+    stranger.set_nonblocking(true).unwrap();
+    assert_eq!(
+        stranger.accept().map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::WouldBlock,
+        "nothing was sent to the hinted stranger"
+    );
+    drop((lease, session));
 }
 
 #[test]

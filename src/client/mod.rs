@@ -144,11 +144,14 @@ impl LockOptions {
     }
 }
 
+/// An address with the host name it was given by (TLS verifies it).
+type Named = (SocketAddr, Option<String>);
+
 /// Builds a [`Client`]. Created by [`Client::builder`].
 #[derive(Debug)]
 pub struct ClientBuilder {
-    addrs: Result<Vec<(SocketAddr, Option<String>)>>,
-    admin_addr: Option<Result<Vec<(SocketAddr, Option<String>)>>>,
+    addrs: Result<Vec<Named>>,
+    admin_addr: Option<Result<Vec<Named>>>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,

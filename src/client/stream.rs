@@ -142,7 +142,19 @@ impl Dial {
 #[cfg(feature = "tls")]
 fn tls_error(addr: &SocketAddr, name: &str, e: io::Error) -> io::Error {
     let text = e.to_string();
-    let hint = if text.contains("NotValidForName") || text.contains("not valid for name") {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "TLS handshake with {addr} as {name} failed: {text}{}",
+            tls_hint(&text)
+        ),
+    )
+}
+
+/// What a rustls error means for the user, if it is a common one.
+#[cfg(feature = "tls")]
+fn tls_hint(text: &str) -> &'static str {
+    if text.contains("NotValidForName") || text.contains("not valid for name") {
         " (the server's certificate does not name the host dialled: dial a host its \
          certificate names, or make it again with that host)"
     } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
@@ -150,13 +162,26 @@ fn tls_error(addr: &SocketAddr, name: &str, e: io::Error) -> io::Error {
     } else if text.contains("Expired") || text.contains("NotValidYet") {
         " (a certificate is outside its validity period)"
     } else if text.contains("CertificateRequired") {
-        " (the server requires a client certificate: give --client NAME)"
+        " (the server requires a client certificate: give --client NAME, \
+         ClientTls::load(dir, Some(NAME)))"
+    } else if text.contains("BadCertificate")
+        || text.contains("UnknownCA")
+        || text.contains("DecryptError")
+    {
+        " (the server refused this client's certificate: is it signed by the server's CA?)"
     } else {
         ""
-    };
+    }
+}
+
+/// A record-layer failure after the handshake (an alert from the server,
+/// such as its refusal of this client's certificate).
+#[cfg(feature = "tls")]
+fn tls_io(e: rustls::Error) -> io::Error {
+    let text = e.to_string();
     io::Error::new(
-        e.kind(),
-        format!("TLS handshake with {addr} as {name} failed: {text}{hint}"),
+        io::ErrorKind::InvalidData,
+        format!("TLS: {text}{}", tls_hint(&text)),
     )
 }
 
@@ -263,9 +288,7 @@ impl Stream {
         loop {
             {
                 let mut c = t.conn();
-                let st = c
-                    .process_new_packets()
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}")))?;
+                let st = c.process_new_packets().map_err(tls_io)?;
                 if st.plaintext_bytes_to_read() > 0 {
                     return c.reader().read(buf);
                 }
@@ -286,8 +309,7 @@ impl Stream {
                 if c.read_tls(&mut data)? == 0 {
                     break;
                 }
-                c.process_new_packets()
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}")))?;
+                c.process_new_packets().map_err(tls_io)?;
             }
         }
     }

@@ -21,11 +21,24 @@
 //!   testable byte for byte.
 //!
 //! Semantics the loop follows (the end-to-end test checks them):
-//! - `request` once per answered request, with the answer byte's outcome
-//!   (`+` Ok, `#` Busy, `-` Error). A Lock is counted when its answer is
-//!   queued (it may have waited a long time); a queued Lock withdrawn by
-//!   hang-up is counted by `hangup_withdrawal` only. A lock-port frame that
-//!   does not decode counts as Lock/Error. Admin commands count as Ok.
+//! - `request` once per answered Locking-Center or admin request, with the
+//!   answer byte's outcome (`+` Ok, `#` Busy, `-` Error). A Lock is counted
+//!   when its answer is queued (it may have waited a long time); a queued
+//!   Lock withdrawn by hang-up is counted by `hangup_withdrawal` only. A
+//!   lock-port frame that does not decode counts as Lock/Error. Admin
+//!   commands count as Ok.
+//! - `session_request` once per session Reply, with the op it answers and
+//!   its status, by the shard that decides it: the key's owner for Acquire,
+//!   Release, Extend and Cancel (an Acquire when it is granted, refused,
+//!   times out or is cancelled), the home shard for Ping, for a frame
+//!   answered `invalid`, and for the first frame (Hello, Resume: welcomed
+//!   or refused; a refusal as `not leader` included). Counted when decided,
+//!   whether or not the connection is still there to read it. Bytes that do
+//!   not frame as the session protocol get no Reply (the connection is
+//!   closed) and are not counted.
+//!   All three kinds render as one `ringlock_requests_total` with a
+//!   `protocol` label (`lc`, `admin`, `session`); every label value comes
+//!   from a fixed enum, never from a key or a client.
 //! - `grant` for every grant; `handoff` additionally when the grantee had been
 //!   queued, together with `observe_queue_wait_us` (enqueue to grant);
 //!   immediate grants observe no queue wait.
@@ -71,6 +84,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use crate::cluster::check::Reason;
+use crate::protocol::session::{self as sp, Status};
 
 /// CLOCK_MONOTONIC in milliseconds: the clock of heartbeats (the server's
 /// `mono_us` reads the same clock). Never 0 on a running system.
@@ -120,6 +134,15 @@ impl Action {
         Action::AdminRsbs,
     ];
 
+    /// The `protocol` label value: `lc` (the lock port's one-byte
+    /// actions) or `admin` (the admin port's commands).
+    pub fn protocol(self) -> &'static str {
+        match self {
+            Action::AdminKeys | Action::AdminRset | Action::AdminRsbs => "admin",
+            _ => "lc",
+        }
+    }
+
     /// The `action` label value.
     pub fn label(self) -> &'static str {
         match self {
@@ -131,6 +154,104 @@ impl Action {
             Action::AdminKeys => "admin_keys",
             Action::AdminRset => "admin_rset",
             Action::AdminRsbs => "admin_rsbs",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A session request kind: the op byte of a session frame (7..=13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionOp {
+    Hello,
+    Acquire,
+    Release,
+    Extend,
+    Cancel,
+    Ping,
+    Resume,
+}
+
+/// Every status of a session Reply, in byte order (`Status as usize` is
+/// its index: the discriminants are 0..=14).
+pub const SESSION_STATUSES: [Status; 15] = [
+    Status::Ok,
+    Status::TimedOut,
+    Status::Busy,
+    Status::NotOwner,
+    Status::Stale,
+    Status::Invalid,
+    Status::Limit,
+    Status::ServerError,
+    Status::Cancelled,
+    Status::NotQueued,
+    Status::Unauthorized,
+    Status::UnsupportedVersion,
+    Status::NotLeader,
+    Status::UnknownSession,
+    Status::TlsRequired,
+];
+
+impl SessionOp {
+    pub const ALL: [SessionOp; 7] = [
+        SessionOp::Hello,
+        SessionOp::Acquire,
+        SessionOp::Release,
+        SessionOp::Extend,
+        SessionOp::Cancel,
+        SessionOp::Ping,
+        SessionOp::Resume,
+    ];
+
+    /// The op of a session frame's first byte; `None` for a byte that is
+    /// not a session op.
+    pub fn from_byte(b: u8) -> Option<SessionOp> {
+        Some(match b {
+            sp::OP_HELLO => SessionOp::Hello,
+            sp::OP_ACQUIRE => SessionOp::Acquire,
+            sp::OP_RELEASE => SessionOp::Release,
+            sp::OP_EXTEND => SessionOp::Extend,
+            sp::OP_CANCEL => SessionOp::Cancel,
+            sp::OP_PING => SessionOp::Ping,
+            sp::OP_RESUME => SessionOp::Resume,
+            _ => return None,
+        })
+    }
+
+    /// The `action` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            SessionOp::Hello => "hello",
+            SessionOp::Acquire => "acquire",
+            SessionOp::Release => "release",
+            SessionOp::Extend => "extend",
+            SessionOp::Cancel => "cancel",
+            SessionOp::Ping => "ping",
+            SessionOp::Resume => "resume",
+        }
+    }
+
+    /// The statuses the server answers this op with: their series exist
+    /// from start-up (zeros). A status outside this list is rendered once
+    /// it has been counted, so nothing counted is ever hidden.
+    pub fn statuses(self) -> &'static [Status] {
+        use Status::*;
+        match self {
+            SessionOp::Hello => &[Ok, Invalid, Unauthorized, UnsupportedVersion, NotLeader],
+            SessionOp::Resume => &[
+                Ok,
+                Invalid,
+                Unauthorized,
+                UnsupportedVersion,
+                NotLeader,
+                UnknownSession,
+            ],
+            SessionOp::Acquire => &[Ok, TimedOut, Busy, Invalid, Limit, Cancelled],
+            SessionOp::Release | SessionOp::Extend => &[Ok, NotOwner, Stale, Invalid, Limit],
+            SessionOp::Cancel => &[Ok, Invalid, Limit, NotQueued],
+            SessionOp::Ping => &[Ok, Invalid],
         }
     }
 
@@ -228,6 +349,8 @@ type BatchHistogram = Histogram<11, 12>;
 #[repr(align(128))]
 pub struct Hot {
     requests: [[AtomicU64; 3]; 8],
+    /// Session Replies, by op and status.
+    session_requests: [[AtomicU64; SESSION_STATUSES.len()]; SessionOp::ALL.len()],
     grants: AtomicU64,
     handoffs: AtomicU64,
     queue_wait_us: LatencyHistogram,
@@ -244,6 +367,8 @@ impl Hot {
     fn new() -> Hot {
         Hot {
             requests: [const { [const { AtomicU64::new(0) }; 3] }; 8],
+            session_requests: [const { [const { AtomicU64::new(0) }; SESSION_STATUSES.len()] };
+                SessionOp::ALL.len()],
             grants: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
@@ -258,6 +383,11 @@ impl Hot {
     /// One answered request (see the module's semantics).
     pub fn request(&self, action: Action, outcome: Outcome) {
         self.requests[action.index()][outcome.index()].fetch_add(1, Relaxed);
+    }
+
+    /// One session Reply (see the module's semantics).
+    pub fn session_request(&self, op: SessionOp, status: Status) {
+        self.session_requests[op.index()][status as usize].fetch_add(1, Relaxed);
     }
 
     /// Every grant, immediate or after waiting.
@@ -411,6 +541,19 @@ impl Metrics {
         self.hot
             .iter()
             .map(|h| h.requests[action.index()][outcome.index()].load(Relaxed))
+            .sum()
+    }
+
+    /// One session Reply, counted for loop 0 (a loop uses [`Metrics::at`]).
+    pub fn session_request(&self, op: SessionOp, status: Status) {
+        self.hot[0].session_request(op, status);
+    }
+
+    /// Count of session Replies so far to this op with this status.
+    pub fn session_requests(&self, op: SessionOp, status: Status) -> u64 {
+        self.hot
+            .iter()
+            .map(|h| h.session_requests[op.index()][status as usize].load(Relaxed))
             .sum()
     }
 
@@ -679,18 +822,32 @@ impl Metrics {
         header(
             w,
             "requests_total",
-            "Requests answered, by action and result (+ ok, # busy, - error).",
+            "Requests answered, by protocol (lc, admin, session), action and result (lc and admin: + ok, # busy, - error; session: the Reply's status).",
             "counter",
         );
         for action in Action::ALL {
             for outcome in Outcome::ALL {
                 let _ = writeln!(
                     w,
-                    "ringlock_requests_total{{action=\"{}\",result=\"{}\"}} {}",
+                    "ringlock_requests_total{{protocol=\"{}\",action=\"{}\",result=\"{}\"}} {}",
+                    action.protocol(),
                     action.label(),
                     outcome.label(),
                     self.requests(action, outcome)
                 );
+            }
+        }
+        for op in SessionOp::ALL {
+            for status in SESSION_STATUSES {
+                let n = self.session_requests(op, status);
+                if n != 0 || op.statuses().contains(&status) {
+                    let _ = writeln!(
+                        w,
+                        "ringlock_requests_total{{protocol=\"session\",action=\"{}\",result=\"{}\"}} {n}",
+                        op.label(),
+                        status.name(),
+                    );
+                }
             }
         }
 
@@ -1251,6 +1408,58 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
         }
+    }
+
+    #[test]
+    fn session_statuses_are_indexed_by_their_byte_and_ops_by_theirs() {
+        for (i, st) in SESSION_STATUSES.iter().enumerate() {
+            assert_eq!(*st as usize, i, "{st:?}");
+            assert_eq!(Status::from_byte(i as u8), Some(*st));
+        }
+        assert_eq!(Status::from_byte(SESSION_STATUSES.len() as u8), None);
+        for (i, op) in SessionOp::ALL.iter().enumerate() {
+            assert_eq!(op.index(), i);
+            assert_eq!(SessionOp::from_byte(sp::OP_HELLO + i as u8), Some(*op));
+        }
+        assert_eq!(SessionOp::from_byte(sp::OP_HELLO - 1), None);
+        assert_eq!(SessionOp::from_byte(sp::OP_RESUME + 1), None);
+    }
+
+    #[test]
+    fn session_series_exist_at_zero_and_any_counted_status_shows() {
+        let m = Metrics::new_loops(2);
+        let line = |out: &str, op: &str, st: &str| {
+            let prefix = format!(
+                "ringlock_requests_total{{protocol=\"session\",action=\"{op}\",result=\"{st}\"}} "
+            );
+            out.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+        };
+        let mut out = String::new();
+        m.render(&mut out, 0);
+        assert_eq!(line(&out, "acquire", "busy").as_deref(), Some("0"));
+        assert_eq!(line(&out, "hello", "not_leader").as_deref(), Some("0"));
+        assert_eq!(line(&out, "ping", "busy"), None, "not a status of Ping");
+        assert_eq!(
+            line(&out, "lock", "ok"),
+            None,
+            "LC actions are not session series"
+        );
+        assert!(out.contains(
+            "ringlock_requests_total{protocol=\"lc\",action=\"lock\",result=\"ok\"} 0\n"
+        ));
+        assert!(out.contains(
+            "ringlock_requests_total{protocol=\"admin\",action=\"admin_keys\",result=\"ok\"} 0\n"
+        ));
+        m.at(0).session_request(SessionOp::Acquire, Status::Busy);
+        m.at(1).session_request(SessionOp::Acquire, Status::Busy);
+        m.at(1)
+            .session_request(SessionOp::Ping, Status::ServerError);
+        assert_eq!(m.session_requests(SessionOp::Acquire, Status::Busy), 2);
+        let mut out = String::new();
+        m.render(&mut out, 0);
+        assert_eq!(line(&out, "acquire", "busy").as_deref(), Some("2"));
+        assert_eq!(line(&out, "ping", "server_error").as_deref(), Some("1"));
     }
 
     #[test]

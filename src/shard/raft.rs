@@ -1174,7 +1174,12 @@ impl Shard {
         if c.sid == 0 && matches!(c.rbuf.first(), Some(&sp::OP_HELLO | &sp::OP_RESUME)) {
             match sp::decode(&c.rbuf) {
                 sp::Decoded::Incomplete => return false,
-                sp::Decoded::Frame { rid, .. } => {
+                sp::Decoded::Frame { rid, op, .. } => {
+                    if let Some(op) = crate::metrics::SessionOp::from_byte(op) {
+                        self.metrics
+                            .at(self.me)
+                            .session_request(op, Status::NotLeader);
+                    }
                     c.rbuf.clear();
                     sp::encode_refusal(rid, Status::NotLeader, &hint, &mut c.out);
                     c.close_after_send = true;

@@ -283,6 +283,7 @@ impl Shard {
         }
         sp::encode_welcome(p.rid, &welcome, &mut c.out);
         self.metrics.session_resumed();
+        self.count_sess(crate::metrics::SessionOp::Resume, Status::Ok);
         log!(
             Level::Info,
             "session_resumed",

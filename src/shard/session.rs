@@ -32,6 +32,7 @@ pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
 use super::{owner, Cmd, Shard, State, Undo};
 use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
 use crate::log::Level;
+use crate::metrics::SessionOp;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
 
 /// A session whose client does not read its answers is closed beyond this.
@@ -156,6 +157,9 @@ impl Shard {
     /// then closes.
     pub(super) fn refuse_plain(&mut self, slot: u32, rid: u32, status: Status) {
         let c = &mut self.conns[slot as usize];
+        self.metrics
+            .at(self.me)
+            .session_request(first_op(&c.rbuf), status);
         c.rbuf.clear();
         sp::encode_reply(rid, status, 0, sp::NO_TTL, &mut c.out);
         c.close_after_send = true;
@@ -203,6 +207,7 @@ impl Shard {
         self.session_deadlines
             .push(Reverse((now_us + ka as u64 * 1000, token)));
         self.metrics.session_opened();
+        self.count_sess(SessionOp::Hello, Status::Ok);
         log!(
             Level::Debug,
             "session_open",
@@ -238,9 +243,12 @@ impl Shard {
     pub(super) fn refuse_hello(&mut self, slot: u32, rid: u32, version: Option<u8>, why: &str) {
         let c = &mut self.conns[slot as usize];
         let peer = c.peer;
+        let op = first_op(&c.rbuf);
         c.rbuf.clear();
         match version {
             Some(v) if !sp::VERSIONS.contains(&v) => {
+                let status = Status::UnsupportedVersion;
+                self.metrics.at(self.me).session_request(op, status);
                 log!(
                     Level::Info,
                     "hello_refused",
@@ -248,9 +256,12 @@ impl Shard {
                     peer,
                     v
                 );
-                sp::encode_refusal(rid, Status::UnsupportedVersion, sp::VERSIONS, &mut c.out);
+                sp::encode_refusal(rid, status, sp::VERSIONS, &mut c.out);
             }
             _ => {
+                self.metrics
+                    .at(self.me)
+                    .session_request(op, Status::Invalid);
                 log!(
                     Level::Debug,
                     "hello_refused",
@@ -336,9 +347,16 @@ impl Shard {
                         op,
                         crate::log::Escaped(why)
                     );
+                    // The decoder frames session ops only.
+                    if let Some(op) = SessionOp::from_byte(op) {
+                        self.count_sess(op, Status::Invalid);
+                    }
                     self.session_out_local(slot, reply(rid, Status::Invalid));
                 }
-                Ok(None) => self.session_out_local(slot, reply(rid, Status::Ok)),
+                Ok(None) => {
+                    self.count_sess(SessionOp::Ping, Status::Ok);
+                    self.session_out_local(slot, reply(rid, Status::Ok))
+                }
                 Ok(Some(op)) => self.route(slot, rid, op),
             }
             if self.conns[slot as usize].state != State::Session {
@@ -540,6 +558,7 @@ impl Shard {
     fn run_op(&mut self, sid: u64, home: Token, rid: u32, peer: SocketAddr, op: SessOp) {
         let now = self.now;
         let Some(o) = self.table.owner_open(sid, home) else {
+            self.count_sess(op.kind(), Status::Limit);
             self.send_out(sid, home, reply(rid, Status::Limit));
             return;
         };
@@ -571,6 +590,7 @@ impl Shard {
             SessOp::Release { token, key } => {
                 let r = self.table.release_token(o, &key, token, now, &mut self.fx);
                 self.apply_effects();
+                self.count_sess(SessionOp::Release, checked_status(r));
                 self.send_out(sid, home, reply(rid, checked_status(r)));
             }
             SessOp::Extend { token, ttl_ms, key } => {
@@ -580,6 +600,7 @@ impl Shard {
                             let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
                             self.journal(lsn, Undo::Extend(x));
                         }
+                        self.count_sess(SessionOp::Extend, Status::Ok);
                         self.send_out(
                             sid,
                             home,
@@ -591,7 +612,10 @@ impl Shard {
                             },
                         );
                     }
-                    Err(c) => self.send_out(sid, home, reply(rid, checked_status(c))),
+                    Err(c) => {
+                        self.count_sess(SessionOp::Extend, checked_status(c));
+                        self.send_out(sid, home, reply(rid, checked_status(c)))
+                    }
                 }
             }
             SessOp::Cancel { target, key } => {
@@ -607,6 +631,7 @@ impl Shard {
                 } else {
                     Status::NotQueued
                 };
+                self.count_sess(SessionOp::Cancel, st);
                 self.send_out(sid, home, reply(rid, st));
             }
         }
@@ -699,9 +724,39 @@ impl Shard {
         };
         let o = ((conn & !SESS_BIT) >> 32) as u32;
         if let Some((sid, home)) = self.table.owner_info(o) {
+            if let SessOut::Reply { status, .. } = out {
+                // Table replies and grants to sessions answer Acquires.
+                self.count_sess(SessionOp::Acquire, status);
+            }
             self.send_out(sid, home, out);
         }
     }
+
+    /// Counts one session Reply this shard decided (metrics).
+    pub(super) fn count_sess(&self, op: SessionOp, status: Status) {
+        self.metrics.at(self.me).session_request(op, status);
+    }
+}
+
+impl SessOp {
+    /// The op as the metrics name it.
+    fn kind(&self) -> SessionOp {
+        match self {
+            SessOp::Acquire { .. } => SessionOp::Acquire,
+            SessOp::Release { .. } => SessionOp::Release,
+            SessOp::Extend { .. } => SessionOp::Extend,
+            SessOp::Cancel { .. } => SessionOp::Cancel,
+        }
+    }
+}
+
+/// The op of a connection's first frame, at the start of `rbuf` (a Hello
+/// or a Resume, the only ops that open a connection; Hello otherwise).
+fn first_op(rbuf: &[u8]) -> SessionOp {
+    rbuf.first()
+        .copied()
+        .and_then(SessionOp::from_byte)
+        .unwrap_or(SessionOp::Hello)
 }
 
 fn checked_status(c: Checked) -> Status {

@@ -401,6 +401,27 @@ pub fn to_json(nodes: &[NodeAnswer]) -> String {
     out
 }
 
+/// `shown` (an admin address as the user gave it) with the port it
+/// resolved to, for a builder: a host name kept for TLS verification.
+pub fn admin_named(shown: &str, addrs: &[SocketAddr]) -> (String, u16) {
+    let port = addrs
+        .first()
+        .map_or(crate::DEFAULT_PORT + 1, SocketAddr::port);
+    let host = match shown.parse::<SocketAddr>() {
+        Ok(a) => a.ip().to_string(),
+        Err(_) => match shown.rsplit_once(':') {
+            Some((h, p)) if p.parse::<u16>().is_ok() => h.to_string(),
+            _ => shown.to_string(),
+        },
+    };
+    (
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,25 +541,4 @@ mod tests {
         assert!(msg.contains("empty"), "{msg}");
         assert!(parse_addrs("127.0.0.1:99999", "--admin-addr").is_err());
     }
-}
-
-/// `shown` (an admin address as the user gave it) with the port it
-/// resolved to, for a builder: a host name kept for TLS verification.
-pub fn admin_named(shown: &str, addrs: &[SocketAddr]) -> (String, u16) {
-    let port = addrs
-        .first()
-        .map_or(crate::DEFAULT_PORT + 1, SocketAddr::port);
-    let host = match shown.parse::<SocketAddr>() {
-        Ok(a) => a.ip().to_string(),
-        Err(_) => match shown.rsplit_once(':') {
-            Some((h, p)) if p.parse::<u16>().is_ok() => h.to_string(),
-            _ => shown.to_string(),
-        },
-    };
-    (
-        host.trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string(),
-        port,
-    )
 }
