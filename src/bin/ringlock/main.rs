@@ -79,6 +79,7 @@ Exit status:
   75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed);
        reset: a key changed holder after it was listed (that key was not reset)
   76   the server refused the request or broke the protocol
+  78   --certs-dir/--client: a certificate or key that does not load
   79   the lock was lost while CMD ran: CMD got SIGTERM (SIGKILL after --kill-after)
        (a session, --ttl or mysql:// lock)
   126  CMD could not be executed;  127  CMD not found (the key was released)
