@@ -8,6 +8,8 @@
 #     the built-in kinds), plus the structure this project relies on (PyYAML)
 #   - Dockerfile: hadolint, plus its shape (multi-stage, non-root, /data owned)
 #   - systemd unit: systemd-analyze verify
+#   - example config file: `ringlockd --config deploy/ringlockd.toml
+#     --check-config` accepts it (every key known, every value valid)
 #   - seccomp profile: ringlockd serves real traffic (locks, KEYS, metrics,
 #     log compaction, SIGTERM) under deploy/seccomp/ringlock.json, applied
 #     with libseccomp as a container runtime would
@@ -21,6 +23,8 @@ set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 deploy="$root/deploy"
+# Where `cargo build` puts the binaries.
+target="${CARGO_TARGET_DIR:-$root/target}"
 failures=0
 passed=0
 tmp="$(mktemp -d)"
@@ -438,7 +442,7 @@ if have systemd-analyze "systemd unit (Debian package systemd)"; then
     bin=/usr/local/bin/ringlockd
     if [ ! -x "$bin" ]; then
         bin=/bin/true
-        for b in "$root/target/release/ringlockd" "$root/target/debug/ringlockd"; do
+        for b in "$target/release/ringlockd" "$target/debug/ringlockd"; do
             if [ -x "$b" ]; then bin="$b"; break; fi
         done
     fi
@@ -482,6 +486,20 @@ for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= Syste
 done
 grep -q 'io_uring_setup' "$unit" || fail "systemd unit's SystemCallFilter must allow io_uring"
 
+# --- example config file -------------------------------------------------------------
+# Parsed and checked as at start (unknown keys, types, values, combinations),
+# nothing opened; without the caller's RINGLOCK_* variables, which would
+# override the file.
+if ! (cd "$root" && cargo build --quiet --locked --bin ringlockd); then
+    fail "example config: building ringlockd"
+elif out="$(env $(env | sed -n 's/^\(RINGLOCK_[A-Z_]*\)=.*/-u \1/p') -u BIND_ADDRESS -u DATA_PATH \
+    "$target/debug/ringlockd" --config "$deploy/ringlockd.toml" --check-config 2>&1)"; then
+    ok "ringlockd --config deploy/ringlockd.toml --check-config"
+else
+    echo "$out" >&2
+    fail "ringlockd --config deploy/ringlockd.toml --check-config"
+fi
+
 # --- seccomp profile under real traffic ---------------------------------------------
 seccomp_python=""
 for candidate in /usr/bin/python3 python3; do
@@ -495,9 +513,9 @@ if [ -z "$seccomp_python" ]; then
 elif ! (cd "$root" && cargo build --quiet --locked --bin ringlockd --bin ringlock); then
     fail "seccomp profile: building ringlockd and ringlock"
 else
-    rl="$root/target/debug/ringlock"
+    rl="$target/debug/ringlock"
     "$seccomp_python" "$root/scripts/seccomp-exec.py" "$deploy/seccomp/ringlock.json" \
-        "$root/target/debug/ringlockd" --bind 127.0.0.1:0 --admin-bind 127.0.0.1:0 \
+        "$target/debug/ringlockd" --bind 127.0.0.1:0 --admin-bind 127.0.0.1:0 \
         --metrics-bind 127.0.0.1:0 --data-path "$tmp/seccomp.wal" --compact-floor-bytes 1 \
         2> "$tmp/seccomp.log" &
     server_pid=$!

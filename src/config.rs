@@ -1,29 +1,49 @@
 //! Every limit and default in one place.
 //!
-//! | setting | flag / env | default |
+//! `ringlockd` reads each setting from, in this order of precedence, its
+//! command-line flag, its environment variable (`RINGLOCK_` and the flag's
+//! name in capitals, `-` as `_`), its key in the `--config` TOML file (the
+//! flag's name without the dashes, see [`file`]), and the default below.
+//! Durations are a number and a unit, `250ms`, `10s`, `1.5m`, `2h` (also
+//! `us`): see [`parse_duration_as`].
+//!
+//! | setting | flag / env / file key | default |
 //! |---|---|---|
-//! | lock port address | `--bind` / `BIND_ADDRESS` | `127.0.0.1:22119` |
+//! | lock port address | `--bind` / `RINGLOCK_BIND` / `bind` | `127.0.0.1:22119` |
 //! | admin port address | `--admin-bind` | loopback, lock port + 1 |
 //! | metrics address | `--metrics-bind` | off |
-//! | write-ahead log | `--data-path` / `DATA_PATH` | off (in memory) |
+//! | write-ahead log | `--data-path` / `RINGLOCK_DATA_PATH` / `data-path` | off (in memory) |
 //! | max connections (lock port) | `--max-connections` | 10 000 |
 //! | admin port connections, apart from those | `--admin-connections` | 16 |
-//! | idle connection timeout | `--idle-timeout-ms` | 60 000 (0 = never) |
+//! | idle connection timeout | `--idle-timeout` | `60s` (0 = never) |
+//! | idle event loop polling before it sleeps | `--idle-poll` | `50us` (0 = sleep at once, at most `10ms`) |
 //! | max keys (server-wide) | `--max-keys` | 100 000 |
 //! | max queued waiters (server-wide) | `--max-waiters` | 100 000 |
-//! | frame read timeout | `--frame-timeout-ms` | 10 000 |
+//! | frame read timeout | `--frame-timeout` | `10s` |
 //! | compaction floor | `--compact-floor-bytes` | 1 MiB |
 //! | zero-filled space kept ahead of the log's end | `--wal-preallocate-bytes` | 1 MiB (0 = off, at most 8 MiB) |
-//! | bind retry while a port is still in use | `--bind-retry-ms` | 10 000 |
-//! | shards (event-loop threads) | `--threads` / `RINGLOCK_THREADS` | one per CPU in the affinity mask |
-//! | liveness timeout | `--liveness-timeout-ms` | 10 000 |
-//! | session keep-alive deadline (default, bounds) | `--keepalive-ms`, `--min-keepalive-ms`, `--max-keepalive-ms` | 10 000 (300 .. 600 000) |
-//! | lease TTL bounds | `--min-ttl-ms`, `--max-ttl-ms` | 10 .. 86 400 000 (a day) |
+//! | bind retry while a port is still in use | `--bind-retry` | `10s` |
+//! | shards (event-loop threads) | `--threads` | one per CPU in the affinity mask |
+//! | liveness timeout | `--liveness-timeout` | `10s` (at least `1s`) |
+//! | session keep-alive deadline (default, bounds) | `--keepalive`, `--min-keepalive`, `--max-keepalive` | `10s` (`300ms` .. `10m`) |
+//! | lease TTL bounds | `--min-ttl`, `--max-ttl` | `10ms` .. `24h` |
 //! | shared secret for session Hellos and a non-loopback admin port | `--auth-token-file` | none |
 //! | who may Unlock / ResetByKey / ResetBySource on the lock port | `--lc-admin-actions` | `any` |
+//!
+//! Every flag has its environment variable and file key, named by the rule
+//! above (`--max-keys`: `RINGLOCK_MAX_KEYS`, `max-keys`), except the
+//! one-time operator actions `--wal-truncate-at` and `--force-new-cluster`
+//! and `--check-config`, which are command-line flags only. Deprecated
+//! but still read, with a warning: the millisecond flags (`--keepalive-ms
+//! 10000` for `--keepalive 10s`, and `--idle-poll-us`), and the
+//! environment variables `BIND_ADDRESS` and `DATA_PATH`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::time::Duration;
+
+#[cfg(feature = "server")]
+pub mod file;
 
 pub const DEFAULT_LOCK_PORT: u16 = 22119;
 /// Receive buffer of a lock-port connection: two whole frames, so a client
@@ -34,10 +54,10 @@ pub const RING_ENTRIES: u32 = 4096;
 /// An event loop wakes at least this often, idle or not, and publishes a
 /// heartbeat each time (liveness reads it; see `metrics`).
 pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
-/// Default `--liveness-timeout-ms`: a loop silent this long is hung (it
+/// Default `--liveness-timeout`: a loop silent this long is hung (it
 /// wakes every [`HEARTBEAT_INTERVAL_MS`] even when idle).
 pub const LIVENESS_TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// Smallest accepted `--liveness-timeout-ms`: two heartbeat intervals, so one
+/// Smallest accepted `--liveness-timeout`: two heartbeat intervals, so one
 /// late wake-up is never mistaken for a hung loop.
 pub const LIVENESS_TIMEOUT_MS_MIN: u64 = 2 * HEARTBEAT_INTERVAL_MS;
 /// Largest `--wal-preallocate-bytes`: one growth step is one write from a
@@ -265,6 +285,126 @@ pub fn default_admin(bind: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
+/// What a number without a unit means to [`parse_duration_as`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BareNumber {
+    /// Seconds: the `ringlock` CLI's `--timeout 5`.
+    Seconds,
+    /// Refused, except 0: `ringlockd`'s flags, environment and config file
+    /// (`--keepalive 10` could mean seconds or, after `--keepalive-ms`,
+    /// milliseconds; the refusal asks for the unit instead of guessing).
+    Refused,
+}
+
+/// Parses `250ms`, `10s`, `1.5m`, `2h`, `500us` or a bare number of
+/// seconds: the `ringlock` CLI's durations. See [`parse_duration_as`].
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    parse_duration_as(text, BareNumber::Seconds)
+}
+
+/// Parses a duration: a decimal number (`10`, `1.5`, `.5`) and a unit,
+/// `us`, `ms`, `s`, `m` or `h`, nothing else (no sign, no space, no
+/// exponent), below 10^9 seconds. The decimal is read exactly (`0.3s` is
+/// 300 ms, not 299.999...); digits below a nanosecond are dropped. A
+/// number without a unit reads as `bare` says.
+pub fn parse_duration_as(text: &str, bare: BareNumber) -> Result<Duration, String> {
+    const NS: u128 = 1_000_000_000;
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || format!("bad duration {text:?} (examples: 250ms, 10s, 1.5m, 2h)");
+    let unit_ns: u128 = match unit {
+        "" => NS,
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" => NS,
+        "m" => 60 * NS,
+        "h" => 3600 * NS,
+        _ => return Err(bad()),
+    };
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(bad());
+    }
+    // 18 fractional digits are below a nanosecond of an hour.
+    let frac = &frac[..frac.len().min(18)];
+    let digits = |d: &str| -> Result<u128, String> {
+        if d.is_empty() {
+            Ok(0)
+        } else {
+            d.parse().map_err(|_| bad())
+        }
+    };
+    let (int_v, frac_v) = (digits(int)?, digits(frac)?);
+    if unit.is_empty() && bare == BareNumber::Refused && (int_v, frac_v) != (0, 0) {
+        return Err(format!(
+            "{text:?} has no unit: write {text}s or {text}ms (units: us, ms, s, m, h)"
+        ));
+    }
+    let ns = int_v
+        .checked_mul(unit_ns)
+        .map(|n| n + frac_v * unit_ns / 10u128.pow(frac.len() as u32))
+        .filter(|&n| n < 1_000_000_000 * NS)
+        .ok_or_else(bad)?;
+    Ok(Duration::from_nanos(ns as u64))
+}
+
+/// A `ringlockd` duration in whole milliseconds from `min_ms` to `max_ms`
+/// (a bare number refused, see [`BareNumber::Refused`]).
+pub fn duration_ms(text: &str, min_ms: u64, max_ms: u64) -> Result<u64, String> {
+    let d = parse_duration_as(text, BareNumber::Refused)?;
+    if d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!("{text} is not a whole number of milliseconds"));
+    }
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms < min_ms {
+        return Err(format!("at least {}, not {text}", format_ms(min_ms)));
+    }
+    if ms > max_ms {
+        return Err(format!("at most {}, not {text}", format_ms(max_ms)));
+    }
+    Ok(ms)
+}
+
+/// [`duration_ms`] in whole microseconds.
+pub fn duration_us(text: &str, min_us: u64, max_us: u64) -> Result<u64, String> {
+    let d = parse_duration_as(text, BareNumber::Refused)?;
+    if d.subsec_nanos() % 1_000 != 0 {
+        return Err(format!("{text} is not a whole number of microseconds"));
+    }
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    if us < min_us {
+        return Err(format!("at least {}, not {text}", format_us(min_us)));
+    }
+    if us > max_us {
+        return Err(format!("at most {}, not {text}", format_us(max_us)));
+    }
+    Ok(us)
+}
+
+/// Milliseconds written as a duration [`duration_ms`] reads back
+/// exactly, in the largest unit that divides them: `24h`, `10m`, `10s`,
+/// `250ms`, `0s`.
+pub fn format_ms(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms.is_multiple_of(1000) => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// [`format_ms`] for microseconds: `50us`, `10ms`.
+pub fn format_us(us: u64) -> String {
+    if us.is_multiple_of(1000) {
+        format_ms(us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
 /// Parses an address the way Locking-Center's `BIND_ADDRESS` does: `:22119`
 /// means all interfaces; `host:port` and `ip:port` as usual.
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
@@ -326,5 +466,105 @@ mod tests {
         assert!(!token_matches(b"abc", b"ab"));
         assert!(!token_matches(b"abc", b"abcd"));
         assert!(!token_matches(b"abc", b""));
+    }
+
+    #[test]
+    fn durations_read_exactly() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_duration("250ms"), Ok(ms(250)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0.3s"), Ok(ms(300)), "exact, not 299.999...");
+        assert_eq!(parse_duration(".5s"), Ok(ms(500)));
+        assert_eq!(parse_duration("1."), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("50us"), Ok(Duration::from_micros(50)));
+        assert_eq!(
+            parse_duration("1.0000000001s"),
+            Ok(Duration::new(1, 0)),
+            "below a nanosecond is dropped"
+        );
+        assert_eq!(
+            parse_duration("999999999.999999999s"),
+            Ok(Duration::new(999_999_999, 999_999_999))
+        );
+        for bad in [
+            "",
+            ".",
+            "5x",
+            "-1s",
+            "1e3s",
+            " 1s",
+            "1 s",
+            "1.2.3s",
+            "1s ",
+            "inf",
+            "1000000000s",
+            "99999999999999999999999999999999999999999h",
+        ] {
+            assert_eq!(
+                parse_duration(bad),
+                Err(format!(
+                    "bad duration {bad:?} (examples: 250ms, 10s, 1.5m, 2h)"
+                )),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_durations_need_a_unit_and_whole_units() {
+        let refused = |t| parse_duration_as(t, BareNumber::Refused);
+        assert_eq!(refused("0"), Ok(Duration::ZERO), "zero is zero in any unit");
+        assert_eq!(refused("0.0"), Ok(Duration::ZERO));
+        assert_eq!(
+            refused("10"),
+            Err("\"10\" has no unit: write 10s or 10ms (units: us, ms, s, m, h)".into())
+        );
+        assert_eq!(refused("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration_ms("1.5s", 1, 100_000), Ok(1500));
+        assert_eq!(duration_ms("0", 0, 100_000), Ok(0));
+        assert_eq!(
+            duration_ms("1.5ms", 1, 100_000),
+            Err("1.5ms is not a whole number of milliseconds".into())
+        );
+        assert_eq!(
+            duration_ms("999ms", 1000, 100_000),
+            Err("at least 1s, not 999ms".into())
+        );
+        assert_eq!(
+            duration_ms("2m", 1, 100_000),
+            Err("at most 100s, not 2m".into())
+        );
+        assert_eq!(duration_us("50us", 0, 10_000), Ok(50));
+        assert_eq!(duration_us("10ms", 0, 10_000), Ok(10_000));
+        assert_eq!(
+            duration_us("11ms", 0, 10_000),
+            Err("at most 10ms, not 11ms".into())
+        );
+        assert_eq!(
+            duration_us("0.5us", 0, 10_000),
+            Err("0.5us is not a whole number of microseconds".into())
+        );
+    }
+
+    #[test]
+    fn formatted_durations_read_back() {
+        for (ms, text) in [
+            (0, "0s"),
+            (250, "250ms"),
+            (1500, "1500ms"),
+            (10_000, "10s"),
+            (600_000, "10m"),
+            (86_400_000, "24h"),
+            (4_294_967_294, "4294967294ms"),
+        ] {
+            assert_eq!(format_ms(ms), text);
+            assert_eq!(duration_ms(text, 0, u64::MAX), Ok(ms), "{text}");
+        }
+        assert_eq!(format_us(50), "50us");
+        assert_eq!(format_us(10_000), "10ms");
+        assert_eq!(duration_us(&format_us(1234), 0, u64::MAX), Ok(1234));
     }
 }

@@ -1,5 +1,5 @@
 //! A second `ringlockd` on a port a live one listens on fails at once with
-//! one line naming the holder, although `--bind-retry-ms` (10 s by default)
+//! one line naming the holder, although `--bind-retry` (10 s by default)
 //! would retry an address in use; a listener that no live process holds (a
 //! `kill -9`ed predecessor's socket, still held by its io_uring while it
 //! closes) is still waited for. Real `ringlockd` processes.
@@ -31,7 +31,7 @@ fn a_second_ringlockd_on_a_live_servers_port_fails_at_once_naming_it() {
         ),
     ] {
         let started = Instant::now();
-        // The default --bind-retry-ms: 10 s of retries if it waited.
+        // The default --bind-retry: 10 s of retries if it waited.
         let out = Command::new(env!("CARGO_BIN_EXE_ringlockd"))
             .args(args)
             .env_remove("BIND_ADDRESS")

@@ -154,3 +154,64 @@ fn every_flag_in_the_deploy_files_is_known_to_ringlockd() {
         "flags not in `ringlockd --help`: {unknown:?}\n{help}"
     );
 }
+
+/// `ringlockd` run on the example config file, with none of the test's own
+/// `RINGLOCK_*` variables.
+fn check_config(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("RINGLOCK_") {
+            c.env_remove(k);
+        }
+    }
+    c.env_remove("BIND_ADDRESS")
+        .env_remove("DATA_PATH")
+        .args(args)
+        .output()
+        .expect("ringlockd runs")
+}
+
+#[test]
+fn the_example_config_file_passes_check_config() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/ringlockd.toml");
+    let out = check_config(&["--config", example.to_str().unwrap(), "--check-config"]);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "deploy/ringlockd.toml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What it sets is what the listing says.
+    for line in read("deploy/ringlockd.toml").lines() {
+        if !line.starts_with('#') && line.contains(" = ") {
+            assert!(
+                listing.lines().any(|l| l == line),
+                "{line} not in:\n{listing}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_example_config_file_shows_every_setting() {
+    let example = read("deploy/ringlockd.toml");
+    let out = check_config(&["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    // Every setting has a variable; its key is the flag's name.
+    let keys: Vec<String> = help
+        .split("[env: RINGLOCK_")
+        .skip(1)
+        .filter_map(|rest| rest.split(']').next())
+        .map(|var| var.to_ascii_lowercase().replace('_', "-"))
+        .filter(|k| k != "config")
+        .collect();
+    assert!(keys.len() > 30, "{keys:?}");
+    for key in keys {
+        assert!(
+            example.lines().any(|l| l
+                .trim_start_matches(['#', ' '])
+                .starts_with(&format!("{key} = "))),
+            "deploy/ringlockd.toml does not show {key}"
+        );
+    }
+}

@@ -442,7 +442,7 @@ fn bad_addresses_and_busy_ports_fail_with_one_line() {
             port.as_str(),
             "--admin-bind",
             "127.0.0.1:0",
-            "--bind-retry-ms",
+            "--bind-retry",
             "0",
         ],
         vec!["--bind", "not-an-address"],
@@ -451,7 +451,7 @@ fn bad_addresses_and_busy_ports_fail_with_one_line() {
             "127.0.0.1:0",
             "--admin-bind",
             port.as_str(),
-            "--bind-retry-ms",
+            "--bind-retry",
             "0",
         ],
         vec!["--max-connections", "0"],
@@ -487,11 +487,23 @@ fn bind_address_env_accepts_locking_center_form() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ringlockd"));
     cmd.env("BIND_ADDRESS", format!(":{port}"))
         .args(["--admin-bind", "127.0.0.1:0"]);
-    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = cmd
+        .env_remove("RINGLOCK_BIND")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     use std::io::BufRead;
-    // All interfaces without a token: warned about first, then listening.
+    // BIND_ADDRESS is deprecated (RINGLOCK_BIND): said first, naming the
+    // replacement; all interfaces without a token: warned about next, then
+    // listening.
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("event=deprecated_env var=BIND_ADDRESS replacement=RINGLOCK_BIND used=true"),
+        "{line}"
+    );
+    line.clear();
     err.read_line(&mut line).unwrap();
     assert!(line.contains("event=insecure_bind"), "{line}");
     line.clear();

@@ -1,375 +1,905 @@
 //! `ringlockd`: the lock server.
+//!
+//! Flags are clap's ([`Args`]). Each setting comes from, first found: its
+//! flag, its environment variable `RINGLOCK_<FLAG>` (attached to every
+//! flag by [`command`]), its key in the `--config` TOML file
+//! ([`file_args`]), its default ([`Config::new`]). The file's values are
+//! checked by the flag's own value parser, one key at a time, so that a
+//! refusal names the file and line; the values that no flag or variable
+//! overrides are then parsed together with the command line, as if given
+//! there. The deprecated spellings (`--keepalive-ms` and the other
+//! millisecond flags, `BIND_ADDRESS`, `DATA_PATH`) are folded in by
+//! [`resolve`] and warned about once the log level is set. Every refusal
+//! is one line on stderr and exit 64.
 
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ringlock::config::{self, Config};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
+use ringlock::config::{self, file, format_ms, format_us, Config, LcAdminActions};
 use ringlock::driver::Server;
 use ringlock::log::{self, Level};
 use ringlock::metrics::{self, Metrics};
 
-const HELP: &str = "\
-ringlockd — a Locking-Center compatible lock server on io_uring
+const EX_USAGE: u8 = 64;
 
-USAGE:
-    ringlockd [OPTIONS]
+const AFTER_HELP: &str = "\
+Durations are a number and a unit: 250ms, 10s, 1.5m, 2h, 50us. A number without a unit is \
+refused (is --keepalive 10 seconds or milliseconds?), except 0.
 
-OPTIONS:
-    --bind ADDR              lock port address [env BIND_ADDRESS] (default 127.0.0.1:22119;
-                             ':22119' means all interfaces). No authentication: any client
-                             of this port can unlock or reset ANY key (Locking-Center
-                             semantics), so bind it where only trusted hosts reach it
-    --admin-bind ADDR        admin port address (default: loopback, lock port + 1)
-    --metrics-bind ADDR      serve Prometheus /metrics and the probes /livez, /readyz, /healthz
-                             over HTTP (default: off)
-    --liveness-timeout-ms MS /livez (and /readyz, /healthz) fail once an event loop made no
-                             progress for MS (default 10000, at least 1000)
-    --data-path FILE         write-ahead log; held keys survive restarts [env DATA_PATH]
-                             (default: in memory)
-    --wal-truncate-at OFFSET drop a corrupt log tail starting at byte OFFSET (the offset the
-                             refusal message names; keep a copy of the log first)
-    --compact-floor-bytes N  never compact the log below N bytes; above it, compact when the log is
-                             twice what the held keys need (default 1048576)
-    --wal-preallocate-bytes N
-                             keep N zero-filled bytes ahead of the log's end (rounded up to
-                             4 KiB), so an append overwrites zeros and its fdatasync has no
-                             file size to commit; 0 = off, every append grows the file; else
-                             4096 to 8388608 (default 1048576)
-    --max-connections N      open lock-port connections beyond N are answered '-' and closed
-                             (default 10000)
-    --admin-connections N    admin-port connections, counted apart, so a flood of lock-port
-                             connections cannot lock the operator out (default 16)
-    --idle-timeout-ms MS     close a connection with no request in flight and no traffic for MS;
-                             queued waiters are not idle, sessions follow their keep-alive
-                             (default 60000; 0 = never)
-    --idle-poll-us US        before an idle event loop sleeps it keeps polling for US (yielding
-                             the CPU between polls), so a request arriving meanwhile finds it
-                             awake; costs up to US of CPU per idle spell; only where every shard
-                             has a CPU of its own (default 50; 0 = sleep at once; at most 10000)
-    --max-keys N             distinct held keys, server-wide (all shards together); a Lock
-                             beyond it is answered '-' (default 100000)
-    --max-waiters N          queued Lock requests, server-wide; beyond it '-' (default 100000)
-    --auth-token-file FILE   a shared secret (the file's bytes, trailing whitespace removed, 1 to
-                             255 bytes): session clients must present it in their Hello, and
-                             admin connections must send AUTH first when --admin-bind is not
-                             loopback
-    --lc-admin-actions any|loopback|off
-                             who may send the Locking-Center Unlock, ResetByKey and
-                             ResetBySource on the lock port (no owner check): every client,
-                             clients on loopback, or nobody (default any)
-    --frame-timeout-ms MS    a request frame must complete within MS of its first byte (default 10000)
-    --keepalive-ms MS        a session ends when nothing arrives from its client for MS, unless its
-                             Hello asks for another deadline (default 10000)
-    --min-keepalive-ms MS    smallest keep-alive deadline a Hello may ask for (default 300)
-    --max-keepalive-ms MS    largest keep-alive deadline a Hello may ask for (default 600000)
-    --min-ttl-ms MS          shortest lease TTL accepted (default 10)
-    --max-ttl-ms MS          longest lease TTL accepted (default 86400000, a day)
-    --bind-retry-ms MS       while a port is still in use (a crashed predecessor's socket closing),
-                             retry binding for up to MS before giving up (default 10000; 0 = no retry);
-                             a port a live process listens on fails at once, naming it
-    --threads N              shards: event-loop threads, each pinned to one CPU of the affinity mask,
-                             keys spread over them by a fixed hash; env RINGLOCK_THREADS
-                             (default: one per CPU in the mask)
-    --node-id N              cluster mode: this node's id (1, 2, ...) [env RINGLOCK_NODE_ID]
-    --peers 1=HOST:PORT,...  cluster mode: every node's Raft address, this one's included; node
-                             n's shard g listens on its PORT + g, so leave --threads ports
-                             between nodes [env RINGLOCK_PEERS]. Needs --node-id and
-                             --data-path; every node runs the same --threads and --peers.
-                             Only the leader serves: see docs/cluster.md (default: one node)
-    --join                   cluster mode: this node, with an empty --data-path, joins a running
-                             cluster (`ringlock cluster add`/`replace` adds it) instead of
-                             founding one with --peers as voters; ignored once its log holds
-                             anything [env RINGLOCK_JOIN=1]
-    --force-new-cluster      disaster recovery (cluster mode): when most nodes are lost for good,
-                             start the surviving node with the longest log with this flag once:
-                             it becomes the only voter of every shard, every entry in its log
-                             is kept (committed or not), and its log is rewritten so. Remove the
-                             flag before the next start; add new nodes with `ringlock cluster add`
-    --certs-dir DIR          ca.crt, node.crt, node.key (made by `ringlock cert`): mutual TLS
-                             on every peer (Raft) link, a link's node id taken from its
-                             certificate; TLS on the lock port (sessions need it) and the admin
-                             port (TLS only, a client certificate or the auth token also on
-                             loopback); SIGHUP re-reads the directory [env RINGLOCK_CERTS_DIR].
-                             A cluster node needs it unless --insecure (docs/security.md)
-    --client-cert-auth       with --certs-dir: lock and admin clients must present a client
-                             certificate signed by the CA [env RINGLOCK_CLIENT_CERT_AUTH=1]
-    --lc-plaintext           with --certs-dir: still serve plaintext Locking-Center requests on
-                             the lock port (their clients cannot speak TLS); sessions still
-                             need TLS [env RINGLOCK_LC_PLAINTEXT=1]
-    --client-plaintext       with --certs-dir: the lock and admin ports also take plaintext
-                             clients (sessions, admin commands) as without certificates; TLS
-                             stays available, peer links stay mutual TLS. For a network only
-                             trusted hosts reach [env RINGLOCK_CLIENT_PLAINTEXT=1]
-    --insecure               cluster mode without certificates: anyone who reaches a Raft port
-                             can join, stall, read or rewrite the cluster. Only for a network
-                             nobody else reaches; warned at start, ringlock_insecure 1 in
-                             /metrics [env RINGLOCK_INSECURE=1]
-    --raft-compact-entries N cluster mode: compact each shard's log into a snapshot every N
-                             applied entries (default 10000)
-    --log-level LEVEL        error | warn | info | debug (default info)
-    -h, --help               print this help
-    -V, --version            print the version
-";
+Each setting is taken from, first found: its flag; its environment variable, RINGLOCK_ and the \
+flag's name in capitals with _ for - (--max-keys: RINGLOCK_MAX_KEYS; a switch takes 1/0, \
+true/false, yes/no, on/off; an empty variable counts as unset); its key in the --config file; \
+its default. --wal-truncate-at, --force-new-cluster and --check-config are command-line flags \
+only.
+
+Deprecated, still read, warned about at start (event=deprecated_flag, deprecated_env): \
+--liveness-timeout-ms, --idle-timeout-ms, --frame-timeout-ms, --keepalive-ms, \
+--min-keepalive-ms, --max-keepalive-ms, --min-ttl-ms, --max-ttl-ms, --bind-retry-ms (a number \
+of milliseconds: write --keepalive 10s for --keepalive-ms 10000) and --idle-poll-us \
+(microseconds: --idle-poll 50us); the environment variables BIND_ADDRESS and DATA_PATH \
+(RINGLOCK_BIND, RINGLOCK_DATA_PATH).
+
+Exit status: 0 after SIGINT/SIGTERM (or --help, --version, a passing --check-config); 64 a \
+usage or configuration error (one line on stderr, nothing was opened); 1 a failure at start \
+(a port in use, a log refused) or while serving.";
+
+/// The settings, as flags. Durations are whole milliseconds (microseconds
+/// for `--idle-poll`); `None` is "not given": the file or the default
+/// decides.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringlockd",
+    version,
+    about = "ringlockd — a Locking-Center compatible lock server on io_uring",
+    after_help = AFTER_HELP,
+    args_override_self = true,
+    max_term_width = 100
+)]
+struct Args {
+    /// Lock port address (default 127.0.0.1:22119; ':22119' means all interfaces)
+    ///
+    /// No authentication: any client of this port can unlock or reset ANY key
+    /// (Locking-Center semantics), so bind it where only trusted hosts reach it.
+    #[arg(long, value_name = "ADDR", value_parser = config::parse_addr, help_heading = "Ports")]
+    bind: Option<SocketAddr>,
+
+    /// Admin port address (default: loopback, lock port + 1)
+    #[arg(long, value_name = "ADDR", value_parser = config::parse_addr, help_heading = "Ports")]
+    admin_bind: Option<SocketAddr>,
+
+    /// Serve Prometheus /metrics and the probes /livez, /readyz, /healthz over HTTP (default: off)
+    #[arg(long, value_name = "ADDR", value_parser = config::parse_addr, help_heading = "Ports")]
+    metrics_bind: Option<SocketAddr>,
+
+    /// /livez (and /readyz, /healthz) fail once an event loop made no progress for D (default 10s, at least 1s)
+    #[arg(long, value_name = "D", value_parser = ms(config::LIVENESS_TIMEOUT_MS_MIN, u64::MAX), help_heading = "Ports")]
+    liveness_timeout: Option<u64>,
+
+    /// Retry binding a port still in use for up to D (default 10s; 0 = no retry)
+    ///
+    /// While a crashed predecessor's socket is closing, binding is retried; a port a
+    /// live process listens on fails at once, naming it.
+    #[arg(long, value_name = "D", value_parser = ms(0, u64::MAX), help_heading = "Ports")]
+    bind_retry: Option<u64>,
+
+    /// Write-ahead log; held keys survive restarts (default: in memory)
+    #[arg(long, value_name = "FILE", help_heading = "Storage")]
+    data_path: Option<PathBuf>,
+
+    /// Drop a corrupt log tail starting at byte OFFSET (command line only)
+    ///
+    /// The offset the refusal message names; keep a copy of the log first.
+    #[arg(long, value_name = "OFFSET", value_parser = byte_offset, help_heading = "Storage")]
+    wal_truncate_at: Option<u64>,
+
+    /// Never compact the log below N bytes (default 1048576)
+    ///
+    /// Above it, compact when the log is twice what the held keys need.
+    #[arg(long, value_name = "N", value_parser = count(1), help_heading = "Storage")]
+    compact_floor_bytes: Option<u64>,
+
+    /// Keep N zero-filled bytes ahead of the log's end (default 1048576; 0 = off)
+    ///
+    /// Rounded up to 4 KiB, so an append overwrites zeros and its fdatasync has no
+    /// file size to commit; 0 = off, every append grows the file; else 4096 to 8388608.
+    #[arg(long, value_name = "N", value_parser = preallocate, help_heading = "Storage")]
+    wal_preallocate_bytes: Option<u64>,
+
+    /// Open lock-port connections beyond N are answered '-' and closed (default 10000)
+    #[arg(long, value_name = "N", value_parser = count(1), help_heading = "Limits")]
+    max_connections: Option<u64>,
+
+    /// Admin-port connections, counted apart (default 16)
+    ///
+    /// So a flood of lock-port connections cannot lock the operator out.
+    #[arg(long, value_name = "N", value_parser = count(1), help_heading = "Limits")]
+    admin_connections: Option<u64>,
+
+    /// Distinct held keys, server-wide (all shards together); a Lock beyond it is answered '-' (default 100000)
+    #[arg(long, value_name = "N", value_parser = count(1), help_heading = "Limits")]
+    max_keys: Option<u64>,
+
+    /// Queued Lock requests, server-wide; beyond it '-' (default 100000)
+    #[arg(long, value_name = "N", value_parser = count(1), help_heading = "Limits")]
+    max_waiters: Option<u64>,
+
+    /// Close a connection with no request in flight and no traffic for D (default 60s; 0 = never)
+    ///
+    /// Queued waiters are not idle; sessions follow their keep-alive.
+    #[arg(long, value_name = "D", value_parser = ms(0, u64::MAX), help_heading = "Limits")]
+    idle_timeout: Option<u64>,
+
+    /// A request frame must complete within D of its first byte (default 10s)
+    #[arg(long, value_name = "D", value_parser = ms(1, u64::MAX), help_heading = "Limits")]
+    frame_timeout: Option<u64>,
+
+    /// Before an idle event loop sleeps it keeps polling for D (default 50us; 0 = sleep at once; at most 10ms)
+    ///
+    /// Yielding the CPU between polls, so a request arriving meanwhile finds it awake;
+    /// costs up to D of CPU per idle spell; only where every shard has a CPU of its own.
+    #[arg(long, value_name = "D", value_parser = us(0, config::IDLE_POLL_US_MAX), help_heading = "Limits")]
+    idle_poll: Option<u64>,
+
+    /// Shards: event-loop threads, each pinned to one CPU of the affinity mask (default: one per CPU in the mask)
+    ///
+    /// Keys are spread over them by a fixed hash.
+    #[arg(long, value_name = "N", value_parser = threads, help_heading = "Limits")]
+    threads: Option<usize>,
+
+    /// A session ends when nothing arrives from its client for D, unless its Hello asks for another deadline (default 10s)
+    #[arg(long, value_name = "D", value_parser = ms(1, KEEPALIVE_MAX_MS), help_heading = "Sessions and leases")]
+    keepalive: Option<u64>,
+
+    /// Smallest keep-alive deadline a Hello may ask for (default 300ms)
+    #[arg(long, value_name = "D", value_parser = ms(1, KEEPALIVE_MAX_MS), help_heading = "Sessions and leases")]
+    min_keepalive: Option<u64>,
+
+    /// Largest keep-alive deadline a Hello may ask for (default 10m)
+    #[arg(long, value_name = "D", value_parser = ms(1, KEEPALIVE_MAX_MS), help_heading = "Sessions and leases")]
+    max_keepalive: Option<u64>,
+
+    /// Shortest lease TTL accepted (default 10ms)
+    #[arg(long, value_name = "D", value_parser = ms(1, KEEPALIVE_MAX_MS), help_heading = "Sessions and leases")]
+    min_ttl: Option<u64>,
+
+    /// Longest lease TTL accepted (default 24h)
+    #[arg(long, value_name = "D", value_parser = ms(1, KEEPALIVE_MAX_MS), help_heading = "Sessions and leases")]
+    max_ttl: Option<u64>,
+
+    /// A shared secret: the file's bytes, trailing whitespace removed, 1 to 255 bytes
+    ///
+    /// Session clients must present it in their Hello, and admin connections must
+    /// send AUTH first when --admin-bind is not loopback. (The ringlock CLI reads the
+    /// same RINGLOCK_AUTH_TOKEN_FILE.)
+    #[arg(long, value_name = "FILE", help_heading = "Security")]
+    auth_token_file: Option<PathBuf>,
+
+    /// Who may send the Locking-Center Unlock, ResetByKey and ResetBySource on the lock port (default any)
+    ///
+    /// They have no owner check: every client, clients on loopback, or nobody.
+    #[arg(long, value_name = "any|loopback|off", value_parser = lc_admin_actions, help_heading = "Security")]
+    lc_admin_actions: Option<LcAdminActions>,
+
+    /// ca.crt, node.crt, node.key (made by `ringlock cert`)
+    ///
+    /// Mutual TLS on every peer (Raft) link, a link's node id taken from its
+    /// certificate; TLS on the lock port (sessions need it) and the admin port (TLS
+    /// only, a client certificate or the auth token also on loopback); SIGHUP re-reads
+    /// the directory. A cluster node needs it unless --insecure (docs/security.md).
+    #[arg(long, value_name = "DIR", help_heading = "Security")]
+    certs_dir: Option<PathBuf>,
+
+    /// With --certs-dir: lock and admin clients must present a client certificate signed by the CA
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
+    client_cert_auth: bool,
+
+    /// With --certs-dir: still serve plaintext Locking-Center requests on the lock port
+    ///
+    /// Their clients cannot speak TLS; sessions still need TLS.
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
+    lc_plaintext: bool,
+
+    /// With --certs-dir: the lock and admin ports also take plaintext clients (sessions, admin commands), as without certificates
+    ///
+    /// TLS stays available, peer links stay mutual TLS. For a network only trusted
+    /// hosts reach; warned at start.
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
+    client_plaintext: bool,
+
+    /// Cluster mode without certificates: anyone who reaches a Raft port can join, stall, read or rewrite the cluster
+    ///
+    /// Only for a network nobody else reaches; warned at start, ringlock_insecure 1 in
+    /// /metrics.
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Security")]
+    insecure: bool,
+
+    /// Cluster mode: this node's id (1, 2, ...)
+    #[arg(long, value_name = "N", value_parser = node_id, help_heading = "Cluster")]
+    node_id: Option<u64>,
+
+    /// Cluster mode: every node's Raft address, this one's included (default: one node)
+    ///
+    /// Node n's shard g listens on its PORT + g, so leave --threads ports between
+    /// nodes. Needs --node-id and --data-path; every node runs the same --threads and
+    /// --peers. Only the leader serves: see docs/cluster.md.
+    #[arg(long, value_name = "1=HOST:PORT,...", help_heading = "Cluster")]
+    peers: Option<String>,
+
+    /// Cluster mode: this node, with an empty --data-path, joins a running cluster
+    ///
+    /// `ringlock cluster add`/`replace` adds it, instead of founding one with --peers
+    /// as voters; ignored once its log holds anything.
+    #[arg(long, action = ArgAction::SetTrue, value_parser = switch, help_heading = "Cluster")]
+    join: bool,
+
+    /// Disaster recovery (cluster mode, command line only): make this node the only voter
+    ///
+    /// When most nodes are lost for good, start the surviving node with the longest
+    /// log with this flag once: it becomes the only voter of every shard, every entry
+    /// in its log is kept (committed or not), and its log is rewritten so. Remove the
+    /// flag before the next start; add new nodes with `ringlock cluster add`.
+    #[arg(long, help_heading = "Cluster")]
+    force_new_cluster: bool,
+
+    /// Cluster mode: compact each shard's log into a snapshot every N applied entries (default 10000)
+    #[arg(long, value_name = "N", value_parser = compact_entries, help_heading = "Cluster")]
+    raft_compact_entries: Option<u64>,
+
+    /// error | warn | info | debug (default info)
+    #[arg(long, value_name = "LEVEL", value_parser = log_level, help_heading = "Configuration")]
+    log_level: Option<Level>,
+
+    /// Read settings from a TOML file: one `key = value` line per flag, the key spelled as the flag
+    ///
+    /// keepalive = "10s", max-keys = 100000, join = true, peers = "1=a:22200,2=b:22200".
+    /// Strings for addresses, paths and durations, integers for counts, booleans for
+    /// switches; an unknown key or a wrong type is refused with its line. Flags and
+    /// RINGLOCK_* variables override it. Example: deploy/ringlockd.toml.
+    #[arg(long, value_name = "FILE", help_heading = "Configuration")]
+    config: Option<PathBuf>,
+
+    /// Check the settings (flags, environment, --config file) and print the effective ones as a config file, then exit
+    ///
+    /// Exit 0 if the server would start with them, 64 (one line on stderr) if not.
+    /// Ports, certificates and the log are not opened: those are checked at start.
+    #[arg(long, help_heading = "Configuration")]
+    check_config: bool,
+
+    // Deprecated spellings (hidden; listed after the options in --help).
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(config::LIVENESS_TIMEOUT_MS_MIN))]
+    liveness_timeout_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = number)]
+    bind_retry_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(0))]
+    idle_timeout_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    frame_timeout_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "US", value_parser = idle_poll_us)]
+    idle_poll_us: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    keepalive_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    min_keepalive_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    max_keepalive_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    min_ttl_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS", value_parser = count(1))]
+    max_ttl_ms: Option<u64>,
+}
+
+/// Largest keep-alive and TTL setting: they travel as u32 milliseconds, and
+/// u32::MAX means "none".
+const KEEPALIVE_MAX_MS: u64 = u32::MAX as u64 - 1;
+
+/// Deprecated flag → its replacement (clap ids), and whether it counts
+/// microseconds (else milliseconds).
+const DEPRECATED: [(&str, &str, bool); 10] = [
+    ("liveness_timeout_ms", "liveness_timeout", false),
+    ("bind_retry_ms", "bind_retry", false),
+    ("idle_timeout_ms", "idle_timeout", false),
+    ("frame_timeout_ms", "frame_timeout", false),
+    ("idle_poll_us", "idle_poll", true),
+    ("keepalive_ms", "keepalive", false),
+    ("min_keepalive_ms", "min_keepalive", false),
+    ("max_keepalive_ms", "max_keepalive", false),
+    ("min_ttl_ms", "min_ttl", false),
+    ("max_ttl_ms", "max_ttl", false),
+];
+
+/// Flags with neither an environment variable nor a file key: one-time
+/// operator actions a variable or a file would repeat at every start, and
+/// the two that are about this run only. Why, for the file's refusal.
+const COMMAND_LINE_ONLY: [(&str, &str); 5] = [
+    (
+        "wal-truncate-at",
+        "a one-time consent to drop a corrupt log tail: give --wal-truncate-at on the command line, once",
+    ),
+    (
+        "force-new-cluster",
+        "one-time disaster recovery: give --force-new-cluster on the command line, once",
+    ),
+    ("check-config", "give --check-config on the command line"),
+    ("config", "a config file cannot name another"),
+    ("help", "not a setting"),
+];
+
+// ---- value parsers: the message says what is wrong, the caller names the
+// flag, variable or file line it came from.
+
+/// A switch's variable: true/false, 1/0, yes/no, on/off (the flag alone
+/// is `true`).
+fn switch(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!(
+            "expected true or false (or 1/0, yes/no, on/off), got {v:?}"
+        )),
+    }
+}
+
+fn number(v: &str) -> Result<u64, String> {
+    v.parse().map_err(|_| format!("not a number: {v:?}"))
+}
+
+/// A number of at least `min` (the deprecated millisecond flags and counts).
+fn count(min: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |v| {
+        let n = number(v)?;
+        if n < min {
+            return Err(format!("must be at least {min}"));
+        }
+        Ok(n)
+    }
+}
+
+fn ms(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |v| config::duration_ms(v, min, max)
+}
+
+fn us(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |v| config::duration_us(v, min, max)
+}
+
+fn idle_poll_us(v: &str) -> Result<u64, String> {
+    let n = number(v)?;
+    if n > config::IDLE_POLL_US_MAX {
+        return Err(format!(
+            "at most {} (µs), not {n}",
+            config::IDLE_POLL_US_MAX
+        ));
+    }
+    Ok(n)
+}
+
+fn preallocate(v: &str) -> Result<u64, String> {
+    let (min, max) = (
+        config::WAL_PREALLOCATE_MIN_BYTES,
+        config::WAL_PREALLOCATE_MAX_BYTES,
+    );
+    let range = format!("0 (off) or {min} to {max} bytes");
+    // One message for every refusal: a value past u64 is out of range too,
+    // not "not a number".
+    let n = match v.parse::<u64>() {
+        Ok(n) => n,
+        Err(_) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
+        Err(_) => return Err(format!("{range}, not {v:?}")),
+    };
+    if n != 0 && !(min..=max).contains(&n) {
+        return Err(format!("{range}, not {v}"));
+    }
+    Ok(n)
+}
+
+fn threads(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a number of shards from 1 to 1024, got {v:?}"
+        )),
+    }
+}
+
+fn byte_offset(v: &str) -> Result<u64, String> {
+    v.parse().map_err(|_| format!("not a byte offset: {v:?}"))
+}
+
+fn node_id(v: &str) -> Result<u64, String> {
+    v.trim()
+        .parse()
+        .map_err(|_| format!("expected a node id (1 or more), got {v:?}"))
+}
+
+fn compact_entries(v: &str) -> Result<u64, String> {
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|&n: &u64| n > 0)
+        .ok_or_else(|| format!("expected a count of 1 or more, got {v:?}"))
+}
+
+fn lc_admin_actions(v: &str) -> Result<LcAdminActions, String> {
+    LcAdminActions::parse(v).ok_or_else(|| format!("expected any, loopback or off, got {v:?}"))
+}
+
+fn log_level(v: &str) -> Result<Level, String> {
+    Level::parse(v).ok_or_else(|| format!("unknown level {v:?}"))
+}
+
+// ---- the command: flags, variables, file
+
+/// `RINGLOCK_` and the flag's name in capitals, `-` as `_`.
+fn env_name(long: &str) -> String {
+    format!("RINGLOCK_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// A flag with a `RINGLOCK_` variable: not hidden (deprecated), not one
+/// of [`COMMAND_LINE_ONLY`] but `--config` (`RINGLOCK_CONFIG`).
+fn has_env(a: &Arg) -> bool {
+    a.get_long().is_some_and(|l| {
+        l == "config" || (l != "version" && !COMMAND_LINE_ONLY.iter().any(|(c, _)| *c == l))
+    }) && !a.is_hide_set()
+}
+
+/// A setting: a flag with a variable and a file key.
+fn is_setting(a: &Arg) -> bool {
+    has_env(a) && a.get_long() != Some("config")
+}
+
+/// The flags alone: no environment variables (the file's values are
+/// checked with it, so that a variable cannot fail in their place).
+fn base_command() -> Command {
+    Args::command().mut_args(|a| {
+        if a.get_action().takes_values() {
+            // `--wal-preallocate-bytes -1` is a value to refuse, not a flag.
+            a.allow_hyphen_values(true)
+        } else {
+            a
+        }
+    })
+}
+
+/// [`base_command`] with every setting's `RINGLOCK_<FLAG>` variable. A
+/// variable set to the empty string counts as unset.
+fn command() -> Command {
+    base_command().mut_args(|a| {
+        if !has_env(&a) {
+            return a;
+        }
+        let name = env_name(a.get_long().unwrap_or_default());
+        if std::env::var_os(&name).is_some_and(|v| v.is_empty()) {
+            return a;
+        }
+        a.env(name).hide_env_values(true)
+    })
+}
+
+/// What a file value must be, by its flag.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Switch,
+    Integer,
+    Duration,
+    Text,
+}
+
+fn kind(a: &Arg) -> Kind {
+    let name = a
+        .get_value_names()
+        .and_then(|n| n.first())
+        .map(|n| n.as_str());
+    match (a.get_action(), name) {
+        (ArgAction::SetTrue, _) => Kind::Switch,
+        (_, Some("N" | "OFFSET")) => Kind::Integer,
+        (_, Some("D")) => Kind::Duration,
+        _ => Kind::Text,
+    }
+}
+
+/// The setting a file key names, or why there is none.
+fn file_key<'a>(cmd: &'a Command, key: &str) -> Result<&'a Arg, String> {
+    if let Some(a) = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(key) && is_setting(a))
+    {
+        return Ok(a);
+    }
+    if let Some((_, why)) = COMMAND_LINE_ONLY.iter().find(|(c, _)| *c == key) {
+        return Err(format!("{key} is not a config key: {why}"));
+    }
+    let id = key.replace('-', "_");
+    if let Some((_, new, micro)) = DEPRECATED.iter().find(|(old, _, _)| *old == id) {
+        return Err(format!(
+            "{key} is not a config key: write {} = \"{}\" (a duration with its unit)",
+            new.replace('_', "-"),
+            if *micro { "50us" } else { "10s" }
+        ));
+    }
+    let kebab = key.replace('_', "-");
+    if kebab != key && file_key(cmd, &kebab).is_ok() {
+        return Err(format!(
+            "unknown key {key:?}: keys are spelled as the flags, {kebab}"
+        ));
+    }
+    let near = cmd
+        .get_arguments()
+        .filter(|a| is_setting(a))
+        .filter_map(|a| a.get_long())
+        .map(|l| (edit_distance(key, l), l))
+        .filter(|&(d, _)| d <= 2)
+        .min();
+    Err(match near {
+        Some((_, l)) => format!("unknown key {key:?} (did you mean {l}?)"),
+        None => format!("unknown key {key:?}"),
+    })
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(here + 1);
+            prev = here;
+        }
+    }
+    row[b.len()]
+}
+
+/// The deprecated environment variables: read when no flag, `RINGLOCK_`
+/// variable (and for a file key, no file) gives the setting.
+struct Legacy {
+    bind: Option<String>,
+    data_path: Option<OsString>,
+}
+
+impl Legacy {
+    fn read() -> Legacy {
+        Legacy {
+            bind: std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty()),
+            data_path: std::env::var_os("DATA_PATH").filter(|s| !s.is_empty()),
+        }
+    }
+}
+
+/// Whether the flags or the variables (current or deprecated) give the
+/// setting `id`, so that the file's value is not used.
+fn given_above_file(m: &ArgMatches, id: &str, legacy: &Legacy) -> bool {
+    let given = |id: &str| {
+        matches!(
+            m.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    given(id)
+        || DEPRECATED
+            .iter()
+            .any(|(old, new, _)| *new == id && given(old))
+        || (id == "bind" && legacy.bind.is_some())
+        || (id == "data_path" && legacy.data_path.is_some())
+}
+
+/// The `--config` file's settings as command-line arguments (`--key=value`,
+/// `--switch`), each checked by its flag's value parser; those the flags
+/// or variables give are left out.
+fn file_args(
+    path: &std::path::Path,
+    m: &ArgMatches,
+    legacy: &Legacy,
+) -> Result<Vec<OsString>, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+    let entries =
+        file::parse(&text).map_err(|e| format!("{}:{}: {}", path.display(), e.line, e.message))?;
+    let base = base_command();
+    let mut out = Vec::new();
+    for e in entries {
+        let at = format!("{}:{}", path.display(), e.line);
+        if e.value == file::Value::Other("table") && file_key(&base, &e.key).is_err() {
+            return Err(format!(
+                "{at}: [{}] or {0}.KEY: the file has no sections, write each key at the top",
+                e.key
+            ));
+        }
+        let arg = file_key(&base, &e.key).map_err(|why| format!("{at}: {why}"))?;
+        let long = arg.get_long().unwrap_or_default();
+        let token = match (kind(arg), &e.value) {
+            (Kind::Switch, file::Value::Bool(true)) => format!("--{long}"),
+            (Kind::Switch, file::Value::Bool(false)) => continue,
+            (Kind::Integer, file::Value::Int(n)) => format!("--{long}={n}"),
+            (Kind::Duration | Kind::Text, file::Value::Str(s)) => format!("--{long}={s}"),
+            (k, v) => {
+                let expected = match k {
+                    Kind::Switch => "true or false",
+                    Kind::Integer => "an integer",
+                    Kind::Duration => "a string with a unit, such as \"10s\"",
+                    Kind::Text => "a string",
+                };
+                let t = v.type_name();
+                let article = if t.starts_with(['a', 'i']) { "an" } else { "a" };
+                return Err(format!(
+                    "{at}: {long}: expected {expected}, not {article} {t}"
+                ));
+            }
+        };
+        if let Err(err) = base.clone().try_get_matches_from(["ringlockd", &token]) {
+            return Err(format!("{at}: {long}: {}", value_error(&err)));
+        }
+        if !given_above_file(m, arg.get_id().as_str(), legacy) {
+            out.push(token.into());
+        }
+    }
+    Ok(out)
+}
+
+/// A value parser's own message, or clap's on one line.
+fn value_error(e: &clap::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(why) => why.to_string(),
+        None => one_line(e),
+    }
+}
+
+/// clap's message on one line, without its usage and hints.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    let head = text.split("\n\nUsage:").next().unwrap_or(text);
+    head.lines()
+        .filter(|l| !l.starts_with("For more information"))
+        .flat_map(str::split_whitespace)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A clap refusal as `ringlockd`'s one line: a bad value is named by the
+/// flag, or by the variable it came from when no flag gave it.
+fn clap_message(e: &clap::Error, cmd: &Command, argv: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let context = |k| match e.get(k) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    match e.kind() {
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
+            let Some(why) = std::error::Error::source(e) else {
+                return one_line(e);
+            };
+            let arg = context(ContextKind::InvalidArg).unwrap_or_default();
+            let flag = arg.split([' ', '=']).next().unwrap_or_default();
+            let on_command_line = argv.iter().skip(1).any(|a| {
+                a.to_str()
+                    .is_some_and(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            });
+            let var = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == flag.strip_prefix("--"))
+                .and_then(|a| a.get_env())
+                .filter(|v| std::env::var_os(v).is_some());
+            match var {
+                Some(var) if !on_command_line => format!("{}: {why}", var.to_string_lossy()),
+                _ => format!("{flag}: {why}"),
+            }
+        }
+        ErrorKind::UnknownArgument => {
+            let arg = context(ContextKind::InvalidArg).unwrap_or_default();
+            let tip = context(ContextKind::SuggestedArg)
+                .map(|s| format!(" (did you mean {s}?)"))
+                .unwrap_or_default();
+            if arg.starts_with('-') {
+                format!("unknown option {arg}{tip}")
+            } else {
+                format!("unexpected argument {arg:?}")
+            }
+        }
+        _ => one_line(e),
+    }
+}
+
+// ---- the settings, resolved
 
 type Cluster = Option<ringlock::cluster::ClusterConfig>;
 
-fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
-    use lexopt::prelude::*;
-    let env_bind = std::env::var("BIND_ADDRESS").ok().filter(|s| !s.is_empty());
-    let mut bind_retry_ms: Option<u64> = None;
-    let mut preallocate: Option<u64> = None;
-    let mut threads: Option<usize> = match std::env::var("RINGLOCK_THREADS") {
-        Ok(v) if !v.is_empty() => Some(parse_threads(&v, "RINGLOCK_THREADS")?),
-        _ => None,
-    };
-    let mut bind = match env_bind {
-        Some(s) => config::parse_addr(&s).map_err(|e| format!("BIND_ADDRESS: {e}"))?,
-        None => Config::default().bind,
-    };
-    let mut admin = None;
-    let mut auth_token: Option<Vec<u8>> = None;
-    let mut lc_admin: Option<config::LcAdminActions> = None;
-    let mut cfg_metrics = None;
-    let mut data_path = std::env::var_os("DATA_PATH")
-        .filter(|s| !s.is_empty())
-        .map(Into::into);
-    let mut level = Level::Info;
-    let mut node_id: Option<String> = std::env::var("RINGLOCK_NODE_ID")
-        .ok()
-        .filter(|s| !s.is_empty());
-    let mut peers: Option<String> = std::env::var("RINGLOCK_PEERS")
-        .ok()
-        .filter(|s| !s.is_empty());
-    let mut join = std::env::var("RINGLOCK_JOIN").is_ok_and(|v| v == "1" || v == "true");
-    let mut certs_dir: Option<std::path::PathBuf> = std::env::var_os("RINGLOCK_CERTS_DIR")
-        .filter(|s| !s.is_empty())
-        .map(Into::into);
-    let mut insecure = std::env::var("RINGLOCK_INSECURE").is_ok_and(|v| v == "1" || v == "true");
-    let mut client_cert_auth =
-        std::env::var("RINGLOCK_CLIENT_CERT_AUTH").is_ok_and(|v| v == "1" || v == "true");
-    let mut lc_plaintext =
-        std::env::var("RINGLOCK_LC_PLAINTEXT").is_ok_and(|v| v == "1" || v == "true");
-    let mut client_plaintext =
-        std::env::var("RINGLOCK_CLIENT_PLAINTEXT").is_ok_and(|v| v == "1" || v == "true");
-    let mut compact_entries: Option<u64> = None;
-    let mut force_new = false;
-    let mut truncate_at = None;
-    let mut limits: Vec<(&'static str, u64)> = Vec::new();
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
-        let flag = match arg {
-            Long(s) => format!("--{s}"),
-            Short(c) => format!("-{c}"),
-            Value(v) => return Err(format!("unexpected argument {:?}", v.to_string_lossy())),
-        };
-        let mut val = |name: &str| -> Result<String, String> {
-            p.value()
-                .map_err(|e| e.to_string())?
-                .into_string()
-                .map_err(|_| format!("{name}: value is not UTF-8"))
-        };
-        match flag.as_str() {
-            "--bind" => {
-                bind = config::parse_addr(&val("--bind")?).map_err(|e| format!("--bind: {e}"))?
-            }
-            "--admin-bind" => {
-                admin = Some(
-                    config::parse_addr(&val("--admin-bind")?)
-                        .map_err(|e| format!("--admin-bind: {e}"))?,
-                )
-            }
-            "--metrics-bind" => {
-                cfg_metrics = Some(
-                    config::parse_addr(&val("--metrics-bind")?)
-                        .map_err(|e| format!("--metrics-bind: {e}"))?,
-                )
-            }
-            "--data-path" => data_path = Some(val("--data-path")?.into()),
-            "--node-id" => node_id = Some(val("--node-id")?),
-            "--peers" => peers = Some(val("--peers")?),
-            "--join" => join = true,
-            "--certs-dir" => certs_dir = Some(val("--certs-dir")?.into()),
-            "--insecure" => insecure = true,
-            "--client-cert-auth" => client_cert_auth = true,
-            "--lc-plaintext" => lc_plaintext = true,
-            "--client-plaintext" => client_plaintext = true,
-            "--force-new-cluster" => force_new = true,
-            "--raft-compact-entries" => {
-                let v = val("--raft-compact-entries")?;
-                compact_entries = Some(v.trim().parse().ok().filter(|&n: &u64| n > 0).ok_or_else(
-                    || format!("--raft-compact-entries: expected a count of 1 or more, got {v:?}"),
-                )?);
-            }
-            "--auth-token-file" => {
-                let p: std::path::PathBuf = val("--auth-token-file")?.into();
-                auth_token = Some(config::read_auth_token(&p)?);
-            }
-            "--lc-admin-actions" => {
-                let v = val("--lc-admin-actions")?;
-                lc_admin = Some(config::LcAdminActions::parse(&v).ok_or_else(|| {
-                    format!("--lc-admin-actions: expected any, loopback or off, got {v:?}")
-                })?);
-            }
-            "--wal-truncate-at" => {
-                let v = val("--wal-truncate-at")?;
-                truncate_at = Some(
-                    v.parse::<u64>()
-                        .map_err(|_| format!("--wal-truncate-at: not a byte offset: {v:?}"))?,
-                );
-            }
-            "--log-level" => {
-                let v = val("--log-level")?;
-                level =
-                    Level::parse(&v).ok_or_else(|| format!("--log-level: unknown level {v:?}"))?;
-            }
-            "--max-connections"
-            | "--admin-connections"
-            | "--idle-timeout-ms"
-            | "--idle-poll-us"
-            | "--max-keys"
-            | "--max-waiters"
-            | "--frame-timeout-ms"
-            | "--liveness-timeout-ms"
-            | "--keepalive-ms"
-            | "--min-keepalive-ms"
-            | "--max-keepalive-ms"
-            | "--min-ttl-ms"
-            | "--max-ttl-ms"
-            | "--compact-floor-bytes" => {
-                let name: &'static str = match flag.as_str() {
-                    "--max-connections" => "max-connections",
-                    "--admin-connections" => "admin-connections",
-                    "--idle-timeout-ms" => "idle-timeout-ms",
-                    "--idle-poll-us" => "idle-poll-us",
-                    "--max-keys" => "max-keys",
-                    "--max-waiters" => "max-waiters",
-                    "--compact-floor-bytes" => "compact-floor-bytes",
-                    "--liveness-timeout-ms" => "liveness-timeout-ms",
-                    "--keepalive-ms" => "keepalive-ms",
-                    "--min-keepalive-ms" => "min-keepalive-ms",
-                    "--max-keepalive-ms" => "max-keepalive-ms",
-                    "--min-ttl-ms" => "min-ttl-ms",
-                    "--max-ttl-ms" => "max-ttl-ms",
-                    _ => "frame-timeout-ms",
-                };
-                let v = val(name)?;
-                let n: u64 = v
-                    .parse()
-                    .map_err(|_| format!("--{name}: not a number: {v:?}"))?;
-                let min = match name {
-                    "liveness-timeout-ms" => config::LIVENESS_TIMEOUT_MS_MIN,
-                    "idle-timeout-ms" | "idle-poll-us" => 0,
-                    _ => 1,
-                };
-                if n < min {
-                    return Err(format!("--{name}: must be at least {min}"));
-                }
-                if name == "idle-poll-us" && n > config::IDLE_POLL_US_MAX {
-                    return Err(format!(
-                        "--idle-poll-us: at most {} (µs), not {n}",
-                        config::IDLE_POLL_US_MAX
-                    ));
-                }
-                limits.push((name, n));
-            }
-            "--wal-preallocate-bytes" => {
-                let v = val("wal-preallocate-bytes")?;
-                let (min, max) = (
-                    config::WAL_PREALLOCATE_MIN_BYTES,
-                    config::WAL_PREALLOCATE_MAX_BYTES,
-                );
-                let range = format!("--wal-preallocate-bytes: 0 (off) or {min} to {max} bytes");
-                // One message for every refusal: a value past u64 is out of
-                // range too, not "not a number".
-                let n = match v.parse::<u64>() {
-                    Ok(n) => n,
-                    Err(_) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
-                    Err(_) => return Err(format!("{range}, not {v:?}")),
-                };
-                if n != 0 && !(min..=max).contains(&n) {
-                    return Err(format!("{range}, not {v}"));
-                }
-                preallocate = Some(n);
-            }
-            "--threads" => {
-                let v = val("threads")?;
-                threads = Some(parse_threads(&v, "--threads")?);
-            }
-            "--bind-retry-ms" => {
-                let v = val("bind-retry-ms")?;
-                bind_retry_ms = Some(
-                    v.parse()
-                        .map_err(|_| format!("--bind-retry-ms: not a number: {v:?}"))?,
-                );
-            }
-            "-h" | "--help" => {
-                print!("{HELP}");
+/// A deprecated spelling that was used, for a warning once the log level
+/// is set.
+enum Deprecated {
+    Flag {
+        old: String,
+        new: String,
+        value: String,
+    },
+    Env {
+        var: &'static str,
+        new: &'static str,
+        used: bool,
+    },
+}
+
+struct Settings {
+    cfg: Config,
+    level: Level,
+    cluster: Cluster,
+    check_only: bool,
+    deprecated: Vec<Deprecated>,
+    /// For `--check-config`'s listing.
+    auth_token_file: Option<PathBuf>,
+    peers: Option<String>,
+    force_new: bool,
+}
+
+/// The settings from `argv`, the environment and the `--config` file;
+/// `None` after `--help` or `--version` (printed).
+fn parse(argv: Vec<OsString>) -> Result<Option<Settings>, String> {
+    let cmd = command();
+    let first = match cmd.clone().try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
                 return Ok(None);
             }
-            "-V" | "--version" => {
-                println!("ringlockd {}", env!("CARGO_PKG_VERSION"));
-                return Ok(None);
+            return Err(clap_message(&e, &cmd, &argv));
+        }
+    };
+    let legacy = Legacy::read();
+    let mut all = argv.clone();
+    if let Some(path) = first.get_one::<PathBuf>("config") {
+        all.extend(file_args(path, &first, &legacy)?);
+    }
+    let m = cmd
+        .clone()
+        .try_get_matches_from(&all)
+        .map_err(|e| clap_message(&e, &cmd, &all))?;
+    let args = Args::from_arg_matches(&m).map_err(|e| clap_message(&e, &cmd, &all))?;
+    resolve(args, &first, legacy).map(Some)
+}
+
+/// The deprecated flags folded into their replacements, the deprecated
+/// variables under everything else, the defaults, and the checks that
+/// involve more than one setting.
+fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, String> {
+    let mut deprecated = Vec::new();
+    {
+        let mut fold = |new: &mut Option<u64>, old: Option<u64>, old_id: &str| {
+            let Some(v) = old else { return Ok(()) };
+            let (_, new_id, micro) = DEPRECATED
+                .iter()
+                .find(|(o, _, _)| *o == old_id)
+                .expect("a deprecated flag");
+            let (old_flag, new_flag) = (old_id.replace('_', "-"), new_id.replace('_', "-"));
+            if first.value_source(new_id) == Some(ValueSource::CommandLine) {
+                return Err(format!(
+                    "--{old_flag} and --{new_flag} both given: keep --{new_flag} \
+                     (--{old_flag} is deprecated)"
+                ));
             }
-            other => return Err(format!("unknown option {other}")),
+            let v = match *new_id {
+                "keepalive" | "min_keepalive" | "max_keepalive" | "min_ttl" | "max_ttl" => {
+                    if v > u64::from(u32::MAX) {
+                        return Err(format!("--{old_flag}: at most {}", u32::MAX - 1));
+                    }
+                    v.min(KEEPALIVE_MAX_MS)
+                }
+                _ => v,
+            };
+            *new = Some(v);
+            deprecated.push(Deprecated::Flag {
+                value: if *micro { format_us(v) } else { format_ms(v) },
+                old: old_flag,
+                new: new_flag,
+            });
+            Ok::<(), String>(())
+        };
+        fold(
+            &mut a.liveness_timeout,
+            a.liveness_timeout_ms,
+            "liveness_timeout_ms",
+        )?;
+        fold(&mut a.bind_retry, a.bind_retry_ms, "bind_retry_ms")?;
+        fold(&mut a.idle_timeout, a.idle_timeout_ms, "idle_timeout_ms")?;
+        fold(&mut a.frame_timeout, a.frame_timeout_ms, "frame_timeout_ms")?;
+        fold(&mut a.idle_poll, a.idle_poll_us, "idle_poll_us")?;
+        fold(&mut a.keepalive, a.keepalive_ms, "keepalive_ms")?;
+        fold(&mut a.min_keepalive, a.min_keepalive_ms, "min_keepalive_ms")?;
+        fold(&mut a.max_keepalive, a.max_keepalive_ms, "max_keepalive_ms")?;
+        fold(&mut a.min_ttl, a.min_ttl_ms, "min_ttl_ms")?;
+        fold(&mut a.max_ttl, a.max_ttl_ms, "max_ttl_ms")?;
+    }
+    if let Some(s) = &legacy.bind {
+        deprecated.push(Deprecated::Env {
+            var: "BIND_ADDRESS",
+            new: "RINGLOCK_BIND",
+            used: a.bind.is_none(),
+        });
+        if a.bind.is_none() {
+            a.bind = Some(config::parse_addr(s).map_err(|e| format!("BIND_ADDRESS: {e}"))?);
         }
     }
-    let mut cfg = Config::new(bind);
-    cfg.auth_token = auth_token;
-    if let Some(p) = lc_admin {
+    if let Some(p) = &legacy.data_path {
+        deprecated.push(Deprecated::Env {
+            var: "DATA_PATH",
+            new: "RINGLOCK_DATA_PATH",
+            used: a.data_path.is_none(),
+        });
+        if a.data_path.is_none() {
+            a.data_path = Some(p.into());
+        }
+    }
+
+    let mut cfg = Config::new(a.bind.unwrap_or(Config::default().bind));
+    if let Some(p) = &a.auth_token_file {
+        cfg.auth_token = Some(config::read_auth_token(p)?);
+    }
+    if let Some(p) = a.lc_admin_actions {
         cfg.lc_admin_actions = p;
     }
-    cfg.threads = threads.unwrap_or_else(|| ringlock::driver::allowed_cpus().len());
-    if let Some(ms) = bind_retry_ms {
-        cfg.bind_retry_ms = ms;
+    cfg.threads = a
+        .threads
+        .unwrap_or_else(|| ringlock::driver::allowed_cpus().len());
+    if let Some(v) = a.admin_bind {
+        cfg.admin_bind = v;
     }
-    if let Some(a) = admin {
-        cfg.admin_bind = a;
-    }
-    cfg.metrics_bind = cfg_metrics;
-    cfg.data_path = data_path;
-    cfg.wal_truncate_at = truncate_at;
-    if let Some(n) = preallocate {
-        cfg.wal_preallocate_bytes = n;
-    }
+    cfg.metrics_bind = a.metrics_bind;
+    cfg.data_path = a.data_path.clone();
+    cfg.wal_truncate_at = a.wal_truncate_at;
     cfg.faults = std::env::var("RINGLOCK_FAULTS")
         .ok()
         .filter(|s| !s.is_empty());
     if cfg.wal_truncate_at.is_some() && cfg.data_path.is_none() {
         return Err("--wal-truncate-at needs --data-path".into());
     }
-    for &(name, n) in &limits {
-        match name {
-            "max-connections" => cfg.max_connections = n as usize,
-            "admin-connections" => cfg.admin_connections = n as usize,
-            "idle-timeout-ms" => cfg.idle_timeout_ms = n,
-            "idle-poll-us" => cfg.idle_poll_us = n,
-            "max-keys" => cfg.max_keys = n as usize,
-            "max-waiters" => cfg.max_waiters = n as usize,
-            "compact-floor-bytes" => cfg.compact_floor_bytes = n,
-            "liveness-timeout-ms" => cfg.liveness_timeout_ms = n,
-            "frame-timeout-ms" => cfg.frame_timeout_ms = n,
-            other => {
-                let v =
-                    u32::try_from(n).map_err(|_| format!("--{other}: at most {}", u32::MAX - 1))?;
-                let v = v.min(u32::MAX - 1);
-                match other {
-                    "keepalive-ms" => cfg.keepalive_ms = v,
-                    "min-keepalive-ms" => cfg.min_keepalive_ms = v,
-                    "max-keepalive-ms" => cfg.max_keepalive_ms = v,
-                    "min-ttl-ms" => cfg.min_ttl_ms = v,
-                    _ => cfg.max_ttl_ms = v,
-                }
-            }
+    let set = |field: &mut u64, v: Option<u64>| {
+        if let Some(v) = v {
+            *field = v;
         }
-    }
-    let keepalive_given = limits.iter().any(|(n, _)| *n == "keepalive-ms");
+    };
+    set(&mut cfg.wal_preallocate_bytes, a.wal_preallocate_bytes);
+    set(&mut cfg.compact_floor_bytes, a.compact_floor_bytes);
+    set(&mut cfg.bind_retry_ms, a.bind_retry);
+    set(&mut cfg.idle_timeout_ms, a.idle_timeout);
+    set(&mut cfg.idle_poll_us, a.idle_poll);
+    set(&mut cfg.liveness_timeout_ms, a.liveness_timeout);
+    set(&mut cfg.frame_timeout_ms, a.frame_timeout);
+    let size = |field: &mut usize, v: Option<u64>| {
+        if let Some(v) = v {
+            *field = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+    };
+    size(&mut cfg.max_connections, a.max_connections);
+    size(&mut cfg.admin_connections, a.admin_connections);
+    size(&mut cfg.max_keys, a.max_keys);
+    size(&mut cfg.max_waiters, a.max_waiters);
+    // Bounded by KEEPALIVE_MAX_MS where parsed.
+    let ms32 = |field: &mut u32, v: Option<u64>| {
+        if let Some(v) = v {
+            *field = u32::try_from(v.min(KEEPALIVE_MAX_MS)).unwrap_or(u32::MAX - 1);
+        }
+    };
+    ms32(&mut cfg.keepalive_ms, a.keepalive);
+    ms32(&mut cfg.min_keepalive_ms, a.min_keepalive);
+    ms32(&mut cfg.max_keepalive_ms, a.max_keepalive);
+    ms32(&mut cfg.min_ttl_ms, a.min_ttl);
+    ms32(&mut cfg.max_ttl_ms, a.max_ttl);
+    let ms = |v: u32| format_ms(u64::from(v));
     if cfg.min_keepalive_ms > cfg.max_keepalive_ms {
         return Err(format!(
-            "--min-keepalive-ms {} is above --max-keepalive-ms {}",
-            cfg.min_keepalive_ms, cfg.max_keepalive_ms
+            "--min-keepalive {} is above --max-keepalive {}",
+            ms(cfg.min_keepalive_ms),
+            ms(cfg.max_keepalive_ms)
         ));
     }
-    if !keepalive_given {
+    if a.keepalive.is_none() {
         // The default follows bounds that exclude it.
         cfg.keepalive_ms = cfg
             .keepalive_ms
@@ -377,43 +907,43 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
     }
     if !(cfg.min_keepalive_ms..=cfg.max_keepalive_ms).contains(&cfg.keepalive_ms) {
         return Err(format!(
-            "--keepalive-ms {} must lie within --min-keepalive-ms {} and --max-keepalive-ms {}",
-            cfg.keepalive_ms, cfg.min_keepalive_ms, cfg.max_keepalive_ms
+            "--keepalive {} must lie within --min-keepalive {} and --max-keepalive {}",
+            ms(cfg.keepalive_ms),
+            ms(cfg.min_keepalive_ms),
+            ms(cfg.max_keepalive_ms)
         ));
     }
     if cfg.min_ttl_ms > cfg.max_ttl_ms {
         return Err(format!(
-            "--min-ttl-ms {} is above --max-ttl-ms {}",
-            cfg.min_ttl_ms, cfg.max_ttl_ms
+            "--min-ttl {} is above --max-ttl {}",
+            ms(cfg.min_ttl_ms),
+            ms(cfg.max_ttl_ms)
         ));
     }
-    let cluster = match (node_id, peers) {
+    let (join, force_new, insecure) = (a.join, a.force_new_cluster, a.insecure);
+    let cluster = match (a.node_id, &a.peers) {
         (None, None) => None,
         (Some(_), None) => return Err("--node-id needs --peers (the cluster's nodes)".into()),
         (None, Some(_)) => {
             return Err("--peers needs --node-id (which of them this node is)".into())
         }
         (Some(id), Some(peers)) => {
-            let id: u64 = id
-                .trim()
-                .parse()
-                .map_err(|_| format!("--node-id: expected a node id (1 or more), got {id:?}"))?;
             if cfg.data_path.is_none() {
                 return Err(
                     "--peers needs --data-path: a cluster node's votes and log must survive a restart"
                         .into(),
                 );
             }
-            let mut c = ringlock::cluster::ClusterConfig::parse(id, &peers)?;
+            let mut c = ringlock::cluster::ClusterConfig::parse(id, peers)?;
             c.join = join;
             c.force_new = force_new;
             if join && force_new {
                 return Err("--join and --force-new-cluster exclude each other".into());
             }
-            if let Some(n) = compact_entries {
+            if let Some(n) = a.raft_compact_entries {
                 c.compact_entries = n;
             }
-            if certs_dir.is_none() && !insecure {
+            if a.certs_dir.is_none() && !insecure {
                 return Err(
                     "a cluster node needs certificates: make them with `ringlock cert \
                      create-ca` and `ringlock cert create-node`, then give --certs-dir DIR \
@@ -425,7 +955,7 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             Some(c)
         }
     };
-    if insecure && certs_dir.is_some() {
+    if insecure && a.certs_dir.is_some() {
         return Err("--insecure and --certs-dir contradict each other: give one".into());
     }
     if insecure && cluster.is_none() {
@@ -435,31 +965,31 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
                 .into(),
         );
     }
-    if certs_dir.is_none() && (client_cert_auth || lc_plaintext || client_plaintext) {
+    if a.certs_dir.is_none() && (a.client_cert_auth || a.lc_plaintext || a.client_plaintext) {
         return Err(format!(
             "{} needs --certs-dir: without certificates the lock port speaks no TLS",
-            if client_cert_auth {
+            if a.client_cert_auth {
                 "--client-cert-auth"
-            } else if lc_plaintext {
+            } else if a.lc_plaintext {
                 "--lc-plaintext"
             } else {
                 "--client-plaintext"
             }
         ));
     }
-    if client_cert_auth && client_plaintext {
+    if a.client_cert_auth && a.client_plaintext {
         return Err(
             "--client-cert-auth and --client-plaintext contradict each other: a plaintext \
              client presents no certificate"
                 .into(),
         );
     }
-    cfg.certs_dir = certs_dir;
+    cfg.certs_dir = a.certs_dir.clone();
     cfg.insecure = insecure;
-    cfg.client_cert_auth = client_cert_auth;
-    cfg.lc_plaintext = lc_plaintext;
-    cfg.client_plaintext = client_plaintext;
-    if cluster.is_none() && (join || compact_entries.is_some()) {
+    cfg.client_cert_auth = a.client_cert_auth;
+    cfg.lc_plaintext = a.lc_plaintext;
+    cfg.client_plaintext = a.client_plaintext;
+    if cluster.is_none() && (join || a.raft_compact_entries.is_some()) {
         return Err(format!(
             "{} is a cluster flag: it needs --node-id and --peers",
             if join {
@@ -469,11 +999,136 @@ fn parse() -> Result<Option<(Config, Level, Cluster)>, String> {
             }
         ));
     }
-    Ok(Some((cfg, level, cluster)))
+    Ok(Settings {
+        cfg,
+        level: a.log_level.unwrap_or(Level::Info),
+        cluster,
+        check_only: a.check_config,
+        deprecated,
+        auth_token_file: a.auth_token_file,
+        peers: a.peers,
+        force_new,
+    })
 }
 
-/// A lock port other hosts can reach lets any of them unlock or reset any
-/// key unless a token and a policy say otherwise: say so at start-up.
+fn warn_deprecated(list: &[Deprecated]) {
+    for d in list {
+        match d {
+            Deprecated::Flag { old, new, value } => ringlock::log!(
+                Level::Warn,
+                "deprecated_flag",
+                "flag=--{old} replacement=\"--{new} {value}\" reason=\"--{old} is deprecated and will be removed: durations are written with their unit\""
+            ),
+            Deprecated::Env { var, new, used } => ringlock::log!(
+                Level::Warn,
+                "deprecated_env",
+                "var={var} replacement={new} used={used} reason=\"{var} is deprecated and will be removed{}\"",
+                if *used { "" } else { "; a flag or the RINGLOCK_ variable overrides it here" }
+            ),
+        }
+    }
+}
+
+/// The effective settings as a config file `--config` reads back (what
+/// `--check-config` prints).
+fn effective(s: &Settings) -> String {
+    let c = &s.cfg;
+    let q = |p: &std::path::Path| file::quote(&p.to_string_lossy());
+    let mut out = String::from(
+        "# ringlockd's effective settings (flags > RINGLOCK_* variables > --config file > defaults)\n",
+    );
+    let mut line = |key: &str, value: Option<String>, unset: &str| {
+        let _ = match value {
+            Some(v) => writeln!(out, "{key} = {v}"),
+            None => writeln!(out, "# {key}: {unset}"),
+        };
+    };
+    let s_ = |v: &dyn std::fmt::Display| Some(file::quote(&v.to_string()));
+    let ms = |v: u64| Some(file::quote(&format_ms(v)));
+    line("bind", s_(&c.bind), "");
+    line("admin-bind", s_(&c.admin_bind), "");
+    line("metrics-bind", c.metrics_bind.and_then(|a| s_(&a)), "off");
+    line("liveness-timeout", ms(c.liveness_timeout_ms), "");
+    line("bind-retry", ms(c.bind_retry_ms), "");
+    line(
+        "data-path",
+        c.data_path.as_deref().map(q),
+        "none (in memory)",
+    );
+    line(
+        "compact-floor-bytes",
+        Some(c.compact_floor_bytes.to_string()),
+        "",
+    );
+    line(
+        "wal-preallocate-bytes",
+        Some(c.wal_preallocate_bytes.to_string()),
+        "",
+    );
+    line("max-connections", Some(c.max_connections.to_string()), "");
+    line(
+        "admin-connections",
+        Some(c.admin_connections.to_string()),
+        "",
+    );
+    line("max-keys", Some(c.max_keys.to_string()), "");
+    line("max-waiters", Some(c.max_waiters.to_string()), "");
+    line("idle-timeout", ms(c.idle_timeout_ms), "");
+    line("frame-timeout", ms(c.frame_timeout_ms), "");
+    line(
+        "idle-poll",
+        Some(file::quote(&format_us(c.idle_poll_us))),
+        "",
+    );
+    line("threads", Some(c.threads.to_string()), "");
+    line("keepalive", ms(c.keepalive_ms.into()), "");
+    line("min-keepalive", ms(c.min_keepalive_ms.into()), "");
+    line("max-keepalive", ms(c.max_keepalive_ms.into()), "");
+    line("min-ttl", ms(c.min_ttl_ms.into()), "");
+    line("max-ttl", ms(c.max_ttl_ms.into()), "");
+    line(
+        "auth-token-file",
+        s.auth_token_file.as_deref().map(q),
+        "none",
+    );
+    let lc = match c.lc_admin_actions {
+        LcAdminActions::Any => "any",
+        LcAdminActions::Loopback => "loopback",
+        LcAdminActions::Off => "off",
+    };
+    line("lc-admin-actions", s_(&lc), "");
+    line("certs-dir", c.certs_dir.as_deref().map(q), "none");
+    line("client-cert-auth", Some(c.client_cert_auth.to_string()), "");
+    line("lc-plaintext", Some(c.lc_plaintext.to_string()), "");
+    line("client-plaintext", Some(c.client_plaintext.to_string()), "");
+    line("insecure", Some(c.insecure.to_string()), "");
+    let cl = s.cluster.as_ref();
+    line(
+        "node-id",
+        cl.map(|c| c.node_id.to_string()),
+        "none (one node)",
+    );
+    line(
+        "peers",
+        s.peers.as_ref().and_then(|p| s_(p)),
+        "none (one node)",
+    );
+    line("join", cl.map(|c| c.join.to_string()), "false");
+    line(
+        "raft-compact-entries",
+        cl.map(|c| c.compact_entries.to_string()),
+        "(cluster mode only)",
+    );
+    line("log-level", s_(&s.level.name()), "");
+    if let Some(at) = c.wal_truncate_at {
+        let _ = writeln!(out, "# command line only: --wal-truncate-at {at}");
+    }
+    if s.force_new {
+        let _ = writeln!(out, "# command line only: --force-new-cluster");
+    }
+    out
+}
+
 fn warn_if_exposed(cfg: &Config) {
     use config::LcAdminActions;
     if !cfg.bind.ip().is_loopback()
@@ -527,26 +1182,23 @@ fn warn_if_exposed(cfg: &Config) {
     }
 }
 
-fn parse_threads(v: &str, what: &str) -> Result<usize, String> {
-    match v.parse::<usize>() {
-        Ok(n) if (1..=1024).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{what}: expected a number of shards from 1 to 1024, got {v:?}"
-        )),
-    }
-}
-
 fn main() -> ExitCode {
-    let (cfg, level, cluster) = match parse() {
+    let settings = match parse(std::env::args_os().collect()) {
         Ok(Some(v)) => v,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ringlockd: {e} (see --help)");
-            return ExitCode::from(64);
+            return ExitCode::from(EX_USAGE);
         }
     };
-    log::set_level(level);
-    warn_if_exposed(&cfg);
+    log::set_level(settings.level);
+    warn_deprecated(&settings.deprecated);
+    warn_if_exposed(&settings.cfg);
+    if settings.check_only {
+        print!("{}", effective(&settings));
+        return ExitCode::SUCCESS;
+    }
+    let Settings { cfg, cluster, .. } = settings;
     let m = Arc::new(Metrics::new_loops(cfg.threads));
     let server = match Server::bind_cluster(cfg.clone(), m.clone(), cluster.clone()) {
         Ok(s) => s,
@@ -599,5 +1251,68 @@ fn main() -> ExitCode {
             eprintln!("ringlockd: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn every_setting_has_its_variable_and_every_deprecated_flag_its_replacement() {
+        let cmd = command();
+        for a in cmd.get_arguments().filter(|a| is_setting(a)) {
+            let long = a.get_long().unwrap();
+            assert_eq!(
+                a.get_env().map(|e| e.to_string_lossy().into_owned()),
+                Some(env_name(long)),
+                "--{long}"
+            );
+            assert!(file_key(&cmd, long).is_ok(), "--{long} is a file key");
+        }
+        for (old, new, _) in DEPRECATED {
+            let find = |id: &str| cmd.get_arguments().find(|a| a.get_id() == id);
+            assert!(
+                find(old).is_some_and(|a| a.is_hide_set() && a.get_env().is_none()),
+                "{old}"
+            );
+            assert!(find(new).is_some_and(is_setting), "{new}");
+        }
+        // (--help is clap's, added when the command is built.)
+        for (flag, _) in COMMAND_LINE_ONLY.iter().filter(|(f, _)| *f != "help") {
+            let a = cmd.get_arguments().find(|a| a.get_long() == Some(flag));
+            assert!(a.is_some_and(|a| !is_setting(a)), "{flag}");
+            assert!(file_key(&cmd, flag).is_err(), "{flag}");
+        }
+        assert_eq!(env_name("auth-token-file"), "RINGLOCK_AUTH_TOKEN_FILE");
+    }
+
+    #[test]
+    fn file_keys_refused_say_what_to_write() {
+        let cmd = base_command();
+        let why = |k| file_key(&cmd, k).unwrap_err();
+        assert_eq!(
+            why("keepalvie"),
+            "unknown key \"keepalvie\" (did you mean keepalive?)"
+        );
+        assert_eq!(why("frobnicate"), "unknown key \"frobnicate\"");
+        assert_eq!(
+            why("auth_token_file"),
+            "unknown key \"auth_token_file\": keys are spelled as the flags, auth-token-file"
+        );
+        assert_eq!(
+            why("keepalive-ms"),
+            "keepalive-ms is not a config key: write keepalive = \"10s\" (a duration with its unit)"
+        );
+        assert!(why("force-new-cluster").contains("command line"));
+        assert!(why("config").contains("cannot name another"));
+        assert_eq!(edit_distance("keepalive", "keepalive"), 0);
+        assert_eq!(edit_distance("max-key", "max-keys"), 1);
+        assert_eq!(edit_distance("abc", "cab"), 2);
     }
 }

@@ -52,7 +52,7 @@ pub struct Options {
     /// Deadline for the whole request head (default [`REQUEST_TIMEOUT`]).
     pub request_timeout: Duration,
     /// A loop whose heartbeat is older than this fails liveness (default
-    /// 10 s, `--liveness-timeout-ms`).
+    /// 10 s, `--liveness-timeout`).
     pub liveness_timeout: Duration,
     /// Connections served at once (default [`CONNECTIONS_MAX`]).
     pub connections_max: usize,

@@ -59,7 +59,7 @@
 //!   not (the server caps its io_uring wait at that interval), so an old
 //!   heartbeat means a loop that is stuck, not one that is merely idle.
 //! - `liveness` fails once any loop's last heartbeat is older than the
-//!   liveness timeout (`--liveness-timeout-ms`, default 10 s). Before
+//!   liveness timeout (`--liveness-timeout`, default 10 s). Before
 //!   `set_ready` nothing is judged (recovery runs before the loop starts);
 //!   a loop that has not beaten yet is judged from the moment of `set_ready`.
 //! - Ready means recovery is done (`set_ready`); `/readyz` and `/healthz`
@@ -908,7 +908,7 @@ impl Metrics {
         counter(
             w,
             "idle_timeouts_total",
-            "Connections closed after --idle-timeout-ms without traffic and without a request in flight.",
+            "Connections closed after --idle-timeout without traffic and without a request in flight.",
             self.idle_timeouts.load(Relaxed),
         );
         counter(

@@ -112,7 +112,8 @@ fn restart_command(argv: Vec<OsString>, offset: u64) -> String {
         }
     }
     if !placed {
-        // The path came from DATA_PATH: the flag goes at the end.
+        // The path came from the environment or a --config file: the
+        // flag goes at the end.
         out.extend(flag);
     }
     out.iter()

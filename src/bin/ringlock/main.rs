@@ -52,6 +52,7 @@ use ringlock::client::{
     Acquire, CancelToken, Client, Error, Hold, KeyInfo, KeyStream, LateGrant, LockOptions,
     RetryPolicy, Session, ToServerAddrs, Wait, DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX,
 };
+use ringlock::config::parse_duration;
 use ringlock::lease::{self, Lease, LostLock};
 
 use child::{got_signal, install_handlers, mask_signals, run_child, CANCEL_FD};
@@ -92,7 +93,7 @@ Environment:
   RINGLOCK_AUTH_TOKEN_FILE  default of --auth-token-file
   CMD gets RINGLOCK_KEY (the key) and, for session and --ttl locks, RINGLOCK_TOKEN (its fencing token)
 
-Durations: 250ms, 10s, 1.5m, 2h (a bare number is seconds).
+Durations: 250ms, 10s, 1.5m, 2h, 50us (a bare number is seconds; ringlockd wants the unit).
 lock/try-lock hold a session lock by default: the server frees it when ringlock's connection
 closes (kill -9 included) or its keep-alive stops. If ringlock dies, CMD (and its process group)
 dies first, whatever the hold. --ttl D takes a lease instead (freed D after
@@ -1600,28 +1601,6 @@ fn mysql_lock_and_run(
         || {},
         "the server frees it when the session ends",
     )
-}
-
-/// Parses `250ms`, `10s`, `1.5m`, `2h` or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let bad = || format!("bad duration {text:?} (examples: 250ms, 10s, 1.5m, 2h)");
-    let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(bad()),
-    };
-    match number.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * scale < 1e9 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(bad()),
-    }
 }
 
 /// `--keepalive` and `--ping-timeout`: a duration of 1ms or more, in the

@@ -222,7 +222,7 @@ impl SessionBuilder {
     }
 
     /// The keep-alive deadline to ask for (whole milliseconds). The server
-    /// clamps it to its `--min-keepalive-ms`..`--max-keepalive-ms` and
+    /// clamps it to its `--min-keepalive`..`--max-keepalive` and
     /// answers the one it applies ([`Session::keepalive`]); the Pings are
     /// derived from that. Default (or zero): the server's default.
     pub fn keepalive(mut self, keepalive: Duration) -> Self {
