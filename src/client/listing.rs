@@ -170,10 +170,11 @@ impl KeyStream {
                     // The admin port's `-`, then its close: refused, not cut.
                     return Err(Error::io(io::Error::new(
                         io::ErrorKind::PermissionDenied,
-                        "the admin port refused the command: a server with certificates takes \
-                         admin commands over TLS with a client certificate (--certs-dir, \
-                         --client) or the auth token (--auth-token-file); without them, one \
-                         whose admin port is not on loopback needs the auth token",
+                        "the admin port refused the command (`-`): a server with certificates \
+                         takes admin commands over TLS with a client certificate (--certs-dir, \
+                         --client) or the auth token (--auth-token-file), one without them \
+                         needs the token off loopback (or on it once one is configured), and a \
+                         cluster node that cannot reach its leader refuses listings until it can",
                     )));
                 }
                 Ok(0) => {
