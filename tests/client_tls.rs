@@ -503,3 +503,58 @@ fn a_plaintext_hello_on_a_tls_only_port_is_answered_tls_required() {
         other => panic!("{other:?} ({got:?})"),
     }
 }
+
+#[test]
+fn a_storm_of_handshakes_is_served_whole_while_established_sessions_go_on() {
+    // More handshakes at once than a loop takes per tick: the ones over
+    // the budget wait for later ticks (their bytes kept, their receive
+    // not re-armed) and every one completes; an established session is
+    // served throughout.
+    let pki = Pki::new("tls-storm", &["127.0.0.1"]);
+    let srv = pki.start(&["--threads", "2"]);
+    let steady = session(&srv, Some(pki.client(Some("alice")))).expect("established");
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let bg = {
+        let (stop, served) = (stop.clone(), served.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                lock_release(&steady, "steady");
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let n = 48;
+    let go = Arc::new(std::sync::Barrier::new(n));
+    let storm: Vec<_> = (0..n)
+        .map(|i| {
+            let go = go.clone();
+            let tls = pki.client(if i % 3 == 0 { Some("bob") } else { None });
+            let addr = srv.lock_addr;
+            std::thread::spawn(move || {
+                go.wait();
+                for j in 0..4 {
+                    let s = Session::builder(addr)
+                        .tls(tls.clone())
+                        .retry(RetryPolicy::none())
+                        .connect()
+                        .expect("a session in the storm");
+                    lock_release(&s, &format!("storm-{i}-{j}"));
+                }
+            })
+        })
+        .collect();
+    for t in storm {
+        t.join().expect("every storm session was served");
+    }
+    stop.store(true, Ordering::Relaxed);
+    bg.join()
+        .expect("the established session was served throughout");
+    assert!(served.load(Ordering::Relaxed) > 0);
+    let ok = series(&srv, "ringlock_tls_handshakes_total{result=\"ok\"}");
+    assert!(ok >= (n * 4 + 1) as f64, "{ok} handshakes");
+    assert_eq!(
+        series(&srv, "ringlock_tls_handshakes_total{result=\"failed\"}"),
+        0.0
+    );
+}

@@ -42,7 +42,10 @@ fn keyx_on_a_cut_off_node_answers_during_and_after_the_cut() {
     let admin = |i: usize| c.nodes[i].as_ref().unwrap().admin_addr;
     let l = c.leader(WAIT);
     let f = (0..3).find(|&i| i != l).unwrap();
-    assert!(answered(&keyx(admin(f))), "a follower answers through its leader");
+    assert!(
+        answered(&keyx(admin(f))),
+        "a follower answers through its leader"
+    );
 
     // A follower cut off both ways: `-` (no leader to ask), then answers
     // again once healed.
@@ -50,7 +53,9 @@ fn keyx_on_a_cut_off_node_answers_during_and_after_the_cut() {
     assert_eq!(keyx(admin(f)), b"-");
     assert_eq!(keyx(admin(f)), b"-", "and again");
     c.heal();
-    poll_until("the healed follower answers", WAIT, || answered(&keyx(admin(f))));
+    poll_until("the healed follower answers", WAIT, || {
+        answered(&keyx(admin(f)))
+    });
 
     // Each one-way cut between the leader and a follower.
     let l = c.leader(WAIT);
