@@ -119,8 +119,13 @@ impl Dial {
             }
             sock.set_read_timeout(Some(left))?;
             sock.set_write_timeout(Some(left))?;
-            conn.complete_io(&mut &sock)
-                .map_err(|e| tls_error(addr, &shown, e))?;
+            conn.complete_io(&mut &sock).map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no TLS handshake with {addr} within {timeout:?}"),
+                ),
+                _ => tls_error(addr, &shown, e),
+            })?;
         }
         // Client Finished, and anything else rustls has, goes out now.
         while conn.wants_write() {
