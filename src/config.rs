@@ -3,7 +3,7 @@
 //! `ringlockd` reads each setting from, in this order of precedence, its
 //! command-line flag, its environment variable (`RINGLOCK_` and the flag's
 //! name in capitals, `-` as `_`), its key in the `--config` TOML file (the
-//! flag's name without the dashes, see [`file`]), and the default below.
+//! flag's name without the dashes, see [`file`](mod@file)), and the default below.
 //! Durations are a number and a unit, `250ms`, `10s`, `1.5m`, `2h` (also
 //! `us`): see [`parse_duration_as`].
 //!
