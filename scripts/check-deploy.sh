@@ -5,9 +5,13 @@
 #   - Grafana dashboard: valid JSON with the structure Grafana imports
 #     (its queries against real servers: cargo test --test dashboard)
 #   - Kubernetes manifests: kubernetes-validate --strict (offline schemas of
-#     the built-in kinds), plus the structure this project relies on (PyYAML)
-#   - Dockerfile: hadolint, plus its shape (multi-stage, non-root, /data owned)
-#   - systemd unit: systemd-analyze verify
+#     the built-in kinds), plus the structure this project relies on (PyYAML):
+#     --threads equal to the CPUs requested, and for the single node's pods
+#     and the cluster's a NetworkPolicy admitting every declared port (never
+#     the admin port) and a PodMonitor
+#   - Dockerfile: hadolint, plus its shape (multi-stage, non-root, /data
+#     owned, CMD sets --threads)
+#   - systemd unit: systemd-analyze verify, --threads set
 #   - example config file: `ringlockd --config deploy/ringlockd.toml
 #     --check-config` accepts it (every key known, every value valid)
 #   - seccomp profile: ringlockd serves real traffic (locks, KEYS, metrics,
@@ -78,6 +82,14 @@ def need(cond, what):
     if not cond:
         errors.append(what)
 
+# A CPU quantity of Kubernetes ("2", 2, "1500m") in CPUs; None if absent or odd.
+def cpus(v):
+    v = str(v) if v is not None else ""
+    try:
+        return int(v[:-1]) / 1000 if v.endswith("m") else float(v)
+    except ValueError:
+        return None
+
 def get(d, *path):
     for p in path:
         if isinstance(d, dict):
@@ -138,6 +150,7 @@ for d in docs:
 sts = by_kind.get("StatefulSet", [None])[0]
 need(sts is not None, "a StatefulSet")
 pod_labels = {}
+single_ports = set()
 if sts:
     spec = sts["spec"]
     need(spec.get("replicas") == 1, "StatefulSet replicas must be 1 (single instance)")
@@ -160,7 +173,13 @@ if sts:
     need((arg("--admin-bind") or "").startswith("127.0.0.1:"), "admin bound to loopback")
     need(arg("--metrics-bind") is not None, "--metrics-bind given")
     need(arg("--bind") == "0.0.0.0:22119", "lock port on all interfaces")
+    # The default is one pinned shard per CPU of the affinity mask, which in
+    # a pod is every CPU of the node: the shard count must be what is asked.
+    want = cpus(get(c, "resources", "requests", "cpu"))
+    need(arg("--threads") is not None and want is not None and cpus(arg("--threads")) == want,
+         f"--threads ({arg('--threads')}) equals the CPUs requested ({get(c, 'resources', 'requests', 'cpu')})")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    single_ports = set(ports.values())
     need(ports.get("lock") == 22119, "container port lock=22119")
     need(ports.get("metrics") == 22121, "container port metrics=22121")
     need(22120 not in ports.values(), "admin port not declared as a container port")
@@ -196,11 +215,15 @@ for s in by_kind.get("Service", []):
 need(by_kind.get("Service"), "a Service")
 
 with open(f"{deploy}/kubernetes/podmonitor.yaml") as f:
-    pm = yaml.safe_load(f)
-need(pm.get("kind") == "PodMonitor" and pm.get("apiVersion") == "monitoring.coreos.com/v1", "podmonitor.yaml is a monitoring.coreos.com/v1 PodMonitor")
-need(all(pod_labels.get(k) == v for k, v in (get(pm, "spec", "selector", "matchLabels") or {"": None}).items()), "PodMonitor selects the ringlock pod")
-need(get(pm, "spec", "podMetricsEndpoints", 0, "port") == "metrics", "PodMonitor scrapes the named port metrics")
-need(get(pm, "spec", "podMetricsEndpoints", 0, "path") == "/metrics", "PodMonitor path /metrics")
+    pms = [d for d in yaml.safe_load_all(f) if d]
+for pm in pms:
+    need(pm.get("kind") == "PodMonitor" and pm.get("apiVersion") == "monitoring.coreos.com/v1",
+         "podmonitor.yaml holds monitoring.coreos.com/v1 PodMonitors")
+    need(get(pm, "spec", "podMetricsEndpoints", 0, "port") == "metrics", "PodMonitor scrapes the named port metrics")
+    need(get(pm, "spec", "podMetricsEndpoints", 0, "path") == "/metrics", "PodMonitor path /metrics")
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+need(any(selects(get(pm, "spec", "selector", "matchLabels"), pod_labels) for pm in pms), "a PodMonitor selects the ringlock pod")
 
 with open(f"{deploy}/kubernetes/networkpolicy.yaml") as f:
     nps = [d for d in yaml.safe_load_all(f) if d]
@@ -228,6 +251,7 @@ def cneed(cond, what):
 csts = (ck.get("StatefulSet") or [None])[0]
 cneed(csts is not None, "a StatefulSet")
 csvcs = {s["metadata"]["name"]: s for s in ck.get("Service", [])}
+cluster_ports, cluster_labels = set(), {}
 if csts:
     spec = csts["spec"]
     replicas = spec.get("replicas")
@@ -266,6 +290,8 @@ if csts:
     cneed(threads is not None and threads.isdigit() and int(threads) >= 1,
           "--threads fixed in the pod template (every node must run the same)")
     threads = int(threads) if threads and threads.isdigit() else 1
+    cneed(cpus(get(c, "resources", "requests", "cpu")) == threads,
+          f"--threads ({threads}) equals the CPUs requested ({get(c, 'resources', 'requests', 'cpu')})")
     # The node id: the pod's ordinal, from the pod-index label, with pods
     # numbered from 1; or (without ordinals.start) a shell that adds 1.
     env = {e["name"]: e for e in c.get("env", [])}
@@ -308,6 +334,7 @@ if csts:
             if raft:
                 cneed(set(range(raft, raft + threads)) <= sports, f"Service {host} routes the Raft ports {raft}..{raft + threads - 1} (--peers port + shard)")
     cports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    cluster_ports, cluster_labels = set(cports.values()), plabels
     if raft:
         cneed(set(range(raft, raft + threads)) <= set(cports.values()), "container declares a Raft port per shard")
     via_metrics = ("metrics", cports.get("metrics"))
@@ -345,6 +372,21 @@ if csts:
     for s in csvcs.values():
         for p in s["spec"].get("ports", []):
             cneed(p["port"] not in (22120, 22121), f"Service {s['metadata']['name']} exposes no admin or metrics port")
+
+# --- who reaches and who scrapes each manifest's pods ---
+# Every port a pod declares is admitted by a NetworkPolicy that selects that
+# pod (with the policy applied, a port no rule names is closed), and a
+# PodMonitor scrapes its metrics port.
+for what, labels, declared in [("ringlock.yaml", pod_labels, single_ports),
+                               ("ringlock-cluster.yaml", cluster_labels, cluster_ports)]:
+    mine = [n for n in nps if selects(get(n, "spec", "podSelector", "matchLabels"), labels)]
+    need(mine, f"a NetworkPolicy selects the pods of {what}")
+    admitted = {p.get("port") for n in mine for r in (get(n, "spec", "ingress") or []) for p in r.get("ports", [])}
+    need(declared and declared <= admitted,
+         f"the NetworkPolicy of {what} admits every port its pods declare: {sorted(declared)}, admits {sorted(admitted)}")
+    need(22120 not in admitted, f"the NetworkPolicy of {what} does not open the admin port")
+    need(any(selects(get(pm, "spec", "selector", "matchLabels"), labels) for pm in pms),
+         f"a PodMonitor (podmonitor.yaml) selects the pods of {what}")
 
 # --- the Grafana dashboard (docs/operations.md#grafana-dashboard) ---
 def gneed(cond, what):
@@ -433,6 +475,13 @@ if [ "$from_count" -ge 2 ] && grep -q '^COPY --from=build' "$dockerfile" && grep
 else
     fail "Dockerfile shape (multi-stage, USER 65532, /data copied with --chown=65532:65532)"
 fi
+# The default shard count is one per CPU of the container's affinity mask:
+# every CPU of whatever host it lands on. The image fixes it.
+if grep -Eq '^CMD \[.*"--threads", "[1-9][0-9]*"' "$dockerfile"; then
+    ok "Dockerfile CMD sets --threads"
+else
+    fail "Dockerfile CMD must set --threads (the default follows the host's CPU count)"
+fi
 
 # --- systemd unit -----------------------------------------------------------------
 unit="$deploy/systemd/ringlock.service"
@@ -481,7 +530,8 @@ for var in RINGLOCK_BIND RINGLOCK_ADMIN_BIND RINGLOCK_METRICS_BIND; do
     grep -q "^ExecStart=.*\${$var}" "$cunit" || fail "cluster unit's ExecStart does not use \${$var}"
 done
 ! grep -q '^RINGLOCK_NODE_ID=' "$env_example" || fail "cluster.env.example must not set RINGLOCK_NODE_ID (the instance is the id)"
-for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= StateDirectory=ringlock DynamicUser=yes; do
+for key in NoNewPrivileges=yes ProtectSystem=strict CapabilityBoundingSet= SystemCallFilter= StateDirectory=ringlock DynamicUser=yes \
+    'ExecStart=.* --threads [1-9][0-9]* '; do
     grep -q "^$key" "$unit" || fail "systemd unit lacks $key"
 done
 grep -q 'io_uring_setup' "$unit" || fail "systemd unit's SystemCallFilter must allow io_uring"

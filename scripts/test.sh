@@ -21,6 +21,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== client-only build (default-features = false: no io_uring, no server, no CLI)"
 cargo build --locked --no-default-features --lib
 
+echo "== the README's Rust dependency line and example, built as a user's crate"
+scripts/check-readme-client.sh
+
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets --locked --features faults
 

@@ -4,7 +4,8 @@
 //! limits, operator resets); nothing is logged per request on the hot path.
 //!
 //! # Logs are data
-//! A line is `ts=… level=… event=… key=value …` in logfmt, and nothing a
+//! A line is `ts=… level=… event=… key=value …` in logfmt (`ts` in UTC,
+//! RFC 3339 with milliseconds: `ts=2026-12-06T11:39:15.205Z`), and nothing a
 //! client sends can add a field, end a line or make two different values look
 //! alike. Every value that is not a fixed token of ours goes through one of
 //! the wrappers below:
@@ -68,22 +69,61 @@ pub fn enabled(l: Level) -> bool {
     l as u8 <= LEVEL.load(Ordering::Relaxed)
 }
 
-/// Writes one log line: `ts=… level=… event=… <fields>`.
+/// Writes one log line: `ts=… level=… event=… <fields>`, where `ts` is
+/// the time in UTC, RFC 3339 with milliseconds: `ts=2026-12-06T11:39:15.205Z`
+/// (fixed width, one bare token, sorts as text in time order).
 pub fn write(l: Level, event: &str, fields: std::fmt::Arguments<'_>) {
     use std::io::Write;
-    let ts = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let ts = Timestamp(std::time::SystemTime::now());
     let mut err = std::io::stderr().lock();
     let _ = writeln!(
         err,
-        "ts={}.{:03} level={} event={} {}",
-        ts.as_secs(),
-        ts.subsec_millis(),
+        "ts={} level={} event={} {}",
+        ts,
         l.name(),
         event,
         fields
     );
+}
+
+/// A log line's time: `2026-12-06T11:39:15.205Z` (UTC, RFC 3339, milliseconds;
+/// a time before 1970 as 1970-01-01T00:00:00.000Z: a clock set that far
+/// back is wrong anyway).
+#[derive(Clone, Copy)]
+pub struct Timestamp(pub std::time::SystemTime);
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self
+            .0
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let (year, month, day) = civil_from_days((d.as_secs() / 86_400) as i64);
+        let secs = d.as_secs() % 86_400;
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60,
+            d.subsec_millis()
+        )
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian
+/// calendar (Howard Hinnant's civil_from_days).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// `log!(Level::Info, "listening", "lock={} admin={}", a, b)`
@@ -269,17 +309,8 @@ fn escape(out: &mut impl fmt::Write, bytes: &[u8]) -> fmt::Result {
 
 /// Unix seconds to `YYYY-MM-DDTHH:MM:SSZ` (Howard Hinnant's civil_from_days).
 pub fn format_utc(unix_s: i64) -> String {
-    let days = unix_s.div_euclid(86_400);
+    let (year, month, day) = civil_from_days(unix_s.div_euclid(86_400));
     let secs = unix_s.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
         secs / 3600,
@@ -385,6 +416,25 @@ mod tests {
         assert_eq!(format!("{:?}", Value(Some(3))), "Some(3)");
         assert_eq!(format!("{:?}", Value(None::<u32>)), "None");
         assert_eq!(Value("née").to_string(), "\"née\"");
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc_with_milliseconds() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = |ms: u64| Timestamp(UNIX_EPOCH + Duration::from_millis(ms)).to_string();
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(1_796_557_155_205), "2026-12-06T11:39:15.205Z");
+        assert_eq!(at(951_782_400_007), "2000-02-29T00:00:00.007Z");
+        assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+        assert_eq!(
+            Timestamp(UNIX_EPOCH - Duration::from_secs(1)).to_string(),
+            "1970-01-01T00:00:00.000Z"
+        );
+        // The same calendar as format_utc.
+        assert_eq!(
+            &at(1_796_557_155_205)[..19],
+            &format_utc(1_796_557_155)[..19]
+        );
     }
 
     #[test]

@@ -452,6 +452,154 @@ fn help_version_completions_and_man_page() {
     );
 }
 
+/// `man --dir` and `completions --dir` create a missing folder (a fresh
+/// home has no ~/.local/share/man/man1), and every page the man pages
+/// refer to (`ringlock-lock(1)`, ...) is written.
+#[test]
+fn man_and_completions_install_into_a_missing_folder() {
+    let quiet = NoTraffic::new();
+    let addr = quiet.addr();
+    let home = scratch("install");
+    let man1 = home.join(".local/share/man/man1");
+    let mut c = cli(addr, addr);
+    c.arg("man").arg("--dir").arg(&man1);
+    let o = run(c);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let listed: Vec<PathBuf> = stdout(&o).lines().map(PathBuf::from).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&man1)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut listed_names: Vec<String> = listed
+        .iter()
+        .map(|p| {
+            assert_eq!(p.parent(), Some(man1.as_path()), "{p:?}");
+            p.file_name().unwrap().to_string_lossy().into_owned()
+        })
+        .collect();
+    listed_names.sort();
+    assert_eq!(
+        listed_names, names,
+        "stdout lists exactly the pages written"
+    );
+    for page in [
+        "ringlock.1",
+        "ringlock-lock.1",
+        "ringlock-try-lock.1",
+        "ringlock-keys.1",
+        "ringlock-cluster.1",
+        "ringlock-cluster-status.1",
+        "ringlock-cluster-transfer-leader.1",
+        "ringlock-cert-create-node.1",
+        "ringlock-man.1",
+    ] {
+        assert!(names.iter().any(|n| n == page), "{page} in {names:?}");
+    }
+    // Every `NAME(1)` a page refers to is a page that was written, and the
+    // top page is the one `ringlock man` prints.
+    for name in &names {
+        let text = std::fs::read_to_string(man1.join(name)).unwrap();
+        assert!(text.starts_with(".ie \\n(.g .ds Aq"), "{name}: roff");
+        for word in text.split(|c: char| c.is_whitespace()) {
+            if let Some(page) = word
+                .strip_suffix("(1)")
+                .filter(|p| p.starts_with("ringlock"))
+            {
+                let file = format!("{}.1", page.replace("\\-", "-"));
+                assert!(
+                    names.contains(&file),
+                    "{name} refers to {word}, not written"
+                );
+            }
+        }
+    }
+    let mut c = cli(addr, addr);
+    c.arg("man");
+    let printed = run(c);
+    assert_eq!(
+        printed.stdout,
+        std::fs::read(man1.join("ringlock.1")).unwrap(),
+        "`ringlock man` prints ringlock.1"
+    );
+    // Writing again overwrites (a reinstall after an upgrade).
+    let mut c = cli(addr, addr);
+    c.arg("man").arg("--dir").arg(&man1);
+    assert_eq!(code(&run(c)), 0);
+
+    for (shell, dir, file, marker) in [
+        (
+            "bash",
+            ".local/share/bash-completion/completions",
+            "ringlock",
+            "_ringlock()",
+        ),
+        ("zsh", ".zfunc", "_ringlock", "#compdef ringlock"),
+        (
+            "fish",
+            ".config/fish/completions",
+            "ringlock.fish",
+            "complete -c ringlock",
+        ),
+    ] {
+        let dir = home.join(dir);
+        let mut c = cli(addr, addr);
+        c.args(["completions", shell, "--dir"]).arg(&dir);
+        let o = run(c);
+        assert_eq!(
+            code(&o),
+            0,
+            "{shell}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let path = dir.join(file);
+        assert_eq!(stdout(&o), format!("{}\n", path.display()), "{shell}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(marker), "{shell}: {text}");
+    }
+    // A folder that cannot be created: one line, exit 73, nothing written.
+    let blocker = home.join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    for args in [&["man", "--dir"][..], &["completions", "bash", "--dir"]] {
+        let mut c = cli(addr, addr);
+        c.args(args).arg(blocker.join("man1"));
+        let o = run(c);
+        assert_eq!(code(&o), 73, "{args:?}");
+        assert!(stderr_line(&o).contains("a-file"), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+/// `ringlock --help` and `ringlock cluster --help` name every cluster
+/// subcommand in the cluster command's summary, not only `status`.
+#[test]
+fn cluster_help_names_every_cluster_subcommand() {
+    let quiet = NoTraffic::new();
+    let addr = quiet.addr();
+    let subcommands = ["status", "transfer-leader", "add", "remove", "replace"];
+    let mut c = cli(addr, addr);
+    c.args(["cluster", "--help"]);
+    let o = run(c);
+    assert_eq!(code(&o), 0);
+    let help = stdout(&o);
+    let summary = help.split("\n\n").next().unwrap();
+    for sub in subcommands {
+        assert!(summary.contains(sub), "{sub} not in {summary:?}");
+    }
+    let mut c = cli(addr, addr);
+    c.arg("--help");
+    let help = stdout(&run(c));
+    let entry = help
+        .split("\n  cluster ")
+        .nth(1)
+        .and_then(|rest| rest.split("\n  cert ").next())
+        .unwrap_or_else(|| panic!("no cluster entry in {help}"));
+    for sub in subcommands {
+        assert!(entry.contains(sub), "{sub} not in {entry:?}");
+    }
+}
+
 #[test]
 fn bad_addresses_are_usage_errors_that_name_the_address() {
     for (args, env, named) in [

@@ -85,6 +85,21 @@ fn deploy_files_pass_the_data_path_and_bind_flags() {
     }
 }
 
+/// The default shard count (one per CPU of the affinity mask) follows the
+/// host, which in a container or under systemd is every CPU of the machine:
+/// each file fixes it (the systemd cluster unit through RINGLOCK_THREADS in
+/// its environment file, below).
+#[test]
+fn deploy_files_fix_the_shard_count() {
+    let flags = deploy_flags();
+    for origin in ["kubernetes", "kubernetes-cluster", "systemd", "Dockerfile"] {
+        assert!(
+            flags.iter().any(|(o, f)| o == origin && f == "--threads"),
+            "{origin} does not pass --threads: {flags:?}"
+        );
+    }
+}
+
 #[test]
 fn cluster_files_pass_the_cluster_settings() {
     let flags = deploy_flags();
@@ -212,6 +227,83 @@ fn the_example_config_file_shows_every_setting() {
                 .trim_start_matches(['#', ' '])
                 .starts_with(&format!("{key} = "))),
             "deploy/ringlockd.toml does not show {key}"
+        );
+    }
+}
+
+/// The value of `flag` in a manifest's `args:` list (`- --threads` then
+/// `- "1"`), and the container's `requests: cpu:`.
+fn kube_threads_and_cpu(text: &str) -> (Option<String>, Option<String>) {
+    let items: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let unquote = |v: &str| v.trim().trim_matches('"').to_string();
+    let threads = items
+        .windows(2)
+        .find(|w| w[0] == "- --threads")
+        .and_then(|w| w[1].strip_prefix("- "))
+        .map(unquote);
+    let cpu = items
+        .windows(2)
+        .find(|w| w[0] == "requests:" && w[1].starts_with("cpu:"))
+        .map(|w| unquote(&w[1]["cpu:".len()..]));
+    (threads, cpu)
+}
+
+#[test]
+fn kubernetes_threads_match_the_cpus_requested() {
+    for file in [
+        "deploy/kubernetes/ringlock.yaml",
+        "deploy/kubernetes/ringlock-cluster.yaml",
+    ] {
+        let (threads, cpu) = kube_threads_and_cpu(&read(file));
+        assert!(
+            threads.is_some() && threads == cpu,
+            "{file}: --threads {threads:?} must equal the CPUs requested {cpu:?}"
+        );
+    }
+}
+
+/// `(kind, app.kubernetes.io/name it selects)` of each document: the
+/// `matchLabels` right under `selector:` or `podSelector:`.
+fn selected_names(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for doc in text.split("\n---\n") {
+        let lines: Vec<&str> = doc.lines().map(str::trim).collect();
+        let kind = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("kind: "))
+            .unwrap_or("?")
+            .to_string();
+        for w in lines.windows(3) {
+            if matches!(w[0], "selector:" | "podSelector:") && w[1] == "matchLabels:" {
+                if let Some(name) = w[2].strip_prefix("app.kubernetes.io/name: ") {
+                    out.push((kind.clone(), name.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Both the single node's pods and the cluster's have a NetworkPolicy and
+/// a PodMonitor (the cluster's were missing from podmonitor.yaml).
+#[test]
+fn network_policies_and_pod_monitors_cover_both_manifests() {
+    let policies = selected_names(&read("deploy/kubernetes/networkpolicy.yaml"));
+    let monitors = selected_names(&read("deploy/kubernetes/podmonitor.yaml"));
+    for app in ["ringlock", "ringlock-cluster"] {
+        assert!(
+            policies
+                .iter()
+                .any(|(k, n)| k == "NetworkPolicy" && n == app),
+            "no NetworkPolicy selects {app}: {policies:?}"
+        );
+        assert!(
+            monitors.iter().any(|(k, n)| k == "PodMonitor" && n == app),
+            "no PodMonitor selects {app}: {monitors:?}"
         );
     }
 }

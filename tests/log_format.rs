@@ -122,14 +122,79 @@ fn get<'a>(fields: &'a Fields, key: &str) -> &'a [u8] {
         .1
 }
 
+/// A log line's `ts` (`2026-12-06T11:39:15.205Z`: UTC, RFC 3339, exactly
+/// three fraction digits) as Unix milliseconds; `None` for any other form.
+fn ts_unix_ms(ts: &[u8]) -> Option<i64> {
+    let t = std::str::from_utf8(ts).ok()?;
+    let shape = "dddd-dd-ddTdd:dd:dd.dddZ";
+    if t.len() != shape.len()
+        || !t.bytes().zip(shape.bytes()).all(|(c, s)| {
+            if s == b'd' {
+                c.is_ascii_digit()
+            } else {
+                c == s
+            }
+        })
+    {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| t[r].parse::<i64>().ok();
+    let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (h, mi, s, ms) = (n(11..13)?, n(14..16)?, n(17..19)?, n(20..23)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 59 {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + ms)
+}
+
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64
+}
+
+#[test]
+fn ts_is_read_as_rfc3339_utc_only() {
+    assert_eq!(ts_unix_ms(b"1970-01-01T00:00:00.000Z"), Some(0));
+    assert_eq!(
+        ts_unix_ms(b"2026-12-06T11:39:15.205Z"),
+        Some(1_796_557_155_205)
+    );
+    assert_eq!(
+        ts_unix_ms(b"2000-02-29T23:59:59.999Z"),
+        Some(951_868_799_999)
+    );
+    for bad in [
+        &b"1796557155.205"[..],
+        b"2026-12-06T11:39:15Z",
+        b"2026-12-06T11:39:15.205",
+        b"2026-12-06 11:39:15.205Z",
+        b"2026-12-06T11:39:15.205+00:00",
+        b"2026-13-06T11:39:15.205Z",
+    ] {
+        assert_eq!(ts_unix_ms(bad), None, "{}", String::from_utf8_lossy(bad));
+    }
+}
+
 fn names(fields: &Fields) -> Vec<&str> {
     fields.iter().map(|(k, _)| k.as_str()).collect()
 }
 
 #[test]
 fn the_parser_is_strict() {
-    let ok =
-        parse_logfmt(br#"ts=1.5 level=info event=x key="a\"b\\c\n\x00\xff" n=3"#).expect("valid");
+    let ok = parse_logfmt(
+        br#"ts=2026-12-06T11:39:15.205Z level=info event=x key="a\"b\\c\n\x00\xff" n=3"#,
+    )
+    .expect("valid");
     assert_eq!(get(&ok, "key"), b"a\"b\\c\n\x00\xff");
     for bad in [
         &br#"ts=1 key="a"b""#[..],
@@ -332,6 +397,7 @@ const EVENTS: &[&str] = &[
 
 #[test]
 fn hostile_bytes_in_keys_sources_and_commands_parse_back_exactly() {
+    let started_ms = unix_ms_now();
     let (daemon, lock, admin) = Daemon::start();
     let hostile = hostile();
     let distinct: BTreeSet<&Vec<u8>> = hostile.iter().collect();
@@ -382,6 +448,12 @@ fn hostile_bytes_in_keys_sources_and_commands_parse_back_exactly() {
         let shown = String::from_utf8_lossy(line);
         let f = parse_logfmt(line).unwrap_or_else(|e| panic!("{e}: {shown}"));
         assert_eq!(&names(&f)[..3], ["ts", "level", "event"], "{shown}");
+        // UTC wall-clock time, RFC 3339 (give or take the clock's steps).
+        let ts = ts_unix_ms(get(&f, "ts")).unwrap_or_else(|| panic!("ts form: {shown}"));
+        assert!(
+            (started_ms - 60_000..=unix_ms_now() + 60_000).contains(&ts),
+            "ts not the time of the run: {shown}"
+        );
         let event = std::str::from_utf8(get(&f, "event")).expect("event is ASCII");
         assert!(
             EVENTS.contains(&event),

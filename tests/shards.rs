@@ -240,6 +240,50 @@ fn restart_with_1_then_4_then_2_shards_keeps_every_held_key() {
     }
 }
 
+/// `event=reshard` lines of a start-up (they come before `listening`).
+fn reshard_lines(s: &Server) -> Vec<&str> {
+    s.startup_log
+        .iter()
+        .filter(|l| l.contains(" event=reshard "))
+        .map(String::as_str)
+        .collect()
+}
+
+/// A first durable start with several shards on an empty folder creates
+/// the shards' logs: nothing is moved, so nothing is logged as a reshard;
+/// a later start with another count is one, and says so.
+#[test]
+fn a_fresh_data_path_is_not_a_reshard() {
+    let dir = TempDir::new("fresh-shards");
+    let log = dir.path("locks.wal");
+    let log = log.to_str().expect("utf-8 path").to_string();
+    let mut s = start("2", &["--data-path", &log]);
+    assert_eq!(reshard_lines(&s), Vec::<&str>::new(), "{:?}", s.startup_log);
+    assert_eq!(s.connect().try_lock(b"kept", b"s"), b'+');
+    s.kill9();
+    let mut s = start("3", &["--data-path", &log]);
+    let lines = reshard_lines(&s);
+    assert_eq!(lines.len(), 1, "{:?}", s.startup_log);
+    assert!(
+        lines[0].contains(" from_shards=2 to_shards=3 generation=2 held_keys=1"),
+        "{lines:?}"
+    );
+    s.kill9();
+    // The same with one shard first: its single log is resharded.
+    let log1 = dir.path("one.wal");
+    let log1 = log1.to_str().expect("utf-8 path").to_string();
+    let mut s = start("1", &["--data-path", &log1]);
+    assert_eq!(reshard_lines(&s), Vec::<&str>::new());
+    s.kill9();
+    let s = start("2", &["--data-path", &log1]);
+    let lines = reshard_lines(&s);
+    assert_eq!(lines.len(), 1, "{:?}", s.startup_log);
+    assert!(
+        lines[0].contains(" from_shards=1 to_shards=2 generation=1 held_keys=0"),
+        "{lines:?}"
+    );
+}
+
 #[test]
 fn kill9_cycles_with_two_shards_keep_acknowledged_locks() {
     let dir = TempDir::new("shard-crash");

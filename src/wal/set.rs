@@ -15,7 +15,9 @@
 //!   replaced atomically (temp file, fsync, rename, directory fsync) — the
 //!   commit point; only then are the old logs removed. A crash before the
 //!   commit leaves the old generation in force (the new files are removed
-//!   at the next start); after it, the new one.
+//!   at the next start); after it, the new one. `event=reshard` is logged
+//!   only when there were logs to move: a first start with several shards
+//!   on an empty data path writes generation 1 the same way, silently.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -224,16 +226,20 @@ pub fn open(
             .map_err(|e| format!("{}: cannot remove the old log: {e}", f.display()))?;
     }
     fsync_dir(path)?;
-    crate::log!(
-        crate::log::Level::Info,
-        "reshard",
-        "path={} from_shards={} to_shards={} generation={} held_keys={}",
-        crate::log::path(path),
-        manifest.map_or(1, |(_, o)| o),
-        n,
-        next_g,
-        moved
-    );
+    // A first start with several shards over an empty data path creates
+    // generation 1 the same way, but moves nothing: not a reshard.
+    if !old_files.is_empty() {
+        crate::log!(
+            crate::log::Level::Info,
+            "reshard",
+            "path={} from_shards={} to_shards={} generation={} held_keys={}",
+            crate::log::path(path),
+            manifest.map_or(1, |(_, o)| o),
+            n,
+            next_g,
+            moved
+        );
+    }
     let mut out = Vec::with_capacity(n);
     for (i, t) in tables.iter_mut().enumerate() {
         out.push(super::open(&shard_path(path, next_g, i), t, None, now)?);

@@ -722,9 +722,28 @@ fn opt_num(v: Option<f64>) -> String {
         .unwrap_or_else(|| "null".into())
 }
 
-/// `ts=UNIX.mmm` of a ringlockd log line.
+/// The `ts` of a ringlockd log line as Unix seconds: RFC 3339 in UTC
+/// (`ts=2026-12-06T11:39:15.205Z`), or the Unix seconds of older builds
+/// (`ts=1796557155.205`).
 fn line_ts(line: &str) -> Option<f64> {
-    line.strip_prefix("ts=")?.split(' ').next()?.parse().ok()
+    let ts = line.strip_prefix("ts=")?.split(' ').next()?;
+    if let Ok(secs) = ts.parse() {
+        return Some(secs);
+    }
+    let (date, time) = ts.strip_suffix('Z')?.split_once('T')?;
+    let mut ymd = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (ymd.next()??, ymd.next()??, ymd.next()??);
+    let mut hms = time.splitn(3, ':');
+    let h: i64 = hms.next()?.parse().ok()?;
+    let mi: i64 = hms.next()?.parse().ok()?;
+    let s: f64 = hms.next()?.parse().ok()?;
+    // Howard Hinnant's days_from_civil.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(((days * 24 + h) * 60 + mi) as f64 * 60.0 + s)
 }
 
 /// `term=N` of an `event=raft_leader` line.
@@ -945,14 +964,25 @@ mod tests {
     }
 
     #[test]
+    fn log_times_in_either_form() {
+        let at = |l: &str| line_ts(l).unwrap();
+        assert!((at("ts=2026-12-06T11:39:15.205Z level=info") - 1_796_557_155.205).abs() < 1e-6);
+        assert!((at("ts=1970-01-01T00:00:00.000Z level=info")).abs() < 1e-9);
+        assert!((at("ts=2000-03-01T00:00:01.500Z x") - 951_868_801.5).abs() < 1e-6);
+        assert!((at("ts=1796557155.205 level=info") - 1_796_557_155.205).abs() < 1e-6);
+        assert_eq!(line_ts("ts=yesterday level=info"), None);
+        assert_eq!(line_ts("level=info"), None);
+    }
+
+    #[test]
     fn leader_events_after_the_kill_only() {
         let path = std::env::temp_dir().join(format!("failover-log-{}", std::process::id()));
         std::fs::write(
             &path,
-            "ts=100.000 level=info event=raft_leader group=0 node=2 term=1\n\
-             ts=100.010 level=info event=raft_serving group=0 node=2 term=1\n\
-             ts=101.250 level=info event=raft_leader group=0 node=2 term=3\n\
-             ts=101.275 level=info event=raft_serving group=0 node=2 term=3\n",
+            "ts=1970-01-01T00:01:40.000Z level=info event=raft_leader group=0 node=2 term=1\n\
+             ts=1970-01-01T00:01:40.010Z level=info event=raft_serving group=0 node=2 term=1\n\
+             ts=1970-01-01T00:01:41.250Z level=info event=raft_leader group=0 node=2 term=3\n\
+             ts=1970-01-01T00:01:41.275Z level=info event=raft_serving group=0 node=2 term=3\n",
         )
         .unwrap();
         let p = path.to_str().unwrap();

@@ -10,8 +10,9 @@
 //! ringlock [OPTIONS] reset --source SRC
 //! ringlock [OPTIONS] keys [-d] [--json] [--older-than D]
 //! ringlock [--admin-addr A,B,C] cluster status [--json]
+//! ringlock [--admin-addr A,B,C] cluster transfer-leader | add | remove | replace ...
 //! ringlock cert create-ca | create-node | create-client | list --certs-dir DIR ...
-//! ringlock completions SHELL | ringlock man
+//! ringlock completions SHELL [--dir DIR] | ringlock man [--dir DIR]
 //! ```
 //!
 //! Parsing is clap's; everything a user can get wrong ends with exactly one
@@ -30,6 +31,7 @@ mod bytes;
 mod cert;
 mod child;
 mod cluster;
+mod docfiles;
 mod keys;
 mod members;
 mod retry;
@@ -75,6 +77,7 @@ Exit status:
   64   usage error: bad option, address, key or source (nothing was sent)
   69   server unavailable (could not connect within --retry)
   70   internal error
+  73   completions --dir, man --dir: DIR or a file in it cannot be created (cert: ringlock cert --help)
   74   i/o error mid-request (or the key could not be released after CMD)
   75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed);
        reset: a key changed holder after it was listed (that key was not reset)
@@ -298,7 +301,7 @@ enum Cmd {
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         older_than: Option<Duration>,
     },
-    /// Replicated clusters (ringlockd --peers): `cluster status`
+    /// Replicated clusters (ringlockd --peers): status, transfer-leader, add, remove, replace
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCmd,
@@ -309,13 +312,34 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cert::CertCmd,
     },
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), or write it into --dir
+    ///
+    /// On stdout, or with --dir DIR written to DIR (created if missing)
+    /// under the name the shell's completion loader looks for: bash
+    /// `ringlock` (e.g. --dir ~/.local/share/bash-completion/completions),
+    /// zsh `_ringlock` (a folder of $fpath), fish `ringlock.fish`
+    /// (--dir ~/.config/fish/completions). The path written is printed.
     Completions {
         #[arg(value_enum, value_name = "SHELL")]
         shell: clap_complete::Shell,
+        /// Write the script into DIR (created if missing) instead of stdout
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
-    /// Print the man page (roff) on stdout: `ringlock man > ringlock.1`
-    Man,
+    /// Print the man page (roff) on stdout, or write every page into --dir
+    ///
+    /// Without --dir: ringlock.1 on stdout. With --dir DIR: DIR is created
+    /// if missing and ringlock.1 and one page per subcommand
+    /// (ringlock-lock.1, ringlock-cluster-status.1, ...) are written into
+    /// it, one path printed per page. After `cargo install`:
+    /// `ringlock man --dir ~/.cargo/share/man/man1`; man-db then finds
+    /// them while ~/.cargo/bin is on PATH (else add the folder above man1
+    /// to MANPATH).
+    Man {
+        /// Write ringlock.1 and every subcommand's page into DIR (created if missing)
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -490,20 +514,10 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         let _ = io::stdout().write_all(text);
     };
     match &cli.cmd {
-        Cmd::Completions { shell } => {
-            let mut buf = Vec::new();
-            clap_complete::generate(*shell, &mut Cli::command(), "ringlock", &mut buf);
-            out(&buf);
-            return Ok(0);
+        Cmd::Completions { shell, dir } => {
+            return docfiles::completions(Cli::command(), *shell, dir.as_deref(), &out);
         }
-        Cmd::Man => {
-            let mut buf = Vec::new();
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut buf)
-                .map_err(|e| Fail(EX_SOFTWARE, format!("rendering the man page: {e}")))?;
-            out(&buf);
-            return Ok(0);
-        }
+        Cmd::Man { dir } => return docfiles::man(Cli::command(), dir.as_deref(), &out),
         Cmd::Cert { cmd } => return cert::run(cmd),
         _ => tlsopt::init(cli.certs_dir.as_deref(), cli.client.as_deref())?,
     }
@@ -718,7 +732,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                 )),
             }
         }
-        Cmd::Completions { .. } | Cmd::Man | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
+        Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }
     }
