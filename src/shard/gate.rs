@@ -537,7 +537,13 @@ impl Shard {
             }
         }
         log!(
-            Level::Warn,
+            // Nothing was voided (a proposal failed with nothing in it, as
+            // when a stopping leader hands over): no news.
+            if answered == 0 && touched.is_empty() {
+                Level::Debug
+            } else {
+                Level::Warn
+            },
             "wal_records_voided",
             "reason=\"{}\" errno={} answered_minus={} undone_records={}",
             crate::log::Escaped(why),

@@ -674,7 +674,9 @@ impl Shard {
         log!(
             Level::Info,
             "stopped",
-            "answered_waiters={} held_keys={}",
+            "shard={} of={} answered_waiters={} held_keys={}",
+            self.me,
+            self.shards,
             answered,
             self.table.held_keys()
         );

@@ -825,8 +825,13 @@ impl Shard {
                     );
                 }
                 RoleChange::SteppedDown { term } => {
+                    // Expected when this node stops (it hands over first).
                     log!(
-                        Level::Warn,
+                        if self.stopping {
+                            Level::Info
+                        } else {
+                            Level::Warn
+                        },
                         "raft_stepped_down",
                         "group={} node={} term={} now_term={} leader={}",
                         group,
@@ -1070,7 +1075,11 @@ impl Shard {
             );
         } else {
             log!(
-                Level::Warn,
+                if self.stopping {
+                    Level::Info
+                } else {
+                    Level::Warn
+                },
                 "raft_not_serving",
                 "group={} node={} term={} reason=\"leader lease lapsed\"",
                 group,

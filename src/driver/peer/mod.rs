@@ -657,7 +657,20 @@ impl Loop {
         let node = self.peers().outbound[o].node;
         self.shard.on_peer_link_down(node);
         let out = &mut self.peers().outbound[o];
-        if !out.quiet {
+        if errno == 0 || errno == libc::ECONNRESET {
+            // The peer closed it (a node stopping closes its links with
+            // their unread bytes: a reset; a link replaced). Not quiet: if
+            // the peer stays away, the redial that fails warns once.
+            log!(
+                Level::Info,
+                "peer_link_closed",
+                "shard={} peer={} addr={} errno={} action=\"redialing\"",
+                shard,
+                out.node,
+                out.shown,
+                errno
+            );
+        } else if !out.quiet {
             out.quiet = true;
             log!(
                 Level::Warn,
