@@ -439,3 +439,39 @@ func TestLoadTLSConfigNamesWhatIsMissing(t *testing.T) {
 		t.Fatalf("got %+v", cfg)
 	}
 }
+
+func TestTLSAResumableSessionResumesOverTLS(t *testing.T) {
+	// A Resume after a failover goes over TLS too, verified like the Hello;
+	// so it may carry the auth token.
+	p := newPKI(t, "localhost", "127.0.0.1")
+	sc := newScript(opener(map[string]uint64{"a": 10}, flagResumable, 10000),
+		resumer([]heldSpec{{"a", 10, HoldSession, noTTL}}, nil))
+	f := startFakeTLS(t, p.nodeCert(t), sc.handle)
+	s, err := Dial(tctx(t), []string{f.addr()}, WithTLS(p.config(t, "")), WithAuthToken(testToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a, err := s.Acquire(tctx(t), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.kill(t, 0)
+	if err := s.Ping(tctx(t)); err != nil { // waits for the resume
+		t.Fatal(err)
+	}
+	if s.Resumes() != 1 || !isOpen(a.Lost()) {
+		t.Fatalf("resumes %d, lost %v", s.Resumes(), a.Err())
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for _, fr := range sc.frames {
+		if fr.conn == 1 {
+			if fr.op != opResume || !strings.Contains(string(fr.body), string(testToken)) {
+				t.Fatalf("the new connection's first frame: op %d body % x", fr.op, fr.body)
+			}
+			return
+		}
+	}
+	t.Fatal("no frame on the new connection")
+}

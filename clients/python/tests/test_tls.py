@@ -19,8 +19,9 @@ import unittest
 from typing import List, Optional, Sequence
 
 import ringlock
+import test_resume as resume
 from fake_server import FakeConn, FakeServer
-from harness import Server, ringlockd
+from harness import Server, poll, ringlockd
 
 TOKEN = b"the-auth-token-7d21"
 NOT_LEADER = 12
@@ -254,11 +255,33 @@ class TLSTest(unittest.TestCase):
             self.assertIn("certificate has expired", str(cm.exception))
             self.assertEqual(hellos, [], "a Hello went to a server that did not verify")
 
-    # --- a not_leader hint -------------------------------------------------------------------
-    def not_leader_naming(self, leader: str) -> FakeServer:
-        """A fake TLS server (node 1's certificate) answering not_leader."""
+    # --- a resume, a not_leader hint ------------------------------------------------------------
+    def node_ctx(self) -> ssl.SSLContext:
+        """Node 1's certificate, for a fake TLS server."""
         server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server_ctx.load_cert_chain(f"{self.certs}/node.crt", f"{self.certs}/node.key")
+        return server_ctx
+
+    def test_a_resumable_session_resumes_over_tls(self) -> None:
+        # A Resume after a failover goes over TLS too, verified like the
+        # Hello; so it may carry the auth token.
+        sc = resume.Script(resume.serve({b"a": 10}),
+                           resume.resumer([(b"a", 10, 1, 0xFFFFFFFF)], {}))
+        with FakeServer(sc, tls=self.node_ctx()) as srv, \
+                ringlock.Client(srv.addr, retry=0, auth_token=TOKEN, ssl_context=self.ctx()) as c:
+            a = c.acquire("a")
+            sc.kill(0)
+            poll(lambda: c.resumes == 1, "the resume")
+            c.ping()
+            self.assertFalse(a.lost)
+            with sc.cv:
+                first = next(f for f in sc.frames if f[0] == 1)
+            self.assertEqual(first[1], resume.OP_RESUME)
+            self.assertIn(TOKEN, first[3])
+
+    def not_leader_naming(self, leader: str) -> FakeServer:
+        """A fake TLS server (node 1's certificate) answering not_leader."""
+        server_ctx = self.node_ctx()
 
         def handle(c: FakeConn) -> None:
             f = c.read()
