@@ -237,7 +237,7 @@ func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
 }
 
 func decodeStatus(b byte) (Status, error) {
-	if b > byte(StatusUnknownSession) {
+	if b > byte(StatusTLSRequired) {
 		return 0, fmt.Errorf("unknown status %d", b)
 	}
 	return Status(b), nil

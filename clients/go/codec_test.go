@@ -115,7 +115,7 @@ func TestDecodeStatusesWithDetail(t *testing.T) {
 		"0b 01 01 02",                  // longer
 		"0b 0000000000000000 000000",   // the 13-byte layout
 		"",                             // empty
-		"0e 0000000000000000 00000000", // unknown status
+		"0f 0000000000000000 00000000", // unknown status
 	} {
 		if _, err := decodeReply(unhex(t, bad)); err == nil {
 			t.Errorf("%q decoded", bad)
@@ -126,6 +126,10 @@ func TestDecodeStatusesWithDetail(t *testing.T) {
 	}
 	if StatusUnsupportedVersion.String() != "unsupported_version" || StatusNotLeader.String() != "not_leader" {
 		t.Fatal("names")
+	}
+	r, err = decodeReply(unhex(t, "0e 0000000000000000 ffffffff"))
+	if err != nil || r.status != StatusTLSRequired || r.status.String() != "tls_required" || !errors.Is(&StatusError{Op: "hello", Status: r.status}, ErrTLSRequired) {
+		t.Fatalf("tls_required: got %+v %v", r, err)
 	}
 	if got := encodeHello(3, 9, 0, nil)[7]; got != 9 {
 		t.Fatalf("hello version byte %d", got)

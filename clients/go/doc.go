@@ -33,6 +33,17 @@
 //		return res
 //	}
 //
+// # TLS
+//
+// WithTLS makes every connection speak TLS (LoadTLSConfig reads a certs
+// dir made by `ringlock cert`): the server's certificate is verified
+// against the config's RootCAs and the host of each address dialled, a
+// not_leader hint included. A certificate that does not verify is a
+// *TLSError; plaintext to a server that takes sessions over TLS only is
+// ErrTLSRequired. Without verified TLS, an auth token or a session id is
+// never sent to a not_leader hint that is not among Dial's addresses
+// (*UnverifiedLeaderError).
+//
 // # Holds
 //
 // A session hold (the default) is freed by the server the moment the
@@ -55,7 +66,7 @@
 // A refusal by the server is a *StatusError whose Status names the
 // protocol's status ("busy", "timed_out", "stale_token", ...); it matches
 // the sentinel of its status with errors.Is (ErrBusy, ErrTimedOut,
-// ErrStaleToken, ErrUnauthorized, ...). A lost lock is a *LostError
+// ErrStaleToken, ErrUnauthorized, ErrTLSRequired, ...). A lost lock is a *LostError
 // (ErrLost); an ended session ErrSessionEnded; bad arguments, refused
 // before anything is sent, ErrInvalidArgument.
 package ringlock

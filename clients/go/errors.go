@@ -33,12 +33,15 @@ const (
 	// StatusUnknownSession: a Resume named a session the server does not
 	// have (ended, never replicated, or past its resume window).
 	StatusUnknownSession Status = 13
+	// StatusTLSRequired: a Hello or Resume in plaintext to a server that
+	// takes sessions over TLS only (it has --certs-dir): dial WithTLS.
+	StatusTLSRequired Status = 14
 )
 
 var statusNames = [...]string{
 	"ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
 	"limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
-	"unsupported_version", "not_leader", "unknown_session",
+	"unsupported_version", "not_leader", "unknown_session", "tls_required",
 }
 
 func (s Status) String() string {
@@ -70,6 +73,9 @@ var (
 	// ErrUnknownSession: a Resume was refused, the session has ended
 	// (Session.Err matches it when that ended the session).
 	ErrUnknownSession = errors.New("ringlock: unknown_session")
+	// ErrTLSRequired: the server takes sessions over TLS only; Dial
+	// WithTLS (LoadTLSConfig reads a certs dir). Dial stops there.
+	ErrTLSRequired = errors.New("ringlock: tls_required")
 )
 
 // Errors that are not a server status.
@@ -102,6 +108,7 @@ var statusSentinels = map[Status]error{
 	StatusUnsupportedVersion: ErrUnsupportedVersion,
 	StatusNotLeader:          ErrNotLeader,
 	StatusUnknownSession:     ErrUnknownSession,
+	StatusTLSRequired:        ErrTLSRequired,
 }
 
 // VersionError: the server at Addr does not speak this client's session
@@ -148,6 +155,72 @@ func (e *NotLeaderError) Error() string {
 
 // Is matches ErrNotLeader.
 func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// ErrUnverifiedLeader matches an *UnverifiedLeaderError.
+var ErrUnverifiedLeader = errors.New("ringlock: not_leader hint not dialled: its server would not be verified")
+
+// UnverifiedLeaderError: the server at Addr answered not_leader naming
+// Leader, an address not among those given to Dial, and the connection to
+// it would have carried a secret — the auth token of a Hello, or (Resume)
+// the session id of a Resume — to a server nobody verified (no TLS, or a
+// TLS config with InsecureSkipVerify): it was not dialled. Dial WithTLS
+// (the leader's certificate is then verified against the host it names)
+// or list Leader among Dial's addresses. errors.Is matches ErrNotLeader
+// and ErrUnverifiedLeader.
+type UnverifiedLeaderError struct {
+	Addr   string
+	Leader string
+	Resume bool // a Resume (the session id), else a Hello (the auth token)
+	TLS    bool // TLS without verification (InsecureSkipVerify), else plaintext
+}
+
+func (e *UnverifiedLeaderError) Error() string {
+	what := "the Hello (and the auth token it carries)"
+	if e.Resume {
+		what = "the Resume (and the session id it carries)"
+	}
+	how := "no TLS"
+	if e.TLS {
+		how = "the TLS config has InsecureSkipVerify"
+	}
+	return fmt.Sprintf("ringlock: %s answered not_leader naming the leader %s, which is not among the addresses given to Dial: not dialled, because %s would travel to a server nobody verified (%s). Dial WithTLS (ringlock.LoadTLSConfig(certsDir, \"\"): the leader's certificate is then verified against its host), or list %s among Dial's addresses",
+		e.Addr, e.Leader, what, how, e.Leader)
+}
+
+// Is matches ErrNotLeader and ErrUnverifiedLeader.
+func (e *UnverifiedLeaderError) Is(target error) bool {
+	return target == ErrNotLeader || target == ErrUnverifiedLeader
+}
+
+// ErrTLS matches a *TLSError.
+var ErrTLS = errors.New("ringlock: TLS refused")
+
+// TLSError: a TLS connection to Addr was refused: the server's
+// certificate does not verify (another CA, issued for another host than
+// the one dialled, expired), or the server refused this client's
+// certificate or wanted one (--client-cert-auth). Reason says which, Err
+// is the TLS error. Dial returns it at once: no other address is tried.
+// errors.Is(err, ErrTLS).
+type TLSError struct {
+	Addr   string
+	Reason string
+	Err    error
+}
+
+func (e *TLSError) Error() string {
+	return fmt.Sprintf("ringlock: %s: %s: %v", e.Addr, e.Reason, e.Err)
+}
+
+// Is matches ErrTLS.
+func (e *TLSError) Is(target error) bool { return target == ErrTLS }
+
+// Unwrap returns the TLS error.
+func (e *TLSError) Unwrap() error { return e.Err }
+
+// tlsRequired is the error for a session refused tls_required by addr.
+func tlsRequired(addr, op string) error {
+	return fmt.Errorf("ringlock: %s takes sessions over TLS only: Dial WithTLS(cfg) (ringlock.LoadTLSConfig(certsDir, \"\") reads a certs dir's ca.crt; a client NAME adds its certificate): %w", addr, &StatusError{Op: op, Status: StatusTLSRequired})
+}
 
 // endedError is Session.Err: it matches ErrSessionEnded and unwraps to
 // why the session ended (so errors.Is(err, ErrNotLeader) and errors.As

@@ -32,6 +32,12 @@ func startFake(t *testing.T, handle func(fc *fakeConn)) *fake {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startFakeOn(t, ln, handle)
+}
+
+// startFakeOn serves ln (a TLS listener, in the TLS tests).
+func startFakeOn(t *testing.T, ln net.Listener, handle func(fc *fakeConn)) *fake {
+	t.Helper()
 	f := &fake{ln: ln}
 	f.wg.Add(1)
 	go func() {

@@ -561,7 +561,10 @@ func TestANotLeaderCloseResumesOnTheLeaderItNames(t *testing.T) {
 	}
 	sc := newScript(first)
 	f := startFake(t, sc.handle)
-	s, err := Dial(tctx(t), []string{f.addr()})
+	// The leader is listed (second): a plaintext Resume, which carries the
+	// session id, goes to listed addresses only (hints_test.go); the hint
+	// puts it first.
+	s, err := Dial(tctx(t), []string{f.addr(), leader.addr()})
 	if err != nil {
 		t.Fatal(err)
 	}

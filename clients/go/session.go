@@ -3,6 +3,7 @@ package ringlock
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +51,10 @@ type Options struct {
 	// ReleaseTimeout bounds the Release that the client sends on its own:
 	// for a grant that won the race against a cancellation (default 10 s).
 	ReleaseTimeout time.Duration
+	// TLSConfig, when set, makes every connection speak TLS (WithTLS
+	// says how the server is verified; LoadTLSConfig reads a certs dir).
+	// Nil: plaintext.
+	TLSConfig *tls.Config
 
 	// helloVersion is the version the Hello asks for: protocolVersion,
 	// or another one in the tests of version negotiation.
@@ -98,7 +103,8 @@ func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
 // (EOF, an error, a not_leader close, an unanswered keep-alive Ping) does
 // not end the session at once: while the keep-alive, counted from the last
 // frame received, has not passed, the session walks its addresses (a
-// not_leader's hint first) sending a Resume as each new connection's first
+// not_leader's hint first; one not among them only over verified TLS, see
+// WithTLS) sending a Resume as each new connection's first
 // frame. Requests made meanwhile wait and are sent after it. The holds the
 // server lists (Held frames) are kept (their Lost channels stay open),
 // those it does not list are lost (LostNotListed); an Acquire in flight
@@ -178,9 +184,14 @@ type result struct {
 // server that answers the Hello with a refusal ends the search: a
 // *StatusError for unauthorized or invalid (errors.Is(err,
 // ErrUnauthorized)), a *VersionError naming the versions the server
-// speaks for unsupported_version. A server that answers not_leader counts
-// as a failure to connect: the leader it names is tried next (each
-// address at most once), then the remaining addresses.
+// speaks for unsupported_version, ErrTLSRequired for a server that takes
+// sessions over TLS only, a *TLSError for a TLS connection refused (a
+// certificate that does not verify). A server that answers not_leader
+// counts as a failure to connect: the leader it names is tried next (each
+// address at most once), then the remaining addresses — unless the Hello
+// carries an auth token, the connection is not verified (no WithTLS) and
+// the leader is not among addrs: then Dial fails with an
+// *UnverifiedLeaderError once the other addresses failed.
 func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error) {
 	o := Options{DialTimeout: 3 * time.Second, ReleaseTimeout: 10 * time.Second}
 	for _, opt := range opts {
@@ -216,7 +227,7 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 		norm[i] = n
 	}
 	var s *Session
-	tried, err, stop := walk(ctx, norm, "", func(a string) error {
+	tried, err, stop := walk(ctx, norm, "", "", hintGuard(norm, &o, false), func(a string) error {
 		var err error
 		s, err = dialOne(ctx, a, norm, &o)
 		return err
@@ -235,20 +246,31 @@ func Dial(ctx context.Context, addrs []string, opts ...Option) (*Session, error)
 
 // walk tries each address once, in order; an attempt answered not_leader
 // puts the leader it names first among those not tried yet (one that is
-// not an address is skipped), and so does hint. stop: an attempt
-// succeeded (err nil), or err is a refusal no other address can change (a
-// *StatusError, a *VersionError) or ctx ended. Otherwise err is the last
-// failure and tried says every one.
-func walk(ctx context.Context, addrs []string, hint string, try func(addr string) error) (tried []string, err error, stop bool) {
+// not an address is skipped), and so does hint (named by hintFrom). A
+// leader that guard refuses is not dialled: once the other addresses
+// failed, the walk stops with guard's error. stop: an attempt succeeded
+// (err nil), or err is a refusal no other address can change (a
+// *StatusError, a *VersionError, a *TLSError, guard's), or ctx ended.
+// Otherwise err is the last failure and tried says every one.
+func walk(ctx context.Context, addrs []string, hint, hintFrom string, guard func(from, leader string) error, try func(addr string) error) (tried []string, err error, stop bool) {
 	seen := map[string]bool{}
 	todo := append([]string(nil), addrs...)
-	prefer := func(h string) {
-		if n, herr := normalizeAddr(h); herr == nil && !seen[n] {
-			todo = append([]string{n}, todo...)
+	var refused error
+	prefer := func(from, h string) {
+		n, herr := normalizeAddr(h)
+		if herr != nil || seen[n] {
+			return
 		}
+		if guard != nil {
+			if err := guard(from, n); err != nil {
+				refused = err
+				return
+			}
+		}
+		todo = append([]string{n}, todo...)
 	}
 	if hint != "" {
-		prefer(hint)
+		prefer(hintFrom, hint)
 	}
 	var last error
 	for len(todo) > 0 {
@@ -264,7 +286,8 @@ func walk(ctx context.Context, addrs []string, hint string, try func(addr string
 		}
 		var se *StatusError
 		var ve *VersionError
-		if errors.As(err, &se) || errors.As(err, &ve) || ctx.Err() != nil {
+		var te *TLSError
+		if errors.As(err, &se) || errors.As(err, &ve) || errors.As(err, &te) || ctx.Err() != nil {
 			return tried, err, true
 		}
 		tried = append(tried, err.Error())
@@ -272,8 +295,12 @@ func walk(ctx context.Context, addrs []string, hint string, try func(addr string
 		var nl *NotLeaderError
 		if errors.As(err, &nl) && nl.Leader != "" {
 			// Preferred over every address not tried yet.
-			prefer(nl.Leader)
+			prefer(a, nl.Leader)
 		}
+	}
+	if refused != nil {
+		// Only the configuration can change it: not retried.
+		return tried, refused, true
 	}
 	return tried, last, false
 }
@@ -312,10 +339,9 @@ func normalizeAddr(a string) (string, error) {
 func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Session, error) {
 	dctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
-	d := net.Dialer{KeepAlive: 15 * time.Second}
-	conn, err := d.DialContext(dctx, "tcp", addr)
+	conn, err := connect(dctx, addr, o)
 	if err != nil {
-		return nil, fmt.Errorf("ringlock: connecting to %s: %w", addr, err)
+		return nil, err
 	}
 	deadline, _ := dctx.Deadline()
 	// The Hello must be answered within the dial timeout.
@@ -356,6 +382,9 @@ func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Ses
 	br := bufio.NewReader(conn)
 	var h [headerLen]byte
 	if _, err := io.ReadFull(br, h[:]); err != nil {
+		if te := alertErr(addr, o.TLSConfig, err); te != nil {
+			return fail(te)
+		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return fail(fmt.Errorf("%w: %s closed the connection before answering the Hello (not a ringlockd with sessions?)", ErrProtocol, addr))
 		}
@@ -385,6 +414,8 @@ func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Ses
 			return fail(&VersionError{Addr: addr, Client: o.helloVersion, Versions: r.detail})
 		case StatusNotLeader:
 			return fail(&NotLeaderError{Addr: addr, Leader: string(r.detail)})
+		case StatusTLSRequired:
+			return fail(tlsRequired(addr, "hello"))
 		}
 		w.status = r.status
 	} else if w, err = decodeWelcome(body); err != nil {
@@ -1053,11 +1084,12 @@ func (s *Session) resume(cause error) (*bufio.Reader, error) {
 	s.pending[rid] = &call{op: opResume}
 	s.mu.Unlock()
 	old.Close()
-	var hint string
+	var hint, hintFrom string
 	var nl *NotLeaderError
 	if errors.As(cause, &nl) {
-		hint = nl.Leader
+		hint, hintFrom = nl.Leader, nl.Addr
 	}
+	guard := hintGuard(s.addrs, &s.opts, true)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	go func() {
@@ -1076,7 +1108,7 @@ func (s *Session) resume(cause error) (*bufio.Reader, error) {
 	delay := 50 * time.Millisecond
 	for {
 		var r resumed
-		tried, err, stop := walk(ctx, s.addrs, hint, func(addr string) error {
+		tried, err, stop := walk(ctx, s.addrs, hint, hintFrom, guard, func(addr string) error {
 			var err error
 			r, err = s.resumeOne(ctx, addr, rid)
 			return err
@@ -1115,10 +1147,9 @@ type resumed struct {
 func (s *Session) resumeOne(ctx context.Context, addr string, rid uint32) (resumed, error) {
 	dctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	d := net.Dialer{KeepAlive: 15 * time.Second}
-	conn, err := d.DialContext(dctx, "tcp", addr)
+	conn, err := connect(dctx, addr, &s.opts)
 	if err != nil {
-		return resumed{}, fmt.Errorf("ringlock: connecting to %s: %w", addr, err)
+		return resumed{}, err
 	}
 	deadline, _ := dctx.Deadline()
 	if err := conn.SetDeadline(deadline); err != nil {
@@ -1152,6 +1183,9 @@ func (s *Session) resumeOne(ctx context.Context, addr string, rid uint32) (resum
 	for {
 		var h [headerLen]byte
 		if _, err := io.ReadFull(br, h[:1]); err != nil {
+			if te := alertErr(addr, s.opts.TLSConfig, err); te != nil {
+				return fail(te)
+			}
 			return fail(fmt.Errorf("ringlock: resume on %s: %v", addr, readErr(addr, err)))
 		}
 		if h[0] != kindReply && h[0] != kindHeld {
@@ -1204,6 +1238,8 @@ func (s *Session) resumeOne(ctx context.Context, addr string, rid uint32) (resum
 			return fail(&NotLeaderError{Addr: addr, Leader: string(r.detail)})
 		case StatusUnsupportedVersion:
 			return fail(&VersionError{Addr: addr, Client: protocolVersion, Versions: r.detail})
+		case StatusTLSRequired:
+			return fail(tlsRequired(addr, "resume"))
 		}
 		return fail(&StatusError{Op: "resume", Status: r.status})
 	}

@@ -26,6 +26,9 @@ trap 'rm -rf "$site"' EXIT
     exit 1
 }
 export PYTHONPATH="$site"
-# The codec's unit tests first (pure, fast), then the scenarios.
+# The unit tests first (the codec's, the fake servers', and test_tls.py:
+# the real ringlockd --certs-dir with certificates of the real `ringlock
+# cert`, the ringlock beside $RINGLOCKD unless RINGLOCK_CLI), then the
+# scenarios.
 (cd "$here/tests" && "$python" -m unittest discover -q -s . -p 'test_*.py')
 "$python" "$here/tests/conformance.py" "$@"

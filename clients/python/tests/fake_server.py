@@ -3,12 +3,15 @@ sends (``not_leader``) or that need a server speaking other versions.
 
 It listens on 127.0.0.1, counts connections, and hands each one to a
 handler that reads request frames with :meth:`FakeConn.read` and writes
-answers with the ``reply``/``welcome``/``refuse`` helpers.
+answers with the ``reply``/``welcome``/``refuse`` helpers. With ``tls``
+(a server-side :class:`ssl.SSLContext`) each connection is a TLS server
+connection first (a handshake that fails ends it).
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
 from typing import Callable, List, Optional, Tuple
@@ -80,8 +83,9 @@ Handler = Callable[[FakeConn], None]
 class FakeServer:
     """Runs ``handler`` for every connection, on a thread of its own."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: Optional[ssl.SSLContext] = None) -> None:
         self.handler = handler
+        self.tls = tls
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -109,6 +113,9 @@ class FakeServer:
 
     def _run(self, s: socket.socket) -> None:
         try:
+            if self.tls is not None:
+                s.settimeout(20)
+                s = self.tls.wrap_socket(s, server_side=True)
             self.handler(FakeConn(s))
         except OSError:
             pass

@@ -149,13 +149,17 @@ class DecodeTest(unittest.TestCase):
         r = c.decode_answer(reply(1, 13, 0, 0xFFFFFFFF))
         assert r is not None
         self.assertEqual(r[0].status, c.Status.UNKNOWN_SESSION)
+        # tls_required answers a Hello (its rid) in the 13-byte layout.
+        r = c.decode_answer(reply(1, 14, 0, 0xFFFFFFFF), 1)
+        assert r is not None
+        self.assertEqual((r[0].status, r[0].status.label), (c.Status.TLS_REQUIRED, "tls_required"))
 
     def test_garbage_is_a_protocol_error(self) -> None:
         bad = [
             struct.pack("<BIH", 0x99, 0, 0),                        # unknown kind
             struct.pack("<BIH", 0x80, 0, 513) + b"\0" * 513,         # oversized body
             struct.pack("<BIH", 0x80, 3, 12) + b"\0" * 12,           # short reply
-            reply(3, 14, 0, 0),                                      # unknown status
+            reply(3, 15, 0, 0),                                      # unknown status
             struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 3, 0, 1) + b"k",  # hold 3
             struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 1, 0, 2) + b"k",  # key len
             reply(3, 11, 0, 0),              # status 11 in the 13-byte layout

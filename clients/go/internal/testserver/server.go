@@ -54,6 +54,23 @@ func Binary() (string, error) {
 	}
 }
 
+// CLI is the ringlock command (its `ringlock cert` makes the TLS tests'
+// certificates): $RINGLOCK_CLI, or the ringlock beside Binary().
+func CLI() (string, error) {
+	if b := os.Getenv("RINGLOCK_CLI"); b != "" {
+		return filepath.Abs(b)
+	}
+	d, err := Binary()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(d), "ringlock")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s missing: run `cargo build --bins`, or set RINGLOCK_CLI", p)
+	}
+	return p, nil
+}
+
 // Threads is --threads from $RINGLOCK_TEST_THREADS (default 1).
 func Threads() string {
 	if n := os.Getenv("RINGLOCK_TEST_THREADS"); n != "" {

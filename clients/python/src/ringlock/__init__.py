@@ -15,6 +15,7 @@ See README.md for the full guide and the threading model.
 
 from ._client import DEFAULT_PORT, CancelToken, Client, Lease, LostInfo, LostReason
 from ._codec import Status
+from ._tls import tls_context
 from .errors import (
     Cancelled,
     InvalidArgument,
@@ -30,9 +31,12 @@ from .errors import (
     RingLockError,
     ServerError,
     StaleToken,
+    TLSError,
+    TLSRequired,
     Unauthorized,
     Unavailable,
     UnsupportedVersion,
+    UnverifiedLeader,
 )
 
 __version__ = "0.1.0"
@@ -59,7 +63,11 @@ __all__ = [
     "ServerError",
     "StaleToken",
     "Status",
+    "TLSError",
+    "TLSRequired",
     "Unauthorized",
     "Unavailable",
     "UnsupportedVersion",
+    "UnverifiedLeader",
+    "tls_context",
 ]

@@ -2,8 +2,9 @@
 
 Threading model
 ---------------
-* A :class:`Client` owns one TCP connection to ringlockd's lock port,
-  opened with a Hello, and one daemon **reader thread**
+* A :class:`Client` owns one TCP connection to ringlockd's lock port
+  (TLS over it with ``ssl_context``: ``_tls.py``), opened with a Hello,
+  and one daemon **reader thread**
   (``ringlock-reader-<session id>``). Only the reader thread reads the
   socket. It matches every Reply to its request by request id (rid),
   handles Lost pushes, sends the keep-alive Pings and the background
@@ -37,6 +38,7 @@ import math
 import queue
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -45,6 +47,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Uni
 
 from . import _codec as codec
 from ._codec import HoldMode, Status
+from ._tls import TLSConn, verifies
 from .errors import (
     Cancelled,
     InvalidArgument,
@@ -60,9 +63,12 @@ from .errors import (
     RingLockError,
     ServerError,
     StaleToken,
+    TLSError,
+    TLSRequired,
     Unauthorized,
     Unavailable,
     UnsupportedVersion,
+    UnverifiedLeader,
 )
 
 __all__ = [
@@ -433,6 +439,15 @@ class Client:
     Options:
 
     * ``auth_token`` — the server's ``--auth-token-file`` secret (str or bytes).
+    * ``ssl_context`` — an :class:`ssl.SSLContext` (e.g.
+      :func:`ringlock.tls_context` of a certs dir): every connection (the
+      Hello, each Resume, a ``not_leader`` hint) speaks TLS, and the
+      server's certificate is checked against the host dialled (the IP
+      address for an IP literal). ``None``: plaintext. Without a context
+      that verifies the server, a ``not_leader`` hint that is not among
+      ``addrs`` is not dialled when the Hello would carry ``auth_token``,
+      nor by a Resume (it carries the session id):
+      :class:`~ringlock.UnverifiedLeader`.
     * ``source`` — the name shown by ``ringlock keys`` (default: the server uses your IP).
     * ``keepalive`` — seconds to ask for (the server clamps it); default: the server's (10 s).
     * ``connect_timeout`` (3 s) — per address, connecting and the Hello.
@@ -454,7 +469,8 @@ class Client:
     cluster), a failed connection (EOF, an error, a ``not_leader`` close, an
     unanswered keep-alive) does not end the session at once: while the
     keep-alive, counted from the last frame received, has not passed, the
-    reader thread walks the addresses (a ``not_leader`` hint first) sending
+    reader thread walks the addresses (a ``not_leader`` hint first; one not
+    among ``addrs`` only with a verifying ``ssl_context``) sending
     a Resume. The holds the server lists are kept (no ``on_lost``), those
     it does not list are lost (reason ``not_listed``), requests in flight
     are settled by that list or sent again (``docs/protocol.md``, "Resuming
@@ -467,7 +483,8 @@ class Client:
                  auth_token: Union[str, bytes, None] = None, source: Union[str, bytes] = b"",
                  keepalive: Optional[float] = None, connect_timeout: float = 3.0,
                  retry: float = 10.0, release_timeout: float = 10.0,
-                 on_lost: Optional[LostCallback] = None) -> None:
+                 on_lost: Optional[LostCallback] = None,
+                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
         if isinstance(addrs, (str, tuple)):
             addr_list: List[Address] = [addrs]  # type: ignore[list-item]
         else:
@@ -486,6 +503,13 @@ class Client:
         keepalive_ms = 0 if keepalive is None else min(int(keepalive * 1000), 0xFFFFFFFF)
         if connect_timeout <= 0 or release_timeout <= 0 or retry < 0:
             raise InvalidArgument("timeouts must be positive (retry >= 0)")
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise InvalidArgument(f"ssl_context must be an ssl.SSLContext (ringlock.tls_context"
+                                  f"(certs_dir) makes one), got {type(ssl_context).__name__}")
+        self._ssl = ssl_context
+        #: The server of every connection is verified (CA and host name):
+        #: a secret may go to an address the user did not list.
+        self._verified = verifies(ssl_context)
         self._release_timeout = release_timeout
         self._on_lost = on_lost
 
@@ -534,18 +558,45 @@ class Client:
 
     # --- opening ------------------------------------------------------------
     def _open(self, keepalive_ms: int, timeout: float, retry: float
-              ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
+              ) -> Tuple["_Conn", _Welcome, Tuple[str, int], float]:
         return self._walk(lambda addr, t: self._hello(addr, keepalive_ms, t), timeout,
                           time.monotonic() + retry, None, time.sleep, 2.0, "opened")
 
+    def _configured(self, addr: Tuple[str, int]) -> bool:
+        """``addr`` is one of the addresses this client was given."""
+        return (addr[0].lower(), addr[1]) in {(h.lower(), p) for h, p in self._addrs}
+
+    def _unverified_hint(self, leader: str, addr: Tuple[str, int], by: str, what: str
+                         ) -> Optional[UnverifiedLeader]:
+        """The error for a ``not_leader`` hint that must not be dialled: a
+        connection that carries a secret (``what``), to an address nobody
+        listed, whose server is not verified. ``None``: it may be dialled."""
+        if self._verified or self._configured(addr):
+            return None
+        return UnverifiedLeader(
+            f"{by} answered not_leader naming the leader {leader}, which is not among this "
+            f"client's addresses: not dialled, because {what} would travel to a server nobody "
+            f"verified ({'no TLS' if self._ssl is None else 'its ssl_context does not verify'}"
+            f"). Give the client ssl_context= (ringlock.tls_context(certs_dir): "
+            f"the leader's certificate is then checked against {addr[0]!r}), or list {leader} "
+            f"among its addresses", leader)
+
     def _walk(self, attempt: Callable[[Tuple[str, int], float], "_T"], timeout: float,
               give_up: float, hint: Optional[Tuple[str, int]],
-              sleep: Callable[[float], None], max_delay: float, what: str) -> "_T":
+              sleep: Callable[[float], None], max_delay: float, what: str,
+              refused: Optional[UnverifiedLeader] = None) -> "_T":
         """Tries ``attempt(addr, timeout)`` on every address, rounds until
         ``give_up``; an attempt raising :class:`_Retry` moves on (to the
-        leader it names first), anything else ends the walk."""
+        leader it names first), anything else ends the walk. A leader named
+        that may not be dialled (:meth:`_unverified_hint`; ``refused``: the
+        starting hint was such) is skipped, and the walk ends with that
+        error after the round."""
         delay = 0.05
         attempts = 0
+        # What an attempt sends besides the request: a Resume always the
+        # session id; a Hello the auth token, if there is one.
+        secret = ("the Resume (and the session id it carries)" if what == "resumed" else
+                  "the Hello (and the auth token it carries)" if self._auth else None)
         while True:
             last: Optional[str] = None
             # One round: every address once. A `not_leader` answer puts the
@@ -568,13 +619,24 @@ class Client:
                     last = f"{addr[0]}:{addr[1]}: {e}"
                     if e.leader is not None:
                         try:
-                            hint = _parse_address(e.leader)
+                            named = _parse_address(e.leader)
                         except InvalidArgument:
                             log.warning("ringlock: %s:%s named a leader that is not an address: "
                                         "%r", addr[0], addr[1], e.leader)
                             continue
+                        if secret is not None:
+                            no = self._unverified_hint(e.leader, named, f"{addr[0]}:{addr[1]}",
+                                                       secret)
+                            if no is not None:
+                                log.warning("ringlock: %s", no)
+                                refused = no
+                                continue
+                        hint = named
                         if hint not in tried:
                             todo.insert(0, hint)
+            if refused is not None:
+                # Not retried: only the user's configuration can change it.
+                raise refused
             left = give_up - time.monotonic()
             if left <= 0:
                 n = attempts
@@ -583,16 +645,48 @@ class Client:
             sleep(min(delay, left))
             delay = min(delay * 2, max_delay)
 
-    def _hello(self, addr: Tuple[str, int], keepalive_ms: int, timeout: float
-               ) -> Tuple[socket.socket, _Welcome, Tuple[str, int], float]:
+    def _dial(self, addr: Tuple[str, int], timeout: float) -> "_Conn":
+        """A connection to ``addr``: TCP, then with ``ssl_context`` a TLS
+        handshake that verifies the server against the host dialled. Raises
+        :class:`_Retry` for what another try may change, :class:`TLSError`
+        for a certificate that does not verify."""
+        name = f"{addr[0]}:{addr[1]}"
         deadline = time.monotonic() + timeout
         try:
             sock = _connect(addr, timeout)
         except OSError as e:
             raise _Retry(str(e)) from None
-        ok = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is None:
+                return sock
+            conn = TLSConn(sock, self._ssl, addr[0])
+            conn.handshake(max(0.001, deadline - time.monotonic()))
+            return conn
+        except ssl.SSLCertVerificationError as e:
+            sock.close()
+            raise TLSError(
+                f"{name}: the server's certificate does not verify ({e.verify_message}): it "
+                f"must be issued by a CA of ssl_context (a certs dir's ca.crt), name the host "
+                f"dialled ({addr[0]!r}) as a DNS name or IP address, and be within its dates",
+                name) from None
+        except ssl.SSLError as e:
+            sock.close()
+            raise _Retry(f"the TLS handshake failed ({e.reason or e}): a server without "
+                         f"--certs-dir speaks plaintext only") from None
+        except OSError as e:
+            sock.close()
+            raise _Retry(f"the TLS handshake failed: {e}") from None
+        except BaseException:
+            sock.close()
+            raise
+
+    def _hello(self, addr: Tuple[str, int], keepalive_ms: int, timeout: float
+               ) -> Tuple["_Conn", _Welcome, Tuple[str, int], float]:
+        deadline = time.monotonic() + timeout
+        sock = self._dial(addr, timeout)
+        ok = False
+        try:
             sent = time.monotonic()
             try:
                 sock.sendall(codec.encode_hello(_PING_RID, keepalive_ms, self._auth,
@@ -630,8 +724,12 @@ class Client:
                         if st == Status.UNAUTHORIZED:
                             raise Unauthorized(
                                 f"{addr[0]}:{addr[1]} refused the session: unauthorized (the "
-                                f"server has --auth-token-file: pass its secret as auth_token)",
+                                f"server has --auth-token-file: pass its secret as auth_token"
+                                + (", or a client certificate in ssl_context" if self._ssl
+                                   else "") + ")",
                                 "unauthorized")
+                        if st == Status.TLS_REQUIRED:
+                            raise _tls_required(addr)
                         if st != Status.OK or not isinstance(ans, codec.Welcome):
                             raise ProtocolError(
                                 f"{addr[0]}:{addr[1]} refused the session: {st.label}", st.label)
@@ -654,8 +752,12 @@ class Client:
                     chunk = sock.recv(4096)
                 except socket.timeout:
                     raise _Retry(f"no hello reply within {timeout} s") from None
+                except ssl.SSLError as e:
+                    raise _tls_refusal(addr, e) from None
                 except OSError as e:
                     raise _Retry(str(e)) from None
+                if chunk is None:
+                    continue  # a TLS record not complete yet
                 if not chunk:
                     raise _Retry("the server closed the connection before the hello reply "
                                  "(a server without sessions does that)")
@@ -917,7 +1019,7 @@ class Client:
             return NotLeader(message, self._leader)
         return Unavailable(message)
 
-    def _write(self, sock: Optional[socket.socket], frame: bytes) -> None:
+    def _write(self, sock: "Optional[_Conn]", frame: bytes) -> None:
         """Writes ``frame`` on ``sock``, the connection that was current when
         its request was registered (``None`` while resuming: the resume
         sends it). A failed write of a resumable session fails the
@@ -936,14 +1038,14 @@ class Client:
             raise Unavailable(f"the session has ended: sending failed: {e}") from None
 
     @staticmethod
-    def _fail_connection(sock: socket.socket) -> None:
+    def _fail_connection(sock: "_Conn") -> None:
         """Shuts ``sock`` down: the reader sees the failure and resumes."""
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
-    def _current_sock(self) -> Optional[socket.socket]:
+    def _current_sock(self) -> "Optional[_Conn]":
         """The connection to write on (caller holds ``_lock``)."""
         return None if self._resuming else self._sock
 
@@ -1452,7 +1554,7 @@ class Client:
                 pass
 
         def attempt(addr: Tuple[str, int], t: float
-                    ) -> Tuple[socket.socket, codec.Welcome, List[codec.Held], Tuple[str, int],
+                    ) -> Tuple["_Conn", codec.Welcome, List[codec.Held], Tuple[str, int],
                                float]:
             if self._dead is not None:
                 raise _Gone("the session was closed")
@@ -1460,15 +1562,25 @@ class Client:
                 raise _Retry("the keep-alive passed")
             return self._resume_one(addr, t)
 
+        refused = None
+        if hint is not None and self._leader:
+            refused = self._unverified_hint(self._leader, hint,
+                                            f"{self._server[0]}:{self._server[1]}",
+                                            "the Resume (and the session id it carries)")
+            if refused is not None:
+                log.warning("ringlock: %s", refused)
+                hint = None
         try:
             sock, w, helds, addr, sent = self._walk(attempt, self._connect_timeout, deadline,
-                                                    hint, sleep, 0.5, "resumed")
+                                                    hint, sleep, 0.5, "resumed", refused)
         except (_Gone, Unavailable) as e:
             with self._lock:
                 if self._dead is not None:
                     return self._dead
             if isinstance(e, _Gone):
                 detail = f"{why}; the resume was refused: {e}"
+            elif isinstance(e, (UnverifiedLeader, TLSError, TLSRequired)):
+                detail = f"{why}; {e}"
             else:
                 detail = f"{why}; no resume succeeded within the keep-alive ({k} s): {e}"
             log.warning("ringlock: session %#x ended: %s", sid, detail)
@@ -1483,18 +1595,14 @@ class Client:
         return None
 
     def _resume_one(self, addr: Tuple[str, int], timeout: float
-                    ) -> Tuple[socket.socket, codec.Welcome, List[codec.Held], Tuple[str, int],
+                    ) -> Tuple["_Conn", codec.Welcome, List[codec.Held], Tuple[str, int],
                                float]:
         """One Resume: the new connection, its welcome and the Held list."""
         name = f"{addr[0]}:{addr[1]}"
         deadline = time.monotonic() + timeout
-        try:
-            sock = _connect(addr, timeout)
-        except OSError as e:
-            raise _Retry(str(e)) from None
+        sock = self._dial(addr, timeout)
         ok = False
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sent = time.monotonic()
             try:
                 sock.sendall(codec.encode_resume(_PING_RID, self._w.session_id, self._auth))
@@ -1535,6 +1643,8 @@ class Client:
                     elif ans.status == Status.UNKNOWN_SESSION:
                         raise _Gone(f"{name} answered unknown_session (the session ended "
                                     f"on the server)")
+                    elif ans.status == Status.TLS_REQUIRED:
+                        raise _tls_required(addr)
                     else:
                         raise _Gone(f"{name} refused the resume: {ans.status.label}")
                 left = deadline - time.monotonic()
@@ -1545,8 +1655,12 @@ class Client:
                     chunk = sock.recv(4096)
                 except socket.timeout:
                     raise _Retry(f"no answer to the resume within {timeout:.3f} s") from None
+                except ssl.SSLError as e:
+                    raise _tls_refusal(addr, e) from None
                 except OSError as e:
                     raise _Retry(str(e)) from None
+                if chunk is None:
+                    continue  # a TLS record not complete yet
                 if not chunk:
                     raise _Retry("the server closed the connection before answering the resume")
                 buf += chunk
@@ -1554,7 +1668,7 @@ class Client:
             if not ok:
                 sock.close()
 
-    def _reconcile(self, sock: socket.socket, w: codec.Welcome, helds: List[codec.Held],
+    def _reconcile(self, sock: "_Conn", w: codec.Welcome, helds: List[codec.Held],
                    addr: Tuple[str, int], sent: float) -> Tuple[int, int, int]:
         """Settles the session's state by the Held list of a successful
         Resume, then makes ``sock`` the session's connection. Returns (holds
@@ -1687,6 +1801,36 @@ class Client:
             fn(lease, info)
         except Exception:
             log.exception("a ringlock on_lost callback raised")
+
+
+#: A session's connection: a socket, or a TLS connection over one.
+_Conn = Union[socket.socket, TLSConn]
+
+
+def _tls_required(addr: Tuple[str, int]) -> TLSRequired:
+    return TLSRequired(
+        f"{addr[0]}:{addr[1]} refused the session: tls_required: the server takes sessions "
+        f"over TLS only: give the client ssl_context=ringlock.tls_context(certs_dir) (a certs "
+        f"dir with the CA's ca.crt; client=NAME adds a client certificate)", "tls_required")
+
+
+def _tls_refusal(addr: Tuple[str, int], e: ssl.SSLError) -> Exception:
+    """An alert from the server after the handshake: about this client's
+    certificate (not retried, :class:`TLSError`), or anything else
+    (:class:`_Retry`). With TLS 1.3 the server judges the client's
+    certificate after the client finished its handshake, so its verdict
+    arrives with the first read."""
+    name = f"{addr[0]}:{addr[1]}"
+    reason = str(e.reason or e)
+    if "CERTIFICATE_REQUIRED" in reason.upper():
+        return TLSError(f"{name} refused the TLS connection: it requires a client certificate "
+                        f"(--client-cert-auth): give ssl_context=ringlock.tls_context(certs_dir, "
+                        f"client=NAME) (client.NAME.crt, made by `ringlock cert create-client`)",
+                        name)
+    if any(w in reason.upper() for w in ("CERTIFICATE", "UNKNOWN_CA", "ACCESS_DENIED")):
+        return TLSError(f"{name} refused this client's certificate ({reason}): it must be issued "
+                        f"by the server's CA and within its dates", name)
+    return _Retry(f"TLS: {reason}")
 
 
 def _connect(addr: Tuple[str, int], timeout: float) -> socket.socket:

@@ -64,6 +64,9 @@ class Status(enum.IntEnum):
     UNSUPPORTED_VERSION = 11
     NOT_LEADER = 12
     UNKNOWN_SESSION = 13
+    #: A Hello or Resume in plaintext to a server that takes sessions over
+    #: TLS only (it has ``--certs-dir``); the connection is closed after it.
+    TLS_REQUIRED = 14
 
     @property
     def label(self) -> str:

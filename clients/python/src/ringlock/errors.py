@@ -70,6 +70,37 @@ class NotLeader(Unavailable):
         self.leader = leader
 
 
+class UnverifiedLeader(NotLeader):
+    """A server answered ``not_leader`` naming a leader (``.leader``) that is
+    not among the addresses this client was given, and the connection
+    would have carried a secret (the auth token of a Hello, the session id
+    of a Resume) to a server nobody verified: without TLS the client does
+    not dial it. Give the client an ``ssl_context`` (the leader's
+    certificate is then verified against the host it names) or list that
+    address among its addresses."""
+
+
+class TLSRequired(Unavailable):
+    """The server takes sessions over TLS only (status ``tls_required``: it
+    has ``--certs-dir``): give the client ``ssl_context=`` (e.g.
+    :func:`ringlock.tls_context` of a certs dir with the CA's ``ca.crt``).
+    Not retried."""
+
+    status = "tls_required"
+
+
+class TLSError(Unavailable):
+    """A TLS connection was refused: the server's certificate does not
+    verify (another CA, issued for another host than the one dialled,
+    expired), or the server refused this client's certificate or wanted
+    one (``--client-cert-auth``). Not retried: the message says which.
+    ``.address`` is the ``host:port`` dialled."""
+
+    def __init__(self, message: str, address: str = "") -> None:
+        super().__init__(message)
+        self.address = address
+
+
 class ProtocolError(RingLockError):
     """The peer does not speak the session protocol (or broke it)."""
 
