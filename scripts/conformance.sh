@@ -9,7 +9,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-cargo build --locked -q --bin ringlockd
+# Both binaries: the clients' TLS tests make certificates with `ringlock cert`.
+cargo build --locked -q --bins
 export RINGLOCKD="$ROOT/target/debug/ringlockd"
 SCENARIOS="grant fifo try timeout cancel_race lease_expiry_lost session_end_on_close keepalive_loss stale_token_release auth_refused server_restart_durable shards"
 runners=(clients/*/conformance.sh)

