@@ -3,7 +3,7 @@
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
 # tests against a private MariaDB, the Go client's tests and conformance
-# suite, the cluster and cluster-operations benchmarks in smoke mode, plus
+# suite, the cluster, cluster-operations and TLS benchmarks in smoke mode, plus
 # the deployment checks. Exits non-zero on any failure; a missing tool is a
 # failure.
 set -euo pipefail
@@ -86,6 +86,13 @@ CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
 # it fails if a run, a restart, a replacement or a worker did not work.
 echo "== cluster operations benchmark, smoke mode (scripts/cluster-ops-bench.sh)"
 CLUSTER_OPS_SMOKE=1 timeout 240 scripts/cluster-ops-bench.sh --no-install
+
+# The TLS benchmark's script in smoke mode (debug build, ~1 s per case, a
+# storm of 100 connections): plaintext and TLS session loads against one
+# ringlockd, started with and without --certs-dir; it fails if a run had
+# errors or no figures.
+echo "== TLS benchmark, smoke mode (scripts/tls-bench.sh)"
+TLS_BENCH_SMOKE=1 timeout 300 scripts/tls-bench.sh
 
 echo "== doc tests"
 cargo test --workspace --doc --locked

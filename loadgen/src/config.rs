@@ -4,6 +4,7 @@
 //! strings again. Durations carry units in their names (`_ns`).
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 
 use crate::dist::Dist;
 
@@ -187,6 +188,30 @@ pub enum ConnMode {
     PerRequest,
     /// One connection per client, reused for every request.
     Persistent,
+    /// A new connection for every cycle (its greeting, Lock, Unlock, then
+    /// close): connection churn for the protocols whose locks die with the
+    /// connection (sessions, SQL), and with TLS one handshake per cycle.
+    PerCycle,
+}
+
+impl ConnMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnMode::PerRequest => "per-request",
+            ConnMode::Persistent => "persistent",
+            ConnMode::PerCycle => "per-cycle",
+        }
+    }
+}
+
+/// `--tls-certs-dir` / `--tls-client`: speak TLS 1.3 to a ringlockd lock
+/// port started with `--certs-dir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsOpts {
+    /// The directory with `ca.crt` (and the client's certificate).
+    pub certs_dir: PathBuf,
+    /// Present `client.NAME.crt` / `client.NAME.key` from `certs_dir`.
+    pub client: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -213,12 +238,19 @@ pub struct Config {
     pub seed: u64,
     pub json: bool,
     pub hgrm_path: Option<String>,
+    /// Write every lock latency with its intended start (monotonic ns).
+    pub latency_log: Option<String>,
     pub progress: bool,
     pub label: String,
     /// Epoll threads; thread t drives clients t, t + threads, … (default 1).
     pub threads: usize,
     /// Pin thread t to `pin_cpus[t % len]`; `None` = leave the affinity alone.
     pub pin_cpus: Option<Vec<usize>>,
+    /// TLS to the target (ringlock targets only); `None` = plaintext.
+    pub tls: Option<TlsOpts>,
+    /// Stop after this many cycles in all (warm-up included), split evenly
+    /// over the clients; the run ends when they are done or at `duration`.
+    pub cycles: Option<u64>,
 }
 
 /// Most CPUs a `--pin-cpus` list may name (the size of `cpu_set_t`).
@@ -269,6 +301,7 @@ Targets:
   etcd://HOST:PORT                etcd v3 lock API through the HTTP/JSON gateway
   (aliases: lc:// = ringlock://, postgresql://, mariadb://; any other scheme, http:// included,
   is refused; a port left out is the service's default: 22119, 6379, 5432, 3306, 2379)
+  ringlock:// and ringlock-session:// speak TLS 1.3 with --tls-certs-dir (ringlockd --certs-dir)
 
 Exit status: 0 when some request succeeded (errors are in the report); 1 when every request
 failed (nothing listens, auth refused, ...: the report is printed, then one line says why)
@@ -285,7 +318,10 @@ Options:
   --dist DIST          uniform | zipf:S | hot | private (key = client id) (default uniform)
   --hold D             time inside the critical section (default 0)
   --mix MIX            lock-unlock | try-lock (default lock-unlock)
-  --conn-mode MODE     persistent | per-request (default persistent)
+  --conn-mode MODE     persistent | per-request | per-cycle (default persistent);
+                       per-cycle: a new connection per lock+unlock cycle (any target)
+  --cycles N           stop after N cycles in all (warm-up included; split evenly over
+                       the clients), or at the end of --duration if that comes first
   --retry-backoff D    redis: pause between SET NX attempts (default 100us, +-50% jitter)
   --lock-ttl-ms MS     redis PX / etcd lease TTL / ringlock-session keep-alive (default 30000)
   --key-prefix P       key prefix (default lg)
@@ -293,11 +329,19 @@ Options:
   --label TEXT         free text echoed in the report
   --json               last stdout line: one JSON object with the results
   --hgrm FILE          write the corrected lock-latency histogram as .hgrm
+  --latency-log FILE   write every recorded lock latency, one line `START_NS LATENCY_NS`
+                       (intended start, CLOCK_MONOTONIC; kept in memory, written at the end),
+                       to cut a run into time windows (scripts/tls-bench.sh's storm)
   --no-progress        no per-second progress line on stderr
   --threads N          epoll threads; thread t drives clients t, t+N, ... (default 1,
                        at most --connections); percentiles merge all threads
   --pin-cpus LIST      pin thread t to the t-th CPU of LIST (0,1 or 2-9; wraps
                        around when shorter than --threads); default: no pinning
+  --tls-certs-dir DIR  ringlock:// and ringlock-session:// over TLS 1.3: verify the server
+                       against DIR/ca.crt and the target's host name or IP (ringlockd
+                       --certs-dir; `ringlock cert` makes DIR); every connection is a
+                       full handshake, timed in the report's `connect + TLS handshake` row
+  --tls-client NAME    present DIR/client.NAME.crt (+ .key) as the client certificate
   -h, --help           this help;  -V, --version  the version
 ";
 
@@ -330,11 +374,16 @@ where
         seed: 1,
         json: false,
         hgrm_path: None,
+        latency_log: None,
         progress: true,
         label: String::new(),
         threads: 1,
         pin_cpus: None,
+        tls: None,
+        cycles: None,
     };
+    let mut tls_dir = None;
+    let mut tls_client = None;
     let s = |v: std::ffi::OsString| {
         v.into_string()
             .map_err(|_| "argument is not UTF-8".to_string())
@@ -383,7 +432,12 @@ where
                 cfg.conn_mode = match s(p.value().map_err(|e| e.to_string())?)?.as_str() {
                     "persistent" => ConnMode::Persistent,
                     "per-request" => ConnMode::PerRequest,
-                    o => return Err(format!("bad --conn-mode {o:?} (persistent | per-request)")),
+                    "per-cycle" => ConnMode::PerCycle,
+                    o => {
+                        return Err(format!(
+                            "bad --conn-mode {o:?} (persistent | per-request | per-cycle)"
+                        ))
+                    }
                 }
             }
             Long("retry-backoff") => {
@@ -404,6 +458,9 @@ where
             Long("label") => cfg.label = s(p.value().map_err(|e| e.to_string())?)?,
             Long("json") => cfg.json = true,
             Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
+            Long("latency-log") => {
+                cfg.latency_log = Some(s(p.value().map_err(|e| e.to_string())?)?)
+            }
             Long("no-progress") => cfg.progress = false,
             Long("threads") => {
                 cfg.threads = s(p.value().map_err(|e| e.to_string())?)?
@@ -415,6 +472,17 @@ where
                     .value()
                     .map_err(|e| e.to_string())?)?)?)
             }
+            Long("cycles") => {
+                cfg.cycles = Some(
+                    s(p.value().map_err(|e| e.to_string())?)?
+                        .parse()
+                        .map_err(|_| "bad --cycles")?,
+                )
+            }
+            Long("tls-certs-dir") => {
+                tls_dir = Some(PathBuf::from(p.value().map_err(|e| e.to_string())?))
+            }
+            Long("tls-client") => tls_client = Some(s(p.value().map_err(|e| e.to_string())?)?),
             Long("help") | Short('h') => return Err(USAGE.to_string()),
             Long("version") | Short('V') => return Err(VERSION.to_string()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
@@ -450,6 +518,23 @@ where
         return Err(
             "--mix try-lock is not available for etcd: its lock API has no try-lock".into(),
         );
+    }
+    if cfg.cycles == Some(0) {
+        return Err("--cycles must be at least 1".into());
+    }
+    match (tls_dir, tls_client) {
+        (None, Some(_)) => return Err("--tls-client needs --tls-certs-dir".into()),
+        (None, None) => {}
+        (Some(certs_dir), client) => {
+            if !matches!(cfg.target.kind, Kind::Ringlock | Kind::Session) {
+                return Err(format!(
+                    "--tls-certs-dir: TLS is implemented for ringlock:// and \
+                     ringlock-session:// targets, not {}",
+                    cfg.target.scheme()
+                ));
+            }
+            cfg.tls = Some(TlsOpts { certs_dir, client });
+        }
     }
     if cfg.key_prefix.len() > 100 {
         return Err("--key-prefix too long".into());
@@ -554,6 +639,49 @@ mod tests {
         assert!(e.contains("bound to the session"), "{e}");
         assert!(a(&["--connections", "1"]).is_err());
         assert!(a(&["--target", "etcd://h:1", "--mix", "try-lock"]).is_err());
+    }
+
+    #[test]
+    fn tls_per_cycle_and_cycle_caps() {
+        let a = |v: &[&str]| parse_args(v.iter().map(std::ffi::OsString::from));
+        let c = a(&["--target", "ringlock-session://h:1"]).unwrap();
+        assert_eq!(
+            (c.tls, c.cycles),
+            (None, None),
+            "defaults: plaintext, no cap"
+        );
+        let c = a(&[
+            "--target",
+            "ringlock-session://h:1",
+            "--tls-certs-dir",
+            "/certs",
+            "--tls-client",
+            "bench",
+            "--conn-mode",
+            "per-cycle",
+            "--cycles",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.tls,
+            Some(TlsOpts {
+                certs_dir: "/certs".into(),
+                client: Some("bench".into())
+            })
+        );
+        assert_eq!((c.conn_mode, c.cycles), (ConnMode::PerCycle, Some(1000)));
+        let c = a(&["--target", "ringlock://h:1", "--tls-certs-dir", "d"]).unwrap();
+        assert_eq!(c.tls.unwrap().client, None);
+        // Per-cycle is fine for session-bound locks (the lock dies with
+        // the connection after its Unlock).
+        assert!(a(&["--target", "postgres://u@h:1/d", "--conn-mode", "per-cycle"]).is_ok());
+        let e = a(&["--target", "ringlock://h:1", "--tls-client", "x"]).unwrap_err();
+        assert!(e.contains("needs --tls-certs-dir"), "{e}");
+        let e = a(&["--target", "redis://h:1", "--tls-certs-dir", "d"]).unwrap_err();
+        assert!(e.contains("not redis"), "{e}");
+        assert!(a(&["--target", "ringlock://h:1", "--cycles", "0"]).is_err());
+        assert!(a(&["--target", "ringlock://h:1", "--cycles", "x"]).is_err());
     }
 
     #[test]

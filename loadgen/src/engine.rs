@@ -26,10 +26,24 @@
 //!   queued by another client of this run (contended);
 //! - `handoff`: grant − the moment the previous holder's Unlock was written,
 //!   for contended grants (unlock → next waiter's `+`).
+//! - `handshake`: connect start → the connection is ready for the protocol:
+//!   the TCP connect, plus with TLS (`--tls-certs-dir`) the whole TLS 1.3
+//!   handshake. Every connection of the run is recorded (warm-up included:
+//!   persistent clients connect then); the protocol's own greeting (session
+//!   Hello, SQL auth) is not in it.
 //!
 //! Only cycles whose intended start lies in `[warmup_end, end)` are recorded;
 //! cycles still open at `end` get `drain` time to finish, and the ones that
 //! do not are counted as `incomplete` errors (never silently dropped).
+//!
+//! TLS: a client's connection then carries a `rustls::ClientConnection`.
+//! After the TCP connect, the engine drives the handshake on the
+//! nonblocking socket (`write_tls` until it would block, then the
+//! edge-triggered `EPOLLOUT` resumes it; `read_tls` → `process_new_packets`
+//! on `EPOLLIN`); once it is done the codec runs as over plaintext: what it
+//! writes goes through `writer()` and `write_tls`, what rustls decrypts is
+//! appended to the read buffer, all of it before the next `epoll_wait`.
+//! The plaintext path only tests `tls.is_none()` once per read and write.
 //!
 //! Ownership: a thread's engine owns its clients' sockets; a client's `gen`
 //! changes on every new connection so a stale epoll event for a closed
@@ -43,10 +57,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::mpsc;
+use std::sync::Arc;
 
 use hdrhistogram::Histogram;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
 
-use crate::config::{Config, ConnMode, Mix};
+use crate::config::{Config, ConnMode, Mix, TlsOpts};
 use crate::dist::{KeyPicker, Rng};
 use crate::proto::{new_codec, Codec, Op, Reply};
 
@@ -82,6 +99,9 @@ pub struct Errors {
     pub server: u64,
     /// Connect failed or was refused.
     pub connect: u64,
+    /// TLS failed: the handshake (a certificate refused on either side, no
+    /// common parameters) or a TLS record or alert later.
+    pub tls: u64,
     /// The connection broke (reset, EOF) while a request was open.
     pub io: u64,
     /// An answer that does not parse.
@@ -94,7 +114,13 @@ pub struct Errors {
 
 impl Errors {
     pub fn total(&self) -> u64 {
-        self.server + self.connect + self.io + self.protocol + self.not_held + self.incomplete
+        self.server
+            + self.connect
+            + self.tls
+            + self.io
+            + self.protocol
+            + self.not_held
+            + self.incomplete
     }
 }
 
@@ -105,6 +131,9 @@ pub struct Stats {
     pub cycle: Histogram<u64>,
     pub queue_wait: Histogram<u64>,
     pub handoff: Histogram<u64>,
+    /// Connect start → ready (TCP connected; with TLS, handshake done), for
+    /// every connection of the run, warm-up included.
+    pub handshake: Histogram<u64>,
     pub cycles: u64,
     /// Every completed cycle, warm-up and drain included: the denominator
     /// for costs measured over the whole run (the server's CPU time).
@@ -129,6 +158,15 @@ pub struct Stats {
     /// process for [`run`], the one thread for a part of [`run_parts`].
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
+    /// `--latency-log`: every lock latency recorded in `lock`, as
+    /// (intended start of the cycle, latency), CLOCK_MONOTONIC ns; empty
+    /// without the option.
+    pub samples: Vec<(u64, u64)>,
+    /// When the run started (the first arrivals were due) and when its
+    /// last thread finished, CLOCK_MONOTONIC ns (the same clock in every
+    /// process of the machine, so runs side by side can be lined up).
+    pub started_ns: u64,
+    pub ended_ns: u64,
 }
 
 impl Stats {
@@ -140,6 +178,7 @@ impl Stats {
             cycle: new_hist(),
             queue_wait: new_hist(),
             handoff: new_hist(),
+            handshake: new_hist(),
             cycles: 0,
             cycles_all: 0,
             grants: 0,
@@ -154,6 +193,19 @@ impl Stats {
             drain_used_ns: 0,
             cpu_user_s: 0.0,
             cpu_sys_s: 0.0,
+            samples: Vec::new(),
+            started_ns: 0,
+            ended_ns: 0,
+        }
+    }
+
+    /// Record a lock latency: the histograms, and the sample log if kept.
+    #[inline]
+    fn record_lock(&mut self, interval: &mut Histogram<u64>, start_ns: u64, now: u64, log: bool) {
+        record(&mut self.lock, now - start_ns);
+        record(interval, now - start_ns);
+        if log {
+            self.samples.push((start_ns, now - start_ns));
         }
     }
 
@@ -175,6 +227,7 @@ impl Stats {
             (&mut self.cycle, &o.cycle),
             (&mut self.queue_wait, &o.queue_wait),
             (&mut self.handoff, &o.handoff),
+            (&mut self.handshake, &o.handshake),
         ] {
             mine.add(theirs)
                 .expect("every histogram of a run has the same bounds");
@@ -188,6 +241,7 @@ impl Stats {
         let (e, f) = (&mut self.errors, &o.errors);
         e.server += f.server;
         e.connect += f.connect;
+        e.tls += f.tls;
         e.io += f.io;
         e.protocol += f.protocol;
         e.not_held += f.not_held;
@@ -208,6 +262,9 @@ impl Stats {
         self.drain_used_ns = self.drain_used_ns.max(o.drain_used_ns);
         self.cpu_user_s += o.cpu_user_s;
         self.cpu_sys_s += o.cpu_sys_s;
+        self.samples.extend_from_slice(&o.samples);
+        self.started_ns = self.started_ns.min(o.started_ns);
+        self.ended_ns = self.ended_ns.max(o.ended_ns);
     }
 }
 
@@ -226,6 +283,9 @@ enum Phase {
     /// Between cycles, waiting for the next intended start.
     Idle,
     Connecting,
+    /// TCP is up; the TLS handshake is running.
+    TlsHandshaking,
+    /// The protocol's own greeting (session Hello, SQL auth, Persist).
     Handshaking,
     AwaitReply,
     /// Inside the critical section, waiting for the hold to end.
@@ -239,6 +299,9 @@ struct Client {
     /// client's index in its thread's `clients` is its epoll token instead.
     id: usize,
     stream: Option<TcpStream>,
+    /// The TLS session of `stream` (TLS runs only); boxed, so a plaintext
+    /// client stays small.
+    tls: Option<Box<ClientConnection>>,
     gen: u32,
     phase: Phase,
     /// The operation in flight, or the one to send once connected.
@@ -265,6 +328,10 @@ struct Client {
     period_ns: u64,
     timer_seq: u64,
     rng: Rng,
+    /// When the current connection's connect began.
+    connect_start_ns: u64,
+    /// Cycles this client may still start (`--cycles`; `u64::MAX` = no cap).
+    cycles_left: u64,
 }
 
 const NO_HOLDER: u32 = u32::MAX;
@@ -325,11 +392,39 @@ struct Plan {
     addr: SocketAddr,
     start_ns: u64,
     period_ns: u64,
+    tls: Option<Tls>,
+}
+
+/// The TLS every connection of a run speaks: one rustls configuration
+/// (TLS 1.3, no resumption: each connection is a full handshake) and the
+/// name the server's certificate must carry.
+#[derive(Clone)]
+struct Tls {
+    config: Arc<ClientConfig>,
+    server_name: ServerName<'static>,
+}
+
+impl Tls {
+    fn load(opts: &TlsOpts, host: &str) -> Result<Tls, String> {
+        let client = ringlock::tls::ClientTls::load(&opts.certs_dir, opts.client.as_deref())
+            .map_err(|e| format!("--tls-certs-dir {}: {e}", opts.certs_dir.display()))?;
+        let server_name = ServerName::try_from(host.to_string())
+            .map_err(|e| format!("TLS server name {host:?}: {e}"))?;
+        Ok(Tls {
+            config: client.config(),
+            server_name,
+        })
+    }
 }
 
 struct Engine<'a> {
     cfg: &'a Config,
     addr: SocketAddr,
+    tls: Option<Tls>,
+    /// Clients that have started their last cycle (`--cycles`).
+    exhausted: usize,
+    /// Keep every lock latency in `stats.samples` (`--latency-log`).
+    log_samples: bool,
     epfd: OwnedFd,
     tfd: OwnedFd,
     armed_ns: u64,
@@ -376,10 +471,15 @@ pub fn run_parts(cfg: &Config) -> Result<Vec<Stats>, String> {
     } else {
         5_000_000
     };
+    let tls = match &cfg.tls {
+        Some(opts) => Some(Tls::load(opts, &cfg.target.host)?),
+        None => None,
+    };
     let plan = Plan {
         addr,
         start_ns: now_ns() + lead_ns,
         period_ns,
+        tls,
     };
     if cfg.threads == 1 {
         return Ok(vec![run_thread(cfg, &plan, &keys, 0, ProgressSink::Print)?]);
@@ -527,6 +627,7 @@ fn run_thread(
         .map(|id| Client {
             id,
             stream: None,
+            tls: None,
             gen: 0,
             phase: Phase::Idle,
             op: Op::Lock,
@@ -534,7 +635,7 @@ fn run_thread(
                 &cfg.target,
                 id,
                 cfg.lock_ttl_ms,
-                cfg.conn_mode == ConnMode::Persistent,
+                cfg.conn_mode != ConnMode::PerRequest,
             ),
             rbuf: Vec::with_capacity(4096),
             wbuf: Vec::with_capacity(4096),
@@ -553,12 +654,18 @@ fn run_thread(
             period_ns: plan.period_ns,
             timer_seq: 0,
             rng: Rng::new(seeds[id]),
+            connect_start_ns: 0,
+            cycles_left: cycle_quota(cfg, id),
         })
-        .collect();
+        .collect::<Vec<Client>>();
+    let exhausted = clients.iter().filter(|c| c.cycles_left == 0).count();
     let start = plan.start_ns;
     let mut e = Engine {
         cfg,
         addr: plan.addr,
+        tls: plan.tls.clone(),
+        exhausted,
+        log_samples: cfg.latency_log.is_some(),
         epfd,
         tfd,
         armed_ns: 0,
@@ -608,10 +715,24 @@ fn run_thread(
     e.schedule(NO_CLIENT, start + PROGRESS_EVERY_NS);
     e.event_loop(start)?;
     let mut stats = e.stats;
+    stats.started_ns = start;
+    stats.ended_ns = now_ns();
     let (user, sys) = cpu_s(libc::RUSAGE_THREAD);
     stats.cpu_user_s = user;
     stats.cpu_sys_s = sys;
     Ok(stats)
+}
+
+/// How many cycles client `id` may start: `--cycles` split over the
+/// clients (the first `N mod clients` get one more), or no cap.
+fn cycle_quota(cfg: &Config, id: usize) -> u64 {
+    match cfg.cycles {
+        None => u64::MAX,
+        Some(n) => {
+            let clients = cfg.connections as u64;
+            n / clients + u64::from((id as u64) < n % clients)
+        }
+    }
 }
 
 /// Pin the calling thread to one CPU.
@@ -694,6 +815,12 @@ impl<'a> Engine<'a> {
             let now = now_ns();
             if now >= self.end_ns && self.busy_clients() == 0 {
                 self.stats.drain_used_ns = now - self.end_ns;
+                return Ok(());
+            }
+            if self.exhausted == self.clients.len() && self.busy_clients() == 0 {
+                // --cycles: every client has done its share before the end.
+                self.stats.measured_ns = now.saturating_sub(self.warm_end_ns);
+                self.stats.drain_used_ns = 0;
                 return Ok(());
             }
             if now >= deadline {
@@ -784,8 +911,12 @@ impl<'a> Engine<'a> {
     }
 
     fn start_cycle(&mut self, idx: usize, intended_ns: u64) {
-        if intended_ns >= self.end_ns {
+        if intended_ns >= self.end_ns || self.clients[idx].cycles_left == 0 {
             return;
+        }
+        self.clients[idx].cycles_left -= 1;
+        if self.clients[idx].cycles_left == 0 {
+            self.exhausted += 1;
         }
         let key = {
             let c = &mut self.clients[idx];
@@ -847,6 +978,7 @@ impl<'a> Engine<'a> {
 
     fn connect(&mut self, idx: usize) {
         self.stats.connects += 1;
+        self.clients[idx].connect_start_ns = now_ns();
         match open_nonblocking(&self.addr) {
             Ok((stream, in_progress)) => {
                 let c = &mut self.clients[idx];
@@ -883,8 +1015,32 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The TCP connect finished: start the TLS handshake, or the protocol.
     fn on_connected(&mut self, idx: usize) {
+        if let Some(tls) = &self.tls {
+            match ClientConnection::new(tls.config.clone(), tls.server_name.clone()) {
+                Ok(conn) => {
+                    let c = &mut self.clients[idx];
+                    c.tls = Some(Box::new(conn));
+                    c.phase = Phase::TlsHandshaking;
+                    // The ClientHello; the rest on EPOLLIN / EPOLLOUT.
+                    self.flush(idx);
+                }
+                Err(e) => self.fail(idx, ErrKind::Tls, format!("TLS: {e}")),
+            }
+            return;
+        }
+        self.on_ready(idx);
+    }
+
+    /// The connection is ready for the protocol (TCP connected; with TLS,
+    /// the handshake done): time it, then greet or send the first request.
+    fn on_ready(&mut self, idx: usize) {
         let c = &mut self.clients[idx];
+        record(
+            &mut self.stats.handshake,
+            now_ns().saturating_sub(c.connect_start_ns),
+        );
         if c.codec.start_connection(&mut c.wbuf) {
             c.phase = Phase::Handshaking;
             self.flush(idx);
@@ -898,6 +1054,12 @@ impl<'a> Engine<'a> {
         let Some(stream) = c.stream.as_mut() else {
             return;
         };
+        if let Some(tls) = c.tls.as_deref_mut() {
+            if let Err(e) = tls_flush(tls, stream, &mut c.wbuf) {
+                self.fail(idx, ErrKind::Io, e);
+            }
+            return;
+        }
         while c.wpos < c.wbuf.len() {
             match stream.write(&c.wbuf[c.wpos..]) {
                 Ok(0) => {
@@ -948,7 +1110,12 @@ impl<'a> Engine<'a> {
         // that closes first sends its FIN right behind the answer: that EOF
         // belongs to the old connection, never to the new one.
         let gen = self.clients[idx].gen;
-        {
+        if self.clients[idx].tls.is_some() {
+            match self.tls_read(idx) {
+                Some(e) => eof = e,
+                None => return,
+            }
+        } else {
             let c = &mut self.clients[idx];
             let Some(stream) = c.stream.as_mut() else {
                 return;
@@ -1008,6 +1175,11 @@ impl<'a> Engine<'a> {
         }
         if eof && self.clients[idx].gen == gen && self.clients[idx].stream.is_some() {
             match self.clients[idx].phase {
+                Phase::TlsHandshaking => self.fail(
+                    idx,
+                    ErrKind::Tls,
+                    "TLS handshake: connection closed by the server".into(),
+                ),
                 Phase::Connecting | Phase::Handshaking | Phase::AwaitReply => {
                     self.fail(idx, ErrKind::Io, "connection closed by the server".into())
                 }
@@ -1016,8 +1188,86 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// TLS: read what the socket has (until it would block), decrypt it,
+    /// append the plaintext to `rbuf`, send what the handshake or an alert
+    /// needs, and move on to the protocol when the handshake has just
+    /// finished. `Some(eof)`, or `None` when the connection failed (closed).
+    fn tls_read(&mut self, idx: usize) -> Option<bool> {
+        let c = &mut self.clients[idx];
+        let (Some(stream), Some(tls)) = (c.stream.as_mut(), c.tls.as_deref_mut()) else {
+            return Some(false);
+        };
+        let mut eof = false;
+        let result = loop {
+            match tls.read_tls(stream) {
+                Ok(0) => eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => break Err((ErrKind::Io, format!("read: {e}"))),
+            }
+            match tls.process_new_packets() {
+                Ok(state) => {
+                    let n = state.plaintext_bytes_to_read();
+                    if n > 0 {
+                        let old = c.rbuf.len();
+                        c.rbuf.resize(old + n, 0);
+                        if let Err(e) = tls.reader().read_exact(&mut c.rbuf[old..]) {
+                            break Err((ErrKind::Tls, format!("TLS read: {e}")));
+                        }
+                    }
+                    if state.peer_has_closed() {
+                        eof = true;
+                    }
+                }
+                Err(e) => {
+                    // rustls queued an alert for the server: best effort.
+                    let _ = tls.write_tls(stream);
+                    let during = if tls.is_handshaking() {
+                        "TLS handshake"
+                    } else {
+                        "TLS"
+                    };
+                    break Err((ErrKind::Tls, format!("{during}: {e}")));
+                }
+            }
+            if eof {
+                break Ok(());
+            }
+        };
+        if let Err((kind, msg)) = result {
+            self.fail(idx, kind, msg);
+            return None;
+        }
+        let gen = c.gen;
+        if tls.wants_write() {
+            // The handshake's next flight, an alert, a key update.
+            self.flush(idx);
+            if self.clients[idx].gen != gen {
+                return None;
+            }
+        }
+        let c = &self.clients[idx];
+        let done = c.phase == Phase::TlsHandshaking
+            && c.tls.as_deref().is_some_and(|t| !t.is_handshaking());
+        if done {
+            self.on_ready(idx);
+            if self.clients[idx].gen != gen {
+                return None;
+            }
+        }
+        Some(eof)
+    }
+
     fn close(&mut self, idx: usize) {
         let c = &mut self.clients[idx];
+        if let (Some(mut tls), Some(stream)) = (c.tls.take(), c.stream.as_mut()) {
+            if !tls.is_handshaking() {
+                // A clean end of the TLS session, best effort (one write).
+                tls.send_close_notify();
+                let _ = tls.write_tls(stream);
+            }
+        }
         // Dropping the stream closes the socket, which also removes it from epoll.
         c.stream = None;
         c.gen = c.gen.wrapping_add(1);
@@ -1044,8 +1294,7 @@ impl<'a> Engine<'a> {
                     let st = &mut self.stats;
                     st.grants += 1;
                     st.grants_per_client[c.id] += 1;
-                    record(&mut st.lock, now - c.cycle_start_ns);
-                    record(&mut self.interval, now - c.cycle_start_ns);
+                    st.record_lock(&mut self.interval, c.cycle_start_ns, now, self.log_samples);
                     record(&mut st.lock_uncorrected, now - c.lock_first_send_ns);
                     if c.contended {
                         record(&mut st.queue_wait, now - c.lock_first_send_ns);
@@ -1090,8 +1339,12 @@ impl<'a> Engine<'a> {
                 }
                 if c.measured {
                     self.stats.busy += 1;
-                    record(&mut self.stats.lock, now - c.cycle_start_ns);
-                    record(&mut self.interval, now - c.cycle_start_ns);
+                    self.stats.record_lock(
+                        &mut self.interval,
+                        c.cycle_start_ns,
+                        now,
+                        self.log_samples,
+                    );
                     record(&mut self.stats.lock_uncorrected, now - c.lock_first_send_ns);
                 }
                 if per_request {
@@ -1156,6 +1409,7 @@ impl<'a> Engine<'a> {
             let e = &mut self.stats.errors;
             match kind {
                 ErrKind::Connect => e.connect += 1,
+                ErrKind::Tls => e.tls += 1,
                 ErrKind::Io => e.io += 1,
                 ErrKind::Protocol => e.protocol += 1,
             }
@@ -1170,6 +1424,9 @@ impl<'a> Engine<'a> {
     }
 
     fn end_cycle(&mut self, idx: usize, now: u64, failed: bool) {
+        if self.cfg.conn_mode == ConnMode::PerCycle {
+            self.close(idx);
+        }
         let c = &mut self.clients[idx];
         if !failed {
             self.stats.cycles_all += 1;
@@ -1188,7 +1445,7 @@ impl<'a> Engine<'a> {
         if failed {
             next = next.max(now + ERROR_PAUSE_NS);
         }
-        if next < self.end_ns {
+        if next < self.end_ns && c.cycles_left > 0 {
             if next <= now && !failed {
                 // Closed loop, or open loop running behind: start right away
                 // rather than after a trip through the timer queue (that
@@ -1220,6 +1477,11 @@ impl<'a> Engine<'a> {
                 if c.op != Op::Unlock {
                     // Not granted yet: its lock latency is at least this long.
                     record(&mut self.stats.lock, now - c.cycle_start_ns);
+                    if self.log_samples {
+                        self.stats
+                            .samples
+                            .push((c.cycle_start_ns, now - c.cycle_start_ns));
+                    }
                 }
             }
             self.close(idx);
@@ -1230,6 +1492,7 @@ impl<'a> Engine<'a> {
 #[derive(Clone, Copy)]
 enum ErrKind {
     Connect,
+    Tls,
     Io,
     Protocol,
 }
@@ -1280,6 +1543,33 @@ fn open_nonblocking(addr: &SocketAddr) -> std::io::Result<(TcpStream, bool)> {
             Err(err)
         }
     }
+}
+
+/// Hand what the codec wrote (`wbuf`, emptied) to rustls, then write the
+/// TLS records rustls has until the socket would block (the edge-triggered
+/// `EPOLLOUT` calls again when there is room).
+fn tls_flush(
+    tls: &mut ClientConnection,
+    stream: &mut TcpStream,
+    wbuf: &mut Vec<u8>,
+) -> Result<(), String> {
+    if !wbuf.is_empty() {
+        // Encrypted into rustls' own buffer: never blocks.
+        tls.writer()
+            .write_all(wbuf)
+            .map_err(|e| format!("TLS write: {e}"))?;
+        wbuf.clear();
+    }
+    while tls.wants_write() {
+        match tls.write_tls(stream) {
+            Ok(0) => return Err("write returned 0".into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("write: {e}")),
+        }
+    }
+    Ok(())
 }
 
 fn socket_error(fd: RawFd) -> std::io::Result<()> {

@@ -8,7 +8,8 @@
 //!   (Locking-Center, ringlockd sessions, RESP, PostgreSQL simple query, MySQL/MariaDB, etcd's
 //!   HTTP/JSON gateway). Codecs do no I/O: bytes in, replies out.
 //! - [`engine`]: an epoll loop per thread that drives its clients as
-//!   state machines (connect → handshake → lock → hold → unlock), schedules
+//!   state machines (connect → TLS handshake, for ringlock targets with
+//!   `--tls-certs-dir` → protocol handshake → lock → hold → unlock), schedules
 //!   open-loop arrivals and records latencies from the *intended* start time;
 //!   the threads' histograms are merged at the end.
 //! - [`report`]: histogram summaries, the text report and the `--json` line.

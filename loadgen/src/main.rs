@@ -28,6 +28,12 @@ fn main() {
             std::process::exit(1);
         }
     }
+    if let Some(path) = &cfg.latency_log {
+        if let Err(e) = std::fs::write(path, report::to_latency_log(&stats)) {
+            eprintln!("error: writing {path}: {e}");
+            std::process::exit(1);
+        }
+    }
     print!("{}", report::to_text(&cfg, &stats));
     if cfg.json {
         println!("{}", report::to_json(&cfg, &stats));

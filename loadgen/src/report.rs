@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
 
-use crate::config::{Config, ConnMode, Mix};
+use crate::config::{Config, Mix};
 use crate::engine::Stats;
 
 pub const PERCENTILES: [(&str, f64); 6] = [
@@ -72,9 +72,10 @@ pub fn all_failed(st: &Stats) -> Option<String> {
     }
     let e = &st.errors;
     Some(format!(
-        "every request failed: {errors} errors (connect {}, server {}, io {}, protocol {}, \
-         not-held {}, incomplete {}), no lock granted; first error: {}",
+        "every request failed: {errors} errors (connect {}, tls {}, server {}, io {}, \
+         protocol {}, not-held {}, incomplete {}), no lock granted; first error: {}",
         e.connect,
+        e.tls,
         e.server,
         e.io,
         e.protocol,
@@ -102,7 +103,21 @@ pub fn fairness(grants: &[u64]) -> (u64, u64, f64) {
 /// and so does the drain time, so a system that falls behind shows a rate
 /// below its target instead of catching up for free after the end.
 pub fn ops_per_sec(st: &Stats) -> f64 {
-    st.cycles as f64 / ((st.measured_ns + st.drain_used_ns) as f64 / 1e9)
+    let ns = st.measured_ns + st.drain_used_ns;
+    if ns == 0 {
+        // A --cycles run that was done before the warm-up ended.
+        return 0.0;
+    }
+    st.cycles as f64 / (ns as f64 / 1e9)
+}
+
+/// The `handshake` histogram's name in the text report.
+fn handshake_label(cfg: &Config) -> &'static str {
+    if cfg.tls.is_some() {
+        "connect + TLS handshake"
+    } else {
+        "connect (TCP)"
+    }
 }
 
 pub fn to_json(cfg: &Config, st: &Stats) -> String {
@@ -116,7 +131,7 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
         cfg.threads,
         cfg.rate_per_s,
         if cfg.rate_per_s > 0.0 { "open" } else { "closed" },
-        if cfg.conn_mode == ConnMode::Persistent { "persistent" } else { "per-request" },
+        cfg.conn_mode.name(),
         if cfg.mix == Mix::LockUnlock { "lock-unlock" } else { "try-lock" },
         cfg.keys,
         cfg.dist.describe(),
@@ -128,7 +143,17 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     let e = &st.errors;
     let _ = write!(
         o,
-        "\"ops_per_sec\":{:.1},\"cycles\":{},\"cycles_all\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},\"loadgen_cpu_s\":{{\"user\":{:.3},\"sys\":{:.3}}},",
+        "\"tls\":{},\"tls_client\":{},\"cycles_cap\":{},",
+        cfg.tls.is_some(),
+        cfg.tls
+            .as_ref()
+            .and_then(|t| t.client.as_deref())
+            .map_or("null".to_string(), json_str),
+        cfg.cycles.map_or("null".to_string(), |n| n.to_string()),
+    );
+    let _ = write!(
+        o,
+        "\"ops_per_sec\":{:.1},\"cycles\":{},\"cycles_all\":{},\"grants\":{},\"busy\":{},\"retries\":{},\"connects\":{},\"errors\":{},\"error_detail\":{{\"server\":{},\"connect\":{},\"tls\":{},\"io\":{},\"protocol\":{},\"not_held\":{},\"incomplete\":{}}},\"first_error\":{},\"fairness\":{{\"min\":{fmin},\"max\":{fmax},\"jain\":{jain:.4}}},\"drain_s\":{:.3},\"run_start_mono_ns\":{},\"run_end_mono_ns\":{},\"loadgen_cpu_s\":{{\"user\":{:.3},\"sys\":{:.3}}},",
         ops_per_sec(st),
         st.cycles,
         st.cycles_all,
@@ -139,12 +164,15 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
         e.total(),
         e.server,
         e.connect,
+        e.tls,
         e.io,
         e.protocol,
         e.not_held,
         e.incomplete,
         st.first_error.as_deref().map_or("null".to_string(), json_str),
         st.drain_used_ns as f64 / 1e9,
+        st.started_ns,
+        st.ended_ns,
         st.cpu_user_s,
         st.cpu_sys_s,
     );
@@ -159,6 +187,8 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     json_hist(&mut o, "queue_wait_us", &st.queue_wait);
     o.push(',');
     json_hist(&mut o, "handoff_us", &st.handoff);
+    o.push(',');
+    json_hist(&mut o, "handshake_us", &st.handshake);
     o.push_str(",\"curve_us\":[");
     for (i, pct) in CURVE.iter().enumerate() {
         if i > 0 {
@@ -174,10 +204,17 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "target {}://{}:{}  {}  connections={}{} {} mix={} keys={} dist={} hold={}us",
+        "target {}://{}:{}{}  {}  connections={}{} {} mix={} keys={} dist={} hold={}us",
         cfg.target.scheme(),
         cfg.target.host,
         cfg.target.port,
+        match &cfg.tls {
+            None => String::new(),
+            Some(t) => match &t.client {
+                None => " (TLS)".to_string(),
+                Some(name) => format!(" (TLS, client {name})"),
+            },
+        },
         if cfg.rate_per_s > 0.0 {
             format!("open-loop rate={}/s", cfg.rate_per_s)
         } else {
@@ -189,11 +226,7 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         } else {
             String::new()
         },
-        if cfg.conn_mode == ConnMode::Persistent {
-            "persistent"
-        } else {
-            "per-request"
-        },
+        cfg.conn_mode.name(),
         if cfg.mix == Mix::LockUnlock {
             "lock-unlock"
         } else {
@@ -226,6 +259,7 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         ("cycle", &st.cycle),
         ("queue wait (contended)", &st.queue_wait),
         ("hand-off", &st.handoff),
+        (handshake_label(cfg), &st.handshake),
     ] {
         let _ = write!(o, "{name:<24}{:>10}", h.len());
         for (_, pct) in PERCENTILES {
@@ -241,10 +275,11 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
     );
     let _ = writeln!(
         o,
-        "errors {} (server {}, connect {}, io {}, protocol {}, not-held {}, incomplete {})",
+        "errors {} (server {}, connect {}, tls {}, io {}, protocol {}, not-held {}, incomplete {})",
         e.total(),
         e.server,
         e.connect,
+        e.tls,
         e.io,
         e.protocol,
         e.not_held,
@@ -258,6 +293,18 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         "load generator CPU: user {:.2}s, system {:.2}s",
         st.cpu_user_s, st.cpu_sys_s
     );
+    o
+}
+
+/// `--latency-log`: one line `START_NS LATENCY_NS` per recorded lock
+/// latency, in order of intended start (CLOCK_MONOTONIC ns).
+pub fn to_latency_log(st: &Stats) -> String {
+    let mut samples = st.samples.clone();
+    samples.sort_unstable();
+    let mut o = String::with_capacity(samples.len() * 24);
+    for (start, latency) in samples {
+        let _ = writeln!(o, "{start} {latency}");
+    }
     o
 }
 

@@ -87,6 +87,14 @@ impl Codec for SessionLock {
             Answer::Welcome { welcome, .. } => {
                 Err(format!("Hello refused: {}", welcome.status.name()))
             }
+            Answer::Reply {
+                status: Status::TlsRequired,
+                ..
+            } => Err(
+                "Hello refused: tls_required (the server takes sessions over TLS only: \
+                 --tls-certs-dir)"
+                    .into(),
+            ),
             Answer::Reply { status, .. } => Err(format!(
                 "Hello answered {} without a welcome: the server does not speak sessions",
                 status.name()
