@@ -650,7 +650,7 @@ class Client:
                 if left > 0:
                     then = f"retrying for up to {left:.1f} s (retry={retry:g} s)"
                 else:
-                    then = "trying the other address(es) once (retry=0)"
+                    then = "trying the next address (retry=0: each address once)"
                 log.warning("ringlock: cannot open a session on %s: %s; %s", name, e, then)
             else:
                 log.debug("ringlock: attempt %d to open a session failed on %s: %s; next "
