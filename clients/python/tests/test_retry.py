@@ -61,7 +61,7 @@ class RetryWarningTest(unittest.TestCase):
         # What failed, where, for how long: within the first second.
         self.assertIn(addr, msg)
         self.assertIn("refused", msg.lower())
-        self.assertRegex(msg, r"retrying .*for up to (0\.9\d*|1\.0+) s")
+        self.assertRegex(msg, r"retrying for up to [01]\.\d s \(retry=1 s\)")
         self.assertLess(w.created - t0, 1.0, "the warning came late")
         # It came at the first attempt: before any debug line of a later one.
         self.assertIs(cm.records[0], w)
