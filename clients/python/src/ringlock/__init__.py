@@ -13,7 +13,7 @@ fencing tokens on every grant, and a callback when a lock is lost::
 See README.md for the full guide and the threading model.
 """
 
-from ._client import DEFAULT_PORT, CancelToken, Client, Lease, LostInfo, LostReason
+from ._client import DEFAULT_PORT, CancelToken, Client, Lease, LostInfo, LostReason, RetryEvent
 from ._codec import Status
 from ._tls import tls_context
 from .errors import (
@@ -59,6 +59,7 @@ __all__ = [
     "NotOwner",
     "ProtocolError",
     "ReleaseFailed",
+    "RetryEvent",
     "RingLockError",
     "ServerError",
     "StaleToken",

@@ -77,6 +77,7 @@ __all__ = [
     "LostInfo",
     "LostReason",
     "CancelToken",
+    "RetryEvent",
     "DEFAULT_PORT",
 ]
 
@@ -93,6 +94,7 @@ _T = TypeVar("_T")
 Address = Union[str, Tuple[str, int]]
 Key = Union[str, bytes]
 LostCallback = Callable[["Lease", "LostInfo"], None]
+RetryCallback = Callable[["RetryEvent"], Optional[bool]]
 
 
 class LostReason(str, enum.Enum):
@@ -119,19 +121,56 @@ class LostReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class LostInfo:
-    """How a lock was lost."""
+    """How a lock was lost: the verdict that decided it, the same object
+    for every ``on_lost`` callback and :attr:`Lease.lost_info`."""
 
-    key: bytes
+    #: The key as it was given to :meth:`Client.acquire`: a ``str`` key as
+    #: that ``str``, bytes as bytes (:attr:`key_bytes`: the bytes sent).
+    key: Key
     token: int
     reason: LostReason
+    #: What decided the loss, in words (on this client's clock, a Lost push,
+    #: an answer, the session's end).
     detail: str
-    #: True when the server said so (a Lost push, a stale-token answer):
-    #: the key is certainly no longer held with this token.
+    #: True when the server said so (a Lost push, a stale-token answer, a
+    #: resumed session's Held list): the key is certainly no longer held
+    #: with this token. False when this client decided it (its clock, the
+    #: session's end); a later Lost push confirming it changes neither this
+    #: nor :attr:`Lease.lost_info`.
     from_server: bool
 
+    @property
+    def key_bytes(self) -> bytes:
+        """The key's bytes (a ``str`` key UTF-8 encoded, as sent)."""
+        return self.key.encode("utf-8") if isinstance(self.key, str) else self.key
+
     def __str__(self) -> str:
-        return (f"lost the lock on {self.key.decode('utf-8', 'replace')!r} "
+        return (f"lost the lock on {self.key!r} "
                 f"(token {self.token}): {self.reason.value}: {self.detail}")
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """A failed attempt to open a session that the client is about to
+    retry: what ``Client(on_retry=...)`` is told, before each further
+    attempt (not for the last failure: that one is the
+    :class:`~ringlock.Unavailable` raised)."""
+
+    #: The address of the failed attempt, ``"host:port"``.
+    address: str
+    #: Why it failed, in words (``[Errno 111] Connection refused``, ``not
+    #: the leader (the leader is ...)``, ``no hello reply within 3.0 s``).
+    error: str
+    #: The connection was refused: nothing listens at ``address``.
+    refused: bool
+    #: Failed attempts so far (1 at the first).
+    attempts: int
+    #: Seconds before the next attempt (0: the next address at once).
+    delay: float
+    #: Seconds since the client began opening the session.
+    elapsed: float
+    #: The retry budget (``Client(retry=...)``), seconds.
+    budget: float
 
 
 class CancelToken:
@@ -217,16 +256,26 @@ def _parse_address(addr: Address) -> Tuple[str, int]:
 
 
 def _key_bytes(key: Key) -> bytes:
-    b = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return _key_arg(key)[0]
+
+
+def _key_arg(key: Key) -> Tuple[bytes, Key]:
+    """The key's bytes (a ``str`` as UTF-8) and the key as the API hands it
+    back: a ``str`` as given, anything else as ``bytes``."""
+    if isinstance(key, str):
+        b = key.encode("utf-8")
+        given: Key = key
+    else:
+        b = given = bytes(key)
     if not 1 <= len(b) <= codec.KEY_MAX:
         raise InvalidArgument(f"a key is 1 to {codec.KEY_MAX} bytes, got {len(b)}")
-    return b
+    return b, given
 
 
 class _Pending:
     """One outstanding request."""
 
-    __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "mode", "ttl_ms",
+    __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "ukey", "mode", "ttl_ms",
                  "on_lost", "keep_alive", "cancel_sent", "target", "frame")
 
     def __init__(self, kind: str, sent_at: float) -> None:
@@ -237,6 +286,8 @@ class _Pending:
         self.reply: Optional[codec.Reply] = None
         self.lease: Optional[Lease] = None
         self.key = b""
+        #: The key as given (str or bytes): what the Lease hands back.
+        self.ukey: Key = b""
         self.mode = HoldMode.SESSION
         self.ttl_ms = 0
         self.on_lost: Optional[LostCallback] = None
@@ -265,9 +316,11 @@ class Lease:
 
     def __init__(self, client: "Client", key: bytes, token: int, mode: HoldMode,
                  ttl_ms: int, sent_at: float, on_lost: Optional[LostCallback],
-                 keep_alive: bool) -> None:
+                 keep_alive: bool, given: Optional[Key] = None) -> None:
         self._client = client
         self._key = key
+        #: The key as the caller gave it (a str stays a str).
+        self._ukey: Key = key if given is None else given
         self._token = token
         self._mode = mode
         self._ttl_ms = ttl_ms
@@ -276,6 +329,10 @@ class Lease:
         # All below guarded by client._lock.
         self._state = "held"  # held | releasing | released | lost
         self._lost_info: Optional[LostInfo] = None
+        #: The server said the key is gone (a Lost push, a stale answer),
+        #: possibly after this client had decided the loss itself: a
+        #: release then sends nothing.
+        self._lost_confirmed = False
         self._lost_event = threading.Event()
         # Client-side expiry (monotonic): when the Acquire or the last
         # answered Extend was *sent* + TTL, so never later than the server's.
@@ -290,8 +347,14 @@ class Lease:
 
     # --- what it is -------------------------------------------------------
     @property
-    def key(self) -> bytes:
-        """The key's bytes."""
+    def key(self) -> Key:
+        """The key as it was given to :meth:`Client.acquire`: a ``str`` key
+        comes back as that ``str``, a bytes-like one as ``bytes``."""
+        return self._ukey
+
+    @property
+    def key_bytes(self) -> bytes:
+        """The key's bytes, as sent (a ``str`` key UTF-8 encoded)."""
         return self._key
 
     @property
@@ -338,7 +401,7 @@ class Lease:
         if self._state == "lost" and info is not None:
             raise LockLost(str(info), info=info)
         if self._state in ("releasing", "released"):
-            raise LockReleased(f"the lock on {self._key!r} was released")
+            raise LockReleased(f"the lock on {self._ukey!r} was released")
 
     def wait_lost(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the lock is lost (True) or ``timeout`` passes (False)."""
@@ -410,7 +473,7 @@ class Lease:
                 raise
 
     def __repr__(self) -> str:
-        return (f"Lease(key={self._key!r}, token={self._token}, mode={self.mode}, "
+        return (f"Lease(key={self._ukey!r}, token={self._token}, mode={self.mode}, "
                 f"state={self._state})")
 
 
@@ -455,7 +518,17 @@ class Client:
       reached; 0 tries each address once. An ``unauthorized`` or
       ``unsupported_version`` answer is never retried. A server that answers
       ``not_leader`` counts as unreachable: the leader it names is tried
-      next, then the other addresses.
+      next, then the other addresses. The first failed attempt that is
+      followed by another logs one warning on the ``ringlock`` logger
+      (what failed, where, for how long the client keeps retrying); the
+      later ones are logged at debug level.
+    * ``on_retry(event)`` — called on the calling thread with a
+      :class:`RetryEvent` after each failed attempt to open the session
+      that another attempt follows (not after the last one: that is the
+      :class:`~ringlock.Unavailable` raised). Returning ``False`` gives up
+      at once (e.g. ``lambda e: not e.refused``: fail fast when nothing
+      listens); an exception it raises propagates. Not called for a
+      resume (cluster mode), which runs on the reader thread.
     * ``release_timeout`` (10 s) — bound on a release or an extend.
     * ``on_lost(lease, info)`` — called for every lock of this session that
       is lost, before the lease's own callback.
@@ -484,7 +557,8 @@ class Client:
                  keepalive: Optional[float] = None, connect_timeout: float = 3.0,
                  retry: float = 10.0, release_timeout: float = 10.0,
                  on_lost: Optional[LostCallback] = None,
-                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
+                 ssl_context: Optional[ssl.SSLContext] = None,
+                 on_retry: Optional[RetryCallback] = None) -> None:
         if isinstance(addrs, (str, tuple)):
             addr_list: List[Address] = [addrs]  # type: ignore[list-item]
         else:
@@ -512,6 +586,7 @@ class Client:
         self._verified = verifies(ssl_context)
         self._release_timeout = release_timeout
         self._on_lost = on_lost
+        self._on_retry = on_retry
 
         self._lock = threading.Lock()
         self._wlock = threading.Lock()
@@ -559,8 +634,35 @@ class Client:
     # --- opening ------------------------------------------------------------
     def _open(self, keepalive_ms: int, timeout: float, retry: float
               ) -> Tuple["_Conn", _Welcome, Tuple[str, int], float]:
+        start = time.monotonic()
+        give_up = start + retry
+        warned = False
+
+        def failed(addr: Tuple[str, int], e: _Retry, attempts: int, delay: float) -> bool:
+            nonlocal warned
+            name = f"{addr[0]}:{addr[1]}"
+            now = time.monotonic()
+            left = max(0.0, give_up - now)
+            if not warned:
+                warned = True
+                # Said once, at once: a user with no logging configured sees
+                # it on stderr (Python's last-resort handler prints warnings).
+                if left > 0:
+                    then = f"retrying for up to {left:.1f} s (retry={retry:g} s)"
+                else:
+                    then = "trying the next address (retry=0: each address once)"
+                log.warning("ringlock: cannot open a session on %s: %s; %s", name, e, then)
+            else:
+                log.debug("ringlock: attempt %d to open a session failed on %s: %s; next "
+                          "attempt in %.3f s (%.1f s of retry left)", attempts, name, e, delay,
+                          left)
+            if self._on_retry is None:
+                return True
+            ev = RetryEvent(name, str(e), e.refused, attempts, delay, now - start, retry)
+            return self._on_retry(ev) is not False
+
         return self._walk(lambda addr, t: self._hello(addr, keepalive_ms, t), timeout,
-                          time.monotonic() + retry, None, time.sleep, 2.0, "opened")
+                          give_up, None, time.sleep, 2.0, "opened", failed=failed)
 
     def _configured(self, addr: Tuple[str, int]) -> bool:
         """``addr`` is one of the addresses this client was given."""
@@ -584,13 +686,17 @@ class Client:
     def _walk(self, attempt: Callable[[Tuple[str, int], float], "_T"], timeout: float,
               give_up: float, hint: Optional[Tuple[str, int]],
               sleep: Callable[[float], None], max_delay: float, what: str,
-              refused: Optional[UnverifiedLeader] = None) -> "_T":
+              refused: Optional[UnverifiedLeader] = None,
+              failed: Optional[Callable[[Tuple[str, int], "_Retry", int, float], bool]] = None
+              ) -> "_T":
         """Tries ``attempt(addr, timeout)`` on every address, rounds until
         ``give_up``; an attempt raising :class:`_Retry` moves on (to the
         leader it names first), anything else ends the walk. A leader named
         that may not be dialled (:meth:`_unverified_hint`; ``refused``: the
         starting hint was such) is skipped, and the walk ends with that
-        error after the round."""
+        error after the round. ``failed(addr, error, attempts, delay)`` is
+        told of each failed attempt that another attempt follows (``delay``
+        seconds later); ``False`` ends the walk with :class:`Unavailable`."""
         delay = 0.05
         attempts = 0
         # What an attempt sends besides the request: a Resume always the
@@ -616,24 +722,37 @@ class Client:
                 try:
                     return attempt(addr, t)
                 except _Retry as e:
-                    last = f"{addr[0]}:{addr[1]}: {e}"
-                    if e.leader is not None:
-                        try:
-                            named = _parse_address(e.leader)
-                        except InvalidArgument:
-                            log.warning("ringlock: %s:%s named a leader that is not an address: "
-                                        "%r", addr[0], addr[1], e.leader)
-                            continue
-                        if secret is not None:
-                            no = self._unverified_hint(e.leader, named, f"{addr[0]}:{addr[1]}",
-                                                       secret)
-                            if no is not None:
-                                log.warning("ringlock: %s", no)
-                                refused = no
-                                continue
+                    err = e
+                last = f"{addr[0]}:{addr[1]}: {err}"
+                if err.leader is not None:
+                    named: Optional[Tuple[str, int]] = None
+                    try:
+                        named = _parse_address(err.leader)
+                    except InvalidArgument:
+                        log.warning("ringlock: %s:%s named a leader that is not an address: "
+                                    "%r", addr[0], addr[1], err.leader)
+                    if named is not None and secret is not None:
+                        no = self._unverified_hint(err.leader, named, f"{addr[0]}:{addr[1]}",
+                                                   secret)
+                        if no is not None:
+                            log.warning("ringlock: %s", no)
+                            refused = no
+                            named = None
+                    if named is not None:
                         hint = named
                         if hint not in tried:
                             todo.insert(0, hint)
+                if failed is not None:
+                    # Is another attempt coming, and when?
+                    if any(a not in tried for a in todo):
+                        after: Optional[float] = 0.0
+                    else:
+                        left = give_up - time.monotonic()
+                        after = min(delay, left) if refused is None and left > 0 else None
+                    if after is not None and failed(addr, err, attempts, after) is False:
+                        raise Unavailable(f"no session could be {what} after {attempts} attempt"
+                                          f"{'' if attempts == 1 else 's'}; last: {last} "
+                                          f"(on_retry gave up)")
             if refused is not None:
                 # Not retried: only the user's configuration can change it.
                 raise refused
@@ -655,7 +774,7 @@ class Client:
         try:
             sock = _connect(addr, timeout)
         except OSError as e:
-            raise _Retry(str(e)) from None
+            raise _Retry(str(e), refused=isinstance(e, ConnectionRefusedError)) from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is None:
@@ -830,7 +949,9 @@ class Client:
     def acquire(self, key: Key, *, timeout: Optional[float] = None, ttl: Optional[float] = None,
                 persistent: bool = False, cancel: Optional[CancelToken] = None,
                 on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
-        """Acquires ``key`` (str as UTF-8, or bytes; 1..127 bytes).
+        """Acquires ``key`` (str as UTF-8, or bytes; 1..127 bytes). The
+        lease, its ``LostInfo`` and errors hand the key back in the type it
+        was given (``lease.key_bytes``: the bytes).
 
         * ``timeout`` — ``None`` waits until granted (FIFO); ``0`` only if free
           now (:class:`~ringlock.LockBusy` otherwise); else seconds, after which
@@ -845,7 +966,7 @@ class Client:
         * ``cancel`` — a :class:`CancelToken` that withdraws the wait exactly.
         * ``on_lost(lease, info)`` — runs on the callback thread when the lock is lost.
         """
-        kb = _key_bytes(key)
+        kb, given = _key_arg(key)
         if ttl is not None and persistent:
             raise InvalidArgument("a hold is a lease (ttl) or persistent, not both")
         if ttl is not None:
@@ -872,7 +993,7 @@ class Client:
             raise Cancelled("cancelled before it was sent", "cancelled")
 
         p = _Pending("acquire", 0.0)
-        p.key, p.mode, p.ttl_ms = kb, mode, ttl_ms
+        p.key, p.ukey, p.mode, p.ttl_ms = kb, given, mode, ttl_ms
         p.on_lost, p.keep_alive = on_lost, keep_alive
         rid = self._send(p, lambda r: codec.encode_acquire(r, mode, ttl_ms, wait_ms, kb,
                                                            self._source))
@@ -929,15 +1050,15 @@ class Client:
                     raise
             return lease
         if st == Status.TIMED_OUT:
-            raise LockTimeout(f"{kb!r} was not granted within {timeout} s", st.label)
+            raise LockTimeout(f"{given!r} was not granted within {timeout} s", st.label)
         if st == Status.BUSY:
-            raise LockBusy(f"{kb!r} is held", st.label)
+            raise LockBusy(f"{given!r} is held", st.label)
         if st == Status.CANCELLED:
-            raise Cancelled(f"the acquire of {kb!r} was cancelled", st.label)
+            raise Cancelled(f"the acquire of {given!r} was cancelled", st.label)
         if st == Status.LIMIT_REACHED:
             raise LimitReached("the server's --max-keys or --max-waiters refused it", st.label)
         if st == Status.INVALID:
-            raise InvalidArgument(f"the server answered invalid to the acquire of {kb!r}",
+            raise InvalidArgument(f"the server answered invalid to the acquire of {given!r}",
                                   st.label)
         if st == Status.SERVER_ERROR:
             raise ServerError("the server answered server_error (nothing was granted)", st.label)
@@ -1124,10 +1245,13 @@ class Client:
 
     # --- internals: lease state ------------------------------------------------
     def _claim_loss(self, lease: Lease, info: LostInfo) -> bool:
-        """The one verdict (caller holds ``_lock``): lost, unless a release began first."""
+        """The one verdict (caller holds ``_lock``): lost, unless a release
+        began first. The first verdict stands: ``lost_info`` is never
+        replaced, so it is the info every callback of this loss gets."""
         if lease._state != "held":
             return False
         lease._state = "lost"
+        lease._lost_confirmed = info.from_server
         lease._lost_info = info
         lease._lost_event.set()
         return True
@@ -1160,7 +1284,7 @@ class Client:
         with self._lock:
             if lease._state == "held" and lease._expires_at is not None \
                     and now >= lease._expires_at:
-                info = LostInfo(lease._key, lease._token, LostReason.EXPIRED,
+                info = LostInfo(lease._ukey, lease._token, LostReason.EXPIRED,
                                 "its TTL passed on this client's clock without an extend",
                                 False)
                 if self._claim_loss(lease, info):
@@ -1206,7 +1330,7 @@ class Client:
             lease.check()
             return
         if rep.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
-            info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+            info = LostInfo(lease._ukey, lease._token, LostReason.NOT_HELD,
                             f"the extend was answered {rep.status.label}", True)
             with self._lock:
                 claimed = self._claim_loss(lease, info)
@@ -1220,8 +1344,9 @@ class Client:
         with self._lock:
             self._holds.pop((lease._key, lease._token), None)
             info = lease._lost_info
+            confirmed = lease._lost_confirmed
             dead = self._dead
-        if info is not None and (info.from_server or dead is not None):
+        if info is not None and (info.from_server or confirmed or dead is not None):
             raise LockLost(f"released after it was lost: {info}", info=info)
         if dead is not None:
             if lease._mode == HoldMode.SESSION:
@@ -1241,7 +1366,7 @@ class Client:
         if rep.status == Status.OK:
             return
         if rep.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
-            info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+            info = LostInfo(lease._ukey, lease._token, LostReason.NOT_HELD,
                             f"the release was answered {rep.status.label}", True)
             with self._lock:
                 lease._lost_info = info
@@ -1369,7 +1494,7 @@ class Client:
                 if lease._state != "held":
                     continue
                 if lease._expires_at is not None and now >= lease._expires_at:
-                    info = LostInfo(lease._key, lease._token, LostReason.EXPIRED,
+                    info = LostInfo(lease._ukey, lease._token, LostReason.EXPIRED,
                                     "its TTL passed on this client's clock without an extend",
                                     False)
                     if self._claim_loss(lease, info):
@@ -1438,7 +1563,7 @@ class Client:
                         lease._expires_at = p.sent_at + lease._ttl_ms / 1000.0
                         lease._next_extend = p.sent_at + lease._ttl_ms / 3000.0
                 elif ans.status in (Status.STALE_TOKEN, Status.NOT_OWNER):
-                    info = LostInfo(lease._key, lease._token, LostReason.NOT_HELD,
+                    info = LostInfo(lease._ukey, lease._token, LostReason.NOT_HELD,
                                     f"a background extend was answered {ans.status.label}", True)
                     if self._claim_loss(lease, info):
                         notify = (lease, info)
@@ -1458,7 +1583,8 @@ class Client:
         """Registers the Lease of a granted acquire (caller holds ``_lock``).
         ``left``: (a time before the server measured it, its TTL left in ms),
         for a grant a resume's Held list reported."""
-        lease = Lease(self, p.key, token, p.mode, p.ttl_ms, p.sent_at, p.on_lost, p.keep_alive)
+        lease = Lease(self, p.key, token, p.mode, p.ttl_ms, p.sent_at, p.on_lost, p.keep_alive,
+                      p.ukey)
         if p.mode == HoldMode.LEASE and left is not None:
             lease._expires_at = left[0] + left[1] / 1000.0
             if lease._keep_alive:
@@ -1476,18 +1602,18 @@ class Client:
 
     def _on_push(self, push: codec.Lost) -> None:
         reason = LostReason.EXPIRED if push.why == codec.LostWhy.EXPIRED else LostReason.RESET
-        info = LostInfo(push.key, push.token, reason,
-                        f"the server pushed Lost ({push.why.name.lower()})", True)
         with self._lock:
             lease = self._holds.get((push.key, push.token))
             if lease is None:
                 return
+            info = LostInfo(lease._ukey, push.token, reason,
+                            f"the server pushed Lost ({push.why.name.lower()})", True)
             claimed = self._claim_loss(lease, info)
-            if not claimed and lease._state == "lost" and lease._lost_info is not None \
-                    and not lease._lost_info.from_server:
-                # Seen on this side first; now the server confirms it (a
-                # release then sends nothing).
-                lease._lost_info = info
+            if not claimed and lease._state == "lost":
+                # Seen on this side first (its clock); now the server
+                # confirms it: a release then sends nothing. The verdict
+                # (lost_info, what the callbacks got) stays as decided.
+                lease._lost_confirmed = True
         if claimed:
             self._notify(lease, info)
 
@@ -1503,7 +1629,7 @@ class Client:
             pending = list(self._pending.values())
             lost = []
             for lease in holds:
-                info = LostInfo(lease._key, lease._token, reason, detail, False)
+                info = LostInfo(lease._ukey, lease._token, reason, detail, False)
                 if self._claim_loss(lease, info):
                     lost.append((lease, info))
         try:
@@ -1570,9 +1696,16 @@ class Client:
             if refused is not None:
                 log.warning("ringlock: %s", refused)
                 hint = None
+        def failed(addr: Tuple[str, int], e: _Retry, attempts: int, delay: float) -> bool:
+            # The warning above said it once; each attempt at debug level.
+            log.debug("ringlock: session %#x: resume attempt %d failed on %s:%s: %s; next "
+                      "attempt in %.3f s", sid, attempts, addr[0], addr[1], e, delay)
+            return True
+
         try:
             sock, w, helds, addr, sent = self._walk(attempt, self._connect_timeout, deadline,
-                                                    hint, sleep, 0.5, "resumed", refused)
+                                                    hint, sleep, 0.5, "resumed", refused,
+                                                    failed)
         except (_Gone, Unavailable) as e:
             with self._lock:
                 if self._dead is not None:
@@ -1691,7 +1824,7 @@ class Client:
                         lease._expires_at = min(lease._expires_at, sent + h.ttl_left_ms / 1000.0)
                     continue
                 del self._holds[kt]
-                info = LostInfo(lease._key, lease._token, LostReason.NOT_LISTED,
+                info = LostInfo(lease._ukey, lease._token, LostReason.NOT_LISTED,
                                 "the resumed session does not list it (reset, expired or "
                                 "released by token while the connection was down)", True)
                 if self._claim_loss(lease, info):
@@ -1857,9 +1990,12 @@ class _Retry(Exception):
     """Connecting or the Hello failed before any session existed: another try
     is safe. ``leader``: the address a ``not_leader`` answer named."""
 
-    def __init__(self, message: str, leader: Optional[str] = None) -> None:
+    def __init__(self, message: str, leader: Optional[str] = None, refused: bool = False
+                 ) -> None:
         super().__init__(message)
         self.leader = leader
+        #: Nothing listened: the connection was refused.
+        self.refused = refused
 
 
 def _after_the_session(mode: HoldMode) -> str:

@@ -57,11 +57,14 @@ class UnsupportedVersion(Unavailable):
 
 
 class NotLeader(Unavailable):
-    """A server of a replicated deployment answered ``not_leader``: it
-    cannot serve this session. ``.leader`` is the ``host:port`` it named
-    (``None``: it named none). Opening a session tries the named leader
-    first, then the other addresses; a live session that is told this ends
-    with this error (open a new :class:`~ringlock.Client`)."""
+    """A cluster node that is not (or no longer) the leader answered
+    ``not_leader``: it cannot serve this session. ``.leader`` is the
+    ``host:port`` it named (``None``: it named none). Opening a session
+    tries the named leader first, then the other addresses (when every
+    attempt failed it raises :class:`Unavailable`, not this). A live session that is told this
+    ends with this error, except that a replicated (resumable) session
+    first resumes on the leader named and raises it only when no resume
+    succeeded (open a new :class:`~ringlock.Client`)."""
 
     status = "not_leader"
 
