@@ -156,7 +156,7 @@ ringlock_sessions_expired_total 0
 # HELP ringlock_lost_pushed_total Lost messages pushed to sessions (a lease expired, or an operator reset a hold).
 # TYPE ringlock_lost_pushed_total counter
 ringlock_lost_pushed_total 0
-# HELP ringlock_idle_timeouts_total Connections closed after --idle-timeout-ms without traffic and without a request in flight.
+# HELP ringlock_idle_timeouts_total Connections closed after --idle-timeout without traffic and without a request in flight.
 # TYPE ringlock_idle_timeouts_total counter
 ringlock_idle_timeouts_total 0
 # HELP ringlock_auth_failures_total Session hellos and admin connections refused for a missing or wrong auth token.
