@@ -338,7 +338,7 @@ impl Client {
         listing: Listing,
     ) -> Result<(KeyStream, SocketAddr)> {
         loop {
-            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, streak, None, None)?;
+            let (mut conn, peer) = self.connect_admin(streak)?;
             let err = match self.send_admin(&mut conn, listing.command()) {
                 Ok(()) => match KeyStream::open(
                     conn,

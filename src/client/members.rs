@@ -36,7 +36,7 @@ impl Client {
     ) -> Result<Option<Vec<T>>> {
         let mut streak = Streak::new(self.cfg.retry);
         loop {
-            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+            let (mut conn, peer) = self.connect_admin(&mut streak)?;
             let err = match self.send_admin(&mut conn, cmd) {
                 Ok(()) => match self.read_answer(&mut conn, closed_why, &decode) {
                     Ok(recs) => return Ok((!recs.is_empty()).then_some(recs)),
@@ -60,7 +60,7 @@ impl Client {
     /// learner not caught up, ...). Not retried: it changes the cluster.
     pub fn change_members(&self, change: &Change) -> Result<std::result::Result<(), String>> {
         let mut streak = Streak::new(RetryPolicy::none());
-        let (mut conn, _) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+        let (mut conn, _) = self.connect_admin(&mut streak)?;
         let mut cmd = Vec::new();
         change.encode(&mut cmd);
         self.send_admin(&mut conn, &cmd).map_err(Error::io)?;

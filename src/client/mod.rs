@@ -64,6 +64,7 @@ mod conn;
 mod error;
 mod guard;
 mod listing;
+pub mod locate;
 pub mod members;
 mod retry;
 pub mod session;
@@ -83,7 +84,8 @@ pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use conn::Wake;
@@ -172,8 +174,9 @@ impl ClientBuilder {
     }
 
     /// The admin port's address, used by [`Client::keys`] and to resolve
-    /// ambiguous outcomes. Default: the lock address with port + 1. A host
-    /// without a port gets port [`DEFAULT_PORT`] + 1.
+    /// ambiguous outcomes. Default: each lock address's own, as its node
+    /// tells (Locate, [`locate`]; a server without Locate: the lock port
+    /// + 1). A host without a port gets port [`DEFAULT_PORT`] + 1.
     pub fn admin_addr(mut self, addr: impl ToServerAddrs) -> Self {
         self.admin_addr = Some(addr.to_named_server_addrs(DEFAULT_PORT + 1));
         self
@@ -247,20 +250,16 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client> {
         wire::validate_source(&self.source)?;
         let named = self.addrs?;
+        // Given, or found at the first admin command (`locate`).
         let admin_named = match self.admin_addr {
-            Some(admin) => admin?,
-            None => named
-                .iter()
-                .map(|(a, host)| {
-                    (
-                        SocketAddr::new(a.ip(), a.port().wrapping_add(1)),
-                        host.clone(),
-                    )
-                })
-                .collect(),
+            Some(admin) => Some(admin?),
+            None => None,
         };
         let addrs: Vec<SocketAddr> = named.iter().map(|(a, _)| *a).collect();
-        let admin_addrs: Vec<SocketAddr> = admin_named.iter().map(|(a, _)| *a).collect();
+        let admin_addrs: Option<Vec<SocketAddr>> = admin_named
+            .as_ref()
+            .map(|n| n.iter().map(|(a, _)| *a).collect());
+        let admin_named = admin_named.unwrap_or_default();
         #[cfg(feature = "tls")]
         let dial = match self.tls {
             Some(tls) => Dial::tls(
@@ -277,10 +276,18 @@ impl ClientBuilder {
             drop((named, admin_named));
             Dial::plain()
         };
+        let admin = admin_addrs.map(|addrs| locate::AdminCache {
+            admin: Arc::new(locate::Admin {
+                addrs,
+                dial: dial.clone(),
+            }),
+            until: None,
+        });
         Ok(Client {
             cfg: Arc::new(Config {
                 addrs,
-                admin_addrs,
+                admin: Mutex::new(admin),
+                prefer: AtomicUsize::new(0),
                 dial,
                 source: self.source,
                 connect_timeout: conn::nonzero(self.connect_timeout),
@@ -297,7 +304,10 @@ impl ClientBuilder {
 #[derive(Debug)]
 struct Config {
     addrs: Vec<SocketAddr>,
-    admin_addrs: Vec<SocketAddr>,
+    /// The admin addresses: given to the builder, or found (`locate`).
+    admin: Mutex<Option<locate::AdminCache>>,
+    /// The index of the lock address that served last (tried first).
+    prefer: AtomicUsize,
     /// Plaintext, or TLS with the names to verify.
     dial: Dial,
     source: Vec<u8>,
@@ -360,9 +370,12 @@ impl Client {
         &self.cfg.addrs
     }
 
-    /// The admin port address(es).
-    pub fn admin_addrs(&self) -> &[SocketAddr] {
-        &self.cfg.admin_addrs
+    /// The admin port address(es): those given to the builder, else
+    /// those found from the lock addresses once an admin command ran
+    /// (before that, and from a server without Locate, each lock port + 1).
+    /// Asks no server.
+    pub fn admin_addrs(&self) -> Vec<SocketAddr> {
+        self.admin_known()
     }
 
     /// The source name sent with Lock and TryLock.
@@ -392,6 +405,7 @@ impl Client {
         let frame = wire::encode(Action::Lock, key, Some(&self.cfg.source));
         let cancel = opts.cancel.as_ref();
         let mut streak = Streak::new(self.cfg.retry);
+        let mut walk = locate::Walk::default();
         loop {
             if cancel.is_some_and(CancelToken::is_cancelled) {
                 return Err(Error::Cancelled);
@@ -400,7 +414,7 @@ impl Client {
                 return Err(Error::Timeout);
             }
             let (mut conn, peer) =
-                self.connect(&self.cfg.addrs, &mut streak, opts.deadline, cancel)?;
+                self.connect_lock(&mut walk, &mut streak, opts.deadline, cancel)?;
             let endpoint = conn.local_addr().ok();
             if let Some(idle) = self.cfg.keepalive {
                 // Best effort: a wait without keepalive still works.
@@ -419,8 +433,23 @@ impl Client {
                 Wake::Readable => match conn::read_byte(&mut conn, self.cfg.io_timeout) {
                     Ok(Some(byte)) => {
                         return match wire::decode_reply(byte)? {
-                            Reply::Ok => Ok(Guard::new(self.clone(), key, Some(conn), endpoint)),
-                            Reply::Refused => Err(Error::Refused),
+                            Reply::Ok => {
+                                self.served_by(peer);
+                                Ok(Guard::new(self.clone(), key, Some(conn), endpoint))
+                            }
+                            Reply::Refused => {
+                                // A cluster's follower refuses: the next
+                                // address (or the answer).
+                                drop(conn);
+                                self.refused_by(
+                                    &mut walk,
+                                    peer,
+                                    &mut streak,
+                                    opts.deadline,
+                                    cancel,
+                                )?;
+                                continue;
+                            }
                             Reply::Held => Err(Error::Protocol("`#` answered to Lock".into())),
                         };
                     }
@@ -593,7 +622,7 @@ impl Client {
     /// `to` is not a peer. Not retried: it changes the cluster.
     pub fn transfer_leader(&self, to: u32) -> Result<()> {
         let mut streak = Streak::new(RetryPolicy::none());
-        let (mut conn, _) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+        let (mut conn, _) = self.connect_admin(&mut streak)?;
         let mut cmd = b"XFER".to_vec();
         cmd.extend_from_slice(&to.to_le_bytes());
         self.send_admin(&mut conn, &cmd).map_err(Error::io)?;
@@ -627,7 +656,7 @@ impl Client {
         crate::protocol::admin::encode_rstk(entries, &mut req);
         let mut streak = Streak::new(self.cfg.retry);
         loop {
-            let (mut conn, peer) = self.connect(&self.cfg.admin_addrs, &mut streak, None, None)?;
+            let (mut conn, peer) = self.connect_admin(&mut streak)?;
             let err = match self.send_admin(&mut conn, &req) {
                 Ok(()) => {
                     let mut out = vec![0u8; entries.len() + 1];
@@ -717,9 +746,10 @@ impl Client {
     /// what provably had no effect (connecting, an incomplete frame).
     fn unary(&self, frame: &[u8]) -> Result<(Reply, Stream), UnaryFail> {
         let mut streak = Streak::new(self.cfg.retry);
+        let mut walk = locate::Walk::default();
         loop {
             let (mut conn, peer) = self
-                .connect(&self.cfg.addrs, &mut streak, None, None)
+                .connect_lock(&mut walk, &mut streak, None, None)
                 .map_err(UnaryFail::Final)?;
             if let Err(err) = self.send(&mut conn, frame) {
                 drop(conn);
@@ -729,9 +759,22 @@ impl Client {
             }
             let endpoint = conn.local_addr().ok();
             return match conn::read_byte(&mut conn, self.cfg.io_timeout) {
-                Ok(Some(byte)) => wire::decode_reply(byte)
-                    .map(|reply| (reply, conn))
-                    .map_err(UnaryFail::Final),
+                Ok(Some(byte)) => match wire::decode_reply(byte) {
+                    Ok(Reply::Refused) => {
+                        // A cluster's follower refuses: the next address
+                        // (or the answer, `-`).
+                        match self.refused_by(&mut walk, peer, &mut streak, None, None) {
+                            Ok(()) => continue,
+                            Err(Error::Refused) => Ok((Reply::Refused, conn)),
+                            Err(e) => Err(UnaryFail::Final(e)),
+                        }
+                    }
+                    Ok(reply) => {
+                        self.served_by(peer);
+                        Ok((reply, conn))
+                    }
+                    Err(e) => Err(UnaryFail::Final(e)),
+                },
                 Ok(None) => Err(UnaryFail::Ambiguous {
                     err: io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -750,10 +793,14 @@ impl Client {
         conn.write_all(frame)
     }
 
-    /// Connects to the first address that answers, retrying per the policy.
-    /// Returns the connection and the address it reached (for errors).
-    fn connect(
+    /// Connects to the first address that answers, retrying per the policy
+    /// (each retry of the streak starts one address further, so that an
+    /// address that accepts but fails the command does not take every
+    /// attempt). Returns the connection and the address it reached (for
+    /// errors).
+    fn connect_with(
         &self,
+        dial: &Dial,
         addrs: &[SocketAddr],
         streak: &mut Streak,
         deadline: Option<Instant>,
@@ -761,7 +808,8 @@ impl Client {
     ) -> Result<(Stream, SocketAddr)> {
         loop {
             let mut last = None;
-            for addr in addrs {
+            let start = streak.attempts as usize % addrs.len().max(1);
+            for addr in addrs[start..].iter().chain(&addrs[..start]) {
                 let timeout = match deadline {
                     Some(d) => conn::nonzero(
                         d.saturating_duration_since(Instant::now())
@@ -769,7 +817,7 @@ impl Client {
                     ),
                     None => self.cfg.connect_timeout,
                 };
-                match self.cfg.dial.connect(addr, timeout) {
+                match dial.connect(addr, timeout) {
                     Ok(conn) => {
                         // Requests are tiny and latency-bound.
                         let _ = conn.set_nodelay(true);
@@ -778,9 +826,7 @@ impl Client {
                     }
                     // A certificate that fails verification fails the
                     // next attempt the same way: said at once.
-                    Err(err)
-                        if self.cfg.dial.is_tls() && err.kind() == io::ErrorKind::InvalidData =>
-                    {
+                    Err(err) if dial.is_tls() && err.kind() == io::ErrorKind::InvalidData => {
                         return Err(Error::Unavailable {
                             addr: *addr,
                             attempts: streak.attempts + 1,

@@ -37,6 +37,9 @@ struct Part {
     raft: Option<RaftPart>,
     /// `--certs-dir`: the node's certificates (shared by every shard).
     certs: Option<Arc<Certs>>,
+    /// The lock and admin addresses this node tells clients (Locate,
+    /// `CADR`).
+    advertised: (String, String),
 }
 
 struct RaftPart {
@@ -235,10 +238,27 @@ impl Server {
                 faults,
                 raft: None,
                 certs: certs.clone(),
+                advertised: (String::new(), String::new()),
             });
         }
+        // What clients are told: the bound addresses, or for a cluster
+        // node bound to a wildcard address its --peers host (the address
+        // the other nodes give clients as the leader's).
+        let advertise = |bound: SocketAddr| match &cluster {
+            Some(c) if bound.ip().is_unspecified() => {
+                SocketAddr::new(c.peers[&c.node_id].ip(), bound.port())
+            }
+            _ => bound,
+        };
+        let advertised = (
+            advertise(lock_addr).to_string(),
+            advertise(admin_addr).to_string(),
+        );
+        for p in &mut parts {
+            p.advertised = advertised.clone();
+        }
         if let Some(c) = &cluster {
-            open_cluster(&cfg, c, &mut parts, lock_addr)?;
+            open_cluster(&cfg, c, &mut parts, advertise(lock_addr))?;
             metrics.enable_raft(c.node_id, &c.voters(), n);
         }
         let signal_fd = block_signals()?;
@@ -425,6 +445,7 @@ impl Loop {
         });
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
+        shard.advertise(part.advertised.0, part.advertised.1);
         let peers = raft.map(|(replica, peers)| {
             shard.enable_cluster(replica);
             peers
@@ -497,12 +518,8 @@ fn open_cluster(
     }
     let view = NodeView::new(n);
     let me = c.node_id;
-    let advertise = if cfg.bind.ip().is_unspecified() {
-        let ip = c.peers[&me].ip();
-        SocketAddr::new(ip, lock_addr.port())
-    } else {
-        lock_addr
-    };
+    // Given as the leader's in `not leader` hints.
+    let advertise = lock_addr;
     let keep_ms = cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
     for (g, part) in parts.iter_mut().enumerate() {
         let p = group_path(g);

@@ -23,6 +23,7 @@ use crate::core::HeldKey;
 
 #[cfg(test)]
 mod listing_tests;
+pub mod locate;
 pub mod members;
 pub mod session;
 pub mod status;
@@ -223,6 +224,9 @@ pub mod admin {
         /// A membership change (extension, [`super::members::Change`]),
         /// made by the serving leader in every shard's group.
         Cchg,
+        /// The node directory (extension, [`super::locate`]): each
+        /// member's lock and admin addresses, answered by every node.
+        Cadr,
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,6 +290,13 @@ pub mod admin {
             b"CMEM" => {
                 return Decoded::Frame {
                     cmd: Command::Cmem,
+                    count: 0,
+                    len: 4,
+                }
+            }
+            b"CADR" => {
+                return Decoded::Frame {
+                    cmd: Command::Cadr,
                     count: 0,
                     len: 4,
                 }

@@ -48,6 +48,10 @@ pub const OP_CANCEL: u8 = 11;
 pub const OP_PING: u8 = 12;
 /// Resumes a replicated session on another connection (cluster mode).
 pub const OP_RESUME: u8 = 13;
+/// Asks for the node directory ([`super::locate`]): a connection's first
+/// and only frame, answered by every node (leader or not), then closed.
+/// Not a session op: it opens nothing.
+pub const OP_LOCATE: u8 = 14;
 
 pub const KIND_REPLY: u8 = 0x80;
 pub const KIND_LOST: u8 = 0x81;
@@ -468,6 +472,108 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         }
         Req::Ping => {}
     });
+}
+
+/// A Locate frame ([`OP_LOCATE`]) at the start of a receive buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocateFrame {
+    Incomplete,
+    /// A whole frame of `len` bytes; `version` is its body's first byte
+    /// (`None`: an empty body).
+    Frame {
+        rid: u32,
+        version: Option<u8>,
+        body_len: usize,
+        len: usize,
+    },
+    /// Broken framing (a body over [`BODY_MAX`]) or not a Locate.
+    Bad(&'static str),
+}
+
+/// Decodes a Locate frame: `[14][u32 rid][u16 bodyLen][u8 version]`.
+pub fn decode_locate(buf: &[u8]) -> LocateFrame {
+    match buf.first() {
+        None => return LocateFrame::Incomplete,
+        Some(&OP_LOCATE) => {}
+        Some(_) => return LocateFrame::Bad("not a Locate"),
+    }
+    if buf.len() < HEADER {
+        return LocateFrame::Incomplete;
+    }
+    let rid = u32::from_le_bytes(buf[1..5].try_into().expect("4 bytes"));
+    let blen = u16::from_le_bytes([buf[5], buf[6]]) as usize;
+    if blen > BODY_MAX {
+        return LocateFrame::Bad("body longer than 512 bytes");
+    }
+    if buf.len() < HEADER + blen {
+        return LocateFrame::Incomplete;
+    }
+    LocateFrame::Frame {
+        rid,
+        version: (blen > 0).then(|| buf[HEADER]),
+        body_len: blen,
+        len: HEADER + blen,
+    }
+}
+
+/// Encodes a Locate of this version.
+pub fn encode_locate(rid: u32, out: &mut Vec<u8>) {
+    frame(out, OP_LOCATE, rid, |o| o.push(super::locate::VERSION));
+}
+
+/// Encodes the answer to a Locate: a Reply `[u8 status = ok][record]`.
+pub fn encode_located(rid: u32, dir: &super::locate::Directory, out: &mut Vec<u8>) {
+    let mut body = vec![Status::Ok as u8];
+    dir.encode(&mut body);
+    out.push(KIND_REPLY);
+    out.extend_from_slice(&rid.to_le_bytes());
+    out.extend_from_slice(&(body.len().min(u16::MAX as usize) as u16).to_le_bytes());
+    out.extend_from_slice(&body[..body.len().min(u16::MAX as usize)]);
+}
+
+/// What a Locate was answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Located {
+    Directory(super::locate::Directory),
+    /// A session Reply with another status (`tls_required`, `invalid`,
+    /// `unsupported version`, ...) and its detail, if it has one.
+    Refused(Status, Vec<u8>),
+}
+
+/// The answer to a Locate at the start of `buf`: `Ok(None)` when more
+/// bytes are needed; `Err` for bytes that are not a session Reply (the
+/// Locking-Center `-` of a server without Locate).
+pub fn decode_located(buf: &[u8]) -> Result<Option<Located>, String> {
+    let Some(&kind) = buf.first() else {
+        return Ok(None);
+    };
+    if kind != KIND_REPLY {
+        return Err(format!("answered {kind:#04x}, not a session Reply"));
+    }
+    if buf.len() < HEADER {
+        return Ok(None);
+    }
+    let blen = u16::from_le_bytes([buf[5], buf[6]]) as usize;
+    let Some(body) = buf.get(HEADER..HEADER + blen) else {
+        return Ok(None);
+    };
+    let Some(&st) = body.first() else {
+        return Err("an empty Reply".into());
+    };
+    let status = Status::from_byte(st).ok_or_else(|| format!("unknown status {st}"))?;
+    if status != Status::Ok {
+        let detail = if status.has_detail() {
+            let n = body.get(1).copied().unwrap_or(0) as usize;
+            body.get(2..2 + n).unwrap_or_default().to_vec()
+        } else {
+            Vec::new()
+        };
+        return Ok(Some(Located::Refused(status, detail)));
+    }
+    match super::locate::Directory::decode(&body[1..])? {
+        Some((d, _)) => Ok(Some(Located::Directory(d))),
+        None => Err(format!("a directory cut short ({blen}-byte body)")),
+    }
 }
 
 /// What the server's Hello reply says.

@@ -1,5 +1,5 @@
 //! The admin port's text commands (`KEYS`, `KEYX`, `RSTK`, `RSTS`,
-//! `CLST`, `CMEM`, `CCHG`, …): decoded one line at a time, answered in
+//! `CLST`, `CMEM`, `CADR`, `CCHG`, …): decoded one line at a time, answered in
 //! order, scattered to every shard where the command is the server's.
 
 use super::*;
@@ -87,6 +87,19 @@ impl Shard {
             self.reject(slot, "admin command before AUTH");
             return false;
         }
+        if cmd == admin::Command::Cadr {
+            // Every node answers, a single node too: where the others are.
+            let dir = self.directory();
+            let c = &mut self.conns[slot as usize];
+            c.rbuf.drain(..len);
+            c.persistent = true;
+            c.action = Some(Action::Persist);
+            dir.encode_admin(&mut c.out);
+            c.state = State::Answered;
+            c.gate_lsn = 0;
+            self.mark_dirty(slot);
+            return true;
+        }
         if cmd == admin::Command::Clst || cmd == admin::Command::Cmem {
             // Every node answers: the operator asks followers too.
             let c = &mut self.conns[slot as usize];
@@ -172,7 +185,10 @@ impl Shard {
                 }
                 RemoteOp::ResetSources(sources)
             }
-            admin::Command::Auth | admin::Command::Clst | admin::Command::Cmem => {
+            admin::Command::Auth
+            | admin::Command::Clst
+            | admin::Command::Cmem
+            | admin::Command::Cadr => {
                 unreachable!("answered above")
             }
             admin::Command::Cchg => {

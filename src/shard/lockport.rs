@@ -14,6 +14,26 @@ impl Shard {
     fn plaintext_first_frame(&mut self, slot: u32) -> Option<bool> {
         let c = &self.conns[slot as usize];
         let first = *c.rbuf.first()?;
+        if first == crate::protocol::session::OP_LOCATE {
+            // The directory follows the sessions' rule.
+            use crate::protocol::session::LocateFrame;
+            return match crate::protocol::session::decode_locate(&c.rbuf) {
+                LocateFrame::Incomplete => Some(false),
+                LocateFrame::Frame { rid, .. } => {
+                    self.metrics.security.plaintext_refused(true);
+                    self.locate_answer(
+                        slot,
+                        rid,
+                        Err(crate::protocol::session::Status::TlsRequired),
+                    );
+                    Some(false)
+                }
+                LocateFrame::Bad(why) => {
+                    self.reject(slot, why);
+                    Some(false)
+                }
+            };
+        }
         let session = crate::protocol::session::is_session_op(first);
         if !session && !self.cfg.lc_tls_required() {
             return None;
@@ -53,6 +73,59 @@ impl Shard {
         Some(false)
     }
 
+    /// A Locate, the connection's first frame: the node directory
+    /// ([`crate::protocol::locate`]), then close. False: nothing more to
+    /// execute on this connection.
+    fn locate(&mut self, slot: u32) -> bool {
+        use crate::protocol::locate::VERSION;
+        use crate::protocol::session::{decode_locate, LocateFrame, Status};
+        match decode_locate(&self.conns[slot as usize].rbuf) {
+            LocateFrame::Incomplete => {}
+            LocateFrame::Bad(why) => self.reject(slot, why),
+            LocateFrame::Frame {
+                rid,
+                version,
+                body_len,
+                ..
+            } => {
+                let answer = match version {
+                    Some(VERSION) if body_len == 1 => Ok(()),
+                    Some(v) if v != VERSION => Err(Status::UnsupportedVersion),
+                    _ => Err(Status::Invalid),
+                };
+                self.locate_answer(slot, rid, answer);
+            }
+        }
+        false
+    }
+
+    /// Answers a Locate: the directory (`Ok`) or a refusal, then close.
+    fn locate_answer(
+        &mut self,
+        slot: u32,
+        rid: u32,
+        answer: Result<(), crate::protocol::session::Status>,
+    ) {
+        use crate::protocol::session::{self as sp, Status};
+        let dir = answer.is_ok().then(|| self.directory());
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.clear();
+        match (dir, answer) {
+            (Some(dir), _) => sp::encode_located(rid, &dir, &mut c.out),
+            (None, Err(Status::UnsupportedVersion)) => sp::encode_refusal(
+                rid,
+                Status::UnsupportedVersion,
+                &[crate::protocol::locate::VERSION],
+                &mut c.out,
+            ),
+            (None, Err(status)) => sp::encode_reply(rid, status, 0, sp::NO_TTL, &mut c.out),
+            (None, Ok(())) => unreachable!("a directory for every Ok"),
+        }
+        c.close_after_send = true;
+        c.state = State::Answered;
+        self.mark_dirty(slot);
+    }
+
     /// Executes one lock-port frame; false when more bytes are needed.
     pub(super) fn pump_lock(&mut self, slot: u32) -> bool {
         let c = &self.conns[slot as usize];
@@ -60,6 +133,14 @@ impl Shard {
             if let Some(more) = self.plaintext_first_frame(slot) {
                 return more;
             }
+        }
+        let c = &self.conns[slot as usize];
+        if c.action.is_none()
+            && c.sid == 0
+            && c.rbuf.first() == Some(&crate::protocol::session::OP_LOCATE)
+        {
+            // Answered by every node, serving or not.
+            return self.locate(slot);
         }
         if !self.may_serve() {
             return self.not_leader(slot);

@@ -209,6 +209,9 @@ pub struct Shard {
     raft: Option<Box<raft::Part>>,
     /// Cluster mode: what the replication metrics are computed from.
     raft_stats: raft::Stats,
+    /// This node's client (lock) and admin addresses as it tells clients
+    /// (Locate, `CADR`; see [`Shard::advertise`]).
+    advertised: (String, String),
 }
 
 impl Shard {
@@ -259,8 +262,16 @@ impl Shard {
             all_conns: None,
             raft: None,
             raft_stats: raft::Stats::default(),
+            advertised: (cfg.bind.to_string(), cfg.admin_bind.to_string()),
             cfg,
         }
+    }
+
+    /// The lock and admin addresses this node gives clients in its
+    /// directory (Locate, `CADR`): the bound ones (not port 0), with a
+    /// cluster node's `--peers` host for a wildcard bind.
+    pub fn advertise(&mut self, lock: String, admin: String) {
+        self.advertised = (lock, admin);
     }
 
     /// Places this shard as number `me` of `shards` (default 0 of 1);

@@ -566,6 +566,47 @@ impl Shard {
             .unwrap_or_default()
     }
 
+    /// This node's directory (Locate, `CADR`: [`crate::protocol::locate`]):
+    /// its own lock and admin addresses, whether it serves, the leader it
+    /// knows of, and every other member's lock address as that member's
+    /// link Hello gave it (empty until one arrived). A single node lists
+    /// itself alone, as node 0.
+    pub(super) fn directory(&self) -> crate::protocol::locate::Directory {
+        use crate::protocol::locate::{Directory, NodeAddrs};
+        let (lock, admin) = self.advertised.clone();
+        let Some(r) = &self.raft else {
+            return Directory {
+                member: false,
+                serving: !self.stopping,
+                node: 0,
+                leader: 0,
+                nodes: vec![NodeAddrs {
+                    node: 0,
+                    lock,
+                    admin,
+                }],
+            };
+        };
+        let me = r.replica.id();
+        let mut nodes = vec![NodeAddrs {
+            node: me,
+            lock,
+            admin,
+        }];
+        nodes.extend(r.addrs.keys().filter(|&&id| id != me).map(|&id| NodeAddrs {
+            node: id,
+            lock: r.client_addrs.get(&id).cloned().unwrap_or_default(),
+            admin: String::new(),
+        }));
+        Directory {
+            member: true,
+            serving: self.may_serve(),
+            node: me,
+            leader: r.view.leader_of(0),
+            nodes,
+        }
+    }
+
     /// A link Hello from `hello.node`: accepted when it belongs to this
     /// cluster and group.
     pub fn on_peer_hello(&mut self, hello: &wire::Hello) -> Result<(), String> {

@@ -35,6 +35,9 @@ pub struct Cluster {
     /// Node → started with `--join` (added to the running cluster, its
     /// links direct, without proxies).
     pub join: Vec<bool>,
+    /// Node → its fixed `(lock, admin)` ports ([`Cluster::start_fixed_ports`]);
+    /// empty: port 0 (the kernel picks).
+    pub client_ports: Vec<(u16, u16)>,
 }
 
 /// Runs `ringlock cert ARGS` (the real CLI); panics with its stderr.
@@ -83,6 +86,19 @@ impl Cluster {
     /// Starts `n` nodes with `threads` shards each (`extra`: more flags for
     /// every node) and waits for a leader.
     pub fn start(n: usize, threads: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_ports(n, threads, extra, false)
+    }
+
+    /// As [`Cluster::start`], with the lock and admin ports laid out as in
+    /// README's cluster example: node i's lock port is node 1's + i and
+    /// its admin port, in another block, node 1's admin port + i. A lock
+    /// port + 1 is the next node's lock port (or nothing), never an admin
+    /// port: a client that guesses "admin = lock + 1" meets a lock port.
+    pub fn start_fixed_ports(n: usize, threads: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_ports(n, threads, extra, true)
+    }
+
+    fn start_ports(n: usize, threads: usize, extra: &[&str], fixed: bool) -> Cluster {
         // Held while the proxies bind theirs, so that no proxy takes a
         // node's port; released just before the nodes start.
         let reserved: Vec<Vec<TcpListener>> =
@@ -116,7 +132,18 @@ impl Cluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             lock_addrs: vec![SocketAddr::from(([127, 0, 0, 1], 0)); n],
             join: vec![false; n],
+            client_ports: Vec::new(),
         };
+        let client_blocks = fixed.then(|| (consecutive_listeners(n), consecutive_listeners(n)));
+        if let Some((lock, admin)) = &client_blocks {
+            let port = |l: &TcpListener| l.local_addr().expect("addr").port();
+            c.client_ports = lock
+                .iter()
+                .zip(admin)
+                .map(|(l, a)| (port(l), port(a)))
+                .collect();
+        }
+        drop(client_blocks);
         drop(reserved);
         for i in 0..n {
             c.start_node(i);
@@ -245,7 +272,13 @@ impl Cluster {
     /// Starts node `i`; its stderr when it exits instead.
     pub fn try_start_node(&mut self, i: usize) -> Result<(), String> {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlockd"));
-        cmd.args(["--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"]);
+        let (lock, admin) = self.client_ports.get(i).copied().unwrap_or((0, 0));
+        cmd.args([
+            "--bind",
+            &format!("127.0.0.1:{lock}"),
+            "--admin-bind",
+            &format!("127.0.0.1:{admin}"),
+        ]);
         let id = (i + 1).to_string();
         let peers = self.peers_for(i);
         let path = self.data_path(i);

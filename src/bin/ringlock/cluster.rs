@@ -1,5 +1,6 @@
 //! `ringlock cluster status`: every node's replication state, asked of
-//! each node's admin port (`CLST`), side by side.
+//! each node's admin port (`CLST`), side by side (the nodes: those given
+//! and every member they list, see `discover`).
 //!
 //! Each node is asked once, all at the same time, with short timeouts and
 //! no retries: a node that does not answer is a row saying so (`down`),
@@ -80,6 +81,13 @@ type Answer = (
 );
 
 fn ask(shown: &str, addrs: &[SocketAddr], auth: Option<&[u8]>) -> Answer {
+    if addrs.is_empty() {
+        // Named by a directory, or an --addr that did not answer Locate.
+        return (
+            Err("no admin address known: it did not answer at this lock address".into()),
+            None,
+        );
+    }
     // The lock address is never used; the builder wants one. The admin
     // address as given: a TLS dial verifies its host name.
     let b = Client::builder(addrs).admin_addr(admin_named(shown, addrs));

@@ -9,7 +9,7 @@
 //! ringlock [OPTIONS] reset KEY...
 //! ringlock [OPTIONS] reset --source SRC
 //! ringlock [OPTIONS] keys [-d] [--json] [--older-than D]
-//! ringlock [--admin-addr A,B,C] cluster status [--json]
+//! ringlock [--admin-addr A,B,C] cluster status [--json] [--timeout D]
 //! ringlock [--admin-addr A,B,C] cluster transfer-leader | add | remove | replace ...
 //! ringlock cert create-ca | create-node | create-client | list --certs-dir DIR ...
 //! ringlock completions SHELL [--dir DIR] | ringlock man [--dir DIR]
@@ -31,6 +31,7 @@ mod bytes;
 mod cert;
 mod child;
 mod cluster;
+mod discover;
 mod docfiles;
 mod keys;
 mod members;
@@ -89,7 +90,13 @@ Exit status:
   128+N  interrupted by signal N while waiting (the request was withdrawn)
   cluster status: 0 some node serves and every answer names it the leader of every
        shard; 69 no node answered; 75 no node serves, or the nodes disagree on the
-       leader (an election in progress: ask again); 76 no node is a cluster member
+       leader, by --timeout (default 5s: an election is waited out); 76 no node is a
+       cluster member
+
+A cluster is found from any of its nodes: without --admin-addr, each --addr node says
+its own admin address; `cluster` commands add every member the given nodes list; a
+node that does not serve is passed over (a session follows its `not leader`, a
+Locking-Center request its directory's leader).
 
 Environment:
   RINGLOCK_ADDR, RINGLOCK_ADMIN_ADDR, RINGLOCK_SOURCE  defaults of --addr, --admin-addr, --source
@@ -131,8 +138,9 @@ struct Cli {
     )]
     addr: String,
 
-    /// Admin port, used by `keys` and to say who holds a key [default: lock port + 1];
-    /// `cluster status` takes every node's, comma-separated
+    /// Admin port, used by `keys` and to say who holds a key [default: each --addr
+    /// node's own, as it tells; lock port + 1 from a server that cannot tell];
+    /// `cluster` commands take one or more nodes', comma-separated, and find the others
     #[arg(long, env = "RINGLOCK_ADMIN_ADDR", value_name = "HOST[:PORT]")]
     admin_addr: Option<String>,
 
@@ -346,21 +354,27 @@ enum Cmd {
 enum ClusterCmd {
     /// Hand the leadership of every shard to another node, then wait until it serves
     ///
-    /// Finds the serving node among --admin-addr (all nodes, comma-separated),
-    /// asks it to hand over to NODE (default: its most caught-up follower),
-    /// and waits up to 5 s for another node to serve every shard; prints that
-    /// node. Exit 0 when it does, 75 when it did not in time or the leader
-    /// refused (NODE is not a peer, or it is the leader itself), 69 when no
-    /// node serves. Use before stopping the leader's host.
+    /// Finds the serving node among the cluster's nodes (--admin-addr, or
+    /// --addr, and every member they list), waiting out an election up to
+    /// --timeout, asks it to hand over to NODE (default: its most caught-up
+    /// follower), and waits up to --timeout for another node to serve every
+    /// shard; prints that node. Exit 0 when it does, 75 when it did not in
+    /// time or the leader refused (NODE is not a peer, or it is the leader
+    /// itself), 69 when no node serves. Use before stopping the leader's
+    /// host.
     TransferLeader {
         /// The node to take over (its --node-id); default: the leader's choice
         node: Option<u32>,
+        /// How long to wait for a serving node, then for the new one
+        #[arg(long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
+        timeout: Duration,
     },
     /// Add a node: it joins as a learner, catches up, then becomes a voter
     ///
     /// Start the new node first (ringlockd --join --node-id NODE --peers ...
-    /// with an empty --data-path). Then this asks the serving node among
-    /// --admin-addr (all nodes, comma-separated) to add NODE as a learner
+    /// with an empty --data-path). Then this asks the serving node (found
+    /// from --admin-addr, or --addr, and every member they list; an
+    /// election is waited out, up to --timeout) to add NODE as a learner
     /// at ADDR (its Raft address, as in --peers) in every shard, waits
     /// until it holds everything committed (a far-behind node is sent a
     /// snapshot), and promotes it. Running it again finishes an
@@ -373,7 +387,7 @@ enum ClusterCmd {
         node: u64,
         /// Its Raft address, HOST:PORT (its shard 0; shard g uses PORT + g)
         addr: String,
-        /// How long to wait for each step (catching up, the change applied)
+        /// How long to wait for each step (a serving node, catching up, the change applied)
         #[arg(long, value_name = "D", default_value = "60s", value_parser = parse_duration)]
         timeout: Duration,
     },
@@ -409,15 +423,20 @@ enum ClusterCmd {
     },
     /// Each node's role, term, leader, commit and applied index per shard, and each follower's lag
     ///
-    /// Asks every node named by --admin-addr (comma-separated: give all of
-    /// them) at once, one second to connect and two to answer, no retries: a
-    /// node that does not answer is a `down` row, not a failure. LAG is how
-    /// many log entries a follower is behind the leader's log, as the leader
-    /// reports it (`?` when the leader did not answer). Exit 0 when some node
-    /// serves and every node that answered names it the leader of every
-    /// shard; 69 when no node answered; 75 when none serves or they disagree
-    /// (an election in progress: ask again); 76 when none is a cluster member.
+    /// Asks every node at once: those named by --admin-addr (or, without
+    /// it, by --addr) and every other member they list, one second to
+    /// connect and two to answer: a node that does not answer is a `down`
+    /// row, not a failure. While no node serves or the nodes disagree (an
+    /// election), asks again until --timeout. LAG is how many log entries a
+    /// follower is behind the leader's log, as the leader reports it (`?`
+    /// when the leader did not answer). Exit 0 when some node serves and
+    /// every node that answered names it the leader of every shard; 69 when
+    /// no node answered; 75 when none serves or they disagree by --timeout;
+    /// 76 when none is a cluster member.
     Status {
+        /// How long to wait out an election (0: answer at once)
+        #[arg(long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
+        timeout: Duration,
         /// Print a JSON array, one object per node: addr, up, member, error,
         /// shards (shard, node, role, term, leader, commit, applied,
         /// last_index, serving, lease_valid, lag, followers: node, matched,
@@ -523,11 +542,11 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     }
     match &cli.cmd {
         Cmd::Cluster {
-            cmd: ClusterCmd::Status { json },
-        } => return cluster_status(&cli, &matches, *json),
+            cmd: ClusterCmd::Status { json, timeout },
+        } => return cluster_status(&cli, &matches, *json, *timeout),
         Cmd::Cluster {
-            cmd: ClusterCmd::TransferLeader { node },
-        } => return cluster_transfer(&cli, &matches, node.unwrap_or(0)),
+            cmd: ClusterCmd::TransferLeader { node, timeout },
+        } => return cluster_transfer(&cli, &matches, node.unwrap_or(0), *timeout),
         Cmd::Cluster { cmd } => {
             let (op, timeout) = match cmd {
                 ClusterCmd::Add {
@@ -738,15 +757,22 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     }
 }
 
-/// The nodes' admin addresses for `ringlock cluster` (--admin-addr, or
-/// the admin port next to each --addr) and the admin auth token.
+/// The nodes' admin addresses for `ringlock cluster` and the admin auth
+/// token: --admin-addr, or each --addr node's own (as its directory
+/// says), and every other member they list (see `discover`).
 #[allow(clippy::type_complexity)] // the two things every cluster command needs
 fn cluster_nodes(
     cli: &Cli,
     matches: &ArgMatches,
 ) -> Result<(Vec<(String, Vec<SocketAddr>)>, Option<Vec<u8>>), Fail> {
     let from_env = |id: &str| matches.value_source(id) == Some(ValueSource::EnvVariable);
-    let nodes = match &cli.admin_addr {
+    let auth = match &cli.auth_token_file {
+        Some(path) => {
+            Some(read_auth_token(path).map_err(|e| usage(format!("--auth-token-file: {e}")))?)
+        }
+        None => None,
+    };
+    let given = match &cli.admin_addr {
         Some(a) => cluster::parse_addrs(
             a,
             if from_env("admin_addr") {
@@ -755,47 +781,49 @@ fn cluster_nodes(
                 "--admin-addr"
             },
         )?,
-        None => {
-            let shown = if from_env("addr") {
+        None => discover::admin_from_lock(
+            &cli.addr,
+            if from_env("addr") {
                 "RINGLOCK_ADDR"
             } else {
                 "--addr"
-            };
-            let mut nodes = Vec::new();
-            for a in cli.addr.split(',').map(str::trim) {
-                let lock = a
-                    .to_server_addrs(DEFAULT_PORT)
-                    .map_err(|e| Fail(EX_USAGE, format!("{shown}: {e}")))?;
-                let admin: Vec<SocketAddr> = lock
-                    .iter()
-                    .map(|l| SocketAddr::new(l.ip(), l.port().wrapping_add(1)))
-                    .collect();
-                nodes.push((admin[0].to_string(), admin));
-            }
-            nodes
-        }
+            },
+        )?,
     };
-    let auth = match &cli.auth_token_file {
-        Some(path) => {
-            Some(read_auth_token(path).map_err(|e| usage(format!("--auth-token-file: {e}")))?)
-        }
-        None => None,
-    };
-    Ok((nodes, auth))
+    Ok((discover::with_members(given, auth.as_deref()), auth))
 }
 
-/// `ringlock cluster transfer-leader [NODE]`: the serving node hands over;
-/// waits (bounded) until another node serves every shard.
-fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail> {
+/// `ringlock cluster transfer-leader [NODE]`: the serving node (waited
+/// for, up to `timeout`) hands over; waits (as long) until another node
+/// serves every shard.
+fn cluster_transfer(
+    cli: &Cli,
+    matches: &ArgMatches,
+    to: u32,
+    timeout: Duration,
+) -> Result<u8, Fail> {
     let (nodes, auth) = cluster_nodes(cli, matches)?;
     let serving = |answers: &[cluster::NodeAnswer]| -> Option<usize> {
         answers.iter().position(|n| {
             matches!(&n.result, Ok(Some(shards)) if !shards.is_empty() && shards.iter().all(|s| s.serving))
         })
     };
-    let answers = cluster::query(&nodes, auth.as_deref());
-    let Some(old) = serving(&answers) else {
-        return Err(Fail(EX_UNAVAILABLE, "no node serves every shard".into()));
+    let t = std::time::Instant::now();
+    let old = loop {
+        let answers = cluster::query(&nodes, auth.as_deref());
+        if let Some(old) = serving(&answers) {
+            break old;
+        }
+        if t.elapsed() >= timeout {
+            return Err(Fail(
+                EX_UNAVAILABLE,
+                format!(
+                    "no node serves every shard (waited {}; see ringlock cluster status)",
+                    fmt_duration(timeout)
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     };
     let b = ringlock::client::Client::builder(nodes[old].1.as_slice())
         .admin_addr(nodes[old].0.as_str())
@@ -816,7 +844,7 @@ fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail
     }
     let t = std::time::Instant::now();
     let mut asked = t;
-    while t.elapsed() < std::time::Duration::from_secs(5) {
+    while t.elapsed() < timeout {
         let answers = cluster::query(&nodes, auth.as_deref());
         let now_serving = serving(&answers);
         if now_serving == Some(old) && asked.elapsed() > std::time::Duration::from_millis(700) {
@@ -836,15 +864,30 @@ fn cluster_transfer(cli: &Cli, matches: &ArgMatches, to: u32) -> Result<u8, Fail
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    Err(Fail(EX_TEMPFAIL, "no other node served within 5 s".into()))
+    Err(Fail(
+        EX_TEMPFAIL,
+        format!("no other node served within {}", fmt_duration(timeout)),
+    ))
 }
 
-/// `ringlock cluster status`: every node in --admin-addr (or the admin
-/// port next to each --addr) asked at once; the table (or JSON) on stdout,
-/// the verdict as exit status with its reason on stderr.
-fn cluster_status(cli: &Cli, matches: &ArgMatches, json: bool) -> Result<u8, Fail> {
+/// `ringlock cluster status`: every node (`cluster_nodes`) asked at once,
+/// again while an election runs (up to `timeout`); the table (or JSON) on
+/// stdout, the verdict as exit status with its reason on stderr.
+fn cluster_status(
+    cli: &Cli,
+    matches: &ArgMatches,
+    json: bool,
+    timeout: Duration,
+) -> Result<u8, Fail> {
     let (nodes, auth) = cluster_nodes(cli, matches)?;
-    let answers = cluster::query(&nodes, auth.as_deref());
+    let t = std::time::Instant::now();
+    let answers = loop {
+        let answers = cluster::query(&nodes, auth.as_deref());
+        if cluster::verdict(&answers).0 != EX_TEMPFAIL || t.elapsed() >= timeout {
+            break answers;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let text = if json {
         cluster::to_json(&answers)
     } else {

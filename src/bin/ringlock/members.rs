@@ -51,9 +51,9 @@ impl Ctx<'_> {
         b.build().map_err(|e| Fail(EX_USAGE, e.to_string()))
     }
 
-    /// The node that serves every shard: its index, its client, and its
-    /// shards' replication records.
-    fn leader(&self) -> Result<(usize, Client, Vec<ShardStatus>), Fail> {
+    /// The node that serves every shard now: its index, its client, and
+    /// its shards' replication records.
+    fn leader_now(&self) -> Result<(usize, Client, Vec<ShardStatus>), Fail> {
         let answers = crate::cluster::query(self.nodes, self.auth);
         for (i, a) in answers.into_iter().enumerate() {
             if let Ok(Some(shards)) = a.result {
@@ -64,8 +64,33 @@ impl Ctx<'_> {
         }
         Err(Fail(
             EX_UNAVAILABLE,
-            "no node named by --admin-addr serves every shard (see ringlock cluster status)".into(),
+            "no node of the cluster serves every shard (see ringlock cluster status)".into(),
         ))
+    }
+
+    /// [`leader_now`](Self::leader_now), waiting out an election (up to
+    /// the step's timeout; said every few seconds).
+    fn leader(&self) -> Result<(usize, Client, Vec<ShardStatus>), Fail> {
+        let start = Instant::now();
+        let mut said = Instant::now();
+        loop {
+            match self.leader_now() {
+                Ok(found) => return Ok(found),
+                Err(Fail(code, why)) if start.elapsed() >= self.timeout => {
+                    return Err(Fail(
+                        code,
+                        format!("{why}; waited {:?} (--timeout)", self.timeout),
+                    ))
+                }
+                Err(Fail(_, why)) => {
+                    if said.elapsed() >= Duration::from_secs(3) {
+                        said = Instant::now();
+                        say(&format!("waiting: {why}"));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Waits (polling the serving node) until `done` says so for its
@@ -79,7 +104,7 @@ impl Ctx<'_> {
         let mut said = Instant::now();
         let mut last = String::new();
         loop {
-            match self.leader().and_then(|(_, c, shards)| {
+            match self.leader_now().and_then(|(_, c, shards)| {
                 let m = c
                     .cluster_members()
                     .map_err(|e| Fail(EX_UNAVAILABLE, format!("CMEM: {e}")))?
@@ -117,7 +142,7 @@ impl Ctx<'_> {
 
     /// Asks the serving node to make `change`, once.
     fn change_once(&self, change: &Change) -> Result<(), Fail> {
-        let (i, c, _) = self.leader()?;
+        let (i, c, _) = self.leader_now()?;
         match c.change_members(change) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(Fail(
@@ -148,6 +173,7 @@ impl Ctx<'_> {
                 "in progress",
                 "has not caught up",
                 "does not serve",
+                "serves every shard",
                 "being rewritten",
             ]
             .iter()
@@ -158,7 +184,7 @@ impl Ctx<'_> {
         let mut last = String::new();
         let mut asked_at: Option<Instant> = None;
         loop {
-            match self.leader().and_then(|(_, c, _)| members(&c)) {
+            match self.leader_now().and_then(|(_, c, _)| members(&c)) {
                 Ok(m) if !m.is_empty() && m.iter().all(|s| !s.change_in_progress && want(s)) => {
                     return Ok(())
                 }

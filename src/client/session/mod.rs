@@ -327,7 +327,7 @@ impl SessionBuilder {
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let addrs: Vec<SocketAddr> = named.iter().map(|(a, _)| *a).collect();
         #[cfg(feature = "tls")]
-        let dial = match self.tls {
+        let mut dial = match self.tls {
             Some(tls) => Dial::tls(
                 tls,
                 named
@@ -337,7 +337,7 @@ impl SessionBuilder {
             None => Dial::plain(),
         };
         #[cfg(not(feature = "tls"))]
-        let dial = {
+        let mut dial = {
             drop(named);
             Dial::plain()
         };
@@ -354,10 +354,28 @@ impl SessionBuilder {
         let mut streak = Streak::new(self.retry);
         let (sock, welcome) = 'open: loop {
             let mut last = None;
-            for addr in &addrs {
-                match hello(&dial, addr, keepalive_ms, &self.auth, connect_timeout) {
+            // Each address once a round; a `not leader` hint goes first
+            // (over TLS, verified against the hint's host, or when listed:
+            // the Hello carries the auth token).
+            let mut queue: std::collections::VecDeque<SocketAddr> = addrs.iter().copied().collect();
+            let mut tried = std::collections::HashSet::new();
+            while let Some(addr) = queue.pop_front() {
+                if !tried.insert(addr) {
+                    continue;
+                }
+                match hello(&dial, &addr, keepalive_ms, &self.auth, connect_timeout) {
                     Ok(opened) => break 'open opened,
-                    Err(Hello::Retry(e)) => last = Some((*addr, e)),
+                    Err(Hello::Retry(e)) => last = Some((addr, e)),
+                    Err(Hello::NotLeader(e, hint)) => {
+                        last = Some((addr, e));
+                        if let Some(h) = hint.filter(|h| !tried.contains(h)) {
+                            if dial.is_tls() || addrs.contains(&h) {
+                                dial.name(h, &resume::hint_host(&h.to_string()));
+                                queue.retain(|a| *a != h);
+                                queue.push_front(h);
+                            }
+                        }
+                    }
                     Err(Hello::Final(e)) => return Err(e),
                 }
             }
@@ -431,6 +449,8 @@ enum Hello {
     /// Connecting failed, or the connection failed before the answer: no
     /// session exists, so another attempt is safe.
     Retry(std::io::Error),
+    /// `not leader`: another address, first the leader's if it said.
+    NotLeader(std::io::Error, Option<SocketAddr>),
     /// The server answered, and the answer is no.
     Final(Error),
 }
@@ -578,14 +598,19 @@ fn refused(addr: &SocketAddr, status: Status, detail: &[u8]) -> Hello {
                 }
             ))))
         }
-        Status::NotLeader => Hello::Retry(std::io::Error::other(format!(
-            "not the leader{}",
-            if detail.is_empty() {
-                String::new()
-            } else {
-                format!(" (the leader is {})", String::from_utf8_lossy(detail))
-            }
-        ))),
+        Status::NotLeader => Hello::NotLeader(
+            std::io::Error::other(format!(
+                "not the leader{}",
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (the leader is {})", String::from_utf8_lossy(detail))
+                }
+            )),
+            std::str::from_utf8(detail)
+                .ok()
+                .and_then(|t| t.parse::<SocketAddr>().ok()),
+        ),
         s => Hello::Final(Error::Unavailable(cause_msg(format!(
             "{addr} refused the session: {}",
             s.name()

@@ -675,7 +675,7 @@ fn gave_up(a: &super::io::AcquireReq, now: Instant) -> Option<Error> {
 
 /// The host part of a `not leader` hint (`HOST:PORT`, `[V6]:PORT`): the
 /// name a TLS dial to it verifies.
-fn hint_host(hint: &str) -> String {
+pub(super) fn hint_host(hint: &str) -> String {
     let host = hint.rsplit_once(':').map_or(hint, |(h, _)| h);
     host.trim_start_matches('[')
         .trim_end_matches(']')
