@@ -656,7 +656,18 @@ fn provider() -> Arc<CryptoProvider> {
             // build offline here); ring is the provider Cargo.toml chose,
             // and this function is its only constructor.
             #[allow(deprecated)]
-            let ring = rustls::crypto::ring::default_provider();
+            let mut ring = rustls::crypto::ring::default_provider();
+            // Key exchange: X25519 first, then P-256. This rustls lists
+            // P-384 first for ring, which both ends then use: its ECDH
+            // costs this ring build ~0.9 ms a side against ~40 µs for
+            // X25519, and a handshake storm pays it per connection. P-384
+            // stays last for clients that offer nothing else.
+            let rank = |g: &&'static dyn rustls::crypto::SupportedKxGroup| match g.name() {
+                rustls::NamedGroup::X25519 => 0,
+                rustls::NamedGroup::secp256r1 => 1,
+                _ => 2,
+            };
+            ring.kx_groups.sort_by_key(rank);
             Arc::new(ring)
         })
         .clone()

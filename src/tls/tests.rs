@@ -669,3 +669,27 @@ fn a_leaf_never_outlives_its_ca() {
         "{err}"
     );
 }
+
+#[test]
+fn handshakes_use_x25519() {
+    // P-384 (listed first by this rustls for ring) costs ~20 times more per
+    // handshake: the provider puts X25519 first for both ends.
+    let ca = new_ca();
+    let n1 = ca.node(1);
+    let s = shake(
+        ca.client(None).config(),
+        dns("node1.example"),
+        n1.client_acceptor(false),
+    );
+    s.result.expect("handshake");
+    assert_eq!(
+        s.server.negotiated_key_exchange_group().map(|g| g.name()),
+        Some(rustls::NamedGroup::X25519)
+    );
+    let s = shake(n1.peer_dialer(1), peer_server_name(1), n1.peer_acceptor());
+    s.result.expect("peer handshake");
+    assert_eq!(
+        s.client.negotiated_key_exchange_group().map(|g| g.name()),
+        Some(rustls::NamedGroup::X25519)
+    );
+}
