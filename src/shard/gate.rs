@@ -537,9 +537,11 @@ impl Shard {
             }
         }
         log!(
-            // Nothing was voided (a proposal failed with nothing in it, as
-            // when a stopping leader hands over): no news.
-            if answered == 0 && touched.is_empty() {
+            // Nothing was voided and no I/O failed (a proposal failed with
+            // nothing in it, as when a stopping leader hands over): no
+            // news. A storage failure is always said (tests/wal_faults.rs
+            // waits for it).
+            if errno == 0 && answered == 0 && touched.is_empty() {
                 Level::Debug
             } else {
                 Level::Warn
