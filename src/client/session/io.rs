@@ -605,9 +605,23 @@ impl Shared {
             }
             e.watch.clone()
         };
-        let pending = watch.and_then(|w| w.claim_loss(lost.clone()));
-        if let Some(e) = self.lock().holds.get_mut(id) {
-            e.ended.get_or_insert(Ended::Server(lost));
+        let mut pending = watch.as_ref().and_then(|w| w.claim_loss(lost.clone()));
+        // A caller may have attached its lease between the two locks (it
+        // saw no end yet): that lease is told too, or it would hold a lock
+        // the server took away without ever hearing of it.
+        let late = match self.lock().holds.get_mut(id) {
+            Some(e) => {
+                e.ended.get_or_insert(Ended::Server(lost.clone()));
+                if watch.is_none() {
+                    e.watch.clone()
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        if pending.is_none() {
+            pending = late.and_then(|w| w.claim_loss(lost));
         }
         pending
     }
@@ -655,14 +669,23 @@ impl Shared {
                 claims.push(p);
             }
         }
+        let mut late = Vec::new();
         {
             let mut st = self.lock();
-            for (id, _, lost) in due {
+            for (id, watch, lost) in due {
                 if let Some(e) = st.holds.get_mut(&id) {
-                    e.ended.get_or_insert(Ended::Local(lost));
+                    e.ended.get_or_insert(Ended::Local(lost.clone()));
+                    // Attached between the two locks: told as well (see
+                    // `server_lost`).
+                    if watch.is_none() {
+                        if let Some(w) = e.watch.clone() {
+                            late.push((w, lost));
+                        }
+                    }
                 }
             }
         }
+        claims.extend(late.into_iter().filter_map(|(w, lost)| w.claim_loss(lost)));
         notify_elsewhere(claims);
     }
 
