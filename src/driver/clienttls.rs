@@ -471,9 +471,15 @@ fn send_now(fd: std::os::fd::RawFd, conn: &mut rustls::Connection, scratch: &mut
         return;
     }
     // SAFETY: `scratch` is a live buffer of `len` bytes for the call's
-    // duration (the kernel copies it before returning); `fd` is the open
-    // socket of a live connection (its close waits for the caller's
-    // `maybe_close`, which runs after this).
+    // duration (the kernel copies it before returning), and no send op is
+    // in flight on `fd` (callers check `send.is_lent()`), so these records
+    // never interleave with lent ones. `fd` is the open socket of a live
+    // connection: its close waits for `maybe_close`, which runs after
+    // this. Were the fd already closed and its number reused, the alert or
+    // close_notify would land in another client's TLS stream and break it:
+    // tests/client_tls.rs sees that (the deadline test reads exactly one
+    // close_notify, the storm and reload tests fail any session that gets
+    // foreign records).
     unsafe {
         libc::send(
             fd,
