@@ -431,9 +431,9 @@ fn sighup_reloads_the_certificates_under_load_without_a_failed_request() {
     let (c, k) = (pki.certs_arg(), key.to_string_lossy().into_owned());
     for round in 0..5 {
         let seen = done.load(Ordering::Relaxed);
-        while done.load(Ordering::Relaxed) < seen + 20 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        common::fault_proxy::poll_until("the workers make progress", BOUND, || {
+            done.load(Ordering::Relaxed) >= seen + 20
+        });
         // A new node certificate (another expiry), then SIGHUP.
         let days = (400 + round).to_string();
         cert_cli(&[
@@ -450,10 +450,14 @@ fn sighup_reloads_the_certificates_under_load_without_a_failed_request() {
             "127.0.0.1",
         ]);
         let before = series(&srv, "ringlock_cert_reloads_total{result=\"ok\"}");
+        // SAFETY: a plain syscall; the pid is the server's, a child this
+        // test owns and has not reaped, so it names no other process. A
+        // signal that went elsewhere is seen: the reload count below never
+        // rises and the bounded wait fails.
         unsafe { libc::kill(srv.pid() as i32, libc::SIGHUP) };
-        while series(&srv, "ringlock_cert_reloads_total{result=\"ok\"}") < before + 1.0 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        common::fault_proxy::poll_until("the reload is counted", BOUND, || {
+            series(&srv, "ringlock_cert_reloads_total{result=\"ok\"}") >= before + 1.0
+        });
     }
     let expiry = series(&srv, "ringlock_cert_expiry_timestamp_seconds");
     let want = std::time::SystemTime::now()
