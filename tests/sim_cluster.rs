@@ -228,6 +228,9 @@ struct Packet {
     /// The group (shard) it is for on both ends.
     group: usize,
     frame: Vec<u8>,
+    /// A frame that must arrive (forwarding): held while its link is cut,
+    /// as TCP holds it, never lost.
+    must: bool,
 }
 
 struct World {
@@ -528,6 +531,14 @@ impl World {
             }
             nd.inflight[g].clear();
         }
+        // Its links die with it: every other node's links to and from it
+        // fail (forwarded requests fail over them, as in the driver).
+        for j in (0..self.nodes.len()).filter(|&j| j != i) {
+            for s in &mut self.nodes[j].shards {
+                s.on_peer_link_down(i as u64 + 1);
+                s.on_peer_inbound_down(i as u64 + 1);
+            }
+        }
         let nd = &mut self.nodes[i];
         nd.mesh.clear();
         nd.conns.clear();
@@ -740,11 +751,21 @@ impl World {
                     self.grants += 1;
                     let (i, _, _, _) = cl.at.expect("connected");
                     // The key's owner shard granted it (the connection
-                    // was handed over to it).
+                    // was handed over to it): on the node the client is
+                    // connected to, or, for a request that node forwarded,
+                    // on the leader that answered (which committed and
+                    // applied it first; the follower may not have yet).
                     let o = self.owner(k);
-                    let g = self.nodes[i]
-                        .shard(o)
-                        .and_then(|s| s.table().grant_of(KEYS[k]))
+                    let serving = (0..self.nodes.len())
+                        .find(|&j| self.nodes[j].up() && self.nodes[j].view.all_serving());
+                    let g = std::iter::once(i)
+                        .chain(serving)
+                        .chain(0..self.nodes.len())
+                        .find_map(|j| {
+                            self.nodes[j]
+                                .shard(o)
+                                .and_then(|s| s.table().grant_of(KEYS[k]))
+                        })
                         .unwrap_or_else(|| {
                             self.fail(format!(
                                 "client {c} was granted {:?} by node {} whose table has no holder",
@@ -1063,7 +1084,23 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
                     }
                 })
                 .collect();
-            w.fail(format!("no progress 20 s after healing: {states:?}"));
+            let stuck: Vec<String> = (0..w.clients.len())
+                .filter(|&c| {
+                    let c = &w.clients[c];
+                    !(c.beliefs.is_empty() && !c.uncertain && c.outstanding.is_empty())
+                })
+                .map(|c| {
+                    let cl = &w.clients[c];
+                    format!(
+                        "client {c} at {:?}: beliefs {:?} uncertain {} outstanding {:?}",
+                        cl.at, cl.beliefs, cl.uncertain, cl.outstanding
+                    )
+                })
+                .collect();
+            w.fail(format!(
+                "no progress 20 s after healing: {states:?}; membership change idle: {}; clients not quiet: {stuck:?}",
+                matches!(w.memb, Memb::Idle)
+            ));
         }
         w.step(true);
     }
@@ -1116,6 +1153,10 @@ fn run(seed: u64, steps: usize) -> (u64, u64, u64) {
 }
 
 static COMPACTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Locking-Center forwarding frames carried (requests and answers), and
+/// ones whose link was cut or whose peer was gone (reported to the sender).
+static FORWARDING_FRAMES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FORWARDS_CUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static INSTALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -1277,6 +1318,11 @@ fn cluster_simulation() {
          {compacted} nodes ended with a compacted log, {installs} snapshots installed from a leader, \
          {changes} membership changes made"
     );
+    eprintln!(
+        "sim_cluster: {} Locking-Center forwarding frames carried, {} reported undeliverable",
+        FORWARDING_FRAMES.load(std::sync::atomic::Ordering::Relaxed),
+        FORWARDS_CUT.load(std::sync::atomic::Ordering::Relaxed)
+    );
     eprintln!("sim_cluster {}", resume::summary());
     eprintln!("sim_cluster: {}", leases::summary());
     eprintln!("sim_cluster: {}", shards::summary());
@@ -1290,6 +1336,10 @@ fn cluster_simulation() {
         // Over many seeds (one alone may have neither).
         assert!(compacted > 0, "logs were compacted");
         assert!(changes > 0, "the membership changed");
+        assert!(
+            FORWARDING_FRAMES.load(std::sync::atomic::Ordering::Relaxed) > 0,
+            "followers forwarded Locking-Center requests"
+        );
         shards::assert_exercised();
     }
 }

@@ -6,7 +6,20 @@
 //! 1 Hello  node u64 · group u32 · groups u32 · voters n u8 · id u64 × n ·
 //!          client address: len u8 · "HOST:PORT"
 //! 2 Raft   a raft-rs message (protobuf)
+//! 3 Forward   id u64 · client address · a Locking-Center request frame
+//!             (a follower passes its client's request to the leader)
+//! 4 Answer    id u64 · answer u8 (`+`, `-`, `#`, or 0: the request's
+//!             outcome is unknown, close its connection) · grant: key slot
+//!             u32 · grant id u64 (0: none) (the leader's answer to a Forward)
+//! 5 Withdraw  id u64 (the forwarded request's client hung up)
+//! 6 GiveBack  key slot u32 · grant id u64 (a forwarded `+` that could not
+//!             be delivered: release that grant if it still holds)
+//! client address := family u8 (4 or 6) · IP (4 or 16 bytes) · port u16
 //! ```
+//!
+//! Integers are little-endian. Frames 3–6 are decoded here whole and
+//! exactly ([`decode_forwarding`]): one that is short, long or malformed
+//! closes the link, as any frame no correct peer sends.
 //!
 //! A Hello whose group, number of groups or voters differ from the
 //! receiver's is refused (the link is closed and the refusal logged): a
@@ -14,6 +27,10 @@
 
 pub const KIND_HELLO: u8 = 1;
 pub const KIND_RAFT: u8 = 2;
+pub const KIND_FORWARD: u8 = 3;
+pub const KIND_ANSWER: u8 = 4;
+pub const KIND_WITHDRAW: u8 = 5;
+pub const KIND_GIVE_BACK: u8 = 6;
 /// The largest frame accepted: a batch of entries is capped at 1 MiB by
 /// the replica, but a snapshot for a lagging follower holds every held key
 /// (about 60 bytes each: 256 MiB is some four million keys).
@@ -76,6 +93,157 @@ pub fn decode_hello(p: &[u8]) -> Option<Hello> {
     })
 }
 
+/// A grant as the leader's table names it: `(key slot, grant id)`.
+pub type Grant = (u32, u64);
+
+/// The answer byte of a forwarded request whose outcome the leader cannot
+/// tell (it stepped down with it decided, not committed): the follower
+/// closes the client's connection without an answer, as a direct
+/// connection to that leader would have been closed.
+pub const ANSWER_UNKNOWN: u8 = 0;
+
+/// A frame of Locking-Center forwarding (kinds 3–6), borrowing its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forwarding<'a> {
+    /// A follower's client request, for the serving leader.
+    Forward {
+        id: u64,
+        client: std::net::SocketAddr,
+        frame: &'a [u8],
+    },
+    /// The leader's answer; `grant` with a `+` that granted a key.
+    Answer {
+        id: u64,
+        answer: u8,
+        grant: Option<Grant>,
+    },
+    /// The forwarded request's client hung up before its answer.
+    Withdraw { id: u64 },
+    /// A forwarded grant whose `+` did not reach its client.
+    GiveBack { grant: Grant },
+}
+
+pub fn is_forwarding(kind: u8) -> bool {
+    (KIND_FORWARD..=KIND_GIVE_BACK).contains(&kind)
+}
+
+pub fn encode_forward(id: u64, client: std::net::SocketAddr, req: &[u8], out: &mut Vec<u8>) {
+    let mut p = Vec::with_capacity(8 + 19 + req.len());
+    p.extend_from_slice(&id.to_le_bytes());
+    match client.ip() {
+        std::net::IpAddr::V4(a) => {
+            p.push(4);
+            p.extend_from_slice(&a.octets());
+        }
+        std::net::IpAddr::V6(a) => {
+            p.push(6);
+            p.extend_from_slice(&a.octets());
+        }
+    }
+    p.extend_from_slice(&client.port().to_le_bytes());
+    p.extend_from_slice(req);
+    frame(KIND_FORWARD, &p, out);
+}
+
+pub fn encode_answer(id: u64, answer: u8, grant: Option<Grant>, out: &mut Vec<u8>) {
+    let mut p = [0u8; 21];
+    p[..8].copy_from_slice(&id.to_le_bytes());
+    p[8] = answer;
+    let (slot, gid) = grant.unwrap_or((0, 0));
+    p[9..13].copy_from_slice(&slot.to_le_bytes());
+    p[13..].copy_from_slice(&gid.to_le_bytes());
+    frame(KIND_ANSWER, &p, out);
+}
+
+pub fn encode_withdraw(id: u64, out: &mut Vec<u8>) {
+    frame(KIND_WITHDRAW, &id.to_le_bytes(), out);
+}
+
+pub fn encode_give_back(grant: Grant, out: &mut Vec<u8>) {
+    let mut p = [0u8; 12];
+    p[..4].copy_from_slice(&grant.0.to_le_bytes());
+    p[4..].copy_from_slice(&grant.1.to_le_bytes());
+    frame(KIND_GIVE_BACK, &p, out);
+}
+
+/// Decodes a forwarding frame's payload exactly; `Err` says why a frame
+/// is one no correct peer sends. A forwarded request must be one whole
+/// Locking-Center request (not Persist): checked here, before any state
+/// is allocated for it.
+pub fn decode_forwarding(kind: u8, p: &[u8]) -> Result<Forwarding<'_>, String> {
+    let u64_at = |at: usize| {
+        p.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+    };
+    let u32_at = |at: usize| {
+        p.get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+    };
+    let short = || format!("a forwarding frame of kind {kind} with {} bytes", p.len());
+    match kind {
+        KIND_FORWARD => {
+            let id = u64_at(0).ok_or_else(short)?;
+            let (ip, at): (std::net::IpAddr, usize) = match p.get(8) {
+                Some(4) => {
+                    let b: [u8; 4] = p.get(9..13).ok_or_else(short)?.try_into().expect("4");
+                    (b.into(), 13)
+                }
+                Some(6) => {
+                    let b: [u8; 16] = p.get(9..25).ok_or_else(short)?.try_into().expect("16");
+                    (b.into(), 25)
+                }
+                Some(f) => return Err(format!("a forwarded request of address family {f}")),
+                None => return Err(short()),
+            };
+            let port = p
+                .get(at..at + 2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .ok_or_else(short)?;
+            let frame = &p[at + 2..];
+            match crate::protocol::decode(frame) {
+                crate::protocol::Decoded::Frame { req, len }
+                    if len == frame.len() && req.action != crate::protocol::Action::Persist =>
+                {
+                    Ok(Forwarding::Forward {
+                        id,
+                        client: std::net::SocketAddr::new(ip, port),
+                        frame,
+                    })
+                }
+                _ => Err("a forwarded request that is not one whole Locking-Center request".into()),
+            }
+        }
+        KIND_ANSWER if p.len() == 21 => {
+            let answer = p[8];
+            let grant = (u32_at(9).expect("21 bytes"), u64_at(13).expect("21 bytes"));
+            match (answer, grant.1) {
+                (b'+' | b'-' | b'#' | ANSWER_UNKNOWN, 0) => Ok(Forwarding::Answer {
+                    id: u64_at(0).expect("21 bytes"),
+                    answer,
+                    grant: None,
+                }),
+                (b'+', _) => Ok(Forwarding::Answer {
+                    id: u64_at(0).expect("21 bytes"),
+                    answer,
+                    grant: Some(grant),
+                }),
+                _ => Err(format!(
+                    "a forwarded answer {answer:#04x} (grant id {})",
+                    grant.1
+                )),
+            }
+        }
+        KIND_WITHDRAW if p.len() == 8 => Ok(Forwarding::Withdraw {
+            id: u64_at(0).expect("8 bytes"),
+        }),
+        KIND_GIVE_BACK if p.len() == 12 => Ok(Forwarding::GiveBack {
+            grant: (u32_at(0).expect("12 bytes"), u64_at(4).expect("12 bytes")),
+        }),
+        KIND_ANSWER | KIND_WITHDRAW | KIND_GIVE_BACK => Err(short()),
+        _ => Err(format!("frame kind {kind} is not forwarding")),
+    }
+}
+
 /// A whole frame: `(kind, payload, bytes it took)`.
 pub type Frame<'a> = (u8, &'a [u8], usize);
 
@@ -125,6 +293,87 @@ mod tests {
         assert_eq!((k, p), (KIND_RAFT, &b"xyz"[..]));
         assert!(next_frame(&[0, 0, 0, 0, 1], FRAME_MAX).is_err());
         assert!(decode_hello(&[1, 2, 3]).is_none());
+    }
+
+    #[test]
+    fn forwarding_frames_roundtrip_and_malformed_ones_are_refused() {
+        let v4: std::net::SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let v6: std::net::SocketAddr = "[::1]:9".parse().unwrap();
+        let lock = [1u8, 1, b'k', 2, b's', b'1'];
+        for client in [v4, v6] {
+            let mut b = Vec::new();
+            encode_forward(7, client, &lock, &mut b);
+            let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
+            assert_eq!(
+                decode_forwarding(k, p),
+                Ok(Forwarding::Forward {
+                    id: 7,
+                    client,
+                    frame: &lock[..]
+                })
+            );
+        }
+        let mut b = Vec::new();
+        encode_answer(9, b'+', Some((3, 77)), &mut b);
+        encode_answer(10, b'#', None, &mut b);
+        encode_withdraw(11, &mut b);
+        encode_give_back((3, 77), &mut b);
+        let mut at = 0;
+        let mut got = Vec::new();
+        while let Some((k, p, n)) = next_frame(&b[at..], FRAME_MAX).unwrap() {
+            got.push(decode_forwarding(k, p).unwrap());
+            at += n;
+        }
+        assert_eq!(
+            got,
+            vec![
+                Forwarding::Answer {
+                    id: 9,
+                    answer: b'+',
+                    grant: Some((3, 77))
+                },
+                Forwarding::Answer {
+                    id: 10,
+                    answer: b'#',
+                    grant: None
+                },
+                Forwarding::Withdraw { id: 11 },
+                Forwarding::GiveBack { grant: (3, 77) },
+            ]
+        );
+        // A request that is not exactly one frame, a Persist, an unknown
+        // family, a grant on a `-`, an odd answer byte, short payloads.
+        let mut b = Vec::new();
+        encode_forward(1, v4, &lock[..5], &mut b);
+        let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
+        assert!(decode_forwarding(k, p).is_err());
+        let mut two = lock.to_vec();
+        two.extend_from_slice(&lock);
+        for frame in [&two[..], &[6u8][..], &[][..]] {
+            let mut b = Vec::new();
+            encode_forward(1, v4, frame, &mut b);
+            let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
+            assert!(decode_forwarding(k, p).is_err(), "{frame:?}");
+        }
+        let mut p = vec![0u8; 8];
+        p.push(5);
+        assert!(decode_forwarding(KIND_FORWARD, &p).is_err());
+        for (answer, gid) in [(b'-', 5u64), (b'x', 0)] {
+            let mut b = Vec::new();
+            encode_answer(1, answer, Some((0, gid)), &mut b);
+            let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
+            assert!(decode_forwarding(k, p).is_err());
+        }
+        for k in KIND_FORWARD..=KIND_GIVE_BACK {
+            for n in 0..30 {
+                // Any length but the exact one fails cleanly, never panics.
+                let _ = decode_forwarding(k, &vec![0xFF; n]);
+            }
+        }
+        assert!(decode_forwarding(KIND_ANSWER, &[0; 20]).is_err());
+        assert!(decode_forwarding(KIND_WITHDRAW, &[0; 9]).is_err());
+        assert!(decode_forwarding(KIND_GIVE_BACK, &[0; 11]).is_err());
+        assert!(decode_forwarding(KIND_RAFT, &[]).is_err());
     }
 
     #[test]

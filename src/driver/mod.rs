@@ -303,7 +303,11 @@ impl Loop {
                     .expect("session messages are never refused");
             }
             Cmd::Migrate { token, to } => self.migrate(token, to),
-            Cmd::Peer { node, frame } => self.send_peer(node, frame),
+            // Dropped when its link cannot take it: Raft retransmits.
+            Cmd::Peer { node, frame } => {
+                let _ = self.send_peer(node, &frame);
+            }
+            Cmd::PeerMust { node, frame } => self.send_peer_must(node, frame),
             Cmd::PeerLink { node, addr } => self.set_peer_link(node, addr),
         }
     }

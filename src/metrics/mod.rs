@@ -1119,6 +1119,19 @@ pub struct RaftMetrics {
     peers: Box<[u64]>,
     shards: Box<[RaftShard]>,
     commit_us: LatencyHistogram,
+    /// Locking-Center forwarding, node-wide: `[answered, failed]` on the
+    /// forwarding side, and the requests served for other nodes.
+    forwarded: [AtomicU64; 2],
+    forwards_served: AtomicU64,
+}
+
+/// How a forwarded Locking-Center request ended on the node that forwarded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardOutcome {
+    /// The leader's answer was passed on.
+    Answered,
+    /// The leader or the link went away first: answered `-`.
+    Failed,
 }
 
 const LAG_UNKNOWN: u64 = u64::MAX;
@@ -1153,7 +1166,19 @@ impl RaftMetrics {
                 .collect(),
             peers: peers.into(),
             commit_us: Histogram::new(&LATENCY_BOUNDS_US),
+            forwarded: [const { AtomicU64::new(0) }; 2],
+            forwards_served: AtomicU64::new(0),
         }
+    }
+
+    /// A request this node forwarded to the leader ended.
+    pub fn forwarded(&self, outcome: ForwardOutcome) {
+        self.forwarded[outcome as usize].fetch_add(1, Relaxed);
+    }
+
+    /// A request another node forwarded was taken up here.
+    pub fn forward_served(&self) {
+        self.forwards_served.fetch_add(1, Relaxed);
     }
 
     /// Shard `shard`'s figures (once per tick; relaxed stores only).
@@ -1292,6 +1317,25 @@ impl RaftMetrics {
                 r.label()
             );
         }
+        header(
+            w,
+            "lc_forwarded_total",
+            "Locking-Center requests this node passed to the leader because it does not serve, by outcome: the leader's answer relayed, or failed (answered - because the leader or its link went away first).",
+            "counter",
+        );
+        for (i, label) in ["answered", "failed"].iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "ringlock_lc_forwarded_total{{outcome=\"{label}\"}} {}",
+                self.forwarded[i].load(Relaxed)
+            );
+        }
+        counter(
+            w,
+            "lc_forwards_served_total",
+            "Locking-Center requests other nodes forwarded to this one (as the leader) and it took up.",
+            self.forwards_served.load(Relaxed),
+        );
         seconds_histogram(
             w,
             "raft_commit_latency_seconds",

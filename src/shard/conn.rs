@@ -59,6 +59,10 @@ pub enum State {
     Migrating,
     /// Waiting for every shard's part of a scatter/gather request.
     Gathering,
+    /// Cluster mode, on a node that does not serve: the request was
+    /// forwarded to the leader as number `id` and waits for its answer
+    /// (see `shard::forward`).
+    Forwarded { id: u64 },
     /// A session connection (its first frame was a Hello): frames are
     /// decoded as they arrive, any number outstanding, answered in the
     /// order they are decided (see [`crate::shard::session`]).
@@ -127,6 +131,13 @@ pub struct Conn {
     pub tls: bool,
     /// The client name of the verified client certificate it presented.
     pub cert_client: Option<Box<str>>,
+    /// On the leader: this slot serves a request forwarded by node `.0`
+    /// as its number `.1`. It has no socket: its answer goes back over
+    /// the peer link, and the slot is freed with it.
+    pub fwd: Option<(u64, u64)>,
+    /// On a follower: the `+` in `out` is a grant of node `.0`'s table;
+    /// given back there if it is not delivered.
+    pub fwd_grant: Option<(u64, crate::cluster::wire::Grant)>,
 }
 
 /// Link slot 0: the partial-frame list; 1: the idle list.
@@ -185,6 +196,8 @@ impl Conn {
             authed: false,
             tls: false,
             cert_client: None,
+            fwd: None,
+            fwd_grant: None,
         }
     }
 
@@ -231,6 +244,8 @@ impl Conn {
         self.tls = false;
         self.cert_client = None;
         self.sending = false;
+        self.fwd = None;
+        self.fwd_grant = None;
     }
 
     pub fn live(&self) -> bool {

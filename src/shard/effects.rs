@@ -174,8 +174,13 @@ impl Shard {
             if c.state != State::Answered || c.out.is_empty() || c.gate_lsn > durable {
                 continue;
             }
+            if c.fwd.is_some() {
+                // A follower's request: the answer goes back on the link.
+                self.send_forwarded(slot);
+                continue;
+            }
             c.state = State::Sending;
-            c.grant_in_flight = c.grant.is_some();
+            c.grant_in_flight = c.grant.is_some() || c.fwd_grant.is_some();
             let token = ((c.gen as u64) << 32) | slot as u64;
             self.cmds.push(Cmd::Send(token));
         }

@@ -121,9 +121,16 @@ impl Shard {
         }
         c.dead = true;
         c.read_closed = true;
-        if let State::Queued { waiter } = c.state {
-            self.table.withdraw(waiter);
-            self.metrics.hangup_withdrawal();
+        match c.state {
+            State::Queued { waiter } => {
+                self.table.withdraw(waiter);
+                self.metrics.hangup_withdrawal();
+            }
+            State::Forwarded { id } => {
+                self.forward_abandoned(id);
+                self.metrics.hangup_withdrawal();
+            }
+            _ => {}
         }
         let c = &mut self.conns[slot as usize];
         if !c.grant_in_flight {
@@ -134,6 +141,10 @@ impl Shard {
     }
 
     pub(super) fn give_back_grant(&mut self, slot: u32) {
+        if let Some((node, grant)) = self.conns[slot as usize].fwd_grant.take() {
+            // The leader's grant, relayed: given back there.
+            self.give_back_remote(node, grant);
+        }
         if let Some((key_slot, grant_id)) = self.conns[slot as usize].grant.take() {
             self.metrics.undelivered_grant();
             let now = self.now;
@@ -147,6 +158,17 @@ impl Shard {
         if c.state == State::Closing {
             return;
         }
+        if c.fwd.is_some() {
+            // A follower's request (no socket): it hears what became of it
+            // unless it gave it up or its link failed.
+            let answer = self.forwarded_closing_answer(slot);
+            self.free_forwarded(slot, answer);
+            return;
+        }
+        if let State::Forwarded { id } = c.state {
+            self.forward_abandoned(id);
+        }
+        let c = &mut self.conns[slot as usize];
         c.state = State::Closing;
         if c.partial_link.linked {
             self.partial.unlink(&mut self.conns, slot, 0);
@@ -160,7 +182,11 @@ impl Shard {
     /// Traffic on a connection: it moves to the back of the idle list.
     pub(super) fn touch(&mut self, slot: u32) {
         let c = &mut self.conns[slot as usize];
-        if self.cfg.idle_timeout_ms == 0 || c.sid != 0 || c.state == State::Closing {
+        if self.cfg.idle_timeout_ms == 0
+            || c.sid != 0
+            || c.state == State::Closing
+            || c.fwd.is_some()
+        {
             return;
         }
         c.active_us = self.now.mono_us;

@@ -142,9 +142,15 @@ impl Shard {
             // Answered by every node, serving or not.
             return self.locate(slot);
         }
-        if !self.may_serve() {
-            return self.not_leader(slot);
-        }
+        // A node that does not serve passes a Locking-Center request to
+        // the leader (see `forward`); everything else is refused there.
+        let forward_to = match self.may_serve() {
+            true => None,
+            false => match self.forward_target(slot) {
+                Some(node) => Some(node),
+                None => return self.not_leader(slot),
+            },
+        };
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
         if c.action.is_none() && c.sid == 0 {
@@ -208,12 +214,23 @@ impl Shard {
             )
         {
             let to = owner(key.as_bytes(), self.shards);
+            if to != self.me && self.conns[slot as usize].fwd.is_some() {
+                // Forwarded by the key's own shard of a node with as many.
+                self.reject(slot, "a forwarded request for another shard's key");
+                return false;
+            }
             if to != self.me {
                 // The frame stays in the buffer: the owner decodes it.
                 self.conns[slot as usize].state = State::Migrating;
                 self.cmds.push(Cmd::Migrate { token, to });
                 return false;
             }
+        }
+        if let Some(node) = forward_to.filter(|_| action != Action::Persist) {
+            // The frame goes as it came: the leader fills an empty source
+            // from the client's address, as for its own clients.
+            self.forward(slot, node, len, action);
+            return true;
         }
         let c = &mut self.conns[slot as usize];
         let peer = c.peer;

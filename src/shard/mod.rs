@@ -48,6 +48,7 @@
 mod adminport;
 pub mod conn;
 mod effects;
+mod forward;
 mod gate;
 mod gather;
 mod keys;
@@ -113,6 +114,11 @@ pub enum Cmd {
     /// Cluster mode: send this frame on the link to `node`'s same shard
     /// (dropped if the link is down: Raft retransmits).
     Peer { node: u64, frame: Vec<u8> },
+    /// Cluster mode: as `Peer`, for a frame that must arrive (a forwarded
+    /// request or its answer): if it cannot be queued on an open link,
+    /// the driver reports [`Shard::on_peer_undeliverable`] (and a link
+    /// too full to take it is closed), never a silent drop.
+    PeerMust { node: u64, frame: Vec<u8> },
     /// Cluster mode: the group's membership changed; `node`'s link for
     /// this shard goes to `addr`, or (`None`) is closed for good.
     PeerLink {
@@ -207,6 +213,9 @@ pub struct Shard {
     all_conns: Option<Arc<ConnCounts>>,
     /// Cluster mode: this shard's replica of its Raft group.
     raft: Option<Box<raft::Part>>,
+    /// Cluster mode: Locking-Center requests forwarded to the leader, or
+    /// served for a follower.
+    forwards: forward::Forwards,
     /// Cluster mode: what the replication metrics are computed from.
     raft_stats: raft::Stats,
     /// This node's client (lock) and admin addresses as it tells clients
@@ -261,6 +270,11 @@ impl Shard {
             idle: crate::core::list::List::new(),
             all_conns: None,
             raft: None,
+            forwards: {
+                let mut f = forward::Forwards::default();
+                f.start(now.unix_ms);
+                f
+            },
             raft_stats: raft::Stats::default(),
             advertised: (cfg.bind.to_string(), cfg.admin_bind.to_string()),
             cfg,
@@ -558,6 +572,13 @@ impl Shard {
                 self.metrics.hangup_withdrawal();
                 self.withdrawn(slot);
             }
+            State::Forwarded { id } => {
+                // Withdrawn at the leader; an answer `+` that crosses it
+                // is given back when it arrives.
+                self.forward_abandoned(id);
+                self.metrics.hangup_withdrawal();
+                self.withdrawn(slot);
+            }
             State::Idle => {
                 self.pump(slot);
                 self.settle_idle(slot);
@@ -602,6 +623,7 @@ impl Shard {
         if result.is_ok() && was_grant {
             // The `+` is in the kernel's hands: the grant is delivered.
             c.grant = None;
+            c.fwd_grant = None;
         }
         if c.state == State::Closing {
             if result.is_err() {
@@ -674,12 +696,28 @@ impl Shard {
         self.raft_hand_over();
         let mut answered = 0;
         for slot in 0..self.conns.len() {
-            if let State::Queued { waiter } = self.conns[slot].state {
-                self.table.withdraw(waiter);
-                self.conns[slot].state = State::Answered;
-                let token = self.token(slot as u32);
-                self.cmds.push(Cmd::Farewell(token));
-                answered += 1;
+            match self.conns[slot].state {
+                State::Queued { waiter } if self.conns[slot].fwd.is_some() => {
+                    // A follower's request: `-` goes back over the link.
+                    self.table.withdraw(waiter);
+                    self.free_forwarded(slot as u32, Some(b'-'));
+                    answered += 1;
+                }
+                State::Queued { waiter } => {
+                    self.table.withdraw(waiter);
+                    self.conns[slot].state = State::Answered;
+                    let token = self.token(slot as u32);
+                    self.cmds.push(Cmd::Farewell(token));
+                    answered += 1;
+                }
+                State::Forwarded { id } => {
+                    self.forward_abandoned(id);
+                    self.conns[slot].state = State::Answered;
+                    let token = self.token(slot as u32);
+                    self.cmds.push(Cmd::Farewell(token));
+                    answered += 1;
+                }
+                _ => {}
             }
         }
         log!(
@@ -867,6 +905,7 @@ impl Shard {
     pub fn check_invariants(&self) {
         self.table.check_invariants();
         self.durability.check();
+        self.forwards.check(&self.conns);
         let live = self.conns.iter().filter(|c| c.state != State::Free).count();
         assert_eq!(live, self.open_conns, "open connection count drifted");
         assert_eq!(

@@ -550,6 +550,13 @@ impl Shard {
         }
     }
 
+    /// `(the node this one knows as group 0's leader (0: none), this
+    /// node's id)`, in cluster mode.
+    pub(super) fn known_leader(&self) -> Option<(u64, u64)> {
+        let r = self.raft.as_ref()?;
+        Some((r.view.leader_of(0), r.replica.id()))
+    }
+
     /// The leader's client address, when known (for `not leader`).
     pub(super) fn leader_hint(&self) -> Vec<u8> {
         let Some(r) = &self.raft else {
@@ -660,6 +667,7 @@ impl Shard {
             ));
         }
         r.client_addrs.insert(hello.node, hello.client_addr.clone());
+        self.forward_link_up(hello.node);
         Ok(())
     }
 
@@ -673,6 +681,8 @@ impl Shard {
         if let Some(r) = self.raft.as_mut() {
             r.replica.forget_heard(node);
         }
+        self.forward_link_lost(node, "the link to the leader failed");
+        self.apply_effects();
     }
 
     /// A Raft message from the peer link of node `link_node` (the node its
@@ -727,6 +737,7 @@ impl Shard {
         }
         if n > 0 {
             self.follow_group0();
+            self.check_forwards();
             // raft-rs drops a ReadIndex it cannot forward (no leader known
             // yet, as right after a restart): ask again each tick until
             // answered.
@@ -1043,6 +1054,20 @@ impl Shard {
                         msg: Box::new(super::msg::SessMsg::Orphan { sid }),
                     });
                 }
+            }
+            if self.conns[slot as usize].fwd.is_some() {
+                // A follower's request: it hears over the link what a
+                // client of ours learns from the close (`-` for a Lock
+                // withdrawn from its queue, else an unknown outcome).
+                let answer = self.forwarded_closing_answer(slot);
+                if let State::Queued { waiter } = self.conns[slot as usize].state {
+                    self.table.withdraw(waiter);
+                }
+                let c = &mut self.conns[slot as usize];
+                c.grant = None;
+                c.out.clear();
+                self.free_forwarded(slot, answer);
+                continue;
             }
             let c = &mut self.conns[slot as usize];
             if let State::Queued { waiter } = c.state {

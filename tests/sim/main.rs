@@ -1158,7 +1158,7 @@ impl World {
                     Cmd::Sess { .. } => {
                         self.fail("session traffic to another shard with one shard".into())
                     }
-                    Cmd::Peer { .. } | Cmd::PeerLink { .. } => {
+                    Cmd::Peer { .. } | Cmd::PeerMust { .. } | Cmd::PeerLink { .. } => {
                         self.fail("a cluster link without --peers".into())
                     }
                 }

@@ -34,7 +34,9 @@ impl World {
         let mut packets = Vec::new();
         let mut k = 0;
         while k < self.net.len() {
-            if self.net[k].to == i && self.net[k].at <= global {
+            let p = &self.net[k];
+            let held = p.must && self.cut.contains(&(p.from, i));
+            if p.to == i && p.at <= global && !held {
                 packets.push(self.net.swap_remove(k));
             } else {
                 k += 1;
@@ -99,10 +101,20 @@ impl World {
         }
         for p in packets {
             let s = &mut self.nodes[i].shards[p.group];
-            if let Ok(Some((wire::KIND_RAFT, payload, _))) =
-                wire::next_frame(&p.frame, wire::FRAME_MAX)
-            {
-                s.on_raft_message(p.from as u64 + 1, payload);
+            match wire::next_frame(&p.frame, wire::FRAME_MAX) {
+                Ok(Some((wire::KIND_RAFT, payload, _))) => {
+                    s.on_raft_message(p.from as u64 + 1, payload)
+                }
+                Ok(Some((kind, payload, _))) if wire::is_forwarding(kind) => {
+                    if let Err(e) = s.on_forwarding(p.from as u64 + 1, kind, payload) {
+                        self.fail(format!(
+                            "node {} refused a forwarding frame of node {}: {e}",
+                            i + 1,
+                            p.from + 1
+                        ));
+                    }
+                }
+                other => self.fail(format!("a peer frame no node sends: {other:?}")),
             }
         }
         // The node's own shards' messages (none with one shard per node).
@@ -206,6 +218,30 @@ impl World {
                 }
                 // The simulated network reaches every node by its id.
                 Cmd::PeerLink { .. } => {}
+                // A frame that must arrive rides a link as TCP does: never
+                // lost or doubled, held while the link is cut; a peer that
+                // is gone is reported to its sender (the driver's
+                // `on_peer_undeliverable`).
+                Cmd::PeerMust { node, frame } => {
+                    let to = node as usize - 1;
+                    let gone =
+                        to >= self.nodes.len() || self.nodes[to].retired || !self.nodes[to].up();
+                    if gone {
+                        super::FORWARDS_CUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.nodes[i].shards[g].on_peer_undeliverable(node, &frame);
+                        continue;
+                    }
+                    super::FORWARDING_FRAMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let at = self.now + 20 + self.rng.below(self.max_delay_us);
+                    self.net.push(Packet {
+                        at,
+                        from: i,
+                        to,
+                        group: g,
+                        frame,
+                        must: true,
+                    });
+                }
                 // Group g's link: to group g of the peer.
                 Cmd::Peer { node, frame } => {
                     let to = node as usize - 1;
@@ -228,6 +264,7 @@ impl World {
                             to,
                             group: g,
                             frame: frame.clone(),
+                            must: false,
                         });
                     }
                 }

@@ -251,6 +251,11 @@ impl Loop {
                             },
                         },
                         (wire::KIND_RAFT, Some(link)) => self.shard.on_raft_message(link, payload),
+                        (k, Some(link)) if wire::is_forwarding(k) => {
+                            if let Err(e) = self.shard.on_forwarding(link, k, payload) {
+                                bad = Some(e);
+                            }
+                        }
                         (k, n) => {
                             bad = Some(format!(
                                 "frame kind {k} {}",
@@ -377,12 +382,17 @@ impl Loop {
             return;
         }
         i.dead = true;
+        let linked = i.node;
         let node = i.node.or(i.cert_node);
         let lent = i.recv.is_lent() || i.send.is_lent();
         let fd = i.fd;
         if let Some(why) = why {
             self.metrics.security.peer_link_refused();
             self.log_refusal(node, why);
+        }
+        if let Some(n) = linked {
+            // Its Hello was accepted: answers it carried may be lost.
+            self.shard.on_peer_inbound_down(n);
         }
         if lent {
             // SAFETY: a plain syscall on an fd this link owns and has not

@@ -457,18 +457,39 @@ impl Loop {
         self.kick_send(o);
     }
 
-    /// A frame for `node` from the shard.
-    pub(super) fn send_peer(&mut self, node: u64, frame: Vec<u8>) {
-        let Some(p) = self.peers.as_mut() else { return };
+    /// A frame for `node` from the shard. `Err(Some(o))`: dropped because
+    /// link `o` is up but full; `Err(None)`: no link up to take it.
+    pub(super) fn send_peer(&mut self, node: u64, frame: &[u8]) -> Result<(), Option<usize>> {
+        let Some(p) = self.peers.as_mut() else {
+            return Err(None);
+        };
         let Some(o) = p.outbound.iter().position(|o| o.node == node && !o.retired) else {
-            return;
+            return Err(None);
         };
         let out = &mut p.outbound[o];
-        if out.state != OutState::Up || out.dead || out.queue.len() + frame.len() > QUEUE_MAX {
-            return; // dropped: Raft retransmits
+        if out.state != OutState::Up || out.dead {
+            return Err(None); // dropped: Raft retransmits
         }
-        out.queue.extend_from_slice(&frame);
+        if out.queue.len() + frame.len() > QUEUE_MAX {
+            return Err(Some(o));
+        }
+        out.queue.extend_from_slice(frame);
         self.kick_send(o);
+        Ok(())
+    }
+
+    /// A frame that must arrive (Locking-Center forwarding): one that
+    /// cannot be queued is reported to the shard, and a link too full to
+    /// take it (its peer stopped reading) is closed, so that the peer
+    /// learns of it too; a frame is never dropped while its link stays up.
+    pub(super) fn send_peer_must(&mut self, node: u64, frame: Vec<u8>) {
+        let Err(full) = self.send_peer(node, &frame) else {
+            return;
+        };
+        if let Some(o) = full {
+            self.fail_outbound(o, libc::ENOBUFS);
+        }
+        self.shard.on_peer_undeliverable(node, &frame);
     }
 
     /// Starts the next send if none is in flight: the queued frames (with

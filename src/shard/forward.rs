@@ -1,0 +1,512 @@
+//! Locking-Center requests on a cluster node that does not serve: passed
+//! to the serving leader over the peer link and answered from there, so
+//! an unmodified Locking-Center client configured with any one node is
+//! served.
+//!
+//! **The follower** (the node the client reached) decodes the request,
+//! applies its own policies (TLS, `--lc-admin-actions`), moves the
+//! connection to the key's shard as usual, and sends the whole frame with
+//! the client's address as a Forward on the link of that shard's group to
+//! the node it knows as group 0's leader (the node every group follows).
+//! The connection waits in [`State::Forwarded`] until the leader's Answer,
+//! which it relays like its own answer. It forwards only while a link
+//! *from* the leader is up (the answer's way back); never a Persist (that
+//! one reveals no lock state and is answered locally), never a session
+//! frame (sessions follow `not leader` themselves).
+//!
+//! **The leader** serves a Forward on a slot without a socket
+//! ([`super::conn::Conn::fwd`]): the same decoding, table, durability gate
+//! and metrics as a client of its own, one request per slot. Its answer
+//! leaves only when its records are committed and applied (the gate), goes
+//! back as an Answer, and frees the slot. A leader that does not serve
+//! answers `-` at once and never forwards again.
+//!
+//! Rules (the contract of `docs/cluster.md`, "Locking-Center clients on
+//! any node"):
+//! - **Never a `+` the leader did not commit**: the follower relays only
+//!   what the leader's gate let out.
+//! - **`-` only for what did not happen; a close when nobody knows.** A
+//!   leader that refuses a Forward (it does not serve, it is full) or
+//!   withdraws a queued Lock (stepping down, stopping) answers `-`: nothing
+//!   was done. When the outcome is unknown — the link to or from the
+//!   leader fails, a Forward cannot be sent, the node it went to stops
+//!   being the leader this node knows (within an election timeout of a
+//!   cut-off), or the leader stepped down with the answer decided but not
+//!   committed — the client's connection is closed without an answer,
+//!   exactly as a direct connection to that leader would have been: the
+//!   client does not know whether it happened (docs/cluster.md: its safe
+//!   clean-up is a ResetBySource of its own source). The request is
+//!   withdrawn at the leader, best effort.
+//! - **Hang-up withdraws**: a client that hangs up while its request waits
+//!   has it withdrawn at the leader (Withdraw); a leader whose link to a
+//!   follower fails withdraws every request of that follower.
+//! - **No ghost from an undelivered `+`**: an Answer `+` carries its grant;
+//!   if the client is gone before the `+` reaches its kernel, or the
+//!   request was already answered `-`, the follower sends GiveBack and the
+//!   leader releases that grant if it still holds.
+//! - **Peers are not trusted blindly**: forwarding frames are decoded
+//!   exactly ([`crate::cluster::wire::decode_forwarding`]); one no correct
+//!   peer sends closes the link; a Forward is served only on a link whose
+//!   node the TLS certificate (or Hello) named, and counts against the
+//!   connection limit like a client.
+
+use std::collections::BTreeMap;
+
+use super::conn::{Port, State};
+use super::{Cmd, Shard};
+use crate::cluster::wire::{self, Forwarding, Grant};
+use crate::core::Token;
+use crate::log::Level;
+use crate::metrics::ForwardOutcome;
+
+/// Forwarding state of one shard (both sides).
+#[derive(Default)]
+pub(super) struct Forwards {
+    /// Follower: forwarded requests waiting for their answer, by id:
+    /// `(connection, node it went to)`.
+    waiting: BTreeMap<u64, (Token, u64)>,
+    next_id: u64,
+    /// Leader: the slots serving other nodes' requests, by `(node, id)`.
+    serving: BTreeMap<(u64, u64), u32>,
+    /// Live links from each node (a leader's answers come on its link).
+    inbound: BTreeMap<u64, u32>,
+    /// The leader the waiting requests were last checked against.
+    checked_leader: u64,
+}
+
+impl Forwards {
+    /// Ids start at the start time in µs: a restarted follower's ids are
+    /// not an earlier run's (answers never outlive a link, but cheaply so).
+    pub(super) fn start(&mut self, unix_ms: u64) {
+        self.next_id = unix_ms.saturating_mul(1000).max(1);
+    }
+
+    /// Every slot serving a forwarded request is known by its id, and
+    /// nothing else is.
+    pub(super) fn check(&self, conns: &[super::conn::Conn]) {
+        let slots = conns.iter().filter(|c| c.live() && c.fwd.is_some()).count();
+        assert_eq!(slots, self.serving.len(), "forwarded slots drifted");
+        for (&(node, id), &slot) in &self.serving {
+            assert_eq!(
+                conns[slot as usize].fwd,
+                Some((node, id)),
+                "forwarded request {id} of node {node} is not its slot's"
+            );
+        }
+    }
+}
+
+impl Shard {
+    // ----- the follower's side -------------------------------------------------
+
+    /// The node to forward the Locking-Center request now at the head of
+    /// `slot`'s buffer to, if this node does not serve and one can answer.
+    pub(super) fn forward_target(&self, slot: u32) -> Option<u64> {
+        let (leader, me) = self.known_leader()?;
+        let c = &self.conns[slot as usize];
+        if self.stopping || c.fwd.is_some() || c.sid != 0 || c.port != Port::Lock {
+            return None;
+        }
+        // Locking-Center actions only (Persist included: answered here).
+        if !matches!(c.rbuf.first(), Some(1..=6)) {
+            return None;
+        }
+        let linked = self.forwards.inbound.get(&leader).is_some_and(|&n| n > 0);
+        (leader != 0 && leader != me && linked).then_some(leader)
+    }
+
+    /// Sends the decoded frame `rbuf[..len]` of `slot` to `node` and parks
+    /// the connection until the answer.
+    pub(super) fn forward(
+        &mut self,
+        slot: u32,
+        node: u64,
+        len: usize,
+        action: crate::protocol::Action,
+    ) {
+        let token = self.token(slot);
+        let id = self.forwards.next_id;
+        self.forwards.next_id += 1;
+        let c = &mut self.conns[slot as usize];
+        let mut frame = Vec::with_capacity(40 + len);
+        wire::encode_forward(id, c.peer, &c.rbuf[..len], &mut frame);
+        c.rbuf.drain(..len);
+        c.action = Some(action);
+        c.state = State::Forwarded { id };
+        self.forwards.waiting.insert(id, (token, node));
+        self.forwards.checked_leader = node;
+        log!(
+            Level::Debug,
+            "lc_forward",
+            "conn={:#x} id={} to={} action={:?}",
+            token,
+            id,
+            node,
+            action
+        );
+        self.cmds.push(Cmd::PeerMust { node, frame });
+    }
+
+    /// The leader's answer to request `id` (from `node`'s link).
+    fn forward_answered(&mut self, node: u64, id: u64, answer: u8, grant: Option<Grant>) {
+        let slot = match self.forwards.waiting.get(&id) {
+            Some(&(token, to)) if to == node => {
+                self.forwards.waiting.remove(&id);
+                self.conn_of(token)
+                    .filter(|&s| self.conns[s as usize].state == (State::Forwarded { id }))
+            }
+            // Not a request of ours to that node: a grant is given back.
+            _ => None,
+        };
+        let Some(slot) = slot else {
+            if let Some(g) = grant {
+                self.give_back_remote(node, g);
+            }
+            return;
+        };
+        if let Some(m) = self.metrics.raft() {
+            m.forwarded(ForwardOutcome::Answered);
+        }
+        if answer == wire::ANSWER_UNKNOWN {
+            // The leader cannot tell: nor can we; the client sees what a
+            // direct connection to it would have.
+            self.conns[slot as usize].dead = true;
+            self.close(slot);
+            return;
+        }
+        if let Some(a) = self.conns[slot as usize]
+            .action
+            .and_then(super::effects::metrics_action)
+        {
+            let outcome = match answer {
+                b'+' => crate::metrics::Outcome::Ok,
+                b'#' => crate::metrics::Outcome::Busy,
+                _ => crate::metrics::Outcome::Error,
+            };
+            self.metrics.at(self.me).request(a, outcome);
+        }
+        self.conns[slot as usize].fwd_grant = grant.map(|g| (node, g));
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Answered;
+        c.out.push(answer);
+        self.mark_dirty(slot);
+    }
+
+    /// The forwarded request of `slot` (waiting as `id`) is given up here:
+    /// withdrawn at the leader, best effort (its answer, if one comes, is
+    /// then ignored, a `+` given back).
+    pub(super) fn forward_abandoned(&mut self, id: u64) {
+        if let Some((_, node)) = self.forwards.waiting.remove(&id) {
+            let mut frame = Vec::with_capacity(16);
+            wire::encode_withdraw(id, &mut frame);
+            self.cmds.push(Cmd::Peer { node, frame });
+        }
+    }
+
+    /// Closes the connection of every waiting request that went to a node
+    /// other than `keep` (all of them for `None`): the leader or the way to
+    /// it went away, the outcome is unknown. Each is withdrawn there, best
+    /// effort.
+    fn fail_forwards(&mut self, keep: Option<u64>, why: &str) {
+        let gone: Vec<(u64, Token, u64)> = self
+            .forwards
+            .waiting
+            .iter()
+            .filter(|(_, &(_, node))| Some(node) != keep)
+            .map(|(&id, &(token, node))| (id, token, node))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        log!(
+            Level::Info,
+            "lc_forwards_failed",
+            "shard={} requests={} reason=\"{}\"",
+            self.me,
+            gone.len(),
+            crate::log::Escaped(why)
+        );
+        for (id, token, _) in gone {
+            self.forward_failed(id, token);
+        }
+    }
+
+    /// Request `id` of connection `token` has an unknown outcome: the
+    /// connection closes without an answer (withdrawn at the leader).
+    fn forward_failed(&mut self, id: u64, token: Token) {
+        if let Some(m) = self.metrics.raft() {
+            m.forwarded(ForwardOutcome::Failed);
+        }
+        // close() withdraws it (forward_abandoned).
+        match self.conn_of(token) {
+            Some(slot) if self.conns[slot as usize].state == (State::Forwarded { id }) => {
+                self.conns[slot as usize].dead = true;
+                self.close(slot);
+            }
+            _ => self.forward_abandoned(id),
+        }
+    }
+
+    /// A forwarded `+` that did not reach its client: the leader releases
+    /// the grant if it still holds (best effort).
+    pub(super) fn give_back_remote(&mut self, node: u64, grant: Grant) {
+        self.metrics.undelivered_grant();
+        let mut frame = Vec::with_capacity(20);
+        wire::encode_give_back(grant, &mut frame);
+        self.cmds.push(Cmd::Peer { node, frame });
+    }
+
+    /// Once per replication tick: requests waiting on a node that is no
+    /// longer the leader this node knows of are answered `-`.
+    pub(super) fn check_forwards(&mut self) {
+        if self.forwards.waiting.is_empty() {
+            return;
+        }
+        let Some((leader, _)) = self.known_leader() else {
+            return;
+        };
+        if leader == self.forwards.checked_leader {
+            return;
+        }
+        self.forwards.checked_leader = leader;
+        self.fail_forwards(
+            Some(leader).filter(|&l| l != 0),
+            "the leader they went to is no longer the one this node knows",
+        );
+    }
+
+    // ----- links ------------------------------------------------------------------
+
+    /// A link from `node` came up (its Hello was accepted).
+    pub(super) fn forward_link_up(&mut self, node: u64) {
+        *self.forwards.inbound.entry(node).or_insert(0) += 1;
+    }
+
+    /// A link from `node` failed (the driver): answers it was carrying may
+    /// be lost, so requests waiting on `node` fail, and requests `node`
+    /// forwarded here are withdrawn.
+    pub fn on_peer_inbound_down(&mut self, node: u64) {
+        if let Some(n) = self.forwards.inbound.get_mut(&node) {
+            *n = n.saturating_sub(1);
+        }
+        self.forward_link_lost(node, "the link from the leader failed");
+        self.apply_effects();
+    }
+
+    /// `frame`, for `node`, must arrive but could not be queued on its
+    /// link (down, or full): as if the link failed. An Answer `+` that
+    /// never left this node cannot have reached its client: its grant is
+    /// given back here.
+    pub fn on_peer_undeliverable(&mut self, node: u64, frame: &[u8]) {
+        if let Ok(Some((kind, payload, _))) = wire::next_frame(frame, wire::FRAME_MAX) {
+            if let Ok(Forwarding::Answer {
+                grant: Some(grant), ..
+            }) = wire::decode_forwarding(kind, payload)
+            {
+                if self.may_serve() {
+                    self.metrics.undelivered_grant();
+                    let now = self.now;
+                    self.table
+                        .release_grant(grant.0, grant.1, now, &mut self.fx);
+                }
+            }
+        }
+        self.forward_link_lost(node, "the link to the leader is down");
+        self.apply_effects();
+    }
+
+    /// The way to or from `node` is broken.
+    pub(super) fn forward_link_lost(&mut self, node: u64, why: &str) {
+        if self.forwards.waiting.values().any(|&(_, n)| n == node) {
+            let others: Vec<u64> = self
+                .forwards
+                .waiting
+                .iter()
+                .filter(|(_, &(_, n))| n == node)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in others {
+                let (token, _) = self.forwards.waiting[&id];
+                self.forward_failed(id, token);
+            }
+            log!(
+                Level::Info,
+                "lc_forwards_failed",
+                "shard={} node={} reason=\"{}\"",
+                self.me,
+                node,
+                why
+            );
+        }
+        // The leader's side: that follower's requests lose their way back.
+        let theirs: Vec<u32> = self
+            .forwards
+            .serving
+            .range((node, 0)..=(node, u64::MAX))
+            .map(|(_, &slot)| slot)
+            .collect();
+        for slot in theirs {
+            // Each as its own hang-up: giving a grant back may grant the
+            // next waiter, maybe another of these, before it is looked at.
+            if self.conns[slot as usize]
+                .fwd
+                .is_some_and(|(n, _)| n == node)
+            {
+                self.die(slot);
+                self.apply_effects();
+            }
+        }
+    }
+
+    // ----- the leader's side ---------------------------------------------------------
+
+    /// A forwarding frame from the link of `link` (its Hello's node). `Err`:
+    /// one no correct peer sends (the driver closes the link).
+    pub fn on_forwarding(&mut self, link: u64, kind: u8, payload: &[u8]) -> Result<(), String> {
+        if self.raft.is_none() {
+            return Err("forwarding to a node that is not a cluster member".into());
+        }
+        match wire::decode_forwarding(kind, payload)? {
+            Forwarding::Forward { id, client, frame } => {
+                self.serve_forwarded(link, id, client, frame)
+            }
+            Forwarding::Answer { id, answer, grant } => {
+                self.forward_answered(link, id, answer, grant)
+            }
+            Forwarding::Withdraw { id } => {
+                if let Some(&slot) = self.forwards.serving.get(&(link, id)) {
+                    let c = &mut self.conns[slot as usize];
+                    // As a client's hang-up: a queued Lock is withdrawn, a
+                    // grant whose `+` waits for the log given back.
+                    if c.state != State::Answered || c.grant.is_some() {
+                        self.die(slot);
+                    }
+                }
+            }
+            Forwarding::GiveBack { grant } => {
+                // Only a serving leader changes its table; a grant given
+                // back elsewhere stays held (as after a failover).
+                if self.may_serve() {
+                    self.metrics.undelivered_grant();
+                    let now = self.now;
+                    self.table
+                        .release_grant(grant.0, grant.1, now, &mut self.fx);
+                }
+            }
+        }
+        self.apply_effects();
+        Ok(())
+    }
+
+    /// Takes up request `id` of node `link` on a slot of its own.
+    fn serve_forwarded(&mut self, link: u64, id: u64, client: std::net::SocketAddr, frame: &[u8]) {
+        let refuse = |s: &mut Shard, why: &str| {
+            log!(
+                Level::Debug,
+                "lc_forward_refused",
+                "from={} id={} reason=\"{}\"",
+                link,
+                id,
+                why
+            );
+            let mut out = Vec::with_capacity(32);
+            wire::encode_answer(id, b'-', None, &mut out);
+            s.cmds.push(Cmd::PeerMust {
+                node: link,
+                frame: out,
+            });
+        };
+        if self.forwards.serving.contains_key(&(link, id)) {
+            // A second request under one id: not a correct peer's.
+            refuse(self, "a request id already in use");
+            return;
+        }
+        if !self.may_serve() {
+            // Never forwarded on: a node that does not serve says so.
+            refuse(self, "not the leader");
+            return;
+        }
+        if self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections {
+            self.metrics.connection_refused();
+            refuse(self, "max_connections");
+            return;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(super::conn::Conn::new());
+                (self.conns.len() - 1) as u32
+            }
+        };
+        self.open_conns += 1;
+        let c = &mut self.conns[slot as usize];
+        c.open(Port::Lock, client);
+        c.fwd = Some((link, id));
+        // The follower applied the client-port policies (TLS, the
+        // plaintext refusals) to its client; the link is mutual TLS.
+        c.tls = true;
+        c.rbuf.extend_from_slice(frame);
+        self.forwards.serving.insert((link, id), slot);
+        if let Some(m) = self.metrics.raft() {
+            m.forward_served();
+        }
+        self.pump(slot);
+    }
+
+    /// Leader: what a forwarded slot closed before its answer left tells
+    /// its follower (see [`Shard::free_forwarded`]): a request not yet
+    /// executed or waiting in a queue did nothing; one decided and waiting
+    /// for the log, or gathering other shards' parts, may yet commit.
+    pub(super) fn forwarded_closing_answer(&self, slot: u32) -> Option<u8> {
+        let c = &self.conns[slot as usize];
+        if c.dead {
+            return None;
+        }
+        Some(match c.state {
+            State::Idle | State::Executing | State::Queued { .. } => b'-',
+            _ => wire::ANSWER_UNKNOWN,
+        })
+    }
+
+    /// Leader: `slot`'s answer may leave (from `flush`): it goes back to
+    /// the node that forwarded it, with its grant, and the slot is freed.
+    pub(super) fn send_forwarded(&mut self, slot: u32) {
+        let c = &mut self.conns[slot as usize];
+        let (node, id) = c.fwd.expect("a forwarded slot");
+        let answer = c.out.first().copied().unwrap_or(wire::ANSWER_UNKNOWN);
+        // Handed to the link: the follower gives it back if its client is
+        // gone (GiveBack), so it is no longer this slot's to give back.
+        let grant = c.grant.take();
+        c.out.clear();
+        let mut frame = Vec::with_capacity(32);
+        wire::encode_answer(id, answer, grant, &mut frame);
+        self.cmds.push(Cmd::PeerMust { node, frame });
+        self.free_forwarded(slot, None);
+    }
+
+    /// Leader: frees a forwarded slot closed before its answer left,
+    /// telling its follower `answer` first (`-`: a Lock withdrawn from its
+    /// queue, nothing done; [`wire::ANSWER_UNKNOWN`]: decided, not
+    /// committed; `None`: nothing, the follower gave it up or its link
+    /// failed).
+    pub(super) fn free_forwarded(&mut self, slot: u32, answer: Option<u8>) {
+        let c = &mut self.conns[slot as usize];
+        let (node, id) = c.fwd.expect("a forwarded slot");
+        if let Some(answer) = answer {
+            let mut frame = Vec::with_capacity(32);
+            wire::encode_answer(id, answer, None, &mut frame);
+            self.cmds.push(Cmd::PeerMust { node, frame });
+        }
+        if c.partial_link.linked {
+            self.partial.unlink(&mut self.conns, slot, 0);
+        }
+        self.untouch(slot);
+        self.keys_gone(slot);
+        let c = &mut self.conns[slot as usize];
+        c.state = State::Closing;
+        c.release();
+        self.free_slots.push(slot);
+        self.open_conns -= 1;
+        self.forwards.serving.remove(&(node, id));
+    }
+}
