@@ -2,7 +2,8 @@
 //! their Raft links through in-repository fault proxies: the leader is
 //! killed with `kill -9`, stopped with SIGSTOP past the election timeout,
 //! and cut off from the others, and every acknowledged hold must survive
-//! on whichever node serves next; a node that does not serve never grants.
+//! on whichever node serves next; a node that does not serve never grants
+//! from its own table (a follower's answers are the leader's, forwarded).
 
 mod common;
 
@@ -32,15 +33,23 @@ fn kill9_of_the_leader_keeps_every_acknowledged_hold() {
     assert_eq!(conn.lock(b"held", b"alice"), b'+');
     assert_eq!(conn.try_lock(b"freed", b"alice"), b'+');
     assert_eq!(conn.unlock(b"freed"), b'+');
-    // Followers refuse, and grant nothing.
+    // Followers forward: their answers are the leader's.
     for i in (0..3).filter(|&i| i != l) {
         assert_eq!(
-            try_lock(&c, i, b"other", b"bob"),
-            None,
-            "node {} is not the leader",
+            try_lock(&c, i, b"held", b"bob"),
+            Some(b'#'),
+            "node {} answers what the leader holds",
             i + 1
         );
     }
+    let f = (0..3).find(|&i| i != l).unwrap();
+    assert_eq!(
+        try_lock(&c, f, b"fwd", b"bob"),
+        Some(b'+'),
+        "a forwarded grant"
+    );
+    assert_eq!(conn.try_lock(b"fwd", b"carol"), b'#', "held at the leader");
+    assert_eq!(conn.unlock(b"fwd"), b'+');
     drop(conn);
     c.kill9(l);
     let l2 = c.leader(WAIT);
@@ -58,7 +67,7 @@ fn kill9_of_the_leader_keeps_every_acknowledged_hold() {
     // The killed node restarts from its log and follows.
     c.start_node(l);
     common::fault_proxy::poll_until("the restarted node follows", WAIT, || {
-        try_lock(&c, l, b"x", b"carol").is_none() && c.serves(l2)
+        !c.serves(l) && c.serves(l2) && try_lock(&c, l, b"held", b"carol") == Some(b'#')
     });
     c.kill9(l2);
     let l3 = c.leader(WAIT);
@@ -94,27 +103,30 @@ fn a_paused_leader_resumes_without_granting() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    // The new leader takes "k" back from alice and grants it to bob.
+    // The new leader takes "k" back from alice and grants it to bob, and
+    // grants "k2" (free in the old leader's table) to bob too.
     let mut conn = c.conn(l2);
     assert_eq!(conn.try_lock(b"k", b"bob"), b'#');
     assert_eq!(conn.send_and_read(&frame(4, b"alice", None)), b'+');
     assert_eq!(conn.try_lock(b"k", b"bob"), b'+');
+    assert_eq!(conn.try_lock(b"k2", b"bob"), b'+');
     // The old leader wakes up with its table from before: it must not
-    // answer from it.
+    // grant from it (once it follows, its answers are the new leader's,
+    // forwarded: `#`, bob holds both).
     c.signal(l, libc::SIGCONT);
     for _ in 0..20 {
-        let a = try_lock(&c, l, b"k", b"carol");
-        assert_ne!(a, Some(b'+'), "the resumed old leader granted a held key");
-        assert_ne!(
-            a,
-            Some(b'#'),
-            "the resumed old leader answered from a stale table"
-        );
+        for key in [&b"k"[..], b"k2"] {
+            let a = try_lock(&c, l, key, b"carol");
+            assert_ne!(a, Some(b'+'), "the resumed old leader granted a held key");
+        }
     }
     common::fault_proxy::poll_until("the old leader follows", WAIT, || {
         !c.serves(l) && c.serves(l2)
     });
     assert_eq!(conn.try_lock(b"k", b"dave"), b'#', "bob still holds k");
+    common::fault_proxy::poll_until("the old leader forwards to the new one", WAIT, || {
+        try_lock(&c, l, b"k2", b"carol") == Some(b'#')
+    });
 }
 
 /// The leader cut off from both others: they elect a leader; the isolated

@@ -8,9 +8,10 @@
 //! 2 Raft   a raft-rs message (protobuf)
 //! 3 Forward   id u64 · client address · a Locking-Center request frame
 //!             (a follower passes its client's request to the leader)
-//! 4 Answer    id u64 · answer u8 (`+`, `-`, `#`, or 0: the request's
-//!             outcome is unknown, close its connection) · grant: key slot
-//!             u32 · grant id u64 (0: none) (the leader's answer to a Forward)
+//! 4 Answer    id u64 · answer u8 (`+`, `-`, `#`; 0: the request's
+//!             outcome is unknown, close its connection; 1: not the leader,
+//!             nothing done) · grant: key slot u32 · grant id u64 (0: none)
+//!             (the leader's answer to a Forward)
 //! 5 Withdraw  id u64 (the forwarded request's client hung up)
 //! 6 GiveBack  key slot u32 · grant id u64 (a forwarded `+` that could not
 //!             be delivered: release that grant if it still holds)
@@ -101,6 +102,10 @@ pub type Grant = (u32, u64);
 /// closes the client's connection without an answer, as a direct
 /// connection to that leader would have been closed.
 pub const ANSWER_UNKNOWN: u8 = 0;
+/// The answer byte of a node that does not serve (it never forwards a
+/// forwarded request on): nothing was done; the follower sends it to the
+/// leader it learns of next.
+pub const ANSWER_NOT_LEADER: u8 = 1;
 
 /// A frame of Locking-Center forwarding (kinds 3–6), borrowing its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,11 +222,13 @@ pub fn decode_forwarding(kind: u8, p: &[u8]) -> Result<Forwarding<'_>, String> {
             let answer = p[8];
             let grant = (u32_at(9).expect("21 bytes"), u64_at(13).expect("21 bytes"));
             match (answer, grant.1) {
-                (b'+' | b'-' | b'#' | ANSWER_UNKNOWN, 0) => Ok(Forwarding::Answer {
-                    id: u64_at(0).expect("21 bytes"),
-                    answer,
-                    grant: None,
-                }),
+                (b'+' | b'-' | b'#' | ANSWER_UNKNOWN | ANSWER_NOT_LEADER, 0) => {
+                    Ok(Forwarding::Answer {
+                        id: u64_at(0).expect("21 bytes"),
+                        answer,
+                        grant: None,
+                    })
+                }
                 (b'+', _) => Ok(Forwarding::Answer {
                     id: u64_at(0).expect("21 bytes"),
                     answer,

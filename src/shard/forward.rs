@@ -9,10 +9,14 @@
 //! the client's address as a Forward on the link of that shard's group to
 //! the node it knows as group 0's leader (the node every group follows).
 //! The connection waits in [`State::Forwarded`] until the leader's Answer,
-//! which it relays like its own answer. It forwards only while a link
-//! *from* the leader is up (the answer's way back); never a Persist (that
-//! one reveals no lock state and is answered locally), never a session
-//! frame (sessions follow `not leader` themselves).
+//! which it relays like its own answer. It sends only while a link *from*
+//! the leader is up (the answer's way back); with no leader known (an
+//! election), or told by the node it asked that it does not serve, the
+//! request is **parked** and sent once a leader is known, for up to
+//! [`Forwards::PARK_ELECTIONS`] election timeouts, then answered `-`
+//! (nothing was done): a failover costs a follower's client a wait, not an
+//! error. A Persist reveals no lock state and is answered locally; session
+//! frames are never forwarded (sessions follow `not leader` themselves).
 //!
 //! **The leader** serves a Forward on a slot without a socket
 //! ([`super::conn::Conn::fwd`]): the same decoding, table, durability gate
@@ -26,9 +30,9 @@
 //! - **Never a `+` the leader did not commit**: the follower relays only
 //!   what the leader's gate let out.
 //! - **`-` only for what did not happen; a close when nobody knows.** A
-//!   leader that refuses a Forward (it does not serve, it is full) or
-//!   withdraws a queued Lock (stepping down, stopping) answers `-`: nothing
-//!   was done. When the outcome is unknown — the link to or from the
+//!   leader that refuses a Forward (it is full), withdraws a queued Lock
+//!   (stepping down, stopping), or a request parked past its time, is
+//!   answered `-`: nothing was done. When the outcome is unknown — the link to or from the
 //!   leader fails, a Forward cannot be sent, the node it went to stops
 //!   being the leader this node knows (within an election timeout of a
 //!   cut-off), or the leader stepped down with the answer decided but not
@@ -62,9 +66,8 @@ use crate::metrics::ForwardOutcome;
 /// Forwarding state of one shard (both sides).
 #[derive(Default)]
 pub(super) struct Forwards {
-    /// Follower: forwarded requests waiting for their answer, by id:
-    /// `(connection, node it went to)`.
-    waiting: BTreeMap<u64, (Token, u64)>,
+    /// Follower: forwarded requests waiting for their answer, by id.
+    waiting: BTreeMap<u64, Waiting>,
     next_id: u64,
     /// Leader: the slots serving other nodes' requests, by `(node, id)`.
     serving: BTreeMap<(u64, u64), u32>,
@@ -74,7 +77,27 @@ pub(super) struct Forwards {
     checked_leader: u64,
 }
 
+/// A follower's request waiting for the leader.
+struct Waiting {
+    token: Token,
+    /// The node it was sent to; 0 while parked (no leader known yet, or
+    /// the node it went to said it does not serve): nothing done anywhere.
+    node: u64,
+    /// The Locking-Center request as the client sent it.
+    req: Vec<u8>,
+    client: std::net::SocketAddr,
+    /// Parked past this (mono µs): answered `-`.
+    until_us: u64,
+    /// Not sent again before this (after a refusal).
+    retry_us: u64,
+}
+
 impl Forwards {
+    /// How long a request waits for a leader, in election timeouts: long
+    /// enough for an election and the new leader's first commit, so that
+    /// a failover costs a client of a follower a wait, not an error.
+    const PARK_ELECTIONS: u64 = 3;
+
     /// Ids start at the start time in µs: a restarted follower's ids are
     /// not an earlier run's (answers never outlive a link, but cheaply so).
     pub(super) fn start(&mut self, unix_ms: u64) {
@@ -99,58 +122,98 @@ impl Forwards {
 impl Shard {
     // ----- the follower's side -------------------------------------------------
 
-    /// The node to forward the Locking-Center request now at the head of
-    /// `slot`'s buffer to, if this node does not serve and one can answer.
-    pub(super) fn forward_target(&self, slot: u32) -> Option<u64> {
-        let (leader, me) = self.known_leader()?;
+    /// Whether the Locking-Center request at the head of `slot`'s buffer is
+    /// forwarded (this node does not serve, is a cluster member and not
+    /// stopping; a client's request, not one forwarded to it).
+    pub(super) fn forwards_requests(&self, slot: u32) -> bool {
         let c = &self.conns[slot as usize];
-        if self.stopping || c.fwd.is_some() || c.sid != 0 || c.port != Port::Lock {
-            return None;
-        }
-        // Locking-Center actions only (Persist included: answered here).
-        if !matches!(c.rbuf.first(), Some(1..=6)) {
-            return None;
-        }
-        let linked = self.forwards.inbound.get(&leader).is_some_and(|&n| n > 0);
-        (leader != 0 && leader != me && linked).then_some(leader)
+        self.raft.is_some()
+            && !self.stopping
+            && c.fwd.is_none()
+            && c.sid == 0
+            && c.port == Port::Lock
+            // Locking-Center actions only (Persist included: answered here).
+            && matches!(c.rbuf.first(), Some(1..=6))
     }
 
-    /// Sends the decoded frame `rbuf[..len]` of `slot` to `node` and parks
-    /// the connection until the answer.
-    pub(super) fn forward(
-        &mut self,
-        slot: u32,
-        node: u64,
-        len: usize,
-        action: crate::protocol::Action,
-    ) {
+    /// The node a forwarded request goes to now: the leader this node
+    /// knows of, when a link from it is up (its answer's way back).
+    fn forward_node(&self) -> Option<u64> {
+        let (leader, me) = self.known_leader()?;
+        let linked = self.forwards.inbound.get(&leader).is_some_and(|&n| n > 0);
+        (leader != 0 && leader != me && linked && !self.stopping).then_some(leader)
+    }
+
+    /// Parks the decoded frame `rbuf[..len]` of `slot` as a forwarded
+    /// request and sends it if a leader is known (else at the next tick
+    /// one is, within [`Forwards::PARK_ELECTIONS`] election timeouts).
+    pub(super) fn forward(&mut self, slot: u32, len: usize, action: crate::protocol::Action) {
         let token = self.token(slot);
         let id = self.forwards.next_id;
         self.forwards.next_id += 1;
+        let election_us = self.raft.as_ref().map_or(0, |r| r.election_us);
         let c = &mut self.conns[slot as usize];
-        let mut frame = Vec::with_capacity(40 + len);
-        wire::encode_forward(id, c.peer, &c.rbuf[..len], &mut frame);
+        let req = c.rbuf[..len].to_vec();
         c.rbuf.drain(..len);
         c.action = Some(action);
         c.state = State::Forwarded { id };
-        self.forwards.waiting.insert(id, (token, node));
-        self.forwards.checked_leader = node;
+        let until_us = self.now.mono_us + Forwards::PARK_ELECTIONS * election_us;
+        self.forwards.waiting.insert(
+            id,
+            Waiting {
+                token,
+                node: 0,
+                req,
+                client: c.peer,
+                until_us,
+                retry_us: 0,
+            },
+        );
         log!(
             Level::Debug,
             "lc_forward",
-            "conn={:#x} id={} to={} action={:?}",
+            "conn={:#x} id={} action={:?}",
             token,
             id,
-            node,
             action
         );
+        self.send_forward(id);
+    }
+
+    /// Sends parked request `id` to the leader, if one is known and it is
+    /// not waiting out a refusal.
+    fn send_forward(&mut self, id: u64) {
+        let Some(node) = self.forward_node() else {
+            return;
+        };
+        let now = self.now.mono_us;
+        let Some(w) = self.forwards.waiting.get_mut(&id) else {
+            return;
+        };
+        if w.node != 0 || w.retry_us > now {
+            return;
+        }
+        w.node = node;
+        let mut frame = Vec::with_capacity(40 + w.req.len());
+        wire::encode_forward(id, w.client, &w.req, &mut frame);
+        self.forwards.checked_leader = node;
         self.cmds.push(Cmd::PeerMust { node, frame });
     }
 
     /// The leader's answer to request `id` (from `node`'s link).
     fn forward_answered(&mut self, node: u64, id: u64, answer: u8, grant: Option<Grant>) {
         let slot = match self.forwards.waiting.get(&id) {
-            Some(&(token, to)) if to == node => {
+            Some(w) if w.node == node => {
+                let token = w.token;
+                if answer == wire::ANSWER_NOT_LEADER {
+                    // Nothing done there: parked again, sent where this
+                    // node's view says next (that node again after a tick:
+                    // a leader elected and not yet serving).
+                    let w = self.forwards.waiting.get_mut(&id).expect("waiting");
+                    w.node = 0;
+                    w.retry_us = self.now.mono_us + crate::cluster::TICK_US;
+                    return;
+                }
                 self.forwards.waiting.remove(&id);
                 self.conn_of(token)
                     .filter(|&s| self.conns[s as usize].state == (State::Forwarded { id }))
@@ -174,6 +237,12 @@ impl Shard {
             self.close(slot);
             return;
         }
+        self.forward_reply(slot, answer);
+        self.conns[slot as usize].fwd_grant = grant.map(|g| (node, g));
+    }
+
+    /// Answers a forwarded request's connection, counted as its own.
+    fn forward_reply(&mut self, slot: u32, answer: u8) {
         if let Some(a) = self.conns[slot as usize]
             .action
             .and_then(super::effects::metrics_action)
@@ -185,50 +254,32 @@ impl Shard {
             };
             self.metrics.at(self.me).request(a, outcome);
         }
-        self.conns[slot as usize].fwd_grant = grant.map(|g| (node, g));
         let c = &mut self.conns[slot as usize];
         c.state = State::Answered;
         c.out.push(answer);
         self.mark_dirty(slot);
     }
 
-    /// The forwarded request of `slot` (waiting as `id`) is given up here:
-    /// withdrawn at the leader, best effort (its answer, if one comes, is
-    /// then ignored, a `+` given back).
+    /// The forwarded request `id` is given up here: withdrawn at the
+    /// leader it went to, best effort (its answer, if one comes, is then
+    /// ignored, a `+` given back).
     pub(super) fn forward_abandoned(&mut self, id: u64) {
-        if let Some((_, node)) = self.forwards.waiting.remove(&id) {
-            let mut frame = Vec::with_capacity(16);
-            wire::encode_withdraw(id, &mut frame);
-            self.cmds.push(Cmd::Peer { node, frame });
+        if let Some(w) = self.forwards.waiting.remove(&id) {
+            if w.node != 0 {
+                let mut frame = Vec::with_capacity(16);
+                wire::encode_withdraw(id, &mut frame);
+                self.cmds.push(Cmd::Peer {
+                    node: w.node,
+                    frame,
+                });
+            }
         }
     }
 
-    /// Closes the connection of every waiting request that went to a node
-    /// other than `keep` (all of them for `None`): the leader or the way to
-    /// it went away, the outcome is unknown. Each is withdrawn there, best
-    /// effort.
-    fn fail_forwards(&mut self, keep: Option<u64>, why: &str) {
-        let gone: Vec<(u64, Token, u64)> = self
-            .forwards
-            .waiting
-            .iter()
-            .filter(|(_, &(_, node))| Some(node) != keep)
-            .map(|(&id, &(token, node))| (id, token, node))
-            .collect();
-        if gone.is_empty() {
-            return;
-        }
-        log!(
-            Level::Info,
-            "lc_forwards_failed",
-            "shard={} requests={} reason=\"{}\"",
-            self.me,
-            gone.len(),
-            crate::log::Escaped(why)
-        );
-        for (id, token, _) in gone {
-            self.forward_failed(id, token);
-        }
+    /// Whether forwarded request `id` was sent (its outcome is then the
+    /// leader's) rather than parked (nothing done yet).
+    pub(super) fn forward_sent(&self, id: u64) -> bool {
+        self.forwards.waiting.get(&id).is_some_and(|w| w.node != 0)
     }
 
     /// Request `id` of connection `token` has an unknown outcome: the
@@ -247,6 +298,32 @@ impl Shard {
         }
     }
 
+    /// Fails every request sent to `node` (all sent ones for `None`), and
+    /// logs why.
+    fn fail_sent(&mut self, node: Option<u64>, why: &str) {
+        let gone: Vec<(u64, Token)> = self
+            .forwards
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.node != 0 && node.is_none_or(|n| w.node == n))
+            .map(|(&id, w)| (id, w.token))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        log!(
+            Level::Info,
+            "lc_forwards_failed",
+            "shard={} requests={} reason=\"{}\"",
+            self.me,
+            gone.len(),
+            crate::log::Escaped(why)
+        );
+        for (id, token) in gone {
+            self.forward_failed(id, token);
+        }
+    }
+
     /// A forwarded `+` that did not reach its client: the leader releases
     /// the grant if it still holds (best effort).
     pub(super) fn give_back_remote(&mut self, node: u64, grant: Grant) {
@@ -256,8 +333,10 @@ impl Shard {
         self.cmds.push(Cmd::Peer { node, frame });
     }
 
-    /// Once per replication tick: requests waiting on a node that is no
-    /// longer the leader this node knows of are answered `-`.
+    /// Once per replication tick: requests sent to a node that is no
+    /// longer the leader this node knows of fail (closed: outcome
+    /// unknown); parked ones are sent once a leader is known, or answered
+    /// `-` (nothing was done) when their time is up.
     pub(super) fn check_forwards(&mut self) {
         if self.forwards.waiting.is_empty() {
             return;
@@ -265,14 +344,88 @@ impl Shard {
         let Some((leader, _)) = self.known_leader() else {
             return;
         };
-        if leader == self.forwards.checked_leader {
-            return;
+        if leader != self.forwards.checked_leader {
+            self.forwards.checked_leader = leader;
+            let keep = Some(leader).filter(|&l| l != 0);
+            let moved: Vec<(u64, Token)> = self
+                .forwards
+                .waiting
+                .iter()
+                .filter(|(_, w)| w.node != 0 && Some(w.node) != keep)
+                .map(|(&id, w)| (id, w.token))
+                .collect();
+            if !moved.is_empty() {
+                log!(
+                    Level::Info,
+                    "lc_forwards_failed",
+                    "shard={} requests={} reason=\"the leader they went to is no longer the one this node knows\"",
+                    self.me,
+                    moved.len()
+                );
+            }
+            for (id, token) in moved {
+                self.forward_failed(id, token);
+            }
         }
-        self.forwards.checked_leader = leader;
-        self.fail_forwards(
-            Some(leader).filter(|&l| l != 0),
-            "the leader they went to is no longer the one this node knows",
-        );
+        if self.may_serve() {
+            // This node leads now: what waited for a leader is its own.
+            self.serve_parked_here();
+        }
+        let now = self.now.mono_us;
+        let parked: Vec<(u64, Token, bool)> = self
+            .forwards
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.node == 0)
+            .map(|(&id, w)| (id, w.token, w.until_us <= now))
+            .collect();
+        for (id, token, expired) in parked {
+            if !expired {
+                self.send_forward(id);
+                continue;
+            }
+            // Never sent anywhere: nothing was done; the client may retry.
+            self.forwards.waiting.remove(&id);
+            if let Some(m) = self.metrics.raft() {
+                m.forwarded(ForwardOutcome::Failed);
+            }
+            if let Some(slot) = self.conn_of(token) {
+                if self.conns[slot as usize].state == (State::Forwarded { id }) {
+                    self.forward_reply(slot, b'-');
+                }
+            }
+        }
+    }
+
+    /// Parked requests of a node that has begun to serve go back to their
+    /// connections and are executed here, in the order they came.
+    fn serve_parked_here(&mut self) {
+        let parked: Vec<u64> = self
+            .forwards
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.node == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in parked {
+            let w = self.forwards.waiting.remove(&id).expect("parked");
+            let Some(slot) = self.conn_of(w.token) else {
+                continue;
+            };
+            let c = &mut self.conns[slot as usize];
+            if c.state != (State::Forwarded { id }) {
+                continue;
+            }
+            // As if it had just been received: ahead of anything pipelined
+            // behind it; a one-shot connection's one request again.
+            c.rbuf.splice(0..0, w.req);
+            c.state = State::Idle;
+            if !c.persistent {
+                c.action = None;
+            }
+            self.pump(slot);
+            self.apply_effects();
+        }
     }
 
     // ----- links ------------------------------------------------------------------
@@ -317,27 +470,7 @@ impl Shard {
 
     /// The way to or from `node` is broken.
     pub(super) fn forward_link_lost(&mut self, node: u64, why: &str) {
-        if self.forwards.waiting.values().any(|&(_, n)| n == node) {
-            let others: Vec<u64> = self
-                .forwards
-                .waiting
-                .iter()
-                .filter(|(_, &(_, n))| n == node)
-                .map(|(&id, _)| id)
-                .collect();
-            for id in others {
-                let (token, _) = self.forwards.waiting[&id];
-                self.forward_failed(id, token);
-            }
-            log!(
-                Level::Info,
-                "lc_forwards_failed",
-                "shard={} node={} reason=\"{}\"",
-                self.me,
-                node,
-                why
-            );
-        }
+        self.fail_sent(Some(node), why);
         // The leader's side: that follower's requests lose their way back.
         let theirs: Vec<u32> = self
             .forwards
@@ -400,7 +533,7 @@ impl Shard {
 
     /// Takes up request `id` of node `link` on a slot of its own.
     fn serve_forwarded(&mut self, link: u64, id: u64, client: std::net::SocketAddr, frame: &[u8]) {
-        let refuse = |s: &mut Shard, why: &str| {
+        let refuse = |s: &mut Shard, answer: u8, why: &str| {
             log!(
                 Level::Debug,
                 "lc_forward_refused",
@@ -410,7 +543,7 @@ impl Shard {
                 why
             );
             let mut out = Vec::with_capacity(32);
-            wire::encode_answer(id, b'-', None, &mut out);
+            wire::encode_answer(id, answer, None, &mut out);
             s.cmds.push(Cmd::PeerMust {
                 node: link,
                 frame: out,
@@ -418,17 +551,17 @@ impl Shard {
         };
         if self.forwards.serving.contains_key(&(link, id)) {
             // A second request under one id: not a correct peer's.
-            refuse(self, "a request id already in use");
+            refuse(self, b'-', "a request id already in use");
             return;
         }
         if !self.may_serve() {
             // Never forwarded on: a node that does not serve says so.
-            refuse(self, "not the leader");
+            refuse(self, wire::ANSWER_NOT_LEADER, "not the leader");
             return;
         }
         if self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections {
             self.metrics.connection_refused();
-            refuse(self, "max_connections");
+            refuse(self, b'-', "max_connections");
             return;
         }
         let slot = match self.free_slots.pop() {

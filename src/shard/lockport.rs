@@ -144,13 +144,10 @@ impl Shard {
         }
         // A node that does not serve passes a Locking-Center request to
         // the leader (see `forward`); everything else is refused there.
-        let forward_to = match self.may_serve() {
-            true => None,
-            false => match self.forward_target(slot) {
-                Some(node) => Some(node),
-                None => return self.not_leader(slot),
-            },
-        };
+        let forward = !self.may_serve();
+        if forward && !self.forwards_requests(slot) {
+            return self.not_leader(slot);
+        }
         let token = self.token(slot);
         let c = &self.conns[slot as usize];
         if c.action.is_none() && c.sid == 0 {
@@ -226,10 +223,10 @@ impl Shard {
                 return false;
             }
         }
-        if let Some(node) = forward_to.filter(|_| action != Action::Persist) {
+        if forward && action != Action::Persist {
             // The frame goes as it came: the leader fills an empty source
             // from the client's address, as for its own clients.
-            self.forward(slot, node, len, action);
+            self.forward(slot, len, action);
             return true;
         }
         let c = &mut self.conns[slot as usize];

@@ -710,7 +710,14 @@ impl Shard {
                     self.cmds.push(Cmd::Farewell(token));
                     answered += 1;
                 }
+                State::Forwarded { id } if self.forward_sent(id) => {
+                    // Its outcome is the leader's: closed unanswered, as a
+                    // direct connection to that leader would be.
+                    self.conns[slot].dead = true;
+                    self.close(slot as u32);
+                }
                 State::Forwarded { id } => {
+                    // Parked, never sent: nothing was done.
                     self.forward_abandoned(id);
                     self.conns[slot].state = State::Answered;
                     let token = self.token(slot as u32);

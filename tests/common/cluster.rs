@@ -304,6 +304,12 @@ impl Cluster {
                 args.push("--client-plaintext".into());
             }
         }
+        if !self.extra.iter().any(|a| a == "--metrics-bind") {
+            // `serves` asks /readyz: every node answers Locking-Center
+            // requests (followers forward them), only the leader is ready.
+            args.push("--metrics-bind".into());
+            args.push("127.0.0.1:0".into());
+        }
         args.extend(
             self.extra
                 .iter()
@@ -369,13 +375,21 @@ impl Cluster {
         }
     }
 
-    /// Whether node `i` serves now: a Persist request answers `+` only on
-    /// the serving leader (`-` elsewhere, or no answer).
+    /// Whether node `i` serves now (is the leader that answers requests
+    /// itself): its `/readyz` says so. (A follower answers Locking-Center
+    /// requests too, forwarding them, so an answer on the lock port does
+    /// not tell.)
     pub fn serves(&self, i: usize) -> bool {
         let Some(s) = &self.nodes[i] else {
             return false;
         };
-        probe(s.lock_addr)
+        match s.metrics_addr {
+            Some(m) => ready(m),
+            None => panic!(
+                "node {} runs without --metrics-bind: `serves` asks /readyz",
+                i + 1
+            ),
+        }
     }
 
     /// The serving node, waiting up to `bound` for one.
@@ -421,7 +435,31 @@ pub fn test_threads() -> usize {
         .unwrap_or(1)
 }
 
-/// Persist (action 6) on a fresh connection: `+` from a serving node.
+/// `GET /readyz` on a metrics address answers 200 (the serving leader).
+pub fn ready(metrics: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&metrics, Duration::from_millis(300)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(1000)));
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut b = [0u8; 12];
+    let mut n = 0;
+    while n < b.len() {
+        match s.read(&mut b[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    b[..n].starts_with(b"HTTP/1.1 200") || b[..n].starts_with(b"HTTP/1.0 200")
+}
+
+/// Persist (action 6) on a fresh connection: `+` from any node that
+/// answers Locking-Center requests (the leader, or a follower that
+/// forwards them).
 pub fn probe(addr: SocketAddr) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
         return false;
