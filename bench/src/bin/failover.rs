@@ -10,10 +10,12 @@
 //!
 //! Nodes are the lock ports (`host:port`), in node order; `I` is 1-based.
 //!
-//! - `probe` finds the node that serves: a Persist + TryLock + Unlock of a
-//!   fresh key answered `+++` (a follower answers `-` and closes). Prints
-//!   its index. With `--all-up` it also waits until every other node
-//!   answers a request at all (a node that is still starting does not).
+//! - `probe` finds the node that serves: the one whose directory (Locate)
+//!   says it serves (a follower answers Locking-Center requests too, by
+//!   forwarding them, so an answer does not tell). Prints its index. With
+//!   `--all-up` it also waits until every other node answers a Persist +
+//!   TryLock + Unlock of a fresh key (a node that is still starting does
+//!   not).
 //! - `trial` runs one failover: it takes key K with a Lock on the leader
 //!   (the holder's connection is then closed by the server; the key stays
 //!   held, as in Locking-Center), queues a second client's Lock on K behind
@@ -120,16 +122,22 @@ fn fresh(tag: &str) -> String {
     format!("fo-{tag}-{}-{t}-{n}", std::process::id())
 }
 
-/// Does this node serve? A fresh key taken and released.
+/// Does this node serve (is it the leader)? Its directory says so
+/// (Locate): every node answers Locking-Center requests, a follower by
+/// forwarding them to the leader, so an answer does not tell.
 fn serves(addr: SocketAddr) -> bool {
-    let k = fresh("probe");
-    let mut req = vec![PERSIST];
-    req.extend(frame(TRYLOCK, &k, Some("fo-probe")));
-    req.extend(frame(UNLOCK, &k, None));
-    matches!(exchange(addr, &req, 3), Ok(a) if a == b"+++")
+    let Ok(c) = ringlock::client::Client::builder(addr)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .io_timeout(READ_TIMEOUT)
+        .build()
+    else {
+        return false;
+    };
+    matches!(c.locate(), Ok(Some(d)) if d.serving)
 }
 
-/// Does this node answer at all (a follower answers `-`)?
+/// Does this node answer requests at all (a node still starting does
+/// not)? A fresh key taken and released, through it.
 fn answers(addr: SocketAddr) -> bool {
     let k = fresh("up");
     let mut req = vec![PERSIST];
