@@ -87,6 +87,12 @@ CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
 echo "== cluster operations benchmark, smoke mode (scripts/cluster-ops-bench.sh)"
 CLUSTER_OPS_SMOKE=1 timeout 240 scripts/cluster-ops-bench.sh --no-install
 
+# The forwarding benchmark's script in smoke mode (debug build, 1 s per
+# run): Locking-Center load against a 3-node cluster's leader and through
+# a follower that forwards to it; it fails if a run had errors or no cycles.
+echo "== forwarding benchmark, smoke mode (scripts/forward-bench.sh)"
+FORWARD_BENCH_SMOKE=1 timeout 240 scripts/forward-bench.sh
+
 # The TLS benchmark's script in smoke mode (debug build, ~1 s per case, a
 # storm of 100 connections): plaintext and TLS session loads against one
 # ringlockd, started with and without --certs-dir; it fails if a run had
