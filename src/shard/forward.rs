@@ -241,19 +241,10 @@ impl Shard {
         self.conns[slot as usize].fwd_grant = grant.map(|g| (node, g));
     }
 
-    /// Answers a forwarded request's connection, counted as its own.
+    /// Answers a forwarded request's connection. (`requests_total` counts
+    /// it on the leader only, so that a sum over nodes counts it once;
+    /// here it is `lc_forwarded_total`.)
     fn forward_reply(&mut self, slot: u32, answer: u8) {
-        if let Some(a) = self.conns[slot as usize]
-            .action
-            .and_then(super::effects::metrics_action)
-        {
-            let outcome = match answer {
-                b'+' => crate::metrics::Outcome::Ok,
-                b'#' => crate::metrics::Outcome::Busy,
-                _ => crate::metrics::Outcome::Error,
-            };
-            self.metrics.at(self.me).request(a, outcome);
-        }
         let c = &mut self.conns[slot as usize];
         c.state = State::Answered;
         c.out.push(answer);
