@@ -324,6 +324,88 @@ fn forged_raft_messages_crash_nothing_and_change_nothing() {
     );
 }
 
+/// Malformed Locking-Center forwarding frames on an authenticated link
+/// (a forwarded request that is not one whole request, a Persist, an
+/// answer byte no leader sends, frames of the wrong size) close that link
+/// and change nothing: every node runs on, the cluster's view is the same,
+/// locks are granted (through a follower too).
+#[test]
+fn malformed_forwarding_frames_close_the_link_and_change_nothing() {
+    use ringlock::cluster::wire;
+    let mut c = Cluster::start(3, test_threads(), &[]);
+    let l = c.leader(WAIT);
+    lock_works(&c, "before");
+    let base = settled(&c);
+    let groups = c.threads as u32;
+    let client: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let forward = |req: &[u8]| {
+        let mut b = Vec::new();
+        wire::encode_forward(7, client, req, &mut b);
+        b[5..].to_vec()
+    };
+    let cases: Vec<(&str, u8, Vec<u8>)> = vec![
+        (
+            "a forwarded request cut short",
+            wire::KIND_FORWARD,
+            forward(&[1, 3, b'k']),
+        ),
+        (
+            "two requests in one Forward",
+            wire::KIND_FORWARD,
+            forward(&[5, 1, b'k', 0, 5, 1, b'k', 0]),
+        ),
+        ("a forwarded Persist", wire::KIND_FORWARD, forward(&[6])),
+        ("an address family 9", wire::KIND_FORWARD, {
+            let mut p = forward(&[5, 1, b'k', 0]);
+            p[8] = 9;
+            p
+        }),
+        ("an answer byte no leader sends", wire::KIND_ANSWER, {
+            let mut p = vec![0u8; 21];
+            p[8] = b'x';
+            p
+        }),
+        ("a grant on a -", wire::KIND_ANSWER, {
+            let mut p = vec![0u8; 21];
+            p[8] = b'-';
+            p[13] = 1;
+            p
+        }),
+        ("a Withdraw of 9 bytes", wire::KIND_WITHDRAW, vec![0u8; 9]),
+        (
+            "a GiveBack of 11 bytes",
+            wire::KIND_GIVE_BACK,
+            vec![0u8; 11],
+        ),
+        ("an unknown frame kind", 7, vec![0u8; 8]),
+    ];
+    for (k, (what, kind, payload)) in cases.iter().enumerate() {
+        let t = k % 3;
+        let claimed = if t == l { (l + 1) % 3 } else { l };
+        let m = metrics_addr(&c, t);
+        let refused0 = common::metric(m, "ringlock_peer_links_refused_total");
+        let mut link = PeerLink::open(&c, t, claimed as u64 + 1, 0, groups, &VOTERS);
+        link.send_frame(*kind, payload);
+        poll_until(
+            &format!("{what} to node {}: the link closed", t + 1),
+            WAIT,
+            || !link.is_open(),
+        );
+        assert!(
+            common::metric(m, "ringlock_peer_links_refused_total") > refused0,
+            "{what}: counted as a refused link"
+        );
+        all_running(&mut c);
+        assert_eq!(view(&c), base, "{what} changed the cluster");
+        lock_works(&c, &format!("after-{k}"));
+    }
+    // A follower still forwards.
+    let f = (0..3).find(|&i| i != l).unwrap();
+    let mut conn = c.conn(f);
+    assert_eq!(conn.try_lock(b"via-follower", b"x"), b'+');
+    assert_eq!(conn.unlock(b"via-follower"), b'+');
+}
+
 /// An entry of a node's own log that cannot be applied (written there by a
 /// bad disk, say) stops the node: one line naming the group, the index and
 /// why, and exit status 65, at every start, while the others serve on. A

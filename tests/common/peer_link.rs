@@ -109,6 +109,13 @@ impl PeerLink {
         self.send_payload(&ringlock::cluster::replica::encode_message(m));
     }
 
+    /// Sends `payload` as one frame of `kind`, whatever it holds.
+    pub fn send_frame(&mut self, kind: u8, payload: &[u8]) {
+        let mut b = Vec::new();
+        wire::frame(kind, payload, &mut b);
+        self.s.write_all(&b).expect("send a frame");
+    }
+
     /// Sends `payload` as one Raft frame, whatever it holds.
     pub fn send_payload(&mut self, payload: &[u8]) {
         let mut b = Vec::new();
