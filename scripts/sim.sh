@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the deterministic simulators over many seeds (release build): the
-# one-shard simulator (tests/sim), session clients (tests/sim_sessions) and
-# several shards (tests/sim_shards); SIM_TESTS picks some of them.
+# one-shard simulator (tests/sim), session clients (tests/sim_sessions),
+# several shards (tests/sim_shards) and the replicated cluster
+# (tests/sim_cluster); SIM_TESTS picks some of them. Every seed is a
+# complete replay: a failure's command reproduces it on the first try.
 #   scripts/sim.sh [SEEDS] [FIRST_SEED] [STEPS]
 # Default: 100000 seeds from 1, 2500 steps each (hours). A failure prints
 # its seed and the command that reproduces it, and the script exits 1.
@@ -17,7 +19,7 @@ while [ "$s" -lt "$end" ]; do
   n=$(( end - s < batch ? end - s : batch ))
   out=$(mktemp)
   tests=()
-  for t in ${SIM_TESTS:-sim sim_sessions sim_shards}; do tests+=(--test "$t"); done
+  for t in ${SIM_TESTS:-sim sim_sessions sim_shards sim_cluster}; do tests+=(--test "$t"); done
   if ! SIM_FIRST_SEED=$s SIM_SEEDS=$n SIM_STEPS=$steps \
     cargo test --release --locked "${tests[@]}" -- --nocapture >"$out" 2>&1; then
     grep -E "simulation failed|reproduce" "$out" >&2 || tail -n 40 "$out" >&2

@@ -295,6 +295,11 @@ pub struct Replica {
     node: RawNode<Store>,
     cfg: ReplicaConfig,
     rng: u64,
+    /// raft-rs's (role, term) when this replica last drew an election
+    /// timeout: raft-rs draws a new one from its thread RNG at every role
+    /// or term change (`reset`), which is replaced at once by one of
+    /// `rng` ([`Replica::after_raft`]).
+    drawn_at: (StateRole, u64),
     /// Ticks since start.
     ticks: u64,
     /// Votes are refused until this tick (a restarted node).
@@ -441,6 +446,7 @@ impl Replica {
         let mut r = Replica {
             node,
             rng: cfg.seed ^ (cfg.id << 32) ^ 0x5EED,
+            drawn_at: (StateRole::Follower, rec.hard_state.term),
             cfg,
             ticks: 0,
             mute_votes_until: if restarted { election } else { 0 },
@@ -472,6 +478,19 @@ impl Replica {
         let e = self.cfg.election_ticks;
         let t = e + (next_rand(&mut self.rng) % e as u64) as usize;
         self.node.raft.set_randomized_election_timeout(t);
+    }
+
+    /// After every call into raft-rs that can change its role or term
+    /// (a tick, a message, a transfer, a step-down): a change means raft-rs
+    /// drew a randomized election timeout from its thread RNG, which no
+    /// seed reaches; it is replaced before any tick can use it, so a run
+    /// of the simulator is a function of its seed alone.
+    fn after_raft(&mut self) {
+        let now = (self.node.raft.state, self.node.raft.term);
+        if now != self.drawn_at {
+            self.drawn_at = now;
+            self.randomize_timeout();
+        }
     }
 
     pub fn id(&self) -> u64 {
@@ -659,6 +678,7 @@ impl Replica {
     pub fn transfer_leader(&mut self, to: u64) {
         if self.is_leader() {
             self.node.transfer_leader(to);
+            self.after_raft();
         }
     }
 
@@ -696,6 +716,7 @@ impl Replica {
         }
         let term = self.node.raft.term;
         self.node.raft.become_follower(term, raft::INVALID_ID);
+        self.after_raft();
     }
 
     /// The leader lease holds (see the module docs).
@@ -749,6 +770,7 @@ impl Replica {
             return;
         }
         self.node.tick();
+        self.after_raft();
         if self.is_leader() {
             self.retry_snapshots();
             self.since_probe += 1;
@@ -874,6 +896,7 @@ impl Replica {
         // A message of an unknown peer, or one for a stale term, is the
         // protocol's business: raft-rs ignores what it must.
         let _ = self.node.step(m);
+        self.after_raft();
         Ok(notes)
     }
 
@@ -1160,9 +1183,8 @@ impl Replica {
             return;
         }
         let was_leader = self.role == StateRole::Leader;
-        if term != self.term || role != self.role {
-            self.randomize_timeout();
-        }
+        // (A change of role or term drew its timeout in after_raft.)
+        self.after_raft();
         let prev_term = self.term;
         self.role = role;
         self.term = term;
