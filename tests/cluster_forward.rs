@@ -15,8 +15,9 @@ use common::{frame, keys, metric, once, wait_metric, Conn};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn follower(c: &Cluster, l: usize) -> usize {
-    (0..3).find(|&i| i != l).unwrap()
+/// A node that is not `l`.
+fn follower(l: usize) -> usize {
+    (l + 1) % 3
 }
 
 /// Every action on fresh one-shot connections to a follower, as an
@@ -27,7 +28,7 @@ fn follower(c: &Cluster, l: usize) -> usize {
 fn one_shot_requests_to_a_follower_are_served_by_the_leader() {
     let c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
-    let f = follower(&c, l);
+    let f = follower(l);
     let fa = c.lock_addrs[f];
     let leader_admin = c.nodes[l].as_ref().unwrap().admin_addr;
 
@@ -85,7 +86,7 @@ fn one_shot_requests_to_a_follower_are_served_by_the_leader() {
 fn forwarded_and_direct_waiters_share_one_fifo_queue() {
     let c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
-    let f = follower(&c, l);
+    let f = follower(l);
     let lm = c.nodes[l].as_ref().unwrap().metrics();
 
     let mut p = c.conn(f);
@@ -130,7 +131,7 @@ fn forwarded_and_direct_waiters_share_one_fifo_queue() {
 fn a_forwarded_waiter_that_hangs_up_is_withdrawn_at_the_leader() {
     let c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
-    let f = follower(&c, l);
+    let f = follower(l);
     let lm = c.nodes[l].as_ref().unwrap().metrics();
 
     let mut holder = c.conn(l);
@@ -168,7 +169,7 @@ fn a_leader_killed_under_a_forwarded_waiter_closes_it_and_the_next_request_waits
 {
     let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
     let l = c.leader(WAIT);
-    let f = follower(&c, l);
+    let f = follower(l);
     let lm = c.nodes[l].as_ref().unwrap().metrics();
 
     let mut holder = c.conn(l);
