@@ -288,7 +288,7 @@ prepare_system() {
     etcd-native)
         TARGET[$s]="etcd://127.0.0.1:$PORT_ETCDN"
         VERSION[$s]="etcd $(etcd --version 2>/dev/null | awk '/etcd Version/{print $3}'); client: $(etcd_native_version)"
-        NOTE[$s]="the etcd row's server and flags (durable), driven by etcd's own Go client over native gRPC: clientv3 concurrency.Mutex Lock + Unlock, one gRPC connection and one session (lease) per client (bench/peers/etcd-native)" ;;
+        NOTE[$s]="the etcd row's server and flags (durable), driven by etcd's own Go client over native gRPC: clientv3 concurrency.Mutex Lock + Unlock, one gRPC connection shared by the clients, one session (lease) per client (bench/peers/etcd-native)" ;;
     *) return 1 ;;
     esac
 }

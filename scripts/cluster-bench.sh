@@ -11,6 +11,7 @@
 #        trials after them), FAILOVER_SETTLE_MS (default 1000),
 #        ZK_WARMUP (zookeeper-cluster's warm-up, default 20s; smoke 2s),
 #        ZK_HEAP (each ZooKeeper member's JVM heap, default 512m),
+#        ZK_SESSION_MS (the ZooKeeper clients' session timeout, default 4000),
 #        ETCD_PEER_TLS (default 1),
 #        CLUSTER_BENCH_SMOKE=1 (1 s per scenario, 3 failover trials, debug
 #        build, output to a temp dir unless --out; checks every row worked)
@@ -40,8 +41,9 @@
 #   (/v3/lock/lock, /v3/lock/unlock) through the gRPC-JSON gateway over
 #   HTTP/1.1, one lease per client;
 # - etcd-cluster-native: bench/peers/etcd-native (Go, etcd 3.4's clientv3 +
-#   concurrency): per client its own clientv3 client (one gRPC connection)
-#   and concurrency.Session (lease), a cycle = Mutex.Lock + Mutex.Unlock,
+#   concurrency): the clients share one clientv3 client (one gRPC
+#   connection, as an application shares it), each with its own
+#   concurrency.Session (lease); a cycle = Mutex.Lock + Mutex.Unlock,
 #   what the lock API runs inside the server, over native gRPC; the leader
 #   member's URL is its only endpoint. Same command line and JSON as
 #   ringlock-loadgen's;
@@ -52,7 +54,15 @@
 #   follower are forwarded to the leader; connected to the leader, a client
 #   measures the ensemble the way the other rows measure theirs. A cycle is
 #   acquire (get_children + create ephemeral-sequential + get_children) +
-#   release (delete): two writes, two local reads. JVM warm-up: the members
+#   release (delete): two writes, two local reads. Session timeout
+#   ZK_SESSION_MS (default 4000, ZooKeeper's minimum at tickTime 2000):
+#   Debian's ZooKeeper 3.8.0 has ZOOKEEPER-4537 (fixed upstream in 3.8.1), a
+#   race in the leader's CommitProcessor that leaves a write uncommitted
+#   until the next request reaches that member; with one client that next
+#   request is its ping, sent every third of the session timeout, so a short
+#   session bounds such a stall (~1.3 s instead of ~10 s with a 30 s
+#   session). A row whose leader saw a write wait >= 1 s says so (mntr's
+#   zk_max_local_write_committed_time_ms). JVM warm-up: the members
 #   are JVMs started fresh for every row, so the load runs ZK_WARMUP (default
 #   20 s, 2 s in smoke mode) unmeasured before the measured --duration (the
 #   JIT compiles the hot paths; the report states the warm-up per row).
@@ -229,13 +239,17 @@ client_cmd() { # system
     esac
 }
 warmup_of() { if [ "$1" = zookeeper-cluster ]; then echo "$ZK_WARMUP"; else echo "$WARMUP"; fi; }
+# The session timeout of the ZooKeeper clients (see the header).
+ZK_SESSION_MS=${ZK_SESSION_MS:-4000}
+case "$ZK_SESSION_MS" in ''|*[!0-9]*) echo "ZK_SESSION_MS must be a number, got $ZK_SESSION_MS" >&2; exit 2 ;; esac
+client_args() { if [ "$1" = zookeeper-cluster ]; then echo "--lock-ttl-ms $ZK_SESSION_MS"; fi; }
 run_load() { # system clients target server-pid...
     local s=$1 c=$2 target=$3 r="$OUT/$1-$2.json" err="$TMP/$1-$2.err" c0 c1 p0 p1 lg
     shift 3
     log "$s, $c clients: $target ($(client_cmd "$s" | awk '{print $NF}' | xargs basename), warm-up $(warmup_of "$s"))"
     c0=$(cpu_snap); p0=$(proc_ticks "$@")
-    # shellcheck disable=SC2046 # the client command: a path, or an interpreter and a path
-    if $PIN_LOADGEN $(client_cmd "$s") --target "$target" --connections "$c" --dist private --keys "$c" \
+    # shellcheck disable=SC2046 # the client command (a path, or an interpreter and a path) and its own flags
+    if $PIN_LOADGEN $(client_cmd "$s") $(client_args "$s") --target "$target" --connections "$c" --dist private --keys "$c" \
         --conn-mode persistent --rate 0 --duration "$DURATION" --warmup "$(warmup_of "$s")" \
         --key-prefix "cb$c" --label "$s/$c" --json --no-progress >"$TMP/$s-$c.out" 2>"$err"; then
         tail -1 "$TMP/$s-$c.out" >"$r"
@@ -307,6 +321,13 @@ for c in $CLIENTS; do
                 # "EPOCH leader" before and after: another epoch or mode is an election.
                 if [ -z "$e0" ] || [ -z "$e1" ]; then echo "epoch not readable (srvr): leader changes not checked" >"$TMP/$s-$c.note"
                 elif [ "$e0" != "$e1" ]; then echo "leader changed during the run (epoch, mode: $e0 -> $e1)" >"$TMP/$s-$c.note"; fi
+                # ZOOKEEPER-4537's stall (see the header): the leader's
+                # slowest write, from receipt to its local commit, over the
+                # warm-up and the run.
+                w=$(zk_cmd "${ZK_CLIENT[$l]}" mntr | sed -n 's/^zk_max_local_write_committed_time_ms[[:space:]]*//p')
+                if [ -n "$w" ] && [ "$w" -ge 1000 ]; then
+                    echo "a write waited $w ms for its commit on the leader (warm-up included): ZOOKEEPER-4537's stall" >>"$TMP/$s-$c.note"
+                fi
                 mkdir -p "$OUT/logs"
                 for n in 1 2 3; do cp "$d/z$n/log" "$OUT/logs/$s-$c-member$n.log"; done
             else
@@ -400,7 +421,7 @@ ho() { # measure stat, from handover.json
     echo "- disk: $(df -P "$TMP" | awk 'NR==2{print $1}') ($(findmnt -no FSTYPE -T "$TMP" 2>/dev/null || echo '?')), fdatasync: $FSYNC"
     echo "- ringlockd: $RL_VERSION; etcd: $ETCD_VERSION$(want etcd-cluster-native && echo ", native client: $(etcd_native_version)")$(want zookeeper-cluster && echo "; $(zk_version), client: $(kazoo_version)")"
     echo "- load: lock+unlock, closed loop, persistent connections, each client its own key; $DURATION measured after $WARMUP warm-up$(want zookeeper-cluster && echo " ($ZK_WARMUP for zookeeper-cluster: its members are JVMs, started fresh for every row)")$([ "$SMOKE" = 1 ] && echo " (**smoke mode**: not a measurement)")"
-    echo "- clients: ringlock-loadgen (ringlock rows; etcd-cluster: etcd's v3 lock API through the gRPC-JSON gateway, HTTP/1.1); etcd-cluster-native: bench/peers/etcd-native (Go, clientv3 concurrency.Mutex, one gRPC connection and session per client); zookeeper-cluster: bench/peers/zookeeper/kazoo-loadgen.py (kazoo's Lock, one process and session per client). Each against the leader."
+    echo "- clients: ringlock-loadgen (ringlock rows; etcd-cluster: etcd's v3 lock API through the gRPC-JSON gateway, HTTP/1.1); etcd-cluster-native: bench/peers/etcd-native (Go, clientv3 concurrency.Mutex: one shared gRPC connection, a session per client); zookeeper-cluster: bench/peers/zookeeper/kazoo-loadgen.py (kazoo's Lock, one process and session per client). Each against the leader."
     echo "- every system durable: ringlock nodes and the single node with --data-path (fdatasync before an answer), etcd members fsync their raft log, ZooKeeper members their transaction log (forceSync=yes)"
     echo
     echo "*lock* = grant − start of the cycle; *cycle* = lock + unlock (one client's loop: a cycle ends when the unlock is answered). Both percentiles over every cycle measured."

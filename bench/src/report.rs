@@ -291,7 +291,7 @@ fn markdown(
          `GET_LOCK`, `etcd` its v3 lock API through the gRPC-JSON gateway (HTTP/1.1, \
          `ringlock-loadgen`), `etcd-native` the same server through etcd's own Go client \
          (`bench/peers/etcd-native`: clientv3 `concurrency.Mutex` over native gRPC, one \
-         connection and session per client, the same command line and JSON). `p99/floor` divides by \
+         shared connection, a session per client, the same command line and JSON). `p99/floor` divides by \
          the floor server's p99 in the same scenario. *saturated* = achieved rate < 95 % of \
          the target (achieved = completed cycles / (duration + drain)). *foreign / steal CPU %* = share \
          of the machine's CPU time during the run used by anything other than the server under \

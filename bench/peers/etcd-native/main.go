@@ -2,8 +2,12 @@
 // ringlock-loadgen drives everything else, for the etcd-native rows of
 // scripts/bench.sh and scripts/cluster-bench.sh.
 //
-// Each client (worker goroutine) has its own clientv3 client (one gRPC
-// connection, like ringlock-loadgen's one TCP connection per client) and its
+// The clients (worker goroutines) share one clientv3 client (one gRPC
+// connection, HTTP/2 streams side by side), as an application does: a
+// clientv3.Client is safe for concurrent use and meant to be shared, and
+// one connection gave more cycles/s than one per client in an A/B on the
+// development machine (--grpc-conns 0: one per client, like
+// ringlock-loadgen's one TCP connection per client). Each client has its
 // own concurrency.Session (one lease, kept alive by the session); a cycle is
 // concurrency.NewMutex(session, KEY).Lock then Unlock. That is what etcd's
 // v3 lock service (the gateway's /v3/lock/lock) runs inside the server, here
@@ -428,7 +432,7 @@ func main() {
 	var target string
 	fs := flag.NewFlagSet("etcd-native-loadgen", flag.ContinueOnError)
 	fs.StringVar(&target, "target", "", "etcd://HOST:PORT[,HOST:PORT...] (the endpoints given to clientv3; the scripts give the leader's only)")
-	fs.IntVar(&cfg.connections, "connections", 1, "clients: one clientv3 client (gRPC connection) and one session (lease) each")
+	fs.IntVar(&cfg.connections, "connections", 1, "clients: one goroutine and one session (lease) each")
 	fs.Float64Var(&cfg.rate, "rate", 0, "total cycles/s over all clients, each gets R/N; 0 = closed loop")
 	cfg.durationNs, cfg.warmupNs, cfg.drainNs = 10e9, 1e9, 5e9
 	fs.Var(durFlag{&cfg.durationNs}, "duration", "measured time (ns/us/ms/s/m)")
@@ -445,7 +449,7 @@ func main() {
 	fs.BoolVar(&cfg.json, "json", false, "last stdout line: one JSON object, ringlock-loadgen's fields")
 	fs.StringVar(&cfg.hgrm, "hgrm", "", "write the lock-latency percentile distribution as .hgrm")
 	fs.BoolVar(&cfg.noProgress, "no-progress", false, "no per-second progress line on stderr")
-	fs.IntVar(&cfg.grpcConns, "grpc-conns", 0, "clientv3 clients (gRPC connections) the clients share, client i on i mod N; 0 = one per client")
+	fs.IntVar(&cfg.grpcConns, "grpc-conns", 1, "clientv3 clients (gRPC connections) the clients share, client i on i mod N; 0 = one per client")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
