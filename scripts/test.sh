@@ -75,10 +75,13 @@ scripts/conformance.sh
 
 # The cluster benchmark's script in smoke mode (debug build, 1 s per
 # scenario, 3 failover trials): a 3-node ringlock cluster, a 3-member etcd
-# cluster and a single durable ringlockd on loopback, then kill -9 of the
-# cluster's leader; it fails if a row or a trial did not work.
+# cluster (through the gRPC-JSON gateway and through etcd's native Go
+# client, built here offline), a 3-member ZooKeeper ensemble (kazoo's lock
+# recipe, 2 s of JVM warm-up) and a single durable ringlockd on loopback,
+# then kill -9 of the cluster's leader; it fails if a row or a trial did not
+# work.
 echo "== cluster benchmark, smoke mode (scripts/cluster-bench.sh)"
-CLUSTER_BENCH_SMOKE=1 timeout 300 scripts/cluster-bench.sh --no-install
+CLUSTER_BENCH_SMOKE=1 timeout 420 scripts/cluster-bench.sh --no-install
 
 # The cluster operations benchmark's script in smoke mode (debug build, one
 # rolling restart of each cluster, SIGTERM node by node, and one round of

@@ -281,12 +281,17 @@ fn markdown(
          `--threads`). Open-loop scenarios send at a fixed \
          rate per connection; *latency* is lock acquisition (grant − **intended** start of the \
          cycle, so a stall cannot hide: coordinated-omission corrected); *uncorrected* starts \
-         the clock when the attempt actually began. A cycle is lock → unlock (hold 0). Redis \
+         the clock when the attempt actually began. A cycle is lock → unlock (hold 0): the \
+         *lock* columns are the lock's latency, the *cycle* columns the whole lock + unlock \
+         (intended start → unlock answered). Redis \
          has no blocking lock: a Lock is `SET NX PX` retried every 50–150 µs (retries counted), \
          release is a compare-and-delete script. `ringlockd-session` is the same server as \
          `ringlockd`, driven over its session protocol (Hello, Acquire with hold = session, \
          Release naming the token). PostgreSQL uses `pg_advisory_lock`, MariaDB \
-         `GET_LOCK`, etcd its v3 lock API through the HTTP/JSON gateway. `p99/floor` divides by \
+         `GET_LOCK`, `etcd` its v3 lock API through the gRPC-JSON gateway (HTTP/1.1, \
+         `ringlock-loadgen`), `etcd-native` the same server through etcd's own Go client \
+         (`bench/peers/etcd-native`: clientv3 `concurrency.Mutex` over native gRPC, one \
+         shared connection, a session per client, the same command line and JSON). `p99/floor` divides by \
          the floor server's p99 in the same scenario. *saturated* = achieved rate < 95 % of \
          the target (achieved = completed cycles / (duration + drain)). *foreign / steal CPU %* = share \
          of the machine's CPU time during the run used by anything other than the server under \
@@ -319,7 +324,11 @@ fn markdown(
         for s in systems {
             let cell = match results.get(&(sc.id.clone(), s.clone())) {
                 Some(Outcome::Ran(v, _)) => {
-                    let mut c = fmt_us(v.num("latency_us.p99"));
+                    let mut c = if measured(v) {
+                        fmt_us(v.num("latency_us.p99"))
+                    } else {
+                        "no cycle measured".into()
+                    };
                     if saturated(v) {
                         c.push_str(" (sat.)");
                     }
@@ -372,11 +381,11 @@ fn markdown(
         };
         let _ = writeln!(
             o,
-            "| system | ops/s (target) | server CPU µs/op | p50 | p90 | p99 | p99.9 | p99.99 | max | p99 uncorr. | p99/floor | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | foreign / steal CPU % |"
+            "| system | ops/s (target) | server CPU µs/op | lock p50 | lock p90 | lock p99 | lock p99.9 | lock p99.99 | lock max | lock p99 uncorr. | lock p99/floor | cycle p50 | cycle p99 | hand-off p99 | queue wait p99 | grants/client min–max | retries | errors | foreign / steal CPU % |"
         );
         let _ = writeln!(
             o,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         let mut not_run = Vec::new();
         for s in systems {
@@ -392,18 +401,30 @@ fn markdown(
                     } else {
                         format!("{ops:.0} (closed)")
                     };
-                    let p99 = v.num("latency_us.p99");
+                    // A run without one measured cycle (an open loop so far
+                    // behind that only warm-up cycles completed) has no
+                    // latency to show: its cells say "–", not 0.
+                    let lat = |p: &str| {
+                        if measured(v) {
+                            v.num(&format!("latency_us.{p}"))
+                        } else {
+                            None
+                        }
+                    };
+                    let p99 = lat("p99");
                     let ratio = match (p99, floor_p99) {
                         (Some(a), Some(f)) if f > 0.0 => format!("{:.2}×", a / f),
                         _ => "–".into(),
                     };
-                    let hq = |k: &str| {
+                    // A histogram's percentile, "–" when it has no samples.
+                    let hp = |k: &str, p: &str| {
                         if v.num(&format!("{k}.count")).unwrap_or(0.0) > 0.0 {
-                            fmt_us(v.num(&format!("{k}.p99")))
+                            fmt_us(v.num(&format!("{k}.{p}")))
                         } else {
                             "–".into()
                         }
                     };
+                    let hq = |k: &str| hp(k, "p99");
                     let errors = v.num("errors").unwrap_or(0.0);
                     let err_cell = if errors > 0.0 {
                         format!(
@@ -415,20 +436,22 @@ fn markdown(
                     };
                     let _ = writeln!(
                         o,
-                        "| {s} | {rate} | {} | {} | {} | **{}**{} | {} | {} | {} | {} | {ratio} | {} | {} | {:.0}–{:.0} | {:.0} | {err_cell} | {} |",
+                        "| {s} | {rate} | {} | {} | {} | **{}**{} | {} | {} | {} | {} | {ratio} | {} | {} | {} | {} | {:.0}–{:.0} | {:.0} | {err_cell} | {} |",
                         fmt_cpu(run.cpu_us_per_op),
-                        fmt_us(v.num("latency_us.p50")),
-                        fmt_us(v.num("latency_us.p90")),
+                        fmt_us(lat("p50")),
+                        fmt_us(lat("p90")),
                         fmt_us(p99),
                         if run.rounds > 1 {
                             format!(" ({}–{}, {} rounds)", fmt_us(Some(run.p99_range.0)), fmt_us(Some(run.p99_range.1)), run.rounds)
                         } else {
                             String::new()
                         },
-                        fmt_us(v.num("latency_us.p999")),
-                        fmt_us(v.num("latency_us.p9999")),
-                        fmt_us(v.num("latency_us.max")),
-                        fmt_us(v.num("latency_uncorrected_us.p99")),
+                        fmt_us(lat("p999")),
+                        fmt_us(lat("p9999")),
+                        fmt_us(lat("max")),
+                        hq("latency_uncorrected_us"),
+                        hp("cycle_us", "p50"),
+                        hq("cycle_us"),
                         hq("handoff_us"),
                         hq("queue_wait_us"),
                         v.num("fairness.min").unwrap_or(0.0),
@@ -459,6 +482,12 @@ fn markdown(
          each `.cmd` is the exact load generator command line."
     );
     o
+}
+
+/// Whether the run measured at least one lock (its latency figures mean
+/// something): a `latency_us.count` of 0 says it did not.
+fn measured(v: &Value) -> bool {
+    v.num("latency_us.count").is_none_or(|n| n > 0.0)
 }
 
 fn saturated(v: &Value) -> bool {
@@ -517,7 +546,8 @@ fn throughput_and_cpu(out: &mut String, base: &Fig, other: &Fig) {
 
 fn fig(sc: &Scenario, results: &BTreeMap<(String, String), Outcome>, system: &str) -> Option<Fig> {
     match results.get(&(sc.id.clone(), system.to_string())) {
-        Some(Outcome::Ran(v, run)) => Some(Fig {
+        // A run with no measured cycle has no p99 to compare.
+        Some(Outcome::Ran(v, run)) if measured(v) => Some(Fig {
             name: system.to_string(),
             p99: v.num("latency_us.p99")?,
             p99_range: run.p99_range,
@@ -760,6 +790,35 @@ mod tests {
             .map(|(s, o)| ((id.to_string(), s.to_string()), o))
             .collect();
         verdict(&scenario(id), &systems, &results)
+    }
+
+    #[test]
+    fn a_run_without_measured_cycles_has_no_p99() {
+        let v = json::parse(
+            r#"{"rate_target":10000,"ops_per_sec":0,"latency_us":{"count":0,"p99":0.0}}"#,
+        )
+        .expect("valid JSON");
+        assert!(!measured(&v));
+        let sc = Scenario {
+            id: "persistent-64".into(),
+            title: String::new(),
+            args: String::new(),
+        };
+        let mut results = BTreeMap::new();
+        results.insert(
+            (sc.id.clone(), "etcd".to_string()),
+            Outcome::Ran(
+                Box::new(v),
+                Run {
+                    bg_cpu: "0 / 0".into(),
+                    rounds: 1,
+                    p99_range: (0.0, 0.0),
+                    ops_range: (0.0, 0.0),
+                    cpu_us_per_op: None,
+                },
+            ),
+        );
+        assert!(fig(&sc, &results, "etcd").is_none(), "no p99 to compare");
     }
 
     #[test]

@@ -228,8 +228,10 @@ start_etcd_member() { # n dir [initial_cluster]
     fi
     mkdir -p "$2/e$n"
     tls=$(etcd_peer_tls "$n") || { log "no peer certificates for etcd member $n"; return 1; }
-    # shellcheck disable=SC2086 # $tls: flags and paths without spaces
-    $PIN_SERVER etcd --name "e$n" --data-dir "$2/e$n/data" \
+    # ETCD_TUNING / ETCD_IONICE: etcd's settings for a latency test, when the
+    # script sourced scripts/lib/peers.sh (cluster-bench.sh); none otherwise.
+    # shellcheck disable=SC2086 # $tls, $ETCD_IONICE: flags and paths without spaces
+    $PIN_SERVER ${ETCD_IONICE:-} etcd --name "e$n" --data-dir "$2/e$n/data" ${ETCD_TUNING[@]+"${ETCD_TUNING[@]}"} \
         --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT[$n]}" \
         --listen-peer-urls "$scheme://127.0.0.1:${ETCD_PEER[$n]}" --initial-advertise-peer-urls "$scheme://127.0.0.1:${ETCD_PEER[$n]}" \
         --initial-cluster "$cluster" --initial-cluster-state "$state" --initial-cluster-token ringlock-bench \
@@ -264,6 +266,97 @@ etcd_leader() {
 
 # The member's raft term (its status), to see an election during a run.
 etcd_term() { http "${ETCD_CLIENT[$1]}" POST /v3/maintenance/status '{}' | sed -n 's/.*"raftTerm":"\([0-9]*\)".*/\1/p'; }
+
+# ZooKeeper ensemble z1..z3 (Debian's zookeeper 3.8, run in the
+# foreground with the JVM straight from its jars): member n's client port
+# ZK_CLIENT[n], quorum port +1, leader-election port +2 (set by zk_ports),
+# its own dataDir (and dataLogDir beside it) under the run's dir, myid n.
+# zoo.cfg: forceSync=yes (the default, written out: the transaction log is
+# fsynced before a proposal is acknowledged), tickTime 2000 / initLimit 10 /
+# syncLimit 5 (the sample zoo.cfg's), maxClientCnxns=0 (the default, 60 per
+# client address, would refuse 64 clients from 127.0.0.1), the admin web
+# server off (every member would want port 8080), the four-letter words
+# srvr/mntr/ruok on (zk_leader and zk_epoch ask srvr). JVM: heap fixed at
+# ZK_HEAP (default 512m; the admin guide: a heap that never swaps), logging
+# through slf4j-simple to the member's log. Pinned like every server
+# ($PIN_SERVER): a JVM that sees one CPU picks the serial GC.
+ZK_HEAP=${ZK_HEAP:-512m}
+zk_ports() { # base: member n's client port at base + 10 (n - 1)
+    ZK_CLIENT=(0 "$1" $(( $1 + 10 )) $(( $1 + 20 )))
+}
+start_zk_member() { # n dir
+    local n=$1 d="$2/z$1" m
+    mkdir -p "$d/data" "$d/datalog"
+    echo "$n" >"$d/data/myid"
+    {
+        echo "tickTime=2000"
+        echo "initLimit=10"
+        echo "syncLimit=5"
+        echo "dataDir=$d/data"
+        echo "dataLogDir=$d/datalog"
+        echo "clientPort=${ZK_CLIENT[$n]}"
+        echo "clientPortAddress=127.0.0.1"
+        echo "forceSync=yes"
+        echo "maxClientCnxns=0"
+        echo "admin.enableServer=false"
+        echo "4lw.commands.whitelist=srvr,mntr,ruok"
+        echo "autopurge.purgeInterval=0"
+        for m in 1 2 3; do
+            echo "server.$m=127.0.0.1:$(( ZK_CLIENT[m] + 1 )):$(( ZK_CLIENT[m] + 2 ))"
+        done
+    } >"$d/zoo.cfg"
+    $PIN_SERVER java -Xms"$ZK_HEAP" -Xmx"$ZK_HEAP" \
+        -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar \
+        -Dorg.slf4j.simpleLogger.showDateTime=true -Dzookeeper.jmx.log4j.disable=true \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$d/zoo.cfg" >>"$d/log" 2>&1 &
+    PID[zk$n]=$!
+}
+start_zk_cluster() { # dir
+    local n
+    ports_free "${ZK_CLIENT[1]}" "${ZK_CLIENT[2]}" "${ZK_CLIENT[3]}" \
+        $(( ZK_CLIENT[1] + 1 )) $(( ZK_CLIENT[2] + 1 )) $(( ZK_CLIENT[3] + 1 )) || return 1
+    for n in 1 2 3; do start_zk_member "$n" "$1"; done
+    for n in 1 2 3; do
+        wait_port "${ZK_CLIENT[$n]}" 60 "${PID[zk$n]}" || { log "zookeeper member $n did not start: $(tail -c 400 "$1/z$n/log")"; return 1; }
+    done
+}
+stop_zk_cluster() { local p; for p in "${!PID[@]}"; do case $p in zk[0-9]*) stop_proc "$p" ;; esac; done; }
+# A four-letter word's answer.
+zk_cmd() { # port word
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf '%s' "$2" >&3
+        timeout 5 cat <&3
+    ) 2>/dev/null
+}
+# The member that leads (1..3), once all three serve (each answers srvr
+# with Mode leader or follower; a member still electing answers "not
+# currently serving"). Waits up to 60 s.
+zk_leader() {
+    local n mode leader serving _
+    for _ in $(seq 1 600); do
+        leader=""; serving=0
+        for n in 1 2 3; do
+            mode=$(zk_cmd "${ZK_CLIENT[$n]}" srvr | sed -n 's/^Mode: //p')
+            case "$mode" in leader) leader=$n; serving=$(( serving + 1 )) ;; follower) serving=$(( serving + 1 )) ;; esac
+        done
+        if [ -n "$leader" ] && [ "$serving" = 3 ]; then echo "$leader"; return 0; fi
+        sleep 0.1
+    done
+    return 1
+}
+# Member n's epoch (the high 32 bits of its last zxid: +1 per election) and
+# mode, "EPOCH MODE", to see an election during a run.
+zk_epoch() { # n
+    local st z
+    st=$(zk_cmd "${ZK_CLIENT[$1]}" srvr)
+    z=$(echo "$st" | sed -n 's/^Zxid: //p')
+    [ -n "$z" ] || return 0
+    echo "$(( z >> 32 )) $(echo "$st" | sed -n 's/^Mode: //p')"
+}
+zk_version() {
+    echo "ZooKeeper $(dpkg-query -W -f '${Version}' zookeeper 2>/dev/null || echo '?') (Debian zookeeper), $(java -version 2>&1 | head -1)"
+}
 
 # The report's environment: HEAD_SHORT, CPU_MODEL, KERNEL, RL_VERSION,
 # ETCD_VERSION, FSYNC (an fdatasync probe of the temp dir's disk).
