@@ -84,8 +84,8 @@ if [ "$PROFILE" = release ]; then CARGO_PROFILE=--release; else CARGO_PROFILE=; 
 BIN="$ROOT/target/$PROFILE"
 LOADGEN="$BIN/ringlock-loadgen"
 FAILOVER="$BIN/failover"
-cluster_ports 26401 26501 26601
-FLOOR_PORT=26491
+cluster_ports 27101 27201 27301
+FLOOR_PORT=27191
 cluster_env_info "$PROFILE"
 
 load() { # target label out
