@@ -36,7 +36,7 @@
 # so no write is forwarded (a follower would pass it on to the leader, one
 # more hop on the one CPU the members share):
 # - ringlock clusters and ringlockd-durable: ringlock-loadgen --dist private;
-#   the leader found by a Persist+TryLock probe (the node that answers '+');
+#   the leader is the node whose directory (Locate) says it serves;
 # - etcd-cluster: ringlock-loadgen --target etcd://, etcd's v3 lock API
 #   (/v3/lock/lock, /v3/lock/unlock) through the gRPC-JSON gateway over
 #   HTTP/1.1, one lease per client;
