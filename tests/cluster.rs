@@ -194,3 +194,56 @@ fn keys_on_a_follower_list_every_acknowledged_grant() {
     assert_eq!(b, b"-", "a follower refuses resets");
     assert_eq!(conn.try_lock(b"lin0", b"bob"), b'#', "lin0 is still held");
 }
+
+/// One fdatasync per commit on every node: a client's lock and unlock are
+/// one commit each, and each costs the leader one sync (its append) and
+/// each follower one (its append) — a change of the commit index alone is
+/// not synced on its own (it is volatile in Raft; `Replica::ready`).
+#[test]
+fn each_commit_costs_one_fdatasync_per_node() {
+    let c = Cluster::start(3, 1, &[]);
+    let l = c.leader(WAIT);
+    let mut conn = c.conn(l);
+    assert_eq!(conn.try_lock(b"warm", b"a"), b'+');
+    assert_eq!(conn.unlock(b"warm"), b'+');
+    let syncs = |i: usize| {
+        common::metric(
+            c.nodes[i].as_ref().unwrap().metrics(),
+            "ringlock_wal_fdatasync_seconds_count",
+        )
+    };
+    // Every node has synced what was committed so far (heartbeats carry
+    // the commit index; nothing else is written while idle).
+    let settled = |prev: &mut Vec<f64>| {
+        let now: Vec<f64> = (0..3).map(syncs).collect();
+        let same = *prev == now;
+        *prev = now;
+        same
+    };
+    let mut before = Vec::new();
+    common::fault_proxy::poll_until("the nodes' syncs settle", WAIT, || {
+        std::thread::sleep(Duration::from_millis(200));
+        settled(&mut before)
+    });
+    const CYCLES: usize = 50;
+    for n in 0..CYCLES {
+        let key = format!("k{n}");
+        assert_eq!(conn.try_lock(key.as_bytes(), b"a"), b'+');
+        assert_eq!(conn.unlock(key.as_bytes()), b'+');
+    }
+    let mut after = Vec::new();
+    common::fault_proxy::poll_until("the nodes' syncs settle again", WAIT, || {
+        std::thread::sleep(Duration::from_millis(200));
+        settled(&mut after)
+    });
+    let commits = (2 * CYCLES) as f64;
+    for i in 0..3 {
+        let d = after[i] - before[i];
+        assert!(
+            d >= commits * 0.5 && d <= commits + 10.0,
+            "node {} ({}): {d} fdatasyncs for {commits} commits",
+            i + 1,
+            if i == l { "leader" } else { "follower" }
+        );
+    }
+}

@@ -300,6 +300,11 @@ pub struct Replica {
     /// or term change (`reset`), which is replaced at once by one of
     /// `rng` ([`Replica::after_raft`]).
     drawn_at: (StateRole, u64),
+    /// The term and vote of the last hard state written to the log.
+    written_vote: (u64, u64),
+    /// A hard state whose only change is its commit index, not written
+    /// yet: it goes with the next write of the log (see [`Replica::ready`]).
+    commit_unwritten: Option<raft::eraftpb::HardState>,
     /// Ticks since start.
     ticks: u64,
     /// Votes are refused until this tick (a restarted node).
@@ -447,6 +452,8 @@ impl Replica {
             node,
             rng: cfg.seed ^ (cfg.id << 32) ^ 0x5EED,
             drawn_at: (StateRole::Follower, rec.hard_state.term),
+            written_vote: (rec.hard_state.term, rec.hard_state.vote),
+            commit_unwritten: None,
             cfg,
             ticks: 0,
             mute_votes_until: if restarted { election } else { 0 },
@@ -1155,7 +1162,25 @@ impl Replica {
         }
         if let Some(hs) = rd.hs() {
             self.node.mut_store().mem.wl().set_hardstate(hs.clone());
-            store::encode_hard_state(hs, &mut records);
+            self.commit_unwritten = Some(hs.clone());
+        }
+        // The hard state is written, and waited for, when its term or vote
+        // changed (a vote must be durable before it is sent) or when the
+        // log is written anyway; a change of the commit index alone is not
+        // worth an fdatasync of its own — it would double the syncs of
+        // every commit (the entry's, then its commit's) on every node. The
+        // commit index is volatile in Raft: one lost in a crash is lower
+        // after the restart, which only means that entries are applied
+        // again later, once the leader's messages (or its own next
+        // commit, for a leader) say they are committed; an answer never
+        // depended on it (a quorum's durable entries did).
+        if let Some(hs) = self.commit_unwritten.take() {
+            if !records.is_empty() || (hs.term, hs.vote) != self.written_vote {
+                self.written_vote = (hs.term, hs.vote);
+                store::encode_hard_state(&hs, &mut records);
+            } else {
+                self.commit_unwritten = Some(hs);
+            }
         }
         let number = rd.number();
         let msgs = rd.take_persisted_messages();
