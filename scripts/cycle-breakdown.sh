@@ -3,6 +3,8 @@
 # apart, beside the physical limit measured in the same run.
 #
 #   scripts/cycle-breakdown.sh [--out DIR] [--duration 10s] [--rounds 3] [--profile release|debug]
+#                              [--node-arg ARG]...  (more ringlockd arguments for every
+#                              node, e.g. --node-arg --idle-poll --node-arg 0us)
 #   env: CYCLE_BREAKDOWN_SMOKE=1 (1 s, 1 round, debug build, temp output;
 #        checks that every figure was measured)
 #
@@ -52,7 +54,8 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS="$2"; shift ;;
         --duration) DURATION="$2"; shift ;;
         --profile) PROFILE="$2"; shift ;;
-        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        --node-arg) RL_ARGS+=("$2"); shift ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -193,7 +196,7 @@ for i, r in enumerate(rows, 1):
 EOF
 {
     echo
-    echo "- ringlockd: $RL_VERSION; 3 nodes, mutual TLS peer links, --data-path; 1 client, lock+unlock, $DURATION per round"
+    echo "- ringlockd: $RL_VERSION; 3 nodes, mutual TLS peer links, --data-path ${RL_ARGS[*]}; 1 client, lock+unlock, $DURATION per round"
     echo "- pinning: $PINNING; CPU: $CPU_MODEL; kernel: $KERNEL"
 } >>"$OUT/latest.md"
 cat "$OUT/latest.md"
