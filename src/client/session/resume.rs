@@ -161,8 +161,10 @@ pub(super) fn resume(sh: &Shared, why: End, last_rx: Instant) -> Result<Instant,
     let at = Instant::now();
     let addr = resumed.addr;
     let summary = reconcile(sh, resumed)?;
-    sh.resumes.fetch_add(1, Ordering::Relaxed);
+    // The line first: whoever sees the count (`Session::resumes`) sees
+    // the line too.
     r.event(|| format!("session {id:#x}: resumed on {addr} ({summary})"));
+    sh.resumes.fetch_add(1, Ordering::Relaxed);
     Ok(at)
 }
 
