@@ -1,0 +1,174 @@
+//! `lock`/`try-lock` over a session (the default) or a `--ttl` lease: the
+//! lock around CMD, the lease kept extended, and session failures' exit codes.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ringlock::client::{Acquire, CancelToken, Hold, Session, Wait};
+use ringlock::lease::{self, Lease};
+
+use crate::args::HoldArgs;
+use crate::child::{got_signal, install_handlers, mask_signals, CANCEL_FD};
+use crate::conn::Conn;
+use crate::held::{run_under_lease, stop_on_loss};
+use crate::{
+    bytes, fmt_duration, Fail, EX_IOERR, EX_LOST, EX_PROTOCOL, EX_SOFTWARE, EX_TEMPFAIL,
+    EX_UNAVAILABLE, EX_USAGE,
+};
+
+/// A session (or `--ttl` lease) lock around CMD: the lock is lost if
+/// ringlock's session ends, and a loss while CMD runs stops CMD (`child`)
+/// and exits [`EX_LOST`] with one line saying why.
+pub(crate) fn session_lock_and_run(
+    conn: &Conn,
+    key: &[u8],
+    wait: Wait,
+    hold: &HoldArgs,
+    argv: &[OsString],
+) -> Result<u8, Fail> {
+    let shown = bytes::escape(key);
+    let verb = if wait == Wait::Try {
+        "try-lock"
+    } else {
+        "lock"
+    };
+    let what = Acquire {
+        hold: match hold.ttl {
+            Some(ttl) => Hold::Lease(ttl),
+            None => Hold::Session,
+        },
+        wait,
+    };
+    install_handlers()?;
+    // The session's threads (and those they start) inherit a mask that
+    // blocks the forwarded signals, so each such signal reaches this
+    // thread: the handler's work (cancel the wait, forward to CMD) is
+    // ordered with this thread's steps, as in a single-threaded ringlock.
+    mask_signals(true);
+    let session = conn.session(&format!("{verb} {shown}"), hold);
+    mask_signals(false);
+    let session = session?;
+    let cancel = CancelToken::new().map_err(|e| Fail(EX_SOFTWARE, format!("cancel token: {e}")))?;
+    let opts = lease::LockOptions::new()
+        .cancel(cancel.clone())
+        .on_lost(stop_on_loss(shown.clone(), hold.kill_after));
+    CANCEL_FD.store(std::os::fd::AsRawFd::as_raw_fd(&cancel), Ordering::SeqCst);
+    if got_signal() != 0 {
+        // It arrived before the handler could cancel anything.
+        cancel.cancel();
+    }
+    let result = session.acquire(key, what, &opts);
+    CANCEL_FD.store(-1, Ordering::SeqCst);
+    let lease = match result {
+        Ok(lease) => lease,
+        Err(lease::Error::Timeout) => {
+            let msg = match wait {
+                Wait::For(t) => format!(
+                    "lock {shown}: timed out after {}; held by {}",
+                    fmt_duration(t),
+                    conn.holder_of(key)
+                ),
+                _ => format!(
+                    "{shown} is held by {}; not running the command",
+                    conn.holder_of(key)
+                ),
+            };
+            return Err(Fail(EX_TEMPFAIL, msg));
+        }
+        Err(lease::Error::Cancelled) => {
+            return Err(Fail(
+                128u8.wrapping_add(got_signal() as u8),
+                format!(
+                    "{verb} {shown}: interrupted by signal {}, request withdrawn",
+                    got_signal()
+                ),
+            ))
+        }
+        Err(e) => return Err(lease_fail(&e, Some(&session), &format!("{verb} {shown}"))),
+    };
+    let token = lease.token().unwrap_or(0);
+    // A lease is extended every TTL/3 while CMD runs: two extends may be
+    // lost or late before it expires.
+    let (stop, stopped) = mpsc::channel::<()>();
+    // Blocked from here on (run_while_held keeps them so until CMD runs):
+    // the extend thread inherits the mask.
+    mask_signals(true);
+    let extender = match hold.ttl {
+        Some(ttl) => {
+            let lease = lease.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("ringlock-extend".into())
+                    .spawn(move || keep_extending(&lease, ttl / 3, &stopped))
+                    .map_err(|e| Fail(EX_SOFTWARE, format!("starting the extend thread: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let env = [
+        ("RINGLOCK_KEY", OsString::from_vec(key.to_vec())),
+        ("RINGLOCK_TOKEN", OsString::from(token.to_string())),
+    ];
+    let hint = match hold.ttl {
+        Some(_) => "the lease expires on its own",
+        None => "the server frees it when this session ends",
+    };
+    let stop_extending = || {
+        drop(stop);
+        if let Some(h) = extender {
+            let _ = h.join();
+        }
+    };
+    let result = run_under_lease(
+        &lease,
+        &shown,
+        argv,
+        &env,
+        hold.kill_after,
+        stop_extending,
+        hint,
+    );
+    // Processes CMD left behind hold a copy of the connection: end the
+    // session now rather than at its keep-alive deadline.
+    session.close();
+    result
+}
+
+/// Extends `lease` every `every` until told to stop or the lease is gone.
+fn keep_extending(lease: &Lease, every: Duration, stop: &mpsc::Receiver<()>) {
+    loop {
+        match stop.recv_timeout(every) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        match lease.extend() {
+            Ok(_) => {}
+            // The handler has it from here.
+            Err(lease::Error::Lost(_) | lease::Error::Released) => return,
+            // A failed extend is retried; if the failures last, the lease
+            // expires on this side first and the loss is reported.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Exit code and message for a session-path failure.
+pub(crate) fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str) -> Fail {
+    use lease::Error as E;
+    let code = match e {
+        E::InvalidKey(_) | E::InvalidTimeout | E::InvalidArgument(_) => EX_USAGE,
+        E::Unavailable(_) => EX_UNAVAILABLE,
+        E::Timeout => EX_TEMPFAIL,
+        E::Cancelled | E::DeadlineExceeded => 128u8.wrapping_add(got_signal() as u8),
+        E::Lost(_) => EX_LOST,
+        // The session failed under the request, or the server refused it.
+        E::Failed { .. } if session.is_some_and(|s| s.ended().is_some()) => EX_IOERR,
+        E::Failed { .. } => EX_PROTOCOL,
+        E::Unreleased { .. } => EX_IOERR,
+        _ => EX_SOFTWARE,
+    };
+    Fail(code, format!("{what}: {e}"))
+}

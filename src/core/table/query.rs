@@ -1,0 +1,95 @@
+//! Read-only questions about a table: who holds a key, who waits for it,
+//! and the held keys as a list.
+
+use super::*;
+
+impl Table {
+    /// The holder of `key`, if held.
+    pub fn holder_of(&self, key: &[u8]) -> Option<HeldKey> {
+        self.held_key(self.find_key(key)?)
+    }
+
+    pub(super) fn held_key(&self, slot: u32) -> Option<HeldKey> {
+        self.held_ref(slot)?.to_owned()
+    }
+
+    /// The holder of key slot `slot`, by reference (no copy of a name).
+    pub(super) fn held_ref(&self, slot: u32) -> Option<HeldRef<'_>> {
+        let e = &self.keys[slot as usize];
+        let h = e.holder?;
+        Some(HeldRef {
+            key: self.names.get(e.name),
+            source: self.names.get(self.sources[h.source as usize].name),
+            endpoint: h.endpoint.addr(),
+            acquired_unix_ms: h.acquired_unix_ms,
+            grant_id: h.grant_id,
+            mode: h.mode,
+            expires_unix_ms: h.expires_unix_ms,
+            session: self.replicated_owner(h.owner),
+        })
+    }
+
+    /// The id of owner entry `o` if it is a replicated session's, else 0.
+    pub(super) fn replicated_owner(&self, o: u32) -> u64 {
+        if o == NIL {
+            return 0;
+        }
+        let id = self.owners[o as usize].id;
+        if id & REPLICATED_SESSION != 0 {
+            id
+        } else {
+            0
+        }
+    }
+
+    /// A key's name as a [`Name`] (for an effect).
+    pub(super) fn key_name(&self, k: u32) -> Name {
+        Name::new(self.names.get(self.keys[k as usize].name)).expect("names are at most NAME_MAX")
+    }
+
+    /// Every held key, sorted by key (admin path: allocates).
+    pub fn held_list(&self) -> Vec<HeldKey> {
+        let mut out: Vec<HeldKey> = Vec::with_capacity(self.held_keys());
+        self.for_each_held(|h| out.push(h.to_owned().expect("names are at most NAME_MAX")));
+        out.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+        out
+    }
+
+    /// The connections queued on `key`, in queue order (inspection: the
+    /// simulator's FIFO check).
+    pub fn waiters_of(&self, key: &[u8], out: &mut Vec<Token>) {
+        out.clear();
+        let Some(k) = self.find_key(key) else {
+            return;
+        };
+        let mut cur = self.keys[k as usize].queue.front();
+        while let Some(w) = cur {
+            out.push(self.waiters[w as usize].conn);
+            cur = List::next_of(&self.waiters, w, W_KEY);
+        }
+    }
+
+    /// The connection token of waiter node `w`, if it is queued.
+    pub fn waiter_conn(&self, w: u32) -> Option<Token> {
+        self.waiters.get(w as usize).map(|w| w.conn)
+    }
+
+    /// Calls `f` with the connection token of every queued waiter.
+    pub fn for_each_waiter(&self, mut f: impl FnMut(Token)) {
+        for (_, w) in self.waiters.iter() {
+            f(w.conn);
+        }
+    }
+
+    /// The connection token of `key`'s holder (inspection).
+    pub fn holder_conn(&self, key: &[u8]) -> Option<Token> {
+        let slot = self.find_key(key)?;
+        self.keys[slot as usize].holder.map(|h| h.conn)
+    }
+
+    /// Number of waiters queued on `key`.
+    pub fn queue_len(&self, key: &[u8]) -> usize {
+        self.find_key(key)
+            .map_or(0, |s| self.keys[s as usize].queue.len() as usize)
+    }
+}

@@ -1,0 +1,222 @@
+//! The session protocol codec's unit and property tests.
+
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn requests_round_trip() {
+    let reqs = [
+        Req::Hello {
+            version: VERSION,
+            keepalive_ms: 3000,
+            auth: b"",
+        },
+        Req::Hello {
+            version: VERSION,
+            keepalive_ms: 0,
+            auth: b"s3cret",
+        },
+        Req::Acquire {
+            hold: HoldMode::Lease,
+            ttl_ms: 1500,
+            wait_ms: WAIT_FOREVER,
+            key: b"deploy",
+            source: b"ci",
+        },
+        Req::Release {
+            token: 1 << 50,
+            key: b"deploy",
+        },
+        Req::Extend {
+            token: 7,
+            ttl_ms: 9,
+            key: b"k",
+        },
+        Req::Cancel {
+            target: 41,
+            key: b"k",
+        },
+        Req::Ping,
+        Req::Resume {
+            version: VERSION,
+            session_id: 0x0180_0000_0000_0007,
+            auth: b"s3cret",
+        },
+        Req::Resume {
+            version: VERSION,
+            session_id: 1,
+            auth: b"",
+        },
+    ];
+    let mut buf = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        encode(i as u32 + 1, r, &mut buf);
+    }
+    let mut at = 0;
+    for (i, r) in reqs.iter().enumerate() {
+        match decode(&buf[at..]) {
+            Decoded::Frame { rid, req, len, .. } => {
+                assert_eq!(rid, i as u32 + 1);
+                assert_eq!(req, Ok(*r));
+                at += len;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(at, buf.len());
+    // Every strict prefix of a frame is incomplete.
+    let mut one = Vec::new();
+    encode(5, &reqs[1], &mut one);
+    for cut in 0..one.len() {
+        assert_eq!(decode(&one[..cut]), Decoded::Incomplete, "cut {cut}");
+    }
+}
+
+#[test]
+fn documented_bytes_of_an_acquire() {
+    let mut b = Vec::new();
+    encode(
+        1,
+        &Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: 0,
+            key: b"k",
+            source: b"",
+        },
+        &mut b,
+    );
+    assert_eq!(
+        b,
+        [8, 1, 0, 0, 0, 12, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'k', 0]
+    );
+}
+
+#[test]
+fn malformed_bodies_are_invalid_not_fatal() {
+    // Acquire with key size 0.
+    let b = [8, 1, 0, 0, 0, 11, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert!(matches!(
+        decode(&b),
+        Decoded::Frame {
+            req: Err(_),
+            len: 18,
+            ..
+        }
+    ));
+    // Unknown hold mode 3.
+    let b = [8, 1, 0, 0, 0, 12, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'k', 0];
+    assert!(matches!(decode(&b), Decoded::Frame { req: Err(_), .. }));
+    // Oversized body is a framing error.
+    assert!(matches!(
+        decode(&[12, 0, 0, 0, 0, 0x01, 0x02]),
+        Decoded::Bad(_)
+    ));
+    assert!(matches!(decode(&[1, 0, 0]), Decoded::Bad(_)));
+}
+
+#[test]
+fn answers_round_trip() {
+    let mut b = Vec::new();
+    let w = Welcome {
+        status: Status::Ok,
+        version: VERSION,
+        keepalive_ms: 10_000,
+        min_ttl_ms: 10,
+        max_ttl_ms: 3_600_000,
+        session_id: 99,
+        max_keys: 100_000,
+        max_waiters: 5,
+        shards: 2,
+        flags: FLAG_RESUMABLE,
+    };
+    encode_held(1, b"held", 77, HoldMode::Session, NO_TTL, &mut b);
+    encode_held(1, b"lease", 78, HoldMode::Lease, 900, &mut b);
+    encode_welcome(1, &w, &mut b);
+    encode_reply(2, Status::Ok, 12345, NO_TTL, &mut b);
+    encode_reply(3, Status::Stale, 0, 500, &mut b);
+    encode_lost(b"key", 12345, LostWhy::Expired, &mut b);
+    let mut at = 0;
+    let mut got = Vec::new();
+    while let Some((a, n)) = decode_answer(&b[at..], Some(1)).unwrap() {
+        got.push(a);
+        at += n;
+    }
+    assert_eq!(at, b.len());
+    assert_eq!(
+        got,
+        vec![
+            Answer::Held {
+                rid: 1,
+                key: b"held".to_vec(),
+                token: 77,
+                hold: HoldMode::Session,
+                ttl_left_ms: None
+            },
+            Answer::Held {
+                rid: 1,
+                key: b"lease".to_vec(),
+                token: 78,
+                hold: HoldMode::Lease,
+                ttl_left_ms: Some(900)
+            },
+            Answer::Welcome { rid: 1, welcome: w },
+            Answer::Reply {
+                rid: 2,
+                status: Status::Ok,
+                token: 12345,
+                ttl_left_ms: None
+            },
+            Answer::Reply {
+                rid: 3,
+                status: Status::Stale,
+                token: 0,
+                ttl_left_ms: Some(500)
+            },
+            Answer::Lost {
+                key: b"key".to_vec(),
+                token: 12345,
+                why: LostWhy::Expired
+            },
+        ]
+    );
+}
+
+#[test]
+fn statuses_with_detail_have_their_own_layout() {
+    let mut b = Vec::new();
+    encode_refusal(7, Status::UnsupportedVersion, VERSIONS, &mut b);
+    assert_eq!(b, [0x80, 7, 0, 0, 0, 3, 0, 11, 1, 1]);
+    encode_refusal(0, Status::NotLeader, b"10.0.0.9:22119", &mut b);
+    // A Hello's rid does not make a refusal a Welcome.
+    let (a, n) = decode_answer(&b, Some(7)).unwrap().unwrap();
+    assert_eq!(
+        a,
+        Answer::Refused {
+            rid: 7,
+            status: Status::UnsupportedVersion,
+            detail: vec![1]
+        }
+    );
+    let (a, m) = decode_answer(&b[n..], None).unwrap().unwrap();
+    assert_eq!(n + m, b.len());
+    assert_eq!(
+        a,
+        Answer::Refused {
+            rid: 0,
+            status: Status::NotLeader,
+            detail: b"10.0.0.9:22119".to_vec()
+        }
+    );
+    // A detail longer than the body is malformed.
+    assert!(decode_answer(&[0x80, 0, 0, 0, 0, 2, 0, 11, 5], None).is_err());
+}
+
+proptest! {
+    #[test]
+    fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let _ = decode(&bytes);
+        let _ = decode_answer(&bytes, Some(0));
+        let _ = decode_answer(&bytes, None);
+    }
+}
