@@ -6,7 +6,7 @@
 #   scripts/cluster-start-liveness.sh [--runs N] [--threads "1 2"] [--pinning "pinned unpinned"]
 #                                     [--bound-ms 5000] [--give-up-ms 30000] [--out DIR]
 #                                     [--profile release|debug] [--no-build] [--client-plaintext]
-#                                     [--insecure]
+#                                     [--insecure] [--keep-logs]
 #
 # Each start: three ringlockd on loopback (scripts/lib/cluster.sh's
 # start_rl_node: fresh data paths, certificates made once per run of this
@@ -39,7 +39,8 @@
 # (the distributions: min, p50, p90, p99, max per configuration, printed
 # on stdout too), slow/CONFIG-RUN/ (the node logs and the last probe's
 # error of every start over the bound), slowest/CONFIG/ (those of the
-# slowest start of each configuration, over the bound or not).
+# slowest start of each configuration, over the bound or not), with
+# --keep-logs logs/CONFIG-RUN/ (those of every start).
 # Exit status: 0 when every start served within the bound, 1 when some
 # did not, 2 for a usage error or a build or set-up failure.
 set -euo pipefail
@@ -58,6 +59,7 @@ OUT=""
 PROFILE=release
 BUILD=1
 RL_CLIENT_TLS=1
+KEEP_LOGS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) RUNS="$2"; shift ;;
@@ -70,6 +72,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0 ;;
         --client-plaintext) RL_CLIENT_TLS=0 ;;
         --insecure) RL_PEER_TLS=0; RL_CLIENT_TLS=0 ;;
+        --keep-logs) KEEP_LOGS=1 ;;
         -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
@@ -92,7 +95,7 @@ chmod 755 "$TMP"
 trap cluster_cleanup EXIT
 OUT=${OUT:-$ROOT/bench/results/start-liveness}
 mkdir -p "$OUT"
-rm -rf "$OUT/slow" "$OUT/slowest" "$OUT/runs.csv" "$OUT/latest.md"
+rm -rf "$OUT/slow" "$OUT/slowest" "$OUT/logs" "$OUT/runs.csv" "$OUT/latest.md"
 
 if [ "$BUILD" = 1 ]; then
     log "building $PROFILE binaries"
@@ -225,7 +228,7 @@ one_start() {
         rm -rf "${OUT:?}/slowest/$cfg" && mkdir -p "$OUT/slowest" && cp -r "$d" "$OUT/slowest/$cfg"
         echo "run $i: $el ms" >"$OUT/slowest/$cfg/which"
     fi
-    rm -rf "$d"
+    if [ "$KEEP_LOGS" = 1 ]; then mkdir -p "$OUT/logs" && mv "$d" "$OUT/logs/$cfg-$i"; else rm -rf "$d"; fi
 }
 
 echo "config,threads,pinning,run,ok,client_ms,probes,listen_ms,server_ms,max_term,elections,stepdowns,split,link_downs,warns,io_stall_ms,load1" >"$OUT/runs.csv"
