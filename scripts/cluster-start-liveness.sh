@@ -167,6 +167,16 @@ log_facts() { # t0_ms threads log...
         }' "$@"
 }
 
+# A start's node logs and its last probe's error (not the data paths:
+# their logs are preallocated, a MiB each).
+keep_logs() { # run_dir dest
+    local n
+    for n in 1 2 3; do
+        mkdir -p "$2/n$n" && cp "$1/n$n/log" "$2/n$n/log" 2>/dev/null || true
+    done
+    cp "$1/probe.err" "$2/" 2>/dev/null || true
+}
+
 kill_nodes() {
     local n pid _
     for n in 1 2 3; do
@@ -221,14 +231,21 @@ one_start() {
     if [ "$ok" != 1 ] || [ "$el" -gt "$BOUND_MS" ]; then
         log "$cfg run $i: ${why:-served} after $el ms ($probes probes; nodes listening after ${facts%%,*} ms; the machine's full IO stall meanwhile $io_ms ms): logs in $OUT/slow/$cfg-$i"
         if [ -n "$why" ]; then echo "$why" >>"$d/probe.err"; fi
-        mkdir -p "$OUT/slow" && cp -r "$d" "$OUT/slow/$cfg-$i"
+        keep_logs "$d" "$OUT/slow/$cfg-$i"
+        # The tails here too, for a run whose --out is thrown away (CI).
+        for n in 1 2 3; do
+            echo "--- $cfg run $i, node $n's log (its last 15 lines):" >&2
+            tail -n 15 "$d/n$n/log" >&2 || true
+        done
+        echo "--- the last probe: $(tail -c 300 "$d/probe.err" | tr '\n' ' ')" >&2
     fi
     if [ "$el" -gt "${SLOWEST[$cfg]:--1}" ]; then
         SLOWEST[$cfg]=$el
-        rm -rf "${OUT:?}/slowest/$cfg" && mkdir -p "$OUT/slowest" && cp -r "$d" "$OUT/slowest/$cfg"
+        rm -rf "${OUT:?}/slowest/$cfg" && keep_logs "$d" "$OUT/slowest/$cfg"
         echo "run $i: $el ms" >"$OUT/slowest/$cfg/which"
     fi
-    if [ "$KEEP_LOGS" = 1 ]; then mkdir -p "$OUT/logs" && mv "$d" "$OUT/logs/$cfg-$i"; else rm -rf "$d"; fi
+    if [ "$KEEP_LOGS" = 1 ]; then keep_logs "$d" "$OUT/logs/$cfg-$i"; fi
+    rm -rf "$d"
 }
 
 echo "config,threads,pinning,run,ok,client_ms,probes,listen_ms,server_ms,max_term,elections,stepdowns,split,link_downs,warns,io_stall_ms,load1" >"$OUT/runs.csv"
