@@ -6,7 +6,7 @@
 #   scripts/cluster-start-liveness.sh [--runs N] [--threads "1 2"] [--pinning "pinned unpinned"]
 #                                     [--bound-ms 5000] [--give-up-ms 30000] [--out DIR]
 #                                     [--profile release|debug] [--no-build] [--client-plaintext]
-#                                     [--insecure] [--keep-logs]
+#                                     [--insecure] [--keep-logs] [--stall D,S,R,C]
 #
 # Each start: three ringlockd on loopback (scripts/lib/cluster.sh's
 # start_rl_node: fresh data paths, certificates made once per run of this
@@ -20,6 +20,12 @@
 # A start that has not served within --bound-ms (default 5000) is a miss;
 # probing goes on until --give-up-ms (default 30000) to see how late it
 # was. Then the nodes are killed (SIGKILL: their data is thrown away).
+#
+# --stall D,S,R,C: D ms after t0, every node is stopped (SIGSTOP, all
+# three together) for S ms and runs again (SIGCONT) for R ms, C times: the
+# stall of a CPU that other work starves, on demand (e.g. 150,1000,0,1:
+# one 1 s stall before the first election; 150,60,20,40: 3.2 s of loops
+# that run a quarter of the time).
 #
 # Configurations (every one gets --runs starts, default 100, interleaved
 # run by run so that all of them meet the same load on a shared machine):
@@ -60,6 +66,7 @@ PROFILE=release
 BUILD=1
 RL_CLIENT_TLS=1
 KEEP_LOGS=0
+STALL=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) RUNS="$2"; shift ;;
@@ -73,7 +80,8 @@ while [ $# -gt 0 ]; do
         --client-plaintext) RL_CLIENT_TLS=0 ;;
         --insecure) RL_PEER_TLS=0; RL_CLIENT_TLS=0 ;;
         --keep-logs) KEEP_LOGS=1 ;;
-        -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+        --stall) STALL="$2"; shift ;;
+        -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -89,6 +97,7 @@ for p in $PINNINGS; do
     case "$p" in pinned|unpinned) ;; *) echo "--pinning takes pinned and/or unpinned, got $p" >&2; exit 2 ;; esac
 done
 case "$PROFILE" in release|debug) ;; *) echo "--profile is release or debug" >&2; exit 2 ;; esac
+case "$STALL" in ''|[0-9]*,[0-9]*,[0-9]*,[0-9]*) ;; *) echo "--stall takes D,S,R,C (ms, ms, ms, count), got $STALL" >&2; exit 2 ;; esac
 
 TMP=$(mktemp -d /tmp/ringlock-start-liveness.XXXXXX)
 chmod 755 "$TMP"
@@ -206,6 +215,21 @@ one_start() {
     mkdir -p "$d"
     now_us; t0=$NOW_US
     for n in 1 2 3; do start_rl_node "$n" "$d/n$n"; done
+    local staller=""
+    if [ -n "$STALL" ]; then
+        (
+            IFS=, read -r dl st rn cy <<<"$STALL"
+            ms() { awk -v x="$1" 'BEGIN { printf "%.3f", x / 1000 }'; }
+            sleep "$(ms "$dl")"
+            for _ in $(seq 1 "$cy"); do
+                kill -STOP "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}" 2>/dev/null
+                sleep "$(ms "$st")"
+                kill -CONT "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}" 2>/dev/null
+                sleep "$(ms "$rn")"
+            done
+        ) &
+        staller=$!
+    fi
     while :; do
         probes=$(( probes + 1 ))
         # shellcheck disable=SC2086 # $PIN_CLIENT: a command and its arguments, or nothing
@@ -222,6 +246,10 @@ one_start() {
         sleep 0.01
     done
     io1=$(io_full_us)
+    if [ -n "$staller" ]; then
+        kill "$staller" 2>/dev/null; wait "$staller" 2>/dev/null
+        kill -CONT "${PID[rl1]}" "${PID[rl2]}" "${PID[rl3]}" 2>/dev/null
+    fi
     kill_nodes
     io_ms=-
     if [ -n "$io0" ] && [ -n "$io1" ]; then io_ms=$(( (io1 - io0) / 1000 )); fi
@@ -271,6 +299,7 @@ HEAD_SHORT=$(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff -
     echo "- ringlock $HEAD_SHORT ($PROFILE build), $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(uname -sr)"
     echo "- $RUNS starts per configuration, interleaved; bound $BOUND_MS ms; load average $LOAD0 at the start, $LOAD1 at the end"
     echo "- peer links: $([ "$RL_PEER_TLS" = 1 ] && echo "mutual TLS" || echo "--insecure"); lock ports: $([ "$RL_CLIENT_TLS" = 1 ] && echo "TLS (the client verifies)" || echo "plaintext")"
+    if [ -n "$STALL" ]; then echo "- --stall $STALL: every node SIGSTOPped together (delay, stopped, running ms, cycles)"; fi
     echo "- time: t0 (the first ringlockd started) to a granted try-lock of a fresh key by a client given all three lock addresses; pinned = servers on CPU 1, client on CPU 0"
     echo "- listening: t0 to the last node listening (its logs created and synced, its ports bound); server: t0 to the first node serving every shard (its raft_serving log lines); ms resolution"
     echo
