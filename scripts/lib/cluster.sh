@@ -18,11 +18,17 @@
 #   RL_PEER_TLS  1 (default): every node runs with certificates (mutual TLS
 #                on the Raft links), made with $BIN/ringlock cert under
 #                $TMP/certs; 0: --insecure (plaintext Raft links).
+#   RL_CLIENT_TLS 0 (default): the nodes' lock and admin ports stay
+#                plaintext (--client-plaintext), as the bench clients speak;
+#                1: they speak TLS with the node certificate (clients give
+#                --certs-dir $TMP/certs/ca), as a cluster with certificates
+#                does by default. Only with RL_PEER_TLS=1.
 
 declare -A PID
 RL_DISOWN=${RL_DISOWN:-1}
 RL_ARGS=()
 RL_PEER_TLS=${RL_PEER_TLS:-1}
+RL_CLIENT_TLS=${RL_CLIENT_TLS:-0}
 
 log() { echo "[$LOG_TAG $(date +%T)] $*" >&2; }
 
@@ -165,6 +171,7 @@ rl_security() { # n
             --node-id "$n" 127.0.0.1 localhost >/dev/null || return 1
     fi
     # The bench clients speak plaintext: the rows measure the Raft links' TLS.
+    if [ "$RL_CLIENT_TLS" = 1 ]; then echo "--certs-dir $c/node$n"; return; fi
     echo "--certs-dir $c/node$n --client-plaintext"
 }
 start_rl_node() { # n dir [join_peers]

@@ -788,6 +788,41 @@ impl Replica {
         }
     }
 
+    /// `n` ticks of the logical clock passed since the last call: more
+    /// than one when the loop comes back late (stalled, or starved of CPU).
+    /// The replica's own clock counts them all (a lease runs out in real
+    /// time, vote muting too), and so does a leader's raft-rs. raft-rs's
+    /// timers of a replica that does not lead take at most a third of an
+    /// election timeout of them ([`Replica::catch_up_ticks`]): its
+    /// election timer measures a time in which it could have heard from a
+    /// leader, and a stalled loop heard nothing (what came meanwhile waits
+    /// unread). Taking a whole stall would also undo the randomized
+    /// timeouts: when the nodes of a cluster stall together (their CPU
+    /// starved by other work), every timer runs out inside the same burst
+    /// of ticks, every node stands at once, and the vote splits (a fresh
+    /// cluster whose nodes shared a starved CPU took up to 2.4 s for its
+    /// first leader instead of 0.5 s). A late loop's usual lateness (up to
+    /// the cap) still counts in full. Counting slower than real time is
+    /// safe: a follower refuses votes for longer, never shorter, after it
+    /// heard from a leader.
+    pub fn ticks_passed(&mut self, n: u64) {
+        let cap = self.catch_up_ticks();
+        for i in 0..n {
+            if i < cap || self.is_leader() {
+                self.tick();
+            } else {
+                self.ticks += 1;
+            }
+        }
+    }
+
+    /// The most ticks of one late turn a replica that does not lead gives
+    /// raft-rs ([`Replica::ticks_passed`]): a third of an election timeout
+    /// (at least one).
+    pub fn catch_up_ticks(&self) -> u64 {
+        (self.cfg.election_ticks as u64 / 3).max(1)
+    }
+
     /// Reports the snapshots sent [`SNAPSHOT_RETRY_TIMEOUTS`] election
     /// timeouts ago as failed (raft-rs ignores it for a follower that
     /// acknowledged its snapshot meanwhile).
@@ -1349,6 +1384,44 @@ mod tests {
                 nodes[(to - 1) as usize].step(from, &bytes).unwrap();
             }
         }
+    }
+
+    /// The three replicas of a fresh group stall together (their loops
+    /// share a CPU that other work starves) for three election timeouts;
+    /// then the ticks they missed arrive at once. raft-rs's timers take
+    /// only a few of them, so the randomized timeouts still tell the nodes
+    /// apart: one stands first and is elected in term 1. (Taking the whole
+    /// stall, every timer ran out inside the burst, all three stood at
+    /// once, each voted for itself, and term 1 elected nobody.) The
+    /// replica's own clock takes the whole stall: a leader's lease runs
+    /// out in real time.
+    #[test]
+    fn a_stall_of_every_node_does_not_split_the_first_vote() {
+        let mut nodes: Vec<Replica> = (1..=3).map(|id| replica(id, vec![1, 2, 3])).collect();
+        run(&mut nodes, 2);
+        assert!(nodes.iter().all(|n| n.role_name() == "follower"));
+        for n in nodes.iter_mut() {
+            n.ticks_passed(3 * n.election_ticks());
+        }
+        assert!(nodes.iter().all(|n| n.ticks() == 32));
+        drain(&mut nodes, |_, _| {});
+        for _ in 0..100 {
+            if nodes.iter().any(|n| n.is_leader()) {
+                break;
+            }
+            run(&mut nodes, 1);
+        }
+        let l = nodes
+            .iter()
+            .position(|n| n.is_leader())
+            .expect("a leader is elected");
+        assert_eq!(nodes[l].term(), 1, "the first vote did not split");
+        run(&mut nodes, 10);
+        assert!(nodes[l].serving());
+        // The leader stalls alone: its lease does not outlive the stall.
+        let e = nodes[l].election_ticks();
+        nodes[l].ticks_passed(e);
+        assert!(!nodes[l].lease_valid() && !nodes[l].serving());
     }
 
     /// The notices ride on a raft message as a field raft-rs does not

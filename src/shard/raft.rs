@@ -725,7 +725,6 @@ impl Shard {
         }
         let mut n = 0;
         while now >= r.next_tick_us {
-            r.replica.tick();
             r.next_tick_us += TICK_US;
             n += 1;
             if n > 2 * r.replica.election_ticks() {
@@ -735,6 +734,9 @@ impl Shard {
                 break;
             }
         }
+        // Late (a stall): a follower's election timer does not take the
+        // whole stall at once (see `Replica::ticks_passed`).
+        r.replica.ticks_passed(n);
         if n > 0 {
             self.follow_group0();
             self.check_forwards();
