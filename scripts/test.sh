@@ -90,6 +90,13 @@ CLUSTER_BENCH_SMOKE=1 timeout 420 scripts/cluster-bench.sh --no-install
 echo "== cluster operations benchmark, smoke mode (scripts/cluster-ops-bench.sh)"
 CLUSTER_OPS_SMOKE=1 timeout 240 scripts/cluster-ops-bench.sh --no-install
 
+# Start-up liveness (scripts/cluster-start-liveness.sh), a short pass: ten
+# fresh 3-node clusters of 2 shards a node (debug build), each must grant a
+# client's try-lock within 15 s of its start (about 0.5 s here; the bound
+# is twice the worst disk stall seen); a miss prints the node logs.
+echo "== start-up liveness, 10 fresh clusters (scripts/cluster-start-liveness.sh)"
+timeout 180 scripts/cluster-start-liveness.sh --runs 10 --threads 2 --profile debug --bound-ms 15000 --out "$(mktemp -d)"
+
 # The forwarding benchmark's script in smoke mode (debug build, 1 s per
 # run): Locking-Center load against a 3-node cluster's leader and through
 # a follower that forwards to it; it fails if a run had errors or no cycles.
