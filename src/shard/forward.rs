@@ -289,14 +289,14 @@ impl Shard {
         }
     }
 
-    /// Fails every request sent to `node` (all sent ones for `None`), and
-    /// logs why.
-    fn fail_sent(&mut self, node: Option<u64>, why: &str) {
+    /// Fails every request sent to a node `went_to` picks (closed: its
+    /// outcome is unknown), and logs why.
+    fn fail_sent(&mut self, went_to: impl Fn(u64) -> bool, why: &str) {
         let gone: Vec<(u64, Token)> = self
             .forwards
             .waiting
             .iter()
-            .filter(|(_, w)| w.node != 0 && node.is_none_or(|n| w.node == n))
+            .filter(|(_, w)| w.node != 0 && went_to(w.node))
             .map(|(&id, w)| (id, w.token))
             .collect();
         if gone.is_empty() {
@@ -337,26 +337,10 @@ impl Shard {
         };
         if leader != self.forwards.checked_leader {
             self.forwards.checked_leader = leader;
-            let keep = Some(leader).filter(|&l| l != 0);
-            let moved: Vec<(u64, Token)> = self
-                .forwards
-                .waiting
-                .iter()
-                .filter(|(_, w)| w.node != 0 && Some(w.node) != keep)
-                .map(|(&id, w)| (id, w.token))
-                .collect();
-            if !moved.is_empty() {
-                log!(
-                    Level::Info,
-                    "lc_forwards_failed",
-                    "shard={} requests={} reason=\"the leader they went to is no longer the one this node knows\"",
-                    self.me,
-                    moved.len()
-                );
-            }
-            for (id, token) in moved {
-                self.forward_failed(id, token);
-            }
+            self.fail_sent(
+                |n| n != leader,
+                "the leader they went to is no longer the one this node knows",
+            );
         }
         if self.may_serve() {
             // This node leads now: what waited for a leader is its own.
@@ -461,7 +445,7 @@ impl Shard {
 
     /// The way to or from `node` is broken.
     pub(super) fn forward_link_lost(&mut self, node: u64, why: &str) {
-        self.fail_sent(Some(node), why);
+        self.fail_sent(|n| n == node, why);
         // The leader's side: that follower's requests lose their way back.
         let theirs: Vec<u32> = self
             .forwards
