@@ -285,6 +285,8 @@ struct World {
     changes_done: u64,
     /// What happened to the membership, for a failure's message.
     memb_log: Vec<String>,
+    /// Per node, the replica states last traced (`SIM_TRACE`).
+    traced_roles: Vec<String>,
 }
 
 fn addr(i: usize) -> SocketAddr {
@@ -371,6 +373,7 @@ impl World {
             readds_left: if n == 5 { 1 } else { 0 },
             changes_done: 0,
             memb_log: Vec::new(),
+            traced_roles: Vec::new(),
             rng,
         };
         for i in 0..n {
@@ -417,6 +420,9 @@ impl World {
             // `--join`, its --peers naming every node, itself included.
             c.join = true;
             c.peers.insert(c.node_id, addr(i));
+        }
+        if trace() {
+            eprintln!("t={} node {} starts", self.now, i + 1);
         }
         let view = NodeView::new(groups);
         let keep_ms = self.cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
@@ -537,7 +543,11 @@ impl World {
             nd.inflight[g].clear();
         }
         // Its links die with it: every other node's links to and from it
-        // fail (forwarded requests fail over them, as in the driver).
+        // fail (forwarded requests fail over them, as in the driver), and
+        // the frames still on them go with them: a node reads nothing more
+        // from a link it was told is down (the driver closed the socket),
+        // and a restarted node opens new links, never the old ones.
+        self.net.retain(|p| !(p.must && (p.from == i || p.to == i)));
         for j in (0..self.nodes.len()).filter(|&j| j != i) {
             for s in &mut self.nodes[j].shards {
                 s.on_peer_link_down(i as u64 + 1);
@@ -613,6 +623,9 @@ impl World {
         let now = self.now;
         let cl = &mut self.clients[c];
         cl.at = Some((i, g, t, inc));
+        if trace() && cl.session {
+            eprintln!("t={now} session client {c} connects to node {}", i + 1);
+        }
         if cl.session {
             if self.resume_send(c) {
                 return;
@@ -1017,11 +1030,47 @@ impl World {
         for i in order {
             self.node_step(i);
         }
+        if trace() {
+            self.trace_roles();
+        }
         for c in 0..self.clients.len() {
             self.client_read(c);
         }
         self.check();
         self.note_digest();
+    }
+
+    /// Prints each replica's role, term, leader and commit index when one
+    /// of them changed.
+    fn trace_roles(&mut self) {
+        self.traced_roles.resize(self.nodes.len(), String::new());
+        for i in 0..self.nodes.len() {
+            let nd = &self.nodes[i];
+            let now: Vec<String> = if nd.up() {
+                nd.shards
+                    .iter()
+                    .filter_map(|s| s.replica())
+                    .map(|r| format!("{} term {} leader {}", r.role_name(), r.term(), r.leader()))
+                    .collect()
+            } else {
+                vec!["down".into()]
+            };
+            let mut now = now.join(", ");
+            if nd.up() {
+                for s in &nd.shards {
+                    for h in s.table().held_list() {
+                        now.push_str(&format!(
+                            "\n     {:?} token {} {:?} session {:#x} exp {} at {}",
+                            h.key, h.grant_id, h.mode, h.session, h.expires_unix_ms, h.endpoint
+                        ));
+                    }
+                }
+            }
+            if self.traced_roles[i] != now {
+                eprintln!("t={} node {}: {now}", self.now, i + 1);
+                self.traced_roles[i] = now;
+            }
+        }
     }
 
     /// Folds this step's outcome into [`World::digest`].
@@ -1279,13 +1328,24 @@ fn env(name: &str, default: u64) -> u64 {
 /// was never ended and its session hold on "beta" was held for ever.
 /// Fixed by arming every window when the node serves again, seen by every
 /// shard (`Resumes::rearm`).
-const REGRESSION_SEEDS: [Regression; 6] = [
+///
+/// 3520 (3 × 1, 2500 steps; the simulator's own bug): node 2 forwarded
+/// a Locking-Center Unlock of "alpha" to the leader (node 3) while node 3
+/// was cut off, then crashed; its client reconnected and reset its source,
+/// and "alpha" went to session client 3. When the cut healed the
+/// simulator delivered the dead node's Unlock on a link node 3 had
+/// already been told was down (a real node has closed that socket), and
+/// it took "alpha" from client 3 (Locking-Center's Unlock has no owner
+/// check): "tokens went back". Fixed by dropping the frames on a crashed
+/// node's links when its peers are told they are down.
+const REGRESSION_SEEDS: [Regression; 7] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
     Regression::new(507, 2500, 3),
     Regression::new(2455, 1250, 3),
     Regression::new(286, 1250, 3),
+    Regression::new(3520, 2500, 1),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed

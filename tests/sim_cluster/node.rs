@@ -106,6 +106,14 @@ impl World {
                     s.on_raft_message(p.from as u64 + 1, payload)
                 }
                 Ok(Some((kind, payload, _))) if wire::is_forwarding(kind) => {
+                    if trace() {
+                        eprintln!(
+                            "t={global} node {} <- node {}: forwarding frame {kind}, {} bytes",
+                            i + 1,
+                            p.from + 1,
+                            payload.len()
+                        );
+                    }
                     if let Err(e) = s.on_forwarding(p.from as u64 + 1, kind, payload) {
                         self.fail(format!(
                             "node {} refused a forwarding frame of node {}: {e}",
