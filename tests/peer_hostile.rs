@@ -340,7 +340,7 @@ fn malformed_forwarding_frames_close_the_link_and_change_nothing() {
     let client: SocketAddr = "127.0.0.1:9".parse().unwrap();
     let forward = |req: &[u8]| {
         let mut b = Vec::new();
-        wire::encode_forward(7, client, req, &mut b);
+        wire::encode_forward(7, 0, client, req, &mut b);
         b[5..].to_vec()
     };
     let cases: Vec<(&str, u8, Vec<u8>)> = vec![
@@ -357,7 +357,7 @@ fn malformed_forwarding_frames_close_the_link_and_change_nothing() {
         ("a forwarded Persist", wire::KIND_FORWARD, forward(&[6])),
         ("an address family 9", wire::KIND_FORWARD, {
             let mut p = forward(&[5, 1, b'k', 0]);
-            p[8] = 9;
+            p[16] = 9;
             p
         }),
         ("an answer byte no leader sends", wire::KIND_ANSWER, {
@@ -404,6 +404,56 @@ fn malformed_forwarding_frames_close_the_link_and_change_nothing() {
     let mut conn = c.conn(f);
     assert_eq!(conn.try_lock(b"via-follower", b"x"), b'+');
     assert_eq!(conn.unlock(b"via-follower"), b'+');
+}
+
+/// A Forward tagged with a term other than the leader's current one (sent
+/// to it as the leader of an earlier term, maybe long ago, by a follower
+/// that has given its client up since) is not taken up: answered "not the
+/// leader", nothing done. The same request in the current term is.
+#[test]
+fn a_forward_tagged_with_another_term_is_not_taken_up() {
+    use ringlock::cluster::wire;
+    let c = Cluster::start(3, test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let v = settled(&c);
+    let groups = c.threads as u32;
+    let key = b"stale-term";
+    let group = ringlock::shard::owner(key, groups as usize) as u32;
+    let term = v
+        .iter()
+        .find(|r| r.0 == l as u64 + 1 && r.1 == group)
+        .expect("the leader's row of the key's group")
+        .2;
+    let follower = (l + 1) % 3;
+    let client: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let served = || common::metric(metrics_addr(&c, l), "ringlock_lc_forwards_served_total");
+    let mut req = vec![5u8, key.len() as u8];
+    req.extend_from_slice(key);
+    req.extend_from_slice(&[1, b's']);
+    let forward = |id: u64, term: u64| {
+        let mut b = Vec::new();
+        wire::encode_forward(id, term, client, &req, &mut b);
+        b[5..].to_vec()
+    };
+    let before = served();
+    for (id, stale) in [(1u64, term - 1), (2, term + 1)] {
+        let mut link = PeerLink::open(&c, l, follower as u64 + 1, group, groups, &VOTERS);
+        link.send_frame(wire::KIND_FORWARD, &forward(id, stale));
+        // Frames are read in order: once the next one (malformed) closed
+        // the link, the Forward was looked at.
+        link.send_frame(7, &[0u8; 8]);
+        poll_until("the link closed", WAIT, || !link.is_open());
+        assert_eq!(
+            served(),
+            before,
+            "a Forward of term {stale} (the leader's is {term}) was taken up"
+        );
+    }
+    let mut link = PeerLink::open(&c, l, follower as u64 + 1, group, groups, &VOTERS);
+    link.send_frame(wire::KIND_FORWARD, &forward(3, term));
+    poll_until("the Forward of the current term taken up", WAIT, || {
+        served() > before
+    });
 }
 
 /// An entry of a node's own log that cannot be applied (written there by a

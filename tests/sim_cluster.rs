@@ -702,6 +702,9 @@ impl World {
         if cl.uncertain {
             let src = cl.source.clone();
             let cl = &mut self.clients[c];
+            // It gives up every key of its source, those it still believes
+            // it holds too (an Unlock answered `-` left the others held).
+            cl.beliefs.clear();
             // ResetBySource names the source where other actions name the key.
             cl.to_server.extend(frame(4, &src, None));
             cl.outstanding.push_back((4, 0));
@@ -1338,7 +1341,41 @@ fn env(name: &str, default: u64) -> u64 {
 /// it took "alpha" from client 3 (Locking-Center's Unlock has no owner
 /// check): "tokens went back". Fixed by dropping the frames on a crashed
 /// node's links when its peers are told they are down.
-const REGRESSION_SEEDS: [Regression; 7] = [
+///
+/// 3474 (3 × 2, 2500 steps): a new leader pushes every lease deadline
+/// back by an election timeout when it starts serving — on its own table
+/// only. Node 2 did, then answered session client 5's Resume with the
+/// pushed-back time left of its lease on "beta"; node 2 crashed, and node
+/// 3, which had applied the grant earlier and never saw node 2's push,
+/// served the lease ending 6.9 ms before the time client 5 was told
+/// ("lease ends early"). Fixed by replicating the pushed-back deadlines
+/// (Extend records, proposed before anything else is answered), so any
+/// later leader holds each lease at least that long.
+///
+/// 4382 (5 × 2, 2500 steps; the simulator's own bug): a Locking-Center
+/// client whose Unlock of "gamma" was answered `-` (a follower that found
+/// no leader in time) reset its source, as it should, but went on
+/// believing it held "alpha" and "beta", which the reset released ("lost
+/// grant"). Fixed: a client that resets its source believes nothing.
+///
+/// 5044 (3 × 1, 2500 steps): node 2 forwarded four clients'
+/// ResetBySource to the leader, node 3, over a link that was then cut;
+/// node 2 lost sight of the leader, gave the requests up (their clients'
+/// connections closed: outcome unknown), and the clients went on through
+/// node 3 itself (reset, then Lock "alpha"). When the cut healed, ~280 ms
+/// later, the frames TCP had held reached node 3 and ran: client 6's
+/// "alpha" was released behind its back ("lost grant"). Fixed twice over:
+/// a Forward carries the term in which its follower knew the leader, and a
+/// leader in another term does nothing with it; and a follower that gives
+/// requests up aborts the link they went on (a TCP reset: what it had not
+/// sent is discarded). Each alone passes this seed.
+///
+/// 8171 (3 × 3, 2500 steps; the simulator's own bug): the link reset above
+/// dropped the link's held frames without telling either end the link was
+/// down (as the driver does on the follower, and the reset or the new
+/// link's Hello does on the leader), and the leader kept a forwarded
+/// request whose Withdraw was gone.
+const REGRESSION_SEEDS: [Regression; 11] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
@@ -1346,6 +1383,10 @@ const REGRESSION_SEEDS: [Regression; 7] = [
     Regression::new(2455, 1250, 3),
     Regression::new(286, 1250, 3),
     Regression::new(3520, 2500, 1),
+    Regression::new(3474, 2500, 2),
+    Regression::new(4382, 2500, 2),
+    Regression::new(5044, 2500, 1),
+    Regression::new(8171, 2500, 3),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed

@@ -6,8 +6,10 @@
 //! 1 Hello  node u64 · group u32 · groups u32 · voters n u8 · id u64 × n ·
 //!          client address: len u8 · "HOST:PORT"
 //! 2 Raft   a raft-rs message (protobuf)
-//! 3 Forward   id u64 · client address · a Locking-Center request frame
-//!             (a follower passes its client's request to the leader)
+//! 3 Forward   id u64 · term u64 · client address · a Locking-Center
+//!             request frame (a follower passes its client's request to
+//!             the leader it knows in that term of the link's group; a
+//!             node in another term does nothing with it: not the leader)
 //! 4 Answer    id u64 · answer u8 (`+`, `-`, `#`; 0: the request's
 //!             outcome is unknown, close its connection; 1: not the leader,
 //!             nothing done) · grant: key slot u32 · grant id u64 (0: none)
@@ -113,6 +115,9 @@ pub enum Forwarding<'a> {
     /// A follower's client request, for the serving leader.
     Forward {
         id: u64,
+        /// The link's group's term in which the follower knew the leader
+        /// it sent this to.
+        term: u64,
         client: std::net::SocketAddr,
         frame: &'a [u8],
     },
@@ -132,9 +137,16 @@ pub fn is_forwarding(kind: u8) -> bool {
     (KIND_FORWARD..=KIND_GIVE_BACK).contains(&kind)
 }
 
-pub fn encode_forward(id: u64, client: std::net::SocketAddr, req: &[u8], out: &mut Vec<u8>) {
-    let mut p = Vec::with_capacity(8 + 19 + req.len());
+pub fn encode_forward(
+    id: u64,
+    term: u64,
+    client: std::net::SocketAddr,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let mut p = Vec::with_capacity(16 + 19 + req.len());
     p.extend_from_slice(&id.to_le_bytes());
+    p.extend_from_slice(&term.to_le_bytes());
     match client.ip() {
         std::net::IpAddr::V4(a) => {
             p.push(4);
@@ -188,14 +200,15 @@ pub fn decode_forwarding(kind: u8, p: &[u8]) -> Result<Forwarding<'_>, String> {
     match kind {
         KIND_FORWARD => {
             let id = u64_at(0).ok_or_else(short)?;
-            let (ip, at): (std::net::IpAddr, usize) = match p.get(8) {
+            let term = u64_at(8).ok_or_else(short)?;
+            let (ip, at): (std::net::IpAddr, usize) = match p.get(16) {
                 Some(4) => {
-                    let b: [u8; 4] = p.get(9..13).ok_or_else(short)?.try_into().expect("4");
-                    (b.into(), 13)
+                    let b: [u8; 4] = p.get(17..21).ok_or_else(short)?.try_into().expect("4");
+                    (b.into(), 21)
                 }
                 Some(6) => {
-                    let b: [u8; 16] = p.get(9..25).ok_or_else(short)?.try_into().expect("16");
-                    (b.into(), 25)
+                    let b: [u8; 16] = p.get(17..33).ok_or_else(short)?.try_into().expect("16");
+                    (b.into(), 33)
                 }
                 Some(f) => return Err(format!("a forwarded request of address family {f}")),
                 None => return Err(short()),
@@ -211,6 +224,7 @@ pub fn decode_forwarding(kind: u8, p: &[u8]) -> Result<Forwarding<'_>, String> {
                 {
                     Ok(Forwarding::Forward {
                         id,
+                        term,
                         client: std::net::SocketAddr::new(ip, port),
                         frame,
                     })
@@ -309,12 +323,13 @@ mod tests {
         let lock = [1u8, 1, b'k', 2, b's', b'1'];
         for client in [v4, v6] {
             let mut b = Vec::new();
-            encode_forward(7, client, &lock, &mut b);
+            encode_forward(7, 12, client, &lock, &mut b);
             let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
             assert_eq!(
                 decode_forwarding(k, p),
                 Ok(Forwarding::Forward {
                     id: 7,
+                    term: 12,
                     client,
                     frame: &lock[..]
                 })
@@ -351,14 +366,14 @@ mod tests {
         // A request that is not exactly one frame, a Persist, an unknown
         // family, a grant on a `-`, an odd answer byte, short payloads.
         let mut b = Vec::new();
-        encode_forward(1, v4, &lock[..5], &mut b);
+        encode_forward(1, 0, v4, &lock[..5], &mut b);
         let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
         assert!(decode_forwarding(k, p).is_err());
         let mut two = lock.to_vec();
         two.extend_from_slice(&lock);
         for frame in [&two[..], &[6u8][..], &[][..]] {
             let mut b = Vec::new();
-            encode_forward(1, v4, frame, &mut b);
+            encode_forward(1, 0, v4, frame, &mut b);
             let (k, p, _) = next_frame(&b, FRAME_MAX).unwrap().unwrap();
             assert!(decode_forwarding(k, p).is_err(), "{frame:?}");
         }

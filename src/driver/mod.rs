@@ -308,6 +308,7 @@ impl Loop {
                 let _ = self.send_peer(node, &frame);
             }
             Cmd::PeerMust { node, frame } => self.send_peer_must(node, frame),
+            Cmd::PeerReset { node } => self.reset_peer(node),
             Cmd::PeerLink { node, addr } => self.set_peer_link(node, addr),
         }
     }

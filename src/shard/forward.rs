@@ -194,8 +194,10 @@ impl Shard {
             return;
         }
         w.node = node;
-        let mut frame = Vec::with_capacity(40 + w.req.len());
-        wire::encode_forward(id, w.client, &w.req, &mut frame);
+        let term = self.raft.as_ref().map_or(0, |r| r.replica.term());
+        let w = self.forwards.waiting.get(&id).expect("waiting");
+        let mut frame = Vec::with_capacity(48 + w.req.len());
+        wire::encode_forward(id, term, w.client, &w.req, &mut frame);
         self.forwards.checked_leader = node;
         self.cmds.push(Cmd::PeerMust { node, frame });
     }
@@ -310,8 +312,19 @@ impl Shard {
             gone.len(),
             crate::log::Escaped(why)
         );
+        let mut nodes: Vec<u64> = gone
+            .iter()
+            .filter_map(|(id, _)| self.forwards.waiting.get(id).map(|w| w.node))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
         for (id, token) in gone {
             self.forward_failed(id, token);
+        }
+        // What is still on its way there must never arrive: its clients
+        // were told the outcome is unknown, and may act on it now.
+        for node in nodes {
+            self.cmds.push(Cmd::PeerReset { node });
         }
     }
 
@@ -475,9 +488,12 @@ impl Shard {
             return Err("forwarding to a node that is not a cluster member".into());
         }
         match wire::decode_forwarding(kind, payload)? {
-            Forwarding::Forward { id, client, frame } => {
-                self.serve_forwarded(link, id, client, frame)
-            }
+            Forwarding::Forward {
+                id,
+                term,
+                client,
+                frame,
+            } => self.serve_forwarded(link, id, term, client, frame),
             Forwarding::Answer { id, answer, grant } => {
                 self.forward_answered(link, id, answer, grant)
             }
@@ -507,7 +523,14 @@ impl Shard {
     }
 
     /// Takes up request `id` of node `link` on a slot of its own.
-    fn serve_forwarded(&mut self, link: u64, id: u64, client: std::net::SocketAddr, frame: &[u8]) {
+    fn serve_forwarded(
+        &mut self,
+        link: u64,
+        id: u64,
+        term: u64,
+        client: std::net::SocketAddr,
+        frame: &[u8],
+    ) {
         let refuse = |s: &mut Shard, answer: u8, why: &str| {
             log!(
                 Level::Debug,
@@ -532,6 +555,14 @@ impl Shard {
         if !self.may_serve() {
             // Never forwarded on: a node that does not serve says so.
             refuse(self, wire::ANSWER_NOT_LEADER, "not the leader");
+            return;
+        }
+        if self.raft.as_ref().map(|r| r.replica.term()) != Some(term) {
+            // Sent to this node as the leader of another term: maybe long
+            // ago (its follower may have given it up since), maybe by a
+            // follower that has not heard of this term yet. Nothing done;
+            // a follower still waiting sends it again.
+            refuse(self, wire::ANSWER_NOT_LEADER, "sent in another term");
             return;
         }
         if self.open_conns >= self.cfg.max_connections + self.cfg.admin_connections {

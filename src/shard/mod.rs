@@ -119,6 +119,12 @@ pub enum Cmd {
     /// the driver reports [`Shard::on_peer_undeliverable`] (and a link
     /// too full to take it is closed), never a silent drop.
     PeerMust { node: u64, frame: Vec<u8> },
+    /// Cluster mode: forwarded requests sent on this shard's link to
+    /// `node` were given up (their clients told the outcome is unknown):
+    /// the driver aborts that link (a TCP reset, its unsent bytes
+    /// discarded) and dials it again, so that none of them can reach the
+    /// leader later and run after their clients moved on.
+    PeerReset { node: u64 },
     /// Cluster mode: the group's membership changed; `node`'s link for
     /// this shard goes to `addr`, or (`None`) is closed for good.
     PeerLink {
@@ -385,6 +391,12 @@ impl Shard {
         self.expire_idle();
         self.wal_tick();
         self.raft_pump();
+        // Records the pump added (a new leader's lease deadlines) go out
+        // in this tick too.
+        if self.log.as_ref().is_some_and(|l| !l.busy() && !l.idle()) {
+            self.wal_tick();
+            self.raft_pump();
+        }
         self.flush();
         self.publish_gauges();
         self.publish_raft();

@@ -1158,9 +1158,10 @@ impl World {
                     Cmd::Sess { .. } => {
                         self.fail("session traffic to another shard with one shard".into())
                     }
-                    Cmd::Peer { .. } | Cmd::PeerMust { .. } | Cmd::PeerLink { .. } => {
-                        self.fail("a cluster link without --peers".into())
-                    }
+                    Cmd::Peer { .. }
+                    | Cmd::PeerMust { .. }
+                    | Cmd::PeerReset { .. }
+                    | Cmd::PeerLink { .. } => self.fail("a cluster link without --peers".into()),
                 }
             }
             self.cmds = cmds;

@@ -250,6 +250,34 @@ impl World {
                         must: true,
                     });
                 }
+                // The link is aborted: what it has not sent yet (held
+                // while cut) is discarded; what is on the wire arrives.
+                // The peer learns of it when the reset (or the new link's
+                // Hello) reaches it: here at once, as of a crash.
+                Cmd::PeerReset { node } => {
+                    let to = node as usize - 1;
+                    if self.cut.contains(&(i, to)) {
+                        self.net
+                            .retain(|p| !(p.must && p.from == i && p.to == to && p.group == g));
+                    }
+                    self.nodes[i].shards[g].on_peer_link_down(node);
+                    let me = i as u64 + 1;
+                    // The driver dials it again at once: a new link, its
+                    // Hello accepted.
+                    let hello = self.nodes[i].shards[g].peer_hello();
+                    if let Some(s) = self.nodes.get_mut(to).and_then(|n| n.shards.get_mut(g)) {
+                        s.on_peer_inbound_down(me);
+                        if let Some(h) = hello {
+                            if let Err(e) = s.on_peer_hello(&h) {
+                                self.fail(format!(
+                                    "node {} refused node {}'s Hello again (group {g}): {e}",
+                                    to + 1,
+                                    i + 1
+                                ));
+                            }
+                        }
+                    }
+                }
                 // Group g's link: to group g of the peer.
                 Cmd::Peer { node, frame } => {
                     let to = node as usize - 1;

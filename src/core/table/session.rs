@@ -167,19 +167,30 @@ impl Table {
     /// A new leader's promise (cluster mode): every lease deadline moves
     /// `by_us` later, none earlier (a deadline is a lower bound; the old
     /// leader may have extended it in an entry this node has not applied).
-    pub fn extend_leases(&mut self, by_us: u64) {
+    /// Each moved deadline is pushed to `out`: the leader replicates them
+    /// (Extend records) before it answers anything, so that what it tells
+    /// a client of a lease's time left is what every later leader knows.
+    pub fn extend_leases(&mut self, by_us: u64, out: &mut Vec<Extended>) {
         let mut cur = self.by_age.front();
         while let Some(k) = cur {
             cur = List::next_of(&self.keys, k, K_AGE);
-            let Some(h) = self.keys[k as usize].holder.as_mut() else {
-                continue;
-            };
-            if h.mode != HoldMode::Lease {
+            if self.keys[k as usize].holder.map(|h| h.mode) != Some(HoldMode::Lease) {
                 continue;
             }
+            let key = self.key_name(k);
+            let h = self.keys[k as usize].holder.as_mut().expect("held");
+            let (prev_unix_ms, prev_mono_us) = (h.expires_unix_ms, h.expires_mono_us);
             h.expires_mono_us = h.expires_mono_us.saturating_add(by_us);
             h.expires_unix_ms = h.expires_unix_ms.saturating_add(by_us / 1000);
             let (d, g) = (h.expires_mono_us, h.grant_id);
+            out.push(Extended {
+                key,
+                grant_id: g,
+                expires_unix_ms: h.expires_unix_ms,
+                expires_mono_us: d,
+                prev_unix_ms,
+                prev_mono_us,
+            });
             self.leases.push(Reverse((d, k, g)));
         }
     }

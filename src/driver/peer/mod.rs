@@ -671,14 +671,47 @@ impl Loop {
         self.fail_outbound(o, if res < 0 { -res } else { 0 });
     }
 
+    /// [`Cmd::PeerReset`]: aborts the link to `node` if it is up (a link
+    /// already failing discards its bytes as it closes).
+    pub(super) fn reset_peer(&mut self, node: u64) {
+        let Some(p) = self.peers.as_mut() else {
+            return;
+        };
+        let Some(o) = p
+            .outbound
+            .iter()
+            .position(|o| o.node == node && !o.retired && o.state == OutState::Up && !o.dead)
+        else {
+            return;
+        };
+        self.fail_outbound(o, libc::ECANCELED);
+    }
+
     /// The link is broken: shut it down so that every op on it completes,
     /// then close it and redial (at once: the peer may be back already).
+    /// Closed with a reset: bytes not yet sent (forwarded requests whose
+    /// clients were told the outcome is unknown) never reach the peer.
     fn fail_outbound(&mut self, o: usize, errno: i32) {
         let shard = self.shard.index();
         let node = self.peers().outbound[o].node;
+        {
+            let out = &self.peers().outbound[o];
+            if !out.dead && out.fd >= 0 {
+                abort_on_close(out.fd);
+            }
+        }
         self.shard.on_peer_link_down(node);
         let out = &mut self.peers().outbound[o];
-        if errno == 0 || errno == libc::ECONNRESET {
+        if errno == libc::ECANCELED {
+            log!(
+                Level::Info,
+                "peer_link_reset",
+                "shard={} peer={} addr={} reason=\"forwarded requests given up\" action=\"redialing\"",
+                shard,
+                out.node,
+                out.shown
+            );
+        } else if errno == 0 || errno == libc::ECONNRESET {
             // The peer closed it (a node stopping closes its links with
             // their unread bytes: a reset; a link replaced). Not quiet: if
             // the peer stays away, the redial that fails warns once.
@@ -793,5 +826,27 @@ impl Loop {
             );
             self.peers().outbound.push(Outbound::new(node, a));
         }
+    }
+}
+
+/// Makes the close of `fd` abortive (SO_LINGER on, 0 s: a TCP reset, the
+/// send queue discarded). Best effort: a failure leaves an ordinary close.
+fn abort_on_close(fd: i32) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a plain syscall on an fd the link owns and has not closed
+    // (links close their fd only once no op references it); `l` is a
+    // valid `linger` for the duration of the call and the length given is
+    // its size. tests/cluster_forward.rs runs links that end here.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
     }
 }
