@@ -1223,4 +1223,6 @@ pub use listing::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
 use modes::first_of;
 
 #[cfg(test)]
+mod modes_tests;
+#[cfg(test)]
 mod tests;
