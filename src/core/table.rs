@@ -511,17 +511,24 @@ impl Table {
         }
     }
 
+    #[inline(always)]
     fn source_drop_if_unused(&mut self, s: u32) {
         let e = &self.sources[s as usize];
         if e.held.is_empty() && e.shares.is_empty() && e.waiting.is_empty() {
-            let (name, h) = (e.name, e.hash);
-            assert!(
-                self.source_index.remove(h, s),
-                "source slot {s} missing from its index"
-            );
-            self.free_name(name);
-            self.sources.remove(s as usize);
+            self.source_drop(s);
         }
+    }
+
+    /// Drops source entry `s` (unused: no hold, no waiter).
+    fn source_drop(&mut self, s: u32) {
+        let e = &self.sources[s as usize];
+        let (name, h) = (e.name, e.hash);
+        assert!(
+            self.source_index.remove(h, s),
+            "source slot {s} missing from its index"
+        );
+        self.free_name(name);
+        self.sources.remove(s as usize);
     }
 
     /// Frees a name, or keeps it until the pending effects are applied
@@ -613,19 +620,24 @@ impl Table {
 
     fn key_drop_if_unused(&mut self, k: u32) {
         let e = &self.keys[k as usize];
-        if e.holder.is_none() && e.queue.is_empty() && self.others_front(k).is_none() {
-            self.multi_drop_if_unused(k);
-            let e = &self.keys[k as usize];
-            debug_assert_eq!(e.multi, NIL, "a multi kept for nobody");
-            let (name, h) = (e.name, e.hash);
-            assert!(
-                self.key_index.remove(h, k),
-                "key slot {k} missing from its index"
-            );
-            self.free_name(name);
-            self.keys.remove(k as usize);
-            self.budget.free_keys(1);
+        if e.holder.is_some() || !e.queue.is_empty() {
+            return;
         }
+        let (name, h) = (e.name, e.hash);
+        if e.multi != NIL {
+            if self.is_held(k) {
+                return;
+            }
+            self.multi_drop_if_unused(k);
+            debug_assert_eq!(self.keys[k as usize].multi, NIL, "a multi kept for nobody");
+        }
+        assert!(
+            self.key_index.remove(h, k),
+            "key slot {k} missing from its index"
+        );
+        self.free_name(name);
+        self.keys.remove(k as usize);
+        self.budget.free_keys(1);
     }
 
     /// Makes `conn` a holder of key slot `k`, whose holders `spec.access`
@@ -633,6 +645,7 @@ impl Table {
     /// share keeps a waiter of the budget, which the caller took
     /// (`budgeted`: a granted waiter's, or one taken for it); an inline
     /// holder gives it back.
+    #[inline(always)]
     fn place(
         &mut self,
         k: u32,
@@ -672,14 +685,20 @@ impl Table {
     /// Makes `conn` the inline holder of key slot `k` (whose inline slot
     /// is free).
     fn hold(&mut self, k: u32, source: u32, endpoint: Endpoint, conn: Token, spec: Spec) {
-        assert!(
-            self.keys[k as usize].holder.is_none(),
-            "grant of a held key"
-        );
-        self.listing_note(k);
-        let was_held = self.others_front(k).is_some();
-        self.keys[k as usize].holder = Some(Self::holder_of_spec(source, endpoint, conn, spec));
-        self.took(k, spec.access, was_held);
+        let e = &mut self.keys[k as usize];
+        assert!(e.holder.is_none(), "grant of a held key");
+        if e.multi == NIL && spec.access == Access::Exclusive {
+            // The exclusive path: a free key, nothing else to keep.
+            e.holder = Some(Self::holder_of_spec(source, endpoint, conn, spec));
+            self.held += 1;
+        } else {
+            // A free key is listed nowhere; a share holding it stays the
+            // one that stands for it, unless a replayed grant id is lower.
+            self.listing_note(k);
+            let was_held = self.others_front(k).is_some();
+            self.keys[k as usize].holder = Some(Self::holder_of_spec(source, endpoint, conn, spec));
+            self.took(k, spec.access, was_held);
+        }
         self.next_grant_id = self.next_grant_id.max(spec.grant_id + 1);
         let (sources, keys) = (&mut self.sources, &mut self.keys);
         sources[source as usize].held.push_back(keys, k, K_SRC);
@@ -719,16 +738,21 @@ impl Table {
 
     /// Removes the holder `at` of key slot `k`; does not grant the next
     /// waiter and does not drop the key entry.
+    #[inline(always)]
     fn clear_at(&mut self, k: u32, at: At, now: Now, cause: ReleaseCause, fx: &mut Effects) {
         // Retired before the unhold, which may drop the source's name
         // (kept now until the effect is applied).
-        let held = *self.holder_at(k, at);
+        let e = &self.keys[k as usize];
+        let (held, access) = match (at, e.multi) {
+            (At::Inline, NIL) => (e.holder.expect("release of a free key"), Access::Exclusive),
+            _ => (*self.holder_at(k, at), self.access_of(k)),
+        };
         let released = self.retired.len() as u32;
         self.retired.push(Retired {
-            key: self.keys[k as usize].name,
+            key: e.name,
             source: self.sources[held.source as usize].name,
             holder: held,
-            access: self.access_of(k),
+            access,
             session: self.replicated_owner(held.owner),
         });
         let h = self.unhold_at(k, at);
@@ -751,6 +775,7 @@ impl Table {
 
     /// [`Table::clear_at`] without an effect (recovery and undo: nobody
     /// to tell, and nothing to allocate).
+    #[inline(always)]
     fn unhold_at(&mut self, k: u32, at: At) -> Holder {
         match at {
             At::Inline => self.unhold(k),
@@ -759,13 +784,17 @@ impl Table {
     }
 
     /// Removes the inline holder of key slot `k`, without an effect.
+    #[inline(always)]
     fn unhold(&mut self, k: u32) -> Holder {
         self.listing_note(k);
-        let h = self.keys[k as usize]
-            .holder
-            .take()
-            .expect("release of a free key");
-        self.gave_up(k);
+        let e = &mut self.keys[k as usize];
+        let h = e.holder.take().expect("release of a free key");
+        if e.multi == NIL {
+            // An exclusive holder was the only one.
+            self.held -= 1;
+        } else {
+            self.gave_up(k);
+        }
         {
             let (sources, keys) = (&mut self.sources, &mut self.keys);
             sources[h.source as usize].held.unlink(keys, k, K_SRC);
@@ -861,8 +890,14 @@ impl Table {
                 grant_id: spec.grant_id,
                 waited_us: Some(now.mono_us.saturating_sub(waiter.enqueued_mono_us)),
             });
+            if access == Access::Exclusive {
+                // It admits nobody beside it.
+                return;
+            }
         }
-        self.key_drop_if_unused(k);
+        if !self.is_held(k) {
+            self.key_drop_if_unused(k);
+        }
     }
 
     /// Lock (blocking) or TryLock. `source` must already be resolved (an
@@ -1068,7 +1103,14 @@ impl Table {
         fx: &mut Effects,
     ) {
         if let Some(k) = self.find_key(key) {
-            if self.is_held(k) {
+            let e = &self.keys[k as usize];
+            if e.multi == NIL {
+                // Free, or held by one exclusive holder.
+                if e.holder.is_some() {
+                    self.clear_at(k, At::Inline, now, cause, fx);
+                    self.grant_ready(k, now, fx);
+                }
+            } else if self.is_held(k) {
                 self.clear_all(k, now, cause, fx);
                 self.grant_ready(k, now, fx);
             }

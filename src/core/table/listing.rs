@@ -176,11 +176,17 @@ impl Table {
     /// Key `k`'s holders are about to change (any of them: the one that
     /// stands for the key may be another after): every listing that still
     /// has to encode it as it was keeps its entry now. O(log listed) name
-    /// comparisons per listing in progress; nothing without one.
+    /// comparisons per listing in progress; nothing without one (a
+    /// check inlined where holders change).
+    #[inline]
     pub(super) fn listing_note(&mut self, k: u32) {
-        if self.listings.is_empty() {
-            return;
+        if !self.listings.is_empty() {
+            self.listing_note_slow(k);
         }
+    }
+
+    #[inline(never)]
+    fn listing_note_slow(&mut self, k: u32) {
         let (keys, names, sources) = (&self.keys, &self.names, &self.sources);
         let e = &keys[k as usize];
         let Some(h) = first_of(e, &self.multis, &self.shares) else {

@@ -28,6 +28,7 @@ impl Table {
         (self.shares[x as usize].key == k).then_some(At::Share(x))
     }
 
+    #[inline]
     pub(super) fn holder_at(&self, k: u32, at: At) -> &Holder {
         match at {
             At::Inline => self.keys[k as usize].holder.as_ref().expect("held"),
@@ -35,6 +36,7 @@ impl Table {
         }
     }
 
+    #[inline]
     pub(super) fn holder_at_mut(&mut self, k: u32, at: At) -> &mut Holder {
         match at {
             At::Inline => self.keys[k as usize].holder.as_mut().expect("held"),
@@ -43,6 +45,7 @@ impl Table {
     }
 
     /// Live key slot `k`'s [`Multi`], if it has one.
+    #[inline]
     pub(super) fn multi(&self, k: u32) -> Option<&Multi> {
         let m = self.keys[k as usize].multi;
         (m != NIL).then(|| &self.multis[m as usize])
@@ -64,7 +67,14 @@ impl Table {
 
     /// Drops key slot `k`'s [`Multi`] once nothing needs it: no share, no
     /// semaphore request, and no inline holder that is not exclusive.
+    #[inline]
     pub(super) fn multi_drop_if_unused(&mut self, k: u32) {
+        if self.keys[k as usize].multi != NIL {
+            self.multi_drop_if_unused_slow(k);
+        }
+    }
+
+    fn multi_drop_if_unused_slow(&mut self, k: u32) {
         let e = &self.keys[k as usize];
         if e.multi == NIL {
             return;
@@ -80,32 +90,42 @@ impl Table {
     }
 
     /// The first share of key slot `k`, if it has one.
+    #[inline]
     pub(super) fn others_front(&self, k: u32) -> Option<u32> {
         self.multi(k)?.others.front()
     }
 
     /// Key slot `k`'s semaphore `n` (0: none fixed).
+    #[inline]
     pub(super) fn slots(&self, k: u32) -> u32 {
         self.multi(k).map_or(0, |m| m.slots)
     }
 
     /// How key slot `k` is held (meaningless while it is free).
+    #[inline]
     pub(super) fn class(&self, k: u32) -> Class {
         self.multi(k).map_or(Class::Exclusive, |m| m.held_as)
     }
 
     /// True while somebody holds live key slot `k`.
+    #[inline]
     pub(super) fn is_held(&self, k: u32) -> bool {
-        self.keys[k as usize].holder.is_some() || self.others_front(k).is_some()
+        let e = &self.keys[k as usize];
+        e.holder.is_some() || (e.multi != NIL && !self.multis[e.multi as usize].others.is_empty())
     }
 
     /// How many hold live key slot `k`.
+    #[inline]
     pub(super) fn holder_count(&self, k: u32) -> u32 {
         self.keys[k as usize].holder.is_some() as u32 + self.multi(k).map_or(0, |m| m.others.len())
     }
 
     /// How the holders of held key slot `k` hold it.
+    #[inline]
     pub(super) fn access_of(&self, k: u32) -> Access {
+        if self.keys[k as usize].multi == NIL {
+            return Access::Exclusive;
+        }
         match self.class(k) {
             Class::Exclusive => Access::Exclusive,
             Class::Shared => Access::Shared,
@@ -114,6 +134,7 @@ impl Table {
     }
 
     /// The access of waiter `w` (a semaphore's `n` is its key's).
+    #[inline]
     pub(super) fn waiter_access(&self, w: u32) -> Access {
         let wt = &self.waiters[w as usize];
         match wt.class {
@@ -126,17 +147,22 @@ impl Table {
     /// True when a request of class `c` may hold key slot `k` beside its
     /// holders now (the queue aside). A semaphore's `n` is the key's (a
     /// request of another `n` was refused before it got here).
+    #[inline]
     pub(super) fn compatible(&self, k: u32, c: Class) -> bool {
-        if self.keys[k as usize].holder.is_some() && self.keys[k as usize].multi == NIL {
-            // An exclusive holder: the hand-off path asks nothing else.
-            return false;
+        let e = &self.keys[k as usize];
+        if e.multi == NIL {
+            // Free, or held by an exclusive holder: the hand-off path asks
+            // nothing else.
+            return e.holder.is_none();
         }
+        self.compatible_multi(k, c)
+    }
+
+    fn compatible_multi(&self, k: u32, c: Class) -> bool {
         if !self.is_held(k) {
             return true;
         }
-        let m = self
-            .multi(k)
-            .expect("a held key without an exclusive holder");
+        let m = self.multi(k).expect("a multi");
         match (m.held_as, c) {
             (Class::Shared, Class::Shared) => true,
             (Class::Semaphore, Class::Semaphore) => self.holder_count(k) < m.slots,
@@ -197,6 +223,7 @@ impl Table {
     /// Bookkeeping of a holder added to key slot `k` (`was_held`: it had
     /// one already). An exclusive holder of a key without a [`Multi`]
     /// (always, but while semaphore requests wait) touches nothing.
+    #[inline]
     pub(super) fn took(&mut self, k: u32, access: Access, was_held: bool) {
         if !was_held {
             self.held += 1;
@@ -204,6 +231,10 @@ impl Table {
         if access == Access::Exclusive && self.keys[k as usize].multi == NIL {
             return;
         }
+        self.took_multi(k, access);
+    }
+
+    fn took_multi(&mut self, k: u32, access: Access) {
         let m = self.multi_make(k);
         m.held_as = Class::of(access);
         if let Access::Semaphore(n) = access {
@@ -213,14 +244,23 @@ impl Table {
     }
 
     /// Bookkeeping of a holder removed from key slot `k`.
+    #[inline]
     pub(super) fn gave_up(&mut self, k: u32) {
+        let e = &self.keys[k as usize];
+        if e.multi == NIL {
+            // An exclusive holder was the only one.
+            debug_assert!(e.holder.is_none());
+            self.held -= 1;
+            return;
+        }
+        self.gave_up_multi(k);
+    }
+
+    fn gave_up_multi(&mut self, k: u32) {
         if !self.is_held(k) {
             self.held -= 1;
         }
         let m = self.keys[k as usize].multi;
-        if m == NIL {
-            return;
-        }
         let m = &mut self.multis[m as usize];
         if m.held_as == Class::Semaphore {
             m.sem_users -= 1;
@@ -232,8 +272,12 @@ impl Table {
     }
 
     /// Where [`Table::first_holder`] is.
+    #[inline]
     pub(super) fn first_at(&self, k: u32) -> Option<At> {
         let e = &self.keys[k as usize];
+        if e.multi == NIL {
+            return e.holder.map(|_| At::Inline);
+        }
         let x = self.others_front(k);
         match (e.holder, x) {
             (Some(h), Some(x)) if self.shares[x as usize].holder.grant_id < h.grant_id => {
@@ -277,6 +321,7 @@ impl Table {
 
     /// True when held key slot `k`'s queue head is compatible with its
     /// holders (which [`Table::grant_ready`] never leaves so).
+    #[inline]
     pub(super) fn head_grantable(&self, k: u32) -> bool {
         // An exclusive holder admits nobody; a free key with waiters is an
         // undo's, which `settle` grants.
