@@ -18,6 +18,6 @@ pub use endpoint::Endpoint;
 pub use name::{Arena, Name, NameRef, NAME_MAX};
 pub use table::Table;
 pub use types::{
-    Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
-    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
+    Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
+    LockMode, LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
 };

@@ -8,17 +8,33 @@
 //! Ownership and invariants:
 //! - A key exists in the table while it is held or has waiters; a key that
 //!   is free **never** has waiters (a release grants the queue's head in the
-//!   same call), so `holder.is_none()` implies an empty queue.
+//!   same call), so a key without holders has an empty queue.
+//! - A key is held with one [`Access`] at a time: by one exclusive holder,
+//!   by shared holders, or by at most `n` semaphore holders. The first
+//!   holder is kept inline in the key entry (`holder`: the exclusive path
+//!   touches nothing else); what a shared or semaphore key needs besides
+//!   is a `Multi` in its own slab (`multi`, [`NIL`] for an exclusive
+//!   key, whose entry stays as small as before), whose `others` list
+//!   (`S_KEY`) holds the key's other holders, `Share`s in their own
+//!   slab. The inline slot may be empty while shares hold the key (its
+//!   holder left first); the next grant fills it again.
 //! - Waiters of one key are served in strict FIFO order (intrusive list
-//!   over `waiters`, link slot `W_KEY`).
-//! - Every waiter and every held key is also linked on its source's lists,
+//!   over `waiters`, link slot `W_KEY`), whatever their access: the head
+//!   is granted when it is compatible with the holders, then the next one
+//!   while compatible, and nobody is granted past a waiter that is not. So
+//!   the head of a held key's queue is never compatible with its holders,
+//!   except for the keys noted in `unblocked` (a waiter withdrawn from the
+//!   head by an operation that cannot grant: [`Table::grant_unblocked`]).
+//! - Every waiter and every holder is also linked on its source's lists,
 //!   so ResetBySource touches only what that source owns.
-//! - Held keys are linked in grant order (`K_AGE`), so the oldest hold is
-//!   the head: O(1) for the stuck-lock metric.
-//! - Every grant gets a unique, increasing `grant_id`. A connection that must
-//!   give back a grant it could not deliver names it by `(key slot,
-//!   grant_id)`, so a slot reused by another key or another holder is never
-//!   released by mistake.
+//! - Holders are linked in grant order (`K_AGE` for inline holders,
+//!   `S_AGE` for shares), so the oldest hold is one of the two heads: O(1)
+//!   for the stuck-lock metric.
+//! - Every grant gets a unique, increasing `grant_id` (a holder's fencing
+//!   token), shares included. A connection that must give back a grant it
+//!   could not deliver names it by `(key slot, grant_id)`, so a slot reused
+//!   by another key or another holder is never released by mistake; a
+//!   share is found by its grant id (`share_of`), in O(1).
 //! - Every key's and every source's bytes are stored once, in the table's
 //!   [`Arena`]; entries name them by a 4-byte [`NameRef`], and each index
 //!   ([`NameIndex`], one for keys, one for sources)
@@ -45,8 +61,8 @@ use super::index::{Found, NameIndex};
 use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef, NAME_MAX};
 use super::types::{
-    Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits, LockMode,
-    LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
+    Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
+    LockMode, LockOpts, Now, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
 };
 
 // Link slots.
@@ -56,6 +72,10 @@ const K_SRC: usize = 0; // held key on its holder source's held list
 const K_AGE: usize = 1; // held key on the table's grant-order list
 const W_OWN: usize = 2; // waiter on its session's waiting list
 const K_OWN: usize = 2; // held key on its session's held list
+const S_KEY: usize = 0; // share on its key's list of other holders
+const S_SRC: usize = 1; // share on its source's list of shares
+const S_AGE: usize = 2; // share on the table's grant-order list of shares
+const S_OWN: usize = 3; // share on its session's list of shares
 
 /// The routing tag of a replicated session's owner entry while no
 /// connection has it (after a failover, on a follower): its holds stay
@@ -95,9 +115,30 @@ struct Retired {
     key: NameRef,
     source: NameRef,
     holder: Holder,
+    /// How it held its key.
+    access: Access,
     /// Its replicated session's id, read when it was released (the owner
     /// entry may be gone by the time the effect is applied).
     session: u64,
+}
+
+/// How a held key is held: every holder of a key holds it the same way
+/// (a semaphore's slot count is the key's `slots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Exclusive,
+    Shared,
+    Semaphore,
+}
+
+impl Class {
+    fn of(a: Access) -> Class {
+        match a {
+            Access::Exclusive => Class::Exclusive,
+            Access::Shared => Class::Shared,
+            Access::Semaphore(_) => Class::Semaphore,
+        }
+    }
 }
 
 struct KeyEntry {
@@ -105,9 +146,50 @@ struct KeyEntry {
     /// Its index hash (see [`NameIndex::hash`]), so dropping the entry does not
     /// hash the name again.
     hash: u32,
+    /// The inline holder: an exclusive key's only one, one of a shared or
+    /// semaphore key's (or none while its shares hold it).
     holder: Option<Holder>,
+    /// Its [`Multi`] slot while it is held shared or as a semaphore, or
+    /// semaphore requests wait for it; [`NIL`] otherwise (free, or held
+    /// exclusively).
+    multi: u32,
     queue: List,
     links: [Link; 3],
+}
+
+// The inline holder fills the entry exactly; shared and semaphore keys
+// cost exclusive ones one `u32` (and its alignment), no more.
+const _: () = assert!(std::mem::size_of::<KeyEntry>() <= 144);
+
+/// A key's state beyond an exclusive key's: kept while the key is held
+/// shared or as a semaphore, or semaphore requests wait for it.
+struct Multi {
+    /// The holders besides the key's inline one, in grant order:
+    /// [`Share`]s, link slot `S_KEY`.
+    others: List,
+    /// How the holders hold the key (meaningless while nobody does).
+    held_as: Class,
+    /// A semaphore's slot count, fixed by its first semaphore request while
+    /// `sem_users` is not 0; 0 when no semaphore request holds or waits.
+    slots: u32,
+    /// Semaphore requests holding or queued on the key.
+    sem_users: u32,
+}
+
+/// A holder besides its key's inline one (a shared or semaphore key's).
+/// Its fencing token is `holder.grant_id`, which finds it (`share_of`).
+struct Share {
+    /// Its key slot.
+    key: u32,
+    holder: Holder,
+    links: [Link; 4],
+}
+
+/// Where a key's holder is: inline in the key entry, or a share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    Inline,
+    Share(u32),
 }
 
 struct Waiter {
@@ -119,6 +201,8 @@ struct Waiter {
     mode: HoldMode,
     ttl_ms: u32,
     owner: u32,
+    /// Its access; a semaphore's `n` is its key's (`Multi::slots`).
+    class: Class,
     /// Unique per waiter: tells a wait-deadline entry from a slot reuse.
     seq: u64,
     links: [Link; 3],
@@ -130,7 +214,10 @@ struct OwnerEntry {
     id: u64,
     /// The caller's routing tag (its connection token at home).
     tag: u64,
+    /// Its inline holds (key entries, `K_OWN`).
     held: List,
+    /// Its other holds ([`Share`]s, `S_OWN`).
+    shares: List,
     waiting: List,
 }
 
@@ -144,6 +231,7 @@ struct Spec {
     owner: u32,
     expires_mono_us: u64,
     expires_unix_ms: u64,
+    access: Access,
 }
 
 /// Nodes whose link slots are a `links: [Link; N]` array.
@@ -159,7 +247,7 @@ macro_rules! linked_by_array {
         }
     )*};
 }
-linked_by_array!(KeyEntry, Waiter);
+linked_by_array!(KeyEntry, Waiter, Share);
 
 /// Link slots of a key entry or a waiter, all unlinked.
 fn new_links() -> [Link; 3] {
@@ -169,7 +257,10 @@ fn new_links() -> [Link; 3] {
 struct SourceEntry {
     name: NameRef,
     hash: u32,
+    /// Its inline holds (key entries, `K_SRC`).
     held: List,
+    /// Its other holds ([`Share`]s, `S_SRC`).
+    shares: List,
     waiting: List,
 }
 
@@ -187,6 +278,25 @@ pub struct Table {
     /// `(hash, source slot)` of every source entry.
     source_index: NameIndex,
     by_age: List,
+    /// The state of shared and semaphore keys (see [`KeyEntry::multi`]);
+    /// one per key at most.
+    multis: Slab<Multi>,
+    /// Holders besides their keys' inline ones; each takes a waiter of the
+    /// budget (`--max-waiters` bounds every request entry past a key's
+    /// first holder).
+    shares: Slab<Share>,
+    /// Grant id → share slot, for every share.
+    share_of: IdMap<u64, u32>,
+    /// Shares in grant order (`S_AGE`).
+    shares_by_age: List,
+    /// Keys with at least one holder.
+    held: usize,
+    /// Key slots whose queue head may have become grantable when a waiter
+    /// left the head in an operation that cannot grant (no time, no
+    /// effects): granted by [`Table::grant_unblocked`]. Only shared and
+    /// semaphore keys ever get here. May name slots since freed or reused:
+    /// granting what is grantable is right for any key.
+    unblocked: Vec<u32>,
     next_grant_id: u64,
     owners: Slab<OwnerEntry>,
     owner_index: IdMap<u64, u32>,
@@ -219,7 +329,8 @@ impl Drop for Table {
     /// What this table took from the shared budget goes back with it.
     fn drop(&mut self) {
         self.budget.free_keys(self.keys.len());
-        self.budget.free_waiters(self.waiters.len());
+        self.budget
+            .free_waiters(self.waiters.len() + self.shares.len());
     }
 }
 
@@ -253,6 +364,12 @@ impl Table {
             sources: Slab::new(),
             source_index: NameIndex::new(),
             by_age: List::new(),
+            multis: Slab::new(),
+            shares: Slab::new(),
+            share_of: id_map(),
+            shares_by_age: List::new(),
+            held: 0,
+            unblocked: Vec::new(),
             next_grant_id: 1,
             owners: Slab::new(),
             owner_index: id_map(),
@@ -276,8 +393,14 @@ impl Table {
         &self.budget
     }
 
+    /// Keys held (by one holder or several).
     pub fn held_keys(&self) -> usize {
-        self.by_age.len() as usize
+        self.held
+    }
+
+    /// Holders, every holder of a shared or semaphore key counted.
+    pub fn holders(&self) -> usize {
+        self.by_age.len() as usize + self.shares.len()
     }
 
     pub fn queued_waiters(&self) -> usize {
@@ -299,8 +422,19 @@ impl Table {
 
     /// Acquire time of the longest-held key, if any key is held.
     pub fn oldest_acquired_unix_ms(&self) -> Option<u64> {
-        let k = self.by_age.front()?;
-        self.keys[k as usize].holder.map(|h| h.acquired_unix_ms)
+        let inline = self
+            .by_age
+            .front()
+            .and_then(|k| self.keys[k as usize].holder)
+            .map(|h| h.acquired_unix_ms);
+        let share = self
+            .shares_by_age
+            .front()
+            .map(|x| self.shares[x as usize].holder.acquired_unix_ms);
+        match (inline, share) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The key slot of `key`: one probe of the index.
@@ -336,6 +470,7 @@ impl Table {
                     name,
                     hash: v.hash(),
                     holder: None,
+                    multi: NIL,
                     queue: List::new(),
                     links: new_links(),
                 }) as u32;
@@ -367,6 +502,7 @@ impl Table {
                     name: stored,
                     hash: v.hash(),
                     held: List::new(),
+                    shares: List::new(),
                     waiting: List::new(),
                 }) as u32;
                 v.insert(s);
@@ -375,17 +511,24 @@ impl Table {
         }
     }
 
+    #[inline(always)]
     fn source_drop_if_unused(&mut self, s: u32) {
         let e = &self.sources[s as usize];
-        if e.held.is_empty() && e.waiting.is_empty() {
-            let (name, h) = (e.name, e.hash);
-            assert!(
-                self.source_index.remove(h, s),
-                "source slot {s} missing from its index"
-            );
-            self.free_name(name);
-            self.sources.remove(s as usize);
+        if e.held.is_empty() && e.shares.is_empty() && e.waiting.is_empty() {
+            self.source_drop(s);
         }
+    }
+
+    /// Drops source entry `s` (unused: no hold, no waiter).
+    fn source_drop(&mut self, s: u32) {
+        let e = &self.sources[s as usize];
+        let (name, h) = (e.name, e.hash);
+        assert!(
+            self.source_index.remove(h, s),
+            "source slot {s} missing from its index"
+        );
+        self.free_name(name);
+        self.sources.remove(s as usize);
     }
 
     /// Frees a name, or keeps it until the pending effects are applied
@@ -421,6 +564,17 @@ impl Table {
         self.retired_ref(r)
     }
 
+    /// How the holder that [`Effect::Released`] `released` refers to held
+    /// its key (what an undo of that release restores it with:
+    /// [`Table::restore_access`]). Checked as [`Table::released`].
+    pub fn released_access(&self, released: u32, grant_id: u64) -> Access {
+        self.retired
+            .get(released as usize)
+            .filter(|r| r.holder.grant_id == grant_id)
+            .expect("a released holder read after effects_applied")
+            .access
+    }
+
     fn retired_ref(&self, r: &Retired) -> HeldRef<'_> {
         HeldRef {
             key: self.names.get(r.key),
@@ -435,60 +589,86 @@ impl Table {
     }
 
     /// The grant that [`Effect::Granted`] reports, by reference, with its
-    /// lease deadline on the monotonic clock (0 for other modes): the key
-    /// slot's holder, or, if an operation of the same round released it
-    /// already, that holder as it was.
+    /// lease deadline on the monotonic clock (0 for other modes): that
+    /// holder of the key slot, or, if an operation of the same round
+    /// released it already, that holder as it was.
     pub fn granted(&self, key_slot: u32, grant_id: u64) -> (HeldRef<'_>, u64) {
-        if let Some(h) = self.keys.get(key_slot as usize).and_then(|e| e.holder) {
-            if h.grant_id == grant_id {
-                let r = self.held_ref(key_slot).expect("held");
-                return (r, h.expires_mono_us);
-            }
+        if let Some(at) = self.grant_in(key_slot, grant_id) {
+            let h = self.holder_at(key_slot, at);
+            return (self.ref_of(key_slot, h), h.expires_mono_us);
         }
-        let r = self
-            .retired
+        let r = self.retired_grant(grant_id);
+        (self.retired_ref(r), r.holder.expires_mono_us)
+    }
+
+    /// How the grant that [`Effect::Granted`] reports holds its key (what
+    /// its record will need: [`Table::restore_access`]).
+    pub fn granted_access(&self, key_slot: u32, grant_id: u64) -> Access {
+        match self.grant_in(key_slot, grant_id) {
+            Some(_) => self.access_of(key_slot),
+            None => self.retired_grant(grant_id).access,
+        }
+    }
+
+    fn retired_grant(&self, grant_id: u64) -> &Retired {
+        self.retired
             .iter()
             .rev()
             .find(|r| r.holder.grant_id == grant_id)
-            .expect("a granted holder read after effects_applied");
-        (self.retired_ref(r), r.holder.expires_mono_us)
+            .expect("a granted holder read after effects_applied")
     }
 
     fn key_drop_if_unused(&mut self, k: u32) {
         let e = &self.keys[k as usize];
-        if e.holder.is_none() && e.queue.is_empty() {
-            let (name, h) = (e.name, e.hash);
-            assert!(
-                self.key_index.remove(h, k),
-                "key slot {k} missing from its index"
-            );
-            self.free_name(name);
-            self.keys.remove(k as usize);
-            self.budget.free_keys(1);
+        if e.holder.is_some() || !e.queue.is_empty() {
+            return;
         }
+        let (name, h) = (e.name, e.hash);
+        if e.multi != NIL {
+            if self.is_held(k) {
+                return;
+            }
+            self.multi_drop_if_unused(k);
+            debug_assert_eq!(self.keys[k as usize].multi, NIL, "a multi kept for nobody");
+        }
+        assert!(
+            self.key_index.remove(h, k),
+            "key slot {k} missing from its index"
+        );
+        self.free_name(name);
+        self.keys.remove(k as usize);
+        self.budget.free_keys(1);
     }
 
-    /// Makes `conn` the holder of the free key slot `k`; the grant, for
-    /// its effect.
-    fn set_holder(
+    /// Makes `conn` a holder of key slot `k`, whose holders `spec.access`
+    /// is compatible with: inline if that slot is free, else a share. A
+    /// share keeps a waiter of the budget, which the caller took
+    /// (`budgeted`: a granted waiter's, or one taken for it); an inline
+    /// holder gives it back.
+    #[inline(always)]
+    fn place(
         &mut self,
         k: u32,
         source: u32,
         endpoint: Endpoint,
         conn: Token,
         spec: Spec,
-    ) -> u64 {
-        self.hold(k, source, endpoint, conn, spec);
-        spec.grant_id
+        budgeted: bool,
+    ) -> At {
+        if self.keys[k as usize].holder.is_none() {
+            if budgeted {
+                self.budget.free_waiters(1);
+            }
+            self.hold(k, source, endpoint, conn, spec);
+            At::Inline
+        } else {
+            assert!(budgeted, "a share without its waiter of the budget");
+            At::Share(self.hold_share(k, source, endpoint, conn, spec))
+        }
     }
 
-    /// [`Table::set_holder`] without building the grant (recovery).
-    fn hold(&mut self, k: u32, source: u32, endpoint: Endpoint, conn: Token, spec: Spec) {
-        assert!(
-            self.keys[k as usize].holder.is_none(),
-            "grant of a held key"
-        );
-        self.keys[k as usize].holder = Some(Holder {
+    fn holder_of_spec(source: u32, endpoint: Endpoint, conn: Token, spec: Spec) -> Holder {
+        Holder {
             source,
             endpoint,
             acquired_unix_ms: spec.acquired_unix_ms,
@@ -499,7 +679,26 @@ impl Table {
             owner: spec.owner,
             expires_mono_us: spec.expires_mono_us,
             expires_unix_ms: spec.expires_unix_ms,
-        });
+        }
+    }
+
+    /// Makes `conn` the inline holder of key slot `k` (whose inline slot
+    /// is free).
+    fn hold(&mut self, k: u32, source: u32, endpoint: Endpoint, conn: Token, spec: Spec) {
+        let e = &mut self.keys[k as usize];
+        assert!(e.holder.is_none(), "grant of a held key");
+        if e.multi == NIL && spec.access == Access::Exclusive {
+            // The exclusive path: a free key, nothing else to keep.
+            e.holder = Some(Self::holder_of_spec(source, endpoint, conn, spec));
+            self.held += 1;
+        } else {
+            // A free key is listed nowhere; a share holding it stays the
+            // one that stands for it, unless a replayed grant id is lower.
+            self.listing_note(k);
+            let was_held = self.others_front(k).is_some();
+            self.keys[k as usize].holder = Some(Self::holder_of_spec(source, endpoint, conn, spec));
+            self.took(k, spec.access, was_held);
+        }
         self.next_grant_id = self.next_grant_id.max(spec.grant_id + 1);
         let (sources, keys) = (&mut self.sources, &mut self.keys);
         sources[source as usize].held.push_back(keys, k, K_SRC);
@@ -515,7 +714,7 @@ impl Table {
     }
 
     /// The hold a new grant gets at `now`.
-    fn new_spec(&self, mode: HoldMode, ttl_ms: u32, owner: u32, now: Now) -> Spec {
+    fn new_spec(&self, mode: HoldMode, ttl_ms: u32, owner: u32, access: Access, now: Now) -> Spec {
         let lease = mode == HoldMode::Lease;
         Spec {
             grant_id: self.next_grant_id,
@@ -533,23 +732,30 @@ impl Table {
             } else {
                 0
             },
+            access,
         }
     }
 
-    /// Removes the holder of key slot `k` (which must be held); does not
-    /// grant the next waiter and does not drop the key entry.
-    fn clear_holder(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
+    /// Removes the holder `at` of key slot `k`; does not grant the next
+    /// waiter and does not drop the key entry.
+    #[inline(always)]
+    fn clear_at(&mut self, k: u32, at: At, now: Now, cause: ReleaseCause, fx: &mut Effects) {
         // Retired before the unhold, which may drop the source's name
         // (kept now until the effect is applied).
-        let held = self.keys[k as usize].holder.expect("release of a free key");
+        let e = &self.keys[k as usize];
+        let (held, access) = match (at, e.multi) {
+            (At::Inline, NIL) => (e.holder.expect("release of a free key"), Access::Exclusive),
+            _ => (*self.holder_at(k, at), self.access_of(k)),
+        };
         let released = self.retired.len() as u32;
         self.retired.push(Retired {
-            key: self.keys[k as usize].name,
+            key: e.name,
             source: self.sources[held.source as usize].name,
             holder: held,
+            access,
             session: self.replicated_owner(held.owner),
         });
-        let h = self.unhold(k);
+        let h = self.unhold_at(k, at);
         fx.push(Effect::Released {
             holder_conn: h.conn,
             released,
@@ -559,14 +765,36 @@ impl Table {
         });
     }
 
-    /// [`Table::clear_holder`] without an effect (recovery and undo: nobody
+    /// Removes every holder of key slot `k`, oldest first, each with its
+    /// effect; does not grant and does not drop the key entry.
+    fn clear_all(&mut self, k: u32, now: Now, cause: ReleaseCause, fx: &mut Effects) {
+        while let Some(at) = self.first_at(k) {
+            self.clear_at(k, at, now, cause, fx);
+        }
+    }
+
+    /// [`Table::clear_at`] without an effect (recovery and undo: nobody
     /// to tell, and nothing to allocate).
+    #[inline(always)]
+    fn unhold_at(&mut self, k: u32, at: At) -> Holder {
+        match at {
+            At::Inline => self.unhold(k),
+            At::Share(x) => self.unhold_share(x),
+        }
+    }
+
+    /// Removes the inline holder of key slot `k`, without an effect.
+    #[inline(always)]
     fn unhold(&mut self, k: u32) -> Holder {
         self.listing_note(k);
-        let h = self.keys[k as usize]
-            .holder
-            .take()
-            .expect("release of a free key");
+        let e = &mut self.keys[k as usize];
+        let h = e.holder.take().expect("release of a free key");
+        if e.multi == NIL {
+            // An exclusive holder was the only one.
+            self.held -= 1;
+        } else {
+            self.gave_up(k);
+        }
         {
             let (sources, keys) = (&mut self.sources, &mut self.keys);
             sources[h.source as usize].held.unlink(keys, k, K_SRC);
@@ -592,12 +820,14 @@ impl Table {
         h
     }
 
-    /// Unlinks waiter `w` from its key queue and source list and frees its
-    /// slot. Neither the key nor the source entry is dropped here.
-    fn detach_waiter(&mut self, w: u32) -> Waiter {
-        let (key, source, owner) = {
+    /// Unlinks waiter `w` from its key queue, source and session lists and
+    /// frees its slot; its waiter of the budget stays taken (the caller
+    /// gives it back, or a share keeps it). Neither the key nor the source
+    /// entry is dropped here.
+    fn unlink_waiter(&mut self, w: u32) -> Waiter {
+        let (key, source, owner, class) = {
             let e = &self.waiters[w as usize];
-            (e.key, e.source, e.owner)
+            (e.key, e.source, e.owner, e.class)
         };
         if owner != NIL {
             let (owners, waiters) = (&mut self.owners, &mut self.waiters);
@@ -611,27 +841,63 @@ impl Table {
             let (sources, waiters) = (&mut self.sources, &mut self.waiters);
             sources[source as usize].waiting.unlink(waiters, w, W_SRC);
         }
-        self.budget.free_waiters(1);
+        if class == Class::Semaphore {
+            let m = self.keys[key as usize].multi;
+            let m = &mut self.multis[m as usize];
+            m.sem_users -= 1;
+            if m.sem_users == 0 {
+                m.slots = 0;
+            }
+            self.multi_drop_if_unused(key);
+        }
         self.waiters.remove(w as usize)
     }
 
-    /// Grants a free key to the head of its queue, or drops the key entry
-    /// when nobody waits.
-    fn grant_next(&mut self, k: u32, now: Now, fx: &mut Effects) {
-        debug_assert!(self.keys[k as usize].holder.is_none());
-        let Some(w) = self.keys[k as usize].queue.front() else {
+    /// A waiter leaves its queue without a grant (answered, withdrawn,
+    /// timed out, cancelled): unlinked, its waiter of the budget given
+    /// back. When it was the head of a shared or semaphore key's queue, the
+    /// next one may be grantable now: the key is noted in `unblocked`.
+    fn detach_waiter(&mut self, w: u32) -> Waiter {
+        let k = self.waiters[w as usize].key;
+        let head = self.keys[k as usize].queue.front() == Some(w);
+        let waiter = self.unlink_waiter(w);
+        self.budget.free_waiters(1);
+        if head && self.head_grantable(k) {
+            self.unblocked.push(k);
+        }
+        waiter
+    }
+
+    /// Grants the head of key slot `k`'s queue, then each next waiter,
+    /// while compatible with the holders (so consecutive readers at the
+    /// head are granted together, and nobody past a waiter that is not
+    /// compatible: FIFO across accesses); drops the key entry when nobody
+    /// holds or waits. O(1 + grants): it stops at the first waiter it
+    /// cannot grant.
+    fn grant_ready(&mut self, k: u32, now: Now, fx: &mut Effects) {
+        while let Some(w) = self.keys[k as usize].queue.front() {
+            if !self.compatible(k, self.waiters[w as usize].class) {
+                return;
+            }
+            // Before the unlink, which may forget the semaphore's `n`.
+            let access = self.waiter_access(w);
+            let waiter = self.unlink_waiter(w);
+            let spec = self.new_spec(waiter.mode, waiter.ttl_ms, waiter.owner, access, now);
+            self.place(k, waiter.source, waiter.endpoint, waiter.conn, spec, true);
+            fx.push(Effect::Granted {
+                conn: waiter.conn,
+                key_slot: k,
+                grant_id: spec.grant_id,
+                waited_us: Some(now.mono_us.saturating_sub(waiter.enqueued_mono_us)),
+            });
+            if access == Access::Exclusive {
+                // It admits nobody beside it.
+                return;
+            }
+        }
+        if !self.is_held(k) {
             self.key_drop_if_unused(k);
-            return;
-        };
-        let waiter = self.detach_waiter(w);
-        let spec = self.new_spec(waiter.mode, waiter.ttl_ms, waiter.owner, now);
-        let grant_id = self.set_holder(k, waiter.source, waiter.endpoint, waiter.conn, spec);
-        fx.push(Effect::Granted {
-            conn: waiter.conn,
-            key_slot: k,
-            grant_id,
-            waited_us: Some(now.mono_us.saturating_sub(waiter.enqueued_mono_us)),
-        });
+        }
     }
 
     /// Lock (blocking) or TryLock. `source` must already be resolved (an
@@ -674,87 +940,160 @@ impl Table {
         now: Now,
         fx: &mut Effects,
     ) -> Option<u32> {
+        self.lock_access(
+            conn,
+            key,
+            source,
+            endpoint,
+            mode,
+            opts,
+            Access::Exclusive,
+            now,
+            fx,
+        )
+    }
+
+    /// [`Table::lock_with`] for any [`Access`]: granted at once when the
+    /// key is free, or when nobody waits for it and the request is
+    /// compatible with its holders; else answered [`Reply::Busy`]
+    /// ([`LockMode::Try`]) or queued at the back. A semaphore request of
+    /// another `n` than the key's is answered [`Reply::ModeMismatch`] and
+    /// changes nothing.
+    #[allow(clippy::too_many_arguments)] // mirrors the wire request plus time and output
+    pub fn lock_access(
+        &mut self,
+        conn: Token,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        source: &(impl AsRef<[u8]> + ?Sized),
+        endpoint: SocketAddr,
+        mode: LockMode,
+        opts: LockOpts,
+        access: Access,
+        now: Now,
+        fx: &mut Effects,
+    ) -> Option<u32> {
         let (key, source) = (key.as_ref(), source.as_ref());
         debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
         debug_assert!(key.len() <= NAME_MAX && source.len() <= NAME_MAX);
+        assert!(access.is_valid(), "a semaphore of no slot");
         let endpoint = Endpoint::from(endpoint);
         let Ok((k, new)) = self.key_get_or_insert(key) else {
             refuse(conn, Limit::Keys, fx);
             return None;
         };
         if !new {
-            if self.keys[k as usize].holder.is_some() {
-                if mode == LockMode::Try {
+            debug_assert!(self.is_held(k), "a free key never stays in the table");
+            if let Access::Semaphore(n) = access {
+                let slots = self.slots(k);
+                if slots != 0 && slots != n {
                     fx.push(Effect::Reply {
                         conn,
-                        reply: Reply::Busy,
+                        reply: Reply::ModeMismatch,
                     });
                     return None;
                 }
-                // Server-wide: every shard's waiters count against one
-                // `--max-waiters`.
-                if !self.budget.take_waiter() {
+            }
+            if self.keys[k as usize].queue.is_empty() && self.compatible(k, Class::of(access)) {
+                // Beside the holders: a share takes a waiter of the
+                // budget, the free inline slot none.
+                let budgeted = self.keys[k as usize].holder.is_some();
+                if budgeted && !self.budget.take_waiter() {
                     refuse(conn, Limit::Waiters, fx);
                     return None;
                 }
                 let Some(s) = self.source_get_or_insert(source) else {
-                    self.budget.free_waiters(1);
+                    if budgeted {
+                        self.budget.free_waiters(1);
+                    }
                     refuse(conn, Limit::Sources, fx);
                     return None;
                 };
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                let w = self.waiters.insert(Waiter {
-                    key: k,
+                let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, access, now);
+                self.place(k, s, endpoint, conn, spec, budgeted);
+                fx.push(Effect::Granted {
                     conn,
-                    source: s,
-                    endpoint,
-                    enqueued_mono_us: now.mono_us,
-                    mode: opts.mode,
-                    ttl_ms: opts.ttl_ms,
-                    owner: opts.owner,
-                    seq,
-                    links: new_links(),
-                }) as u32;
-                if opts.owner != NIL {
-                    let (owners, waiters) = (&mut self.owners, &mut self.waiters);
-                    owners[opts.owner as usize]
-                        .waiting
-                        .push_back(waiters, w, W_OWN);
-                }
-                if let Some(d) = opts.deadline_us {
-                    self.waits.push(Reverse((d, w, seq)));
-                }
-                {
-                    let (keys, waiters) = (&mut self.keys, &mut self.waiters);
-                    keys[k as usize].queue.push_back(waiters, w, W_KEY);
-                }
-                {
-                    let (sources, waiters) = (&mut self.sources, &mut self.waiters);
-                    sources[s as usize].waiting.push_back(waiters, w, W_SRC);
-                }
-                return Some(w);
+                    key_slot: k,
+                    grant_id: spec.grant_id,
+                    waited_us: None,
+                });
+                return None;
             }
-            unreachable!("a free key never stays in the table");
+            if mode == LockMode::Try {
+                fx.push(Effect::Reply {
+                    conn,
+                    reply: Reply::Busy,
+                });
+                return None;
+            }
+            // Server-wide: every shard's waiters count against one
+            // `--max-waiters`.
+            if !self.budget.take_waiter() {
+                refuse(conn, Limit::Waiters, fx);
+                return None;
+            }
+            let Some(s) = self.source_get_or_insert(source) else {
+                self.budget.free_waiters(1);
+                refuse(conn, Limit::Sources, fx);
+                return None;
+            };
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let w = self.waiters.insert(Waiter {
+                key: k,
+                conn,
+                source: s,
+                endpoint,
+                enqueued_mono_us: now.mono_us,
+                mode: opts.mode,
+                ttl_ms: opts.ttl_ms,
+                owner: opts.owner,
+                class: Class::of(access),
+                seq,
+                links: new_links(),
+            }) as u32;
+            if let Access::Semaphore(n) = access {
+                let m = self.multi_make(k);
+                m.slots = n;
+                m.sem_users += 1;
+            }
+            if opts.owner != NIL {
+                let (owners, waiters) = (&mut self.owners, &mut self.waiters);
+                owners[opts.owner as usize]
+                    .waiting
+                    .push_back(waiters, w, W_OWN);
+            }
+            if let Some(d) = opts.deadline_us {
+                self.waits.push(Reverse((d, w, seq)));
+            }
+            {
+                let (keys, waiters) = (&mut self.keys, &mut self.waiters);
+                keys[k as usize].queue.push_back(waiters, w, W_KEY);
+            }
+            {
+                let (sources, waiters) = (&mut self.sources, &mut self.waiters);
+                sources[s as usize].waiting.push_back(waiters, w, W_SRC);
+            }
+            return Some(w);
         }
         let Some(s) = self.source_get_or_insert(source) else {
             self.key_drop_if_unused(k);
             refuse(conn, Limit::Sources, fx);
             return None;
         };
-        let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, now);
-        let grant_id = self.set_holder(k, s, endpoint, conn, spec);
+        let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, access, now);
+        self.hold(k, s, endpoint, conn, spec);
         fx.push(Effect::Granted {
             conn,
             key_slot: k,
-            grant_id,
+            grant_id: spec.grant_id,
             waited_us: None,
         });
         None
     }
 
-    /// Releases `key` if held and grants it to the next waiter. Answers the
-    /// requester (`conn`, if any) `+` whether or not the key was held.
+    /// Releases every holder of `key`, if held, and grants it to the next
+    /// waiters. Answers the requester (`conn`, if any) `+` whether or not
+    /// the key was held.
     fn release_key(
         &mut self,
         conn: Option<Token>,
@@ -764,9 +1103,16 @@ impl Table {
         fx: &mut Effects,
     ) {
         if let Some(k) = self.find_key(key) {
-            if self.keys[k as usize].holder.is_some() {
-                self.clear_holder(k, now, cause, fx);
-                self.grant_next(k, now, fx);
+            let e = &self.keys[k as usize];
+            if e.multi == NIL {
+                // Free, or held by one exclusive holder.
+                if e.holder.is_some() {
+                    self.clear_at(k, At::Inline, now, cause, fx);
+                    self.grant_ready(k, now, fx);
+                }
+            } else if self.is_held(k) {
+                self.clear_all(k, now, cause, fx);
+                self.grant_ready(k, now, fx);
             }
         }
         if let Some(conn) = conn {
@@ -779,6 +1125,16 @@ impl Table {
 
     /// Unlock: releases the key whoever asks (Locking-Center has no owner
     /// check) and hands it to the next waiter. A free key answers `+`.
+    ///
+    /// A key held shared or as a semaphore loses **every** holder, as on
+    /// [`Table::reset_by_key`]: an ownerless Unlock cannot tell which
+    /// holder it would be (a Locking-Center client never holds such a
+    /// key: its Lock is exclusive), and freeing one arbitrary holder
+    /// would be a silent, partial surprise. Unlock means "free this key",
+    /// as it does for an exclusive session or lease holder today; each
+    /// holder released this way is told like any forced release
+    /// ([`ReleaseCause::Unlock`] is [`forced`](ReleaseCause::forced)),
+    /// and the next grant's higher token fences them all.
     pub fn unlock(
         &mut self,
         conn: Token,
@@ -789,7 +1145,7 @@ impl Table {
         self.release_key(Some(conn), key.as_ref(), ReleaseCause::Unlock, now, fx);
     }
 
-    /// ResetByKey: releases the holder; waiters keep their places.
+    /// ResetByKey: releases every holder; waiters keep their places.
     pub fn reset_by_key(
         &mut self,
         conn: Option<Token>,
@@ -800,8 +1156,9 @@ impl Table {
         self.release_key(conn, key.as_ref(), ReleaseCause::ResetByKey, now, fx);
     }
 
-    /// Compare-and-reset: releases `key` only if its holder's grant is
-    /// `token` (the holder an operator saw). True if it did.
+    /// Compare-and-reset: releases the holder of `key` whose grant is
+    /// `token` (the holder an operator saw; the other holders of a shared
+    /// or semaphore key stay). True if it did.
     pub fn reset_if(
         &mut self,
         key: &(impl AsRef<[u8]> + ?Sized),
@@ -813,16 +1170,16 @@ impl Table {
         let Some(k) = self.find_key(key.as_ref()) else {
             return false;
         };
-        if self.keys[k as usize].holder.map(|h| h.grant_id) != Some(token) {
+        let Some(at) = self.find_grant(k, token) else {
             return false;
-        }
-        self.clear_holder(k, now, ReleaseCause::ResetByKey, fx);
-        self.grant_next(k, now, fx);
+        };
+        self.clear_at(k, at, now, ReleaseCause::ResetByKey, fx);
+        self.grant_ready(k, now, fx);
         true
     }
 
     /// ResetBySource: answers `-` to every queued Lock of `source`, then
-    /// releases every key it holds (granting each to its next waiter).
+    /// releases every hold it has (granting each key to its next waiters).
     /// Waiters are answered first so that none of them can be granted a key
     /// its own source is giving up in the same call.
     pub fn reset_by_source(
@@ -842,18 +1199,23 @@ impl Table {
                     reply: Reply::Withdrawn,
                 });
             }
-            while let Some(k) = self.sources[s as usize].held.front() {
-                let last = self.sources[s as usize].held.len() == 1;
-                self.clear_holder(k, now, ReleaseCause::ResetBySource, fx);
-                self.grant_next(k, now, fx);
-                if last {
-                    // clear_holder dropped the (now unused) source entry.
+            // The source entry goes with its last hold (nothing here makes
+            // a new one, so its slot stays vacant).
+            while let Some(e) = self.sources.get(s as usize) {
+                let (k, at) = if let Some(k) = e.held.front() {
+                    (k, At::Inline)
+                } else if let Some(x) = e.shares.front() {
+                    (self.shares[x as usize].key, At::Share(x))
+                } else {
                     break;
-                }
+                };
+                self.clear_at(k, at, now, ReleaseCause::ResetBySource, fx);
+                self.grant_ready(k, now, fx);
             }
             if self.sources.contains(s as usize) && self.find_source(source) == Some(s) {
                 self.source_drop_if_unused(s);
             }
+            self.grant_unblocked(now, fx);
         }
         if let Some(conn) = conn {
             fx.push(Effect::Reply {
@@ -865,15 +1227,17 @@ impl Table {
 
     /// A queued waiter's connection hung up: withdraw it. It is never
     /// granted and nothing is answered. `w` must be a live waiter slot.
+    /// Of a shared or semaphore key's queue, the waiters behind it may be
+    /// grantable now: [`Table::grant_unblocked`].
     pub fn withdraw(&mut self, w: u32) {
         let waiter = self.detach_waiter(w);
         self.source_drop_if_unused(waiter.source);
         // The key is held (it had a queue); it stays.
-        debug_assert!(self.keys[waiter.key as usize].holder.is_some());
+        debug_assert!(self.is_held(waiter.key));
     }
 
     /// Gives back a grant whose `+` could not be delivered. Does nothing if
-    /// that grant is no longer the holder (already unlocked or reset).
+    /// that grant no longer holds the key (already unlocked or reset).
     pub fn release_grant(
         &mut self,
         key_slot: u32,
@@ -881,26 +1245,26 @@ impl Table {
         now: Now,
         fx: &mut Effects,
     ) -> bool {
-        let held_by_grant = self
-            .keys
-            .get(key_slot as usize)
-            .and_then(|e| e.holder)
-            .is_some_and(|h| h.grant_id == grant_id);
-        if held_by_grant {
-            self.clear_holder(key_slot, now, ReleaseCause::Undelivered, fx);
-            self.grant_next(key_slot, now, fx);
-        }
-        held_by_grant
+        let Some(at) = self.grant_in(key_slot, grant_id) else {
+            return false;
+        };
+        self.clear_at(key_slot, at, now, ReleaseCause::Undelivered, fx);
+        self.grant_ready(key_slot, now, fx);
+        true
     }
 }
 
 mod homed;
 mod invariants;
 mod listing;
+mod modes;
 mod query;
 mod replay;
 mod session;
 pub use listing::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
+use modes::first_of;
 
+#[cfg(test)]
+mod modes_tests;
 #[cfg(test)]
 mod tests;

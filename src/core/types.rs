@@ -40,6 +40,55 @@ impl HoldMode {
     }
 }
 
+/// How a request shares its key with other holders (issue #33): chosen per
+/// request, beside [`HoldMode`] (what ends the hold) and [`LockMode`]
+/// (whether it waits).
+///
+/// Compatibility is per request: `Exclusive` conflicts with everything;
+/// `Shared` is compatible with `Shared` only; `Semaphore(n)` with
+/// `Semaphore(n)` only, while fewer than `n` hold the key. A key's
+/// requests wait in one FIFO queue whatever their access, and a request is
+/// granted only when it is compatible with every holder *and* no earlier
+/// request on the key still waits (a waiting writer is never overtaken by
+/// later readers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Access {
+    /// One holder at a time (the only access before issue #33, and the
+    /// Locking-Center protocol's).
+    #[default]
+    Exclusive,
+    /// Any number of holders, all shared (readers).
+    Shared,
+    /// At most `n` holders, all semaphore requests of the same `n` (`n >= 1`).
+    /// A key's `n` is fixed by its first semaphore request for as long as a
+    /// semaphore request holds or waits on the key; a request naming
+    /// another `n` is refused with [`Reply::ModeMismatch`].
+    Semaphore(u32),
+}
+
+impl Access {
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Exclusive => "exclusive",
+            Access::Shared => "shared",
+            Access::Semaphore(_) => "semaphore",
+        }
+    }
+
+    /// A semaphore's slot count; 0 for the other accesses.
+    pub fn slots(self) -> u32 {
+        match self {
+            Access::Semaphore(n) => n,
+            _ => 0,
+        }
+    }
+
+    /// False for a semaphore of no slot (which nothing could ever hold).
+    pub fn is_valid(self) -> bool {
+        self != Access::Semaphore(0)
+    }
+}
+
 /// Capacity of the table.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -77,6 +126,10 @@ pub enum Reply {
     TimedOut,
     /// A queued request withdrawn by its session's Cancel.
     Cancelled,
+    /// A semaphore request whose slot count is not the key's (fixed by
+    /// the semaphore request that held or queued first, while one still
+    /// holds or waits): refused, nothing changed (see [`Access`]).
+    ModeMismatch,
 }
 
 impl Reply {
@@ -85,7 +138,11 @@ impl Reply {
         match self {
             Reply::Ok => b'+',
             Reply::Busy => b'#',
-            Reply::Limit | Reply::Withdrawn | Reply::TimedOut | Reply::Cancelled => b'-',
+            Reply::Limit
+            | Reply::Withdrawn
+            | Reply::TimedOut
+            | Reply::Cancelled
+            | Reply::ModeMismatch => b'-',
         }
     }
 }

@@ -61,6 +61,9 @@ fn status_of(r: Reply) -> Status {
         Reply::Limit => Status::Limit,
         Reply::TimedOut => Status::TimedOut,
         Reply::Withdrawn | Reply::Cancelled => Status::Cancelled,
+        // Only a semaphore request is refused so, and sessions do not
+        // speak lock modes yet (issue #33): never produced here.
+        Reply::ModeMismatch => Status::Invalid,
     }
 }
 

@@ -75,12 +75,24 @@ impl Table {
             }
             cur = List::next_of(&self.keys, k, K_AGE);
         }
+        // Keys that only shares hold (their inline holder left first).
+        let mut cur = self.shares_by_age.front();
+        while let Some(x) = cur {
+            let k = self.shares[x as usize].key;
+            if self.keys[k as usize].holder.is_none() {
+                slots.push(k);
+            }
+            cur = List::next_of(&self.shares, x, S_AGE);
+        }
         let (names, keys) = (&self.names, &self.keys);
         slots.sort_unstable_by(|&a, &b| {
             names
                 .get(keys[a as usize].name)
                 .cmp(names.get(keys[b as usize].name))
         });
+        // A key is one entry, however many hold it (the one that stands
+        // for it: `Table::first_holder`).
+        slots.dedup();
         let count = slots.len() as u32;
         let l = Listing {
             slots,
@@ -120,7 +132,14 @@ impl Table {
             self.listings[id.0 as usize] = None;
             return Step::Overflowed;
         }
-        let (l, keys, names, sources) = (l, &self.keys, &self.names, &self.sources);
+        let (l, keys, names, sources, multis, shares) = (
+            l,
+            &self.keys,
+            &self.names,
+            &self.sources,
+            &self.multis,
+            &self.shares,
+        );
         while l.next < l.slots.len() && out.len() - start < max_bytes {
             let s = l.slots[l.next];
             l.next += 1;
@@ -131,9 +150,7 @@ impl Table {
                 out.extend_from_slice(&l.saved[at..at + keep]);
             } else {
                 let e = &keys[s as usize];
-                let h = e
-                    .holder
-                    .as_ref()
+                let h = first_of(e, multis, shares)
                     .expect("a listed holder is noted before it changes");
                 held_ref_of(names, sources, e, h).encode_admin(extended, l.unix_ms, out);
             }
@@ -156,16 +173,25 @@ impl Table {
         self.listings.iter().flatten().count()
     }
 
-    /// Key `k`'s holder is about to change: every listing that still has
-    /// to encode it as it was keeps its entry now. O(log listed) name
-    /// comparisons per listing in progress; nothing without one.
+    /// Key `k`'s holders are about to change (any of them: the one that
+    /// stands for the key may be another after): every listing that still
+    /// has to encode it as it was keeps its entry now. O(log listed) name
+    /// comparisons per listing in progress; nothing without one (a
+    /// check inlined where holders change).
+    #[inline]
     pub(super) fn listing_note(&mut self, k: u32) {
-        if self.listings.is_empty() {
-            return;
+        if !self.listings.is_empty() {
+            self.listing_note_slow(k);
         }
+    }
+
+    #[inline(never)]
+    fn listing_note_slow(&mut self, k: u32) {
         let (keys, names, sources) = (&self.keys, &self.names, &self.sources);
         let e = &keys[k as usize];
-        let Some(h) = e.holder.as_ref() else { return };
+        let Some(h) = first_of(e, &self.multis, &self.shares) else {
+            return;
+        };
         let name = names.get(e.name);
         for l in self.listings.iter_mut().flatten() {
             if l.overflowed {

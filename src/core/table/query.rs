@@ -4,21 +4,75 @@
 use super::*;
 
 impl Table {
-    /// The holder of `key`, if held.
+    /// The holder of `key`, if held: an exclusive key's holder, a shared
+    /// or semaphore key's oldest ([`Table::holders_of`] lists them all).
     pub fn holder_of(&self, key: &[u8]) -> Option<HeldKey> {
         self.held_key(self.find_key(key)?)
+    }
+
+    /// Every holder of `key` with how it holds the key, oldest first (none
+    /// when it is free). Allocates: inspection and admin paths.
+    pub fn holders_of(&self, key: &[u8]) -> Vec<(HeldKey, Access)> {
+        let mut out = Vec::new();
+        self.for_each_holder_of(key, |h, a| {
+            out.push((h.to_owned().expect("names are at most NAME_MAX"), a))
+        });
+        out.sort_unstable_by_key(|(h, _)| h.grant_id);
+        out
+    }
+
+    /// Visits every holder of `key` (the inline one, then the others in
+    /// grant order), by reference: no allocation.
+    pub fn for_each_holder_of(&self, key: &[u8], mut f: impl FnMut(HeldRef<'_>, Access)) {
+        let Some(k) = self.find_key(key) else {
+            return;
+        };
+        let access = self.access_of(k);
+        let e = &self.keys[k as usize];
+        if let Some(h) = e.holder.as_ref() {
+            f(self.ref_of(k, h), access);
+        }
+        let mut cur = self.others_front(k);
+        while let Some(x) = cur {
+            f(self.ref_of(k, &self.shares[x as usize].holder), access);
+            cur = List::next_of(&self.shares, x, S_KEY);
+        }
+    }
+
+    /// How `key` is held now, if it is (a semaphore with its `n`).
+    pub fn access_of_key(&self, key: &[u8]) -> Option<Access> {
+        let k = self.find_key(key)?;
+        self.is_held(k).then(|| self.access_of(k))
+    }
+
+    /// How many hold `key`.
+    pub fn holder_count_of(&self, key: &[u8]) -> usize {
+        self.find_key(key)
+            .map_or(0, |k| self.holder_count(k) as usize)
+    }
+
+    /// The `n` fixed for `key`'s semaphore while a semaphore request holds
+    /// or waits on it.
+    pub fn semaphore_slots_of(&self, key: &[u8]) -> Option<u32> {
+        let k = self.find_key(key)?;
+        let n = self.slots(k);
+        (n != 0).then_some(n)
     }
 
     pub(super) fn held_key(&self, slot: u32) -> Option<HeldKey> {
         self.held_ref(slot)?.to_owned()
     }
 
-    /// The holder of key slot `slot`, by reference (no copy of a name).
+    /// The holder that stands for key slot `slot` ([`Table::holder_of`]),
+    /// by reference (no copy of a name).
     pub(super) fn held_ref(&self, slot: u32) -> Option<HeldRef<'_>> {
-        let e = &self.keys[slot as usize];
-        let h = e.holder?;
-        Some(HeldRef {
-            key: self.names.get(e.name),
+        Some(self.ref_of(slot, self.first_holder(slot)?))
+    }
+
+    /// Holder `h` of key slot `k`, by reference.
+    pub(super) fn ref_of(&self, k: u32, h: &Holder) -> HeldRef<'_> {
+        HeldRef {
+            key: self.names.get(self.keys[k as usize].name),
             source: self.names.get(self.sources[h.source as usize].name),
             endpoint: h.endpoint.addr(),
             acquired_unix_ms: h.acquired_unix_ms,
@@ -26,7 +80,7 @@ impl Table {
             mode: h.mode,
             expires_unix_ms: h.expires_unix_ms,
             session: self.replicated_owner(h.owner),
-        })
+        }
     }
 
     /// The id of owner entry `o` if it is a replicated session's, else 0.
@@ -47,7 +101,7 @@ impl Table {
         Name::new(self.names.get(self.keys[k as usize].name)).expect("names are at most NAME_MAX")
     }
 
-    /// Every held key, sorted by key (admin path: allocates).
+    /// Every holder, sorted by key (admin path: allocates).
     pub fn held_list(&self) -> Vec<HeldKey> {
         let mut out: Vec<HeldKey> = Vec::with_capacity(self.held_keys());
         self.for_each_held(|h| out.push(h.to_owned().expect("names are at most NAME_MAX")));
@@ -81,10 +135,11 @@ impl Table {
         }
     }
 
-    /// The connection token of `key`'s holder (inspection).
+    /// The connection token of `key`'s holder (inspection; a shared or
+    /// semaphore key's oldest).
     pub fn holder_conn(&self, key: &[u8]) -> Option<Token> {
         let slot = self.find_key(key)?;
-        self.keys[slot as usize].holder.map(|h| h.conn)
+        self.first_holder(slot).map(|h| h.conn)
     }
 
     /// Number of waiters queued on `key`.

@@ -13,16 +13,52 @@ impl Table {
 
     /// [`Table::restore_holder`] by reference (replay, over the log image).
     pub fn restore(&mut self, h: HeldRef<'_>, now: Now) -> bool {
-        if h.key.len() > NAME_MAX || h.source.len() > NAME_MAX {
+        self.restore_access(h, Access::Exclusive, now)
+    }
+
+    /// Replay of a grant in any [`Access`]: installs holder `h` (its grant
+    /// id, no connection, nobody answered) as the record says, the way
+    /// [`Table::restore`] does for an exclusive hold, and what the log
+    /// replay of shared and semaphore grants will call:
+    /// - a holder of the same grant id is replaced;
+    /// - holders that could not hold the key beside it (any, for an
+    ///   exclusive grant; of another access, or a semaphore of another
+    ///   `n`) are removed first: a record sets what it says absolutely, as
+    ///   an exclusive grant's record always replaced any holder;
+    /// - a semaphore already at its `n` loses its oldest holders until the
+    ///   new one fits (a consistent log never gets here);
+    /// - a shared or semaphore holder besides another takes a waiter of
+    ///   the budget.
+    ///
+    /// Refuses (false, nothing changed but holders removed as above) past
+    /// a limit, for a semaphore of no slot, and for a semaphore whose `n`
+    /// differs from the one its queued requests fixed (only an undo can
+    /// meet those: the log step must answer them first).
+    pub fn restore_access(&mut self, h: HeldRef<'_>, access: Access, now: Now) -> bool {
+        if h.key.len() > NAME_MAX || h.source.len() > NAME_MAX || !access.is_valid() {
             return false;
         }
         let Ok((k, new)) = self.key_get_or_insert(h.key) else {
             return false;
         };
-        if !new && self.keys[k as usize].holder.is_some() {
-            self.unhold(k);
+        if !new {
+            self.make_room(k, h.grant_id, access);
+            let slots = self.slots(k);
+            if access.slots() != 0 && slots != 0 && slots != access.slots() {
+                self.key_drop_if_unused(k);
+                return false;
+            }
+        }
+        // A holder beside another is a share, with a waiter of the budget.
+        let budgeted = self.keys[k as usize].holder.is_some();
+        if budgeted && !self.budget.take_waiter() {
+            self.key_drop_if_unused(k);
+            return false;
         }
         let Some(s) = self.source_get_or_insert(h.source) else {
+            if budgeted {
+                self.budget.free_waiters(1);
+            }
             self.key_drop_if_unused(k);
             return false;
         };
@@ -32,6 +68,9 @@ impl Table {
             match self.owner_open(h.session, ORPHAN) {
                 Some(o) => o,
                 None => {
+                    if budgeted {
+                        self.budget.free_waiters(1);
+                    }
                     self.source_drop_if_unused(s);
                     self.key_drop_if_unused(k);
                     return false;
@@ -58,20 +97,94 @@ impl Table {
                 0
             },
             expires_unix_ms: if lease { h.expires_unix_ms } else { 0 },
+            access,
         };
-        self.hold(k, s, Endpoint::from(h.endpoint), NO_CONN, spec);
+        self.place(k, s, Endpoint::from(h.endpoint), NO_CONN, spec, budgeted);
+        self.note_if_unblocked(k);
         true
     }
 
-    /// Recovery: a release read from the log.
+    /// Holders removed without a grant (replay, undo) may have let the head
+    /// of `k`'s queue in: noted for [`Table::grant_unblocked`] (an undo's
+    /// [`Table::settle`] grants it anyway).
+    fn note_if_unblocked(&mut self, k: u32) {
+        if self.keys.contains(k as usize) && self.head_grantable(k) {
+            self.unblocked.push(k);
+        }
+    }
+
+    /// Removes, without effects, the holders of key slot `k` that a grant
+    /// `grant_id` in `access` replaces (see [`Table::restore_access`]).
+    /// Their session entries stay, as a replaced exclusive holder's
+    /// always did (an orphan's entry lives until it is adopted or ended).
+    fn make_room(&mut self, k: u32, grant_id: u64, access: Access) {
+        if let Some(at) = self.find_grant(k, grant_id) {
+            self.unhold_at(k, at);
+        }
+        if !self.is_held(k) {
+            return;
+        }
+        let fits = match (self.class(k), access) {
+            (Class::Shared, Access::Shared) => true,
+            (Class::Semaphore, Access::Semaphore(n)) => n == self.slots(k),
+            _ => false,
+        };
+        if !fits {
+            while let Some(at) = self.first_at(k) {
+                self.unhold_at(k, at);
+            }
+            return;
+        }
+        if let Access::Semaphore(n) = access {
+            while self.holder_count(k) >= n {
+                let at = self.first_at(k).expect("held");
+                self.unhold_at(k, at);
+            }
+        }
+    }
+
+    /// Removes holder `at` of key slot `k` without an effect, and the
+    /// orphan session entry it leaves empty.
+    fn unhold_restored(&mut self, k: u32, at: At) {
+        let h = self.unhold_at(k, at);
+        self.owner_drop_if_empty_orphan(h.owner);
+    }
+
+    /// Removes every holder of key slot `k` without an effect.
+    fn unhold_all(&mut self, k: u32) {
+        while let Some(at) = self.first_at(k) {
+            self.unhold_restored(k, at);
+        }
+    }
+
+    /// Recovery: a release read from the log: the key loses every holder.
     pub fn restore_release(&mut self, key: &(impl AsRef<[u8]> + ?Sized), _now: Now) {
         if let Some(k) = self.find_key(key.as_ref()) {
-            if self.keys[k as usize].holder.is_some() {
-                let h = self.unhold(k);
-                self.owner_drop_if_empty_orphan(h.owner);
-            }
+            self.unhold_all(k);
             self.key_drop_if_unused(k);
         }
+    }
+
+    /// Replay of one holder's release (what a shared or semaphore key's
+    /// release records will name): the holder `grant_id` of `key` goes,
+    /// the others stay; nobody is granted (the log says who is next).
+    /// False when it does not hold the key.
+    pub fn restore_release_grant(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        _now: Now,
+    ) -> bool {
+        let Some(k) = self.find_key(key.as_ref()) else {
+            return false;
+        };
+        let Some(at) = self.find_grant(k, grant_id) else {
+            return false;
+        };
+        self.unhold_restored(k, at);
+        self.note_if_unblocked(k);
+        self.key_drop_if_unused(k);
+        true
     }
 
     /// Forgets owner entry `o` if it is an orphan with nothing left (a
@@ -82,22 +195,35 @@ impl Table {
             return;
         }
         let e = &self.owners[o as usize];
-        if e.tag == ORPHAN && e.held.is_empty() && e.waiting.is_empty() {
+        if e.tag == ORPHAN && e.held.is_empty() && e.shares.is_empty() && e.waiting.is_empty() {
             let id = e.id;
             self.owner_index.remove(&id);
             self.owners.remove(o as usize);
         }
     }
 
-    /// Visits every held key in grant order (oldest first), by reference:
-    /// no allocation, no copy of a name.
+    /// Visits every holder, by reference: no allocation, no copy of a
+    /// name. Exclusive holders and the other keys' inline holders come in
+    /// grant order (oldest first), then the other holders of shared and
+    /// semaphore keys in grant order. A [`HeldRef`] does not say how its
+    /// key is held: [`Table::for_each_holder`] does.
     pub fn for_each_held(&self, mut f: impl FnMut(HeldRef<'_>)) {
+        self.for_each_holder(|h, _| f(h));
+    }
+
+    /// [`Table::for_each_held`] with each holder's [`Access`].
+    pub fn for_each_holder(&self, mut f: impl FnMut(HeldRef<'_>, Access)) {
         let mut cur = self.by_age.front();
         while let Some(k) = cur {
-            if let Some(h) = self.held_ref(k) {
-                f(h);
-            }
+            let h = self.keys[k as usize].holder.as_ref().expect("held");
+            f(self.ref_of(k, h), self.access_of(k));
             cur = List::next_of(&self.keys, k, K_AGE);
+        }
+        let mut cur = self.shares_by_age.front();
+        while let Some(x) = cur {
+            let s = &self.shares[x as usize];
+            f(self.ref_of(s.key, &s.holder), self.access_of(s.key));
+            cur = List::next_of(&self.shares, x, S_AGE);
         }
     }
 
@@ -115,6 +241,10 @@ impl Table {
     /// and a key with none is visited as it has been since.
     ///
     /// A walk already in progress is restarted.
+    ///
+    /// It visits inline holders only (every exclusive holder): the other
+    /// holders of shared and semaphore keys, and the absolute meaning of
+    /// a record above, are for the log step of issue #33.
     pub fn walk_begin(&mut self) {
         self.walk = match (self.by_age.front(), self.by_age.back()) {
             (Some(next), Some(last)) => Some(Walk { next, last }),
@@ -126,8 +256,8 @@ impl Table {
     pub fn walk_step(&mut self, max: usize, mut f: impl FnMut(HeldRef<'_>)) -> bool {
         for _ in 0..max {
             let Some(w) = self.walk else { return true };
-            if let Some(h) = self.held_ref(w.next) {
-                f(h);
+            if let Some(h) = self.keys[w.next as usize].holder.as_ref() {
+                f(self.ref_of(w.next, h));
             }
             self.walk = if w.next == w.last {
                 None
@@ -158,27 +288,28 @@ impl Table {
         let Some(key_slot) = self.find_key(key.as_ref()) else {
             return false;
         };
-        let held_by_grant = self.keys[key_slot as usize]
-            .holder
-            .is_some_and(|h| h.grant_id == grant_id);
-        if held_by_grant {
-            self.unhold(key_slot);
-        }
-        held_by_grant
+        let Some(at) = self.find_grant(key_slot, grant_id) else {
+            return false;
+        };
+        self.unhold_at(key_slot, at);
+        self.note_if_unblocked(key_slot);
+        true
     }
 
-    /// After undos: a free key is granted to its next waiter, or dropped.
+    /// After undos: a key's next waiters are granted what they may hold
+    /// now (a free key's head, or more holders of a shared or semaphore
+    /// key that lost one), or the key is dropped when nobody holds or
+    /// waits.
     pub fn settle(&mut self, key: &(impl AsRef<[u8]> + ?Sized), now: Now, fx: &mut Effects) {
         if let Some(k) = self.find_key(key.as_ref()) {
-            if self.keys[k as usize].holder.is_none() {
-                self.grant_next(k, now, fx);
-            }
+            self.grant_ready(k, now, fx);
         }
     }
 
-    /// Grant id of the current holder of `key`, if held.
+    /// Grant id of the current holder of `key`, if held (a shared or
+    /// semaphore key's oldest).
     pub fn grant_of(&self, key: &(impl AsRef<[u8]> + ?Sized)) -> Option<u64> {
         let k = self.find_key(key.as_ref())?;
-        self.keys[k as usize].holder.map(|h| h.grant_id)
+        self.first_holder(k).map(|h| h.grant_id)
     }
 }

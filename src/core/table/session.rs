@@ -20,6 +20,7 @@ impl Table {
             id,
             tag,
             held: List::new(),
+            shares: List::new(),
             waiting: List::new(),
         }) as u32;
         self.owner_index.insert(id, o);
@@ -36,8 +37,89 @@ impl Table {
         self.owners.len()
     }
 
+    /// The first hold of owner entry `o`: `(key slot, where)`.
+    fn owner_first(&self, o: u32) -> Option<(u32, At)> {
+        let e = &self.owners[o as usize];
+        if let Some(k) = e.held.front() {
+            return Some((k, At::Inline));
+        }
+        e.shares
+            .front()
+            .map(|x| (self.shares[x as usize].key, At::Share(x)))
+    }
+
+    /// The hold of owner entry `o` after `(k, at)` (inline holds, then
+    /// shares).
+    fn owner_next(&self, o: u32, k: u32, at: At) -> Option<(u32, At)> {
+        match at {
+            At::Inline => match List::next_of(&self.keys, k, K_OWN) {
+                Some(n) => Some((n, At::Inline)),
+                None => self.owners[o as usize]
+                    .shares
+                    .front()
+                    .map(|x| (self.shares[x as usize].key, At::Share(x))),
+            },
+            At::Share(x) => List::next_of(&self.shares, x, S_OWN)
+                .map(|x| (self.shares[x as usize].key, At::Share(x))),
+        }
+    }
+
+    /// Every holder in grant order (inline holders, then shares): the
+    /// first, as `(key slot, where)`.
+    pub(super) fn age_first(&self) -> Option<(u32, At)> {
+        if let Some(k) = self.by_age.front() {
+            return Some((k, At::Inline));
+        }
+        self.shares_by_age
+            .front()
+            .map(|x| (self.shares[x as usize].key, At::Share(x)))
+    }
+
+    /// The holder after `(k, at)` in [`Table::age_first`]'s order.
+    pub(super) fn age_next(&self, k: u32, at: At) -> Option<(u32, At)> {
+        match at {
+            At::Inline => match List::next_of(&self.keys, k, K_AGE) {
+                Some(n) => Some((n, At::Inline)),
+                None => self
+                    .shares_by_age
+                    .front()
+                    .map(|x| (self.shares[x as usize].key, At::Share(x))),
+            },
+            At::Share(x) => List::next_of(&self.shares, x, S_AGE)
+                .map(|x| (self.shares[x as usize].key, At::Share(x))),
+        }
+    }
+
+    /// Holder `(k, at)` of owner entry `o` outlives its session: owned by
+    /// nobody, without a connection.
+    fn disown(&mut self, o: u32, k: u32, at: At) {
+        match at {
+            At::Inline => {
+                let (owners, keys) = (&mut self.owners, &mut self.keys);
+                owners[o as usize].held.unlink(keys, k, K_OWN);
+            }
+            At::Share(x) => {
+                let (owners, shares) = (&mut self.owners, &mut self.shares);
+                owners[o as usize].shares.unlink(shares, x, S_OWN);
+            }
+        }
+        let h = self.holder_at_mut(k, at);
+        h.owner = NIL;
+        h.conn = NO_CONN;
+    }
+
+    /// Session holder `(k, at)` becomes a lease ending `keep_us` from now.
+    fn session_to_lease(&mut self, k: u32, at: At, keep_us: u64, now: Now) {
+        let h = self.holder_at_mut(k, at);
+        h.mode = HoldMode::Lease;
+        h.expires_mono_us = now.mono_us.saturating_add(keep_us);
+        h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
+        let (d, g) = (h.expires_mono_us, h.grant_id);
+        self.leases.push(Reverse((d, k, g)));
+    }
+
     /// Session `id` ended: its queued requests are withdrawn (nobody to
-    /// answer), its session holds released (each key to its next waiter)
+    /// answer), its session holds released (each key to its next waiters)
     /// and its leases and persistent holds outlive it, owned by nobody.
     pub fn owner_end(&mut self, id: u64, now: Now, fx: &mut Effects) {
         let Some(o) = self.owner_index.remove(&id) else {
@@ -47,22 +129,16 @@ impl Table {
             let waiter = self.detach_waiter(w);
             self.source_drop_if_unused(waiter.source);
         }
-        while let Some(k) = self.owners[o as usize].held.front() {
-            let h = self.keys[k as usize]
-                .holder
-                .expect("an owner's key is held");
-            if h.mode == HoldMode::Session {
-                self.clear_holder(k, now, ReleaseCause::SessionEnded, fx);
-                self.grant_next(k, now, fx);
+        while let Some((k, at)) = self.owner_first(o) {
+            if self.holder_at(k, at).mode == HoldMode::Session {
+                self.clear_at(k, at, now, ReleaseCause::SessionEnded, fx);
+                self.grant_ready(k, now, fx);
             } else {
-                let (owners, keys) = (&mut self.owners, &mut self.keys);
-                owners[o as usize].held.unlink(keys, k, K_OWN);
-                let h = self.keys[k as usize].holder.as_mut().expect("held");
-                h.owner = NIL;
-                h.conn = NO_CONN;
+                self.disown(o, k, at);
             }
         }
         self.owners.remove(o as usize);
+        self.grant_unblocked(now, fx);
     }
 
     /// Releases `key` if `token` is its current grant and `owner` may:
@@ -77,28 +153,31 @@ impl Table {
         fx: &mut Effects,
     ) -> Checked {
         let key = key.as_ref();
-        let Some(k) = self.checked(owner, key, token) else {
+        let Some((k, at)) = self.checked(owner, key, token) else {
             return self.why_not(owner, key, token);
         };
-        self.clear_holder(k, now, ReleaseCause::Released, fx);
-        self.grant_next(k, now, fx);
+        self.clear_at(k, at, now, ReleaseCause::Released, fx);
+        self.grant_ready(k, now, fx);
         Checked::Ok
     }
 
-    pub(super) fn checked(&self, owner: u32, key: &[u8], token: u64) -> Option<u32> {
+    /// The holder `token` of `key`, if `owner` may act on it: a session
+    /// hold only its own session, other holds whoever names the token.
+    fn checked(&self, owner: u32, key: &[u8], token: u64) -> Option<(u32, At)> {
         let k = self.find_key(key)?;
-        let h = self.keys[k as usize].holder?;
-        (h.grant_id == token && (h.mode != HoldMode::Session || h.owner == owner)).then_some(k)
+        let at = self.find_grant(k, token)?;
+        let h = self.holder_at(k, at);
+        (h.mode != HoldMode::Session || h.owner == owner).then_some((k, at))
     }
 
-    pub(super) fn why_not(&self, owner: u32, key: &[u8], token: u64) -> Checked {
-        match self
+    fn why_not(&self, owner: u32, key: &[u8], token: u64) -> Checked {
+        let held = self
             .find_key(key)
-            .and_then(|k| self.keys[k as usize].holder)
-        {
-            Some(h) if h.grant_id == token && h.owner != owner => Checked::NotOwner,
-            Some(h) if h.grant_id == token => Checked::Ok,
-            _ => Checked::Stale,
+            .and_then(|k| Some(*self.holder_at(k, self.find_grant(k, token)?)));
+        match held {
+            Some(h) if h.owner != owner => Checked::NotOwner,
+            Some(_) => Checked::Ok,
+            None => Checked::Stale,
         }
     }
 
@@ -112,15 +191,15 @@ impl Table {
         now: Now,
     ) -> Result<Extended, Checked> {
         let key = key.as_ref();
-        let Some(k) = self.checked(owner, key, token) else {
+        let Some((k, at)) = self.checked(owner, key, token) else {
             return Err(self.why_not(owner, key, token));
         };
         let name = self.key_name(k);
-        if self.keys[k as usize].holder.map(|h| h.mode) != Some(HoldMode::Lease) {
+        if self.holder_at(k, at).mode != HoldMode::Lease {
             return Err(Checked::NotLease);
         }
         self.listing_note(k);
-        let h = self.keys[k as usize].holder.as_mut().expect("checked");
+        let h = self.holder_at_mut(k, at);
         let x = Extended {
             key: name,
             grant_id: token,
@@ -147,21 +226,18 @@ impl Table {
         let Some(k) = self.find_key(key.as_ref()) else {
             return false;
         };
-        let listed = self.keys[k as usize]
-            .holder
-            .is_some_and(|h| h.grant_id == grant_id && h.mode == HoldMode::Lease);
-        if listed {
-            self.listing_note(k);
+        let Some(at) = self.find_grant(k, grant_id) else {
+            return false;
+        };
+        if self.holder_at(k, at).mode != HoldMode::Lease {
+            return false;
         }
-        match self.keys[k as usize].holder.as_mut() {
-            Some(h) if h.grant_id == grant_id && h.mode == HoldMode::Lease => {
-                h.expires_unix_ms = unix_ms;
-                h.expires_mono_us = mono_us;
-                self.leases.push(Reverse((mono_us, k, grant_id)));
-                true
-            }
-            _ => false,
-        }
+        self.listing_note(k);
+        let h = self.holder_at_mut(k, at);
+        h.expires_unix_ms = unix_ms;
+        h.expires_mono_us = mono_us;
+        self.leases.push(Reverse((mono_us, k, grant_id)));
+        true
     }
 
     /// A new leader's promise (cluster mode): every lease deadline moves
@@ -170,15 +246,16 @@ impl Table {
     /// Each moved deadline is pushed to `out`: the leader replicates them
     /// (Extend records) before it answers anything, so that what it tells
     /// a client of a lease's time left is what every later leader knows.
+    /// Every holder of a shared key too.
     pub fn extend_leases(&mut self, by_us: u64, out: &mut Vec<Extended>) {
-        let mut cur = self.by_age.front();
-        while let Some(k) = cur {
-            cur = List::next_of(&self.keys, k, K_AGE);
-            if self.keys[k as usize].holder.map(|h| h.mode) != Some(HoldMode::Lease) {
+        let mut cur = self.age_first();
+        while let Some((k, at)) = cur {
+            cur = self.age_next(k, at);
+            if self.holder_at(k, at).mode != HoldMode::Lease {
                 continue;
             }
             let key = self.key_name(k);
-            let h = self.keys[k as usize].holder.as_mut().expect("held");
+            let h = self.holder_at_mut(k, at);
             let (prev_unix_ms, prev_mono_us) = (h.expires_unix_ms, h.expires_mono_us);
             h.expires_mono_us = h.expires_mono_us.saturating_add(by_us);
             h.expires_unix_ms = h.expires_unix_ms.saturating_add(by_us / 1000);
@@ -217,21 +294,10 @@ impl Table {
             let waiter = self.detach_waiter(w);
             self.source_drop_if_unused(waiter.source);
         }
-        while let Some(k) = self.owners[o as usize].held.front() {
-            let (owners, keys) = (&mut self.owners, &mut self.keys);
-            owners[o as usize].held.unlink(keys, k, K_OWN);
-            let h = self.keys[k as usize]
-                .holder
-                .as_mut()
-                .expect("an owner's key is held");
-            h.owner = NIL;
-            h.conn = NO_CONN;
-            if h.mode == HoldMode::Session {
-                h.mode = HoldMode::Lease;
-                h.expires_mono_us = now.mono_us.saturating_add(keep_us);
-                h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
-                let (d, g) = (h.expires_mono_us, h.grant_id);
-                self.leases.push(Reverse((d, k, g)));
+        while let Some((k, at)) = self.owner_first(o) {
+            self.disown(o, k, at);
+            if self.holder_at(k, at).mode == HoldMode::Session {
+                self.session_to_lease(k, at, keep_us, now);
             }
         }
         self.owners.remove(o as usize);
@@ -256,20 +322,14 @@ impl Table {
     /// queued requests are dropped): they are the log's, and its client
     /// may resume it on the next leader.
     pub fn drop_owners(&mut self) {
-        let mut cur = self.by_age.front();
-        while let Some(k) = cur {
-            cur = List::next_of(&self.keys, k, K_AGE);
-            let Some(h) = self.keys[k as usize].holder else {
-                continue;
-            };
-            if h.owner != NIL && self.replicated_owner(h.owner) == 0 {
-                let (owners, keys) = (&mut self.owners, &mut self.keys);
-                owners[h.owner as usize].held.unlink(keys, k, K_OWN);
-                let h = self.keys[k as usize].holder.as_mut().expect("held");
-                h.owner = NIL;
+        let mut cur = self.age_first();
+        while let Some((k, at)) = cur {
+            cur = self.age_next(k, at);
+            let owner = self.holder_at(k, at).owner;
+            if owner != NIL && self.replicated_owner(owner) == 0 {
+                self.disown(owner, k, at);
             }
-            let h = self.keys[k as usize].holder.as_mut().expect("held");
-            h.conn = NO_CONN;
+            self.holder_at_mut(k, at).conn = NO_CONN;
         }
         let ids: Vec<u64> = self.owner_index.keys().copied().collect();
         for id in ids {
@@ -294,20 +354,14 @@ impl Table {
     /// last answered renewal, which was before now: each becomes a lease
     /// ending `keep_us` from now, owned by nobody. No effect.
     pub fn expire_orphans(&mut self, keep_us: u64, now: Now) {
-        let mut cur = self.by_age.front();
-        while let Some(k) = cur {
-            cur = List::next_of(&self.keys, k, K_AGE);
-            let Some(h) = self.keys[k as usize].holder.as_mut() else {
-                continue;
-            };
+        let mut cur = self.age_first();
+        while let Some((k, at)) = cur {
+            cur = self.age_next(k, at);
+            let h = self.holder_at(k, at);
             if h.mode != HoldMode::Session || h.owner != NIL {
                 continue;
             }
-            h.mode = HoldMode::Lease;
-            h.expires_mono_us = now.mono_us.saturating_add(keep_us);
-            h.expires_unix_ms = now.unix_ms.saturating_add(keep_us / 1000);
-            let (d, g) = (h.expires_mono_us, h.grant_id);
-            self.leases.push(Reverse((d, k, g)));
+            self.session_to_lease(k, at, keep_us, now);
         }
     }
 
@@ -319,12 +373,10 @@ impl Table {
             let waiter = self.detach_waiter(w);
             self.source_drop_if_unused(waiter.source);
         }
-        let mut cur = self.owners[o as usize].held.front();
-        while let Some(k) = cur {
-            cur = List::next_of(&self.keys, k, K_OWN);
-            if let Some(h) = self.keys[k as usize].holder.as_mut() {
-                h.conn = NO_CONN;
-            }
+        let mut cur = self.owner_first(o);
+        while let Some((k, at)) = cur {
+            cur = self.owner_next(o, k, at);
+            self.holder_at_mut(k, at).conn = NO_CONN;
         }
         self.owners[o as usize].tag = ORPHAN;
     }
@@ -340,12 +392,11 @@ impl Table {
         };
         self.orphan_entry(o);
         self.owners[o as usize].tag = tag;
-        let mut cur = self.owners[o as usize].held.front();
-        while let Some(k) = cur {
-            cur = List::next_of(&self.keys, k, K_OWN);
-            if let (Some(r), Some(h)) = (self.held_ref(k), self.keys[k as usize].holder) {
-                f(r, h.expires_mono_us);
-            }
+        let mut cur = self.owner_first(o);
+        while let Some((k, at)) = cur {
+            cur = self.owner_next(o, k, at);
+            let h = self.holder_at(k, at);
+            f(self.ref_of(k, h), h.expires_mono_us);
         }
     }
 
@@ -374,7 +425,8 @@ impl Table {
     /// Withdraws the queued request of session `owner` whose connection
     /// token is `conn` and answers it [`Reply::Cancelled`]. False when no
     /// such request is queued (it was answered already). O(requests the
-    /// session has queued).
+    /// session has queued). Of a shared or semaphore key's queue, the
+    /// requests behind it may be grantable now: [`Table::grant_unblocked`].
     pub fn cancel(&mut self, owner: u32, conn: Token, key: &[u8], fx: &mut Effects) -> bool {
         let Some(e) = self.owners.get(owner as usize) else {
             return false;
@@ -419,16 +471,13 @@ impl Table {
                 break;
             }
             self.leases.pop();
-            let live = self
-                .keys
-                .get(k as usize)
-                .and_then(|e| e.holder)
-                .is_some_and(|h| {
-                    h.grant_id == gid && h.mode == HoldMode::Lease && h.expires_mono_us == d
-                });
-            if live {
-                self.clear_holder(k, now, ReleaseCause::Expired, fx);
-                self.grant_next(k, now, fx);
+            let live = self.grant_in(k, gid).filter(|&at| {
+                let h = self.holder_at(k, at);
+                h.mode == HoldMode::Lease && h.expires_mono_us == d
+            });
+            if let Some(at) = live {
+                self.clear_at(k, at, now, ReleaseCause::Expired, fx);
+                self.grant_ready(k, now, fx);
             }
         }
         while let Some(&Reverse((d, w, seq))) = self.waits.peek() {
@@ -445,22 +494,24 @@ impl Table {
                 });
             }
         }
+        self.grant_unblocked(now, fx);
         // Outdated entries pile up only through extends; rebuild when they
         // outnumber the live leases (amortised over those extends).
-        if self.leases.len() > 1024 && self.leases.len() > 4 * self.by_age.len() as usize {
-            let keys = &self.keys;
-            self.leases.retain(|Reverse((d, k, gid))| {
-                keys.get(*k as usize)
-                    .and_then(|e| e.holder)
-                    .is_some_and(|h| h.grant_id == *gid && h.expires_mono_us == *d)
+        if self.leases.len() > 1024 && self.leases.len() > 4 * self.holders() {
+            let mut leases = std::mem::take(&mut self.leases);
+            leases.retain(|&Reverse((d, k, gid))| {
+                self.grant_in(k, gid)
+                    .is_some_and(|at| self.holder_at(k, at).expires_mono_us == d)
             });
+            self.leases = leases;
         }
     }
 
-    /// The lease deadline of `key`'s holder (monotonic µs), if it is a lease.
+    /// The lease deadline of `key`'s holder (monotonic µs), if it is a
+    /// lease (a shared or semaphore key's oldest holder).
     pub fn lease_deadline_us(&self, key: &[u8]) -> Option<u64> {
         let k = self.find_key(key)?;
-        let h = self.keys[k as usize].holder?;
+        let h = self.first_holder(k)?;
         (h.mode == HoldMode::Lease).then_some(h.expires_mono_us)
     }
 }

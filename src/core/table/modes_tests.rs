@@ -1,0 +1,1226 @@
+//! Lock modes (issue #33): shared and semaphore holds beside exclusive
+//! ones, one FIFO queue per key. Unit tests of each rule, then a
+//! randomized model test that checks the rules after every operation.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::{HashMap, VecDeque};
+
+const X: Access = Access::Exclusive;
+const S: Access = Access::Shared;
+const fn sem(n: u32) -> Access {
+    Access::Semaphore(n)
+}
+
+fn ep() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 1))
+}
+fn t() -> Table {
+    Table::new(Limits {
+        max_keys: 64,
+        max_waiters: 64,
+    })
+}
+fn at(us: u64) -> Now {
+    Now {
+        mono_us: us,
+        unix_ms: 1_700_000_000_000 + us / 1000,
+    }
+}
+
+/// A blocking persistent request of `conn` (source `s{conn}`) on `key`.
+fn acq(tb: &mut Table, fx: &mut Effects, conn: Token, key: &str, a: Access) -> Option<u32> {
+    let src = format!("s{conn}");
+    tb.lock_access(
+        conn,
+        key,
+        &src,
+        ep(),
+        LockMode::Blocking,
+        LockOpts::default(),
+        a,
+        at(conn),
+        fx,
+    )
+}
+
+/// A try request of `conn` on `key`.
+fn try_acq(tb: &mut Table, fx: &mut Effects, conn: Token, key: &str, a: Access) {
+    let src = format!("s{conn}");
+    let w = tb.lock_access(
+        conn,
+        key,
+        &src,
+        ep(),
+        LockMode::Try,
+        LockOpts::default(),
+        a,
+        at(conn),
+        fx,
+    );
+    assert!(w.is_none(), "a try request never queues");
+}
+
+/// `(conn, grant id)` of every grant in `fx`, in order.
+fn grants(fx: &Effects) -> Vec<(Token, u64)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Granted { conn, grant_id, .. } => Some((*conn, *grant_id)),
+            _ => None,
+        })
+        .collect()
+}
+fn granted(fx: &Effects) -> Vec<Token> {
+    grants(fx).into_iter().map(|(c, _)| c).collect()
+}
+fn released(fx: &Effects) -> Vec<Token> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Released { holder_conn, .. } => Some(*holder_conn),
+            _ => None,
+        })
+        .collect()
+}
+fn replies(fx: &Effects) -> Vec<(Token, Reply)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Reply { conn, reply } => Some((*conn, *reply)),
+            _ => None,
+        })
+        .collect()
+}
+/// Connections holding `key`, by grant order.
+fn holding(tb: &Table, key: &str) -> Vec<Token> {
+    let mut v: Vec<(u64, Token)> = Vec::new();
+    let k = tb.find_key(key.as_bytes());
+    if let Some(k) = k {
+        if let Some(h) = tb.keys[k as usize].holder {
+            v.push((h.grant_id, h.conn));
+        }
+        let mut cur = tb.others_front(k);
+        while let Some(x) = cur {
+            let h = tb.shares[x as usize].holder;
+            v.push((h.grant_id, h.conn));
+            cur = List::next_of(&tb.shares, x, S_KEY);
+        }
+    }
+    v.sort();
+    v.into_iter().map(|(_, c)| c).collect()
+}
+fn waiting(tb: &Table, key: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    tb.waiters_of(key.as_bytes(), &mut out);
+    out
+}
+/// The grant id `conn` holds `key` with.
+fn token(tb: &Table, key: &str, conn: Token) -> u64 {
+    let k = tb.find_key(key.as_bytes()).expect("key");
+    let mut found = None;
+    if let Some(h) = tb.keys[k as usize].holder.filter(|h| h.conn == conn) {
+        found = Some(h.grant_id);
+    }
+    let mut cur = tb.others_front(k);
+    while let Some(x) = cur {
+        let h = tb.shares[x as usize].holder;
+        if h.conn == conn {
+            found = Some(h.grant_id);
+        }
+        cur = List::next_of(&tb.shares, x, S_KEY);
+    }
+    found.unwrap_or_else(|| panic!("conn {conn} does not hold {key}"))
+}
+/// Releases `conn`'s hold of `key` by its token (a persistent hold: any
+/// session may name it).
+fn rel(tb: &mut Table, fx: &mut Effects, key: &str, conn: Token, us: u64) {
+    let tok = token(tb, key, conn);
+    assert_eq!(tb.release_token(NIL, key, tok, at(us), fx), Checked::Ok);
+}
+
+#[test]
+fn readers_share_a_key_and_a_writer_waits_for_the_last_of_them() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", S);
+    acq(&mut tb, &mut fx, 2, "k", S);
+    assert!(
+        acq(&mut tb, &mut fx, 3, "k", X).is_some(),
+        "the writer queues"
+    );
+    assert_eq!(granted(&fx), vec![1, 2]);
+    assert_eq!(holding(&tb, "k"), vec![1, 2]);
+    assert_eq!(tb.access_of_key(b"k"), Some(S));
+    assert_eq!(tb.held_keys(), 1);
+    assert_eq!(tb.holders(), 2);
+    tb.check_invariants();
+    fx.clear();
+    // One reader leaves: the key stays held, the writer waits.
+    rel(&mut tb, &mut fx, "k", 1, 10);
+    assert_eq!(released(&fx), vec![1]);
+    assert!(granted(&fx).is_empty());
+    assert_eq!(holding(&tb, "k"), vec![2]);
+    tb.check_invariants();
+    fx.clear();
+    // The last one leaves: the writer holds it alone.
+    rel(&mut tb, &mut fx, "k", 2, 20);
+    assert_eq!(granted(&fx), vec![3]);
+    assert_eq!(tb.access_of_key(b"k"), Some(X));
+    assert_eq!(tb.holder_of(b"k").unwrap().grant_id, token(&tb, "k", 3));
+    tb.check_invariants();
+}
+
+#[test]
+fn a_waiting_writer_is_not_overtaken_by_later_readers() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", S);
+    assert!(acq(&mut tb, &mut fx, 2, "k", X).is_some());
+    // Compatible with the holder, but behind the writer: it queues, and a
+    // try is busy.
+    assert!(acq(&mut tb, &mut fx, 3, "k", S).is_some());
+    try_acq(&mut tb, &mut fx, 4, "k", S);
+    assert_eq!(granted(&fx), vec![1]);
+    assert_eq!(replies(&fx), vec![(4, Reply::Busy)]);
+    assert_eq!(waiting(&tb, "k"), vec![2, 3]);
+    tb.check_invariants();
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 1, 10);
+    assert_eq!(granted(&fx), vec![2], "the writer first");
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 2, 20);
+    assert_eq!(granted(&fx), vec![3]);
+    tb.check_invariants();
+}
+
+#[test]
+fn consecutive_readers_at_the_head_are_granted_together() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", X);
+    for (c, a) in [(2, S), (3, S), (4, S), (5, X), (6, S)] {
+        assert!(acq(&mut tb, &mut fx, c, "k", a).is_some());
+    }
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 1, 10);
+    // In queue order, in one call; the writer behind them stops the run,
+    // and the reader behind the writer waits for it.
+    assert_eq!(granted(&fx), vec![2, 3, 4]);
+    let toks: Vec<u64> = grants(&fx).iter().map(|g| g.1).collect();
+    assert!(toks.windows(2).all(|w| w[0] < w[1]), "{toks:?}");
+    assert_eq!(waiting(&tb, "k"), vec![5, 6]);
+    tb.check_invariants();
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 3, 20);
+    rel(&mut tb, &mut fx, "k", 2, 21);
+    assert!(granted(&fx).is_empty());
+    rel(&mut tb, &mut fx, "k", 4, 22);
+    assert_eq!(granted(&fx), vec![5]);
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 5, 30);
+    assert_eq!(granted(&fx), vec![6]);
+    tb.check_invariants();
+}
+
+#[test]
+fn a_semaphore_admits_n_holders_then_queues_in_order() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    for c in 1..=3 {
+        acq(&mut tb, &mut fx, c, "k", sem(3));
+    }
+    assert!(acq(&mut tb, &mut fx, 4, "k", sem(3)).is_some());
+    assert!(acq(&mut tb, &mut fx, 5, "k", sem(3)).is_some());
+    try_acq(&mut tb, &mut fx, 6, "k", sem(3));
+    assert_eq!(granted(&fx), vec![1, 2, 3]);
+    assert_eq!(replies(&fx), vec![(6, Reply::Busy)]);
+    assert_eq!(tb.holder_count_of(b"k"), 3);
+    assert_eq!(tb.semaphore_slots_of(b"k"), Some(3));
+    assert_eq!(tb.access_of_key(b"k"), Some(sem(3)));
+    tb.check_invariants();
+    fx.clear();
+    // Each slot given back goes to the next in line, one at a time.
+    rel(&mut tb, &mut fx, "k", 2, 10);
+    assert_eq!(granted(&fx), vec![4]);
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 1, 11);
+    assert_eq!(granted(&fx), vec![5]);
+    assert_eq!(holding(&tb, "k"), vec![3, 4, 5]);
+    tb.check_invariants();
+    // Exclusive and shared requests wait for the whole semaphore.
+    fx.clear();
+    assert!(acq(&mut tb, &mut fx, 7, "k", X).is_some());
+    assert!(acq(&mut tb, &mut fx, 8, "k", S).is_some());
+    assert!(
+        acq(&mut tb, &mut fx, 9, "k", sem(3)).is_some(),
+        "behind the writer"
+    );
+    for c in [3, 4] {
+        rel(&mut tb, &mut fx, "k", c, 20);
+    }
+    assert!(
+        granted(&fx).is_empty(),
+        "a free slot, but a writer waits first"
+    );
+    rel(&mut tb, &mut fx, "k", 5, 21);
+    assert_eq!(granted(&fx), vec![7]);
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 7, 22);
+    assert_eq!(
+        granted(&fx),
+        vec![8],
+        "the reader, and not the semaphore behind it"
+    );
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 8, 23);
+    assert_eq!(granted(&fx), vec![9]);
+    tb.check_invariants();
+}
+
+#[test]
+fn shared_requests_wait_for_an_exclusive_holder() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", X);
+    assert!(acq(&mut tb, &mut fx, 2, "k", S).is_some());
+    assert!(acq(&mut tb, &mut fx, 3, "k", sem(2)).is_some());
+    try_acq(&mut tb, &mut fx, 4, "k", S);
+    assert_eq!(granted(&fx), vec![1]);
+    assert_eq!(replies(&fx), vec![(4, Reply::Busy)]);
+    tb.check_invariants();
+}
+
+/// A snapshot of what a refused request must not have changed.
+fn state(tb: &Table, key: &str) -> (Vec<Token>, Vec<Token>, u64, usize, Option<u32>) {
+    (
+        holding(tb, key),
+        waiting(tb, key),
+        tb.next_grant_id(),
+        tb.key_entries(),
+        tb.semaphore_slots_of(key.as_bytes()),
+    )
+}
+
+#[test]
+fn a_semaphore_of_another_n_is_refused_and_changes_nothing() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", sem(2));
+    acq(&mut tb, &mut fx, 2, "k", sem(2));
+    let before = state(&tb, "k");
+    fx.clear();
+    // Blocking or try, with room or without: refused, distinctly.
+    assert!(acq(&mut tb, &mut fx, 3, "k", sem(5)).is_none());
+    try_acq(&mut tb, &mut fx, 4, "k", sem(1));
+    assert_eq!(
+        replies(&fx),
+        vec![(3, Reply::ModeMismatch), (4, Reply::ModeMismatch)]
+    );
+    assert_eq!(fx.len(), 2, "nothing but the refusals: {fx:?}");
+    assert_eq!(state(&tb, "k"), before);
+    assert_eq!(Reply::ModeMismatch.byte(), b'-');
+    tb.check_invariants();
+
+    // A queued semaphore request fixes n as well, behind a writer.
+    let mut tb = t();
+    fx.clear();
+    acq(&mut tb, &mut fx, 1, "k", X);
+    let w = acq(&mut tb, &mut fx, 2, "k", sem(3)).expect("queued");
+    assert_eq!(tb.semaphore_slots_of(b"k"), Some(3));
+    let before = state(&tb, "k");
+    fx.clear();
+    assert!(acq(&mut tb, &mut fx, 3, "k", sem(4)).is_none());
+    assert_eq!(replies(&fx), vec![(3, Reply::ModeMismatch)]);
+    assert_eq!(state(&tb, "k"), before);
+    tb.check_invariants();
+    // Once no semaphore request holds or waits, n is free again.
+    tb.withdraw(w);
+    tb.grant_unblocked(at(5), &mut fx);
+    assert_eq!(tb.semaphore_slots_of(b"k"), None);
+    fx.clear();
+    assert!(acq(&mut tb, &mut fx, 4, "k", sem(4)).is_some());
+    assert_eq!(tb.semaphore_slots_of(b"k"), Some(4));
+    assert!(replies(&fx).is_empty());
+    tb.check_invariants();
+
+    // And after the last holder of a semaphore is gone.
+    let mut tb = t();
+    fx.clear();
+    acq(&mut tb, &mut fx, 1, "k", sem(2));
+    rel(&mut tb, &mut fx, "k", 1, 5);
+    assert_eq!(tb.key_entries(), 0);
+    acq(&mut tb, &mut fx, 2, "k", sem(7));
+    assert_eq!(tb.semaphore_slots_of(b"k"), Some(7));
+    tb.check_invariants();
+}
+
+#[test]
+fn every_grant_has_its_own_token_strictly_increasing_per_key() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let mut last = 0;
+    let mut check = |fx: &Effects| {
+        for (_, g) in grants(fx) {
+            assert!(g > last, "token {g} after {last}");
+            last = g;
+        }
+    };
+    acq(&mut tb, &mut fx, 1, "k", S);
+    acq(&mut tb, &mut fx, 2, "k", S);
+    acq(&mut tb, &mut fx, 3, "k", X);
+    acq(&mut tb, &mut fx, 4, "k", sem(2));
+    acq(&mut tb, &mut fx, 5, "k", sem(2));
+    acq(&mut tb, &mut fx, 6, "k", S);
+    check(&fx);
+    for c in 1..=6 {
+        fx.clear();
+        rel(&mut tb, &mut fx, "k", c, 10 + c);
+        check(&fx);
+    }
+    assert_eq!(tb.key_entries(), 0);
+}
+
+#[test]
+fn one_holder_expires_or_ends_its_session_and_the_others_stay() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let o1 = tb.owner_open(101, 1).unwrap();
+    let o2 = tb.owner_open(102, 2).unwrap();
+    let lease = |owner, ttl_ms| LockOpts {
+        mode: HoldMode::Lease,
+        ttl_ms,
+        owner,
+        deadline_us: None,
+    };
+    let session = |owner| LockOpts {
+        mode: HoldMode::Session,
+        ttl_ms: 0,
+        owner,
+        deadline_us: None,
+    };
+    let go = |tb: &mut Table, fx: &mut Effects, conn, opts, a| {
+        tb.lock_access(
+            conn,
+            "k",
+            "src",
+            ep(),
+            LockMode::Blocking,
+            opts,
+            a,
+            at(0),
+            fx,
+        )
+    };
+    go(&mut tb, &mut fx, 1, lease(o1, 5), S); // expires at 5 ms
+    go(&mut tb, &mut fx, 2, lease(o2, 50), S);
+    go(&mut tb, &mut fx, 3, session(o2), S);
+    go(&mut tb, &mut fx, 4, session(o1), S);
+    assert!(go(&mut tb, &mut fx, 5, LockOpts::default(), X).is_some());
+    assert_eq!(holding(&tb, "k"), vec![1, 2, 3, 4]);
+    tb.check_invariants();
+    fx.clear();
+    // Holder 1's lease passes: only it goes.
+    tb.expire(at(6_000), &mut fx);
+    assert_eq!(released(&fx), vec![1]);
+    assert!(granted(&fx).is_empty());
+    assert_eq!(holding(&tb, "k"), vec![2, 3, 4]);
+    tb.check_invariants();
+    fx.clear();
+    // Extending one share's lease keeps it past its old deadline.
+    let t2 = token(&tb, "k", 2);
+    let x = tb.extend(o2, "k", t2, 100, at(7_000)).expect("a lease");
+    assert_eq!(x.grant_id, t2);
+    assert_eq!(
+        tb.extend(o1, "k", token(&tb, "k", 4), 100, at(7_000))
+            .unwrap_err(),
+        Checked::NotLease
+    );
+    tb.expire(at(60_000), &mut fx);
+    assert!(released(&fx).is_empty());
+    // Session o2 ends: its session hold goes, its lease outlives it,
+    // owned by nobody and without a connection.
+    tb.owner_end(102, at(61_000), &mut fx);
+    assert_eq!(released(&fx), vec![3]);
+    assert_eq!(holding(&tb, "k"), vec![NO_CONN, 4]);
+    assert_eq!(tb.holders_of(b"k")[0].0.grant_id, t2);
+    tb.check_invariants();
+    fx.clear();
+    // Another session cannot release o1's session hold; o1 can.
+    let t4 = token(&tb, "k", 4);
+    assert_eq!(
+        tb.release_token(o2, "k", t4, at(62_000), &mut fx),
+        Checked::NotOwner
+    );
+    assert!(fx.is_empty());
+    assert_eq!(
+        tb.release_token(o1, "k", t4, at(62_000), &mut fx),
+        Checked::Ok
+    );
+    assert_eq!(released(&fx), vec![4]);
+    assert!(granted(&fx).is_empty(), "holder 2 still holds");
+    fx.clear();
+    // The last one: the writer at last.
+    tb.expire(at(200_000), &mut fx);
+    assert_eq!(released(&fx), vec![NO_CONN]);
+    assert_eq!(granted(&fx), vec![5]);
+    tb.check_invariants();
+}
+
+#[test]
+fn a_writer_leaving_the_head_lets_the_readers_behind_it_in() {
+    // Withdrawn (hung up), cancelled, or timed out: the readers behind it
+    // are compatible with the readers holding the key.
+    for how in 0..3 {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        let o = tb.owner_open(100, 1).unwrap();
+        acq(&mut tb, &mut fx, 1, "k", S);
+        let opts = LockOpts {
+            owner: o,
+            deadline_us: Some(50),
+            ..LockOpts::default()
+        };
+        let w = tb
+            .lock_access(
+                2,
+                "k",
+                "w",
+                ep(),
+                LockMode::Blocking,
+                opts,
+                X,
+                at(2),
+                &mut fx,
+            )
+            .expect("queued");
+        acq(&mut tb, &mut fx, 3, "k", S);
+        acq(&mut tb, &mut fx, 4, "k", S);
+        acq(&mut tb, &mut fx, 5, "k", X);
+        fx.clear();
+        match how {
+            0 => {
+                tb.withdraw(w);
+                // Noted, and granted by the caller's next step.
+                tb.check_invariants();
+                assert!(granted(&fx).is_empty());
+                tb.grant_unblocked(at(10), &mut fx);
+            }
+            1 => {
+                assert!(tb.cancel(o, 2, b"k", &mut fx));
+                tb.grant_unblocked(at(10), &mut fx);
+                assert_eq!(replies(&fx), vec![(2, Reply::Cancelled)]);
+            }
+            _ => {
+                tb.expire(at(60), &mut fx);
+                assert_eq!(replies(&fx), vec![(2, Reply::TimedOut)]);
+            }
+        }
+        assert_eq!(granted(&fx), vec![3, 4], "how {how}");
+        assert_eq!(waiting(&tb, "k"), vec![5]);
+        tb.check_invariants();
+    }
+}
+
+#[test]
+fn a_waiter_leaving_the_head_of_an_exclusive_key_unblocks_nothing() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", X);
+    let w = acq(&mut tb, &mut fx, 2, "k", X).unwrap();
+    acq(&mut tb, &mut fx, 3, "k", S);
+    tb.withdraw(w);
+    assert!(tb.unblocked.is_empty());
+    tb.check_invariants();
+}
+
+#[test]
+fn reset_by_key_and_unlock_release_every_holder() {
+    for unlock in [false, true] {
+        let mut tb = t();
+        let mut fx = Vec::new();
+        for c in 1..=3 {
+            acq(&mut tb, &mut fx, c, "k", S);
+        }
+        acq(&mut tb, &mut fx, 4, "k", X);
+        acq(&mut tb, &mut fx, 5, "k", S);
+        fx.clear();
+        if unlock {
+            tb.unlock(9, "k", at(10), &mut fx);
+        } else {
+            tb.reset_by_key(Some(9), "k", at(10), &mut fx);
+        }
+        let mut r = released(&fx);
+        r.sort();
+        assert_eq!(r, vec![1, 2, 3]);
+        let cause = if unlock {
+            ReleaseCause::Unlock
+        } else {
+            ReleaseCause::ResetByKey
+        };
+        assert!(fx.iter().all(|e| match e {
+            Effect::Released { cause: c, .. } => *c == cause && c.forced(),
+            _ => true,
+        }));
+        // The writer, after every reader went: never beside one.
+        assert_eq!(granted(&fx), vec![4]);
+        assert_eq!(replies(&fx), vec![(9, Reply::Ok)]);
+        assert_eq!(holding(&tb, "k"), vec![4]);
+        assert_eq!(waiting(&tb, "k"), vec![5]);
+        tb.check_invariants();
+    }
+}
+
+#[test]
+fn reset_if_and_an_undelivered_grant_release_one_holder() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", sem(2));
+    acq(&mut tb, &mut fx, 2, "k", sem(2));
+    acq(&mut tb, &mut fx, 3, "k", sem(2));
+    acq(&mut tb, &mut fx, 4, "k", sem(2));
+    let (slot2, g2) = match fx[1] {
+        Effect::Granted {
+            key_slot, grant_id, ..
+        } => (key_slot, grant_id),
+        _ => panic!(),
+    };
+    fx.clear();
+    assert!(tb.reset_if("k", token(&tb, "k", 1), at(10), &mut fx));
+    assert_eq!(released(&fx), vec![1]);
+    assert_eq!(granted(&fx), vec![3]);
+    fx.clear();
+    assert!(tb.release_grant(slot2, g2, at(11), &mut fx));
+    assert_eq!(released(&fx), vec![2]);
+    assert_eq!(granted(&fx), vec![4]);
+    assert!(!tb.release_grant(slot2, g2, at(12), &mut fx));
+    assert!(!tb.reset_if("k", g2, at(12), &mut fx));
+    assert_eq!(holding(&tb, "k"), vec![3, 4]);
+    tb.check_invariants();
+}
+
+#[test]
+fn reset_by_source_releases_its_shares_and_answers_its_waiters_first() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let go = |tb: &mut Table, fx: &mut Effects, conn, key: &str, src: &str, a| {
+        tb.lock_access(
+            conn,
+            key,
+            src,
+            ep(),
+            LockMode::Blocking,
+            LockOpts::default(),
+            a,
+            at(conn),
+            fx,
+        )
+    };
+    go(&mut tb, &mut fx, 1, "a", "other", S);
+    go(&mut tb, &mut fx, 2, "a", "gone", S);
+    go(&mut tb, &mut fx, 3, "b", "gone", S);
+    go(&mut tb, &mut fx, 4, "a", "gone", X); // queued on a
+    go(&mut tb, &mut fx, 5, "a", "gone", S); // behind it
+    go(&mut tb, &mut fx, 6, "a", "other", S); // behind it
+    fx.clear();
+    tb.reset_by_source(Some(9), "gone", at(10), &mut fx);
+    let mut r = released(&fx);
+    r.sort();
+    assert_eq!(r, vec![2, 3]);
+    let rp = replies(&fx);
+    assert!(rp.contains(&(4, Reply::Withdrawn)) && rp.contains(&(5, Reply::Withdrawn)));
+    // Its own reader behind its writer is withdrawn, never granted; the
+    // other source's reader is.
+    assert_eq!(granted(&fx), vec![6]);
+    assert_eq!(holding(&tb, "a"), vec![1, 6]);
+    assert_eq!(tb.holder_of(b"b"), None);
+    tb.check_invariants();
+}
+
+#[test]
+fn an_ended_session_lets_in_what_its_queued_writer_blocked() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let o = tb.owner_open(100, 1).unwrap();
+    acq(&mut tb, &mut fx, 1, "k", S);
+    let opts = LockOpts {
+        owner: o,
+        ..LockOpts::default()
+    };
+    tb.lock_access(
+        2,
+        "k",
+        "w",
+        ep(),
+        LockMode::Blocking,
+        opts,
+        X,
+        at(2),
+        &mut fx,
+    )
+    .unwrap();
+    acq(&mut tb, &mut fx, 3, "k", S);
+    fx.clear();
+    tb.owner_end(100, at(10), &mut fx);
+    assert_eq!(granted(&fx), vec![3]);
+    tb.check_invariants();
+}
+
+#[test]
+fn queries_see_every_holder() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", S);
+    acq(&mut tb, &mut fx, 2, "k", S);
+    acq(&mut tb, &mut fx, 3, "x", X);
+    let hs = tb.holders_of(b"k");
+    assert_eq!(hs.len(), 2);
+    assert!(hs.iter().all(|(_, a)| *a == S));
+    assert_eq!(hs[0].0.source, Name::new(b"s1").unwrap());
+    assert!(hs[0].0.grant_id < hs[1].0.grant_id);
+    // The holder that stands for the key is its oldest.
+    assert_eq!(tb.holder_of(b"k").unwrap().grant_id, hs[0].0.grant_id);
+    assert_eq!(tb.grant_of("k"), Some(hs[0].0.grant_id));
+    assert_eq!(tb.holder_conn(b"k"), Some(1));
+    assert_eq!(tb.holders_of(b"x")[0].1, X);
+    assert_eq!(tb.held_keys(), 2);
+    assert_eq!(tb.holders(), 3);
+    let mut seen = Vec::new();
+    tb.for_each_holder(|h, a| seen.push((h.key.to_vec(), h.grant_id, a)));
+    assert_eq!(seen.len(), 3);
+    assert_eq!(tb.held_list().len(), 3);
+    assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(1).unix_ms));
+    // The inline holder leaves first: the share still holds, and stands
+    // for the key.
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 1, 10);
+    assert_eq!(tb.holder_conn(b"k"), Some(2));
+    assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(2).unix_ms));
+    let (id, n) = tb.listing_begin(0);
+    assert_eq!(n, 2, "one entry per held key");
+    let mut out = Vec::new();
+    assert_eq!(tb.listing_next(id, true, usize::MAX, &mut out), Step::Done);
+    tb.check_invariants();
+    // A new reader takes the free inline slot.
+    acq(&mut tb, &mut fx, 4, "k", S);
+    assert_eq!(holding(&tb, "k"), vec![2, 4]);
+    assert!(tb.keys[tb.find_key(b"k").unwrap() as usize]
+        .holder
+        .is_some());
+    tb.check_invariants();
+}
+
+#[test]
+fn a_listing_keeps_a_shared_key_as_it_was() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", S);
+    acq(&mut tb, &mut fx, 2, "k", S);
+    let (id, n) = tb.listing_begin(at(0).unix_ms);
+    assert_eq!(n, 1);
+    let mut before = Vec::new();
+    tb.held_ref(tb.find_key(b"k").unwrap())
+        .unwrap()
+        .encode_admin(true, at(0).unix_ms, &mut before);
+    // Its oldest holder goes, then the other: the listing still shows it.
+    rel(&mut tb, &mut fx, "k", 1, 10);
+    rel(&mut tb, &mut fx, "k", 2, 11);
+    let mut out = Vec::new();
+    assert_eq!(tb.listing_next(id, true, usize::MAX, &mut out), Step::Done);
+    assert_eq!(out, before);
+    tb.check_invariants();
+}
+
+#[test]
+fn the_budget_counts_each_share_as_a_waiter() {
+    let mut tb = Table::new(Limits {
+        max_keys: 4,
+        max_waiters: 2,
+    });
+    let mut fx = Vec::new();
+    for c in 1..=4 {
+        acq(&mut tb, &mut fx, c, "k", S);
+    }
+    // The first holder is inline; two more are shares; the fourth is over.
+    assert_eq!(granted(&fx), vec![1, 2, 3]);
+    assert_eq!(replies(&fx), vec![(4, Reply::Limit)]);
+    assert_eq!(tb.budget().waiters(), 2);
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 2, 10);
+    assert_eq!(tb.budget().waiters(), 1);
+    tb.check_invariants();
+    drop(tb);
+}
+
+#[test]
+fn replay_installs_and_releases_single_holders() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let h = |grant_id, src: &str| HeldKey {
+        key: Name::new(b"k").unwrap(),
+        source: Name::new(src.as_bytes()).unwrap(),
+        endpoint: ep(),
+        acquired_unix_ms: 1,
+        grant_id,
+        mode: HoldMode::Persistent,
+        expires_unix_ms: 0,
+        session: 0,
+    };
+    // Shared grants add up; the same grant again replaces itself.
+    assert!(tb.restore_access(h(10, "a").as_ref(), S, at(0)));
+    assert!(tb.restore_access(h(11, "b").as_ref(), S, at(0)));
+    assert!(tb.restore_access(h(11, "b").as_ref(), S, at(0)));
+    assert_eq!(tb.holder_count_of(b"k"), 2);
+    assert!(tb.next_grant_id() > 11);
+    tb.check_invariants();
+    // One holder's release leaves the other.
+    assert!(tb.restore_release_grant("k", 10, at(0)));
+    assert!(!tb.restore_release_grant("k", 10, at(0)));
+    assert_eq!(tb.holder_count_of(b"k"), 1);
+    tb.check_invariants();
+    // An exclusive grant replaces every holder (as it always did).
+    assert!(tb.restore_access(h(12, "a").as_ref(), S, at(0)));
+    assert!(tb.restore_holder(&h(13, "c"), at(0)));
+    assert_eq!(tb.holder_count_of(b"k"), 1);
+    assert_eq!(tb.access_of_key(b"k"), Some(X));
+    tb.check_invariants();
+    // A semaphore at its n loses its oldest to a newer record.
+    tb.restore_release("k", at(0));
+    assert_eq!(tb.key_entries(), 0);
+    for g in 20..23 {
+        assert!(tb.restore_access(h(g, "a").as_ref(), sem(2), at(0)));
+    }
+    let gs: Vec<u64> = tb.holders_of(b"k").iter().map(|h| h.0.grant_id).collect();
+    assert_eq!(gs, vec![21, 22]);
+    assert!(!tb.restore_access(h(30, "a").as_ref(), sem(0), at(0)));
+    tb.check_invariants();
+    // Undo of a share's grant, then settle: the next waiter gets the slot.
+    acq(&mut tb, &mut fx, 7, "k", sem(2));
+    assert!(tb.undo_grant("k", 22, at(0)));
+    tb.settle("k", at(1), &mut fx);
+    assert_eq!(granted(&fx), vec![7]);
+    tb.check_invariants();
+    // The released holder's and the grant's access are what records need.
+    fx.clear();
+    rel(&mut tb, &mut fx, "k", 7, 5);
+    let Some(Effect::Released {
+        released, grant_id, ..
+    }) = fx.first().copied()
+    else {
+        panic!("{fx:?}")
+    };
+    assert_eq!(tb.released_access(released, grant_id), sem(2));
+}
+
+#[test]
+fn an_exclusive_key_makes_no_multi() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    acq(&mut tb, &mut fx, 1, "k", X);
+    acq(&mut tb, &mut fx, 2, "k", X);
+    acq(&mut tb, &mut fx, 3, "k", S);
+    assert!(tb.multis.is_empty(), "a shared waiter needs none");
+    let w = acq(&mut tb, &mut fx, 4, "k", sem(2)).unwrap();
+    assert_eq!(tb.multis.len(), 1, "a semaphore waiter fixes its n");
+    tb.withdraw(w);
+    assert!(tb.multis.is_empty());
+    tb.check_invariants();
+}
+
+// ---------------------------------------------------------------------
+// The randomized model test.
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// session (3: none), key, access 0..6, hold 0..3, ttl ms, wait:
+    /// 0 try, 1 forever, 2.. ms, source
+    Acquire(u8, u8, u8, u8, u8, u8, u8),
+    /// a holder (by index), with its token or a stale one, by a session
+    Release(usize, bool, u8),
+    Extend(usize, u8),
+    Unlock(u8),
+    ResetKey(u8),
+    ResetIf(usize),
+    ResetSource(u8),
+    Undeliver(usize),
+    /// a queued request (by index): withdrawn or cancelled
+    Leave(usize, bool),
+    End(u8),
+    Advance(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0u8..4, 0u8..3, 0u8..6, 0u8..3, 1u8..30, 0u8..6, 0u8..3)
+            .prop_map(|(s, k, a, h, t, w, src)| Op::Acquire(s, k, a, h, t, w, src)),
+        4 => (any::<usize>(), prop::bool::weighted(0.9), 0u8..4)
+            .prop_map(|(i, cur, s)| Op::Release(i, cur, s)),
+        1 => (any::<usize>(), 1u8..30).prop_map(|(i, t)| Op::Extend(i, t)),
+        1 => (0u8..3).prop_map(Op::Unlock),
+        1 => (0u8..3).prop_map(Op::ResetKey),
+        1 => any::<usize>().prop_map(Op::ResetIf),
+        1 => (0u8..3).prop_map(Op::ResetSource),
+        1 => any::<usize>().prop_map(Op::Undeliver),
+        3 => (any::<usize>(), any::<bool>()).prop_map(|(i, c)| Op::Leave(i, c)),
+        1 => (0u8..3).prop_map(Op::End),
+        2 => (0u8..20).prop_map(Op::Advance),
+    ]
+}
+
+/// What the model knows of a request, queued or holding.
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    conn: Token,
+    key: u8,
+    access: Access,
+    mode: HoldMode,
+    /// Session index, or 3 for none.
+    sess: u8,
+    src: u8,
+    /// Waiter slot while queued.
+    slot: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    req: Req,
+    token: u64,
+    key_slot: u32,
+    /// A lease's deadline (mono µs).
+    expires: u64,
+    /// The session still owns it (a lease or persistent hold outlives its
+    /// session, owned by nobody).
+    owned: bool,
+}
+
+#[derive(Default)]
+struct Model {
+    holders: HashMap<u8, Vec<Held>>,
+    queues: HashMap<u8, VecDeque<Req>>,
+    last_token: HashMap<u8, u64>,
+    reqs: HashMap<Token, Req>,
+}
+
+/// True when `a` may hold beside `holders` (the queue aside).
+fn fits(holders: &[Held], a: Access) -> bool {
+    if holders.is_empty() {
+        return true;
+    }
+    match a {
+        Access::Exclusive => false,
+        Access::Shared => holders.iter().all(|h| h.req.access == Access::Shared),
+        Access::Semaphore(n) => {
+            holders.iter().all(|h| h.req.access == a) && (holders.len() as u32) < n
+        }
+    }
+}
+
+impl Model {
+    fn holders(&self, k: u8) -> &[Held] {
+        self.holders.get(&k).map_or(&[], |v| v.as_slice())
+    }
+    fn queue_empty(&self, k: u8) -> bool {
+        self.queues.get(&k).is_none_or(|q| q.is_empty())
+    }
+    /// The `n` a semaphore request on `k` must name, if one is fixed.
+    fn fixed_n(&self, k: u8) -> Option<u32> {
+        let held = self.holders(k).iter().map(|h| h.req.access);
+        let queued = self.queues.get(&k).into_iter().flatten().map(|r| r.access);
+        held.chain(queued).find_map(|a| match a {
+            Access::Semaphore(n) => Some(n),
+            _ => None,
+        })
+    }
+    fn all_held(&self) -> Vec<Held> {
+        let mut v: Vec<Held> = self.holders.values().flatten().copied().collect();
+        v.sort_by_key(|h| h.token);
+        v
+    }
+    fn all_queued(&self) -> Vec<Req> {
+        let mut v: Vec<Req> = self.queues.values().flatten().copied().collect();
+        v.sort_by_key(|r| r.conn);
+        v
+    }
+}
+
+fn kname(k: u8) -> String {
+    format!("k{k}")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    /// Random operations on three keys in every access, hold mode and
+    /// wait. After every one: an exclusive holder is alone; a semaphore
+    /// never has more than its n holders; every grant is the head of its
+    /// key's queue (or the queue was empty) and compatible with the
+    /// holders, so nobody is granted past an earlier waiter; no waiter is
+    /// left at a head it could hold; a semaphore of another n is refused
+    /// and changes nothing; tokens strictly increase per key; per-holder
+    /// operations release exactly their holders; the table's holders and
+    /// queues are the model's and its own invariants hold; and every
+    /// holder replayed into a new table gives the same holders.
+    #[test]
+    fn lock_modes_keep_their_rules(ops in proptest::collection::vec(op(), 1..300)) {
+        let mut tb = t();
+        let mut m = Model::default();
+        let mut fx = Vec::new();
+        let mut now_us = 0u64;
+        // Session ids by index (bumped when one ends), and their entries.
+        let mut sid = [1u64, 2, 3];
+        let mut next_sid = 4;
+        let mut rid = 0u64;
+        for o in ops {
+            fx.clear();
+            let now = at(now_us);
+            // Holders the operation must release, exactly (None: any).
+            let mut must_release: Option<Vec<u64>> = None;
+            let mut refused_unchanged = None;
+            match o {
+                Op::Acquire(s, k, a, h, ttl, w, src) => {
+                    let owner = if s < 3 { tb.owner_open(sid[s as usize], s as u64).unwrap() } else { NIL };
+                    rid += 1;
+                    let conn = rid;
+                    let access = [X, S, S, sem(2), sem(2), sem(3)][a as usize];
+                    let mode = [HoldMode::Persistent, HoldMode::Session, HoldMode::Lease][h as usize];
+                    let mode = if owner == NIL && mode == HoldMode::Session { HoldMode::Persistent } else { mode };
+                    let (lm, deadline) = match w {
+                        0 => (LockMode::Try, None),
+                        1 => (LockMode::Blocking, None),
+                        w => (LockMode::Blocking, Some(now_us + w as u64 * 1000)),
+                    };
+                    let opts = LockOpts { mode, ttl_ms: ttl as u32, owner, deadline_us: deadline };
+                    let mismatch = match access {
+                        Access::Semaphore(n) => m.fixed_n(k).is_some_and(|f| f != n),
+                        _ => false,
+                    };
+                    let grantable = m.queue_empty(k) && fits(m.holders(k), access);
+                    let mut req = Req { conn, key: k, access, mode, sess: s, src, slot: NIL };
+                    m.reqs.insert(conn, req);
+                    if mismatch {
+                        refused_unchanged = Some((holding_all(&tb), tb.next_grant_id(), tb.queued_waiters()));
+                    }
+                    let slot = tb.lock_access(conn, &kname(k), &format!("s{src}"), ep(), lm, opts, access, now, &mut fx);
+                    if mismatch {
+                        prop_assert!(slot.is_none());
+                        prop_assert_eq!(replies(&fx), vec![(conn, Reply::ModeMismatch)]);
+                        prop_assert_eq!(fx.len(), 1);
+                    } else if grantable {
+                        prop_assert!(slot.is_none());
+                        prop_assert_eq!(granted(&fx), vec![conn], "a grantable request waited");
+                    } else if lm == LockMode::Try {
+                        prop_assert_eq!(replies(&fx), vec![(conn, Reply::Busy)]);
+                    } else {
+                        let slot = slot.expect("queued");
+                        req.slot = slot;
+                        m.queues.entry(k).or_default().push_back(req);
+                        prop_assert!(fx.is_empty(), "{:?}", fx);
+                    }
+                }
+                Op::Release(i, current, s) => {
+                    let all = m.all_held();
+                    if !all.is_empty() {
+                        let h = all[i % all.len()];
+                        let owner = if s < 3 { tb.owner_open(sid[s as usize], s as u64).unwrap() } else { NIL };
+                        let tok = if current { h.token } else { h.token + 1_000_000 };
+                        let may = current && (h.req.mode != HoldMode::Session
+                            || (h.owned && h.req.sess == s && owner != NIL));
+                        let r = tb.release_token(owner, &kname(h.req.key), tok, now, &mut fx);
+                        prop_assert_eq!(r == Checked::Ok, may, "release {:?} of {:?}", r, h);
+                        must_release = Some(if may { vec![h.token] } else { vec![] });
+                    }
+                }
+                Op::Extend(i, ttl) => {
+                    let all = m.all_held();
+                    if !all.is_empty() {
+                        let h = all[i % all.len()];
+                        let owner = if h.req.sess < 3 && h.owned { tb.owner_open(sid[h.req.sess as usize], h.req.sess as u64).unwrap() } else { NIL };
+                        let r = tb.extend(owner, &kname(h.req.key), h.token, ttl as u32, now);
+                        prop_assert_eq!(r.is_ok(), h.req.mode == HoldMode::Lease, "{:?}", r);
+                        if let Ok(x) = r {
+                            let e = m.holders.get_mut(&h.req.key).unwrap().iter_mut().find(|x| x.token == h.token).unwrap();
+                            e.expires = x.expires_mono_us;
+                        }
+                    }
+                }
+                Op::Unlock(k) | Op::ResetKey(k) => {
+                    must_release = Some(m.holders(k).iter().map(|h| h.token).collect());
+                    if matches!(o, Op::Unlock(_)) {
+                        tb.unlock(0, &kname(k), now, &mut fx);
+                    } else {
+                        tb.reset_by_key(None, &kname(k), now, &mut fx);
+                    }
+                }
+                Op::ResetIf(i) => {
+                    let all = m.all_held();
+                    if !all.is_empty() {
+                        let h = all[i % all.len()];
+                        prop_assert!(tb.reset_if(&kname(h.req.key), h.token, now, &mut fx));
+                        must_release = Some(vec![h.token]);
+                    }
+                }
+                Op::ResetSource(src) => {
+                    must_release = Some(m.all_held().iter().filter(|h| h.req.src == src).map(|h| h.token).collect());
+                    tb.reset_by_source(None, &format!("s{src}"), now, &mut fx);
+                    // Each of its waiters is answered, and none granted.
+                    let mine: Vec<Token> = m.all_queued().iter().filter(|r| r.src == src).map(|r| r.conn).collect();
+                    for c in mine {
+                        prop_assert!(replies(&fx).contains(&(c, Reply::Withdrawn)));
+                    }
+                }
+                Op::Undeliver(i) => {
+                    let all = m.all_held();
+                    if !all.is_empty() {
+                        let h = all[i % all.len()];
+                        prop_assert!(tb.release_grant(h.key_slot, h.token, now, &mut fx));
+                        must_release = Some(vec![h.token]);
+                    }
+                }
+                Op::Leave(i, cancel) => {
+                    let q = m.all_queued();
+                    if !q.is_empty() {
+                        let r = q[i % q.len()];
+                        if cancel && r.sess < 3 {
+                            let owner = tb.owner_open(sid[r.sess as usize], r.sess as u64).unwrap();
+                            prop_assert!(tb.cancel(owner, r.conn, kname(r.key).as_bytes(), &mut fx));
+                        } else {
+                            tb.withdraw(r.slot);
+                            m.queues.get_mut(&r.key).unwrap().retain(|x| x.conn != r.conn);
+                        }
+                        tb.grant_unblocked(now, &mut fx);
+                        must_release = Some(vec![]);
+                    }
+                }
+                Op::End(s) => {
+                    let _ = tb.owner_open(sid[s as usize], s as u64).unwrap();
+                    must_release = Some(m.all_held().iter()
+                        .filter(|h| h.req.sess == s && h.owned && h.req.mode == HoldMode::Session)
+                        .map(|h| h.token).collect());
+                    tb.owner_end(sid[s as usize], now, &mut fx);
+                    // Its queued requests go unanswered.
+                    for q in m.queues.values_mut() { q.retain(|r| r.sess != s); }
+                    for hs in m.holders.values_mut() {
+                        for h in hs.iter_mut().filter(|h| h.req.sess == s) { h.owned = false; }
+                    }
+                    sid[s as usize] = next_sid;
+                    next_sid += 1;
+                    // Requests of the ended session are no longer its.
+                    for r in m.reqs.values_mut().filter(|r| r.sess == s) { r.sess = 3; }
+                    for hs in m.holders.values_mut() {
+                        for h in hs.iter_mut().filter(|h| h.req.sess == s) { h.req.sess = 3; }
+                    }
+                }
+                Op::Advance(ms) => {
+                    now_us += ms as u64 * 1000;
+                    must_release = Some(m.all_held().iter()
+                        .filter(|h| h.req.mode == HoldMode::Lease && h.expires <= now_us)
+                        .map(|h| h.token).collect());
+                    tb.expire(at(now_us), &mut fx);
+                }
+            }
+            // The effects, in order, against the rules.
+            let mut released_now: Vec<u64> = Vec::new();
+            for e in fx.iter() {
+                match *e {
+                    Effect::Granted { conn, key_slot, grant_id, waited_us } => {
+                        let req = m.reqs[&conn];
+                        let k = req.key;
+                        if waited_us.is_some() {
+                            let q = m.queues.get_mut(&k).expect("queued");
+                            let head = q.pop_front().map(|r| r.conn);
+                            prop_assert_eq!(head, Some(conn), "granted past an earlier waiter on k{}", k);
+                        } else {
+                            prop_assert!(m.queue_empty(k), "granted at once past a waiter on k{}", k);
+                        }
+                        prop_assert!(fits(m.holders(k), req.access),
+                            "{:?} granted beside {:?}", req.access, m.holders(k));
+                        let last = m.last_token.insert(k, grant_id).unwrap_or(0);
+                        prop_assert!(grant_id > last, "token {} after {} on k{}", grant_id, last, k);
+                        let (g, expires) = tb.granted(key_slot, grant_id);
+                        prop_assert_eq!(g.grant_id, grant_id);
+                        prop_assert_eq!(tb.granted_access(key_slot, grant_id), req.access);
+                        let owned = req.sess < 3;
+                        m.holders.entry(k).or_default().push(Held { req, token: grant_id, key_slot, expires, owned });
+                    }
+                    Effect::Released { released, grant_id, cause, .. } => {
+                        let key = tb.released(released, grant_id).key.to_vec();
+                        let k = (0..3u8).find(|k| kname(*k).as_bytes() == key).expect("known key");
+                        let hs = m.holders.get_mut(&k).expect("held");
+                        let i = hs.iter().position(|h| h.token == grant_id).expect("a holder");
+                        let h = hs.remove(i);
+                        prop_assert_eq!(tb.released_access(released, grant_id), h.req.access);
+                        if cause == ReleaseCause::Expired {
+                            prop_assert!(h.expires <= now_us, "expired early");
+                        }
+                        released_now.push(grant_id);
+                    }
+                    Effect::Reply { conn, reply } => {
+                        if matches!(reply, Reply::TimedOut | Reply::Cancelled | Reply::Withdrawn) {
+                            let k = m.reqs[&conn].key;
+                            let q = m.queues.get_mut(&k).expect("queued");
+                            let before = q.len();
+                            q.retain(|r| r.conn != conn);
+                            prop_assert_eq!(q.len() + 1, before, "answered a request not queued");
+                        }
+                    }
+                    Effect::LimitReached { .. } => {}
+                }
+            }
+            if let Some(mut want) = must_release {
+                want.sort();
+                released_now.sort();
+                prop_assert_eq!(released_now, want, "released other holders than {:?}", o);
+            }
+            if let Some(before) = refused_unchanged {
+                prop_assert_eq!((holding_all(&tb), tb.next_grant_id(), tb.queued_waiters()), before);
+            }
+            // After every operation.
+            tb.check_invariants();
+            for k in 0..3u8 {
+                let hs = m.holders(k);
+                if hs.iter().any(|h| h.req.access == X) {
+                    prop_assert_eq!(hs.len(), 1, "an exclusive holder of k{} is not alone", k);
+                }
+                for h in hs {
+                    if let Access::Semaphore(n) = h.req.access {
+                        prop_assert!(hs.len() as u32 <= n, "{} holders of a semaphore of {}", hs.len(), n);
+                    }
+                }
+                if let Some(head) = m.queues.get(&k).and_then(|q| q.front()) {
+                    prop_assert!(!fits(hs, head.access), "k{}'s head {:?} could hold it", k, head);
+                }
+                // The table agrees.
+                let mut want: Vec<(u64, Access)> = hs.iter().map(|h| (h.token, h.req.access)).collect();
+                want.sort_by_key(|x| x.0);
+                let got: Vec<(u64, Access)> = tb.holders_of(kname(k).as_bytes()).iter().map(|(h, a)| (h.grant_id, *a)).collect();
+                prop_assert_eq!(got, want);
+                let queued: Vec<Token> = m.queues.get(&k).into_iter().flatten().map(|r| r.conn).collect();
+                prop_assert_eq!(waiting(&tb, &kname(k)), queued);
+            }
+            prop_assert_eq!(tb.held_keys(), (0..3u8).filter(|k| !m.holders(*k).is_empty()).count());
+            prop_assert_eq!(tb.holders(), m.all_held().len());
+            // Every holder replayed into a new table (what a snapshot's
+            // records will do) gives the same holders, each as it held.
+            let mut copy = t();
+            let mut ok = true;
+            tb.for_each_holder(|h, a| ok &= copy.restore_access(h, a, now));
+            prop_assert!(ok);
+            copy.check_invariants();
+            for k in 0..3u8 {
+                let key = kname(k);
+                let of = |t: &Table| -> Vec<(u64, Access)> {
+                    t.holders_of(key.as_bytes()).iter().map(|(h, a)| (h.grant_id, *a)).collect()
+                };
+                prop_assert_eq!(of(&copy), of(&tb));
+            }
+            tb.effects_applied();
+        }
+    }
+}
+
+/// Every holder of the test keys: `(key, grant id)`.
+fn holding_all(tb: &Table) -> Vec<(u8, u64)> {
+    let mut v = Vec::new();
+    for k in 0..3u8 {
+        for (h, _) in tb.holders_of(kname(k).as_bytes()) {
+            v.push((k, h.grant_id));
+        }
+    }
+    v
+}
