@@ -111,8 +111,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
 
 /// Files still over [`MAX_LINES`] lines.
 const ALLOWED_LONG: &[&str] = &[
-    // issue #32: being removed (this branch)
-    "src/cluster/replica.rs",
     // issue #32: being removed
     "src/shard/raft.rs",
 ];

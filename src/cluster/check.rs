@@ -261,7 +261,7 @@ pub fn check(
             ),
         );
     }
-    // The configuration notices (`replica::EXCLUDED_FIELD`) keep this node
+    // The configuration notices (`extensions::EXCLUDED_FIELD`) keep this node
     // from serving until it applied that far: an index beyond any log's
     // would keep it from serving for good.
     for &(g, i) in notes {
