@@ -88,8 +88,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/metrics/raft.rs",
         "src/metrics/security.rs",
     ],
-    // issue #32: being removed (this branch)
-    &["src/protocol/admin.rs", "src/protocol/mod.rs"],
     // issue #32: being removed
     &[
         "src/shard/forward.rs",
