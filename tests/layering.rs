@@ -67,8 +67,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
     ],
     // issue #32: being removed (this branch)
     &["src/client/session/io.rs", "src/client/session/resume.rs"],
-    // issue #32: being removed (this branch)
-    &["src/core/table.rs", "src/core/table/listing.rs"],
     // issue #32: being removed
     &[
         "src/driver/clienttls.rs",

@@ -212,7 +212,7 @@ pub struct Table {
     /// them. Freed by [`Table::effects_applied`].
     dead_names: Vec<NameRef>,
     /// Admin listings in progress (see [`listing`]).
-    listings: Vec<Option<listing::Listing>>,
+    listings: Vec<Option<cursor::Listing>>,
 }
 
 impl Drop for Table {
@@ -894,13 +894,14 @@ impl Table {
     }
 }
 
+mod cursor;
 mod homed;
 mod invariants;
 mod listing;
 mod query;
 mod replay;
 mod session;
-pub use listing::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
+pub use cursor::{entry_len, ListingId, Step, SAVED_BYTES_MAX};
 
 #[cfg(test)]
 mod tests;
