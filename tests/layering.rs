@@ -79,13 +79,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/driver/ring.rs",
         "src/driver/start.rs",
     ],
-    // issue #32: being removed (this branch)
-    &[
-        "src/metrics/http.rs",
-        "src/metrics/mod.rs",
-        "src/metrics/raft.rs",
-        "src/metrics/security.rs",
-    ],
     // issue #32: being removed
     &[
         "src/shard/forward.rs",

@@ -1,6 +1,10 @@
 //! The Prometheus text rendering of [`Metrics`]: every series a scrape
 //! answers, in the text format 0.0.4.
 
+use std::fmt::Write as _;
+
+use super::super::histogram::{push_seconds, seconds_histogram, BATCH_BOUNDS};
+use super::super::text::{counter, gauge, header};
 use super::*;
 
 impl Metrics {
