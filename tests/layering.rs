@@ -65,8 +65,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/client/mod.rs",
         "src/client/session/mod.rs",
     ],
-    // issue #32: being removed (this branch)
-    &["src/client/session/io.rs", "src/client/session/resume.rs"],
     // issue #32: being removed
     &[
         "src/driver/clienttls.rs",

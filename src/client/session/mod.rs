@@ -143,8 +143,7 @@ use crate::lease::{
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
 use hold::SessionHold;
-use io::{AcquireReq, Handle, Op, Shared, Timing, Waited, What, PING_RID};
-use resume::{EventHandler, Resumer};
+use io::{AcquireReq, EventHandler, Handle, Op, Resumer, Shared, Timing, Waited, What, PING_RID};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);

@@ -52,36 +52,10 @@ use super::sys::{notify_elsewhere, poll, pollfd};
 use crate::lease::{cause_msg, CancelToken, Error, LostLock, LostReason};
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
-/// A handler of the session's resume events: one line each (the
-/// connection failed and a resume began, it succeeded, it failed).
-pub(crate) type EventHandler = Arc<dyn Fn(&str) + Send + Sync + 'static>;
-
 /// Longest pause between two rounds of the address list.
 const ROUND_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// The first pause between two rounds.
 const ROUND_PAUSE_MIN: Duration = Duration::from_millis(10);
-
-/// What a resume needs besides the session: where, and how.
-pub(crate) struct Resumer {
-    /// The session's address list, as given to the builder.
-    pub addrs: Vec<SocketAddr>,
-    /// Plaintext or TLS (with the host names the addresses were given by).
-    pub dial: Dial,
-    pub auth: Vec<u8>,
-    /// Bound on one attempt (connecting, the Resume's answer).
-    pub connect_timeout: Duration,
-    pub on_event: Option<EventHandler>,
-}
-
-impl Resumer {
-    fn event(&self, line: impl FnOnce() -> String) {
-        if let Some(h) = &self.on_event {
-            let line = line();
-            // A panicking handler must not take the I/O thread with it.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(&line)));
-        }
-    }
-}
 
 /// One hold a Resume's answer listed.
 #[derive(Debug, Clone)]
