@@ -57,14 +57,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
     ],
     // issue #32: being removed (this branch)
     &["src/bin/ringlockd.rs", "src/bin/ringlockd/args.rs"],
-    // issue #32: being removed (this branch)
-    &[
-        "src/client/guard.rs",
-        "src/client/listing.rs",
-        "src/client/locate.rs",
-        "src/client/mod.rs",
-        "src/client/session/mod.rs",
-    ],
     // issue #32: being removed
     &[
         "src/driver/clienttls.rs",

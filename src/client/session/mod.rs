@@ -135,8 +135,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::addr::ToServerAddrs;
+use super::addr::DEFAULT_PORT;
 use super::retry::{OnRetry, RetryEvent, RetryPolicy, Streak};
-use super::DEFAULT_PORT;
 use crate::lease::{
     self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
 };
@@ -196,7 +196,7 @@ pub struct Acquire {
 
 /// Builds a [`Session`]. Created by [`Session::builder`].
 pub struct SessionBuilder {
-    addrs: super::Result<Vec<(SocketAddr, Option<String>)>>,
+    addrs: super::error::Result<Vec<(SocketAddr, Option<String>)>>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,
