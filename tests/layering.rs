@@ -55,8 +55,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/bin/ringlock/session.rs",
         "src/bin/ringlock/tlsopt.rs",
     ],
-    // issue #32: being removed (this branch)
-    &["src/bin/ringlockd.rs", "src/bin/ringlockd/args.rs"],
     // issue #32: being removed
     &[
         "src/driver/clienttls.rs",

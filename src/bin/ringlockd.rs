@@ -14,13 +14,12 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
+use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches};
 use ringlock::config::{self, file, format_ms, format_us, Config, LcAdminActions};
 use ringlock::driver::Server;
 use ringlock::log::{self, Level};
