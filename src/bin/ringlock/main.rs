@@ -24,8 +24,8 @@
 //! lease with `--ttl` (extended every TTL/3 while CMD runs) or a
 //! Locking-Center lock with `--persistent`. A session or lease lock (or a
 //! MySQL lock, `--addr mysql://…`) that is lost while CMD runs stops CMD
-//! (see `child`) and exits [`EX_LOST`], by one path for every backend
-//! ([`held::run_under_lease`]).
+//! (see `child`) and exits [`EX_LOST`](exit::EX_LOST), by one path for
+//! every backend ([`held::run_under_lease`]).
 
 mod args;
 mod bytes;
@@ -36,6 +36,8 @@ mod cluster_cmd;
 mod conn;
 mod discover;
 mod docfiles;
+mod exit;
+mod failure;
 mod held;
 mod keys;
 mod members;
@@ -43,58 +45,25 @@ mod mysql_backend;
 mod persistent;
 mod retry;
 mod session;
+mod show;
 mod tlsopt;
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use clap::CommandFactory;
-use ringlock::client::{Error, Wait, DEFAULT_PORT, KEY_LEN_MAX, SOURCE_LEN_MAX};
+use ringlock::client::{Error, Wait, SOURCE_LEN_MAX};
 
-use args::{parse_args, Cli, ClusterCmd, Cmd, KeyFormat};
-use child::got_signal;
+use args::{arg_bytes, key_arg, parse_args, Cli, ClusterCmd, Cmd};
 use cluster_cmd::{cluster_nodes, cluster_status, cluster_transfer};
 use conn::{listed, reset_listed, Conn};
+use exit::{note, usage, Fail, EX_IOERR, EX_UNAVAILABLE};
+use failure::client_fail;
 use mysql_backend::mysql_cmd;
 use persistent::lock_and_run;
 use session::session_lock_and_run;
-
-pub(crate) const EX_USAGE: u8 = 64;
-pub(crate) const EX_UNAVAILABLE: u8 = 69;
-pub(crate) const EX_SOFTWARE: u8 = 70;
-pub(crate) const EX_IOERR: u8 = 74;
-pub(crate) const EX_TEMPFAIL: u8 = 75;
-pub(crate) const EX_CONFIG: u8 = 78;
-pub(crate) const EX_PROTOCOL: u8 = 76;
-/// The session or lease lock was lost while CMD ran (CMD was stopped).
-pub(crate) const EX_LOST: u8 = 79;
-pub(crate) const EX_CANNOT_EXEC: u8 = 126;
-pub(crate) const EX_NOT_FOUND: u8 = 127;
-
-/// A failure that ends the process: exit code and its one-line message.
-pub(crate) struct Fail(pub u8, pub String);
-
-pub(crate) fn usage(msg: impl std::fmt::Display) -> Fail {
-    Fail(EX_USAGE, format!("{msg} (see ringlock --help)"))
-}
-
-pub(crate) fn client_fail(err: &Error, what: &str) -> Fail {
-    let code = match err {
-        Error::InvalidKey { .. } | Error::InvalidSource { .. } | Error::InvalidAddress { .. } => {
-            EX_USAGE
-        }
-        Error::Unavailable { .. } => EX_UNAVAILABLE,
-        Error::Timeout => EX_TEMPFAIL,
-        Error::Refused | Error::Protocol(_) => EX_PROTOCOL,
-        Error::Io(_) => EX_IOERR,
-        Error::Cancelled => 128u8.wrapping_add(got_signal() as u8),
-        _ => EX_SOFTWARE,
-    };
-    Fail(code, format!("{what}: {err}"))
-}
 
 fn main() -> ExitCode {
     match run(std::env::args_os()) {
@@ -344,57 +313,6 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }
-    }
-}
-
-/// A note on a successful command (stderr, exit status unchanged).
-pub(crate) fn note(msg: &str) {
-    let _ = writeln!(io::stderr(), "ringlock: note: {msg}");
-}
-
-/// An argument's bytes in the chosen format.
-fn arg_bytes(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, String> {
-    let raw = arg.as_bytes();
-    match fmt {
-        KeyFormat::Raw => Ok(raw.to_vec()),
-        KeyFormat::Escaped => {
-            bytes::unescape(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw)))
-        }
-        KeyFormat::Hex => bytes::unhex(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw))),
-    }
-}
-
-/// A KEY argument, decoded and checked against the protocol's 1..=127 bytes.
-pub(crate) fn key_arg(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, Fail> {
-    let key = arg_bytes(arg, fmt).map_err(|e| usage(format!("key {e}")))?;
-    if key.is_empty() || key.len() > KEY_LEN_MAX {
-        let err = Error::InvalidKey { len: key.len() };
-        return Err(client_fail(&err, &format!("key '{}'", bytes::escape(&key))));
-    }
-    Ok(key)
-}
-
-/// How to give `key` back on a command line, for messages.
-pub(crate) fn shell_key(key: &[u8]) -> String {
-    let escaped = bytes::escape(key);
-    let plain = escaped.as_bytes() == key
-        && key
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-:@%+,=".contains(b));
-    if plain {
-        escaped
-    } else {
-        format!("--key-format escaped '{}'", escaped.replace('\'', "'\\''"))
-    }
-}
-
-pub(crate) fn fmt_duration(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else if d.subsec_millis() == 0 {
-        keys::format_held(d)
-    } else {
-        format!("{:.3}s", d.as_secs_f64())
     }
 }
 
