@@ -300,7 +300,8 @@ fn use_tree(toks: &[Tok], mut i: usize, prefix: &[String], out: &mut Vec<Vec<Str
 /// The module declarations and paths of one file's tokens.
 fn scan(toks: &[Tok]) -> Scan {
     let mut out = Scan::default();
-    // The inline modules open at `i`, each with the brace depth inside it.
+    // The inline modules open at the token at hand, each with the brace
+    // depth inside it.
     let mut inline: Vec<(String, usize)> = Vec::new();
     let mut depth = 0usize;
     let mut opening: Option<String> = None;
@@ -407,7 +408,7 @@ struct Module {
 struct Tree {
     /// Module path (crate name first) → module.
     modules: BTreeMap<Vec<String>, Module>,
-    /// File → the module it defines, its crate and its scan.
+    /// File → the module it defines (crate name first) and its scan.
     files: BTreeMap<String, (Vec<String>, Scan)>,
     /// Problems found while building the tree (a `mod` whose file is
     /// missing, a file no crate reaches).
