@@ -14,13 +14,12 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches, Parser};
+use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, FromArgMatches};
 use ringlock::config::{self, file, format_ms, format_us, Config, LcAdminActions};
 use ringlock::driver::Server;
 use ringlock::log::{self, Level};
@@ -368,6 +367,39 @@ fn parse(argv: Vec<OsString>) -> Result<Option<Settings>, String> {
 /// variables under everything else, the defaults, and the checks that
 /// involve more than one setting.
 fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, String> {
+    let mut deprecated = fold_deprecated_flags(&mut a, first)?;
+    fold_legacy_env(&mut a, &legacy, &mut deprecated)?;
+    let mut cfg = base_config(&a)?;
+    apply_limits(&mut cfg, &a)?;
+    let cluster = cluster_config(&a, &cfg)?;
+    apply_tls(&mut cfg, &a, cluster.is_some())?;
+    let (join, force_new) = (a.join, a.force_new_cluster);
+    if cluster.is_none() && (join || a.raft_compact_entries.is_some()) {
+        return Err(format!(
+            "{} is a cluster flag: it needs --node-id and --peers",
+            if join {
+                "--join"
+            } else {
+                "--raft-compact-entries"
+            }
+        ));
+    }
+    Ok(Settings {
+        cfg,
+        level: a.log_level.unwrap_or(Level::Info),
+        cluster,
+        check_only: a.check_config,
+        deprecated,
+        auth_token_file: a.auth_token_file,
+        peers: a.peers,
+        force_new,
+    })
+}
+
+/// Each deprecated flag given (`--keepalive-ms`, ...) folded into its
+/// replacement, refused if that is on the command line too; the list of
+/// them, for the warnings.
+fn fold_deprecated_flags(a: &mut Args, first: &ArgMatches) -> Result<Vec<Deprecated>, String> {
     let mut deprecated = Vec::new();
     {
         let mut fold = |new: &mut Option<u64>, old: Option<u64>, old_id: &str| {
@@ -415,6 +447,16 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
         fold(&mut a.min_ttl, a.min_ttl_ms, "min_ttl_ms")?;
         fold(&mut a.max_ttl, a.max_ttl_ms, "max_ttl_ms")?;
     }
+    Ok(deprecated)
+}
+
+/// The deprecated variables `BIND_ADDRESS` and `DATA_PATH`, under every
+/// other source of their settings.
+fn fold_legacy_env(
+    a: &mut Args,
+    legacy: &Legacy,
+    deprecated: &mut Vec<Deprecated>,
+) -> Result<(), String> {
     if let Some(s) = &legacy.bind {
         deprecated.push(Deprecated::Env {
             var: "BIND_ADDRESS",
@@ -435,7 +477,12 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
             a.data_path = Some(p.into());
         }
     }
+    Ok(())
+}
 
+/// The configuration's addresses, files and switches from `a`, over
+/// `Config`'s defaults.
+fn base_config(a: &Args) -> Result<Config, String> {
     let mut cfg = Config::new(a.bind.unwrap_or(Config::default().bind));
     if let Some(p) = &a.auth_token_file {
         cfg.auth_token = Some(config::read_auth_token(p)?);
@@ -458,6 +505,11 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
     if cfg.wal_truncate_at.is_some() && cfg.data_path.is_none() {
         return Err("--wal-truncate-at needs --data-path".into());
     }
+    Ok(cfg)
+}
+
+/// The timeouts, sizes and bounds from `a`, and the checks between them.
+fn apply_limits(cfg: &mut Config, a: &Args) -> Result<(), String> {
     let set = |field: &mut u64, v: Option<u64>| {
         if let Some(v) = v {
             *field = v;
@@ -519,6 +571,15 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
             ms(cfg.max_ttl_ms)
         ));
     }
+    Ok(())
+}
+
+/// `--node-id` and `--peers` with the cluster flags, or `None` for a
+/// single node.
+fn cluster_config(
+    a: &Args,
+    cfg: &Config,
+) -> Result<Option<ringlock::cluster::ClusterConfig>, String> {
     let (join, force_new, insecure) = (a.join, a.force_new_cluster, a.insecure);
     let cluster = match (a.node_id, &a.peers) {
         (None, None) => None,
@@ -554,10 +615,17 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
             Some(c)
         }
     };
+    Ok(cluster)
+}
+
+/// The certificates and the ports' TLS switches, refused where they
+/// contradict each other or need what is not given.
+fn apply_tls(cfg: &mut Config, a: &Args, cluster: bool) -> Result<(), String> {
+    let insecure = a.insecure;
     if insecure && a.certs_dir.is_some() {
         return Err("--insecure and --certs-dir contradict each other: give one".into());
     }
-    if insecure && cluster.is_none() {
+    if insecure && !cluster {
         return Err(
             "--insecure is for a cluster (--peers) without certificates; a single node \
              runs without them unless given --certs-dir"
@@ -588,26 +656,7 @@ fn resolve(mut a: Args, first: &ArgMatches, legacy: Legacy) -> Result<Settings, 
     cfg.client_cert_auth = a.client_cert_auth;
     cfg.lc_plaintext = a.lc_plaintext;
     cfg.client_plaintext = a.client_plaintext;
-    if cluster.is_none() && (join || a.raft_compact_entries.is_some()) {
-        return Err(format!(
-            "{} is a cluster flag: it needs --node-id and --peers",
-            if join {
-                "--join"
-            } else {
-                "--raft-compact-entries"
-            }
-        ));
-    }
-    Ok(Settings {
-        cfg,
-        level: a.log_level.unwrap_or(Level::Info),
-        cluster,
-        check_only: a.check_config,
-        deprecated,
-        auth_token_file: a.auth_token_file,
-        peers: a.peers,
-        force_new,
-    })
+    Ok(())
 }
 
 fn warn_deprecated(list: &[Deprecated]) {

@@ -10,6 +10,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 
 use super::error::{Error, Result};
 
+/// The default lock port (Locking-Center's).
+pub const DEFAULT_PORT: u16 = 22119;
+
 /// Something that names a lock server (or its admin port).
 ///
 /// Implemented for strings (`"HOST"`, `"HOST:PORT"`, `"[::1]:22119"`, a bare

@@ -11,9 +11,11 @@ use std::net::SocketAddr;
 
 use super::stream::Stream;
 
+use super::error::{Error, Result};
+use super::lock_client::Client;
+use super::retry::RetryPolicy;
 use super::retry::Streak;
 use super::wire::KeyInfo;
-use super::{Client, Error, Result};
 use crate::protocol::admin::{self, KeysDecoder, KeysStep};
 
 /// The receive buffer of a [`KeyStream`]: what the server sends in one
@@ -367,5 +369,22 @@ impl Client {
             // KEYS and KEYX are read-only and nothing was handed out yet.
             self.backoff(streak, err, peer, None, None)?;
         }
+    }
+
+    /// Whether the server's table shows `key` held by the connection whose
+    /// local address was `endpoint`. One attempt, no retries: used to settle
+    /// ambiguous outcomes.
+    pub(super) fn held_by(&self, key: &[u8], endpoint: Option<SocketAddr>) -> Result<bool> {
+        let endpoint = endpoint
+            .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
+            .to_string();
+        let (keys, _) = self.open_listing(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
+        for k in keys {
+            let k = k?;
+            if k.key == key && k.endpoint == endpoint {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

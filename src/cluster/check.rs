@@ -204,7 +204,15 @@ pub fn check(
     notes: &[(u32, u64)],
     local: &Local<'_>,
 ) -> Result<(), Refusal> {
-    use MessageType::*;
+    let t = m.get_msg_type();
+    check_sender(m, t, link, local)?;
+    check_bounds(m, t, notes)?;
+    check_acted(m, t, local)
+}
+
+/// Who sent `m` (of type `t`) on the link of node `link`, to whom, and
+/// whether a peer sends its type at all.
+fn check_sender(m: &Message, t: MessageType, link: u64, local: &Local<'_>) -> Result<(), Refusal> {
     // Who: the link's Hello named its node (and a Hello naming this node,
     // or node 0, is refused); raft-rs takes `from` as given, and from 0
     // (INVALID_ID) it answers a read index as if this node had asked
@@ -218,10 +226,16 @@ pub fn check(
     if m.to != local.id {
         return refuse(Reason::To, format!("a message for node {}", m.to));
     }
-    let t = m.get_msg_type();
     if !sent_by_peers(t) {
         return refuse(Reason::Type, format!("{t:?} is never sent by a peer"));
     }
+    Ok(())
+}
+
+/// The terms and indexes `m` (of type `t`) and its configuration notices
+/// (`notes`) carry, each within what any correct peer sends.
+fn check_bounds(m: &Message, t: MessageType, notes: &[(u32, u64)]) -> Result<(), Refusal> {
+    use MessageType::*;
     // Term 0 is a local message to raft-rs (no term check at all: an
     // append of term 0 is taken from anyone, a vote of term 0 is answered
     // with term 0, which raft-rs's `send` refuses with a panic). raft-rs
@@ -261,7 +275,7 @@ pub fn check(
             ),
         );
     }
-    // The configuration notices (`replica::EXCLUDED_FIELD`) keep this node
+    // The configuration notices (`extensions::EXCLUDED_FIELD`) keep this node
     // from serving until it applied that far: an index beyond any log's
     // would keep it from serving for good.
     for &(g, i) in notes {
@@ -272,6 +286,13 @@ pub fn check(
             );
         }
     }
+    Ok(())
+}
+
+/// What `m` (of type `t`) says of the logs, checked against this node's
+/// when raft-rs acts on it.
+fn check_acted(m: &Message, t: MessageType, local: &Local<'_>) -> Result<(), Refusal> {
+    use MessageType::*;
     // raft-rs acts on a message of this node's term or a later one (it
     // moves to that term first); an older one it ignores but for an
     // empty answer, and a correct peer sends those late (a deposed leader,

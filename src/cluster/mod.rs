@@ -7,7 +7,9 @@
 //! message crosses cores inside a node.
 //!
 //! - [`replica`]: the group's Raft node, driven by hand (pure).
+//! - [`storage`]: raft-rs's `Storage` of a replica (in memory).
 //! - [`check`]: what every peer message must be before raft-rs sees it.
+//! - [`extensions`]: the fields a node adds to raft-rs's messages.
 //! - [`store`]: the log file's records (entries, hard state) and replay.
 //! - [`wire`]: the frames of a peer link.
 //!
@@ -17,7 +19,9 @@
 //! same records. See docs/cluster.md for what a client sees.
 
 pub mod check;
+pub mod extensions;
 pub mod replica;
+pub mod storage;
 pub mod store;
 pub mod wire;
 

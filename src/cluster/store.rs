@@ -254,28 +254,9 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
         return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
     }
     r.version = data[7];
-    if &data[..8] != MAGIC && &data[..8] != MAGIC_V1 {
-        if data[..7] == MAGIC[..7] {
-            // Another version of this format: a later ringlockd wrote it
-            // (or an earlier one, if this one is newer); never guessed at.
-            return Err(format!(
-                "{shown}: a cluster log of format version {}, this ringlockd reads versions {} \
-                 and {}; start the ringlockd version that wrote it (a log is never converted \
-                 to an older version)",
-                data[7], MAGIC_V1[7], MAGIC[7]
-            ));
-        }
-        if data.starts_with(crate::wal::record::MAGIC) {
-            return Err(format!(
-                "{shown}: this is a single-node log; a cluster node (--peers) keeps a \
-                 cluster log. Start without --peers, or give this node a new --data-path"
-            ));
-        }
-        return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
-    }
+    check_magic(data, shown)?;
     let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let mut at = MAGIC.len();
-    let entries = &mut r.recovered.entries;
     while at < written_end {
         let rest = &data[at..];
         let torn = |why: &str| -> Result<(), String> {
@@ -303,105 +284,10 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
         }
         let p = &data[at + HEAD..end];
         match data[at + 8] {
-            T_IDENTITY => {
-                let n = *p
-                    .get(16)
-                    .ok_or_else(|| format!("{shown}: short identity"))?
-                    as usize;
-                let voters = (0..n)
-                    .map(|i| u64_at(p, 17 + 8 * i))
-                    .collect::<Option<Vec<u64>>>()
-                    .ok_or_else(|| format!("{shown}: short identity"))?;
-                r.identity = Some(Identity {
-                    node: u64_at(p, 0).expect("checked"),
-                    group: u32_at(p, 8).expect("checked"),
-                    groups: u32_at(p, 12).expect("checked"),
-                    voters,
-                });
-            }
-            T_ENTRY => {
-                let (Some(index), Some(term), Some(&kind)) =
-                    (u64_at(p, 0), u64_at(p, 8), p.get(16))
-                else {
-                    return Err(format!("{shown}: short entry record at offset {at}"));
-                };
-                let mut e = Entry {
-                    index,
-                    term,
-                    ..Default::default()
-                };
-                e.set_entry_type(match kind {
-                    0 => EntryType::EntryNormal,
-                    1 => EntryType::EntryConfChange,
-                    _ => EntryType::EntryConfChangeV2,
-                });
-                e.data = p[17..].to_vec().into();
-                let snap_index = r.recovered.snapshot.get_metadata().index;
-                if index <= snap_index {
-                    // Older than the snapshot that follows it in the file
-                    // cannot be; one it covers is already in it.
-                    at = end;
-                    r.records += 1;
-                    continue;
-                }
-                // Raft's rule: this entry replaces everything at or after
-                // its index.
-                while entries.last().is_some_and(|l| l.index >= index) {
-                    entries.pop();
-                }
-                match entries.last() {
-                    None if index == snap_index + 1 && snap_index > 0 => {}
-                    Some(l) if l.index + 1 != index => {
-                        return Err(format!(
-                            "{shown}: entry {index} at offset {at} does not follow entry {}",
-                            l.index
-                        ))
-                    }
-                    None if index != 1 => {
-                        return Err(format!(
-                            "{shown}: the first entry is {index} (this log is never compacted, \
-                             it must start at 1)"
-                        ))
-                    }
-                    _ => {}
-                }
-                entries.push(e);
-            }
-            T_SNAPSHOT => {
-                let (Some(index), Some(term), Some(&n)) = (u64_at(p, 0), u64_at(p, 8), p.get(16))
-                else {
-                    return Err(format!("{shown}: short snapshot record at offset {at}"));
-                };
-                let n = n as usize;
-                let voters = (0..n)
-                    .map(|i| u64_at(p, 17 + 8 * i))
-                    .collect::<Option<Vec<u64>>>()
-                    .ok_or_else(|| format!("{shown}: short snapshot record at offset {at}"))?;
-                let mut s = Snapshot {
-                    data: p[17 + 8 * n..].to_vec().into(),
-                    ..Default::default()
-                };
-                let members = split_snapshot(&s.data)
-                    .map_err(|e| format!("{shown}: snapshot record at offset {at}: {e}"))?
-                    .0;
-                let m = s.mut_metadata();
-                m.index = index;
-                m.term = term;
-                m.set_conf_state(match &members {
-                    Some(mb) => mb.conf.clone(),
-                    None => ConfState::from((voters, vec![])),
-                });
-                r.members = members;
-                r.recovered.snapshot = s;
-                // Everything before a snapshot is in it.
-                entries.clear();
-            }
-            T_HARD_STATE => {
-                let hs = &mut r.recovered.hard_state;
-                hs.term = u64_at(p, 0).ok_or_else(|| format!("{shown}: short hard state"))?;
-                hs.vote = u64_at(p, 8).ok_or_else(|| format!("{shown}: short hard state"))?;
-                hs.commit = u64_at(p, 16).ok_or_else(|| format!("{shown}: short hard state"))?;
-            }
+            T_IDENTITY => r.identity = Some(identity_record(p, shown)?),
+            T_ENTRY => entry_record(&mut r, p, at, shown)?,
+            T_SNAPSHOT => snapshot_record(&mut r, p, at, shown)?,
+            T_HARD_STATE => hard_state_record(&mut r.recovered.hard_state, p, shown)?,
             t => return Err(format!("{shown}: unknown record type {t} at offset {at}")),
         }
         r.records += 1;
@@ -410,6 +296,138 @@ pub fn replay(data: &[u8], shown: &str) -> Result<Replayed, String> {
     r.valid_len = at as u64;
     r.torn_bytes = (written_end.max(at) - at) as u64;
     Ok(r)
+}
+
+/// A log's first 8 bytes are a cluster log's magic of a version this
+/// ringlockd reads (`replay` checked there are 8).
+fn check_magic(data: &[u8], shown: &str) -> Result<(), String> {
+    if &data[..8] != MAGIC && &data[..8] != MAGIC_V1 {
+        if data[..7] == MAGIC[..7] {
+            // Another version of this format: a later ringlockd wrote it
+            // (or an earlier one, if this one is newer); never guessed at.
+            return Err(format!(
+                "{shown}: a cluster log of format version {}, this ringlockd reads versions {} \
+                 and {}; start the ringlockd version that wrote it (a log is never converted \
+                 to an older version)",
+                data[7], MAGIC_V1[7], MAGIC[7]
+            ));
+        }
+        if data.starts_with(crate::wal::record::MAGIC) {
+            return Err(format!(
+                "{shown}: this is a single-node log; a cluster node (--peers) keeps a \
+                 cluster log. Start without --peers, or give this node a new --data-path"
+            ));
+        }
+        return Err(format!("{shown}: not a ringlock cluster log (bad magic)"));
+    }
+    Ok(())
+}
+
+/// A T_IDENTITY record's payload.
+fn identity_record(p: &[u8], shown: &str) -> Result<Identity, String> {
+    let n = *p
+        .get(16)
+        .ok_or_else(|| format!("{shown}: short identity"))? as usize;
+    let voters = (0..n)
+        .map(|i| u64_at(p, 17 + 8 * i))
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(|| format!("{shown}: short identity"))?;
+    Ok(Identity {
+        node: u64_at(p, 0).expect("checked"),
+        group: u32_at(p, 8).expect("checked"),
+        groups: u32_at(p, 12).expect("checked"),
+        voters,
+    })
+}
+
+/// A T_ENTRY record (payload `p`, at offset `at`) onto `r`'s entries:
+/// Raft's rule (an entry replaces every one at or after its index), and
+/// the entries must follow each other.
+fn entry_record(r: &mut Replayed, p: &[u8], at: usize, shown: &str) -> Result<(), String> {
+    let entries = &mut r.recovered.entries;
+    let (Some(index), Some(term), Some(&kind)) = (u64_at(p, 0), u64_at(p, 8), p.get(16)) else {
+        return Err(format!("{shown}: short entry record at offset {at}"));
+    };
+    let mut e = Entry {
+        index,
+        term,
+        ..Default::default()
+    };
+    e.set_entry_type(match kind {
+        0 => EntryType::EntryNormal,
+        1 => EntryType::EntryConfChange,
+        _ => EntryType::EntryConfChangeV2,
+    });
+    e.data = p[17..].to_vec().into();
+    let snap_index = r.recovered.snapshot.get_metadata().index;
+    if index <= snap_index {
+        // Older than the snapshot that follows it in the file
+        // cannot be; one it covers is already in it.
+        return Ok(());
+    }
+    // Raft's rule: this entry replaces everything at or after
+    // its index.
+    while entries.last().is_some_and(|l| l.index >= index) {
+        entries.pop();
+    }
+    match entries.last() {
+        None if index == snap_index + 1 && snap_index > 0 => {}
+        Some(l) if l.index + 1 != index => {
+            return Err(format!(
+                "{shown}: entry {index} at offset {at} does not follow entry {}",
+                l.index
+            ))
+        }
+        None if index != 1 => {
+            return Err(format!(
+                "{shown}: the first entry is {index} (this log is never compacted, \
+                 it must start at 1)"
+            ))
+        }
+        _ => {}
+    }
+    entries.push(e);
+    Ok(())
+}
+
+/// A T_SNAPSHOT record (payload `p`, at offset `at`): the snapshot, with
+/// its members, replaces everything before it.
+fn snapshot_record(r: &mut Replayed, p: &[u8], at: usize, shown: &str) -> Result<(), String> {
+    let (Some(index), Some(term), Some(&n)) = (u64_at(p, 0), u64_at(p, 8), p.get(16)) else {
+        return Err(format!("{shown}: short snapshot record at offset {at}"));
+    };
+    let n = n as usize;
+    let voters = (0..n)
+        .map(|i| u64_at(p, 17 + 8 * i))
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(|| format!("{shown}: short snapshot record at offset {at}"))?;
+    let mut s = Snapshot {
+        data: p[17 + 8 * n..].to_vec().into(),
+        ..Default::default()
+    };
+    let members = split_snapshot(&s.data)
+        .map_err(|e| format!("{shown}: snapshot record at offset {at}: {e}"))?
+        .0;
+    let m = s.mut_metadata();
+    m.index = index;
+    m.term = term;
+    m.set_conf_state(match &members {
+        Some(mb) => mb.conf.clone(),
+        None => ConfState::from((voters, vec![])),
+    });
+    r.members = members;
+    r.recovered.snapshot = s;
+    // Everything before a snapshot is in it.
+    r.recovered.entries.clear();
+    Ok(())
+}
+
+/// A T_HARD_STATE record's payload into `hs`.
+fn hard_state_record(hs: &mut HardState, p: &[u8], shown: &str) -> Result<(), String> {
+    hs.term = u64_at(p, 0).ok_or_else(|| format!("{shown}: short hard state"))?;
+    hs.vote = u64_at(p, 8).ok_or_else(|| format!("{shown}: short hard state"))?;
+    hs.commit = u64_at(p, 16).ok_or_else(|| format!("{shown}: short hard state"))?;
+    Ok(())
 }
 
 /// A proposal's data: the leader's wall clock at proposal, then the lock

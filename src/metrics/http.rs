@@ -19,7 +19,7 @@
 //!   (`Connection: close`). Nothing a client sends makes the endpoint
 //!   allocate without bound.
 
-use super::{monotonic_ms, Liveness, Metrics};
+use super::registry::{monotonic_ms, Liveness, Metrics};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};

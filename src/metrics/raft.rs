@@ -1,7 +1,13 @@
 //! The `ringlock_raft_*` series of a cluster node: each shard's replication
 //! gauges, the followers' lag, the commit latency and forwarding outcomes.
 
-use super::*;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::cluster::check::Reason;
+
+use super::histogram::{seconds_histogram, Histogram, LatencyHistogram, LATENCY_BOUNDS_US};
+use super::text::{counter, gauge, header};
 
 /// One shard's replication figures, as its loop last published them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

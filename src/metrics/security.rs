@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{counter, gauge, header};
+use super::text::{counter, gauge, header};
 
 pub struct Security {
     enabled: AtomicBool,

@@ -1,5 +1,10 @@
 //! The metrics' unit tests: the histograms, the text rendering.
 
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::protocol::session::{self as sp, Status};
+
+use super::histogram::{push_seconds, LatencyHistogram};
 use super::*;
 
 fn seconds(us: u64) -> String {

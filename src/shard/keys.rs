@@ -27,8 +27,9 @@ fn chunk_bytes(shards: usize) -> u32 {
     ((256usize << 10) / shards.max(1)).clamp(2 << 10, 64 << 10) as u32
 }
 
-/// One shard's part of a listing, at the home.
-pub(super) struct Part {
+/// One shard's latest chunk of a listing, at the home: its encoded
+/// entries, merged into the output up to `pos`.
+pub(super) struct ShardChunk {
     buf: Vec<u8>,
     pos: usize,
     /// The shard has sent its last entries.
@@ -42,7 +43,7 @@ pub(super) struct Stream {
     /// The connection; `None` once it is gone or answered.
     token: Option<Token>,
     extended: bool,
-    parts: Vec<Part>,
+    parts: Vec<ShardChunk>,
     count: u64,
     opened: bool,
     /// A round of requests is in flight.
@@ -75,7 +76,7 @@ impl Shard {
             token: Some(token),
             extended,
             parts: (0..self.shards)
-                .map(|_| Part {
+                .map(|_| ShardChunk {
                     buf: Vec::new(),
                     pos: 0,
                     done: true,
@@ -143,7 +144,7 @@ impl Shard {
             } => {
                 s.count += count as u64;
                 s.failed |= step == Step::Overflowed;
-                s.parts[shard as usize] = Part {
+                s.parts[shard as usize] = ShardChunk {
                     buf: bytes,
                     pos: 0,
                     done: step != Step::More,

@@ -1,7 +1,20 @@
 //! Certificate files: PEM read and parsed, the CA's roots, a key and its
 //! chain, and the checks an end-entity certificate must pass.
 
-use super::*;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::client::verify_server_cert_signed_by_trust_anchor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{CertificateError, InconsistentKeys, RootCertStore};
+use x509_parser::extensions::ParsedExtension;
+
+use super::identity::{identity_of, Identity};
+use super::provider::provider;
 
 /// A PEM file's bytes and the name its errors use (its path, or a part
 /// name for PEM from memory).

@@ -1,7 +1,22 @@
 //! The peer checks of the TLS configurations: a server certificate's
 //! chain, name and identity, and a client certificate's identity.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::ParsedCertificate;
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, RootCertStore,
+    SignatureScheme,
+};
+
+use super::identity::{identity_of, Identity};
+use super::provider::provider;
 
 /// A certificate that chains to the CA but names the wrong identity.
 #[derive(Debug)]
@@ -138,5 +153,50 @@ impl ClientCertVerifier for IdentityClientVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+/// Which identity a verifier lets through, once the chain is good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Want {
+    AnyNode,
+    Node(u64),
+    AnyClient,
+}
+
+impl Want {
+    fn check(self, end_entity: &[u8]) -> Result<Identity, String> {
+        let identity = identity_of(end_entity)
+            .map_err(|e| format!("the certificate is not ringlock's: {e}"))?;
+        match (self, &identity) {
+            (Want::AnyNode, Identity::Node(_)) | (Want::AnyClient, Identity::Client(_)) => {}
+            (Want::Node(want), Identity::Node(got)) if want == *got => {}
+            (Want::Node(want), _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s, not node {want}'s"
+                ))
+            }
+            (Want::AnyNode, _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s; a node's is required here"
+                ))
+            }
+            (Want::AnyClient, _) => {
+                return Err(format!(
+                    "the certificate is {identity}'s; a client's is required here"
+                ))
+            }
+        }
+        Ok(identity)
+    }
+
+    /// As [`check`](Self::check), as the rustls error that fails the
+    /// handshake (a bad-certificate alert to the peer).
+    fn check_tls(self, end_entity: &[u8]) -> Result<Identity, rustls::Error> {
+        self.check(end_entity).map_err(|e| {
+            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(
+                IdentityRefused(e),
+            ))))
+        })
     }
 }

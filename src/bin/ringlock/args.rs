@@ -1,14 +1,18 @@
 //! The command line: clap's definitions of every option and subcommand,
 //! the help texts, and parsing into one line on any error.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use ringlock::client::{Error, KEY_LEN_MAX};
 use ringlock::config::parse_duration;
 
-use crate::{cert, Fail, EX_USAGE};
+use crate::exit::{usage, Fail, EX_USAGE};
+use crate::failure::client_fail;
+use crate::{bytes, cert};
 
 pub(crate) const EXIT_STATUS: &str = "\
 Exit status:
@@ -439,4 +443,26 @@ pub(crate) fn parse_keepalive(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// An argument's bytes in the chosen format.
+pub(crate) fn arg_bytes(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, String> {
+    let raw = arg.as_bytes();
+    match fmt {
+        KeyFormat::Raw => Ok(raw.to_vec()),
+        KeyFormat::Escaped => {
+            bytes::unescape(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw)))
+        }
+        KeyFormat::Hex => bytes::unhex(raw).map_err(|e| format!("'{}': {e}", bytes::escape(raw))),
+    }
+}
+
+/// A KEY argument, decoded and checked against the protocol's 1..=127 bytes.
+pub(crate) fn key_arg(arg: &OsStr, fmt: KeyFormat) -> Result<Vec<u8>, Fail> {
+    let key = arg_bytes(arg, fmt).map_err(|e| usage(format!("key {e}")))?;
+    if key.is_empty() || key.len() > KEY_LEN_MAX {
+        let err = Error::InvalidKey { len: key.len() };
+        return Err(client_fail(&err, &format!("key '{}'", bytes::escape(&key))));
+    }
+    Ok(key)
 }

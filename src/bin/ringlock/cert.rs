@@ -34,7 +34,7 @@ use clap::Subcommand;
 use ringlock::tls::gen::{self, Issuer, Validity};
 use ringlock::tls::{self, ClientTls, NodeTls, CA_FILE, NODE_CERT_FILE, NODE_KEY_FILE};
 
-use crate::{Fail, EX_IOERR, EX_SOFTWARE, EX_USAGE};
+use crate::exit::{Fail, EX_IOERR, EX_SOFTWARE, EX_USAGE};
 
 /// The CA certificate or key is unusable (not a key, the key of another
 /// CA, an expired CA).

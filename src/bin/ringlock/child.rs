@@ -81,7 +81,7 @@ use std::time::{Duration, Instant};
 
 use ringlock::client::CancelToken;
 
-use crate::{Fail, EX_CANNOT_EXEC, EX_NOT_FOUND, EX_SOFTWARE};
+use crate::exit::{Fail, EX_CANNOT_EXEC, EX_NOT_FOUND, EX_SOFTWARE};
 
 /// The child's pid while it runs (0 otherwise).
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);

@@ -17,7 +17,7 @@ use ringlock::client::{
 };
 
 use crate::bytes;
-use crate::{Fail, EX_PROTOCOL, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
+use crate::exit::{Fail, EX_PROTOCOL, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 
 /// What one node said.
 pub struct NodeAnswer {
@@ -414,7 +414,7 @@ pub fn to_json(nodes: &[NodeAnswer]) -> String {
 pub fn admin_named(shown: &str, addrs: &[SocketAddr]) -> (String, u16) {
     let port = addrs
         .first()
-        .map_or(crate::DEFAULT_PORT + 1, SocketAddr::port);
+        .map_or(ringlock::client::DEFAULT_PORT + 1, SocketAddr::port);
     let host = match shown.parse::<SocketAddr>() {
         Ok(a) => a.ip().to_string(),
         Err(_) => match shown.rsplit_once(':') {

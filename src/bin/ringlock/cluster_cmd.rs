@@ -10,9 +10,9 @@ use clap::ArgMatches;
 
 use crate::args::Cli;
 use crate::conn::read_auth_token;
-use crate::{
-    cluster, discover, fmt_duration, tlsopt, usage, Fail, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE,
-};
+use crate::exit::{usage, Fail, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
+use crate::show::fmt_duration;
+use crate::{cluster, discover, tlsopt};
 
 /// The nodes' admin addresses for `ringlock cluster` and the admin auth
 /// token: --admin-addr, or each --addr node's own (as its directory

@@ -12,8 +12,9 @@ use ringlock::client::{
 };
 
 use crate::args::{Cli, HoldArgs};
-use crate::session::lease_fail;
-use crate::{bytes, client_fail, keys, note, retry, tlsopt, usage, Fail, EX_TEMPFAIL, EX_USAGE};
+use crate::exit::{note, usage, Fail, EX_TEMPFAIL, EX_USAGE};
+use crate::failure::{client_fail, lease_fail};
+use crate::{bytes, keys, retry, tlsopt};
 
 /// The client and what the notes need: a second client that asks `KEYS`
 /// once, briefly, so an unreachable admin port (it is loopback-only by

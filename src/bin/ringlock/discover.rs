@@ -22,7 +22,7 @@ use std::time::Duration;
 use ringlock::client::locate::Directory;
 use ringlock::client::{Client, RetryPolicy, ToServerAddrs, DEFAULT_PORT};
 
-use crate::{Fail, EX_USAGE};
+use crate::exit::{Fail, EX_USAGE};
 
 /// A node as the cluster commands know it: the admin address as shown
 /// (given, or as a directory said it), and what it resolved to (empty:

@@ -14,7 +14,7 @@ use std::path::Path;
 use clap::Command;
 use clap_complete::Shell;
 
-use crate::Fail;
+use crate::exit::Fail;
 
 /// `cert`'s code for a file that cannot be created.
 const EX_CANTCREAT: u8 = 73;
@@ -105,7 +105,12 @@ fn render(cmd: &Command) -> Result<Vec<u8>, Fail> {
     let mut buf = Vec::new();
     clap_mangen::Man::new(cmd.clone())
         .render(&mut buf)
-        .map_err(|e| Fail(crate::EX_SOFTWARE, format!("rendering the man page: {e}")))?;
+        .map_err(|e| {
+            Fail(
+                crate::exit::EX_SOFTWARE,
+                format!("rendering the man page: {e}"),
+            )
+        })?;
     Ok(buf)
 }
 

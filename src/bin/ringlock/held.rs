@@ -8,7 +8,8 @@ use std::time::Duration;
 use ringlock::lease::{Lease, LostLock};
 
 use crate::child::{self, got_signal, mask_signals, run_child};
-use crate::{fmt_duration, Fail, EX_IOERR, EX_LOST};
+use crate::exit::{Fail, EX_IOERR, EX_LOST};
+use crate::show::fmt_duration;
 
 /// The lost-lock handler of every lock `lock`/`try-lock` holds over a
 /// session or MySQL: stops CMD ([`child::lock_lost`]), whatever noticed the

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ringlock::client::members::{Change, MemberStatus};
 use ringlock::client::{Client, RetryPolicy, ShardStatus};
 
-use crate::{Fail, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
+use crate::exit::{Fail, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 
 type Nodes = [(String, Vec<SocketAddr>)];
 

@@ -4,14 +4,14 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use crate::args::{Cli, Cmd, HoldArgs, KeyFormat};
+use crate::args::{key_arg, Cli, Cmd, HoldArgs, KeyFormat};
 #[cfg(feature = "mysql")]
 use crate::child::{got_signal, install_handlers, CANCEL_FD};
+use crate::exit::{usage, Fail};
+#[cfg(feature = "mysql")]
+use crate::exit::{EX_IOERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 #[cfg(feature = "mysql")]
 use crate::held::{run_under_lease, stop_on_loss};
-use crate::{key_arg, usage, Fail};
-#[cfg(feature = "mysql")]
-use crate::{EX_IOERR, EX_SOFTWARE, EX_TEMPFAIL, EX_UNAVAILABLE, EX_USAGE};
 #[cfg(feature = "mysql")]
 use ringlock::client::CancelToken;
 #[cfg(feature = "mysql")]

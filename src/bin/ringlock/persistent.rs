@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use ringlock::client::{CancelToken, Error, LateGrant, LockOptions};
 
+use crate::bytes;
 use crate::child::{got_signal, install_handlers, CANCEL_FD};
 use crate::conn::Conn;
+use crate::exit::{Fail, EX_SOFTWARE, EX_TEMPFAIL};
+use crate::failure::client_fail;
 use crate::held::run_while_held;
-use crate::{bytes, client_fail, fmt_duration, shell_key, Fail, EX_SOFTWARE, EX_TEMPFAIL};
+use crate::show::{fmt_duration, shell_key};
 
 pub(crate) fn lock_and_run(
     conn: &Conn,

@@ -35,7 +35,7 @@ pub fn handler(asked: bool) -> impl Fn(&RetryEvent<'_>) -> bool + Send + Sync + 
                 "ringlock: cannot reach {}: {}; retrying for up to {} (--retry)",
                 ev.addr,
                 ev.error,
-                crate::fmt_duration(ev.budget)
+                crate::show::fmt_duration(ev.budget)
             );
         }
         true

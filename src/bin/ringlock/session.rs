@@ -7,21 +7,21 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ringlock::client::{Acquire, CancelToken, Hold, Session, Wait};
+use ringlock::client::{Acquire, CancelToken, Hold, Wait};
 use ringlock::lease::{self, Lease};
 
 use crate::args::HoldArgs;
+use crate::bytes;
 use crate::child::{got_signal, install_handlers, mask_signals, CANCEL_FD};
 use crate::conn::Conn;
+use crate::exit::{Fail, EX_SOFTWARE, EX_TEMPFAIL};
+use crate::failure::lease_fail;
 use crate::held::{run_under_lease, stop_on_loss};
-use crate::{
-    bytes, fmt_duration, Fail, EX_IOERR, EX_LOST, EX_PROTOCOL, EX_SOFTWARE, EX_TEMPFAIL,
-    EX_UNAVAILABLE, EX_USAGE,
-};
+use crate::show::fmt_duration;
 
 /// A session (or `--ttl` lease) lock around CMD: the lock is lost if
 /// ringlock's session ends, and a loss while CMD runs stops CMD (`child`)
-/// and exits [`EX_LOST`] with one line saying why.
+/// and exits [`EX_LOST`](crate::exit::EX_LOST) with one line saying why.
 pub(crate) fn session_lock_and_run(
     conn: &Conn,
     key: &[u8],
@@ -153,22 +153,4 @@ fn keep_extending(lease: &Lease, every: Duration, stop: &mpsc::Receiver<()>) {
             Err(_) => {}
         }
     }
-}
-
-/// Exit code and message for a session-path failure.
-pub(crate) fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str) -> Fail {
-    use lease::Error as E;
-    let code = match e {
-        E::InvalidKey(_) | E::InvalidTimeout | E::InvalidArgument(_) => EX_USAGE,
-        E::Unavailable(_) => EX_UNAVAILABLE,
-        E::Timeout => EX_TEMPFAIL,
-        E::Cancelled | E::DeadlineExceeded => 128u8.wrapping_add(got_signal() as u8),
-        E::Lost(_) => EX_LOST,
-        // The session failed under the request, or the server refused it.
-        E::Failed { .. } if session.is_some_and(|s| s.ended().is_some()) => EX_IOERR,
-        E::Failed { .. } => EX_PROTOCOL,
-        E::Unreleased { .. } => EX_IOERR,
-        _ => EX_SOFTWARE,
-    };
-    Fail(code, format!("{what}: {e}"))
 }

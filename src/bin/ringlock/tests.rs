@@ -1,7 +1,12 @@
 //! The command line's unit tests: clap's definition, durations, key formats.
 
+use std::ffi::OsStr;
+use std::time::Duration;
+
 use super::*;
-use crate::args::{parse_keepalive, HoldArgs};
+use crate::args::{parse_keepalive, HoldArgs, KeyFormat};
+use crate::exit::EX_USAGE;
+use crate::show::shell_key;
 use ringlock::config::parse_duration;
 
 #[test]

@@ -9,7 +9,7 @@ use ringlock::client::session::SessionBuilder;
 use ringlock::client::ClientBuilder;
 use ringlock::tls::ClientTls;
 
-use crate::{Fail, EX_CONFIG};
+use crate::exit::{Fail, EX_CONFIG};
 
 static TLS: OnceLock<Option<ClientTls>> = OnceLock::new();
 
@@ -20,7 +20,7 @@ pub fn init(dir: Option<&Path>, client: Option<&str>) -> Result<(), Fail> {
         (None, None) => None,
         (None, Some(_)) => {
             return Err(Fail(
-                crate::EX_USAGE,
+                crate::exit::EX_USAGE,
                 "--client (RINGLOCK_CLIENT) needs --certs-dir (RINGLOCK_CERTS_DIR): the \
                  directory that holds ca.crt and client.NAME.crt"
                     .into(),

@@ -2,7 +2,12 @@
 //! and command-line-only flags, and the value parsers every source of a
 //! setting (flag, variable, file) goes through.
 
-use super::*;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+use ringlock::config::{self, LcAdminActions};
+use ringlock::log::Level;
 
 pub(super) const AFTER_HELP: &str = "\
 Durations are a number and a unit: 250ms, 10s, 1.5m, 2h, 50us. A number without a unit is \

@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
 
-use crate::client::stream::Stream;
+use crate::client::stream::{Dial, Stream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -61,7 +61,6 @@ use crate::lease::{
 };
 use crate::protocol::session::{self as wire, HoldMode, Status, Welcome};
 
-use super::resume::Resumer;
 use super::sys::{notify_elsewhere, EventFd};
 
 /// The request id of every keep-alive Ping (one is outstanding at a time)
@@ -273,6 +272,32 @@ pub(super) enum HoldNow {
     Dead(End),
     /// Not (or no longer) known: released already.
     Gone,
+}
+
+/// A handler of the session's resume events: one line each (the
+/// connection failed and a resume began, it succeeded, it failed).
+pub(crate) type EventHandler = Arc<dyn Fn(&str) + Send + Sync + 'static>;
+
+/// What a resume needs besides the session: where, and how.
+pub(crate) struct Resumer {
+    /// The session's address list, as given to the builder.
+    pub addrs: Vec<SocketAddr>,
+    /// Plaintext or TLS (with the host names the addresses were given by).
+    pub dial: Dial,
+    pub auth: Vec<u8>,
+    /// Bound on one attempt (connecting, the Resume's answer).
+    pub connect_timeout: Duration,
+    pub on_event: Option<EventHandler>,
+}
+
+impl Resumer {
+    pub(super) fn event(&self, line: impl FnOnce() -> String) {
+        if let Some(h) = &self.on_event {
+            let line = line();
+            // A panicking handler must not take the I/O thread with it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(&line)));
+        }
+    }
 }
 
 pub(super) struct Shared {

@@ -135,16 +135,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::addr::ToServerAddrs;
+use super::addr::DEFAULT_PORT;
 use super::retry::{OnRetry, RetryEvent, RetryPolicy, Streak};
-use super::DEFAULT_PORT;
 use crate::lease::{
     self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
 };
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
 
 use hold::SessionHold;
-use io::{AcquireReq, Handle, Op, Shared, Timing, Waited, What, PING_RID};
-use resume::{EventHandler, Resumer};
+use io::{AcquireReq, EventHandler, Handle, Op, Resumer, Shared, Timing, Waited, What, PING_RID};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
@@ -197,7 +196,7 @@ pub struct Acquire {
 
 /// Builds a [`Session`]. Created by [`Session::builder`].
 pub struct SessionBuilder {
-    addrs: super::Result<Vec<(SocketAddr, Option<String>)>>,
+    addrs: super::error::Result<Vec<(SocketAddr, Option<String>)>>,
     #[cfg(feature = "tls")]
     tls: Option<crate::tls::ClientTls>,
     source: Vec<u8>,

@@ -47,41 +47,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Answered, End, Entry, HoldId, Op, Pending, Shared, What, PING_RID};
+use super::io::{Answered, End, Entry, HoldId, Op, Pending, Shared, State, What, PING_RID};
 use super::sys::{notify_elsewhere, poll, pollfd};
 use crate::lease::{cause_msg, CancelToken, Error, LostLock, LostReason};
 use crate::protocol::session::{self as wire, Answer, HoldMode, Req, Status, Welcome};
-
-/// A handler of the session's resume events: one line each (the
-/// connection failed and a resume began, it succeeded, it failed).
-pub(crate) type EventHandler = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
 /// Longest pause between two rounds of the address list.
 const ROUND_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// The first pause between two rounds.
 const ROUND_PAUSE_MIN: Duration = Duration::from_millis(10);
-
-/// What a resume needs besides the session: where, and how.
-pub(crate) struct Resumer {
-    /// The session's address list, as given to the builder.
-    pub addrs: Vec<SocketAddr>,
-    /// Plaintext or TLS (with the host names the addresses were given by).
-    pub dial: Dial,
-    pub auth: Vec<u8>,
-    /// Bound on one attempt (connecting, the Resume's answer).
-    pub connect_timeout: Duration,
-    pub on_event: Option<EventHandler>,
-}
-
-impl Resumer {
-    fn event(&self, line: impl FnOnce() -> String) {
-        if let Some(h) = &self.on_event {
-            let line = line();
-            // A panicking handler must not take the I/O thread with it.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h(&line)));
-        }
-    }
-}
 
 /// One hold a Resume's answer listed.
 #[derive(Debug, Clone)]
@@ -279,12 +253,27 @@ fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result
     sock.set_write_timeout(Some(left)).map_err(|e| retry(&e))?;
     let sent_at = Instant::now();
     (&sock).write_all(&frame).map_err(|e| retry(&e))?;
-    let over = |why: String| {
-        Attempt::Over((
-            LostReason::ConnectionLost,
-            cause_msg(format!("the session could not be resumed: {why}")),
-        ))
-    };
+    read_welcome(sh, sock, addr, until, sent_at)
+}
+
+/// The end of the session: why it could not be resumed.
+fn not_resumed(why: String) -> Attempt {
+    Attempt::Over((
+        LostReason::ConnectionLost,
+        cause_msg(format!("the session could not be resumed: {why}")),
+    ))
+}
+
+/// The answer to the Resume written on `sock` at `sent_at`: the holds it
+/// lists, then the welcome; or why not, by `until`.
+fn read_welcome(
+    sh: &Shared,
+    sock: Stream,
+    addr: SocketAddr,
+    until: Instant,
+    sent_at: Instant,
+) -> Result<Resumed, Attempt> {
+    let retry = |e: &dyn fmt::Display| Attempt::Retry(e.to_string(), None);
     let mut held = HashMap::new();
     let mut buf: Vec<u8> = Vec::with_capacity(256);
     let mut chunk = [0u8; 4096];
@@ -294,7 +283,7 @@ fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result
             if let Some(&first) = buf.first() {
                 if first != wire::KIND_REPLY && first != wire::KIND_HELD {
                     // A server without Resume answers the Locking-Center `-`.
-                    return Err(over(format!(
+                    return Err(not_resumed(format!(
                         "unknown session ({addr} answered {first:#04x}: a server without \
                          Resume)"
                     )));
@@ -304,87 +293,21 @@ fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result
                 Ok(None) => break,
                 Ok(Some((answer, used))) => {
                     buf.drain(..used);
-                    match answer {
-                        Answer::Held {
-                            rid: PING_RID,
-                            key,
-                            token,
-                            hold,
-                            ttl_left_ms,
-                        } => {
-                            let ttl_left = ttl_left_ms.map(|ms| Duration::from_millis(ms.into()));
-                            held.insert(
-                                (key, token),
-                                Held {
-                                    mode: hold,
-                                    ttl_left,
-                                },
-                            );
-                        }
-                        Answer::Welcome { welcome, .. } => {
-                            if welcome.status != Status::Ok
-                                || welcome.version != wire::VERSION
-                                || welcome.session_id != sh.welcome.session_id
-                            {
-                                return Err(over(format!(
-                                    "{addr} broke the session protocol: its welcome names \
-                                     session {:#x}, version {}, status {}",
-                                    welcome.session_id,
-                                    welcome.version,
-                                    welcome.status.name()
-                                )));
-                            }
-                            return Ok(Resumed {
-                                sock,
-                                addr,
-                                held,
-                                welcome,
-                                sent_at,
-                            });
-                        }
-                        Answer::Refused {
-                            status: Status::NotLeader,
-                            detail,
-                            ..
-                        } => {
-                            let text = String::from_utf8_lossy(&detail).into_owned();
-                            let hint = text
-                                .parse::<SocketAddr>()
-                                .ok()
-                                .map(|a| (a, hint_host(&text)));
-                            return Err(Attempt::Retry(
-                                if text.is_empty() {
-                                    "not the leader".into()
-                                } else {
-                                    format!("not the leader (the leader is {text})")
-                                },
-                                hint,
-                            ));
-                        }
-                        Answer::Refused { status, .. } => {
-                            return Err(over(format!("{addr} refused it: {}", status.name())))
-                        }
-                        Answer::Reply {
-                            status: Status::UnknownSession,
-                            ..
-                        } => {
-                            return Err(over(format!(
-                                "unknown session ({addr} does not have it: it ended, was \
-                                 never replicated, or its resume window passed)"
-                            )))
-                        }
-                        Answer::Reply { status, .. } => {
-                            return Err(over(format!("{addr} refused it: {}", status.name())))
-                        }
-                        other => {
-                            return Err(over(format!(
-                                "{addr} broke the session protocol: {other:?} before the \
-                                 welcome"
-                            )))
-                        }
+                    if let Some(welcome) = resume_answer(sh, addr, answer, &mut held)? {
+                        return Ok(Resumed {
+                            sock,
+                            addr,
+                            held,
+                            welcome,
+                            sent_at,
+                        });
                     }
                 }
-                Err(e) => return Err(over(format!("{addr} broke the session protocol: {e}"))),
+                Err(e) => {
+                    return Err(not_resumed(format!(
+                        "{addr} broke the session protocol: {e}"
+                    )))
+                }
             }
         }
         // Then wait for more, or a close on this side.
@@ -418,6 +341,90 @@ fn attempt(sh: &Shared, dial: &Dial, addr: SocketAddr, until: Instant) -> Result
             Err(e) => return Err(retry(&e)),
         }
     }
+}
+
+/// One answer to a Resume: a hold it lists goes into `held`; the welcome
+/// (`Some`) ends the answer; anything else ends the attempt.
+fn resume_answer(
+    sh: &Shared,
+    addr: SocketAddr,
+    answer: Answer,
+    held: &mut HashMap<HoldId, Held>,
+) -> Result<Option<Welcome>, Attempt> {
+    match answer {
+        Answer::Held {
+            rid: PING_RID,
+            key,
+            token,
+            hold,
+            ttl_left_ms,
+        } => {
+            let ttl_left = ttl_left_ms.map(|ms| Duration::from_millis(ms.into()));
+            held.insert(
+                (key, token),
+                Held {
+                    mode: hold,
+                    ttl_left,
+                },
+            );
+        }
+        Answer::Welcome { welcome, .. } => {
+            if welcome.status != Status::Ok
+                || welcome.version != wire::VERSION
+                || welcome.session_id != sh.welcome.session_id
+            {
+                return Err(not_resumed(format!(
+                    "{addr} broke the session protocol: its welcome names \
+                     session {:#x}, version {}, status {}",
+                    welcome.session_id,
+                    welcome.version,
+                    welcome.status.name()
+                )));
+            }
+            return Ok(Some(welcome));
+        }
+        Answer::Refused {
+            status: Status::NotLeader,
+            detail,
+            ..
+        } => {
+            let text = String::from_utf8_lossy(&detail).into_owned();
+            let hint = text
+                .parse::<SocketAddr>()
+                .ok()
+                .map(|a| (a, hint_host(&text)));
+            return Err(Attempt::Retry(
+                if text.is_empty() {
+                    "not the leader".into()
+                } else {
+                    format!("not the leader (the leader is {text})")
+                },
+                hint,
+            ));
+        }
+        Answer::Refused { status, .. } => {
+            return Err(not_resumed(format!("{addr} refused it: {}", status.name())))
+        }
+        Answer::Reply {
+            status: Status::UnknownSession,
+            ..
+        } => {
+            return Err(not_resumed(format!(
+                "unknown session ({addr} does not have it: it ended, was \
+                 never replicated, or its resume window passed)"
+            )))
+        }
+        Answer::Reply { status, .. } => {
+            return Err(not_resumed(format!("{addr} refused it: {}", status.name())))
+        }
+        other => {
+            return Err(not_resumed(format!(
+                "{addr} broke the session protocol: {other:?} before the \
+                 welcome"
+            )))
+        }
+    }
+    Ok(None)
 }
 
 /// Counts for the resume's report.
@@ -461,8 +468,7 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         ..
     } = resumed;
     let mut sum = Summary::default();
-    let mut lost_ids: Vec<(HoldId, LostLock)> = Vec::new();
-    {
+    let lost_ids = {
         let mut st = sh.lock();
         if let Some(end) = &st.fail {
             return Err(end.clone());
@@ -472,150 +478,12 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         st.broke = None;
         st.resumable = welcome.flags & wire::FLAG_RESUMABLE != 0;
         let conn = st.conn;
-
-        // 1. The holds the client believes in.
-        for (id, e) in st.holds.iter_mut() {
-            if e.ended.is_some() {
-                continue;
-            }
-            match held.get(id) {
-                Some(h) => {
-                    sum.kept += 1;
-                    if let (HoldMode::Lease, Some(left)) = (h.mode, h.ttl_left) {
-                        e.expires_at = Some(sent_at + left);
-                    }
-                }
-                None => {
-                    sum.lost += 1;
-                    lost_ids.push((
-                        id.clone(),
-                        LostLock::new(
-                            e.key_text.clone(),
-                            LostReason::ConnectionLost,
-                            Some(cause_msg(format!(
-                                "not kept across the failover: the resumed session does not list \
-                                 token {} (it expired, was reset, or was released by token \
-                                 elsewhere)",
-                                id.1
-                            ))),
-                        ),
-                    ));
-                }
-            }
-        }
-
-        // 2. The tokens the client knows: a listed one it does not know is
-        //    the grant of an Acquire in flight.
-        let mut known: HashSet<HoldId> = st.holds.keys().cloned().collect();
-        for p in st.pending.values() {
-            if let Op::Release(id) | Op::Extend(id) = &p.op {
-                known.insert(id.clone());
-            }
-        }
-
-        // 3. The requests in flight, oldest first.
-        let mut in_flight: Vec<u32> = st
-            .pending
-            .iter()
-            .filter(|(_, p)| p.answer.is_none() && p.conn.is_some_and(|c| c < conn))
-            .map(|(rid, _)| *rid)
-            .collect();
-        in_flight.sort_unstable();
-        let now = Instant::now();
-        let mut grants: Vec<(HoldId, Entry)> = Vec::new();
-        for rid in in_flight {
-            let Some(p) = st.pending.get_mut(&rid) else {
-                continue;
-            };
-            let local = |status: Status| Answered {
-                status,
-                token: 0,
-                rebase: false,
-            };
-            match (&mut p.what, &p.op) {
-                (What::Acquire(a), _) => {
-                    let found = held
-                        .iter()
-                        .filter(|(id, h)| id.0 == a.key && h.mode == a.mode && !known.contains(*id))
-                        .map(|(id, h)| (id.clone(), h.ttl_left))
-                        .min_by_key(|(id, _)| id.1);
-                    if let Some((id, ttl_left)) = found {
-                        known.insert(id.clone());
-                        let (entry, rebase) =
-                            Entry::granted(a, ttl_left.map(|left| sent_at + left));
-                        p.answer = Some(Answered {
-                            status: Status::Ok,
-                            token: id.1,
-                            rebase,
-                        });
-                        grants.push((id, entry));
-                        sum.granted += 1;
-                    } else if let Some(why) = gave_up(a, now) {
-                        a.cancelled.get_or_insert(why);
-                        p.answer = Some(local(Status::Cancelled));
-                    } else {
-                        p.conn = None;
-                        sum.again += 1;
-                    }
-                }
-                (_, Op::Release(id)) => {
-                    if held.contains_key(id) {
-                        p.conn = None;
-                        sum.again += 1;
-                    } else if matches!(p.what, What::Ignore) {
-                        st.pending.remove(&rid);
-                    } else {
-                        p.answer = Some(local(Status::Ok));
-                    }
-                }
-                (_, Op::Extend(_)) => {
-                    p.conn = None;
-                    sum.again += 1;
-                }
-                (What::Call, Op::Ping) => p.answer = Some(local(Status::Ok)),
-                // A Cancel (its Acquire was settled above), or an answer
-                // nobody waits for.
-                _ => {
-                    st.pending.remove(&rid);
-                }
-            }
-        }
-        for (id, entry) in grants {
-            st.holds.insert(id, entry);
-        }
-        // Listed holds no belief and no request here accounts for (a grant
-        // whose Acquire's caller is gone): released by token, as the
-        // Python and Go clients do, so that nobody waits on them until the
-        // session ends. Written in step 5; nobody waits for the answer.
-        let unknown: Vec<HoldId> = held
-            .keys()
-            .filter(|id| !known.contains(*id))
-            .cloned()
-            .collect();
-        sum.unknown = unknown.len();
-        for id in unknown {
-            let rid = st.alloc_rid();
-            let mut frame = Vec::new();
-            wire::encode(
-                rid,
-                &Req::Release {
-                    token: id.1,
-                    key: &id.0,
-                },
-                &mut frame,
-            );
-            st.pending.insert(
-                rid,
-                Pending {
-                    what: What::Ignore,
-                    answer: None,
-                    frame,
-                    conn: None,
-                    op: Op::Release(id),
-                },
-            );
-        }
-    }
+        let lost_ids = settle_holds(&mut st, &held, sent_at, &mut sum);
+        let mut known = known_tokens(&st);
+        settle_in_flight(&mut st, &held, &mut known, conn, sent_at, &mut sum);
+        release_unknown(&mut st, &held, &known, &mut sum);
+        lost_ids
+    };
     sh.changed.notify_all();
 
     // 4. The losses: the verdict, letting go, the handlers (elsewhere).
@@ -625,8 +493,191 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         .collect();
     notify_elsewhere(claims);
 
-    // 5. What is written again, then what waited, until nothing waits;
-    //    then callers write for themselves.
+    write_again(sh);
+    // Acquires written again may have cancel tokens and deadlines to watch.
+    sh.wake.signal();
+    Ok(sum)
+}
+
+/// Step 1 of [`reconcile`], the holds the client believes in: one listed
+/// is kept (a lease's expiry rebased on the TTL left it was listed with),
+/// one not listed is lost (returned, for step 4).
+fn settle_holds(
+    st: &mut State,
+    held: &HashMap<HoldId, Held>,
+    sent_at: Instant,
+    sum: &mut Summary,
+) -> Vec<(HoldId, LostLock)> {
+    let mut lost: Vec<(HoldId, LostLock)> = Vec::new();
+    for (id, e) in st.holds.iter_mut() {
+        if e.ended.is_some() {
+            continue;
+        }
+        match held.get(id) {
+            Some(h) => {
+                sum.kept += 1;
+                if let (HoldMode::Lease, Some(left)) = (h.mode, h.ttl_left) {
+                    e.expires_at = Some(sent_at + left);
+                }
+            }
+            None => {
+                sum.lost += 1;
+                lost.push((
+                    id.clone(),
+                    LostLock::new(
+                        e.key_text.clone(),
+                        LostReason::ConnectionLost,
+                        Some(cause_msg(format!(
+                            "not kept across the failover: the resumed session does not list \
+                             token {} (it expired, was reset, or was released by token \
+                             elsewhere)",
+                            id.1
+                        ))),
+                    ),
+                ));
+            }
+        }
+    }
+    lost
+}
+
+/// Step 2 of [`reconcile`], the tokens the client knows: a listed one it
+/// does not know is the grant of an Acquire in flight.
+fn known_tokens(st: &State) -> HashSet<HoldId> {
+    let mut known: HashSet<HoldId> = st.holds.keys().cloned().collect();
+    for p in st.pending.values() {
+        if let Op::Release(id) | Op::Extend(id) = &p.op {
+            known.insert(id.clone());
+        }
+    }
+    known
+}
+
+/// Step 3 of [`reconcile`], the requests in flight on an earlier
+/// connection, oldest first: an Acquire whose grant is listed gets it, one
+/// whose caller gave up is cancelled, and what is to be sent again waits
+/// for step 5 (`conn: None`).
+fn settle_in_flight(
+    st: &mut State,
+    held: &HashMap<HoldId, Held>,
+    known: &mut HashSet<HoldId>,
+    conn: u64,
+    sent_at: Instant,
+    sum: &mut Summary,
+) {
+    let mut in_flight: Vec<u32> = st
+        .pending
+        .iter()
+        .filter(|(_, p)| p.answer.is_none() && p.conn.is_some_and(|c| c < conn))
+        .map(|(rid, _)| *rid)
+        .collect();
+    in_flight.sort_unstable();
+    let now = Instant::now();
+    let mut grants: Vec<(HoldId, Entry)> = Vec::new();
+    for rid in in_flight {
+        let Some(p) = st.pending.get_mut(&rid) else {
+            continue;
+        };
+        let local = |status: Status| Answered {
+            status,
+            token: 0,
+            rebase: false,
+        };
+        match (&mut p.what, &p.op) {
+            (What::Acquire(a), _) => {
+                let found = held
+                    .iter()
+                    .filter(|(id, h)| id.0 == a.key && h.mode == a.mode && !known.contains(*id))
+                    .map(|(id, h)| (id.clone(), h.ttl_left))
+                    .min_by_key(|(id, _)| id.1);
+                if let Some((id, ttl_left)) = found {
+                    known.insert(id.clone());
+                    let (entry, rebase) = Entry::granted(a, ttl_left.map(|left| sent_at + left));
+                    p.answer = Some(Answered {
+                        status: Status::Ok,
+                        token: id.1,
+                        rebase,
+                    });
+                    grants.push((id, entry));
+                    sum.granted += 1;
+                } else if let Some(why) = gave_up(a, now) {
+                    a.cancelled.get_or_insert(why);
+                    p.answer = Some(local(Status::Cancelled));
+                } else {
+                    p.conn = None;
+                    sum.again += 1;
+                }
+            }
+            (_, Op::Release(id)) => {
+                if held.contains_key(id) {
+                    p.conn = None;
+                    sum.again += 1;
+                } else if matches!(p.what, What::Ignore) {
+                    st.pending.remove(&rid);
+                } else {
+                    p.answer = Some(local(Status::Ok));
+                }
+            }
+            (_, Op::Extend(_)) => {
+                p.conn = None;
+                sum.again += 1;
+            }
+            (What::Call, Op::Ping) => p.answer = Some(local(Status::Ok)),
+            // A Cancel (its Acquire was settled above), or an answer
+            // nobody waits for.
+            _ => {
+                st.pending.remove(&rid);
+            }
+        }
+    }
+    for (id, entry) in grants {
+        st.holds.insert(id, entry);
+    }
+}
+
+/// Listed holds no belief and no request here accounts for (a grant
+/// whose Acquire's caller is gone): released by token, as the Python and
+/// Go clients do, so that nobody waits on them until the session ends.
+/// Written in step 5 of [`reconcile`]; nobody waits for the answer.
+fn release_unknown(
+    st: &mut State,
+    held: &HashMap<HoldId, Held>,
+    known: &HashSet<HoldId>,
+    sum: &mut Summary,
+) {
+    let unknown: Vec<HoldId> = held
+        .keys()
+        .filter(|id| !known.contains(*id))
+        .cloned()
+        .collect();
+    sum.unknown = unknown.len();
+    for id in unknown {
+        let rid = st.alloc_rid();
+        let mut frame = Vec::new();
+        wire::encode(
+            rid,
+            &Req::Release {
+                token: id.1,
+                key: &id.0,
+            },
+            &mut frame,
+        );
+        st.pending.insert(
+            rid,
+            Pending {
+                what: What::Ignore,
+                answer: None,
+                frame,
+                conn: None,
+                op: Op::Release(id),
+            },
+        );
+    }
+}
+
+/// Step 5 of [`reconcile`]: what is written again, then what waited,
+/// until nothing waits; then callers write for themselves.
+fn write_again(sh: &Shared) {
     loop {
         let (sock, due) = {
             let mut st = sh.lock();
@@ -656,9 +707,6 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
             }
         }
     }
-    // Acquires written again may have cancel tokens and deadlines to watch.
-    sh.wake.signal();
-    Ok(sum)
 }
 
 /// The caller of a queued Acquire gave up (its cancel token, its deadline,

@@ -16,52 +16,9 @@
 //! and answers nothing more (its connection is closed: a client reading
 //! faster than the keys change never sees it).
 
+use super::cursor::{Listing, SAVED};
+use super::modes::first_of;
 use super::*;
-
-/// Bytes of saved (changed-before-sent) entries a listing may keep.
-pub const SAVED_BYTES_MAX: usize = 8 << 20;
-
-/// A `slots` entry with this bit is an offset into `saved`, not a slot.
-const SAVED: u32 = 1 << 31;
-
-/// Names a listing of a table (from [`Table::listing_begin`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ListingId(u32);
-
-pub(super) struct Listing {
-    /// Held key slots at the start sorted by key, or `SAVED | offset` of
-    /// an entry whose holder changed since (its start state is there).
-    slots: Vec<u32>,
-    /// Entries before `next` were encoded already.
-    next: usize,
-    /// Encoded entries (KEYX form) of holders that changed before their
-    /// turn.
-    saved: Vec<u8>,
-    /// The start, for lease time left.
-    unix_ms: u64,
-    overflowed: bool,
-}
-
-/// What [`Table::listing_next`] produced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    /// Some entries; more follow.
-    More,
-    /// The last entries (possibly none): the listing is over (ended).
-    Done,
-    /// Holders changed faster than the listing was read: it is ended.
-    Overflowed,
-}
-
-/// The length of the encoded entry at the front of `b` (KEYS form, or
-/// KEYX form with `extended`); `b` holds at least one whole entry.
-pub fn entry_len(b: &[u8], extended: bool) -> usize {
-    let mut at = 0;
-    for _ in 0..3 {
-        at += 1 + b[at] as usize;
-    }
-    at + 8 + if extended { 13 } else { 0 }
-}
 
 impl Table {
     /// Starts a listing of the keys held now (the answer's count is the

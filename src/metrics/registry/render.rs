@@ -1,15 +1,36 @@
 //! The Prometheus text rendering of [`Metrics`]: every series a scrape
 //! answers, in the text format 0.0.4.
 
+use std::fmt::Write as _;
+
+use super::super::histogram::{push_seconds, seconds_histogram, BATCH_BOUNDS};
+use super::super::text::{counter, gauge, header};
 use super::*;
 
 impl Metrics {
     /// Appends every metric in the Prometheus text format 0.0.4 to `out`.
     /// `now_unix_ms` is the scrape time, used only for `oldest_hold_seconds`.
     pub fn render(&self, out: &mut String, now_unix_ms: u64) {
-        // fmt::Write into a String cannot fail; the results are ignored on purpose.
+        // fmt::Write into a String cannot fail; here and in the parts below
+        // the results are ignored on purpose.
         let w = out;
+        self.render_gauges(w);
+        self.render_requests(w);
+        self.render_grant_counters(w);
+        self.render_session_counters(w);
+        self.render_connection_counters(w);
+        self.render_hold_times(w, now_unix_ms);
+        self.render_wal(w);
+        self.render_status(w);
+        if let Some(r) = self.raft.get() {
+            r.render(w);
+        }
+        self.security.render(w);
+    }
 
+    /// The gauges of the table and connections: totals, then per shard
+    /// when there is more than one.
+    fn render_gauges(&self, w: &mut String) {
         gauge(
             w,
             "held_keys",
@@ -52,7 +73,11 @@ impl Metrics {
                 }
             }
         }
+    }
 
+    /// `requests_total`: every Locking-Center and admin action by
+    /// outcome, every session op by status.
+    fn render_requests(&self, w: &mut String) {
         header(
             w,
             "requests_total",
@@ -84,7 +109,10 @@ impl Metrics {
                 }
             }
         }
+    }
 
+    /// Grants, and grants that never reached their client.
+    fn render_grant_counters(&self, w: &mut String) {
         counter(
             w,
             "grants_total",
@@ -109,6 +137,10 @@ impl Metrics {
             "Grants released again because the client was gone before its + could be delivered.",
             self.undelivered_grants.load(Relaxed),
         );
+    }
+
+    /// Sessions opened, resumed and ended, and Lost pushes.
+    fn render_session_counters(&self, w: &mut String) {
         counter(
             w,
             "sessions_opened_total",
@@ -139,6 +171,11 @@ impl Metrics {
             "Lost messages pushed to sessions (a lease expired, or an operator reset a hold).",
             self.lost_pushed.load(Relaxed),
         );
+    }
+
+    /// Connections closed or refused, requests refused, and operator
+    /// resets.
+    fn render_connection_counters(&self, w: &mut String) {
         counter(
             w,
             "idle_timeouts_total",
@@ -187,7 +224,11 @@ impl Metrics {
             "Connections closed because a request frame did not complete in time.",
             self.frame_timeouts.load(Relaxed),
         );
+    }
 
+    /// How long locks waited and were held, and the oldest hold
+    /// (`now_unix_ms`: the scrape time).
+    fn render_hold_times(&self, w: &mut String, now_unix_ms: u64) {
         seconds_histogram(
             w,
             "queue_wait_seconds",
@@ -222,7 +263,11 @@ impl Metrics {
         w.push_str("ringlock_oldest_hold_seconds ");
         push_seconds(w, age_ms.saturating_mul(1_000));
         w.push('\n');
+    }
 
+    /// The write-ahead log: sync latency, batch sizes, bytes, compactions,
+    /// recovery time, failures.
+    fn render_wal(&self, w: &mut String) {
         seconds_histogram(
             w,
             "wal_fdatasync_seconds",
@@ -285,7 +330,10 @@ impl Metrics {
             "WAL write or fdatasync failures.",
             self.wal_io_errors.load(Relaxed),
         );
+    }
 
+    /// Readiness and the build.
+    fn render_status(&self, w: &mut String) {
         gauge(
             w,
             "ready",
@@ -304,9 +352,5 @@ impl Metrics {
             "ringlock_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         );
-        if let Some(r) = self.raft.get() {
-            r.render(w);
-        }
-        self.security.render(w);
     }
 }
