@@ -391,12 +391,6 @@ impl Shard {
         self.expire_idle();
         self.wal_tick();
         self.raft_pump();
-        // Records the pump added (a new leader's lease deadlines) go out
-        // in this tick too.
-        if self.log.as_ref().is_some_and(|l| !l.busy() && !l.idle()) {
-            self.wal_tick();
-            self.raft_pump();
-        }
         self.flush();
         self.publish_gauges();
         self.publish_raft();

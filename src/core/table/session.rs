@@ -243,10 +243,8 @@ impl Table {
     /// A new leader's promise (cluster mode): every lease deadline moves
     /// `by_us` later, none earlier (a deadline is a lower bound; the old
     /// leader may have extended it in an entry this node has not applied).
-    /// Each moved deadline is pushed to `out`: the leader replicates them
-    /// (Extend records) before it answers anything, so that what it tells
-    /// a client of a lease's time left is what every later leader knows.
-    /// Every holder of a shared key too.
+    /// Each moved deadline is pushed to `out` (every holder of a shared key
+    /// too), for a caller that replicates them.
     pub fn extend_leases(&mut self, by_us: u64, out: &mut Vec<Extended>) {
         let mut cur = self.age_first();
         while let Some((k, at)) = cur {
