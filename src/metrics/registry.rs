@@ -23,7 +23,13 @@ pub fn monotonic_ms() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid pointer to a stack timespec; CLOCK_MONOTONIC always exists.
+    // SAFETY: `ts` is a live, writable timespec on this stack for the whole
+    // call, and CLOCK_MONOTONIC always exists, so the kernel writes only
+    // `ts`. Were the pointer wrong the write would corrupt the stack; were
+    // the clock another, heartbeats would not compare with `mono_us` and
+    // /healthz would misjudge a loop's age:
+    // tests/metrics.rs::readiness_waits_for_recovery_and_liveness_for_every_loop
+    // (a loop 61 s stale by this clock must answer 503).
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000).max(1)
 }

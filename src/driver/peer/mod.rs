@@ -836,10 +836,16 @@ fn abort_on_close(fd: i32) {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: a plain syscall on an fd the link owns and has not closed
-    // (links close their fd only once no op references it); `l` is a
-    // valid `linger` for the duration of the call and the length given is
-    // its size. tests/cluster_forward.rs runs links that end here.
+    // SAFETY: `fd` is the link's own socket, not yet closed (a link closes
+    // its fd only once no op references it), so the option lands on that
+    // socket and no other: on a reused number it would make an unrelated
+    // client connection's close a reset. `l` lives across the call and the
+    // length given is its size, so the kernel reads only `l`.
+    // tests/cluster_forward.rs::a_leader_killed_under_a_forwarded_waiter_closes_it_and_the_next_request_waits_out_the_election
+    // runs this path (the follower's link to the killed leader fails here,
+    // its client still connected and answered after); a call on a wrong
+    // number that turned the client's close into a reset is not singled
+    // out by any test.
     unsafe {
         libc::setsockopt(
             fd,
