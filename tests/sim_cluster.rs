@@ -104,7 +104,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use memb::Memb;
-use ringlock::cluster::{store, ClusterConfig};
+use ringlock::cluster::{store, wire, ClusterConfig};
 use ringlock::config::Config;
 use ringlock::core::{Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
@@ -498,20 +498,8 @@ impl World {
                 let Some(h) = self.nodes[j].shard(g).and_then(|s| s.peer_hello()) else {
                     continue;
                 };
-                if let Err(e) = self.nodes[i].shards[g].on_peer_hello(&h) {
-                    self.fail(format!(
-                        "node {} refused node {}'s Hello (group {g}): {e}",
-                        i + 1,
-                        j + 1
-                    ));
-                }
-                if let Err(e) = self.nodes[j].shards[g].on_peer_hello(mine) {
-                    self.fail(format!(
-                        "node {} refused node {}'s Hello (group {g}): {e}",
-                        j + 1,
-                        i + 1
-                    ));
-                }
+                self.deliver_hello(j, i, g, &h);
+                self.deliver_hello(i, j, g, mine);
             }
         }
         let nd = &mut self.nodes[i];
@@ -565,6 +553,21 @@ impl World {
             if !cl.closing && cl.at.is_some_and(|(n, _, _, ci)| n == i && ci == inc) {
                 self.client_eof(c);
             }
+        }
+    }
+
+    /// Node `from`'s Hello `h` accepted by group `g` of node `to`, if it
+    /// runs (a link of that group from `from` came up).
+    fn deliver_hello(&mut self, from: usize, to: usize, g: usize, h: &wire::Hello) {
+        let Some(s) = self.nodes[to].shards.get_mut(g) else {
+            return;
+        };
+        if let Err(e) = s.on_peer_hello(h) {
+            self.fail(format!(
+                "node {} refused node {}'s Hello (group {g}): {e}",
+                to + 1,
+                from + 1
+            ));
         }
     }
 
