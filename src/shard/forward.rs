@@ -187,6 +187,7 @@ impl Shard {
             return;
         };
         let now = self.now.mono_us;
+        let term = self.raft.as_ref().map_or(0, |r| r.replica.term());
         let Some(w) = self.forwards.waiting.get_mut(&id) else {
             return;
         };
@@ -194,8 +195,6 @@ impl Shard {
             return;
         }
         w.node = node;
-        let term = self.raft.as_ref().map_or(0, |r| r.replica.term());
-        let w = self.forwards.waiting.get(&id).expect("waiting");
         let mut frame = Vec::with_capacity(48 + w.req.len());
         wire::encode_forward(id, term, w.client, &w.req, &mut frame);
         self.forwards.checked_leader = node;

@@ -1127,8 +1127,7 @@ impl Shard {
             // a later leader does not know them (seed 3474 of the cluster
             // simulator: a time left told to a resumed client after this
             // push can outlast the next leader's deadline: not fixed yet).
-            let mut moved = Vec::new();
-            self.table.extend_leases(by, &mut moved);
+            self.table.extend_leases(by);
             // Session holds owned by nobody: a former leader's sessions, or
             // this one's whose releases could not commit while it did not
             // serve (their sessions ended).

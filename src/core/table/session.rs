@@ -243,29 +243,18 @@ impl Table {
     /// A new leader's promise (cluster mode): every lease deadline moves
     /// `by_us` later, none earlier (a deadline is a lower bound; the old
     /// leader may have extended it in an entry this node has not applied).
-    /// Each moved deadline is pushed to `out` (every holder of a shared key
-    /// too), for a caller that replicates them.
-    pub fn extend_leases(&mut self, by_us: u64, out: &mut Vec<Extended>) {
+    /// Every holder of a shared key too.
+    pub fn extend_leases(&mut self, by_us: u64) {
         let mut cur = self.age_first();
         while let Some((k, at)) = cur {
             cur = self.age_next(k, at);
-            if self.holder_at(k, at).mode != HoldMode::Lease {
+            let h = self.holder_at_mut(k, at);
+            if h.mode != HoldMode::Lease {
                 continue;
             }
-            let key = self.key_name(k);
-            let h = self.holder_at_mut(k, at);
-            let (prev_unix_ms, prev_mono_us) = (h.expires_unix_ms, h.expires_mono_us);
             h.expires_mono_us = h.expires_mono_us.saturating_add(by_us);
             h.expires_unix_ms = h.expires_unix_ms.saturating_add(by_us / 1000);
             let (d, g) = (h.expires_mono_us, h.grant_id);
-            out.push(Extended {
-                key,
-                grant_id: g,
-                expires_unix_ms: h.expires_unix_ms,
-                expires_mono_us: d,
-                prev_unix_ms,
-                prev_mono_us,
-            });
             self.leases.push(Reverse((d, k, g)));
         }
     }
