@@ -1368,7 +1368,21 @@ fn env(name: &str, default: u64) -> u64 {
 /// down (as the driver does on the follower, and the reset or the new
 /// link's Hello does on the leader), and the leader kept a forwarded
 /// request whose Withdraw was gone.
-const REGRESSION_SEEDS: [Regression; 10] = [
+///
+/// 8337 (5 × 1, 2500 steps; the simulator's own bug): node 3 was removed
+/// (entry 31, committed on nodes 1, 2, 4; only the leader, node 2, had
+/// applied it), then wiped and started again with `--join`. Node 2
+/// crashed before any follower learned that 31 was committed, so every
+/// running node had applied 30, whose configuration still had node 3 as
+/// a voter. The simulator read "done" off the running node that applied
+/// the most, took the configuration before the removal for node 3 added
+/// back, and never asked AddLearner/Promote: once term 5's leader
+/// committed 31 again, node 3 was a non-member nobody sent to, and its
+/// clients' requests were answered `-` for ever. Fixed: a change is read
+/// done off the serving node (every shard applied its term's first entry,
+/// so everything committed before), with no change in progress, as
+/// `ringlock cluster` reads it.
+const REGRESSION_SEEDS: [Regression; 11] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
@@ -1379,6 +1393,7 @@ const REGRESSION_SEEDS: [Regression; 10] = [
     Regression::new(4382, 2500, 2),
     Regression::new(5044, 2500, 1),
     Regression::new(8171, 2500, 3),
+    Regression::new(8337, 2500, 1),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed

@@ -5,8 +5,9 @@
 //! `CCHG`, made inside one of its ticks as the admin connection's would
 //! be), and asked again while it refuses for a passing reason (a change in
 //! progress, a learner not caught up, not serving) or lost the proposal
-//! to a leader change, until it is made: the configuration of the running
-//! node that applied the most (so known committed) shows it done.
+//! to a leader change, until it is made: the configuration of the serving
+//! node (which applied everything committed before its term) shows it
+//! done, with no change in progress, as `ringlock cluster` reads it.
 //! - **replace** voter `old` (at random, possibly down, never the leader:
 //!   a leader that is to go is asked to hand over first) by a fresh node:
 //!   the spare slot starts with `--join` and an empty disk, is added as a
@@ -118,18 +119,26 @@ impl World {
             return self.memb_idle(quiesce);
         }
         // Each group decides alone, and the change is made once every
-        // group made it. A node applies only committed entries, and its
-        // configuration follows what it applied: the running node whose
-        // shard of group g applied the most has group g's newest
-        // configuration known to be committed.
-        let newest = |g: usize| {
-            (0..self.nodes.len())
-                .filter_map(|i| Some((self.nodes[i].shard(g)?.replica()?.applied_index(), i)))
-                .max()
-                .and_then(|(_, i)| self.members_of(i, g))
+        // group made it, as the serving node shows it (as `ringlock
+        // cluster` reads it: CMEM of the node that serves every shard):
+        // each of its shards applied its own term's first entry, so every
+        // entry committed before its term, and its configuration is the
+        // newest known committed. Not the running node that applied the
+        // most: that view goes back when the nodes that applied a change
+        // crash (the commit index is volatile; a restarted node applies
+        // again only what a leader says is committed), and the
+        // configuration before a removal then looks like the node added
+        // back (seed 8337).
+        let Some(l) = (0..self.nodes.len()).find(|&i| self.serves(i)) else {
+            return;
         };
         let done = |g: usize| {
-            let Some(m) = newest(g) else { return false };
+            let Some(m) = self.members_of(l, g) else {
+                return false;
+            };
+            if m.change_in_progress {
+                return false;
+            }
             match self.memb {
                 Memb::Removing { old } => !in_conf(&m, id(old)),
                 Memb::Adding { new, old } => {
@@ -143,9 +152,6 @@ impl World {
         let pending: Vec<usize> = (0..self.groups).filter(|&g| !done(g)).collect();
         if !pending.is_empty() {
             // Asked again of every group not done, as the CLI does.
-            let Some(l) = (0..self.nodes.len()).find(|&i| self.serves(i)) else {
-                return;
-            };
             return self.memb_ask_next(l, &pending);
         }
         match self.memb {
