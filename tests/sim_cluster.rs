@@ -1382,7 +1382,7 @@ fn env(name: &str, default: u64) -> u64 {
 /// done off the serving node (every shard applied its term's first entry,
 /// so everything committed before), with no change in progress, as
 /// `ringlock cluster` reads it.
-const REGRESSION_SEEDS: [Regression; 11] = [
+const REGRESSION_SEEDS: [Regression; 12] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
@@ -1394,6 +1394,7 @@ const REGRESSION_SEEDS: [Regression; 11] = [
     Regression::new(5044, 2500, 1),
     Regression::new(8171, 2500, 3),
     Regression::new(8337, 2500, 1),
+    Regression::new(11198, 2500, 2),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed

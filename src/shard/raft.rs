@@ -550,6 +550,14 @@ impl Shard {
         }
     }
 
+    /// This shard's own group serves here (always, without replication):
+    /// its table takes requests. A follower's table applies other
+    /// leaders' records and never grants from its queues, so nothing may
+    /// wait in it.
+    pub(super) fn group_serves(&self) -> bool {
+        self.raft.as_ref().is_none_or(|r| r.replica.serving())
+    }
+
     /// `(the node this one knows as group 0's leader (0: none), this
     /// node's id)`, in cluster mode.
     pub(super) fn known_leader(&self) -> Option<(u64, u64)> {

@@ -559,6 +559,16 @@ impl Shard {
 
     /// Runs a session request on this shard's part of the table.
     fn run_op(&mut self, sid: u64, home: Token, rid: u32, peer: SocketAddr, op: SessOp) {
+        if !self.group_serves() {
+            // The home serves, this shard's group does not (it lost its
+            // leader, or another node leads it): as when the group steps
+            // down under a session, the session is detached, nothing run
+            // (cluster simulator seed 11198: an Acquire queued in a
+            // follower's table, where no release ever granted it).
+            self.count_sess(op.kind(), Status::NotLeader);
+            self.send_home(sid, home, SessMsg::Detach { sid, home });
+            return;
+        }
         let now = self.now;
         let Some(o) = self.table.owner_open(sid, home) else {
             self.count_sess(op.kind(), Status::Limit);
