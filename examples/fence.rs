@@ -501,6 +501,7 @@ impl Session {
             wait_ms,
             key: key.as_bytes(),
             source: b"fence-example",
+            access: ringlock::protocol::session::Access::Exclusive,
         })? {
             (Status::Ok, token) => Ok(token),
             (st, _) => Err(format!("acquire {key:?}: {}", st.name())),

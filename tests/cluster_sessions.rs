@@ -133,6 +133,7 @@ impl Raw {
             wait_ms: 0,
             key,
             source: b"resumer",
+            access: ringlock::protocol::session::Access::Exclusive,
         });
         assert_eq!(st, Status::Ok, "{key:?} granted");
         token
@@ -503,6 +504,7 @@ fn requests_pipelined_behind_a_resume_are_served_after_it() {
             wait_ms: sp::WAIT_FOREVER,
             key: b"piped",
             source: b"resumer",
+            access: ringlock::protocol::session::Access::Exclusive,
         },
         &mut b,
     );

@@ -178,6 +178,7 @@ fn acquire(key: &[u8], hold: HoldMode, ttl_ms: u32, wait_ms: u32) -> Req<'_> {
         wait_ms,
         key,
         source: b"metrics-test",
+        access: ringlock::protocol::session::Access::Exclusive,
     }
 }
 

@@ -100,6 +100,7 @@ fn session_round(a: &mut TcpStream, b: &mut TcpStream, i: usize) {
         wait_ms: 0,
         key: &key,
         source: b"s",
+        access: sp::Access::Exclusive,
     };
     let rid = i as u32 * 4 + 1;
     let (status, token) = sess_req(a, &acquire, rid);

@@ -40,6 +40,7 @@ fn acquire<'a>(key: &'a [u8], hold: HoldMode, ttl_ms: u32) -> Req<'a> {
         wait_ms: 0,
         key,
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     }
 }
 

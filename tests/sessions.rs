@@ -120,6 +120,7 @@ impl Sess {
             wait_ms,
             key: key.as_bytes(),
             source: b"test",
+            access: ringlock::protocol::session::Access::Exclusive,
         });
         self.reply(rid)
     }
@@ -245,6 +246,7 @@ fn closing_the_session_grants_the_next_waiter_at_once() {
         wait_ms: WAIT_FOREVER,
         key: b"k",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     // b is queued (answered only later); a ping on the same connection is
     // not stuck behind it.
@@ -314,6 +316,7 @@ fn lease_expiry_pushes_lost_before_the_next_grant() {
         wait_ms: WAIT_FOREVER,
         key: b"lease",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     match a.next_push() {
         Answer::Lost { key, token, why } => {
@@ -374,6 +377,7 @@ fn server_side_wait_deadline_and_exact_cancel() {
         wait_ms: WAIT_FOREVER,
         key: b"k",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     let c = b.send(&Req::Cancel {
         target: rid,
@@ -542,6 +546,7 @@ fn one_session_across_every_shard() {
                 wait_ms: WAIT_FOREVER,
                 key: k.as_bytes(),
                 source: b"",
+                access: ringlock::protocol::session::Access::Exclusive,
             })
         })
         .collect();
@@ -680,6 +685,7 @@ fn a_cancel_needs_the_rid_and_the_key_whatever_the_shard() {
         wait_ms: WAIT_FOREVER,
         key: b"k",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
     // The right rid with another key: not queued, whether that key lives on
@@ -888,6 +894,7 @@ fn malformed_session_bodies_answer_invalid_and_change_nothing() {
             wait_ms: 0,
             key: b"n",
             source: b"",
+            access: ringlock::protocol::session::Access::Exclusive,
         },
         &[],
     );
@@ -935,6 +942,7 @@ fn a_lease_ttl_starts_at_its_grant_not_at_its_arrival() {
         wait_ms: WAIT_FOREVER,
         key: b"t",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
     // Queued for longer than its TTL: what is measured here, not a wait
@@ -1006,6 +1014,7 @@ fn a_half_close_ends_the_session_at_once() {
         wait_ms: WAIT_FOREVER,
         key: b"h",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
     a.s.shutdown(std::net::Shutdown::Write).expect("half-close");
@@ -1136,6 +1145,7 @@ fn the_documented_session_example_is_what_the_server_says() {
         wait_ms,
         key: b"job",
         source: b"w1",
+        access: ringlock::protocol::session::Access::Exclusive,
     };
     send(
         &mut s,
@@ -1213,6 +1223,7 @@ fn a_reset_by_source_answers_its_queued_acquires_cancelled_without_a_cancel() {
             wait_ms: WAIT_FOREVER,
             key: b"rs",
             source: b"w9",
+            access: ringlock::protocol::session::Access::Exclusive,
         });
         common::wait_metric(srv.metrics(), "ringlock_queued_waiters", 1.0);
         if how.starts_with("lock") {
@@ -1257,6 +1268,7 @@ fn any_number_of_requests_may_be_outstanding_on_one_session() {
             wait_ms: WAIT_FOREVER,
             key: b"many",
             source: b"",
+            access: ringlock::protocol::session::Access::Exclusive,
         };
         sp::encode(10_000 + i, &acquire, &mut bytes);
         sp::encode(20_000 + i, &Req::Ping, &mut bytes);
@@ -1274,6 +1286,7 @@ fn any_number_of_requests_may_be_outstanding_on_one_session() {
         wait_ms: WAIT_FOREVER,
         key: b"many",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     assert_eq!(b.reply(over).status, Status::Limit);
     // FIFO among them: the release grants the first one sent.
@@ -1301,6 +1314,7 @@ fn a_session_that_does_not_read_its_answers_is_ended() {
         wait_ms: WAIT_FOREVER,
         key: b"unread",
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     });
     // h sends Pings and never reads a Pong: once the kernel's buffers are
     // full, the Pongs the server cannot send pile up, and past 64 KiB of
@@ -1356,6 +1370,7 @@ fn a_cancel_of_a_try_or_of_an_unknown_rid_is_not_queued() {
         wait_ms: 0,
         key,
         source: b"",
+        access: ringlock::protocol::session::Access::Exclusive,
     };
     // A try that is granted, its Cancel pipelined right behind it: the
     // grant comes first and stands, the Cancel is not queued.

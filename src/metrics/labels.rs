@@ -69,8 +69,8 @@ pub enum SessionOp {
 }
 
 /// Every status of a session Reply, in byte order (`Status as usize` is
-/// its index: the discriminants are 0..=14).
-pub const SESSION_STATUSES: [Status; 15] = [
+/// its index: the discriminants are 0..=15).
+pub const SESSION_STATUSES: [Status; 16] = [
     Status::Ok,
     Status::TimedOut,
     Status::Busy,
@@ -86,6 +86,7 @@ pub const SESSION_STATUSES: [Status; 15] = [
     Status::NotLeader,
     Status::UnknownSession,
     Status::TlsRequired,
+    Status::ModeMismatch,
 ];
 
 impl SessionOp {

@@ -62,6 +62,20 @@ pub const KIND_HELD: u8 = 0x82;
 /// Welcome `flags` bit: the session is replicated, and can be resumed on
 /// another connection (and on a new leader) with a Resume.
 pub const FLAG_RESUMABLE: u8 = 1;
+/// Welcome `flags` bit: the server takes an Acquire's access (shared,
+/// semaphore) and answers [`Status::ModeMismatch`]. A client sends a
+/// non-exclusive Acquire only to a server that set it (an older one would
+/// answer `invalid`: its Acquire body ends at the source).
+pub const FLAG_MODES: u8 = 2;
+
+/// How a lock is shared (the lock core's own type; an Acquire's optional
+/// trailing `[u8 access][u32 slots]`).
+pub use crate::core::Access;
+
+/// The access byte of an Acquire's trailer.
+pub const ACCESS_EXCLUSIVE: u8 = 0;
+pub const ACCESS_SHARED: u8 = 1;
+pub const ACCESS_SEMAPHORE: u8 = 2;
 
 /// How a granted lock is held (the lock core's own type; its byte is the
 /// Acquire frame's mode).
@@ -112,6 +126,11 @@ pub enum Status {
     /// over TLS only: this Hello or Resume came in plaintext. The server
     /// closes after it; the client should dial again with TLS.
     TlsRequired = 14,
+    /// A semaphore Acquire naming another slot count than the key's
+    /// (fixed by its first semaphore holder or waiter while any holds or
+    /// waits): nothing changed. Only a client that sent an access
+    /// ([`FLAG_MODES`]) is ever answered it.
+    ModeMismatch = 15,
 }
 
 impl Status {
@@ -132,6 +151,7 @@ impl Status {
             12 => Status::NotLeader,
             13 => Status::UnknownSession,
             14 => Status::TlsRequired,
+            15 => Status::ModeMismatch,
             _ => return None,
         })
     }
@@ -152,6 +172,7 @@ impl Status {
             Status::NotLeader => "not_leader",
             Status::UnknownSession => "unknown_session",
             Status::TlsRequired => "tls_required",
+            Status::ModeMismatch => "mode_mismatch",
         }
     }
 
@@ -197,13 +218,17 @@ pub enum Req<'a> {
         keepalive_ms: u32,
         auth: &'a [u8],
     },
-    /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`
+    /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`,
+    /// then optionally `[u8 access][u32 slots]` (absent: exclusive; 0
+    /// exclusive and 1 shared with slots 0, 2 a semaphore of `slots` >= 1;
+    /// only to a server with [`FLAG_MODES`]).
     Acquire {
         hold: HoldMode,
         ttl_ms: u32,
         wait_ms: u32,
         key: &'a [u8],
         source: &'a [u8],
+        access: Access,
     },
     /// `[u64 token][u8 keyLen][key]`
     Release { token: u64, key: &'a [u8] },
@@ -327,12 +352,29 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
             let wait_ms = r.u32().ok_or("short acquire")?;
             let key = r.name(1).ok_or("key size out of range 1..=127")?;
             let source = r.name(0).ok_or("source size out of range 0..=127")?;
+            let access = if r.done() {
+                Access::Exclusive
+            } else {
+                let a = r.u8().ok_or("short access")?;
+                let slots = r.u32().ok_or("short access")?;
+                match (a, slots) {
+                    (ACCESS_EXCLUSIVE, 0) => Access::Exclusive,
+                    (ACCESS_SHARED, 0) => Access::Shared,
+                    (ACCESS_SEMAPHORE, n) if n >= 1 => Access::Semaphore(n),
+                    (ACCESS_SEMAPHORE, _) => return Err("a semaphore of 0 slots"),
+                    (ACCESS_EXCLUSIVE | ACCESS_SHARED, _) => {
+                        return Err("slots are only for a semaphore")
+                    }
+                    _ => return Err("unknown access"),
+                }
+            };
             Req::Acquire {
                 hold,
                 ttl_ms,
                 wait_ms,
                 key,
                 source,
+                access,
             }
         }
         OP_RELEASE => {
@@ -450,12 +492,25 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             wait_ms,
             key,
             source,
+            access,
         } => {
             o.push(hold as u8);
             o.extend_from_slice(&ttl_ms.to_le_bytes());
             o.extend_from_slice(&wait_ms.to_le_bytes());
             put_name(o, key);
             put_name(o, source);
+            // Exclusive as before (an older server reads it).
+            match access {
+                Access::Exclusive => {}
+                Access::Shared => {
+                    o.push(ACCESS_SHARED);
+                    o.extend_from_slice(&0u32.to_le_bytes());
+                }
+                Access::Semaphore(n) => {
+                    o.push(ACCESS_SEMAPHORE);
+                    o.extend_from_slice(&n.to_le_bytes());
+                }
+            }
         }
         Req::Release { token, key } => {
             o.extend_from_slice(&token.to_le_bytes());

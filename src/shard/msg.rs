@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 
 use super::conn::Port;
-use crate::core::{HoldMode, Name, Token};
+use crate::core::{Access, HoldMode, Name, Token};
 use crate::protocol::session::{LostWhy, Status};
 
 /// An operation one shard asks every shard to run on its part of the keys.
@@ -103,6 +103,7 @@ pub enum SessOp {
         wait_ms: u32,
         key: Name,
         source: Name,
+        access: Access,
     },
     Release {
         token: u64,

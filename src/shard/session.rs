@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 
 pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
 use super::{owner, Cmd, Shard, State, Undo};
-use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
+use crate::core::{Access, Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
 use crate::log::Level;
 use crate::metrics::SessionOp;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
@@ -61,9 +61,7 @@ fn status_of(r: Reply) -> Status {
         Reply::Limit => Status::Limit,
         Reply::TimedOut => Status::TimedOut,
         Reply::Withdrawn | Reply::Cancelled => Status::Cancelled,
-        // Only a semaphore request is refused so, and sessions do not
-        // speak lock modes yet (issue #33): never produced here.
-        Reply::ModeMismatch => Status::Invalid,
+        Reply::ModeMismatch => Status::ModeMismatch,
     }
 }
 
@@ -226,6 +224,11 @@ impl Shard {
 
     /// The welcome of session `sid` (a Hello's or a Resume's answer).
     pub(super) fn welcome(&self, sid: u64, keepalive_ms: u32, flags: u8) -> sp::Welcome {
+        let flags = if self.modes_served() {
+            flags | sp::FLAG_MODES
+        } else {
+            flags
+        };
         sp::Welcome {
             status: Status::Ok,
             version: sp::VERSION,
@@ -308,18 +311,25 @@ impl Shard {
                     wait_ms,
                     key,
                     source,
-                }) => self.check_ttl(hold, ttl_ms).map(|()| {
+                    access,
+                }) => self.check_ttl(hold, ttl_ms).and_then(|()| {
+                    if access != Access::Exclusive && !self.modes_served() {
+                        return Err(
+                            "shared and semaphore holds are not served with --wal or a cluster yet",
+                        );
+                    }
                     let mut source = Name::new(source).expect("decoder bounds names");
                     if source.is_empty() {
                         source = super::ip_name(&peer);
                     }
-                    Some(SessOp::Acquire {
+                    Ok(Some(SessOp::Acquire {
                         hold,
                         ttl_ms: if hold == HoldMode::Lease { ttl_ms } else { 0 },
                         wait_ms,
                         key: Name::new(key).expect("decoder bounds names"),
                         source,
-                    })
+                        access,
+                    }))
                 }),
                 Ok(Req::Release { token, key }) => Ok(Some(SessOp::Release {
                     token,
@@ -366,6 +376,12 @@ impl Shard {
                 return;
             }
         }
+    }
+
+    /// Shared and semaphore holds are served (an in-memory server: the
+    /// log's records do not carry an access yet).
+    pub(super) fn modes_served(&self) -> bool {
+        self.log.is_none()
     }
 
     fn check_ttl(&self, hold: HoldMode, ttl_ms: u32) -> Result<(), &'static str> {
@@ -582,6 +598,7 @@ impl Shard {
                 wait_ms,
                 key,
                 source,
+                access,
             } => {
                 let mode = if wait_ms == 0 {
                     LockMode::Try
@@ -596,8 +613,17 @@ impl Shard {
                         .then(|| now.mono_us + wait_ms as u64 * 1000),
                 };
                 let conn = table_token(o, rid);
-                self.table
-                    .lock_with(conn, &key, &source, peer, mode, opts, now, &mut self.fx);
+                self.table.lock_access(
+                    conn,
+                    &key,
+                    &source,
+                    peer,
+                    mode,
+                    opts,
+                    access,
+                    now,
+                    &mut self.fx,
+                );
                 self.apply_effects();
             }
             SessOp::Release { token, key } => {

@@ -147,6 +147,7 @@ impl SessionView {
                         wait_ms: wait,
                         key: keys[k],
                         source: b"",
+                        access: ringlock::protocol::session::Access::Exclusive,
                     },
                     Some(Sent {
                         key: k,

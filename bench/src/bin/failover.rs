@@ -326,6 +326,7 @@ fn session_holding(node: SocketAddr, key: &str) -> Result<(TcpStream, u64, bool,
             wait_ms: 0,
             key: key.as_bytes(),
             source: b"fo-session",
+            access: ringlock::protocol::session::Access::Exclusive,
         },
         &mut b,
     );

@@ -117,6 +117,7 @@ impl Codec for SessionLock {
                 wait_ms: if op == Op::Lock { WAIT_FOREVER } else { 0 },
                 key,
                 source: &self.source,
+                access: ringlock::protocol::session::Access::Exclusive,
             },
             Op::Unlock => Req::Release {
                 token: self.token,

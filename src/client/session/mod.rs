@@ -807,6 +807,7 @@ impl Session {
                         wait_ms,
                         key,
                         source,
+                        access: crate::core::Access::Exclusive,
                     },
                     out,
                 )

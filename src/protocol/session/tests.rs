@@ -22,6 +22,7 @@ fn requests_round_trip() {
             wait_ms: WAIT_FOREVER,
             key: b"deploy",
             source: b"ci",
+            access: Access::Exclusive,
         },
         Req::Release {
             token: 1 << 50,
@@ -83,6 +84,7 @@ fn documented_bytes_of_an_acquire() {
             wait_ms: 0,
             key: b"k",
             source: b"",
+            access: Access::Exclusive,
         },
         &mut b,
     );
