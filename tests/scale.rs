@@ -36,6 +36,7 @@ fn write_log(path: &Path, n: usize) {
                 mode: HoldMode::Persistent,
                 expires_unix_ms: 0,
                 session: 0,
+                access: ringlock::core::Access::Exclusive,
             },
             &mut img,
         );
@@ -192,6 +193,7 @@ fn a_version_1_log_is_read_appended_to_and_read_again() {
                 mode: HoldMode::Persistent,
                 expires_unix_ms: 0,
                 session: 0,
+                access: ringlock::core::Access::Exclusive,
             },
             &mut img,
         );

@@ -159,6 +159,7 @@ fn log_image(n: usize) -> (Vec<u8>, usize) {
                 },
                 expires_unix_ms: if lease { 1_700_000_600_000 } else { 0 },
                 session: 0,
+                access: ringlock::core::Access::Exclusive,
             },
             &mut img,
         );

@@ -3,7 +3,8 @@
 //! later readers (one FIFO queue per key), a semaphore's limit and a
 //! request naming another limit, a waiter leaving the head of the queue
 //! (Cancel, a closed session) unblocking the readers behind it, and the
-//! Locking-Center protocol staying exclusive. Raw frames over TCP.
+//! Locking-Center protocol staying exclusive, and the holds of a durable
+//! server across kill -9. Raw frames over TCP.
 
 mod common;
 
@@ -263,12 +264,61 @@ fn locking_center_clients_stay_exclusive_and_old_frames_too() {
 }
 
 #[test]
-fn a_durable_server_does_not_offer_modes_yet() {
+fn shared_and_semaphore_holds_survive_kill_9_and_restart() {
     let dir = common::TempDir::new("modes-wal");
     let wal = dir.path("locks.wal");
-    let srv = Server::start(&["--data-path", wal.to_str().expect("utf-8 path")]);
-    let mut s = Sess::open(srv.lock_addr);
-    assert_eq!(s.flags & sp::FLAG_MODES, 0);
-    assert_eq!(s.acquire("doc", Access::Shared, 0).0, Status::Invalid);
-    granted(s.acquire("doc", Access::Exclusive, 0));
+    let path = wal.to_str().expect("utf-8 path").to_string();
+    let mut srv = Server::start(&["--data-path", &path]);
+    let mut a = Sess::open(srv.lock_addr);
+    assert_ne!(a.flags & sp::FLAG_MODES, 0, "a durable server serves modes");
+    let hold = |s: &mut Sess, key: &str, hold: HoldMode, ttl_ms: u32, access: Access| {
+        let rid = s.send(&Req::Acquire {
+            hold,
+            ttl_ms,
+            wait_ms: 0,
+            key: key.as_bytes(),
+            source: b"modes",
+            access,
+        });
+        granted(s.reply(rid))
+    };
+    let p1 = hold(&mut a, "doc", HoldMode::Persistent, 0, Access::Shared);
+    let l1 = hold(&mut a, "doc", HoldMode::Lease, 600_000, Access::Shared);
+    let s1 = hold(&mut a, "doc", HoldMode::Session, 0, Access::Shared);
+    let q1 = hold(
+        &mut a,
+        "pool",
+        HoldMode::Persistent,
+        0,
+        Access::Semaphore(2),
+    );
+    // Released before the crash: must stay released.
+    let gone = hold(&mut a, "doc", HoldMode::Persistent, 0, Access::Shared);
+    assert_eq!(a.release("doc", gone), Status::Ok);
+    srv.kill9();
+    drop(a);
+    let srv = Server::start(&["--data-path", &path]);
+    let mut b = Sess::open(srv.lock_addr);
+    // Held shared: a writer is refused, a reader joins.
+    assert_eq!(b.acquire("doc", Access::Exclusive, 0).0, Status::Busy);
+    let r = granted(b.acquire("doc", Access::Shared, 0));
+    assert!(r > gone, "tokens keep increasing across the restart");
+    // The persistent hold and the lease came back, each by its own token;
+    // the session hold and the released one did not.
+    assert_eq!(b.release("doc", s1), Status::Stale);
+    assert_eq!(b.release("doc", gone), Status::Stale);
+    assert_eq!(b.release("doc", p1), Status::Ok);
+    assert_eq!(b.release("doc", l1), Status::Ok);
+    assert_eq!(b.acquire("doc", Access::Exclusive, 0).0, Status::Busy);
+    assert_eq!(b.release("doc", r), Status::Ok);
+    granted(b.acquire("doc", Access::Exclusive, 0));
+    // The semaphore kept its n: another n is refused, one more slot is free.
+    assert_eq!(
+        b.acquire("pool", Access::Semaphore(3), 0).0,
+        Status::ModeMismatch
+    );
+    let q2 = granted(b.acquire("pool", Access::Semaphore(2), 0));
+    assert_eq!(b.acquire("pool", Access::Semaphore(2), 0).0, Status::Busy);
+    assert_eq!(b.release("pool", q1), Status::Ok);
+    assert_eq!(b.release("pool", q2), Status::Ok);
 }

@@ -314,6 +314,9 @@ pub struct Table {
     /// The walk of a snapshot taken a chunk at a time (see
     /// [`Table::walk_begin`]).
     walk: Option<Walk>,
+    /// The same walk's rest over the shares (`shares_by_age`), visited
+    /// after the keys.
+    share_walk: Option<Walk>,
     /// Holders released by operations whose effects are not applied yet:
     /// [`Effect::Released`] refers to them by index, so an effect copies no
     /// name. Cleared by [`Table::effects_applied`].
@@ -378,6 +381,7 @@ impl Table {
             waits: BinaryHeap::new(),
             next_seq: 1,
             walk: None,
+            share_walk: None,
             retired: Vec::with_capacity(64),
             dead_names: Vec::with_capacity(64),
             listings: Vec::new(),
@@ -585,6 +589,7 @@ impl Table {
             mode: r.holder.mode,
             expires_unix_ms: r.holder.expires_unix_ms,
             session: r.session,
+            access: r.access,
         }
     }
 

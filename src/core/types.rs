@@ -299,6 +299,8 @@ pub struct HeldKey {
     /// for none: a Locking-Center hold, a hold of a session that is not
     /// replicated, or one that outlived its session.
     pub session: u64,
+    /// How the key is held (every holder of a key holds it the same way).
+    pub access: Access,
 }
 
 /// Session id bit: a replicated session (cluster mode), whose opening, end
@@ -318,6 +320,7 @@ impl HeldKey {
             mode: self.mode,
             expires_unix_ms: self.expires_unix_ms,
             session: self.session,
+            access: self.access,
         }
     }
 }
@@ -336,6 +339,8 @@ pub struct HeldRef<'a> {
     pub expires_unix_ms: u64,
     /// As [`HeldKey::session`].
     pub session: u64,
+    /// As [`HeldKey::access`].
+    pub access: Access,
 }
 
 impl HeldRef<'_> {
@@ -381,6 +386,7 @@ impl HeldRef<'_> {
             mode: self.mode,
             expires_unix_ms: self.expires_unix_ms,
             session: self.session,
+            access: self.access,
         })
     }
 }

@@ -147,6 +147,7 @@ fn keys_answer_roundtrip() {
         mode: crate::core::HoldMode::Persistent,
         expires_unix_ms: 0,
         session: 0,
+        access: crate::core::Access::Exclusive,
     }];
     let mut out = Vec::new();
     admin::encode_keys(&held, &mut out);
@@ -169,6 +170,7 @@ fn held(key: &str, source: &str, mode: crate::core::HoldMode, grant: u64) -> Hel
         mode,
         expires_unix_ms: 1_700_000_060_000,
         session: 0,
+        access: crate::core::Access::Exclusive,
     }
 }
 

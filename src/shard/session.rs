@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 
 pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
 use super::{owner, Cmd, Shard, State, Undo};
-use crate::core::{Access, Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
+use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
 use crate::log::Level;
 use crate::metrics::SessionOp;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
@@ -224,11 +224,8 @@ impl Shard {
 
     /// The welcome of session `sid` (a Hello's or a Resume's answer).
     pub(super) fn welcome(&self, sid: u64, keepalive_ms: u32, flags: u8) -> sp::Welcome {
-        let flags = if self.modes_served() {
-            flags | sp::FLAG_MODES
-        } else {
-            flags
-        };
+        // Every server takes an Acquire's access.
+        let flags = flags | sp::FLAG_MODES;
         sp::Welcome {
             status: Status::Ok,
             version: sp::VERSION,
@@ -312,24 +309,19 @@ impl Shard {
                     key,
                     source,
                     access,
-                }) => self.check_ttl(hold, ttl_ms).and_then(|()| {
-                    if access != Access::Exclusive && !self.modes_served() {
-                        return Err(
-                            "shared and semaphore holds are not served with --wal or a cluster yet",
-                        );
-                    }
+                }) => self.check_ttl(hold, ttl_ms).map(|()| {
                     let mut source = Name::new(source).expect("decoder bounds names");
                     if source.is_empty() {
                         source = super::ip_name(&peer);
                     }
-                    Ok(Some(SessOp::Acquire {
+                    Some(SessOp::Acquire {
                         hold,
                         ttl_ms: if hold == HoldMode::Lease { ttl_ms } else { 0 },
                         wait_ms,
                         key: Name::new(key).expect("decoder bounds names"),
                         source,
                         access,
-                    }))
+                    })
                 }),
                 Ok(Req::Release { token, key }) => Ok(Some(SessOp::Release {
                     token,
@@ -376,12 +368,6 @@ impl Shard {
                 return;
             }
         }
-    }
-
-    /// Shared and semaphore holds are served (an in-memory server: the
-    /// log's records do not carry an access yet).
-    pub(super) fn modes_served(&self) -> bool {
-        self.log.is_none()
     }
 
     fn check_ttl(&self, hold: HoldMode, ttl_ms: u32) -> Result<(), &'static str> {

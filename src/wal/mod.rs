@@ -413,9 +413,17 @@ fn replay_with(
     let apply = |r: RecordRef<'_>| {
         match r {
             RecordRef::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
-                // Its session did not survive: the key is free, the grant
-                // id (fencing token) still counts.
-                table.restore_release(h.key, now);
+                // Its session did not survive: the key is free (of a
+                // shared or semaphore key, this holder's place, after the
+                // record removed the holders it excludes), the grant id
+                // (fencing token) still counts.
+                if h.access == crate::core::Access::Exclusive {
+                    table.restore_release(h.key, now);
+                } else {
+                    let h = HeldRef { session: 0, ..h };
+                    table.restore(h, now);
+                    table.restore_release_grant(h.key, h.grant_id, now);
+                }
                 table.raise_next_grant_id(h.grant_id + 1);
             }
             RecordRef::Acquire(h) => {
@@ -432,7 +440,9 @@ fn replay_with(
                 table.raise_next_grant_id((session & (crate::core::REPLICATED_SESSION - 1)) + 1)
             }
             RecordRef::SessionEnd { .. } => {}
-            RecordRef::Release { key, .. } => table.restore_release(key, now),
+            RecordRef::Release { key, grant_id } => {
+                table.restore_release_record(key, grant_id, now)
+            }
             RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
             RecordRef::Extend {
                 key,
@@ -550,7 +560,7 @@ pub fn apply_replicated(
                 );
             }
         }
-        RecordRef::Release { key, .. } => table.restore_release(key, rel),
+        RecordRef::Release { key, grant_id } => table.restore_release_record(key, grant_id, rel),
         RecordRef::SessionOpen {
             session,
             keepalive_ms,

@@ -13,7 +13,7 @@
 //! 8      1    type: 1 = Acquire, 2 = Release, 3 = GrantMark, 4 = Hold,
 //!             5 = Extend, 6 = Acquire (binary endpoint), 7 = Hold (binary
 //!             endpoint); cluster entries only: 8 = SessionOpen, 9 =
-//!             SessionEnd, 10 = SessionHold
+//!             SessionEnd, 10 = SessionHold; 11 = Share
 //! 9      ..   payload
 //! ```
 //!
@@ -40,6 +40,16 @@
 //!   expires_unix_ms u64 (0 unless a lease) · session_id u64 · key · source
 //!   · endpoint`. A follower keeps it as that session's, so a new leader
 //!   can hand it back to the session's client (a Resume).
+//!
+//! - **Share** (11; a hold of a key held shared or as a semaphore, any
+//!   hold mode): `grant_id u64 · acquired_unix_ms u64 · mode u8 ·
+//!   expires_unix_ms u64 (0 unless a lease) · session_id u64 (0: none, else
+//!   a replicated session's) · access u8 (1 shared, 2 semaphore) · slots
+//!   u32 (the semaphore's n, else 0) · key · source · endpoint`. An
+//!   exclusive hold is written as before (6, 7, 10), so a log of exclusive
+//!   holds only is read by servers that predate shares. Like every hold
+//!   record it sets its key absolutely: holders that could not hold the key
+//!   beside it are gone.
 //!
 //! Records 8–10 appear only in a cluster's replicated entries and
 //! snapshots, and only once every member can read them (a single node's
@@ -92,7 +102,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::ops::ControlFlow;
 
-use crate::core::{HeldKey, HeldRef, HoldMode, Name};
+use crate::core::{Access, HeldKey, HeldRef, HoldMode, Name};
 
 pub const MAGIC: &[u8; 8] = b"RLWAL\0\0\x01";
 pub const HEADER: usize = 8;
@@ -141,6 +151,11 @@ pub const HOLD: u8 = 7;
 pub const SESSION_OPEN: u8 = 8;
 pub const SESSION_END: u8 = 9;
 pub const SESSION_HOLD: u8 = 10;
+pub const SHARE: u8 = 11;
+
+/// The access byte of a Share record.
+const SHARE_SHARED: u8 = 1;
+const SHARE_SEMAPHORE: u8 = 2;
 
 /// An owned record, as [`scan`] collects them (tests and tools; recovery
 /// uses [`scan_each`] and borrows instead).
@@ -235,7 +250,9 @@ pub fn endpoint_len(ep: &SocketAddr) -> usize {
 
 /// The whole size of the Acquire or Hold record of `h`, header included.
 pub fn acquire_len(h: HeldRef<'_>) -> usize {
-    let hold = if h.session != 0 {
+    let hold = if h.access != Access::Exclusive {
+        17 + 5
+    } else if h.session != 0 {
         17
     } else if h.mode == HoldMode::Persistent {
         0
@@ -271,6 +288,9 @@ fn put_endpoint(out: &mut Vec<u8>, ep: &SocketAddr) {
 /// without allocating (beyond `out`'s own growth).
 /// A hold of a replicated session (`h.session` set) is a SessionHold.
 pub fn encode_acquire(h: HeldRef<'_>, out: &mut Vec<u8>) {
+    if h.access != Access::Exclusive {
+        return encode_share(h, out);
+    }
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER]);
     let persistent = h.mode == HoldMode::Persistent;
@@ -291,6 +311,30 @@ pub fn encode_acquire(h: HeldRef<'_>, out: &mut Vec<u8>) {
         out.push(h.mode as u8);
         out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
     }
+    put_name(out, h.key);
+    put_name(out, h.source);
+    put_endpoint(out, &h.endpoint);
+    seal(out, start);
+    debug_assert_eq!(out.len() - start, acquire_len(h));
+}
+
+/// The Share record of a holder of a shared or semaphore key.
+fn encode_share(h: HeldRef<'_>, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(SHARE);
+    out.extend_from_slice(&h.grant_id.to_le_bytes());
+    out.extend_from_slice(&h.acquired_unix_ms.to_le_bytes());
+    out.push(h.mode as u8);
+    out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
+    out.extend_from_slice(&h.session.to_le_bytes());
+    let (a, n) = match h.access {
+        Access::Shared => (SHARE_SHARED, 0),
+        Access::Semaphore(n) => (SHARE_SEMAPHORE, n),
+        Access::Exclusive => unreachable!("an exclusive hold is an Acquire, Hold or SessionHold"),
+    };
+    out.push(a);
+    out.extend_from_slice(&n.to_le_bytes());
     put_name(out, h.key);
     put_name(out, h.source);
     put_endpoint(out, &h.endpoint);
@@ -437,6 +481,34 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
             keepalive_ms: b.u32()?,
         },
         SESSION_END => RecordRef::SessionEnd { session: grant_id },
+        SHARE => {
+            let acquired_unix_ms = b.u64()?;
+            let mode = HoldMode::from_byte(b.u8()?)?;
+            let expires_unix_ms = b.u64()?;
+            let session = b.u64()?;
+            if session != 0 && session & crate::core::REPLICATED_SESSION == 0 {
+                return None;
+            }
+            let access = match (b.u8()?, b.u32()?) {
+                (SHARE_SHARED, 0) => Access::Shared,
+                (SHARE_SEMAPHORE, n) if n >= 1 => Access::Semaphore(n),
+                _ => return None,
+            };
+            let key = b.name().filter(|k| !k.is_empty())?;
+            let source = b.name()?;
+            let endpoint = b.endpoint()?;
+            RecordRef::Acquire(HeldRef {
+                key,
+                source,
+                endpoint,
+                acquired_unix_ms,
+                grant_id,
+                mode,
+                expires_unix_ms,
+                session,
+                access,
+            })
+        }
         ACQUIRE | HOLD | ACQUIRE_V1 | HOLD_V1 | SESSION_HOLD => {
             let acquired_unix_ms = b.u64()?;
             let (mode, expires_unix_ms) = if ty == HOLD || ty == HOLD_V1 {
@@ -471,6 +543,7 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
                 mode,
                 expires_unix_ms,
                 session,
+                access: Access::Exclusive,
             })
         }
         EXTEND => {

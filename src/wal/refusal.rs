@@ -193,6 +193,7 @@ mod tests {
             mode: crate::core::HoldMode::Persistent,
             expires_unix_ms: 0,
             session: 0,
+            access: crate::core::Access::Exclusive,
         };
         let mut image = record::MAGIC.to_vec();
         record::encode_acquire(held(b"a", 1).as_ref(), &mut image);

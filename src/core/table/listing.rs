@@ -17,7 +17,7 @@
 //! faster than the keys change never sees it).
 
 use super::cursor::{Listing, SAVED};
-use super::modes::first_of;
+use super::modes::{access_in, first_of};
 use super::*;
 
 impl Table {
@@ -109,7 +109,8 @@ impl Table {
                 let e = &keys[s as usize];
                 let h = first_of(e, multis, shares)
                     .expect("a listed holder is noted before it changes");
-                held_ref_of(names, sources, e, h).encode_admin(extended, l.unix_ms, out);
+                held_ref_of(names, sources, e, h, access_in(e, multis))
+                    .encode_admin(extended, l.unix_ms, out);
             }
         }
         if l.next == l.slots.len() {
@@ -183,7 +184,11 @@ impl Table {
                 l.next = 0;
                 continue;
             }
-            held_ref_of(names, sources, e, h).encode_admin(true, l.unix_ms, &mut l.saved);
+            held_ref_of(names, sources, e, h, access_in(e, &self.multis)).encode_admin(
+                true,
+                l.unix_ms,
+                &mut l.saved,
+            );
             let i = l.next + i;
             l.slots[i] = SAVED | at as u32;
         }
@@ -195,6 +200,7 @@ fn held_ref_of<'a>(
     sources: &'a Slab<SourceEntry>,
     e: &KeyEntry,
     h: &Holder,
+    access: Access,
 ) -> HeldRef<'a> {
     HeldRef {
         key: names.get(e.name),
@@ -205,5 +211,6 @@ fn held_ref_of<'a>(
         mode: h.mode,
         expires_unix_ms: h.expires_unix_ms,
         session: 0,
+        access,
     }
 }

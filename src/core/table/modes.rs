@@ -123,14 +123,7 @@ impl Table {
     /// How the holders of held key slot `k` hold it.
     #[inline]
     pub(super) fn access_of(&self, k: u32) -> Access {
-        if self.keys[k as usize].multi == NIL {
-            return Access::Exclusive;
-        }
-        match self.class(k) {
-            Class::Exclusive => Access::Exclusive,
-            Class::Shared => Access::Shared,
-            Class::Semaphore => Access::Semaphore(self.slots(k)),
-        }
+        access_in(&self.keys[k as usize], &self.multis)
     }
 
     /// The access of waiter `w` (a semaphore's `n` is its key's).
@@ -310,6 +303,18 @@ impl Table {
             let (owners, shares) = (&mut self.owners, &mut self.shares);
             owners[h.owner as usize].shares.unlink(shares, x, S_OWN);
         }
+        if let Some(w) = self.share_walk {
+            // Keep the walk's ends on shares that still hold.
+            self.share_walk = if w.next == x && w.last == x {
+                None
+            } else if w.next == x {
+                List::next_of(&self.shares, x, S_AGE).map(|next| Walk { next, ..w })
+            } else if w.last == x {
+                List::prev_of(&self.shares, x, S_AGE).map(|last| Walk { last, ..w })
+            } else {
+                Some(w)
+            };
+        }
         self.shares_by_age.unlink(&mut self.shares, x, S_AGE);
         self.share_of.remove(&h.grant_id);
         self.shares.remove(x as usize);
@@ -350,6 +355,19 @@ impl Table {
                 self.grant_ready(k, now, fx);
             }
         }
+    }
+}
+
+/// How the holders of held key entry `e` hold it (see [`Table::access_of`]).
+pub(super) fn access_in(e: &KeyEntry, multis: &Slab<Multi>) -> Access {
+    if e.multi == NIL {
+        return Access::Exclusive;
+    }
+    let m = &multis[e.multi as usize];
+    match m.held_as {
+        Class::Exclusive => Access::Exclusive,
+        Class::Shared => Access::Shared,
+        Class::Semaphore => Access::Semaphore(m.slots),
     }
 }
 

@@ -762,6 +762,7 @@ fn replay_installs_and_releases_single_holders() {
         mode: HoldMode::Persistent,
         expires_unix_ms: 0,
         session: 0,
+        access: crate::core::Access::Exclusive,
     };
     // Shared grants add up; the same grant again replaces itself.
     assert!(tb.restore_access(h(10, "a").as_ref(), S, at(0)));
@@ -825,3 +826,57 @@ fn an_exclusive_key_makes_no_multi() {
 }
 
 mod props;
+
+/// A chunked snapshot walk visits every holder of a shared or semaphore
+/// key, with its access, once; a share released before its visit is not
+/// visited; one granted after the walk began is not either (its record
+/// follows the snapshot).
+#[test]
+fn a_snapshot_walk_visits_every_share() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    for c in 1..=3 {
+        acq(&mut tb, &mut fx, c, "doc", S);
+    }
+    for c in 4..=5 {
+        acq(&mut tb, &mut fx, c, "pool", sem(2));
+    }
+    acq(&mut tb, &mut fx, 6, "solo", X);
+    assert_eq!(granted(&fx), vec![1, 2, 3, 4, 5, 6]);
+    fx.clear();
+    tb.walk_begin();
+    let mut seen = Vec::new();
+    assert!(!tb.walk_step(2, |h| seen.push((h.key.to_vec(), h.grant_id, h.access))));
+    // Changes during the walk: one share goes, a new one comes.
+    let (doc2, _) = tb.holders_of(b"doc")[1];
+    rel(&mut tb, &mut fx, "doc", 2, 5);
+    acq(&mut tb, &mut fx, 7, "doc", S);
+    while !tb.walk_step(1, |h| seen.push((h.key.to_vec(), h.grant_id, h.access))) {}
+    let keys: Vec<(&[u8], Access)> = seen.iter().map(|(k, _, a)| (&k[..], *a)).collect();
+    assert_eq!(
+        keys.iter().filter(|(k, a)| *k == b"doc" && *a == S).count(),
+        2
+    );
+    assert_eq!(
+        keys.iter()
+            .filter(|(k, a)| *k == b"pool" && *a == sem(2))
+            .count(),
+        2
+    );
+    assert_eq!(
+        keys.iter()
+            .filter(|(k, a)| *k == b"solo" && *a == X)
+            .count(),
+        1
+    );
+    assert!(
+        !seen.iter().any(|(_, g, _)| *g == doc2.grant_id),
+        "released before its visit"
+    );
+    assert_eq!(
+        seen.len(),
+        5,
+        "the share granted during the walk is not visited"
+    );
+    tb.check_invariants();
+}

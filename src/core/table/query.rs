@@ -80,6 +80,7 @@ impl Table {
             mode: h.mode,
             expires_unix_ms: h.expires_unix_ms,
             session: self.replicated_owner(h.owner),
+            access: self.access_of(k),
         }
     }
 

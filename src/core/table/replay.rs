@@ -11,9 +11,10 @@ impl Table {
         self.restore(h.as_ref(), now)
     }
 
-    /// [`Table::restore_holder`] by reference (replay, over the log image).
+    /// [`Table::restore_holder`] by reference (replay, over the log image),
+    /// in the access the record says.
     pub fn restore(&mut self, h: HeldRef<'_>, now: Now) -> bool {
-        self.restore_access(h, Access::Exclusive, now)
+        self.restore_access(h, h.access, now)
     }
 
     /// Replay of a grant in any [`Access`]: installs holder `h` (its grant
@@ -165,9 +166,29 @@ impl Table {
         }
     }
 
-    /// Replay of one holder's release (what a shared or semaphore key's
-    /// release records will name): the holder `grant_id` of `key` goes,
-    /// the others stay; nobody is granted (the log says who is next).
+    /// Replay of a Release record: the holder it names goes (the others of
+    /// a shared or semaphore key stay). A record naming a grant the key
+    /// does not have frees a key held exclusively, as a release always did
+    /// (a snapshot taken while the table changed may hold the key's later
+    /// holder: its own record follows), and changes nothing on a shared or
+    /// semaphore key.
+    pub fn restore_release_record(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        now: Now,
+    ) {
+        if !self.restore_release_grant(key, grant_id, now) {
+            if let Some(k) = self.find_key(key.as_ref()) {
+                if self.access_of(k) == Access::Exclusive {
+                    self.restore_release(key, now);
+                }
+            }
+        }
+    }
+
+    /// Replay of one holder's release: the holder `grant_id` of `key`
+    /// goes, the others stay; nobody is granted (the log says who is next).
     /// False when it does not hold the key.
     pub fn restore_release_grant(
         &mut self,
@@ -242,35 +263,56 @@ impl Table {
     ///
     /// A walk already in progress is restarted.
     ///
-    /// It visits inline holders only (every exclusive holder): the other
-    /// holders of shared and semaphore keys, and the absolute meaning of
-    /// a record above, are for the log step of issue #33.
+    /// The keys' inline holders come first, then every other holder of a
+    /// shared or semaphore key (a share), each visited as it is then or not
+    /// at all when released before: a share granted since the start is
+    /// beyond the walk's end, its record among those replayed after it.
+    /// Holders visited at different times were all holding since the
+    /// start, so they can hold their key together; and a hold record
+    /// removes the holders that could not hold beside it.
     pub fn walk_begin(&mut self) {
         self.walk = match (self.by_age.front(), self.by_age.back()) {
             (Some(next), Some(last)) => Some(Walk { next, last }),
             _ => None,
         };
+        self.share_walk = match (self.shares_by_age.front(), self.shares_by_age.back()) {
+            (Some(next), Some(last)) => Some(Walk { next, last }),
+            _ => None,
+        };
     }
 
-    /// Visits up to `max` more keys of the walk; true when it is complete.
+    /// Visits up to `max` more holders of the walk; true when it is
+    /// complete.
     pub fn walk_step(&mut self, max: usize, mut f: impl FnMut(HeldRef<'_>)) -> bool {
         for _ in 0..max {
-            let Some(w) = self.walk else { return true };
-            if let Some(h) = self.keys[w.next as usize].holder.as_ref() {
-                f(self.ref_of(w.next, h));
-            }
-            self.walk = if w.next == w.last {
-                None
+            if let Some(w) = self.walk {
+                if let Some(h) = self.keys[w.next as usize].holder.as_ref() {
+                    f(self.ref_of(w.next, h));
+                }
+                self.walk = if w.next == w.last {
+                    None
+                } else {
+                    List::next_of(&self.keys, w.next, K_AGE).map(|next| Walk { next, ..w })
+                };
+            } else if let Some(w) = self.share_walk {
+                let s = &self.shares[w.next as usize];
+                f(self.ref_of(s.key, &s.holder));
+                self.share_walk = if w.next == w.last {
+                    None
+                } else {
+                    List::next_of(&self.shares, w.next, S_AGE).map(|next| Walk { next, ..w })
+                };
             } else {
-                List::next_of(&self.keys, w.next, K_AGE).map(|next| Walk { next, ..w })
-            };
+                return true;
+            }
         }
-        self.walk.is_none()
+        self.walk.is_none() && self.share_walk.is_none()
     }
 
     /// Abandons the walk in progress, if any.
     pub fn walk_end(&mut self) {
         self.walk = None;
+        self.share_walk = None;
     }
 
     /// Durability failure: takes back a grant whose log record never became

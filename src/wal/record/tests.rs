@@ -13,6 +13,7 @@ fn held(k: &str, id: u64) -> HeldKey {
         mode: crate::core::HoldMode::Persistent,
         expires_unix_ms: 0,
         session: 0,
+        access: crate::core::Access::Exclusive,
     }
 }
 
@@ -410,5 +411,91 @@ proptest! {
         img.extend_from_slice(&bytes);
         let _ = scan(&img);
         let _ = scan(&bytes);
+    }
+}
+
+/// Holders of shared and semaphore keys are Share records (11), every
+/// field read back; an exclusive hold stays the record it always was.
+#[test]
+fn share_records_roundtrip() {
+    use crate::core::{Access, HoldMode, REPLICATED_SESSION};
+    let shared = HeldKey {
+        access: Access::Shared,
+        ..held("doc", 7)
+    };
+    let lease = HeldKey {
+        access: Access::Semaphore(3),
+        mode: HoldMode::Lease,
+        expires_unix_ms: 1_700_000_009_000,
+        endpoint: "[fe80::1%2]:99".parse().unwrap(),
+        ..held("pool", 8)
+    };
+    let session = HeldKey {
+        access: Access::Semaphore(1),
+        mode: HoldMode::Session,
+        session: REPLICATED_SESSION | 5,
+        ..held("pool", 9)
+    };
+    let mut img = MAGIC.to_vec();
+    for h in [&shared, &lease, &session] {
+        let at = img.len();
+        encode_acquire(h.as_ref(), &mut img);
+        assert_eq!(img[at + HEADER], SHARE);
+        assert_eq!(img.len() - at, acquire_len(h.as_ref()));
+    }
+    let at = img.len();
+    encode_acquire(held("x", 10).as_ref(), &mut img);
+    assert_eq!(img[at + HEADER], ACQUIRE);
+    let Scan::Ok { records, .. } = scan(&img) else {
+        panic!("scan failed")
+    };
+    assert_eq!(
+        records,
+        vec![
+            Record::Acquire(shared),
+            Record::Acquire(lease),
+            Record::Acquire(session),
+            Record::Acquire(held("x", 10)),
+        ]
+    );
+}
+
+/// A Share record whose access does not parse (slots on a shared hold, a
+/// semaphore of 0, an unknown access, a session id that is not a
+/// replicated session's) is corruption, never a guess.
+#[test]
+fn malformed_share_records_are_corrupt() {
+    use crate::core::Access;
+    let h = HeldKey {
+        access: Access::Semaphore(2),
+        ..held("pool", 8)
+    };
+    let mut good = MAGIC.to_vec();
+    encode_acquire(h.as_ref(), &mut good);
+    // type 1 · grant 8 · acquired 8 · mode 1 · expires 8 · session 8: the
+    // access byte, then slots.
+    let access_at = MAGIC.len() + HEADER + 1 + 8 + 8 + 1 + 8 + 8;
+    let session_at = access_at - 8;
+    let cases: [(usize, &[u8]); 4] = [
+        (access_at, &[1, 2, 0, 0, 0]),
+        (access_at, &[2, 0, 0, 0, 0]),
+        (access_at, &[3, 2, 0, 0, 0]),
+        (session_at, &[5, 0, 0, 0, 0, 0, 0, 0]),
+    ];
+    for (at, bytes) in cases {
+        let mut bad = good.clone();
+        bad[at..at + bytes.len()].copy_from_slice(bytes);
+        // Sealed again: only the body is wrong.
+        let start = MAGIC.len();
+        let body = bad[start + HEADER..].to_vec();
+        bad.truncate(start);
+        bad.extend_from_slice(&[0u8; HEADER]);
+        bad.extend_from_slice(&body);
+        seal(&mut bad, start);
+        bad.push(1); // not the last thing in the file: not a torn tail
+        assert!(
+            matches!(scan(&bad), Scan::Corrupt { .. }),
+            "{bytes:?} at {at} accepted"
+        );
     }
 }
