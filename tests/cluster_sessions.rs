@@ -16,7 +16,7 @@ use common::cluster::{request, Cluster};
 use common::fault_proxy::poll_until;
 use common::frame;
 use ringlock::core::HoldMode;
-use ringlock::protocol::session::{self as sp, Answer, Req, Status, Welcome};
+use ringlock::protocol::session::{self as sp, Access, Answer, Req, Status, Welcome};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -127,14 +127,23 @@ impl Raw {
     }
 
     fn take(&mut self, key: &[u8], hold: HoldMode) -> u64 {
-        let (st, token) = self.call(&Req::Acquire {
+        self.take_as(key, hold, Access::Exclusive)
+    }
+
+    /// A try-Acquire of `key` in `access`: its `(status, token)`.
+    fn try_as(&mut self, key: &[u8], hold: HoldMode, access: Access) -> (Status, u64) {
+        self.call(&Req::Acquire {
             hold,
             ttl_ms: if hold == HoldMode::Lease { 60_000 } else { 0 },
             wait_ms: 0,
             key,
             source: b"resumer",
-            access: ringlock::protocol::session::Access::Exclusive,
-        });
+            access,
+        })
+    }
+
+    fn take_as(&mut self, key: &[u8], hold: HoldMode, access: Access) -> u64 {
+        let (st, token) = self.try_as(key, hold, access);
         assert_eq!(st, Status::Ok, "{key:?} granted");
         token
     }
@@ -226,6 +235,59 @@ fn a_session_survives_kill9_of_its_leader_and_is_resumed() {
     });
     assert_eq!(try_lock(&c, l2, b"pers-key"), Some(b'#'), "persistent");
     drop(s);
+}
+
+/// Shared and semaphore holds are replicated: after kill -9 of the
+/// leader, the new leader has every holder with its own token and the
+/// semaphore's limit, and a resumed session gets its holds back.
+#[test]
+fn shared_and_semaphore_holds_survive_kill9_of_their_leader() {
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let (mut a, w) = Raw::hello(c.lock_addrs[l], 10_000);
+    assert_ne!(w.flags & sp::FLAG_MODES, 0, "a cluster serves modes");
+    let (mut b, _) = Raw::hello(c.lock_addrs[l], 10_000);
+    let a_doc = a.take_as(b"doc", HoldMode::Session, Access::Shared);
+    let b_doc = b.take_as(b"doc", HoldMode::Persistent, Access::Shared);
+    let a_pool = a.take_as(b"pool", HoldMode::Lease, Access::Semaphore(2));
+    c.kill9(l);
+    let l2 = new_leader(&c, l);
+    // Held shared: a writer is refused, a reader joins.
+    let (mut n, _) = Raw::hello(c.lock_addrs[l2], 10_000);
+    assert_eq!(try_lock(&c, l2, b"doc"), Some(b'#'));
+    assert_eq!(
+        n.try_as(b"doc", HoldMode::Session, Access::Exclusive).0,
+        Status::Busy
+    );
+    let n_doc = n.take_as(b"doc", HoldMode::Session, Access::Shared);
+    assert!(n_doc > a_pool);
+    // The semaphore kept its limit and its holder.
+    assert_eq!(
+        n.try_as(b"pool", HoldMode::Session, Access::Semaphore(3)).0,
+        Status::ModeMismatch
+    );
+    n.take_as(b"pool", HoldMode::Session, Access::Semaphore(2));
+    assert_eq!(
+        n.try_as(b"pool", HoldMode::Session, Access::Semaphore(2)).0,
+        Status::Busy
+    );
+    // The persistent reader's token still names its hold.
+    let (st, _) = n.call(&Req::Release {
+        token: b_doc,
+        key: b"doc",
+    });
+    assert_eq!(st, Status::Ok);
+    // Session a resumes with both of its holds.
+    let (_r, held, ans) = Raw::resume(c.lock_addrs[l2], w.session_id);
+    welcome_of(ans);
+    assert_eq!(
+        held,
+        vec![
+            (b"doc".to_vec(), a_doc, HoldMode::Session),
+            (b"pool".to_vec(), a_pool, HoldMode::Lease),
+        ]
+    );
+    drop((a, b));
 }
 
 /// A session nobody resumes ends once its window (keep-alive plus an
