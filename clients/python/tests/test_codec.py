@@ -159,7 +159,7 @@ class DecodeTest(unittest.TestCase):
             struct.pack("<BIH", 0x99, 0, 0),                        # unknown kind
             struct.pack("<BIH", 0x80, 0, 513) + b"\0" * 513,         # oversized body
             struct.pack("<BIH", 0x80, 3, 12) + b"\0" * 12,           # short reply
-            reply(3, 15, 0, 0),                                      # unknown status
+            reply(3, 16, 0, 0),                                      # unknown status
             struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 3, 0, 1) + b"k",  # hold 3
             struct.pack("<BIH", 0x82, 1, 15) + struct.pack("<QBIB", 1, 1, 0, 2) + b"k",  # key len
             reply(3, 11, 0, 0),              # status 11 in the 13-byte layout
@@ -189,6 +189,60 @@ class DecodeTest(unittest.TestCase):
         self.assertEqual(out[1], c.Reply(2, c.Status.OK, 5, 100))
         self.assertEqual(out[2], c.Reply(3, c.Status.TIMED_OUT, 0, None))
         self.assertFalse(buf)
+
+
+class ModesTest(unittest.TestCase):
+    """Lock modes (``docs/protocol.md``, "Lock modes"): the Acquire's
+    ``[u8 access][u32 slots]`` trailer, the welcome's modes flag, status 15."""
+
+    def test_the_trailer_only_for_shared_and_semaphore(self) -> None:
+        base = c.encode_acquire(1, c.HoldMode.SESSION, 0, 0, b"k", b"")
+        # Exclusive: no trailer, byte for byte the frame of an older client.
+        self.assertEqual(c.encode_acquire(1, c.HoldMode.SESSION, 0, 0, b"k", b"",
+                                          c.ACCESS_EXCLUSIVE, 0), base)
+        shared = c.encode_acquire(1, c.HoldMode.SESSION, 0, 0, b"k", b"", c.ACCESS_SHARED)
+        self.assertEqual(shared, bytes.fromhex(
+            "08 01000000 1100 01 00000000 00000000 01 6b 00 01 00000000".replace(" ", "")))
+        sem = c.encode_acquire(7, c.HoldMode.LEASE, 30_000, c.WAIT_FOREVER, b"pool", b"w1",
+                               c.ACCESS_SEMAPHORE, 3)
+        self.assertEqual(sem[5:7], struct.pack("<H", 1 + 4 + 4 + 5 + 3 + 5))
+        self.assertEqual(sem[-5:], b"\x02" + struct.pack("<I", 3))
+        # The body before it is the exclusive request's body.
+        self.assertEqual(sem[7:-5], c.encode_acquire(7, c.HoldMode.LEASE, 30_000,
+                                                     c.WAIT_FOREVER, b"pool", b"w1")[7:])
+
+    def test_bad_access_is_refused_before_encoding(self) -> None:
+        for access, slots in [(c.ACCESS_SEMAPHORE, 0), (c.ACCESS_SHARED, 2),
+                              (c.ACCESS_EXCLUSIVE, 1), (3, 0), (c.ACCESS_SEMAPHORE, 1 << 32)]:
+            with self.assertRaises(ValueError, msg=(access, slots)):
+                c.encode_acquire(1, c.HoldMode.SESSION, 0, 0, b"k", b"", access, slots)
+
+    def test_the_modes_flag(self) -> None:
+        w32 = welcome(1)
+        for flags, resumable, modes in [(0, False, False), (1, True, False), (2, False, True),
+                                        (3, True, True)]:
+            w = c.decode_answer(struct.pack("<BIH", 0x80, 1, 33) + w32[7:] + bytes([flags]), 1)
+            assert w is not None
+            ans = w[0]
+            assert isinstance(ans, c.Welcome)
+            self.assertEqual((ans.flags, ans.resumable, ans.modes), (flags, resumable, modes))
+        w = c.decode_answer(w32, 1)  # an older server's 32-byte welcome: no modes
+        assert w is not None and isinstance(w[0], c.Welcome)
+        self.assertFalse(w[0].modes)
+        self.assertEqual(c.FLAG_MODES, 2)
+
+    def test_status_15_mode_mismatch(self) -> None:
+        got = c.decode_answer(reply(4, 15, 0, 0xFFFFFFFF))
+        self.assertEqual(got, (c.Reply(4, c.Status.MODE_MISMATCH, 0, None), 20))
+        self.assertEqual(c.Status.MODE_MISMATCH.label, "mode_mismatch")
+        self.assertFalse(c.Status.MODE_MISMATCH.has_detail)
+        # Every status the protocol documents, 0..=15, and its name.
+        names = ["ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
+                 "limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
+                 "unsupported_version", "not_leader", "unknown_session", "tls_required",
+                 "mode_mismatch"]
+        self.assertEqual([st.label for st in c.Status], names)
+        self.assertEqual([int(st) for st in c.Status], list(range(16)))
 
 
 class AddressTest(unittest.TestCase):

@@ -9,11 +9,27 @@ fencing tokens on every grant, and a callback when a lock is lost::
         with client.lock("nightly/reconcile", ttl=30) as lease:
             write_somewhere(data, fencing_token=lease.token)
             lease.check()          # raises ringlock.LockLost if it was lost
+        with client.lock_shared("catalog") as reader:       # readers together
+            read_catalog(fencing_token=reader.token)
+        with client.permit("render-pool", 4) as slot:       # at most 4 at once
+            render(fencing_token=slot.token)
 
 See README.md for the full guide and the threading model.
 """
 
-from ._client import DEFAULT_PORT, CancelToken, Client, Lease, LostInfo, LostReason, RetryEvent
+from ._client import (
+    DEFAULT_PORT,
+    EXCLUSIVE,
+    SHARED,
+    Access,
+    CancelToken,
+    Client,
+    Lease,
+    LostInfo,
+    LostReason,
+    RetryEvent,
+    semaphore,
+)
 from ._codec import Status
 from ._tls import tls_context
 from .errors import (
@@ -24,6 +40,8 @@ from .errors import (
     LockLost,
     LockReleased,
     LockTimeout,
+    ModeMismatch,
+    ModesUnsupported,
     NotLeader,
     NotOwner,
     ProtocolError,
@@ -43,6 +61,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_PORT",
+    "EXCLUSIVE",
+    "SHARED",
+    "Access",
     "CancelToken",
     "Cancelled",
     "Client",
@@ -55,6 +76,8 @@ __all__ = [
     "LockTimeout",
     "LostInfo",
     "LostReason",
+    "ModeMismatch",
+    "ModesUnsupported",
     "NotLeader",
     "NotOwner",
     "ProtocolError",
@@ -70,5 +93,6 @@ __all__ = [
     "Unavailable",
     "UnsupportedVersion",
     "UnverifiedLeader",
+    "semaphore",
     "tls_context",
 ]

@@ -56,6 +56,8 @@ from .errors import (
     LockLost,
     LockReleased,
     LockTimeout,
+    ModeMismatch,
+    ModesUnsupported,
     NotLeader,
     NotOwner,
     ProtocolError,
@@ -72,7 +74,11 @@ from .errors import (
 )
 
 __all__ = [
+    "Access",
     "Client",
+    "EXCLUSIVE",
+    "SHARED",
+    "semaphore",
     "Lease",
     "LostInfo",
     "LostReason",
@@ -147,6 +153,79 @@ class LostInfo:
     def __str__(self) -> str:
         return (f"lost the lock on {self.key!r} "
                 f"(token {self.token}): {self.reason.value}: {self.detail}")
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a lock is shared (``docs/protocol.md``, "Lock modes"): one FIFO
+    queue per key whatever the access, and a fencing token per grant.
+
+    * :data:`EXCLUSIVE` (the default): one holder at a time.
+    * :data:`SHARED`: any number of shared holders at once (a reader lock);
+      an exclusive request waits for them all, and a shared request that
+      comes after a waiting exclusive one waits behind it.
+    * :func:`semaphore` ``(n)``: at most ``n`` holders (``n`` >= 1). The
+      key's ``n`` is fixed by its first semaphore holder or waiter for as
+      long as any holds or waits: another ``n`` raises
+      :class:`~ringlock.ModeMismatch`.
+
+    Shared and semaphore requests need a server that offers lock modes
+    (:attr:`Client.modes`); otherwise they raise
+    :class:`~ringlock.ModesUnsupported` before anything is sent.
+    ``str(access)`` is ``"exclusive"``, ``"shared"`` or ``"semaphore(n)"``.
+    """
+
+    #: ``"exclusive"``, ``"shared"`` or ``"semaphore"``.
+    kind: str = "exclusive"
+    #: A semaphore's slot count ``n``; 0 for the other kinds.
+    slots: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind in ("exclusive", "shared"):
+            if self.slots != 0:
+                raise InvalidArgument(f"{self.kind} access has no slots (only a semaphore "
+                                      f"has), got slots={self.slots!r}")
+        elif self.kind == "semaphore":
+            n = self.slots
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 0xFFFFFFFF:
+                raise InvalidArgument(f"a semaphore has 1 to {0xFFFFFFFF} slots, got {n!r}")
+        else:
+            raise InvalidArgument(f"access {self.kind!r}: not exclusive, shared or semaphore")
+
+    @property
+    def exclusive(self) -> bool:
+        return self.kind == "exclusive"
+
+    @property
+    def _byte(self) -> int:
+        return {"exclusive": codec.ACCESS_EXCLUSIVE, "shared": codec.ACCESS_SHARED,
+                "semaphore": codec.ACCESS_SEMAPHORE}[self.kind]
+
+    def __str__(self) -> str:
+        return f"semaphore({self.slots})" if self.kind == "semaphore" else self.kind
+
+
+#: One holder at a time (the default access).
+EXCLUSIVE = Access("exclusive")
+#: Any number of shared holders at once: a reader lock.
+SHARED = Access("shared")
+
+
+def semaphore(slots: int) -> "Access":
+    """A semaphore of ``slots`` (>= 1) holders: at most that many at once.
+    ``semaphore(0)`` raises :class:`~ringlock.InvalidArgument`."""
+    return Access("semaphore", slots)
+
+
+def _access_arg(access: "Union[Access, str]") -> Access:
+    if isinstance(access, Access):
+        return access
+    if access == "exclusive":
+        return EXCLUSIVE
+    if access == "shared":
+        return SHARED
+    raise InvalidArgument(f"access must be ringlock.EXCLUSIVE, ringlock.SHARED, "
+                          f"ringlock.semaphore(n), 'exclusive' or 'shared'; got {access!r}")
 
 
 @dataclass(frozen=True)
@@ -276,7 +355,7 @@ class _Pending:
     """One outstanding request."""
 
     __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "ukey", "mode", "ttl_ms",
-                 "on_lost", "keep_alive", "cancel_sent", "target", "frame")
+                 "on_lost", "keep_alive", "cancel_sent", "target", "frame", "access", "error")
 
     def __init__(self, kind: str, sent_at: float) -> None:
         # "acquire" | "call" (a caller waits) | "extend" (background) | "ignore"
@@ -296,6 +375,11 @@ class _Pending:
         self.target: Optional[Lease] = None
         #: The request as written (its rid included): a resume sends it again.
         self.frame = b""
+        #: An Acquire's access (``None`` for every other request).
+        self.access: Optional[Access] = None
+        #: The error an Acquire ends with instead of an answer (a resume on a
+        #: server without modes: :class:`~ringlock.ModesUnsupported`).
+        self.error: Optional[RingLockError] = None
 
 
 class Lease:
@@ -316,8 +400,10 @@ class Lease:
 
     def __init__(self, client: "Client", key: bytes, token: int, mode: HoldMode,
                  ttl_ms: int, sent_at: float, on_lost: Optional[LostCallback],
-                 keep_alive: bool, given: Optional[Key] = None) -> None:
+                 keep_alive: bool, given: Optional[Key] = None,
+                 access: Optional[Access] = None) -> None:
         self._client = client
+        self._access = EXCLUSIVE if access is None else access
         self._key = key
         #: The key as the caller gave it (a str stays a str).
         self._ukey: Key = key if given is None else given
@@ -366,6 +452,13 @@ class Lease:
     def mode(self) -> str:
         """``"session"``, ``"lease"`` or ``"persistent"``."""
         return self._mode.name.lower()
+
+    @property
+    def access(self) -> Access:
+        """How it is shared: :data:`~ringlock.EXCLUSIVE`,
+        :data:`~ringlock.SHARED` or a :func:`~ringlock.semaphore` of n
+        (``lease.access.kind``, ``lease.access.slots``)."""
+        return self._access
 
     @property
     def ttl(self) -> Optional[float]:
@@ -474,7 +567,7 @@ class Lease:
 
     def __repr__(self) -> str:
         return (f"Lease(key={self._ukey!r}, token={self._token}, mode={self.mode}, "
-                f"state={self._state})")
+                f"access={self._access}, state={self._state})")
 
 
 @dataclass(frozen=True)
@@ -924,6 +1017,14 @@ class Client:
         return bool(self._w.flags & codec.FLAG_RESUMABLE)
 
     @property
+    def modes(self) -> bool:
+        """The welcome had the *modes* flag: the server takes shared and
+        semaphore acquires (:class:`Access`). Read again after a resume.
+        Today only a server without ``--data-path`` and ``--peers`` sets it."""
+        with self._lock:
+            return bool(self._w.flags & codec.FLAG_MODES)
+
+    @property
     def resumes(self) -> int:
         """How many times the session was resumed on a new connection."""
         with self._lock:
@@ -948,7 +1049,8 @@ class Client:
     # --- locking ---------------------------------------------------------------
     def acquire(self, key: Key, *, timeout: Optional[float] = None, ttl: Optional[float] = None,
                 persistent: bool = False, cancel: Optional[CancelToken] = None,
-                on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
+                on_lost: Optional[LostCallback] = None, keep_alive: bool = True,
+                access: Union[Access, str] = EXCLUSIVE) -> Lease:
         """Acquires ``key`` (str as UTF-8, or bytes; 1..127 bytes). The
         lease, its ``LostInfo`` and errors hand the key back in the type it
         was given (``lease.key_bytes``: the bytes).
@@ -965,8 +1067,16 @@ class Client:
           Locking-Center hold (freed only by a release or a reset).
         * ``cancel`` — a :class:`CancelToken` that withdraws the wait exactly.
         * ``on_lost(lease, info)`` — runs on the callback thread when the lock is lost.
+        * ``access`` — :data:`~ringlock.EXCLUSIVE` (default),
+          :data:`~ringlock.SHARED` (``"shared"``) or
+          :func:`~ringlock.semaphore` ``(n)`` (see :class:`Access`; any hold
+          mode). A shared or semaphore acquire raises
+          :class:`~ringlock.ModesUnsupported`, sending nothing, when the
+          server does not offer modes (:attr:`modes`), and a semaphore of
+          another ``n`` than the key's raises :class:`~ringlock.ModeMismatch`.
         """
         kb, given = _key_arg(key)
+        acc = _access_arg(access)
         if ttl is not None and persistent:
             raise InvalidArgument("a hold is a lease (ttl) or persistent, not both")
         if ttl is not None:
@@ -994,9 +1104,9 @@ class Client:
 
         p = _Pending("acquire", 0.0)
         p.key, p.ukey, p.mode, p.ttl_ms = kb, given, mode, ttl_ms
-        p.on_lost, p.keep_alive = on_lost, keep_alive
+        p.on_lost, p.keep_alive, p.access = on_lost, keep_alive, acc
         rid = self._send(p, lambda r: codec.encode_acquire(r, mode, ttl_ms, wait_ms, kb,
-                                                           self._source))
+                                                           self._source, acc._byte, acc.slots))
         unsubscribe: Callable[[], None] = lambda: None
         if cancel is not None and wait_ms != 0:  # a try never queues: nothing to cancel
             unsubscribe = cancel._subscribe(lambda: self._send_cancel(rid, p))
@@ -1018,6 +1128,8 @@ class Client:
             with self._lock:
                 self._pending.pop(rid, None)
         reply, lease = p.reply, p.lease
+        if p.error is not None:
+            raise p.error
         if reply is None:
             with self._lock:
                 dead = self._dead
@@ -1057,6 +1169,11 @@ class Client:
             raise Cancelled(f"the acquire of {given!r} was cancelled", st.label)
         if st == Status.LIMIT_REACHED:
             raise LimitReached("the server's --max-keys or --max-waiters refused it", st.label)
+        if st == Status.MODE_MISMATCH:
+            raise ModeMismatch(f"the acquire of {given!r} as a semaphore of {acc.slots} was "
+                               f"answered mode_mismatch: the key is a semaphore of another "
+                               f"slot count (fixed while any semaphore request holds or waits "
+                               f"on it); nothing changed", given, acc.slots)
         if st == Status.INVALID:
             raise InvalidArgument(f"the server answered invalid to the acquire of {given!r}",
                                   st.label)
@@ -1066,21 +1183,62 @@ class Client:
 
     def lock(self, key: Key, *, timeout: Optional[float] = None, ttl: Optional[float] = None,
              persistent: bool = False, cancel: Optional[CancelToken] = None,
-             on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
+             on_lost: Optional[LostCallback] = None, keep_alive: bool = True,
+             access: Union[Access, str] = EXCLUSIVE) -> Lease:
         """:meth:`acquire` under the name a ``with`` statement reads well with:
         ``with client.lock("k", ttl=30) as lease: ...``."""
         return self.acquire(key, timeout=timeout, ttl=ttl, persistent=persistent,
-                            cancel=cancel, on_lost=on_lost, keep_alive=keep_alive)
+                            cancel=cancel, on_lost=on_lost, keep_alive=keep_alive,
+                            access=access)
 
     def try_lock(self, key: Key, *, ttl: Optional[float] = None, persistent: bool = False,
-                 on_lost: Optional[LostCallback] = None, keep_alive: bool = True
-                 ) -> Optional[Lease]:
+                 on_lost: Optional[LostCallback] = None, keep_alive: bool = True,
+                 access: Union[Access, str] = EXCLUSIVE) -> Optional[Lease]:
         """The lock only if it is free right now; ``None`` when it is held."""
         try:
             return self.acquire(key, timeout=0, ttl=ttl, persistent=persistent,
-                                on_lost=on_lost, keep_alive=keep_alive)
+                                on_lost=on_lost, keep_alive=keep_alive, access=access)
         except LockBusy:
             return None
+
+    def lock_shared(self, key: Key, *, timeout: Optional[float] = None,
+                    ttl: Optional[float] = None, persistent: bool = False,
+                    cancel: Optional[CancelToken] = None,
+                    on_lost: Optional[LostCallback] = None, keep_alive: bool = True) -> Lease:
+        """A shared hold (a reader lock): :meth:`acquire` with
+        ``access=ringlock.SHARED``. Granted together with the other shared
+        holders, never while an exclusive request holds or waits before it."""
+        return self.acquire(key, timeout=timeout, ttl=ttl, persistent=persistent,
+                            cancel=cancel, on_lost=on_lost, keep_alive=keep_alive,
+                            access=SHARED)
+
+    def try_lock_shared(self, key: Key, *, ttl: Optional[float] = None,
+                        persistent: bool = False, on_lost: Optional[LostCallback] = None,
+                        keep_alive: bool = True) -> Optional[Lease]:
+        """A shared hold only if one is granted right now; ``None`` when the
+        key is held exclusively or an exclusive request waits on it."""
+        return self.try_lock(key, ttl=ttl, persistent=persistent, on_lost=on_lost,
+                             keep_alive=keep_alive, access=SHARED)
+
+    def permit(self, key: Key, slots: int, *, timeout: Optional[float] = None,
+               ttl: Optional[float] = None, persistent: bool = False,
+               cancel: Optional[CancelToken] = None, on_lost: Optional[LostCallback] = None,
+               keep_alive: bool = True) -> Lease:
+        """One permit of the semaphore ``key`` of ``slots`` holders (>= 1):
+        :meth:`acquire` with ``access=ringlock.semaphore(slots)``. Raises
+        :class:`~ringlock.ModeMismatch` when the key is a semaphore of
+        another size."""
+        return self.acquire(key, timeout=timeout, ttl=ttl, persistent=persistent,
+                            cancel=cancel, on_lost=on_lost, keep_alive=keep_alive,
+                            access=semaphore(slots))
+
+    def try_permit(self, key: Key, slots: int, *, ttl: Optional[float] = None,
+                   persistent: bool = False, on_lost: Optional[LostCallback] = None,
+                   keep_alive: bool = True) -> Optional[Lease]:
+        """A permit only if one is free right now; ``None`` when all
+        ``slots`` are held (or a request of another access waits first)."""
+        return self.try_lock(key, ttl=ttl, persistent=persistent, on_lost=on_lost,
+                             keep_alive=keep_alive, access=semaphore(slots))
 
     # --- by token (holds this client has no Lease for) ------------------------
     def release(self, key: Key, token: int) -> None:
@@ -1175,6 +1333,10 @@ class Client:
             if self._dead is not None:
                 raise self._ended(f"the session has ended ({self._dead[0].value}: "
                                   f"{self._dead[1]})")
+            if p.access is not None and not p.access.exclusive \
+                    and not self._w.flags & codec.FLAG_MODES:
+                # Checked under the lock a resume swaps the welcome under.
+                raise self._modes_unsupported(p)
             rid = self._alloc_rid()
             p.frame = encode(rid)
             p.sent_at = time.monotonic()
@@ -1187,6 +1349,19 @@ class Client:
                 self._pending.pop(rid, None)
             raise
         return rid
+
+    def _modes_unsupported(self, p: _Pending, addr: Optional[Tuple[str, int]] = None
+                           ) -> ModesUnsupported:
+        """The error of a shared or semaphore acquire on a session whose
+        server (``addr``, default the current one) does not offer modes
+        (caller holds ``_lock``)."""
+        host, port = self._server if addr is None else addr
+        where = f"{host}:{port}"
+        return ModesUnsupported(
+            f"cannot acquire {p.ukey!r} as {p.access}: the server at {where} does not offer "
+            f"lock modes (its welcome lacks the modes flag: a durable --data-path or clustered "
+            f"server, or an older ringlockd); nothing was sent (an exclusive acquire works)",
+            p.ukey, p.access)
 
     def _send_cancel(self, target: int, p: _Pending) -> None:
         with self._lock:
@@ -1584,7 +1759,7 @@ class Client:
         ``left``: (a time before the server measured it, its TTL left in ms),
         for a grant a resume's Held list reported."""
         lease = Lease(self, p.key, token, p.mode, p.ttl_ms, p.sent_at, p.on_lost, p.keep_alive,
-                      p.ukey)
+                      p.ukey, p.access)
         if p.mode == HoldMode.LEASE and left is not None:
             lease._expires_at = left[0] + left[1] / 1000.0
             if lease._keep_alive:
@@ -1807,6 +1982,7 @@ class Client:
         Resume, then makes ``sock`` the session's connection. Returns (holds
         kept, holds lost, requests sent again)."""
         listed: Dict[Tuple[bytes, int], codec.Held] = {(h.key, h.token): h for h in helds}
+        modes = bool(w.flags & codec.FLAG_MODES)
         used: set = set()
         lost: List[Tuple[Lease, LostInfo]] = []
         resend: List[_Pending] = []
@@ -1851,6 +2027,11 @@ class Client:
                     elif p.cancel_sent:
                         # Not granted, and its caller withdrew it: cancelled.
                         p.reply = codec.Reply(rid, Status.CANCELLED, 0, None)
+                        done.append(p)
+                    elif p.access is not None and not p.access.exclusive and not modes:
+                        # Not granted, and this server would answer its
+                        # access trailer invalid: not sent again.
+                        p.error = self._modes_unsupported(p, addr)
                         done.append(p)
                     else:
                         resend.append(p)  # queued Acquires are not kept

@@ -43,6 +43,15 @@ KIND_HELD = 0x82
 
 #: Welcome ``flags`` bit 0: the session is replicated and can be resumed.
 FLAG_RESUMABLE = 1
+#: Welcome ``flags`` bit 1: the server takes an Acquire's access trailer
+#: (shared and semaphore holds) and may answer ``mode_mismatch``. A client
+#: sends the trailer only to a server that set it.
+FLAG_MODES = 2
+
+#: An Acquire's access byte (its optional ``[u8 access][u32 slots]`` trailer).
+ACCESS_EXCLUSIVE = 0
+ACCESS_SHARED = 1
+ACCESS_SEMAPHORE = 2
 
 _HDR = struct.Struct("<BIH")
 
@@ -67,6 +76,10 @@ class Status(enum.IntEnum):
     #: A Hello or Resume in plaintext to a server that takes sessions over
     #: TLS only (it has ``--certs-dir``); the connection is closed after it.
     TLS_REQUIRED = 14
+    #: A semaphore Acquire naming another slot count than the key's (fixed
+    #: while any semaphore request holds or waits on it): nothing changed.
+    #: Only an Acquire that carried an access is answered it.
+    MODE_MISMATCH = 15
 
     @property
     def label(self) -> str:
@@ -114,12 +127,18 @@ class Welcome:
     max_waiters: int
     shards: int
     #: The byte after the 32-byte body (0 from a server that does not send
-    #: it); bit 0 (:data:`FLAG_RESUMABLE`): the session can be resumed.
+    #: it); bit 0 (:data:`FLAG_RESUMABLE`): the session can be resumed; bit 1
+    #: (:data:`FLAG_MODES`): the server takes shared and semaphore holds.
     flags: int = 0
 
     @property
     def resumable(self) -> bool:
         return bool(self.flags & FLAG_RESUMABLE)
+
+    @property
+    def modes(self) -> bool:
+        """Bit 1 (:data:`FLAG_MODES`): the server takes shared and semaphore holds."""
+        return bool(self.flags & FLAG_MODES)
 
 
 @dataclass(frozen=True)
@@ -227,9 +246,13 @@ def encode_resume(rid: int, session_id: int, auth: bytes = b"", version: int = V
 
 
 def encode_acquire(
-    rid: int, hold: HoldMode, ttl_ms: int, wait_ms: int, key: bytes, source: bytes = b""
+    rid: int, hold: HoldMode, ttl_ms: int, wait_ms: int, key: bytes, source: bytes = b"",
+    access: int = ACCESS_EXCLUSIVE, slots: int = 0,
 ) -> bytes:
-    """Acquire: ``[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]``."""
+    """Acquire: ``[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]``,
+    then ``[u8 access][u32 slots]`` for a shared (slots 0) or semaphore
+    (slots >= 1) request only: an exclusive one ends at the source, as an
+    older server expects."""
     body = (
         bytes([int(hold)])
         + _u32(ttl_ms, "ttl_ms")
@@ -237,6 +260,17 @@ def encode_acquire(
         + _name(key, 1, KEY_MAX, "key")
         + _name(source, 0, SOURCE_MAX, "source")
     )
+    if access == ACCESS_EXCLUSIVE or access == ACCESS_SHARED:
+        if slots != 0:
+            raise ValueError(f"slots {slots} on an exclusive or shared acquire (only a "
+                             f"semaphore has slots)")
+    elif access == ACCESS_SEMAPHORE:
+        if slots < 1:
+            raise ValueError(f"a semaphore has at least 1 slot, got {slots}")
+    else:
+        raise ValueError(f"unknown access {access}")
+    if access != ACCESS_EXCLUSIVE:
+        body += bytes([access]) + _u32(slots, "slots")
     return _frame(OP_ACQUIRE, rid, body)
 
 

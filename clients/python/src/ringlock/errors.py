@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Tuple, TYPE_CHECKING
 from ._codec import ProtocolError as _CodecProtocolError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._client import LostInfo
+    from ._client import Access, Key, LostInfo
 
 
 class RingLockError(Exception):
@@ -126,6 +126,35 @@ class Cancelled(RingLockError):
     (status ``cancelled``). A cancelled caller never holds the key."""
 
     status = "cancelled"
+
+
+class ModeMismatch(RingLockError):
+    """A semaphore acquire named another slot count than the key's (status
+    ``mode_mismatch``): a key's semaphore size is fixed by its first holder
+    or waiter for as long as any semaphore request holds or waits on it.
+    Nothing changed on the server; ``.key`` is the key (in the type it was
+    given) and ``.slots`` the count this acquire asked for."""
+
+    status = "mode_mismatch"
+
+    def __init__(self, message: str, key: "Key" = b"", slots: int = 0) -> None:
+        super().__init__(message)
+        self.key = key
+        self.slots = slots
+
+
+class ModesUnsupported(RingLockError):
+    """A shared or semaphore acquire on a session whose server does not
+    offer lock modes (its welcome lacks the *modes* flag: a durable
+    ``--data-path`` or clustered server of today, or an older ringlockd).
+    Raised before anything was sent; an exclusive acquire still works.
+    ``.key`` is the key, ``.access`` the access asked for."""
+
+    def __init__(self, message: str, key: "Key" = b"", access: "Optional[Access]" = None
+                 ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.access = access
 
 
 class LimitReached(RingLockError):
