@@ -35,6 +35,10 @@ const (
 	// flagResumable is bit 0 of the welcome's flags byte (after the
 	// 32-byte body): the session is replicated and can be resumed.
 	flagResumable = 1
+	// flagModes is bit 1: the server takes an Acquire's access trailer
+	// (shared and semaphore holds) and may answer mode_mismatch. The
+	// trailer is sent only to a server that set it.
+	flagModes = 2
 
 	// replyBodyLen is the body of every Reply but the Hello's.
 	replyBodyLen = 13
@@ -140,14 +144,21 @@ func encodeResume(rid uint32, version uint8, sessionID uint64, auth []byte) []by
 	return finish(b)
 }
 
-// encodeAcquire: [u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src].
-func encodeAcquire(rid uint32, hold HoldMode, ttlMs, waitMs uint32, key, source string) []byte {
-	b := frame(opAcquire, rid, 11+len(key)+len(source))
+// encodeAcquire: [u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src],
+// then [u8 access][u32 slots] for a shared or semaphore request only: an
+// exclusive one ends at the source, as an older server expects. access
+// is valid (Access.check).
+func encodeAcquire(rid uint32, hold HoldMode, ttlMs, waitMs uint32, key, source string, access Access) []byte {
+	b := frame(opAcquire, rid, 16+len(key)+len(source))
 	b = append(b, byte(hold))
 	b = putU32(b, ttlMs)
 	b = putU32(b, waitMs)
 	b = putName(b, key)
 	b = putName(b, source)
+	if access.Kind != AccessExclusive {
+		b = append(b, byte(access.Kind))
+		b = putU32(b, access.Slots)
+	}
 	return finish(b)
 }
 
@@ -237,7 +248,7 @@ func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
 }
 
 func decodeStatus(b byte) (Status, error) {
-	if b > byte(StatusTLSRequired) {
+	if b > byte(StatusModeMismatch) {
 		return 0, fmt.Errorf("unknown status %d", b)
 	}
 	return Status(b), nil

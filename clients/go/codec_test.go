@@ -21,7 +21,7 @@ func unhex(t *testing.T, s string) []byte {
 // The example frame of docs/protocol.md ("Sessions"): a session Acquire of
 // key k, rid 1, no wait, empty source.
 func TestEncodeAcquireMatchesTheProtocolDocument(t *testing.T) {
-	got := encodeAcquire(1, HoldSession, 0, 0, "k", "")
+	got := encodeAcquire(1, HoldSession, 0, 0, "k", "", Exclusive)
 	want := unhex(t, "08 01 00 00 00 0c 00 01 00 00 00 00 00 00 00 00 01 6b 00")
 	if !bytes.Equal(got, want) {
 		t.Fatalf("got % x\nwant % x", got, want)
@@ -36,12 +36,16 @@ func TestEncodeEveryRequest(t *testing.T) {
 	}{
 		{"hello without auth", encodeHello(1, 1, 3000, nil), "07 01000000 0500 01 b80b0000"},
 		{"hello with auth", encodeHello(1, 1, 0, []byte("ab")), "07 01000000 0800 01 00000000 02 6162"},
-		{"lease acquire, waits forever, with source", encodeAcquire(0x01020304, HoldLease, 1000, waitForever, "ab", "s"),
+		{"lease acquire, waits forever, with source", encodeAcquire(0x01020304, HoldLease, 1000, waitForever, "ab", "s", Exclusive),
 			"08 04030201 0e00 02 e8030000 ffffffff 02 6162 01 73"},
 		{"release", encodeRelease(9, 0x0102030405060708, "k"), "09 09000000 0a00 0807060504030201 01 6b"},
 		{"extend", encodeExtend(10, 7, 250, "k"), "0a 0a000000 0e00 0700000000000000 fa000000 01 6b"},
 		{"cancel", encodeCancel(11, 5, "k"), "0b 0b000000 0600 05000000 01 6b"},
 		{"ping", encodePing(12), "0c 0c000000 0000"},
+		{"shared acquire: the access trailer, slots 0", encodeAcquire(1, HoldSession, 0, 0, "k", "", Shared),
+			"08 01000000 1100 01 00000000 00000000 01 6b 00 01 00000000"},
+		{"semaphore of 3, a lease", encodeAcquire(7, HoldLease, 30000, waitForever, "pool", "w1", Semaphore(3)),
+			"08 07000000 1600 02 30750000 ffffffff 04 706f6f6c 02 7731 02 03000000"},
 	}
 	for _, c := range cases {
 		if want := unhex(t, c.want); !bytes.Equal(c.got, want) {
@@ -52,9 +56,13 @@ func TestEncodeEveryRequest(t *testing.T) {
 
 func TestBodyLengthCountsTheLongestKeyAndSource(t *testing.T) {
 	key, src := strings.Repeat("k", MaxKeyLen), strings.Repeat("s", MaxSourceLen)
-	b := encodeAcquire(2, HoldSession, 0, 0, key, src)
+	b := encodeAcquire(2, HoldSession, 0, 0, key, src, Exclusive)
 	if n := int(b[5]) | int(b[6])<<8; n != len(b)-headerLen || n != 11+MaxKeyLen+MaxSourceLen {
 		t.Fatalf("body length %d, frame %d bytes", n, len(b))
+	}
+	b = encodeAcquire(2, HoldSession, 0, 0, key, src, Semaphore(1<<31))
+	if n := int(b[5]) | int(b[6])<<8; n != len(b)-headerLen || n != 16+MaxKeyLen+MaxSourceLen || n > bodyMax {
+		t.Fatalf("body length %d with the trailer, frame %d bytes", n, len(b))
 	}
 }
 
@@ -115,7 +123,7 @@ func TestDecodeStatusesWithDetail(t *testing.T) {
 		"0b 01 01 02",                  // longer
 		"0b 0000000000000000 000000",   // the 13-byte layout
 		"",                             // empty
-		"0f 0000000000000000 00000000", // unknown status
+		"10 0000000000000000 00000000", // unknown status
 	} {
 		if _, err := decodeReply(unhex(t, bad)); err == nil {
 			t.Errorf("%q decoded", bad)
@@ -173,7 +181,18 @@ func TestStatusNamesAndErrorsIs(t *testing.T) {
 	names := map[Status]string{StatusOK: "ok", StatusTimedOut: "timed_out", StatusBusy: "busy",
 		StatusNotOwner: "not_owner", StatusStaleToken: "stale_token", StatusInvalid: "invalid",
 		StatusLimit: "limit_reached", StatusServerError: "server_error", StatusCancelled: "cancelled",
-		StatusNotQueued: "not_queued", StatusUnauthorized: "unauthorized"}
+		StatusNotQueued: "not_queued", StatusUnauthorized: "unauthorized",
+		StatusUnsupportedVersion: "unsupported_version", StatusNotLeader: "not_leader",
+		StatusUnknownSession: "unknown_session", StatusTLSRequired: "tls_required",
+		StatusModeMismatch: "mode_mismatch"}
+	if len(names) != len(statusNames) {
+		t.Fatalf("%d statuses named, %d tested", len(statusNames), len(names))
+	}
+	for s := range names {
+		if _, ok := statusSentinels[s]; !ok && s != StatusOK {
+			t.Errorf("status %s has no sentinel", s)
+		}
+	}
 	for s, n := range names {
 		if s.String() != n {
 			t.Errorf("status %d is %q, want %q", s, s, n)
@@ -243,5 +262,53 @@ func TestResumeAndHeld(t *testing.T) {
 	r, err := decodeReply(unhex(t, "0d 0000000000000000 ffffffff"))
 	if err != nil || r.status != StatusUnknownSession || !errors.Is(&StatusError{Op: "resume", Status: r.status}, ErrUnknownSession) {
 		t.Fatalf("got %+v %v", r, err)
+	}
+}
+
+// Lock modes (docs/protocol.md, "Lock modes"): the welcome's modes flag,
+// status 15, and the accesses a caller may ask for.
+func TestModesFlagStatusAndAccess(t *testing.T) {
+	body := unhex(t, "00 01 10270000 0a000000 005c2605 0700000000000000 64000000 64000000 0100")
+	for _, c := range []struct {
+		extra            []byte
+		resumable, modes bool
+	}{{nil, false, false}, {[]byte{1}, true, false}, {[]byte{2}, false, true}, {[]byte{3}, true, true}} {
+		w, err := decodeWelcome(append(append([]byte{}, body...), c.extra...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (w.flags&flagResumable != 0) != c.resumable || (w.flags&flagModes != 0) != c.modes {
+			t.Errorf("flags %v: resumable %v modes %v", c.extra, w.flags&flagResumable != 0, w.flags&flagModes != 0)
+		}
+	}
+	r, err := decodeReply(unhex(t, "0f 0000000000000000 ffffffff"))
+	if err != nil || r.status != StatusModeMismatch || r.status.String() != "mode_mismatch" || hasDetail(15) {
+		t.Fatalf("mode_mismatch: got %+v %v", r, err)
+	}
+	var err2 error = &ModeMismatchError{Key: "pool", Slots: 3}
+	var se *StatusError
+	if !errors.Is(err2, ErrModeMismatch) || !errors.As(err2, &se) || se.Status != StatusModeMismatch || se.Key != "pool" ||
+		!strings.Contains(err2.Error(), `"pool"`) || !strings.Contains(err2.Error(), "semaphore of 3") || errors.Is(err2, ErrInvalid) {
+		t.Fatalf("ModeMismatchError: %v", err2)
+	}
+	if !errors.Is(&StatusError{Op: "acquire", Key: "k", Status: StatusModeMismatch}, ErrModeMismatch) {
+		t.Fatal("a mode_mismatch StatusError does not match ErrModeMismatch")
+	}
+	mu := error(&ModesUnsupportedError{Addr: "127.0.0.1:1", Key: "doc", Access: Shared})
+	if !errors.Is(mu, ErrModesUnsupported) || !strings.Contains(mu.Error(), "nothing was sent") || !strings.Contains(mu.Error(), "(shared)") {
+		t.Fatalf("ModesUnsupportedError: %v", mu)
+	}
+	for _, a := range []Access{Exclusive, Shared, Semaphore(1), Semaphore(1<<32 - 1)} {
+		if err := a.check(); err != nil {
+			t.Errorf("%v: %v", a, err)
+		}
+	}
+	for _, a := range []Access{Semaphore(0), {Kind: AccessShared, Slots: 2}, {Kind: AccessExclusive, Slots: 1}, {Kind: 3}} {
+		if err := a.check(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%+v: %v", a, err)
+		}
+	}
+	if Exclusive.String() != "exclusive" || Shared.String() != "shared" || Semaphore(4).String() != "semaphore(4)" || (Access{}) != Exclusive {
+		t.Fatal("access names")
 	}
 }

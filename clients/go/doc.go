@@ -52,6 +52,19 @@
 // third of its TTL in the background. A persistent hold (Persistent) has
 // Locking-Center semantics.
 //
+// # Lock modes
+//
+// WithAccess asks for a lock as Exclusive (the default), Shared (a reader
+// lock: any number of shared holders at once) or Semaphore(n) (at most n
+// holders); LockShared, TryLockShared, Permit and TryPermit are the short
+// forms, and Lease.Access tells how a lease holds its key. Every key has
+// one FIFO queue: a waiting exclusive request is never overtaken by shared
+// requests that came after it. A semaphore's n is fixed while anyone holds
+// or waits on it: another n is a *ModeMismatchError. Shared and semaphore
+// requests need a server that offers them (Session.Modes: today an
+// in-memory ringlockd); otherwise Acquire returns a *ModesUnsupportedError
+// and sends nothing.
+//
 // # Cancellation
 //
 // The context passed to Acquire cancels the wait exactly: the client sends
@@ -66,7 +79,7 @@
 // A refusal by the server is a *StatusError whose Status names the
 // protocol's status ("busy", "timed_out", "stale_token", ...); it matches
 // the sentinel of its status with errors.Is (ErrBusy, ErrTimedOut,
-// ErrStaleToken, ErrUnauthorized, ErrTLSRequired, ...). A lost lock is a *LostError
+// ErrStaleToken, ErrUnauthorized, ErrTLSRequired, ErrModeMismatch, ...). A lost lock is a *LostError
 // (ErrLost); an ended session ErrSessionEnded; bad arguments, refused
 // before anything is sent, ErrInvalidArgument.
 package ringlock

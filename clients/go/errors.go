@@ -36,12 +36,17 @@ const (
 	// StatusTLSRequired: a Hello or Resume in plaintext to a server that
 	// takes sessions over TLS only (it has --certs-dir): dial WithTLS.
 	StatusTLSRequired Status = 14
+	// StatusModeMismatch: a semaphore Acquire naming another slot count
+	// than the key's (fixed while any semaphore request holds or waits on
+	// it); nothing changed. Acquire returns a *ModeMismatchError.
+	StatusModeMismatch Status = 15
 )
 
 var statusNames = [...]string{
 	"ok", "timed_out", "busy", "not_owner", "stale_token", "invalid",
 	"limit_reached", "server_error", "cancelled", "not_queued", "unauthorized",
 	"unsupported_version", "not_leader", "unknown_session", "tls_required",
+	"mode_mismatch",
 }
 
 func (s Status) String() string {
@@ -76,6 +81,9 @@ var (
 	// ErrTLSRequired: the server takes sessions over TLS only; Dial
 	// WithTLS (LoadTLSConfig reads a certs dir). Dial stops there.
 	ErrTLSRequired = errors.New("ringlock: tls_required")
+	// ErrModeMismatch matches a *ModeMismatchError: a semaphore of another
+	// slot count than the key's.
+	ErrModeMismatch = errors.New("ringlock: mode_mismatch")
 )
 
 // Errors that are not a server status.
@@ -92,6 +100,10 @@ var (
 	// ErrProtocol: the server broke the session protocol (or is not a
 	// ringlockd with sessions).
 	ErrProtocol = errors.New("ringlock: protocol error")
+	// ErrModesUnsupported matches a *ModesUnsupportedError: a shared or
+	// semaphore Acquire on a session whose server does not offer lock
+	// modes; nothing was sent.
+	ErrModesUnsupported = errors.New("ringlock: lock modes not offered by the server")
 )
 
 var statusSentinels = map[Status]error{
@@ -109,7 +121,48 @@ var statusSentinels = map[Status]error{
 	StatusNotLeader:          ErrNotLeader,
 	StatusUnknownSession:     ErrUnknownSession,
 	StatusTLSRequired:        ErrTLSRequired,
+	StatusModeMismatch:       ErrModeMismatch,
 }
+
+// ModeMismatchError: a semaphore Acquire of Key asked for Slots holders,
+// and the key is a semaphore of another size (status mode_mismatch): its
+// size is fixed by its first semaphore holder or waiter for as long as
+// any holds or waits on it. Nothing changed on the server.
+// errors.Is(err, ErrModeMismatch); errors.As also finds the *StatusError.
+type ModeMismatchError struct {
+	Key   string
+	Slots uint32 // what this Acquire asked for
+}
+
+func (e *ModeMismatchError) Error() string {
+	return fmt.Sprintf("ringlock: acquire %q as a semaphore of %d: mode_mismatch: the key is a semaphore of another slot count (fixed while any semaphore request holds or waits on it); nothing changed", e.Key, e.Slots)
+}
+
+// Is matches ErrModeMismatch.
+func (e *ModeMismatchError) Is(target error) bool { return target == ErrModeMismatch }
+
+// Unwrap returns the server's answer as a *StatusError.
+func (e *ModeMismatchError) Unwrap() error {
+	return &StatusError{Op: "acquire", Key: e.Key, Status: StatusModeMismatch}
+}
+
+// ModesUnsupportedError: a shared or semaphore Acquire of Key on a
+// session whose server (Addr) does not offer lock modes: its welcome
+// lacks the modes flag (a durable --data-path or clustered server of
+// today, or an older ringlockd). Nothing was sent; an exclusive Acquire
+// works. errors.Is(err, ErrModesUnsupported).
+type ModesUnsupportedError struct {
+	Addr   string
+	Key    string
+	Access Access
+}
+
+func (e *ModesUnsupportedError) Error() string {
+	return fmt.Sprintf("ringlock: acquire %q (%v): the server at %s does not offer lock modes (its welcome lacks the modes flag: a durable --data-path or clustered server, or an older ringlockd); nothing was sent (an exclusive Acquire works)", e.Key, e.Access, e.Addr)
+}
+
+// Is matches ErrModesUnsupported.
+func (e *ModesUnsupportedError) Is(target error) bool { return target == ErrModesUnsupported }
 
 // VersionError: the server at Addr does not speak this client's session
 // protocol version (status unsupported_version). Dial returns it at once:

@@ -23,11 +23,12 @@ const (
 // began first: Lost never closes) or it is lost (Lost closes, Err says
 // why, and a later Release returns that *LostError).
 type Lease struct {
-	s     *Session
-	key   string
-	token uint64
-	mode  HoldMode
-	ttl   time.Duration
+	s      *Session
+	key    string
+	token  uint64
+	mode   HoldMode
+	access Access
+	ttl    time.Duration
 
 	lost    chan struct{} // closed when the lock is lost while held
 	stop    chan struct{} // closed when the lease stops being held (ends auto-extend)
@@ -47,7 +48,7 @@ type Lease struct {
 // grant is read.
 func newLease(s *Session, c *call, token uint64) *Lease {
 	l := &Lease{
-		s: s, key: c.key, token: token, mode: c.mode, ttl: c.ttl,
+		s: s, key: c.key, token: token, mode: c.mode, access: c.access, ttl: c.ttl,
 		lost: make(chan struct{}), stop: make(chan struct{}), relDone: make(chan struct{}),
 	}
 	if c.mode == HoldLease {
@@ -78,6 +79,9 @@ func (l *Lease) Token() uint64 { return l.token }
 
 // Mode is how the lock is held.
 func (l *Lease) Mode() HoldMode { return l.mode }
+
+// Access is how the lock is shared: Exclusive, Shared or Semaphore(n).
+func (l *Lease) Access() Access { return l.access }
 
 // TTL is a lease's TTL (zero for session and persistent holds).
 func (l *Lease) TTL() time.Duration { return l.ttl }

@@ -137,6 +137,10 @@ type Session struct {
 	err     error         // why the session ended; set once
 	done    chan struct{} // closed when err is set
 
+	// modes: the welcome (of the latest resume, after one) had the modes
+	// flag: shared and semaphore Acquires may be sent. Guarded by mu.
+	modes bool
+
 	// Resume (a session whose welcome had the resumable flag).
 	resumable bool
 	resuming  bool   // from a failed connection until the resume: frames are not written
@@ -159,6 +163,7 @@ type call struct {
 	op     byte
 	key    string
 	mode   HoldMode
+	access Access // an Acquire's
 	ttl    time.Duration
 	sentAt time.Time
 	ch     chan result
@@ -442,6 +447,7 @@ func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Ses
 		addrs:          addrs,
 		opts:           *o,
 		resumable:      w.flags&flagResumable != 0,
+		modes:          w.flags&flagModes != 0,
 		t0:             time.Now(),
 		source:         o.Source,
 		w:              w,
@@ -571,6 +577,12 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
+		s.mu.Unlock()
+		return 0, err
+	}
+	if c.op == opAcquire && c.access.Kind != AccessExclusive && !s.modes {
+		// Checked under the lock a resume changes it under.
+		err := &ModesUnsupportedError{Addr: s.addr, Key: c.key, Access: c.access}
 		s.mu.Unlock()
 		return 0, err
 	}
@@ -816,6 +828,7 @@ type AcquireOption func(*acquireConfig)
 
 type acquireConfig struct {
 	mode       HoldMode
+	access     Access
 	ttl        time.Duration
 	autoExtend bool
 	waitMs     uint32
@@ -874,11 +887,17 @@ func (s *Session) TryLock(ctx context.Context, key string, opts ...AcquireOption
 // field names the token that was released): a caller whose context ended
 // never holds the key.
 //
+// WithAccess asks for a shared hold or a semaphore's permit (LockShared,
+// Permit); the default is exclusive.
+//
 // Errors: *StatusError for a refusal (ErrBusy, ErrTimedOut, ErrLimit,
 // ErrInvalid, ...), ctx.Err() (a context that ended before anything was
 // sent) or a *CancelError wrapping it, ErrSessionEnded, ErrInvalidArgument (a key
-// of 0 or more than 127 bytes, a TTL outside the server's bounds; nothing
-// is sent), or ErrLost when the grant was lost before it could be handed
+// of 0 or more than 127 bytes, a TTL outside the server's bounds, a
+// semaphore of 0 slots; nothing is sent), *ModesUnsupportedError (a shared
+// or semaphore Acquire to a server that does not offer lock modes; nothing
+// is sent), *ModeMismatchError (a semaphore of another size than the
+// key's), or ErrLost when the grant was lost before it could be handed
 // out.
 func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error) {
 	cfg := acquireConfig{mode: HoldSession, waitMs: waitForever}
@@ -887,6 +906,9 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	}
 	if len(key) < 1 || len(key) > MaxKeyLen {
 		return nil, fmt.Errorf("%w: a key is 1..%d bytes, got %d", ErrInvalidArgument, MaxKeyLen, len(key))
+	}
+	if err := cfg.access.check(); err != nil {
+		return nil, err
 	}
 	var ttlMs uint32
 	if cfg.mode == HoldLease {
@@ -901,9 +923,9 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	c := &call{op: opAcquire, key: key, mode: cfg.mode, ttl: cfg.ttl, ch: make(chan result, 1)}
+	c := &call{op: opAcquire, key: key, mode: cfg.mode, access: cfg.access, ttl: cfg.ttl, ch: make(chan result, 1)}
 	rid, err := s.send(c, func(rid uint32) []byte {
-		return encodeAcquire(rid, cfg.mode, ttlMs, cfg.waitMs, key, s.source)
+		return encodeAcquire(rid, cfg.mode, ttlMs, cfg.waitMs, key, s.source, cfg.access)
 	})
 	if err != nil {
 		return nil, err
@@ -980,6 +1002,9 @@ func (e *CancelError) Unwrap() error { return e.Err }
 func (s *Session) granted(c *call, res result, cfg acquireConfig) (*Lease, error) {
 	if res.err != nil {
 		return nil, res.err
+	}
+	if res.r.status == StatusModeMismatch {
+		return nil, &ModeMismatchError{Key: c.key, Slots: c.access.Slots}
 	}
 	if res.r.status != StatusOK {
 		return nil, &StatusError{Op: "acquire", Key: c.key, Status: res.r.status}
@@ -1267,6 +1292,7 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 		}
 	}
 	left := func(h heldFrame) time.Time { return r.sent.Add(time.Duration(h.ttlLeftMs) * time.Millisecond) }
+	modes := r.w.flags&flagModes != 0
 
 	s.mu.Lock()
 	// Holds this side believes in: kept if listed with their token, lost
@@ -1332,6 +1358,11 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 				delete(s.pending, f.rid)
 				outcome[f.rid] = StatusCancelled
 				answer(c, result{r: reply{status: StatusCancelled, ttlLeftMs: noTTL}})
+			case c.access.Kind != AccessExclusive && !modes:
+				// Not granted, and this server would answer its access
+				// trailer invalid: not sent again.
+				delete(s.pending, f.rid)
+				answer(c, result{err: &ModesUnsupportedError{Addr: r.addr, Key: c.key, Access: c.access}})
 			default:
 				resend = append(resend, c.frame) // queued Acquires are not kept
 			}
@@ -1380,7 +1411,8 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 		resend = append(resend, c.frame)
 	}
 	// s.w stays: the same session's welcome (read without the lock by
-	// TTLBounds, ID, Shards).
+	// TTLBounds, ID, Shards); its modes flag is this server's.
+	s.modes = modes
 	s.conn, s.addr = r.conn, r.addr
 	s.resuming = false
 	s.gen++
