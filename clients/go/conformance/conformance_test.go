@@ -56,6 +56,9 @@ var scenarios = []scenario{
 	{"auth_refused", authRefused},
 	{"server_restart_durable", serverRestartDurable},
 	{"shards", shards},
+	{"modes_fifo", modesFifo},
+	{"modes_semaphore", modesSemaphore},
+	{"modes_unsupported", modesUnsupported},
 }
 
 func TestConformance(t *testing.T) {

@@ -464,6 +464,101 @@ def shards() -> None:
 
 
 @scenario
+def modes_fifo() -> None:
+    # docs/conformance.md: readers share; a writer queued behind them is
+    # granted before a reader that came after it (one FIFO queue per key).
+    with Server() as s, ringlock.Client(s.addr) as r1, ringlock.Client(s.addr) as r2, \
+            ringlock.Client(s.addr) as w, ringlock.Client(s.addr) as r3:
+        check(r1.modes, "an in-memory ringlockd does not offer modes")
+        key = "modes/fifo"
+        l1 = r1.lock_shared(key, timeout=5)
+        l2 = r2.try_lock_shared(key)
+        check(l2 is not None, "a second reader was refused while only a reader held")
+        assert l2 is not None
+        check(l2.token > l1.token, f"tokens {l1.token}, {l2.token} not increasing")
+        check(l1.access == ringlock.SHARED and l2.access == ringlock.SHARED,
+              f"access {l1.access}, {l2.access}")
+        check(w.try_lock(key) is None, "an exclusive try was granted while readers held")
+        ww = Waiter(w, key, timeout=30)
+        s.wait_queued(1)
+        check(r3.try_lock_shared(key) is None, "a reader overtook the waiting writer")
+        wr = Waiter(r3, key, timeout=30, access=ringlock.SHARED)
+        s.wait_queued(2)
+        l1.release()
+        w.ping()  # a grant decided by that release would be on w's connection first
+        check(not ww.done.is_set(), "the writer was granted while a reader still held")
+        l2.release()
+        lw = ww.result()
+        check(lw.access == ringlock.EXCLUSIVE and lw.token > l2.token,
+              f"writer token {lw.token} (after {l2.token}), access {lw.access}")
+        r3.ping()
+        check(not wr.done.is_set(), "the later reader was granted while the writer held")
+        lw.release()
+        l3 = wr.result()
+        check(l3.token > lw.token, f"the later reader's token {l3.token} not > {lw.token}")
+        l3.release()
+        check(key.encode() not in s.keyx(), "the key is still held")
+
+
+@scenario
+def modes_semaphore() -> None:
+    # docs/conformance.md: a semaphore of 2 admits two, a third waits until
+    # one releases; another size is refused with mode_mismatch.
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b, \
+            ringlock.Client(s.addr) as c:
+        key = "modes/sem"
+        pa = a.permit(key, 2, timeout=5)
+        pb = b.try_permit(key, 2)
+        check(pb is not None, "the second permit of 2 was refused")
+        assert pb is not None
+        check(pa.access == ringlock.semaphore(2) and pb.token > pa.token,
+              f"access {pa.access}, tokens {pa.token}, {pb.token}")
+        check(c.try_permit(key, 2) is None, "a third permit of 2 was granted")
+        try:
+            c.permit(key, 3, timeout=5)
+            raise Failed("a permit of 3 on a semaphore of 2 was granted")
+        except ringlock.ModeMismatch as e:
+            check(e.status == "mode_mismatch" and e.key == key and e.slots == 3,
+                  f"status {e.status!r} key {e.key!r} slots {e.slots}")
+            check(key in str(e), f"the message does not name the key: {e}")
+        wc = Waiter(c, key, timeout=30, access=ringlock.semaphore(2))
+        s.wait_queued(1)
+        pa.release()
+        pc = wc.result()
+        check(pc.token > pb.token, f"the third permit's token {pc.token} not > {pb.token}")
+        pb.release()
+        pc.release()
+        # Free again: the next first holder fixes another size.
+        p5 = a.try_permit(key, 5)
+        check(p5 is not None, "a permit of 5 on the free key was refused")
+        assert p5 is not None
+        p5.release()
+
+
+@scenario
+def modes_unsupported() -> None:
+    # docs/conformance.md: a server without the modes flag (today a durable
+    # one): a shared or semaphore acquire fails in the client, nothing sent.
+    with tempfile.TemporaryDirectory() as d:
+        with Server(["--data-path", os.path.join(d, "ringlock.wal")]) as s, \
+                ringlock.Client(s.addr) as c:
+            check(not c.modes, "a --data-path server offers modes")
+            for what, call in [("shared", lambda: c.lock_shared("modes/d", timeout=5)),
+                               ("semaphore", lambda: c.permit("modes/d", 2, timeout=5))]:
+                try:
+                    call()
+                    raise Failed(f"a {what} acquire was granted by a server without modes")
+                except ringlock.ModesUnsupported as e:
+                    check(e.key == "modes/d" and "nothing was sent" in str(e), str(e))
+            check(not s.keyx(), "something is held")
+            c.lock("modes/d", timeout=5).release()
+            # The server saw one Acquire, the exclusive one: none answered invalid.
+            series = 'ringlock_requests_total{protocol="session",action="acquire",result="%s"}'
+            poll(lambda: s.metric(series % "ok") == 1, "the exclusive acquire counted")
+            check(s.metric(series % "invalid") == 0, "an acquire reached the server as invalid")
+
+
+@scenario
 def fence_sigstop() -> None:
     """examples/fence.py: a SIGSTOPped Python lease holder's stale write is
     refused by the file it writes; without the fence it lands."""
