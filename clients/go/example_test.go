@@ -93,4 +93,42 @@ func ExampleCancelError() {
 	}
 }
 
+// A reader lock: any number of shared holders at once; a writer waits for
+// them, and readers that come after a waiting writer wait behind it.
+func ExampleSession_LockShared() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	r, err := s.LockShared(ctx, "catalog", ringlock.WithWait(5*time.Second))
+	if errors.Is(err, ringlock.ErrModesUnsupported) {
+		log.Fatal("a --data-path or clustered server: no shared holds yet")
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Release(ctx)
+	fmt.Println("reading with token", r.Token(), r.Access()) // ... shared
+}
+
+// A semaphore: at most 4 holders of "render-pool" at once.
+func ExampleSession_Permit() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	p, err := s.Permit(ctx, "render-pool", 4)
+	var mm *ringlock.ModeMismatchError
+	if errors.As(err, &mm) {
+		log.Fatalf("%s is a semaphore of another size than %d", mm.Key, mm.Slots)
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Release(ctx)
+	fmt.Println("rendering with token", p.Token())
+}
+
 func runETL(ctx context.Context, token uint64) {}
