@@ -58,7 +58,6 @@ var scenarios = []scenario{
 	{"shards", shards},
 	{"modes_fifo", modesFifo},
 	{"modes_semaphore", modesSemaphore},
-	{"modes_unsupported", modesUnsupported},
 }
 
 func TestConformance(t *testing.T) {

@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,7 +10,7 @@ import (
 )
 
 // The lock-mode scenarios of docs/conformance.md: modes_fifo,
-// modes_semaphore, modes_unsupported.
+// modes_semaphore.
 
 // notAnswered fails if ch already holds an answer: s's Ping is answered
 // after any grant decided before it was sent.
@@ -33,7 +32,7 @@ func modesFifo(t *testing.T, srv *testserver.Server) {
 	k := key(t, "k")
 	r1, r2, w, r3 := dial(t, srv.Lock), dial(t, srv.Lock), dial(t, srv.Lock), dial(t, srv.Lock)
 	if !r1.Modes() {
-		t.Fatal("an in-memory ringlockd does not offer modes")
+		t.Fatal("ringlockd does not offer lock modes")
 	}
 	l1, err := r1.LockShared(ctx(t), k)
 	if err != nil {
@@ -128,48 +127,5 @@ func modesSemaphore(t *testing.T, srv *testserver.Server) {
 	}
 	if err := p5.Release(ctx(t)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// modesUnsupported: a server without the modes flag (today a durable one):
-// a shared or semaphore Acquire fails in the client, nothing is sent.
-func modesUnsupported(t *testing.T, _ *testserver.Server) {
-	srv, err := testserver.Start("--data-path", filepath.Join(t.TempDir(), "wal"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { srv.Kill9() }()
-	k := key(t, "k")
-	s := dial(t, srv.Lock)
-	if s.Modes() {
-		t.Fatal("a --data-path server offers modes")
-	}
-	for what, acquire := range map[string]func() (*ringlock.Lease, error){
-		"shared":    func() (*ringlock.Lease, error) { return s.LockShared(ctx(t), k) },
-		"semaphore": func() (*ringlock.Lease, error) { return s.Permit(ctx(t), k, 2) },
-	} {
-		_, err := acquire()
-		var mu *ringlock.ModesUnsupportedError
-		if !errors.Is(err, ringlock.ErrModesUnsupported) || !errors.As(err, &mu) || mu.Key != k || !strings.Contains(err.Error(), "nothing was sent") {
-			t.Fatalf("a %s acquire: %v", what, err)
-		}
-	}
-	if h, err := srv.Keyx(); err != nil || len(h) != 0 {
-		t.Fatalf("held: %v, %v", h, err)
-	}
-	l, err := s.Acquire(ctx(t), k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	// The server saw one Acquire, the exclusive one: none answered invalid.
-	const series = `ringlock_requests_total{protocol="session",action="acquire",result="%s"}`
-	if err := srv.WaitMetric(strings.Replace(series, "%s", "ok", 1), 1); err != nil {
-		t.Fatal(err)
-	}
-	if v, err := srv.Metric(strings.Replace(series, "%s", "invalid", 1)); err != nil || v != 0 {
-		t.Fatalf("acquires answered invalid: %v, %v", v, err)
 	}
 }

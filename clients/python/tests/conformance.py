@@ -469,7 +469,7 @@ def modes_fifo() -> None:
     # granted before a reader that came after it (one FIFO queue per key).
     with Server() as s, ringlock.Client(s.addr) as r1, ringlock.Client(s.addr) as r2, \
             ringlock.Client(s.addr) as w, ringlock.Client(s.addr) as r3:
-        check(r1.modes, "an in-memory ringlockd does not offer modes")
+        check(r1.modes, "ringlockd does not offer lock modes")
         key = "modes/fifo"
         l1 = r1.lock_shared(key, timeout=5)
         l2 = r2.try_lock_shared(key)
@@ -533,29 +533,6 @@ def modes_semaphore() -> None:
         check(p5 is not None, "a permit of 5 on the free key was refused")
         assert p5 is not None
         p5.release()
-
-
-@scenario
-def modes_unsupported() -> None:
-    # docs/conformance.md: a server without the modes flag (today a durable
-    # one): a shared or semaphore acquire fails in the client, nothing sent.
-    with tempfile.TemporaryDirectory() as d:
-        with Server(["--data-path", os.path.join(d, "ringlock.wal")]) as s, \
-                ringlock.Client(s.addr) as c:
-            check(not c.modes, "a --data-path server offers modes")
-            for what, call in [("shared", lambda: c.lock_shared("modes/d", timeout=5)),
-                               ("semaphore", lambda: c.permit("modes/d", 2, timeout=5))]:
-                try:
-                    call()
-                    raise Failed(f"a {what} acquire was granted by a server without modes")
-                except ringlock.ModesUnsupported as e:
-                    check(e.key == "modes/d" and "nothing was sent" in str(e), str(e))
-            check(not s.keyx(), "something is held")
-            c.lock("modes/d", timeout=5).release()
-            # The server saw one Acquire, the exclusive one: none answered invalid.
-            series = 'ringlock_requests_total{protocol="session",action="acquire",result="%s"}'
-            poll(lambda: s.metric(series % "ok") == 1, "the exclusive acquire counted")
-            check(s.metric(series % "invalid") == 0, "an acquire reached the server as invalid")
 
 
 @scenario
