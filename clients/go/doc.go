@@ -61,9 +61,9 @@
 // one FIFO queue: a waiting exclusive request is never overtaken by shared
 // requests that came after it. A semaphore's n is fixed while anyone holds
 // or waits on it: another n is a *ModeMismatchError. Shared and semaphore
-// requests need a server that offers them (Session.Modes: today an
-// in-memory ringlockd); otherwise Acquire returns a *ModesUnsupportedError
-// and sends nothing.
+// requests need a server that offers them (Session.Modes: every ringlockd
+// since lock modes); to an older one Acquire returns a
+// *ModesUnsupportedError and sends nothing.
 //
 // # Cancellation
 //

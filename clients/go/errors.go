@@ -148,8 +148,8 @@ func (e *ModeMismatchError) Unwrap() error {
 
 // ModesUnsupportedError: a shared or semaphore Acquire of Key on a
 // session whose server (Addr) does not offer lock modes: its welcome
-// lacks the modes flag (a durable --data-path or clustered server of
-// today, or an older ringlockd). Nothing was sent; an exclusive Acquire
+// lacks the modes flag (a ringlockd older than lock modes, issue #33).
+// Nothing was sent; an exclusive Acquire
 // works. errors.Is(err, ErrModesUnsupported).
 type ModesUnsupportedError struct {
 	Addr   string
@@ -158,7 +158,7 @@ type ModesUnsupportedError struct {
 }
 
 func (e *ModesUnsupportedError) Error() string {
-	return fmt.Sprintf("ringlock: acquire %q (%v): the server at %s does not offer lock modes (its welcome lacks the modes flag: a durable --data-path or clustered server, or an older ringlockd); nothing was sent (an exclusive Acquire works)", e.Key, e.Access, e.Addr)
+	return fmt.Sprintf("ringlock: acquire %q (%v): the server at %s does not offer lock modes (its welcome lacks the modes flag: a ringlockd older than lock modes); nothing was sent (an exclusive Acquire works)", e.Key, e.Access, e.Addr)
 }
 
 // Is matches ErrModesUnsupported.

@@ -104,7 +104,7 @@ func ExampleSession_LockShared() {
 	defer s.Close()
 	r, err := s.LockShared(ctx, "catalog", ringlock.WithWait(5*time.Second))
 	if errors.Is(err, ringlock.ErrModesUnsupported) {
-		log.Fatal("a --data-path or clustered server: no shared holds yet")
+		log.Fatal("a ringlockd older than lock modes: no shared holds")
 	} else if err != nil {
 		log.Fatal(err)
 	}

@@ -115,8 +115,9 @@ func (s *Session) TryPermit(ctx context.Context, key string, slots uint32, opts 
 }
 
 // Modes reports whether the server takes shared and semaphore Acquires:
-// the modes flag of its welcome (of the latest resume's, after one). Today
-// only a server without --data-path and --peers sets it.
+// the modes flag of its welcome (of the latest resume's, after one). Every
+// ringlockd since lock modes (issue #33) sets it, durable and clustered
+// ones included; an older one does not.
 func (s *Session) Modes() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

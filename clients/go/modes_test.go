@@ -20,7 +20,9 @@ import (
 // tests run against a scripted fake server (what is on the wire, what is
 // not sent); the Test*RealServer* tests against the real ringlockd: shared
 // holders at once, an exclusive request waiting for them, a semaphore of 2,
-// another slot count refused, and a --data-path server (no modes yet).
+// another slot count refused, and a durable --data-path server offering
+// them too (every ringlockd since lock modes does: the precise error of an
+// older one is the fake's).
 
 // accessOf is an Acquire body's trailer as "access/slots", "" without one.
 func accessOf(b []byte) string {
@@ -93,7 +95,7 @@ func contains(xs []string, x string) bool {
 }
 
 func TestModesFakeWithoutTheFlagNothingIsSent(t *testing.T) {
-	// flags 0 (a durable server of today), 1 (a cluster's), none (a
+	// flags 0 (a server without modes), 1 (resumable only), none (a
 	// 32-byte welcome: an older server).
 	for _, flags := range []int{0, flagResumable, -1} {
 		sc := newScript(modesServer(flags, -1))
@@ -327,7 +329,7 @@ func TestModesRealServerSharedHoldersAtOnceAndAnExclusiveWaits(t *testing.T) {
 	srv := modesServerStart(t)
 	a, b, w, late := dialReal(t, srv), dialReal(t, srv), dialReal(t, srv), dialReal(t, srv)
 	if !a.Modes() {
-		t.Fatal("an in-memory ringlockd does not offer modes")
+		t.Fatal("ringlockd does not offer lock modes")
 	}
 	const k = "modes/doc"
 	ra, err := a.LockShared(tctx(t), k)
@@ -434,30 +436,35 @@ func TestModesRealServerASemaphoreOfTwoAdmitsTwoAndTheThirdWaits(t *testing.T) {
 	_ = p5.Release(tctx(t))
 }
 
-func TestModesRealServerADurableServerDoesNotOfferModes(t *testing.T) {
+func TestModesRealServerADurableServerOffersModesToo(t *testing.T) {
 	srv := modesServerStart(t, "--data-path", filepath.Join(t.TempDir(), "locks.wal"))
-	s := dialReal(t, srv)
-	if s.Modes() {
-		t.Fatal("a --data-path server offers modes")
-	}
-	for _, acquire := range []func() (*Lease, error){
-		func() (*Lease, error) { return s.LockShared(tctx(t), "modes/d") },
-		func() (*Lease, error) { return s.Permit(tctx(t), "modes/d", 2) },
-	} {
-		_, err := acquire()
-		var mu *ModesUnsupportedError
-		if !errors.As(err, &mu) || mu.Addr != srv.Lock || errors.Is(err, ErrInvalid) {
-			t.Fatalf("%v", err)
-		}
-	}
-	if h, err := srv.Keyx(); err != nil || len(h) != 0 {
-		t.Fatalf("held %v, %v", h, err)
+	a, b := dialReal(t, srv), dialReal(t, srv)
+	if !a.Modes() {
+		t.Fatal("a --data-path server does not offer modes")
 	}
 	ctx, cancel := context.WithTimeout(tctx(t), 5*time.Second)
 	defer cancel()
-	l, err := s.Acquire(ctx, "modes/d")
+	ra, err := a.LockShared(ctx, "modes/d")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = l.Release(ctx)
+	rb, err := b.TryLockShared(ctx, "modes/d")
+	if err != nil {
+		t.Fatalf("a second reader: %v", err)
+	}
+	if _, err := b.TryLock(ctx, "modes/d"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("an exclusive try while readers hold: %v", err)
+	}
+	pa, err := a.TryPermit(ctx, "modes/p", 1, WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryPermit(ctx, "modes/p", 1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second permit of 1: %v", err)
+	}
+	for _, l := range []*Lease{ra, rb, pa} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -6,13 +6,13 @@ before anything is sent (also after a resume), ``mode_mismatch``.
 on the wire, what is *not* sent); ``ModesServerTest`` against the real
 ringlockd (``RINGLOCKD``): shared holders at once, an exclusive request
 waiting for them, a semaphore of 2, another slot count refused, and a
-``--data-path`` server, which does not offer modes yet."""
+durable ``--data-path`` server offering them too (every ringlockd since
+lock modes does: the precise error of an older one is the fake's)."""
 
 import os
 import struct
 import tempfile
 import threading
-import time
 import unittest
 from typing import List, Optional, Tuple
 
@@ -80,7 +80,7 @@ def acquires(sc: Script, conn: int) -> List[Tuple[bytes, Optional[Tuple[int, int
 
 class ModesFakeTest(unittest.TestCase):
     def test_without_the_modes_flag_nothing_is_sent(self) -> None:
-        # flags 0 (a durable server of today), 1 (a cluster's), None (a
+        # flags 0 (a server without modes), 1 (resumable only), None (a
         # 32-byte welcome: an older server).
         for flags in (0, FLAG_RESUMABLE, None):
             sc = Script(modes_server(flags))
@@ -256,20 +256,20 @@ class ModesServerTest(unittest.TestCase):
             assert p5 is not None
             p5.release()
 
-    def test_a_durable_server_does_not_offer_modes(self) -> None:
+    def test_a_durable_server_offers_modes_too(self) -> None:
         with tempfile.TemporaryDirectory() as d, \
                 Server(["--data-path", os.path.join(d, "locks.wal")]) as s, \
-                ringlock.Client(s.addr) as c:
-            self.assertFalse(c.modes)
-            t0 = time.monotonic()
-            for call in (lambda: c.lock_shared("modes/d"), lambda: c.permit("modes/d", 2)):
-                with self.assertRaises(ringlock.ModesUnsupported) as cm:
-                    call()
-                self.assertIn(s.addr, str(cm.exception))
-            self.assertLess(time.monotonic() - t0, 5.0)
-            self.assertNotIn(b"modes/d", s.keyx())
-            lease = c.lock("modes/d", timeout=5)
-            lease.release()
+                ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b:
+            self.assertTrue(a.modes)
+            ra = a.lock_shared("modes/d", timeout=5)
+            rb = b.try_lock_shared("modes/d")
+            assert rb is not None, "a second reader was refused by a durable server"
+            self.assertIsNone(b.try_lock("modes/d"))
+            pa = a.try_permit("modes/p", 1, ttl=30)
+            assert pa is not None
+            self.assertIsNone(b.try_permit("modes/p", 1))
+            for lease in (ra, rb, pa):
+                lease.release()
 
 
 if __name__ == "__main__":

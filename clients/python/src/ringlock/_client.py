@@ -1020,7 +1020,8 @@ class Client:
     def modes(self) -> bool:
         """The welcome had the *modes* flag: the server takes shared and
         semaphore acquires (:class:`Access`). Read again after a resume.
-        Today only a server without ``--data-path`` and ``--peers`` sets it."""
+        Every ringlockd since lock modes (issue #33) sets it, durable and
+        clustered ones included; an older one does not."""
         with self._lock:
             return bool(self._w.flags & codec.FLAG_MODES)
 
@@ -1359,8 +1360,8 @@ class Client:
         where = f"{host}:{port}"
         return ModesUnsupported(
             f"cannot acquire {p.ukey!r} as {p.access}: the server at {where} does not offer "
-            f"lock modes (its welcome lacks the modes flag: a durable --data-path or clustered "
-            f"server, or an older ringlockd); nothing was sent (an exclusive acquire works)",
+            f"lock modes (its welcome lacks the modes flag: a ringlockd older than lock "
+            f"modes); nothing was sent (an exclusive acquire works)",
             p.ukey, p.access)
 
     def _send_cancel(self, target: int, p: _Pending) -> None:

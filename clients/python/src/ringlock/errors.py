@@ -145,9 +145,8 @@ class ModeMismatch(RingLockError):
 
 class ModesUnsupported(RingLockError):
     """A shared or semaphore acquire on a session whose server does not
-    offer lock modes (its welcome lacks the *modes* flag: a durable
-    ``--data-path`` or clustered server of today, or an older ringlockd).
-    Raised before anything was sent; an exclusive acquire still works.
+    offer lock modes (its welcome lacks the *modes* flag: a ringlockd older
+    than lock modes, issue #33). Raised before anything was sent; an exclusive acquire still works.
     ``.key`` is the key, ``.access`` the access asked for."""
 
     def __init__(self, message: str, key: "Key" = b"", access: "Optional[Access]" = None
