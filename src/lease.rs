@@ -85,6 +85,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 pub use crate::cancel::CancelToken;
+/// How a lock is shared with other holders ([`Lease::access`]).
+pub use crate::protocol::session::Access;
 
 /// The underlying error of a failure, shared so that [`Error`] is `Clone`.
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -245,6 +247,21 @@ pub enum Error {
     /// The lease was already released (an [`extend`](Lease::extend) after
     /// [`release`](Lease::release)).
     Released,
+    /// The backend or server does not offer what was asked; the message
+    /// says what (shared and semaphore holds from a `ringlockd` whose
+    /// welcome lacks the modes flag). Raised before the request is sent:
+    /// nothing was asked of the server, nothing is held.
+    Unsupported(String),
+    /// A semaphore request named another number of slots than the key's:
+    /// a key's slot count is fixed by its first semaphore holder or waiter
+    /// for as long as any semaphore request holds or waits on it. The
+    /// server changed nothing; nothing is held.
+    ModeMismatch {
+        /// The key that was being acquired.
+        key: String,
+        /// The slot count this request named.
+        slots: u32,
+    },
 }
 
 impl Error {
@@ -287,6 +304,13 @@ impl fmt::Display for Error {
                 write!(f, "unable to release lock {key:?}: {cause}")
             }
             Error::Released => f.write_str("the lease was already released"),
+            Error::Unsupported(what) => write!(f, "not supported: {what}"),
+            Error::ModeMismatch { key, slots } => write!(
+                f,
+                "failed to acquire lock {key:?}: mode mismatch: this request asked for one of \
+                 {slots} slots, but {key:?} is a semaphore of another size (fixed by its first \
+                 semaphore holder or waiter while any holds or waits); nothing is held"
+            ),
         }
     }
 }
@@ -434,6 +458,12 @@ pub trait Hold: Send + Sync + 'static {
     fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// How the lock is shared with other holders: exclusive unless the
+    /// backend granted a shared or semaphore hold.
+    fn access(&self) -> Access {
+        Access::Exclusive
+    }
 }
 
 /// A granted lock. Clones share it; see the module docs for the promises.
@@ -531,6 +561,13 @@ impl Lease {
         self.core.hold.connection_fd()
     }
 
+    /// How the lock is shared: [`Access::Exclusive`] (the only access of
+    /// the MySQL backend), [`Access::Shared`] (a reader among any number)
+    /// or [`Access::Semaphore`]`(n)` (one of at most `n` holders).
+    pub fn access(&self) -> Access {
+        self.core.hold.access()
+    }
+
     /// The loss, once the backend presumed the lock lost.
     pub fn lost(&self) -> Option<LostLock> {
         self.core.lock_state().lost.clone()
@@ -621,6 +658,7 @@ impl fmt::Debug for Lease {
             .field("key", &self.core.key)
             .field("token", &self.core.token)
             .field("session_id", &self.core.hold.session_id())
+            .field("access", &self.core.hold.access())
             .field("expires_at", &st.expires_at)
             .field("lost", &st.lost.as_ref().map(|l| l.reason))
             .field("released", &!matches!(st.release, Release::NotStarted))

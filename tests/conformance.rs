@@ -189,6 +189,7 @@ fn lease_expiry_lost() {
     let what = Acquire {
         hold: Hold::Lease(Duration::from_secs(1)),
         wait: Wait::Try,
+        ..Acquire::default()
     };
     let lease = a.acquire("c/lease", what, &opts).expect("granted");
     // Not extended: b waits for the server to expire it.
@@ -265,6 +266,7 @@ fn stale_token_release() {
             Acquire {
                 hold: Hold::Persistent,
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &LockOptions::new(),
         )
@@ -337,6 +339,7 @@ fn server_restart_durable() {
             Acquire {
                 hold: Hold::Persistent,
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &LockOptions::new(),
         )

@@ -156,6 +156,7 @@ fn lease_expiry_is_reported_and_the_next_waiter_gets_a_larger_token() {
             Acquire {
                 hold: Hold::Lease(Duration::from_millis(300)),
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &opts,
         )
@@ -204,6 +205,7 @@ fn lease_through(
     let what = Acquire {
         hold: Hold::Lease(Duration::from_millis(ttl_ms)),
         wait: Wait::Try,
+        ..Acquire::default()
     };
     let lease = a.acquire(key, what, &opts).unwrap();
     (a, lease, rx)
@@ -346,6 +348,7 @@ fn release_from_inside_the_lost_handler_returns() {
             Acquire {
                 hold: Hold::Lease(Duration::from_millis(50)),
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &opts,
         )

@@ -371,6 +371,7 @@ fn a_lost_push_reports_its_reason_and_the_session_lives_on() {
             Acquire {
                 hold: Hold::Lease(Duration::from_millis(1_500)),
                 wait: Wait::Forever,
+                ..Acquire::default()
             },
             &recording("lease", &seen, &tx),
         )
@@ -599,6 +600,7 @@ fn stale_answers_are_losses_and_an_unanswered_release_is_bounded() {
             Acquire {
                 hold: Hold::Lease(Duration::from_secs(1)),
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &recording("lease", &seen, &tx),
         )
@@ -684,6 +686,7 @@ fn bad_arguments_are_refused_before_any_traffic() {
                 Acquire {
                     hold: Hold::Lease(ttl),
                     wait: Wait::Try,
+                    ..Acquire::default()
                 },
                 &LockOptions::new(),
             )
@@ -772,6 +775,7 @@ fn a_lease_granted_after_a_long_wait_is_extended_before_it_is_handed_out() {
             Acquire {
                 hold: Hold::Lease(Duration::from_millis(100)),
                 wait: Wait::Forever,
+                ..Acquire::default()
             },
             &LockOptions::new(),
         )

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ringlock::client::{Acquire, Hold, RetryPolicy, Session, SessionBuilder, Wait};
+use ringlock::client::{Access, Acquire, Hold, RetryPolicy, Session, SessionBuilder, Wait};
 use ringlock::lease::{Error, LockOptions, LostReason};
 use ringlock::protocol::session::{self as wire, Decoded, HoldMode, Req, Status, Welcome};
 
@@ -30,6 +30,8 @@ struct Frame {
     key: Vec<u8>,
     /// A Release's or Extend's token; a Resume's session id.
     token: u64,
+    /// An Acquire's access.
+    access: Access,
 }
 
 /// The server side of one connection.
@@ -56,9 +58,14 @@ impl Peer {
                         rid,
                         key: Vec::new(),
                         token: 0,
+                        access: Access::Exclusive,
                     };
                     match req {
-                        Req::Acquire { key, .. } | Req::Cancel { key, .. } => f.key = key.to_vec(),
+                        Req::Acquire { key, access, .. } => {
+                            f.key = key.to_vec();
+                            f.access = access;
+                        }
+                        Req::Cancel { key, .. } => f.key = key.to_vec(),
                         Req::Release { token, key } | Req::Extend { token, key, .. } => {
                             f.key = key.to_vec();
                             f.token = token;
@@ -139,12 +146,17 @@ impl Peer {
 
     /// Answers a Resume: one Held frame per hold, then the welcome.
     fn resumed(&mut self, rid: u32, held: &[(&[u8], u64, HoldMode, u32)]) {
+        self.resumed_with(rid, held, wire::FLAG_RESUMABLE);
+    }
+
+    /// [`resumed`](Self::resumed) with a welcome of these flags.
+    fn resumed_with(&mut self, rid: u32, held: &[(&[u8], u64, HoldMode, u32)], flags: u8) {
         let mut b = Vec::new();
         for &(key, token, mode, ttl) in held {
             wire::encode_held(rid, key, token, mode, ttl, &mut b);
         }
         self.s.write_all(&b).expect("held");
-        self.welcome(rid, KEEPALIVE_MS, wire::FLAG_RESUMABLE);
+        self.welcome(rid, KEEPALIVE_MS, flags);
     }
 
     /// Closes the connection: the failover.
@@ -262,6 +274,7 @@ fn a_resumed_session_keeps_its_listed_holds_and_loses_the_others() {
             Acquire {
                 hold: Hold::Lease(Duration::from_secs(5)),
                 wait: Wait::Try,
+                ..Acquire::default()
             },
             &recording(&seen, &tx),
         )
@@ -304,6 +317,94 @@ fn a_resumed_session_keeps_its_listed_holds_and_loses_the_others() {
     let (released, rest) = h.join().unwrap();
     assert_eq!(released, [10, 12, 13]);
     assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[test]
+fn a_resumed_session_keeps_each_leases_access_and_asks_again_with_it() {
+    // Shared and semaphore holds, a shared Acquire in flight at the
+    // failover: a Held frame has no access, so the client keeps its own.
+    // The second resume lands on a server without the modes flag.
+    let (l, addr) = listener();
+    let modes = wire::FLAG_RESUMABLE | wire::FLAG_MODES;
+    let h = thread::spawn(move || {
+        let mut p = Peer::open(&l, KEEPALIVE_MS, modes);
+        for (key, access, token) in [
+            (&b"doc"[..], Access::Shared, 20),
+            (b"pool", Access::Semaphore(3), 21),
+        ] {
+            let a = p.expect(wire::OP_ACQUIRE);
+            assert_eq!((&a.key[..], a.access), (key, access));
+            p.reply(a.rid, Status::Ok, token);
+        }
+        let queued = p.expect(wire::OP_ACQUIRE);
+        assert_eq!(
+            (&queued.key[..], queued.access),
+            (&b"queued"[..], Access::Shared)
+        );
+        p.fail();
+        let (mut p, r) = Peer::resume_frame(&l);
+        let held: [(&[u8], u64, HoldMode, u32); 2] = [
+            (b"doc", 20, HoldMode::Session, wire::NO_TTL),
+            (b"pool", 21, HoldMode::Session, wire::NO_TTL),
+        ];
+        p.resumed_with(r.rid, &held, modes);
+        let again = p.expect(wire::OP_ACQUIRE);
+        assert_eq!(
+            (&again.key[..], again.access),
+            (&b"queued"[..], Access::Shared),
+            "sent again with its access"
+        );
+        p.reply(again.rid, Status::Ok, 22);
+        p.fail();
+        let (mut p, r) = Peer::resume_frame(&l);
+        let held: [(&[u8], u64, HoldMode, u32); 3] = [
+            (b"doc", 20, HoldMode::Session, wire::NO_TTL),
+            (b"pool", 21, HoldMode::Session, wire::NO_TTL),
+            (b"queued", 22, HoldMode::Session, wire::NO_TTL),
+        ];
+        p.resumed_with(r.rid, &held, wire::FLAG_RESUMABLE);
+        let mut released = Vec::new();
+        for _ in 0..3 {
+            let rel = p.expect(wire::OP_RELEASE);
+            released.push(rel.token);
+            p.reply(rel.rid, Status::Ok, 0);
+        }
+        released.sort_unstable();
+        (released, p.drain())
+    });
+    let (b, reports) = builder(addr);
+    let session = b.connect().expect("session opens");
+    assert!(session.offers_modes());
+    let doc = session.lock_shared("doc", BOUND).unwrap();
+    let pool = session.lock_permit("pool", 3, BOUND).unwrap();
+    let s2 = session.clone();
+    let queued = thread::spawn(move || s2.lock_shared("queued", BOUND));
+    report(&reports, "resumed on");
+    let queued = queued.join().unwrap().expect("granted after the resume");
+    assert_eq!(queued.token(), Some(22));
+    report(&reports, "resumed on");
+    // (Not `resumes()`: the count follows the report line.)
+    assert!(
+        !session.offers_modes(),
+        "the new server's welcome has no modes flag"
+    );
+    assert_eq!(
+        (doc.access(), pool.access(), queued.access()),
+        (Access::Shared, Access::Semaphore(3), Access::Shared)
+    );
+    assert!(doc.lost().is_none() && pool.lost().is_none() && queued.lost().is_none());
+    // Not sent to a server that cannot take it.
+    assert!(matches!(
+        session.try_lock_shared("more"),
+        Err(Error::Unsupported(_))
+    ));
+    for lease in [&doc, &pool, &queued] {
+        lease.release().expect("released on the new connection");
+    }
+    drop((doc, pool, queued, session));
+    let (released, rest) = h.join().unwrap();
+    assert_eq!(released, [20, 21, 22]);
+    assert!(rest.is_empty(), "nothing else was sent: {rest:?}");
 }
 
 #[test]

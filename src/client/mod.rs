@@ -74,6 +74,8 @@ pub mod stream;
 mod wire;
 
 pub use crate::cancel::CancelToken;
+/// How a lock is shared with other holders ([`Acquire::access`], [`crate::lease::Lease::access`]).
+pub use crate::protocol::session::Access;
 /// One shard's replication state, as [`Client::cluster_status`] returns it.
 pub use crate::protocol::status::{Follower as FollowerStatus, Role, ShardStatus};
 pub use addr::{ToServerAddrs, DEFAULT_PORT};

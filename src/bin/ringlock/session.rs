@@ -41,6 +41,7 @@ pub(crate) fn session_lock_and_run(
             None => Hold::Session,
         },
         wait,
+        ..Acquire::default()
     };
     install_handlers()?;
     // The session's threads (and those they start) inherit a mask that

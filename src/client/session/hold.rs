@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::io::{Ended, Handle, HoldId, HoldNow, Op, Waited, What};
 use crate::lease::{self, cause_msg, Error, LostLock, LostReason, Result};
-use crate::protocol::session::{self as wire, HoldMode, Req, Status};
+use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
 
 pub(super) struct SessionHold {
     pub(super) session: Arc<Handle>,
@@ -20,6 +20,9 @@ pub(super) struct SessionHold {
     pub(super) mode: HoldMode,
     /// A lease's TTL as sent (whole milliseconds).
     pub(super) ttl: Option<Duration>,
+    /// As granted: the Acquire's own (a resume lists holds without it,
+    /// and keeps the access they were granted with).
+    pub(super) access: Access,
 }
 
 /// What becomes of a hold whose session ended before it was released.
@@ -197,5 +200,9 @@ impl lease::Hold for SessionHold {
     /// The session's current connection (a resume replaces it).
     fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
         self.session.shared.connection_fd()
+    }
+
+    fn access(&self) -> Access {
+        self.access
     }
 }

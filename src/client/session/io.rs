@@ -243,6 +243,9 @@ pub(super) struct State {
     pub(super) resuming: bool,
     /// The last welcome had the resumable flag.
     pub(super) resumable: bool,
+    /// The last welcome had the modes flag: the server takes shared and
+    /// semaphore Acquires (a resume may land on a server without it).
+    pub(super) modes: bool,
 }
 
 impl State {
@@ -342,6 +345,7 @@ impl Shared {
                 conn: 0,
                 resuming: false,
                 resumable: welcome.flags & wire::FLAG_RESUMABLE != 0,
+                modes: welcome.flags & wire::FLAG_MODES != 0,
             }),
             changed: Condvar::new(),
             wake: EventFd::new()?,
@@ -799,6 +803,7 @@ mod tests {
             conn: 0,
             resuming: false,
             resumable: false,
+            modes: false,
         };
         st.pending.insert(
             2,

@@ -23,7 +23,7 @@
 //! let opts = LockOptions::new().on_lost(|_lease, lost| eprintln!("stop: {lost}"));
 //! let lease = session.acquire(
 //!     "cache/rebuild",
-//!     Acquire { hold: Hold::Lease(Duration::from_secs(30)), wait: Wait::Try },
+//!     Acquire { hold: Hold::Lease(Duration::from_secs(30)), wait: Wait::Try, ..Acquire::default() },
 //!     &opts,
 //! )?;
 //! lease.extend()?;   // 30 s more, counted from now
@@ -101,13 +101,36 @@
 //! without the flag (a single node) ends at its first failed connection,
 //! as before.
 //!
+//! # Shared and semaphore holds
+//! [`Acquire::access`] asks for a shared hold ([`Access::Shared`]: any
+//! number of holders at once, a reader lock) or for one of `n` slots
+//! ([`Access::Semaphore`]`(n)`: at most `n` holders at once) instead of
+//! the exclusive default; [`Session::lock_shared`],
+//! [`Session::try_lock_shared`], [`Session::lock_permit`] and
+//! [`Session::try_lock_permit`] take session holds of each. A key has one
+//! FIFO queue across accesses: a request is granted when it is compatible
+//! with the holders *and* nobody earlier waits, so a waiting exclusive
+//! request is never overtaken by later shared ones. Every grant has its
+//! own fencing token; [`Lease::access`] tells how a lease is held. A key's
+//! slot count is fixed by its first semaphore holder or waiter for as long
+//! as any holds or waits: a request naming another is
+//! [`Error::ModeMismatch`]. Only a server whose welcome has the modes flag
+//! takes them ([`Session::offers_modes`]; today an in-memory `ringlockd`):
+//! to another, a shared or semaphore request is [`Error::Unsupported`],
+//! and nothing is sent. A resumed session keeps the access of each lease
+//! (the Resume's answer lists holds without it), and an Acquire in flight
+//! is sent again with its own.
+//!
 //! # Errors (`lease::Error`)
 //! Bad arguments are refused before any traffic: [`Error::InvalidKey`]
 //! (1 to 127 bytes), [`Error::InvalidTimeout`] (a zero wait for
 //! `lock`; use `try_lock`), [`Error::InvalidArgument`] (address, source, a
-//! lease TTL outside the server's bounds). Answers map as: `timed out` and
+//! lease TTL outside the server's bounds, a semaphore of 0 slots), and
+//! [`Error::Unsupported`] (a shared or semaphore request to a server
+//! without them). Answers map as: `timed out` and
 //! `busy` → [`Error::Timeout`]; `cancelled` → [`Error::Cancelled`] or
-//! [`Error::DeadlineExceeded`]; `stale token` / `not the owner` on a
+//! [`Error::DeadlineExceeded`]; `mode mismatch` → [`Error::ModeMismatch`];
+//! `stale token` / `not the owner` on a
 //! release or extend → [`Error::Lost`]; `limit reached`, `invalid`,
 //! `server error` → [`Error::Failed`] (acquire) or [`Error::Unreleased`]
 //! (release). A session that cannot be opened, or has ended, is
@@ -141,7 +164,7 @@ use super::retry::{OnRetry, RetryEvent, RetryPolicy, Streak};
 use crate::lease::{
     self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
 };
-use crate::protocol::session::{self as wire, HoldMode, Req, Status};
+use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
 
 use hello::{hello, Hello};
 use hold::SessionHold;
@@ -188,12 +211,25 @@ pub enum Wait {
     Forever,
 }
 
-/// What [`Session::acquire`] asks for. The default is a session hold that
-/// waits without a deadline.
+/// What [`Session::acquire`] asks for. The default is an exclusive session
+/// hold that waits without a deadline; name the fields you change and take
+/// the rest from the default:
+///
+/// ```
+/// use ringlock::client::{Access, Acquire, Wait};
+/// let readers = Acquire { access: Access::Shared, wait: Wait::Try, ..Acquire::default() };
+/// # assert_eq!(readers.hold, ringlock::client::Hold::Session);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Acquire {
+    /// How the grant is held, and what frees it.
     pub hold: Hold,
+    /// How long the request may wait in the key's queue.
     pub wait: Wait,
+    /// How the grant is shared: [`Access::Exclusive`] (the default),
+    /// [`Access::Shared`] or [`Access::Semaphore`]`(n)` (see [shared and
+    /// semaphore holds](crate::client::session#shared-and-semaphore-holds)).
+    pub access: Access,
 }
 
 /// Builds a [`Session`]. Created by [`Session::builder`].
@@ -538,6 +574,15 @@ impl Session {
         self.shared().lock().resumable
     }
 
+    /// Whether the server takes shared and semaphore holds (its welcome's
+    /// modes flag; after a resume, the new server's). Without it a
+    /// non-exclusive [`acquire`](Self::acquire) is refused here with
+    /// [`Error::Unsupported`], before anything is sent. Today an in-memory
+    /// `ringlockd` offers them; one with `--data-path` or `--peers` not yet.
+    pub fn offers_modes(&self) -> bool {
+        self.shared().lock().modes
+    }
+
     /// How many times this session was resumed on a new connection (0 for
     /// a session that is not replicated).
     pub fn resumes(&self) -> u64 {
@@ -563,11 +608,18 @@ impl Session {
     }
 
     /// Acquires `key` (1..=127 bytes; need not be UTF-8, but
-    /// [`Lease::key`] shows it as text) as `what` says: the hold mode and
-    /// how long to wait. `Err(Error::Timeout)` when the wait ends without a
-    /// grant (for [`Wait::Try`]: the key is held). The options add a
-    /// per-lease lost-lock handler (after the session's) and the caller's
-    /// cancellation.
+    /// [`Lease::key`] shows it as text) as `what` says: the hold mode, how
+    /// long to wait, and the access. `Err(Error::Timeout)` when the wait
+    /// ends without a grant (for [`Wait::Try`]: the key is held, or a
+    /// shared or semaphore request would overtake a waiter). The options
+    /// add a per-lease lost-lock handler (after the session's) and the
+    /// caller's cancellation.
+    ///
+    /// A semaphore of 0 slots is [`Error::InvalidArgument`]; a shared or
+    /// semaphore request to a server that does not
+    /// [offer them](Self::offers_modes) is [`Error::Unsupported`] (neither
+    /// is sent); one naming another slot count than the key's is
+    /// [`Error::ModeMismatch`].
     pub fn acquire(
         &self,
         key: impl AsRef<[u8]>,
@@ -582,6 +634,15 @@ impl Session {
             )));
         }
         let key_text = String::from_utf8_lossy(key).into_owned();
+        let access = what.access;
+        if access == Access::Semaphore(0) {
+            return Err(Error::InvalidArgument(format!(
+                "a semaphore has at least 1 slot, got 0 (key {key_text:?})"
+            )));
+        }
+        if access != Access::Exclusive && !self.offers_modes() {
+            return Err(no_modes(&key_text, access, false));
+        }
         let (mode, ttl) = match what.hold {
             Hold::Session => (HoldMode::Session, None),
             Hold::Persistent => (HoldMode::Persistent, None),
@@ -636,7 +697,7 @@ impl Session {
                         wait_ms,
                         key,
                         source,
-                        access: crate::core::Access::Exclusive,
+                        access,
                     },
                     out,
                 )
@@ -670,6 +731,17 @@ impl Session {
                     "the server's limit (--max-keys or --max-waiters) refused it".into(),
                 ))
             }
+            Status::ModeMismatch => {
+                return Err(Error::ModeMismatch {
+                    key: key_text,
+                    slots: access.slots(),
+                })
+            }
+            // Sent while the server offered modes, answered by one that
+            // does not (the session was resumed there).
+            Status::Invalid if access != Access::Exclusive && !self.offers_modes() => {
+                return Err(no_modes(&key_text, access, true))
+            }
             s => return Err(failed(format!("the server answered {}", s.name()))),
         }
         let handlers: Vec<LostHandler> = match &cancelled {
@@ -689,6 +761,7 @@ impl Session {
             key_text: key_text.clone(),
             mode,
             ttl,
+            access,
         });
         // The same instant the I/O thread counts from.
         let expires_at = ttl.map(|t| sent_at + t);
@@ -728,17 +801,50 @@ impl Session {
         timeout: Duration,
         opts: &LockOptions,
     ) -> Result<Lease> {
+        self.lock_as(key.as_ref(), Access::Exclusive, timeout, opts)
+    }
+
+    /// A shared session hold of `key` (a reader lock), waiting up to
+    /// `timeout`: held together with any other shared holders, granted
+    /// neither while an exclusive hold is taken nor ahead of an earlier
+    /// waiter (a waiting writer is not overtaken). [`Error::Unsupported`]
+    /// from a server that does not [offer it](Self::offers_modes).
+    pub fn lock_shared(&self, key: impl AsRef<[u8]>, timeout: Duration) -> Result<Lease> {
+        self.lock_as(key.as_ref(), Access::Shared, timeout, &LockOptions::new())
+    }
+
+    /// A session hold of one of `slots` slots of `key` (a semaphore: at
+    /// most `slots` holders at once), waiting up to `timeout`. Every holder
+    /// and waiter of the key must name the same `slots`
+    /// ([`Error::ModeMismatch`] otherwise); 0 is
+    /// [`Error::InvalidArgument`]. [`Error::Unsupported`] from a server
+    /// that does not [offer it](Self::offers_modes).
+    pub fn lock_permit(
+        &self,
+        key: impl AsRef<[u8]>,
+        slots: u32,
+        timeout: Duration,
+    ) -> Result<Lease> {
+        let access = Access::Semaphore(slots);
+        self.lock_as(key.as_ref(), access, timeout, &LockOptions::new())
+    }
+
+    fn lock_as(
+        &self,
+        key: &[u8],
+        access: Access,
+        timeout: Duration,
+        opts: &LockOptions,
+    ) -> Result<Lease> {
         if timeout.is_zero() {
             return Err(Error::InvalidTimeout);
         }
-        self.acquire(
-            key,
-            Acquire {
-                hold: Hold::Session,
-                wait: Wait::For(timeout),
-            },
-            opts,
-        )
+        let what = Acquire {
+            hold: Hold::Session,
+            wait: Wait::For(timeout),
+            access,
+        };
+        self.acquire(key, what, opts)
     }
 
     /// A session hold of `key` only if it is free now: `Ok(None)` when it
@@ -753,9 +859,28 @@ impl Session {
         key: impl AsRef<[u8]>,
         opts: &LockOptions,
     ) -> Result<Option<Lease>> {
+        self.try_lock_as(key.as_ref(), Access::Exclusive, opts)
+    }
+
+    /// [`lock_shared`](Self::lock_shared) only if it can be granted now:
+    /// `Ok(None)` while the key is held exclusively or anyone waits on it.
+    pub fn try_lock_shared(&self, key: impl AsRef<[u8]>) -> Result<Option<Lease>> {
+        self.try_lock_as(key.as_ref(), Access::Shared, &LockOptions::new())
+    }
+
+    /// [`lock_permit`](Self::lock_permit) only if a slot is free now:
+    /// `Ok(None)` while `slots` holders have it, it is held otherwise, or
+    /// anyone waits on it.
+    pub fn try_lock_permit(&self, key: impl AsRef<[u8]>, slots: u32) -> Result<Option<Lease>> {
+        let access = Access::Semaphore(slots);
+        self.try_lock_as(key.as_ref(), access, &LockOptions::new())
+    }
+
+    fn try_lock_as(&self, key: &[u8], access: Access, opts: &LockOptions) -> Result<Option<Lease>> {
         let what = Acquire {
             hold: Hold::Session,
             wait: Wait::Try,
+            access,
         };
         match self.acquire(key, what, opts) {
             Ok(lease) => Ok(Some(lease)),
@@ -763,6 +888,27 @@ impl Session {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The refusal of a shared or semaphore request by a server without the
+/// modes flag: found before sending, or (`sent`) in the `invalid` answer of
+/// a request that a resume carried to such a server.
+fn no_modes(key: &str, access: Access, sent: bool) -> Error {
+    let asked = match access {
+        Access::Semaphore(n) => format!("a semaphore hold (one of {n} slots)"),
+        _ => "a shared hold".into(),
+    };
+    let outcome = if sent {
+        "the session was resumed on it while the request was in flight, and it answered \
+         invalid; nothing is held"
+    } else {
+        "nothing was sent"
+    };
+    Error::Unsupported(format!(
+        "{asked} of {key:?}: this server does not offer shared or semaphore holds (its welcome \
+         lacks the modes flag: a ringlockd with --data-path or --peers, or an older one, holds \
+         keys exclusively only); {outcome}"
+    ))
 }
 
 impl lease::Locker for Session {

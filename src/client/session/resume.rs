@@ -477,6 +477,7 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         st.conn += 1;
         st.broke = None;
         st.resumable = welcome.flags & wire::FLAG_RESUMABLE != 0;
+        st.modes = welcome.flags & wire::FLAG_MODES != 0;
         let conn = st.conn;
         let lost_ids = settle_holds(&mut st, &held, sent_at, &mut sum);
         let mut known = known_tokens(&st);
