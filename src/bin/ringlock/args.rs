@@ -24,7 +24,8 @@ Exit status:
   74   i/o error mid-request (or the key could not be released after CMD)
   75   lock not obtained (try-lock or --timeout 0: held; lock: --timeout passed);
        reset: a key changed holder after it was listed (that key was not reset)
-  76   the server refused the request or broke the protocol
+  76   the server refused the request or broke the protocol; --shared/--limit: the
+       server does not offer them (nothing was sent), or KEY is held with another --limit
   78   --certs-dir/--client: a certificate or key that does not load
   79   the lock was lost while CMD ran: CMD got SIGTERM (SIGKILL after --kill-after)
        (a session, --ttl or mysql:// lock)
@@ -50,7 +51,10 @@ lock/try-lock hold a session lock by default: the server frees it when ringlock'
 closes (kill -9 included) or its keep-alive stops. If ringlock dies, CMD (and its process group)
 dies first, whatever the hold. --ttl D takes a lease instead (freed D after
 the last extend; ringlock extends every D/3); --persistent a Locking-Center lock (held until
-released or reset, whatever happens to ringlock).
+released or reset, whatever happens to ringlock). --shared holds KEY shared with other --shared
+holders, --limit N as one of at most N holders (a semaphore); without either KEY is exclusive.
+A server that does not offer them (today: a ringlockd with --data-path or --peers; mysql://)
+is never asked for an exclusive lock instead: ringlock exits 76 (mysql://: 64).
 Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
 
 const KEY_FORMATS: &str = "\
@@ -139,6 +143,16 @@ pub(crate) struct HoldArgs {
     /// Locking-Center semantics: KEY stays held if ringlock dies, until a reset
     #[arg(long)]
     pub(crate) persistent: bool,
+    /// Hold KEY shared (a reader lock): any number of --shared holders run
+    /// at once; an exclusive holder waits for them all, and a waiting one
+    /// is not overtaken by later --shared requests
+    #[arg(long, conflicts_with_all = ["persistent", "limit"])]
+    pub(crate) shared: bool,
+    /// Hold one of N slots of KEY (a semaphore): at most N holders run at
+    /// once. Every holder and waiter of KEY must give the same N (exit 76
+    /// otherwise)
+    #[arg(long, value_name = "N", value_parser = parse_limit, conflicts_with = "persistent")]
+    pub(crate) limit: Option<u32>,
     /// When the lock is lost while CMD runs, CMD gets SIGTERM, then SIGKILL D later
     #[arg(
         long,
@@ -443,6 +457,18 @@ pub(crate) fn parse_keepalive(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// `--limit N`: a semaphore's slot count, 1 or more.
+pub(crate) fn parse_limit(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(0) => Err("a semaphore has at least 1 slot".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{text:?} is not a slot count from 1 to {}: {e}",
+            u32::MAX
+        )),
+    }
 }
 
 /// An argument's bytes in the chosen format.

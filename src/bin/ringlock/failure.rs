@@ -38,6 +38,9 @@ pub(crate) fn lease_fail(e: &lease::Error, session: Option<&Session>, what: &str
         E::Failed { .. } if session.is_some_and(|s| s.ended().is_some()) => EX_IOERR,
         E::Failed { .. } => EX_PROTOCOL,
         E::Unreleased { .. } => EX_IOERR,
+        // --shared or --limit: the server does not offer it (nothing was
+        // sent), or KEY is a semaphore of another size.
+        E::Unsupported(_) | E::ModeMismatch { .. } => EX_PROTOCOL,
         _ => EX_SOFTWARE,
     };
     Fail(code, format!("{what}: {e}"))

@@ -1,10 +1,10 @@
 //! `ringlock`: the command-line client, a distributed flock(1).
 //!
 //! ```text
-//! ringlock [OPTIONS] lock [--timeout D] [--ttl D | --persistent] [--kill-after D]
-//!          [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
-//! ringlock [OPTIONS] try-lock [--ttl D | --persistent] [--kill-after D]
-//!          [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] lock [--timeout D] [--ttl D | --persistent] [--shared | --limit N]
+//!          [--kill-after D] [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
+//! ringlock [OPTIONS] try-lock [--ttl D | --persistent] [--shared | --limit N]
+//!          [--kill-after D] [--keepalive D] [--ping-timeout D] KEY -- CMD [ARGS...]
 //! ringlock [OPTIONS] unlock KEY
 //! ringlock [OPTIONS] reset KEY...
 //! ringlock [OPTIONS] reset --source SRC
@@ -22,7 +22,10 @@
 //! `lock` and `try-lock` hold a *session* lock by default (the server frees
 //! it the moment this process's connection closes, `kill -9` included), a
 //! lease with `--ttl` (extended every TTL/3 while CMD runs) or a
-//! Locking-Center lock with `--persistent`. A session or lease lock (or a
+//! Locking-Center lock with `--persistent`; exclusive unless `--shared`
+//! (a reader among any number) or `--limit N` (one of at most N holders),
+//! which only a server that offers them takes (never asked for an
+//! exclusive lock instead). A session or lease lock (or a
 //! MySQL lock, `--addr mysql://…`) that is lost while CMD runs stops CMD
 //! (see `child`) and exits [`EX_LOST`](exit::EX_LOST), by one path for
 //! every backend ([`held::run_under_lease`]).

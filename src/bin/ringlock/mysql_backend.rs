@@ -49,6 +49,12 @@ pub(crate) fn mysql_cmd(cli: &Cli, fmt: KeyFormat) -> Result<u8, Fail> {
             ))
         }
     };
+    if hold.shared || hold.limit.is_some() {
+        return Err(usage(
+            "--shared and --limit do not apply over mysql:// (GET_LOCK takes exclusive locks \
+             only); nothing was locked",
+        ));
+    }
     let key = key_arg(key, fmt)?;
     let key = String::from_utf8(key).map_err(|_| usage("a MySQL lock name must be UTF-8 text"))?;
     mysql_lock_and_run(&cli.addr, &key, timeout, hold, command, try_only)

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ringlock::client::{Acquire, CancelToken, Hold, Wait};
+use ringlock::client::{Access, Acquire, CancelToken, Hold, Wait};
 use ringlock::lease::{self, Lease};
 
 use crate::args::HoldArgs;
@@ -41,7 +41,11 @@ pub(crate) fn session_lock_and_run(
             None => Hold::Session,
         },
         wait,
-        ..Acquire::default()
+        access: match (hold.shared, hold.limit) {
+            (true, _) => Access::Shared,
+            (false, Some(n)) => Access::Semaphore(n),
+            (false, None) => Access::Exclusive,
+        },
     };
     install_handlers()?;
     // The session's threads (and those they start) inherit a mask that
@@ -66,16 +70,32 @@ pub(crate) fn session_lock_and_run(
     let lease = match result {
         Ok(lease) => lease,
         Err(lease::Error::Timeout) => {
+            // Shared and semaphore requests also wait for an earlier
+            // waiter, and a semaphore for a free slot.
+            let holder = conn.holder_of(key);
+            let held = match what.access {
+                Access::Exclusive => format!("held by {holder}"),
+                Access::Shared => format!(
+                    "held other than --shared, or an earlier request waits for it (a holder: \
+                     {holder})"
+                ),
+                Access::Semaphore(n) => {
+                    let taken = if n == 1 {
+                        "its one slot is taken".to_string()
+                    } else {
+                        format!("all {n} slots are taken")
+                    };
+                    format!(
+                        "held: {taken}, it is held other than with --limit {n}, or an earlier \
+                         request waits for it (a holder: {holder})"
+                    )
+                }
+            };
             let msg = match wait {
-                Wait::For(t) => format!(
-                    "lock {shown}: timed out after {}; held by {}",
-                    fmt_duration(t),
-                    conn.holder_of(key)
-                ),
-                _ => format!(
-                    "{shown} is held by {}; not running the command",
-                    conn.holder_of(key)
-                ),
+                Wait::For(t) => {
+                    format!("lock {shown}: timed out after {}; {held}", fmt_duration(t))
+                }
+                _ => format!("{shown} is {held}; not running the command"),
             };
             return Err(Fail(EX_TEMPFAIL, msg));
         }

@@ -67,6 +67,8 @@ fn parses_commands() {
                 HoldArgs {
                     ttl: None,
                     persistent: false,
+                    shared: false,
+                    limit: None,
                     kill_after: Duration::from_secs(10),
                     keepalive: None,
                     ping_timeout: None,
@@ -104,6 +106,8 @@ fn parses_commands() {
             HoldArgs {
                 ttl: Some(Duration::from_millis(1500)),
                 persistent: false,
+                shared: false,
+                limit: None,
                 kill_after: Duration::from_secs(2),
                 keepalive: None,
                 ping_timeout: None,
@@ -145,6 +149,48 @@ fn parses_commands() {
         &["keys", "--nope"],
         &["--retry", "soon", "keys"],
         &["completions", "tcsh"],
+    ] {
+        assert_eq!(parse(bad).err(), Some(EX_USAGE), "{bad:?}");
+    }
+}
+
+#[test]
+fn shared_and_limit() {
+    for (args, shared, limit) in [
+        (&["lock", "--shared", "k", "--", "true"][..], true, None),
+        (
+            &["try-lock", "--limit", "3", "k", "--", "true"],
+            false,
+            Some(3),
+        ),
+        (
+            &["lock", "--ttl", "5s", "--limit", "1", "k", "--", "true"],
+            false,
+            Some(1),
+        ),
+    ] {
+        match parse(args).map(|c| c.cmd) {
+            Ok(Cmd::Lock { hold, .. } | Cmd::TryLock { hold, .. }) => {
+                assert_eq!((hold.shared, hold.limit), (shared, limit), "{args:?}");
+            }
+            other => panic!("{args:?}: lock expected, got {other:?}"),
+        }
+    }
+    for bad in [
+        &["lock", "--shared", "--limit", "2", "k", "--", "true"][..],
+        &["lock", "--limit", "0", "k", "--", "true"],
+        &["lock", "--limit", "-1", "k", "--", "true"],
+        &["lock", "--limit", "k", "--", "true"],
+        &["lock", "--shared", "--persistent", "k", "--", "true"],
+        &[
+            "try-lock",
+            "--limit",
+            "2",
+            "--persistent",
+            "k",
+            "--",
+            "true",
+        ],
     ] {
         assert_eq!(parse(bad).err(), Some(EX_USAGE), "{bad:?}");
     }
