@@ -806,8 +806,9 @@ impl Session {
 
     /// A shared session hold of `key` (a reader lock), waiting up to
     /// `timeout`: held together with any other shared holders, granted
-    /// neither while an exclusive hold is taken nor ahead of an earlier
-    /// waiter (a waiting writer is not overtaken). [`Error::Unsupported`]
+    /// neither while the key is held otherwise (exclusive, semaphore) nor
+    /// ahead of an earlier waiter (a waiting writer is not overtaken).
+    /// [`Error::Unsupported`]
     /// from a server that does not [offer it](Self::offers_modes).
     pub fn lock_shared(&self, key: impl AsRef<[u8]>, timeout: Duration) -> Result<Lease> {
         self.lock_as(key.as_ref(), Access::Shared, timeout, &LockOptions::new())
