@@ -3,10 +3,11 @@
 //! other's marker file), three `--limit 2` commands never run more than
 //! two at once (and all three run), `--shared --limit` and `--limit 0` are
 //! usage errors that send nothing, another `--limit` than the key's is
-//! refused, and a backend without shared or semaphore holds (a
-//! `--data-path` server, `mysql://`) is an error, never an exclusive lock
-//! instead. Commands wait on files with a bounded loop; the test waits on
-//! files and on the server's queued-waiters gauge, never on a timer.
+//! refused, a `--data-path` server takes them too, and a backend without
+//! shared or semaphore holds (an older server, scripted; `mysql://`) is an
+//! error, never an exclusive lock instead. Commands wait on files with a
+//! bounded loop; the test waits on files and on the server's
+//! queued-waiters gauge, never on a timer.
 
 mod common;
 
@@ -17,7 +18,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::session::session;
+use common::session::{scripted_welcome, session};
 use common::{wait_metric, Server, TempDir};
 
 const EX_USAGE: i32 = 64;
@@ -241,15 +242,18 @@ fn shared_with_limit_and_a_limit_of_zero_are_usage_errors() {
 
 #[test]
 fn a_server_without_modes_is_an_error_never_an_exclusive_lock() {
-    let dir = TempDir::new("cli-modes-wal");
-    let wal = dir.path("locks.wal");
-    let s = Server::start(&["--data-path", path_str(&wal)]);
+    // A server older than lock modes (every real ringlockd offers them
+    // now): a scripted one whose welcome lacks the flag and which would
+    // grant any Acquire.
+    let dir = TempDir::new("cli-modes-old");
     let ran = dir.path("ran");
+    let quiet = NoTraffic::new();
     for args in [
         &["lock", "--shared", "doc"][..],
         &["try-lock", "--limit", "3", "doc"],
     ] {
-        let o = ringlock(&s)
+        let (addr, seen) = scripted_welcome(0);
+        let o = ringlock_at(addr, quiet.addr())
             .args(args)
             .args(["--", "touch", path_str(&ran)])
             .output()
@@ -262,8 +266,31 @@ fn a_server_without_modes_is_an_error_never_an_exclusive_lock() {
             "{line}"
         );
         assert!(!ran.exists(), "{args:?}: the command must not run");
+        let ops = seen.join().unwrap();
+        assert!(
+            !ops.contains(&ringlock::protocol::session::OP_ACQUIRE),
+            "{args:?}: no Acquire was sent: {ops:?}"
+        );
     }
-    assert!(common::keys(s.admin_addr).is_empty(), "nothing was locked");
+}
+
+#[test]
+fn a_durable_server_takes_shared_holds_too() {
+    let dir = TempDir::new("cli-modes-wal");
+    let wal = dir.path("locks.wal");
+    let s = Server::start(&["--data-path", path_str(&wal)]);
+    let d = path_str(&dir.0);
+    let children: Vec<Child> = [("a", "b"), ("b", "a")]
+        .iter()
+        .map(|(me, other)| {
+            let script = format!("{WAIT_FOR}; touch {d}/{me}; wait_for {d}/{other}");
+            spawn_sh(&s, &["lock", "--shared", "doc"], &script)
+        })
+        .collect();
+    for child in children {
+        let (status, err) = wait_exit(child);
+        assert_eq!(status.code(), Some(0), "{err}");
+    }
 }
 
 #[test]

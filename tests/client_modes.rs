@@ -3,8 +3,9 @@
 //! for all of them (and is not overtaken by a later reader), a semaphore
 //! of 2 admits two and queues the third until a slot is free, a request
 //! naming another slot count gets `Error::ModeMismatch`, a semaphore of 0
-//! is a usage error, and a server without the modes flag (`--data-path`)
-//! gets `Error::Unsupported` with no Acquire on the wire. The waits are
+//! is a usage error, a `--data-path` server offers them too, and a server
+//! without the modes flag (an older one, scripted) gets
+//! `Error::Unsupported` with no Acquire on the wire. The waits are
 //! observed through the server's queued-waiters gauge, which the loop
 //! publishes before it sends the answers of the same tick: read after a
 //! release was answered, it says whether that release let a waiter in.
@@ -15,7 +16,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::session::{session, Proxy};
+use common::session::{scripted_welcome, session, Proxy};
 use common::{metric, wait_metric, Server, TempDir};
 use ringlock::client::{Access, Acquire, Hold, RetryPolicy, Session, Wait};
 use ringlock::lease::{Error, Lease, LockOptions};
@@ -190,56 +191,76 @@ fn a_semaphore_of_zero_slots_is_a_usage_error_sent_nowhere() {
 }
 
 #[test]
-fn a_server_without_modes_is_refused_here_before_anything_is_sent() {
+fn a_durable_server_offers_modes_too() {
     let dir = TempDir::new("client-modes-wal");
     let wal = dir.path("locks.wal");
     let s = Server::start(&["--data-path", wal.to_str().expect("utf-8 path")]);
-    let proxy = Proxy::new(s.lock_addr);
-    let a = Session::builder(proxy.addr)
-        .retry(RetryPolicy::none())
-        .connect()
-        .expect("session");
-    assert!(
-        !a.offers_modes(),
-        "a durable server does not offer modes yet"
-    );
-    let lease_shared = Acquire {
-        hold: Hold::Lease(Duration::from_secs(5)),
-        wait: Wait::Try,
-        access: Access::Shared,
-    };
-    for (got, asked) in [
-        (a.lock_shared("doc", LONG).map(Some), "a shared hold"),
-        (a.try_lock_shared("doc"), "a shared hold"),
-        (
-            a.lock_permit("doc", 3, LONG).map(Some),
-            "a semaphore hold (one of 3 slots)",
-        ),
-        (
-            a.acquire("doc", lease_shared, &LockOptions::new())
-                .map(Some),
-            "a shared hold",
-        ),
-    ] {
-        let err = got.expect_err("not offered");
-        let Error::Unsupported(why) = &err else {
-            panic!("expected Unsupported, got {err:?}");
+    let (a, b) = (session(s.lock_addr), session(s.lock_addr));
+    assert!(a.offers_modes());
+    let ra = a.lock_shared("doc", LONG).unwrap();
+    let rb = b.try_lock_shared("doc").unwrap().expect("readers share");
+    assert!(b.try_lock("doc").unwrap().is_none());
+    ra.release().unwrap();
+    rb.release().unwrap();
+    b.try_lock_permit("doc", 1)
+        .unwrap()
+        .expect("free")
+        .release()
+        .unwrap();
+}
+
+#[test]
+fn a_server_without_modes_is_refused_here_before_anything_is_sent() {
+    // A server older than lock modes (its welcome lacks the flag), plain
+    // and resumable: every real ringlockd offers modes now, so a scripted
+    // one plays it.
+    for flags in [0, wire::FLAG_RESUMABLE] {
+        let (addr, seen) = scripted_welcome(flags);
+        let a = Session::builder(addr)
+            .retry(RetryPolicy::none())
+            .connect()
+            .expect("session");
+        assert!(!a.offers_modes(), "flags {flags}");
+        let lease_shared = Acquire {
+            hold: Hold::Lease(Duration::from_secs(5)),
+            wait: Wait::Try,
+            access: Access::Shared,
         };
-        assert!(
-            why.starts_with(&format!(
-                "{asked} of \"doc\": this server does not offer shared or semaphore holds"
-            )) && why.ends_with("nothing was sent"),
-            "{why}"
+        for (got, asked) in [
+            (a.lock_shared("doc", LONG).map(Some), "a shared hold"),
+            (a.try_lock_shared("doc"), "a shared hold"),
+            (
+                a.lock_permit("doc", 3, LONG).map(Some),
+                "a semaphore hold (one of 3 slots)",
+            ),
+            (
+                a.acquire("doc", lease_shared, &LockOptions::new())
+                    .map(Some),
+                "a shared hold",
+            ),
+        ] {
+            let err = got.expect_err("not offered");
+            let Error::Unsupported(why) = &err else {
+                panic!("expected Unsupported, got {err:?}");
+            };
+            assert!(
+                why.starts_with(&format!(
+                    "{asked} of \"doc\": this server does not offer shared or semaphore holds"
+                )) && why.ends_with("nothing was sent"),
+                "{why}"
+            );
+        }
+        // Never an exclusive lock instead: the first Acquire on the wire
+        // is this exclusive one.
+        let w = a.try_lock("doc").unwrap().expect("granted by the script");
+        assert_eq!(w.access(), Access::Exclusive);
+        w.release().unwrap();
+        a.close();
+        let ops = seen.join().unwrap();
+        assert_eq!(
+            ops.iter().filter(|&&op| op == wire::OP_ACQUIRE).count(),
+            1,
+            "no shared or semaphore Acquire was sent: {ops:?}"
         );
     }
-    // Never an exclusive lock instead: the key is free, and the first
-    // Acquire on the wire is this exclusive one.
-    let w = a.try_lock("doc").unwrap().expect("free");
-    assert_eq!(w.access(), Access::Exclusive);
-    assert_eq!(
-        proxy.count(wire::OP_ACQUIRE),
-        1,
-        "no shared Acquire was sent"
-    );
-    w.release().unwrap();
 }

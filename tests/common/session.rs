@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::Server;
 use ringlock::client::{Client, KeyInfo, RetryPolicy, Session};
-use ringlock::protocol::session::{self as wire, Decoded};
+use ringlock::protocol::session::{self as wire, Decoded, Status, Welcome};
 
 pub fn session(addr: SocketAddr) -> Session {
     Session::builder(addr)
@@ -133,4 +133,54 @@ fn pump(mut from: TcpStream, mut to: TcpStream, gate: Gate, ops: Option<Arc<Mute
         }
     }
     let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// A scripted session server on 127.0.0.1 for one connection, for what no
+/// real `ringlockd` shows any more (every one offers lock modes): it
+/// answers the Hello with a welcome of `flags` (without
+/// [`wire::FLAG_MODES`]: a ringlockd older than lock modes) and every
+/// later request `ok` (an Acquire with a grant, so a client that sent one
+/// would hold the key). The handle returns the op of every request after
+/// the Hello, once the client closed (or after a minute of silence).
+pub fn scripted_welcome(flags: u8) -> (SocketAddr, thread::JoinHandle<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let h = thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let (mut buf, mut ops, mut token) = (Vec::new(), Vec::new(), 0u64);
+        let mut chunk = [0u8; 4096];
+        loop {
+            while let Decoded::Frame { op, rid, len, .. } = wire::decode(&buf) {
+                buf.drain(..len);
+                let mut out = Vec::new();
+                if op == wire::OP_HELLO {
+                    let welcome = Welcome {
+                        status: Status::Ok,
+                        version: wire::VERSION,
+                        keepalive_ms: 10_000,
+                        min_ttl_ms: 100,
+                        max_ttl_ms: 60_000,
+                        session_id: 7,
+                        max_keys: 1000,
+                        max_waiters: 1000,
+                        shards: 1,
+                        flags,
+                    };
+                    wire::encode_welcome(rid, &welcome, &mut out);
+                } else {
+                    ops.push(op);
+                    token += 1;
+                    wire::encode_reply(rid, Status::Ok, token, wire::NO_TTL, &mut out);
+                }
+                let _ = s.write_all(&out);
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return ops,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    (addr, h)
 }

@@ -53,8 +53,8 @@ dies first, whatever the hold. --ttl D takes a lease instead (freed D after
 the last extend; ringlock extends every D/3); --persistent a Locking-Center lock (held until
 released or reset, whatever happens to ringlock). --shared holds KEY shared with other --shared
 holders, --limit N as one of at most N holders (a semaphore); without either KEY is exclusive.
-A server that does not offer them (today: a ringlockd with --data-path or --peers; mysql://)
-is never asked for an exclusive lock instead: ringlock exits 76 (mysql://: 64).
+A server that does not offer them (a ringlockd older than lock modes; mysql://) is never
+asked for an exclusive lock instead: ringlock exits 76 (mysql://: 64).
 Any client of the lock port can unlock or reset any key (Locking-Center semantics).";
 
 const KEY_FORMATS: &str = "\

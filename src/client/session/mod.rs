@@ -115,9 +115,9 @@
 //! slot count is fixed by its first semaphore holder or waiter for as long
 //! as any holds or waits: a request naming another is
 //! [`Error::ModeMismatch`]. Only a server whose welcome has the modes flag
-//! takes them ([`Session::offers_modes`]; today an in-memory `ringlockd`):
-//! to another, a shared or semaphore request is [`Error::Unsupported`],
-//! and nothing is sent. A resumed session keeps the access of each lease
+//! takes them ([`Session::offers_modes`]: every `ringlockd` with lock
+//! modes, durable and clustered ones included): to an older one, a shared
+//! or semaphore request is [`Error::Unsupported`], and nothing is sent. A resumed session keeps the access of each lease
 //! (the Resume's answer lists holds without it), and an Acquire in flight
 //! is sent again with its own.
 //!
@@ -577,8 +577,8 @@ impl Session {
     /// Whether the server takes shared and semaphore holds (its welcome's
     /// modes flag; after a resume, the new server's). Without it a
     /// non-exclusive [`acquire`](Self::acquire) is refused here with
-    /// [`Error::Unsupported`], before anything is sent. Today an in-memory
-    /// `ringlockd` offers them; one with `--data-path` or `--peers` not yet.
+    /// [`Error::Unsupported`], before anything is sent. Every `ringlockd`
+    /// with lock modes offers them; an older one does not.
     pub fn offers_modes(&self) -> bool {
         self.shared().lock().modes
     }
@@ -907,8 +907,8 @@ fn no_modes(key: &str, access: Access, sent: bool) -> Error {
     };
     Error::Unsupported(format!(
         "{asked} of {key:?}: this server does not offer shared or semaphore holds (its welcome \
-         lacks the modes flag: a ringlockd with --data-path or --peers, or an older one, holds \
-         keys exclusively only); {outcome}"
+         lacks the modes flag: a ringlockd older than lock modes holds keys exclusively \
+         only); {outcome}"
     ))
 }
 
