@@ -110,6 +110,11 @@ FORWARD_BENCH_SMOKE=1 timeout 240 scripts/forward-bench.sh
 echo "== TLS benchmark, smoke mode (scripts/tls-bench.sh)"
 TLS_BENCH_SMOKE=1 timeout 300 scripts/tls-bench.sh
 
+# The lock-modes benchmark's script in smoke mode (debug build, 1 s per
+# run, 8 clients): every scenario ran without an error.
+echo "== lock-modes benchmark, smoke mode (scripts/modes-bench.sh)"
+MODES_BENCH_SMOKE=1 timeout 240 scripts/modes-bench.sh
+
 echo "== doc tests"
 cargo test --workspace --doc --locked
 

@@ -7,6 +7,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use crate::dist::Dist;
+pub use ringlock::protocol::session::Access;
 
 /// Which lock service the load generator talks to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,6 +252,8 @@ pub struct Config {
     /// Stop after this many cycles in all (warm-up included), split evenly
     /// over the clients; the run ends when they are done or at `duration`.
     pub cycles: Option<u64>,
+    /// How a ringlock-session Acquire asks for its key (`--access`).
+    pub access: Access,
 }
 
 /// Most CPUs a `--pin-cpus` list may name (the size of `cpu_set_t`).
@@ -318,6 +321,8 @@ Options:
   --dist DIST          uniform | zipf:S | hot | private (key = client id) (default uniform)
   --hold D             time inside the critical section (default 0)
   --mix MIX            lock-unlock | try-lock (default lock-unlock)
+  --access A           ringlock-session: exclusive | shared | semaphore:N, how each
+                       Acquire asks for its key (default exclusive)
   --conn-mode MODE     persistent | per-request | per-cycle (default persistent);
                        per-cycle: a new connection per lock+unlock cycle (any target)
   --cycles N           stop after N cycles in all (warm-up included; split evenly over
@@ -377,6 +382,7 @@ where
         latency_log: None,
         progress: true,
         label: String::new(),
+        access: Access::Exclusive,
         threads: 1,
         pin_cpus: None,
         tls: None,
@@ -456,6 +462,9 @@ where
                     .map_err(|_| "bad --seed")?
             }
             Long("label") => cfg.label = s(p.value().map_err(|e| e.to_string())?)?,
+            Long("access") => {
+                cfg.access = parse_access(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
             Long("json") => cfg.json = true,
             Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
             Long("latency-log") => {
@@ -519,6 +528,13 @@ where
             "--mix try-lock is not available for etcd: its lock API has no try-lock".into(),
         );
     }
+    if cfg.access != Access::Exclusive && cfg.target.kind != Kind::Session {
+        return Err(format!(
+            "--access {}: shared and semaphore holds are ringlock-session:// only, not {}",
+            access_name(cfg.access),
+            cfg.target.scheme()
+        ));
+    }
     if cfg.cycles == Some(0) {
         return Err("--cycles must be at least 1".into());
     }
@@ -540,6 +556,29 @@ where
         return Err("--key-prefix too long".into());
     }
     Ok(cfg)
+}
+
+/// `exclusive`, `shared` or `semaphore:N` (N >= 1).
+fn parse_access(v: &str) -> Result<Access, String> {
+    match v {
+        "exclusive" => Ok(Access::Exclusive),
+        "shared" => Ok(Access::Shared),
+        _ => match v.strip_prefix("semaphore:").map(str::parse::<u32>) {
+            Some(Ok(n)) if n >= 1 => Ok(Access::Semaphore(n)),
+            _ => Err(format!(
+                "bad --access {v:?} (exclusive | shared | semaphore:N, N >= 1)"
+            )),
+        },
+    }
+}
+
+/// How `--access` names `a` (the report's wording too).
+pub fn access_name(a: Access) -> String {
+    match a {
+        Access::Exclusive => "exclusive".into(),
+        Access::Shared => "shared".into(),
+        Access::Semaphore(n) => format!("semaphore:{n}"),
+    }
 }
 
 #[cfg(test)]
@@ -639,6 +678,27 @@ mod tests {
         assert!(e.contains("bound to the session"), "{e}");
         assert!(a(&["--connections", "1"]).is_err());
         assert!(a(&["--target", "etcd://h:1", "--mix", "try-lock"]).is_err());
+    }
+
+    #[test]
+    fn access_is_for_session_targets() {
+        let a = |v: &[&str]| parse_args(v.iter().map(std::ffi::OsString::from));
+        let s = |acc: &str| a(&["--target", "ringlock-session://h:1", "--access", acc]);
+        assert_eq!(
+            a(&["--target", "ringlock-session://h:1"]).unwrap().access,
+            Access::Exclusive
+        );
+        assert_eq!(s("shared").unwrap().access, Access::Shared);
+        assert_eq!(s("semaphore:4").unwrap().access, Access::Semaphore(4));
+        assert_eq!(s("exclusive").unwrap().access, Access::Exclusive);
+        for bad in ["semaphore:0", "semaphore:", "semaphore:x", "reader"] {
+            let e = s(bad).unwrap_err();
+            assert!(e.contains("bad --access"), "{bad}: {e}");
+        }
+        let e = a(&["--target", "ringlock://h:1", "--access", "shared"]).unwrap_err();
+        assert!(e.contains("ringlock-session:// only"), "{e}");
+        // The other way round is fine: exclusive is every target's.
+        a(&["--target", "redis://h:1", "--access", "exclusive"]).unwrap();
     }
 
     #[test]

@@ -636,6 +636,7 @@ fn run_thread(
                 id,
                 cfg.lock_ttl_ms,
                 cfg.conn_mode != ConnMode::PerRequest,
+                cfg.access,
             ),
             rbuf: Vec::with_capacity(4096),
             wbuf: Vec::with_capacity(4096),

@@ -124,7 +124,7 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     let mut o = String::from("{");
     let _ = write!(
         o,
-        "\"target\":{},\"label\":{},\"connections\":{},\"threads\":{},\"rate_target\":{},\"mode\":\"{}\",\"conn_mode\":\"{}\",\"mix\":\"{}\",\"keys\":{},\"dist\":\"{}\",\"hold_us\":{:.3},\"duration_s\":{:.3},\"warmup_s\":{:.3},",
+        "\"target\":{},\"label\":{},\"connections\":{},\"threads\":{},\"rate_target\":{},\"mode\":\"{}\",\"conn_mode\":\"{}\",\"mix\":\"{}\",\"keys\":{},\"dist\":\"{}\",\"access\":\"{}\",\"hold_us\":{:.3},\"duration_s\":{:.3},\"warmup_s\":{:.3},",
         json_str(&format!("{}://{}:{}", cfg.target.scheme(), cfg.target.host, cfg.target.port)),
         json_str(&cfg.label),
         cfg.connections,
@@ -135,6 +135,7 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
         if cfg.mix == Mix::LockUnlock { "lock-unlock" } else { "try-lock" },
         cfg.keys,
         cfg.dist.describe(),
+        crate::config::access_name(cfg.access),
         cfg.hold_ns as f64 / 1e3,
         st.measured_ns as f64 / 1e9,
         cfg.warmup_ns as f64 / 1e9,
@@ -204,7 +205,7 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "target {}://{}:{}{}  {}  connections={}{} {} mix={} keys={} dist={} hold={}us",
+        "target {}://{}:{}{}  {}  connections={}{} {} mix={} keys={} dist={}{} hold={}us",
         cfg.target.scheme(),
         cfg.target.host,
         cfg.target.port,
@@ -234,6 +235,10 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         },
         cfg.keys,
         cfg.dist.describe(),
+        match cfg.access {
+            crate::config::Access::Exclusive => String::new(),
+            a => format!(" access={}", crate::config::access_name(a)),
+        },
         cfg.hold_ns as f64 / 1e3,
     );
     let _ = writeln!(

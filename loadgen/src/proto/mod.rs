@@ -58,6 +58,7 @@ pub fn new_codec(
     client: usize,
     lock_ttl_ms: u64,
     persistent: bool,
+    access: crate::config::Access,
 ) -> Box<dyn Codec> {
     match &target.kind {
         Kind::Ringlock => Box::new(ringlock::Lc::new(
@@ -67,6 +68,7 @@ pub fn new_codec(
         Kind::Session => Box::new(session::SessionLock::new(
             format!("lg{client}").into_bytes(),
             u32::try_from(lock_ttl_ms).unwrap_or(u32::MAX),
+            access,
         )),
         Kind::Redis => Box::new(redis::RedisLock::new(client, lock_ttl_ms)),
         Kind::Postgres { user, db, password } => {

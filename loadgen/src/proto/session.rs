@@ -15,6 +15,7 @@ use ringlock::protocol::session::{
 };
 
 use super::{Codec, Op, Reply};
+use crate::config::Access;
 
 pub struct SessionLock {
     source: Vec<u8>,
@@ -30,14 +31,17 @@ pub struct SessionLock {
     /// reconnects: the Release of a hold whose session ended is answered
     /// "stale token", which is what happened to it.
     token: u64,
+    /// How each Acquire asks for its key (`--access`).
+    access: Access,
 }
 
 impl SessionLock {
-    pub fn new(source: Vec<u8>, keepalive_ms: u32) -> SessionLock {
+    pub fn new(source: Vec<u8>, keepalive_ms: u32, access: Access) -> SessionLock {
         assert!(source.len() <= 127, "session sources are at most 127 bytes");
         SessionLock {
             source,
             keepalive_ms,
+            access,
             next_rid: 1,
             expect_rid: 0,
             token: 0,
@@ -117,7 +121,7 @@ impl Codec for SessionLock {
                 wait_ms: if op == Op::Lock { WAIT_FOREVER } else { 0 },
                 key,
                 source: &self.source,
-                access: ringlock::protocol::session::Access::Exclusive,
+                access: self.access,
             },
             Op::Unlock => Req::Release {
                 token: self.token,
@@ -201,7 +205,7 @@ mod tests {
 
     #[test]
     fn frames_match_the_documented_layout() {
-        let mut c = SessionLock::new(b"lg0".to_vec(), 30_000);
+        let mut c = SessionLock::new(b"lg0".to_vec(), 30_000, Access::Exclusive);
         let mut out = Vec::new();
         assert!(
             c.start_connection(&mut out),
@@ -231,7 +235,7 @@ mod tests {
 
     #[test]
     fn release_names_the_granted_token() {
-        let mut c = SessionLock::new(b"s".to_vec(), 0);
+        let mut c = SessionLock::new(b"s".to_vec(), 0, Access::Exclusive);
         let mut out = Vec::new();
         c.start_connection(&mut out);
         c.handshake(&mut welcome(1, Status::Ok), &mut out)
@@ -258,7 +262,7 @@ mod tests {
 
     #[test]
     fn partial_replies_wait_and_wrong_ones_fail() {
-        let mut c = SessionLock::new(Vec::new(), 0);
+        let mut c = SessionLock::new(Vec::new(), 0, Access::Exclusive);
         let mut out = Vec::new();
         c.start_connection(&mut out);
         let w = welcome(1, Status::Ok);
@@ -298,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_refused_or_foreign_hello_is_an_error() {
-        let mut c = SessionLock::new(Vec::new(), 0);
+        let mut c = SessionLock::new(Vec::new(), 0, Access::Exclusive);
         let mut out = Vec::new();
         c.start_connection(&mut out);
         let e = c

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Lock modes on one hot key beside exclusive locks, one in-memory ringlockd,
+# in one run:
+#   private        CLIENTS sessions, each its own key, exclusive (the ceiling)
+#   shared-hot     CLIENTS sessions, one key, shared (readers)
+#   exclusive-hot  CLIENTS sessions, one key, exclusive (they serialise)
+#   mixed          90 % of CLIENTS shared and 10 % exclusive on one key, two
+#                  load generators at once: readers' and writers' lock waits
+# ROUNDS rounds, the scenarios' order rotated each round (drift falls on all).
+#
+#   scripts/modes-bench.sh [--out DIR] [--clients 64] [--rounds 3]
+#                          [--duration 5s] [--warmup 1s] [--profile release|debug]
+#   env: MODES_BENCH_SMOKE=1 (1 s per run, 1 round, 8 clients, debug build,
+#        output to a temp dir unless --out; checks every run worked)
+#
+# Load: ringlock-loadgen, session protocol (ringlock-session://), Acquire
+# (session hold, wait forever) + Release closed loop, hold 0, persistent
+# connections; --access shared / exclusive. The server is pinned to CPU 1,
+# the load generators to CPU 0 (taskset).
+#
+# Writes DIR (default bench/results/modes): one JSON per run (the load
+# generator's --json line) named SCENARIO-rROUND.json (mixed: mixed-readers-
+# and mixed-writers-), and latest.md (the table printed on stdout).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib/cluster.sh
+. "$ROOT/scripts/lib/cluster.sh"
+LOG_TAG=modes-bench
+SMOKE=${MODES_BENCH_SMOKE:-0}
+CLIENTS=""
+ROUNDS=3
+OUT=""
+PROFILE=""
+DURATION=""
+WARMUP=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) OUT="$2"; shift ;;
+        --clients) CLIENTS="$2"; shift ;;
+        --rounds) ROUNDS="$2"; shift ;;
+        --duration) DURATION="$2"; shift ;;
+        --warmup) WARMUP="$2"; shift ;;
+        --profile) PROFILE="$2"; shift ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ "$SMOKE" = 1 ]; then
+    DURATION=${DURATION:-1s}; WARMUP=${WARMUP:-0s}; PROFILE=${PROFILE:-debug}; ROUNDS=1; CLIENTS=${CLIENTS:-8}
+else
+    DURATION=${DURATION:-5s}; WARMUP=${WARMUP:-1s}; PROFILE=${PROFILE:-release}; CLIENTS=${CLIENTS:-64}
+fi
+for c in $CLIENTS $ROUNDS; do
+    case "$c" in ''|*[!0-9]*|0) echo "--clients and --rounds take positive integers, got $c" >&2; exit 2 ;; esac
+done
+[ "$CLIENTS" -ge 2 ] || { echo "--clients: at least 2 (the mixed run needs a writer and readers)" >&2; exit 2; }
+case "$PROFILE" in release|debug) ;; *) echo "--profile is release or debug" >&2; exit 2 ;; esac
+WRITERS=$(( CLIENTS / 10 )); [ "$WRITERS" -ge 1 ] || WRITERS=1
+READERS=$(( CLIENTS - WRITERS ))
+
+cluster_pinning "the load generators"
+if [ -n "$PIN_SERVER" ]; then PINNING="ringlockd on CPU 1, the load generators on CPU 0 (taskset)"; fi
+TMP=$(mktemp -d /tmp/ringlock-modes-bench.XXXXXX)
+if [ -z "$OUT" ]; then
+    if [ "$SMOKE" = 1 ]; then OUT="$TMP/results"; else OUT="$ROOT/bench/results/modes"; fi
+fi
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/latest.md
+trap cluster_cleanup EXIT
+
+log "building $PROFILE binaries"
+if [ "$PROFILE" = release ]; then CARGO_PROFILE=--release; else CARGO_PROFILE=; fi
+# shellcheck disable=SC2086
+(cd "$ROOT" && cargo build $CARGO_PROFILE -q --locked -p ringlock --bin ringlockd \
+    -p ringlock-loadgen --bin ringlock-loadgen -p ringlock-bench --bin fsync-probe)
+BIN="$ROOT/target/$PROFILE"
+LOADGEN="$BIN/ringlock-loadgen"
+cluster_env_info "$PROFILE"
+
+PORT=26401
+ports_free "$PORT" "$((PORT + 1))"
+$PIN_SERVER "$BIN/ringlockd" --bind "127.0.0.1:$PORT" --admin-bind "127.0.0.1:$((PORT + 1))" \
+    --max-waiters 100000 2>"$TMP/server.log" &
+PID[server]=$!
+wait_port "$PORT" 20 "${PID[server]}" || { log "ringlockd did not start: $(tail -c 300 "$TMP/server.log")"; exit 1; }
+
+FAILED=0
+lg() { # name clients dist access [prefix]
+    local name=$1
+    $PIN_LOADGEN "$LOADGEN" --target "ringlock-session://127.0.0.1:$PORT" --connections "$2" \
+        --dist "$3" --keys "$2" --access "$4" --conn-mode persistent --rate 0 \
+        --duration "$DURATION" --warmup "$WARMUP" --key-prefix "${5:-$name}" --label "$name" \
+        --json --no-progress >"$TMP/$name.out" 2>"$TMP/$name.err"
+}
+keep() { # name round: the JSON line, or a failure noted
+    if [ -s "$TMP/$1.out" ]; then tail -1 "$TMP/$1.out" >"$OUT/$1-r$2.json"; fi
+}
+run() { # scenario round
+    local s=$1 r=$2
+    log "$s, $CLIENTS clients, round $r"
+    case "$s" in
+        private) lg private "$CLIENTS" private exclusive "p$r" || FAILED=1; keep private "$r" ;;
+        shared-hot) lg shared-hot "$CLIENTS" hot shared "s$r" || FAILED=1; keep shared-hot "$r" ;;
+        exclusive-hot) lg exclusive-hot "$CLIENTS" hot exclusive "x$r" || FAILED=1; keep exclusive-hot "$r" ;;
+        mixed)
+            # One key for both (the same prefix, --dist hot).
+            lg mixed-readers "$READERS" hot shared "m$r" & local rp=$!
+            lg mixed-writers "$WRITERS" hot exclusive "m$r" & local wp=$!
+            wait "$rp" || FAILED=1
+            wait "$wp" || FAILED=1
+            keep mixed-readers "$r"; keep mixed-writers "$r" ;;
+    esac
+    if [ "$FAILED" != 0 ]; then log "  a load generator failed: $(cat "$TMP"/*.err | tail -c 400 | tr '\n' ' ')"; fi
+}
+SCENARIOS=(private shared-hot exclusive-hot mixed)
+for r in $(seq 1 "$ROUNDS"); do
+    for i in 0 1 2 3; do
+        run "${SCENARIOS[$(( (i + r - 1) % 4 ))]}" "$r"
+    done
+done
+
+python3 - "$OUT" "$ROUNDS" >"$OUT/latest.md" <<'EOF'
+import json, os, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def load(name, r):
+    p = os.path.join(out, f"{name}-r{r}.json")
+    return json.load(open(p)) if os.path.exists(p) else None
+def cell(d):
+    return f"{d['ops_per_sec']:.0f} | {d['latency_us']['p50']:.0f} / {d['latency_us']['p99']:.0f}"
+print("| round | private cycles/s | private lock p50 / p99 µs | shared-hot cycles/s | shared-hot lock p50 / p99 µs | shared-hot / private | exclusive-hot cycles/s | exclusive-hot lock p50 / p99 µs | errors (p/s/x) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for r in range(1, rounds + 1):
+    p, s, x = load("private", r), load("shared-hot", r), load("exclusive-hot", r)
+    if not (p and s and x):
+        print(f"| {r} | n/a | | | | | | | |")
+        continue
+    ratio = s["ops_per_sec"] / p["ops_per_sec"] if p["ops_per_sec"] else 0
+    print(f"| {r} | {cell(p)} | {cell(s)} | {ratio:.2f} | {cell(x)} | {p['errors']}/{s['errors']}/{x['errors']} |")
+print()
+print("| round | readers cycles/s | readers lock p50 / p99 µs | writers cycles/s | writers lock p50 / p99 µs | errors (r/w) |")
+print("|---|---|---|---|---|---|")
+for r in range(1, rounds + 1):
+    rd, wr = load("mixed-readers", r), load("mixed-writers", r)
+    if not (rd and wr):
+        print(f"| {r} | n/a | | | | |")
+        continue
+    print(f"| {r} | {cell(rd)} | {cell(wr)} | {rd['errors']}/{wr['errors']} |")
+EOF
+{
+    echo
+    echo "- ringlockd: $RL_VERSION; one node, in memory; session protocol, session holds, hold 0"
+    echo "- $CLIENTS clients per scenario (mixed: $READERS readers + $WRITERS writer(s) on one key, two load generators); $DURATION per run after $WARMUP warm-up; $ROUNDS round(s), order rotated"
+    echo "- pinning: $PINNING; CPU: $CPU_MODEL; kernel: $KERNEL"
+} >>"$OUT/latest.md"
+cat "$OUT/latest.md"
+if [ "$SMOKE" = 1 ]; then
+    for f in "$OUT"/*.json; do
+        python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["cycles"] > 0 and d["errors"] == 0 else 1)' "$f" \
+            || { log "smoke: $f has no cycles or has errors"; FAILED=1; }
+    done
+    [ "$(ls "$OUT"/*.json 2>/dev/null | wc -l)" = 5 ] || { log "smoke: expected 5 runs"; FAILED=1; }
+fi
+exit "$FAILED"
