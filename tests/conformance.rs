@@ -30,6 +30,15 @@
 //!     persistent hold survives.
 //! 12. `shards` — keys spread over the shards, locked and released
 //!     concurrently: each key's tokens increase.
+//! 13. `modes_fifo` — two readers share a key (tokens increasing); an
+//!     exclusive try is refused and writer W queues; a later reader R3's
+//!     try is refused and it queues behind W (each confirmed queued); W
+//!     waits until both readers left, then is granted while R3 still
+//!     waits; after W's release R3 is granted, each with a larger token.
+//! 14. `modes_semaphore` — a semaphore of 2 admits two; a third's try is
+//!     refused; its request for 3 slots is `Error::ModeMismatch` naming
+//!     the key and changes nothing; queued for 2, it is granted when one
+//!     holder releases (a larger token); the free key takes a permit of 5.
 //!
 //! Run: `cargo test --features faults --test conformance [NAME...]`.
 
@@ -42,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use common::session::{holder_of, session, Proxy};
 use common::{Server, TempDir};
-use ringlock::client::{Acquire, Client, Hold, RetryPolicy, Session, Wait};
+use ringlock::client::{Access, Acquire, Client, Hold, RetryPolicy, Session, Wait};
 use ringlock::lease::{CancelToken, Error, LockOptions, LostReason};
 use ringlock::protocol::session as wire;
 
@@ -55,6 +64,13 @@ fn with_metrics() -> Server {
 /// Waits (bounded) until the server shows `n` queued requests.
 fn queued(s: &Server, n: usize) {
     common::wait_metric(s.metrics(), "ringlock_queued_waiters", n as f64);
+}
+
+/// The server's queued requests now. The loop publishes the gauge before
+/// it sends the answers of the same tick, so read after an answer (a
+/// release, a grant) it shows whether that answer's tick let a waiter in.
+fn waiting(s: &Server) -> usize {
+    common::metric(s.metrics(), "ringlock_queued_waiters") as usize
 }
 
 fn token(l: &ringlock::lease::Lease) -> u64 {
@@ -398,8 +414,121 @@ fn shards() {
     }
 }
 
+fn modes_fifo() {
+    const KEY: &str = "c/modes/fifo";
+    let s = with_metrics();
+    let (r1, r2, w, r3) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    assert!(r1.offers_modes(), "ringlockd offers lock modes");
+    let l1 = r1.lock_shared(KEY, WAIT).expect("granted shared");
+    let l2 = r2
+        .try_lock_shared(KEY)
+        .expect("answered")
+        .expect("readers share the key");
+    assert!(token(&l2) > token(&l1), "tokens increase");
+    assert_eq!((l1.access(), l2.access()), (Access::Shared, Access::Shared));
+    assert!(
+        w.try_lock(KEY).expect("answered").is_none(),
+        "an exclusive try is refused while readers hold"
+    );
+    let w2 = w.clone();
+    let writer = thread::spawn(move || w2.lock(KEY, WAIT));
+    queued(&s, 1);
+    assert!(
+        r3.try_lock_shared(KEY).expect("answered").is_none(),
+        "a later reader does not overtake the waiting writer"
+    );
+    let r3b = r3.clone();
+    let reader = thread::spawn(move || r3b.lock_shared(KEY, WAIT));
+    // Queued behind the writer.
+    queued(&s, 2);
+    l1.release().expect("released");
+    assert_eq!(waiting(&s), 2, "one reader still holds: the writer waits");
+    assert!(!writer.is_finished(), "the writer was answered");
+    l2.release().expect("released");
+    let lw = writer
+        .join()
+        .expect("writer")
+        .expect("granted once both readers left");
+    assert_eq!(lw.access(), Access::Exclusive);
+    assert!(token(&lw) > token(&l2), "the writer's token is larger");
+    assert_eq!(waiting(&s), 1, "the later reader waits for the writer");
+    assert!(!reader.is_finished(), "the later reader was answered");
+    lw.release().expect("released");
+    let l3 = reader
+        .join()
+        .expect("reader")
+        .expect("granted after the writer's release");
+    assert_eq!(l3.access(), Access::Shared);
+    assert!(
+        token(&l3) > token(&lw),
+        "the later reader's token is larger"
+    );
+    l3.release().expect("released");
+    assert!(holder_of(&s, KEY).is_none(), "the key is free");
+}
+
+fn modes_semaphore() {
+    const KEY: &str = "c/modes/sem";
+    let s = with_metrics();
+    let (a, b, c) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    let pa = a.lock_permit(KEY, 2, WAIT).expect("a slot");
+    let pb = b
+        .try_lock_permit(KEY, 2)
+        .expect("answered")
+        .expect("the second slot at once");
+    assert_eq!(
+        (pa.access(), pb.access()),
+        (Access::Semaphore(2), Access::Semaphore(2))
+    );
+    assert!(token(&pb) > token(&pa), "tokens increase");
+    assert!(
+        c.try_lock_permit(KEY, 2).expect("answered").is_none(),
+        "both slots are taken"
+    );
+    let err = c
+        .lock_permit(KEY, 3, WAIT)
+        .expect_err("a permit of 3 on a semaphore of 2");
+    match &err {
+        Error::ModeMismatch { key, slots } => assert_eq!((key.as_str(), *slots), (KEY, 3)),
+        e => panic!("expected ModeMismatch, got {e:?}"),
+    }
+    assert!(err.to_string().contains(KEY), "names the key: {err}");
+    // It changed nothing: it does not wait, and the key is still a
+    // semaphore of 2 with both slots taken.
+    assert_eq!(waiting(&s), 0, "the refused request does not wait");
+    assert!(c.try_lock_permit(KEY, 2).expect("answered").is_none());
+    let c2 = c.clone();
+    let third = thread::spawn(move || c2.lock_permit(KEY, 2, WAIT));
+    queued(&s, 1);
+    pa.release().expect("released");
+    let pc = third
+        .join()
+        .expect("waiter")
+        .expect("granted the slot the first left");
+    assert_eq!(pc.access(), Access::Semaphore(2));
+    assert!(token(&pc) > token(&pb), "the third's token is larger");
+    pb.release().expect("released");
+    pc.release().expect("released");
+    // Free again: the next first holder fixes another size.
+    let p5 = a
+        .try_lock_permit(KEY, 5)
+        .expect("answered")
+        .expect("a permit of 5 on the free key");
+    assert_eq!(p5.access(), Access::Semaphore(5));
+    p5.release().expect("released");
+}
+
 fn main() {
-    let scenarios: [(&str, fn()); 12] = [
+    let scenarios: [(&str, fn()); 14] = [
         ("grant", grant),
         ("fifo", fifo),
         ("try", try_),
@@ -412,6 +541,8 @@ fn main() {
         ("auth_refused", auth_refused),
         ("server_restart_durable", server_restart_durable),
         ("shards", shards),
+        ("modes_fifo", modes_fifo),
+        ("modes_semaphore", modes_semaphore),
     ];
     // Names given on the command line pick scenarios (cargo's own flags,
     // which start with `-`, are ignored).
