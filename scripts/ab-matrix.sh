@@ -48,7 +48,8 @@ for sc in scs:
     for l in open(f"{out}/{sc}.txt"):
         if l.startswith("#") or not l.strip():
             continue
-        c, ops, p99, cpu = l.split()
+        # commit, cycles/s, p99, CPU per cycle, then steal (ms) since ab.sh printed it
+        c, ops, p99, cpu = l.split()[:4]
         if c not in rows:
             order.append(c)
         rows.setdefault(c, []).append((float(ops), float(p99), float(cpu)))

@@ -7,8 +7,10 @@
 #   scripts/ab.sh OLD_COMMIT [ROUNDS] [LOADGEN ARGS...]
 #
 # Default load: one hot key, 64 persistent clients, closed loop, 3 s.
-# Prints one line per run: commit, cycles/s, lock p99 (µs), and the
-# server's CPU per lock+unlock cycle (µs, from /proc/PID/stat over the run).
+# Prints one line per run: commit, cycles/s, lock p99 (µs), the server's
+# CPU per lock+unlock cycle (µs, from /proc/PID/stat over the run), and the
+# CPU time the host stole from this VM over the run (ms, all CPUs, from
+# /proc/stat: a run with much of it measured the host, not the server).
 # AB_DURABLE=1 runs both servers durable, each run on a fresh log
 # (--data-path in the temp dir). AB_SERVER_ARGS="..." passes the same
 # extra arguments to both servers (e.g. "--idle-poll-us 0": with the idle
@@ -57,16 +59,19 @@ run() { # label server loadgen extra-server-args...
     for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/26119) 2>/dev/null && break; sleep 0.1; done
     # The server's CPU (user + system ticks) over the whole load, warm-up
     # included, per lock+unlock cycle of the whole load (cycles_all).
-    local t0 t1
+    local t0 t1 s0 s1
     t0=$(awk '{print $14+$15}' "/proc/$P/stat")
+    s0=$(awk '/^cpu /{print $9}' /proc/stat)
     taskset -c 0 "$lg" --target ringlock://127.0.0.1:26119 "${LOAD[@]}" --no-progress --json 2>"$WT/lg.err" | tail -1 >"$WT/lg.json"
     t1=$(awk '{print $14+$15}' "/proc/$P/stat")
+    s1=$(awk '/^cpu /{print $9}' /proc/stat)
     python3 -c "
 import json
 d = json.load(open('$WT/lg.json'))
 cpu_us = ($t1 - $t0) * 1e6 / $TICKS
 print('$label', round(d['ops_per_sec']), round(d['latency_us']['p99']),
-      round(cpu_us / max(d.get('cycles_all', 0), 1), 2))"
+      round(cpu_us / max(d.get('cycles_all', 0), 1), 2),
+      round(($s1 - $s0) * 1000 / $TICKS))"
     [ -s "$WT/lg.err" ] && tail -2 "$WT/lg.err" >&2
     kill "$P"; wait "$P" 2>/dev/null || true; P=
 }
@@ -78,7 +83,7 @@ TICKS=$(getconf CLK_TCK)
 DURABLE_LABEL=""
 [ "${AB_DURABLE:-0}" = 1 ] && DURABLE_LABEL=", durable"
 [ -n "${AB_SERVER_ARGS:-}" ] && DURABLE_LABEL="$DURABLE_LABEL, both servers: $AB_SERVER_ARGS"
-echo "# commit cycles/s p99_us server_cpu_us_per_cycle  (load: ${LOAD[*]}$DURABLE_LABEL)"
+echo "# commit cycles/s p99_us server_cpu_us_per_cycle steal_ms  (load: ${LOAD[*]}$DURABLE_LABEL)"
 for _ in $(seq "$ROUNDS"); do
     run "$OLDS" "$WT/old/target/release/ringlockd" "$WT/old/target/release/ringlock-loadgen"
     run "$NEW" "$ROOT/target/release/ringlockd" "$ROOT/target/release/ringlock-loadgen" "${THREADS[@]}"

@@ -67,7 +67,7 @@ if [ -z "$OUT" ]; then
     if [ "$SMOKE" = 1 ]; then OUT="$TMP/results"; else OUT="$ROOT/bench/results/modes"; fi
 fi
 mkdir -p "$OUT"
-rm -f "$OUT"/*.json "$OUT"/latest.md
+rm -f "$OUT"/*.json "$OUT"/latest.md "$OUT"/steal.txt
 trap cluster_cleanup EXIT
 
 log "building $PROFILE binaries"
@@ -97,8 +97,11 @@ lg() { # name clients dist access [prefix]
 keep() { # name round: the JSON line, or a failure noted
     if [ -s "$TMP/$1.out" ]; then tail -1 "$TMP/$1.out" >"$OUT/$1-r$2.json"; fi
 }
+steal() { awk '/^cpu /{print $9}' /proc/stat; }
+TICKS=$(getconf CLK_TCK)
 run() { # scenario round
-    local s=$1 r=$2
+    local s=$1 r=$2 s0
+    s0=$(steal)
     log "$s, $CLIENTS clients, round $r"
     case "$s" in
         private) lg private "$CLIENTS" private exclusive "p$r" || FAILED=1; keep private "$r" ;;
@@ -112,6 +115,7 @@ run() { # scenario round
             wait "$wp" || FAILED=1
             keep mixed-readers "$r"; keep mixed-writers "$r" ;;
     esac
+    echo "$s $r $(( ($(steal) - s0) * 1000 / TICKS ))" >>"$OUT/steal.txt"
     if [ "$FAILED" != 0 ]; then log "  a load generator failed: $(cat "$TMP"/*.err | tail -c 400 | tr '\n' ' ')"; fi
 }
 SCENARIOS=(private shared-hot exclusive-hot mixed)
@@ -153,6 +157,7 @@ EOF
     echo "- ringlockd: $RL_VERSION; one node, in memory; session protocol, session holds, hold 0"
     echo "- $CLIENTS clients per scenario (mixed: $READERS readers + $WRITERS writer(s) on one key, two load generators); $DURATION per run after $WARMUP warm-up; $ROUNDS round(s), order rotated"
     echo "- pinning: $PINNING; CPU: $CPU_MODEL; kernel: $KERNEL"
+    echo "- CPU time the host stole from this VM during each run (ms, all CPUs; much of it means the run measured the host): $(awk '{printf "%s%s r%s %s", (NR > 1 ? ", " : ""), $1, $2, $3}' "$OUT/steal.txt")"
 } >>"$OUT/latest.md"
 cat "$OUT/latest.md"
 if [ "$SMOKE" = 1 ]; then
