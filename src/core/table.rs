@@ -347,6 +347,30 @@ struct Walk {
     last: u32,
 }
 
+impl Walk {
+    /// The walk's rest once entry `x` of its list leaves the list: an end
+    /// on `x` moves inward (`next_of` / `prev_of`: `x`'s neighbours there),
+    /// so the range stays the entries still listed; `None` when `x` was all
+    /// that was left.
+    #[inline]
+    fn leaving(
+        self,
+        x: u32,
+        next_of: impl FnOnce() -> Option<u32>,
+        prev_of: impl FnOnce() -> Option<u32>,
+    ) -> Option<Walk> {
+        if self.next == x && self.last == x {
+            None
+        } else if self.next == x {
+            next_of().map(|next| Walk { next, ..self })
+        } else if self.last == x {
+            prev_of().map(|last| Walk { last, ..self })
+        } else {
+            Some(self)
+        }
+    }
+}
+
 impl Table {
     /// An empty table. Nothing is reserved for the limits: a table sized
     /// for `max_keys` would be touched page by page as keys hash all over
@@ -810,15 +834,12 @@ impl Table {
         }
         if let Some(w) = self.walk {
             // Keep the walk's ends on keys that are still held.
-            self.walk = if w.next == k && w.last == k {
-                None
-            } else if w.next == k {
-                List::next_of(&self.keys, k, K_AGE).map(|next| Walk { next, ..w })
-            } else if w.last == k {
-                List::prev_of(&self.keys, k, K_AGE).map(|last| Walk { last, ..w })
-            } else {
-                Some(w)
-            };
+            let keys = &self.keys;
+            self.walk = w.leaving(
+                k,
+                || List::next_of(keys, k, K_AGE),
+                || List::prev_of(keys, k, K_AGE),
+            );
         }
         self.by_age.unlink(&mut self.keys, k, K_AGE);
         self.source_drop_if_unused(h.source);

@@ -305,15 +305,12 @@ impl Table {
         }
         if let Some(w) = self.share_walk {
             // Keep the walk's ends on shares that still hold.
-            self.share_walk = if w.next == x && w.last == x {
-                None
-            } else if w.next == x {
-                List::next_of(&self.shares, x, S_AGE).map(|next| Walk { next, ..w })
-            } else if w.last == x {
-                List::prev_of(&self.shares, x, S_AGE).map(|last| Walk { last, ..w })
-            } else {
-                Some(w)
-            };
+            let shares = &self.shares;
+            self.share_walk = w.leaving(
+                x,
+                || List::next_of(shares, x, S_AGE),
+                || List::prev_of(shares, x, S_AGE),
+            );
         }
         self.shares_by_age.unlink(&mut self.shares, x, S_AGE);
         self.share_of.remove(&h.grant_id);
