@@ -2,7 +2,10 @@
 //! (SIGTERM, restart, next node) under a lock workload. A node stopped by
 //! SIGTERM hands its leadership over before it exits, so a client's
 //! operation fails at most once per restart (the connection to the old
-//! leader closes) and succeeds on its first retry at the new leader.
+//! leader closes) and succeeds on its first retry at the new leader; a
+//! client of a follower whose request reached the old leader as it handed
+//! over is not failed again (it answers `not leader`, and the follower
+//! sends the request on to the new leader).
 
 mod common;
 
@@ -18,13 +21,16 @@ use common::frame;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A Locking-Center client on a persistent connection to whichever node
-/// serves; it walks the node list to find it (a node that does not serve
-/// answers the Persist `-` at once: discovery, not a failed operation).
+/// A Locking-Center client on a persistent connection to one node (a
+/// follower forwards its requests to the leader); it walks the node list
+/// to find one that answers (a node that is down or stopping refuses the
+/// connection or its Persist: discovery, not a failed operation).
 struct Worker {
     addrs: Arc<Mutex<Vec<SocketAddr>>>,
     conn: Option<TcpStream>,
     next: usize,
+    /// The node `conn` is connected to (index into `addrs`).
+    at: usize,
 }
 
 impl Worker {
@@ -55,6 +61,7 @@ impl Worker {
             let mut b = [0u8; 1];
             if s.write_all(&[6]).is_ok() && matches!(s.read(&mut b), Ok(1) if b[0] == b'+') {
                 self.next -= 1; // stay with the node that serves
+                self.at = self.next % addrs.len();
                 self.conn = Some(s);
                 return;
             }
@@ -98,9 +105,12 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
     let worst = Arc::new(AtomicU64::new(0));
     // The longest time any worker went without completing a cycle (µs).
     let gap = Arc::new(AtomicU64::new(0));
+    // Every failed operation and every restart, in order (printed on failure).
+    let events = Arc::new(Mutex::new(Vec::<String>::new()));
+    let t0 = Instant::now();
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (addrs, stop, cycles, retries, discovery, worst, gap) = (
+        let (addrs, stop, cycles, retries, discovery, worst, gap, events) = (
             addrs.clone(),
             stop.clone(),
             cycles.clone(),
@@ -108,12 +118,14 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
             discovery.clone(),
             worst.clone(),
             gap.clone(),
+            events.clone(),
         );
         workers.push(thread::spawn(move || {
             let mut wk = Worker {
                 addrs,
                 conn: None,
                 next: w,
+                at: 0,
             };
             let key = format!("k{w}");
             let src = format!("w{w}");
@@ -128,23 +140,35 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
                     if wk.conn.is_none() {
                         wk.connect(&discovery);
                     }
-                    if dirty && wk.ask(&frame(4, src.as_bytes(), None)) != Some(b'+') {
+                    let mut fail = |wk: &mut Worker, op: &str, answer: Option<u8>| {
                         failed += 1;
+                        events.lock().unwrap().push(format!(
+                            "{:>8.1?} w{w} {op} at node {} answered {:?}",
+                            t0.elapsed(),
+                            wk.at + 1,
+                            answer.map(char::from)
+                        ));
                         wk.conn = None;
-                        continue;
+                    };
+                    if dirty {
+                        let a = wk.ask(&frame(4, src.as_bytes(), None));
+                        if a != Some(b'+') {
+                            fail(&mut wk, "ResetBySource", a);
+                            continue;
+                        }
                     }
                     // (A reset that succeeded leaves nothing uncertain: a
                     // failure below sets `dirty` again.)
-                    if wk.ask(&frame(1, key.as_bytes(), Some(src.as_bytes()))) != Some(b'+') {
-                        failed += 1;
+                    let a = wk.ask(&frame(1, key.as_bytes(), Some(src.as_bytes())));
+                    if a != Some(b'+') {
+                        fail(&mut wk, "Lock", a);
                         dirty = true;
-                        wk.conn = None;
                         continue;
                     }
-                    if wk.ask(&frame(2, key.as_bytes(), None)) != Some(b'+') {
-                        failed += 1;
+                    let a = wk.ask(&frame(2, key.as_bytes(), None));
+                    if a != Some(b'+') {
+                        fail(&mut wk, "Unlock", a);
                         dirty = true;
-                        wk.conn = None;
                         continue;
                     }
                     break;
@@ -172,6 +196,11 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
     let mut handed = 0;
     let restart = |c: &mut Cluster, i: usize, handed: &mut u32| {
         let was_leader = c.serves(i);
+        events.lock().unwrap().push(format!(
+            "{:>8.1?} SIGTERM node {} (leader: {was_leader})",
+            t0.elapsed(),
+            i + 1
+        ));
         c.signal(i, libc::SIGTERM);
         let t = Instant::now();
         let status = c.nodes[i].as_mut().unwrap().child.wait().expect("wait");
@@ -195,6 +224,11 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
         }
         c.nodes[i] = None;
         c.start_node(i);
+        events.lock().unwrap().push(format!(
+            "{:>8.1?} node {} started again",
+            t0.elapsed(),
+            i + 1
+        ));
         addrs.lock().unwrap()[i] = c.lock_addrs[i];
         progress(&format!("cycles complete after node {}'s restart", i + 1));
     };
@@ -229,7 +263,8 @@ fn rolling_restart_under_load_costs_each_operation_at_most_one_retry() {
     assert!(handed >= 1, "the leader was restarted");
     assert!(
         worst.load(Ordering::Relaxed) <= 1,
-        "an operation needed more than one retry across a rolling restart"
+        "an operation needed more than one retry across a rolling restart:\n{}",
+        events.lock().unwrap().join("\n")
     );
 }
 

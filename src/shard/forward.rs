@@ -35,7 +35,8 @@
 //!   answered `-`: nothing was done. When the outcome is unknown — the link to or from the
 //!   leader fails, a Forward cannot be sent, the node it went to stops
 //!   being the leader this node knows (within an election timeout of a
-//!   cut-off), or the leader stepped down with the answer decided but not
+//!   cut-off) and does not answer within [`Forwards::ORPHAN_TICKS`]
+//!   ticks, or the leader stepped down with the answer decided but not
 //!   committed — the client's connection is closed without an answer,
 //!   exactly as a direct connection to that leader would have been: the
 //!   client does not know whether it happened (docs/cluster.md: its safe
@@ -73,8 +74,6 @@ pub(super) struct Forwards {
     serving: BTreeMap<(u64, u64), u32>,
     /// Live links from each node (a leader's answers come on its link).
     inbound: BTreeMap<u64, u32>,
-    /// The leader the waiting requests were last checked against.
-    checked_leader: u64,
 }
 
 /// A follower's request waiting for the leader.
@@ -90,6 +89,10 @@ struct Waiting {
     until_us: u64,
     /// Not sent again before this (after a refusal).
     retry_us: u64,
+    /// Sent to a node that is no longer the leader this node knows: its
+    /// answer is awaited until this (mono µs; 0 while it went to the
+    /// leader), then the request fails.
+    orphan_us: u64,
 }
 
 impl Forwards {
@@ -97,6 +100,15 @@ impl Forwards {
     /// enough for an election and the new leader's first commit, so that
     /// a failover costs a client of a follower a wait, not an error.
     const PARK_ELECTIONS: u64 = 3;
+
+    /// How long a request sent to a node that is no longer the leader
+    /// waits for that node's answer, in replication ticks. A leader that
+    /// stopped serving (stepped down, or stopping and handing over)
+    /// answers at once — `not leader` parks the request again for the
+    /// new leader, a withdrawn Lock is `-`, a decided one is still
+    /// answered — so a hand-over costs the client nothing; only a node
+    /// that is silent this long leaves the outcome unknown.
+    const ORPHAN_TICKS: u64 = 3;
 
     /// Ids start at the start time in µs: a restarted follower's ids are
     /// not an earlier run's (answers never outlive a link, but cheaply so).
@@ -167,6 +179,7 @@ impl Shard {
                 client: c.peer,
                 until_us,
                 retry_us: 0,
+                orphan_us: 0,
             },
         );
         log!(
@@ -195,9 +208,9 @@ impl Shard {
             return;
         }
         w.node = node;
+        w.orphan_us = 0;
         let mut frame = Vec::with_capacity(48 + w.req.len());
         wire::encode_forward(id, term, w.client, &w.req, &mut frame);
-        self.forwards.checked_leader = node;
         self.cmds.push(Cmd::PeerMust { node, frame });
     }
 
@@ -290,14 +303,14 @@ impl Shard {
         }
     }
 
-    /// Fails every request sent to a node `went_to` picks (closed: its
-    /// outcome is unknown), and logs why.
-    fn fail_sent(&mut self, went_to: impl Fn(u64) -> bool, why: &str) {
+    /// Fails every sent request `pick` picks (closed: its outcome is
+    /// unknown), and logs why.
+    fn fail_sent(&mut self, pick: impl Fn(&Waiting) -> bool, why: &str) {
         let gone: Vec<(u64, Token)> = self
             .forwards
             .waiting
             .iter()
-            .filter(|(_, w)| w.node != 0 && went_to(w.node))
+            .filter(|(_, w)| w.node != 0 && pick(w))
             .map(|(&id, w)| (id, w.token))
             .collect();
         if gone.is_empty() {
@@ -347,18 +360,29 @@ impl Shard {
         let Some((leader, _)) = self.known_leader() else {
             return;
         };
-        if leader != self.forwards.checked_leader {
-            self.forwards.checked_leader = leader;
+        // A request sent to a node that is no longer the leader waits
+        // ORPHAN_TICKS for that node's answer, then fails.
+        let now = self.now.mono_us;
+        let mut due = false;
+        for w in self.forwards.waiting.values_mut() {
+            if w.node == 0 || w.node == leader {
+                w.orphan_us = 0;
+            } else if w.orphan_us == 0 {
+                w.orphan_us = now + Forwards::ORPHAN_TICKS * crate::cluster::TICK_US;
+            } else if w.orphan_us <= now {
+                due = true;
+            }
+        }
+        if due {
             self.fail_sent(
-                |n| n != leader,
-                "the leader they went to is no longer the one this node knows",
+                |w| w.orphan_us != 0 && w.orphan_us <= now,
+                "the leader they went to is no longer the one this node knows, and did not answer",
             );
         }
         if self.may_serve() {
             // This node leads now: what waited for a leader is its own.
             self.serve_parked_here();
         }
-        let now = self.now.mono_us;
         let parked: Vec<(u64, Token, bool)> = self
             .forwards
             .waiting
@@ -457,7 +481,7 @@ impl Shard {
 
     /// The way to or from `node` is broken.
     pub(super) fn forward_link_lost(&mut self, node: u64, why: &str) {
-        self.fail_sent(|n| n == node, why);
+        self.fail_sent(|w| w.node == node, why);
         // The leader's side: that follower's requests lose their way back.
         let theirs: Vec<u32> = self
             .forwards

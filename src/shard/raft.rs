@@ -172,6 +172,9 @@ pub struct Part {
     last_transfer_tick: u64,
     /// A stopping leader runs until it handed over, or until this.
     hand_over_until_us: u64,
+    /// When a stopping node was first seen handed over (mono µs; 0
+    /// before): it lingers a little past it (see [`Shard::stop_done`]).
+    handed_at_us: u64,
     /// Listings parked on a follower until its read barrier is applied:
     /// `(barrier id, index once known, asked at µs, from, request id, op)`.
     reads: Vec<ParkedRead>,
@@ -234,6 +237,7 @@ impl Part {
             drop_quiet_until_us: [0; Reason::COUNT],
             last_transfer_tick: 0,
             hand_over_until_us: 0,
+            handed_at_us: 0,
             reads: Vec::new(),
             next_read: 1,
             compacting: None,

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// How long a stopping node runs on once it handed every group over, in
+/// replication ticks ([`Shard::stop_done`]).
+const LINGER_TICKS: u64 = 2;
+
 impl Shard {
     /// SIGTERM/SIGINT (from [`Shard::stop`]): a leader hands its group over
     /// to its most caught-up follower, so that a rolling restart costs
@@ -69,21 +73,40 @@ impl Shard {
     }
 
     /// True once this shard may exit: always without replication; in a
-    /// cluster once it no longer leads (its leadership handed over) or the
+    /// cluster once no group on this node leads any more (every shard's
+    /// leadership handed over, as this shard sees them) and this one's
+    /// vote is durable, plus [`LINGER_TICKS`] ticks; or once the
     /// hand-over's bound (two election timeouts) passed.
-    pub fn stop_done(&self) -> bool {
-        match &self.raft {
-            None => true,
-            Some(r) => {
-                // Handed over: another node leads, and this one's vote for
-                // it is on disk and sent (votes wait for their fdatasync).
-                let handed = !r.replica.is_leader()
-                    && r.replica.leader() != 0
-                    && r.replica.leader() != r.replica.id()
-                    && r.file.idle();
-                r.fatal.is_some() || handed || self.now.mono_us >= r.hand_over_until_us
-            }
+    ///
+    /// The linger is for other nodes' forwarded requests: until they
+    /// learn of the new leader they still send to this node, which
+    /// answers `not leader` while its loop runs (they go to the new
+    /// leader next); a request left unread at exit would instead close
+    /// its client's connection with its outcome unknown.
+    pub fn stop_done(&mut self) -> bool {
+        let now = self.now.mono_us;
+        let Some(r) = self.raft.as_mut() else {
+            return true;
+        };
+        if r.fatal.is_some() || now >= r.hand_over_until_us {
+            return true;
         }
+        // Handed over: another node leads, and this one's vote for it is
+        // on disk and sent (votes wait for their fdatasync).
+        let me = r.replica.id();
+        let handed = !r.replica.is_leader()
+            && r.replica.leader() != 0
+            && r.replica.leader() != me
+            && r.file.idle()
+            && (0..r.view.groups()).all(|g| r.view.leader_of(g) != me);
+        if !handed {
+            r.handed_at_us = 0;
+            return false;
+        }
+        if r.handed_at_us == 0 {
+            r.handed_at_us = now;
+        }
+        now >= r.handed_at_us + LINGER_TICKS * crate::cluster::TICK_US
     }
 
     /// Every group follows group 0's leader, so one node serves them all:

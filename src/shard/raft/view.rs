@@ -70,6 +70,9 @@ impl NodeView {
     pub fn all_serving(&self) -> bool {
         self.serving.iter().all(|s| s.load(Ordering::Acquire))
     }
+    pub fn groups(&self) -> usize {
+        self.leaders.len()
+    }
     pub fn leader_of(&self, group: usize) -> u64 {
         self.leaders[group].load(Ordering::Acquire)
     }
