@@ -79,10 +79,11 @@ impl Peer {
                             f.token = token;
                             f.ttl_ms = ttl_ms;
                         }
-                        Req::Cancel { target, key } => {
+                        Req::Cancel { target, key } | Req::Unwatch { target, key } => {
                             f.key = key.to_vec();
                             f.target = target;
                         }
+                        Req::Watch { key } => f.key = key.to_vec(),
                         Req::Ping | Req::Hello { .. } | Req::Resume { .. } => {}
                     }
                     self.buf.drain(..len);

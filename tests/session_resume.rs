@@ -65,7 +65,9 @@ impl Peer {
                             f.key = key.to_vec();
                             f.access = access;
                         }
-                        Req::Cancel { key, .. } => f.key = key.to_vec(),
+                        Req::Cancel { key, .. } | Req::Watch { key } | Req::Unwatch { key, .. } => {
+                            f.key = key.to_vec()
+                        }
                         Req::Release { token, key } | Req::Extend { token, key, .. } => {
                             f.key = key.to_vec();
                             f.token = token;

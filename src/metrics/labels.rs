@@ -66,6 +66,8 @@ pub enum SessionOp {
     Cancel,
     Ping,
     Resume,
+    Watch,
+    Unwatch,
 }
 
 /// Every status of a session Reply, in byte order (`Status as usize` is
@@ -90,7 +92,7 @@ pub const SESSION_STATUSES: [Status; 16] = [
 ];
 
 impl SessionOp {
-    pub const ALL: [SessionOp; 7] = [
+    pub const ALL: [SessionOp; 9] = [
         SessionOp::Hello,
         SessionOp::Acquire,
         SessionOp::Release,
@@ -98,6 +100,8 @@ impl SessionOp {
         SessionOp::Cancel,
         SessionOp::Ping,
         SessionOp::Resume,
+        SessionOp::Watch,
+        SessionOp::Unwatch,
     ];
 
     /// The op of a session frame's first byte; `None` for a byte that is
@@ -111,6 +115,8 @@ impl SessionOp {
             sp::OP_CANCEL => SessionOp::Cancel,
             sp::OP_PING => SessionOp::Ping,
             sp::OP_RESUME => SessionOp::Resume,
+            sp::OP_WATCH => SessionOp::Watch,
+            sp::OP_UNWATCH => SessionOp::Unwatch,
             _ => return None,
         })
     }
@@ -125,6 +131,8 @@ impl SessionOp {
             SessionOp::Cancel => "cancel",
             SessionOp::Ping => "ping",
             SessionOp::Resume => "resume",
+            SessionOp::Watch => "watch",
+            SessionOp::Unwatch => "unwatch",
         }
     }
 
@@ -147,6 +155,8 @@ impl SessionOp {
             SessionOp::Release | SessionOp::Extend => &[Ok, NotOwner, Stale, Invalid, Limit],
             SessionOp::Cancel => &[Ok, Invalid, Limit, NotQueued],
             SessionOp::Ping => &[Ok, Invalid],
+            SessionOp::Watch => &[Ok, Invalid, Limit],
+            SessionOp::Unwatch => &[Ok, Invalid, NotQueued],
         }
     }
 

@@ -125,6 +125,9 @@ pub struct Metrics {
     sessions_ended: AtomicU64,
     sessions_expired: AtomicU64,
     lost_pushed: AtomicU64,
+    /// Watches open now (every shard's), and Events pushed to them.
+    watches: std::sync::atomic::AtomicI64,
+    watch_events: AtomicU64,
     idle_timeouts: AtomicU64,
     auth_failures: AtomicU64,
     lc_actions_refused: AtomicU64,
@@ -173,6 +176,8 @@ impl Metrics {
             sessions_ended: AtomicU64::new(0),
             sessions_expired: AtomicU64::new(0),
             lost_pushed: AtomicU64::new(0),
+            watches: std::sync::atomic::AtomicI64::new(0),
+            watch_events: AtomicU64::new(0),
             idle_timeouts: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             lc_actions_refused: AtomicU64::new(0),
@@ -342,6 +347,18 @@ impl Metrics {
     /// A Lost message pushed to a session (lease expired, hold reset).
     pub fn lost_pushed(&self) {
         self.lost_pushed.fetch_add(1, Relaxed);
+    }
+
+    /// Watches began (`n` > 0) or ended (`n` < 0).
+    pub fn watches_changed(&self, n: i64) {
+        if n != 0 {
+            self.watches.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// An Event pushed to a watch (a grant or a release of its key).
+    pub fn watch_event(&self) {
+        self.watch_events.fetch_add(1, Relaxed);
     }
 
     /// A session Hello or admin connection without the right auth token.

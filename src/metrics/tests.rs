@@ -67,10 +67,19 @@ fn session_statuses_are_indexed_by_their_byte_and_ops_by_theirs() {
     assert_eq!(Status::from_byte(SESSION_STATUSES.len() as u8), None);
     for (i, op) in SessionOp::ALL.iter().enumerate() {
         assert_eq!(op.index(), i);
+    }
+    // Ops 7..=13 in order; 14 (Locate) opens no session; then Watch, Unwatch.
+    for (i, op) in SessionOp::ALL[..7].iter().enumerate() {
         assert_eq!(SessionOp::from_byte(sp::OP_HELLO + i as u8), Some(*op));
     }
+    assert_eq!(SessionOp::from_byte(sp::OP_WATCH), Some(SessionOp::Watch));
+    assert_eq!(
+        SessionOp::from_byte(sp::OP_UNWATCH),
+        Some(SessionOp::Unwatch)
+    );
     assert_eq!(SessionOp::from_byte(sp::OP_HELLO - 1), None);
-    assert_eq!(SessionOp::from_byte(sp::OP_RESUME + 1), None);
+    assert_eq!(SessionOp::from_byte(sp::OP_LOCATE), None);
+    assert_eq!(SessionOp::from_byte(sp::OP_UNWATCH + 1), None);
 }
 
 #[test]

@@ -52,12 +52,20 @@ pub const OP_RESUME: u8 = 13;
 /// and only frame, answered by every node (leader or not), then closed.
 /// Not a session op: it opens nothing.
 pub const OP_LOCATE: u8 = 14;
+/// Watches a key's holders ([`FLAG_WATCH`]): its current holders, then
+/// every change, as Event frames under the Watch's rid.
+pub const OP_WATCH: u8 = 15;
+/// Ends a watch of the session (by the Watch's rid and key).
+pub const OP_UNWATCH: u8 = 16;
 
 pub const KIND_REPLY: u8 = 0x80;
 pub const KIND_LOST: u8 = 0x81;
 /// One session hold a resumed session still has (answers a Resume, before
 /// its Reply).
 pub const KIND_HELD: u8 = 0x82;
+/// One holder of a watched key, or one change of its holders (carries the
+/// Watch's rid).
+pub const KIND_EVENT: u8 = 0x83;
 
 /// Welcome `flags` bit: the session is replicated, and can be resumed on
 /// another connection (and on a new leader) with a Resume.
@@ -67,6 +75,10 @@ pub const FLAG_RESUMABLE: u8 = 1;
 /// non-exclusive Acquire only to a server that set it (an older one would
 /// answer `invalid`: its Acquire body ends at the source).
 pub const FLAG_MODES: u8 = 2;
+/// Welcome `flags` bit: the server takes Watch and Unwatch ([`OP_WATCH`]).
+/// A client sends them only to a server that set it (an older one closes
+/// the connection on an op it does not know).
+pub const FLAG_WATCH: u8 = 4;
 
 /// How a lock is shared (the lock core's own type; an Acquire's optional
 /// trailing `[u8 access][u32 slots]`).
@@ -243,6 +255,10 @@ pub enum Req<'a> {
     Cancel { target: u32, key: &'a [u8] },
     /// empty body
     Ping,
+    /// `[u8 keyLen][key]`: watch the key's holders ([`FLAG_WATCH`]).
+    Watch { key: &'a [u8] },
+    /// `[u32 rid of the Watch][u8 keyLen][key of the Watch]`.
+    Unwatch { target: u32, key: &'a [u8] },
     /// `[u8 version][u64 session_id]`, then optionally `[u8 authLen][auth]`:
     /// a connection's first frame, instead of a Hello, to take over a
     /// replicated session ([`FLAG_RESUMABLE`]).
@@ -270,7 +286,7 @@ pub enum Decoded<'a> {
 
 /// True for the action bytes of this protocol.
 pub fn is_session_op(b: u8) -> bool {
-    (OP_HELLO..=OP_RESUME).contains(&b)
+    (OP_HELLO..=OP_RESUME).contains(&b) || b == OP_WATCH || b == OP_UNWATCH
 }
 
 struct Body<'a> {
@@ -394,6 +410,15 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
             Req::Cancel { target, key }
         }
         OP_PING => Req::Ping,
+        OP_WATCH => {
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            Req::Watch { key }
+        }
+        OP_UNWATCH => {
+            let target = r.u32().ok_or("short unwatch")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            Req::Unwatch { target, key }
+        }
         _ => return Err("unknown op"),
     };
     if !r.done() {
@@ -458,6 +483,8 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         Req::Cancel { .. } => OP_CANCEL,
         Req::Ping => OP_PING,
         Req::Resume { .. } => OP_RESUME,
+        Req::Watch { .. } => OP_WATCH,
+        Req::Unwatch { .. } => OP_UNWATCH,
     };
     frame(out, op, rid, |o| match *req {
         Req::Resume {
@@ -521,10 +548,11 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             o.extend_from_slice(&ttl_ms.to_le_bytes());
             put_name(o, key);
         }
-        Req::Cancel { target, key } => {
+        Req::Cancel { target, key } | Req::Unwatch { target, key } => {
             o.extend_from_slice(&target.to_le_bytes());
             put_name(o, key);
         }
+        Req::Watch { key } => put_name(o, key),
         Req::Ping => {}
     });
 }
@@ -728,6 +756,11 @@ pub fn encode_lost(key: &[u8], token: u64, why: LostWhy, out: &mut Vec<u8>) {
     });
 }
 
+/// Encodes an Event push under the Watch's `rid` (body: [`event`]).
+pub fn encode_event(rid: u32, kind: EventKind, h: &EventHolder<'_>, out: &mut Vec<u8>) {
+    frame(out, KIND_EVENT, rid, |o| event::encode_body(kind, h, o));
+}
+
 /// One decoded server message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
@@ -755,6 +788,17 @@ pub enum Answer {
         hold: HoldMode,
         /// `None` for [`NO_TTL`] (not a lease).
         ttl_left_ms: Option<u32>,
+    },
+    /// A holder of a watched key, or a change of its holders (rid = the
+    /// Watch's).
+    Event {
+        rid: u32,
+        kind: EventKind,
+        token: u64,
+        hold: HoldMode,
+        access: Access,
+        key: Vec<u8>,
+        source: Vec<u8>,
     },
     /// A Reply of a status with detail ([`Status::has_detail`]): for
     /// `unsupported version` the versions the server speaks, for `not
@@ -859,6 +903,19 @@ pub fn decode_answer(
                 ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
             }
         }
+        KIND_EVENT => {
+            let (kind, h) = event::decode_body(b).ok_or_else(bad)?;
+            r.at = r.b.len();
+            Answer::Event {
+                rid,
+                kind,
+                token: h.token,
+                hold: h.hold,
+                access: h.access,
+                key: h.key.to_vec(),
+                source: h.source.to_vec(),
+            }
+        }
         _ => return Err(format!("unknown answer kind {kind:#x}")),
     };
     if !r.done() {
@@ -866,6 +923,9 @@ pub fn decode_answer(
     }
     Ok(Some((a, HEADER + blen)))
 }
+
+mod event;
+pub use event::{EventHolder, EventKind};
 
 #[cfg(test)]
 mod tests;

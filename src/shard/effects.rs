@@ -92,6 +92,9 @@ impl Shard {
                         .journal(lsn, Undo::Acquire { key, grant_id });
                 }
                 self.metrics.at(self.me).grant();
+                if !self.watches.is_empty() {
+                    self.watch_effect(e);
+                }
                 if let Some(us) = waited_us {
                     self.metrics.at(self.me).handoff();
                     self.metrics.at(self.me).observe_queue_wait_us(us);
@@ -135,6 +138,9 @@ impl Shard {
                 if holder_conn & SESS_BIT != 0 {
                     // A Lost push, before the next holder's grant.
                     self.session_effect(e);
+                }
+                if !self.watches.is_empty() {
+                    self.watch_effect(e);
                 }
             }
         }

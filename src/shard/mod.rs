@@ -58,6 +58,8 @@ pub mod msg;
 pub mod raft;
 mod resume;
 pub mod session;
+mod watch;
+mod watchset;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -222,6 +224,9 @@ pub struct Shard {
     /// Cluster mode: Locking-Center requests forwarded to the leader, or
     /// served for a follower.
     forwards: forward::Forwards,
+    /// Sessions watching this shard's keys ([`watch`]).
+    watches: watchset::Watches,
+    watch_scratch: Vec<watchset::Watcher>,
     /// Cluster mode: what the replication metrics are computed from.
     raft_stats: raft::Stats,
     /// This node's client (lock) and admin addresses as it tells clients
@@ -282,6 +287,8 @@ impl Shard {
                 f
             },
             raft_stats: raft::Stats::default(),
+            watches: watchset::Watches::default(),
+            watch_scratch: Vec::new(),
             advertised: (cfg.bind.to_string(), cfg.admin_bind.to_string()),
             cfg,
         }
@@ -919,6 +926,7 @@ impl Shard {
         self.table.check_invariants();
         self.durability.check();
         self.forwards.check(&self.conns);
+        self.watches.check();
         let live = self.conns.iter().filter(|c| c.state != State::Free).count();
         assert_eq!(live, self.open_conns, "open connection count drifted");
         assert_eq!(

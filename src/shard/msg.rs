@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 
 use super::conn::Port;
 use crate::core::{Access, HoldMode, Name, Token};
-use crate::protocol::session::{LostWhy, Status};
+use crate::protocol::session::{EventKind, LostWhy, Status};
 
 /// An operation one shard asks every shard to run on its part of the keys.
 #[derive(Clone, Debug)]
@@ -118,6 +118,13 @@ pub enum SessOp {
         target: u32,
         key: Name,
     },
+    Watch {
+        key: Name,
+    },
+    Unwatch {
+        target: u32,
+        key: Name,
+    },
 }
 
 /// Something for a session's client.
@@ -133,6 +140,16 @@ pub enum SessOut {
         key: Name,
         token: u64,
         why: LostWhy,
+    },
+    /// A holder of a watched key, or a change of its holders.
+    Event {
+        rid: u32,
+        kind: EventKind,
+        token: u64,
+        hold: HoldMode,
+        access: Access,
+        key: Name,
+        source: Name,
     },
 }
 

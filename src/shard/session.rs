@@ -65,7 +65,7 @@ fn status_of(r: Reply) -> Status {
     }
 }
 
-fn reply(rid: u32, status: Status) -> SessOut {
+pub(super) fn reply(rid: u32, status: Status) -> SessOut {
     SessOut::Reply {
         rid,
         status,
@@ -224,8 +224,8 @@ impl Shard {
 
     /// The welcome of session `sid` (a Hello's or a Resume's answer).
     pub(super) fn welcome(&self, sid: u64, keepalive_ms: u32, flags: u8) -> sp::Welcome {
-        // Every server takes an Acquire's access.
-        let flags = flags | sp::FLAG_MODES;
+        // Every server takes an Acquire's access, and watches.
+        let flags = flags | sp::FLAG_MODES | sp::FLAG_WATCH;
         sp::Welcome {
             status: Status::Ok,
             version: sp::VERSION,
@@ -340,6 +340,13 @@ impl Shard {
                     target,
                     key: Name::new(key).expect("decoder bounds names"),
                 })),
+                Ok(Req::Watch { key }) => Ok(Some(SessOp::Watch {
+                    key: Name::new(key).expect("decoder bounds names"),
+                })),
+                Ok(Req::Unwatch { target, key }) => Ok(Some(SessOp::Unwatch {
+                    target,
+                    key: Name::new(key).expect("decoder bounds names"),
+                })),
             };
             self.conns[slot as usize].rbuf.drain(..len);
             match parsed {
@@ -387,7 +394,9 @@ impl Shard {
             SessOp::Acquire { key, .. }
             | SessOp::Release { key, .. }
             | SessOp::Extend { key, .. }
-            | SessOp::Cancel { key, .. } => *key,
+            | SessOp::Cancel { key, .. }
+            | SessOp::Watch { key }
+            | SessOp::Unwatch { key, .. } => *key,
         };
         let to = owner(key.as_bytes(), self.shards);
         let home = self.token(slot);
@@ -425,6 +434,26 @@ impl Shard {
                 self.metrics.lost_pushed();
                 sp::encode_lost(key.as_bytes(), token, why, &mut c.out)
             }
+            SessOut::Event {
+                rid,
+                kind,
+                token,
+                hold,
+                access,
+                key,
+                source,
+            } => sp::encode_event(
+                rid,
+                kind,
+                &sp::EventHolder {
+                    token,
+                    hold,
+                    access,
+                    key: key.as_bytes(),
+                    source: source.as_bytes(),
+                },
+                &mut c.out,
+            ),
         }
         if c.out.len() > SESSION_OUT_MAX {
             self.violation(slot, "session answers not read by the client");
@@ -464,6 +493,7 @@ impl Shard {
             if to == self.me {
                 let now = self.now;
                 self.table.owner_end(sid, now, &mut self.fx);
+                self.unwatch_session(sid);
             } else {
                 self.cmds.push(Cmd::Sess {
                     to,
@@ -514,9 +544,18 @@ impl Shard {
             SessMsg::End { sid } => {
                 let now = self.now;
                 self.table.owner_end(sid, now, &mut self.fx);
+                self.unwatch_session(sid);
             }
-            SessMsg::Orphan { sid } => self.orphaned(sid),
-            SessMsg::Adopt { sid, home } => self.adopt(sid, home),
+            SessMsg::Orphan { sid } => {
+                self.unwatch_session(sid);
+                self.orphaned(sid)
+            }
+            SessMsg::Adopt { sid, home } => {
+                // A watch does not move with its session: the client
+                // watches again on the new connection.
+                self.unwatch_session(sid);
+                self.adopt(sid, home)
+            }
             SessMsg::Adopted { sid, home, held } => self.adopted(sid, home, held),
             SessMsg::Detach { sid, home } => {
                 if let Some(slot) = self.session_conn(sid, home) {
@@ -571,6 +610,11 @@ impl Shard {
             self.send_home(sid, home, SessMsg::Detach { sid, home });
             return;
         }
+        let op = match op {
+            SessOp::Watch { key } => return self.watch_op(sid, home, rid, key),
+            SessOp::Unwatch { target, key } => return self.unwatch_op(sid, home, rid, target, key),
+            op => op,
+        };
         let now = self.now;
         let Some(o) = self.table.owner_open(sid, home) else {
             self.count_sess(op.kind(), Status::Limit);
@@ -659,6 +703,7 @@ impl Shard {
                 self.count_sess(SessionOp::Cancel, st);
                 self.send_out(sid, home, reply(rid, st));
             }
+            SessOp::Watch { .. } | SessOp::Unwatch { .. } => unreachable!("run above"),
         }
     }
 
@@ -771,6 +816,8 @@ impl SessOp {
             SessOp::Release { .. } => SessionOp::Release,
             SessOp::Extend { .. } => SessionOp::Extend,
             SessOp::Cancel { .. } => SessionOp::Cancel,
+            SessOp::Watch { .. } => SessionOp::Watch,
+            SessOp::Unwatch { .. } => SessionOp::Unwatch,
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod fault_proxy;
 pub mod peer_link;
+pub mod raw;
 pub mod session;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -220,6 +220,9 @@ impl SessionView {
             Answer::Held { rid, .. } => {
                 return Err(format!("a Held frame (rid {rid}) with no Resume sent"))
             }
+            Answer::Event { rid, .. } => {
+                return Err(format!("an Event frame (rid {rid}) with no Watch sent"))
+            }
             Answer::Welcome { .. } => {
                 self.welcomed = true;
                 self.alive_since_us = self.sent.get(&1).map_or(0, |s| s.at_us);

@@ -267,6 +267,13 @@ impl Shared {
                 drop(st);
                 self.changed.notify_all();
             }
+            Answer::Event { .. } => {
+                // Watches are not in this client yet: never asked for.
+                return Some(Stop::End((
+                    LostReason::ConnectionLost,
+                    cause_msg("the server sent an Event frame for no watch"),
+                )));
+            }
             Answer::Held { .. } => {
                 return Some(Stop::End((
                     LostReason::ConnectionLost,

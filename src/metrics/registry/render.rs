@@ -171,6 +171,18 @@ impl Metrics {
             "Lost messages pushed to sessions (a lease expired, or an operator reset a hold).",
             self.lost_pushed.load(Relaxed),
         );
+        gauge(
+            w,
+            "watches",
+            "Key watches open (session Watch).",
+            self.watches.load(Relaxed).max(0) as u64,
+        );
+        counter(
+            w,
+            "watch_events_total",
+            "Events pushed to key watches (a grant or a release of a watched key; not the holders listed when a watch begins).",
+            self.watch_events.load(Relaxed),
+        );
     }
 
     /// Connections closed or refused, requests refused, and operator
