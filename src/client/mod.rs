@@ -84,5 +84,7 @@ pub use guard::{Guard, LateGrant, LockOptions};
 pub use listing::KeyStream;
 pub use lock_client::{Client, ClientBuilder};
 pub use retry::{RetryEvent, RetryPolicy};
-pub use session::{Acquire, Hold, Session, SessionBuilder, Wait};
+pub use session::{
+    Acquire, EventKind, HeldAs, Hold, Holder, Session, SessionBuilder, Wait, Watch, WatchEvent,
+};
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};

@@ -265,6 +265,29 @@ pub(crate) enum Cmd {
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         older_than: Option<Duration>,
     },
+    /// Watch KEY's holders: print them, then one line per change, as it happens
+    ///
+    /// Lines: EVENT TOKEN MODE ACCESS SOURCE, where EVENT is holder (held
+    /// when the watch began), granted, released, expired, reset or
+    /// session_ended; MODE session, lease or persistent; ACCESS exclusive,
+    /// shared or semaphore/N. A line `resync` (after the connection failed
+    /// and the watch began again on a new one) is followed by the holders
+    /// as they are then: changes in between are not replayed. Runs until
+    /// interrupted or --count changes; exits 69 if the session ends and
+    /// cannot be resumed, 76 if the server does not offer watches.
+    Watch {
+        /// The key to watch
+        #[arg(value_name = "KEY")]
+        key: OsString,
+        /// One JSON object per line: event, key, key_hex, token, mode,
+        /// access, slots, source, source_hex (key and source null unless
+        /// valid UTF-8 without control characters)
+        #[arg(long)]
+        json: bool,
+        /// Exit 0 after N changes (holder lines are not changes)
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+    },
     /// Replicated clusters (ringlockd --peers): status, transfer-leader, add, remove, replace
     Cluster {
         #[command(subcommand)]

@@ -124,6 +124,16 @@ impl Conn {
     /// stopped, exit 79) only if the session ends or the resume does not
     /// keep them. Each resume is noted on stderr.
     pub(crate) fn session(&self, what: &str, hold: &HoldArgs) -> Result<Session, Fail> {
+        self.session_with(what, hold.keepalive, hold.ping_timeout)
+    }
+
+    /// [`session`](Self::session) with the keep-alive options given apart.
+    pub(crate) fn session_with(
+        &self,
+        what: &str,
+        keepalive: Option<std::time::Duration>,
+        ping_timeout: Option<std::time::Duration>,
+    ) -> Result<Session, Fail> {
         let mut b = tlsopt::session(Session::builder(self.lock_text.as_str()))
             .source(self.source.clone())
             .retry(self.retry)
@@ -132,10 +142,10 @@ impl Conn {
         if let Some(auth) = &self.auth {
             b = b.auth_token(auth.clone());
         }
-        if let Some(k) = hold.keepalive {
+        if let Some(k) = keepalive {
             b = b.keepalive(k);
         }
-        if let Some(t) = hold.ping_timeout {
+        if let Some(t) = ping_timeout {
             b = b.ping_timeout(t);
         }
         b.connect().map_err(|e| lease_fail(&e, None, what))

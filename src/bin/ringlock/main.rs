@@ -50,6 +50,7 @@ mod retry;
 mod session;
 mod show;
 mod tlsopt;
+mod watch;
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
@@ -164,6 +165,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             json,
             older_than,
         } => list_keys(&conn, dates, json, older_than),
+        Cmd::Watch { key, json, count } => watch::run(&conn, &key_arg(key, fmt)?, *json, *count),
         Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }

@@ -51,7 +51,7 @@ use std::net::{Shutdown, SocketAddr};
 use crate::client::stream::{Dial, Stream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,7 @@ use crate::lease::{
 use crate::protocol::session::{self as wire, HoldMode, Status, Welcome};
 
 use super::sys::{notify_elsewhere, EventFd};
+use super::watched::WatchItem;
 
 /// The request id of every keep-alive Ping (one is outstanding at a time)
 /// and of the Hello before it.
@@ -153,6 +154,7 @@ pub(super) enum Op {
     Extend(HoldId),
     Cancel,
     Ping,
+    Watch,
 }
 
 pub(super) struct Pending {
@@ -246,6 +248,12 @@ pub(super) struct State {
     /// The last welcome had the modes flag: the server takes shared and
     /// semaphore Acquires (a resume may land on a server without it).
     pub(super) modes: bool,
+    /// The last welcome had the watches flag.
+    pub(super) watch: bool,
+    /// Open key watches by the Watch's rid: where the I/O thread puts
+    /// their Events. A watch lives on one connection: a resume or the
+    /// session's end ends every one ([`Shared::end_watches`]).
+    pub(super) watches: HashMap<u32, mpsc::Sender<WatchItem>>,
 }
 
 impl State {
@@ -253,7 +261,10 @@ impl State {
         loop {
             let rid = self.next_rid;
             self.next_rid = self.next_rid.wrapping_add(1);
-            if rid > PING_RID && !self.pending.contains_key(&rid) {
+            if rid > PING_RID
+                && !self.pending.contains_key(&rid)
+                && !self.watches.contains_key(&rid)
+            {
                 return rid;
             }
         }
@@ -346,6 +357,8 @@ impl Shared {
                 resuming: false,
                 resumable: welcome.flags & wire::FLAG_RESUMABLE != 0,
                 modes: welcome.flags & wire::FLAG_MODES != 0,
+                watch: welcome.flags & wire::FLAG_WATCH != 0,
+                watches: HashMap::new(),
             }),
             changed: Condvar::new(),
             wake: EventFd::new()?,
@@ -412,6 +425,19 @@ impl Shared {
         op: Op,
         encode: impl FnOnce(u32, &mut Vec<u8>),
     ) -> Result<u32, End> {
+        self.send_registered(what, op, |_, _| {}, encode)
+    }
+
+    /// [`send`](Self::send), with `register(state, rid)` run under the
+    /// same lock as the request's registration, before its frame is
+    /// written (a watch's channel: its Events may come back at once).
+    pub(super) fn send_registered(
+        &self,
+        what: What,
+        op: Op,
+        register: impl FnOnce(&mut State, u32),
+        encode: impl FnOnce(u32, &mut Vec<u8>),
+    ) -> Result<u32, End> {
         let wakes_io =
             matches!(&what, What::Acquire(a) if a.cancel.is_some() || a.deadline.is_some());
         let mut frame = Vec::with_capacity(wire::HEADER + 64);
@@ -422,6 +448,7 @@ impl Shared {
             }
             let rid = st.alloc_rid();
             encode(rid, &mut frame);
+            register(&mut st, rid);
             let now = (!st.resuming).then(|| (Arc::clone(&st.sock), st.conn, st.resumable));
             st.pending.insert(
                 rid,
@@ -728,6 +755,9 @@ impl Shared {
             }
             st.dead = Some((reason, cause.clone()));
             let _ = st.sock.shutdown(Shutdown::Both);
+            for (_, w) in st.watches.drain() {
+                let _ = w.send(WatchItem::Ended(format!("the session ended: {cause}")));
+            }
             st.holds.drain().map(|(_, e)| e).collect()
         };
         let claims: Vec<PendingLoss> = entries
@@ -804,6 +834,8 @@ mod tests {
             resuming: false,
             resumable: false,
             modes: false,
+            watch: false,
+            watches: HashMap::new(),
         };
         st.pending.insert(
             2,

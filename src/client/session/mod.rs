@@ -150,6 +150,8 @@ mod io;
 mod resume;
 mod serve;
 mod sys;
+mod watch;
+mod watched;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -168,6 +170,9 @@ use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
 
 use hello::{hello, Hello};
 use hold::SessionHold;
+pub use watch::Watch;
+pub use watched::{EventKind, HeldAs, Holder, WatchEvent};
+
 use io::{AcquireReq, EventHandler, Handle, Op, Resumer, Shared, Timing, Waited, What};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
@@ -581,6 +586,34 @@ impl Session {
     /// with lock modes offers them; an older one does not.
     pub fn offers_modes(&self) -> bool {
         self.shared().lock().modes
+    }
+
+    /// Whether the server takes key watches (its welcome's watches flag;
+    /// after a resume, the new server's).
+    pub fn offers_watches(&self) -> bool {
+        self.shared().lock().watch
+    }
+
+    /// Watches `key`: [`Watch::holders`] are its holders now, and
+    /// [`Watch::next`] gives every change after, in order, as the server
+    /// decided them. A watch holds nothing and blocks nobody. It lives on
+    /// the session's connection: when that fails (a replicated session is
+    /// resumed on a new one) or the session ends, the watch ends with the
+    /// reason, and watching again reads the holders anew (changes in
+    /// between are not replayed). Errors: a bad key
+    /// ([`Error::InvalidKey`]); a server without watches
+    /// ([`Error::Unsupported`], nothing sent); the server's refusal
+    /// (`limit reached`), the connection failing before the answer, or
+    /// the session's end ([`Error::Failed`]).
+    pub fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch> {
+        let key = key.as_ref();
+        if key.is_empty() || key.len() > KEY_LEN_MAX {
+            return Err(Error::InvalidKey(format!(
+                "a key is 1 to {KEY_LEN_MAX} bytes, got {}",
+                key.len()
+            )));
+        }
+        watch::open(&self.h, key)
     }
 
     /// How many times this session was resumed on a new connection (0 for

@@ -478,6 +478,7 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         st.broke = None;
         st.resumable = welcome.flags & wire::FLAG_RESUMABLE != 0;
         st.modes = welcome.flags & wire::FLAG_MODES != 0;
+        st.watch = welcome.flags & wire::FLAG_WATCH != 0;
         let conn = st.conn;
         let lost_ids = settle_holds(&mut st, &held, sent_at, &mut sum);
         let mut known = known_tokens(&st);
@@ -624,6 +625,17 @@ fn settle_in_flight(
                 sum.again += 1;
             }
             (What::Call, Op::Ping) => p.answer = Some(local(Status::Ok)),
+            // A Watch on the failed connection: the watch has ended (its
+            // caller finds why in its channel); not sent again.
+            (What::Call, Op::Watch) => {
+                p.answer = Some(local(Status::Ok));
+                if let Some(w) = st.watches.remove(&rid) {
+                    let _ = w.send(super::watched::WatchItem::Ended(
+                        "the connection failed while the watch was being set up; watch again"
+                            .into(),
+                    ));
+                }
+            }
             // A Cancel (its Acquire was settled above), or an answer
             // nobody waits for.
             _ => {

@@ -13,6 +13,7 @@ use std::time::Instant;
 use super::io::{Answered, End, Entry, Op, Pending, Shared, What, PING_RID};
 use super::resume;
 use super::sys::{notify_elsewhere, poll, pollfd};
+use super::watched::{Holder, WatchEvent};
 use crate::lease::{cause_msg, CancelToken, Error, LostLock, LostReason};
 use crate::protocol::session::{self as wire, Answer, LostWhy, Req, Status};
 
@@ -42,6 +43,12 @@ impl Shared {
                 Stop::End(end) => return end,
                 Stop::Failed(why) => why,
             };
+            // Watches live on one connection: a resume does not carry them.
+            self.end_watches(&format!(
+                "the connection failed ({}): watches are not carried over to a new connection; \
+                 watch again to read the holders anew",
+                why.1
+            ));
             {
                 let st = self.lock();
                 if let Some(end) = &st.fail {
@@ -267,13 +274,26 @@ impl Shared {
                 drop(st);
                 self.changed.notify_all();
             }
-            Answer::Event { .. } => {
-                // Watches are not in this client yet: never asked for.
-                return Some(Stop::End((
-                    LostReason::ConnectionLost,
-                    cause_msg("the server sent an Event frame for no watch"),
-                )));
-            }
+            Answer::Event {
+                rid,
+                kind,
+                token,
+                hold,
+                access,
+                key: _,
+                source,
+            } => self.watch_event(
+                rid,
+                WatchEvent {
+                    kind,
+                    holder: Holder {
+                        token,
+                        hold: hold.into(),
+                        access,
+                        source,
+                    },
+                },
+            ),
             Answer::Held { .. } => {
                 return Some(Stop::End((
                     LostReason::ConnectionLost,
