@@ -13,6 +13,9 @@ fencing tokens on every grant, and a callback when a lock is lost::
             read_catalog(fencing_token=reader.token)
         with client.permit("render-pool", 4) as slot:       # at most 4 at once
             render(fencing_token=slot.token)
+        with client.watch("catalog") as watch:              # who holds it, then changes
+            print(watch.holders)
+            event = watch.next(timeout=5)                   # a WatchEvent, or None
 
 See README.md for the full guide and the threading model.
 """
@@ -24,10 +27,13 @@ from ._client import (
     Access,
     CancelToken,
     Client,
+    Holder,
     Lease,
     LostInfo,
     LostReason,
     RetryEvent,
+    Watch,
+    WatchEvent,
     semaphore,
 )
 from ._codec import Status
@@ -55,6 +61,8 @@ from .errors import (
     Unavailable,
     UnsupportedVersion,
     UnverifiedLeader,
+    WatchEnded,
+    WatchUnsupported,
 )
 
 __version__ = "0.1.0"
@@ -67,6 +75,7 @@ __all__ = [
     "CancelToken",
     "Cancelled",
     "Client",
+    "Holder",
     "InvalidArgument",
     "Lease",
     "LimitReached",
@@ -93,6 +102,10 @@ __all__ = [
     "Unavailable",
     "UnsupportedVersion",
     "UnverifiedLeader",
+    "Watch",
+    "WatchEnded",
+    "WatchEvent",
+    "WatchUnsupported",
     "semaphore",
     "tls_context",
 ]

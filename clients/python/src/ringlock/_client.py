@@ -42,6 +42,7 @@ import ssl
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -71,6 +72,8 @@ from .errors import (
     Unavailable,
     UnsupportedVersion,
     UnverifiedLeader,
+    WatchEnded,
+    WatchUnsupported,
 )
 
 __all__ = [
@@ -85,6 +88,9 @@ __all__ = [
     "CancelToken",
     "RetryEvent",
     "DEFAULT_PORT",
+    "Holder",
+    "Watch",
+    "WatchEvent",
 ]
 
 log = logging.getLogger("ringlock")
@@ -355,7 +361,8 @@ class _Pending:
     """One outstanding request."""
 
     __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "ukey", "mode", "ttl_ms",
-                 "on_lost", "keep_alive", "cancel_sent", "target", "frame", "access", "error")
+                 "on_lost", "keep_alive", "cancel_sent", "target", "frame", "access", "error",
+                 "watch")
 
     def __init__(self, kind: str, sent_at: float) -> None:
         # "acquire" | "call" (a caller waits) | "extend" (background) | "ignore"
@@ -380,6 +387,8 @@ class _Pending:
         #: The error an Acquire ends with instead of an answer (a resume on a
         #: server without modes: :class:`~ringlock.ModesUnsupported`).
         self.error: Optional[RingLockError] = None
+        #: A Watch request's watch (its holders are collected until the Reply).
+        self.watch: Optional[Watch] = None
 
 
 class Lease:
@@ -570,6 +579,171 @@ class Lease:
                 f"access={self._access}, state={self._state})")
 
 
+def _access_of(access: int, slots: int) -> Access:
+    if access == codec.ACCESS_SHARED:
+        return SHARED
+    if access == codec.ACCESS_SEMAPHORE:
+        return semaphore(slots)
+    return EXCLUSIVE
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One holder of a watched key (:attr:`Watch.holders`)."""
+
+    #: The holder's fencing token.
+    token: int
+    #: ``"persistent"``, ``"session"`` or ``"lease"`` (as :attr:`Lease.mode`).
+    hold: str
+    #: :data:`~ringlock.EXCLUSIVE`, :data:`~ringlock.SHARED` or a
+    #: :func:`~ringlock.semaphore` (as :attr:`Lease.access`).
+    access: Access
+    #: A semaphore's slot count; 0 for the other accesses.
+    slots: int
+    #: The holder's source as the server has it (bytes: a session's
+    #: ``source=``, a Locking-Center client's source, or empty).
+    source: bytes
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change of a watched key's holders (:meth:`Watch.next`)."""
+
+    #: ``"granted"``, ``"released"``, ``"expired"``, ``"reset"`` or
+    #: ``"session_ended"`` (``"holder"`` only in :attr:`Watch.holders`).
+    kind: str
+    token: int
+    #: ``"persistent"``, ``"session"`` or ``"lease"``.
+    hold: str
+    access: Access
+    slots: int
+    source: bytes
+    #: The key as it was given to :meth:`Client.watch` (a ``str`` stays a ``str``).
+    key: Key
+
+
+class Watch:
+    """A watch of one key's holders (:meth:`Client.watch`).
+
+    :attr:`holders` are the key's holders when the watch began; then
+    :meth:`next` (or ``for ev in watch:``) hands out every change, in the
+    order the server decided them, each once. Events are queued per watch
+    by the reader thread, so a slow consumer delays nobody (its queue
+    grows). ``with client.watch(k) as w:`` closes it on exit. Thread-safe.
+
+    A watch lasts as long as its session's connection: when the session
+    ends, or a replicated session is resumed on a new connection (which
+    carries no watch), :meth:`next` hands out the events that arrived
+    before, then raises :class:`~ringlock.WatchEnded`. Watching again is a
+    **re-read**: the new watch lists the holders as they are then, and
+    the changes between the two watches are not replayed.
+    """
+
+    def __init__(self, client: "Client", key: bytes, given: Key) -> None:
+        self._client = client
+        self._key = key
+        self._ukey = given
+        self._rid = 0
+        self._holders: List[Holder] = []
+        # Guarded by client._lock (the condition's lock).
+        self._events: "deque[WatchEvent]" = deque()
+        self._cv = threading.Condition(client._lock)
+        #: "starting" (Watch sent) | "open" | "closing" (Unwatch sent) | "ended"
+        self._state = "starting"
+        self._end: Optional[WatchEnded] = None
+
+    @property
+    def key(self) -> Key:
+        """The key as it was given (a ``str`` stays a ``str``)."""
+        return self._ukey
+
+    @property
+    def key_bytes(self) -> bytes:
+        """The key's bytes, as sent."""
+        return self._key
+
+    @property
+    def holders(self) -> List[Holder]:
+        """The key's holders when the watch began (empty: it was free),
+        in the order the server listed them."""
+        return list(self._holders)
+
+    @property
+    def ended(self) -> Optional[WatchEnded]:
+        """Why the watch is over (``None`` while it is open)."""
+        with self._client._lock:
+            return self._end
+
+    def _event(self, ev: codec.Event) -> WatchEvent:
+        return WatchEvent(ev.kind.label, ev.token, ev.hold.name.lower(),
+                          _access_of(ev.access, ev.slots), ev.slots, ev.source, self._ukey)
+
+    def _finish(self, reason: str, detail: str) -> None:
+        """Ends the watch (caller holds ``_lock``); the first end stands."""
+        if self._end is None:
+            self._end = WatchEnded(f"the watch of {self._ukey!r} ended ({reason}): {detail}; "
+                                   f"watch the key again to read its holders anew (changes "
+                                   f"in between are not replayed)", self._ukey, reason)
+        self._state = "ended"
+        self._cv.notify_all()
+
+    def next(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
+        """The next change, waiting up to ``timeout`` seconds (``None``:
+        until one comes); ``None`` when none came in time. Once the watch
+        is over and the events queued before its end were handed out,
+        raises :class:`~ringlock.WatchEnded` (``.reason`` says why)."""
+        if timeout is not None and (not isinstance(timeout, (int, float))
+                                    or math.isnan(timeout) or timeout < 0):
+            raise InvalidArgument(f"timeout must be None or seconds >= 0, got {timeout!r}")
+        # A pause may have ended the session before the reader noticed.
+        self._client._check_keepalive()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while True:
+                if self._events:
+                    return self._events.popleft()
+                if self._end is not None:
+                    raise self._end
+                if deadline is None:
+                    self._cv.wait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._cv.wait(left)
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> WatchEvent:
+        """Waits for each change; stops after :meth:`close`, raises
+        :class:`~ringlock.WatchEnded` when the watch ended otherwise."""
+        try:
+            ev = self.next()
+        except WatchEnded as e:
+            if e.reason == "closed":
+                raise StopIteration from None
+            raise
+        assert ev is not None
+        return ev
+
+    def close(self) -> None:
+        """Ends the watch: sends Unwatch and waits for its answer (no event
+        of this watch follows it); events not handed out yet are dropped.
+        Idempotent; sends nothing once the watch or the session ended."""
+        self._client._unwatch(self)
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Watch(key={self._ukey!r}, holders={len(self._holders)}, "
+                f"state={self._state})")
+
+
 @dataclass(frozen=True)
 class _Welcome:
     keepalive: float
@@ -685,6 +859,9 @@ class Client:
         self._wlock = threading.Lock()
         self._pending: Dict[int, _Pending] = {}
         self._holds: Dict[Tuple[bytes, int], Lease] = {}
+        #: Open watches by their Watch's rid (none of these rids is reused
+        #: while the server may still send Events under it).
+        self._watches: Dict[int, Watch] = {}
         self._dead: Optional[Tuple[LostReason, str]] = None
         self._next_rid = _PING_RID + 1
         #: The leader a ``not_leader`` answer named, once the session ended on one.
@@ -1026,6 +1203,13 @@ class Client:
             return bool(self._w.flags & codec.FLAG_MODES)
 
     @property
+    def watches(self) -> bool:
+        """The server offers watches (its welcome's *watches* flag): without
+        it :meth:`watch` raises :class:`~ringlock.WatchUnsupported`."""
+        with self._lock:
+            return bool(self._w.flags & codec.FLAG_WATCHES)
+
+    @property
     def resumes(self) -> int:
         """How many times the session was resumed on a new connection."""
         with self._lock:
@@ -1241,6 +1425,86 @@ class Client:
         return self.try_lock(key, ttl=ttl, persistent=persistent, on_lost=on_lost,
                              keep_alive=keep_alive, access=semaphore(slots))
 
+    # --- watching ----------------------------------------------------------------
+    def watch(self, key: Key) -> Watch:
+        """Watches ``key`` (str as UTF-8, or bytes; 1..127 bytes): returns a
+        :class:`Watch` whose :attr:`~Watch.holders` are the key's holders
+        now, and whose :meth:`~Watch.next` hands out every later grant and
+        release of it, in order. A watch holds nothing and delays nobody.
+
+        Raises :class:`~ringlock.WatchUnsupported`, sending nothing, when
+        the server does not offer watches (:attr:`watches`);
+        :class:`~ringlock.LimitReached` when the server has
+        ``--max-waiters`` watches on the key's shard;
+        :class:`~ringlock.InvalidArgument` for a bad key;
+        :class:`~ringlock.WatchEnded` when the connection failed or the
+        session ended before the watch began (watch again: a new client
+        after the session ended).
+
+        A watch lasts as long as the session's connection. When it ends
+        (:class:`~ringlock.WatchEnded` from :meth:`~Watch.next`), watching
+        again is a re-read: the new watch lists the holders as they are
+        then; the changes in between are not replayed.
+        """
+        kb, given = _key_arg(key)
+        w = Watch(self, kb, given)
+        p = _Pending("watch", 0.0)
+        p.watch = w
+        rid = self._send(p, lambda r: codec.encode_watch(r, kb))
+        try:
+            p.event.wait()
+        except BaseException:
+            # Interrupted: the watch is abandoned; an Unwatch ends it on the
+            # server if it began (its rid stays reserved, its events dropped).
+            with self._lock:
+                p.kind = "ignore"
+                w._state = "closing"
+                sock = self._current_sock() if self._dead is None else None
+                q = _Pending("ignore", time.monotonic())
+                r = self._alloc_rid()
+                q.frame = codec.encode_unwatch(r, rid, kb)
+                if sock is not None:
+                    self._pending[r] = q
+            try:
+                self._write(sock, q.frame)
+            except Unavailable:
+                pass
+            raise
+        finally:
+            with self._lock:
+                if self._pending.get(rid) is p:
+                    del self._pending[rid]
+        if p.error is not None:
+            raise p.error
+        rep = p.reply
+        if rep is None:
+            with self._lock:
+                end = w._end
+                dead = self._dead
+            if end is not None:
+                raise end
+            why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
+            raise self._ended(f"the session ended before the watch of {given!r} began ({why})")
+        self._status(rep, f"watch of {given!r}")
+        return w
+
+    def _unwatch(self, w: Watch) -> None:
+        """:meth:`Watch.close`: Unwatch, then the watch is over."""
+        with self._lock:
+            if w._state != "open":
+                return
+            w._state = "closing"
+            w._events.clear()
+        try:
+            self._call(lambda r: codec.encode_unwatch(r, w._rid, w._key))
+        except Unavailable:
+            pass  # the session ended: so did the watch (_die)
+        # ok, or not_queued (the server has no such watch): either way over.
+        with self._lock:
+            w._finish("closed", "Watch.close() ended it")
+            if self._watches.get(w._rid) is w:
+                del self._watches[w._rid]
+
     # --- by token (holds this client has no Lease for) ------------------------
     def release(self, key: Key, token: int) -> None:
         """Releases ``key`` naming ``token`` (a lease or persistent hold may be
@@ -1288,7 +1552,7 @@ class Client:
         while True:
             rid = self._next_rid
             self._next_rid = (rid + 1) & 0xFFFFFFFF
-            if rid != _PING_RID and rid not in self._pending:
+            if rid != _PING_RID and rid not in self._pending and rid not in self._watches:
                 return rid
 
     def _ended(self, message: str) -> Unavailable:
@@ -1338,18 +1602,34 @@ class Client:
                     and not self._w.flags & codec.FLAG_MODES:
                 # Checked under the lock a resume swaps the welcome under.
                 raise self._modes_unsupported(p)
+            if p.watch is not None and not self._w.flags & codec.FLAG_WATCHES:
+                raise self._watch_unsupported(p.watch)
             rid = self._alloc_rid()
             p.frame = encode(rid)
             p.sent_at = time.monotonic()
             self._pending[rid] = p
+            if p.watch is not None:
+                p.watch._rid = rid
+                self._watches[rid] = p.watch
             sock = self._current_sock()
         try:
             self._write(sock, p.frame)
         except Unavailable:
             with self._lock:
                 self._pending.pop(rid, None)
+                self._watches.pop(rid, None)
             raise
         return rid
+
+    def _watch_unsupported(self, w: Watch, addr: Optional[Tuple[str, int]] = None
+                           ) -> WatchUnsupported:
+        """The error of a watch on a session whose server (``addr``, default
+        the current one) does not offer watches (caller holds ``_lock``)."""
+        host, port = self._server if addr is None else addr
+        return WatchUnsupported(
+            f"cannot watch {w._ukey!r}: the server at {host}:{port} does not offer watches "
+            f"(its welcome lacks the watches flag: a ringlockd older than watches); nothing "
+            f"was sent", w._ukey)
 
     def _modes_unsupported(self, p: _Pending, addr: Optional[Tuple[str, int]] = None
                            ) -> ModesUnsupported:
@@ -1705,6 +1985,9 @@ class Client:
         if isinstance(ans, codec.Lost):
             self._on_push(ans)
             return None
+        if isinstance(ans, codec.Event):
+            self._on_event(ans)
+            return None
         if isinstance(ans, codec.Refused):
             if ans.status == Status.NOT_LEADER:
                 # A replicated server that lost its leadership: this session
@@ -1749,6 +2032,14 @@ class Client:
             else:
                 if p.kind == "acquire" and ans.status == Status.OK:
                     self._grant(p, ans.token)
+                w = p.watch
+                if w is not None:
+                    if ans.status == Status.OK and w._state == "starting":
+                        w._state = "open"
+                    elif ans.status != Status.OK:
+                        w._state = "ended"
+                        if self._watches.get(ans.rid) is w:
+                            del self._watches[ans.rid]
                 p.reply = ans
                 p.event.set()
         if notify is not None:
@@ -1793,6 +2084,39 @@ class Client:
         if claimed:
             self._notify(lease, info)
 
+    def _on_event(self, ev: codec.Event) -> None:
+        """An Event push: a holder listed before the Watch's Reply, or a
+        change, queued on its watch in the order it came."""
+        with self._lock:
+            w = self._watches.get(ev.rid)
+            if w is None or w._state not in ("starting", "open"):
+                return  # a watch being closed (or abandoned): dropped
+            if w._state == "starting" and ev.kind == codec.EventKind.HOLDER:
+                w._holders.append(Holder(ev.token, ev.hold.name.lower(),
+                                         _access_of(ev.access, ev.slots), ev.slots, ev.source))
+                return
+            w._events.append(w._event(ev))
+            w._cv.notify_all()
+
+    def _end_watches(self, reason: str, detail: str) -> List[_Pending]:
+        """Ends every watch (caller holds ``_lock``); a Watch or Unwatch in
+        flight is settled (the connection that carried it is gone). Returns
+        the requests to wake."""
+        for w in self._watches.values():
+            w._finish(reason, detail)
+        self._watches.clear()
+        wake = []
+        for rid, p in self._pending.items():
+            if p.event.is_set() or not p.frame:
+                continue
+            if p.frame[0] == codec.OP_WATCH and p.watch is not None:
+                p.error = p.watch._end
+                wake.append(p)
+            elif p.frame[0] == codec.OP_UNWATCH:
+                p.reply = codec.Reply(rid, Status.OK, 0, None)
+                wake.append(p)
+        return wake
+
     def _die(self, reason: LostReason, detail: str) -> None:
         """The session's end (any thread, idempotent): every held lock is
         lost, every waiter woken, the connection shut down."""
@@ -1800,6 +2124,7 @@ class Client:
             if self._dead is not None:
                 return
             self._dead = (reason, detail)
+            self._end_watches(reason.value, f"the session ended: {detail}")
             holds = list(self._holds.values())
             self._holds.clear()
             pending = list(self._pending.values())
@@ -1829,6 +2154,10 @@ class Client:
             if self._dead is not None:
                 return self._dead
             self._resuming = True
+            # Watches end with the connection: a resumed session has none.
+            wake = self._end_watches(
+                "connection_lost", f"the session's connection failed ({why}); a resumed "
+                f"session carries no watch")
             old = self._sock
             hint: Optional[Tuple[str, int]] = None
             if self._not_leader and self._leader:
@@ -1836,6 +2165,8 @@ class Client:
                     hint = _parse_address(self._leader)
                 except InvalidArgument:
                     hint = None
+        for p in wake:
+            p.event.set()
         try:
             old.close()
         except OSError:
@@ -1984,6 +2315,7 @@ class Client:
         kept, holds lost, requests sent again)."""
         listed: Dict[Tuple[bytes, int], codec.Held] = {(h.key, h.token): h for h in helds}
         modes = bool(w.flags & codec.FLAG_MODES)
+        watches = bool(w.flags & codec.FLAG_WATCHES)
         used: set = set()
         lost: List[Tuple[Lease, LostInfo]] = []
         resend: List[_Pending] = []
@@ -2044,6 +2376,15 @@ class Client:
                     else:
                         p.reply = codec.Reply(rid, Status.OK, 0, None)  # it happened
                         done.append(p)
+                elif op == codec.OP_WATCH and not watches:
+                    # Registered while resuming, on a server without watches.
+                    if p.watch is not None:
+                        self._watches.pop(rid, None)
+                        p.watch._state = "ended"
+                        p.error = self._watch_unsupported(p.watch, addr)
+                        done.append(p)
+                    else:
+                        del self._pending[rid]
                 elif op == codec.OP_CANCEL or (op == codec.OP_PING and p.kind == "ignore"):
                     # A Cancel's Acquire was settled above; a Ping nobody waits for.
                     del self._pending[rid]

@@ -2,8 +2,9 @@
 
 Layout (``docs/protocol.md``, "Sessions"; integers little-endian)::
 
-    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=13, bodyLen <= 512
-    answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost, 0x82 Held
+    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=16, bodyLen <= 512
+    answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost, 0x82 Held,
+                                                      0x83 Event
 
 Everything here is deterministic and side-effect free, so it is unit-tested
 on its own (``tests/test_codec.py``).
@@ -35,11 +36,17 @@ OP_CANCEL = 11
 OP_PING = 12
 #: Resumes a replicated session on a new connection (instead of a Hello).
 OP_RESUME = 13
+#: Watches a key's holders (``[u8 keyLen][key]``); only with :data:`FLAG_WATCHES`.
+OP_WATCH = 15
+#: Ends a watch (``[u32 rid of the Watch][u8 keyLen][key]``).
+OP_UNWATCH = 16
 
 KIND_REPLY = 0x80
 KIND_LOST = 0x81
 #: One hold of a resumed session (answers a Resume, before its welcome).
 KIND_HELD = 0x82
+#: One holder or one change of a watched key (its rid is the Watch's).
+KIND_EVENT = 0x83
 
 #: Welcome ``flags`` bit 0: the session is replicated and can be resumed.
 FLAG_RESUMABLE = 1
@@ -47,6 +54,9 @@ FLAG_RESUMABLE = 1
 #: (shared and semaphore holds) and may answer ``mode_mismatch``. A client
 #: sends the trailer only to a server that set it.
 FLAG_MODES = 2
+#: Welcome ``flags`` bit 2: the server takes Watch and Unwatch (and pushes
+#: Events). A client sends them only to a server that set it.
+FLAG_WATCHES = 4
 
 #: An Acquire's access byte (its optional ``[u8 access][u32 slots]`` trailer).
 ACCESS_EXCLUSIVE = 0
@@ -108,6 +118,24 @@ class LostWhy(enum.IntEnum):
     RESET = 2
 
 
+class EventKind(enum.IntEnum):
+    """The event byte of an Event push. ``.label`` is the protocol's name."""
+
+    #: Held the key when the watch began (before the Watch's Reply).
+    HOLDER = 0
+    GRANTED = 1
+    RELEASED = 2
+    EXPIRED = 3
+    RESET = 4
+    SESSION_ENDED = 5
+
+    @property
+    def label(self) -> str:
+        """``"holder"``, ``"granted"``, ``"released"``, ``"expired"``,
+        ``"reset"`` or ``"session_ended"``."""
+        return self.name.lower()
+
+
 class ProtocolError(Exception):
     """The server sent bytes that are not the session protocol."""
 
@@ -139,6 +167,11 @@ class Welcome:
     def modes(self) -> bool:
         """Bit 1 (:data:`FLAG_MODES`): the server takes shared and semaphore holds."""
         return bool(self.flags & FLAG_MODES)
+
+    @property
+    def watches(self) -> bool:
+        """Bit 2 (:data:`FLAG_WATCHES`): the server takes Watch and Unwatch."""
+        return bool(self.flags & FLAG_WATCHES)
 
 
 @dataclass(frozen=True)
@@ -200,7 +233,24 @@ class Lost:
     why: LostWhy
 
 
-Answer = Union[Welcome, Reply, Refused, Lost, Held]
+@dataclass(frozen=True)
+class Event:
+    """An Event push of a watch (``rid`` is the Watch's): one holder of the
+    key, or one change of its holders."""
+
+    rid: int
+    kind: EventKind
+    token: int
+    hold: HoldMode
+    #: :data:`ACCESS_EXCLUSIVE`, :data:`ACCESS_SHARED` or :data:`ACCESS_SEMAPHORE`.
+    access: int
+    #: A semaphore's slot count; 0 for the other accesses.
+    slots: int
+    key: bytes
+    source: bytes
+
+
+Answer = Union[Welcome, Reply, Refused, Lost, Held, Event]
 
 
 def _frame(op: int, rid: int, body: bytes) -> bytes:
@@ -296,6 +346,66 @@ def encode_ping(rid: int) -> bytes:
     return _frame(OP_PING, rid, b"")
 
 
+def encode_watch(rid: int, key: bytes) -> bytes:
+    """Watch: ``[u8 keyLen][key]``."""
+    return _frame(OP_WATCH, rid, _name(key, 1, KEY_MAX, "key"))
+
+
+def encode_unwatch(rid: int, target_rid: int, key: bytes) -> bytes:
+    """Unwatch: ``[u32 rid of the Watch][u8 keyLen][key of the Watch]``."""
+    body = _u32(target_rid, "target rid") + _name(key, 1, KEY_MAX, "key")
+    return _frame(OP_UNWATCH, rid, body)
+
+
+def encode_event(rid: int, kind: EventKind, token: int, hold: HoldMode, access: int,
+                 slots: int, key: bytes, source: bytes = b"") -> bytes:
+    """An Event push (what the server sends; for tests and fake servers):
+    ``[u8 event][u64 token][u8 hold][u8 access][u32 slots][u8 keyLen][key]
+    [u8 srcLen][src]``."""
+    body = (bytes([int(kind)]) + _u64(token, "token") + bytes([int(hold), access])
+            + _u32(slots, "slots") + _name(key, 1, KEY_MAX, "key")
+            + _name(source, 0, SOURCE_MAX, "source"))
+    if len(body) > BODY_MAX:
+        raise ValueError(f"body of {len(body)} bytes exceeds {BODY_MAX}")
+    return _HDR.pack(KIND_EVENT, rid, len(body)) + body
+
+
+def decode_event_body(rid: int, body: bytes) -> Event:
+    """An Event body; bytes after the fields it knows (a later version's)
+    are skipped. Raises :class:`ProtocolError` for a malformed one."""
+    if len(body) < 16:
+        raise ProtocolError(f"an event of {len(body)} body bytes is too short")
+    kb, token, hold, access, slots = struct.unpack_from("<BQBBI", body, 0)
+    try:
+        kind = EventKind(kb)
+    except ValueError:
+        raise ProtocolError(f"unknown event kind {kb}") from None
+    try:
+        mode = HoldMode(hold)
+    except ValueError:
+        raise ProtocolError(f"an event with unknown hold mode {hold}") from None
+    if access in (ACCESS_EXCLUSIVE, ACCESS_SHARED):
+        if slots != 0:
+            raise ProtocolError(f"an event with {slots} slots on access {access}")
+    elif access == ACCESS_SEMAPHORE:
+        if slots < 1:
+            raise ProtocolError("an event of a semaphore of 0 slots")
+    else:
+        raise ProtocolError(f"an event with unknown access {access}")
+    at = 15
+    names = []
+    for what, lo in (("key", 1), ("source", 0)):
+        if at >= len(body):
+            raise ProtocolError(f"an event cut before its {what}")
+        n = body[at]
+        if not lo <= n <= 127 or at + 1 + n > len(body):
+            raise ProtocolError(f"an event with a {what} of {n} bytes in {len(body)} body bytes")
+        names.append(body[at + 1:at + 1 + n])
+        at += 1 + n
+    # A later server may append fields: they are skipped.
+    return Event(rid, kind, token, mode, access, slots, names[0], names[1])
+
+
 def _status(b: int) -> Status:
     try:
         return Status(b)
@@ -361,4 +471,6 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
         except ValueError:
             raise ProtocolError(f"a held frame with unknown hold mode {hold}") from None
         return Held(rid, body[14:], token, mode, None if ttl == NO_TTL else ttl), used
+    if kind == KIND_EVENT:
+        return decode_event_body(rid, body), used
     raise ProtocolError(f"unknown answer kind {kind:#04x}")

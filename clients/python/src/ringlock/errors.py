@@ -156,8 +156,36 @@ class ModesUnsupported(RingLockError):
         self.access = access
 
 
+class WatchUnsupported(RingLockError):
+    """A watch on a session whose server does not offer watches (its
+    welcome lacks the *watches* flag: a ringlockd older than watches).
+    Raised before anything was sent. ``.key`` is the key."""
+
+    def __init__(self, message: str, key: "Key" = b"") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class WatchEnded(RingLockError):
+    """The watch is over: :meth:`~ringlock.Watch.next` raises it once the
+    events that arrived before the end were handed out. ``.reason``:
+    ``"closed"`` (:meth:`~ringlock.Watch.close`), ``"connection_lost"``
+    (the session's connection failed: a replicated session then resumes on
+    a new connection, which carries no watch), or why the session ended
+    (``"session_ended"``, ``"keepalive_timeout"``).
+    Watch the key again (a new :meth:`~ringlock.Client.watch`, on this
+    client if it is still open) and read its holders anew: changes between
+    the two watches are not replayed. ``.key`` is the key."""
+
+    def __init__(self, message: str, key: "Key" = b"", reason: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.reason = reason
+
+
 class LimitReached(RingLockError):
-    """The server's ``--max-keys`` or ``--max-waiters`` refused the acquire."""
+    """The server's ``--max-keys`` or ``--max-waiters`` refused the acquire
+    (or, for a watch, ``--max-waiters`` watches on the key's shard already)."""
 
     status = "limit_reached"
 
