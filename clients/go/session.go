@@ -112,7 +112,10 @@ func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
 // with it, the other Acquires, an Extend, a Release whose hold is still
 // listed and a caller's Ping are sent again, a Release whose hold is not
 // listed has happened, a Cancel is settled with its Acquire; a listed hold
-// nobody here knows is released by token. Resumes counts the resumes.
+// nobody here knows is released by token. Watches are not carried over:
+// each answered one ends (Watch.Err is a *WatchEndedError, Resumed) and
+// is watched again by its user, a re-read; a Watch not answered yet is
+// sent again. Resumes counts the resumes.
 // unknown_session (Err then matches ErrUnknownSession), any other refusal,
 // or the keep-alive passing end the session as a failed connection always
 // did. Without the flag a failed connection ends the session.
