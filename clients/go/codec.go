@@ -9,8 +9,8 @@ import (
 // The session protocol's frames (docs/protocol.md, "Sessions"). Every frame,
 // in both directions, is a 7-byte header followed by at most 512 body bytes:
 //
-//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=13
-//	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost, 0x82 Held
+//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=13, 15, 16
+//	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost, 0x82 Held, 0x83 Event
 //
 // Integers are little-endian. This file holds the encoders and decoders
 // only, so that they can be tested without a server.
@@ -27,10 +27,13 @@ const (
 	opCancel  = 11
 	opPing    = 12
 	opResume  = 13 // instead of a Hello: takes a replicated session over
+	opWatch   = 15 // watch a key's holders (flagWatches)
+	opUnwatch = 16 // end a watch: the Watch's rid and key
 
 	kindReply = 0x80
 	kindLost  = 0x81
 	kindHeld  = 0x82 // one hold of a resumed session, before the Resume's welcome
+	kindEvent = 0x83 // one holder, or one change of the holders, of a watched key (rid = the Watch's)
 
 	// flagResumable is bit 0 of the welcome's flags byte (after the
 	// 32-byte body): the session is replicated and can be resumed.
@@ -39,6 +42,10 @@ const (
 	// (shared and semaphore holds) and may answer mode_mismatch. The
 	// trailer is sent only to a server that set it.
 	flagModes = 2
+	// flagWatches is bit 2: the server takes Watch and Unwatch and pushes
+	// Events. Neither is sent to a server that did not set it (an older
+	// one closes the connection on an op it does not know).
+	flagWatches = 4
 
 	// replyBodyLen is the body of every Reply but the Hello's.
 	replyBodyLen = 13
@@ -187,6 +194,21 @@ func encodeCancel(rid uint32, target uint32, key string) []byte {
 	return finish(b)
 }
 
+// encodeWatch: [u8 keyLen][key].
+func encodeWatch(rid uint32, key string) []byte {
+	b := frame(opWatch, rid, 1+len(key))
+	b = putName(b, key)
+	return finish(b)
+}
+
+// encodeUnwatch: [u32 rid of the Watch][u8 keyLen][key of the Watch].
+func encodeUnwatch(rid uint32, target uint32, key string) []byte {
+	b := frame(opUnwatch, rid, 5+len(key))
+	b = putU32(b, target)
+	b = putName(b, key)
+	return finish(b)
+}
+
 // encodePing: an empty body.
 func encodePing(rid uint32) []byte {
 	return finish(frame(opPing, rid, 0))
@@ -241,7 +263,7 @@ func decodeHeader(h []byte) (kind byte, rid uint32, blen int, err error) {
 	if blen > bodyMax {
 		return 0, 0, 0, fmt.Errorf("answer body of %d bytes (at most %d)", blen, bodyMax)
 	}
-	if kind != kindReply && kind != kindLost && kind != kindHeld {
+	if kind != kindReply && kind != kindLost && kind != kindHeld && kind != kindEvent {
 		return 0, 0, 0, fmt.Errorf("unknown answer kind %#02x", kind)
 	}
 	return kind, rid, blen, nil
@@ -349,5 +371,62 @@ func decodeHeld(b []byte) (heldFrame, error) {
 		mode:      HoldMode(b[8]),
 		ttlLeftMs: binary.LittleEndian.Uint32(b[9:13]),
 		key:       string(b[14:]),
+	}, nil
+}
+
+// eventBodyMin is an Event body with a 1-byte key and an empty source.
+const eventBodyMin = 18
+
+// decodeEvent reads an Event body: [u8 event][u64 token][u8 hold][u8
+// access][u32 slots][u8 keyLen][key][u8 srcLen][src]. Bytes after the
+// source (fields a later version appends) are skipped; anything else that
+// does not fit (a cut, an unknown event, hold or access, slots on an
+// exclusive or shared holder, a semaphore of 0, a key of 0 or over 127
+// bytes, a source over 127) is an error.
+func decodeEvent(b []byte) (WatchEvent, error) {
+	if len(b) < eventBodyMin {
+		return WatchEvent{}, errShortBody
+	}
+	kind := EventKind(b[0])
+	if kind > EventSessionEnded {
+		return WatchEvent{}, fmt.Errorf("event of unknown kind %d", b[0])
+	}
+	if b[9] > byte(HoldLease) {
+		return WatchEvent{}, fmt.Errorf("event with unknown hold mode %d", b[9])
+	}
+	access := Access{Kind: AccessKind(b[10]), Slots: binary.LittleEndian.Uint32(b[11:15])}
+	if err := access.check(); err != nil {
+		return WatchEvent{}, fmt.Errorf("event with access %d and %d slots", b[10], access.Slots)
+	}
+	at := 15
+	name := func(min int) (string, error) {
+		if at >= len(b) {
+			return "", errShortBody
+		}
+		n := int(b[at])
+		if n < min || n > MaxKeyLen || at+1+n > len(b) {
+			return "", fmt.Errorf("event with a name of %d bytes at %d in a body of %d", n, at, len(b))
+		}
+		s := string(b[at+1 : at+1+n])
+		at += 1 + n
+		return s, nil
+	}
+	key, err := name(1)
+	if err != nil {
+		return WatchEvent{}, err
+	}
+	src, err := name(0)
+	if err != nil {
+		return WatchEvent{}, err
+	}
+	return WatchEvent{
+		Kind: kind,
+		Key:  key,
+		Holder: Holder{
+			Token:  binary.LittleEndian.Uint64(b[1:9]),
+			Hold:   HoldMode(b[9]),
+			Access: access,
+			Source: src,
+		},
 	}, nil
 }

@@ -112,7 +112,10 @@ func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
 // with it, the other Acquires, an Extend, a Release whose hold is still
 // listed and a caller's Ping are sent again, a Release whose hold is not
 // listed has happened, a Cancel is settled with its Acquire; a listed hold
-// nobody here knows is released by token. Resumes counts the resumes.
+// nobody here knows is released by token. Watches are not carried over:
+// each answered one ends (Watch.Err is a *WatchEndedError, Resumed) and
+// is watched again by its user, a re-read; a Watch not answered yet is
+// sent again. Resumes counts the resumes.
 // unknown_session (Err then matches ErrUnknownSession), any other refusal,
 // or the keep-alive passing end the session as a failed connection always
 // did. Without the flag a failed connection ends the session.
@@ -140,6 +143,13 @@ type Session struct {
 	// modes: the welcome (of the latest resume, after one) had the modes
 	// flag: shared and semaphore Acquires may be sent. Guarded by mu.
 	modes bool
+	// watches: the welcome (of the latest resume) had the watches flag:
+	// Watch may be sent. Guarded by mu.
+	watches bool
+	// watchers are the session's watches by the Watch's request id, from
+	// before the Watch is written until its Unwatch is answered (or the
+	// connection ends); their rids are not reused meanwhile. Guarded by mu.
+	watchers map[uint32]*Watch
 
 	// Resume (a session whose welcome had the resumable flag).
 	resumable bool
@@ -174,6 +184,7 @@ type call struct {
 	target    uint32 // a Cancel's Acquire's rid
 	internal  bool   // a keep-alive Ping (a resume drops it)
 	cancelled bool   // an Acquire whose Cancel was sent
+	watch     *Watch // a Watch's
 }
 
 // result is an answer, or the session's end (err).
@@ -448,6 +459,8 @@ func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Ses
 		opts:           *o,
 		resumable:      w.flags&flagResumable != 0,
 		modes:          w.flags&flagModes != 0,
+		watches:        w.flags&flagWatches != 0,
+		watchers:       make(map[uint32]*Watch),
 		t0:             time.Now(),
 		source:         o.Source,
 		w:              w,
@@ -554,8 +567,10 @@ func (s *Session) end(cause error) {
 	err := s.err
 	pending := s.pending
 	holds := s.holds
+	watchers := s.watchers
 	s.pending = map[uint32]*call{}
 	s.holds = map[holdID]*Lease{}
+	s.watchers = map[uint32]*Watch{}
 	close(s.done)
 	conn := s.conn
 	s.mu.Unlock()
@@ -567,6 +582,9 @@ func (s *Session) end(cause error) {
 	}
 	for _, l := range holds {
 		l.lose(&LostError{Key: l.key, Token: l.token, Reason: LostSessionEnded, Cause: cause})
+	}
+	for _, w := range watchers {
+		w.finish(&WatchEndedError{Key: w.key, Cause: err}, false)
 	}
 }
 
@@ -586,12 +604,21 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 		s.mu.Unlock()
 		return 0, err
 	}
+	if c.op == opWatch && !s.watches {
+		err := &WatchUnsupportedError{Addr: s.addr, Key: c.key}
+		s.mu.Unlock()
+		return 0, err
+	}
 	rid := s.allocRid()
 	c.sentAt = time.Now()
 	c.frame = encode(rid)
 	s.seq++
 	c.seq = s.seq
 	s.pending[rid] = c
+	if c.watch != nil {
+		c.watch.rid = rid
+		s.watchers[rid] = c.watch
+	}
 	conn, addr := s.conn, s.addr
 	if s.resuming {
 		conn = nil // the resume sends it
@@ -612,7 +639,7 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 // allocRid returns a request id no outstanding request has (under mu).
 func (s *Session) allocRid() uint32 {
 	rid := s.nextRid
-	for s.pending[rid] != nil {
+	for s.pending[rid] != nil || s.watchers[rid] != nil {
 		rid++
 	}
 	s.nextRid = rid + 1
@@ -715,6 +742,12 @@ func (s *Session) serve(br *bufio.Reader) (cause error, connFailed bool) {
 			s.pushed(p)
 			continue
 		}
+		if kind == kindEvent {
+			if err := s.event(rid, b); err != nil {
+				return err, false
+			}
+			continue
+		}
 		r, err := decodeReply(b)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrProtocol, err), false
@@ -743,6 +776,19 @@ func (s *Session) serve(br *bufio.Reader) (cause error, connFailed bool) {
 			l = newLease(s, c, r.token)
 			s.holds[holdID{c.key, r.token}] = l
 		}
+		switch {
+		case c.op == opWatch && r.status == StatusOK:
+			// Active before the next frame is read: the Events after
+			// the Reply are changes.
+			c.watch.mu.Lock()
+			c.watch.active = true
+			c.watch.mu.Unlock()
+		case c.op == opWatch:
+			delete(s.watchers, rid)
+		case c.op == opUnwatch && (r.status == StatusOK || r.status == StatusNotQueued):
+			// No Event of that watch follows the Unwatch's Reply.
+			delete(s.watchers, c.target)
+		}
 		s.mu.Unlock()
 		if c.ch != nil {
 			c.ch <- result{r: r, lease: l}
@@ -755,6 +801,37 @@ func readErr(addr string, err error) error {
 		return fmt.Errorf("%s closed the connection", addr)
 	}
 	return fmt.Errorf("reading from %s: %v", addr, err)
+}
+
+// event routes an Event push to its watch: a holder listed before the
+// Watch's Reply, or a change after it. An Event of no watch of this
+// session, of another key, or out of place is a protocol error.
+func (s *Session) event(rid uint32, b []byte) error {
+	ev, err := decodeEvent(b)
+	if err != nil {
+		return fmt.Errorf("%w: bad Event (rid %d): %v", ErrProtocol, rid, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.watchers[rid]
+	if w == nil {
+		return fmt.Errorf("%w: an Event for request id %d, which is no watch", ErrProtocol, rid)
+	}
+	if ev.Key != w.key {
+		return fmt.Errorf("%w: an Event of key %q for the watch of %q", ErrProtocol, ev.Key, w.key)
+	}
+	w.mu.Lock()
+	active := w.active
+	w.mu.Unlock()
+	switch {
+	case !active && ev.Kind == EventHolder:
+		w.holder(ev.Holder)
+	case active && ev.Kind != EventHolder:
+		w.push(ev)
+	default:
+		return fmt.Errorf("%w: a %s Event %s the Watch's Reply (key %q)", ErrProtocol, ev.Kind, map[bool]string{true: "after", false: "before"}[active], w.key)
+	}
+	return nil
 }
 
 // pushed handles a Lost push: the server took the lock away from this
@@ -1293,8 +1370,21 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 	}
 	left := func(h heldFrame) time.Time { return r.sent.Add(time.Duration(h.ttlLeftMs) * time.Millisecond) }
 	modes := r.w.flags&flagModes != 0
+	watches := r.w.flags&flagWatches != 0
 
 	s.mu.Lock()
+	// Watches are not carried over a Resume: each answered one ends (its
+	// user watches again and reads the holders anew).
+	var unwatched []*Watch
+	for rid, w := range s.watchers {
+		w.mu.Lock()
+		active := w.active
+		w.mu.Unlock()
+		if active {
+			delete(s.watchers, rid)
+			unwatched = append(unwatched, w)
+		}
+	}
 	// Holds this side believes in: kept if listed with their token, lost
 	// if not. A hold being released is settled by its Release below.
 	for id, l := range s.holds {
@@ -1373,6 +1463,22 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 				delete(s.pending, f.rid) // it happened
 				answer(c, result{r: reply{status: StatusOK, ttlLeftMs: noTTL}})
 			}
+		case opWatch:
+			if watches {
+				// Not answered yet: the new connection lists the holders.
+				c.watch.mu.Lock()
+				c.watch.holders = nil
+				c.watch.mu.Unlock()
+				resend = append(resend, c.frame)
+			} else {
+				delete(s.pending, f.rid)
+				delete(s.watchers, f.rid)
+				answer(c, result{err: &WatchUnsupportedError{Addr: r.addr, Key: c.key}})
+			}
+		case opUnwatch:
+			// Its watch ended with the old connection.
+			delete(s.pending, f.rid)
+			answer(c, result{r: reply{status: StatusOK, ttlLeftMs: noTTL}})
 		case opCancel:
 		case opPing:
 			if c.internal {
@@ -1413,6 +1519,7 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 	// s.w stays: the same session's welcome (read without the lock by
 	// TTLBounds, ID, Shards); its modes flag is this server's.
 	s.modes = modes
+	s.watches = watches
 	s.conn, s.addr = r.conn, r.addr
 	s.resuming = false
 	s.gen++
@@ -1432,6 +1539,9 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 	}
 	for _, l := range lose {
 		l.lose(&LostError{Key: l.key, Token: l.token, Reason: LostNotListed})
+	}
+	for _, w := range unwatched {
+		w.finish(&WatchEndedError{Key: w.key, Resumed: true}, false)
 	}
 	return r.br
 }
