@@ -39,6 +39,13 @@
 //!     refused; its request for 3 slots is `Error::ModeMismatch` naming
 //!     the key and changes nothing; queued for 2, it is granted when one
 //!     holder releases (a larger token); the free key takes a permit of 5.
+//! 15. `watch_order` — a watcher of a key held by A lists A; B queues; A
+//!     releases: the watcher is told A released, then B granted (B's
+//!     token), in that order; B's session closes: B's session ended; the
+//!     watch closed, no more changes are reported.
+//! 16. `watch_rewatch` — a watch ends with its session (the next read is
+//!     an error, not silence); a change made meanwhile is not replayed: a
+//!     new session's watch lists the holders as they are now.
 //!
 //! Run: `cargo test --features faults --test conformance [NAME...]`.
 
@@ -51,7 +58,9 @@ use std::time::{Duration, Instant};
 
 use common::session::{holder_of, session, Proxy};
 use common::{Server, TempDir};
-use ringlock::client::{Access, Acquire, Client, Hold, RetryPolicy, Session, Wait};
+use ringlock::client::{
+    Access, Acquire, Client, EventKind, Hold, RetryPolicy, Session, Wait, WatchEvent,
+};
 use ringlock::lease::{CancelToken, Error, LockOptions, LostReason};
 use ringlock::protocol::session as wire;
 
@@ -527,8 +536,68 @@ fn modes_semaphore() {
     p5.release().expect("released");
 }
 
+fn event(w: &mut ringlock::client::Watch) -> WatchEvent {
+    w.next(Some(WAIT))
+        .expect("the watch is open")
+        .expect("a change within the bound")
+}
+
+fn watch_order() {
+    const KEY: &str = "c/watch/order";
+    let s = with_metrics();
+    let (a, b, w) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    let la = a.lock(KEY, WAIT).expect("a holds");
+    let mut watch = w.watch(KEY).expect("a watch");
+    let listed: Vec<u64> = watch.holders().iter().map(|h| h.token).collect();
+    assert_eq!(listed, vec![token(&la)], "the watch lists the holder");
+    let b2 = b.clone();
+    let waiter = thread::spawn(move || b2.lock(KEY, WAIT));
+    queued(&s, 1);
+    la.release().expect("released");
+    let lb = waiter.join().expect("waiter").expect("b granted");
+    let e = event(&mut watch);
+    assert_eq!((e.kind, e.holder.token), (EventKind::Released, token(&la)));
+    let e = event(&mut watch);
+    assert_eq!((e.kind, e.holder.token), (EventKind::Granted, token(&lb)));
+    let tb = token(&lb);
+    std::mem::forget(lb); // its session's end frees it
+    b.close();
+    let e = event(&mut watch);
+    assert_eq!((e.kind, e.holder.token), (EventKind::SessionEnded, tb));
+    watch.close().expect("unwatched");
+    // Closed: a change now is reported to nobody (a second watch sees
+    // it, and the closed one's session reads nothing).
+    let mut again = w.watch(KEY).expect("a second watch");
+    let lc = a.lock(KEY, WAIT).expect("a holds again");
+    let e = event(&mut again);
+    assert_eq!((e.kind, e.holder.token), (EventKind::Granted, token(&lc)));
+    lc.release().expect("released");
+}
+
+fn watch_rewatch() {
+    const KEY: &str = "c/watch/rewatch";
+    let s = with_metrics();
+    let (a, w) = (session(s.lock_addr), session(s.lock_addr));
+    let mut watch = w.watch(KEY).expect("a watch");
+    assert!(watch.holders().is_empty(), "a free key");
+    w.close();
+    let err = watch.next(Some(WAIT)).expect_err("the watch ended with its session");
+    assert!(!err.to_string().is_empty());
+    // Changed while nobody watched: not replayed, but listed.
+    let la = a.lock(KEY, WAIT).expect("a holds");
+    let w2 = session(s.lock_addr);
+    let again = w2.watch(KEY).expect("watched again");
+    let listed: Vec<u64> = again.holders().iter().map(|h| h.token).collect();
+    assert_eq!(listed, vec![token(&la)], "the holders as they are now");
+    la.release().expect("released");
+}
+
 fn main() {
-    let scenarios: [(&str, fn()); 14] = [
+    let scenarios: [(&str, fn()); 16] = [
         ("grant", grant),
         ("fifo", fifo),
         ("try", try_),
@@ -543,6 +612,8 @@ fn main() {
         ("shards", shards),
         ("modes_fifo", modes_fifo),
         ("modes_semaphore", modes_semaphore),
+        ("watch_order", watch_order),
+        ("watch_rewatch", watch_rewatch),
     ];
     // Names given on the command line pick scenarios (cargo's own flags,
     // which start with `-`, are ignored).
