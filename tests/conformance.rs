@@ -585,7 +585,9 @@ fn watch_rewatch() {
     let mut watch = w.watch(KEY).expect("a watch");
     assert!(watch.holders().is_empty(), "a free key");
     w.close();
-    let err = watch.next(Some(WAIT)).expect_err("the watch ended with its session");
+    let err = watch
+        .next(Some(WAIT))
+        .expect_err("the watch ended with its session");
     assert!(!err.to_string().is_empty());
     // Changed while nobody watched: not replayed, but listed.
     let la = a.lock(KEY, WAIT).expect("a holds");
