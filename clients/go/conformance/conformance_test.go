@@ -58,6 +58,8 @@ var scenarios = []scenario{
 	{"shards", shards},
 	{"modes_fifo", modesFifo},
 	{"modes_semaphore", modesSemaphore},
+	{"watch_order", watchOrder},
+	{"watch_rewatch", watchRewatch},
 }
 
 func TestConformance(t *testing.T) {
