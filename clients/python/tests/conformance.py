@@ -535,6 +535,89 @@ def modes_semaphore() -> None:
         p5.release()
 
 
+
+def _event(watch: ringlock.Watch, what: str) -> ringlock.WatchEvent:
+    """The watch's next change, which must come within 20 s."""
+    ev = watch.next(timeout=20)
+    check(ev is not None, f"no event within 20 s (expected {what})")
+    assert ev is not None
+    return ev
+
+
+@scenario
+def watch_order() -> None:
+    # docs/conformance.md: a watcher lists the holder, then is told every
+    # change in the order the server decided it (released before granted),
+    # a session's end included; once closed, a new watch sees the next grant.
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b, \
+            ringlock.Client(s.addr) as w:
+        check(w.watches, "ringlockd does not offer watches")
+        key = "watch/order"
+        la = a.lock(key, timeout=5)
+        watch = w.watch(key)
+        listed = [h.token for h in watch.holders]
+        check(listed == [la.token], f"the watch lists {listed}, not the holder [{la.token}]")
+        wb = Waiter(b, key, timeout=30)
+        s.wait_queued(1)
+        la.release()
+        lb = wb.result()
+        ev = _event(watch, f"released {la.token}")
+        check((ev.kind, ev.token) == ("released", la.token),
+              f"first event {ev.kind} {ev.token}, not released {la.token}")
+        ev = _event(watch, f"granted {lb.token}")
+        check((ev.kind, ev.token) == ("granted", lb.token),
+              f"second event {ev.kind} {ev.token}, not granted {lb.token}")
+        b.close()  # its session's end frees lb
+        ev = _event(watch, f"session_ended {lb.token}")
+        check((ev.kind, ev.token) == ("session_ended", lb.token),
+              f"third event {ev.kind} {ev.token}, not session_ended {lb.token}")
+        watch.close()
+        # Closed: a change now is reported to a second watch, not to it.
+        again = w.watch(key)
+        check(again.holders == [], f"the freed key lists {again.holders}")
+        lc = a.lock(key, timeout=5)
+        ev = _event(again, f"granted {lc.token}")
+        check((ev.kind, ev.token) == ("granted", lc.token),
+              f"the second watch's event {ev.kind} {ev.token}, not granted {lc.token}")
+        try:
+            old = watch.next(timeout=0)
+            raise Failed(f"the closed watch read {old!r}")
+        except ringlock.WatchEnded as e:
+            check(e.reason == "closed", f"the closed watch ended with reason {e.reason!r}")
+        lc.release()
+        again.close()
+
+
+@scenario
+def watch_rewatch() -> None:
+    # docs/conformance.md: a watch ends with its session (an error, not
+    # silence); watching again is a re-read, the meantime is not replayed.
+    with Server() as s, ringlock.Client(s.addr) as a:
+        key = "watch/rewatch"
+        w = ringlock.Client(s.addr)
+        watch = w.watch(key)
+        check(watch.holders == [], f"a free key lists {watch.holders}")
+        w.close()
+        try:
+            ev = watch.next(timeout=20)
+            raise Failed("the watch of an ended session read "
+                         + ("nothing for 20 s (silence)" if ev is None else repr(ev)))
+        except ringlock.WatchEnded as e:
+            check(e.reason == "session_ended" and str(e),
+                  f"the watch ended with reason {e.reason!r}: {e}")
+        # Changed while nobody watched: not replayed, but listed.
+        la = a.lock(key, timeout=5)
+        with ringlock.Client(s.addr) as w2:
+            again = w2.watch(key)
+            listed = [h.token for h in again.holders]
+            check(listed == [la.token], f"the new watch lists {listed}, not [{la.token}]")
+            la.release()
+            # Had the grant been replayed, it would come before this release.
+            ev = _event(again, f"released {la.token}")
+            check((ev.kind, ev.token) == ("released", la.token),
+                  f"the new watch's first event {ev.kind} {ev.token}, not released {la.token}")
+            again.close()
+
 @scenario
 def fence_sigstop() -> None:
     """examples/fence.py: a SIGSTOPped Python lease holder's stale write is
