@@ -129,6 +129,12 @@ ringlock_requests_total{protocol="session",action="resume",result="unauthorized"
 ringlock_requests_total{protocol="session",action="resume",result="unsupported_version"} 0
 ringlock_requests_total{protocol="session",action="resume",result="not_leader"} 0
 ringlock_requests_total{protocol="session",action="resume",result="unknown_session"} 1
+ringlock_requests_total{protocol="session",action="watch",result="ok"} 0
+ringlock_requests_total{protocol="session",action="watch",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="watch",result="limit_reached"} 0
+ringlock_requests_total{protocol="session",action="unwatch",result="ok"} 0
+ringlock_requests_total{protocol="session",action="unwatch",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="unwatch",result="not_queued"} 0
 # HELP ringlock_grants_total Locks granted, immediately or after waiting.
 # TYPE ringlock_grants_total counter
 ringlock_grants_total 2
@@ -156,6 +162,12 @@ ringlock_sessions_expired_total 0
 # HELP ringlock_lost_pushed_total Lost messages pushed to sessions (a lease expired, or an operator reset a hold).
 # TYPE ringlock_lost_pushed_total counter
 ringlock_lost_pushed_total 0
+# HELP ringlock_watches Key watches open (session Watch).
+# TYPE ringlock_watches gauge
+ringlock_watches 0
+# HELP ringlock_watch_events_total Events pushed to key watches (a grant or a release of a watched key; not the holders listed when a watch begins).
+# TYPE ringlock_watch_events_total counter
+ringlock_watch_events_total 0
 # HELP ringlock_idle_timeouts_total Connections closed after --idle-timeout without traffic and without a request in flight.
 # TYPE ringlock_idle_timeouts_total counter
 ringlock_idle_timeouts_total 0

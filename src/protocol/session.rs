@@ -756,7 +756,7 @@ pub fn encode_lost(key: &[u8], token: u64, why: LostWhy, out: &mut Vec<u8>) {
     });
 }
 
-/// Encodes an Event push under the Watch's `rid` (body: [`event`]).
+/// Encodes an Event push under the Watch's `rid` (its body: `docs/protocol.md`, "Watching a key").
 pub fn encode_event(rid: u32, kind: EventKind, h: &EventHolder<'_>, out: &mut Vec<u8>) {
     frame(out, KIND_EVENT, rid, |o| event::encode_body(kind, h, o));
 }

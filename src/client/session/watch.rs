@@ -17,7 +17,7 @@ use super::watched::{Holder, WatchEvent, WatchItem};
 use crate::lease::{cause_msg, Error, Result};
 use crate::protocol::session::{self as wire, EventKind, Req, Status};
 
-/// A watch of one key's holders, from [`Session::watch`]. Dropping it
+/// A watch of one key's holders, from [`Session::watch`](super::Session::watch). Dropping it
 /// without [`close`](Self::close) leaves the server's watch in place
 /// until the session ends (its Events are dropped here).
 pub struct Watch {

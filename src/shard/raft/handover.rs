@@ -75,7 +75,7 @@ impl Shard {
     /// True once this shard may exit: always without replication; in a
     /// cluster once no group on this node leads any more (every shard's
     /// leadership handed over, as this shard sees them) and this one's
-    /// vote is durable, plus [`LINGER_TICKS`] ticks; or once the
+    /// vote is durable, plus `LINGER_TICKS` ticks; or once the
     /// hand-over's bound (two election timeouts) passed.
     ///
     /// The linger is for other nodes' forwarded requests: until they
