@@ -18,12 +18,19 @@
 //! also be the server's holder with the same token. At the end everything
 //! quiesces: no session, waiter, hold or connection is left.
 //!
+//! A watcher session watches every key, its answers delayed and split like
+//! the others': **every change reaches it once, in order** — a grant of a
+//! token larger than any the key had, a release of a holder it was told
+//! of, never more holders than the key may have — and whenever it has read
+//! everything the server sent, its picture of each key's holders is the
+//! server's.
+//!
 //! `SIM_SEEDS=N` (default 200) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
 mod sim_common;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use ringlock::config::Config;
@@ -54,8 +61,31 @@ struct Client {
     view: SessionView,
 }
 
+/// The watcher: a session watching every key.
+#[derive(Default)]
+struct Watcher {
+    token: Option<Token>,
+    to_client: VecDeque<u8>,
+    rx: Vec<u8>,
+    welcomed: bool,
+    /// Watch rids answered `ok` (by key index).
+    watching: Vec<bool>,
+    /// What it was told: each key's holders' tokens.
+    holders: Vec<BTreeSet<u64>>,
+    /// The largest token it was told of, per key.
+    top: Vec<u64>,
+    last_ping_us: u64,
+    events: u64,
+}
+
+/// The rid of the watcher's Watch of key `k`.
+fn watch_rid(k: usize) -> u32 {
+    100 + k as u32
+}
+
 struct World {
     rng: Rng,
+    watcher: Watcher,
     seed: u64,
     shard: Shard,
     now: Now,
@@ -89,6 +119,7 @@ impl World {
             shard,
             now,
             clients: (0..CLIENTS).map(|_| Client::default()).collect(),
+            watcher: Watcher::default(),
             owner_of: HashMap::new(),
             grants: 0,
             lost: 0,
@@ -142,6 +173,135 @@ impl World {
             self.client_closed(c);
             self.shard.on_peer_closed(token, None);
         }
+    }
+
+    /// Opens the watcher's session, watches every key once it is
+    /// welcomed, and pings it well within its keep-alive. Its own frames
+    /// reach the server at once; the server's reach it late and split.
+    fn watcher_step(&mut self) {
+        let now_us = self.now.mono_us;
+        let w = &mut self.watcher;
+        let Some(token) = w.token else {
+            let t = self
+                .shard
+                .on_accept(Port::Lock, "127.0.0.1:8".parse().expect("addr"))
+                .expect("a slot for the watcher");
+            *w = Watcher {
+                token: Some(t),
+                watching: vec![false; KEYS.len()],
+                holders: vec![BTreeSet::new(); KEYS.len()],
+                top: vec![0; KEYS.len()],
+                last_ping_us: now_us,
+                ..Watcher::default()
+            };
+            let mut b = Vec::new();
+            sp::encode(
+                1,
+                &Req::Hello {
+                    version: sp::VERSION,
+                    keepalive_ms: KEEPALIVE_MS,
+                    auth: b"",
+                },
+                &mut b,
+            );
+            for (k, key) in KEYS.iter().enumerate() {
+                sp::encode(watch_rid(k), &Req::Watch { key }, &mut b);
+            }
+            self.shard.on_recv(t, &b);
+            return;
+        };
+        if now_us >= w.last_ping_us + KEEPALIVE_MS as u64 * 1000 / 4 {
+            w.last_ping_us = now_us;
+            let mut b = Vec::new();
+            sp::encode(2, &Req::Ping, &mut b);
+            self.shard.on_recv(token, &b);
+        }
+    }
+
+    /// The watcher reads some of what the server sent, and checks each
+    /// change against what it was told before.
+    fn deliver_to_watcher(&mut self) {
+        let w = &mut self.watcher;
+        if w.to_client.is_empty() {
+            return;
+        }
+        let n = 1 + self.rng.below(w.to_client.len() as u64) as usize;
+        w.rx.extend(w.to_client.drain(..n));
+        loop {
+            let w = &mut self.watcher;
+            let hello = (!w.welcomed).then_some(1);
+            let (a, n) = match sp::decode_answer(&w.rx, hello) {
+                Ok(Some(v)) => v,
+                Ok(None) => break,
+                Err(e) => self.fail(format!("watcher: {e}")),
+            };
+            w.rx.drain(..n);
+            if std::env::var_os("SIM_TRACE").is_some() {
+                eprintln!("[{}] watcher {a:?}", self.now.mono_us);
+            }
+            if let Err(e) = self.watcher_answer(a) {
+                self.fail(format!("watcher: {e}"));
+            }
+        }
+    }
+
+    fn watcher_answer(&mut self, a: Answer) -> Result<(), String> {
+        let w = &mut self.watcher;
+        match a {
+            Answer::Welcome { .. } => w.welcomed = true,
+            Answer::Reply { rid: 2, .. } => {}
+            Answer::Reply { rid, status, .. } => {
+                let k = (0..KEYS.len())
+                    .find(|&k| watch_rid(k) == rid)
+                    .ok_or(format!("a reply to rid {rid}, never sent"))?;
+                if status != sp::Status::Ok || w.watching[k] {
+                    return Err(format!("watch {rid} answered {status:?}"));
+                }
+                w.watching[k] = true;
+            }
+            Answer::Event {
+                rid,
+                kind,
+                token,
+                key,
+                ..
+            } => {
+                let k = (0..KEYS.len())
+                    .find(|&k| watch_rid(k) == rid && KEYS[k] == key.as_slice())
+                    .ok_or(format!("an event of rid {rid} for {key:?}"))?;
+                let (listing, h) = (!w.watching[k], &mut w.holders[k]);
+                match kind {
+                    sp::EventKind::Holder if listing => {
+                        h.insert(token);
+                    }
+                    sp::EventKind::Holder => return Err("a holder event after the reply".into()),
+                    _ if listing => return Err(format!("{kind:?} before the watch's reply")),
+                    sp::EventKind::Granted => {
+                        if token <= w.top[k] || !h.insert(token) {
+                            return Err(format!(
+                                "granted {token} on {key:?}, not above {} or told twice",
+                                w.top[k]
+                            ));
+                        }
+                        if h.len() > 1 {
+                            return Err(format!("{key:?} exclusive, told of holders {h:?}"));
+                        }
+                        w.events += 1;
+                    }
+                    _ => {
+                        if !h.remove(&token) {
+                            return Err(format!(
+                                "{kind:?} {token} on {key:?}: not a holder it knew"
+                            ));
+                        }
+                        w.events += 1;
+                    }
+                }
+                w.top[k] = w.top[k].max(token);
+            }
+            other => return Err(format!("unexpected {other:?}")),
+        }
+        Ok(())
     }
 
     fn client_closed(&mut self, c: usize) {
@@ -226,6 +386,15 @@ impl World {
             }
             for cmd in cmds {
                 match cmd {
+                    Cmd::Send(token) if self.watcher.token == Some(token) => {
+                        let mut buf = Vec::new();
+                        self.shard.take_output(token, &mut buf);
+                        self.watcher.to_client.extend(buf);
+                        self.shard.on_send_done(token, Ok(()));
+                    }
+                    Cmd::Close(token) if self.watcher.token == Some(token) => {
+                        self.fail("the server closed the watcher's session".into())
+                    }
                     Cmd::Send(token) => {
                         let mut buf = Vec::new();
                         self.shard.take_output(token, &mut buf);
@@ -234,7 +403,11 @@ impl World {
                         self.shard.on_send_done(token, Ok(()));
                     }
                     Cmd::Close(token) => {
-                        let c = self.owner_of[&token];
+                        let Some(&c) = self.owner_of.get(&token) else {
+                            // The watcher's, closed by it at the end.
+                            self.shard.on_closed(token);
+                            continue;
+                        };
                         self.shard.on_closed(token);
                         // EOF after what was sent: the client learns it when
                         // it reads that far; until then it believes what its
@@ -247,6 +420,30 @@ impl World {
                         }
                     }
                     other => self.fail(format!("unexpected command {other:?}")),
+                }
+            }
+        }
+    }
+
+    /// A watcher that read everything the server sent (checked after the
+    /// shard's output was all handed over) sees each key's holders as
+    /// they are.
+    fn check_watcher(&self) {
+        let w = &self.watcher;
+        if w.welcomed && w.to_client.is_empty() && w.rx.is_empty() {
+            for (k, key) in KEYS.iter().enumerate().filter(|&(k, _)| w.watching[k]) {
+                let server: BTreeSet<u64> = self
+                    .shard
+                    .table()
+                    .holders_of(key)
+                    .iter()
+                    .map(|(h, _)| h.grant_id)
+                    .collect();
+                if server != w.holders[k] {
+                    self.fail(format!(
+                        "the watcher read everything and believes {key:?} is held by {:?}; the server says {server:?}",
+                        w.holders[k]
+                    ));
                 }
             }
         }
@@ -295,6 +492,7 @@ impl World {
         }
         self.now.unix_ms = 1_700_000_000_000 + self.now.mono_us / 1000;
         self.shard.begin_tick(self.now);
+        self.watcher_step();
         for _ in 0..1 + self.rng.below(4) {
             let c = self.rng.below(CLIENTS as u64) as usize;
             match self.rng.below(100) {
@@ -304,8 +502,13 @@ impl World {
             }
             self.check();
         }
+        if self.rng.chance(3) {
+            self.deliver_to_watcher();
+            self.check();
+        }
         self.execute();
         self.check();
+        self.check_watcher();
     }
 
     fn quiesce(&mut self) {
@@ -317,6 +520,15 @@ impl World {
                 self.client_closed(c);
                 self.shard.on_peer_closed(t, None);
             }
+        }
+        self.execute();
+        while !self.watcher.to_client.is_empty() {
+            self.deliver_to_watcher();
+        }
+        self.check();
+        self.check_watcher();
+        if let Some(t) = self.watcher.token.take() {
+            self.shard.on_peer_closed(t, None);
         }
         self.execute();
         // Past every TTL and deadline.
@@ -360,7 +572,7 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
             (first..first + env_u64("SIM_SEEDS", 200)).collect()
         }
     };
-    let (mut grants, mut lost) = (0, 0);
+    let (mut grants, mut lost, mut watched) = (0, 0, 0);
     let runs = seeds.len() as u64;
     for seed in seeds {
         let mut w = World::new(seed);
@@ -370,6 +582,7 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         w.quiesce();
         grants += w.grants;
         lost += w.lost;
+        watched += w.watcher.events;
         if std::env::var_os("SIM_STATS").is_some() {
             eprintln!(
                 "seed {seed}: grants {} lost {} metrics {}",
@@ -382,4 +595,8 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
     // The scenarios must exercise what they claim to.
     assert!(grants >= 10 * runs, "only {grants} grants in {runs} runs");
     assert!(lost >= 2 * runs, "only {lost} Lost pushes in {runs} runs");
+    assert!(
+        watched >= 10 * runs,
+        "only {watched} watch events in {runs} runs"
+    );
 }
