@@ -288,6 +288,48 @@ pub(crate) enum Cmd {
         #[arg(long, value_name = "N")]
         count: Option<u64>,
     },
+    /// Leader election: campaign for NAME with VALUE and run CMD while leader; --listen prints the leader
+    ///
+    /// A campaign is a session lock on the key NAME whose source is VALUE
+    /// (1 to 127 bytes): candidates are elected in the order they
+    /// campaigned, and when the leader's CMD ends, or ringlock dies, its
+    /// session ends and the next candidate is elected at once. CMD gets
+    /// RINGLOCK_TOKEN, the leadership's fencing token. A leader that loses
+    /// its session while CMD runs stops CMD and exits 79, as lock does.
+    /// With --listen: print the leader now and on every change (`leader
+    /// TOKEN VALUE`, or `none` while nobody leads).
+    Elect {
+        /// Print the leader on every change instead of campaigning
+        #[arg(long, conflicts_with_all = ["value", "timeout"])]
+        listen: bool,
+        /// With --listen: one JSON object per line
+        #[arg(long, requires = "listen")]
+        json: bool,
+        /// With --listen: exit 0 after N changes of leader
+        #[arg(long, value_name = "N", requires = "listen")]
+        count: Option<u64>,
+        /// Give up campaigning after D and exit 75; 0: only if nobody leads
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        /// When leadership is lost while CMD runs, CMD gets SIGTERM, then SIGKILL D later
+        #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
+        kill_after: Duration,
+        /// The campaign's session keep-alive (as for lock)
+        #[arg(long, value_name = "D", value_parser = parse_keepalive)]
+        keepalive: Option<Duration>,
+        /// A keep-alive ping unanswered for D loses leadership (as for lock)
+        #[arg(long, value_name = "D", value_parser = parse_keepalive)]
+        ping_timeout: Option<Duration>,
+        /// The election's name (the key campaigned for)
+        #[arg(value_name = "NAME")]
+        name: OsString,
+        /// What the leader proclaims (its source, 1 to 127 bytes)
+        #[arg(value_name = "VALUE", required_unless_present = "listen")]
+        value: Option<OsString>,
+        /// The command to run while leader (after `--`)
+        #[arg(value_name = "CMD", last = true, required_unless_present = "listen", num_args = 1..)]
+        command: Vec<OsString>,
+    },
     /// Replicated clusters (ringlockd --peers): status, transfer-leader, add, remove, replace
     Cluster {
         #[command(subcommand)]

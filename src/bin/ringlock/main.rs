@@ -121,6 +121,29 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     if ringlock::mysql::is_mysql_addr(&cli.addr) {
         return mysql_cmd(&cli, fmt);
     }
+    // A candidate's value is its session's source.
+    let source = match &cli.cmd {
+        Cmd::Elect {
+            value: Some(v),
+            listen: false,
+            ..
+        } => {
+            if cli.source.is_some() {
+                return Err(usage(
+                    "elect: VALUE is the candidate's source; --source (or RINGLOCK_SOURCE) is not used",
+                ));
+            }
+            let v = arg_bytes(v, fmt).map_err(|e| usage(format!("elect VALUE: {e}")))?;
+            if v.is_empty() || v.len() > SOURCE_LEN_MAX {
+                return Err(usage(format!(
+                    "elect VALUE: 1 to {SOURCE_LEN_MAX} bytes, got {}",
+                    v.len()
+                )));
+            }
+            v
+        }
+        _ => source,
+    };
     let conn = Conn::new(&cli, &matches, source)?;
     match &cli.cmd {
         Cmd::Lock {
@@ -166,6 +189,39 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             older_than,
         } => list_keys(&conn, dates, json, older_than),
         Cmd::Watch { key, json, count } => watch::run(&conn, &key_arg(key, fmt)?, *json, *count),
+        Cmd::Elect {
+            listen: true,
+            name,
+            json,
+            count,
+            ..
+        } => watch::listen(&conn, &key_arg(name, fmt)?, *json, *count),
+        Cmd::Elect {
+            name,
+            timeout,
+            kill_after,
+            keepalive,
+            ping_timeout,
+            command,
+            ..
+        } => {
+            let key = key_arg(name, fmt)?;
+            let wait = match timeout {
+                Some(t) if t.is_zero() => Wait::Try,
+                Some(t) => Wait::For(*t),
+                None => Wait::Forever,
+            };
+            let hold = args::HoldArgs {
+                ttl: None,
+                persistent: false,
+                shared: false,
+                limit: None,
+                kill_after: *kill_after,
+                keepalive: *keepalive,
+                ping_timeout: *ping_timeout,
+            };
+            session_lock_and_run(&conn, &key, wait, &hold, command)
+        }
         Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }

@@ -14,11 +14,77 @@ use crate::exit::{Fail, EX_IOERR, EX_UNAVAILABLE};
 use crate::failure::lease_fail;
 
 pub(crate) fn run(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Result<u8, Fail> {
+    follow(conn, key, "watch", count, &mut |out, seen| match seen {
+        Seen::Resync => line(out, json, "resync", key, None).map(|()| false),
+        Seen::Holder(h) => line(out, json, EventKind::Holder.name(), key, Some(h)).map(|()| false),
+        Seen::Listed => Ok(false),
+        Seen::Change(kind, h) => line(out, json, kind.name(), key, Some(h)).map(|()| true),
+    })
+}
+
+/// `ringlock elect --listen NAME`: the leader now, then on every change:
+/// `leader TOKEN VALUE`, or `none` once it left (`--json`: `{"leader":
+/// {"token":…,"value":…,"value_hex":…}}` or `{"leader":null}`). A count
+/// is of changes of leader.
+pub(crate) fn listen(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Result<u8, Fail> {
+    // The leader this process last printed (`None`: none printed yet).
+    let mut shown: Option<Option<u64>> = None;
+    // A holder was listed since the last Listed.
+    let mut listed_any = false;
+    follow(conn, key, "elect --listen", count, &mut |out, seen| {
+        let now = match seen {
+            // After a resync the holders follow; what they say is printed
+            // only if it differs from the last line.
+            Seen::Resync => return Ok(false),
+            // Nobody was listed: nobody leads (said unless it was last).
+            Seen::Listed if listed_any => {
+                listed_any = false;
+                return Ok(false);
+            }
+            Seen::Listed => None,
+            Seen::Holder(h) => {
+                listed_any = true;
+                Some(h)
+            }
+            Seen::Change(EventKind::Granted, h) => Some(h),
+            Seen::Change(_, h) if shown == Some(Some(h.token)) => None,
+            Seen::Change(..) => return Ok(false),
+        };
+        if shown == Some(now.map(|h| h.token)) {
+            return Ok(false);
+        }
+        let change = shown.is_some();
+        shown = Some(now.map(|h| h.token));
+        leader_line(out, json, now)?;
+        Ok(change)
+    })
+}
+
+/// What the watch loop saw.
+enum Seen<'a> {
+    /// The connection failed and the key is watched again: the holders
+    /// follow.
+    Resync,
+    Holder(&'a Holder),
+    /// The holders are all listed (none, maybe).
+    Listed,
+    Change(EventKind, &'a Holder),
+}
+
+/// Watches `key` until `count` changes were printed (the printer says
+/// which lines are changes), watching again after a failed connection
+/// whose session was resumed.
+fn follow(
+    conn: &Conn,
+    key: &[u8],
+    verb: &str,
+    count: Option<u64>,
+    print: &mut dyn FnMut(&mut io::StdoutLock<'static>, Seen<'_>) -> Result<bool, Fail>,
+) -> Result<u8, Fail> {
     let shown = bytes::escape(key);
-    let what = format!("watch {shown}");
+    let what = format!("{verb} {shown}");
     let session = conn.session_with(&what, None, None)?;
-    let out = io::stdout();
-    let mut out = out.lock();
+    let mut out = io::stdout().lock();
     let mut changes = 0u64;
     let mut first = true;
     loop {
@@ -27,20 +93,24 @@ pub(crate) fn run(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Re
         }
         let mut w = match session.watch(key) {
             Ok(w) => w,
-            Err(e) if !first && session.ended().is_none() => {
+            Err(_) if !first && session.ended().is_none() => {
                 // The resume is still under way: the next try waits for it.
-                let _ = e;
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 continue;
             }
             Err(e) => return Err(lease_fail(&e, Some(&session), &what)),
         };
         if !first {
-            line(&mut out, json, "resync", key, None)?;
+            print(&mut out, Seen::Resync)?;
         }
         first = false;
-        for h in w.holders() {
-            line(&mut out, json, EventKind::Holder.name(), key, Some(h))?;
+        for h in w.holders().to_vec() {
+            if print(&mut out, Seen::Holder(&h))? {
+                changes += 1;
+            }
+        }
+        if print(&mut out, Seen::Listed)? {
+            changes += 1;
         }
         loop {
             if count.is_some_and(|n| changes >= n) {
@@ -48,11 +118,12 @@ pub(crate) fn run(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Re
             }
             match w.next(None) {
                 Ok(Some(e)) => {
-                    line(&mut out, json, e.kind.name(), key, Some(&e.holder))?;
-                    changes += 1;
+                    if print(&mut out, Seen::Change(e.kind, &e.holder))? {
+                        changes += 1;
+                    }
                 }
                 Ok(None) => {}
-                Err(e) => {
+                Err(_) => {
                     if let Some((_, cause)) = session.ended() {
                         return Err(Fail(
                             EX_UNAVAILABLE,
@@ -61,12 +132,33 @@ pub(crate) fn run(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Re
                     }
                     // The connection failed and the session was resumed:
                     // watch again.
-                    let _ = e;
                     break;
                 }
             }
         }
     }
+}
+
+/// One `elect --listen` line.
+fn leader_line(out: &mut impl Write, json: bool, h: Option<&Holder>) -> Result<(), Fail> {
+    let written = match (json, h) {
+        (false, Some(h)) => writeln!(out, "leader {} {}", h.token, bytes::escape(&h.source)),
+        (false, None) => writeln!(out, "none"),
+        (true, Some(h)) => writeln!(
+            out,
+            "{{\"leader\":{{\"token\":{},\"value\":{},\"value_hex\":\"{}\"}}}}",
+            h.token,
+            bytes::printable_utf8(&h.source).map_or("null".into(), bytes::json_str),
+            bytes::hex(&h.source)
+        ),
+        (true, None) => writeln!(out, "{{\"leader\":null}}"),
+    };
+    written.and_then(|()| out.flush()).map_err(|e| {
+        Fail(
+            EX_IOERR,
+            format!("elect --listen: writing the output failed: {e}"),
+        )
+    })
 }
 
 /// One output line, flushed at once (a pipe's reader sees each change as
