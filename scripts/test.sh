@@ -43,9 +43,10 @@ for n in 2 4; do
     --test conformance --test metrics_sessions
 done
 # The replicated cluster's real-process suites with 2 shards per node
-# (cross-shard sessions in a cluster, groups that follow group 0's leader).
+# (cross-shard sessions and watches in a cluster, groups that follow group
+# 0's leader).
 echo "== cluster suites with 2 shards per node"
-RINGLOCK_TEST_THREADS=2 cargo test --locked --features faults --test cluster --test cluster_workload --test cluster_ops --test cluster_membership --test cluster_sessions --test cluster_reads --test cluster_cli --test cluster_forward
+RINGLOCK_TEST_THREADS=2 cargo test --locked --features faults --test cluster --test cluster_workload --test cluster_ops --test cluster_membership --test cluster_sessions --test cluster_reads --test cluster_cli --test cluster_forward --test cluster_watch
 
 # The MySQL backend is behind the cargo feature `mysql` (off by default, so
 # the server build does not pull in a MySQL driver). Its tests start a
