@@ -29,24 +29,15 @@ fn watch(w: &mut RawSession, key: &str) -> (u32, Vec<Ev>) {
     let mut holders = Vec::new();
     loop {
         match w.read() {
-            Answer::Event {
-                rid: r,
-                kind,
-                token,
-                hold,
-                access,
-                key: k,
-                source,
-            } => {
-                assert_eq!(r, rid);
-                assert_eq!(k, key.as_bytes());
-                assert_eq!(kind, EventKind::Holder, "only holders before the Reply");
-                holders.push((kind, token, hold, access, source));
-            }
             Answer::Reply { rid: r, status, .. } => {
                 assert_eq!(r, rid);
                 assert_eq!(status, Status::Ok, "the Watch is answered ok");
                 return (rid, holders);
+            }
+            a @ Answer::Event { .. } => {
+                let e = of_watch(a, rid, key);
+                assert_eq!(e.0, EventKind::Holder, "only holders before the Reply");
+                holders.push(e);
             }
             other => panic!("a Watch answered {other:?}"),
         }
@@ -55,7 +46,13 @@ fn watch(w: &mut RawSession, key: &str) -> (u32, Vec<Ev>) {
 
 /// The next Event of watch `rid` on `key`.
 fn event(w: &mut RawSession, rid: u32, key: &str) -> Ev {
-    match w.read() {
+    let a = w.read();
+    of_watch(a, rid, key)
+}
+
+/// `a`, which must be an Event of watch `rid` on `key`.
+fn of_watch(a: Answer, rid: u32, key: &str) -> Ev {
+    match a {
         Answer::Event {
             rid: r,
             kind,

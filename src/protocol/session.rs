@@ -85,9 +85,7 @@ pub const FLAG_WATCH: u8 = 4;
 pub use crate::core::Access;
 
 /// The access byte of an Acquire's trailer.
-pub const ACCESS_EXCLUSIVE: u8 = 0;
-pub const ACCESS_SHARED: u8 = 1;
-pub const ACCESS_SEMAPHORE: u8 = 2;
+pub use event::{ACCESS_EXCLUSIVE, ACCESS_SEMAPHORE, ACCESS_SHARED};
 
 /// How a granted lock is held (the lock core's own type; its byte is the
 /// Acquire frame's mode).
@@ -526,17 +524,11 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             o.extend_from_slice(&wait_ms.to_le_bytes());
             put_name(o, key);
             put_name(o, source);
-            // Exclusive as before (an older server reads it).
-            match access {
-                Access::Exclusive => {}
-                Access::Shared => {
-                    o.push(ACCESS_SHARED);
-                    o.extend_from_slice(&0u32.to_le_bytes());
-                }
-                Access::Semaphore(n) => {
-                    o.push(ACCESS_SEMAPHORE);
-                    o.extend_from_slice(&n.to_le_bytes());
-                }
+            // Exclusive as before, with no trailer (an older server reads it).
+            if access != Access::Exclusive {
+                let (a, slots) = event::access_bytes(access);
+                o.push(a);
+                o.extend_from_slice(&slots.to_le_bytes());
             }
         }
         Req::Release { token, key } => {

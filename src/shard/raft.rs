@@ -1039,19 +1039,8 @@ impl Shard {
                 kills.push((to, sid, home));
             }
         });
-        // So are the sessions that only watch keys here: their watches
-        // end, and a watcher must not be left waiting for Events that no
-        // longer come (its client resumes and watches again).
-        for w in self.unwatch_all() {
-            let to = (w.sid >> 56) as usize;
-            if to != me
-                && !kills
-                    .iter()
-                    .any(|&(_, sid, home)| sid == w.sid && home == w.home)
-            {
-                kills.push((to, w.sid, w.home));
-            }
-        }
+        // So are the sessions that only watch keys here.
+        self.unwatch_all(&mut kills);
         for (to, sid, home) in kills {
             self.cmds.push(Cmd::Sess {
                 to,

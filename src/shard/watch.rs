@@ -63,14 +63,25 @@ impl Shard {
             .watches_changed(self.watches.len() as i64 - before as i64);
     }
 
-    /// This shard's group stopped serving: every watch here ends, and each
-    /// watcher's session is detached (its client resumes on the serving
-    /// node and watches again), as are the sessions that hold or wait here.
-    /// Returns the watchers, for the caller to detach.
-    pub(super) fn unwatch_all(&mut self) -> Vec<Watcher> {
+    /// This shard's group stopped serving: every watch here ends, and a
+    /// watcher must not be left waiting for Events that no longer come:
+    /// each watcher's session homed on another shard is added once to
+    /// `detach` as `(home shard, session, connection)` (the caller detaches
+    /// them with the sessions that hold or wait here; a client resumes on
+    /// the serving node and watches again). Sessions homed here close with
+    /// this shard's connections.
+    pub(super) fn unwatch_all(&mut self, detach: &mut Vec<(usize, u64, Token)>) {
         let all = self.watches.take_all();
         self.metrics.watches_changed(-(all.len() as i64));
-        all
+        for w in all {
+            let to = super::session::home_of(w.sid);
+            let listed = detach
+                .iter()
+                .any(|&(_, sid, home)| sid == w.sid && home == w.home);
+            if to != self.me && !listed {
+                detach.push((to, w.sid, w.home));
+            }
+        }
     }
 
     /// A grant or a release of a watched key: an Event to each watcher.

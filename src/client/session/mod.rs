@@ -607,12 +607,7 @@ impl Session {
     /// the session's end ([`Error::Failed`]).
     pub fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch> {
         let key = key.as_ref();
-        if key.is_empty() || key.len() > KEY_LEN_MAX {
-            return Err(Error::InvalidKey(format!(
-                "a key is 1 to {KEY_LEN_MAX} bytes, got {}",
-                key.len()
-            )));
-        }
+        check_key(key)?;
         watch::open(&self.h, key)
     }
 
@@ -660,12 +655,7 @@ impl Session {
         opts: &LockOptions,
     ) -> Result<Lease> {
         let key = key.as_ref();
-        if key.is_empty() || key.len() > KEY_LEN_MAX {
-            return Err(Error::InvalidKey(format!(
-                "a key is 1 to {KEY_LEN_MAX} bytes, got {}",
-                key.len()
-            )));
-        }
+        check_key(key)?;
         let key_text = String::from_utf8_lossy(key).into_owned();
         let access = what.access;
         if access == Access::Semaphore(0) {
@@ -922,6 +912,18 @@ impl Session {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A key of 1 to [`KEY_LEN_MAX`] bytes, or [`Error::InvalidKey`] (before
+/// any traffic).
+fn check_key(key: &[u8]) -> Result<()> {
+    if key.is_empty() || key.len() > KEY_LEN_MAX {
+        return Err(Error::InvalidKey(format!(
+            "a key is 1 to {KEY_LEN_MAX} bytes, got {}",
+            key.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The refusal of a shared or semaphore request by a server without the

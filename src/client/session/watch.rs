@@ -42,79 +42,77 @@ impl std::fmt::Debug for Watch {
 /// [`Session::watch`](super::Session::watch), once the key is checked.
 pub(super) fn open(h: &Arc<Handle>, key: &[u8]) -> Result<Watch> {
     let key_text = String::from_utf8_lossy(key).into_owned();
+    let sh: &Shared = &h.shared;
+    let (tx, rx) = mpsc::channel();
     {
-        let sh: &Shared = &h.shared;
-        let (tx, rx) = mpsc::channel();
-        {
-            let st = sh.lock();
-            if !st.watch {
-                return Err(Error::Unsupported(format!(
-                    "a watch of {key_text:?}: this server does not offer key watches (its \
-                     welcome lacks the watches flag: a ringlockd older than watches); nothing \
-                     was sent"
-                )));
-            }
-            if st.resuming {
-                return Err(failed(
-                    &key_text,
-                    "the session is being resumed; watch again",
-                ));
-            }
+        let st = sh.lock();
+        if !st.watch {
+            return Err(Error::Unsupported(format!(
+                "a watch of {key_text:?}: this server does not offer key watches (its \
+                 welcome lacks the watches flag: a ringlockd older than watches); nothing \
+                 was sent"
+            )));
         }
-        // The channel is registered before the frame leaves: its first
-        // Event may come back before `send_registered` returns.
-        let rid = sh
-            .send_registered(
-                What::Call,
-                Op::Watch,
-                |st, rid| {
-                    st.watches.insert(rid, tx);
-                },
-                |rid, out| wire::encode(rid, &Req::Watch { key }, out),
-            )
-            .map_err(|end| failed(&key_text, format!("the session ended: {}", end.1)))?;
-        let (answer, _) = match sh.wait(rid, None) {
-            Waited::Answer(a, what) => (a, what),
-            Waited::Dead(end) => {
-                sh.lock().watches.remove(&rid);
-                return Err(failed(&key_text, format!("the session ended: {}", end.1)));
-            }
-            Waited::NoAnswer => unreachable!("no bound"),
-        };
-        if answer.status != Status::Ok {
-            sh.lock().watches.remove(&rid);
+        if st.resuming {
             return Err(failed(
                 &key_text,
-                format!("the server answered the watch {}", answer.status.name()),
+                "the session is being resumed; watch again",
             ));
         }
-        // Every holder Event came before the Reply: all in the channel.
-        let mut holders = Vec::new();
-        loop {
-            match rx.try_recv() {
-                Ok(WatchItem::Event(e)) if e.kind == EventKind::Holder => holders.push(e.holder),
-                Ok(WatchItem::Event(e)) => {
-                    return Err(failed(
-                        &key_text,
-                        format!(
-                            "the server sent a {} event before the watch's answer",
-                            e.kind.name()
-                        ),
-                    ))
-                }
-                Ok(WatchItem::Ended(why)) => return Err(failed(&key_text, why)),
-                Err(_) => break,
-            }
-        }
-        Ok(Watch {
-            h: Arc::clone(h),
-            rid,
-            key: key.to_vec(),
-            holders,
-            rx,
-            ended: None,
-        })
     }
+    // The channel is registered before the frame leaves: its first
+    // Event may come back before `send_registered` returns.
+    let rid = sh
+        .send_registered(
+            What::Call,
+            Op::Watch,
+            |st, rid| {
+                st.watches.insert(rid, tx);
+            },
+            |rid, out| wire::encode(rid, &Req::Watch { key }, out),
+        )
+        .map_err(|end| failed(&key_text, format!("the session ended: {}", end.1)))?;
+    let (answer, _) = match sh.wait(rid, None) {
+        Waited::Answer(a, what) => (a, what),
+        Waited::Dead(end) => {
+            sh.lock().watches.remove(&rid);
+            return Err(failed(&key_text, format!("the session ended: {}", end.1)));
+        }
+        Waited::NoAnswer => unreachable!("no bound"),
+    };
+    if answer.status != Status::Ok {
+        sh.lock().watches.remove(&rid);
+        return Err(failed(
+            &key_text,
+            format!("the server answered the watch {}", answer.status.name()),
+        ));
+    }
+    // Every holder Event came before the Reply: all in the channel.
+    let mut holders = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(WatchItem::Event(e)) if e.kind == EventKind::Holder => holders.push(e.holder),
+            Ok(WatchItem::Event(e)) => {
+                return Err(failed(
+                    &key_text,
+                    format!(
+                        "the server sent a {} event before the watch's answer",
+                        e.kind.name()
+                    ),
+                ))
+            }
+            Ok(WatchItem::Ended(why)) => return Err(failed(&key_text, why)),
+            Err(_) => break,
+        }
+    }
+    Ok(Watch {
+        h: Arc::clone(h),
+        rid,
+        key: key.to_vec(),
+        holders,
+        rx,
+        ended: None,
+    })
 }
 
 fn failed(key: &str, why: impl Into<String>) -> Error {

@@ -64,9 +64,21 @@ pub struct EventHolder<'a> {
     pub source: &'a [u8],
 }
 
-const ACCESS_EXCLUSIVE: u8 = 0;
-const ACCESS_SHARED: u8 = 1;
-const ACCESS_SEMAPHORE: u8 = 2;
+/// The access byte of an Acquire's trailer and of an Event (re-exported
+/// by the session module).
+pub const ACCESS_EXCLUSIVE: u8 = 0;
+pub const ACCESS_SHARED: u8 = 1;
+pub const ACCESS_SEMAPHORE: u8 = 2;
+
+/// An access as it is written: `(access byte, slots)` (slots 0 unless a
+/// semaphore).
+pub fn access_bytes(a: Access) -> (u8, u32) {
+    match a {
+        Access::Exclusive => (ACCESS_EXCLUSIVE, 0),
+        Access::Shared => (ACCESS_SHARED, 0),
+        Access::Semaphore(n) => (ACCESS_SEMAPHORE, n),
+    }
+}
 
 /// Appends an Event body. Panics on a name over 127 bytes (the server's
 /// names never are).
@@ -74,11 +86,7 @@ pub(super) fn encode_body(kind: EventKind, h: &EventHolder<'_>, o: &mut Vec<u8>)
     o.push(kind as u8);
     o.extend_from_slice(&h.token.to_le_bytes());
     o.push(h.hold as u8);
-    let (a, slots) = match h.access {
-        Access::Exclusive => (ACCESS_EXCLUSIVE, 0),
-        Access::Shared => (ACCESS_SHARED, 0),
-        Access::Semaphore(n) => (ACCESS_SEMAPHORE, n),
-    };
+    let (a, slots) = access_bytes(h.access);
     o.push(a);
     o.extend_from_slice(&slots.to_le_bytes());
     for n in [h.key, h.source] {
