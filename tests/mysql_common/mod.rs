@@ -201,6 +201,8 @@ impl MariaDb {
         );
         let socket = dir.join("sock");
         let log = dir.join("err.log");
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("create the server's tmpdir");
         for _attempt in 0..5 {
             let port = free_port();
             let mut cmd = Command::new(&server);
@@ -211,6 +213,9 @@ impl MariaDb {
                 .arg("--bind-address=127.0.0.1")
                 .arg(format!("--pid-file={}", dir.join("pid").display()))
                 .arg(format!("--log-error={}", log.display()))
+                // Its temporary files in its own directory, where no
+                // other server or process can touch them.
+                .arg(format!("--tmpdir={}", tmp.display()))
                 .arg("--skip-log-bin")
                 .arg("--skip-name-resolve")
                 .arg("--innodb-buffer-pool-size=16M")
@@ -384,14 +389,26 @@ impl MariaDb {
 
     /// The sessions that run a statement containing `needle` and wait in a
     /// user lock.
+    ///
+    /// Read with `SHOW FULL PROCESSLIST` and filtered here: a query on
+    /// `information_schema.PROCESSLIST` materialises its LONGTEXT `Info`
+    /// column in an on-disk Aria temporary table, and one CI run saw that
+    /// table's file vanish under the server ("Error on delete of
+    /// '/tmp/#sql-temptable-…'"), failing a test that had nothing wrong.
     pub fn waiting(&self, needle: &str) -> Vec<u64> {
-        self.root()
-            .exec::<u64, _, _>(
-                "SELECT ID FROM information_schema.PROCESSLIST \
-                 WHERE STATE = 'User lock' AND LOCATE(?, INFO) > 0",
-                (needle,),
-            )
-            .expect("read the process list")
+        let rows: Vec<mysql::Row> = self
+            .root()
+            .query("SHOW FULL PROCESSLIST")
+            .expect("read the process list");
+        rows.into_iter()
+            .filter_map(|row| {
+                let id: u64 = row.get("Id")?;
+                let state: Option<String> = row.get("State")?;
+                let info: Option<String> = row.get("Info")?;
+                (state.as_deref() == Some("User lock") && info.is_some_and(|i| i.contains(needle)))
+                    .then_some(id)
+            })
+            .collect()
     }
 
     /// Waits until a session other than those in `seen` waits in
