@@ -135,6 +135,11 @@ ringlock_requests_total{protocol="session",action="watch",result="limit_reached"
 ringlock_requests_total{protocol="session",action="unwatch",result="ok"} 0
 ringlock_requests_total{protocol="session",action="unwatch",result="invalid"} 0
 ringlock_requests_total{protocol="session",action="unwatch",result="not_queued"} 0
+ringlock_requests_total{protocol="session",action="proclaim",result="ok"} 0
+ringlock_requests_total{protocol="session",action="proclaim",result="not_owner"} 0
+ringlock_requests_total{protocol="session",action="proclaim",result="stale_token"} 0
+ringlock_requests_total{protocol="session",action="proclaim",result="invalid"} 0
+ringlock_requests_total{protocol="session",action="proclaim",result="limit_reached"} 0
 # HELP ringlock_grants_total Locks granted, immediately or after waiting.
 # TYPE ringlock_grants_total counter
 ringlock_grants_total 2

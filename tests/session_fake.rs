@@ -70,7 +70,7 @@ impl Peer {
                             f.ttl_ms = ttl_ms;
                             f.wait_ms = wait_ms;
                         }
-                        Req::Release { token, key } => {
+                        Req::Release { token, key } | Req::Proclaim { token, key, .. } => {
                             f.key = key.to_vec();
                             f.token = token;
                         }

@@ -68,7 +68,9 @@ impl Peer {
                         Req::Cancel { key, .. } | Req::Watch { key } | Req::Unwatch { key, .. } => {
                             f.key = key.to_vec()
                         }
-                        Req::Release { token, key } | Req::Extend { token, key, .. } => {
+                        Req::Release { token, key }
+                        | Req::Extend { token, key, .. }
+                        | Req::Proclaim { token, key, .. } => {
                             f.key = key.to_vec();
                             f.token = token;
                         }

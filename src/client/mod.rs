@@ -85,6 +85,7 @@ pub use listing::KeyStream;
 pub use lock_client::{Client, ClientBuilder};
 pub use retry::{RetryEvent, RetryPolicy};
 pub use session::{
-    Acquire, EventKind, HeldAs, Hold, Holder, Session, SessionBuilder, Wait, Watch, WatchEvent,
+    Acquire, Election, EventKind, HeldAs, Hold, Holder, Leader, Leadership, Observer, Session,
+    SessionBuilder, Wait, Watch, WatchEvent,
 };
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};

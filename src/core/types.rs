@@ -270,6 +270,8 @@ pub enum Checked {
     NotOwner,
     /// Extend of a hold that is not a lease.
     NotLease,
+    /// A Proclaim whose new source would pass the table's limit on names.
+    Limit,
 }
 
 /// An extend that took effect: what the log records and an undo needs.
@@ -281,6 +283,15 @@ pub struct Extended {
     pub expires_mono_us: u64,
     pub prev_unix_ms: u64,
     pub prev_mono_us: u64,
+}
+
+/// A proclaim that took effect ([`Table::proclaim`](super::Table::proclaim)):
+/// the holder now stands in key slot `key_slot` under its new source (the
+/// log writes its record anew); `prev` is it as it was, for an undo.
+#[derive(Clone, Copy, Debug)]
+pub struct Proclaimed {
+    pub key_slot: u32,
+    pub prev: HeldKey,
 }
 
 /// One held key as listed by the admin `KEYS` command.

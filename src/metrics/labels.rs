@@ -68,6 +68,7 @@ pub enum SessionOp {
     Resume,
     Watch,
     Unwatch,
+    Proclaim,
 }
 
 /// Every status of a session Reply, in byte order (`Status as usize` is
@@ -92,7 +93,7 @@ pub const SESSION_STATUSES: [Status; 16] = [
 ];
 
 impl SessionOp {
-    pub const ALL: [SessionOp; 9] = [
+    pub const ALL: [SessionOp; 10] = [
         SessionOp::Hello,
         SessionOp::Acquire,
         SessionOp::Release,
@@ -102,6 +103,7 @@ impl SessionOp {
         SessionOp::Resume,
         SessionOp::Watch,
         SessionOp::Unwatch,
+        SessionOp::Proclaim,
     ];
 
     /// The op of a session frame's first byte; `None` for a byte that is
@@ -117,6 +119,7 @@ impl SessionOp {
             sp::OP_RESUME => SessionOp::Resume,
             sp::OP_WATCH => SessionOp::Watch,
             sp::OP_UNWATCH => SessionOp::Unwatch,
+            sp::OP_PROCLAIM => SessionOp::Proclaim,
             _ => return None,
         })
     }
@@ -133,6 +136,7 @@ impl SessionOp {
             SessionOp::Resume => "resume",
             SessionOp::Watch => "watch",
             SessionOp::Unwatch => "unwatch",
+            SessionOp::Proclaim => "proclaim",
         }
     }
 
@@ -157,6 +161,7 @@ impl SessionOp {
             SessionOp::Ping => &[Ok, Invalid],
             SessionOp::Watch => &[Ok, Invalid, Limit],
             SessionOp::Unwatch => &[Ok, Invalid, NotQueued],
+            SessionOp::Proclaim => &[Ok, NotOwner, Stale, Invalid, Limit],
         }
     }
 

@@ -68,7 +68,8 @@ fn session_statuses_are_indexed_by_their_byte_and_ops_by_theirs() {
     for (i, op) in SessionOp::ALL.iter().enumerate() {
         assert_eq!(op.index(), i);
     }
-    // Ops 7..=13 in order; 14 (Locate) opens no session; then Watch, Unwatch.
+    // Ops 7..=13 in order; 14 (Locate) opens no session; then Watch,
+    // Unwatch, Proclaim.
     for (i, op) in SessionOp::ALL[..7].iter().enumerate() {
         assert_eq!(SessionOp::from_byte(sp::OP_HELLO + i as u8), Some(*op));
     }
@@ -77,9 +78,13 @@ fn session_statuses_are_indexed_by_their_byte_and_ops_by_theirs() {
         SessionOp::from_byte(sp::OP_UNWATCH),
         Some(SessionOp::Unwatch)
     );
+    assert_eq!(
+        SessionOp::from_byte(sp::OP_PROCLAIM),
+        Some(SessionOp::Proclaim)
+    );
     assert_eq!(SessionOp::from_byte(sp::OP_HELLO - 1), None);
     assert_eq!(SessionOp::from_byte(sp::OP_LOCATE), None);
-    assert_eq!(SessionOp::from_byte(sp::OP_UNWATCH + 1), None);
+    assert_eq!(SessionOp::from_byte(sp::OP_PROCLAIM + 1), None);
 }
 
 #[test]

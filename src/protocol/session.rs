@@ -57,6 +57,9 @@ pub const OP_LOCATE: u8 = 14;
 pub const OP_WATCH: u8 = 15;
 /// Ends a watch of the session (by the Watch's rid and key).
 pub const OP_UNWATCH: u8 = 16;
+/// Changes the source (an election's value) of a hold the session may act
+/// on, keeping its token ([`FLAG_PROCLAIM`]).
+pub const OP_PROCLAIM: u8 = 17;
 
 pub const KIND_REPLY: u8 = 0x80;
 pub const KIND_LOST: u8 = 0x81;
@@ -79,6 +82,10 @@ pub const FLAG_MODES: u8 = 2;
 /// A client sends them only to a server that set it (an older one closes
 /// the connection on an op it does not know).
 pub const FLAG_WATCH: u8 = 4;
+/// Welcome `flags` bit: the server takes Proclaim ([`OP_PROCLAIM`]) and
+/// reports it to watchers as [`EventKind::Proclaimed`]. A client sends it
+/// only to a server that set it.
+pub const FLAG_PROCLAIM: u8 = 8;
 
 /// How a lock is shared (the lock core's own type; an Acquire's optional
 /// trailing `[u8 access][u32 slots]`).
@@ -257,6 +264,15 @@ pub enum Req<'a> {
     Watch { key: &'a [u8] },
     /// `[u32 rid of the Watch][u8 keyLen][key of the Watch]`.
     Unwatch { target: u32, key: &'a [u8] },
+    /// `[u64 token][u8 keyLen][key][u8 srcLen][src]`: the hold `token` of
+    /// `key` is held under source `src` from now on, its token unchanged
+    /// ([`FLAG_PROCLAIM`]; an empty source is the client's IP address, as
+    /// in an Acquire).
+    Proclaim {
+        token: u64,
+        key: &'a [u8],
+        source: &'a [u8],
+    },
     /// `[u8 version][u64 session_id]`, then optionally `[u8 authLen][auth]`:
     /// a connection's first frame, instead of a Hello, to take over a
     /// replicated session ([`FLAG_RESUMABLE`]).
@@ -284,7 +300,7 @@ pub enum Decoded<'a> {
 
 /// True for the action bytes of this protocol.
 pub fn is_session_op(b: u8) -> bool {
-    (OP_HELLO..=OP_RESUME).contains(&b) || b == OP_WATCH || b == OP_UNWATCH
+    (OP_HELLO..=OP_RESUME).contains(&b) || (OP_WATCH..=OP_PROCLAIM).contains(&b)
 }
 
 struct Body<'a> {
@@ -417,6 +433,12 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
             let key = r.name(1).ok_or("key size out of range 1..=127")?;
             Req::Unwatch { target, key }
         }
+        OP_PROCLAIM => {
+            let token = r.u64().ok_or("short proclaim")?;
+            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let source = r.name(0).ok_or("source size out of range 0..=127")?;
+            Req::Proclaim { token, key, source }
+        }
         _ => return Err("unknown op"),
     };
     if !r.done() {
@@ -483,6 +505,7 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         Req::Resume { .. } => OP_RESUME,
         Req::Watch { .. } => OP_WATCH,
         Req::Unwatch { .. } => OP_UNWATCH,
+        Req::Proclaim { .. } => OP_PROCLAIM,
     };
     frame(out, op, rid, |o| match *req {
         Req::Resume {
@@ -545,6 +568,11 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             put_name(o, key);
         }
         Req::Watch { key } => put_name(o, key),
+        Req::Proclaim { token, key, source } => {
+            o.extend_from_slice(&token.to_le_bytes());
+            put_name(o, key);
+            put_name(o, source);
+        }
         Req::Ping => {}
     });
 }

@@ -57,6 +57,10 @@ pub(super) enum Undo {
         prev: HeldKey,
     },
     Extend(Extended),
+    /// A proclaim: the holder as it was (its old source).
+    Proclaim {
+        prev: HeldKey,
+    },
     /// A replicated session opened (its SessionOpen record).
     SessionOpen {
         sid: u64,
@@ -516,6 +520,10 @@ impl Shard {
                 Undo::Extend(x) => {
                     self.table
                         .set_expiry(&x.key, x.grant_id, x.prev_unix_ms, x.prev_mono_us);
+                }
+                Undo::Proclaim { prev } => {
+                    self.table
+                        .set_source(&prev.key, prev.grant_id, prev.source.as_bytes());
                 }
                 Undo::SessionOpen { sid } => {
                     self.table.session_closed(sid);

@@ -125,6 +125,11 @@ pub enum SessOp {
         target: u32,
         key: Name,
     },
+    Proclaim {
+        token: u64,
+        key: Name,
+        source: Name,
+    },
 }
 
 /// Something for a session's client.

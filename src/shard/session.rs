@@ -225,7 +225,7 @@ impl Shard {
     /// The welcome of session `sid` (a Hello's or a Resume's answer).
     pub(super) fn welcome(&self, sid: u64, keepalive_ms: u32, flags: u8) -> sp::Welcome {
         // Every server takes an Acquire's access, and watches.
-        let flags = flags | sp::FLAG_MODES | sp::FLAG_WATCH;
+        let flags = flags | sp::FLAG_MODES | sp::FLAG_WATCH | sp::FLAG_PROCLAIM;
         sp::Welcome {
             status: Status::Ok,
             version: sp::VERSION,
@@ -347,6 +347,17 @@ impl Shard {
                     target,
                     key: Name::new(key).expect("decoder bounds names"),
                 })),
+                Ok(Req::Proclaim { token, key, source }) => {
+                    let mut source = Name::new(source).expect("decoder bounds names");
+                    if source.is_empty() {
+                        source = super::ip_name(&peer);
+                    }
+                    Ok(Some(SessOp::Proclaim {
+                        token,
+                        key: Name::new(key).expect("decoder bounds names"),
+                        source,
+                    }))
+                }
             };
             self.conns[slot as usize].rbuf.drain(..len);
             match parsed {
@@ -396,7 +407,8 @@ impl Shard {
             | SessOp::Extend { key, .. }
             | SessOp::Cancel { key, .. }
             | SessOp::Watch { key }
-            | SessOp::Unwatch { key, .. } => *key,
+            | SessOp::Unwatch { key, .. }
+            | SessOp::Proclaim { key, .. } => *key,
         };
         let to = owner(key.as_bytes(), self.shards);
         let home = self.token(slot);
@@ -703,6 +715,35 @@ impl Shard {
                 self.count_sess(SessionOp::Cancel, st);
                 self.send_out(sid, home, reply(rid, st));
             }
+            SessOp::Proclaim { token, key, source } => {
+                match self.table.proclaim(o, &key, token, source.as_bytes()) {
+                    Ok(p) => {
+                        if let Some(log) = self.log.as_mut() {
+                            let (now_held, _) = self.table.granted(p.key_slot, token);
+                            let lsn = log.append_reacquire(p.prev.as_ref(), now_held);
+                            self.journal(lsn, Undo::Proclaim { prev: p.prev });
+                        }
+                        if !self.watches.is_empty() {
+                            self.watch_proclaimed(p.key_slot, token);
+                        }
+                        self.count_sess(SessionOp::Proclaim, Status::Ok);
+                        self.send_out(
+                            sid,
+                            home,
+                            SessOut::Reply {
+                                rid,
+                                status: Status::Ok,
+                                token,
+                                ttl_left_ms: sp::NO_TTL,
+                            },
+                        );
+                    }
+                    Err(c) => {
+                        self.count_sess(SessionOp::Proclaim, checked_status(c));
+                        self.send_out(sid, home, reply(rid, checked_status(c)))
+                    }
+                }
+            }
             SessOp::Watch { .. } | SessOp::Unwatch { .. } => unreachable!("run above"),
         }
     }
@@ -818,6 +859,7 @@ impl SessOp {
             SessOp::Cancel { .. } => SessionOp::Cancel,
             SessOp::Watch { .. } => SessionOp::Watch,
             SessOp::Unwatch { .. } => SessionOp::Unwatch,
+            SessOp::Proclaim { .. } => SessionOp::Proclaim,
         }
     }
 }
@@ -837,5 +879,6 @@ fn checked_status(c: Checked) -> Status {
         Checked::Stale => Status::Stale,
         Checked::NotOwner => Status::NotOwner,
         Checked::NotLease => Status::Invalid,
+        Checked::Limit => Status::Limit,
     }
 }

@@ -101,13 +101,30 @@ impl Shard {
             } => (kind_of(cause), self.table.released(released, grant_id)),
             _ => return,
         };
+        let first = event(0, kind, &out_of);
+        self.watch_send(first);
+    }
+
+    /// A Proclaim of holder `grant_id` of key slot `key_slot` (the table
+    /// holds it under its new source): the key's watchers are told.
+    pub(super) fn watch_proclaimed(&mut self, key_slot: u32, grant_id: u64) {
+        let (h, _) = self.table.granted(key_slot, grant_id);
+        let first = event(0, EventKind::Proclaimed, &h);
+        self.watch_send(first);
+    }
+
+    /// Sends Event `first` (its rid set for each) to every watcher of its
+    /// key.
+    fn watch_send(&mut self, first: SessOut) {
+        let SessOut::Event { key, .. } = first else {
+            return;
+        };
         let mut to = std::mem::take(&mut self.watch_scratch);
-        self.watches.of(out_of.key, &mut to);
+        self.watches.of(key.as_bytes(), &mut to);
         if to.is_empty() {
             self.watch_scratch = to;
             return;
         }
-        let first = event(0, kind, &out_of);
         for w in to.drain(..) {
             let mut out = first;
             if let SessOut::Event { rid, .. } = &mut out {

@@ -373,6 +373,17 @@ impl Log {
         self.tail_lsn
     }
 
+    /// A holder written anew (a proclaim: the same grant id, another
+    /// source), replacing `prev`'s record as the live one: replay and
+    /// followers install it over the holder of the same grant id.
+    pub fn append_reacquire(&mut self, prev: HeldRef<'_>, now: HeldRef<'_>) -> u64 {
+        let lsn = self.append_acquire(now);
+        self.live_bytes = self
+            .live_bytes
+            .saturating_sub(record::acquire_len(prev) as u64);
+        lsn
+    }
+
     /// A lease's new deadline. The live size does not change: a compacted
     /// log holds the lease's Hold record with its latest deadline.
     pub fn append_extend(&mut self, key: &Name, grant_id: u64, expires_unix_ms: u64) -> u64 {

@@ -152,6 +152,9 @@ pub(super) enum Op {
     Acquire,
     Release(HoldId),
     Extend(HoldId),
+    /// A Proclaim of that hold (sent again after a resume, as an Extend:
+    /// setting the same source twice is setting it once).
+    Proclaim(HoldId),
     Cancel,
     Ping,
     Watch,
@@ -250,6 +253,8 @@ pub(super) struct State {
     pub(super) modes: bool,
     /// The last welcome had the watches flag.
     pub(super) watch: bool,
+    /// The last welcome had the proclaim flag.
+    pub(super) proclaim: bool,
     /// Open key watches by the Watch's rid: where the I/O thread puts
     /// their Events. A watch lives on one connection: a resume or the
     /// session's end ends every one ([`Shared::end_watches`]).
@@ -358,6 +363,7 @@ impl Shared {
                 resumable: welcome.flags & wire::FLAG_RESUMABLE != 0,
                 modes: welcome.flags & wire::FLAG_MODES != 0,
                 watch: welcome.flags & wire::FLAG_WATCH != 0,
+                proclaim: welcome.flags & wire::FLAG_PROCLAIM != 0,
                 watches: HashMap::new(),
             }),
             changed: Condvar::new(),
@@ -835,6 +841,7 @@ mod tests {
             resumable: false,
             modes: false,
             watch: false,
+            proclaim: false,
             watches: HashMap::new(),
         };
         st.pending.insert(

@@ -144,6 +144,7 @@
 //! cancellation error. The lock wait itself (`wait_ms`) is decided by the
 //! server too, so a grant never races the client's own timer.
 
+mod election;
 mod hello;
 mod hold;
 mod io;
@@ -168,6 +169,7 @@ use crate::lease::{
 };
 use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
 
+pub use election::{Election, Leader, Leadership, Observer};
 use hello::{hello, Hello};
 use hold::SessionHold;
 pub use watch::Watch;
@@ -654,7 +656,18 @@ impl Session {
         what: Acquire,
         opts: &LockOptions,
     ) -> Result<Lease> {
-        let key = key.as_ref();
+        self.acquire_as(key.as_ref(), what, opts, None)
+    }
+
+    /// [`acquire`](Self::acquire) under `source` instead of the session's
+    /// (an election's campaign: the value is the holder's source).
+    pub(super) fn acquire_as(
+        &self,
+        key: &[u8],
+        what: Acquire,
+        opts: &LockOptions,
+        source: Option<&[u8]>,
+    ) -> Result<Lease> {
         check_key(key)?;
         let key_text = String::from_utf8_lossy(key).into_owned();
         let access = what.access;
@@ -695,7 +708,7 @@ impl Session {
         opts.check()?;
         let shared = self.shared();
         let ttl_ms = ttl.map_or(0, |t| t.as_millis() as u32);
-        let source = &shared.source[..];
+        let source = source.unwrap_or(&shared.source[..]);
         let sent_at = Instant::now();
         let req = AcquireReq {
             key: key.to_vec(),

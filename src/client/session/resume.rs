@@ -479,6 +479,7 @@ fn reconcile(sh: &Shared, resumed: Resumed) -> Result<Summary, End> {
         st.resumable = welcome.flags & wire::FLAG_RESUMABLE != 0;
         st.modes = welcome.flags & wire::FLAG_MODES != 0;
         st.watch = welcome.flags & wire::FLAG_WATCH != 0;
+        st.proclaim = welcome.flags & wire::FLAG_PROCLAIM != 0;
         let conn = st.conn;
         let lost_ids = settle_holds(&mut st, &held, sent_at, &mut sum);
         let mut known = known_tokens(&st);
@@ -548,7 +549,7 @@ fn settle_holds(
 fn known_tokens(st: &State) -> HashSet<HoldId> {
     let mut known: HashSet<HoldId> = st.holds.keys().cloned().collect();
     for p in st.pending.values() {
-        if let Op::Release(id) | Op::Extend(id) = &p.op {
+        if let Op::Release(id) | Op::Extend(id) | Op::Proclaim(id) = &p.op {
             known.insert(id.clone());
         }
     }
@@ -620,7 +621,7 @@ fn settle_in_flight(
                     p.answer = Some(local(Status::Ok));
                 }
             }
-            (_, Op::Extend(_)) => {
+            (_, Op::Extend(_) | Op::Proclaim(_)) => {
                 p.conn = None;
                 sum.again += 1;
             }

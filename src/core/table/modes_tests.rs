@@ -880,3 +880,77 @@ fn a_snapshot_walk_visits_every_share() {
     );
     tb.check_invariants();
 }
+
+#[test]
+fn proclaim_moves_a_holder_to_its_new_source_and_keeps_everything_else() {
+    let mut tb = t();
+    let mut fx = Vec::new();
+    let o1 = tb.owner_open(101, 1).unwrap();
+    let o2 = tb.owner_open(102, 2).unwrap();
+    let session = |owner| LockOpts {
+        mode: HoldMode::Session,
+        ttl_ms: 0,
+        owner,
+        deadline_us: None,
+    };
+    let go = |tb: &mut Table, fx: &mut Effects, conn, key, opts, a| {
+        tb.lock_access(
+            conn,
+            key,
+            "old",
+            ep(),
+            LockMode::Blocking,
+            opts,
+            a,
+            at(0),
+            fx,
+        )
+    };
+    // An exclusive (inline) holder and a share.
+    go(&mut tb, &mut fx, 1, "x", session(o1), X);
+    go(&mut tb, &mut fx, 2, "s", session(o1), S);
+    go(&mut tb, &mut fx, 3, "s", session(o2), S);
+    let (tx, ts) = (token(&tb, "x", 1), token(&tb, "s", 2));
+    fx.clear();
+    // Another session may not; a stale token changes nothing.
+    assert_eq!(
+        tb.proclaim(o2, "x", tx, b"v").unwrap_err(),
+        Checked::NotOwner
+    );
+    assert_eq!(
+        tb.proclaim(o1, "x", tx + 99, b"v").unwrap_err(),
+        Checked::Stale
+    );
+    assert_eq!(tb.holder_of(b"x").unwrap().source.as_bytes(), b"old");
+    let p = tb.proclaim(o1, "x", tx, b"leader-1").expect("its own hold");
+    assert_eq!(p.prev.source.as_bytes(), b"old");
+    assert_eq!(p.prev.grant_id, tx);
+    let p2 = tb
+        .proclaim(o1, "s", ts, b"reader-1")
+        .expect("its own share");
+    assert_eq!(p2.prev.source.as_bytes(), b"old");
+    let (h, _) = tb.granted(p.key_slot, tx);
+    assert_eq!(
+        (h.source, h.grant_id, h.mode),
+        (&b"leader-1"[..], tx, HoldMode::Session)
+    );
+    tb.check_invariants();
+    assert!(fx.is_empty(), "a proclaim grants and releases nothing");
+    // A reset of the old source leaves the proclaimed holders; one of the
+    // new source takes them.
+    tb.reset_by_source(None, "old", at(1), &mut fx);
+    assert_eq!(released(&fx), vec![3]);
+    assert_eq!(holding(&tb, "x"), vec![1]);
+    assert_eq!(holding(&tb, "s"), vec![2]);
+    tb.check_invariants();
+    fx.clear();
+    // An undo puts the old source back.
+    assert!(tb.set_source("x", tx, b"old"));
+    assert_eq!(tb.holder_of(b"x").unwrap().source.as_bytes(), b"old");
+    assert!(!tb.set_source("x", tx + 99, b"v"), "not a holder");
+    tb.reset_by_source(None, "leader-1", at(2), &mut fx);
+    assert!(released(&fx).is_empty(), "x is back under its old source");
+    tb.reset_by_source(None, "reader-1", at(2), &mut fx);
+    assert_eq!(released(&fx), vec![2]);
+    tb.check_invariants();
+}

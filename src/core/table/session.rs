@@ -214,6 +214,79 @@ impl Table {
         Ok(x)
     }
 
+    /// Proclaim: the hold `token` of `key` is held under `source` from now
+    /// on, its token, mode, access and deadline unchanged; who may is as
+    /// for a release. Refused past the limit on names
+    /// ([`Checked::Limit`]); nothing changes on a refusal.
+    pub fn proclaim(
+        &mut self,
+        owner: u32,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        token: u64,
+        source: &[u8],
+    ) -> Result<Proclaimed, Checked> {
+        let key = key.as_ref();
+        let Some((k, at)) = self.checked(owner, key, token) else {
+            return Err(self.why_not(owner, key, token));
+        };
+        let prev = self
+            .ref_of(k, self.holder_at(k, at))
+            .to_owned()
+            .expect("names are at most NAME_MAX");
+        if !self.relabel(k, at, source) {
+            return Err(Checked::Limit);
+        }
+        Ok(Proclaimed { key_slot: k, prev })
+    }
+
+    /// Sets the source of holder `grant_id` of `key` (a proclaim undone).
+    /// False if it is not a holder, or past the limit on names.
+    pub fn set_source(
+        &mut self,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        grant_id: u64,
+        source: &[u8],
+    ) -> bool {
+        let Some(k) = self.find_key(key.as_ref()) else {
+            return false;
+        };
+        let Some(at) = self.find_grant(k, grant_id) else {
+            return false;
+        };
+        self.relabel(k, at, source)
+    }
+
+    /// Moves holder `(k, at)` to source `source` (its source entry's lists
+    /// follow; the old entry is dropped once unused).
+    fn relabel(&mut self, k: u32, at: At, source: &[u8]) -> bool {
+        if source.len() > NAME_MAX {
+            return false;
+        }
+        let old = self.holder_at(k, at).source;
+        let Some(s) = self.source_get_or_insert(source) else {
+            return false;
+        };
+        if s == old {
+            return true;
+        }
+        self.listing_note(k);
+        match at {
+            At::Inline => {
+                let (sources, keys) = (&mut self.sources, &mut self.keys);
+                sources[old as usize].held.unlink(keys, k, K_SRC);
+                sources[s as usize].held.push_back(keys, k, K_SRC);
+            }
+            At::Share(x) => {
+                let (sources, shares) = (&mut self.sources, &mut self.shares);
+                sources[old as usize].shares.unlink(shares, x, S_SRC);
+                sources[s as usize].shares.push_back(shares, x, S_SRC);
+            }
+        }
+        self.holder_at_mut(k, at).source = s;
+        self.source_drop_if_unused(old);
+        true
+    }
+
     /// Sets lease `grant_id` of `key` to expire at the given times (an
     /// extend read from the log, or undone). False if it is not the holder.
     pub fn set_expiry(

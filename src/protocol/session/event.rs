@@ -24,16 +24,20 @@ pub enum EventKind {
     /// The holding session ended (its connection closed, or its
     /// keep-alive passed).
     SessionEnded = 5,
+    /// The holder (same token) proclaimed a new source: the Event carries
+    /// it (a Proclaim, [`super::OP_PROCLAIM`]).
+    Proclaimed = 6,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 6] = [
+    pub const ALL: [EventKind; 7] = [
         EventKind::Holder,
         EventKind::Granted,
         EventKind::Released,
         EventKind::Expired,
         EventKind::Reset,
         EventKind::SessionEnded,
+        EventKind::Proclaimed,
     ];
     pub fn from_byte(b: u8) -> Option<EventKind> {
         EventKind::ALL.get(b as usize).copied()
@@ -46,11 +50,15 @@ impl EventKind {
             EventKind::Expired => "expired",
             EventKind::Reset => "reset",
             EventKind::SessionEnded => "session_ended",
+            EventKind::Proclaimed => "proclaimed",
         }
     }
     /// True when the holder is gone after it.
     pub fn ends_hold(self) -> bool {
-        !matches!(self, EventKind::Holder | EventKind::Granted)
+        !matches!(
+            self,
+            EventKind::Holder | EventKind::Granted | EventKind::Proclaimed
+        )
     }
 }
 
@@ -172,7 +180,7 @@ mod tests {
         };
         encode_body(EventKind::Granted, &h, &mut b);
         let mut bad = b.clone();
-        bad[0] = 6; // no such event
+        bad[0] = 7; // no such event
         assert_eq!(decode_body(&bad), None);
         let mut bad = b.clone();
         bad[10] = 0;

@@ -80,6 +80,14 @@ impl Shard {
                 Undo::Release { prev } => {
                     touched.insert(prev.key.as_bytes().to_vec(), Some(*prev));
                 }
+                Undo::Proclaim { prev } => {
+                    let e = touched
+                        .entry(prev.key.as_bytes().to_vec())
+                        .or_insert_with(|| self.table.holder_of(prev.key.as_bytes()));
+                    if let Some(h) = e.as_mut().filter(|h| h.grant_id == prev.grant_id) {
+                        h.source = prev.source;
+                    }
+                }
                 Undo::Extend(x) => {
                     let e = touched
                         .entry(x.key.as_bytes().to_vec())
