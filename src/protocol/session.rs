@@ -820,6 +820,12 @@ pub enum Answer {
         key: Vec<u8>,
         source: Vec<u8>,
     },
+    /// An Event of a kind this decoder does not know (a later server's):
+    /// a client skips it.
+    OtherEvent {
+        rid: u32,
+        kind: u8,
+    },
     /// A Reply of a status with detail ([`Status::has_detail`]): for
     /// `unsupported version` the versions the server speaks, for `not
     /// leader` the leader's address (empty: unknown).
@@ -922,6 +928,14 @@ pub fn decode_answer(
                 hold,
                 ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
             }
+        }
+        KIND_EVENT
+            if b.first()
+                .is_some_and(|&k| EventKind::from_byte(k).is_none()) =>
+        {
+            // A kind of a later server: skipped, as the protocol says.
+            r.at = r.b.len();
+            Answer::OtherEvent { rid, kind: b[0] }
         }
         KIND_EVENT => {
             let (kind, h) = event::decode_body(b).ok_or_else(bad)?;

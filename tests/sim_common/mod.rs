@@ -220,7 +220,7 @@ impl SessionView {
             Answer::Held { rid, .. } => {
                 return Err(format!("a Held frame (rid {rid}) with no Resume sent"))
             }
-            Answer::Event { rid, .. } => {
+            Answer::Event { rid, .. } | Answer::OtherEvent { rid, .. } => {
                 return Err(format!("an Event frame (rid {rid}) with no Watch sent"))
             }
             Answer::Welcome { .. } => {

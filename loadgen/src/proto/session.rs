@@ -105,7 +105,9 @@ impl Codec for SessionLock {
             )),
             Answer::Lost { .. } => Err("Lost pushed before the Hello was answered".into()),
             Answer::Held { .. } => Err("a Held frame answered the Hello".into()),
-            Answer::Event { .. } => Err("an Event frame answered the Hello".into()),
+            Answer::Event { .. } | Answer::OtherEvent { .. } => {
+                Err("an Event frame answered the Hello".into())
+            }
             Answer::Refused { status, detail, .. } => Err(format!(
                 "Hello refused: {} (detail {detail:?}; this load generator speaks version {VERSION})",
                 status.name()
@@ -145,7 +147,9 @@ impl Codec for SessionLock {
                 } => (rid, status, token),
                 Answer::Welcome { .. } => return Err("a second Hello reply".into()),
                 Answer::Held { .. } => return Err("a Held frame outside a Resume".into()),
-                Answer::Event { .. } => return Err("an Event frame, and no watch".into()),
+                Answer::Event { .. } | Answer::OtherEvent { .. } => {
+                    return Err("an Event frame, and no watch".into())
+                }
                 Answer::Refused { status, .. } => {
                     return Err(format!("the server refused the session: {}", status.name()))
                 }

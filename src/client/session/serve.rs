@@ -294,6 +294,8 @@ impl Shared {
                     },
                 },
             ),
+            // A kind of Event of a later server: skipped (docs/protocol.md).
+            Answer::OtherEvent { .. } => {}
             Answer::Held { .. } => {
                 return Some(Stop::End((
                     LostReason::ConnectionLost,

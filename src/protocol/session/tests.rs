@@ -38,6 +38,21 @@ fn requests_round_trip() {
             key: b"k",
         },
         Req::Ping,
+        Req::Watch { key: b"w" },
+        Req::Unwatch {
+            target: 3,
+            key: b"w",
+        },
+        Req::Proclaim {
+            token: 1 << 40,
+            key: b"leader",
+            source: b"10.0.0.7:9000",
+        },
+        Req::Proclaim {
+            token: 2,
+            key: b"leader",
+            source: b"",
+        },
         Req::Resume {
             version: VERSION,
             session_id: 0x0180_0000_0000_0007,
@@ -221,4 +236,32 @@ proptest! {
         let _ = decode_answer(&bytes, Some(0));
         let _ = decode_answer(&bytes, None);
     }
+}
+
+#[test]
+fn an_event_of_a_kind_not_known_here_is_skipped_not_a_broken_stream() {
+    let h = EventHolder {
+        token: 9,
+        hold: HoldMode::Session,
+        access: Access::Exclusive,
+        key: b"k",
+        source: b"v",
+    };
+    let mut b = Vec::new();
+    encode_event(5, EventKind::Proclaimed, &h, &mut b);
+    let first = b.len();
+    encode_event(6, EventKind::Granted, &h, &mut b);
+    b[HEADER] = 200; // the first Event: a kind of a later server
+    let (a, n) = decode_answer(&b, None).unwrap().unwrap();
+    assert_eq!(a, Answer::OtherEvent { rid: 5, kind: 200 });
+    assert_eq!(n, first, "the whole frame is consumed");
+    let (a, _) = decode_answer(&b[n..], None).unwrap().unwrap();
+    assert!(matches!(
+        a,
+        Answer::Event {
+            rid: 6,
+            kind: EventKind::Granted,
+            ..
+        }
+    ));
 }
