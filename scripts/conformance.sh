@@ -3,7 +3,8 @@
 # same scenarios (grant, fifo, try, timeout, cancel_race, lease_expiry_lost,
 # session_end_on_close, keepalive_loss, stale_token_release, auth_refused,
 # server_restart_durable, shards, and the lock-mode scenarios modes_fifo,
-# modes_semaphore, and the watch scenarios watch_order, watch_rewatch;
+# modes_semaphore, the watch scenarios watch_order, watch_rewatch, and the
+# election scenarios election_order, election_handover;
 # docs/conformance.md) against the real
 # ringlockd, on 1 and 2 shards. The Rust client's run is tests/conformance.rs
 # (cargo test); this script runs the others: clients/<lang>/conformance.sh.
@@ -14,7 +15,7 @@ cd "$ROOT"
 # Both binaries: the clients' TLS tests make certificates with `ringlock cert`.
 cargo build --locked -q --bins
 export RINGLOCKD="$ROOT/target/debug/ringlockd"
-SCENARIOS="grant fifo try timeout cancel_race lease_expiry_lost session_end_on_close keepalive_loss stale_token_release auth_refused server_restart_durable shards modes_fifo modes_semaphore watch_order watch_rewatch"
+SCENARIOS="grant fifo try timeout cancel_race lease_expiry_lost session_end_on_close keepalive_loss stale_token_release auth_refused server_restart_durable shards modes_fifo modes_semaphore watch_order watch_rewatch election_order election_handover"
 runners=(clients/*/conformance.sh)
 [ -e "${runners[0]}" ] || { echo "conformance: no client runner under clients/" >&2; exit 1; }
 passed=0
