@@ -46,6 +46,13 @@
 //! 16. `watch_rewatch` — a watch ends with its session (the next read is
 //!     an error, not silence); a change made meanwhile is not replayed: a
 //!     new session's watch lists the holders as they are now.
+//! 17. `election_order` — A, B, C campaign in that order; the observer
+//!     sees nobody, A, A's proclaimed value (same token, nobody else
+//!     elected), then B and C as A and B resign; a proclaim after the
+//!     resignation is leadership lost.
+//! 18. `election_handover` — A leads, B waits; A's session ends without
+//!     resigning: B is elected with a larger token and the observer told;
+//!     A's proclaim is leadership lost.
 //!
 //! Run: `cargo test --features faults --test conformance [NAME...]`.
 
@@ -598,8 +605,101 @@ fn watch_rewatch() {
     la.release().expect("released");
 }
 
+/// The leader an observer sees after its next change that names one (a
+/// "nobody leads" between two leaders is allowed and skipped).
+fn next_leader(o: &mut ringlock::client::Observer) -> ringlock::client::Leader {
+    loop {
+        assert!(
+            o.changed(Some(WAIT)).expect("the observation is open"),
+            "a change within the bound"
+        );
+        if let Some(l) = o.leader() {
+            return l.clone();
+        }
+    }
+}
+
+fn election_order() {
+    const NAME: &str = "c/election/order";
+    let s = with_metrics();
+    let (a, b, c, w) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    let mut o = w.election(NAME).unwrap().observe().expect("observing");
+    assert!(o.leader().is_none(), "nobody leads yet");
+    let mut la = a
+        .election(NAME)
+        .unwrap()
+        .campaign("a", None)
+        .expect("a leads");
+    let seen_a = next_leader(&mut o);
+    assert_eq!((seen_a.token, &seen_a.value[..]), (la.token(), &b"a"[..]));
+    let (tx, rx) = mpsc::channel();
+    let mut waiters = Vec::new();
+    for (i, (who, sess)) in [("b", b.clone()), ("c", c.clone())].into_iter().enumerate() {
+        let e = sess.election(NAME).unwrap();
+        let tx = tx.clone();
+        waiters.push(thread::spawn(move || {
+            let l = e.campaign(who, None).expect("elected");
+            tx.send(who).unwrap();
+            l
+        }));
+        queued(&s, i + 1);
+    }
+    la.proclaim("a2").expect("proclaimed");
+    let seen = next_leader(&mut o);
+    assert_eq!((seen.token, &seen.value[..]), (seen_a.token, &b"a2"[..]));
+    assert!(rx.try_recv().is_err(), "a proclaim elects nobody");
+    // A resigns through its lease, keeping the Leadership value (Rust's
+    // `resign` consumes it) to proclaim with afterwards.
+    la.lease().release().expect("a resigns");
+    let seen_b = next_leader(&mut o);
+    assert_eq!(rx.recv_timeout(WAIT).expect("b elected"), "b");
+    let lb = waiters.remove(0).join().expect("b's campaign");
+    assert_eq!((seen_b.token, &seen_b.value[..]), (lb.token(), &b"b"[..]));
+    assert!(seen_b.token > seen_a.token);
+    lb.resign().expect("b resigns");
+    let seen_c = next_leader(&mut o);
+    assert_eq!(rx.recv_timeout(WAIT).expect("c elected"), "c");
+    let lc = waiters.remove(0).join().expect("c's campaign");
+    assert_eq!((seen_c.token, &seen_c.value[..]), (lc.token(), &b"c"[..]));
+    assert!(seen_c.token > seen_b.token);
+    assert!(matches!(la.proclaim("a3"), Err(Error::Lost(_))));
+    lc.resign().expect("c resigns");
+}
+
+fn election_handover() {
+    const NAME: &str = "c/election/handover";
+    let s = with_metrics();
+    let (a, b, w) = (
+        session(s.lock_addr),
+        session(s.lock_addr),
+        session(s.lock_addr),
+    );
+    let mut o = w.election(NAME).unwrap().observe().expect("observing");
+    let mut la = a
+        .election(NAME)
+        .unwrap()
+        .campaign("a", None)
+        .expect("a leads");
+    assert_eq!(next_leader(&mut o).token, la.token());
+    let e = b.election(NAME).unwrap();
+    let waiter = thread::spawn(move || e.campaign("b", Some(WAIT)));
+    queued(&s, 1);
+    // A's session ends without resigning (as when its process dies).
+    a.close();
+    let lb = waiter.join().expect("b's campaign").expect("b elected");
+    assert!(lb.token() > la.token());
+    let seen = next_leader(&mut o);
+    assert_eq!((seen.token, &seen.value[..]), (lb.token(), &b"b"[..]));
+    assert!(matches!(la.proclaim("a2"), Err(Error::Lost(_))));
+}
+
 fn main() {
-    let scenarios: [(&str, fn()); 16] = [
+    let scenarios: [(&str, fn()); 18] = [
         ("grant", grant),
         ("fifo", fifo),
         ("try", try_),
@@ -616,6 +716,8 @@ fn main() {
         ("modes_semaphore", modes_semaphore),
         ("watch_order", watch_order),
         ("watch_rewatch", watch_rewatch),
+        ("election_order", election_order),
+        ("election_handover", election_handover),
     ];
     // Names given on the command line pick scenarios (cargo's own flags,
     // which start with `-`, are ignored).
