@@ -28,6 +28,11 @@ fn main() -> Result<(), ringlock::lease::Error> {
     while let Some(e) = watch.next(Some(Duration::from_secs(60)))? {
         match e.kind {
             EventKind::Granted => println!("granted to token {}", e.holder.token),
+            EventKind::Proclaimed => println!(
+                "token {} now under {:?}",
+                e.holder.token,
+                String::from_utf8_lossy(&e.holder.source)
+            ),
             kind => println!("token {} gone: {}", e.holder.token, kind.name()),
         }
     }

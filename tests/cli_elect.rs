@@ -110,3 +110,30 @@ fn elect_refuses_a_bad_value_and_source_before_anything_is_sent() {
     assert_eq!(o.status.code(), Some(64), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("VALUE is the candidate's source"));
 }
+
+#[test]
+fn listen_prints_a_proclaimed_value_and_keeps_the_leader() {
+    let s = Server::start(&["--threads", "2"]);
+    let mut listen = ringlock(&s)
+        .args(["elect", "--listen", "svc-leader", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(listen.stdout.take().unwrap()).lines();
+    assert_eq!(next(&mut lines), r#"{"leader":null}"#);
+    let sess = common::session::session(s.lock_addr);
+    let mut l = sess
+        .election("svc-leader")
+        .unwrap()
+        .campaign("10.0.0.1:80", None)
+        .unwrap();
+    let t = l.token();
+    assert!(next(&mut lines).contains(&format!(r#""token":{t},"value":"10.0.0.1:80""#)));
+    l.proclaim("10.0.0.2:80").unwrap();
+    // The same leader, its new value: no "null" between.
+    assert!(next(&mut lines).contains(&format!(r#""token":{t},"value":"10.0.0.2:80""#)));
+    l.resign().unwrap();
+    assert_eq!(next(&mut lines), r#"{"leader":null}"#);
+    listen.kill().unwrap();
+    listen.wait().unwrap();
+}

@@ -21,16 +21,16 @@
 //! A watcher session watches every key, its answers delayed and split like
 //! the others': **every change reaches it once, in order** — a grant of a
 //! token larger than any the key had, a release of a holder it was told
-//! of, never more holders than the key may have — and whenever it has read
-//! everything the server sent, its picture of each key's holders is the
-//! server's.
+//! of, a proclaim of a holder it was told of, never more holders than the
+//! key may have — and whenever it has read everything the server sent, its
+//! picture of each key's holders (tokens and sources) is the server's.
 //!
 //! `SIM_SEEDS=N` (default 200) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
 mod sim_common;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use ringlock::config::Config;
@@ -70,12 +70,14 @@ struct Watcher {
     welcomed: bool,
     /// Watch rids answered `ok` (by key index).
     watching: Vec<bool>,
-    /// What it was told: each key's holders' tokens.
-    holders: Vec<BTreeSet<u64>>,
+    /// What it was told: each key's holders' tokens and sources.
+    holders: Vec<BTreeMap<u64, Vec<u8>>>,
     /// The largest token it was told of, per key.
     top: Vec<u64>,
     last_ping_us: u64,
     events: u64,
+    /// Of them, proclaims.
+    proclaims: u64,
 }
 
 /// The rid of the watcher's Watch of key `k`.
@@ -189,7 +191,7 @@ impl World {
             *w = Watcher {
                 token: Some(t),
                 watching: vec![false; KEYS.len()],
-                holders: vec![BTreeSet::new(); KEYS.len()],
+                holders: vec![BTreeMap::new(); KEYS.len()],
                 top: vec![0; KEYS.len()],
                 last_ping_us: now_us,
                 ..Watcher::default()
@@ -264,6 +266,7 @@ impl World {
                 kind,
                 token,
                 key,
+                source,
                 ..
             } => {
                 let k = (0..KEYS.len())
@@ -272,12 +275,12 @@ impl World {
                 let (listing, h) = (!w.watching[k], &mut w.holders[k]);
                 match kind {
                     sp::EventKind::Holder if listing => {
-                        h.insert(token);
+                        h.insert(token, source);
                     }
                     sp::EventKind::Holder => return Err("a holder event after the reply".into()),
                     _ if listing => return Err(format!("{kind:?} before the watch's reply")),
                     sp::EventKind::Granted => {
-                        if token <= w.top[k] || !h.insert(token) {
+                        if token <= w.top[k] || h.insert(token, source).is_some() {
                             return Err(format!(
                                 "granted {token} on {key:?}, not above {} or told twice",
                                 w.top[k]
@@ -288,8 +291,19 @@ impl World {
                         }
                         w.events += 1;
                     }
+                    // The holder stays (its source changed).
+                    sp::EventKind::Proclaimed => {
+                        let Some(was) = h.get_mut(&token) else {
+                            return Err(format!(
+                                "proclaimed {token} on {key:?}: not a holder it knew"
+                            ));
+                        };
+                        *was = source;
+                        w.events += 1;
+                        w.proclaims += 1;
+                    }
                     _ => {
-                        if !h.remove(&token) {
+                        if h.remove(&token).is_none() {
                             return Err(format!(
                                 "{kind:?} {token} on {key:?}: not a holder it knew"
                             ));
@@ -432,12 +446,12 @@ impl World {
         let w = &self.watcher;
         if w.welcomed && w.to_client.is_empty() && w.rx.is_empty() {
             for (k, key) in KEYS.iter().enumerate().filter(|&(k, _)| w.watching[k]) {
-                let server: BTreeSet<u64> = self
+                let server: BTreeMap<u64, Vec<u8>> = self
                     .shard
                     .table()
                     .holders_of(key)
                     .iter()
-                    .map(|(h, _)| h.grant_id)
+                    .map(|(h, _)| (h.grant_id, h.source.as_bytes().to_vec()))
                     .collect();
                 if server != w.holders[k] {
                     self.fail(format!(
@@ -572,7 +586,7 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
             (first..first + env_u64("SIM_SEEDS", 200)).collect()
         }
     };
-    let (mut grants, mut lost, mut watched) = (0, 0, 0);
+    let (mut grants, mut lost, mut watched, mut proclaimed) = (0, 0, 0, 0);
     let runs = seeds.len() as u64;
     for seed in seeds {
         let mut w = World::new(seed);
@@ -583,6 +597,7 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         grants += w.grants;
         lost += w.lost;
         watched += w.watcher.events;
+        proclaimed += w.watcher.proclaims;
         if std::env::var_os("SIM_STATS").is_some() {
             eprintln!(
                 "seed {seed}: grants {} lost {} metrics {}",
@@ -598,5 +613,9 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
     assert!(
         watched >= 10 * runs,
         "only {watched} watch events in {runs} runs"
+    );
+    assert!(
+        proclaimed >= runs,
+        "only {proclaimed} proclaims watched in {runs} runs"
     );
 }

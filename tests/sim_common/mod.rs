@@ -207,6 +207,19 @@ impl SessionView {
                     self.send(&req, None, now_us, out);
                 }
             }
+            93..=96 => {
+                // A new source for a hold it believes (an election's
+                // proclaim): changes no belief.
+                if let Some(b) = self.holds.get(&k).copied() {
+                    let source: &[u8] = [&b"v1"[..], b"v2", b""][rng.below(3) as usize];
+                    let req = Req::Proclaim {
+                        token: b.token,
+                        key: keys[k],
+                        source,
+                    };
+                    self.send(&req, None, now_us, out);
+                }
+            }
             _ => return false,
         }
         true

@@ -27,11 +27,13 @@ pub(crate) fn run(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Re
 /// {"token":…,"value":…,"value_hex":…}}` or `{"leader":null}`). A count
 /// is of changes of leader.
 pub(crate) fn listen(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) -> Result<u8, Fail> {
-    // The leader this process last printed (`None`: none printed yet).
-    let mut shown: Option<Option<u64>> = None;
+    // The leader this process last printed, token and value (`None`: none
+    // printed yet).
+    let mut shown: Option<Option<(u64, Vec<u8>)>> = None;
     // A holder was listed since the last Listed.
     let mut listed_any = false;
     follow(conn, key, "elect --listen", count, &mut |out, seen| {
+        let leads = |t: u64| matches!(&shown, Some(Some((s, _))) if *s == t);
         let now = match seen {
             // After a resync the holders follow; what they say is printed
             // only if it differs from the last line.
@@ -47,14 +49,17 @@ pub(crate) fn listen(conn: &Conn, key: &[u8], json: bool, count: Option<u64>) ->
                 Some(h)
             }
             Seen::Change(EventKind::Granted, h) => Some(h),
-            Seen::Change(_, h) if shown == Some(Some(h.token)) => None,
+            // The leader's new value (a proclaim).
+            Seen::Change(EventKind::Proclaimed, h) if leads(h.token) => Some(h),
+            Seen::Change(k, h) if k.ends_hold() && leads(h.token) => None,
             Seen::Change(..) => return Ok(false),
         };
-        if shown == Some(now.map(|h| h.token)) {
+        let now_key = now.map(|h| (h.token, h.source.clone()));
+        if shown.as_ref() == Some(&now_key) {
             return Ok(false);
         }
         let change = shown.is_some();
-        shown = Some(now.map(|h| h.token));
+        shown = Some(now_key);
         leader_line(out, json, now)?;
         Ok(change)
     })

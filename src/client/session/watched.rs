@@ -41,9 +41,10 @@ impl From<HoldMode> for HeldAs {
 }
 
 /// One change of a watched key's holders, in the order the server decided
-/// them: `kind` is [`EventKind::Granted`] for a new holder, and for a
-/// holder that is gone why ([`EventKind::Released`], `Expired`, `Reset`,
-/// `SessionEnded`).
+/// them: `kind` is [`EventKind::Granted`] for a new holder,
+/// [`EventKind::Proclaimed`] for a holder whose source changed (same
+/// token), and for a holder that is gone why ([`EventKind::Released`],
+/// `Expired`, `Reset`, `SessionEnded`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchEvent {
     pub kind: EventKind,
