@@ -618,6 +618,118 @@ def watch_rewatch() -> None:
                   f"the new watch's first event {ev.kind} {ev.token}, not released {la.token}")
             again.close()
 
+class Candidate:
+    """``election.campaign(value)`` on a thread of its own."""
+
+    def __init__(self, election: ringlock.Election, value: str) -> None:
+        self.leadership: Optional[ringlock.Leadership] = None
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.leadership = election.campaign(value)
+            except BaseException as e:
+                self.error = e
+            self.done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def result(self, timeout: float = 20.0) -> ringlock.Leadership:
+        check(self.done.wait(timeout), f"the campaign did not end within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.leadership is not None
+        return self.leadership
+
+
+def _leaders_until(o: ringlock.Observer, want: ringlock.Leader, seen: List[ringlock.Leader]
+                   ) -> None:
+    """Reads the observer's changes until ``want`` leads (within 20 s),
+    appending each leader seen ("nobody leads" in between is allowed and
+    not appended)."""
+    deadline = time.monotonic() + 20
+    while o.leader != want:
+        left = deadline - time.monotonic()
+        check(left > 0 and o.changed(timeout=left),
+              f"the observer did not see {want} within 20 s (it saw {seen})")
+        if o.leader is not None:
+            seen.append(o.leader)
+
+
+def _leadership_lost(lead: ringlock.Leadership, what: str) -> None:
+    try:
+        lead.proclaim("too late")
+        raise Failed(f"a proclaim {what} succeeded")
+    except ringlock.LockLost as e:
+        check("leadership lost" in str(e), f"the refusal does not say leadership lost: {e}")
+
+
+@scenario
+def election_order() -> None:
+    # docs/conformance.md: candidates lead in campaign order; a proclaim
+    # keeps the token and elects nobody; each resign hands over.
+    with Server() as s, ringlock.Client(s.addr) as a, ringlock.Client(s.addr) as b, \
+            ringlock.Client(s.addr) as c, ringlock.Client(s.addr) as w:
+        check(w.offers_proclaim, "ringlockd does not offer proclaim")
+        name = "election/order"
+        o = w.election(name).observe()
+        check(o.leader is None, f"the observer sees {o.leader} leading a new election")
+        seen: List[ringlock.Leader] = []
+        la = a.election(name).campaign("A:1", timeout=5)
+        cb = Candidate(b.election(name), "B:1")
+        s.wait_queued(1)
+        cc = Candidate(c.election(name), "C:1")
+        s.wait_queued(2)
+        _leaders_until(o, ringlock.Leader(la.token, b"A:1"), seen)
+        la.proclaim("A:2")
+        check(la.value == b"A:2" and la.token == seen[0].token, f"{la!r} after the proclaim")
+        _leaders_until(o, ringlock.Leader(la.token, b"A:2"), seen)
+        b.ping()
+        c.ping()
+        check(not cb.done.is_set() and not cc.done.is_set(), "a proclaim elected somebody")
+        s.wait_queued(2)  # both still wait
+        la.resign()
+        lb = cb.result()
+        check(lb.token > la.token, f"B's token {lb.token} not > A's {la.token}")
+        _leaders_until(o, ringlock.Leader(lb.token, b"B:1"), seen)
+        c.ping()
+        check(not cc.done.is_set(), "C was elected with B")
+        _leadership_lost(la, "by A after its resignation")
+        lb.resign()
+        lc = cc.result()
+        check(lc.token > lb.token, f"C's token {lc.token} not > B's {lb.token}")
+        _leaders_until(o, ringlock.Leader(lc.token, b"C:1"), seen)
+        want = [ringlock.Leader(la.token, b"A:1"), ringlock.Leader(la.token, b"A:2"),
+                ringlock.Leader(lb.token, b"B:1"), ringlock.Leader(lc.token, b"C:1")]
+        check(seen == want, f"the observer saw {seen}, not {want}")
+        lc.resign()
+        o.close()
+
+
+@scenario
+def election_handover() -> None:
+    # docs/conformance.md: a leader's session that ends without resigning
+    # hands the election to the next candidate at once.
+    with Server() as s, ringlock.Client(s.addr) as b, ringlock.Client(s.addr) as w:
+        name = "election/handover"
+        a = ringlock.Client(s.addr)
+        la = a.election(name).campaign("A", timeout=5)
+        o = w.election(name).observe()
+        check(o.leader == ringlock.Leader(la.token, b"A"), f"the observer sees {o.leader}")
+        cb = Candidate(b.election(name), "B")
+        s.wait_queued(1)
+        a.close()  # its session ends; A never resigned
+        lb = cb.result()
+        check(lb.token > la.token, f"B's token {lb.token} not > A's {la.token}")
+        seen: List[ringlock.Leader] = []
+        _leaders_until(o, ringlock.Leader(lb.token, b"B"), seen)
+        check(seen == [ringlock.Leader(lb.token, b"B")], f"the observer saw {seen}")
+        _leadership_lost(la, "with A's old leadership after its session ended")
+        lb.resign()
+        o.close()
+
+
 @scenario
 def fence_sigstop() -> None:
     """examples/fence.py: a SIGSTOPped Python lease holder's stale write is

@@ -1,5 +1,7 @@
 """A child process that holds one lock with the client, for the tests that
 SIGSTOP or kill -9 a holder. Usage: holder.py ADDR KEY [--ttl S] [--keepalive S]
+[--campaign VALUE] (with ``--campaign``: leads the election KEY with VALUE
+instead of locking it)
 
 Prints ``granted TOKEN`` once it holds KEY, then answers stdin lines:
 ``check`` -> ``held`` or ``lost REASON`` (from ``lease.check()``, right away,
@@ -20,6 +22,7 @@ def main() -> int:
     ap.add_argument("key")
     ap.add_argument("--ttl", type=float)
     ap.add_argument("--keepalive", type=float)
+    ap.add_argument("--campaign")
     a = ap.parse_args()
     called = threading.Event()
     reasons = []
@@ -29,7 +32,10 @@ def main() -> int:
         called.set()
 
     client = ringlock.Client(a.addr, keepalive=a.keepalive, retry=0)
-    lease = client.lock(a.key, ttl=a.ttl, on_lost=on_lost)
+    if a.campaign is not None:
+        lease = client.election(a.key).campaign(a.campaign, on_lost=on_lost).lease
+    else:
+        lease = client.lock(a.key, ttl=a.ttl, on_lost=on_lost)
     print(f"granted {lease.token}", flush=True)
     for line in sys.stdin:
         cmd = line.strip()

@@ -16,6 +16,9 @@ fencing tokens on every grant, and a callback when a lock is lost::
         with client.watch("catalog") as watch:              # who holds it, then changes
             print(watch.holders)
             event = watch.next(timeout=5)                   # a WatchEvent, or None
+        election = client.election("scheduler")             # leader election
+        with election.campaign("10.0.0.5:8080") as lead:    # waits to lead (FIFO)
+            lead.proclaim("10.0.0.5:9090")                  # a new value, same token
 
 See README.md for the full guide and the threading model.
 """
@@ -37,6 +40,7 @@ from ._client import (
     semaphore,
 )
 from ._codec import Status
+from ._election import Election, Leader, Leadership, Observer
 from ._tls import tls_context
 from .errors import (
     Cancelled,
@@ -50,6 +54,7 @@ from .errors import (
     ModesUnsupported,
     NotLeader,
     NotOwner,
+    ProclaimUnsupported,
     ProtocolError,
     ReleaseFailed,
     RingLockError,
@@ -75,8 +80,11 @@ __all__ = [
     "CancelToken",
     "Cancelled",
     "Client",
+    "Election",
     "Holder",
     "InvalidArgument",
+    "Leader",
+    "Leadership",
     "Lease",
     "LimitReached",
     "LockBusy",
@@ -89,6 +97,8 @@ __all__ = [
     "ModesUnsupported",
     "NotLeader",
     "NotOwner",
+    "Observer",
+    "ProclaimUnsupported",
     "ProtocolError",
     "ReleaseFailed",
     "RetryEvent",

@@ -44,7 +44,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar,
+                    Union)
 
 from . import _codec as codec
 from ._codec import HoldMode, Status
@@ -61,6 +62,7 @@ from .errors import (
     ModesUnsupported,
     NotLeader,
     NotOwner,
+    ProclaimUnsupported,
     ProtocolError,
     ReleaseFailed,
     RingLockError,
@@ -75,6 +77,9 @@ from .errors import (
     WatchEnded,
     WatchUnsupported,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._election import Election
 
 __all__ = [
     "Access",
@@ -362,7 +367,7 @@ class _Pending:
 
     __slots__ = ("kind", "sent_at", "event", "reply", "lease", "key", "ukey", "mode", "ttl_ms",
                  "on_lost", "keep_alive", "cancel_sent", "target", "frame", "access", "error",
-                 "watch")
+                 "watch", "proclaim")
 
     def __init__(self, kind: str, sent_at: float) -> None:
         # "acquire" | "call" (a caller waits) | "extend" (background) | "ignore"
@@ -389,6 +394,9 @@ class _Pending:
         self.error: Optional[RingLockError] = None
         #: A Watch request's watch (its holders are collected until the Reply).
         self.watch: Optional[Watch] = None
+        #: A Proclaim's election name as given (``None`` for every other
+        #: request): sent only to a server with the proclaim flag.
+        self.proclaim: Optional[Key] = None
 
 
 class Lease:
@@ -609,8 +617,11 @@ class Holder:
 class WatchEvent:
     """One change of a watched key's holders (:meth:`Watch.next`)."""
 
-    #: ``"granted"``, ``"released"``, ``"expired"``, ``"reset"`` or
-    #: ``"session_ended"`` (``"holder"`` only in :attr:`Watch.holders`).
+    #: ``"granted"``, ``"released"``, ``"expired"``, ``"reset"``,
+    #: ``"session_ended"`` or ``"proclaimed"`` (the holder, same token, under
+    #: the new ``source``: an election's new value) (``"holder"`` only in
+    #: :attr:`Watch.holders`). An Event of a kind this client does not
+    #: know (a later server's) is skipped.
     kind: str
     token: int
     #: ``"persistent"``, ``"session"`` or ``"lease"``.
@@ -1210,6 +1221,15 @@ class Client:
             return bool(self._w.flags & codec.FLAG_WATCHES)
 
     @property
+    def offers_proclaim(self) -> bool:
+        """The server takes Proclaim (its welcome's *proclaim* flag; read
+        again after a resume): without it :meth:`Leadership.proclaim
+        <ringlock.Leadership.proclaim>` raises
+        :class:`~ringlock.ProclaimUnsupported`."""
+        with self._lock:
+            return bool(self._w.flags & codec.FLAG_PROCLAIM)
+
+    @property
     def resumes(self) -> int:
         """How many times the session was resumed on a new connection."""
         with self._lock:
@@ -1260,6 +1280,16 @@ class Client:
           server does not offer modes (:attr:`modes`), and a semaphore of
           another ``n`` than the key's raises :class:`~ringlock.ModeMismatch`.
         """
+        return self._acquire(key, timeout=timeout, ttl=ttl, persistent=persistent,
+                             cancel=cancel, on_lost=on_lost, keep_alive=keep_alive,
+                             access=access, source=self._source)
+
+    def _acquire(self, key: Key, *, timeout: Optional[float], ttl: Optional[float],
+                 persistent: bool, cancel: Optional[CancelToken],
+                 on_lost: Optional[LostCallback], keep_alive: bool,
+                 access: Union[Access, str], source: bytes) -> Lease:
+        """:meth:`acquire` with the Acquire's source (the session's
+        ``source=``, or an election's value for that request only)."""
         kb, given = _key_arg(key)
         acc = _access_arg(access)
         if ttl is not None and persistent:
@@ -1291,7 +1321,7 @@ class Client:
         p.key, p.ukey, p.mode, p.ttl_ms = kb, given, mode, ttl_ms
         p.on_lost, p.keep_alive, p.access = on_lost, keep_alive, acc
         rid = self._send(p, lambda r: codec.encode_acquire(r, mode, ttl_ms, wait_ms, kb,
-                                                           self._source, acc._byte, acc.slots))
+                                                           source, acc._byte, acc.slots))
         unsubscribe: Callable[[], None] = lambda: None
         if cancel is not None and wait_ms != 0:  # a try never queues: nothing to cancel
             unsubscribe = cancel._subscribe(lambda: self._send_cancel(rid, p))
@@ -1505,6 +1535,77 @@ class Client:
             if self._watches.get(w._rid) is w:
                 del self._watches[w._rid]
 
+    # --- elections ------------------------------------------------------------------
+    def election(self, name: Key) -> "Election":
+        """The election named ``name`` (str as UTF-8, or bytes; 1..127 bytes:
+        a key of the server's, used for nothing else) on this session's
+        server: :meth:`Election.campaign <ringlock.Election.campaign>` to
+        lead, :meth:`~ringlock.Election.leader` and
+        :meth:`~ringlock.Election.observe` to follow who leads
+        (``docs/protocol.md``, "Elections"). Raises
+        :class:`~ringlock.InvalidArgument` for a bad name."""
+        from ._election import Election
+
+        kb, given = _key_arg(name)
+        return Election(self, kb, given)
+
+    def _proclaim(self, lease: Lease, value: bytes) -> None:
+        """:meth:`Leadership.proclaim <ringlock.Leadership.proclaim>`: one
+        Proclaim of ``lease``'s token with ``value``, waited for up to the
+        release timeout."""
+        name = lease._ukey
+
+        def lost(why: str, info: Optional[LostInfo]) -> LockLost:
+            return LockLost(f"leadership lost in election {name!r} (token {lease._token}): "
+                            f"{why}", info=info)
+
+        p = _Pending("call", 0.0)
+        p.proclaim = name
+        try:
+            rid = self._send(p, lambda r: codec.encode_proclaim(r, lease._token, lease._key,
+                                                                value))
+        except Unavailable as e:
+            raise lost(f"the session ended before the proclaim: {e}", lease.lost_info) from None
+        got = p.event.wait(self._release_timeout)
+        with self._lock:
+            if not got:
+                q = self._pending.get(rid)
+                if q is not None:
+                    q.kind = "ignore"
+            else:
+                self._pending.pop(rid, None)
+            dead = self._dead
+        if p.error is not None:
+            raise p.error
+        rep = p.reply
+        if rep is None:
+            if not got:
+                raise ReleaseFailed(f"the proclaim in election {name!r} was not answered within "
+                                    f"{self._release_timeout} s; the value may or may not have "
+                                    f"changed")
+            why = f"{dead[0].value}: {dead[1]}" if dead else "no answer"
+            raise lost(f"the session ended before the proclaim was answered ({why})",
+                       lease.lost_info)
+        st = rep.status
+        if st == Status.OK:
+            return
+        if st in (Status.STALE_TOKEN, Status.NOT_OWNER):
+            info = LostInfo(lease._ukey, lease._token, LostReason.NOT_HELD,
+                            f"the proclaim was answered {st.label}", True)
+            with self._lock:
+                claimed = self._claim_loss(lease, info)
+            if claimed:
+                self._notify(lease, info)
+            cls = StaleToken if st == Status.STALE_TOKEN else NotOwner
+            raise cls(f"leadership lost in election {name!r}: the proclaim of token "
+                      f"{lease._token} was answered {st.label} (it no longer leads); nothing "
+                      f"changed", st.label, lease.lost_info or info)
+        if st == Status.LIMIT_REACHED:
+            raise LimitReached(f"the proclaim in election {name!r} was answered limit_reached "
+                               f"(the server's names, --max-keys + --max-waiters, are full); "
+                               f"nothing changed", st.label)
+        self._status(rep, f"proclaim in election {name!r}")
+
     # --- by token (holds this client has no Lease for) ------------------------
     def release(self, key: Key, token: int) -> None:
         """Releases ``key`` naming ``token`` (a lease or persistent hold may be
@@ -1604,6 +1705,8 @@ class Client:
                 raise self._modes_unsupported(p)
             if p.watch is not None and not self._w.flags & codec.FLAG_WATCHES:
                 raise self._watch_unsupported(p.watch)
+            if p.proclaim is not None and not self._w.flags & codec.FLAG_PROCLAIM:
+                raise self._proclaim_unsupported(p.proclaim)
             rid = self._alloc_rid()
             p.frame = encode(rid)
             p.sent_at = time.monotonic()
@@ -1630,6 +1733,16 @@ class Client:
             f"cannot watch {w._ukey!r}: the server at {host}:{port} does not offer watches "
             f"(its welcome lacks the watches flag: a ringlockd older than watches); nothing "
             f"was sent", w._ukey)
+
+    def _proclaim_unsupported(self, name: Key, addr: Optional[Tuple[str, int]] = None
+                              ) -> ProclaimUnsupported:
+        """The error of a proclaim on a session whose server (``addr``,
+        default the current one) does not offer it (caller holds ``_lock``)."""
+        host, port = self._server if addr is None else addr
+        return ProclaimUnsupported(
+            f"cannot proclaim in election {name!r}: the server at {host}:{port} does not offer "
+            f"proclaim (its welcome lacks the proclaim flag: a ringlockd older than proclaim); "
+            f"nothing was sent", name)
 
     def _modes_unsupported(self, p: _Pending, addr: Optional[Tuple[str, int]] = None
                            ) -> ModesUnsupported:
@@ -1988,6 +2101,8 @@ class Client:
         if isinstance(ans, codec.Event):
             self._on_event(ans)
             return None
+        if isinstance(ans, codec.OtherEvent):
+            return None  # a kind of a later server: skipped (docs/protocol.md)
         if isinstance(ans, codec.Refused):
             if ans.status == Status.NOT_LEADER:
                 # A replicated server that lost its leadership: this session
@@ -2316,6 +2431,7 @@ class Client:
         listed: Dict[Tuple[bytes, int], codec.Held] = {(h.key, h.token): h for h in helds}
         modes = bool(w.flags & codec.FLAG_MODES)
         watches = bool(w.flags & codec.FLAG_WATCHES)
+        proclaim = bool(w.flags & codec.FLAG_PROCLAIM)
         used: set = set()
         lost: List[Tuple[Lease, LostInfo]] = []
         resend: List[_Pending] = []
@@ -2338,9 +2454,11 @@ class Client:
                                 "released by token while the connection was down)", True)
                 if self._claim_loss(lease, info):
                     lost.append((lease, info))
-            # A Release in flight names its hold: that hold is no grant to match.
+            # A Release (or Proclaim) in flight names its hold: that hold is
+            # no grant to match.
             for p in self._pending.values():
-                if p.frame and p.frame[0] == codec.OP_RELEASE and not p.event.is_set():
+                if p.frame and p.frame[0] in (codec.OP_RELEASE, codec.OP_PROCLAIM) \
+                        and not p.event.is_set():
                     used.add(self._named_hold(p.frame))
             # Requests in flight, in the order they were registered.
             for rid, p in list(self._pending.items()):
@@ -2385,11 +2503,21 @@ class Client:
                         done.append(p)
                     else:
                         del self._pending[rid]
+                elif op == codec.OP_PROCLAIM and not proclaim:
+                    # On a server without Proclaim (it would close the
+                    # connection on the op): not sent again.
+                    if p.proclaim is not None and p.kind != "ignore":
+                        p.error = self._proclaim_unsupported(p.proclaim, addr)
+                        done.append(p)
+                    else:
+                        del self._pending[rid]
                 elif op == codec.OP_CANCEL or (op == codec.OP_PING and p.kind == "ignore"):
                     # A Cancel's Acquire was settled above; a Ping nobody waits for.
                     del self._pending[rid]
                 else:
-                    resend.append(p)  # Extend (it counts from when it runs), a caller's Ping
+                    # Extend (it counts from when it runs), Proclaim (it sets
+                    # the value again), a caller's Ping.
+                    resend.append(p)
             # Listed holds nobody here knows (a grant whose acquire is gone): let go.
             for kt, h in listed.items():
                 if kt in used:
@@ -2428,7 +2556,8 @@ class Client:
 
     @staticmethod
     def _named_hold(frame: bytes) -> Tuple[bytes, int]:
-        """The (key, token) a Release frame names."""
+        """The (key, token) a Release (or Proclaim) frame names: both begin
+        ``[u64 token][u8 keyLen][key]``."""
         token, klen = struct.unpack_from("<QB", frame, codec.HEADER)
         return bytes(frame[codec.HEADER + 9:codec.HEADER + 9 + klen]), token
 

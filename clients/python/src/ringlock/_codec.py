@@ -2,7 +2,7 @@
 
 Layout (``docs/protocol.md``, "Sessions"; integers little-endian)::
 
-    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=16, bodyLen <= 512
+    request  [u8 op][u32 rid][u16 bodyLen][body]      op 7..=17, bodyLen <= 512
     answer   [u8 kind][u32 rid][u16 bodyLen][body]    kind 0x80 Reply, 0x81 Lost, 0x82 Held,
                                                       0x83 Event
 
@@ -40,6 +40,10 @@ OP_RESUME = 13
 OP_WATCH = 15
 #: Ends a watch (``[u32 rid of the Watch][u8 keyLen][key]``).
 OP_UNWATCH = 16
+#: Changes a hold's source, keeping it and its token (an election's new
+#: value: ``[u64 token][u8 keyLen][key][u8 srcLen][src]``); only with
+#: :data:`FLAG_PROCLAIM`.
+OP_PROCLAIM = 17
 
 KIND_REPLY = 0x80
 KIND_LOST = 0x81
@@ -57,6 +61,9 @@ FLAG_MODES = 2
 #: Welcome ``flags`` bit 2: the server takes Watch and Unwatch (and pushes
 #: Events). A client sends them only to a server that set it.
 FLAG_WATCHES = 4
+#: Welcome ``flags`` bit 3: the server takes Proclaim (and sends
+#: ``proclaimed`` Events). A client sends it only to a server that set it.
+FLAG_PROCLAIM = 8
 
 #: An Acquire's access byte (its optional ``[u8 access][u32 slots]`` trailer).
 ACCESS_EXCLUSIVE = 0
@@ -128,12 +135,26 @@ class EventKind(enum.IntEnum):
     EXPIRED = 3
     RESET = 4
     SESSION_ENDED = 5
+    #: Still holds the key, same token, under the new source the Event
+    #: carries (a Proclaim).
+    PROCLAIMED = 6
 
     @property
     def label(self) -> str:
         """``"holder"``, ``"granted"``, ``"released"``, ``"expired"``,
-        ``"reset"`` or ``"session_ended"``."""
+        ``"reset"``, ``"session_ended"`` or ``"proclaimed"``."""
         return self.name.lower()
+
+    @property
+    def ends_hold(self) -> bool:
+        """The holder let go or was let go (released, expired, reset,
+        session ended)."""
+        return self in (EventKind.RELEASED, EventKind.EXPIRED, EventKind.RESET,
+                        EventKind.SESSION_ENDED)
+
+
+#: The event bytes this decoder knows; an Event of another is an :class:`OtherEvent`.
+_EVENT_KINDS = frozenset(int(k) for k in EventKind)
 
 
 class ProtocolError(Exception):
@@ -172,6 +193,11 @@ class Welcome:
     def watches(self) -> bool:
         """Bit 2 (:data:`FLAG_WATCHES`): the server takes Watch and Unwatch."""
         return bool(self.flags & FLAG_WATCHES)
+
+    @property
+    def proclaim(self) -> bool:
+        """Bit 3 (:data:`FLAG_PROCLAIM`): the server takes Proclaim."""
+        return bool(self.flags & FLAG_PROCLAIM)
 
 
 @dataclass(frozen=True)
@@ -250,7 +276,18 @@ class Event:
     source: bytes
 
 
-Answer = Union[Welcome, Reply, Refused, Lost, Held, Event]
+@dataclass(frozen=True)
+class OtherEvent:
+    """An Event push of a kind this decoder does not know (a later
+    server's): its body is not read, and a client skips it
+    (``docs/protocol.md``, "Elections")."""
+
+    rid: int
+    #: The unknown event byte.
+    kind: int
+
+
+Answer = Union[Welcome, Reply, Refused, Lost, Held, Event, OtherEvent]
 
 
 def _frame(op: int, rid: int, body: bytes) -> bytes:
@@ -355,6 +392,13 @@ def encode_unwatch(rid: int, target_rid: int, key: bytes) -> bytes:
     """Unwatch: ``[u32 rid of the Watch][u8 keyLen][key of the Watch]``."""
     body = _u32(target_rid, "target rid") + _name(key, 1, KEY_MAX, "key")
     return _frame(OP_UNWATCH, rid, body)
+
+
+def encode_proclaim(rid: int, token: int, key: bytes, source: bytes) -> bytes:
+    """Proclaim: ``[u64 token][u8 keyLen][key][u8 srcLen][src]``."""
+    body = _u64(token, "token") + _name(key, 1, KEY_MAX, "key") + _name(source, 0, SOURCE_MAX,
+                                                                         "source")
+    return _frame(OP_PROCLAIM, rid, body)
 
 
 def encode_event(rid: int, kind: EventKind, token: int, hold: HoldMode, access: int,
@@ -472,5 +516,8 @@ def decode_answer(buf: Union[bytes, bytearray, memoryview], hello_rid: Optional[
             raise ProtocolError(f"a held frame with unknown hold mode {hold}") from None
         return Held(rid, body[14:], token, mode, None if ttl == NO_TTL else ttl), used
     if kind == KIND_EVENT:
+        if blen >= 1 and body[0] not in _EVENT_KINDS:
+            # A kind of a later server: skipped, as the protocol says.
+            return OtherEvent(rid, body[0]), used
         return decode_event_body(rid, body), used
     raise ProtocolError(f"unknown answer kind {kind:#04x}")

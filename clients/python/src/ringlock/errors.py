@@ -166,6 +166,17 @@ class WatchUnsupported(RingLockError):
         self.key = key
 
 
+class ProclaimUnsupported(RingLockError):
+    """A proclaim (:meth:`~ringlock.Leadership.proclaim`) on a session whose
+    server does not offer it (its welcome lacks the *proclaim* flag: a
+    ringlockd older than proclaim). Raised before anything was sent; the
+    leadership is unchanged. ``.key`` is the election's name."""
+
+    def __init__(self, message: str, key: "Key" = b"") -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class WatchEnded(RingLockError):
     """The watch is over: :meth:`~ringlock.Watch.next` raises it once the
     events that arrived before the end were handed out. ``.reason``:
