@@ -9,7 +9,7 @@ import (
 // The session protocol's frames (docs/protocol.md, "Sessions"). Every frame,
 // in both directions, is a 7-byte header followed by at most 512 body bytes:
 //
-//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=13, 15, 16
+//	request  [u8 op][u32 rid][u16 bodyLen][body]     op 7..=13, 15..=17
 //	answer   [u8 kind][u32 rid][u16 bodyLen][body]   kind 0x80 Reply, 0x81 Lost, 0x82 Held, 0x83 Event
 //
 // Integers are little-endian. This file holds the encoders and decoders
@@ -20,15 +20,16 @@ const (
 	headerLen       = 7
 	bodyMax         = 512
 
-	opHello   = 7
-	opAcquire = 8
-	opRelease = 9
-	opExtend  = 10
-	opCancel  = 11
-	opPing    = 12
-	opResume  = 13 // instead of a Hello: takes a replicated session over
-	opWatch   = 15 // watch a key's holders (flagWatches)
-	opUnwatch = 16 // end a watch: the Watch's rid and key
+	opHello    = 7
+	opAcquire  = 8
+	opRelease  = 9
+	opExtend   = 10
+	opCancel   = 11
+	opPing     = 12
+	opResume   = 13 // instead of a Hello: takes a replicated session over
+	opWatch    = 15 // watch a key's holders (flagWatches)
+	opUnwatch  = 16 // end a watch: the Watch's rid and key
+	opProclaim = 17 // a hold's new source, same token (flagProclaim)
 
 	kindReply = 0x80
 	kindLost  = 0x81
@@ -46,6 +47,10 @@ const (
 	// Events. Neither is sent to a server that did not set it (an older
 	// one closes the connection on an op it does not know).
 	flagWatches = 4
+	// flagProclaim is bit 3: the server takes Proclaim (an election
+	// leader's new value) and sends proclaimed Events. Proclaim is not
+	// sent to a server that did not set it.
+	flagProclaim = 8
 
 	// replyBodyLen is the body of every Reply but the Hello's.
 	replyBodyLen = 13
@@ -206,6 +211,15 @@ func encodeUnwatch(rid uint32, target uint32, key string) []byte {
 	b := frame(opUnwatch, rid, 5+len(key))
 	b = putU32(b, target)
 	b = putName(b, key)
+	return finish(b)
+}
+
+// encodeProclaim: [u64 token][u8 keyLen][key][u8 srcLen][src].
+func encodeProclaim(rid uint32, token uint64, key, source string) []byte {
+	b := frame(opProclaim, rid, 10+len(key)+len(source))
+	b = putU64(b, token)
+	b = putName(b, key)
+	b = putName(b, source)
 	return finish(b)
 }
 
@@ -377,20 +391,27 @@ func decodeHeld(b []byte) (heldFrame, error) {
 // eventBodyMin is an Event body with a 1-byte key and an empty source.
 const eventBodyMin = 18
 
+// errUnknownEvent is decodeEvent's answer to an Event whose kind byte this
+// client does not know (a later server's): the frame is skipped, not a
+// broken stream (docs/protocol.md, "Elections").
+var errUnknownEvent = errors.New("event of a kind this client does not know")
+
 // decodeEvent reads an Event body: [u8 event][u64 token][u8 hold][u8
-// access][u32 slots][u8 keyLen][key][u8 srcLen][src]. Bytes after the
+// access][u32 slots][u8 keyLen][key][u8 srcLen][src]. An event kind this
+// client does not know is errUnknownEvent, whatever follows it (its
+// layout may be another): the caller skips the frame. Bytes after the
 // source (fields a later version appends) are skipped; anything else that
-// does not fit (a cut, an unknown event, hold or access, slots on an
-// exclusive or shared holder, a semaphore of 0, a key of 0 or over 127
-// bytes, a source over 127) is an error.
+// does not fit (a cut, an unknown hold or access, slots on an exclusive
+// or shared holder, a semaphore of 0, a key of 0 or over 127 bytes, a
+// source over 127) is an error.
 func decodeEvent(b []byte) (WatchEvent, error) {
+	if len(b) > 0 && EventKind(b[0]) > EventProclaimed {
+		return WatchEvent{}, fmt.Errorf("%w: %d", errUnknownEvent, b[0])
+	}
 	if len(b) < eventBodyMin {
 		return WatchEvent{}, errShortBody
 	}
 	kind := EventKind(b[0])
-	if kind > EventSessionEnded {
-		return WatchEvent{}, fmt.Errorf("event of unknown kind %d", b[0])
-	}
 	if b[9] > byte(HoldLease) {
 		return WatchEvent{}, fmt.Errorf("event with unknown hold mode %d", b[9])
 	}

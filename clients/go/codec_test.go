@@ -42,6 +42,8 @@ func TestEncodeEveryRequest(t *testing.T) {
 		{"extend", encodeExtend(10, 7, 250, "k"), "0a 0a000000 0e00 0700000000000000 fa000000 01 6b"},
 		{"cancel", encodeCancel(11, 5, "k"), "0b 0b000000 0600 05000000 01 6b"},
 		{"ping", encodePing(12), "0c 0c000000 0000"},
+		{"proclaim", encodeProclaim(17, 0x0102030405060708, "k", "v2"), "11 11000000 0d00 0807060504030201 01 6b 02 7632"},
+		{"proclaim, an empty source", encodeProclaim(0, 9, "elect", ""), "11 00000000 0f00 0900000000000000 05 656c656374 00"},
 		{"shared acquire: the access trailer, slots 0", encodeAcquire(1, HoldSession, 0, 0, "k", "", Shared),
 			"08 01000000 1100 01 00000000 00000000 01 6b 00 01 00000000"},
 		{"semaphore of 3, a lease", encodeAcquire(7, HoldLease, 30000, waitForever, "pool", "w1", Semaphore(3)),

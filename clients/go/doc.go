@@ -65,6 +65,17 @@
 // since lock modes); to an older one Acquire returns a
 // *ModesUnsupportedError and sends nothing.
 //
+// # Elections
+//
+// Session.Election names an election: Election.Campaign waits until this
+// session leads (candidates are elected in the order they campaigned)
+// and returns a *Leadership with its fencing Token, Proclaim (a new value
+// observers see, the same token) and Resign; Election.Observe returns an
+// *Observer whose Next gives every change of the leader. A leader whose
+// session ends is replaced by the next candidate at once. Proclaim needs a
+// server that offers it (Session.Proclaims); to an older one it returns a
+// *ProclaimUnsupportedError and sends nothing.
+//
 // # Cancellation
 //
 // The context passed to Acquire cancels the wait exactly: the client sends

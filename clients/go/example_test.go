@@ -131,4 +131,54 @@ func ExampleSession_Permit() {
 	fmt.Println("rendering with token", p.Token())
 }
 
+// Leader election: candidates lead in the order they campaigned; the
+// leader's value (here its address) is seen by every observer, and a
+// leader whose process dies is replaced at once.
+func ExampleElection() {
+	ctx := context.Background()
+	s, err := ringlock.Dial(ctx, []string{"127.0.0.1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	e := s.Election("billing/primary")
+
+	// Who leads, now and at every change (another process, typically).
+	o, err := e.Observe(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer o.Close()
+	go func() {
+		for {
+			l, err := o.Next(ctx)
+			if err != nil {
+				return // the observation ended (errors.Is(err, ringlock.ErrWatchEnded)): observe again
+			}
+			if l == nil {
+				fmt.Println("nobody leads")
+			} else {
+				fmt.Println("leader", l.Value, "token", l.Token)
+			}
+		}
+	}()
+
+	lead, err := e.Campaign(ctx, "10.0.0.7:9000") // waits until elected
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Moved: same leadership, same token; observers are told.
+	if err := lead.Proclaim(ctx, "10.0.0.8:9000"); errors.Is(err, ringlock.ErrLost) {
+		log.Fatal("no longer the leader")
+	}
+	select {
+	case <-lead.Lost(): // reset, or the session ended
+		log.Print(lead.Err())
+	case <-serve(ctx, lead.Token()): // fence every write with the token
+		_ = lead.Resign(ctx) // the next candidate is elected
+	}
+}
+
 func runETL(ctx context.Context, token uint64) {}
+
+func serve(ctx context.Context, token uint64) <-chan struct{} { return make(chan struct{}) }

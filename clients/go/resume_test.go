@@ -127,7 +127,7 @@ func (sc *script) kill(t *testing.T, n int) {
 
 func opName(op byte) string {
 	return map[byte]string{opHello: "hello", opAcquire: "acquire", opRelease: "release", opExtend: "extend",
-		opCancel: "cancel", opPing: "ping", opResume: "resume"}[op]
+		opCancel: "cancel", opPing: "ping", opResume: "resume", opProclaim: "proclaim"}[op]
 }
 
 func keyOf(op byte, b []byte) string {
@@ -138,6 +138,8 @@ func keyOf(op byte, b []byte) string {
 		return string(b[9 : 9+int(b[8])])
 	case opExtend:
 		return string(b[13 : 13+int(b[12])])
+	case opProclaim:
+		return string(b[9 : 9+int(b[8])])
 	}
 	return ""
 }

@@ -115,7 +115,9 @@ func WithOptions(o Options) Option { return func(dst *Options) { *dst = o } }
 // nobody here knows is released by token. Watches are not carried over:
 // each answered one ends (Watch.Err is a *WatchEndedError, Resumed) and
 // is watched again by its user, a re-read; a Watch not answered yet is
-// sent again. Resumes counts the resumes.
+// sent again. A Proclaim in flight is sent again if its hold is listed
+// (the same value again is harmless), else answered as stale_token (the
+// leadership is lost). Resumes counts the resumes.
 // unknown_session (Err then matches ErrUnknownSession), any other refusal,
 // or the keep-alive passing end the session as a failed connection always
 // did. Without the flag a failed connection ends the session.
@@ -146,6 +148,9 @@ type Session struct {
 	// watches: the welcome (of the latest resume) had the watches flag:
 	// Watch may be sent. Guarded by mu.
 	watches bool
+	// proclaim: the welcome (of the latest resume) had the proclaim flag:
+	// Proclaim may be sent. Guarded by mu.
+	proclaim bool
 	// watchers are the session's watches by the Watch's request id, from
 	// before the Watch is written until its Unwatch is answered (or the
 	// connection ends); their rids are not reused meanwhile. Guarded by mu.
@@ -180,7 +185,7 @@ type call struct {
 
 	frame     []byte // as written, rid included: a resume sends it again
 	seq       uint64
-	token     uint64 // a Release's token
+	token     uint64 // a Release's or a Proclaim's token
 	target    uint32 // a Cancel's Acquire's rid
 	internal  bool   // a keep-alive Ping (a resume drops it)
 	cancelled bool   // an Acquire whose Cancel was sent
@@ -460,6 +465,7 @@ func dialOne(ctx context.Context, addr string, addrs []string, o *Options) (*Ses
 		resumable:      w.flags&flagResumable != 0,
 		modes:          w.flags&flagModes != 0,
 		watches:        w.flags&flagWatches != 0,
+		proclaim:       w.flags&flagProclaim != 0,
 		watchers:       make(map[uint32]*Watch),
 		t0:             time.Now(),
 		source:         o.Source,
@@ -606,6 +612,11 @@ func (s *Session) send(c *call, encode func(rid uint32) []byte) (uint32, error) 
 	}
 	if c.op == opWatch && !s.watches {
 		err := &WatchUnsupportedError{Addr: s.addr, Key: c.key}
+		s.mu.Unlock()
+		return 0, err
+	}
+	if c.op == opProclaim && !s.proclaim {
+		err := &ProclaimUnsupportedError{Addr: s.addr, Key: c.key}
 		s.mu.Unlock()
 		return 0, err
 	}
@@ -804,10 +815,15 @@ func readErr(addr string, err error) error {
 }
 
 // event routes an Event push to its watch: a holder listed before the
-// Watch's Reply, or a change after it. An Event of no watch of this
-// session, of another key, or out of place is a protocol error.
+// Watch's Reply, or a change after it. An Event of a kind this client
+// does not know (a later server's) is skipped, as the protocol says. An
+// Event of no watch of this session, of another key, or out of place is a
+// protocol error.
 func (s *Session) event(rid uint32, b []byte) error {
 	ev, err := decodeEvent(b)
+	if errors.Is(err, errUnknownEvent) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("%w: bad Event (rid %d): %v", ErrProtocol, rid, err)
 	}
@@ -909,6 +925,10 @@ type acquireConfig struct {
 	ttl        time.Duration
 	autoExtend bool
 	waitMs     uint32
+	// source, when set (hasSource), is this Acquire's source instead of
+	// the session's: an election's campaign sends its value.
+	source    string
+	hasSource bool
 }
 
 // WithTTL asks for a lease: the server frees the key when ttl (whole
@@ -1000,9 +1020,13 @@ func (s *Session) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	source := s.source
+	if cfg.hasSource {
+		source = cfg.source
+	}
 	c := &call{op: opAcquire, key: key, mode: cfg.mode, access: cfg.access, ttl: cfg.ttl, ch: make(chan result, 1)}
 	rid, err := s.send(c, func(rid uint32) []byte {
-		return encodeAcquire(rid, cfg.mode, ttlMs, cfg.waitMs, key, s.source, cfg.access)
+		return encodeAcquire(rid, cfg.mode, ttlMs, cfg.waitMs, key, source, cfg.access)
 	})
 	if err != nil {
 		return nil, err
@@ -1371,6 +1395,7 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 	left := func(h heldFrame) time.Time { return r.sent.Add(time.Duration(h.ttlLeftMs) * time.Millisecond) }
 	modes := r.w.flags&flagModes != 0
 	watches := r.w.flags&flagWatches != 0
+	proclaim := r.w.flags&flagProclaim != 0
 
 	s.mu.Lock()
 	// Watches are not carried over a Resume: each answered one ends (its
@@ -1475,6 +1500,19 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 				delete(s.watchers, f.rid)
 				answer(c, result{err: &WatchUnsupportedError{Addr: r.addr, Key: c.key}})
 			}
+		case opProclaim:
+			switch _, ok := listed[holdID{c.key, c.token}]; {
+			case !proclaim:
+				// This server would not know the op: not sent again.
+				delete(s.pending, f.rid)
+				answer(c, result{err: &ProclaimUnsupportedError{Addr: r.addr, Key: c.key}})
+			case ok:
+				resend = append(resend, c.frame) // the same value again: harmless
+			default:
+				// The hold is gone: what the server would answer.
+				delete(s.pending, f.rid)
+				answer(c, result{r: reply{status: StatusStaleToken, ttlLeftMs: noTTL}})
+			}
 		case opUnwatch:
 			// Its watch ended with the old connection.
 			delete(s.pending, f.rid)
@@ -1520,6 +1558,7 @@ func (s *Session) reconcile(r resumed) *bufio.Reader {
 	// TTLBounds, ID, Shards); its modes flag is this server's.
 	s.modes = modes
 	s.watches = watches
+	s.proclaim = proclaim
 	s.conn, s.addr = r.conn, r.addr
 	s.resuming = false
 	s.gen++

@@ -32,12 +32,17 @@ const (
 	// EventSessionEnded: its session ended (connection closed, keep-alive
 	// missed).
 	EventSessionEnded EventKind = 5
+	// EventProclaimed: still holds the key, same token, under the new
+	// Source the event carries (a Proclaim: an election leader's new
+	// value). Sent only by a server that offers proclaim
+	// (Session.Proclaims).
+	EventProclaimed EventKind = 6
 )
 
-var eventNames = [...]string{"holder", "granted", "released", "expired", "reset", "session_ended"}
+var eventNames = [...]string{"holder", "granted", "released", "expired", "reset", "session_ended", "proclaimed"}
 
 // String is the event's protocol name: "holder", "granted", "released",
-// "expired", "reset" or "session_ended".
+// "expired", "reset", "session_ended" or "proclaimed".
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
 		return eventNames[k]
@@ -47,7 +52,7 @@ func (k EventKind) String() string {
 
 // EndsHold reports whether the holder is gone after this event (released,
 // expired, reset, session_ended).
-func (k EventKind) EndsHold() bool { return k != EventHolder && k != EventGranted }
+func (k EventKind) EndsHold() bool { return k >= EventReleased && k <= EventSessionEnded }
 
 // Holder is one holder of a watched key.
 type Holder struct {
@@ -231,9 +236,10 @@ func (w *Watch) Holders() []Holder {
 }
 
 // Events delivers every change of the key's holders after Holders, in
-// order (granted, released, expired, reset, session_ended). It is closed
-// when the watch ends; Err then says why. After Close, events not yet
-// received are dropped.
+// order (granted, released, expired, reset, session_ended, proclaimed); an
+// Event of a kind this client does not know (a later server's) is
+// skipped. It is closed when the watch ends; Err then says why. After
+// Close, events not yet received are dropped.
 func (w *Watch) Events() <-chan WatchEvent { return w.events }
 
 // Err is nil while the watch lives (and until Events is closed, for a

@@ -60,6 +60,8 @@ var scenarios = []scenario{
 	{"modes_semaphore", modesSemaphore},
 	{"watch_order", watchOrder},
 	{"watch_rewatch", watchRewatch},
+	{"election_order", electionOrder},
+	{"election_handover", electionHandover},
 }
 
 func TestConformance(t *testing.T) {
