@@ -131,3 +131,88 @@ fn a_server_without_watches_is_refused_here_before_anything_is_sent() {
     let ops = seen.join().unwrap();
     assert!(!ops.contains(&wire::OP_WATCH), "no Watch was sent: {ops:?}");
 }
+
+#[test]
+fn changes_read_together_with_the_watch_answer_are_kept_in_order() {
+    // A server that answers the Watch with its holder, its Reply and three
+    // changes in one write: the I/O thread reads them all before the
+    // caller of `watch` wakes. (Seen with the real server when a grant
+    // raced the watch: `ringlock elect --listen` failed with "a granted
+    // event before the watch's answer".)
+    use std::io::{Read, Write};
+    use wire::{Decoded, EventHolder, Status, Welcome};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let (mut buf, mut chunk) = (Vec::new(), [0u8; 4096]);
+        loop {
+            while let Decoded::Frame { op, rid, len, .. } = wire::decode(&buf) {
+                buf.drain(..len);
+                let mut out = Vec::new();
+                let h = |token| EventHolder {
+                    token,
+                    hold: wire::HoldMode::Session,
+                    access: Access::Exclusive,
+                    key: b"k",
+                    source: b"s",
+                };
+                match op {
+                    wire::OP_HELLO => wire::encode_welcome(
+                        rid,
+                        &Welcome {
+                            status: Status::Ok,
+                            version: wire::VERSION,
+                            keepalive_ms: 10_000,
+                            min_ttl_ms: 100,
+                            max_ttl_ms: 60_000,
+                            session_id: 7,
+                            max_keys: 1000,
+                            max_waiters: 1000,
+                            shards: 1,
+                            flags: wire::FLAG_WATCH,
+                        },
+                        &mut out,
+                    ),
+                    wire::OP_WATCH => {
+                        wire::encode_event(rid, EventKind::Holder, &h(1), &mut out);
+                        wire::encode_reply(rid, Status::Ok, 0, wire::NO_TTL, &mut out);
+                        wire::encode_event(rid, EventKind::Released, &h(1), &mut out);
+                        wire::encode_event(rid, EventKind::Granted, &h(2), &mut out);
+                        wire::encode_event(rid, EventKind::Proclaimed, &h(2), &mut out);
+                    }
+                    _ => wire::encode_reply(rid, Status::Ok, 0, wire::NO_TTL, &mut out),
+                }
+                s.write_all(&out).unwrap();
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    let a = Session::builder(addr)
+        .retry(RetryPolicy::none())
+        .connect()
+        .expect("session");
+    for _ in 0..20 {
+        let mut w = a.watch("k").expect("the watch opens");
+        assert_eq!(w.holders().len(), 1);
+        let got: Vec<(EventKind, u64)> = (0..3)
+            .map(|_| {
+                let e = next(&mut w);
+                (e.kind, e.holder.token)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (EventKind::Released, 1),
+                (EventKind::Granted, 2),
+                (EventKind::Proclaimed, 2)
+            ]
+        );
+    }
+    a.close();
+    server.join().unwrap();
+}

@@ -516,7 +516,7 @@ impl World {
             }
             self.check();
         }
-        if self.rng.chance(3) {
+        if self.rng.chance(60) {
             self.deliver_to_watcher();
             self.check();
         }

@@ -25,6 +25,8 @@ pub struct Watch {
     rid: u32,
     key: Vec<u8>,
     holders: Vec<Holder>,
+    /// What the channel held beyond the holders when the watch began.
+    early: std::collections::VecDeque<WatchItem>,
     rx: mpsc::Receiver<WatchItem>,
     ended: Option<String>,
 }
@@ -87,21 +89,23 @@ pub(super) fn open(h: &Arc<Handle>, key: &[u8]) -> Result<Watch> {
             format!("the server answered the watch {}", answer.status.name()),
         ));
     }
-    // Every holder Event came before the Reply: all in the channel.
+    // Every holder Event came before the Reply: all in the channel. The
+    // I/O thread may have put changes after them already (read after the
+    // Reply, before this thread woke): kept, in order, for `next`.
     let mut holders = Vec::new();
+    let mut early = std::collections::VecDeque::new();
     loop {
         match rx.try_recv() {
-            Ok(WatchItem::Event(e)) if e.kind == EventKind::Holder => holders.push(e.holder),
-            Ok(WatchItem::Event(e)) => {
-                return Err(failed(
-                    &key_text,
-                    format!(
-                        "the server sent a {} event before the watch's answer",
-                        e.kind.name()
-                    ),
-                ))
+            Ok(WatchItem::Event(e)) if e.kind == EventKind::Holder => {
+                if !early.is_empty() {
+                    return Err(failed(
+                        &key_text,
+                        "the server sent a holder event after a change (protocol violation)",
+                    ));
+                }
+                holders.push(e.holder)
             }
-            Ok(WatchItem::Ended(why)) => return Err(failed(&key_text, why)),
+            Ok(item) => early.push_back(item),
             Err(_) => break,
         }
     }
@@ -110,6 +114,7 @@ pub(super) fn open(h: &Arc<Handle>, key: &[u8]) -> Result<Watch> {
         rid,
         key: key.to_vec(),
         holders,
+        early,
         rx,
         ended: None,
     })
@@ -143,6 +148,7 @@ impl Watch {
             return Err(failed(&String::from_utf8_lossy(&self.key), why.clone()));
         }
         let item = match timeout {
+            _ if !self.early.is_empty() => self.early.pop_front(),
             None => self.rx.recv().ok(),
             Some(t) => match self.rx.recv_timeout(t) {
                 Ok(i) => Some(i),
