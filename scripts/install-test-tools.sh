@@ -5,7 +5,8 @@
 #           mariadb-server (mariadbd), golang-go (go, for clients/go),
 #           etcd-server (etcd, for the smoke modes of scripts/cluster-bench.sh
 #           and scripts/cluster-ops-bench.sh), etcd-client (etcdctl, for
-#           cluster-ops-bench.sh's replace scenario: member remove/add),
+#           cluster-ops-bench.sh's replace scenario: member remove/add,
+#           and scripts/election-bench.sh's etcdctl elect/lock rows),
 #           golang-etcd-server-dev (etcd's Go client sources, built offline
 #           into cluster-bench.sh's etcd-cluster-native client), zookeeper
 #           (+ its JRE) and python3-kazoo (cluster-bench.sh's
@@ -28,7 +29,9 @@ command -v go >/dev/null 2>&1 || apt_need+=(golang-go)
 # The cluster benchmarks' smoke runs (scripts/test.sh) start a 3-member
 # etcd cluster beside the ringlock cluster.
 command -v etcd >/dev/null 2>&1 || apt_need+=(etcd-server)
-# Its replace scenario replaces an etcd member with etcdctl.
+# Its replace scenario replaces an etcd member with etcdctl; the election
+# benchmark's smoke (scripts/election-bench.sh) campaigns with etcdctl
+# against one etcd.
 command -v etcdctl >/dev/null 2>&1 || apt_need+=(etcd-client)
 # cluster-bench.sh's etcd-cluster-native row builds etcd's own Go client
 # (clientv3/concurrency) in GOPATH mode from Debian's sources; this package

@@ -3,9 +3,9 @@
 # workspace member (the integration tests start the real ringlockd binary),
 # doc tests, the docs build, the client-only build, the MySQL backend's
 # tests against a private MariaDB, the Go client's tests and conformance
-# suite, the cluster, cluster-operations and TLS benchmarks in smoke mode, plus
-# the deployment checks. Exits non-zero on any failure; a missing tool is a
-# failure.
+# suite, the cluster, cluster-operations, TLS, lock-modes and leader-election
+# benchmarks in smoke mode, plus the deployment checks. Exits non-zero on
+# any failure; a missing tool is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -115,6 +115,15 @@ TLS_BENCH_SMOKE=1 timeout 300 scripts/tls-bench.sh
 # run, 8 clients): every scenario ran without an error.
 echo "== lock-modes benchmark, smoke mode (scripts/modes-bench.sh)"
 MODES_BENCH_SMOKE=1 timeout 240 scripts/modes-bench.sh
+
+# The leader-election benchmark's script in smoke mode (debug build, 2
+# trials per system): kill -9 of the elected `ringlock elect` (one node and
+# a 3-node cluster) and of the elected `etcdctl elect` / `etcdctl lock
+# --ttl 1` (one etcd); every trial must give both times (the next
+# candidate's CMD started, the observer named it). About 2.5 min, nearly
+# all of it etcdctl elect's 60 s session TTL, twice.
+echo "== leader-election benchmark, smoke mode (scripts/election-bench.sh)"
+ELECTION_BENCH_SMOKE=1 timeout 360 scripts/election-bench.sh --no-install
 
 echo "== doc tests"
 cargo test --workspace --doc --locked
