@@ -264,3 +264,27 @@ fn a_server_without_modes_is_refused_here_before_anything_is_sent() {
         );
     }
 }
+
+#[test]
+fn grants_are_counted_by_access() {
+    let s = Server::start(&["--threads", "2", "--metrics-bind", "127.0.0.1:0"]);
+    let a = session(s.lock_addr);
+    let by = |access: &str| {
+        metric(
+            s.metrics(),
+            &format!("ringlock_grants_by_access_total{{access=\"{access}\"}}"),
+        )
+    };
+    for key in ["m-one", "m-two"] {
+        a.lock_shared(key, LONG).unwrap().release().unwrap();
+        a.lock_shared(key, LONG).unwrap().release().unwrap();
+        a.lock_permit(key, 3, LONG).unwrap().release().unwrap();
+        a.lock(key, LONG).unwrap().release().unwrap();
+    }
+    // The counters are published by each shard's loop: wait for the total.
+    wait_metric(s.metrics(), "ringlock_grants_total", 8.0);
+    assert_eq!(
+        (by("exclusive"), by("shared"), by("semaphore")),
+        (2.0, 4.0, 2.0)
+    );
+}

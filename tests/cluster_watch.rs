@@ -73,3 +73,144 @@ fn a_watch_ends_at_a_failover_and_a_new_watch_lists_the_replicated_holders() {
         }
     }
 }
+
+/// Lines of a child's pipe, on a channel (read by a thread).
+fn lines_of(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The next line on `rx` that `want` accepts (bounded); every line read
+/// is kept in `seen` (for the failure messages).
+fn wait_line(
+    rx: &std::sync::mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    what: &str,
+    want: impl Fn(&str) -> bool,
+) -> String {
+    let end = std::time::Instant::now() + WAIT;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                seen.push(l.clone());
+                if want(&l) {
+                    return l;
+                }
+            }
+            Err(e) => panic!("no line {what} within {WAIT:?}: {e}; read: {seen:?}"),
+        }
+    }
+}
+
+/// An election in a 3-node cluster across `kill -9` of the leader node:
+/// the elected `ringlock elect` keeps leading (its replicated session is
+/// resumed on the new leader, its command keeps running), an `elect
+/// --listen` observer carries over (resumed, watching again), and once the
+/// leader's command ends the waiting candidate (a library `Election`) is
+/// elected with a larger token, which the observer prints.
+#[test]
+fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
+    use std::process::{Command, Stdio};
+
+    let mut c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let addrs: Vec<String> = c.lock_addrs.iter().map(|a| a.to_string()).collect();
+    let ringlock = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+        cmd.env_remove("RINGLOCK_ADDR")
+            .env_remove("RINGLOCK_SOURCE")
+            .args(["--addr", &addrs.join(","), "--retry", "5s"])
+            .stdin(Stdio::null());
+        cmd
+    };
+    let go = c.data_path(0).with_extension("elect-go");
+    let mut listen = ringlock()
+        .args(["elect", "--listen", "primary"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines_of(listen.stdout.take().unwrap());
+    let (mut said, mut alpha_said, mut listen_said) = (Vec::new(), Vec::new(), Vec::new());
+    let listen_err = lines_of(listen.stderr.take().unwrap());
+    assert_eq!(wait_line(&out, &mut said, "none", |_| true), "none");
+    // alpha leads until the file `go` exists (a bound of 60 s of its own).
+    let mut alpha = ringlock()
+        .args([
+            "elect",
+            "primary",
+            "alpha",
+            "--keepalive",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            "n=0; while [ ! -e {} ]; do n=$((n+1)); [ $n -gt 6000 ] && exit 9; sleep 0.01; done",
+            go.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let alpha_err = lines_of(alpha.stderr.take().unwrap());
+    let first = wait_line(&out, &mut said, "alpha leads", |l| l.starts_with("leader "));
+    assert!(first.ends_with(" alpha"), "{first}");
+    let ta: u64 = first.split(' ').nth(1).unwrap().parse().unwrap();
+    c.kill9(l);
+    let _ = c.leader(WAIT);
+    // Both CLIs resumed their sessions on the new leader (each notes it).
+    let resumed = |l: &str| l.contains("note:") && l.contains("resum");
+    wait_line(&alpha_err, &mut alpha_said, "alpha resumed", resumed);
+    wait_line(
+        &listen_err,
+        &mut listen_said,
+        "the listener resumed",
+        resumed,
+    );
+    assert!(
+        alpha.try_wait().unwrap().is_none(),
+        "alpha still runs: it still leads"
+    );
+    // A candidate of the library campaigns on the new leader, behind alpha.
+    let beta = Session::builder(c.lock_addrs.as_slice())
+        .retry(RetryPolicy::none())
+        .connect()
+        .expect("session");
+    let e = beta.election("primary").unwrap();
+    assert_eq!(
+        e.leader().unwrap().map(|l| (l.token, l.value)),
+        Some((ta, b"alpha".to_vec())),
+        "alpha still leads on the new leader"
+    );
+    let campaign = std::thread::spawn(move || e.campaign("beta", Some(WAIT)));
+    // alpha's command ends: alpha resigns, beta is elected.
+    std::fs::write(&go, b"").unwrap();
+    let st = alpha.wait().unwrap();
+    assert!(
+        st.success(),
+        "alpha's command ended on its own, not lost: {st}"
+    );
+    let lb = campaign.join().unwrap().expect("beta elected");
+    assert!(lb.token() > ta, "a larger token");
+    let second = wait_line(&out, &mut said, "beta leads", |l| l.starts_with("leader "));
+    assert_eq!(
+        second,
+        format!("leader {} beta", lb.token()),
+        "the listener printed {said:?} (its notes: {listen_said:?})"
+    );
+    lb.resign().unwrap();
+    assert_eq!(wait_line(&out, &mut said, "none", |_| true), "none");
+    listen.kill().unwrap();
+    listen.wait().unwrap();
+    c.start_node(l);
+}

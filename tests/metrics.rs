@@ -143,6 +143,11 @@ ringlock_requests_total{protocol="session",action="proclaim",result="limit_reach
 # HELP ringlock_grants_total Locks granted, immediately or after waiting.
 # TYPE ringlock_grants_total counter
 ringlock_grants_total 2
+# HELP ringlock_grants_by_access_total Locks granted, by how they hold their key.
+# TYPE ringlock_grants_by_access_total counter
+ringlock_grants_by_access_total{access="exclusive"} 2
+ringlock_grants_by_access_total{access="shared"} 0
+ringlock_grants_by_access_total{access="semaphore"} 0
 # HELP ringlock_handoffs_total Grants to a waiter that had been queued.
 # TYPE ringlock_handoffs_total counter
 ringlock_handoffs_total 1

@@ -55,6 +55,9 @@ pub struct Hot {
     /// Session Replies, by op and status.
     session_requests: [[AtomicU64; SESSION_STATUSES.len()]; SessionOp::ALL.len()],
     grants: AtomicU64,
+    /// Of them, shared and semaphore grants (exclusive: the rest).
+    shared_grants: AtomicU64,
+    semaphore_grants: AtomicU64,
     handoffs: AtomicU64,
     queue_wait_us: LatencyHistogram,
     hold_us: LatencyHistogram,
@@ -73,6 +76,8 @@ impl Hot {
             session_requests: [const { [const { AtomicU64::new(0) }; SESSION_STATUSES.len()] };
                 SessionOp::ALL.len()],
             grants: AtomicU64::new(0),
+            shared_grants: AtomicU64::new(0),
+            semaphore_grants: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
             hold_us: Histogram::new(&LATENCY_BOUNDS_US),
@@ -96,6 +101,20 @@ impl Hot {
     /// Every grant, immediate or after waiting.
     pub fn grant(&self) {
         self.grants.fetch_add(1, Relaxed);
+    }
+
+    /// A grant, and how it holds its key (`grants_by_access_total`).
+    pub fn grant_access(&self, access: crate::core::Access) {
+        self.grants.fetch_add(1, Relaxed);
+        match access {
+            crate::core::Access::Exclusive => {}
+            crate::core::Access::Shared => {
+                self.shared_grants.fetch_add(1, Relaxed);
+            }
+            crate::core::Access::Semaphore(_) => {
+                self.semaphore_grants.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// A grant to a waiter that was queued (also counted by `grant`).

@@ -91,7 +91,8 @@ impl Shard {
                     self.durability
                         .journal(lsn, Undo::Acquire { key, grant_id });
                 }
-                self.metrics.at(self.me).grant();
+                let access = self.table.granted_access(key_slot, grant_id);
+                self.metrics.at(self.me).grant_access(access);
                 if !self.watches.is_empty() {
                     self.watch_effect(e);
                 }

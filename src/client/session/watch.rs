@@ -105,6 +105,10 @@ pub(super) fn open(h: &Arc<Handle>, key: &[u8]) -> Result<Watch> {
                 }
                 holders.push(e.holder)
             }
+            // The watch ended already (the connection failed while it was
+            // being set up: its `ok` was the resume's, not the server's):
+            // nothing was listed, say so.
+            Ok(WatchItem::Ended(why)) => return Err(failed(&key_text, why)),
             Ok(item) => early.push_back(item),
             Err(_) => break,
         }

@@ -119,6 +119,27 @@ impl Metrics {
             "Locks granted, immediately or after waiting.",
             self.sum(|h| &h.grants),
         );
+        let (all, shared, semaphore) = (
+            self.sum(|h| &h.grants),
+            self.sum(|h| &h.shared_grants),
+            self.sum(|h| &h.semaphore_grants),
+        );
+        header(
+            w,
+            "grants_by_access_total",
+            "Locks granted, by how they hold their key.",
+            "counter",
+        );
+        for (access, n) in [
+            ("exclusive", all.saturating_sub(shared + semaphore)),
+            ("shared", shared),
+            ("semaphore", semaphore),
+        ] {
+            let _ = writeln!(
+                w,
+                "ringlock_grants_by_access_total{{access=\"{access}\"}} {n}"
+            );
+        }
         counter(
             w,
             "handoffs_total",
