@@ -173,7 +173,7 @@ impl Leadership {
         &self.value
     }
 
-    /// The hold behind the leadership: [`Lease::is_held`], lost-lock
+    /// The hold behind the leadership: [`Lease::lost`], lost-lock
     /// handlers.
     pub fn lease(&self) -> &Lease {
         &self.lease
