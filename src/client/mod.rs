@@ -84,8 +84,8 @@ pub use guard::{Guard, LateGrant, LockOptions};
 pub use listing::KeyStream;
 pub use lock_client::{Client, ClientBuilder};
 pub use retry::{RetryEvent, RetryPolicy};
+pub use session::election::{Election, Leader, Leadership, Observer};
 pub use session::{
-    Acquire, Election, EventKind, HeldAs, Hold, Holder, Leader, Leadership, Observer, Session,
-    SessionBuilder, Wait, Watch, WatchEvent,
+    Acquire, EventKind, HeldAs, Hold, Holder, Session, SessionBuilder, Wait, Watch, WatchEvent,
 };
 pub use wire::{KeyInfo, KEY_LEN_MAX, SOURCE_LEN_MAX};

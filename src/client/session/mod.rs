@@ -144,7 +144,7 @@
 //! cancellation error. The lock wait itself (`wait_ms`) is decided by the
 //! server too, so a grant never races the client's own timer.
 
-mod election;
+pub(super) mod election;
 mod hello;
 mod hold;
 mod io;
@@ -169,7 +169,6 @@ use crate::lease::{
 };
 use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
 
-pub use election::{Election, Leader, Leadership, Observer};
 use hello::{hello, Hello};
 use hold::SessionHold;
 pub use watch::Watch;
