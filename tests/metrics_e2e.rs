@@ -274,6 +274,8 @@ fn every_figure_matches_known_traffic() {
     }
     for (name, n) in [
         ("ringlock_grants_total", 3.0),
+        // Every Locking-Center grant is exclusive.
+        ("ringlock_grants_by_access_total{access=\"exclusive\"}", 3.0),
         ("ringlock_handoffs_total", 1.0),
         ("ringlock_hangup_withdrawals_total", 1.0),
         ("ringlock_resets_total{by=\"key\"}", 2.0), // ResetByKey + RSET
