@@ -140,7 +140,7 @@ fn changes_read_together_with_the_watch_answer_are_kept_in_order() {
     // raced the watch: `ringlock elect --listen` failed with "a granted
     // event before the watch's answer".)
     use std::io::{Read, Write};
-    use wire::{Decoded, EventHolder, Status, Welcome};
+    use wire::{Decoded, EventHolder, Status};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let server = std::thread::spawn(move || {
@@ -158,22 +158,10 @@ fn changes_read_together_with_the_watch_answer_are_kept_in_order() {
                     source: b"s",
                 };
                 match op {
-                    wire::OP_HELLO => wire::encode_welcome(
-                        rid,
-                        &Welcome {
-                            status: Status::Ok,
-                            version: wire::VERSION,
-                            keepalive_ms: 10_000,
-                            min_ttl_ms: 100,
-                            max_ttl_ms: 60_000,
-                            session_id: 7,
-                            max_keys: 1000,
-                            max_waiters: 1000,
-                            shards: 1,
-                            flags: wire::FLAG_WATCH,
-                        },
-                        &mut out,
-                    ),
+                    wire::OP_HELLO => {
+                        let welcome = common::session::scripted(wire::FLAG_WATCH);
+                        wire::encode_welcome(rid, &welcome, &mut out)
+                    }
                     wire::OP_WATCH => {
                         wire::encode_event(rid, EventKind::Holder, &h(1), &mut out);
                         wire::encode_reply(rid, Status::Ok, 0, wire::NO_TTL, &mut out);

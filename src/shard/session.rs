@@ -681,22 +681,9 @@ impl Shard {
                             let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
                             self.journal(lsn, Undo::Extend(x));
                         }
-                        self.count_sess(SessionOp::Extend, Status::Ok);
-                        self.send_out(
-                            sid,
-                            home,
-                            SessOut::Reply {
-                                rid,
-                                status: Status::Ok,
-                                token,
-                                ttl_left_ms: ttl_ms,
-                            },
-                        );
+                        self.answer_token(sid, home, rid, SessionOp::Extend, Ok((token, ttl_ms)));
                     }
-                    Err(c) => {
-                        self.count_sess(SessionOp::Extend, checked_status(c));
-                        self.send_out(sid, home, reply(rid, checked_status(c)))
-                    }
+                    Err(c) => self.answer_token(sid, home, rid, SessionOp::Extend, Err(c)),
                 }
             }
             SessOp::Cancel { target, key } => {
@@ -726,26 +713,40 @@ impl Shard {
                         if !self.watches.is_empty() {
                             self.watch_proclaimed(p.key_slot, token);
                         }
-                        self.count_sess(SessionOp::Proclaim, Status::Ok);
-                        self.send_out(
-                            sid,
-                            home,
-                            SessOut::Reply {
-                                rid,
-                                status: Status::Ok,
-                                token,
-                                ttl_left_ms: sp::NO_TTL,
-                            },
-                        );
+                        let ok = Ok((token, sp::NO_TTL));
+                        self.answer_token(sid, home, rid, SessionOp::Proclaim, ok);
                     }
-                    Err(c) => {
-                        self.count_sess(SessionOp::Proclaim, checked_status(c));
-                        self.send_out(sid, home, reply(rid, checked_status(c)))
-                    }
+                    Err(c) => self.answer_token(sid, home, rid, SessionOp::Proclaim, Err(c)),
                 }
             }
             SessOp::Watch { .. } | SessOp::Unwatch { .. } => unreachable!("run above"),
         }
+    }
+
+    /// The Reply of a request on a hold by token (Extend, Proclaim): `ok`
+    /// with the token and the time left, or why not; counted.
+    fn answer_token(
+        &mut self,
+        sid: u64,
+        home: Token,
+        rid: u32,
+        op: SessionOp,
+        outcome: Result<(u64, u32), Checked>,
+    ) {
+        let (st, out) = match outcome {
+            Ok((token, ttl_left_ms)) => (
+                Status::Ok,
+                SessOut::Reply {
+                    rid,
+                    status: Status::Ok,
+                    token,
+                    ttl_left_ms,
+                },
+            ),
+            Err(c) => (checked_status(c), reply(rid, checked_status(c))),
+        };
+        self.count_sess(op, st);
+        self.send_out(sid, home, out);
     }
 
     /// An answer for session `sid`: written at once if its home is this

@@ -135,6 +135,22 @@ fn pump(mut from: TcpStream, mut to: TcpStream, gate: Gate, ops: Option<Arc<Mute
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
+/// The welcome of a scripted server (session 7, one shard) with `flags`.
+pub fn scripted(flags: u8) -> Welcome {
+    Welcome {
+        status: Status::Ok,
+        version: wire::VERSION,
+        keepalive_ms: 10_000,
+        min_ttl_ms: 100,
+        max_ttl_ms: 60_000,
+        session_id: 7,
+        max_keys: 1000,
+        max_waiters: 1000,
+        shards: 1,
+        flags,
+    }
+}
+
 /// A scripted session server on 127.0.0.1 for one connection, for what no
 /// real `ringlockd` shows any more (every one offers lock modes): it
 /// answers the Hello with a welcome of `flags` (without
@@ -156,19 +172,7 @@ pub fn scripted_welcome(flags: u8) -> (SocketAddr, thread::JoinHandle<Vec<u8>>) 
                 buf.drain(..len);
                 let mut out = Vec::new();
                 if op == wire::OP_HELLO {
-                    let welcome = Welcome {
-                        status: Status::Ok,
-                        version: wire::VERSION,
-                        keepalive_ms: 10_000,
-                        min_ttl_ms: 100,
-                        max_ttl_ms: 60_000,
-                        session_id: 7,
-                        max_keys: 1000,
-                        max_waiters: 1000,
-                        shards: 1,
-                        flags,
-                    };
-                    wire::encode_welcome(rid, &welcome, &mut out);
+                    wire::encode_welcome(rid, &scripted(flags), &mut out);
                 } else {
                     ops.push(op);
                     token += 1;
