@@ -1070,7 +1070,7 @@ fn hostile_keys_are_escaped_in_the_table() {
         let out = stdout(&o);
         assert_eq!(out.lines().count(), 2, "header and exactly one row:\n{out}");
         let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
-        assert_eq!(row.len(), args.len() + 6, "one cell per column: {row:?}");
+        assert_eq!(row.len(), args.len() + 7, "one cell per column: {row:?}");
         assert!(!out.contains("\nFAKE-KEY"), "{out}");
     }
     let o = ringlock_args(&s, &["keys", "--json"]);

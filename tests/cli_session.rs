@@ -304,7 +304,7 @@ fn keys_shows_mode_token_and_lease_time_left() {
         .collect();
     assert_eq!(
         rows[0],
-        ["KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE"],
+        ["KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE", "ACCESS"],
         "{out}"
     );
     let lease_row = rows.iter().find(|r| r[0] == "keys/lease").expect("{out}");

@@ -3,7 +3,9 @@
 //! (its lease lapses, it stops serving and closes its connections) or
 //! killed, the watch ends with a reason (never silence) while the
 //! replicated session is resumed on the new leader, and a new watch there
-//! lists the holders as the new leader has them (the replicated holds).
+//! lists the holders as the new leader has them (the replicated holds);
+//! a shared key's readers are listed each with its token and access by
+//! `KEYH` on a follower after the failover.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use common::cluster::Cluster;
 use common::fault_proxy::poll_until;
-use ringlock::client::{EventKind, RetryPolicy, Session};
+use ringlock::client::{Access, Client, EventKind, RetryPolicy, Session};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -36,6 +38,11 @@ fn a_watch_ends_at_a_failover_and_a_new_watch_lists_the_replicated_holders() {
         assert!(w.holders().is_empty());
         let held = holder.lock(&key, WAIT).expect("locked");
         let token = held.token().unwrap();
+        let shared = format!("{fault}-shared");
+        let readers = [
+            holder.lock_shared(&shared, WAIT).expect("a reader"),
+            watcher.lock_shared(&shared, WAIT).expect("another reader"),
+        ];
         let e = w.next(Some(WAIT)).unwrap().expect("the grant is reported");
         assert_eq!((e.kind, e.holder.token), (EventKind::Granted, token));
         match fault {
@@ -64,6 +71,27 @@ fn a_watch_ends_at_a_failover_and_a_new_watch_lists_the_replicated_holders() {
         let listed: Vec<u64> = again.holders().iter().map(|h| h.token).collect();
         assert_eq!(listed, vec![token], "{fault}: the replicated holder");
         assert!(watcher.resumes() >= 1, "{fault}: the session was resumed");
+        // KEYH on a follower of the new leader (a read barrier first):
+        // both readers, replicated, each with its token.
+        let l2 = c.leader(WAIT);
+        let f = (0..3).find(|&i| i != l2 && c.nodes[i].is_some()).unwrap();
+        let node = c.nodes[f].as_ref().unwrap();
+        let every = Client::builder(node.lock_addr)
+            .admin_addr(node.admin_addr)
+            .build()
+            .expect("admin client")
+            .keyh()
+            .expect("KEYH on a follower");
+        let listed: Vec<(u64, Option<Access>)> = every
+            .iter()
+            .filter(|k| k.key == shared.as_bytes())
+            .map(|k| (k.token, k.access))
+            .collect();
+        let want: Vec<(u64, Option<Access>)> = readers
+            .iter()
+            .map(|r| (r.token().unwrap(), Some(Access::Shared)))
+            .collect();
+        assert_eq!(listed, want, "{fault}: both readers on node {}", f + 1);
         let mut again = again;
         held.release().expect("released by its resumed session");
         let e = again.next(Some(WAIT)).unwrap().expect("the release");

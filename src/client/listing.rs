@@ -1,9 +1,11 @@
-//! The admin port's key listings (`KEYS`, `KEYX`), read as they arrive.
+//! The admin port's key listings (`KEYS`, `KEYX`, `KEYH`), read as they
+//! arrive.
 //!
 //! The server streams these answers (docs/protocol.md), so a client can
 //! too: [`KeyStream`] reads into one fixed buffer of [`BUF_BYTES`] and
 //! decodes one entry at a time ([`KeysDecoder`]), whatever the number of
-//! held keys. [`Client::keys`] and [`Client::keyx`] collect a stream.
+//! held keys. [`Client::keys`], [`Client::keyx`] and [`Client::keyh`]
+//! collect a stream.
 
 use std::io::{self, Read};
 use std::iter::FusedIterator;
@@ -23,26 +25,12 @@ use crate::protocol::admin::{self, KeysDecoder, KeysStep};
 /// ([`admin::KEYS_ENTRY_BYTES_MAX`]).
 const BUF_BYTES: usize = 64 * 1024;
 
-/// Which admin listing to ask for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Listing {
-    Keys,
-    Keyx,
-}
-
-impl Listing {
-    fn command(self) -> &'static [u8; 4] {
-        match self {
-            Listing::Keys => b"KEYS",
-            Listing::Keyx => b"KEYX",
-        }
-    }
-}
+use crate::core::ListForm;
 
 /// The held keys, in key order, each handed out as soon as its bytes have
 /// arrived: an [`Iterator`] of `Result<KeyInfo>` over one admin
-/// connection. Created by [`Client::keys_stream`] and
-/// [`Client::keyx_stream`].
+/// connection. Created by [`Client::keys_stream`],
+/// [`Client::keyx_stream`] and [`Client::keyh_stream`].
 ///
 /// Memory stays bounded whatever the number of keys: one receive buffer
 /// of 64 KiB and the entry being handed out. The server sends the
@@ -99,7 +87,7 @@ impl KeyStream {
         conn: Stream,
         io_timeout: std::time::Duration,
         authed: bool,
-        listing: Listing,
+        listing: ListForm,
     ) -> Result<KeyStream> {
         let mut conn = conn;
         conn.set_read_timeout(Some(io_timeout)).map_err(Error::io)?;
@@ -115,7 +103,7 @@ impl KeyStream {
             buf: vec![0u8; BUF_BYTES].into_boxed_slice(),
             start: 0,
             end: 0,
-            decoder: KeysDecoder::new(listing == Listing::Keyx),
+            decoder: KeysDecoder::of(listing),
             total: 0,
             done: false,
         };
@@ -136,7 +124,8 @@ impl KeyStream {
         }
     }
 
-    /// How many keys the answer lists (the server's count, sent first).
+    /// How many entries the answer lists (the server's count, sent first:
+    /// keys, or holders for `KEYH`).
     pub fn total(&self) -> u32 {
         self.total
     }
@@ -146,10 +135,15 @@ impl KeyStream {
         self.decoder.remaining().unwrap_or(0)
     }
 
-    /// Whether the entries are `KEYX` ones (with token, mode and lease time
-    /// left) rather than `KEYS` ones.
+    /// Whether the entries have token, mode and lease time left (`KEYX` or
+    /// `KEYH`) rather than being `KEYS` ones.
     pub fn extended(&self) -> bool {
         self.decoder.extended()
+    }
+
+    /// Which listing it reads.
+    pub fn form(&self) -> ListForm {
+        self.decoder.form()
     }
 
     /// Reads more of the answer after what is not decoded yet.
@@ -172,7 +166,8 @@ impl KeyStream {
                     // The admin port's `-`, then its close: refused, not cut.
                     return Err(Error::io(io::Error::new(
                         io::ErrorKind::PermissionDenied,
-                        "the admin port refused the command (`-`): a server with certificates \
+                        "the admin port refused the command (`-`): a server that does not know \
+                         it (KEYH before lock modes) refuses it, a server with certificates \
                          takes admin commands over TLS with a client certificate (--certs-dir, \
                          --client) or the auth token (--auth-token-file), one without them \
                          needs the token off loopback (or on it once one is configured), and a \
@@ -252,7 +247,7 @@ impl std::fmt::Debug for KeyStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyStream")
             .field("peer", &self.conn.peer_addr().ok())
-            .field("extended", &self.extended())
+            .field("form", &self.form())
             .field("total", &self.total)
             .field("remaining", &self.remaining())
             .field("buffered", &(self.end - self.start))
@@ -268,7 +263,7 @@ impl Client {
     /// stream is retried per the retry policy; reading it is not (see
     /// [`KeyStream`]).
     pub fn keys_stream(&self) -> Result<KeyStream> {
-        self.open_listing(&mut Streak::new(self.cfg.retry), Listing::Keys)
+        self.open_listing(&mut Streak::new(self.cfg.retry), ListForm::Keys)
             .map(|(s, _)| s)
     }
 
@@ -279,7 +274,20 @@ impl Client {
     /// [`Error::Io`] of kind `UnexpectedEof`, not retried, and
     /// [`keys_stream`](Self::keys_stream) still works there.
     pub fn keyx_stream(&self) -> Result<KeyStream> {
-        self.open_listing(&mut Streak::new(self.cfg.retry), Listing::Keyx)
+        self.open_listing(&mut Streak::new(self.cfg.retry), ListForm::Keyx)
+            .map(|(s, _)| s)
+    }
+
+    /// Lists every *holder* as it arrives from the admin port (`KEYH`, a
+    /// ringlockd extension): like [`keyx_stream`](Self::keyx_stream), with
+    /// each holder of a shared or semaphore key its own entry (sorted by
+    /// key, then token) and [`KeyInfo::access`] set. `KEYS` and `KEYX`
+    /// list a key once, with its oldest holder. A server that does not know
+    /// `KEYH` (Locking-Center, a ringlockd before lock modes) closes the
+    /// connection without an answer: an [`Error::Io`] of kind
+    /// `UnexpectedEof`, not retried.
+    pub fn keyh_stream(&self) -> Result<KeyStream> {
+        self.open_listing(&mut Streak::new(self.cfg.retry), ListForm::Keyh)
             .map(|(s, _)| s)
     }
 
@@ -291,7 +299,7 @@ impl Client {
     /// [`admin::KEYS_ANSWER_BYTES_MAX`]) is an [`Error::Protocol`]; use
     /// the stream for any size.
     pub fn keys(&self) -> Result<Vec<KeyInfo>> {
-        self.collect_listing(Listing::Keys)
+        self.collect_listing(ListForm::Keys)
     }
 
     /// Like [`keys`](Self::keys), with each key's fencing token, hold mode
@@ -300,10 +308,17 @@ impl Client {
     /// connection without an answer: that is an [`Error::Io`] of kind
     /// `UnexpectedEof`, and [`keys`](Self::keys) still works there.
     pub fn keyx(&self) -> Result<Vec<KeyInfo>> {
-        self.collect_listing(Listing::Keyx)
+        self.collect_listing(ListForm::Keyx)
     }
 
-    fn collect_listing(&self, listing: Listing) -> Result<Vec<KeyInfo>> {
+    /// Every holder, collected from [`keyh_stream`](Self::keyh_stream)
+    /// like [`keys`](Self::keys) collects its stream (retried from the
+    /// start while nothing reached the caller).
+    pub fn keyh(&self) -> Result<Vec<KeyInfo>> {
+        self.collect_listing(ListForm::Keyh)
+    }
+
+    fn collect_listing(&self, listing: ListForm) -> Result<Vec<KeyInfo>> {
         let mut streak = Streak::new(self.cfg.retry);
         loop {
             let (stream, peer) = self.open_listing(&mut streak, listing)?;
@@ -337,7 +352,7 @@ impl Client {
     pub(super) fn open_listing(
         &self,
         streak: &mut Streak,
-        listing: Listing,
+        listing: ListForm,
     ) -> Result<(KeyStream, SocketAddr)> {
         loop {
             let (mut conn, peer) = self.connect_admin(streak)?;
@@ -356,7 +371,7 @@ impl Client {
                     // A server that closes at once does not know the command
                     // (KEYX on a Locking-Center server): retrying cannot help.
                     Err(Error::Io(err))
-                        if listing == Listing::Keyx
+                        if listing != ListForm::Keys
                             && err.kind() == io::ErrorKind::UnexpectedEof =>
                     {
                         return Err(Error::Io(err))
@@ -366,7 +381,7 @@ impl Client {
                 },
                 Err(err) => err,
             };
-            // KEYS and KEYX are read-only and nothing was handed out yet.
+            // Listings are read-only and nothing was handed out yet.
             self.backoff(streak, err, peer, None, None)?;
         }
     }
@@ -378,7 +393,7 @@ impl Client {
         let endpoint = endpoint
             .ok_or_else(|| Error::Protocol("no local endpoint to compare".into()))?
             .to_string();
-        let (keys, _) = self.open_listing(&mut Streak::new(RetryPolicy::none()), Listing::Keys)?;
+        let (keys, _) = self.open_listing(&mut Streak::new(RetryPolicy::none()), ListForm::Keys)?;
         for k in keys {
             let k = k?;
             if k.key == key && k.endpoint == endpoint {

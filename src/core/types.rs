@@ -87,6 +87,72 @@ impl Access {
     pub fn is_valid(self) -> bool {
         self != Access::Semaphore(0)
     }
+
+    /// As the wire writes it (an Acquire's trailer, an Event, a `KEYH`
+    /// entry): `(access byte, slots)`, slots 0 unless a semaphore.
+    pub fn to_bytes(self) -> (u8, u32) {
+        match self {
+            Access::Exclusive => (ACCESS_EXCLUSIVE, 0),
+            Access::Shared => (ACCESS_SHARED, 0),
+            Access::Semaphore(n) => (ACCESS_SEMAPHORE, n),
+        }
+    }
+
+    /// The access written as `(access byte, slots)`; `None` for an unknown
+    /// byte, slots beside a non-semaphore, or a semaphore of 0 slots.
+    pub fn from_bytes(access: u8, slots: u32) -> Option<Access> {
+        match (access, slots) {
+            (ACCESS_EXCLUSIVE, 0) => Some(Access::Exclusive),
+            (ACCESS_SHARED, 0) => Some(Access::Shared),
+            (ACCESS_SEMAPHORE, n) if n >= 1 => Some(Access::Semaphore(n)),
+            _ => None,
+        }
+    }
+}
+
+/// The access byte of [`Access::to_bytes`].
+pub const ACCESS_EXCLUSIVE: u8 = 0;
+pub const ACCESS_SHARED: u8 = 1;
+pub const ACCESS_SEMAPHORE: u8 = 2;
+
+/// Which admin listing an entry is written for. Each form is the one
+/// before it with fields added at the end of every entry (docs/protocol.md,
+/// "Admin port").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListForm {
+    /// `KEYS` (Locking-Center's): one entry per held key, its oldest
+    /// holder.
+    Keys,
+    /// `KEYX`: `KEYS` plus token, hold mode and lease time left.
+    Keyx,
+    /// `KEYH`: one entry per *holder* (a shared key's readers, a
+    /// semaphore's holders each), `KEYX` plus `[u8 access][u32 slots]`.
+    Keyh,
+}
+
+impl ListForm {
+    /// Bytes of an entry after its acquire time.
+    pub const fn tail_len(self) -> usize {
+        match self {
+            ListForm::Keys => 0,
+            ListForm::Keyx => 13,
+            ListForm::Keyh => 18,
+        }
+    }
+
+    /// Whether every holder of a key is an entry (else its oldest only).
+    pub const fn every_holder(self) -> bool {
+        matches!(self, ListForm::Keyh)
+    }
+
+    /// The admin command that asks for it.
+    pub const fn command(self) -> &'static [u8; 4] {
+        match self {
+            ListForm::Keys => b"KEYS",
+            ListForm::Keyx => b"KEYX",
+            ListForm::Keyh => b"KEYH",
+        }
+    }
 }
 
 /// Capacity of the table.
@@ -357,10 +423,10 @@ pub struct HeldRef<'a> {
 impl HeldRef<'_> {
     /// Appends this holder as one entry of an admin `KEYS` answer
     /// (`[u8 keyLen][key][u8 srcLen][src][u8 epLen][endpoint][i64 unix s]`),
-    /// and with `extended` the `KEYX` fields `[u64 token][u8 mode][u32 lease
-    /// ms left at now_unix_ms, u32::MAX = none]`. Writes into `out` only: no
-    /// allocation beyond `out`'s growth.
-    pub fn encode_admin(&self, extended: bool, now_unix_ms: u64, out: &mut Vec<u8>) {
+    /// then for `KEYX` and `KEYH` `[u64 token][u8 mode][u32 lease ms left at
+    /// now_unix_ms, u32::MAX = none]`, then for `KEYH` `[u8 access][u32
+    /// slots]`. Writes into `out` only: no allocation beyond `out`'s growth.
+    pub fn encode_admin(&self, form: ListForm, now_unix_ms: u64, out: &mut Vec<u8>) {
         use std::io::Write;
         out.push(self.key.len() as u8);
         out.extend_from_slice(self.key);
@@ -372,17 +438,23 @@ impl HeldRef<'_> {
         // An "ip:port" is at most 47 bytes ("[v6%scope]:port" fits 255).
         out[at] = (out.len() - at - 1) as u8;
         out.extend_from_slice(&((self.acquired_unix_ms / 1000) as i64).to_le_bytes());
-        if extended {
-            out.extend_from_slice(&self.grant_id.to_le_bytes());
-            out.push(self.mode as u8);
-            let left = if self.mode == HoldMode::Lease {
-                self.expires_unix_ms
-                    .saturating_sub(now_unix_ms)
-                    .min(u32::MAX as u64 - 1) as u32
-            } else {
-                u32::MAX
-            };
-            out.extend_from_slice(&left.to_le_bytes());
+        if form == ListForm::Keys {
+            return;
+        }
+        out.extend_from_slice(&self.grant_id.to_le_bytes());
+        out.push(self.mode as u8);
+        let left = if self.mode == HoldMode::Lease {
+            self.expires_unix_ms
+                .saturating_sub(now_unix_ms)
+                .min(u32::MAX as u64 - 1) as u32
+        } else {
+            u32::MAX
+        };
+        out.extend_from_slice(&left.to_le_bytes());
+        if form == ListForm::Keyh {
+            let (a, slots) = self.access.to_bytes();
+            out.push(a);
+            out.extend_from_slice(&slots.to_le_bytes());
         }
     }
 

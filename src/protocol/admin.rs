@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Which listing an answer is (re-exported from the lock core, which
+/// encodes the entries).
+pub use crate::core::ListForm;
+
 /// Most names one RSET/RSBS may carry.
 pub const NAMES_MAX: u32 = 65_536;
 /// Largest admin request accepted: 4 + 4 + NAMES_MAX × 256.
@@ -12,6 +16,8 @@ pub enum Command {
     Keys,
     /// KEYS with token, hold mode and lease time left (extension).
     Keyx,
+    /// Every holder, KEYX with access (extension).
+    Keyh,
     Rset,
     Rsbs,
     /// Compare-and-reset (extension): reset each named key only if its
@@ -34,6 +40,19 @@ pub enum Command {
     /// The node directory (extension, [`super::locate`]): each
     /// member's lock and admin addresses, answered by every node.
     Cadr,
+}
+
+impl Command {
+    /// The listing a `KEYS`, `KEYX` or `KEYH` asks for; `None` for the
+    /// other commands.
+    pub fn list_form(self) -> Option<ListForm> {
+        match self {
+            Command::Keys => Some(ListForm::Keys),
+            Command::Keyx => Some(ListForm::Keyx),
+            Command::Keyh => Some(ListForm::Keyh),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,12 +95,12 @@ pub fn decode(buf: &[u8]) -> Decoded {
         return Decoded::Incomplete;
     }
     let cmd = match &buf[..4] {
-        b"KEYS" | b"KEYX" => {
+        b"KEYS" | b"KEYX" | b"KEYH" => {
             return Decoded::Frame {
-                cmd: if &buf[..4] == b"KEYS" {
-                    Command::Keys
-                } else {
-                    Command::Keyx
+                cmd: match buf[3] {
+                    b'S' => Command::Keys,
+                    b'X' => Command::Keyx,
+                    _ => Command::Keyh,
                 },
                 count: 0,
                 len: 4,
@@ -263,6 +282,21 @@ pub fn encode_keyx(held: &[HeldKey], now_unix_ms: u64, out: &mut Vec<u8>) {
     }
 }
 
+/// Encodes the KEYH answer (`held`: every holder, sorted by key and
+/// token): the KEYX entry of each holder followed by `[u8 access][u32
+/// slots]`.
+pub fn encode_keyh(held: &[HeldKey], now_unix_ms: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(held.len() as u32).to_le_bytes());
+    for h in held {
+        let mut one = Vec::with_capacity(80);
+        encode_keyx(std::slice::from_ref(h), now_unix_ms, &mut one);
+        out.extend_from_slice(&one[4..]);
+        let (a, slots) = h.access.to_bytes();
+        out.push(a);
+        out.extend_from_slice(&slots.to_le_bytes());
+    }
+}
+
 /// Upper bound on a whole `KEYS` answer a reader keeps in memory
 /// ([`decode_keys`], and the count [`check_count`] accepts for a list
 /// collected whole). A server holding this many bytes of keys is either
@@ -270,7 +304,8 @@ pub fn encode_keyx(held: &[HeldKey], now_unix_ms: u64, out: &mut Vec<u8>) {
 /// time ([`KeysDecoder`]) needs no such bound.
 pub const KEYS_ANSWER_BYTES_MAX: usize = 256 << 20;
 
-/// One held key as reported by the admin port's `KEYS` command.
+/// One held key as reported by the admin port's `KEYS` command (or one
+/// holder of it, from `KEYH`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
     /// The key, as raw bytes (keys need not be UTF-8).
@@ -287,6 +322,8 @@ pub struct KeyInfo {
     pub mode: crate::core::HoldMode,
     /// KEYX only: a lease's time left when the server answered.
     pub lease_left_ms: Option<u32>,
+    /// KEYH only (`None` from KEYS and KEYX): how the key is held.
+    pub access: Option<crate::core::Access>,
 }
 
 impl KeyInfo {
@@ -317,11 +354,11 @@ impl KeyInfo {
     }
 }
 
-/// Most bytes one `KEYX` entry can take on the wire (three names of up
-/// to 255 bytes with their sizes, the time, token, mode and lease);
-/// a `KEYS` entry is smaller. A reader's buffer at least this big
-/// always holds a whole entry.
-pub const KEYS_ENTRY_BYTES_MAX: usize = 3 * (1 + 255) + 8 + 8 + 1 + 4;
+/// Most bytes one `KEYH` entry can take on the wire (three names of up
+/// to 255 bytes with their sizes, the time, token, mode, lease, access
+/// and slots); `KEYS` and `KEYX` entries are smaller. A reader's buffer
+/// at least this big always holds a whole entry.
+pub const KEYS_ENTRY_BYTES_MAX: usize = 3 * (1 + 255) + 8 + ListForm::Keyh.tail_len();
 
 /// Parses a complete `KEYS` answer from the front of `buf`:
 /// `Ok(None)` while it is incomplete (read more and call again),
@@ -330,16 +367,17 @@ pub const KEYS_ENTRY_BYTES_MAX: usize = 3 * (1 + 255) + 8 + 8 + 1 + 4;
 /// Built on [`KeysDecoder`], which reads an answer of any size one entry
 /// at a time instead.
 pub fn decode_keys(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
-    decode_keys_as(buf, false)
+    decode_listing(buf, ListForm::Keys)
 }
 
 /// [`decode_keys`] for a `KEYX` answer.
 pub fn decode_keyx(buf: &[u8]) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
-    decode_keys_as(buf, true)
+    decode_listing(buf, ListForm::Keyx)
 }
 
-fn decode_keys_as(buf: &[u8], x: bool) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
-    let mut dec = KeysDecoder::new(x);
+/// [`decode_keys`] for an answer of any form.
+pub fn decode_listing(buf: &[u8], form: ListForm) -> Result<Option<(Vec<KeyInfo>, usize)>, String> {
+    let mut dec = KeysDecoder::of(form);
     let mut keys = Vec::new();
     let mut at = 0;
     loop {
@@ -415,7 +453,7 @@ pub enum KeysStep {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeysDecoder {
-    extended: bool,
+    form: ListForm,
     /// Entries still to come; `None` before the count.
     left: Option<u32>,
 }
@@ -423,25 +461,42 @@ pub struct KeysDecoder {
 impl KeysDecoder {
     /// A decoder of a `KEYX` answer (`extended`) or a `KEYS` one.
     pub fn new(extended: bool) -> KeysDecoder {
-        KeysDecoder {
-            extended,
-            left: None,
-        }
+        KeysDecoder::of(if extended {
+            ListForm::Keyx
+        } else {
+            ListForm::Keys
+        })
+    }
+
+    /// A decoder of an answer of `form`.
+    pub fn of(form: ListForm) -> KeysDecoder {
+        KeysDecoder { form, left: None }
     }
 
     /// A decoder of a `KEYS` answer.
     pub fn keys() -> KeysDecoder {
-        KeysDecoder::new(false)
+        KeysDecoder::of(ListForm::Keys)
     }
 
     /// A decoder of a `KEYX` answer.
     pub fn keyx() -> KeysDecoder {
-        KeysDecoder::new(true)
+        KeysDecoder::of(ListForm::Keyx)
     }
 
-    /// Whether it decodes `KEYX` entries.
+    /// A decoder of a `KEYH` answer.
+    pub fn keyh() -> KeysDecoder {
+        KeysDecoder::of(ListForm::Keyh)
+    }
+
+    /// Whether its entries have the `KEYX` fields (token, mode, lease
+    /// time left): a `KEYX` or `KEYH` answer.
     pub fn extended(&self) -> bool {
-        self.extended
+        self.form != ListForm::Keys
+    }
+
+    /// The form it decodes.
+    pub fn form(&self) -> ListForm {
+        self.form
     }
 
     /// Entries not decoded yet; `None` until the count was.
@@ -471,7 +526,7 @@ impl KeysDecoder {
         if left == 0 {
             return Ok((KeysStep::End, 0));
         }
-        match decode_entry(buf, self.extended)? {
+        match decode_entry(buf, self.form)? {
             None => Ok((KeysStep::Incomplete, 0)),
             Some((entry, used)) => {
                 self.left = Some(left - 1);
@@ -482,7 +537,7 @@ impl KeysDecoder {
 }
 
 /// One entry from the front of `buf`: `Ok(None)` while incomplete.
-fn decode_entry(buf: &[u8], x: bool) -> Result<Option<(KeyInfo, usize)>, String> {
+fn decode_entry(buf: &[u8], form: ListForm) -> Result<Option<(KeyInfo, usize)>, String> {
     fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize) -> Option<&'a [u8]> {
         let slice = buf.get(*at..*at + len)?;
         *at += len;
@@ -502,7 +557,7 @@ fn decode_entry(buf: &[u8], x: bool) -> Result<Option<(KeyInfo, usize)>, String>
         return Ok(None);
     };
     let (mut token, mut mode, mut lease_left_ms) = (0, crate::core::HoldMode::Persistent, None);
-    if x {
+    if form != ListForm::Keys {
         let (Some(t), Some(m), Some(l)) = (
             take(buf, &mut at, 8),
             take(buf, &mut at, 1),
@@ -516,6 +571,17 @@ fn decode_entry(buf: &[u8], x: bool) -> Result<Option<(KeyInfo, usize)>, String>
         let l = u32::from_le_bytes(l.try_into().expect("took 4 bytes"));
         lease_left_ms = (l != u32::MAX).then_some(l);
     }
+    let mut access = None;
+    if form == ListForm::Keyh {
+        let (Some(a), Some(n)) = (take(buf, &mut at, 1), take(buf, &mut at, 4)) else {
+            return Ok(None);
+        };
+        let n = u32::from_le_bytes(n.try_into().expect("took 4 bytes"));
+        access = Some(
+            crate::core::Access::from_bytes(a[0], n)
+                .ok_or_else(|| format!("KEYH: unknown access {} of {n} slots", a[0]))?,
+        );
+    }
     Ok(Some((
         KeyInfo {
             key: key.to_vec(),
@@ -525,6 +591,7 @@ fn decode_entry(buf: &[u8], x: bool) -> Result<Option<(KeyInfo, usize)>, String>
             token,
             mode,
             lease_left_ms,
+            access,
         },
         at,
     )))

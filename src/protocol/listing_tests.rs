@@ -1,6 +1,6 @@
 //! Tests of the table's streamed listings (`core::table::listing`)
 //! against the reference encoding of the whole answer (`admin::encode_keys`
-//! / `encode_keyx` of `Table::held_list`). They live here, beside the
+//! / `encode_keyx` / `encode_keyh` of `Table::held_list`). They live here, beside the
 //! encoding they compare with: core imports nothing from protocol.
 
 use crate::core::list::NIL;
@@ -16,8 +16,13 @@ fn at(us: u64) -> Now {
     }
 }
 
+const FORMS: [ListForm; 3] = [ListForm::Keys, ListForm::Keyx, ListForm::Keyh];
+
 /// A table holding `n` keys in a scrambled order (so grant order is not
-/// key order), every third a lease; waiters on every fifth key.
+/// key order), every third a lease; waiters on every fifth key; keys
+/// whose number ends in 1 shared by three readers (and a writer waiting
+/// on every other), in 2 a semaphore of 2 held twice with a third
+/// waiting.
 fn table(n: usize) -> Table {
     let mut tb = Table::new(Limits {
         max_keys: 4 * n,
@@ -37,17 +42,25 @@ fn table(n: usize) -> Table {
             ttl_ms: 60_000,
             ..LockOpts::default()
         };
-        tb.lock_with(
-            i as u64,
-            &key,
-            &format!("src-{}", i % 10),
-            ep,
-            LockMode::Blocking,
-            opts,
-            at(j as u64 * 1000),
-            &mut fx,
-        );
-        if i.is_multiple_of(5) {
+        let (access, holders) = match i % 10 {
+            1 => (Access::Shared, 3),
+            2 => (Access::Semaphore(2), 3),
+            _ => (Access::Exclusive, 1),
+        };
+        for h in 0..holders {
+            tb.lock_access(
+                (i + 2 * n * h) as u64,
+                &key,
+                &format!("src-{}", (i + h) % 10),
+                ep,
+                LockMode::Blocking,
+                opts,
+                access,
+                at(j as u64 * 1000 + h as u64),
+                &mut fx,
+            );
+        }
+        if i.is_multiple_of(5) || i % 20 == 11 {
             tb.lock(
                 (n + i) as u64,
                 &key,
@@ -62,22 +75,28 @@ fn table(n: usize) -> Table {
     tb
 }
 
-/// The reference: every holder copied, sorted, encoded at once.
-fn whole(tb: &Table, extended: bool, now_unix_ms: u64) -> Vec<u8> {
+/// The reference: every holder copied, sorted by key and token (each
+/// key's oldest only, but for `KEYH`), encoded at once.
+fn whole(tb: &Table, form: ListForm, now_unix_ms: u64) -> Vec<u8> {
+    let mut held = tb.held_list();
+    held.sort_by(|a, b| (a.key.as_bytes(), a.grant_id).cmp(&(b.key.as_bytes(), b.grant_id)));
+    if !form.every_holder() {
+        held.dedup_by(|b, a| a.key == b.key);
+    }
     let mut out = Vec::new();
-    if extended {
-        admin::encode_keyx(&tb.held_list(), now_unix_ms, &mut out);
-    } else {
-        admin::encode_keys(&tb.held_list(), &mut out);
+    match form {
+        ListForm::Keys => admin::encode_keys(&held, &mut out),
+        ListForm::Keyx => admin::encode_keyx(&held, now_unix_ms, &mut out),
+        ListForm::Keyh => admin::encode_keyh(&held, now_unix_ms, &mut out),
     }
     out
 }
 
 /// Listing `id` to the end in chunks of `chunk` bytes, after `count`.
-fn drain(tb: &mut Table, id: ListingId, count: u32, x: bool, chunk: usize) -> Vec<u8> {
+fn drain(tb: &mut Table, id: ListingId, count: u32, chunk: usize) -> Vec<u8> {
     let mut out = count.to_le_bytes().to_vec();
     loop {
-        match tb.listing_next(id, x, chunk, &mut out) {
+        match tb.listing_next(id, chunk, &mut out) {
             Step::More => continue,
             Step::Done => return out,
             Step::Overflowed => panic!("overflowed"),
@@ -87,17 +106,23 @@ fn drain(tb: &mut Table, id: ListingId, count: u32, x: bool, chunk: usize) -> Ve
 
 #[test]
 fn a_listing_equals_the_whole_answer_in_any_chunk_size() {
-    for x in [false, true] {
+    for form in FORMS {
         for chunk in [1, 100, 4096, usize::MAX] {
             let mut tb = table(3000);
             let now = at(5_000_000).unix_ms;
-            let want = whole(&tb, x, now);
-            let (id, count) = tb.listing_begin(now);
-            assert_eq!(count, 3000);
+            let want = whole(&tb, form, now);
+            let (id, count) = tb.listing_begin(now, form);
+            // 300 keys shared by 3, 300 semaphores held by 2.
+            let holders = if form.every_holder() {
+                3000 + 600 + 300
+            } else {
+                3000
+            };
+            assert_eq!(count, holders, "{form:?}");
             assert_eq!(
-                drain(&mut tb, id, count, x, chunk),
+                drain(&mut tb, id, count, chunk),
                 want,
-                "x={x} chunk={chunk}"
+                "{form:?} chunk={chunk}"
             );
             assert_eq!(tb.listings(), 0, "a finished listing is freed");
         }
@@ -106,8 +131,40 @@ fn a_listing_equals_the_whole_answer_in_any_chunk_size() {
         max_keys: 1,
         max_waiters: 1,
     });
-    let (id, count) = tb.listing_begin(0);
-    assert_eq!(drain(&mut tb, id, count, false, 10), 0u32.to_le_bytes());
+    let (id, count) = tb.listing_begin(0, ListForm::Keyh);
+    assert_eq!(drain(&mut tb, id, count, 10), 0u32.to_le_bytes());
+}
+
+/// A `KEYH` answer decoded: every holder of a shared and of a semaphore
+/// key, with its access, in key then token order.
+#[test]
+fn keyh_lists_every_holder_with_its_access() {
+    let mut tb = table(20);
+    let (id, count) = tb.listing_begin(0, ListForm::Keyh);
+    let bytes = drain(&mut tb, id, count, 64);
+    let (list, used) = admin::decode_listing(&bytes, ListForm::Keyh)
+        .unwrap()
+        .unwrap();
+    assert_eq!(used, bytes.len());
+    let of = |k: &str| -> Vec<(Option<Access>, u64)> {
+        list.iter()
+            .filter(|e| e.key == k.as_bytes())
+            .map(|e| (e.access, e.token))
+            .collect()
+    };
+    let shared = of("key-000001");
+    assert_eq!(shared.len(), 3);
+    assert!(shared.iter().all(|&(a, _)| a == Some(Access::Shared)));
+    assert!(shared.windows(2).all(|w| w[0].1 < w[1].1), "token order");
+    let sem = of("key-000002");
+    assert_eq!(sem.len(), 2, "the third waits");
+    assert!(sem.iter().all(|&(a, _)| a == Some(Access::Semaphore(2))));
+    assert_eq!(
+        of("key-000003"),
+        vec![(Some(Access::Exclusive), of("key-000003")[0].1)]
+    );
+    let keys: Vec<&[u8]> = list.iter().map(|e| e.key.as_slice()).collect();
+    assert!(keys.windows(2).all(|w| w[0] <= w[1]), "key order");
 }
 
 /// Holders released, reset, regranted to a waiter, extended or newly
@@ -115,13 +172,13 @@ fn a_listing_equals_the_whole_answer_in_any_chunk_size() {
 /// its start, as they were.
 #[test]
 fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
-    for x in [false, true] {
+    for form in FORMS {
         let mut tb = table(2000);
         let now = at(3_000_000);
-        let want = whole(&tb, x, now.unix_ms);
-        let (id, count) = tb.listing_begin(now.unix_ms);
+        let want = whole(&tb, form, now.unix_ms);
+        let (id, count) = tb.listing_begin(now.unix_ms, form);
         let mut out = count.to_le_bytes().to_vec();
-        assert_eq!(tb.listing_next(id, x, 5000, &mut out), Step::More);
+        assert_eq!(tb.listing_next(id, 5000, &mut out), Step::More);
         let mut fx = Vec::new();
         let later = at(9_000_000);
         for i in 0..2000usize {
@@ -133,6 +190,17 @@ fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
                 2 if i % 3 == 0 => {
                     let token = tb.grant_of(&key).expect("held");
                     tb.extend(NIL, &key, token, 1_000, later).expect("a lease");
+                }
+                // A shared key's newest reader is reset, alone (not the
+                // one that stands for the key).
+                3 if i % 10 == 1 => {
+                    let newest = tb
+                        .holders_of(key.as_bytes())
+                        .last()
+                        .expect("held")
+                        .0
+                        .grant_id;
+                    assert!(tb.reset_if(&key, newest, later, &mut fx));
                 }
                 _ => {}
             }
@@ -150,13 +218,13 @@ fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
         // Undo-style expiry change and a second change of one key.
         tb.unlock(0, "key-000000", later, &mut fx);
         loop {
-            match tb.listing_next(id, x, 5000, &mut out) {
+            match tb.listing_next(id, 5000, &mut out) {
                 Step::More => {}
                 Step::Done => break,
                 Step::Overflowed => panic!("overflowed"),
             }
         }
-        assert_eq!(out, want, "x={x}");
+        assert_eq!(out, want, "{form:?}");
         tb.check_invariants();
     }
 }
@@ -165,13 +233,13 @@ fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
 fn a_listing_whose_holders_change_too_much_overflows_and_frees() {
     let n = SAVED_BYTES_MAX / 30 + 10;
     let mut tb = table(n);
-    let (id, _) = tb.listing_begin(0);
+    let (id, _) = tb.listing_begin(0, ListForm::Keyx);
     let mut fx = Vec::new();
     for i in 0..n {
         tb.unlock(i as u64, &format!("key-{i:06}"), at(1), &mut fx);
     }
     let mut out = Vec::new();
-    assert_eq!(tb.listing_next(id, true, 100, &mut out), Step::Overflowed);
+    assert_eq!(tb.listing_next(id, 100, &mut out), Step::Overflowed);
     assert!(out.is_empty());
     assert_eq!(tb.listings(), 0);
 }
@@ -179,12 +247,12 @@ fn a_listing_whose_holders_change_too_much_overflows_and_frees() {
 #[test]
 fn an_abandoned_listing_is_freed_and_changes_cost_nothing_more() {
     let mut tb = table(100);
-    let (a, _) = tb.listing_begin(0);
-    let (b, count) = tb.listing_begin(0);
-    let want = whole(&tb, false, 0);
+    let (a, _) = tb.listing_begin(0, ListForm::Keyh);
+    let (b, count) = tb.listing_begin(0, ListForm::Keys);
+    let want = whole(&tb, ListForm::Keys, 0);
     tb.listing_end(a);
     assert_eq!(tb.listings(), 1);
     let mut fx = Vec::new();
     tb.unlock(1, "key-000001", at(1), &mut fx);
-    assert_eq!(drain(&mut tb, b, count, false, 64), want);
+    assert_eq!(drain(&mut tb, b, count, 64), want);
 }

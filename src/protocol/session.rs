@@ -549,7 +549,7 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             put_name(o, source);
             // Exclusive as before, with no trailer (an older server reads it).
             if access != Access::Exclusive {
-                let (a, slots) = event::access_bytes(access);
+                let (a, slots) = access.to_bytes();
                 o.push(a);
                 o.extend_from_slice(&slots.to_le_bytes());
             }

@@ -274,6 +274,22 @@ fn keys_decoder_empty_answer_bad_mode_and_largest_entry() {
     let (list, used) = admin::decode_keys(&answer).unwrap().unwrap();
     assert_eq!((list.len(), used), (1, first));
 
+    // A KEYH entry with access 3, and one of a semaphore of 0 slots.
+    let mut keyh = one.clone();
+    keyh[4 + first - 4 + 8] = 2;
+    for (access, slots) in [(3u8, 0u32), (2, 0), (0, 1)] {
+        let mut e = keyh.clone();
+        e.push(access);
+        e.extend_from_slice(&slots.to_le_bytes());
+        let mut dec = KeysDecoder::keyh();
+        assert_eq!(dec.decode_next(&e).unwrap().0, KeysStep::Count(1));
+        let err = dec.decode_next(&e[4..]).unwrap_err();
+        assert!(
+            err.contains(&format!("unknown access {access} of {slots} slots")),
+            "{err}"
+        );
+    }
+
     // The largest entry there can be fits KEYS_ENTRY_BYTES_MAX exactly.
     let mut big = Vec::new();
     for _ in 0..3 {
@@ -283,8 +299,10 @@ fn keys_decoder_empty_answer_bad_mode_and_largest_entry() {
     big.extend_from_slice(&[0; 8 + 8]);
     big.push(2);
     big.extend_from_slice(&[0; 4]);
+    big.push(2);
+    big.extend_from_slice(&7u32.to_le_bytes());
     assert_eq!(big.len(), admin::KEYS_ENTRY_BYTES_MAX);
-    let mut dec = KeysDecoder::keyx();
+    let mut dec = KeysDecoder::keyh();
     dec.decode_next(&1u32.to_le_bytes()).unwrap();
     assert_eq!(
         dec.decode_next(&big[..big.len() - 1]).unwrap(),
@@ -317,11 +335,12 @@ proptest! {
     fn keys_decoder_agrees_with_whole_decode(
         bytes in proptest::collection::vec(any::<u8>(), 0..400),
         cuts in proptest::collection::vec(1usize..40, 1..40),
-        x in any::<bool>(),
+        x in 0usize..3,
     ) {
-        use admin::{KeysDecoder, KeysStep};
-        let whole = if x { admin::decode_keyx(&bytes) } else { admin::decode_keys(&bytes) };
-        let mut dec = KeysDecoder::new(x);
+        use admin::{KeysDecoder, KeysStep, ListForm};
+        let form = [ListForm::Keys, ListForm::Keyx, ListForm::Keyh][x];
+        let whole = admin::decode_listing(&bytes, form);
+        let mut dec = KeysDecoder::of(form);
         let (mut got, mut at, mut avail, mut cut) = (Vec::new(), 0usize, 0usize, 0usize);
         let streamed = loop {
             match dec.decode_next(&bytes[at..avail]) {

@@ -115,8 +115,8 @@ impl Shard {
         }
         // AUTH and CLST aside, the admin port reads or changes the lock
         // table: only the serving node may change it; a follower answers
-        // KEYS/KEYX after a read barrier (linearizable, see shard::raft).
-        let read = matches!(cmd, admin::Command::Keys | admin::Command::Keyx);
+        // KEYS/KEYX/KEYH after a read barrier (linearizable, see shard::raft).
+        let read = cmd.list_form().is_some();
         if !(self.may_serve() || read && self.raft.is_some()) {
             self.reject(slot, "not the leader");
             return false;
@@ -141,14 +141,14 @@ impl Shard {
                 .collect()
         };
         let op = match cmd {
-            admin::Command::Keys | admin::Command::Keyx => {
+            admin::Command::Keys | admin::Command::Keyx | admin::Command::Keyh => {
                 self.metrics
                     .request(metrics::Action::AdminKeys, metrics::Outcome::Ok);
                 let c = &mut self.conns[slot as usize];
                 c.rbuf.drain(..len);
                 c.persistent = true;
                 c.action = Some(Action::Persist);
-                self.keys_start(slot, cmd == admin::Command::Keyx);
+                self.keys_start(slot, cmd.list_form().expect("a listing"));
                 return true;
             }
             admin::Command::Rset => {
@@ -250,7 +250,6 @@ impl Shard {
         c.action = Some(Action::Persist);
         self.scatter(slot, op, false);
         let g = self.gathers.last_mut().expect("just pushed");
-        g.extended = cmd == admin::Command::Keyx;
         if let RemoteOp::ResetIf(e) = &g.op {
             g.reset = vec![false; e.len()];
         }

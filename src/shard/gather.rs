@@ -19,7 +19,6 @@ impl Shard {
             pending: self.shards,
             failed: false,
             lock_port,
-            extended: false,
             reset: Vec::new(),
             stream: 0,
             status: Vec::new(),

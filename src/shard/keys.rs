@@ -1,4 +1,4 @@
-//! `KEYS`/`KEYX` streamed: the answer is produced a bounded chunk at a time
+//! `KEYS`/`KEYX`/`KEYH` streamed: the answer is produced a bounded chunk at a time
 //! while it is being sent, never built whole.
 //!
 //! Every shard keeps a listing of its own held keys ([`Table::listing_begin`]:
@@ -17,6 +17,7 @@
 
 use super::*;
 use crate::core::table::{entry_len, ListingId, Step};
+use crate::core::ListForm;
 
 /// Output bytes produced per send.
 pub const OUT_CHUNK: usize = 64 << 10;
@@ -42,7 +43,7 @@ pub(super) struct Stream {
     id: u64,
     /// The connection; `None` once it is gone or answered.
     token: Option<Token>,
-    extended: bool,
+    form: ListForm,
     parts: Vec<ShardChunk>,
     count: u64,
     opened: bool,
@@ -61,20 +62,19 @@ pub(super) struct Served {
     from: usize,
     stream: u64,
     id: ListingId,
-    extended: bool,
     chunk: u32,
 }
 
 impl Shard {
-    /// KEYS/KEYX on the admin connection in `slot`.
-    pub(super) fn keys_start(&mut self, slot: u32, extended: bool) {
+    /// KEYS/KEYX/KEYH on the admin connection in `slot`.
+    pub(super) fn keys_start(&mut self, slot: u32, form: ListForm) {
         let token = self.token(slot);
         self.conns[slot as usize].state = State::Gathering;
         let id = self.next_gather_id;
         self.streams.push(Stream {
             id,
             token: Some(token),
-            extended,
+            form,
             parts: (0..self.shards)
                 .map(|_| ShardChunk {
                     buf: Vec::new(),
@@ -94,7 +94,7 @@ impl Shard {
             id,
             RemoteOp::KeysOpen {
                 stream: id,
-                extended,
+                form,
                 chunk,
             },
         );
@@ -115,7 +115,6 @@ impl Shard {
             pending: self.shards,
             failed: false,
             lock_port: false,
-            extended: false,
             reset: Vec::new(),
             stream,
             status: Vec::new(),
@@ -238,7 +237,7 @@ impl Shard {
         let (streams, conns) = (&mut self.streams, &mut self.conns);
         let s = &mut streams[i];
         let out = &mut conns[slot as usize].out;
-        let x = s.extended;
+        let form = s.form;
         let mut want: Vec<u32> = Vec::new();
         let finished = loop {
             want.extend(
@@ -267,7 +266,7 @@ impl Shard {
                 break false;
             }
             let p = &mut s.parts[m];
-            let len = entry_len(&p.buf[p.pos..], x);
+            let len = entry_len(&p.buf[p.pos..], form);
             out.extend_from_slice(&p.buf[p.pos..p.pos + len]);
             p.pos += len;
             if p.pos == p.buf.len() {
@@ -343,20 +342,17 @@ impl Shard {
         Some(match *op {
             RemoteOp::KeysOpen {
                 stream,
-                extended,
+                form,
                 chunk,
             } => {
-                let (id, count) = self.table.listing_begin(self.now.unix_ms);
+                let (id, count) = self.table.listing_begin(self.now.unix_ms, form);
                 let mut bytes = Vec::new();
-                let step = self
-                    .table
-                    .listing_next(id, extended, chunk as usize, &mut bytes);
+                let step = self.table.listing_next(id, chunk as usize, &mut bytes);
                 if step == Step::More {
                     self.served.push(Served {
                         from,
                         stream,
                         id,
-                        extended,
                         chunk,
                     });
                 }
@@ -380,9 +376,7 @@ impl Shard {
                 };
                 let l = &self.served[i];
                 let mut bytes = Vec::new();
-                let step = self
-                    .table
-                    .listing_next(l.id, l.extended, l.chunk as usize, &mut bytes);
+                let step = self.table.listing_next(l.id, l.chunk as usize, &mut bytes);
                 if step != Step::More {
                     self.served.swap_remove(i);
                 }

@@ -158,8 +158,6 @@ struct Gather {
     failed: bool,
     /// Lock-port ResetBySource (one `+`) rather than an admin command.
     lock_port: bool,
-    /// KEYX rather than KEYS.
-    extended: bool,
     /// RSTK: which keys were reset.
     reset: Vec<bool>,
     /// A round of the KEYS stream with this id (0: none).

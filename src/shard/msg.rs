@@ -21,12 +21,12 @@ use crate::protocol::session::{EventKind, LostWhy, Status};
 /// An operation one shard asks every shard to run on its part of the keys.
 #[derive(Clone, Debug)]
 pub enum RemoteOp {
-    /// KEYS/KEYX streamed (see the shard's `keys` module): start a listing of this shard's
-    /// held keys named by (requester, `stream`); answer its count and first
-    /// chunk of about `chunk` bytes.
+    /// KEYS/KEYX/KEYH streamed (see the shard's `keys` module): start a
+    /// listing of `form` of this shard's holders named by (requester,
+    /// `stream`); answer its count and first chunk of about `chunk` bytes.
     KeysOpen {
         stream: u64,
-        extended: bool,
+        form: crate::core::ListForm,
         chunk: u32,
     },
     /// The next chunk of listing `stream` from each shard named in `want`

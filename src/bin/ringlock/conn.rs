@@ -2,6 +2,7 @@
 //! `cert` and the doc commands: the client, its quick probe for the notes,
 //! sessions, and the listings `reset` checks against.
 
+use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
@@ -157,9 +158,9 @@ impl Conn {
         listed(self.probe.keys_stream().ok()?, keys).ok()
     }
 
-    /// Whether any held key matches, or `None` when that cannot be known.
+    /// Whether any holder matches, or `None` when that cannot be known.
     pub(crate) fn held(&self, pred: impl Fn(&KeyInfo) -> bool) -> Option<bool> {
-        for k in self.probe.keys_stream().ok()? {
+        for k in holders_stream(&self.probe).ok()? {
             if pred(&k.ok()?) {
                 return Some(true);
             }
@@ -186,6 +187,27 @@ impl Conn {
     }
 }
 
+/// Every holder with its token and access (`KEYH`); from a server
+/// without `KEYH` (before lock modes, where a key has one holder) `KEYX`;
+/// from one without `KEYX` either (Locking-Center) the `UnexpectedEof` of
+/// that attempt.
+pub(crate) fn holders_stream(client: &Client) -> Result<KeyStream, Error> {
+    match client.keyh_stream() {
+        // An older ringlockd answers an unknown command `-` and closes
+        // (seen as refused), Locking-Center closes at once: if KEYX is
+        // refused too, that is its answer.
+        Err(Error::Io(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            client.keyx_stream()
+        }
+        other => other,
+    }
+}
+
 /// The entries of a listing whose key is one of `keys`: whatever the
 /// number of held keys, only those are kept in memory.
 pub(crate) fn listed(stream: KeyStream, keys: &[Vec<u8>]) -> Result<Vec<KeyInfo>, Error> {
@@ -194,29 +216,38 @@ pub(crate) fn listed(stream: KeyStream, keys: &[Vec<u8>]) -> Result<Vec<KeyInfo>
         .collect()
 }
 
-/// `reset KEY...` without `--force`: each held key is reset only if the
-/// holder just listed (and shown on stderr) still holds it, by its fencing
-/// token; a key that changed holder in between is left alone (exit 75).
+/// `reset KEY...` without `--force`: each holder of each key is reset
+/// only if it still holds it as just listed (and shown on stderr), by its
+/// fencing token (every reader of a shared key, every holder of a
+/// semaphore); a holder that changed in between is left alone (exit 75).
 pub(crate) fn reset_listed(conn: &Conn, keys: &[Vec<u8>], list: &[KeyInfo]) -> Result<u8, Fail> {
     let mut entries: Vec<(&[u8], u64)> = Vec::new();
     for key in keys {
-        match list.iter().find(|k| &k.key == key) {
-            Some(k) => {
-                note(&format!(
-                    "resetting {}: held by {} at {} since {}s ago ({} hold, token {})",
-                    bytes::escape(key),
-                    bytes::escape(&k.source),
-                    bytes::escape(k.endpoint.as_bytes()),
-                    k.held_for(std::time::SystemTime::now()).as_secs(),
-                    k.mode.name(),
-                    k.token
-                ));
-                entries.push((key.as_slice(), k.token));
-            }
-            None => note(&format!(
+        let mut found = false;
+        for k in list.iter().filter(|k| &k.key == key) {
+            found = true;
+            // An exclusive holder's access goes without saying.
+            let access = match k.access {
+                Some(ringlock::core::Access::Semaphore(n)) => format!(", semaphore of {n}"),
+                Some(ringlock::core::Access::Shared) => ", shared".to_string(),
+                _ => String::new(),
+            };
+            note(&format!(
+                "resetting {}: held by {} at {} since {}s ago ({} hold{access}, token {})",
+                bytes::escape(key),
+                bytes::escape(&k.source),
+                bytes::escape(k.endpoint.as_bytes()),
+                k.held_for(std::time::SystemTime::now()).as_secs(),
+                k.mode.name(),
+                k.token
+            ));
+            entries.push((key.as_slice(), k.token));
+        }
+        if !found {
+            note(&format!(
                 "{} was not held; nothing was reset",
                 bytes::escape(key)
-            )),
+            ));
         }
     }
     if entries.is_empty() {

@@ -4,9 +4,12 @@
 //! Every cell that comes from the server (key, source, endpoint) goes
 //! through [`bytes::escape`], so the table has exactly one line per key and
 //! no control byte, whatever the keys contain. The JSON form carries the
-//! exact bytes (see [`Printer::json`]). `extended` says the list came from
-//! `KEYX` (with token, mode and lease time left); from a server that only
-//! has `KEYS` those cells are `-` (`null` in JSON).
+//! exact bytes (see [`Printer::json`]). The listing's [`ListForm`] says
+//! what the server sent: `KEYH` has a line per holder (each reader of a
+//! shared key, each holder of a semaphore) with token, mode, lease time
+//! left and access; `KEYX` (a server before lock modes) a line per key
+//! without the access; `KEYS` (Locking-Center) neither. Cells a server
+//! does not send are `-` (`null` in JSON).
 //!
 //! Memory does not grow with the number of keys: the listing is read as a
 //! stream ([`ringlock::client::KeyStream`]) and each key is written once it
@@ -17,6 +20,7 @@ use std::io::{self, Write};
 use std::time::{Duration, SystemTime};
 
 use ringlock::client::{Error, KeyInfo};
+use ringlock::core::{Access, ListForm};
 
 use crate::bytes;
 
@@ -45,25 +49,27 @@ pub enum Stop {
 
 impl Printer {
     /// The table, header first, columns separated by two spaces.
-    pub fn table(now: SystemTime, dates: bool, extended: bool) -> Printer {
-        Printer::Table(Table::new(now, dates, extended))
+    pub fn table(now: SystemTime, dates: bool, form: ListForm) -> Printer {
+        Printer::Table(Table::new(now, dates, form))
     }
 
     /// A JSON array, one object per line:
     ///
     /// ```text
-    /// {"key":"deploy/prod","key_hex":"6465706c6f792f70726f64","source":"svc-a","source_hex":"7376632d61","endpoint":"10.0.0.7:50912","acquired_unix_s":1764449301,"held_s":42,"mode":"lease","token":1764449301000123,"lease_ms_left":2500}
+    /// {"key":"deploy/prod","key_hex":"6465706c6f792f70726f64","source":"svc-a","source_hex":"7376632d61","endpoint":"10.0.0.7:50912","acquired_unix_s":1764449301,"held_s":42,"mode":"lease","token":1764449301000123,"lease_ms_left":2500,"access":"semaphore","slots":3}
     /// ```
     ///
     /// `key_hex` and `source_hex` always carry the exact bytes. `key` and
     /// `source` are the same bytes as a string when they are valid UTF-8
     /// without control characters, and `null` otherwise. `mode` and `token`
     /// are `null` when the server has no `KEYX`; `lease_ms_left` is `null`
-    /// unless the key is held as a lease.
-    pub fn json(now: SystemTime, extended: bool) -> Printer {
+    /// unless the key is held as a lease; `access` (`exclusive`, `shared`,
+    /// `semaphore`) is `null` when the server has no `KEYH`, and `slots` is
+    /// a semaphore's N, `null` otherwise.
+    pub fn json(now: SystemTime, form: ListForm) -> Printer {
         Printer::Json(Json {
             now,
-            extended,
+            form,
             written: 0,
         })
     }
@@ -117,7 +123,7 @@ impl Printer {
 pub struct Table {
     now: SystemTime,
     dates: bool,
-    extended: bool,
+    form: ListForm,
     /// The header and the rows not written yet (until `widths` is known).
     held: Vec<Vec<String>>,
     widths: Option<Vec<usize>>,
@@ -125,9 +131,9 @@ pub struct Table {
 }
 
 impl Table {
-    fn new(now: SystemTime, dates: bool, extended: bool) -> Table {
+    fn new(now: SystemTime, dates: bool, form: ListForm) -> Table {
         let mut head: Vec<String> = [
-            "KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE",
+            "KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE", "ACCESS",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -138,7 +144,7 @@ impl Table {
         Table {
             now,
             dates,
-            extended,
+            form,
             held: vec![head],
             widths: None,
             written: 0,
@@ -157,13 +163,14 @@ impl Table {
             bytes::escape(k.endpoint.as_bytes()),
             format_held(k.held_for(self.now)),
         ];
-        if self.extended {
+        if self.form != ListForm::Keys {
             row.push(k.mode.name().into());
             row.push(k.token.to_string());
             row.push(k.lease_left_ms.map_or("-".into(), format_left));
         } else {
             row.extend(["-".into(), "-".into(), "-".into()]);
         }
+        row.push(k.access.map_or("-".into(), format_access));
         if self.dates {
             row.push(format_utc(k.acquired_unix_s));
         }
@@ -236,17 +243,17 @@ fn write_row(row: &[String], widths: &[usize], out: &mut impl Write) -> io::Resu
 /// none).
 pub struct Json {
     now: SystemTime,
-    extended: bool,
+    form: ListForm,
     written: u64,
 }
 
 impl Json {
     fn key(&mut self, k: &KeyInfo, out: &mut impl Write) -> io::Result<()> {
         let text = |b: &[u8]| bytes::printable_utf8(b).map_or("null".into(), bytes::json_str);
-        let extended = self.extended;
+        let extended = self.form != ListForm::Keys;
         write!(
             out,
-            "{}{{\"key\":{},\"key_hex\":\"{}\",\"source\":{},\"source_hex\":\"{}\",\"endpoint\":{},\"acquired_unix_s\":{},\"held_s\":{},\"mode\":{},\"token\":{},\"lease_ms_left\":{}}}",
+            "{}{{\"key\":{},\"key_hex\":\"{}\",\"source\":{},\"source_hex\":\"{}\",\"endpoint\":{},\"acquired_unix_s\":{},\"held_s\":{},\"mode\":{},\"token\":{},\"lease_ms_left\":{},\"access\":{},\"slots\":{}}}",
             if self.written == 0 { "[\n" } else { ",\n" },
             text(&k.key),
             bytes::hex(&k.key),
@@ -261,6 +268,11 @@ impl Json {
                 (true, Some(ms)) => ms.to_string(),
                 _ => "null".into(),
             },
+            k.access.map_or("null".into(), |a| format!("\"{}\"", a.name())),
+            match k.access {
+                Some(Access::Semaphore(n)) => n.to_string(),
+                _ => "null".into(),
+            },
         )?;
         self.written += 1;
         Ok(())
@@ -268,6 +280,14 @@ impl Json {
 
     fn finish(&mut self, out: &mut impl Write) -> io::Result<()> {
         out.write_all(if self.written == 0 { b"[]\n" } else { b"\n]\n" })
+    }
+}
+
+/// How a holder holds its key: `exclusive`, `shared`, `semaphore:N`.
+pub fn format_access(a: Access) -> String {
+    match a {
+        Access::Semaphore(n) => format!("semaphore:{n}"),
+        a => a.name().into(),
     }
 }
 
@@ -305,12 +325,20 @@ mod tests {
         String::from_utf8(out).expect("UTF-8 output")
     }
 
+    fn form(extended: bool) -> ListForm {
+        if extended {
+            ListForm::Keyx
+        } else {
+            ListForm::Keys
+        }
+    }
+
     fn table(keys: &[KeyInfo], now: SystemTime, dates: bool, extended: bool) -> String {
-        print(Printer::table(now, dates, extended), keys)
+        print(Printer::table(now, dates, form(extended)), keys)
     }
 
     fn to_json(keys: &[KeyInfo], now: SystemTime, extended: bool) -> String {
-        print(Printer::json(now, extended), keys)
+        print(Printer::json(now, form(extended)), keys)
     }
 
     fn info(key: &[u8], source: &[u8], at: i64) -> KeyInfo {
@@ -322,6 +350,7 @@ mod tests {
             token: 0,
             mode: ringlock::core::HoldMode::Persistent,
             lease_left_ms: None,
+            access: None,
         }
     }
 
@@ -449,9 +478,9 @@ mod tests {
                 Ok(info(format!("key-{i:05}").as_bytes(), b"s", 99))
             });
             let p = if json {
-                Printer::json(now, false)
+                Printer::json(now, ListForm::Keys)
             } else {
-                Printer::table(now, false, false)
+                Printer::table(now, false, ListForm::Keys)
             };
             p.print(keys, &mut Lines(lines.clone())).expect("printed");
             assert_eq!(lines.get(), n + if json { 2 } else { 1 });
@@ -509,12 +538,12 @@ mod tests {
             .into_iter()
         };
         let mut out = Vec::new();
-        match Printer::table(now, false, false).print(keys(), &mut out) {
+        match Printer::table(now, false, ListForm::Keys).print(keys(), &mut out) {
             Err(Stop::Listing { written: 0, .. }) => assert!(out.is_empty()),
             other => panic!("{other:?}"),
         }
         let mut out = Vec::new();
-        match Printer::json(now, false).print(keys(), &mut out) {
+        match Printer::json(now, ListForm::Keys).print(keys(), &mut out) {
             Err(Stop::Listing { written: 2, .. }) => {
                 let text = String::from_utf8(out).unwrap();
                 assert!(text.starts_with("[\n{\"key\":\"a\""), "{text}");

@@ -62,7 +62,7 @@ use ringlock::client::{Error, Wait, SOURCE_LEN_MAX};
 
 use args::{arg_bytes, key_arg, parse_args, Cli, ClusterCmd, Cmd, KeyFormat};
 use cluster_cmd::{cluster_nodes, cluster_status, cluster_transfer};
-use conn::{listed, reset_listed, Conn};
+use conn::{holders_stream, listed, reset_listed, Conn};
 use exit::{note, usage, Fail, EX_IOERR, EX_UNAVAILABLE};
 use failure::client_fail;
 use mysql_backend::mysql_cmd;
@@ -292,7 +292,7 @@ fn reset_keys(conn: &Conn, keys: &[OsString], force: &bool, fmt: KeyFormat) -> R
         .collect::<Result<Vec<_>, _>>()?;
     if !force {
         // Only the keys asked for are kept from the listing.
-        match conn.client.keyx_stream().and_then(|s| listed(s, &keys)) {
+        match holders_stream(&conn.client).and_then(|s| listed(s, &keys)) {
             Ok(list) => return reset_listed(conn, &keys, &list),
             // A server without KEYX (Locking-Center) has no
             // compare-and-reset either: a plain reset, said so.
@@ -356,9 +356,11 @@ fn list_keys(
     json: &bool,
     older_than: &Option<Duration>,
 ) -> Result<u8, Fail> {
-    // KEYX has token, mode and lease; a server without it (the
-    // original Locking-Center) closes at once, and KEYS still works.
-    let stream = match conn.client.keyx_stream() {
+    // KEYH lists every holder with token, mode, lease and access; a
+    // server without it has KEYX (one holder a key, no access), and one
+    // without that either (the original Locking-Center) closes at once:
+    // KEYS still works there.
+    let stream = match holders_stream(&conn.client) {
         Ok(stream) => stream,
         Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => conn
             .client
@@ -367,7 +369,7 @@ fn list_keys(
         Err(e) => return Err(client_fail(&e, "keys (admin port)")),
     };
     let now = SystemTime::now();
-    let extended = stream.extended();
+    let form = stream.form();
     // Each key is written as it arrives: memory does not grow with
     // the number of keys.
     let listed = stream.filter(|k| match (k, older_than) {
@@ -375,9 +377,9 @@ fn list_keys(
         _ => true,
     });
     let printer = if *json {
-        keys::Printer::json(now, extended)
+        keys::Printer::json(now, form)
     } else {
-        keys::Printer::table(now, *dates, extended)
+        keys::Printer::table(now, *dates, form)
     };
     let mut stdout = io::BufWriter::with_capacity(64 << 10, io::stdout().lock());
     let done = printer.print(listed, &mut stdout);

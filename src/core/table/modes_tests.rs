@@ -693,10 +693,13 @@ fn queries_see_every_holder() {
     rel(&mut tb, &mut fx, "k", 1, 10);
     assert_eq!(tb.holder_conn(b"k"), Some(2));
     assert_eq!(tb.oldest_acquired_unix_ms(), Some(at(2).unix_ms));
-    let (id, n) = tb.listing_begin(0);
+    let (id, n) = tb.listing_begin(0, ListForm::Keyx);
     assert_eq!(n, 2, "one entry per held key");
     let mut out = Vec::new();
-    assert_eq!(tb.listing_next(id, true, usize::MAX, &mut out), Step::Done);
+    assert_eq!(tb.listing_next(id, usize::MAX, &mut out), Step::Done);
+    let (id, n) = tb.listing_begin(0, ListForm::Keyh);
+    assert_eq!(n, 2, "one entry per holder");
+    assert_eq!(tb.listing_next(id, usize::MAX, &mut out), Step::Done);
     tb.check_invariants();
     // A new reader takes the free inline slot.
     acq(&mut tb, &mut fx, 4, "k", S);
@@ -713,18 +716,28 @@ fn a_listing_keeps_a_shared_key_as_it_was() {
     let mut fx = Vec::new();
     acq(&mut tb, &mut fx, 1, "k", S);
     acq(&mut tb, &mut fx, 2, "k", S);
-    let (id, n) = tb.listing_begin(at(0).unix_ms);
+    let (id, n) = tb.listing_begin(at(0).unix_ms, ListForm::Keyx);
     assert_eq!(n, 1);
+    let (every, n) = tb.listing_begin(at(0).unix_ms, ListForm::Keyh);
+    assert_eq!(n, 2);
     let mut before = Vec::new();
     tb.held_ref(tb.find_key(b"k").unwrap())
         .unwrap()
-        .encode_admin(true, at(0).unix_ms, &mut before);
-    // Its oldest holder goes, then the other: the listing still shows it.
-    rel(&mut tb, &mut fx, "k", 1, 10);
-    rel(&mut tb, &mut fx, "k", 2, 11);
+        .encode_admin(ListForm::Keyx, at(0).unix_ms, &mut before);
+    let mut both = Vec::new();
+    tb.for_each_holder_of(b"k", |h, _| {
+        h.encode_admin(ListForm::Keyh, at(0).unix_ms, &mut both)
+    });
+    // The newest holder goes, then the oldest: the listings still show
+    // them as they were.
+    rel(&mut tb, &mut fx, "k", 2, 10);
+    rel(&mut tb, &mut fx, "k", 1, 11);
     let mut out = Vec::new();
-    assert_eq!(tb.listing_next(id, true, usize::MAX, &mut out), Step::Done);
+    assert_eq!(tb.listing_next(id, usize::MAX, &mut out), Step::Done);
     assert_eq!(out, before);
+    out.clear();
+    assert_eq!(tb.listing_next(every, usize::MAX, &mut out), Step::Done);
+    assert_eq!(out, both);
     tb.check_invariants();
 }
 

@@ -74,19 +74,7 @@ pub struct EventHolder<'a> {
 
 /// The access byte of an Acquire's trailer and of an Event (re-exported
 /// by the session module).
-pub const ACCESS_EXCLUSIVE: u8 = 0;
-pub const ACCESS_SHARED: u8 = 1;
-pub const ACCESS_SEMAPHORE: u8 = 2;
-
-/// An access as it is written: `(access byte, slots)` (slots 0 unless a
-/// semaphore).
-pub fn access_bytes(a: Access) -> (u8, u32) {
-    match a {
-        Access::Exclusive => (ACCESS_EXCLUSIVE, 0),
-        Access::Shared => (ACCESS_SHARED, 0),
-        Access::Semaphore(n) => (ACCESS_SEMAPHORE, n),
-    }
-}
+pub use crate::core::types::{ACCESS_EXCLUSIVE, ACCESS_SEMAPHORE, ACCESS_SHARED};
 
 /// Appends an Event body. Panics on a name over 127 bytes (the server's
 /// names never are).
@@ -94,7 +82,7 @@ pub(super) fn encode_body(kind: EventKind, h: &EventHolder<'_>, o: &mut Vec<u8>)
     o.push(kind as u8);
     o.extend_from_slice(&h.token.to_le_bytes());
     o.push(h.hold as u8);
-    let (a, slots) = access_bytes(h.access);
+    let (a, slots) = h.access.to_bytes();
     o.push(a);
     o.extend_from_slice(&slots.to_le_bytes());
     for n in [h.key, h.source] {
@@ -112,12 +100,7 @@ pub(super) fn decode_body(b: &[u8]) -> Option<(EventKind, EventHolder<'_>)> {
     let hold = HoldMode::from_byte(*b.get(9)?)?;
     let a = *b.get(10)?;
     let slots = u32::from_le_bytes(b.get(11..15)?.try_into().ok()?);
-    let access = match (a, slots) {
-        (ACCESS_EXCLUSIVE, 0) => Access::Exclusive,
-        (ACCESS_SHARED, 0) => Access::Shared,
-        (ACCESS_SEMAPHORE, n) if n >= 1 => Access::Semaphore(n),
-        _ => return None,
-    };
+    let access = Access::from_bytes(a, slots)?;
     let mut at = 15;
     let mut name = |min: usize| {
         let n = *b.get(at)? as usize;
