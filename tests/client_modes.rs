@@ -266,7 +266,7 @@ fn a_server_without_modes_is_refused_here_before_anything_is_sent() {
 }
 
 #[test]
-fn grants_are_counted_by_access() {
+fn grants_and_holders_are_counted_by_access() {
     let s = Server::start(&["--threads", "2", "--metrics-bind", "127.0.0.1:0"]);
     let a = session(s.lock_addr);
     let by = |access: &str| {
@@ -287,4 +287,27 @@ fn grants_are_counted_by_access() {
         (by("exclusive"), by("shared"), by("semaphore")),
         (2.0, 4.0, 2.0)
     );
+
+    // The holders gauge, by access: two readers, three permits, one
+    // exclusive holder (on keys of both shards), then none.
+    let b = session(s.lock_addr);
+    let held = [
+        a.lock_shared("m-one", LONG).unwrap(),
+        b.lock_shared("m-one", LONG).unwrap(),
+        a.lock_permit("m-two", 3, LONG).unwrap(),
+        b.lock_permit("m-two", 3, LONG).unwrap(),
+        session(s.lock_addr).lock_permit("m-two", 3, LONG).unwrap(),
+        a.lock("m-three", LONG).unwrap(),
+    ];
+    let gauge = |access: &str| format!("ringlock_holders{{access=\"{access}\"}}");
+    wait_metric(s.metrics(), &gauge("shared"), 2.0);
+    wait_metric(s.metrics(), &gauge("semaphore"), 3.0);
+    wait_metric(s.metrics(), &gauge("exclusive"), 1.0);
+    assert_eq!(metric(s.metrics(), "ringlock_held_keys"), 3.0);
+    for h in held {
+        h.release().unwrap();
+    }
+    for access in ["shared", "semaphore", "exclusive"] {
+        wait_metric(s.metrics(), &gauge(access), 0.0);
+    }
 }

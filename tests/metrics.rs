@@ -25,6 +25,7 @@ fn known_updates() -> Metrics {
     m.session_request(SessionOp::Release, Status::Stale);
     m.session_request(SessionOp::Resume, Status::UnknownSession);
     m.set_held_keys(3);
+    m.set_shard_holders(0, [1, 3, 2]);
     m.set_queued_waiters(2);
     m.set_open_connections(7);
     m.grant();
@@ -64,6 +65,11 @@ fn render(m: &Metrics, now_unix_ms: u64) -> String {
 const KNOWN_RENDER: &str = r#"# HELP ringlock_held_keys Keys currently held.
 # TYPE ringlock_held_keys gauge
 ringlock_held_keys 3
+# HELP ringlock_holders Holders currently, by how they hold their key (a shared key's readers and a semaphore's holders each count).
+# TYPE ringlock_holders gauge
+ringlock_holders{access="exclusive"} 1
+ringlock_holders{access="shared"} 3
+ringlock_holders{access="semaphore"} 2
 # HELP ringlock_queued_waiters Lock requests currently queued behind a holder.
 # TYPE ringlock_queued_waiters gauge
 ringlock_queued_waiters 2

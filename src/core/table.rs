@@ -292,6 +292,10 @@ pub struct Table {
     shares_by_age: List,
     /// Keys with at least one holder.
     held: usize,
+    /// Holders of shared keys, and of semaphores (every other holder is
+    /// exclusive): [`Table::holders_by_access`].
+    shared_holders: usize,
+    semaphore_holders: usize,
     /// Key slots whose queue head may have become grantable when a waiter
     /// left the head in an operation that cannot grant (no time, no
     /// effects): granted by [`Table::grant_unblocked`]. Only shared and
@@ -397,6 +401,8 @@ impl Table {
             share_of: id_map(),
             shares_by_age: List::new(),
             held: 0,
+            shared_holders: 0,
+            semaphore_holders: 0,
             unblocked: Vec::new(),
             next_grant_id: 1,
             owners: Slab::new(),
@@ -430,6 +436,13 @@ impl Table {
     /// Holders, every holder of a shared or semaphore key counted.
     pub fn holders(&self) -> usize {
         self.by_age.len() as usize + self.shares.len()
+    }
+
+    /// Holders by how they hold their keys: `(exclusive, shared,
+    /// semaphore)`.
+    pub fn holders_by_access(&self) -> (usize, usize, usize) {
+        let (s, m) = (self.shared_holders, self.semaphore_holders);
+        (self.holders() - s - m, s, m)
     }
 
     pub fn queued_waiters(&self) -> usize {

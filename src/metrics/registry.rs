@@ -64,6 +64,8 @@ pub struct Hot {
     /// Gauges, exported as totals, plus per-shard series when there is
     /// more than one shard.
     held_keys: AtomicU64,
+    /// Holders by access: exclusive, shared, semaphore (totals only).
+    holders: [AtomicU64; 3],
     queued_waiters: AtomicU64,
     open_connections: AtomicU64,
     oldest_acquired_unix_ms: AtomicU64,
@@ -82,6 +84,7 @@ impl Hot {
             queue_wait_us: Histogram::new(&LATENCY_BOUNDS_US),
             hold_us: Histogram::new(&LATENCY_BOUNDS_US),
             held_keys: AtomicU64::new(0),
+            holders: [const { AtomicU64::new(0) }; 3],
             queued_waiters: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
             oldest_acquired_unix_ms: AtomicU64::new(0),
@@ -316,6 +319,13 @@ impl Metrics {
         h.queued_waiters.store(queued, Relaxed);
         h.open_connections.store(open, Relaxed);
         h.oldest_acquired_unix_ms.store(oldest_ms, Relaxed);
+    }
+
+    /// One shard's holders by access: exclusive, shared, semaphore.
+    pub fn set_shard_holders(&self, shard: usize, by_access: [u64; 3]) {
+        for (g, n) in self.hot[shard].holders.iter().zip(by_access) {
+            g.store(n, Relaxed);
+        }
     }
 
     /// A per-loop figure summed over every loop.

@@ -876,6 +876,9 @@ impl Shard {
             self.open_conns as u64,
             oldest,
         );
+        let (x, s, m) = self.table.holders_by_access();
+        self.metrics
+            .set_shard_holders(self.me, [x as u64, s as u64, m as u64]);
     }
 
     /// Whether the driver should receive again on this connection after

@@ -7,6 +7,7 @@ impl Table {
     /// Checks every structural invariant (tests and debug assertions).
     pub fn check_invariants(&self) {
         let mut held = 0;
+        let (mut shared, mut semaphore) = (0, 0);
         let mut inline = 0;
         let mut others = 0;
         let mut multis = 0;
@@ -28,6 +29,11 @@ impl Table {
             held += 1;
             inline += e.holder.is_some() as usize;
             let (class, slots) = (self.class(k), self.slots(k));
+            match class {
+                Class::Exclusive => {}
+                Class::Shared => shared += count as usize,
+                Class::Semaphore => semaphore += count as usize,
+            }
             match class {
                 Class::Exclusive => {
                     assert_eq!(
@@ -116,6 +122,11 @@ impl Table {
             }
         }
         assert_eq!(held, self.held, "held keys miscounted");
+        assert_eq!(
+            (shared, semaphore),
+            (self.shared_holders, self.semaphore_holders),
+            "holders by access miscounted"
+        );
         assert_eq!(inline, self.by_age.len() as usize);
         assert_eq!(others, self.shares.len(), "a share on no key's list");
         assert_eq!(multis, self.multis.len(), "a multi of no key");

@@ -234,6 +234,11 @@ impl Table {
             m.slots = n;
             m.sem_users += 1;
         }
+        match access {
+            Access::Exclusive => {}
+            Access::Shared => self.shared_holders += 1,
+            Access::Semaphore(_) => self.semaphore_holders += 1,
+        }
     }
 
     /// Bookkeeping of a holder removed from key slot `k`.
@@ -255,10 +260,15 @@ impl Table {
         }
         let m = self.keys[k as usize].multi;
         let m = &mut self.multis[m as usize];
-        if m.held_as == Class::Semaphore {
-            m.sem_users -= 1;
-            if m.sem_users == 0 {
-                m.slots = 0;
+        match m.held_as {
+            Class::Exclusive => {}
+            Class::Shared => self.shared_holders -= 1,
+            Class::Semaphore => {
+                self.semaphore_holders -= 1;
+                m.sem_users -= 1;
+                if m.sem_users == 0 {
+                    m.slots = 0;
+                }
             }
         }
         self.multi_drop_if_unused(k);

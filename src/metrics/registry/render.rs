@@ -37,6 +37,19 @@ impl Metrics {
             "Keys currently held.",
             self.sum(|h| &h.held_keys),
         );
+        header(
+            w,
+            "holders",
+            "Holders currently, by how they hold their key (a shared key's readers and a semaphore's holders each count).",
+            "gauge",
+        );
+        for (i, access) in ["exclusive", "shared", "semaphore"].iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "ringlock_holders{{access=\"{access}\"}} {}",
+                self.sum(|h| &h.holders[i])
+            );
+        }
         gauge(
             w,
             "queued_waiters",
