@@ -15,18 +15,7 @@ use common::Server;
 use ringlock::client::Client;
 
 fn cli(lock: SocketAddr, admin: SocketAddr) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-    c.env_remove("RINGLOCK_ADDR")
-        .env_remove("RINGLOCK_ADMIN_ADDR")
-        .env_remove("RINGLOCK_SOURCE")
-        .args([
-            "--addr",
-            &lock.to_string(),
-            "--admin-addr",
-            &admin.to_string(),
-        ])
-        .args(["--retry", "1s"]);
-    c
+    common::ringlock_cmd(lock, admin)
 }
 
 fn ringlock(s: &Server) -> Command {

@@ -12,14 +12,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use common::{wait_metric, Server, TempDir};
 
 fn ringlock(s: &Server) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-    c.env_remove("RINGLOCK_ADDR")
-        .env_remove("RINGLOCK_ADMIN_ADDR")
-        .env_remove("RINGLOCK_SOURCE")
-        .env_remove("RINGLOCK_AUTH_TOKEN_FILE")
-        .args(["--addr", &s.lock_addr.to_string()])
-        .args(["--retry", "1s"])
-        .stdin(Stdio::null());
+    let mut c = common::ringlock_cmd(s.lock_addr, s.admin_addr);
+    c.stdin(Stdio::null());
     c
 }
 

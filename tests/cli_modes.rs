@@ -29,15 +29,8 @@ const WAIT_FOR: &str = "wait_for() { n=0; while [ ! -e \"$1\" ]; do n=$((n+1)); 
                         [ $n -gt 6000 ] && exit 9; sleep 0.01; done; }";
 
 fn ringlock_at(lock: SocketAddr, admin: SocketAddr) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-    c.env_remove("RINGLOCK_ADDR")
-        .env_remove("RINGLOCK_ADMIN_ADDR")
-        .env_remove("RINGLOCK_SOURCE")
-        .env_remove("RINGLOCK_AUTH_TOKEN_FILE")
-        .args(["--addr", &lock.to_string()])
-        .args(["--admin-addr", &admin.to_string()])
-        .args(["--retry", "1s"])
-        .stdin(Stdio::null());
+    let mut c = common::ringlock_cmd(lock, admin);
+    c.stdin(Stdio::null());
     c
 }
 

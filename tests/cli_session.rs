@@ -22,17 +22,7 @@ use ringlock::protocol::session::HoldMode;
 const EX_LOST: i32 = 79;
 
 fn ringlock(s: &Server) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-    c.env_remove("RINGLOCK_ADDR")
-        .env_remove("RINGLOCK_ADMIN_ADDR")
-        .env_remove("RINGLOCK_SOURCE")
-        .env_remove("RINGLOCK_AUTH_TOKEN_FILE")
-        .env_remove("RINGLOCK_KEY")
-        .env_remove("RINGLOCK_TOKEN")
-        .args(["--addr", &s.lock_addr.to_string()])
-        .args(["--admin-addr", &s.admin_addr.to_string()])
-        .args(["--retry", "1s"]);
-    c
+    common::ringlock_cmd(s.lock_addr, s.admin_addr)
 }
 
 /// Starts `ringlock ARGS` with piped stdout and stderr.

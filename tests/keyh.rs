@@ -31,15 +31,8 @@ fn client(s: &Server) -> Client {
 }
 
 fn ringlock(lock: SocketAddr, admin: SocketAddr) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
-    c.env_remove("RINGLOCK_ADDR")
-        .env_remove("RINGLOCK_ADMIN_ADDR")
-        .env_remove("RINGLOCK_SOURCE")
-        .env_remove("RINGLOCK_AUTH_TOKEN_FILE")
-        .args(["--addr", &lock.to_string()])
-        .args(["--admin-addr", &admin.to_string()])
-        .args(["--retry", "1s"])
-        .stdin(Stdio::null());
+    let mut c = common::ringlock_cmd(lock, admin);
+    c.stdin(Stdio::null());
     c
 }
 

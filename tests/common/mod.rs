@@ -471,3 +471,24 @@ pub fn wait_metric(addr: SocketAddr, name: &str, want: f64) {
     }
     panic!("{name} never reached {want} (now {})", metric(addr, name));
 }
+
+/// `ringlock --addr LOCK --admin-addr ADMIN --retry 1s`, none of the
+/// environment variables that would change what it does inherited: the
+/// command line the CLI tests add their arguments to.
+pub fn ringlock_cmd(lock: SocketAddr, admin: SocketAddr) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ringlock"));
+    for var in [
+        "RINGLOCK_ADDR",
+        "RINGLOCK_ADMIN_ADDR",
+        "RINGLOCK_SOURCE",
+        "RINGLOCK_AUTH_TOKEN_FILE",
+        "RINGLOCK_KEY",
+        "RINGLOCK_TOKEN",
+    ] {
+        c.env_remove(var);
+    }
+    c.args(["--addr", &lock.to_string()])
+        .args(["--admin-addr", &admin.to_string()])
+        .args(["--retry", "1s"]);
+    c
+}

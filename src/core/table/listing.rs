@@ -59,14 +59,7 @@ impl Table {
     /// Every holder (inline ones by key slot, shares by `SHARE | index`),
     /// sorted by key and token.
     fn every_holder(&self) -> Vec<u32> {
-        let mut slots = Vec::with_capacity(self.held_keys());
-        let mut cur = self.by_age.front();
-        while let Some(k) = cur {
-            if self.keys[k as usize].holder.is_some() {
-                slots.push(k);
-            }
-            cur = List::next_of(&self.keys, k, K_AGE);
-        }
+        let mut slots = self.inline_holders();
         let mut cur = self.shares_by_age.front();
         while let Some(x) = cur {
             slots.push(SHARE | x);
@@ -83,14 +76,7 @@ impl Table {
     /// The holder that stands for each held key ([`Table::first_holder`]),
     /// sorted by key.
     fn oldest_holders(&self) -> Vec<u32> {
-        let mut held = Vec::with_capacity(self.held_keys());
-        let mut cur = self.by_age.front();
-        while let Some(k) = cur {
-            if self.keys[k as usize].holder.is_some() {
-                held.push(k);
-            }
-            cur = List::next_of(&self.keys, k, K_AGE);
-        }
+        let mut held = self.inline_holders();
         // Keys that only shares hold (their inline holder left first).
         let mut cur = self.shares_by_age.front();
         while let Some(x) = cur {
@@ -113,6 +99,19 @@ impl Table {
                 At::Share(x) => SHARE | x,
             })
             .collect()
+    }
+
+    /// The key slots with an inline holder, in grant order.
+    fn inline_holders(&self) -> Vec<u32> {
+        let mut slots = Vec::with_capacity(self.held_keys());
+        let mut cur = self.by_age.front();
+        while let Some(k) = cur {
+            if self.keys[k as usize].holder.is_some() {
+                slots.push(k);
+            }
+            cur = List::next_of(&self.keys, k, K_AGE);
+        }
+        slots
     }
 
     /// Appends the next entries of listing `id` to `out` until `out` grew
