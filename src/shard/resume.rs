@@ -7,7 +7,7 @@
 //! SessionEnd: the table's `sessions_homed`), and every hold it takes is a
 //! SessionHold record naming it, in the key's group. A follower therefore
 //! holds each such hold for the session (an owner entry tagged
-//! [`ORPHAN`]), and a new leader can give the holds back to the session's
+//! [`ORPHAN`](crate::core::table::ORPHAN)), and a new leader can give the holds back to the session's
 //! client when it sends a Resume.
 //!
 //! Rules this file keeps:
@@ -45,7 +45,6 @@ use super::msg::HeldOut;
 use super::session::{home_of, Opening, SessMsg};
 use super::{Cmd, Shard, Undo};
 use crate::core::idmap::IdMap;
-use crate::core::table::ORPHAN;
 use crate::core::{HoldMode, Name, Token, REPLICATED_SESSION};
 use crate::log::Level;
 use crate::protocol::session::{self as sp, Status};
@@ -500,9 +499,4 @@ impl Shard {
     fn election_us(&self) -> u64 {
         self.raft.as_ref().map_or(0, |r| r.election_us)
     }
-}
-
-/// Whether `tag` routes to a connection (not an orphan's).
-pub fn routable(tag: u64) -> bool {
-    tag != ORPHAN
 }

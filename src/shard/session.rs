@@ -43,6 +43,12 @@ pub fn home_of(sid: u64) -> usize {
     (sid >> 56) as usize
 }
 
+/// Whether an owner's `tag` routes to a connection (not an orphan's: see
+/// the `resume` module).
+pub fn routable(tag: u64) -> bool {
+    tag != crate::core::table::ORPHAN
+}
+
 fn table_token(owner_slot: u32, rid: u32) -> Token {
     SESS_BIT | (owner_slot as u64) << 32 | rid as u64
 }
@@ -600,7 +606,7 @@ impl Shard {
 
     /// The live session connection `home` of session `sid`, if any.
     pub(super) fn session_conn(&self, sid: u64, home: Token) -> Option<u32> {
-        if !super::resume::routable(home) {
+        if !routable(home) {
             return None;
         }
         let slot = self.conn_of(home)?;
@@ -766,7 +772,7 @@ impl Shard {
     /// are gated there).
     pub(super) fn send_home(&mut self, sid: u64, home: Token, msg: SessMsg) {
         let to = home_of(sid);
-        if !super::resume::routable(home) {
+        if !routable(home) {
             return;
         }
         if to == self.me {
