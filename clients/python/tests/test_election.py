@@ -39,10 +39,12 @@ class ProclaimCodecTest(unittest.TestCase):
         at = 9 + body[8]
         src = body[at + 1:at + 1 + body[at]]
         self.assertEqual((tok, key, src, at + 1 + body[at]), (token, b"lead", b"a:1", blen))
-        # An empty source is the protocol's (the client's IP); 127 bytes the most.
+        # An empty source is the protocol's (the client's IP); 255 bytes the
+        # most (its size byte is unsigned); a key stays 1..127.
         self.assertEqual(c.encode_proclaim(1, 1, b"k", b"")[-2:], b"k\x00")
-        self.assertEqual(len(c.encode_proclaim(1, 1, b"k", b"v" * 127)), 7 + 8 + 2 + 1 + 127)
-        for key, src in ((b"", b"v"), (b"k" * 128, b"v"), (b"k", b"v" * 128)):
+        self.assertEqual(len(c.encode_proclaim(1, 1, b"k", b"v" * 255)), 7 + 8 + 2 + 1 + 255)
+        self.assertEqual(c.encode_proclaim(1, 1, b"k", b"v" * 255)[-256], 255)
+        for key, src in ((b"", b"v"), (b"k" * 128, b"v"), (b"k", b"v" * 256)):
             with self.assertRaises(ValueError):
                 c.encode_proclaim(1, 1, key, src)
         with self.assertRaises(ValueError):
@@ -59,6 +61,16 @@ class ProclaimCodecTest(unittest.TestCase):
         self.assertEqual(c.decode_answer(f), (c.Event(3, c.EventKind.PROCLAIMED, 9,
                                                       c.HoldMode.SESSION, c.ACCESS_EXCLUSIVE,
                                                       0, b"lead", b"a:2"), len(f)))
+        # A 255-byte source (a value) comes whole; a key over 127 is malformed.
+        long = bytes(range(255))
+        f = c.encode_event(3, c.EventKind.PROCLAIMED, 9, c.HoldMode.SESSION,
+                           c.ACCESS_EXCLUSIVE, 0, b"lead", long)
+        self.assertEqual(c.decode_answer(f)[0].source, long)
+        body = bytearray(f[7:])
+        body[15] = 128  # the key's size byte
+        body[16:16 + 4] = b"k" * 128
+        with self.assertRaises(c.ProtocolError):
+            c.decode_answer(HDR.pack(0x83, 3, len(body)) + bytes(body))
         self.assertEqual(c.EventKind.PROCLAIMED.label, "proclaimed")
         self.assertFalse(c.EventKind.PROCLAIMED.ends_hold)
         self.assertEqual([k.label for k in c.EventKind if k.ends_hold],
@@ -215,12 +227,14 @@ class ElectionFakeTest(unittest.TestCase):
         sc = Script(elect_server(FLAG_PROCLAIM))
         with FakeServer(sc) as srv, ringlock.Client(srv.addr, retry=0) as cl:
             e = cl.election("lead")
-            for bad in ("", b"", "v" * 128, b"v" * 128, "é" * 64, None, 5):
+            for bad in ("", b"", "v" * 256, b"v" * 256, "é" * 128, None, 5):
                 with self.assertRaises(ringlock.InvalidArgument, msg=repr(bad)):
                     e.campaign(bad)  # type: ignore[arg-type]
             self.assertEqual(frames(sc, OP_ACQUIRE), [])
-            lead = e.campaign("v" * 127)
-            for bad in ("", "v" * 128, None):
+            lead = e.campaign("é" * 127 + "v")  # 255 bytes, the most
+            sent = frames(sc, OP_ACQUIRE)
+            self.assertEqual([acquire_source(f) for f in sent], [("é" * 127 + "v").encode()])
+            for bad in ("", "v" * 256, None):
                 with self.assertRaises(ringlock.InvalidArgument):
                     lead.proclaim(bad)  # type: ignore[arg-type]
             self.assertEqual(frames(sc, OP_PROCLAIM), [])
