@@ -89,11 +89,11 @@ fn elect_refuses_a_bad_value_and_source_before_anything_is_sent() {
     for (args, why) in [
         (
             vec!["elect", "e", "", "--", "true"],
-            "1 to 127 bytes, got 0",
+            "1 to 255 bytes, got 0",
         ),
         (
-            vec!["elect", "e", &"v".repeat(128), "--", "true"],
-            "got 128",
+            vec!["elect", "e", &"v".repeat(256), "--", "true"],
+            "elect VALUE: 1 to 255 bytes, got 256",
         ),
         (vec!["elect", "e", "v"], "<CMD>"),
         (vec!["elect", "--listen", "e", "v"], "cannot be used with"),
