@@ -904,11 +904,9 @@ fn malformed_session_bodies_answer_invalid_and_change_nothing() {
     let mut long_key = vec![8, 77, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 128];
     long_key.extend_from_slice(&[b'k'; 128]);
     long_key.push(0);
-    for (what, mut b) in [("a 128-byte key", long_key)] {
-        let blen = (b.len() - sp::HEADER) as u16;
-        b[5..7].copy_from_slice(&blen.to_le_bytes());
-        frames.push((what, b));
-    }
+    let blen = (long_key.len() - sp::HEADER) as u16;
+    long_key[5..7].copy_from_slice(&blen.to_le_bytes());
+    frames.push(("a 128-byte key", long_key));
     for (what, b) in &frames {
         a.s.write_all(b).expect("send");
         assert_eq!(a.next_push(), reply_of(77, Status::Invalid), "{what}");

@@ -134,6 +134,10 @@ pub enum SessOp {
 }
 
 /// Something for a session's client.
+// An Event carries its key and its source (up to 255 bytes) inline, as a
+// Lost its key: nothing is allocated per event; the enum is copied a few
+// times per answer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum SessOut {
     Reply {

@@ -694,10 +694,12 @@ fn long_sources_wait_for_every_peer_to_announce_them() {
     let mut nodes: Vec<Replica> = (1..=3).map(|id| replica(id, vec![1, 2, 3])).collect();
     run(&mut nodes, 60);
     let l = nodes.iter().position(|n| n.serving()).expect("a leader");
-    assert!(
-        FEATURES & FEATURE_LONG_SOURCES != 0,
-        "this version reads them"
-    );
+    const {
+        assert!(
+            FEATURES & FEATURE_LONG_SOURCES != 0,
+            "this version reads them"
+        )
+    };
     assert!(nodes[l].peers_read_long_sources() && nodes[l].peers_read_sessions());
     let (lid, term) = (l as u64 + 1, nodes[l].term());
     let other = (l + 1) % 3 + 1;

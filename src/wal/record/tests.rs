@@ -547,7 +547,6 @@ fn a_255_byte_source_roundtrips_in_every_hold_record_and_the_share_is_the_longes
         }
         encode_acquire(h.as_ref(), &mut batch);
     }
-    assert!(RECORD_MAX < SECTOR_BYTES);
     let Scan::Ok {
         records,
         valid_len,
