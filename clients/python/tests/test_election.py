@@ -471,6 +471,24 @@ class ElectionServerTest(unittest.TestCase):
                     w.election("p/t").campaign("w", timeout=0.1)
             self.assertNotIn(b"p/t", s.keyx())
 
+    def test_255_byte_values_are_campaigned_proclaimed_and_observed_whole(self) -> None:
+        v1, v2 = bytes(range(1, 256)), "é" * 127 + "!"
+        self.assertEqual((len(v1), len(v2.encode())), (255, 255))
+        for threads in (1, 2):
+            with Server(n_threads=threads) as s, ringlock.Client(s.addr) as a, \
+                    ringlock.Client(s.addr) as w:
+                with w.election("long/lead").observe() as o, \
+                        a.election("long/lead").campaign(v1) as lead:
+                    self.assertEqual(change(o), ringlock.Leader(lead.token, v1))
+                    self.assertEqual(s.keyx()[b"long/lead"].source, v1)
+                    lead.proclaim(v2)
+                    self.assertEqual(change(o), ringlock.Leader(lead.token, v2.encode()))
+                    self.assertEqual(s.keyx()[b"long/lead"].source, v2.encode())
+                    with self.assertRaises(ringlock.InvalidArgument):
+                        lead.proclaim(v2 + "x")
+                    self.assertEqual(w.election("long/lead").leader(),
+                                     ringlock.Leader(lead.token, v2.encode()))
+
 
 if __name__ == "__main__":
     unittest.main()
