@@ -332,13 +332,27 @@ fn usage_errors_send_nothing_and_exit_64() {
     let quiet = NoTraffic::new();
     let addr = quiet.addr();
     let long = "k".repeat(128);
+    // A reset's source may be up to 255 bytes (a session's).
+    let long_source = "s".repeat(256);
     for args in [
         &["lock", "", "--", "true"][..],
         &["lock", &long, "--", "true"],
         &["try-lock", "", "--", "true"],
         &["unlock", &long],
         &["reset", "ok", ""],
-        &["reset", "--source", &long],
+        &["reset", "--source", &long_source],
+        // A session's source is up to 255 bytes, a persistent lock's 127.
+        &["--source", &long_source, "lock", "k", "--", "true"],
+        &["--source", &long, "lock", "--persistent", "k", "--", "true"],
+        &[
+            "--source",
+            &long,
+            "try-lock",
+            "--persistent",
+            "k",
+            "--",
+            "true",
+        ],
         &["reset", "k", "--source", "s"],
         &["lock", "k"],
         // A missing key is a usage error, not "lock `echo`, run `hi`".

@@ -83,11 +83,11 @@ fn elect_refuses_a_bad_value_and_source_before_anything_is_sent() {
     for (args, why) in [
         (
             vec!["elect", "e", "", "--", "true"],
-            "1 to 127 bytes, got 0",
+            "1 to 255 bytes, got 0",
         ),
         (
-            vec!["elect", "e", &"v".repeat(128), "--", "true"],
-            "got 128",
+            vec!["elect", "e", &"v".repeat(256), "--", "true"],
+            "elect VALUE: 1 to 255 bytes, got 256",
         ),
         (vec!["elect", "e", "v"], "<CMD>"),
         (vec!["elect", "--listen", "e", "v"], "cannot be used with"),
@@ -130,4 +130,42 @@ fn listen_prints_a_proclaimed_value_and_keeps_the_leader() {
     assert_eq!(next(&mut lines), r#"{"leader":null}"#);
     listen.kill().unwrap();
     listen.wait().unwrap();
+}
+
+/// A value of 255 bytes (a session source's most) is taken: the leader's
+/// command sees its leadership under it, `keys` lists it, and `reset
+/// --source` with it (the admin port's RSBS: over 127 bytes) ends it.
+#[test]
+fn a_255_byte_value_is_elected_listed_and_reset_by_source() {
+    let s = Server::start(&["--threads", "2"]);
+    let value = format!("10.0.0.7:5432/{}", "v".repeat(241));
+    assert_eq!(value.len(), 255);
+    // Leads at once (nobody does), prints who leads from inside CMD.
+    let o = ringlock(&s)
+        .args(["elect", "--timeout", "0", "long-e", &value, "--"])
+        .args(["sh", "-c", "echo $RINGLOCK_TOKEN"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    // A library leader holds it; the CLI lists and resets it by its value.
+    let sess = common::session::session(s.lock_addr);
+    let l = sess
+        .election("long-e")
+        .unwrap()
+        .campaign(&value, None)
+        .unwrap();
+    let listed = ringlock(&s).args(["keys", "--json"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&format!("\"source\":\"{value}\"")),
+        "{listed:?}"
+    );
+    let o = ringlock(&s)
+        .args(["reset", "--source", &value])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    common::session::eventually("the reset took the leadership", || {
+        l.lease().lost().is_some()
+    });
+    assert!(common::keys(s.admin_addr).is_empty());
 }

@@ -120,7 +120,7 @@ fn a_reset_leadership_is_reported_lost_by_proclaim_and_bad_values_are_refused() 
     let s = Server::start(&[]);
     let a = session(s.lock_addr);
     let e = a.election("e-reset").unwrap();
-    for bad in [&b""[..], &[b'v'; 128][..]] {
+    for bad in [&b""[..], &[b'v'; 256][..]] {
         assert!(matches!(
             e.campaign(bad, None),
             Err(Error::InvalidArgument(_))
@@ -129,7 +129,7 @@ fn a_reset_leadership_is_reported_lost_by_proclaim_and_bad_values_are_refused() 
     assert!(matches!(a.election(""), Err(Error::InvalidKey(_))));
     let mut l = e.campaign("v", Some(LONG)).unwrap();
     assert!(matches!(
-        l.proclaim([b'v'; 128]),
+        l.proclaim([b'v'; 256]),
         Err(Error::InvalidArgument(_))
     ));
     let mut lc = Conn::persistent(s.lock_addr);

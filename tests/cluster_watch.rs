@@ -144,7 +144,9 @@ fn wait_line(
 /// resumed on the new leader, its command keeps running), an `elect
 /// --listen` observer carries over (resumed, watching again), and once the
 /// leader's command ends the waiting candidate (a library `Election`) is
-/// elected with a larger token, which the observer prints.
+/// elected with a larger token, which the observer prints. Both values
+/// are 255 bytes (a session source's most): replicated whole, in the
+/// SessionHold entries the new leader holds.
 #[test]
 fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
     use std::process::{Command, Stdio};
@@ -161,6 +163,9 @@ fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
         cmd
     };
     let go = c.data_path(0).with_extension("elect-go");
+    let alpha_value = format!("alpha-{}", "a".repeat(249));
+    let beta_value = format!("beta-{}", "b".repeat(250));
+    assert_eq!((alpha_value.len(), beta_value.len()), (255, 255));
     let mut listen = ringlock()
         .args(["elect", "--listen", "primary"])
         .stdout(Stdio::piped())
@@ -176,7 +181,7 @@ fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
         .args([
             "elect",
             "primary",
-            "alpha",
+            &alpha_value,
             "--keepalive",
             "10s",
             "--",
@@ -192,7 +197,7 @@ fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
         .unwrap();
     let alpha_err = lines_of(alpha.stderr.take().unwrap());
     let first = wait_line(&out, &mut said, "alpha leads", |l| l.starts_with("leader "));
-    assert!(first.ends_with(" alpha"), "{first}");
+    assert!(first.ends_with(&format!(" {alpha_value}")), "{first}");
     let ta: u64 = first.split(' ').nth(1).unwrap().parse().unwrap();
     c.kill9(l);
     let _ = c.leader(WAIT);
@@ -217,10 +222,13 @@ fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
     let e = beta.election("primary").unwrap();
     assert_eq!(
         e.leader().unwrap().map(|l| (l.token, l.value)),
-        Some((ta, b"alpha".to_vec())),
+        Some((ta, alpha_value.clone().into_bytes())),
         "alpha still leads on the new leader"
     );
-    let campaign = std::thread::spawn(move || e.campaign("beta", Some(WAIT)));
+    let campaign = {
+        let v = beta_value.clone();
+        std::thread::spawn(move || e.campaign(v, Some(WAIT)))
+    };
     // alpha's command ends: alpha resigns, beta is elected.
     std::fs::write(&go, b"").unwrap();
     let st = alpha.wait().unwrap();
@@ -233,7 +241,7 @@ fn an_election_and_its_observer_survive_kill9_of_the_leader_node() {
     let second = wait_line(&out, &mut said, "beta leads", |l| l.starts_with("leader "));
     assert_eq!(
         second,
-        format!("leader {} beta", lb.token()),
+        format!("leader {} {beta_value}", lb.token()),
         "the listener printed {said:?} (its notes: {listen_said:?})"
     );
     lb.resign().unwrap();

@@ -101,15 +101,16 @@ fn a_proclaim_changes_the_source_keeps_the_token_and_tells_the_watchers() {
             }
             assert_eq!(proclaim(&mut a, key, token, b"late").0, Status::Stale);
         }
-        // Bad bodies: invalid, nothing changed, the session goes on.
+        // Bad bodies (a key of 128 bytes, a cut body): invalid, nothing
+        // changed, the session goes on.
         let (st, token) = a.acquire("p-bad", Access::Exclusive, 0);
         assert_eq!(st, Status::Ok);
         let mut long = vec![sp::OP_PROCLAIM];
         let mut body = token.to_le_bytes().to_vec();
-        body.push(5);
-        body.extend_from_slice(b"p-bad");
         body.push(128);
-        body.extend_from_slice(&[b'v'; 128]);
+        body.extend_from_slice(&[b'k'; 128]);
+        body.push(1);
+        body.extend_from_slice(b"v");
         long.extend_from_slice(&99u32.to_le_bytes());
         long.extend_from_slice(&(body.len() as u16).to_le_bytes());
         long.extend_from_slice(&body);

@@ -701,11 +701,12 @@ fn bad_arguments_are_refused_before_any_traffic() {
     let err = Session::builder("127.0.0.1:99999").connect().unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     let err = Session::builder("127.0.0.1:1")
-        .source(vec![b's'; 128])
+        .source(vec![b's'; 256])
         .connect()
         .unwrap_err();
     assert!(
-        err.to_string().contains("a source is at most 127 bytes"),
+        err.to_string()
+            .contains("a source is at most 255 bytes, got 256"),
         "{err}"
     );
 }

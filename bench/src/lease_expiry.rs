@@ -30,7 +30,9 @@ use std::time::Instant;
 
 use std::net::SocketAddr;
 
-use ringlock::core::{Effect, Effects, HoldMode, Limits, LockMode, LockOpts, Name, Now, Table};
+use ringlock::core::{
+    Effect, Effects, HoldMode, Limits, LockMode, LockOpts, Name, Now, Source, Table,
+};
 
 /// One measured combination.
 struct Cell {
@@ -116,7 +118,7 @@ fn lock_lease(
     now: Now,
     fx: &mut Effects,
 ) -> Result<(), String> {
-    let source = Name::new(b"bench").expect("short source");
+    let source = Source::new(b"bench").expect("short source");
     let endpoint = SocketAddr::from(([127, 0, 0, 1], 1));
     let before = fx.len();
     let opts = LockOpts {

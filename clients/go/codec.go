@@ -65,8 +65,11 @@ const (
 
 	// MaxKeyLen is the longest key in bytes (a key is 1..=127 bytes).
 	MaxKeyLen = 127
-	// MaxSourceLen is the longest source name in bytes.
-	MaxSourceLen = 127
+	// MaxSourceLen is the longest source name in bytes: an Acquire's and
+	// a Proclaim's size byte of it is unsigned (the Locking-Center lock
+	// port's is signed: 127 there). A ringlockd older than 255-byte
+	// sources answers a longer one than 127 "invalid".
+	MaxSourceLen = 255
 	// MaxAuthTokenLen is the longest auth token in bytes.
 	MaxAuthTokenLen = 255
 )
@@ -403,7 +406,7 @@ var errUnknownEvent = errors.New("event of a kind this client does not know")
 // source (fields a later version appends) are skipped; anything else that
 // does not fit (a cut, an unknown hold or access, slots on an exclusive
 // or shared holder, a semaphore of 0, a key of 0 or over 127 bytes, a
-// source over 127) is an error.
+// source over 255) is an error.
 func decodeEvent(b []byte) (WatchEvent, error) {
 	if len(b) > 0 && EventKind(b[0]) > EventProclaimed {
 		return WatchEvent{}, fmt.Errorf("%w: %d", errUnknownEvent, b[0])
@@ -420,23 +423,23 @@ func decodeEvent(b []byte) (WatchEvent, error) {
 		return WatchEvent{}, fmt.Errorf("event with access %d and %d slots", b[10], access.Slots)
 	}
 	at := 15
-	name := func(min int) (string, error) {
+	name := func(min, max int) (string, error) {
 		if at >= len(b) {
 			return "", errShortBody
 		}
 		n := int(b[at])
-		if n < min || n > MaxKeyLen || at+1+n > len(b) {
+		if n < min || n > max || at+1+n > len(b) {
 			return "", fmt.Errorf("event with a name of %d bytes at %d in a body of %d", n, at, len(b))
 		}
 		s := string(b[at+1 : at+1+n])
 		at += 1 + n
 		return s, nil
 	}
-	key, err := name(1)
+	key, err := name(1, MaxKeyLen)
 	if err != nil {
 		return WatchEvent{}, err
 	}
-	src, err := name(0)
+	src, err := name(0, MaxSourceLen)
 	if err != nil {
 		return WatchEvent{}, err
 	}

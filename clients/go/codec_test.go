@@ -314,3 +314,26 @@ func TestModesFlagStatusAndAccess(t *testing.T) {
 		t.Fatal("access names")
 	}
 }
+
+// A session source (an election's value) is up to 255 bytes, its size byte
+// unsigned; a key stays 1..=127 (docs/protocol.md, "Sessions").
+func TestASourceIsUpTo255BytesAndAKeyUpTo127(t *testing.T) {
+	if MaxSourceLen != 255 || MaxValueLen != 255 || MaxKeyLen != 127 {
+		t.Fatalf("bounds: source %d, value %d, key %d", MaxSourceLen, MaxValueLen, MaxKeyLen)
+	}
+	src := strings.Repeat("\xc3", 255)
+	b := encodeProclaim(9, 7, "lead", src)
+	if at := headerLen + 8 + 1 + 4; b[at] != 255 || string(b[at+1:]) != src {
+		t.Fatalf("proclaim source size %d, %d bytes after it", b[at], len(b[at+1:]))
+	}
+	ev, err := decodeEvent(eventBody(EventProclaimed, "lead", Holder{Token: 7, Hold: HoldSession, Source: src}))
+	if err != nil || ev.Source != src || ev.Key != "lead" {
+		t.Fatalf("event: %+v %v", ev, err)
+	}
+	if err := checkValue(src); err != nil {
+		t.Fatalf("a 255-byte value refused: %v", err)
+	}
+	if err := checkValue(src + "x"); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "1..255 bytes, got 256") {
+		t.Fatalf("a 256-byte value: %v", err)
+	}
+}

@@ -20,8 +20,8 @@ import (
 //     (op 17, servers whose welcome has the proclaim flag).
 //   - Observe: a Watch of the name, read as "who leads now".
 
-// MaxValueLen is the longest election value in bytes (a value is 1..=127
-// bytes: the holder's source).
+// MaxValueLen is the longest election value in bytes (a value is 1..=255
+// bytes: the holder's source; an empty one would be the client's IP).
 const MaxValueLen = MaxSourceLen
 
 var (
@@ -89,7 +89,7 @@ func checkValue(value string) error {
 	return nil
 }
 
-// Campaign campaigns with value (1..=127 bytes: an address, an id; it is
+// Campaign campaigns with value (1..=255 bytes: an address, an id; it is
 // this Acquire's source, not the session's) and waits until this session
 // leads. Candidates are elected in the order they campaigned. The
 // leadership is a session hold: it ends with Resign, with a reset, or when
@@ -184,7 +184,7 @@ func (l *Leadership) Lost() <-chan struct{} { return l.lease.Lost() }
 // *LostError saying why it was lost.
 func (l *Leadership) Err() error { return l.lease.Err() }
 
-// Proclaim changes the leader's value to value (1..=127 bytes), keeping
+// Proclaim changes the leader's value to value (1..=255 bytes), keeping
 // the leadership and its token; every observer is told (a proclaimed
 // Event). Proclaims of one Leadership run one at a time.
 //

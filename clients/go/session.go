@@ -34,7 +34,7 @@ const helloRid = 1
 // Options configure Dial. The zero value is usable: the server's default
 // keep-alive, no auth token, the server's default source (the client's IP).
 type Options struct {
-	// Source is sent with every Acquire (0..=127 bytes) and shown by
+	// Source is sent with every Acquire (0..=255 bytes) and shown by
 	// `ringlock keys`. Empty: the server uses the client's IP address.
 	Source string
 	// AuthToken is the server's --auth-token-file secret (1..=255 bytes),

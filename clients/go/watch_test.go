@@ -81,16 +81,16 @@ func TestDecodeEventRoundtripsTruncationsAndTrailingBytes(t *testing.T) {
 	}
 	good := eventBody(EventReleased, "k", Holder{Token: 1, Hold: HoldSession, Source: "s"})
 	for name, mend := range map[string]func(b []byte){
-		"hold 3":                func(b []byte) { b[9] = 3 },
-		"access 3":              func(b []byte) { b[10] = 3 },
-		"slots on an exclusive": func(b []byte) { b[11] = 1 },
-		"slots on a shared":     func(b []byte) { b[10], b[11] = 1, 1 },
-		"a semaphore of 0":      func(b []byte) { b[10] = 2 },
-		"an empty key":          func(b []byte) { b[15] = 0 },
-		"a key of 128":          func(b []byte) { b[15] = 128 },
-		"a key past the end":    func(b []byte) { b[15] = 5 },
-		"a source of 128":       func(b []byte) { b[17] = 128 },
-		"a source past the end": func(b []byte) { b[17] = 2 },
+		"hold 3":                       func(b []byte) { b[9] = 3 },
+		"access 3":                     func(b []byte) { b[10] = 3 },
+		"slots on an exclusive":        func(b []byte) { b[11] = 1 },
+		"slots on a shared":            func(b []byte) { b[10], b[11] = 1, 1 },
+		"a semaphore of 0":             func(b []byte) { b[10] = 2 },
+		"an empty key":                 func(b []byte) { b[15] = 0 },
+		"a key of 128":                 func(b []byte) { b[15] = 128 },
+		"a key past the end":           func(b []byte) { b[15] = 5 },
+		"a source of 128 past the end": func(b []byte) { b[17] = 128 },
+		"a source past the end":        func(b []byte) { b[17] = 2 },
 	} {
 		b := append([]byte{}, good...)
 		mend(b)

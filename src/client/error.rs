@@ -18,7 +18,8 @@ pub enum Error {
         /// The offending key's length in bytes.
         len: usize,
     },
-    /// The source name is longer than 127 bytes. Raised before any network
+    /// The source name is longer than 127 bytes (a Locking-Center lock's;
+    /// 255 for a reset by source). Raised before any network
     /// traffic (at build time for the client's own source).
     InvalidSource {
         /// The offending source's length in bytes.
@@ -91,7 +92,8 @@ impl fmt::Display for Error {
             Error::InvalidSource { len } => {
                 write!(
                     f,
-                    "invalid source: {len} bytes (a source is at most 127 bytes)"
+                    "invalid source: {len} bytes (a Locking-Center source is at most 127 bytes, \
+                     a session's at most 255)"
                 )
             }
             Error::InvalidAddress { addr, reason } => {

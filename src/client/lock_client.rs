@@ -278,14 +278,51 @@ impl Client {
     }
 
     /// Operator tool: releases every key held by `source` and refuses its
-    /// queued Locks. An empty source means "my own IP address".
+    /// queued Locks. An empty source means "my own IP address". A source
+    /// of up to 127 bytes is reset on the lock port (ResetBySource, as on
+    /// any Locking-Center server); a longer one, up to 255 bytes (a
+    /// session's source: an election's value), by the admin port's `RSBS`
+    /// (a ringlockd that takes such sources; an older one refuses it:
+    /// [`Error::Refused`]). Over 255 bytes: [`Error::InvalidSource`],
+    /// nothing sent.
     pub fn reset_by_source(&self, source: impl AsRef<[u8]>) -> Result<()> {
         let source = source.as_ref();
+        if source.len() > wire::SOURCE_LEN_MAX && source.len() <= wire::SESSION_SOURCE_LEN_MAX {
+            return self.reset_by_long_source(source);
+        }
         wire::validate_source(source)?;
         self.simple(
             &wire::encode(Action::ResetBySource, source, None),
             "reset by source",
         )
+    }
+
+    /// `RSBS` of one source (128..=255 bytes): answered `+` for it and a
+    /// final `+`. Not retried once sent (a holder that took the source
+    /// since could be reset twice).
+    fn reset_by_long_source(&self, source: &[u8]) -> Result<()> {
+        let mut req = b"RSBS".to_vec();
+        req.extend_from_slice(&1u32.to_le_bytes());
+        req.push(source.len() as u8);
+        req.extend_from_slice(source);
+        let mut streak = Streak::new(self.cfg.retry);
+        let (mut conn, _) = self.connect_admin(&mut streak)?;
+        let unknown = |e: &io::Error| Error::io_context(e, "reset by source outcome unknown");
+        self.send_admin(&mut conn, &req).map_err(|e| unknown(&e))?;
+        let mut out = [0u8; 2];
+        match self.read_admin(&mut conn, &mut out) {
+            Ok(()) if out == *b"++" => Ok(()),
+            Ok(()) if out[0] == b'-' => Err(Error::Refused),
+            Ok(()) => Err(Error::Protocol(format!(
+                "RSBS answered {:?}",
+                String::from_utf8_lossy(&out)
+            ))),
+            // A server that refuses (not the leader, or too old to take
+            // such a source) answers `-` or closes.
+            Err(Error::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Refused),
+            Err(Error::Io(e)) => Err(unknown(&e)),
+            Err(other) => Err(other),
+        }
     }
 
     /// The replication state of every shard of the node behind the admin

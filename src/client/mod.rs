@@ -22,7 +22,8 @@
 //!
 //! # Invariants (what the client promises)
 //! - **A bad key never reaches the network**: empty keys, keys over 127
-//!   bytes and sources over 127 bytes fail with [`Error::InvalidKey`] /
+//!   bytes and sources over 127 bytes (255 for a reset by source) fail
+//!   with [`Error::InvalidKey`] /
 //!   [`Error::InvalidSource`] before any connection is opened.
 //! - **Exact cancellation**: when a lock wait ends by deadline or
 //!   [`CancelToken`], the client half-closes the connection

@@ -11,6 +11,9 @@ use super::error::Error;
 pub const KEY_LEN_MAX: usize = 127;
 /// Longest source name the protocol can carry (its size is one signed byte).
 pub const SOURCE_LEN_MAX: usize = 127;
+/// Longest source a session may hold under (its size byte is unsigned),
+/// which the admin port's `RSBS` can name.
+pub(crate) const SESSION_SOURCE_LEN_MAX: usize = crate::client::session::SOURCE_LEN_MAX;
 
 pub(crate) use crate::protocol::Action;
 

@@ -18,8 +18,16 @@ pub const FEATURES_FIELD: u32 = 9001;
 /// Feature bit: this node reads session records (SessionOpen, SessionEnd,
 /// SessionHold: replicated sessions).
 pub const FEATURE_SESSIONS: u64 = 1;
+/// Feature bit: this node reads records whose source is longer than 127
+/// bytes (up to 255: a session's source, an election's value). A node of
+/// an earlier version refuses an entry holding one (its scan bounds every
+/// name to 127 bytes), so a leader takes such a source only once its
+/// peers announced this ([`Replica::peers_read_long_sources`]).
+///
+/// [`Replica::peers_read_long_sources`]: super::replica::Replica::peers_read_long_sources
+pub const FEATURE_LONG_SOURCES: u64 = 2;
 /// What this version announces.
-pub const FEATURES: u64 = FEATURE_SESSIONS;
+pub const FEATURES: u64 = FEATURE_SESSIONS | FEATURE_LONG_SOURCES;
 
 /// A raft message as sent on a peer link: its protobuf encoding followed
 /// by the [`FEATURES_FIELD`] varint (a protobuf message may end with any

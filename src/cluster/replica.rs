@@ -53,7 +53,7 @@ use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 
 use super::check::{Reason, Refusal};
-use super::extensions::{decode_excluded, FEATURES_FIELD, FEATURE_SESSIONS};
+use super::extensions::{decode_excluded, FEATURES_FIELD, FEATURE_LONG_SOURCES, FEATURE_SESSIONS};
 pub use super::extensions::{encode_excluded, encode_message, EXCLUDED_FIELD};
 use super::storage::Store;
 use super::store;
@@ -546,15 +546,25 @@ impl Replica {
     /// nodes' announcements stand for (docs/cluster.md: never bring back an
     /// older version into a cluster whose sessions are replicated).
     pub fn peers_read_sessions(&self) -> bool {
+        self.peers_read(FEATURE_SESSIONS)
+    }
+
+    /// Whether a record with a source over 127 bytes may be written (a
+    /// session Acquire or Proclaim of one taken): as
+    /// [`peers_read_sessions`](Self::peers_read_sessions), for
+    /// [`FEATURE_LONG_SOURCES`]. A node of an earlier version refuses an
+    /// entry holding one and would fall behind for good.
+    pub fn peers_read_long_sources(&self) -> bool {
+        self.peers_read(FEATURE_LONG_SOURCES)
+    }
+
+    /// Every member heard from announced `feature`, and those that did,
+    /// with this node, are a majority of the voters (of both halves of a
+    /// joint configuration).
+    fn peers_read(&self, feature: u64) -> bool {
         let cs = self.node.raft.prs().conf().to_conf_state();
         let me = self.cfg.id;
-        let reads = |n: &u64| {
-            *n == me
-                || self
-                    .features
-                    .get(n)
-                    .is_some_and(|f| f & FEATURE_SESSIONS != 0)
-        };
+        let reads = |n: &u64| *n == me || self.features.get(n).is_some_and(|f| f & feature != 0);
         let known_all_read = Self::members_of(&cs)
             .filter(|n| self.features.contains_key(n))
             .all(|n| reads(&n));

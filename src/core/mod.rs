@@ -15,7 +15,7 @@ pub mod types;
 
 pub use budget::Budget;
 pub use endpoint::Endpoint;
-pub use name::{Arena, Name, NameRef, NAME_MAX};
+pub use name::{Arena, Name, NameRef, Source, KEY_MAX, LOCK_PORT_SOURCE_MAX, SOURCE_MAX};
 pub use table::Table;
 pub use types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,

@@ -59,7 +59,7 @@ use super::budget::Budget;
 use super::endpoint::Endpoint;
 use super::index::{Found, NameIndex};
 use super::list::{Link, Linked, List, NIL};
-use super::name::{Arena, Name, NameRef, NAME_MAX};
+use super::name::{Arena, Name, NameRef, KEY_MAX, SOURCE_MAX};
 use super::types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
     ListForm, LockMode, LockOpts, Now, Proclaimed, ReleaseCause, Reply, Token, NO_CONN,

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use super::list::NIL;
-use super::name::Name;
+use super::name::{Name, Source};
 /// How a granted lock is held, chosen per Acquire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum HoldMode {
@@ -364,7 +364,8 @@ pub struct Proclaimed {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldKey {
     pub key: Name,
-    pub source: Name,
+    /// Up to [`SOURCE_MAX`](super::SOURCE_MAX) bytes (a session's source).
+    pub source: Source,
     pub endpoint: SocketAddr,
     pub acquired_unix_ms: u64,
     /// Also the fencing token.
@@ -458,11 +459,13 @@ impl HeldRef<'_> {
         }
     }
 
-    /// An owned copy; `None` when a name is longer than [`NAME_MAX`](super::NAME_MAX).
+    /// An owned copy; `None` when the key is longer than
+    /// [`KEY_MAX`](super::KEY_MAX) or the source than
+    /// [`SOURCE_MAX`](super::SOURCE_MAX).
     pub fn to_owned(&self) -> Option<HeldKey> {
         Some(HeldKey {
             key: Name::new(self.key)?,
-            source: Name::new(self.source)?,
+            source: Source::new(self.source)?,
             endpoint: self.endpoint,
             acquired_unix_ms: self.acquired_unix_ms,
             grant_id: self.grant_id,

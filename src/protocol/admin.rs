@@ -60,6 +60,8 @@ pub enum BadAdmin {
     UnknownCommand([u8; 4]),
     TooMany(u32),
     EmptyKey,
+    /// A key (RSET, RSTK) over 127 bytes. An RSBS source may be up to 255
+    /// (a session's source), all a size byte can say.
     NameTooLong(u8),
 }
 
@@ -71,7 +73,7 @@ impl std::fmt::Display for BadAdmin {
             }
             BadAdmin::TooMany(n) => write!(f, "{n} names exceed the limit of {NAMES_MAX}"),
             BadAdmin::EmptyKey => write!(f, "empty key in RSET"),
-            BadAdmin::NameTooLong(n) => write!(f, "name of {n} bytes exceeds 127"),
+            BadAdmin::NameTooLong(n) => write!(f, "key of {n} bytes exceeds 127"),
         }
     }
 }
@@ -188,7 +190,7 @@ pub fn decode(buf: &[u8]) -> Decoded {
         if matches!(cmd, Command::Rset | Command::Rstk) && len == 0 {
             return Decoded::Bad(BadAdmin::EmptyKey);
         }
-        if len > 127 {
+        if cmd != Command::Rsbs && len as usize > crate::core::KEY_MAX {
             return Decoded::Bad(BadAdmin::NameTooLong(len));
         }
         at += 1 + len as usize;

@@ -186,7 +186,7 @@ fn changes_during_a_listing_leave_its_answer_as_at_the_start() {
             match i % 4 {
                 // Unlocked (grants the waiter where there is one).
                 0 => tb.unlock(i as u64, &key, later, &mut fx),
-                1 => tb.reset_by_key(None, &Name::new(key.as_bytes()).unwrap(), later, &mut fx),
+                1 => tb.reset_by_key(None, &<Name>::new(key.as_bytes()).unwrap(), later, &mut fx),
                 2 if i % 3 == 0 => {
                     let token = tb.grant_of(&key).expect("held");
                     tb.extend(NIL, &key, token, 1_000, later).expect("a lease");

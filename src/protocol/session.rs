@@ -87,6 +87,10 @@ pub const FLAG_WATCH: u8 = 4;
 /// only to a server that set it.
 pub const FLAG_PROCLAIM: u8 = 8;
 
+/// Bounds of a key (1..=127 bytes, as on the lock port) and of a source
+/// (0..=255: an Acquire's and a Proclaim's size byte of it is unsigned).
+pub use crate::core::{KEY_MAX, SOURCE_MAX};
+
 /// How a lock is shared (the lock core's own type; an Acquire's optional
 /// trailing `[u8 access][u32 slots]`).
 pub use crate::core::Access;
@@ -235,7 +239,8 @@ pub enum Req<'a> {
         keepalive_ms: u32,
         auth: &'a [u8],
     },
-    /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`,
+    /// `[u8 hold][u32 ttl_ms][u32 wait_ms][u8 keyLen][key][u8 srcLen][src]`
+    /// (a key of 1..=[`KEY_MAX`] bytes, a source of 0..=[`SOURCE_MAX`]),
     /// then optionally `[u8 access][u32 slots]` (absent: exclusive; 0
     /// exclusive and 1 shared with slots 0, 2 a semaphore of `slots` >= 1;
     /// only to a server with [`FLAG_MODES`]).
@@ -264,8 +269,9 @@ pub enum Req<'a> {
     Watch { key: &'a [u8] },
     /// `[u32 rid of the Watch][u8 keyLen][key of the Watch]`.
     Unwatch { target: u32, key: &'a [u8] },
-    /// `[u64 token][u8 keyLen][key][u8 srcLen][src]`: the hold `token` of
-    /// `key` is held under source `src` from now on, its token unchanged
+    /// `[u64 token][u8 keyLen][key][u8 srcLen][src]` (a source of
+    /// 0..=[`SOURCE_MAX`] bytes): the hold `token` of `key` is held under
+    /// source `src` from now on, its token unchanged
     /// ([`FLAG_PROCLAIM`]; an empty source is the client's IP address, as
     /// in an Acquire).
     Proclaim {
@@ -324,15 +330,23 @@ impl<'a> Body<'a> {
         self.at += 8;
         Some(u64::from_le_bytes(s.try_into().ok()?))
     }
-    /// A sized name of `min..=127` bytes.
-    fn name(&mut self, min: usize) -> Option<&'a [u8]> {
+    /// A sized name of `min..=max` bytes.
+    fn name(&mut self, min: usize, max: usize) -> Option<&'a [u8]> {
         let n = self.u8()? as usize;
-        if n < min || n > 127 {
+        if n < min || n > max {
             return None;
         }
         let s = self.b.get(self.at..self.at + n)?;
         self.at += n;
         Some(s)
+    }
+    /// A key: 1..=[`KEY_MAX`] bytes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        self.name(1, KEY_MAX)
+    }
+    /// A source: 0..=[`SOURCE_MAX`] bytes (its size byte is unsigned).
+    fn source(&mut self) -> Option<&'a [u8]> {
+        self.name(0, SOURCE_MAX)
     }
     fn done(&self) -> bool {
         self.at == self.b.len()
@@ -380,8 +394,8 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
                 HoldMode::from_byte(r.u8().ok_or("short acquire")?).ok_or("unknown hold mode")?;
             let ttl_ms = r.u32().ok_or("short acquire")?;
             let wait_ms = r.u32().ok_or("short acquire")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
-            let source = r.name(0).ok_or("source size out of range 0..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
+            let source = r.source().ok_or("source size out of range 0..=255")?;
             let access = if r.done() {
                 Access::Exclusive
             } else {
@@ -409,34 +423,34 @@ fn body(op: u8, b: &[u8]) -> Result<Req<'_>, &'static str> {
         }
         OP_RELEASE => {
             let token = r.u64().ok_or("short release")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
             Req::Release { token, key }
         }
         OP_EXTEND => {
             let token = r.u64().ok_or("short extend")?;
             let ttl_ms = r.u32().ok_or("short extend")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
             Req::Extend { token, ttl_ms, key }
         }
         OP_CANCEL => {
             let target = r.u32().ok_or("short cancel")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
             Req::Cancel { target, key }
         }
         OP_PING => Req::Ping,
         OP_WATCH => {
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
             Req::Watch { key }
         }
         OP_UNWATCH => {
             let target = r.u32().ok_or("short unwatch")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
             Req::Unwatch { target, key }
         }
         OP_PROCLAIM => {
             let token = r.u64().ok_or("short proclaim")?;
-            let key = r.name(1).ok_or("key size out of range 1..=127")?;
-            let source = r.name(0).ok_or("source size out of range 0..=127")?;
+            let key = r.key().ok_or("key size out of range 1..=127")?;
+            let source = r.source().ok_or("source size out of range 0..=255")?;
             Req::Proclaim { token, key, source }
         }
         _ => return Err("unknown op"),
@@ -486,14 +500,23 @@ fn frame(out: &mut Vec<u8>, kind: u8, rid: u32, f: impl FnOnce(&mut Vec<u8>)) {
     out[start + 5..start + 7].copy_from_slice(&(blen as u16).to_le_bytes());
 }
 
-fn put_name(out: &mut Vec<u8>, n: &[u8]) {
-    assert!(n.len() <= 127, "name too long");
+fn put_name(out: &mut Vec<u8>, n: &[u8], max: usize) {
+    assert!(n.len() <= max, "name too long");
     out.push(n.len() as u8);
     out.extend_from_slice(n);
 }
 
-/// Encodes a request (clients, load generator, tests). Panics on a name
-/// longer than 127 bytes: callers validate first.
+fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    put_name(out, key, KEY_MAX);
+}
+
+fn put_source(out: &mut Vec<u8>, source: &[u8]) {
+    put_name(out, source, SOURCE_MAX);
+}
+
+/// Encodes a request (clients, load generator, tests). Panics on a key
+/// longer than 127 bytes or a source longer than 255: callers validate
+/// first.
 pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
     let op = match req {
         Req::Hello { .. } => OP_HELLO,
@@ -545,8 +568,8 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
             o.push(hold as u8);
             o.extend_from_slice(&ttl_ms.to_le_bytes());
             o.extend_from_slice(&wait_ms.to_le_bytes());
-            put_name(o, key);
-            put_name(o, source);
+            put_key(o, key);
+            put_source(o, source);
             // Exclusive as before, with no trailer (an older server reads it).
             if access != Access::Exclusive {
                 let (a, slots) = access.to_bytes();
@@ -556,22 +579,22 @@ pub fn encode(rid: u32, req: &Req<'_>, out: &mut Vec<u8>) {
         }
         Req::Release { token, key } => {
             o.extend_from_slice(&token.to_le_bytes());
-            put_name(o, key);
+            put_key(o, key);
         }
         Req::Extend { token, ttl_ms, key } => {
             o.extend_from_slice(&token.to_le_bytes());
             o.extend_from_slice(&ttl_ms.to_le_bytes());
-            put_name(o, key);
+            put_key(o, key);
         }
         Req::Cancel { target, key } | Req::Unwatch { target, key } => {
             o.extend_from_slice(&target.to_le_bytes());
-            put_name(o, key);
+            put_key(o, key);
         }
-        Req::Watch { key } => put_name(o, key),
+        Req::Watch { key } => put_key(o, key),
         Req::Proclaim { token, key, source } => {
             o.extend_from_slice(&token.to_le_bytes());
-            put_name(o, key);
-            put_name(o, source);
+            put_key(o, key);
+            put_source(o, source);
         }
         Req::Ping => {}
     });
@@ -740,7 +763,7 @@ pub fn encode_held(
         o.extend_from_slice(&token.to_le_bytes());
         o.push(hold as u8);
         o.extend_from_slice(&ttl_left_ms.to_le_bytes());
-        put_name(o, key);
+        put_key(o, key);
     });
 }
 
@@ -772,7 +795,7 @@ pub fn encode_lost(key: &[u8], token: u64, why: LostWhy, out: &mut Vec<u8>) {
     frame(out, KIND_LOST, 0, |o| {
         o.extend_from_slice(&token.to_le_bytes());
         o.push(why as u8);
-        put_name(o, key);
+        put_key(o, key);
     });
 }
 
@@ -913,14 +936,14 @@ pub fn decode_answer(
         KIND_LOST => {
             let token = r.u64().ok_or_else(bad)?;
             let why = LostWhy::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
-            let key = r.name(1).ok_or_else(bad)?.to_vec();
+            let key = r.key().ok_or_else(bad)?.to_vec();
             Answer::Lost { key, token, why }
         }
         KIND_HELD => {
             let token = r.u64().ok_or_else(bad)?;
             let hold = HoldMode::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
             let ttl = r.u32().ok_or_else(bad)?;
-            let key = r.name(1).ok_or_else(bad)?.to_vec();
+            let key = r.key().ok_or_else(bad)?.to_vec();
             Answer::Held {
                 rid,
                 key,

@@ -386,3 +386,58 @@ proptest! {
         }
     }
 }
+
+/// The Locking-Center lock port keeps its signed sizes: a 128-byte source
+/// (size byte 0x80, -128) is bad input, whatever the session protocol
+/// takes.
+#[test]
+fn a_lock_port_source_of_128_bytes_is_still_bad_input() {
+    let mut b = vec![Action::Lock.byte(), 1, b'k', 128];
+    b.extend_from_slice(&[b's'; 128]);
+    assert_eq!(decode(&b), Decoded::Bad(BadFrame::SourceSize(-128)));
+    let mut b = vec![Action::TryLock.byte(), 1, b'k', 127];
+    b.extend_from_slice(&[b's'; 127]);
+    assert!(matches!(decode(&b), Decoded::Frame { req, .. } if req.source.len() == 127));
+    let mut b = vec![Action::ResetBySource.byte(), 128];
+    b.extend_from_slice(&[b's'; 128]);
+    assert_eq!(decode(&b), Decoded::Bad(BadFrame::SourceSize(-128)));
+}
+
+/// RSBS names a source of up to 255 bytes (a session's), so such a holder
+/// can be reset; RSET and RSTK keys stay 1..=127.
+#[test]
+fn rsbs_names_a_255_byte_source_and_rset_keys_stay_127() {
+    let frame = |cmd: &[u8], name: &[u8], token: bool| {
+        let mut b = cmd.to_vec();
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.push(name.len() as u8);
+        b.extend_from_slice(name);
+        if token {
+            b.extend_from_slice(&5u64.to_le_bytes());
+        }
+        b
+    };
+    let long = [0xeeu8; 255];
+    let b = frame(b"RSBS", &long, false);
+    assert_eq!(
+        admin::decode(&b),
+        admin::Decoded::Frame {
+            cmd: admin::Command::Rsbs,
+            count: 1,
+            len: b.len()
+        }
+    );
+    assert_eq!(admin::names(&b[8..]).collect::<Vec<_>>(), [&long[..]]);
+    assert_eq!(admin::decode(&b[..b.len() - 1]), admin::Decoded::Incomplete);
+    for (cmd, token) in [(&b"RSET"[..], false), (&b"RSTK"[..], true)] {
+        let ok = frame(cmd, &long[..127], token);
+        assert!(matches!(
+            admin::decode(&ok),
+            admin::Decoded::Frame { count: 1, .. }
+        ));
+        assert_eq!(
+            admin::decode(&frame(cmd, &long[..128], token)),
+            admin::Decoded::Bad(admin::BadAdmin::NameTooLong(128))
+        );
+    }
+}

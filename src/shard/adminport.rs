@@ -133,12 +133,20 @@ impl Shard {
         } else {
             Vec::new()
         };
-        let names: Vec<Name> = if cmd == admin::Command::Rstk {
-            Vec::new()
-        } else {
+        // RSET names keys (1..=127 bytes), RSBS sources (0..=255).
+        let names: Vec<Name> = if cmd == admin::Command::Rset {
             admin::names(body)
-                .map(|n| Name::new(n).expect("admin decoder bounds names to 127 bytes"))
+                .map(|n| Name::new(n).expect("admin decoder bounds keys to 127 bytes"))
                 .collect()
+        } else {
+            Vec::new()
+        };
+        let sources: Vec<Source> = if cmd == admin::Command::Rsbs {
+            admin::names(body)
+                .map(|n| Source::new(n).expect("a size byte says at most 255"))
+                .collect()
+        } else {
+            Vec::new()
         };
         let op = match cmd {
             admin::Command::Keys | admin::Command::Keyx | admin::Command::Keyh => {
@@ -169,7 +177,7 @@ impl Shard {
             admin::Command::Rsbs => {
                 self.metrics
                     .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
-                let mut sources = names;
+                let mut sources = sources;
                 if count == 0 {
                     sources.push(ip_name(&peer));
                 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use crate::config::LOCK_RECV_BUF;
 use crate::core::list::{Link, Linked};
-use crate::core::Name;
+use crate::core::Source;
 use crate::protocol::Action;
 
 /// A slot's generations wrap within 28 bits: the driver packs one into
@@ -80,7 +80,7 @@ pub struct Conn {
     pub peer: SocketAddr,
     /// The peer's IP as a source name (an empty wire source), formatted on
     /// first use.
-    pub peer_ip: Option<Name>,
+    pub peer_ip: Option<Source>,
     /// Opted in (action Persist) to several requests on this connection.
     /// Without it the connection is closed after its first answer.
     pub persistent: bool,

@@ -87,7 +87,7 @@ impl Shard {
                     // for the undo journal (it outlives this round).
                     let (held, _) = self.table.granted(key_slot, grant_id);
                     let lsn = log.append_acquire(held);
-                    let key = Name::new(held.key).expect("names are at most NAME_MAX");
+                    let key = Name::new(held.key).expect("keys are at most KEY_MAX");
                     self.durability
                         .journal(lsn, Undo::Acquire { key, grant_id });
                 }
@@ -132,7 +132,9 @@ impl Shard {
                     // was for the undo journal (it outlives this round).
                     let prev = self.table.released(released, grant_id);
                     let lsn = log.append_release(prev);
-                    let prev = prev.to_owned().expect("names are at most NAME_MAX");
+                    let prev = prev
+                        .to_owned()
+                        .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX");
                     self.durability.journal(lsn, Undo::Release { prev });
                 }
                 self.metrics.at(self.me).observe_hold_us(held_us);

@@ -180,8 +180,13 @@ impl Shard {
                 RemoteOp::KeysOpen { .. }
                 | RemoteOp::KeysMore { .. }
                 | RemoteOp::KeysClose { .. } => unreachable!("stream rounds are handled above"),
-                RemoteOp::ResetKeys(names) | RemoteOp::ResetSources(names) => {
-                    for _ in 0..names.len() {
+                RemoteOp::ResetKeys(_) | RemoteOp::ResetSources(_) => {
+                    let names = match &g.op {
+                        RemoteOp::ResetKeys(keys) => keys.len(),
+                        RemoteOp::ResetSources(sources) => sources.len(),
+                        _ => unreachable!("matched above"),
+                    };
+                    for _ in 0..names {
                         c.out.push(b'+');
                     }
                     c.out.push(b'+');

@@ -171,8 +171,8 @@ impl Shard {
             // Sizes were validated by the decoder (1..=127 / 0..=127).
             Decoded::Frame { req, len } => (
                 req.action,
-                Name::new(req.key).expect("decoder bounds keys to 127 bytes"),
-                Name::new(req.source).expect("decoder bounds sources to 127 bytes"),
+                <Name>::new(req.key).expect("decoder bounds keys to 127 bytes"),
+                Source::new(req.source).expect("decoder bounds sources to 127 bytes"),
                 len,
             ),
         };

@@ -65,7 +65,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::{Config, LOCK_RECV_BUF};
-use crate::core::{Effect, Effects, LockMode, Name, Now, Reply, Table, Token};
+use crate::core::{Effect, Effects, LockMode, Name, Now, Reply, Source, Table, Token};
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
@@ -975,11 +975,11 @@ impl Shard {
 }
 
 /// The peer's IP address as a source name (an empty wire source).
-pub fn ip_name(peer: &SocketAddr) -> Name {
+pub fn ip_name(peer: &SocketAddr) -> Source {
     use std::io::Write;
     let mut buf = [0u8; 64];
     let mut cur = std::io::Cursor::new(&mut buf[..]);
     write!(cur, "{}", peer.ip()).expect("an IP address fits in 64 bytes");
     let n = cur.position() as usize;
-    Name::new(&buf[..n]).expect("an IP address is shorter than 127 bytes")
+    Source::new(&buf[..n]).expect("an IP address is shorter than 255 bytes")
 }

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 
 use super::conn::Port;
-use crate::core::{Access, HoldMode, Name, Token};
+use crate::core::{Access, HoldMode, Name, Source, Token};
 use crate::protocol::session::{EventKind, LostWhy, Status};
 
 /// An operation one shard asks every shard to run on its part of the keys.
@@ -36,8 +36,9 @@ pub enum RemoteOp {
     KeysClose { stream: u64 },
     /// RSET: reset the named keys this shard owns.
     ResetKeys(Vec<Name>),
-    /// RSBS, or ResetBySource on the lock port: reset these sources.
-    ResetSources(Vec<Name>),
+    /// RSBS, or ResetBySource on the lock port: reset these sources (up
+    /// to 255 bytes: a session's source).
+    ResetSources(Vec<Source>),
     /// RSTK: reset each key this shard owns if its holder has the token.
     ResetIf(Vec<(Name, u64)>),
     /// CLST: this shard's replication state (read-only, answered at once).
@@ -102,7 +103,7 @@ pub enum SessOp {
         ttl_ms: u32,
         wait_ms: u32,
         key: Name,
-        source: Name,
+        source: Source,
         access: Access,
     },
     Release {
@@ -128,11 +129,15 @@ pub enum SessOp {
     Proclaim {
         token: u64,
         key: Name,
-        source: Name,
+        source: Source,
     },
 }
 
 /// Something for a session's client.
+// An Event carries its key and its source (up to 255 bytes) inline, as a
+// Lost its key: nothing is allocated per event; the enum is copied a few
+// times per answer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum SessOut {
     Reply {
@@ -154,7 +159,7 @@ pub enum SessOut {
         hold: HoldMode,
         access: Access,
         key: Name,
-        source: Name,
+        source: Source,
     },
 }
 

@@ -566,6 +566,17 @@ impl Shard {
         self.raft.as_ref().is_none_or(|r| r.replica.serving())
     }
 
+    /// Whether this shard may take a source over 127 bytes: always on a
+    /// single node; in a cluster once every peer announced that it reads
+    /// such records ([`Replica::peers_read_long_sources`]).
+    ///
+    /// [`Replica::peers_read_long_sources`]: crate::cluster::replica::Replica::peers_read_long_sources
+    pub(super) fn long_sources_replicated(&self) -> bool {
+        self.raft
+            .as_ref()
+            .is_none_or(|r| r.replica.peers_read_long_sources())
+    }
+
     /// `(the node this one knows as group 0's leader (0: none), this
     /// node's id)`, in cluster mode.
     pub(super) fn known_leader(&self) -> Option<(u64, u64)> {

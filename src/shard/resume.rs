@@ -250,7 +250,7 @@ impl Shard {
                 sp::NO_TTL
             };
             held.push((
-                Name::new(h.key).expect("names are at most NAME_MAX"),
+                Name::new(h.key).expect("keys are at most KEY_MAX"),
                 h.grant_id,
                 h.mode,
                 ttl,

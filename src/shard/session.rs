@@ -30,7 +30,7 @@ use std::net::SocketAddr;
 
 pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
 use super::{owner, Cmd, Shard, State, Undo};
-use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Token};
+use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Source, Token};
 use crate::log::Level;
 use crate::metrics::SessionOp;
 use crate::protocol::session::{self as sp, LostWhy, Req, Status};
@@ -316,7 +316,7 @@ impl Shard {
                     source,
                     access,
                 }) => self.check_ttl(hold, ttl_ms).map(|()| {
-                    let mut source = Name::new(source).expect("decoder bounds names");
+                    let mut source = Source::new(source).expect("decoder bounds sources");
                     if source.is_empty() {
                         source = super::ip_name(&peer);
                     }
@@ -354,7 +354,7 @@ impl Shard {
                     key: Name::new(key).expect("decoder bounds names"),
                 })),
                 Ok(Req::Proclaim { token, key, source }) => {
-                    let mut source = Name::new(source).expect("decoder bounds names");
+                    let mut source = Source::new(source).expect("decoder bounds sources");
                     if source.is_empty() {
                         source = super::ip_name(&peer);
                     }
@@ -628,6 +628,15 @@ impl Shard {
             self.send_home(sid, home, SessMsg::Detach { sid, home });
             return;
         }
+        if let SessOp::Acquire { source, .. } | SessOp::Proclaim { source, .. } = &op {
+            if source.len() > crate::core::LOCK_PORT_SOURCE_MAX && !self.long_sources_replicated() {
+                // A peer of an earlier version could not read its record
+                // (answered as that version answers such a source).
+                self.count_sess(op.kind(), Status::Invalid);
+                self.send_out(sid, home, reply(rid, Status::Invalid));
+                return;
+            }
+        }
         let op = match op {
             SessOp::Watch { key } => return self.watch_op(sid, home, rid, key),
             SessOp::Unwatch { target, key } => return self.unwatch_op(sid, home, rid, target, key),
@@ -820,7 +829,7 @@ impl Shard {
             } if holder_conn & SESS_BIT != 0 => {
                 // A Lost push (rare): the key's name is copied into it.
                 let key = crate::core::Name::new(self.table.released(released, grant_id).key)
-                    .expect("names are at most NAME_MAX");
+                    .expect("keys are at most KEY_MAX");
                 if !cause.forced() {
                     return;
                 }

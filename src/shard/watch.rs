@@ -16,7 +16,7 @@ use super::msg::SessOut;
 use super::session::reply;
 use super::watchset::Watcher;
 use super::Shard;
-use crate::core::{Effect, HeldRef, Name, ReleaseCause, Token};
+use crate::core::{Effect, HeldRef, Name, ReleaseCause, Source, Token};
 use crate::metrics::SessionOp;
 use crate::protocol::session::{EventKind, Status};
 
@@ -156,7 +156,7 @@ fn event(rid: u32, kind: EventKind, h: &HeldRef<'_>) -> SessOut {
         token: h.grant_id,
         hold: h.mode,
         access: h.access,
-        key: Name::new(h.key).expect("names are at most NAME_MAX"),
-        source: Name::new(h.source).expect("names are at most NAME_MAX"),
+        key: Name::new(h.key).expect("keys are at most KEY_MAX"),
+        source: Source::new(h.source).expect("sources are at most SOURCE_MAX"),
     }
 }

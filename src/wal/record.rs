@@ -17,8 +17,12 @@
 //! 9      ..   payload
 //! ```
 //!
-//! Integers are little-endian. Names are `len u8 · bytes` (keys 1..=127
-//! bytes, sources 0..=127).
+//! Integers are little-endian. Names are `len u8 · bytes`: keys 1..=127
+//! bytes, sources 0..=255 (a session's source, an election's value, may be
+//! up to 255 bytes; the lock port's are at most 127). A record with a
+//! source over 127 bytes is refused by servers that predate such sources
+//! (their scan bounds every name to 127 bytes, and their longest record
+//! was shorter): a log holding one is not readable by them (docs/wal.md).
 //!
 //! - **Acquire** (6; a persistent hold): `grant_id u64 · acquired_unix_ms
 //!   u64 · key · source · endpoint`.
@@ -102,13 +106,20 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::ops::ControlFlow;
 
-use crate::core::{Access, HeldKey, HeldRef, HoldMode, Name};
+use crate::core::{Access, HeldKey, HeldRef, HoldMode, Name, KEY_MAX, SOURCE_MAX};
 
 pub const MAGIC: &[u8; 8] = b"RLWAL\0\0\x01";
 pub const HEADER: usize = 8;
-/// The longest record (a version-1 Hold): header, type, three u64, a mode
-/// byte, three sized strings.
-pub const RECORD_MAX: usize = HEADER + 1 + 25 + 3 * (1 + 127);
+/// The longest record (a Share of the longest key and source, IPv6
+/// endpoint): header, type, 38 bytes of fields, a key of [`KEY_MAX`] and a
+/// source of [`SOURCE_MAX`] bytes with their sizes, a 23-byte endpoint.
+pub const RECORD_MAX: usize = HEADER + 1 + 38 + (1 + KEY_MAX) + (1 + SOURCE_MAX) + 23;
+/// The longest name of a version-1 record: servers that wrote them bounded
+/// every name (the text endpoint too) to 127 bytes.
+const V1_NAME_MAX: usize = 127;
+// A version-1 Hold (header, type, three u64, a mode byte, three names)
+// fits too.
+const _: () = assert!(HEADER + 1 + 25 + 3 * (1 + V1_NAME_MAX) <= RECORD_MAX);
 
 /// The unit a disk writes atomically, at least: a torn write loses whole
 /// sectors (4 KiB devices lose eight of these at a time).
@@ -158,7 +169,9 @@ const SHARE_SHARED: u8 = 1;
 const SHARE_SEMAPHORE: u8 = 2;
 
 /// An owned record, as [`scan`] collects them (tests and tools; recovery
-/// uses [`scan_each`] and borrows instead).
+/// uses [`scan_each`] and borrows instead, so an Acquire's inline names,
+/// a 255-byte source's included, cost nothing on the hot path).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Acquire(HeldKey),
@@ -262,8 +275,10 @@ pub fn acquire_len(h: HeldRef<'_>) -> usize {
     HEADER + 1 + 16 + hold + 1 + h.key.len() + 1 + h.source.len() + endpoint_len(&h.endpoint)
 }
 
-fn put_name(out: &mut Vec<u8>, n: &[u8]) {
-    debug_assert!(n.len() <= 127);
+/// Appends a name of at most `max` bytes ([`KEY_MAX`] for a key,
+/// [`SOURCE_MAX`] for a source).
+fn put_name(out: &mut Vec<u8>, n: &[u8], max: usize) {
+    debug_assert!(n.len() <= max, "a name of {} bytes, over {max}", n.len());
     out.push(n.len() as u8);
     out.extend_from_slice(n);
 }
@@ -311,8 +326,8 @@ pub fn encode_acquire(h: HeldRef<'_>, out: &mut Vec<u8>) {
         out.push(h.mode as u8);
         out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
     }
-    put_name(out, h.key);
-    put_name(out, h.source);
+    put_name(out, h.key, KEY_MAX);
+    put_name(out, h.source, SOURCE_MAX);
     put_endpoint(out, &h.endpoint);
     seal(out, start);
     debug_assert_eq!(out.len() - start, acquire_len(h));
@@ -335,8 +350,8 @@ fn encode_share(h: HeldRef<'_>, out: &mut Vec<u8>) {
     };
     out.push(a);
     out.extend_from_slice(&n.to_le_bytes());
-    put_name(out, h.key);
-    put_name(out, h.source);
+    put_name(out, h.key, KEY_MAX);
+    put_name(out, h.source, SOURCE_MAX);
     put_endpoint(out, &h.endpoint);
     seal(out, start);
     debug_assert_eq!(out.len() - start, acquire_len(h));
@@ -355,9 +370,9 @@ pub fn encode_acquire_v1(h: HeldRef<'_>, out: &mut Vec<u8>) {
         out.push(h.mode as u8);
         out.extend_from_slice(&h.expires_unix_ms.to_le_bytes());
     }
-    put_name(out, h.key);
-    put_name(out, h.source);
-    put_name(out, h.endpoint.to_string().as_bytes());
+    put_name(out, h.key, V1_NAME_MAX);
+    put_name(out, h.source, V1_NAME_MAX);
+    put_name(out, h.endpoint.to_string().as_bytes(), V1_NAME_MAX);
     seal(out, start);
 }
 
@@ -392,7 +407,7 @@ pub fn encode_extend(key: &[u8], grant_id: u64, expires_unix_ms: u64, out: &mut 
     out.push(EXTEND);
     out.extend_from_slice(&grant_id.to_le_bytes());
     out.extend_from_slice(&expires_unix_ms.to_le_bytes());
-    put_name(out, key);
+    put_name(out, key, KEY_MAX);
     seal(out, start);
 }
 
@@ -401,7 +416,7 @@ pub fn encode_release(key: &[u8], grant_id: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0u8; HEADER]);
     out.push(RELEASE);
     out.extend_from_slice(&grant_id.to_le_bytes());
-    put_name(out, key);
+    put_name(out, key, KEY_MAX);
     seal(out, start);
 }
 
@@ -435,13 +450,19 @@ impl<'a> Body<'a> {
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn name(&mut self) -> Option<&'a [u8]> {
+    /// A sized name of at most `max` bytes: a key's [`KEY_MAX`], a
+    /// source's [`SOURCE_MAX`] (as on the session protocol), every name
+    /// of a version-1 record [`V1_NAME_MAX`].
+    fn name(&mut self, max: usize) -> Option<&'a [u8]> {
         let len = self.u8()? as usize;
-        // A name is at most 127 bytes, like on the wire.
-        if len > crate::core::NAME_MAX {
+        if len > max {
             return None;
         }
         self.take(len)
+    }
+    /// A key: 1..=[`KEY_MAX`] bytes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        self.name(KEY_MAX).filter(|k| !k.is_empty())
     }
     fn endpoint(&mut self) -> Option<SocketAddr> {
         match self.u8()? {
@@ -464,7 +485,10 @@ impl<'a> Body<'a> {
         }
     }
     fn text_endpoint(&mut self) -> Option<SocketAddr> {
-        std::str::from_utf8(self.name()?).ok()?.parse().ok()
+        std::str::from_utf8(self.name(V1_NAME_MAX)?)
+            .ok()?
+            .parse()
+            .ok()
     }
     fn done(&self) -> bool {
         self.0.is_empty()
@@ -494,8 +518,8 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
                 (SHARE_SEMAPHORE, n) if n >= 1 => Access::Semaphore(n),
                 _ => return None,
             };
-            let key = b.name().filter(|k| !k.is_empty())?;
-            let source = b.name()?;
+            let key = b.key()?;
+            let source = b.name(SOURCE_MAX)?;
             let endpoint = b.endpoint()?;
             RecordRef::Acquire(HeldRef {
                 key,
@@ -524,16 +548,14 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
             } else {
                 0
             };
-            let key = b.name()?;
-            let source = b.name()?;
-            let endpoint = if ty == ACQUIRE || ty == HOLD || ty == SESSION_HOLD {
-                b.endpoint()?
-            } else {
+            let v1 = ty == ACQUIRE_V1 || ty == HOLD_V1;
+            let key = b.key()?;
+            let source = b.name(if v1 { V1_NAME_MAX } else { SOURCE_MAX })?;
+            let endpoint = if v1 {
                 b.text_endpoint()?
+            } else {
+                b.endpoint()?
             };
-            if key.is_empty() {
-                return None;
-            }
             RecordRef::Acquire(HeldRef {
                 key,
                 source,
@@ -548,7 +570,7 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
         }
         EXTEND => {
             let expires_unix_ms = b.u64()?;
-            let key = b.name().filter(|k| !k.is_empty())?;
+            let key = b.key()?;
             RecordRef::Extend {
                 key,
                 grant_id,
@@ -556,7 +578,7 @@ fn parse_body(body: &[u8]) -> Option<RecordRef<'_>> {
             }
         }
         RELEASE => RecordRef::Release {
-            key: b.name().filter(|k| !k.is_empty())?,
+            key: b.key()?,
             grant_id,
         },
         GRANT_MARK => RecordRef::GrantMark {
@@ -618,7 +640,10 @@ pub enum Scanned {
 pub fn scan(data: &[u8]) -> Scan {
     let mut records = Vec::new();
     match scan_each(data, |r| {
-        records.push(r.to_owned().expect("the scan bounds names to 127 bytes"));
+        records.push(
+            r.to_owned()
+                .expect("the scan bounds keys and sources as names are"),
+        );
         ControlFlow::Continue(())
     }) {
         Scanned::Ok {

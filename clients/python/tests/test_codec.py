@@ -37,7 +37,11 @@ class EncodeTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"x" * 128, b"")
         with self.assertRaises(ValueError):
-            c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"k", b"s" * 128)
+            c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"k", b"s" * 256)
+        # A source is up to 255 bytes (its size byte unsigned), a key 127.
+        f = c.encode_acquire(2, c.HoldMode.SESSION, 0, 0, b"k" * 127, b"s" * 255)
+        self.assertEqual(f[-256:], b"\xff" + b"s" * 255)
+        self.assertEqual(len(f), 7 + 9 + 128 + 256)
         with self.assertRaises(ValueError):
             c.encode_release(2, -1, b"k")
         with self.assertRaises(ValueError):

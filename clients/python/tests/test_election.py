@@ -39,10 +39,12 @@ class ProclaimCodecTest(unittest.TestCase):
         at = 9 + body[8]
         src = body[at + 1:at + 1 + body[at]]
         self.assertEqual((tok, key, src, at + 1 + body[at]), (token, b"lead", b"a:1", blen))
-        # An empty source is the protocol's (the client's IP); 127 bytes the most.
+        # An empty source is the protocol's (the client's IP); 255 bytes the
+        # most (its size byte is unsigned); a key stays 1..127.
         self.assertEqual(c.encode_proclaim(1, 1, b"k", b"")[-2:], b"k\x00")
-        self.assertEqual(len(c.encode_proclaim(1, 1, b"k", b"v" * 127)), 7 + 8 + 2 + 1 + 127)
-        for key, src in ((b"", b"v"), (b"k" * 128, b"v"), (b"k", b"v" * 128)):
+        self.assertEqual(len(c.encode_proclaim(1, 1, b"k", b"v" * 255)), 7 + 8 + 2 + 1 + 255)
+        self.assertEqual(c.encode_proclaim(1, 1, b"k", b"v" * 255)[-256], 255)
+        for key, src in ((b"", b"v"), (b"k" * 128, b"v"), (b"k", b"v" * 256)):
             with self.assertRaises(ValueError):
                 c.encode_proclaim(1, 1, key, src)
         with self.assertRaises(ValueError):
@@ -59,6 +61,16 @@ class ProclaimCodecTest(unittest.TestCase):
         self.assertEqual(c.decode_answer(f), (c.Event(3, c.EventKind.PROCLAIMED, 9,
                                                       c.HoldMode.SESSION, c.ACCESS_EXCLUSIVE,
                                                       0, b"lead", b"a:2"), len(f)))
+        # A 255-byte source (a value) comes whole; a key over 127 is malformed.
+        long = bytes(range(255))
+        f = c.encode_event(3, c.EventKind.PROCLAIMED, 9, c.HoldMode.SESSION,
+                           c.ACCESS_EXCLUSIVE, 0, b"lead", long)
+        self.assertEqual(c.decode_answer(f)[0].source, long)
+        body = bytearray(f[7:])
+        body[15] = 128  # the key's size byte
+        body[16:16 + 4] = b"k" * 128
+        with self.assertRaises(c.ProtocolError):
+            c.decode_answer(HDR.pack(0x83, 3, len(body)) + bytes(body))
         self.assertEqual(c.EventKind.PROCLAIMED.label, "proclaimed")
         self.assertFalse(c.EventKind.PROCLAIMED.ends_hold)
         self.assertEqual([k.label for k in c.EventKind if k.ends_hold],
@@ -215,12 +227,14 @@ class ElectionFakeTest(unittest.TestCase):
         sc = Script(elect_server(FLAG_PROCLAIM))
         with FakeServer(sc) as srv, ringlock.Client(srv.addr, retry=0) as cl:
             e = cl.election("lead")
-            for bad in ("", b"", "v" * 128, b"v" * 128, "é" * 64, None, 5):
+            for bad in ("", b"", "v" * 256, b"v" * 256, "é" * 128, None, 5):
                 with self.assertRaises(ringlock.InvalidArgument, msg=repr(bad)):
                     e.campaign(bad)  # type: ignore[arg-type]
             self.assertEqual(frames(sc, OP_ACQUIRE), [])
-            lead = e.campaign("v" * 127)
-            for bad in ("", "v" * 128, None):
+            lead = e.campaign("é" * 127 + "v")  # 255 bytes, the most
+            sent = frames(sc, OP_ACQUIRE)
+            self.assertEqual([acquire_source(f) for f in sent], [("é" * 127 + "v").encode()])
+            for bad in ("", "v" * 256, None):
                 with self.assertRaises(ringlock.InvalidArgument):
                     lead.proclaim(bad)  # type: ignore[arg-type]
             self.assertEqual(frames(sc, OP_PROCLAIM), [])
@@ -456,6 +470,24 @@ class ElectionServerTest(unittest.TestCase):
                 with self.assertRaises(ringlock.LockTimeout):
                     w.election("p/t").campaign("w", timeout=0.1)
             self.assertNotIn(b"p/t", s.keyx())
+
+    def test_255_byte_values_are_campaigned_proclaimed_and_observed_whole(self) -> None:
+        v1, v2 = bytes(range(1, 256)), "é" * 127 + "!"
+        self.assertEqual((len(v1), len(v2.encode())), (255, 255))
+        for threads in (1, 2):
+            with Server(n_threads=threads) as s, ringlock.Client(s.addr) as a, \
+                    ringlock.Client(s.addr) as w:
+                with w.election("long/lead").observe() as o, \
+                        a.election("long/lead").campaign(v1) as lead:
+                    self.assertEqual(change(o), ringlock.Leader(lead.token, v1))
+                    self.assertEqual(s.keyx()[b"long/lead"].source, v1)
+                    lead.proclaim(v2)
+                    self.assertEqual(change(o), ringlock.Leader(lead.token, v2.encode()))
+                    self.assertEqual(s.keyx()[b"long/lead"].source, v2.encode())
+                    with self.assertRaises(ringlock.InvalidArgument):
+                        lead.proclaim(v2 + "x")
+                    self.assertEqual(w.election("long/lead").leader(),
+                                     ringlock.Leader(lead.token, v2.encode()))
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ pub(crate) struct Cli {
     #[arg(long, env = "RINGLOCK_ADMIN_ADDR", value_name = "HOST[:PORT]")]
     pub(crate) admin_addr: Option<String>,
 
-    /// Source name sent with lock and try-lock, shown by `keys` [default: the server uses your IP]
+    /// Source name sent with lock and try-lock (up to 255 bytes; 127 with --persistent), shown by `keys` [default: the server uses your IP]
     #[arg(long, env = "RINGLOCK_SOURCE", value_name = "NAME")]
     pub(crate) source: Option<OsString>,
 
@@ -291,7 +291,7 @@ pub(crate) enum Cmd {
     /// Leader election: campaign for NAME with VALUE and run CMD while leader; --listen prints the leader
     ///
     /// A campaign is a session lock on the key NAME whose source is VALUE
-    /// (1 to 127 bytes): candidates are elected in the order they
+    /// (1 to 255 bytes): candidates are elected in the order they
     /// campaigned, and when the leader's CMD ends, or ringlock dies, its
     /// session ends and the next candidate is elected at once. CMD gets
     /// RINGLOCK_TOKEN, the leadership's fencing token. A leader that loses
@@ -323,7 +323,7 @@ pub(crate) enum Cmd {
         /// The election's name (the key campaigned for)
         #[arg(value_name = "NAME")]
         name: OsString,
-        /// What the leader proclaims (its source, 1 to 127 bytes)
+        /// What the leader proclaims (its source, 1 to 255 bytes)
         #[arg(value_name = "VALUE", required_unless_present = "listen")]
         value: Option<OsString>,
         /// The command to run while leader (after `--`)

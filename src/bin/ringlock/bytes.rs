@@ -1,4 +1,4 @@
-//! Keys and sources are arbitrary bytes (1..=127 of them). This module
+//! Keys (1..=127 bytes) and sources (0..=255) are arbitrary bytes. This module
 //! turns them into text that is safe on a terminal and back.
 //!
 //! The escaped form (what `ringlock keys` prints, and what

@@ -88,8 +88,16 @@ impl Conn {
         };
         let retry_asked = matches.value_source("retry") == Some(ValueSource::CommandLine);
         let build = |retry: RetryPolicy, quick: bool| {
+            // The lock port's source: a persistent lock's, at most 127
+            // bytes (main refuses a longer one for it); a session's (up to
+            // 255) is not sent there.
+            let lc_source = if source.len() <= ringlock::client::SOURCE_LEN_MAX {
+                source.clone()
+            } else {
+                Vec::new()
+            };
             let mut b = Client::builder(cli.addr.as_str())
-                .source(source.clone())
+                .source(lc_source)
                 .retry(retry)
                 .on_retry(retry::handler(retry_asked));
             if let Some(t) = &auth {

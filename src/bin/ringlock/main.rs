@@ -58,6 +58,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{ArgMatches, CommandFactory};
+use ringlock::client::session::SOURCE_LEN_MAX as SESSION_SOURCE_LEN_MAX;
 use ringlock::client::{Error, Wait, SOURCE_LEN_MAX};
 
 use args::{arg_bytes, key_arg, parse_args, Cli, ClusterCmd, Cmd, KeyFormat};
@@ -121,6 +122,14 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     if ringlock::mysql::is_mysql_addr(&cli.addr) {
         return mysql_cmd(&cli, fmt);
     }
+    // A session's source may be up to 255 bytes; a persistent lock's (the
+    // Locking-Center lock port's) up to 127, checked where one is taken.
+    if source.len() > SESSION_SOURCE_LEN_MAX {
+        return Err(usage(format!(
+            "--source: at most {SESSION_SOURCE_LEN_MAX} bytes, got {}",
+            source.len()
+        )));
+    }
     // A candidate's value is its session's source.
     let source = match &cli.cmd {
         Cmd::Elect {
@@ -134,9 +143,9 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                 ));
             }
             let v = arg_bytes(v, fmt).map_err(|e| usage(format!("elect VALUE: {e}")))?;
-            if v.is_empty() || v.len() > SOURCE_LEN_MAX {
+            if v.is_empty() || v.len() > SESSION_SOURCE_LEN_MAX {
                 return Err(usage(format!(
-                    "elect VALUE: 1 to {SOURCE_LEN_MAX} bytes, got {}",
+                    "elect VALUE: 1 to {SESSION_SOURCE_LEN_MAX} bytes, got {}",
                     v.len()
                 )));
             }
@@ -156,6 +165,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
             // flock -w 0: never queue behind a holder.
             let try_only = timeout.is_some_and(|t| t.is_zero());
             if hold.persistent {
+                persistent_source(&conn)?;
                 let t = if try_only { None } else { *timeout };
                 return lock_and_run(&conn, &key, t, command, try_only);
             }
@@ -169,6 +179,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Cmd::TryLock { key, hold, command } => {
             let key = key_arg(key, fmt)?;
             if hold.persistent {
+                persistent_source(&conn)?;
                 return lock_and_run(&conn, &key, None, command, true);
             }
             session_lock_and_run(&conn, &key, Wait::Try, hold, command)
@@ -322,10 +333,24 @@ fn reset_keys(conn: &Conn, keys: &[OsString], force: &bool, fmt: KeyFormat) -> R
     Ok(0)
 }
 
-/// `reset --source SRC`, with a note when SRC held nothing.
+/// A persistent lock is a Locking-Center lock: its source (`--source`)
+/// is at most 127 bytes.
+fn persistent_source(conn: &Conn) -> Result<(), Fail> {
+    if conn.source.len() > SOURCE_LEN_MAX {
+        return Err(usage(format!(
+            "--source: a persistent lock's (the Locking-Center lock port's) is at most \
+             {SOURCE_LEN_MAX} bytes, got {}",
+            conn.source.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `reset --source SRC`, with a note when SRC held nothing. A SRC of
+/// 128..=255 bytes (a session's) is reset by the admin port's RSBS.
 fn reset_source(conn: &Conn, src: &OsStr, fmt: KeyFormat) -> Result<u8, Fail> {
     let src = arg_bytes(src, fmt).map_err(|e| usage(format!("--source: {e}")))?;
-    if src.len() > SOURCE_LEN_MAX {
+    if src.len() > SESSION_SOURCE_LEN_MAX {
         return Err(client_fail(
             &Error::InvalidSource { len: src.len() },
             "reset --source",

@@ -17,8 +17,9 @@ use super::{check_key, Acquire, Hold, LockOptions, Session, Wait};
 use crate::lease::{cause_msg, Error, Lease, LostLock, LostReason, Result};
 use crate::protocol::session::{self as wire, Access, EventKind, Req, Status};
 
-/// The longest value: a holder's source, 1..=127 bytes.
-pub const VALUE_MAX: usize = 127;
+/// The longest value: a holder's source on the session protocol, 1..=255
+/// bytes (an empty source would be the client's IP address).
+pub const VALUE_MAX: usize = super::SOURCE_LEN_MAX;
 
 /// An election: a name on one session's server. Made by
 /// [`Session::election`]; cheap to clone.
@@ -92,7 +93,7 @@ impl Election {
         &self.name
     }
 
-    /// Campaigns with `value` (1..=127 bytes) and waits to lead, up to
+    /// Campaigns with `value` (1..=255 bytes) and waits to lead, up to
     /// `timeout` (`None`: until elected or the session ends). Candidates
     /// are elected in the order they campaigned. `Err(Error::Timeout)`
     /// when `timeout` passed first (the campaign is withdrawn).
@@ -179,7 +180,7 @@ impl Leadership {
         &self.lease
     }
 
-    /// Changes the leader's value to `value` (1..=127 bytes), keeping the
+    /// Changes the leader's value to `value` (1..=255 bytes), keeping the
     /// leadership and its token; every observer is told. Waits for the
     /// server's answer up to the session's release timeout. Errors: a
     /// server without Proclaim ([`Error::Unsupported`], nothing sent);

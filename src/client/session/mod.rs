@@ -186,8 +186,12 @@ pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest key (bytes), as in the Locking-Center protocol.
 pub const KEY_LEN_MAX: usize = 127;
-/// Longest source name (bytes).
-pub const SOURCE_LEN_MAX: usize = 127;
+/// Longest source name (bytes): a session's size byte of it is unsigned,
+/// so up to 255 (the Locking-Center lock port's is 127,
+/// [`crate::client::SOURCE_LEN_MAX`]). A ringlockd older than 255-byte
+/// sources answers a longer one `invalid`, as does a cluster leader while
+/// a member of such a version is in the cluster.
+pub const SOURCE_LEN_MAX: usize = 255;
 /// Longest auth token (bytes).
 pub const AUTH_LEN_MAX: usize = 255;
 
@@ -256,7 +260,7 @@ pub struct SessionBuilder {
 }
 
 impl SessionBuilder {
-    /// The source name sent with every Acquire (0..=127 bytes), shown by
+    /// The source name sent with every Acquire (0..=255 bytes), shown by
     /// `ringlock keys`. Empty (the default) lets the server use the
     /// client's IP address.
     pub fn source(mut self, source: impl Into<Vec<u8>>) -> Self {
@@ -669,6 +673,12 @@ impl Session {
     ) -> Result<Lease> {
         check_key(key)?;
         let key_text = String::from_utf8_lossy(key).into_owned();
+        if let Some(s) = source.filter(|s| s.len() > SOURCE_LEN_MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "a source is at most {SOURCE_LEN_MAX} bytes, got {} (key {key_text:?})",
+                s.len()
+            )));
+        }
         let access = what.access;
         if access == Access::Semaphore(0) {
             return Err(Error::InvalidArgument(format!(

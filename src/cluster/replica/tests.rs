@@ -683,3 +683,52 @@ fn a_vote_nobody_was_asked_for_is_refused() {
     assert_eq!(nodes[f].step(oid, &encode_message(&vote)), Ok(vec![]));
     assert!(nodes[f].is_leader());
 }
+
+/// A leader takes a source over 127 bytes only while its peers announce
+/// that they read one (FEATURE_LONG_SOURCES): a peer of an earlier version
+/// (announcing sessions only) would refuse the entry and fall behind.
+/// Sessions are gated apart: that peer still reads session records.
+#[test]
+fn long_sources_wait_for_every_peer_to_announce_them() {
+    use super::super::extensions::FEATURES;
+    let mut nodes: Vec<Replica> = (1..=3).map(|id| replica(id, vec![1, 2, 3])).collect();
+    run(&mut nodes, 60);
+    let l = nodes.iter().position(|n| n.serving()).expect("a leader");
+    const {
+        assert!(
+            FEATURES & FEATURE_LONG_SOURCES != 0,
+            "this version reads them"
+        )
+    };
+    assert!(nodes[l].peers_read_long_sources() && nodes[l].peers_read_sessions());
+    let (lid, term) = (l as u64 + 1, nodes[l].term());
+    let other = (l + 1) % 3 + 1;
+    // A heartbeat answer from `other` announcing `features`.
+    let answer = |features: u64| {
+        let mut b = msg(MessageType::MsgHeartbeatResponse, other as u64, lid, term)
+            .write_to_bytes()
+            .unwrap();
+        // The features field, as a varint key and a varint value.
+        for mut x in [u64::from(FEATURES_FIELD) << 3, features] {
+            while x >= 0x80 {
+                b.push((x as u8 & 0x7f) | 0x80);
+                x >>= 7;
+            }
+            b.push(x as u8);
+        }
+        b
+    };
+    nodes[l]
+        .step(other as u64, &answer(FEATURE_SESSIONS))
+        .unwrap();
+    assert!(
+        !nodes[l].peers_read_long_sources(),
+        "an older peer was heard"
+    );
+    assert!(nodes[l].peers_read_sessions());
+    nodes[l].step(other as u64, &answer(FEATURES)).unwrap();
+    assert!(
+        nodes[l].peers_read_long_sources(),
+        "upgraded: its newest message counts"
+    );
+}

@@ -79,7 +79,7 @@ impl Table {
     ) -> Option<u32> {
         let (key, source) = (key.as_ref(), source.as_ref());
         debug_assert!(!key.is_empty(), "empty keys are rejected by the codec");
-        debug_assert!(key.len() <= NAME_MAX && source.len() <= NAME_MAX);
+        debug_assert!(key.len() <= KEY_MAX && source.len() <= SOURCE_MAX);
         assert!(access.is_valid(), "a semaphore of no slot");
         let endpoint = Endpoint::from(endpoint);
         let Ok((k, new)) = self.key_get_or_insert(key) else {

@@ -15,7 +15,11 @@ impl Table {
     pub fn holders_of(&self, key: &[u8]) -> Vec<(HeldKey, Access)> {
         let mut out = Vec::new();
         self.for_each_holder_of(key, |h, a| {
-            out.push((h.to_owned().expect("names are at most NAME_MAX"), a))
+            out.push((
+                h.to_owned()
+                    .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX"),
+                a,
+            ))
         });
         out.sort_unstable_by_key(|(h, _)| h.grant_id);
         out
@@ -99,13 +103,18 @@ impl Table {
 
     /// A key's name as a [`Name`] (for an effect).
     pub(super) fn key_name(&self, k: u32) -> Name {
-        Name::new(self.names.get(self.keys[k as usize].name)).expect("names are at most NAME_MAX")
+        Name::new(self.names.get(self.keys[k as usize].name)).expect("keys are at most KEY_MAX")
     }
 
     /// Every holder, sorted by key (admin path: allocates).
     pub fn held_list(&self) -> Vec<HeldKey> {
         let mut out: Vec<HeldKey> = Vec::with_capacity(self.held_keys());
-        self.for_each_held(|h| out.push(h.to_owned().expect("names are at most NAME_MAX")));
+        self.for_each_held(|h| {
+            out.push(
+                h.to_owned()
+                    .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX"),
+            )
+        });
         out.sort_unstable_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
         out
     }

@@ -36,7 +36,7 @@ impl Table {
     /// differs from the one its queued requests fixed (only an undo can
     /// meet those: the log step must answer them first).
     pub fn restore_access(&mut self, h: HeldRef<'_>, access: Access, now: Now) -> bool {
-        if h.key.len() > NAME_MAX || h.source.len() > NAME_MAX || !access.is_valid() {
+        if h.key.len() > KEY_MAX || h.source.len() > SOURCE_MAX || !access.is_valid() {
             return false;
         }
         let Ok((k, new)) = self.key_get_or_insert(h.key) else {

@@ -232,7 +232,7 @@ impl Table {
         let prev = self
             .ref_of(k, self.holder_at(k, at))
             .to_owned()
-            .expect("names are at most NAME_MAX");
+            .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX");
         if !self.relabel(k, at, source) {
             return Err(Checked::Limit);
         }
@@ -259,7 +259,7 @@ impl Table {
     /// Moves holder `(k, at)` to source `source` (its source entry's lists
     /// follow; the old entry is dropped once unused).
     fn relabel(&mut self, k: u32, at: At, source: &[u8]) -> bool {
-        if source.len() > NAME_MAX {
+        if source.len() > SOURCE_MAX {
             return false;
         }
         let old = self.holder_at(k, at).source;

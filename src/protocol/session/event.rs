@@ -1,9 +1,9 @@
 //! The Event frame of a watch (`docs/protocol.md`, "Watching a key"):
 //! its body, `[u8 event][u64 token][u8 hold][u8 access][u32 slots]
-//! [u8 keyLen][key][u8 srcLen][src]` (a later version may append fields;
-//! a decoder skips them). The frame around it is the session module's.
+//! [u8 keyLen][key][u8 srcLen][src]` (a key of 1..=127 bytes, a source of
+//! 0..=255; a later version may append fields; a decoder skips them). The frame around it is the session module's.
 
-use crate::core::{Access, HoldMode};
+use crate::core::{Access, HoldMode, KEY_MAX, SOURCE_MAX};
 
 /// What an Event frame says of a watched key's holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,8 +76,8 @@ pub struct EventHolder<'a> {
 /// by the session module).
 pub use crate::core::types::{ACCESS_EXCLUSIVE, ACCESS_SEMAPHORE, ACCESS_SHARED};
 
-/// Appends an Event body. Panics on a name over 127 bytes (the server's
-/// names never are).
+/// Appends an Event body. Panics on a key over 127 bytes or a source over
+/// 255 (the server's names never are).
 pub(super) fn encode_body(kind: EventKind, h: &EventHolder<'_>, o: &mut Vec<u8>) {
     o.push(kind as u8);
     o.extend_from_slice(&h.token.to_le_bytes());
@@ -85,8 +85,8 @@ pub(super) fn encode_body(kind: EventKind, h: &EventHolder<'_>, o: &mut Vec<u8>)
     let (a, slots) = h.access.to_bytes();
     o.push(a);
     o.extend_from_slice(&slots.to_le_bytes());
-    for n in [h.key, h.source] {
-        assert!(n.len() <= 127, "name too long");
+    for (n, max) in [(h.key, KEY_MAX), (h.source, SOURCE_MAX)] {
+        assert!(n.len() <= max, "name too long");
         o.push(n.len() as u8);
         o.extend_from_slice(n);
     }
@@ -102,17 +102,17 @@ pub(super) fn decode_body(b: &[u8]) -> Option<(EventKind, EventHolder<'_>)> {
     let slots = u32::from_le_bytes(b.get(11..15)?.try_into().ok()?);
     let access = Access::from_bytes(a, slots)?;
     let mut at = 15;
-    let mut name = |min: usize| {
+    let mut name = |min: usize, max: usize| {
         let n = *b.get(at)? as usize;
-        if n < min || n > 127 {
+        if n < min || n > max {
             return None;
         }
         let s = b.get(at + 1..at + 1 + n)?;
         at += 1 + n;
         Some(s)
     };
-    let key = name(1)?;
-    let source = name(0)?;
+    let key = name(1, KEY_MAX)?;
+    let source = name(0, SOURCE_MAX)?;
     Some((
         kind,
         EventHolder {

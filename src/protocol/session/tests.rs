@@ -265,3 +265,103 @@ fn an_event_of_a_kind_not_known_here_is_skipped_not_a_broken_stream() {
         }
     ));
 }
+
+/// A session source (an Acquire's, a Proclaim's: an election's value) is
+/// 0..=255 bytes, its size byte unsigned; a key stays 1..=127. The
+/// longest Acquire, Proclaim and Event fit a frame.
+#[test]
+fn a_source_is_up_to_255_bytes_and_a_key_up_to_127() {
+    let key = [b'k'; KEY_MAX];
+    let source = [0xc3; SOURCE_MAX];
+    let reqs = [
+        Req::Acquire {
+            hold: HoldMode::Lease,
+            ttl_ms: 1500,
+            wait_ms: WAIT_FOREVER,
+            key: &key,
+            source: &source,
+            access: Access::Semaphore(9),
+        },
+        Req::Proclaim {
+            token: 3,
+            key: &key,
+            source: &source,
+        },
+    ];
+    for r in reqs {
+        let mut b = Vec::new();
+        encode(7, &r, &mut b);
+        assert!(b.len() <= FRAME_MAX);
+        assert_eq!(
+            decode(&b),
+            Decoded::Frame {
+                op: b[0],
+                rid: 7,
+                req: Ok(r),
+                len: b.len()
+            }
+        );
+    }
+    // A key of 128 bytes is invalid (the frame is sound: answered
+    // `invalid`, the connection goes on), in an Acquire as in a Proclaim.
+    let long_key = [b'k'; KEY_MAX + 1];
+    for r in [
+        Req::Acquire {
+            hold: HoldMode::Session,
+            ttl_ms: 0,
+            wait_ms: 0,
+            key: &key,
+            source: b"",
+            access: Access::Exclusive,
+        },
+        Req::Proclaim {
+            token: 3,
+            key: &key,
+            source: b"",
+        },
+    ] {
+        let mut b = Vec::new();
+        encode(1, &r, &mut b);
+        // The key's size byte, then the key: make it one byte longer.
+        let at = b.iter().position(|&x| x == KEY_MAX as u8).unwrap();
+        b.splice(at..at + 1 + KEY_MAX, [&[128u8][..], &long_key].concat());
+        let blen = (b.len() - HEADER) as u16;
+        b[5..7].copy_from_slice(&blen.to_le_bytes());
+        assert_eq!(
+            decode(&b),
+            Decoded::Frame {
+                op: b[0],
+                rid: 1,
+                req: Err("key size out of range 1..=127"),
+                len: b.len()
+            }
+        );
+    }
+    // An Event carries a 255-byte source whole.
+    let mut b = Vec::new();
+    let h = EventHolder {
+        token: 11,
+        hold: HoldMode::Session,
+        access: Access::Exclusive,
+        key: &key,
+        source: &source,
+    };
+    encode_event(4, EventKind::Proclaimed, &h, &mut b);
+    assert!(b.len() <= FRAME_MAX);
+    match decode_answer(&b, None) {
+        Ok(Some((
+            Answer::Event {
+                rid: 4,
+                kind: EventKind::Proclaimed,
+                token: 11,
+                key: k,
+                source: s,
+                ..
+            },
+            n,
+        ))) => {
+            assert_eq!((&k[..], &s[..], n), (&key[..], &source[..], b.len()));
+        }
+        other => panic!("{other:?}"),
+    }
+}

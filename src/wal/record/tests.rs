@@ -499,3 +499,132 @@ fn malformed_share_records_are_corrupt() {
         );
     }
 }
+
+/// A hold of every record shape (Acquire, Hold, SessionHold, Share) with
+/// the longest key and a 255-byte source (a session's: an election's
+/// value), IPv6 endpoint.
+fn longest(mode: HoldMode, session: u64, access: Access) -> HeldKey {
+    HeldKey {
+        key: Name::new(&[b'k'; KEY_MAX]).unwrap(),
+        source: crate::core::Source::new(&[0xfe; SOURCE_MAX]).unwrap(),
+        endpoint: "[2001:db8::1%7]:65535".parse().unwrap(),
+        acquired_unix_ms: 1_700_000_000_123,
+        grant_id: 77,
+        mode,
+        expires_unix_ms: if mode == HoldMode::Lease {
+            1_800_000_000_000
+        } else {
+            0
+        },
+        session,
+        access,
+    }
+}
+
+#[test]
+fn a_255_byte_source_roundtrips_in_every_hold_record_and_the_share_is_the_longest() {
+    let replicated = crate::core::REPLICATED_SESSION | 5;
+    let holds = [
+        longest(HoldMode::Persistent, 0, Access::Exclusive),
+        longest(HoldMode::Lease, 0, Access::Exclusive),
+        longest(HoldMode::Session, replicated, Access::Exclusive),
+        longest(HoldMode::Lease, replicated, Access::Semaphore(3)),
+        longest(HoldMode::Session, 0, Access::Shared),
+    ];
+    let mut img = MAGIC.to_vec();
+    let mut batch = Vec::new();
+    for h in &holds {
+        let at = img.len();
+        encode_acquire(h.as_ref(), &mut img);
+        let len = img.len() - at;
+        assert_eq!(len, acquire_len(h.as_ref()));
+        assert!(len <= RECORD_MAX, "{len} > {RECORD_MAX}");
+        if h.access != Access::Exclusive {
+            assert_eq!(
+                len, RECORD_MAX,
+                "a Share of the longest names is the longest record"
+            );
+        }
+        encode_acquire(h.as_ref(), &mut batch);
+    }
+    let Scan::Ok {
+        records,
+        valid_len,
+        torn_bytes,
+    } = scan(&img)
+    else {
+        panic!("{:?}", scan(&img))
+    };
+    assert_eq!((valid_len as usize, torn_bytes), (img.len(), 0));
+    let want: Vec<Record> = holds.iter().map(|h| Record::Acquire(*h)).collect();
+    assert_eq!(records, want);
+    // A replicated entry's batch reads the same.
+    let mut got = Vec::new();
+    assert_eq!(
+        each_in_batch(&batch, |r| got.push(r.to_owned().unwrap())),
+        Ok(holds.len())
+    );
+    assert_eq!(got, want);
+    // Every cut of the last one is a torn tail, as for any record.
+    let last = img.len() - RECORD_MAX;
+    for cut in last..img.len() {
+        assert!(
+            matches!(scan(&img[..cut]), Scan::Ok { records, .. } if records.len() == holds.len() - 1),
+            "cut {cut}"
+        );
+    }
+}
+
+/// A sealed record of type `ty` whose body (after the type) is `body`.
+fn raw(ty: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&[0u8; HEADER]);
+    out.push(ty);
+    out.extend_from_slice(body);
+    seal(&mut out, MAGIC.len());
+    out
+}
+
+/// An Acquire (type 6, or the version-1 text endpoint) body with a key and
+/// source of the given sizes.
+fn acquire_body(key: usize, source: usize, v1: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&9u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.push(key as u8);
+    b.extend(std::iter::repeat_n(b'k', key));
+    b.push(source as u8);
+    b.extend(std::iter::repeat_n(b's', source));
+    if v1 {
+        b.push(9);
+        b.extend_from_slice(b"1.2.3.4:5");
+    } else {
+        b.extend_from_slice(&[4, 1, 2, 3, 4, 5, 0]);
+    }
+    b
+}
+
+#[test]
+fn keys_stay_bounded_to_127_and_version_1_names_too() {
+    let ok = |img: &[u8]| matches!(scan(img), Scan::Ok { records, .. } if records.len() == 1);
+    let bad = |img: &[u8]| {
+        matches!(
+            scan(img),
+            Scan::Corrupt {
+                reason: "record checksum is valid but its contents are not",
+                ..
+            }
+        )
+    };
+    assert!(ok(&raw(ACQUIRE, &acquire_body(127, 255, false))));
+    assert!(ok(&raw(ACQUIRE, &acquire_body(1, 128, false))));
+    // A key is at most 127 bytes, whatever its record.
+    assert!(bad(&raw(ACQUIRE, &acquire_body(128, 0, false))));
+    let mut release = 3u64.to_le_bytes().to_vec();
+    release.push(128);
+    release.extend_from_slice(&[b'k'; 128]);
+    assert!(bad(&raw(RELEASE, &release)));
+    // Servers that wrote version 1 bounded every name to 127 bytes.
+    assert!(ok(&raw(ACQUIRE_V1, &acquire_body(127, 127, true))));
+    assert!(bad(&raw(ACQUIRE_V1, &acquire_body(1, 128, true))));
+}

@@ -789,7 +789,8 @@ class Client:
       ``addrs`` is not dialled when the Hello would carry ``auth_token``,
       nor by a Resume (it carries the session id):
       :class:`~ringlock.UnverifiedLeader`.
-    * ``source`` — the name shown by ``ringlock keys`` (default: the server uses your IP).
+    * ``source`` — the name shown by ``ringlock keys``, 0..255 bytes (default: the server
+      uses your IP).
     * ``keepalive`` — seconds to ask for (the server clamps it); default: the server's (10 s).
     * ``connect_timeout`` (3 s) — per address, connecting and the Hello.
     * ``retry`` (10 s) — how long to keep retrying when no address can be

@@ -24,8 +24,12 @@ WAIT_FOREVER = 0xFFFFFFFF
 NO_TTL = 0xFFFFFFFF
 REPLY_BODY = 13
 WELCOME_BODY = 32
+#: The longest key (bytes), as on the Locking-Center lock port.
 KEY_MAX = 127
-SOURCE_MAX = 127
+#: The longest source (bytes): an Acquire's and a Proclaim's size byte of
+#: it is unsigned (the lock port's is signed: 127 there). A ringlockd older
+#: than 255-byte sources answers a longer one than 127 ``invalid``.
+SOURCE_MAX = 255
 AUTH_MAX = 255
 
 OP_HELLO = 7
@@ -438,11 +442,11 @@ def decode_event_body(rid: int, body: bytes) -> Event:
         raise ProtocolError(f"an event with unknown access {access}")
     at = 15
     names = []
-    for what, lo in (("key", 1), ("source", 0)):
+    for what, lo, hi in (("key", 1, KEY_MAX), ("source", 0, SOURCE_MAX)):
         if at >= len(body):
             raise ProtocolError(f"an event cut before its {what}")
         n = body[at]
-        if not lo <= n <= 127 or at + 1 + n > len(body):
+        if not lo <= n <= hi or at + 1 + n > len(body):
             raise ProtocolError(f"an event with a {what} of {n} bytes in {len(body)} body bytes")
         names.append(body[at + 1:at + 1 + n])
         at += 1 + n

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Election", "Leader", "Leadership", "Observer", "VALUE_MAX"]
 
-#: The longest value: a holder's source, 1..127 bytes.
+#: The longest value: a holder's source on the session protocol, 1..255
+#: bytes (an empty source would be the client's IP address).
 VALUE_MAX = codec.SOURCE_MAX
 
 #: The events that end a hold (of the leader's token: nobody leads).
@@ -35,7 +36,7 @@ _ENDS_HOLD = frozenset(k.label for k in codec.EventKind if k.ends_hold)
 
 
 def _value_arg(value: Union[str, bytes]) -> bytes:
-    """The value's bytes (a ``str`` as UTF-8): 1..127 of them."""
+    """The value's bytes (a ``str`` as UTF-8): 1..255 of them."""
     if isinstance(value, str):
         b = value.encode("utf-8")
     elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -80,7 +81,7 @@ class Election:
     def campaign(self, value: Union[str, bytes], timeout: Optional[float] = None, *,
                  cancel: "Optional[CancelToken]" = None,
                  on_lost: "Optional[LostCallback]" = None) -> "Leadership":
-        """Campaigns with ``value`` (str as UTF-8, or bytes; 1..127 bytes:
+        """Campaigns with ``value`` (str as UTF-8, or bytes; 1..255 bytes:
         what observers see, e.g. an address) and waits to lead: an
         exclusive session hold of the name whose source is ``value`` (for
         this request only; the session's ``source=`` is not changed).
@@ -97,7 +98,7 @@ class Election:
           leadership is lost (its session ended, an operator reset).
 
         Raises :class:`~ringlock.InvalidArgument`, sending nothing, for a
-        value outside 1..127 bytes.
+        value outside 1..255 bytes.
         """
         v = _value_arg(value)
         lease = self._client._acquire(self._given, timeout=timeout, ttl=None, persistent=False,
@@ -167,7 +168,7 @@ class Leadership:
         return self._lease
 
     def proclaim(self, value: Union[str, bytes]) -> None:
-        """Changes the leader's value to ``value`` (1..127 bytes), keeping
+        """Changes the leader's value to ``value`` (1..255 bytes), keeping
         the leadership and its token; every observer is told. Waits for the
         server's answer up to the client's ``release_timeout``.
 
