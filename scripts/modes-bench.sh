@@ -4,23 +4,29 @@
 #   private        CLIENTS sessions, each its own key, exclusive (the ceiling)
 #   shared-hot     CLIENTS sessions, one key, shared (readers)
 #   exclusive-hot  CLIENTS sessions, one key, exclusive (they serialise)
-#   mixed          90 % of CLIENTS shared and 10 % exclusive on one key, two
-#                  load generators at once: readers' and writers' lock waits
+#   mixed          90 % of CLIENTS readers (shared) and 10 % writers
+#                  (exclusive) on one key, one load generator (--writers),
+#                  hold MIXED_HOLD: readers' and writers' lock waits, and per
+#                  writer acquire the wait not explained by the holders ahead
+#                  of it (excess) and the later readers granted first
+#                  (overtakes), docs/loadgen.md "Mixed runs"
 # ROUNDS rounds, the scenarios' order rotated each round (drift falls on all).
 #
 #   scripts/modes-bench.sh [--out DIR] [--clients 64] [--rounds 3]
 #                          [--duration 5s] [--warmup 1s] [--profile release|debug]
+#                          [--mixed-hold 100us]
 #   env: MODES_BENCH_SMOKE=1 (1 s per run, 1 round, 8 clients, debug build,
 #        output to a temp dir unless --out; checks every run worked)
 #
 # Load: ringlock-loadgen, session protocol (ringlock-session://), Acquire
-# (session hold, wait forever) + Release closed loop, hold 0, persistent
-# connections; --access shared / exclusive. The server is pinned to CPU 1,
-# the load generators to CPU 0 (taskset).
+# (session hold, wait forever) + Release closed loop, persistent
+# connections; --access shared / exclusive, hold 0 (mixed: --access shared
+# --writers N, --hold MIXED_HOLD). The server is pinned to CPU 1 (one
+# shard), the load generator to CPU 0 (taskset).
 #
 # Writes DIR (default bench/results/modes): one JSON per run (the load
-# generator's --json line) named SCENARIO-rROUND.json (mixed: mixed-readers-
-# and mixed-writers-), and latest.md (the table printed on stdout).
+# generator's --json line) named SCENARIO-rROUND.json, and latest.md (the
+# tables printed on stdout).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +40,7 @@ OUT=""
 PROFILE=""
 DURATION=""
 WARMUP=""
+MIXED_HOLD=100us
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT="$2"; shift ;;
@@ -42,7 +49,8 @@ while [ $# -gt 0 ]; do
         --duration) DURATION="$2"; shift ;;
         --warmup) WARMUP="$2"; shift ;;
         --profile) PROFILE="$2"; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --mixed-hold) MIXED_HOLD="$2"; shift ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -87,12 +95,13 @@ PID[server]=$!
 wait_port "$PORT" 20 "${PID[server]}" || { log "ringlockd did not start: $(tail -c 300 "$TMP/server.log")"; exit 1; }
 
 FAILED=0
-lg() { # name clients dist access [prefix]
-    local name=$1
-    $PIN_LOADGEN "$LOADGEN" --target "ringlock-session://127.0.0.1:$PORT" --connections "$2" \
-        --dist "$3" --keys "$2" --access "$4" --conn-mode persistent --rate 0 \
-        --duration "$DURATION" --warmup "$WARMUP" --key-prefix "${5:-$name}" --label "$name" \
-        --json --no-progress >"$TMP/$name.out" 2>"$TMP/$name.err"
+lg() { # name clients dist access prefix [more loadgen options]
+    local name=$1 clients=$2 dist=$3 access=$4 prefix=$5
+    shift 5
+    $PIN_LOADGEN "$LOADGEN" --target "ringlock-session://127.0.0.1:$PORT" --connections "$clients" \
+        --dist "$dist" --keys "$clients" --access "$access" --conn-mode persistent --rate 0 \
+        --duration "$DURATION" --warmup "$WARMUP" --key-prefix "$prefix" --label "$name" \
+        --json --no-progress "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
 }
 keep() { # name round: the JSON line, or a failure noted
     if [ -s "$TMP/$1.out" ]; then tail -1 "$TMP/$1.out" >"$OUT/$1-r$2.json"; fi
@@ -108,12 +117,11 @@ run() { # scenario round
         shared-hot) lg shared-hot "$CLIENTS" hot shared "s$r" || FAILED=1; keep shared-hot "$r" ;;
         exclusive-hot) lg exclusive-hot "$CLIENTS" hot exclusive "x$r" || FAILED=1; keep exclusive-hot "$r" ;;
         mixed)
-            # One key for both (the same prefix, --dist hot).
-            lg mixed-readers "$READERS" hot shared "m$r" & local rp=$!
-            lg mixed-writers "$WRITERS" hot exclusive "m$r" & local wp=$!
-            wait "$rp" || FAILED=1
-            wait "$wp" || FAILED=1
-            keep mixed-readers "$r"; keep mixed-writers "$r" ;;
+            # One key (--dist hot), one process: clients 0..WRITERS-1 are
+            # the writers, the others readers.
+            lg mixed "$CLIENTS" hot shared "m$r" --writers "$WRITERS" --hold "$MIXED_HOLD" \
+                || FAILED=1
+            keep mixed "$r" ;;
     esac
     echo "$s $r $(( ($(steal) - s0) * 1000 / TICKS ))" >>"$OUT/steal.txt"
     if [ "$FAILED" != 0 ]; then log "  a load generator failed: $(cat "$TMP"/*.err | tail -c 400 | tr '\n' ' ')"; fi
@@ -125,9 +133,9 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-python3 - "$OUT" "$ROUNDS" >"$OUT/latest.md" <<'EOF'
+python3 - "$OUT" "$ROUNDS" "$MIXED_HOLD" >"$OUT/latest.md" <<'EOF'
 import json, os, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, mixed_hold = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def load(name, r):
     p = os.path.join(out, f"{name}-r{r}.json")
     return json.load(open(p)) if os.path.exists(p) else None
@@ -143,19 +151,25 @@ for r in range(1, rounds + 1):
     ratio = s["ops_per_sec"] / p["ops_per_sec"] if p["ops_per_sec"] else 0
     print(f"| {r} | {cell(p)} | {cell(s)} | {ratio:.2f} | {cell(x)} | {p['errors']}/{s['errors']}/{x['errors']} |")
 print()
-print("| round | readers cycles/s | readers lock p50 / p99 µs | writers cycles/s | writers lock p50 / p99 µs | errors (r/w) |")
-print("|---|---|---|---|---|---|")
+print(f"Mixed, hold {mixed_hold}: lock wait p50 / p99 / max µs of each side; writers' excess = a writer's wait not explained by the holders ahead of it (about a round trip when FIFO); overtakes = reader grants asked after a writer (+ guard) yet granted before it, and the writer acquires with any")
+print()
+print("| round | cycles/s | readers lock p50 / p99 / max µs | writers lock p50 / p99 / max µs | writers' excess p50 / p99 / max µs | overtakes (writer acquires overtaken / analysed) | errors |")
+print("|---|---|---|---|---|---|---|")
+def ppm(h):
+    return f"{h['p50']:.0f} / {h['p99']:.0f} / {h['max']:.0f}"
 for r in range(1, rounds + 1):
-    rd, wr = load("mixed-readers", r), load("mixed-writers", r)
-    if not (rd and wr):
-        print(f"| {r} | n/a | | | | |")
+    m = load("mixed", r)
+    if not (m and m.get("fifo")):
+        print(f"| {r} | n/a | | | | | |")
         continue
-    print(f"| {r} | {cell(rd)} | {cell(wr)} | {rd['errors']}/{wr['errors']} |")
+    f = m["fifo"]
+    print(f"| {r} | {m['ops_per_sec']:.0f} | {ppm(m['readers_latency_us'])} | {ppm(m['writers_latency_us'])} | "
+          f"{ppm(f['excess_us'])} | {f['overtakes']} ({f['writers_overtaken']} / {f['analysed']}) | {m['errors']} |")
 EOF
 {
     echo
-    echo "- ringlockd: $RL_VERSION; one node, in memory; session protocol, session holds, hold 0"
-    echo "- $CLIENTS clients per scenario (mixed: $READERS readers + $WRITERS writer(s) on one key, two load generators); $DURATION per run after $WARMUP warm-up; $ROUNDS round(s), order rotated"
+    echo "- ringlockd: $RL_VERSION; one node, in memory; session protocol, session holds, hold 0 (mixed: $MIXED_HOLD)"
+    echo "- $CLIENTS clients per scenario (mixed: $READERS readers + $WRITERS writer(s) on one key, one load generator, --writers $WRITERS, FIFO guard 50 µs); $DURATION per run after $WARMUP warm-up; $ROUNDS round(s), order rotated"
     echo "- pinning: $PINNING; CPU: $CPU_MODEL; kernel: $KERNEL"
     echo "- CPU time the host stole from this VM during each run (ms, all CPUs; much of it means the run measured the host): $(awk '{printf "%s%s r%s %s", (NR > 1 ? ", " : ""), $1, $2, $3}' "$OUT/steal.txt")"
 } >>"$OUT/latest.md"
@@ -165,6 +179,11 @@ if [ "$SMOKE" = 1 ]; then
         python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["cycles"] > 0 and d["errors"] == 0 else 1)' "$f" \
             || { log "smoke: $f has no cycles or has errors"; FAILED=1; }
     done
-    [ "$(ls "$OUT"/*.json 2>/dev/null | wc -l)" = 5 ] || { log "smoke: expected 5 runs"; FAILED=1; }
+    # The mixed run: every writer acquire measured was granted and analysed.
+    for f in "$OUT"/mixed-r*.json; do
+        python3 -c 'import json,sys; f=json.load(open(sys.argv[1]))["fifo"]; sys.exit(0 if f and f["writer_acquires"] > 0 and f["analysed"] == f["writer_acquires"] else 1)' "$f" \
+            || { log "smoke: $f has no FIFO figures or unanalysed writer acquires"; FAILED=1; }
+    done
+    [ "$(ls "$OUT"/*.json 2>/dev/null | wc -l)" = 4 ] || { log "smoke: expected 4 runs"; FAILED=1; }
 fi
 exit "$FAILED"

@@ -252,8 +252,15 @@ pub struct Config {
     /// Stop after this many cycles in all (warm-up included), split evenly
     /// over the clients; the run ends when they are done or at `duration`.
     pub cycles: Option<u64>,
-    /// How a ringlock-session Acquire asks for its key (`--access`).
+    /// How a ringlock-session Acquire asks for its key (`--access`); with
+    /// `--writers`, the readers' access.
     pub access: Access,
+    /// `--writers N`: clients 0..N ask exclusively (writers), the others
+    /// with `access` (readers); the run then keeps every Acquire's times
+    /// and reports the writers' FIFO evidence (`crate::fifo`). 0 = off.
+    pub writers: usize,
+    /// `--fifo-guard`: the send-order jitter allowed for (`crate::fifo`).
+    pub fifo_guard_ns: u64,
 }
 
 /// Most CPUs a `--pin-cpus` list may name (the size of `cpu_set_t`).
@@ -323,6 +330,15 @@ Options:
   --mix MIX            lock-unlock | try-lock (default lock-unlock)
   --access A           ringlock-session: exclusive | shared | semaphore:N, how each
                        Acquire asks for its key (default exclusive)
+  --writers N          ringlock-session, beside --access shared|semaphore:N: a mixed run in
+                       one process, clients 0..N-1 writers (exclusive), the others readers
+                       (--access); reports readers' and writers' lock wait apart and every
+                       writer Acquire's FIFO evidence: excess (its wait not explained by
+                       the Releases of the operations ahead of it) and overtakes (reader
+                       Acquires sent later, granted first); docs/loadgen.md, Mixed runs
+                       (default 0: off)
+  --fifo-guard D       --writers: send-order jitter allowed for: an Acquire sent up to D
+                       after a writer's counts as ahead of it (default 50us)
   --conn-mode MODE     persistent | per-request | per-cycle (default persistent);
                        per-cycle: a new connection per lock+unlock cycle (any target)
   --cycles N           stop after N cycles in all (warm-up included; split evenly over
@@ -383,6 +399,8 @@ where
         progress: true,
         label: String::new(),
         access: Access::Exclusive,
+        writers: 0,
+        fifo_guard_ns: crate::fifo::DEFAULT_GUARD_NS,
         threads: 1,
         pin_cpus: None,
         tls: None,
@@ -465,6 +483,14 @@ where
             Long("access") => {
                 cfg.access = parse_access(&s(p.value().map_err(|e| e.to_string())?)?)?
             }
+            Long("writers") => {
+                cfg.writers = s(p.value().map_err(|e| e.to_string())?)?
+                    .parse()
+                    .map_err(|_| "bad --writers")?
+            }
+            Long("fifo-guard") => {
+                cfg.fifo_guard_ns = parse_duration_ns(&s(p.value().map_err(|e| e.to_string())?)?)?
+            }
             Long("json") => cfg.json = true,
             Long("hgrm") => cfg.hgrm_path = Some(s(p.value().map_err(|e| e.to_string())?)?),
             Long("latency-log") => {
@@ -534,6 +560,30 @@ where
             access_name(cfg.access),
             cfg.target.scheme()
         ));
+    }
+    if cfg.writers > 0 {
+        if cfg.target.kind != Kind::Session {
+            return Err(format!(
+                "--writers: mixed readers and writers are ringlock-session:// only, not {}",
+                cfg.target.scheme()
+            ));
+        }
+        if cfg.access == Access::Exclusive {
+            return Err(
+                "--writers: the readers' --access must be shared or semaphore:N \
+                 (the writers are exclusive)"
+                    .into(),
+            );
+        }
+        if cfg.mix != Mix::LockUnlock {
+            return Err("--writers: lock-unlock only (a try-lock never waits in the queue)".into());
+        }
+        if cfg.writers > cfg.connections {
+            return Err(format!(
+                "--writers {} exceeds --connections {}",
+                cfg.writers, cfg.connections
+            ));
+        }
     }
     if cfg.cycles == Some(0) {
         return Err("--cycles must be at least 1".into());
@@ -699,6 +749,47 @@ mod tests {
         assert!(e.contains("ringlock-session:// only"), "{e}");
         // The other way round is fine: exclusive is every target's.
         a(&["--target", "redis://h:1", "--access", "exclusive"]).unwrap();
+    }
+
+    #[test]
+    fn writers_make_a_mixed_session_run() {
+        let a = |v: &[&str]| parse_args(v.iter().map(std::ffi::OsString::from));
+        let c = a(&["--target", "ringlock-session://h:1"]).unwrap();
+        assert_eq!((c.writers, c.fifo_guard_ns), (0, 50_000), "defaults");
+        let c = a(&[
+            "--target",
+            "ringlock-session://h:1",
+            "--connections",
+            "10",
+            "--access",
+            "shared",
+            "--writers",
+            "1",
+            "--fifo-guard",
+            "20us",
+        ])
+        .unwrap();
+        assert_eq!((c.writers, c.fifo_guard_ns), (1, 20_000));
+        let session = ["--target", "ringlock-session://h:1", "--connections", "2"];
+        let with = |extra: &[&str]| a(&[&session[..], extra].concat());
+        for (extra, says) in [
+            (&["--writers", "1"][..], "must be shared or semaphore"),
+            (
+                &["--writers", "1", "--access", "shared", "--mix", "try-lock"],
+                "lock-unlock only",
+            ),
+            (
+                &["--writers", "3", "--access", "shared"],
+                "exceeds --connections",
+            ),
+            (&["--writers", "x"], "bad --writers"),
+        ] {
+            let e = with(extra).unwrap_err();
+            assert!(e.contains(says), "{extra:?}: {e}");
+        }
+        with(&["--writers", "2", "--access", "semaphore:3"]).unwrap();
+        let e = a(&["--target", "ringlock://h:1", "--writers", "1"]).unwrap_err();
+        assert!(e.contains("ringlock-session:// only"), "{e}");
     }
 
     #[test]

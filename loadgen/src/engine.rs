@@ -65,6 +65,7 @@ use rustls::{ClientConfig, ClientConnection};
 
 use crate::config::{Config, ConnMode, Mix, TlsOpts};
 use crate::dist::{KeyPicker, Rng};
+use crate::fifo::{Fifo, OpRecord, NOT_GRANTED};
 use crate::proto::{new_codec, Codec, Op, Reply};
 
 const TIMER_TOKEN: u64 = u64::MAX;
@@ -167,6 +168,15 @@ pub struct Stats {
     /// process of the machine, so runs side by side can be lined up).
     pub started_ns: u64,
     pub ended_ns: u64,
+    /// `--writers`: the lock latency (as `lock`) of the readers and of the
+    /// writers apart; empty otherwise.
+    pub lock_readers: Histogram<u64>,
+    pub lock_writers: Histogram<u64>,
+    /// `--writers`: every Acquire of the run (warm-up included), its send,
+    /// grant and Release times; empty otherwise.
+    pub ops: Vec<OpRecord>,
+    /// `--writers`: the FIFO evidence worked out from `ops` ([`run`]).
+    pub fifo: Option<Fifo>,
 }
 
 impl Stats {
@@ -196,6 +206,10 @@ impl Stats {
             samples: Vec::new(),
             started_ns: 0,
             ended_ns: 0,
+            lock_readers: new_hist(),
+            lock_writers: new_hist(),
+            ops: Vec::new(),
+            fifo: None,
         }
     }
 
@@ -228,6 +242,8 @@ impl Stats {
             (&mut self.queue_wait, &o.queue_wait),
             (&mut self.handoff, &o.handoff),
             (&mut self.handshake, &o.handshake),
+            (&mut self.lock_readers, &o.lock_readers),
+            (&mut self.lock_writers, &o.lock_writers),
         ] {
             mine.add(theirs)
                 .expect("every histogram of a run has the same bounds");
@@ -263,6 +279,7 @@ impl Stats {
         self.cpu_user_s += o.cpu_user_s;
         self.cpu_sys_s += o.cpu_sys_s;
         self.samples.extend_from_slice(&o.samples);
+        self.ops.extend_from_slice(&o.ops);
         self.started_ns = self.started_ns.min(o.started_ns);
         self.ended_ns = self.ended_ns.max(o.ended_ns);
     }
@@ -332,6 +349,12 @@ struct Client {
     connect_start_ns: u64,
     /// Cycles this client may still start (`--cycles`; `u64::MAX` = no cap).
     cycles_left: u64,
+    /// `--writers`: this client asks exclusively (a writer).
+    writer: bool,
+    /// `--writers`: when this cycle's Acquire was written, and when its
+    /// grant arrived (for its [`OpRecord`]).
+    acquire_sent_ns: u64,
+    granted_ns: u64,
 }
 
 const NO_HOLDER: u32 = u32::MAX;
@@ -425,6 +448,8 @@ struct Engine<'a> {
     exhausted: usize,
     /// Keep every lock latency in `stats.samples` (`--latency-log`).
     log_samples: bool,
+    /// Keep every Acquire's times in `stats.ops` (`--writers`).
+    record_ops: bool,
     epfd: OwnedFd,
     tfd: OwnedFd,
     armed_ns: u64,
@@ -443,11 +468,16 @@ struct Engine<'a> {
 
 /// Run the configured load and return what it measured, every thread's
 /// figures merged; the CPU time is that of the whole process.
+/// With `--writers`, the FIFO evidence is worked out here, after the load
+/// (the load generator's CPU figures are taken before it).
 pub fn run(cfg: &Config) -> Result<Stats, String> {
     let mut stats = merge(run_parts(cfg)?);
     let (user, sys) = cpu_s(libc::RUSAGE_SELF);
     stats.cpu_user_s = user;
     stats.cpu_sys_s = sys;
+    if cfg.writers > 0 {
+        stats.fifo = Some(crate::fifo::analyse(&mut stats.ops, cfg.fifo_guard_ns));
+    }
     Ok(stats)
 }
 
@@ -636,7 +666,11 @@ fn run_thread(
                 id,
                 cfg.lock_ttl_ms,
                 cfg.conn_mode != ConnMode::PerRequest,
-                cfg.access,
+                if id < cfg.writers {
+                    crate::config::Access::Exclusive
+                } else {
+                    cfg.access
+                },
             ),
             rbuf: Vec::with_capacity(4096),
             wbuf: Vec::with_capacity(4096),
@@ -657,6 +691,9 @@ fn run_thread(
             rng: Rng::new(seeds[id]),
             connect_start_ns: 0,
             cycles_left: cycle_quota(cfg, id),
+            writer: id < cfg.writers,
+            acquire_sent_ns: 0,
+            granted_ns: 0,
         })
         .collect::<Vec<Client>>();
     let exhausted = clients.iter().filter(|c| c.cycles_left == 0).count();
@@ -667,6 +704,7 @@ fn run_thread(
         tls: plan.tls.clone(),
         exhausted,
         log_samples: cfg.latency_log.is_some(),
+        record_ops: cfg.writers > 0,
         epfd,
         tfd,
         armed_ns: 0,
@@ -682,6 +720,17 @@ fn run_thread(
         interval_errors: 0,
         progress_sink,
     };
+    if e.record_ops {
+        // Room for this thread's Acquires up front (the --cycles share, else
+        // 64 Ki); a longer run grows the vector now and then (amortised),
+        // as --latency-log's samples do.
+        let quota: u64 = e
+            .clients
+            .iter()
+            .map(|c| c.cycles_left)
+            .fold(0, u64::saturating_add);
+        e.stats.ops.reserve(quota.min(1 << 16) as usize);
+    }
     let mut ev = libc::epoll_event {
         events: libc::EPOLLIN as u32,
         u64: TIMER_TOKEN,
@@ -962,6 +1011,7 @@ impl<'a> Engine<'a> {
                     let waiters = k.waiters.fetch_add(1, Relaxed);
                     c.contended = waiters > 0 || k.holder.load(Relaxed) != NO_HOLDER;
                     c.waiting = true;
+                    c.acquire_sent_ns = now;
                 }
             }
             Op::Unlock => {
@@ -971,6 +1021,9 @@ impl<'a> Engine<'a> {
                     // Before the write below: the next holder's grant, in
                     // whatever thread, is read after it.
                     k.last_release_ns.store(now, Relaxed);
+                    if self.record_ops {
+                        self.stats.ops.push(op_record(c, c.granted_ns, now));
+                    }
                 }
             }
         }
@@ -1291,11 +1344,20 @@ impl<'a> Engine<'a> {
                 }
                 k.holder.store(c.id as u32, Relaxed);
                 c.holding = true;
+                c.granted_ns = now;
                 if c.measured {
                     let st = &mut self.stats;
                     st.grants += 1;
                     st.grants_per_client[c.id] += 1;
                     st.record_lock(&mut self.interval, c.cycle_start_ns, now, self.log_samples);
+                    if self.record_ops {
+                        let role = if c.writer {
+                            &mut st.lock_writers
+                        } else {
+                            &mut st.lock_readers
+                        };
+                        record(role, now - c.cycle_start_ns);
+                    }
                     record(&mut st.lock_uncorrected, now - c.lock_first_send_ns);
                     if c.contended {
                         record(&mut st.queue_wait, now - c.lock_first_send_ns);
@@ -1390,17 +1452,27 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Forget any waiter/holder registration of this client's current cycle.
+    /// Forget any waiter/holder registration of this client's current
+    /// cycle (its connection is given up, or the server refused the
+    /// Acquire). With `--writers` the Acquire's record is kept: never
+    /// granted, or released now (a session hold ends with its connection).
     fn release_bookkeeping(&mut self, idx: usize) {
+        let now = now_ns();
         let c = &mut self.clients[idx];
         let k = &self.keys[c.key as usize];
         if c.waiting {
             c.waiting = false;
             k.unwait();
+            if self.record_ops {
+                self.stats.ops.push(op_record(c, NOT_GRANTED, 0));
+            }
         }
         if c.holding {
             c.holding = false;
             k.unhold(c.id);
+            if self.record_ops {
+                self.stats.ops.push(op_record(c, c.granted_ns, now));
+            }
         }
     }
 
@@ -1485,8 +1557,23 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
+            if self.clients[idx].in_cycle {
+                self.release_bookkeeping(idx);
+            }
             self.close(idx);
         }
+    }
+}
+
+/// The [`OpRecord`] of client `c`'s current Acquire.
+fn op_record(c: &Client, granted_ns: u64, released_ns: u64) -> OpRecord {
+    OpRecord {
+        sent_ns: c.acquire_sent_ns,
+        granted_ns,
+        released_ns,
+        key: c.key,
+        writer: c.writer,
+        measured: c.measured,
     }
 }
 

@@ -12,6 +12,8 @@
 //!   `--tls-certs-dir` → protocol handshake → lock → hold → unlock), schedules
 //!   open-loop arrivals and records latencies from the *intended* start time;
 //!   the threads' histograms are merged at the end.
+//! - [`fifo`]: a mixed run's (`--writers`) per-writer FIFO evidence, worked
+//!   out after the run from every Acquire's send, grant and Release times.
 //! - [`report`]: histogram summaries, the text report and the `--json` line.
 //!
 //! By default one thread drives all connections: the benchmark pins the load
@@ -24,6 +26,7 @@
 pub mod config;
 pub mod dist;
 pub mod engine;
+pub mod fifo;
 pub mod proto;
 pub mod report;
 pub mod sha1;

@@ -190,6 +190,7 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     json_hist(&mut o, "handoff_us", &st.handoff);
     o.push(',');
     json_hist(&mut o, "handshake_us", &st.handshake);
+    json_mixed(&mut o, cfg, st);
     o.push_str(",\"curve_us\":[");
     for (i, pct) in CURVE.iter().enumerate() {
         if i > 0 {
@@ -199,6 +200,83 @@ pub fn to_json(cfg: &Config, st: &Stats) -> String {
     }
     o.push_str("]}");
     o
+}
+
+/// `--writers`' fields (after a comma): `writers` (0 without the option),
+/// and with it `readers_latency_us` / `writers_latency_us` (the lock
+/// latency of each side) and `fifo` (`crate::fifo`'s figures; `null`
+/// without the option).
+fn json_mixed(o: &mut String, cfg: &Config, st: &Stats) {
+    let _ = write!(o, ",\"writers\":{}", cfg.writers);
+    let Some(f) = st.fifo.as_ref().filter(|_| cfg.writers > 0) else {
+        o.push_str(",\"fifo\":null");
+        return;
+    };
+    o.push(',');
+    json_hist(o, "readers_latency_us", &st.lock_readers);
+    o.push(',');
+    json_hist(o, "writers_latency_us", &st.lock_writers);
+    let _ = write!(
+        o,
+        ",\"fifo\":{{\"guard_us\":{:.3},\"writer_acquires\":{},\"analysed\":{},",
+        f.guard_ns as f64 / 1e3,
+        f.writer_acquires,
+        f.analysed,
+    );
+    json_hist(o, "excess_us", &f.excess);
+    let _ = write!(
+        o,
+        ",\"overtakes\":{},\"writers_overtaken\":{},\"writers_overtaken_share\":{:.6},\"max_overtaken_by\":{}}}",
+        f.overtakes,
+        f.writers_overtaken,
+        f.overtaken_share(),
+        f.max_overtaken_by,
+    );
+}
+
+/// `--writers`' part of the text report.
+fn text_mixed(o: &mut String, cfg: &Config, st: &Stats) {
+    let Some(f) = st.fifo.as_ref().filter(|_| cfg.writers > 0) else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "mixed: {} writer(s) exclusive, {} reader(s) {}",
+        cfg.writers,
+        cfg.connections - cfg.writers,
+        crate::config::access_name(cfg.access),
+    );
+    let _ = writeln!(
+        o,
+        "{:<24}{:>10}{:>10}{:>10}{:>10}",
+        "lock wait (us)", "count", "p50", "p99", "max"
+    );
+    for (name, h) in [
+        ("readers", &st.lock_readers),
+        ("writers", &st.lock_writers),
+        ("writers' excess", &f.excess),
+    ] {
+        let _ = writeln!(
+            o,
+            "{name:<24}{:>10}{:>10.1}{:>10.1}{:>10.1}",
+            h.len(),
+            us(h, 50.0),
+            us(h, 99.0),
+            us(h, 100.0)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "FIFO (guard {:.0}us): writer acquires {}, analysed {}; overtaken by later readers: \
+         {} grant(s) in all, {} writer acquire(s) ({:.2}%), at most {} at once",
+        f.guard_ns as f64 / 1e3,
+        f.writer_acquires,
+        f.analysed,
+        f.overtakes,
+        f.writers_overtaken,
+        f.overtaken_share() * 100.0,
+        f.max_overtaken_by,
+    );
 }
 
 pub fn to_text(cfg: &Config, st: &Stats) -> String {
@@ -235,9 +313,10 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         },
         cfg.keys,
         cfg.dist.describe(),
-        match cfg.access {
-            crate::config::Access::Exclusive => String::new(),
-            a => format!(" access={}", crate::config::access_name(a)),
+        match (cfg.access, cfg.writers) {
+            (crate::config::Access::Exclusive, _) => String::new(),
+            (a, 0) => format!(" access={}", crate::config::access_name(a)),
+            (a, w) => format!(" access={} writers={w}", crate::config::access_name(a)),
         },
         cfg.hold_ns as f64 / 1e3,
     );
@@ -272,6 +351,7 @@ pub fn to_text(cfg: &Config, st: &Stats) -> String {
         }
         o.push('\n');
     }
+    text_mixed(&mut o, cfg, st);
     let (fmin, fmax, jain) = fairness(&st.grants_per_client);
     let e = &st.errors;
     let _ = writeln!(
