@@ -389,11 +389,12 @@ mod tests {
                 "1m00s",
                 "-",
                 "-",
+                "-",
                 "-"
             ]
         );
         let row: Vec<&str> = t.lines().nth(2).expect("row").split_whitespace().collect();
-        assert_eq!(row, ["\\xff", "-", "127.0.0.1:5", "1s", "-", "-", "-"]);
+        assert_eq!(row, ["\\xff", "-", "127.0.0.1:5", "1s", "-", "-", "-", "-"]);
     }
 
     #[test]
@@ -410,7 +411,10 @@ mod tests {
         let head: Vec<&str> = t.lines().next().expect("head").split_whitespace().collect();
         assert_eq!(
             head,
-            ["KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE", "ACQUIRED", "(UTC)"]
+            [
+                "KEY", "SOURCE", "ENDPOINT", "HELD", "MODE", "TOKEN", "LEASE", "ACCESS",
+                "ACQUIRED", "(UTC)"
+            ]
         );
         let row: Vec<&str> = t.lines().nth(1).expect("row").split_whitespace().collect();
         assert_eq!(
@@ -423,6 +427,7 @@ mod tests {
                 "lease",
                 "1700000000000123",
                 "2.5s",
+                "-",
                 "1970-01-01T00:01:39Z"
             ]
         );
@@ -430,11 +435,11 @@ mod tests {
         assert_eq!(&row[4..7], ["session", "9", "-"]);
         let j = to_json(&[lease, sess], now, true);
         assert!(
-            j.contains("\"mode\":\"lease\",\"token\":1700000000000123,\"lease_ms_left\":2500}"),
+            j.contains("\"mode\":\"lease\",\"token\":1700000000000123,\"lease_ms_left\":2500,\"access\":null,\"slots\":null}"),
             "{j}"
         );
         assert!(
-            j.contains("\"mode\":\"session\",\"token\":9,\"lease_ms_left\":null}"),
+            j.contains("\"mode\":\"session\",\"token\":9,\"lease_ms_left\":null,\"access\":null,\"slots\":null}"),
             "{j}"
         );
         assert_eq!(format_left(850), "850ms");
@@ -505,11 +510,11 @@ mod tests {
         assert!(lines[1].starts_with("k0    s       "), "{:?}", lines[1]);
         assert_eq!(
             lines[WIDTH_ROWS + 1],
-            "a-much-longer-key  s       127.0.0.1:5  1s    -     -      -"
+            "a-much-longer-key  s       127.0.0.1:5  1s    -     -      -      -"
         );
         assert!(lines[WIDTH_ROWS + 2].starts_with("k     s       127.0.0.1:5  1s"));
         for l in &lines[1..] {
-            assert_eq!(l.split_whitespace().count(), 7, "{l:?}");
+            assert_eq!(l.split_whitespace().count(), 8, "{l:?}");
         }
         // Up to WIDTH_ROWS keys: aligned by the widest, as a whole table.
         let t = table(&keys[WIDTH_ROWS - 1..WIDTH_ROWS + 1], now, false, false);
@@ -553,6 +558,36 @@ mod tests {
         }
     }
 
+    /// From `KEYH`: the ACCESS column and JSON's `access`/`slots`.
+    #[test]
+    fn keyh_rows_show_the_access() {
+        let now = UNIX_EPOCH + Duration::from_secs(100);
+        let mut rows = Vec::new();
+        for (key, access) in [
+            (b"r", Access::Shared),
+            (b"s", Access::Semaphore(3)),
+            (b"x", Access::Exclusive),
+        ] {
+            let mut k = info(key, b"svc", 99);
+            k.access = Some(access);
+            rows.push(k);
+        }
+        let t = print(Printer::table(now, false, ListForm::Keyh), &rows);
+        let last: Vec<&str> = t
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().last().unwrap())
+            .collect();
+        assert_eq!(last, ["shared", "semaphore:3", "exclusive"], "{t}");
+        let j = print(Printer::json(now, ListForm::Keyh), &rows);
+        assert!(j.contains("\"access\":\"shared\",\"slots\":null}"), "{j}");
+        assert!(j.contains("\"access\":\"semaphore\",\"slots\":3}"), "{j}");
+        assert!(
+            j.contains("\"access\":\"exclusive\",\"slots\":null}"),
+            "{j}"
+        );
+    }
+
     #[test]
     fn json_carries_the_exact_bytes() {
         let now = UNIX_EPOCH + Duration::from_secs(100);
@@ -563,8 +598,8 @@ mod tests {
         );
         assert_eq!(
             j,
-            "[\n{\"key\":\"k\\\"1\",\"key_hex\":\"6b2231\",\"source\":\"svc\",\"source_hex\":\"737663\",\"endpoint\":\"127.0.0.1:5\",\"acquired_unix_s\":90,\"held_s\":10,\"mode\":null,\"token\":null,\"lease_ms_left\":null},\n\
-             {\"key\":null,\"key_hex\":\"ff1b\",\"source\":\"\",\"source_hex\":\"\",\"endpoint\":\"127.0.0.1:5\",\"acquired_unix_s\":100,\"held_s\":0,\"mode\":null,\"token\":null,\"lease_ms_left\":null}\n]\n"
+            "[\n{\"key\":\"k\\\"1\",\"key_hex\":\"6b2231\",\"source\":\"svc\",\"source_hex\":\"737663\",\"endpoint\":\"127.0.0.1:5\",\"acquired_unix_s\":90,\"held_s\":10,\"mode\":null,\"token\":null,\"lease_ms_left\":null,\"access\":null,\"slots\":null},\n\
+             {\"key\":null,\"key_hex\":\"ff1b\",\"source\":\"\",\"source_hex\":\"\",\"endpoint\":\"127.0.0.1:5\",\"acquired_unix_s\":100,\"held_s\":0,\"mode\":null,\"token\":null,\"lease_ms_left\":null,\"access\":null,\"slots\":null}\n]\n"
         );
         assert_eq!(to_json(&[], now, true), "[]\n");
     }
