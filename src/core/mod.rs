@@ -19,5 +19,6 @@ pub use name::{Arena, Name, NameRef, NAME_MAX};
 pub use table::Table;
 pub use types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
-    LockMode, LockOpts, Now, Proclaimed, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
+    LockMode, LockOpts, Now, Proclaimed, Queued, ReleaseCause, Reply, Token, NO_CONN,
+    REPLICATED_SESSION,
 };

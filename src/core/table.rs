@@ -62,7 +62,8 @@ use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef, NAME_MAX};
 use super::types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
-    LockMode, LockOpts, Now, Proclaimed, ReleaseCause, Reply, Token, NO_CONN, REPLICATED_SESSION,
+    LockMode, LockOpts, Now, Proclaimed, Queued, ReleaseCause, Reply, Token, NO_CONN,
+    REPLICATED_SESSION,
 };
 
 // Link slots.

@@ -396,6 +396,7 @@ impl World {
                 token: t,
                 mode: m,
                 until_us,
+                access: ringlock::core::Access::Exclusive,
             };
             let cl = &mut self.clients[c];
             cl.res.known.insert(k, t);
