@@ -85,6 +85,11 @@ pub struct SessionView {
     pub modes: bool,
     /// The Welcome's flags.
     pub flags: u8,
+    /// No Acquire of a key it believes it holds or has an Acquire
+    /// outstanding for: one hold per key at most, as a model that keeps
+    /// one belief per key across a resume needs (a second shared grant
+    /// would otherwise be held, unbelieved, for the session's life).
+    pub one_per_key: bool,
 }
 
 /// What an answer changed, for the simulators' counters.
@@ -155,6 +160,9 @@ impl SessionView {
     ) -> bool {
         let span = max_ttl_ms.max(6) - 5;
         match rng.below(100) {
+            0..=39
+                if self.one_per_key
+                    && (self.holds.contains_key(&k) || self.queued.iter().any(|q| q.1 == k)) => {}
             0..=39 => {
                 let (hold, ttl) = if rng.chance(500) {
                     (HoldMode::Lease, 5 + rng.below(span) as u32)
