@@ -673,6 +673,14 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         watched >= 10 * runs,
         "only {watched} watch events in {runs} runs"
     );
+    eprintln!(
+        "sim_sessions: {runs} seeds, {grants} grants, {modes:?}, {refused_alone} mismatches \
+         arrived alone"
+    );
+    // A seed alone (SIM_SEED) need not exercise everything.
+    if std::env::var("SIM_SEED").is_ok() {
+        return;
+    }
     assert!(
         proclaimed >= runs,
         "only {proclaimed} proclaims watched in {runs} runs"
@@ -681,7 +689,6 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         compared >= 10 * runs,
         "only {compared} watcher pictures compared"
     );
-    eprintln!("sim_sessions: {runs} seeds, {grants} grants, {modes:?}, {refused_alone} mismatches arrived alone");
     // Every mode is exercised: shared and semaphore grants, keys held by
     // several at once, mismatches, grants judged by the FIFO rule.
     assert!(modes.shared >= runs && modes.semaphore >= runs, "{modes:?}");

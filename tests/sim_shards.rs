@@ -914,6 +914,10 @@ fn simulated_shards_keep_every_invariant() {
         "sim_shards: {runs} seeds, {grants} grants, {modes:?}, watcher: {watched} events \
          ({proclaimed} proclaims), {compared} pictures compared"
     );
+    // A seed alone (SIM_SEED) need not exercise everything.
+    if std::env::var("SIM_SEED").is_ok() {
+        return;
+    }
     // Every mode is exercised, and the watcher sees changes and compares.
     assert!(modes.shared >= runs && modes.semaphore >= runs, "{modes:?}");
     assert!(
