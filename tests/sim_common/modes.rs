@@ -98,10 +98,12 @@ pub fn check_key(table: &Table, key: &[u8], seen: &mut KeySeen) -> Result<(), St
     seen.table_was = now;
     let mut queue = Vec::new();
     table.queue_of(key, &mut queue);
-    if queue.is_empty() && seen.queue.is_empty() && seen.holders.is_empty() {
-        if table.holder_count_of(key) == 0 {
-            return Ok(());
-        }
+    if queue.is_empty()
+        && seen.queue.is_empty()
+        && seen.holders.is_empty()
+        && table.holder_count_of(key) == 0
+    {
+        return Ok(());
     }
     let whose = table.holder_ids_of(key);
     let mut holders: Vec<(u64, u64, Access)> = Vec::with_capacity(whose.len());
