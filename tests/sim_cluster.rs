@@ -23,21 +23,34 @@
 //!   whose connection dies with a request outstanding does not know the
 //!   outcome, so it first resets its own source (the only release it can
 //!   make safely) before locking again; `not leader` / `-` send it to
-//!   another node.
+//!   another node. Session clients (1, 3, 5, 7) acquire exclusively,
+//!   shared or as semaphores (issue #33; mostly of the key's `n`, now and
+//!   then another, refused `mode_mismatch`), one hold per key at most —
+//!   every seed but the regression seeds, which keep the exclusive run
+//!   they failed in (`SIM_MODES=0|1` says otherwise for every seed);
+//!   Locking-Center clients hold exclusively, as their protocol does.
 //!
 //! Checked after every step, per group (see `sim_cluster/checks.rs`):
 //! - **logs and tables** of group g agree across nodes;
-//! - **no two owners**: no key is believed held by two clients at once (a
-//!   client believes from its `+` until it sends the Unlock);
+//! - **no two owners**: the clients believing they hold a key at one
+//!   instant can all be right — one access among them, an exclusive one
+//!   alone, a semaphore of `n` at most `n` (a Locking-Center client
+//!   believes from its `+` until it sends the Unlock);
 //! - **one server**: at most one node serves (every one of its shards
 //!   leads its group and holds its lease: `NodeView::all_serving`) at
 //!   any instant;
-//! - **nothing acknowledged is lost**: every hold a client believes is the
-//!   holder, by source, in the table of the key's owner shard of
-//!   whichever node serves, and no other shard holds the key;
+//! - **nothing acknowledged is lost**: every hold a client believes is a
+//!   holder (by token and access, a Locking-Center one by source) in the
+//!   table of the key's owner shard of whichever node serves, and no other
+//!   shard holds the key; while one node serves in one term, its tables
+//!   keep the modes' rules against the previous check (an exclusive holder
+//!   alone, at most `n`, accesses unchanged, new tokens above the key's
+//!   largest, no grant past an earlier waiter: `sim_common/modes.rs`);
 //! - **tokens only grow**: each group's next grant id on the serving node
 //!   is above every grant id any client was answered for in that group,
-//!   by any leader; a key's session tokens grow across leaders.
+//!   by any leader; a key's exclusive session tokens grow across leaders
+//!   in the order they are believed, and any grant's token is above every
+//!   token answered before its Acquire was sent.
 //! - **no lease ends before its lower bound** (see `sim_cluster/leases.rs`):
 //!   the serving node's deadline of every lease a client believes is no
 //!   earlier than the client's send time + TTL.
@@ -115,7 +128,7 @@ use ringlock::shard::raft::{NodeView, Part};
 use ringlock::shard::{ConnCounts, Shard};
 use ringlock::wal::log::Chain;
 use shards::groups_of;
-use sim_common::{Rng, SessionView};
+use sim_common::{Causal, KeySeen, Modes, Rng, SessionView};
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma"];
 const CLIENTS: usize = 8;
@@ -254,8 +267,20 @@ struct World {
     max_delay_us: u64,
     /// Per group: the highest grant id any client was answered for.
     max_acked_grant: Vec<u64>,
-    /// The last token a session client was granted, per key.
+    /// The last token a session client was granted and believes, per key,
+    /// of exclusive grants (exclusive holds are believed in grant order;
+    /// shared ones overlap, and their answers arrive in any order).
     last_token: BTreeMap<usize, u64>,
+    /// Session clients ask for shared and semaphore holds too (every seed
+    /// but the regression seeds, which keep the exclusive run they failed
+    /// in; `SIM_MODES=0|1` says otherwise).
+    modes_on: bool,
+    modes: Modes,
+    causal: Causal,
+    /// What the last check saw of each key on the serving node, and which
+    /// node it was: (slot, incarnation, each group's term).
+    seen: Vec<KeySeen>,
+    seen_on: Option<(usize, u64, Vec<u64>)>,
     grants: u64,
     failovers: u64,
     crashes: u64,
@@ -356,6 +381,15 @@ impl World {
             max_delay_us: 200 + rng.below(3000),
             max_acked_grant: vec![0; groups],
             last_token: BTreeMap::new(),
+            modes_on: match std::env::var("SIM_MODES").as_deref() {
+                Ok("0") => false,
+                Ok(_) => true,
+                Err(_) => regression(seed).is_none_or(|r| r.modes),
+            },
+            modes: Modes::default(),
+            causal: Causal::default(),
+            seen: vec![KeySeen::default(); KEYS.len()],
+            seen_on: None,
             grants: 0,
             failovers: 0,
             crashes: 0,
@@ -685,8 +719,19 @@ impl World {
                 // Even seeds: leases long enough (up to 400 ms, beyond an
                 // election timeout) to outlive failovers often.
                 let max_ttl = if self.seed.is_multiple_of(2) { 400 } else { 65 };
+                cl.view.modes = self.modes_on;
+                cl.view.one_per_key = self.modes_on;
+                let rid = cl.view.next_rid;
                 cl.view
                     .random_request_ttl(&mut rng, k, KEYS, now, &mut cl.to_server, max_ttl);
+                if cl.view.next_rid != rid {
+                    let rid = cl.view.next_rid;
+                    if let Some(s) = cl.view.sent.get(&rid).filter(|s| s.hold.is_some()) {
+                        if !s.extend {
+                            self.causal.sent(c, rid, s.key);
+                        }
+                    }
+                }
                 if trace() {
                     let bytes: Vec<u8> = cl.to_server.iter().skip(before).copied().collect();
                     if let sp::Decoded::Frame { rid, req, .. } = sp::decode(&bytes) {
@@ -877,31 +922,41 @@ impl World {
                     .sent
                     .get(rid)
                     .filter(|s| !s.extend && s.hold.is_some())
-                    .map(|s| (s.key, *token)),
+                    .map(|s| (*rid, s.key, *token, s.access)),
                 _ => None,
             };
-            if let Err(e) = cl.view.answer(a, KEYS) {
-                self.fail(format!("client {c}: {e}"));
+            match cl.view.answer(a, KEYS) {
+                Ok(n) => self.modes.add(&n),
+                Err(e) => self.fail(format!("client {c}: {e}")),
+            }
+            // Any grant answered: above every token answered before its
+            // Acquire was sent.
+            if let Some((rid, k, token, _)) = grant {
+                if let Err(e) = self.causal.granted(c, rid, k, token) {
+                    self.fail(format!("tokens went back on {:?}: {e}", KEYS[k]));
+                }
             }
             // Tokens grow in the order holds are believed: a grant whose
             // answer arrives after its lease ended was never believed.
             let now = self.now;
             let ka = KEEPALIVE_MS as u64 * 1000;
             let cl = &self.clients[c];
-            let grant = grant.filter(|&(k, t)| {
+            let grant = grant.filter(|&(_, k, t, _)| {
                 cl.view
                     .holds
                     .get(&k)
                     .is_some_and(|b| b.token == t && cl.view.valid(b, now, ka))
             });
-            if let Some((k, token)) = grant {
+            if let Some((_, k, token, access)) = grant {
                 self.grants += 1;
-                let last = self.last_token.insert(k, token).unwrap_or(0);
-                if token <= last {
-                    self.fail(format!(
-                        "tokens went back on {:?}: {token} granted after {last}",
-                        String::from_utf8_lossy(KEYS[k])
-                    ));
+                if access == ringlock::core::Access::Exclusive {
+                    let last = self.last_token.insert(k, token).unwrap_or(0);
+                    if token <= last {
+                        self.fail(format!(
+                            "tokens went back on {:?}: {token} granted after {last}",
+                            String::from_utf8_lossy(KEYS[k])
+                        ));
+                    }
                 }
                 let o = self.owner(k);
                 self.max_acked_grant[o] = self.max_acked_grant[o].max(token);
@@ -1246,6 +1301,11 @@ fn run_digest(seed: u64, steps: usize) -> (u64, u64, u64, u64) {
     INSTALLS.fetch_add(installs, std::sync::atomic::Ordering::Relaxed);
     CHANGES.fetch_add(w.changes_done, std::sync::atomic::Ordering::Relaxed);
     shards::note(&w);
+    for seen in &w.seen {
+        w.modes.add_seen(seen);
+    }
+    w.modes.causal = w.causal.checked;
+    MODES.with(|m| m.borrow_mut().merge(&w.modes));
     (w.grants, w.failovers, w.crashes, w.digest)
 }
 
@@ -1266,6 +1326,10 @@ fn a_seed_replays_the_same_run() {
 }
 
 static COMPACTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+thread_local! {
+    /// Lock-mode counters over the seeds this thread ran.
+    static MODES: std::cell::RefCell<Modes> = std::cell::RefCell::new(Modes::default());
+}
 /// Locking-Center forwarding frames carried (requests and answers), and
 /// ones whose link was cut or whose peer was gone (reported to the sender).
 static FORWARDING_FRAMES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -1382,7 +1446,17 @@ fn env(name: &str, default: u64) -> u64 {
 /// done off the serving node (every shard applied its term's first entry,
 /// so everything committed before), with no change in progress, as
 /// `ringlock cluster` reads it.
-const REGRESSION_SEEDS: [Regression; 12] = [
+///
+/// 100023 (3 × 3, 2500 steps, lock modes; failed on every try): group 0's
+/// tables differed at applied index 25 — node 2 had installed the
+/// leader's snapshot, made while client 7's Extend of its semaphore lease
+/// on "alpha" (the key's second holder) waited for its commit, and the
+/// snapshot held "alpha"'s first holder only. The snapshot took back the
+/// pending records key by key (`applied_snapshot`): a key they touched
+/// was written as one holder, the oldest, and every other holder of a
+/// shared or semaphore key was dropped. Fixed: taken back holder by
+/// holder (key and grant id).
+const REGRESSION_SEEDS: [Regression; 13] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
@@ -1395,6 +1469,7 @@ const REGRESSION_SEEDS: [Regression; 12] = [
     Regression::new(8171, 2500, 3),
     Regression::new(8337, 2500, 1),
     Regression::new(11198, 2500, 2),
+    Regression::modes(100023, 2500, 3),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed
@@ -1404,6 +1479,8 @@ struct Regression {
     seed: u64,
     steps: usize,
     groups: usize,
+    /// Found with lock modes on (session clients shared and semaphore).
+    modes: bool,
 }
 
 impl Regression {
@@ -1412,6 +1489,14 @@ impl Regression {
             seed,
             steps,
             groups,
+            modes: false,
+        }
+    }
+
+    const fn modes(seed: u64, steps: usize, groups: usize) -> Regression {
+        Regression {
+            modes: true,
+            ..Regression::new(seed, steps, groups)
         }
     }
 }
@@ -1493,6 +1578,8 @@ fn cluster_simulation() {
     eprintln!("sim_cluster {}", resume::summary());
     eprintln!("sim_cluster: {}", leases::summary());
     eprintln!("sim_cluster: {}", shards::summary());
+    let modes = MODES.with(|m| std::mem::take(&mut *m.borrow_mut()));
+    eprintln!("sim_cluster: lock modes {modes:?}");
     assert!(failed.is_empty(), "seeds failed: {failed:?}");
     assert!(grants > 0, "the workload made progress");
     if std::env::var("SIM_SEED").is_err() {
@@ -1508,5 +1595,11 @@ fn cluster_simulation() {
             "followers forwarded Locking-Center requests"
         );
         shards::assert_exercised();
+        if std::env::var("SIM_MODES").as_deref() != Ok("0") {
+            // Every mode is exercised, over many seeds.
+            assert!(modes.shared > 0 && modes.semaphore > 0, "{modes:?}");
+            assert!(modes.multi > 0 && modes.fifo_grants > 0, "{modes:?}");
+            assert!(modes.mismatches > 0 && modes.causal > 0, "{modes:?}");
+        }
     }
 }

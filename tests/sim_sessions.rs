@@ -18,12 +18,33 @@
 //! also be the server's holder with the same token. At the end everything
 //! quiesces: no session, waiter, hold or connection is left.
 //!
+//! **Lock modes** (issue #33): clients acquire exclusively, shared, or as
+//! semaphores (mostly of the key's `n`, now and then of another), so the
+//! property generalizes: the clients that believe they hold a key at one
+//! instant asked for the same access, an exclusive one is alone, a
+//! semaphore of `n` has at most `n` (`sim_common/modes.rs`); each believed
+//! hold is one of the server's holders, with its token and access. And:
+//! - the server's table, against the previous check: an exclusive holder
+//!   alone, at most `n` holders of a semaphore, a holder's access (and `n`)
+//!   never changes, every new token above the key's largest, the queue in
+//!   arrival order, and no grant while a request queued earlier still
+//!   waits, other than to the requests ahead of it (`check_key`);
+//! - from the grants clients are answered: on one key, the order in which
+//!   Acquires reached the server is the order of their tokens (FIFO across
+//!   accesses, seen from outside), and a grant answered before an Acquire
+//!   was sent has a smaller token than the Acquire's;
+//! - a semaphore Acquire that reached the server alone while the key's `n`
+//!   was another is answered `mode_mismatch` and the key's holders, queue
+//!   and `n` are as they were; one whose `n` was the key's (or none) is
+//!   not; `mode_mismatch` answers nothing but a semaphore Acquire.
+//!
 //! A watcher session watches every key, its answers delayed and split like
 //! the others': **every change reaches it once, in order** — a grant of a
 //! token larger than any the key had, a release of a holder it was told
 //! of, a proclaim of a holder it was told of, never more holders than the
-//! key may have — and whenever it has read everything the server sent, its
-//! picture of each key's holders (tokens and sources) is the server's.
+//! key's access allows — and whenever it has read everything the server
+//! sent, its picture of each key's holders (tokens, sources, accesses) is
+//! the server's (`sim_common/watcher.rs`).
 //!
 //! `SIM_SEEDS=N` (default 200) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
@@ -34,12 +55,14 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use ringlock::config::Config;
-use ringlock::core::{Limits, Now, Table, Token};
+use ringlock::core::{Access, Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
 use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::{Cmd, Shard};
-use sim_common::{Belief, Rng, SessionView};
+use sim_common::{
+    check_believers, check_key, watcher, Belief, Causal, KeySeen, Modes, Rng, SessionView, Watcher,
+};
 
 const KEYS: &[&[u8]] = &[b"a", b"b"];
 const CLIENTS: usize = 5;
@@ -59,31 +82,20 @@ struct Client {
     eof_pending: bool,
     /// What it sent and believes (the client library's rules).
     view: SessionView,
+    /// Bytes put in `to_server` and delivered, since the connection opened.
+    pushed: u64,
+    delivered: u64,
+    /// Frames in `to_server`: (rid, where it ends in `pushed`).
+    frames: VecDeque<(u32, u64)>,
+    /// rid → when the whole frame reached the server (arrival number).
+    arrived: HashMap<u32, u64>,
+    /// A semaphore Acquire's expected answer: `mode_mismatch` or not.
+    expect_mismatch: HashMap<u32, bool>,
 }
 
-/// The watcher: a session watching every key.
-#[derive(Default)]
-struct Watcher {
-    token: Option<Token>,
-    to_client: VecDeque<u8>,
-    rx: Vec<u8>,
-    welcomed: bool,
-    /// Watch rids answered `ok` (by key index).
-    watching: Vec<bool>,
-    /// What it was told: each key's holders' tokens and sources.
-    holders: Vec<BTreeMap<u64, Vec<u8>>>,
-    /// The largest token it was told of, per key.
-    top: Vec<u64>,
-    last_ping_us: u64,
-    events: u64,
-    /// Of them, proclaims.
-    proclaims: u64,
-}
-
-/// The rid of the watcher's Watch of key `k`.
-fn watch_rid(k: usize) -> u32 {
-    100 + k as u32
-}
+/// One key as the server has it: holders (token, source, access), queue,
+/// semaphore `n` — what a refused request must leave as it was.
+type KeyState = (watcher::Picture, Vec<ringlock::core::Queued>, Option<u32>);
 
 struct World {
     rng: Rng,
@@ -96,6 +108,16 @@ struct World {
     owner_of: HashMap<Token, usize>,
     grants: u64,
     lost: u64,
+    /// What the last check saw of each key on the table.
+    seen: Vec<KeySeen>,
+    causal: Causal,
+    /// Frames that reached the server so far (numbers arrivals).
+    arrivals: u64,
+    /// Per key: arrival number → token of every grant answered.
+    order: Vec<BTreeMap<u64, u64>>,
+    modes: Modes,
+    /// Mismatches checked to have changed nothing.
+    refused_alone: u64,
 }
 
 impl World {
@@ -125,6 +147,12 @@ impl World {
             owner_of: HashMap::new(),
             grants: 0,
             lost: 0,
+            seen: vec![KeySeen::default(); KEYS.len()],
+            causal: Causal::default(),
+            arrivals: 0,
+            order: vec![BTreeMap::new(); KEYS.len()],
+            modes: Modes::default(),
+            refused_alone: 0,
         }
     }
 
@@ -147,18 +175,22 @@ impl World {
                 .on_accept(Port::Lock, "127.0.0.1:9".parse().expect("addr"))
             {
                 self.owner_of.insert(t, c);
+                // A new session numbers its requests from 1 again.
+                self.causal.forget(c);
                 let cl = &mut self.clients[c];
                 *cl = Client {
                     token: Some(t),
                     ..Client::default()
                 };
                 let cl = &mut self.clients[c];
+                cl.view.modes = true;
                 let hello = Req::Hello {
                     version: sp::VERSION,
                     keepalive_ms: KEEPALIVE_MS,
                     auth: b"",
                 };
                 cl.view.send(&hello, None, now_us, &mut cl.to_server);
+                self.note_frame(c);
             }
             return;
         };
@@ -174,148 +206,68 @@ impl World {
             // Close: the client forgets everything first.
             self.client_closed(c);
             self.shard.on_peer_closed(token, None);
+            return;
+        }
+        self.note_frame(c);
+    }
+
+    /// Notes the frame the client just sent, if it sent one: where it
+    /// ends in its byte stream, and an Acquire's causal floor.
+    fn note_frame(&mut self, c: usize) {
+        let cl = &mut self.clients[c];
+        let rid = cl.view.next_rid;
+        let end = cl.delivered + cl.to_server.len() as u64;
+        if end == cl.pushed {
+            return;
+        }
+        cl.pushed = end;
+        cl.frames.push_back((rid, end));
+        if let Some(s) = cl.view.sent.get(&rid) {
+            if s.hold.is_some() && !s.extend {
+                self.causal.sent(c, rid, s.key);
+            }
         }
     }
 
-    /// Opens the watcher's session, watches every key once it is
-    /// welcomed, and pings it well within its keep-alive. Its own frames
-    /// reach the server at once; the server's reach it late and split.
+    fn key_state(&self, k: usize) -> KeyState {
+        let t = self.shard.table();
+        let mut q = Vec::new();
+        t.queue_of(KEYS[k], &mut q);
+        (
+            watcher::picture_of(t, KEYS[k]),
+            q,
+            t.semaphore_slots_of(KEYS[k]),
+        )
+    }
+
+    /// Opens the watcher's session (a Hello, then a Watch of every key),
+    /// and pings it well within its keep-alive. Its own frames reach the
+    /// server at once; the server's reach it late and split.
     fn watcher_step(&mut self) {
         let now_us = self.now.mono_us;
-        let w = &mut self.watcher;
-        let Some(token) = w.token else {
+        let Some(token) = self.watcher.token else {
             let t = self
                 .shard
                 .on_accept(Port::Lock, "127.0.0.1:8".parse().expect("addr"))
                 .expect("a slot for the watcher");
-            *w = Watcher {
-                token: Some(t),
-                watching: vec![false; KEYS.len()],
-                holders: vec![BTreeMap::new(); KEYS.len()],
-                top: vec![0; KEYS.len()],
-                last_ping_us: now_us,
-                ..Watcher::default()
-            };
-            let mut b = Vec::new();
-            sp::encode(
-                1,
-                &Req::Hello {
-                    version: sp::VERSION,
-                    keepalive_ms: KEEPALIVE_MS,
-                    auth: b"",
-                },
-                &mut b,
-            );
-            for (k, key) in KEYS.iter().enumerate() {
-                sp::encode(watch_rid(k), &Req::Watch { key }, &mut b);
-            }
+            let (w, b) = Watcher::open(t, KEYS, KEEPALIVE_MS, now_us);
+            self.watcher = w;
             self.shard.on_recv(t, &b);
             return;
         };
-        if now_us >= w.last_ping_us + KEEPALIVE_MS as u64 * 1000 / 4 {
-            w.last_ping_us = now_us;
-            let mut b = Vec::new();
-            sp::encode(2, &Req::Ping, &mut b);
+        if let Some(b) = self.watcher.ping(now_us, KEEPALIVE_MS) {
             self.shard.on_recv(token, &b);
         }
     }
 
-    /// The watcher reads some of what the server sent, and checks each
-    /// change against what it was told before.
-    fn deliver_to_watcher(&mut self) {
-        let w = &mut self.watcher;
-        if w.to_client.is_empty() {
-            return;
+    /// The watcher reads some of what the server sent (all: `all`).
+    fn deliver_to_watcher(&mut self, all: bool) {
+        let trace = std::env::var_os("SIM_TRACE")
+            .is_some()
+            .then_some(self.now.mono_us);
+        if let Err(e) = self.watcher.read(&mut self.rng, all, KEYS, trace) {
+            self.fail(format!("watcher: {e}"));
         }
-        let n = 1 + self.rng.below(w.to_client.len() as u64) as usize;
-        w.rx.extend(w.to_client.drain(..n));
-        loop {
-            let w = &mut self.watcher;
-            let hello = (!w.welcomed).then_some(1);
-            let (a, n) = match sp::decode_answer(&w.rx, hello) {
-                Ok(Some(v)) => v,
-                Ok(None) => break,
-                Err(e) => self.fail(format!("watcher: {e}")),
-            };
-            w.rx.drain(..n);
-            if std::env::var_os("SIM_TRACE").is_some() {
-                eprintln!("[{}] watcher {a:?}", self.now.mono_us);
-            }
-            if let Err(e) = self.watcher_answer(a) {
-                self.fail(format!("watcher: {e}"));
-            }
-        }
-    }
-
-    fn watcher_answer(&mut self, a: Answer) -> Result<(), String> {
-        let w = &mut self.watcher;
-        match a {
-            Answer::Welcome { .. } => w.welcomed = true,
-            Answer::Reply { rid: 2, .. } => {}
-            Answer::Reply { rid, status, .. } => {
-                let k = (0..KEYS.len())
-                    .find(|&k| watch_rid(k) == rid)
-                    .ok_or(format!("a reply to rid {rid}, never sent"))?;
-                if status != sp::Status::Ok || w.watching[k] {
-                    return Err(format!("watch {rid} answered {status:?}"));
-                }
-                w.watching[k] = true;
-            }
-            Answer::Event {
-                rid,
-                kind,
-                token,
-                key,
-                source,
-                ..
-            } => {
-                let k = (0..KEYS.len())
-                    .find(|&k| watch_rid(k) == rid && KEYS[k] == key.as_slice())
-                    .ok_or(format!("an event of rid {rid} for {key:?}"))?;
-                let (listing, h) = (!w.watching[k], &mut w.holders[k]);
-                match kind {
-                    sp::EventKind::Holder if listing => {
-                        h.insert(token, source);
-                    }
-                    sp::EventKind::Holder => return Err("a holder event after the reply".into()),
-                    _ if listing => return Err(format!("{kind:?} before the watch's reply")),
-                    sp::EventKind::Granted => {
-                        if token <= w.top[k] || h.insert(token, source).is_some() {
-                            return Err(format!(
-                                "granted {token} on {key:?}, not above {} or told twice",
-                                w.top[k]
-                            ));
-                        }
-                        if h.len() > 1 {
-                            return Err(format!("{key:?} exclusive, told of holders {h:?}"));
-                        }
-                        w.events += 1;
-                    }
-                    // The holder stays (its source changed).
-                    sp::EventKind::Proclaimed => {
-                        let Some(was) = h.get_mut(&token) else {
-                            return Err(format!(
-                                "proclaimed {token} on {key:?}: not a holder it knew"
-                            ));
-                        };
-                        *was = source;
-                        w.events += 1;
-                        w.proclaims += 1;
-                    }
-                    _ => {
-                        if h.remove(&token).is_none() {
-                            return Err(format!(
-                                "{kind:?} {token} on {key:?}: not a holder it knew"
-                            ));
-                        }
-                        w.events += 1;
-                    }
-                }
-                w.top[k] = w.top[k].max(token);
-            }
-            other => return Err(format!("unexpected {other:?}")),
-        }
-        Ok(())
     }
 
     fn client_closed(&mut self, c: usize) {
@@ -323,6 +275,7 @@ impl World {
         cl.view.holds.clear();
         cl.view.queued.clear();
         cl.to_server.clear();
+        cl.frames.clear();
         cl.eof = true;
     }
 
@@ -337,8 +290,47 @@ impl World {
             return;
         }
         let n = 1 + self.rng.below(self.clients[c].to_server.len() as u64) as usize;
-        let bytes: Vec<u8> = self.clients[c].to_server.drain(..n).collect();
+        let cl = &mut self.clients[c];
+        let bytes: Vec<u8> = cl.to_server.drain(..n).collect();
+        cl.delivered += n as u64;
+        // The frames this delivery completes reach the server in order.
+        let mut done = Vec::new();
+        while let Some(&(rid, end)) = cl.frames.front() {
+            if end > cl.delivered {
+                break;
+            }
+            cl.frames.pop_front();
+            self.arrivals += 1;
+            cl.arrived.insert(rid, self.arrivals);
+            done.push(rid);
+        }
+        // A semaphore Acquire that arrives alone: the key's state just
+        // before says whether its n is refused, and a refusal changes
+        // nothing.
+        let sem = match done[..] {
+            [rid] => cl.view.sent.get(&rid).and_then(|s| match s.access {
+                Access::Semaphore(n) if s.hold.is_some() && !s.extend => Some((rid, s.key, n)),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let before = sem.map(|(_, k, _)| self.key_state(k));
         self.shard.on_recv(token, &bytes);
+        if let (Some((rid, k, n)), Some(before)) = (sem, before) {
+            let refuse = before.2.is_some_and(|m| m != n);
+            if refuse {
+                let after = self.key_state(k);
+                if after != before {
+                    self.fail(format!(
+                        "client {c}'s semaphore of {n} on {:?} (the key's n {:?}) changed the key: \
+                         {before:?} -> {after:?}",
+                        KEYS[k], before.2
+                    ));
+                }
+                self.refused_alone += 1;
+            }
+            self.clients[c].expect_mismatch.insert(rid, refuse);
+        }
     }
 
     /// Bytes to the client: it reads and believes what it is told.
@@ -380,14 +372,74 @@ impl World {
         }
         if let Answer::Welcome { welcome, .. } = &a {
             assert_eq!(welcome.keepalive_ms, KEEPALIVE_MS);
+            assert!(welcome.flags & sp::FLAG_MODES != 0, "modes not offered");
+        }
+        if let Answer::Reply {
+            rid, status, token, ..
+        } = a
+        {
+            self.acquire_answered(c, rid, status, token);
         }
         match self.clients[c].view.answer(a, KEYS) {
             Ok(n) => {
                 self.grants += n.grants;
                 self.lost += n.lost;
+                self.modes.add(&n);
             }
             Err(e) => self.fail(format!("client {c}: {e}")),
         }
+    }
+
+    /// An answer to client `c`'s rid: if it answers an Acquire, its
+    /// `mode_mismatch` is the one expected, and a grant's token is in
+    /// arrival order among the key's grants and above every token
+    /// answered before the Acquire was sent.
+    fn acquire_answered(&mut self, c: usize, rid: u32, status: sp::Status, token: u64) {
+        let cl = &mut self.clients[c];
+        let Some(s) = cl
+            .view
+            .sent
+            .get(&rid)
+            .filter(|s| s.hold.is_some() && !s.extend)
+        else {
+            return;
+        };
+        let (k, access) = (s.key, s.access);
+        let arrived = cl.arrived.remove(&rid);
+        if let Some(want) = cl.expect_mismatch.remove(&rid) {
+            if want != (status == sp::Status::ModeMismatch) {
+                self.fail(format!(
+                    "client {c}'s {access:?} on {:?} (rid {rid}) arrived alone, the key's n {}, \
+                     and was answered {}",
+                    KEYS[k],
+                    if want { "another" } else { "the same or none" },
+                    status.name()
+                ));
+            }
+        }
+        if status != sp::Status::Ok || token == 0 {
+            return;
+        }
+        if let Err(e) = self.causal.granted(c, rid, k, token) {
+            self.fail(e);
+        }
+        let Some(at) = arrived else {
+            self.fail(format!(
+                "client {c}: rid {rid} granted before it all arrived"
+            ));
+        };
+        let order = &mut self.order[k];
+        let before = order.range(..at).next_back().map(|(&a, &t)| (a, t));
+        let after = order.range(at..).next().map(|(&a, &t)| (a, t));
+        if before.is_some_and(|(_, t)| t >= token) || after.is_some_and(|(_, t)| t <= token) {
+            self.fail(format!(
+                "FIFO: client {c}'s {access:?} on {:?} arrived #{at} and was granted token \
+                 {token}; the grants that arrived just before and after: {before:?}, {after:?} \
+                 (arrival, token)",
+                KEYS[k]
+            ));
+        }
+        order.insert(at, token);
     }
 
     fn execute(&mut self) {
@@ -442,32 +494,28 @@ impl World {
     /// A watcher that read everything the server sent (checked after the
     /// shard's output was all handed over) sees each key's holders as
     /// they are.
-    fn check_watcher(&self) {
-        let w = &self.watcher;
-        if w.welcomed && w.to_client.is_empty() && w.rx.is_empty() {
-            for (k, key) in KEYS.iter().enumerate().filter(|&(k, _)| w.watching[k]) {
-                let server: BTreeMap<u64, Vec<u8>> = self
-                    .shard
-                    .table()
-                    .holders_of(key)
-                    .iter()
-                    .map(|(h, _)| (h.grant_id, h.source.as_bytes().to_vec()))
-                    .collect();
-                if server != w.holders[k] {
-                    self.fail(format!(
-                        "the watcher read everything and believes {key:?} is held by {:?}; the server says {server:?}",
-                        w.holders[k]
-                    ));
-                }
+    fn check_watcher(&mut self) {
+        if !self.watcher.caught_up() {
+            return;
+        }
+        for (k, key) in KEYS.iter().enumerate() {
+            let server = watcher::picture_of(self.shard.table(), key);
+            if let Err(e) = self.watcher.compare(k, key, &server) {
+                self.fail(e);
             }
         }
     }
 
-    /// Nobody believes a key another believes, and every belief is true.
-    fn check(&self) {
+    /// Nobody believes a key another believes (but a shared or semaphore
+    /// hold beside its like), every belief is true, and the table keeps
+    /// the modes' rules.
+    fn check(&mut self) {
         self.shard.check_invariants();
         let now = self.now.mono_us;
         for (k, key) in KEYS.iter().enumerate() {
+            if let Err(e) = check_key(self.shard.table(), key, &mut self.seen[k]) {
+                self.fail(format!("at {now}: {e}"));
+            }
             let believers: Vec<(usize, Belief)> = self
                 .clients
                 .iter()
@@ -479,15 +527,20 @@ impl World {
                         .then_some((i, b))
                 })
                 .collect();
-            if believers.len() > 1 {
-                self.fail(format!("two owners of {:?} at {now}: {believers:?}", key));
+            if let Err(e) = check_believers(key, &believers) {
+                self.fail(format!("at {now}: {e}"));
             }
-            if let Some((i, b)) = believers.first() {
-                let h = self.shard.table().holder_of(key);
-                if h.map(|h| h.grant_id) != Some(b.token) {
+            if believers.is_empty() {
+                continue;
+            }
+            let holders = self.shard.table().holders_of(key);
+            for (i, b) in &believers {
+                let h = holders.iter().find(|(h, _)| h.grant_id == b.token);
+                if h.is_none_or(|&(_, a)| a != b.access) {
                     self.fail(format!(
-                        "client {i} believes it holds {key:?} with token {} at {now}, the server says {h:?}",
-                        b.token
+                        "client {i} believes it holds {key:?} with token {} as {:?} at {now}, \
+                         the server's holders are {holders:?}",
+                        b.token, b.access
                     ));
                 }
             }
@@ -517,7 +570,7 @@ impl World {
             self.check();
         }
         if self.rng.chance(60) {
-            self.deliver_to_watcher();
+            self.deliver_to_watcher(false);
             self.check();
         }
         self.execute();
@@ -536,9 +589,7 @@ impl World {
             }
         }
         self.execute();
-        while !self.watcher.to_client.is_empty() {
-            self.deliver_to_watcher();
-        }
+        self.deliver_to_watcher(true);
         self.check();
         self.check_watcher();
         if let Some(t) = self.watcher.token.take() {
@@ -587,6 +638,7 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         }
     };
     let (mut grants, mut lost, mut watched, mut proclaimed) = (0, 0, 0, 0);
+    let (mut modes, mut compared, mut refused_alone) = (Modes::default(), 0, 0);
     let runs = seeds.len() as u64;
     for seed in seeds {
         let mut w = World::new(seed);
@@ -598,6 +650,13 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         lost += w.lost;
         watched += w.watcher.events;
         proclaimed += w.watcher.proclaims;
+        compared += w.watcher.compared;
+        refused_alone += w.refused_alone;
+        for seen in &w.seen {
+            w.modes.add_seen(seen);
+        }
+        w.modes.causal = w.causal.checked;
+        modes.merge(&w.modes);
         if std::env::var_os("SIM_STATS").is_some() {
             eprintln!(
                 "seed {seed}: grants {} lost {} metrics {}",
@@ -614,8 +673,31 @@ fn simulated_sessions_never_give_one_key_two_believing_owners() {
         watched >= 10 * runs,
         "only {watched} watch events in {runs} runs"
     );
+    eprintln!(
+        "sim_sessions: {runs} seeds, {grants} grants, {modes:?}, {refused_alone} mismatches \
+         arrived alone"
+    );
+    // A seed alone (SIM_SEED) need not exercise everything.
+    if std::env::var("SIM_SEED").is_ok() {
+        return;
+    }
     assert!(
         proclaimed >= runs,
         "only {proclaimed} proclaims watched in {runs} runs"
+    );
+    assert!(
+        compared >= 10 * runs,
+        "only {compared} watcher pictures compared"
+    );
+    // Every mode is exercised: shared and semaphore grants, keys held by
+    // several at once, mismatches, grants judged by the FIFO rule.
+    assert!(modes.shared >= runs && modes.semaphore >= runs, "{modes:?}");
+    assert!(
+        modes.multi >= runs && modes.fifo_grants >= runs,
+        "{modes:?}"
+    );
+    assert!(
+        modes.mismatches * 10 >= runs && refused_alone * 10 >= runs,
+        "{modes:?}"
     );
 }

@@ -14,13 +14,35 @@
 //!   reordered across pairs;
 //! - time advances in jumps, often straight to a shard's next deadline.
 //!
-//! Checked after every step: each shard's own invariants; FIFO among a
-//! key's waiters on its owner; **no two clients believe they hold a key at
-//! the same instant** (a Locking-Center client from its `+` until it sends
-//! Unlock; a session client by the rules of the client library: a lease
-//! until its Acquire/Extend send time + TTL, a session hold until the last
-//! answered send + keep-alive, or EOF); every believed hold is the owner's
-//! holder (same source, and same token for sessions). At the end, everyone
+//! Session clients acquire exclusively, shared, or as semaphores (issue
+//! #33; mostly of the key's `n`, now and then of another, which is
+//! refused); Locking-Center clients hold exclusively, as their protocol
+//! does, in the same queues.
+//!
+//! Checked after every step: each shard's own invariants; on each key's
+//! owner, the table against the previous check (`sim_common/modes.rs`:
+//! an exclusive holder alone, at most `n` holders of a semaphore, a
+//! holder's access and `n` unchanged, every new token above the key's
+//! largest, the queue in arrival order, and no grant while a request
+//! queued earlier still waits, other than to requests ahead of it);
+//! **the clients that believe they hold a key at one instant can all be
+//! right** — one access among them, an exclusive one alone, a semaphore
+//! of `n` at most `n` (a Locking-Center client believes from its `+`
+//! until it sends Unlock; a session client by the rules of the client
+//! library: a lease until its Acquire/Extend send time + TTL, a session
+//! hold until the last answered send + keep-alive, or EOF); every believed
+//! hold is one of the owner's holders (same source, and same token and
+//! access for sessions); a grant answered before an Acquire was sent has
+//! a smaller token than the Acquire's; `mode_mismatch` answers only a
+//! semaphore Acquire.
+//!
+//! A watcher session on one shard watches every key (the others' through
+//! the mesh): every change reaches it once, in order, never more holders
+//! than the key's access allows, and whenever it has read everything and
+//! nothing is in flight between shards, its picture of each key's holders
+//! (tokens, sources, accesses) is the owner's (`sim_common/watcher.rs`).
+//!
+//! At the end, everyone
 //! leaves: no connection, waiter, session or hold remains on any shard
 //! except a documented ghost (a client that fully closed while its Lock
 //! was queued, whose grant raced the close).
@@ -28,6 +50,8 @@
 //! `SIM_SEEDS=N` (default 150) from `SIM_FIRST_SEED` (default 1), `SIM_STEPS=N`
 //! (default 1500), `SIM_SEED=S`; `scripts/sim.sh` runs it for hours.
 
+#[path = "sim_shards/checks.rs"]
+mod checks;
 mod sim_common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -35,13 +59,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ringlock::config::Config;
-use ringlock::core::{HoldMode, Limits, Now, Table, Token};
+use ringlock::core::{Access, HoldMode, Limits, Now, Table, Token};
 use ringlock::metrics::Metrics;
 use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::session::SessMsg;
-use ringlock::shard::{owner, Cmd, ConnCounts, Detached, RemoteOp, RemoteResult, Shard};
-use sim_common::{Belief, Rng, SessionView};
+use ringlock::shard::{Cmd, ConnCounts, Detached, RemoteOp, RemoteResult, Shard};
+use sim_common::{Belief, Causal, KeySeen, Modes, Rng, SessionView, Watcher};
 
 const KEYS: &[&[u8]] = &[b"alpha", b"beta", b"gamma", b"delta"];
 const CLIENTS: usize = 7;
@@ -127,7 +151,15 @@ struct World {
     conn_client: HashMap<(usize, Token), usize>,
     /// Per ordered pair of shards, FIFO.
     mesh: HashMap<(usize, usize), VecDeque<Msg>>,
-    queues: Vec<Vec<Token>>,
+    /// What the last check saw of each key on its owner.
+    seen: Vec<KeySeen>,
+    causal: Causal,
+    modes: Modes,
+    /// The watcher, and the shard its connection is on.
+    watcher: Watcher,
+    watcher_shard: usize,
+    /// The watcher hung up (the end of the run).
+    watcher_closed: bool,
     /// Keys a client may have left held by nobody (it closed while its
     /// Lock was outstanding).
     ghost_ok: HashSet<usize>,
@@ -176,14 +208,16 @@ impl World {
             .collect();
         let clients = (0..CLIENTS)
             .map(|i| {
+                // Two one-shot, two persistent, three session clients.
                 let kind = match i % 3 {
-                    0 => Kind::OneShot,
+                    0 if i < 6 => Kind::OneShot,
                     1 => Kind::Persistent,
                     _ => Kind::Session,
                 };
                 Client::new(kind, i)
             })
             .collect();
+        let watcher_shard = rng.below(n as u64) as usize;
         World {
             rng,
             seed,
@@ -193,7 +227,12 @@ impl World {
             clients,
             conn_client: HashMap::new(),
             mesh: HashMap::new(),
-            queues: vec![Vec::new(); KEYS.len()],
+            seen: vec![KeySeen::default(); KEYS.len()],
+            causal: Causal::default(),
+            modes: Modes::default(),
+            watcher: Watcher::default(),
+            watcher_shard,
+            watcher_closed: false,
             ghost_ok: HashSet::new(),
             grants: 0,
             moves: 0,
@@ -223,6 +262,7 @@ impl World {
         let kind = self.clients[c].kind;
         let mut cl = Client::new(kind, c);
         cl.at = At::On { shard: s, token: t };
+        cl.view.modes = true;
         // A Locking-Center hold outlives connections: still believed.
         if kind != Kind::Session {
             cl.view.holds = std::mem::take(&mut self.clients[c].view.holds);
@@ -234,6 +274,8 @@ impl World {
                 self.clients[c].lc_outstanding.push_back((6, 0));
             }
             Kind::Session => {
+                // A new session numbers its requests from 1 again.
+                self.causal.forget(c);
                 self.send_sess(
                     c,
                     &Req::Hello {
@@ -305,11 +347,19 @@ impl World {
                 }
                 let now = self.now.mono_us;
                 let cl = &mut self.clients[c];
+                let rid = cl.view.next_rid;
                 if !cl
                     .view
                     .random_request(&mut self.rng, k, KEYS, now, &mut cl.to_server)
                 {
                     self.hang_up(c);
+                    return;
+                }
+                let rid = (cl.view.next_rid != rid).then_some(cl.view.next_rid);
+                if let Some(s) = rid.and_then(|r| cl.view.sent.get(&r)) {
+                    if s.hold.is_some() && !s.extend {
+                        self.causal.sent(c, cl.view.next_rid, s.key);
+                    }
                 }
             }
         }
@@ -452,6 +502,7 @@ impl World {
                         token: 0,
                         mode: HoldMode::Persistent,
                         until_us: u64::MAX,
+                        access: Access::Exclusive,
                     },
                 );
             }
@@ -464,8 +515,29 @@ impl World {
     }
 
     fn sess_answer(&mut self, c: usize, a: Answer) {
+        if let Answer::Reply {
+            rid,
+            status: sp::Status::Ok,
+            token,
+            ..
+        } = a
+        {
+            let view = &self.clients[c].view;
+            let acquire = view
+                .sent
+                .get(&rid)
+                .filter(|s| s.hold.is_some() && !s.extend);
+            if let Some(k) = acquire.filter(|_| token != 0).map(|s| s.key) {
+                if let Err(e) = self.causal.granted(c, rid, k, token) {
+                    self.fail(e);
+                }
+            }
+        }
         match self.clients[c].view.answer(a, KEYS) {
-            Ok(n) => self.grants += n.grants,
+            Ok(n) => {
+                self.grants += n.grants;
+                self.modes.add(&n);
+            }
             Err(e) => self.fail(format!("client {c}: {e}")),
         }
     }
@@ -492,7 +564,21 @@ impl World {
     }
 
     fn command(&mut self, s: usize, cmd: Cmd) {
+        let watcher = s == self.watcher_shard && self.watcher.token.is_some();
         match cmd {
+            Cmd::Send(token) if watcher && self.watcher.token == Some(token) => {
+                let mut buf = Vec::new();
+                self.shards[s].take_output(token, &mut buf);
+                self.watcher.to_client.extend(buf);
+                self.shards[s].on_send_done(token, Ok(()));
+            }
+            Cmd::Close(token) if watcher && self.watcher.token == Some(token) => {
+                if !self.watcher_closed {
+                    self.fail("the server closed the watcher's session".into())
+                }
+                // The watcher hung up at the end.
+                self.shards[s].on_closed(token);
+            }
             Cmd::Send(token) => {
                 let mut buf = Vec::new();
                 self.shards[s].take_output(token, &mut buf);
@@ -609,68 +695,6 @@ impl World {
         }
     }
 
-    // ----- checks -------------------------------------------------------------------
-
-    fn check(&mut self) {
-        for s in &self.shards {
-            s.check_invariants();
-        }
-        let now = self.now.mono_us;
-        let mut q = Vec::new();
-        for (k, key) in KEYS.iter().enumerate() {
-            let o = owner(key, self.n);
-            let table = self.shards[o].table();
-            // FIFO: waiters that stay keep their order.
-            table.waiters_of(key, &mut q);
-            let kept: Vec<Token> = self.queues[k]
-                .iter()
-                .copied()
-                .filter(|t| q.contains(t))
-                .collect();
-            if q[..kept.len()] != kept[..] {
-                self.fail(format!(
-                    "queue of {key:?} reordered: {:?} -> {q:?}",
-                    self.queues[k]
-                ));
-            }
-            self.queues[k].clone_from(&q);
-            for (i, s) in self.shards.iter().enumerate() {
-                if i != o && s.table().holder_of(key).is_some() {
-                    self.fail(format!("{key:?} held on shard {i}, owned by {o}"));
-                }
-            }
-            let believers: Vec<(usize, Belief)> = self
-                .clients
-                .iter()
-                .enumerate()
-                .filter_map(|(i, cl)| {
-                    let b = *cl.view.holds.get(&k)?;
-                    cl.view
-                        .valid(&b, now, KEEPALIVE_MS as u64 * 1000)
-                        .then_some((i, b))
-                })
-                .collect();
-            if believers.len() > 1 {
-                self.fail(format!("two owners of {key:?} at {now}: {believers:?}"));
-            }
-            if let Some(&(i, b)) = believers.first() {
-                let h = table.holder_of(key);
-                let ok = h.is_some_and(|h| {
-                    if b.mode == HoldMode::Persistent {
-                        h.source.as_bytes() == self.clients[i].source.as_slice()
-                    } else {
-                        h.grant_id == b.token
-                    }
-                });
-                if !ok {
-                    self.fail(format!(
-                        "client {i} believes it holds {key:?} ({b:?}) at {now}; the owner says {h:?}"
-                    ));
-                }
-            }
-        }
-    }
-
     fn step(&mut self) {
         self.now.mono_us += 1 + self.rng.below(4_000);
         let next = self
@@ -687,6 +711,7 @@ impl World {
         for s in &mut self.shards {
             s.begin_tick(self.now);
         }
+        self.watcher_step();
         for _ in 0..1 + self.rng.below(5) {
             let c = self.rng.below(CLIENTS as u64) as usize;
             match self.rng.below(100) {
@@ -694,12 +719,14 @@ impl World {
                 30..=54 => self.deliver_to_server(c),
                 55..=74 => self.deliver_to_client(c),
                 75..=84 => self.detach_step(c),
+                85..=89 => self.deliver_to_watcher(false),
                 _ => self.mesh_step(),
             }
             self.check();
         }
         self.execute();
         self.check();
+        self.check_watcher();
     }
 
     /// Delivers everything in flight, a little time passing each round.
@@ -724,8 +751,11 @@ impl World {
                 self.deliver_to_client(c);
             }
             self.mesh_step();
+            self.watcher_step();
             self.execute();
             self.check();
+            self.deliver_to_watcher(true);
+            self.check_watcher();
             let in_flight = self.mesh.values().any(|q| !q.is_empty())
                 || self.clients.iter().any(|c| {
                     !c.to_client.is_empty()
@@ -782,6 +812,13 @@ impl World {
             }
         }
         self.drain(false);
+        self.deliver_to_watcher(true);
+        self.check_watcher();
+        if let Some(t) = self.watcher.token {
+            self.watcher_closed = true;
+            self.shards[self.watcher_shard].on_peer_closed(t, None);
+            self.execute();
+        }
         // Past every TTL and keep-alive.
         self.now.mono_us += 10_000_000;
         self.now.unix_ms += 10_000;
@@ -842,6 +879,7 @@ fn simulated_shards_keep_every_invariant() {
     };
     let runs = seeds.len() as u64;
     let (mut grants, mut moves, mut messages) = (0, 0, 0);
+    let (mut modes, mut watched, mut proclaimed, mut compared) = (Modes::default(), 0, 0, 0);
     for seed in seeds {
         let mut w = World::new(seed);
         for _ in 0..steps {
@@ -851,6 +889,14 @@ fn simulated_shards_keep_every_invariant() {
         grants += w.grants;
         moves += w.moves;
         messages += w.messages;
+        for seen in &w.seen {
+            w.modes.add_seen(seen);
+        }
+        w.modes.causal = w.causal.checked;
+        modes.merge(&w.modes);
+        watched += w.watcher.events;
+        proclaimed += w.watcher.proclaims;
+        compared += w.watcher.compared;
         if std::env::var_os("SIM_STATS").is_some() {
             eprintln!(
                 "seed {seed}: {} shards, grants {} moves {} messages {}",
@@ -863,5 +909,32 @@ fn simulated_shards_keep_every_invariant() {
     assert!(
         messages >= 20 * runs,
         "only {messages} mesh messages in {runs} runs"
+    );
+    eprintln!(
+        "sim_shards: {runs} seeds, {grants} grants, {modes:?}, watcher: {watched} events \
+         ({proclaimed} proclaims), {compared} pictures compared"
+    );
+    // A seed alone (SIM_SEED) need not exercise everything.
+    if std::env::var("SIM_SEED").is_ok() {
+        return;
+    }
+    // Every mode is exercised, and the watcher sees changes and compares.
+    assert!(modes.shared >= runs && modes.semaphore >= runs, "{modes:?}");
+    assert!(
+        modes.multi >= runs && modes.fifo_grants >= runs,
+        "{modes:?}"
+    );
+    assert!(modes.mismatches * 10 >= runs, "{modes:?}");
+    assert!(
+        watched >= 10 * runs,
+        "only {watched} watch events in {runs} runs"
+    );
+    assert!(
+        proclaimed * 5 >= runs,
+        "only {proclaimed} proclaims watched"
+    );
+    assert!(
+        compared >= 10 * runs,
+        "only {compared} watcher pictures compared"
     );
 }

@@ -19,6 +19,6 @@ pub use name::{Arena, Name, NameRef, Source, KEY_MAX, LOCK_PORT_SOURCE_MAX, SOUR
 pub use table::Table;
 pub use types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
-    ListForm, LockMode, LockOpts, Now, Proclaimed, ReleaseCause, Reply, Token, NO_CONN,
+    ListForm, LockMode, LockOpts, Now, Proclaimed, Queued, ReleaseCause, Reply, Token, NO_CONN,
     REPLICATED_SESSION,
 };

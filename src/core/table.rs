@@ -62,7 +62,7 @@ use super::list::{Link, Linked, List, NIL};
 use super::name::{Arena, Name, NameRef, KEY_MAX, SOURCE_MAX};
 use super::types::{
     Access, Checked, Effect, Effects, Extended, HeldKey, HeldRef, HoldMode, Limit, Limits,
-    ListForm, LockMode, LockOpts, Now, Proclaimed, ReleaseCause, Reply, Token, NO_CONN,
+    ListForm, LockMode, LockOpts, Now, Proclaimed, Queued, ReleaseCause, Reply, Token, NO_CONN,
     REPLICATED_SESSION,
 };
 

@@ -403,6 +403,20 @@ impl HeldKey {
     }
 }
 
+/// A request queued on a key, as
+/// [`Table::queue_of`](crate::core::Table::queue_of) lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// Whose it is: its session's id, else its connection (as
+    /// [`Table::holder_ids_of`](crate::core::Table::holder_ids_of) names
+    /// a holder).
+    pub who: u64,
+    /// Unique per waiter, increasing in the order requests were queued.
+    pub seq: u64,
+    /// Its access (a semaphore's `n` is its key's).
+    pub access: Access,
+}
+
 /// A held key by reference: names borrowed from wherever they are stored
 /// (a log image during recovery, the table itself), so visiting a million
 /// holders copies no name.

@@ -1,14 +1,25 @@
 //! The checks made after every step, per group: each shard of a node
 //! is a replica of its own group, so logs and tables compare group g
-//! across nodes, a key's holder is the one on the shard owning it
+//! across nodes, a key's holders are the ones on the shard owning it
 //! (`owner(key, groups)`) of the serving node, and grant ids grow per
 //! group; a node serves when every one of its shards serves.
+//!
+//! Lock modes (issue #33): the clients believing they hold a key at one
+//! instant can all be right (one access, an exclusive one alone, at most
+//! `n` of a semaphore); each believed hold is one of the serving owner's
+//! holders, with its token and access; and while one node serves, its
+//! table against the previous check (`sim_common::check_key`: exclusive
+//! alone, at most `n`, a holder's access unchanged, new tokens above the
+//! key's largest, the queue in arrival order, no grant past an earlier
+//! waiter). Tables compared across nodes compare accesses too.
 
 use std::collections::BTreeMap;
 
+use ringlock::core::{Access, HoldMode};
 use ringlock::shard::owner;
 
 use super::{resume, World, KEEPALIVE_MS, KEYS};
+use crate::sim_common::{check_believers, check_key, Belief, KeySeen};
 
 impl World {
     /// The shard (group) owning key `k`.
@@ -65,8 +76,8 @@ impl World {
     /// of its own waiting for a commit) holds exactly what that shard of
     /// any other node at the same applied index holds.
     fn check_tables(&mut self, g: usize) {
-        // applied index → (the first node seen there, its (key, grant)s)
-        type Held = Vec<(Vec<u8>, u64)>;
+        // applied index → (the first node seen there, its (key, grant, access)s)
+        type Held = Vec<(Vec<u8>, u64, Access)>;
         let mut seen: BTreeMap<u64, (usize, Held)> = BTreeMap::new();
         for i in 0..self.nodes.len() {
             let Some(s) = self.nodes[i].shard(g) else {
@@ -76,13 +87,13 @@ impl World {
             if s.log().is_some_and(|l| l.pending()) || r.raft_applied() != r.applied_index() {
                 continue;
             }
-            let mut held: Vec<(Vec<u8>, u64)> = s
+            let mut held: Held = s
                 .table()
                 .held_list()
                 .iter()
-                .map(|h| (h.key.as_bytes().to_vec(), h.grant_id))
+                .map(|h| (h.key.as_bytes().to_vec(), h.grant_id, h.access))
                 .collect();
-            held.sort();
+            held.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
             match seen.get(&r.applied_index()) {
                 Some((j, other)) if *other != held => self.fail(format!(
                     "group {g}'s tables differ at applied index {}: node {} holds {:?}, node {} holds {:?}",
@@ -126,29 +137,38 @@ impl World {
             self.check_tables(g);
         }
         self.note_group_leaders();
-        let mut owner: BTreeMap<usize, usize> = BTreeMap::new();
+        // key → its believers (client, belief); a Locking-Center client's
+        // belief is exclusive, its token unknown (0).
+        let mut owner: BTreeMap<usize, Vec<(usize, Belief)>> = BTreeMap::new();
         let now = self.now;
         let ka = KEEPALIVE_MS as u64 * 1000;
         for (c, cl) in self.clients.iter().enumerate() {
-            let believed: Vec<usize> = if cl.session && cl.res.resuming && !resume::gap_belief() {
-                Vec::new()
-            } else if cl.session {
-                cl.view
-                    .holds
-                    .iter()
-                    .filter(|(_, b)| cl.view.valid(b, now, ka))
-                    .map(|(&k, _)| k)
-                    .collect()
-            } else {
-                cl.beliefs.iter().copied().collect()
-            };
-            for k in believed {
-                if let Some(o) = owner.insert(k, c) {
-                    self.fail(format!(
-                        "two owners: clients {o} and {c} both believe they hold {:?}",
-                        String::from_utf8_lossy(KEYS[k])
-                    ));
-                }
+            let believed: Vec<(usize, Belief)> =
+                if cl.session && cl.res.resuming && !resume::gap_belief() {
+                    Vec::new()
+                } else if cl.session {
+                    cl.view
+                        .holds
+                        .iter()
+                        .filter(|(_, b)| cl.view.valid(b, now, ka))
+                        .map(|(&k, &b)| (k, b))
+                        .collect()
+                } else {
+                    let lc = Belief {
+                        token: 0,
+                        mode: HoldMode::Persistent,
+                        until_us: u64::MAX,
+                        access: Access::Exclusive,
+                    };
+                    cl.beliefs.iter().map(|&k| (k, lc)).collect()
+                };
+            for (k, b) in believed {
+                owner.entry(k).or_default().push((c, b));
+            }
+        }
+        for (&k, bs) in &owner {
+            if let Err(e) = check_believers(KEYS[k], bs) {
+                self.fail(e);
             }
         }
         let serving: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.serves(i)).collect();
@@ -158,6 +178,7 @@ impl World {
             ));
         }
         let Some(&i) = serving.first() else {
+            self.seen_on = None;
             return;
         };
         self.check_server_is_voter(i);
@@ -170,32 +191,50 @@ impl World {
         for s in &self.nodes[i].shards {
             s.check_invariants();
         }
-        for (&k, &c) in &owner {
+        self.check_keys(i);
+        for (&k, bs) in &owner {
             let o = self.owner(k);
             let s = self.nodes[i].shard(o).expect("running");
-            let h = s.table().holder_of(KEYS[k]);
-            let cl = &self.clients[c];
-            if cl.session {
-                let token = cl.view.holds[&k].token;
-                if h.as_ref().map(|h| h.grant_id) != Some(token) {
+            let holders = s.table().holders_of(KEYS[k]);
+            for &(c, b) in bs {
+                let cl = &self.clients[c];
+                if cl.session {
+                    let token = b.token;
+                    if !holders
+                        .iter()
+                        .any(|(h, a)| h.grant_id == token && *a == b.access)
+                    {
+                        self.fail(format!(
+                            "lost grant: session client {c} holds {:?} with token {token} ({:?}) \
+                             but node {} (shard {o}) serves with {:?}",
+                            String::from_utf8_lossy(KEYS[k]),
+                            b.access,
+                            i + 1,
+                            holders
+                                .iter()
+                                .map(|(h, a)| (h.grant_id, h.mode, *a))
+                                .collect::<Vec<_>>()
+                        ));
+                    }
+                    self.check_lease_bound(i, k, c);
+                    continue;
+                }
+                let src = &cl.source;
+                if !holders
+                    .iter()
+                    .any(|(h, a)| h.source.as_bytes() == src.as_slice() && *a == Access::Exclusive)
+                {
                     self.fail(format!(
-                        "lost grant: session client {c} holds {:?} with token {token} but node {} (shard {o}) serves with {:?}",
+                        "lost grant: client {c} holds {:?} but node {} (shard {o}) serves with \
+                         holders {:?}",
                         String::from_utf8_lossy(KEYS[k]),
                         i + 1,
-                        h.map(|h| (h.grant_id, h.mode))
+                        holders
+                            .iter()
+                            .map(|(h, a)| (String::from_utf8_lossy(h.source.as_bytes()), *a))
+                            .collect::<Vec<_>>()
                     ));
                 }
-                self.check_lease_bound(i, k, c);
-                continue;
-            }
-            let src = &cl.source;
-            if h.as_ref().map(|h| h.source.as_bytes()) != Some(src.as_slice()) {
-                self.fail(format!(
-                    "lost grant: client {c} holds {:?} but node {} (shard {o}) serves with holder {:?}",
-                    String::from_utf8_lossy(KEYS[k]),
-                    i + 1,
-                    h.map(|h| String::from_utf8_lossy(h.source.as_bytes()).into_owned())
-                ));
             }
         }
         // No shard other than a key's owner holds it.
@@ -219,6 +258,33 @@ impl World {
                     i + 1,
                     self.max_acked_grant[g]
                 ));
+            }
+        }
+    }
+
+    /// The serving node `i`'s tables against what the previous check saw
+    /// while it served in the same term (anything else starts afresh: a
+    /// new leader's queue is its own, and a grant another node made and
+    /// never committed may have a token this one hands out again).
+    fn check_keys(&mut self, i: usize) {
+        let terms: Vec<u64> = self.nodes[i]
+            .shards
+            .iter()
+            .map(|s| s.replica().map_or(0, |r| r.term()))
+            .collect();
+        let at = (i, self.nodes[i].incarnation, terms);
+        if self.seen_on.as_ref() != Some(&at) {
+            self.seen_on = Some(at);
+            for seen in &mut self.seen {
+                self.modes.add_seen(seen);
+                *seen = KeySeen::default();
+            }
+        }
+        for (k, key) in KEYS.iter().enumerate() {
+            let o = self.owner(k);
+            let table = self.nodes[i].shards[o].table();
+            if let Err(e) = check_key(table, key, &mut self.seen[k]) {
+                self.fail(format!("node {} (shard {o}): {e}", i + 1));
             }
         }
     }

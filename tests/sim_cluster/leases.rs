@@ -31,7 +31,7 @@ impl World {
             return;
         }
         let s = self.nodes[i].shard(self.owner(k)).expect("serving");
-        let Some(d) = s.table().lease_deadline_us(KEYS[k]) else {
+        let Some(d) = s.table().lease_deadline_us(KEYS[k], b.token) else {
             self.fail(format!(
                 "session client {c} believes a lease of {:?} (token {}) that node {} serves as no lease",
                 String::from_utf8_lossy(KEYS[k]),

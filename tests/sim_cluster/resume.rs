@@ -39,7 +39,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ringlock::core::HoldMode;
+use ringlock::core::{Access, HoldMode};
 use ringlock::protocol::session::{self as sp, Answer, Req, Status};
 
 use super::{SessionView, World, KEEPALIVE_MS, KEYS};
@@ -312,11 +312,18 @@ impl World {
             ));
         }
         let held = std::mem::take(&mut cl.res.held);
-        let mut listed: BTreeMap<usize, (u64, HoldMode, Option<u32>)> = BTreeMap::new();
+        // A session may hold a key twice (shared, semaphore: a hold whose
+        // Release had no answer, and a new grant), never one token twice.
+        let mut listed: BTreeMap<usize, Vec<(u64, HoldMode, Option<u32>)>> = BTreeMap::new();
         for &(k, t, m, ttl) in &held {
-            if listed.insert(k, (t, m, ttl)).is_some() {
-                self.fail(format!("client {c}: a Resume listed {:?} twice", KEYS[k]));
+            let l = listed.entry(k).or_default();
+            if l.iter().any(|x| x.0 == t) {
+                self.fail(format!(
+                    "client {c}: a Resume listed {:?} token {t} twice",
+                    KEYS[k]
+                ));
             }
+            l.push((t, m, ttl));
         }
         count(Stat::Resumed);
         if !held.is_empty() {
@@ -333,15 +340,17 @@ impl World {
             std::mem::take(&mut cl.view.holds).into_iter().collect();
         beliefs.sort_by_key(|b| b.0);
         for (k, b) in beliefs {
-            match listed.get(&k) {
-                Some(&(t, m, _)) if t == b.token => {
+            let at = listed
+                .get(&k)
+                .and_then(|l| l.iter().position(|x| x.0 == b.token));
+            match at.map(|i| listed.get_mut(&k).expect("listed").remove(i)) {
+                Some((t, m, _)) => {
                     if m != b.mode {
                         self.fail(format!(
                             "client {c}: a Resume listed {:?} token {t} as {m:?}, granted as {:?}",
                             KEYS[k], b.mode
                         ));
                     }
-                    listed.remove(&k);
                     let cl = &mut self.clients[c];
                     cl.view.holds.insert(k, b);
                     count(Stat::Kept);
@@ -361,6 +370,9 @@ impl World {
             }
         }
         let mut release = Vec::new();
+        let listed = listed
+            .into_iter()
+            .flat_map(|(k, l)| l.into_iter().map(move |x| (k, x)));
         for (k, (t, m, ttl)) in listed {
             let cl = &self.clients[c];
             let known = cl.res.known.get(&k).copied().unwrap_or(0);
@@ -369,13 +381,17 @@ impl World {
                 release.push((k, t));
                 continue;
             }
-            let acqs: Vec<(u64, u32)> = cl
+            let acqs: Vec<(u64, u32, Access)> = cl
                 .view
                 .queued
                 .iter()
                 .filter(|&&(_, qk)| qk == k)
                 .filter_map(|(r, _)| cl.view.sent.get(r))
-                .filter_map(|s| s.hold.filter(|h| h.0 == m).map(|h| (s.at_us, h.1)))
+                .filter_map(|s| {
+                    s.hold
+                        .filter(|h| h.0 == m)
+                        .map(|h| (s.at_us, h.1, s.access))
+                })
                 .collect();
             if acqs.is_empty() {
                 self.fail(format!(
@@ -385,8 +401,18 @@ impl World {
                     cl.view.queued
                 ));
             }
+            // A Held frame does not say the access: the Acquire's, when
+            // every candidate asked for the same; else it is released.
+            let access = acqs[0].2;
+            if acqs.iter().any(|a| a.2 != access) {
+                release.push((k, t));
+                continue;
+            }
             let until_us = if m == HoldMode::Lease {
-                let by_acquire = acqs.iter().map(|&(at, ttl)| at + ttl as u64 * 1000).min();
+                let by_acquire = acqs
+                    .iter()
+                    .map(|&(at, ttl, _)| at + ttl as u64 * 1000)
+                    .min();
                 let by_resume = sent_at + ttl.unwrap_or(0) as u64 * 1000;
                 by_acquire.unwrap_or(0).max(by_resume)
             } else {
@@ -396,6 +422,7 @@ impl World {
                 token: t,
                 mode: m,
                 until_us,
+                access,
             };
             let cl = &mut self.clients[c];
             cl.res.known.insert(k, t);
@@ -404,19 +431,23 @@ impl World {
             cl.view.alive_since_us = sent_at;
             let valid = cl.view.valid(&b, now, ka);
             cl.view.alive_since_us = alive;
-            if !valid {
+            // One belief per key: a second hold of it is released.
+            if !valid || cl.view.holds.contains_key(&k) {
                 release.push((k, t));
                 continue;
             }
             cl.view.holds.insert(k, b);
             count(Stat::Learned);
             self.grants += 1;
-            let last = self.last_token.insert(k, t).unwrap_or(0);
-            if t <= last {
-                self.fail(format!(
-                    "tokens went back on {:?}: {t} learned by client {c}'s Resume after {last}",
-                    String::from_utf8_lossy(KEYS[k])
-                ));
+            // Exclusive holds are believed in grant order.
+            if access == Access::Exclusive {
+                let last = self.last_token.insert(k, t).unwrap_or(0);
+                if t <= last {
+                    self.fail(format!(
+                        "tokens went back on {:?}: {t} learned by client {c}'s Resume after {last}",
+                        String::from_utf8_lossy(KEYS[k])
+                    ));
+                }
             }
             let o = self.owner(k);
             self.max_acked_grant[o] = self.max_acked_grant[o].max(t);

@@ -1,11 +1,20 @@
 //! What the simulators share: their random number generator and the model
 //! of a session client (what it sent, and what it believes it holds, by
-//! the rules of the client library).
+//! the rules of the client library), the lock-mode checks (`modes.rs`)
+//! and the watcher (`watcher.rs`).
 #![allow(dead_code)]
+
+pub mod modes;
+pub mod watcher;
+
+#[allow(unused_imports)]
+pub use modes::{check_believers, check_key, pick_access, Causal, KeySeen, Modes};
+#[allow(unused_imports)]
+pub use watcher::Watcher;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use ringlock::core::HoldMode;
+use ringlock::core::{Access, HoldMode};
 use ringlock::protocol::session::{self as sp, Answer, Req, Status, WAIT_FOREVER};
 
 /// xorshift64: deterministic per seed, no dependency.
@@ -43,6 +52,8 @@ pub struct Sent {
     /// An Extend (its answer renews a lease still believed, never one the
     /// client released meanwhile).
     pub extend: bool,
+    /// An Acquire's access (exclusive for every other request).
+    pub access: Access,
 }
 
 /// A hold the client believes it has.
@@ -52,6 +63,9 @@ pub struct Belief {
     pub mode: HoldMode,
     /// A lease: believed until this instant (send time + TTL).
     pub until_us: u64,
+    /// The access it asked for (and was granted: a semaphore of another
+    /// `n` than the key's is refused).
+    pub access: Access,
 }
 
 /// One session client's view, kept as the client library keeps it.
@@ -65,6 +79,17 @@ pub struct SessionView {
     /// Acquires sent and not answered: (rid, key).
     pub queued: Vec<(u32, usize)>,
     pub holds: BTreeMap<usize, Belief>,
+    /// Acquires may be shared or semaphores (once the Welcome offers
+    /// [`sp::FLAG_MODES`]); else every one is exclusive, as before
+    /// issue #33, and the random choices are the ones they were.
+    pub modes: bool,
+    /// The Welcome's flags.
+    pub flags: u8,
+    /// No Acquire of a key it believes it holds or has an Acquire
+    /// outstanding for: one hold per key at most, as a model that keeps
+    /// one belief per key across a resume needs (a second shared grant
+    /// would otherwise be held, unbelieved, for the session's life).
+    pub one_per_key: bool,
 }
 
 /// What an answer changed, for the simulators' counters.
@@ -72,6 +97,11 @@ pub struct SessionView {
 pub struct Counted {
     pub grants: u64,
     pub lost: u64,
+    /// Grants of shared and of semaphore Acquires.
+    pub shared: u64,
+    pub semaphore: u64,
+    /// Semaphore Acquires answered `mode_mismatch`.
+    pub mismatches: u64,
 }
 
 impl SessionView {
@@ -96,6 +126,7 @@ impl SessionView {
                 hold: None,
                 at_us: now_us,
                 extend: false,
+                access: Access::Exclusive,
             }),
         );
         rid
@@ -129,6 +160,9 @@ impl SessionView {
     ) -> bool {
         let span = max_ttl_ms.max(6) - 5;
         match rng.below(100) {
+            0..=39
+                if self.one_per_key
+                    && (self.holds.contains_key(&k) || self.queued.iter().any(|q| q.1 == k)) => {}
             0..=39 => {
                 let (hold, ttl) = if rng.chance(500) {
                     (HoldMode::Lease, 5 + rng.below(span) as u32)
@@ -140,6 +174,13 @@ impl SessionView {
                     1 => WAIT_FOREVER,
                     _ => 1 + rng.below(40) as u32,
                 };
+                // Drawn only with modes on: an exclusive-only client's
+                // choices stay the ones they were.
+                let access = if self.modes && self.flags & sp::FLAG_MODES != 0 {
+                    pick_access(rng, k)
+                } else {
+                    Access::Exclusive
+                };
                 let rid = self.send(
                     &Req::Acquire {
                         hold,
@@ -147,13 +188,14 @@ impl SessionView {
                         wait_ms: wait,
                         key: keys[k],
                         source: b"",
-                        access: ringlock::protocol::session::Access::Exclusive,
+                        access,
                     },
                     Some(Sent {
                         key: k,
                         hold: Some((hold, ttl)),
                         at_us: now_us,
                         extend: false,
+                        access,
                     }),
                     now_us,
                     out,
@@ -184,6 +226,7 @@ impl SessionView {
                             hold: Some((HoldMode::Lease, ttl)),
                             at_us: now_us,
                             extend: true,
+                            access: b.access,
                         };
                         // A shorter TTL may take effect the moment the
                         // server reads it: believed no longer than that.
@@ -236,7 +279,8 @@ impl SessionView {
             Answer::Event { rid, .. } | Answer::OtherEvent { rid, .. } => {
                 return Err(format!("an Event frame (rid {rid}) with no Watch sent"))
             }
-            Answer::Welcome { .. } => {
+            Answer::Welcome { welcome, .. } => {
+                self.flags = welcome.flags;
                 self.welcomed = true;
                 self.alive_since_us = self.sent.get(&1).map_or(0, |s| s.at_us);
             }
@@ -257,6 +301,11 @@ impl SessionView {
                     (Some((mode, ttl)), Status::Ok) if token != 0 => {
                         if !s.extend {
                             n.grants += 1;
+                            match s.access {
+                                Access::Exclusive => {}
+                                Access::Shared => n.shared += 1,
+                                Access::Semaphore(_) => n.semaphore += 1,
+                            }
                         }
                         // An Extend sent after this one and not answered
                         // yet may shorten the lease any moment now.
@@ -276,8 +325,22 @@ impl SessionView {
                                 token,
                                 mode,
                                 until_us,
+                                access: s.access,
                             },
                         );
+                    }
+                    // Only a semaphore names an `n` that can differ.
+                    (hold, Status::ModeMismatch) => {
+                        if hold.is_none() || s.extend || !matches!(s.access, Access::Semaphore(_)) {
+                            return Err(format!(
+                                "rid {rid} answered mode_mismatch: not a semaphore Acquire \
+                                 ({:?}, {}, extend {})",
+                                s.hold,
+                                s.access.name(),
+                                s.extend
+                            ));
+                        }
+                        n.mismatches += 1;
                     }
                     // An Extend too late: the lease is gone.
                     (Some((HoldMode::Lease, _)), Status::Stale)

@@ -133,6 +133,56 @@ impl Table {
         }
     }
 
+    /// The requests queued on `key`, in queue order, each with whose it
+    /// is, its arrival number and its access (inspection: the simulators'
+    /// FIFO check across accesses, which also needs
+    /// [`Table::holder_ids_of`]).
+    pub fn queue_of(&self, key: &[u8], out: &mut Vec<Queued>) {
+        out.clear();
+        let Some(k) = self.find_key(key) else {
+            return;
+        };
+        let mut cur = self.keys[k as usize].queue.front();
+        while let Some(w) = cur {
+            let wt = &self.waiters[w as usize];
+            out.push(Queued {
+                who: self.who(wt.owner, wt.conn),
+                seq: wt.seq,
+                access: self.waiter_access(w),
+            });
+            cur = List::next_of(&self.waiters, w, W_KEY);
+        }
+    }
+
+    /// Each holder of `key` as (grant id, whose it is: its session's id,
+    /// else its connection), oldest grant first (inspection: allocates).
+    pub fn holder_ids_of(&self, key: &[u8]) -> Vec<(u64, u64)> {
+        let Some(k) = self.find_key(key) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        if let Some(h) = self.keys[k as usize].holder.as_ref() {
+            out.push((h.grant_id, self.who(h.owner, h.conn)));
+        }
+        let mut cur = self.others_front(k);
+        while let Some(x) = cur {
+            let h = &self.shares[x as usize].holder;
+            out.push((h.grant_id, self.who(h.owner, h.conn)));
+            cur = List::next_of(&self.shares, x, S_KEY);
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// A session's id (owner entry `owner`), else connection `conn`.
+    fn who(&self, owner: u32, conn: Token) -> u64 {
+        if owner == NIL {
+            conn
+        } else {
+            self.owners[owner as usize].id
+        }
+    }
+
     /// The connection token of waiter node `w`, if it is queued.
     pub fn waiter_conn(&self, w: u32) -> Option<Token> {
         self.waiters.get(w as usize).map(|w| w.conn)

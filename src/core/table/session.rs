@@ -567,11 +567,12 @@ impl Table {
         }
     }
 
-    /// The lease deadline of `key`'s holder (monotonic µs), if it is a
-    /// lease (a shared or semaphore key's oldest holder).
-    pub fn lease_deadline_us(&self, key: &[u8]) -> Option<u64> {
+    /// The lease deadline (monotonic µs) of grant `grant_id` on `key`, if
+    /// it holds the key as a lease (inspection: the cluster simulator's
+    /// lease bound).
+    pub fn lease_deadline_us(&self, key: &[u8], grant_id: u64) -> Option<u64> {
         let k = self.find_key(key)?;
-        let h = self.first_holder(k)?;
+        let h = self.holder_at(k, self.find_grant(k, grant_id)?);
         (h.mode == HoldMode::Lease).then_some(h.expires_mono_us)
     }
 }

@@ -62,9 +62,19 @@ impl Shard {
         let now = self.now;
         let mut records = Vec::with_capacity(64 * 1024);
         crate::wal::record::encode_grant_mark(self.table.next_grant_id(), &mut records);
-        // Keys a pending record touched → their holder as applied; the
-        // replicated sessions homed here as applied.
-        let mut touched: BTreeMap<Vec<u8>, Option<HeldKey>> = BTreeMap::new();
+        // Holders a pending record touched, by (key, grant id) → the
+        // holder as applied (`None`: not held then); the replicated
+        // sessions homed here as applied. By grant, not by key: a shared
+        // or semaphore key has several holders, and the others stay as
+        // they are (keyed by key, a pending Extend of one share left the
+        // key's oldest holder alone in the snapshot and dropped the rest).
+        let mut touched: BTreeMap<Vec<u8>, BTreeMap<u64, Option<HeldKey>>> = BTreeMap::new();
+        let holder = |key: &[u8], grant_id: u64| {
+            let hs = self.table.holders_of(key);
+            hs.into_iter()
+                .map(|(h, _)| h)
+                .find(|h| h.grant_id == grant_id)
+        };
         let mut sessions: BTreeMap<u64, u32> = self.table.sessions_homed().collect();
         for u in self.durability.undo_newest_first() {
             match u {
@@ -74,25 +84,25 @@ impl Shard {
                 Undo::SessionEnd { sid, keepalive_ms } => {
                     sessions.insert(*sid, *keepalive_ms);
                 }
-                Undo::Acquire { key, .. } => {
-                    touched.insert(key.as_bytes().to_vec(), None);
+                Undo::Acquire { key, grant_id } => {
+                    let k = touched.entry(key.as_bytes().to_vec()).or_default();
+                    k.insert(*grant_id, None);
                 }
                 Undo::Release { prev } => {
-                    touched.insert(prev.key.as_bytes().to_vec(), Some(*prev));
+                    let k = touched.entry(prev.key.as_bytes().to_vec()).or_default();
+                    k.insert(prev.grant_id, Some(*prev));
                 }
                 Undo::Proclaim { prev } => {
-                    let e = touched
-                        .entry(prev.key.as_bytes().to_vec())
-                        .or_insert_with(|| self.table.holder_of(prev.key.as_bytes()));
-                    if let Some(h) = e.as_mut().filter(|h| h.grant_id == prev.grant_id) {
+                    let (key, g) = (prev.key.as_bytes(), prev.grant_id);
+                    let k = touched.entry(key.to_vec()).or_default();
+                    if let Some(h) = k.entry(g).or_insert_with(|| holder(key, g)) {
                         h.source = prev.source;
                     }
                 }
                 Undo::Extend(x) => {
-                    let e = touched
-                        .entry(x.key.as_bytes().to_vec())
-                        .or_insert_with(|| self.table.holder_of(x.key.as_bytes()));
-                    if let Some(h) = e.as_mut().filter(|h| h.grant_id == x.grant_id) {
+                    let (key, g) = (x.key.as_bytes(), x.grant_id);
+                    let k = touched.entry(key.to_vec()).or_default();
+                    if let Some(h) = k.entry(g).or_insert_with(|| holder(key, g)) {
                         h.expires_unix_ms = x.prev_unix_ms;
                     }
                 }
@@ -102,11 +112,14 @@ impl Shard {
             crate::wal::record::encode_session_open(sid, ka, &mut records);
         }
         self.table.for_each_held(|h| {
-            if !touched.contains_key(h.key) {
+            if !touched
+                .get(h.key)
+                .is_some_and(|k| k.contains_key(&h.grant_id))
+            {
                 crate::wal::record::encode_acquire(h, &mut records);
             }
         });
-        for h in touched.values().flatten() {
+        for h in touched.values().flat_map(|k| k.values()).flatten() {
             crate::wal::record::encode_acquire(h.as_ref(), &mut records);
         }
         store::proposal(now.unix_ms, &records, out);
