@@ -1456,7 +1456,17 @@ fn env(name: &str, default: u64) -> u64 {
 /// was written as one holder, the oldest, and every other holder of a
 /// shared or semaphore key was dropped. Fixed: taken back holder by
 /// holder (key and grant id).
-const REGRESSION_SEEDS: [Regression; 13] = [
+///
+/// 557 (3 × 1, 2500 steps, lock modes; failed on every try, as did nine
+/// other seeds of the first sweep with modes): a node that stepped down
+/// logged `undo_failed` and dropped a semaphore holder the other nodes
+/// kept at the same applied index. Client 7's Release of its
+/// `Semaphore(1)` hold of "alpha" was in flight when client 5 queued a
+/// `Semaphore(2)` on the key, fixing its n at 2; the step-down undid the
+/// Release, and giving the holder back failed on the queued request's n.
+/// Fixed: a leader stepping down drops its sessions' queued requests
+/// before undoing its records in flight (`Table::drop_session_waiters`).
+const REGRESSION_SEEDS: [Regression; 14] = [
     Regression::new(87, 2500, 3),
     Regression::new(163, 2500, 3),
     Regression::new(331, 2500, 3),
@@ -1470,6 +1480,7 @@ const REGRESSION_SEEDS: [Regression; 13] = [
     Regression::new(8337, 2500, 1),
     Regression::new(11198, 2500, 2),
     Regression::modes(100023, 2500, 3),
+    Regression::modes(557, 2500, 1),
 ];
 
 /// A seed that found a bug, and the shape it failed in: a regression seed

@@ -382,6 +382,7 @@ impl Table {
     /// queued requests are dropped): they are the log's, and its client
     /// may resume it on the next leader.
     pub fn drop_owners(&mut self) {
+        self.drop_session_waiters();
         let mut cur = self.age_first();
         while let Some((k, at)) = cur {
             cur = self.age_next(k, at);
@@ -399,11 +400,25 @@ impl Table {
                 continue;
             }
             if let Some(o) = self.owner_index.remove(&id) {
-                while let Some(w) = self.owners[o as usize].waiting.front() {
-                    let waiter = self.detach_waiter(w);
-                    self.source_drop_if_unused(waiter.source);
-                }
                 self.owners.remove(o as usize);
+            }
+        }
+    }
+
+    /// Drops every queued request of every session, answering none (a
+    /// leader stepping down closes their connections; a resumed client
+    /// asks again). No effect. A cluster leader that steps down does this
+    /// *before* undoing its records still in flight: a request queued
+    /// meanwhile may have fixed a semaphore's `n` that an undone Release
+    /// gives back to its holder with another (its queueing depended on the
+    /// voided records), and the undo must find the key as those records
+    /// left it.
+    pub fn drop_session_waiters(&mut self) {
+        let owners: Vec<u32> = self.owners.iter().map(|(o, _)| o as u32).collect();
+        for o in owners {
+            while let Some(w) = self.owners[o as usize].waiting.front() {
+                let waiter = self.detach_waiter(w);
+                self.source_drop_if_unused(waiter.source);
             }
         }
     }

@@ -84,6 +84,10 @@ impl Shard {
             let log = self.log.as_mut().expect("replicated log");
             log.proposal_landed(Err(()), buf);
         }
+        // The sessions' queued requests go first: queued behind the
+        // records now voided, they could stand in an undo's way (a
+        // semaphore's n fixed meanwhile).
+        self.table.drop_session_waiters();
         self.fail_pending(why, 0);
         let r = self.raft.as_mut().expect("replica");
         r.view.serving[r.group].store(false, Ordering::Release);
