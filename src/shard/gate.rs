@@ -534,11 +534,14 @@ impl Shard {
                 Undo::Release { prev } => {
                     // The key is free again here: later records were undone.
                     if !self.table.restore_holder(&prev, now) {
+                        // A limit of the table, or a semaphore whose n a
+                        // request queued since fixed otherwise.
                         log!(
                             Level::Error,
                             "undo_failed",
-                            "key={:?} reason=key_limit",
-                            prev.key
+                            "key={:?} token={} reason=\"the released holder could not be put back: a table limit, or a semaphore n fixed otherwise by a request queued since\"",
+                            prev.key,
+                            prev.grant_id
                         );
                     }
                 }
