@@ -124,7 +124,7 @@ use ringlock::metrics::Metrics;
 use ringlock::protocol::members::MemberStatus;
 use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
-use ringlock::shard::raft::{NodeView, Part};
+use ringlock::shard::raft::{GroupReplica, NodeView};
 use ringlock::shard::{ConnCounts, Shard};
 use ringlock::wal::log::Chain;
 use shards::groups_of;
@@ -469,9 +469,9 @@ impl World {
         let mut shards = Vec::with_capacity(groups);
         for g in 0..groups {
             if self.nodes[i].disks[g].is_empty() {
-                self.nodes[i].disks[g] = store::new_image(&Part::identity(&c, g, groups));
+                self.nodes[i].disks[g] = store::new_image(&GroupReplica::identity(&c, g, groups));
             }
-            let part = Part::start(
+            let part = GroupReplica::start(
                 &c,
                 g,
                 groups,

@@ -380,8 +380,8 @@ fn entry_record(r: &mut Replayed, p: &[u8], at: usize, shown: &str) -> Result<()
         }
         None if index != 1 => {
             return Err(format!(
-                "{shown}: the first entry is {index} (this log is never compacted, \
-                 it must start at 1)"
+                "{shown}: the first entry is {index} (a log without a snapshot \
+                 starts at entry 1)"
             ))
         }
         _ => {}

@@ -26,7 +26,7 @@ use crate::wal::log::Log;
 use crate::wal::{self, LogFiles};
 
 /// What one shard starts with: its listeners, its recovered table and log.
-struct Part {
+struct ShardStart {
     lock: TcpListener,
     admin: TcpListener,
     table: Table,
@@ -34,7 +34,7 @@ struct Part {
     faults: Faults,
     /// Cluster mode: the shard's replica, its log file, its Raft listener
     /// and the other nodes' link addresses for this shard.
-    raft: Option<RaftPart>,
+    raft: Option<RaftStart>,
     /// `--certs-dir`: the node's certificates (shared by every shard).
     certs: Option<Arc<Certs>>,
     /// The lock and admin addresses this node tells clients (Locate,
@@ -42,8 +42,8 @@ struct Part {
     advertised: (String, String),
 }
 
-struct RaftPart {
-    part: crate::shard::raft::Part,
+struct RaftStart {
+    part: crate::shard::raft::GroupReplica,
     files: LogFiles,
     listener: TcpListener,
     peers: Vec<(u64, SocketAddr)>,
@@ -55,7 +55,7 @@ struct RaftPart {
 pub struct Server {
     cfg: Config,
     metrics: Arc<Metrics>,
-    parts: Vec<Part>,
+    parts: Vec<ShardStart>,
     signal_fd: RawFd,
     lock_addr: SocketAddr,
     admin_addr: SocketAddr,
@@ -230,7 +230,7 @@ impl Server {
             let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
             })?;
-            parts.push(Part {
+            parts.push(ShardStart {
                 lock,
                 admin,
                 table,
@@ -368,7 +368,7 @@ fn run_shard(
     pin: bool,
     cfg: Config,
     metrics: Arc<Metrics>,
-    part: Part,
+    part: ShardStart,
     mesh: Option<MeshEnd>,
     signal_fd: Option<RawFd>,
     ring_fds: Arc<Vec<AtomicI32>>,
@@ -415,7 +415,7 @@ impl Loop {
         n: usize,
         cfg: Config,
         metrics: Arc<Metrics>,
-        part: Part,
+        part: ShardStart,
         mesh: Option<MeshEnd>,
         signal_fd: Option<RawFd>,
         ring_fds: Arc<Vec<AtomicI32>>,
@@ -483,11 +483,11 @@ impl Loop {
 fn open_cluster(
     cfg: &Config,
     c: &crate::cluster::ClusterConfig,
-    parts: &mut [Part],
+    parts: &mut [ShardStart],
     lock_addr: SocketAddr,
 ) -> io::Result<()> {
     use crate::cluster::store;
-    use crate::shard::raft::{NodeView, Part as Replica};
+    use crate::shard::raft::{GroupReplica, NodeView};
     let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
     let path = cfg.data_path.as_ref().expect("checked");
     let n = parts.len();
@@ -524,7 +524,7 @@ fn open_cluster(
     for (g, part) in parts.iter_mut().enumerate() {
         let p = group_path(g);
         let shown = p.display().to_string();
-        let id = Replica::identity(c, g, n);
+        let id = GroupReplica::identity(c, g, n);
         let image = store::new_image(&id);
         let mut replayed = None;
         let mut files = wal::open_file(&p, &image, &mut |data| {
@@ -581,7 +581,7 @@ fn open_cluster(
             }
         }
         let seed = now().mono_us ^ (me << 40) ^ g as u64;
-        let replica = Replica::from_replayed(
+        let replica = GroupReplica::from_replayed(
             c,
             g,
             n,
@@ -607,7 +607,7 @@ fn open_cluster(
             me,
             raft_addr
         );
-        part.raft = Some(RaftPart {
+        part.raft = Some(RaftStart {
             part: replica,
             files,
             listener,

@@ -218,7 +218,7 @@ pub struct Shard {
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<ConnCounts>>,
     /// Cluster mode: this shard's replica of its Raft group.
-    raft: Option<Box<raft::Part>>,
+    raft: Option<Box<raft::GroupReplica>>,
     /// Cluster mode: Locking-Center requests forwarded to the leader, or
     /// served for a follower.
     forwards: forward::Forwards,

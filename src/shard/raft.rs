@@ -142,9 +142,10 @@ struct ParkedRead {
 }
 
 /// A shard's replication state.
-pub struct Part {
+pub struct GroupReplica {
     pub replica: Replica,
-    /// The cluster log file's writer (raw records, never compacted).
+    /// The cluster log file's writer (raw records; compacted by rewriting
+    /// it as a snapshot and the entries after it, `compact`).
     file: Log,
     /// `(file lsn, ready number)`: a ready is persisted once its records'
     /// lsn is durable.
@@ -210,7 +211,7 @@ pub struct Part {
     excluded_logged: bool,
 }
 
-impl Part {
+impl GroupReplica {
     pub fn new(
         replica: Replica,
         file: Log,
@@ -219,8 +220,8 @@ impl Part {
         my_client_addr: String,
         election_us: u64,
         session_keep_ms: u64,
-    ) -> Part {
-        Part {
+    ) -> GroupReplica {
+        GroupReplica {
             replica,
             file,
             persisting: VecDeque::new(),
@@ -362,9 +363,9 @@ impl Part {
         my_client_addr: String,
         session_keep_ms: u64,
         seed: u64,
-    ) -> Result<Part, String> {
+    ) -> Result<GroupReplica, String> {
         let r = store::replay(image, shown)?;
-        Part::from_replayed(
+        GroupReplica::from_replayed(
             cluster,
             group,
             groups,
@@ -377,7 +378,7 @@ impl Part {
         )
     }
 
-    /// [`Part::start`] over a log already replayed.
+    /// [`GroupReplica::start`] over a log already replayed.
     #[allow(clippy::too_many_arguments)] // a replica's parts, given once
     pub fn from_replayed(
         cluster: &crate::cluster::ClusterConfig,
@@ -389,8 +390,8 @@ impl Part {
         my_client_addr: String,
         session_keep_ms: u64,
         seed: u64,
-    ) -> Result<Part, String> {
-        let want = Part::identity(cluster, group, groups);
+    ) -> Result<GroupReplica, String> {
+        let want = GroupReplica::identity(cluster, group, groups);
         // The founding voters are the cluster's identity, whatever the
         // membership became since (and whatever --peers says now).
         let founding = match &r.identity {
@@ -424,7 +425,7 @@ impl Part {
             // Disaster recovery: this node alone, every entry it has kept.
             // Configuration history is void (blanked to empty entries);
             // the log is rewritten as a snapshot naming only this node
-            // once everything is applied (Part::snapshot_wanted).
+            // once everything is applied (GroupReplica::snapshot_wanted).
             let me = cluster.node_id;
             let alone = raft::eraftpb::ConfState::from((vec![me], vec![]));
             if r.recovered.snapshot.get_metadata().index > 0 {
@@ -482,7 +483,7 @@ impl Part {
             max_waiters: 1,
         });
         let file = Log::raw(r.valid_len, &table);
-        let mut part = Part::new(
+        let mut part = GroupReplica::new(
             replica,
             file,
             group,
@@ -507,7 +508,7 @@ impl Part {
 impl Shard {
     /// Makes this shard a replica (before it runs): its records become
     /// proposals, `part` holds the Raft node and the cluster log's writer.
-    pub fn enable_cluster(&mut self, mut part: Part) {
+    pub fn enable_cluster(&mut self, mut part: GroupReplica) {
         // The configuration as of the log's snapshot (the changes after it
         // are applied again, each published as it is).
         part.publish_conf(part.initial.as_ref().map_or(0, |s| s.get_metadata().index));
@@ -725,7 +726,7 @@ impl Shard {
         match r.replica.step(link_node, bytes) {
             Ok(notes) => {
                 // What the peer's groups say of this node's membership:
-                // each group's shard takes it up (`Part::note_excluded`).
+                // each group's shard takes it up (`GroupReplica::note_excluded`).
                 for (g, index) in notes {
                     if let Some(a) = r.view.excluded.get(g as usize) {
                         a.fetch_max(index, Ordering::AcqRel);

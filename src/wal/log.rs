@@ -229,7 +229,8 @@ impl Log {
     }
 
     /// A cluster log file's writer: raw records (Raft entries, hard state)
-    /// appended as a single node's records are, never compacted.
+    /// appended as a single node's records are; compacted only by a
+    /// rewrite its owner asks for (a snapshot and the entries after it).
     pub fn raw(file_len: u64, table: &Table) -> Log {
         Log::new(file_len, table, u64::MAX)
     }

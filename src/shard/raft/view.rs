@@ -1,19 +1,19 @@
 //! What a node's shards tell each other ([`NodeView`]) and what a node's
 //! groups tell a peer of its membership: the configuration notices that
 //! let a node learn of a removal from one group it never applied, while
-//! it is still a member of another (see `Part::excluded_notes`).
+//! it is still a member of another (see `GroupReplica::excluded_notes`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::Part;
+use super::GroupReplica;
 use crate::cluster::replica::Replica;
 use crate::log::Level;
 
 /// What this node's shards tell each other (one per node): which node
 /// leads each group, whether each shard serves, whether each is a voter
 /// of its group, each group's applied configuration, and what the peers
-/// said of this node's membership (see `Part::excluded_notes`).
+/// said of this node's membership (see `GroupReplica::excluded_notes`).
 pub struct NodeView {
     pub(super) leaders: Vec<AtomicU64>,
     pub(super) serving: Vec<AtomicBool>,
@@ -78,10 +78,10 @@ impl NodeView {
     }
 }
 
-impl Part {
+impl GroupReplica {
     /// Tells this node's other shards the configuration this group
     /// applied, made by the entry (or snapshot) at `index`: they tell the
-    /// peers it excludes (see [`Part::excluded_notes`]). Nothing is said
+    /// peers it excludes (see [`GroupReplica::excluded_notes`]). Nothing is said
     /// of the founding voters (index 0) nor of a history that
     /// `--force-new-cluster` is rewriting.
     pub(super) fn publish_conf(&self, index: u64) {
