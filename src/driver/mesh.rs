@@ -1,8 +1,21 @@
 //! Messages between shards: one bounded single-producer single-consumer
 //! queue per ordered pair of shards (`rtrb`, wait-free, no lock), and an
 //! `IORING_OP_MSG_RING` doorbell that posts a completion on the receiver's
-//! ring so a shard asleep in `io_uring_enter` wakes up. Nothing else is
-//! shared between shard threads.
+//! ring so a shard asleep in `io_uring_enter` wakes up. Every request,
+//! answer, connection and session a shard hands another goes this way.
+//!
+//! Besides these queues, shard threads share only counters and flags, none
+//! of them a lock table's state: the key and waiter [`Budget`]
+//! (`--max-keys`/`--max-waiters` for the whole server: two atomic counts),
+//! the connection count of `--max-connections` (`ConnCounts`), each shard's
+//! ring fd (this doorbell's target) and the start barrier, the metrics
+//! registry (each shard writes its own atomics, the metrics thread reads),
+//! the node's certificates (read-only), and in cluster mode the
+//! `NodeView` (which node leads each group, which shards serve, each
+//! group's applied configuration: atomics, and a `Mutex` per group's
+//! configuration). Moving those behind this module is issue #32's.
+//!
+//! [`Budget`]: crate::core::Budget
 //!
 //! Backpressure: a message that does not fit in its queue waits in a
 //! per-destination outbox, flushed every tick. The outbox is bounded for
