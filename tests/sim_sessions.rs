@@ -61,7 +61,8 @@ use ringlock::protocol::session::{self as sp, Answer, Req};
 use ringlock::shard::conn::Port;
 use ringlock::shard::{Cmd, Shard};
 use sim_common::{
-    check_believers, check_key, watcher, Belief, Causal, KeySeen, Modes, Rng, SessionView, Watcher,
+    believers, check_believers, check_key, watcher, Causal, KeySeen, Modes, Rng, SessionView,
+    Watcher,
 };
 
 const KEYS: &[&[u8]] = &[b"a", b"b"];
@@ -516,17 +517,12 @@ impl World {
             if let Err(e) = check_key(self.shard.table(), key, &mut self.seen[k]) {
                 self.fail(format!("at {now}: {e}"));
             }
-            let believers: Vec<(usize, Belief)> = self
-                .clients
-                .iter()
-                .enumerate()
-                .filter_map(|(i, cl)| {
-                    let b = *cl.view.holds.get(&k)?;
-                    cl.view
-                        .valid(&b, now, KEEPALIVE_MS as u64 * 1000)
-                        .then_some((i, b))
-                })
-                .collect();
+            let believers = believers(
+                self.clients.iter().map(|cl| &cl.view),
+                k,
+                now,
+                KEEPALIVE_MS as u64 * 1000,
+            );
             if let Err(e) = check_believers(key, &believers) {
                 self.fail(format!("at {now}: {e}"));
             }

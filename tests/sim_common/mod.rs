@@ -8,7 +8,7 @@ pub mod modes;
 pub mod watcher;
 
 #[allow(unused_imports)]
-pub use modes::{check_believers, check_key, pick_access, Causal, KeySeen, Modes};
+pub use modes::{believers, check_believers, check_key, pick_access, Causal, KeySeen, Modes};
 #[allow(unused_imports)]
 pub use watcher::Watcher;
 

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use ringlock::core::Queued;
 use ringlock::core::{Access, Table, NO_CONN};
 
-use super::{Belief, Counted, Rng};
+use super::{Belief, Counted, Rng, SessionView};
 
 /// A random access for an Acquire on key `k`: half exclusive, a quarter
 /// shared, a quarter a semaphore, mostly of the key's own `n` (2 or 3)
@@ -33,6 +33,24 @@ pub fn pick_access(rng: &mut Rng, k: usize) -> Access {
         _ if rng.chance(200) => Access::Semaphore(1 + rng.below(3) as u32),
         _ => Access::Semaphore(2 + (k % 2) as u32),
     }
+}
+
+/// The clients that believe they hold key `k` at `now_us`, by index
+/// (their beliefs still valid by the client rules), for
+/// [`check_believers`].
+pub fn believers<'a>(
+    views: impl Iterator<Item = &'a SessionView>,
+    k: usize,
+    now_us: u64,
+    keepalive_us: u64,
+) -> Vec<(usize, Belief)> {
+    views
+        .enumerate()
+        .filter_map(|(i, v)| {
+            let b = *v.holds.get(&k)?;
+            v.valid(&b, now_us, keepalive_us).then_some((i, b))
+        })
+        .collect()
 }
 
 /// The believers of one key at one instant (client, belief) can all be

@@ -8,7 +8,7 @@ use ringlock::shard::conn::Port;
 use ringlock::shard::owner;
 
 use super::{World, KEEPALIVE_MS, KEYS};
-use crate::sim_common::{check_believers, check_key, watcher, Belief, Watcher};
+use crate::sim_common::{believers, check_believers, check_key, watcher, Watcher};
 
 impl World {
     pub(super) fn check(&mut self) {
@@ -27,17 +27,12 @@ impl World {
                     self.fail(format!("{key:?} held on shard {i}, owned by {o}"));
                 }
             }
-            let believers: Vec<(usize, Belief)> = self
-                .clients
-                .iter()
-                .enumerate()
-                .filter_map(|(i, cl)| {
-                    let b = *cl.view.holds.get(&k)?;
-                    cl.view
-                        .valid(&b, now, KEEPALIVE_MS as u64 * 1000)
-                        .then_some((i, b))
-                })
-                .collect();
+            let believers = believers(
+                self.clients.iter().map(|cl| &cl.view),
+                k,
+                now,
+                KEEPALIVE_MS as u64 * 1000,
+            );
             if let Err(e) = check_believers(key, &believers) {
                 self.fail(format!("at {now}: {e}"));
             }
