@@ -51,21 +51,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/driver/ring.rs",
         "src/driver/start.rs",
     ],
-    // issue #32: being removed
-    &[
-        "src/shard/forward.rs",
-        "src/shard/gate.rs",
-        "src/shard/keys.rs",
-        "src/shard/mod.rs",
-        "src/shard/raft.rs",
-        "src/shard/raft/compact.rs",
-        "src/shard/raft/handover.rs",
-        "src/shard/raft/members.rs",
-        "src/shard/raft/ops.rs",
-        "src/shard/raft/view.rs",
-        "src/shard/resume.rs",
-        "src/shard/session.rs",
-    ],
 ];
 
 /// Files still over [`MAX_LINES`] lines.

@@ -55,81 +55,16 @@
 //!   node the TLS certificate (or Hello) named, and counts against the
 //!   connection limit like a client.
 
-use std::collections::BTreeMap;
+pub(super) mod state;
 
+use super::cmd::Cmd;
 use super::conn::{Port, State};
-use super::{Cmd, Shard};
+use super::Shard;
 use crate::cluster::wire::{self, Forwarding, Grant};
 use crate::core::Token;
 use crate::log::Level;
 use crate::metrics::ForwardOutcome;
-
-/// Forwarding state of one shard (both sides).
-#[derive(Default)]
-pub(super) struct Forwards {
-    /// Follower: forwarded requests waiting for their answer, by id.
-    waiting: BTreeMap<u64, Waiting>,
-    next_id: u64,
-    /// Leader: the slots serving other nodes' requests, by `(node, id)`.
-    serving: BTreeMap<(u64, u64), u32>,
-    /// Live links from each node (a leader's answers come on its link).
-    inbound: BTreeMap<u64, u32>,
-}
-
-/// A follower's request waiting for the leader.
-struct Waiting {
-    token: Token,
-    /// The node it was sent to; 0 while parked (no leader known yet, or
-    /// the node it went to said it does not serve): nothing done anywhere.
-    node: u64,
-    /// The Locking-Center request as the client sent it.
-    req: Vec<u8>,
-    client: std::net::SocketAddr,
-    /// Parked past this (mono µs): answered `-`.
-    until_us: u64,
-    /// Not sent again before this (after a refusal).
-    retry_us: u64,
-    /// Sent to a node that is no longer the leader this node knows: its
-    /// answer is awaited until this (mono µs; 0 while it went to the
-    /// leader), then the request fails.
-    orphan_us: u64,
-}
-
-impl Forwards {
-    /// How long a request waits for a leader, in election timeouts: long
-    /// enough for an election and the new leader's first commit, so that
-    /// a failover costs a client of a follower a wait, not an error.
-    const PARK_ELECTIONS: u64 = 3;
-
-    /// How long a request sent to a node that is no longer the leader
-    /// waits for that node's answer, in replication ticks. A leader that
-    /// stopped serving (stepped down, or stopping and handing over)
-    /// answers at once — `not leader` parks the request again for the
-    /// new leader, a withdrawn Lock is `-`, a decided one is still
-    /// answered — so a hand-over costs the client nothing; only a node
-    /// that is silent this long leaves the outcome unknown.
-    const ORPHAN_TICKS: u64 = 3;
-
-    /// Ids start at the start time in µs: a restarted follower's ids are
-    /// not an earlier run's (answers never outlive a link, but cheaply so).
-    pub(super) fn start(&mut self, unix_ms: u64) {
-        self.next_id = unix_ms.saturating_mul(1000).max(1);
-    }
-
-    /// Every slot serving a forwarded request is known by its id, and
-    /// nothing else is.
-    pub(super) fn check(&self, conns: &[super::conn::Conn]) {
-        let slots = conns.iter().filter(|c| c.live() && c.fwd.is_some()).count();
-        assert_eq!(slots, self.serving.len(), "forwarded slots drifted");
-        for (&(node, id), &slot) in &self.serving {
-            assert_eq!(
-                conns[slot as usize].fwd,
-                Some((node, id)),
-                "forwarded request {id} of node {node} is not its slot's"
-            );
-        }
-    }
-}
+use state::{Forwards, Waiting};
 
 impl Shard {
     // ----- the follower's side -------------------------------------------------

@@ -16,8 +16,11 @@
 //! [`Table::listing_begin`]: crate::core::Table::listing_begin
 
 use super::*;
-use crate::core::table::{entry_len, ListingId, Step};
+use crate::core::table::{entry_len, Step};
 use crate::core::ListForm;
+
+pub(super) mod stream;
+use stream::{Served, ShardChunk, Stream};
 
 /// Output bytes produced per send.
 pub const OUT_CHUNK: usize = 64 << 10;
@@ -26,43 +29,6 @@ pub const OUT_CHUNK: usize = 64 << 10;
 /// 256 KiB, at least 2 KiB (a few entries) each.
 fn chunk_bytes(shards: usize) -> u32 {
     ((256usize << 10) / shards.max(1)).clamp(2 << 10, 64 << 10) as u32
-}
-
-/// One shard's latest chunk of a listing, at the home: its encoded
-/// entries, merged into the output up to `pos`.
-pub(super) struct ShardChunk {
-    buf: Vec<u8>,
-    pos: usize,
-    /// The shard has sent its last entries.
-    done: bool,
-}
-
-/// A streamed answer in progress, at the connection's home shard.
-pub(super) struct Stream {
-    /// Names the listing on every shard (with this shard's index).
-    id: u64,
-    /// The connection; `None` once it is gone or answered.
-    token: Option<Token>,
-    form: ListForm,
-    parts: Vec<ShardChunk>,
-    count: u64,
-    opened: bool,
-    /// A round of requests is in flight.
-    round: bool,
-    /// The round in flight is a `KeysClose`.
-    closing: bool,
-    /// A part failed (refused, log failure, overflowed).
-    failed: bool,
-    /// The connection's output is with the driver (or about to be).
-    sending: bool,
-}
-
-/// A listing this shard keeps for a requester.
-pub(super) struct Served {
-    from: usize,
-    stream: u64,
-    id: ListingId,
-    chunk: u32,
 }
 
 impl Shard {

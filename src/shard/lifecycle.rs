@@ -2,8 +2,10 @@
 //! the end of input, bad input and protocol violations, dying and closing,
 //! the idle list. Every path that ends a connection comes through here.
 
+use super::cmd::Cmd;
+use super::conn::Port;
 use super::conn::State;
-use super::{Cmd, Port, Shard};
+use super::Shard;
 use crate::log::Level;
 
 impl Shard {

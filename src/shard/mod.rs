@@ -18,14 +18,21 @@
 //! driver then executes the commands and waits.
 //!
 //! # Files
-//! `mod.rs` (state, events), `lifecycle.rs` (the connection state machine:
-//! pumping frames, bad input, dying, closing, the idle list), `lockport.rs` and
-//! `adminport.rs` (decoding and executing requests), `effects.rs` (the table's
-//! effects turned into records, metrics and answers — the one place),
-//! `gate.rs` (the durability gate and the log's completions), `gather.rs`
-//! (requests spanning shards), `msg.rs` (messages between shards),
-//! `session.rs` and `resume.rs` (the session protocol), `keys.rs`
-//! (streamed listings), `raft.rs` (cluster mode).
+//! `mod.rs` (state, events), `cmd.rs` (what the shard asks its driver),
+//! `lifecycle.rs` (the connection state machine: pumping frames, bad input,
+//! dying, closing, the idle list), `lockport.rs` and `adminport.rs`
+//! (decoding and executing requests), `effects.rs` (the table's effects
+//! turned into records, metrics and answers — the one place), `gate.rs`
+//! (the durability gate's data) and `durable.rs` (the shard's side of it:
+//! the log's completions, answers let through, failures undone),
+//! `gather.rs` (requests spanning shards), `msg.rs` (messages between
+//! shards), `session.rs` and `resume.rs` (the session protocol), `keys.rs`
+//! (streamed listings), `watch.rs` (watchers), `forward.rs` and `raft.rs`
+//! (cluster mode). A folder beside a file holds the data its file works
+//! on (`keys/stream.rs`, `resume/registry.rs`, `forward/state.rs`,
+//! `raft/group.rs`), so that `mod.rs` names the shard's parts without
+//! depending on the code that drives them: no two files depend on each
+//! other (`tests/layering.rs`).
 //!
 //! # Connection rules
 //! - One-shot by default: a connection carries one request and is closed by
@@ -46,7 +53,9 @@
 //! - Bad input answers `-` and closes; it never reaches the lock table.
 
 mod adminport;
+mod cmd;
 pub mod conn;
+mod durable;
 mod effects;
 mod forward;
 mod gate;
@@ -69,71 +78,18 @@ use crate::core::{Effect, Effects, LockMode, Name, Now, Reply, Source, Table, To
 use crate::log::Level;
 use crate::metrics::{self, Metrics};
 use crate::protocol::{self, admin, Action, Decoded};
-use crate::wal::log::{Chain, Log};
+use crate::wal::log::Log;
 use conn::{Conn, Port, State};
 use gate::Undo;
-use msg::{SessMsg, SESS_BIT};
+use msg::SESS_BIT;
 
+pub use cmd::Cmd;
 pub use msg::{Detached, RemoteOp, RemoteResult};
 
 /// Undecoded bytes a lock-port connection may hold: one frame plus the
 /// requests pipelined behind it. More while a request is outstanding is a
 /// protocol violation (the connection is closed, its waiter withdrawn).
 pub const LOCK_PIPELINE_BYTES_MAX: usize = LOCK_RECV_BUF;
-
-/// What the shard asks its driver to do, in order.
-#[derive(Debug)]
-pub enum Cmd {
-    /// Take the connection's answer with [`Shard::take_output`] and send
-    /// all of it; report [`Shard::on_send_done`].
-    Send(Token),
-    /// Stop reading, close once no op references the socket, then report
-    /// [`Shard::on_closed`].
-    Close(Token),
-    /// Run a log chain with this buffer (the driver's until it reports
-    /// [`Shard::on_log_landed`] and gives it back).
-    Log { chain: Chain, buf: Vec<u8> },
-    /// Close and remove the compaction temp file (unless renamed).
-    DiscardTemp,
-    /// Shutdown: answer `-` to this connection's queued Lock, best effort.
-    Farewell(Token),
-    /// The connection's next request names a key another shard owns: stop
-    /// reading it, then hand it (socket and [`Shard::detach`]ed state) to
-    /// shard `to`, which continues with [`Shard::on_adopt`].
-    Migrate { token: Token, to: usize },
-    /// Run `op` on every shard (this one included) and report each result
-    /// with [`Shard::on_reply`].
-    Scatter { id: u64, op: RemoteOp },
-    /// The result of a remote request, for shard `to`.
-    Reply {
-        to: usize,
-        id: u64,
-        result: RemoteResult,
-    },
-    /// Session traffic for shard `to` (never this one): report it there
-    /// with [`Shard::on_sess`]. Never refused or dropped.
-    Sess { to: usize, msg: Box<SessMsg> },
-    /// Cluster mode: send this frame on the link to `node`'s same shard
-    /// (dropped if the link is down: Raft retransmits).
-    Peer { node: u64, frame: Vec<u8> },
-    /// Cluster mode: as `Peer`, for a frame that must arrive (a forwarded
-    /// request or its answer): if it cannot be queued on an open link,
-    /// the driver reports [`Shard::on_peer_undeliverable`] (and a link
-    /// too full to take it is closed), never a silent drop.
-    PeerMust { node: u64, frame: Vec<u8> },
-    /// Cluster mode: forwarded requests sent on this shard's link to
-    /// `node` were given up (their clients told the outcome is unknown):
-    /// the driver aborts that link (a TCP reset, its unsent bytes
-    /// discarded) and dials it again, so that none of them can reach the
-    /// leader later and run after their clients moved on.
-    PeerReset { node: u64 },
-    /// Cluster mode: the group's membership changed; `node`'s link for
-    /// this shard goes to `addr`, or (`None`) is closed for good.
-    PeerLink {
-        node: u64,
-        addr: Option<std::net::SocketAddr>,
-    },
-}
 
 /// Open connections of every shard, per port (`[lock, admin]`): the admin
 /// port has its own small budget, so a flood of lock-port connections
@@ -201,16 +157,16 @@ pub struct Shard {
     gathers: Vec<Gather>,
     next_gather_id: u64,
     /// KEYS answers being streamed from this shard's connections.
-    streams: Vec<keys::Stream>,
+    streams: Vec<keys::stream::Stream>,
     /// Listings this shard keeps for streams (its own and other shards').
-    served: Vec<keys::Served>,
+    served: Vec<keys::stream::Served>,
     /// Session ids handed out by this shard (its index in the top byte).
     next_sid: u64,
     /// Keep-alive deadlines `(mono µs, connection)`; an entry whose
     /// session was heard from since is pushed again with its new deadline.
     session_deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Token)>>,
     /// Replicated sessions: who has them, resumes in progress, windows.
-    resumes: resume::Resumes,
+    resumes: resume::registry::Resumes,
     /// Open connections (not sessions) by last traffic, oldest first (link
     /// slot 1 of [`Conn`]): the idle timeout looks at the front only.
     idle: crate::core::list::List,
@@ -218,15 +174,15 @@ pub struct Shard {
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<ConnCounts>>,
     /// Cluster mode: this shard's replica of its Raft group.
-    raft: Option<Box<raft::GroupReplica>>,
+    raft: Option<Box<raft::group::GroupReplica>>,
     /// Cluster mode: Locking-Center requests forwarded to the leader, or
     /// served for a follower.
-    forwards: forward::Forwards,
+    forwards: forward::state::Forwards,
     /// Sessions watching this shard's keys ([`watch`]).
     watches: watchset::Watches,
     watch_scratch: Vec<watchset::Watcher>,
     /// Cluster mode: what the replication metrics are computed from.
-    raft_stats: raft::Stats,
+    raft_stats: raft::stats::Stats,
     /// This node's client (lock) and admin addresses as it tells clients
     /// (Locate, `CADR`; see [`Shard::advertise`]).
     advertised: (String, String),
@@ -275,16 +231,16 @@ impl Shard {
             served: Vec::new(),
             next_sid: 1,
             session_deadlines: std::collections::BinaryHeap::new(),
-            resumes: resume::Resumes::default(),
+            resumes: resume::registry::Resumes::default(),
             idle: crate::core::list::List::new(),
             all_conns: None,
             raft: None,
             forwards: {
-                let mut f = forward::Forwards::default();
+                let mut f = forward::state::Forwards::default();
                 f.start(now.unix_ms);
                 f
             },
-            raft_stats: raft::Stats::default(),
+            raft_stats: raft::stats::Stats::default(),
             watches: watchset::Watches::default(),
             watch_scratch: Vec::new(),
             advertised: (cfg.bind.to_string(), cfg.admin_bind.to_string()),

@@ -37,71 +37,20 @@
 //!   ending the session, and its queued requests are dropped unanswered
 //!   (the client sends them again).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+pub(super) mod registry;
 
+use std::cmp::Reverse;
+
+use super::cmd::Cmd;
 use super::conn::State;
+use super::gate::Undo;
 use super::msg::HeldOut;
 use super::session::{home_of, Opening, SessMsg};
-use super::{Cmd, Shard, Undo};
-use crate::core::idmap::IdMap;
+use super::Shard;
 use crate::core::{HoldMode, Name, Token, REPLICATED_SESSION};
 use crate::log::Level;
 use crate::protocol::session::{self as sp, Status};
-
-/// A Resume waiting for every shard's list of the session's holds.
-struct Pending {
-    sid: u64,
-    rid: u32,
-    left: usize,
-    held: Vec<HeldOut>,
-}
-
-/// The shard's bookkeeping of replicated sessions.
-#[derive(Default)]
-pub struct Resumes {
-    /// Replicated sessions homed here → the connection that has each
-    /// (stale entries are harmless: checked with `session_conn`).
-    attached: IdMap<u64, Token>,
-    /// Resumes being gathered, by the resuming connection.
-    pending: IdMap<Token, Pending>,
-    /// `(mono µs, session)`: a session homed here that no connection has
-    /// ends then unless resumed — if that is still its window in
-    /// `window_at` (an entry armed by an earlier serving start, or before a
-    /// resume, is stale: a window only moves later).
-    windows: BinaryHeap<Reverse<(u64, u64)>>,
-    window_at: IdMap<u64, u64>,
-    /// `(mono µs, session)`: an orphan owner entry of this shard's table
-    /// ends then unless adopted (current in `orphan_at`, as above).
-    orphans: BinaryHeap<Reverse<(u64, u64)>>,
-    orphan_at: IdMap<u64, u64>,
-    /// Every window is armed anew when the node serves next: this shard
-    /// saw its node not serve, or let a session or owner entry lose its
-    /// connection (or undid records) while it did not. Its own group may
-    /// have led throughout — another group of the node lost its leader and
-    /// won it back — and then `note_serving` sees no start to arm them at.
-    rearm: bool,
-}
-
-impl Resumes {
-    /// Session `sid` homed here ends at `at` unless resumed first.
-    fn arm_window(&mut self, sid: u64, at: u64) {
-        self.window_at.insert(sid, at);
-        self.windows.push(Reverse((at, sid)));
-    }
-
-    /// This shard's orphan entry of `sid` ends at `at` unless adopted.
-    fn arm_orphan(&mut self, sid: u64, at: u64) {
-        self.orphan_at.insert(sid, at);
-        self.orphans.push(Reverse((at, sid)));
-    }
-
-    pub fn next_deadline_us(&self) -> Option<u64> {
-        let w = self.windows.peek().map(|r| r.0 .0);
-        let o = self.orphans.peek().map(|r| r.0 .0);
-        w.into_iter().chain(o).min()
-    }
-}
+use registry::Pending;
 
 impl Shard {
     /// Whether a session opened now is replicated: a cluster node whose

@@ -28,8 +28,12 @@
 use std::cmp::Reverse;
 use std::net::SocketAddr;
 
+use super::cmd::Cmd;
+use super::conn::State;
+use super::gate::Undo;
 pub use super::msg::{SessMsg, SessOp, SessOut, SESS_BIT};
-use super::{owner, Cmd, Shard, State, Undo};
+use super::Shard;
+use crate::core::route::owner;
 use crate::core::{Checked, Effect, HoldMode, LockMode, LockOpts, Name, Reply, Source, Token};
 use crate::log::Level;
 use crate::metrics::SessionOp;

@@ -2,7 +2,9 @@
 //! (with the membership) plus the entries after it, and a snapshot made the
 //! table (the recovered one at start, or one a leader sent).
 
-use super::*;
+use crate::cluster::store;
+use crate::log::Level;
+use crate::shard::Shard;
 
 impl Shard {
     /// Compacts the log into a snapshot once enough entries were applied

@@ -2,7 +2,8 @@
 //! operator's `XFER`, and every group following group 0's leader, so that
 //! one node serves every shard.
 
-use super::*;
+use crate::log::Level;
+use crate::shard::Shard;
 
 /// How long a stopping node runs on once it handed every group over, in
 /// replication ticks ([`Shard::stop_done`]).

@@ -284,15 +284,6 @@ fn sorted(ids: &[u64]) -> Vec<u64> {
     v
 }
 
-/// The address of shard `group`'s link of a member whose shard 0 links
-/// on `addr` (`HOST:PORT`, resolved now).
-pub(in crate::shard) fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
-    use std::net::ToSocketAddrs;
-    let mut a = addr.to_socket_addrs().ok()?.next()?;
-    a.set_port(a.port().checked_add(group as u16)?);
-    Some(a)
-}
-
 /// How far behind the commit index a learner may be and be promoted:
 /// under load the entries in flight to it (not yet acknowledged) keep it
 /// a few entries behind at any instant; what remains is sent within a

@@ -8,28 +8,6 @@ use super::*;
 // (answered by every node, see `crate::protocol::status`) and the
 // `ringlock_raft_*` series, published once per tick from `end_tick`.
 
-/// What the replication metrics are computed from (every shard has one;
-/// used only in cluster mode).
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// `now.mono_us` when the proposal in flight was proposed.
-    pub(super) proposed_us: u64,
-    /// The last leader this shard knew of (0: none yet).
-    last_leader: u64,
-    leader_changes: u64,
-}
-
-impl Stats {
-    /// The group's leader as this shard knows it now (0: none): a change
-    /// to another node counts, the first one learnt of included.
-    pub(in crate::shard) fn note_leader(&mut self, leader: u64) {
-        if leader != 0 && leader != self.last_leader {
-            self.last_leader = leader;
-            self.leader_changes += 1;
-        }
-    }
-}
-
 impl Shard {
     /// This shard's `CLST` record (`None` without replication).
     pub(in crate::shard) fn shard_status(&self) -> Option<crate::protocol::status::ShardStatus> {

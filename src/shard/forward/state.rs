@@ -1,0 +1,75 @@
+//! A shard's forwarding state ([`Forwards`]): a follower's requests
+//! waiting for the leader, a leader's slots serving other nodes'
+//! requests, and the links they came on. `forward.rs` keeps the rules.
+
+use std::collections::BTreeMap;
+
+use crate::core::Token;
+use crate::shard::conn::Conn;
+
+/// Forwarding state of one shard (both sides).
+#[derive(Default)]
+pub(in crate::shard) struct Forwards {
+    /// Follower: forwarded requests waiting for their answer, by id.
+    pub(in crate::shard) waiting: BTreeMap<u64, Waiting>,
+    pub(in crate::shard) next_id: u64,
+    /// Leader: the slots serving other nodes' requests, by `(node, id)`.
+    pub(in crate::shard) serving: BTreeMap<(u64, u64), u32>,
+    /// Live links from each node (a leader's answers come on its link).
+    pub(in crate::shard) inbound: BTreeMap<u64, u32>,
+}
+
+/// A follower's request waiting for the leader.
+pub(in crate::shard) struct Waiting {
+    pub(in crate::shard) token: Token,
+    /// The node it was sent to; 0 while parked (no leader known yet, or
+    /// the node it went to said it does not serve): nothing done anywhere.
+    pub(in crate::shard) node: u64,
+    /// The Locking-Center request as the client sent it.
+    pub(in crate::shard) req: Vec<u8>,
+    pub(in crate::shard) client: std::net::SocketAddr,
+    /// Parked past this (mono µs): answered `-`.
+    pub(in crate::shard) until_us: u64,
+    /// Not sent again before this (after a refusal).
+    pub(in crate::shard) retry_us: u64,
+    /// Sent to a node that is no longer the leader this node knows: its
+    /// answer is awaited until this (mono µs; 0 while it went to the
+    /// leader), then the request fails.
+    pub(in crate::shard) orphan_us: u64,
+}
+
+impl Forwards {
+    /// How long a request waits for a leader, in election timeouts: long
+    /// enough for an election and the new leader's first commit, so that
+    /// a failover costs a client of a follower a wait, not an error.
+    pub(in crate::shard) const PARK_ELECTIONS: u64 = 3;
+
+    /// How long a request sent to a node that is no longer the leader
+    /// waits for that node's answer, in replication ticks. A leader that
+    /// stopped serving (stepped down, or stopping and handing over)
+    /// answers at once — `not leader` parks the request again for the
+    /// new leader, a withdrawn Lock is `-`, a decided one is still
+    /// answered — so a hand-over costs the client nothing; only a node
+    /// that is silent this long leaves the outcome unknown.
+    pub(in crate::shard) const ORPHAN_TICKS: u64 = 3;
+
+    /// Ids start at the start time in µs: a restarted follower's ids are
+    /// not an earlier run's (answers never outlive a link, but cheaply so).
+    pub(in crate::shard) fn start(&mut self, unix_ms: u64) {
+        self.next_id = unix_ms.saturating_mul(1000).max(1);
+    }
+
+    /// Every slot serving a forwarded request is known by its id, and
+    /// nothing else is.
+    pub(in crate::shard) fn check(&self, conns: &[Conn]) {
+        let slots = conns.iter().filter(|c| c.live() && c.fwd.is_some()).count();
+        assert_eq!(slots, self.serving.len(), "forwarded slots drifted");
+        for (&(node, id), &slot) in &self.serving {
+            assert_eq!(
+                conns[slot as usize].fwd,
+                Some((node, id)),
+                "forwarded request {id} of node {node} is not its slot's"
+            );
+        }
+    }
+}
