@@ -80,9 +80,10 @@
 //!    frames of the links between nodes.
 //! 4. [`shard`]: everything one event loop decides, composed from the
 //!    above: connection protocol states, the lock table, the durability
-//!    gate (held replies, durable watermark, undo journal) and the log's
-//!    batching; in cluster mode its batches are Raft proposals and the gate
-//!    opens on commit+apply (`shard::raft`). Fed events, returns commands;
+//!    gate (held replies, durable watermark, undo list) and its journal —
+//!    memory, the local log, or the Raft group (`shard::raft`: each batch
+//!    one proposal, the gate opening on commit+apply); the gate waits on
+//!    the journal's lsn either way. Fed events, returns commands;
 //!    no syscall, no clock read, no `unsafe`. The simulators (`tests/sim`,
 //!    `tests/sim_cluster.rs`) drive it too.
 //! 5. [`driver`]: the io_uring event loop — the only place with `unsafe`

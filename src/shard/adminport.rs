@@ -117,7 +117,7 @@ impl Shard {
         // table: only the serving node may change it; a follower answers
         // KEYS/KEYX/KEYH after a read barrier (linearizable, see shard::raft).
         let read = cmd.list_form().is_some();
-        if !(self.may_serve() || read && self.raft.is_some()) {
+        if !(self.may_serve() || read && self.journal.is_replicated()) {
             self.reject(slot, "not the leader");
             return false;
         }

@@ -16,13 +16,16 @@ use super::Shard;
 impl Shard {
     /// A log chain landed; its buffer comes back.
     pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
-        if self.raft.is_some() {
-            self.raft_file_landed(chain, result, buf);
+        if self.journal.is_replicated() {
+            self.replica_log_landed(chain, result, buf);
             self.apply_effects();
             return;
         }
         let now = self.now;
-        let log = self.log.as_mut().expect("log completion without a log");
+        let log = self
+            .journal
+            .records_mut()
+            .expect("log completion without a log");
         match log.landed(chain, result, buf, now.mono_us) {
             Landed::Append {
                 records,
@@ -114,8 +117,8 @@ impl Shard {
     /// The lsn an answer produced now must wait for: `None` when nothing
     /// the log holds is pending (no log, or everything durable).
     pub(super) fn pending_lsn(&self) -> Option<u64> {
-        self.log
-            .as_ref()
+        self.journal
+            .records()
             .filter(|l| l.pending())
             .map(|l| l.tail_lsn())
     }
@@ -162,8 +165,8 @@ impl Shard {
     }
 
     /// Records how to undo record `lsn` (durable mode and cluster mode).
-    pub(super) fn journal(&mut self, lsn: u64, u: Undo) {
-        self.durability.journal(lsn, u);
+    pub(super) fn undo_on_failure(&mut self, lsn: u64, u: Undo) {
+        self.durability.undo_on_failure(lsn, u);
     }
 
     /// Closes the log batch: the next chain(s) when nothing is in flight.
@@ -171,7 +174,9 @@ impl Shard {
     pub(super) fn wal_tick(&mut self) {
         let now_us = self.now.mono_us;
         loop {
-            let Some(log) = self.log.as_mut() else { return };
+            let Some(log) = self.journal.records_mut() else {
+                return;
+            };
             match log.next_chain(&mut self.table, now_us) {
                 Next::Chain(chain, buf) => {
                     if matches!(chain, Chain::Rewrite | Chain::Snapshot) {
@@ -207,7 +212,7 @@ impl Shard {
     /// Lets through every held answer and parked message whose records are
     /// now durable.
     pub(super) fn release_durable(&mut self) {
-        let durable = self.log.as_ref().map_or(0, |l| l.durable_lsn());
+        let durable = self.journal.durable_lsn();
         while let Some(r) = self.durability.pop_durable(durable) {
             match r {
                 Ready::Parked(p) => self.send_parked(p, false),
@@ -248,7 +253,9 @@ impl Shard {
     /// fsync error leaves the page cache untrustworthy).
     pub(super) fn fail_pending(&mut self, why: &str, errno: i32) {
         let now = self.now;
-        let Some(log) = self.log.as_mut() else { return };
+        let Some(log) = self.journal.records_mut() else {
+            return;
+        };
         log.void_for_broken(now.mono_us);
         // A background compaction's snapshot may contain the voided
         // records' effects: abandon it (now, or when its chain lands).
@@ -295,7 +302,9 @@ impl Shard {
                 // (In cluster mode the other replicas still hold it, and a
                 // failed proposal only means this node stopped leading: it
                 // is restored below like any hold, owned by nobody.)
-                Undo::Release { prev } if prev.mode == HoldMode::Session && self.raft.is_none() => {
+                Undo::Release { prev }
+                    if prev.mode == HoldMode::Session && !self.journal.is_replicated() =>
+                {
                     touched.push(prev.key);
                 }
                 Undo::Extend(x) => {
@@ -348,19 +357,19 @@ impl Shard {
         for key in &touched {
             self.table.settle(key, now, &mut self.fx);
         }
-        if let Some(log) = self.log.as_mut() {
+        if let Some(log) = self.journal.records_mut() {
             log.recount_live(&self.table);
         }
         // New grants from settling are new records for the rewritten log.
         self.apply_effects();
-        if self.raft.is_some() {
+        if self.journal.is_replicated() {
             // What was undone (an end of a session, a release) left session
             // holds and sessions without a window: armed when the node
             // serves again.
             self.rearm_when_serving();
         }
         for slot in sessions {
-            if self.raft.is_some() {
+            if self.journal.is_replicated() {
                 // Cluster mode: what was undone was never committed, and a
                 // replicated session itself is in the log: its client
                 // resumes it (on this node once it serves again, or on the

@@ -82,14 +82,14 @@ impl Shard {
                 grant_id,
                 waited_us,
             } => {
-                if let Some(log) = self.log.as_mut() {
+                if let Some(log) = self.journal.records_mut() {
                     // Durable mode only: the record, and the key's name
-                    // for the undo journal (it outlives this round).
+                    // for the undo list (it outlives this round).
                     let (held, _) = self.table.granted(key_slot, grant_id);
                     let lsn = log.append_acquire(held);
                     let key = Name::new(held.key).expect("keys are at most KEY_MAX");
                     self.durability
-                        .journal(lsn, Undo::Acquire { key, grant_id });
+                        .undo_on_failure(lsn, Undo::Acquire { key, grant_id });
                 }
                 let access = self.table.granted_access(key_slot, grant_id);
                 self.metrics.at(self.me).grant_access(access);
@@ -127,15 +127,15 @@ impl Shard {
                 holder_conn,
                 ..
             } => {
-                if let Some(log) = self.log.as_mut() {
+                if let Some(log) = self.journal.records_mut() {
                     // Durable mode only: the record, and the holder as it
-                    // was for the undo journal (it outlives this round).
+                    // was for the undo list (it outlives this round).
                     let prev = self.table.released(released, grant_id);
                     let lsn = log.append_release(prev);
                     let prev = prev
                         .to_owned()
                         .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX");
-                    self.durability.journal(lsn, Undo::Release { prev });
+                    self.durability.undo_on_failure(lsn, Undo::Release { prev });
                 }
                 self.metrics.at(self.me).observe_hold_us(held_us);
                 if holder_conn & SESS_BIT != 0 {
@@ -166,7 +166,7 @@ impl Shard {
 
     /// Hands every answer that may leave to the driver (one send each).
     pub(super) fn flush(&mut self) {
-        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let durable = self.journal.durable_lsn();
         let mut dirty = std::mem::take(&mut self.dirty);
         for &slot in &dirty {
             let c = &mut self.conns[slot as usize];

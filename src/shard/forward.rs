@@ -74,7 +74,7 @@ impl Shard {
     /// stopping; a client's request, not one forwarded to it).
     pub(super) fn forwards_requests(&self, slot: u32) -> bool {
         let c = &self.conns[slot as usize];
-        self.raft.is_some()
+        self.journal.is_replicated()
             && !self.stopping
             && c.fwd.is_none()
             && c.sid == 0
@@ -98,7 +98,7 @@ impl Shard {
         let token = self.token(slot);
         let id = self.forwards.next_id;
         self.forwards.next_id += 1;
-        let election_us = self.raft.as_ref().map_or(0, |r| r.election_us);
+        let election_us = self.journal.election_us();
         let c = &mut self.conns[slot as usize];
         let req = c.rbuf[..len].to_vec();
         c.rbuf.drain(..len);
@@ -135,7 +135,7 @@ impl Shard {
             return;
         };
         let now = self.now.mono_us;
-        let term = self.raft.as_ref().map_or(0, |r| r.replica.term());
+        let term = self.journal.term().unwrap_or(0);
         let Some(w) = self.forwards.waiting.get_mut(&id) else {
             return;
         };
@@ -442,7 +442,7 @@ impl Shard {
     /// A forwarding frame from the link of `link` (its Hello's node). `Err`:
     /// one no correct peer sends (the driver closes the link).
     pub fn on_forwarding(&mut self, link: u64, kind: u8, payload: &[u8]) -> Result<(), String> {
-        if self.raft.is_none() {
+        if !self.journal.is_replicated() {
             return Err("forwarding to a node that is not a cluster member".into());
         }
         match wire::decode_forwarding(kind, payload)? {
@@ -515,7 +515,7 @@ impl Shard {
             refuse(self, wire::ANSWER_NOT_LEADER, "not the leader");
             return;
         }
-        if self.raft.as_ref().map(|r| r.replica.term()) != Some(term) {
+        if self.journal.term() != Some(term) {
             // Sent to this node as the leader of another term: maybe long
             // ago (its follower may have given it up since), maybe by a
             // follower that has not heard of this term yet. Nothing done;

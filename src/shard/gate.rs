@@ -7,7 +7,7 @@
 //!   sent before its record is durable (its `gate_lsn`);
 //! - **parked messages**: a scatter/gather part's reply or a session answer
 //!   for another shard, which that shard would send at once;
-//! - **the undo journal**: how to take back the in-memory effect of each
+//! - **the undo list**: how to take back the in-memory effect of each
 //!   record not yet durable, should the log fail (or, in cluster mode, the
 //!   proposal be lost).
 //!
@@ -80,7 +80,7 @@ pub(super) enum Ready {
     Parked(Parked),
 }
 
-/// Held answers, parked messages and the undo journal, each in lsn order.
+/// Held answers, parked messages and the undo list, each in lsn order.
 #[derive(Default)]
 pub(super) struct Gate {
     held: VecDeque<(u64, Waiting)>,
@@ -105,7 +105,7 @@ impl Gate {
         self.held.len()
     }
 
-    /// Whether an undo journal entry is still pending.
+    /// Whether an undo list entry is still pending.
     #[cfg(test)]
     fn undo_is_empty(&self) -> bool {
         self.undo.is_empty()
@@ -142,7 +142,7 @@ impl Gate {
     }
 
     /// How to undo record `lsn`, kept until it is durable.
-    pub(super) fn journal(&mut self, lsn: u64, u: Undo) {
+    pub(super) fn undo_on_failure(&mut self, lsn: u64, u: Undo) {
         if let Some(&(last, _)) = self.undo.back() {
             assert!(lsn >= last, "undo entry for lsn {lsn} after one for {last}");
         }
@@ -186,7 +186,7 @@ impl Gate {
         self.undo.pop_back().map(|(_, u)| u)
     }
 
-    /// The undo journal, newest first, left in place.
+    /// The undo list, newest first, left in place.
     pub(super) fn undo_newest_first(&self) -> impl Iterator<Item = &Undo> {
         self.undo.iter().rev().map(|(_, u)| u)
     }
@@ -207,7 +207,7 @@ impl Gate {
         );
         assert!(
             sorted(self.undo.iter().map(|&(l, _)| l)),
-            "undo journal out of lsn order"
+            "undo list out of lsn order"
         );
         let mut refs = vec![0u32; self.parked.len()];
         for &(_, w) in &self.held {
@@ -282,8 +282,8 @@ mod tests {
     #[test]
     fn undo_entries_of_durable_records_are_forgotten() {
         let mut g = Gate::default();
-        g.journal(1, Undo::SessionOpen { sid: 1 });
-        g.journal(4, Undo::SessionOpen { sid: 4 });
+        g.undo_on_failure(1, Undo::SessionOpen { sid: 1 });
+        g.undo_on_failure(4, Undo::SessionOpen { sid: 4 });
         assert!(g.pop_durable(2).is_none());
         let left: Vec<_> = g.undo_newest_first().collect();
         assert!(matches!(left[..], [Undo::SessionOpen { sid: 4 }]));

@@ -77,7 +77,7 @@ impl Shard {
             }
             RemoteOp::TransferLeader { to } => {
                 // No table effect: answered at once.
-                let result = if self.raft_transfer(to) {
+                let result = if self.transfer_leadership(to) {
                     RemoteResult::Done
                 } else {
                     RemoteResult::Failed

@@ -2,8 +2,9 @@
 //!
 //! It owns the connection protocol states ([`conn::State`]), the lock table,
 //! the durability gate (`gate.rs`: held replies, parked messages for other
-//! shards, the undo journal) and the log's record batching
-//! ([`crate::wal::log::Log`]). It is
+//! shards, the undo list) and its journal (`journal.rs`): where records
+//! become durable (nowhere, the local log, or the Raft group), each kept
+//! as batches of records ([`crate::wal::log::Log`]). It is
 //! fed events — a connection accepted, bytes received, a send completed, a
 //! hang-up, a log chain landed, the time — through its `on_*` methods, and
 //! answers with [`Cmd`]s for its driver: send a connection's answer, close
@@ -28,7 +29,8 @@
 //! `gather.rs` (requests spanning shards), `msg.rs` (messages between
 //! shards), `session.rs` and `resume.rs` (the session protocol), `keys.rs`
 //! (streamed listings), `watch.rs` (watchers), `forward.rs` and `raft.rs`
-//! (cluster mode). A folder beside a file holds the data its file works
+//! (cluster mode: the Raft journal's replica; no file outside `raft/`
+//! touches it, the others ask `journal.rs`). A folder beside a file holds the data its file works
 //! on (`keys/stream.rs`, `resume/registry.rs`, `forward/state.rs`,
 //! `raft/group.rs`), so that `mod.rs` names the shard's parts without
 //! depending on the code that drives them: no two files depend on each
@@ -60,6 +62,7 @@ mod effects;
 mod forward;
 mod gate;
 mod gather;
+mod journal;
 mod keys;
 mod lifecycle;
 mod lockport;
@@ -144,12 +147,14 @@ pub struct Shard {
     stopping: bool,
     now: Now,
     last_oldest_ms: u64,
-    log: Option<Log>,
+    /// Where records become durable: memory, the local log, or the Raft
+    /// group ([`journal::Journal`]).
+    journal: journal::Journal,
     /// Limit refusals are logged at most once per second.
     limit_log_after_us: u64,
     /// So are lock-port actions refused by policy.
     policy_log_after_us: u64,
-    /// Held answers, parked messages and the undo journal.
+    /// Held answers, parked messages and the undo list.
     durability: gate::Gate,
     /// This shard's index and the number of shards.
     me: usize,
@@ -173,16 +178,12 @@ pub struct Shard {
     /// Open connections of every shard (`--max-connections` is the
     /// server's): counted at accept and close, not when a connection moves.
     all_conns: Option<Arc<ConnCounts>>,
-    /// Cluster mode: this shard's replica of its Raft group.
-    raft: Option<Box<raft::group::GroupReplica>>,
     /// Cluster mode: Locking-Center requests forwarded to the leader, or
     /// served for a follower.
     forwards: forward::state::Forwards,
     /// Sessions watching this shard's keys ([`watch`]).
     watches: watchset::Watches,
     watch_scratch: Vec<watchset::Watcher>,
-    /// Cluster mode: what the replication metrics are computed from.
-    raft_stats: raft::stats::Stats,
     /// This node's client (lock) and admin addresses as it tells clients
     /// (Locate, `CADR`; see [`Shard::advertise`]).
     advertised: (String, String),
@@ -219,7 +220,7 @@ impl Shard {
             stopping: false,
             now,
             last_oldest_ms: 0,
-            log,
+            journal: log.map_or(journal::Journal::Memory, journal::Journal::Local),
             limit_log_after_us: 0,
             policy_log_after_us: 0,
             durability: gate::Gate::with_capacity(cap, 4096),
@@ -234,13 +235,11 @@ impl Shard {
             resumes: resume::registry::Resumes::default(),
             idle: crate::core::list::List::new(),
             all_conns: None,
-            raft: None,
             forwards: {
                 let mut f = forward::state::Forwards::default();
                 f.start(now.unix_ms);
                 f
             },
-            raft_stats: raft::stats::Stats::default(),
             watches: watchset::Watches::default(),
             watch_scratch: Vec::new(),
             advertised: (cfg.bind.to_string(), cfg.admin_bind.to_string()),
@@ -282,7 +281,7 @@ impl Shard {
         self.conns.len()
     }
     pub fn log(&self) -> Option<&Log> {
-        self.log.as_ref()
+        self.journal.records()
     }
     pub fn stopping(&self) -> bool {
         self.stopping
@@ -302,7 +301,7 @@ impl Shard {
     /// event (a background snapshot being encoded a chunk per tick): the
     /// loop polls instead of waiting.
     pub fn busy_between_events(&self) -> bool {
-        self.log.as_ref().is_some_and(|l| l.encoding())
+        self.journal.records().is_some_and(|l| l.encoding())
     }
 
     /// The earliest time (monotonic µs) at which the shard needs a tick
@@ -311,14 +310,14 @@ impl Shard {
         let frame = self.partial.front().map(|slot| {
             self.conns[slot as usize].partial_since_us + self.cfg.frame_timeout_ms * 1000
         });
-        let retry = self.log.as_ref().and_then(|l| l.retry_at_us());
+        let retry = self.journal.records().and_then(|l| l.retry_at_us());
         let expiry = self.table.next_expiry_us();
         let session = self.session_deadlines.peek().map(|r| r.0 .0);
         let idle = self
             .idle
             .front()
             .map(|slot| self.conns[slot as usize].active_us + self.cfg.idle_timeout_ms * 1000);
-        let raft = self.raft_deadline_us();
+        let raft = self.journal_deadline_us();
         let resume = self.resumes.next_deadline_us();
         [frame, retry, expiry, session, idle, raft, resume]
             .into_iter()
@@ -330,10 +329,10 @@ impl Shard {
         self.now = now;
         // One chunk of a background snapshot per tick, before its events:
         // the requests of every tick land between two chunks.
-        if let Some(log) = self.log.as_mut() {
+        if let Some(log) = self.journal.records_mut() {
             log.encode_step(&mut self.table);
         }
-        self.raft_ticks();
+        self.journal_tick();
     }
 
     /// The end of a tick: expire frames, close the log batch, hand over
@@ -351,7 +350,7 @@ impl Shard {
         self.expire_detached();
         self.expire_idle();
         self.wal_tick();
-        self.raft_pump();
+        self.journal_pump();
         self.flush();
         self.publish_gauges();
         self.publish_raft();
@@ -508,7 +507,7 @@ impl Shard {
             token,
             errno
         );
-        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let durable = self.journal.durable_lsn();
         let c = &mut self.conns[slot as usize];
         if c.state == State::Closing {
             return;
@@ -660,7 +659,7 @@ impl Shard {
     /// answered `-` (best effort, by the driver).
     pub fn stop(&mut self) {
         self.stopping = true;
-        self.raft_hand_over();
+        self.hand_over_on_stop();
         let mut answered = 0;
         for slot in 0..self.conns.len() {
             match self.conns[slot].state {
@@ -850,7 +849,7 @@ impl Shard {
             return false;
         };
         let c = &self.conns[slot as usize];
-        let durable = self.log.as_ref().map_or(u64::MAX, |l| l.durable_lsn());
+        let durable = self.journal.durable_lsn();
         let one_shot_decided = c.port == Port::Lock
             && c.sid == 0
             && !c.persistent

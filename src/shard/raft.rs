@@ -53,6 +53,7 @@ use std::sync::atomic::Ordering;
 
 use super::cmd::Cmd;
 use super::conn::{Port, State};
+use super::journal::Journal;
 use super::Shard;
 use crate::cluster::check::Reason;
 use crate::cluster::replica::{Output, Replica, RoleChange};
@@ -94,12 +95,12 @@ impl Shard {
                 part.apply_failed(index, format!("the log's snapshot: {why}"));
             }
         }
-        self.log = Some(Log::replicated(&self.table));
-        self.raft = Some(Box::new(part));
+        part.batch = Log::replicated(&self.table);
+        self.journal = Journal::Raft(Box::new(part));
     }
 
     pub fn replica(&self) -> Option<&Replica> {
-        self.raft.as_ref().map(|r| &r.replica)
+        self.journal.replica().map(|r| &r.replica)
     }
 
     /// Why the node must stop (its log failed, or an entry of it could
@@ -111,24 +112,26 @@ impl Shard {
     /// [`Shard::cluster_fatal`] with which group, entry and kind: the
     /// driver logs it and ends the process ([`FailStop::exit_code`]).
     pub fn cluster_fail_stop(&self) -> Option<&FailStop> {
-        self.raft.as_ref().and_then(|r| r.fatal.as_ref())
+        self.journal.replica().and_then(|r| r.fatal.as_ref())
     }
 
     /// Peer messages this shard refused so far, by reason (in
     /// [`Reason::ALL`] order); `None` without replication.
     pub fn raft_dropped(&self) -> Option<[u64; Reason::COUNT]> {
-        self.raft.as_ref().map(|r| r.dropped)
+        self.journal.replica().map(|r| r.dropped)
     }
 
     /// How long a session hold outlives a session that ended with its
     /// leader (the longest keep-alive plus an election timeout).
     pub(super) fn orphan_keep_us(&self) -> u64 {
-        self.raft.as_ref().map_or(0, |r| r.session_keep_ms * 1000)
+        self.journal
+            .replica()
+            .map_or(0, |r| r.session_keep_ms * 1000)
     }
 
     /// The node may answer lock requests (always, without replication).
     pub(super) fn may_serve(&self) -> bool {
-        match &self.raft {
+        match self.journal.replica() {
             None => true,
             Some(r) => !self.stopping && r.replica.serving() && r.view.all_serving(),
         }
@@ -139,7 +142,7 @@ impl Shard {
     /// leaders' records and never grants from its queues, so nothing may
     /// wait in it.
     pub(super) fn group_serves(&self) -> bool {
-        self.raft.as_ref().is_none_or(|r| r.replica.serving())
+        self.journal.replica().is_none_or(|r| r.replica.serving())
     }
 
     /// Whether this shard may take a source over 127 bytes: always on a
@@ -148,21 +151,21 @@ impl Shard {
     ///
     /// [`Replica::peers_read_long_sources`]: crate::cluster::replica::Replica::peers_read_long_sources
     pub(super) fn long_sources_replicated(&self) -> bool {
-        self.raft
-            .as_ref()
+        self.journal
+            .replica()
             .is_none_or(|r| r.replica.peers_read_long_sources())
     }
 
     /// `(the node this one knows as group 0's leader (0: none), this
     /// node's id)`, in cluster mode.
     pub(super) fn known_leader(&self) -> Option<(u64, u64)> {
-        let r = self.raft.as_ref()?;
+        let r = self.journal.replica()?;
         Some((r.view.leader_of(0), r.replica.id()))
     }
 
     /// The leader's client address, when known (for `not leader`).
     pub(super) fn leader_hint(&self) -> Vec<u8> {
-        let Some(r) = &self.raft else {
+        let Some(r) = self.journal.replica() else {
             return Vec::new();
         };
         // Group 0's leader is the node every group follows.
@@ -184,7 +187,7 @@ impl Shard {
     pub(super) fn directory(&self) -> crate::protocol::locate::Directory {
         use crate::protocol::locate::{Directory, NodeAddrs};
         let (lock, admin) = self.advertised.clone();
-        let Some(r) = &self.raft else {
+        let Some(r) = self.journal.replica() else {
             return Directory {
                 member: false,
                 serving: !self.stopping,
@@ -220,7 +223,7 @@ impl Shard {
     /// A link Hello from `hello.node`: accepted when it belongs to this
     /// cluster and group.
     pub fn on_peer_hello(&mut self, hello: &wire::Hello) -> Result<(), String> {
-        let Some(r) = self.raft.as_mut() else {
+        let Some(r) = self.journal.replica_mut() else {
             return Err("this node is not a cluster member".into());
         };
         let id = r.replica.id();
@@ -276,12 +279,12 @@ impl Shard {
 
     /// The Hello this shard's links send.
     pub fn peer_hello(&self) -> Option<wire::Hello> {
-        self.raft.as_ref()?.hello(self.shards)
+        self.journal.replica()?.hello(self.shards)
     }
 
     /// The link to `node` failed (from the driver).
     pub fn on_peer_link_down(&mut self, node: u64) {
-        if let Some(r) = self.raft.as_mut() {
+        if let Some(r) = self.journal.replica_mut() {
             r.replica.forget_heard(node);
         }
         self.forward_link_lost(node, "the link to the leader failed");
@@ -294,7 +297,9 @@ impl Shard {
     /// dropped, counted and logged, and changes nothing.
     pub fn on_raft_message(&mut self, link_node: u64, bytes: &[u8]) {
         let now_us = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         if r.fatal.is_some() {
             return;
         }
@@ -313,13 +318,15 @@ impl Shard {
                 return;
             }
         }
-        self.raft_pump();
+        self.journal_pump();
     }
 
     /// Advances the replication clock (from `begin_tick`).
-    pub(super) fn raft_ticks(&mut self) {
+    pub(super) fn journal_tick(&mut self) {
         let now = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         if r.fatal.is_some() {
             return;
         }
@@ -346,7 +353,7 @@ impl Shard {
             // raft-rs drops a ReadIndex it cannot forward (no leader known
             // yet, as right after a restart): ask again each tick until
             // answered.
-            if let Some(r) = self.raft.as_mut() {
+            if let Some(r) = self.journal.replica_mut() {
                 for p in r.reads.iter().filter(|p| p.index.is_none()) {
                     r.replica.read_barrier(p.id);
                 }
@@ -356,9 +363,9 @@ impl Shard {
     }
 
     /// The next replication tick (for the wait).
-    pub(super) fn raft_deadline_us(&self) -> Option<u64> {
-        self.raft
-            .as_ref()
+    pub(super) fn journal_deadline_us(&self) -> Option<u64> {
+        self.journal
+            .replica()
             .filter(|r| r.fatal.is_none())
             .map(|r| r.next_tick_us)
     }
@@ -373,7 +380,9 @@ impl Shard {
     /// does, and steps down at once: a caught-up transferee is told to
     /// stand now, else the others elect one after an election timeout.
     fn removed_leader_steps_down(&mut self) {
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         if !r.replica.is_leader() || r.replica.is_voter() {
             return;
         }
@@ -395,7 +404,10 @@ impl Shard {
     pub(super) fn propose(&mut self, buf: Vec<u8>) {
         let serving = self.may_serve();
         let now = self.now;
-        let r = self.raft.as_mut().expect("a replicated log has a replica");
+        let r = self
+            .journal
+            .replica_mut()
+            .expect("a replicated log has a replica");
         let index = if serving {
             let mut data = Vec::with_capacity(buf.len() + 8);
             store::proposal(now.unix_ms, &buf, &mut data);
@@ -406,11 +418,11 @@ impl Shard {
         match index {
             Some(i) => {
                 r.proposal = Some((i, r.replica.term(), buf));
-                self.raft_stats.proposed_us = now.mono_us;
+                r.stats.proposed_us = now.mono_us;
             }
             None => {
                 // Not serving: what was decided meanwhile is void.
-                let log = self.log.as_mut().expect("replicated log");
+                let log = &mut r.batch;
                 let landed = log.proposal_landed(Err(()), buf);
                 debug_assert!(matches!(landed, Landed::Failed { .. }));
                 self.fail_pending("not the serving leader", 0);
@@ -420,9 +432,11 @@ impl Shard {
 
     /// Collects and acts on everything raft-rs has ready, until it has
     /// nothing more.
-    pub(super) fn raft_pump(&mut self) {
+    pub(super) fn journal_pump(&mut self) {
         for _ in 0..64 {
-            let Some(r) = self.raft.as_mut() else { return };
+            let Some(r) = self.journal.replica_mut() else {
+                return;
+            };
             if r.fatal.is_some() {
                 return;
             }
@@ -433,7 +447,7 @@ impl Shard {
                 && out.apply.is_empty()
                 && out.role.is_none();
             self.raft_output(&mut out);
-            if let Some(r) = self.raft.as_mut() {
+            if let Some(r) = self.journal.replica_mut() {
                 r.out = out;
             }
             if idle {
@@ -442,7 +456,7 @@ impl Shard {
         }
         self.maybe_compact();
         self.raft_file_chains();
-        if let Some(r) = self.raft.as_mut() {
+        if let Some(r) = self.journal.replica_mut() {
             r.note_excluded();
         }
         self.note_serving();
@@ -451,7 +465,9 @@ impl Shard {
     /// Submits the cluster log's next write chain.
     fn raft_file_chains(&mut self) {
         let now_us = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         loop {
             match r.file.next_chain(&mut self.table, now_us) {
                 Next::Chain(chain, buf) => self.cmds.push(Cmd::Log { chain, buf }),
@@ -465,9 +481,14 @@ impl Shard {
     }
 
     /// A chain of the cluster log landed.
-    pub(super) fn raft_file_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
+    pub(super) fn replica_log_landed(
+        &mut self,
+        chain: Chain,
+        result: Result<(), i32>,
+        buf: Vec<u8>,
+    ) {
         let now_us = self.now.mono_us;
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         match r.file.landed(chain, result, buf, now_us) {
             Landed::Append { took_us, .. } => {
                 self.metrics.observe_fdatasync_us(took_us);
@@ -484,11 +505,11 @@ impl Shard {
                     let mut out = std::mem::take(&mut r.out);
                     r.replica.persisted(n, &mut out);
                     self.raft_output(&mut out);
-                    if let Some(r) = self.raft.as_mut() {
+                    if let Some(r) = self.journal.replica_mut() {
                         r.out = out;
                     }
                 }
-                self.raft_pump();
+                self.journal_pump();
             }
             Landed::Rewrite { bytes, took_us, .. } => {
                 let snap = r.compacting.take().expect("a rewrite is a compaction");
@@ -515,7 +536,7 @@ impl Shard {
                     bytes,
                     took_us
                 );
-                self.raft_pump();
+                self.journal_pump();
             }
             other => {
                 let err = result.err().unwrap_or(0);

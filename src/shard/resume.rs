@@ -56,18 +56,16 @@ impl Shard {
     /// Whether a session opened now is replicated: a cluster node whose
     /// every peer announced that it reads session records.
     pub(super) fn sessions_replicated(&self) -> bool {
-        self.raft
-            .as_ref()
-            .is_some_and(|r| r.replica.peers_read_sessions())
+        self.journal.sessions_replicated()
     }
 
     /// A Hello opened replicated session `sid` on `slot`: its SessionOpen
     /// record (the welcome waits for it like any answer).
     pub(super) fn open_replicated(&mut self, sid: u64, keepalive_ms: u32, token: Token) {
         self.table.session_opened(sid, keepalive_ms);
-        if let Some(log) = self.log.as_mut() {
+        if let Some(log) = self.journal.records_mut() {
             let lsn = log.append_session_open(sid, keepalive_ms);
-            self.journal(lsn, Undo::SessionOpen { sid });
+            self.undo_on_failure(lsn, Undo::SessionOpen { sid });
         }
         self.resumes.attached.insert(sid, token);
     }
@@ -77,9 +75,9 @@ impl Shard {
     pub(super) fn close_replicated(&mut self, sid: u64) {
         self.resumes.attached.remove(&sid);
         if let Some(ka) = self.table.session_closed(sid) {
-            if let Some(log) = self.log.as_mut() {
+            if let Some(log) = self.journal.records_mut() {
                 let lsn = log.append_session_end(sid);
-                self.journal(
+                self.undo_on_failure(
                     lsn,
                     Undo::SessionEnd {
                         sid,
@@ -108,7 +106,7 @@ impl Shard {
         let Some(ka) = self
             .table
             .session_keepalive(sid)
-            .filter(|_| known && self.raft.is_some())
+            .filter(|_| known && self.journal.is_replicated())
         else {
             log!(
                 Level::Info,
@@ -351,7 +349,7 @@ impl Shard {
     pub(super) fn expire_detached(&mut self) {
         let now_us = self.now.mono_us;
         let serving = self.may_serve();
-        if self.raft.is_some() && !serving {
+        if self.journal.is_replicated() && !serving {
             self.resumes.rearm = true;
         } else if serving && std::mem::take(&mut self.resumes.rearm) {
             self.node_serves_again();
@@ -446,6 +444,6 @@ impl Shard {
 
     /// The election timeout (0 without replication).
     fn election_us(&self) -> u64 {
-        self.raft.as_ref().map_or(0, |r| r.election_us)
+        self.journal.election_us()
     }
 }

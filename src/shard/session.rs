@@ -589,7 +589,7 @@ impl Shard {
                     self.session_out_local(slot, out);
                 }
             }
-            SessMsg::Kill { sid, home } if self.raft.is_some() => {
+            SessMsg::Kill { sid, home } if self.journal.is_replicated() => {
                 // An owner's proposal failed (it stopped serving): as a
                 // step-down, a replicated session is detached, not ended.
                 if let Some(slot) = self.session_conn(sid, home) {
@@ -696,9 +696,9 @@ impl Shard {
             SessOp::Extend { token, ttl_ms, key } => {
                 match self.table.extend(o, &key, token, ttl_ms, now) {
                     Ok(x) => {
-                        if let Some(log) = self.log.as_mut() {
+                        if let Some(log) = self.journal.records_mut() {
                             let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
-                            self.journal(lsn, Undo::Extend(x));
+                            self.undo_on_failure(lsn, Undo::Extend(x));
                         }
                         self.answer_token(sid, home, rid, SessionOp::Extend, Ok((token, ttl_ms)));
                     }
@@ -724,10 +724,10 @@ impl Shard {
             SessOp::Proclaim { token, key, source } => {
                 match self.table.proclaim(o, &key, token, source.as_bytes()) {
                     Ok(p) => {
-                        if let Some(log) = self.log.as_mut() {
+                        if let Some(log) = self.journal.records_mut() {
                             let (now_held, _) = self.table.granted(p.key_slot, token);
                             let lsn = log.append_reacquire(p.prev.as_ref(), now_held);
-                            self.journal(lsn, Undo::Proclaim { prev: p.prev });
+                            self.undo_on_failure(lsn, Undo::Proclaim { prev: p.prev });
                         }
                         if !self.watches.is_empty() {
                             self.watch_proclaimed(p.key_slot, token);

@@ -310,7 +310,7 @@ impl World {
         let s = &mut self.nodes[i].shards[g];
         let change = match ask {
             Ask::Transfer => {
-                if s.raft_transfer(0) {
+                if s.transfer_leadership(0) {
                     self.note(format!("node {} leads and is to go: hands over", i + 1));
                 }
                 return;

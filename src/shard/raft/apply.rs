@@ -8,7 +8,7 @@ impl Shard {
     /// What raft-rs produced: messages to send, entries and a hard state
     /// to persist, committed entries to apply.
     pub(super) fn raft_output(&mut self, out: &mut Output) {
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         if !out.send.is_empty() {
             r.excluded_notes();
         }
@@ -28,7 +28,7 @@ impl Shard {
             let group = r.group;
             let id = r.replica.id();
             r.view.leaders[group].store(r.replica.leader(), Ordering::Release);
-            self.raft_stats.note_leader(r.replica.leader());
+            r.stats.note_leader(r.replica.leader());
             match role {
                 RoleChange::Leader { term } => {
                     log!(
@@ -65,20 +65,20 @@ impl Shard {
         if let Some(snap) = out.install.take() {
             let now = self.now;
             let index = snap.get_metadata().index;
-            let r = self.raft.as_mut().expect("replica");
+            let r = self.journal.replica_mut().expect("replica");
             if let Some((_, _, buf)) = r.proposal.take() {
-                let log = self.log.as_mut().expect("replicated log");
+                let log = &mut r.batch;
                 log.proposal_landed(Err(()), buf);
                 self.fail_pending("a leader's snapshot replaced this node's log", 0);
             }
             match install(&mut self.table, &snap.data, now) {
                 Ok(keys) => {
                     if let Ok((Some(m), _)) = store::split_snapshot(&snap.data) {
-                        let r = self.raft.as_mut().expect("replica");
+                        let r = self.journal.replica_mut().expect("replica");
                         r.addrs = m.addrs;
                         self.members_changed(index);
                     }
-                    let r = self.raft.as_mut().expect("replica");
+                    let r = self.journal.replica_mut().expect("replica");
                     r.replica.snapshot_installed(index);
                     r.publish_conf(index);
                     log!(
@@ -91,7 +91,7 @@ impl Shard {
                     );
                 }
                 Err(why) => {
-                    let r = self.raft.as_mut().expect("replica");
+                    let r = self.journal.replica_mut().expect("replica");
                     r.apply_failed(index, format!("a leader's snapshot: {why}"));
                     return;
                 }
@@ -104,7 +104,7 @@ impl Shard {
                 return;
             }
         }
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         for (id, index) in out.reads.drain(..) {
             if let Some(p) = r.reads.iter_mut().find(|p| p.id == id) {
                 p.index = Some(index);
@@ -116,12 +116,12 @@ impl Shard {
     /// One committed entry.
     fn apply_entry(&mut self, e: &raft::eraftpb::Entry) {
         let now = self.now;
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         match r.proposal.take() {
             Some((index, term, buf)) if index == e.index && term == e.term => {
                 // Ours: the table holds its effects already.
                 r.replica.applied_to(e.index);
-                let log = self.log.as_mut().expect("replicated log");
+                let log = &mut r.batch;
                 log.proposal_landed(Ok(()), buf);
                 self.release_durable();
                 self.raft_committed();
@@ -130,13 +130,13 @@ impl Shard {
             Some((index, term, buf)) if index <= e.index => {
                 // Another leader's entry took its place: never committed.
                 let _ = term;
-                let log = self.log.as_mut().expect("replicated log");
+                let log = &mut r.batch;
                 log.proposal_landed(Err(()), buf);
                 self.fail_pending("the proposal was overwritten by a newer leader", 0);
             }
             other => r.proposal = other,
         }
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         if Replica::is_change(e) {
             match r.replica.apply_change(e) {
                 Ok((_, cc)) => {
@@ -153,7 +153,7 @@ impl Shard {
                 }
             }
         }
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         if !Replica::is_empty_entry(e) {
             let Some((leader_unix_ms, records)) = store::split_proposal(&e.data) else {
                 r.apply_failed(e.index, "too short to be a proposal".into());
@@ -162,14 +162,14 @@ impl Shard {
             if let Err(why) =
                 crate::wal::apply_replicated(records, leader_unix_ms, &mut self.table, now)
             {
-                self.raft
-                    .as_mut()
+                self.journal
+                    .replica_mut()
                     .expect("replica")
                     .apply_failed(e.index, why);
                 return;
             }
         }
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         r.replica.applied_to(e.index);
     }
 }

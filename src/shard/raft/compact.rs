@@ -12,7 +12,9 @@ impl Shard {
     /// is the snapshot of the applied table, the hard state and the entries
     /// after it, written beside the log and renamed over it.
     pub(in crate::shard) fn maybe_compact(&mut self) {
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         let applied = r.replica.raft_applied();
         // A follower that needs a newer snapshot than the newest one (a
         // node added since) gets one made now.
@@ -29,7 +31,7 @@ impl Shard {
         r.snapshot_wanted = false;
         let mut table = Vec::with_capacity(64 * 1024);
         self.applied_snapshot(&mut table);
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         let members = store::Members {
             conf: r.replica.conf_state(),
             addrs: r.addrs.clone(),
@@ -54,7 +56,7 @@ impl Shard {
 
     /// The table as of the last applied entry, as a snapshot's data: the
     /// live table less what is still waiting for its commit (taken back
-    /// with the undo journal, newest first), behind this node's clock.
+    /// with the undo list, newest first), behind this node's clock.
     pub(in crate::shard) fn applied_snapshot(&self, out: &mut Vec<u8>) {
         use crate::core::HeldKey;
         use crate::shard::gate::Undo;

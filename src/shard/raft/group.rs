@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use super::failstop::{FailKind, FailStop};
+use super::stats::Stats;
 use super::view::NodeView;
 use crate::cluster::check::{Reason, Refusal};
 use crate::cluster::replica::{Output, Replica};
@@ -29,6 +30,9 @@ pub(in crate::shard) struct ParkedRead {
 /// A shard's replication state.
 pub struct GroupReplica {
     pub(in crate::shard) replica: Replica,
+    /// The batcher of the shard's records: each batch is one proposal
+    /// ([`Log::replicated`]).
+    pub(in crate::shard) batch: Log,
     /// The cluster log file's writer (raw records; compacted by rewriting
     /// it as a snapshot and the entries after it, `compact`).
     pub(in crate::shard) file: Log,
@@ -38,6 +42,8 @@ pub struct GroupReplica {
     /// The proposal in flight: `(index, term, records)`.
     pub(in crate::shard) proposal: Option<(u64, u64, Vec<u8>)>,
     pub(in crate::shard) out: Output,
+    /// What the replication metrics are computed from.
+    pub(in crate::shard) stats: Stats,
     pub(in crate::shard) next_tick_us: u64,
     pub(in crate::shard) group: usize,
     /// The term whose leases were extended when serving began.
@@ -108,10 +114,15 @@ impl GroupReplica {
     ) -> GroupReplica {
         GroupReplica {
             replica,
+            batch: Log::replicated(&crate::core::Table::new(crate::core::Limits {
+                max_keys: 1,
+                max_waiters: 1,
+            })),
             file,
             persisting: VecDeque::new(),
             proposal: None,
             out: Output::default(),
+            stats: Stats::default(),
             next_tick_us: 0,
             group,
             served_term: 0,

@@ -14,9 +14,11 @@ impl Shard {
     /// to its most caught-up follower, so that a rolling restart costs
     /// clients one retry, not an election timeout. The loop runs on until
     /// [`Shard::stop_done`].
-    pub(in crate::shard) fn raft_hand_over(&mut self) {
+    pub(in crate::shard) fn hand_over_on_stop(&mut self) {
         let now = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         r.hand_over_until_us = now + 2 * r.election_us;
         if !r.replica.is_leader() {
             return;
@@ -35,15 +37,15 @@ impl Shard {
         if let Some(t) = target {
             r.replica.transfer_leader(t);
         }
-        self.raft_pump();
+        self.journal_pump();
     }
 
     /// An operator's `XFER`: hands this shard's leadership to node `to`
     /// (0: the follower `hand_over_target` picks). False when this shard does not lead, the
     /// node is not a peer, or there is nobody to hand over to. Public for
     /// the deterministic simulator, which hands over as an operator would.
-    pub fn raft_transfer(&mut self, to: u64) -> bool {
-        let Some(r) = self.raft.as_mut() else {
+    pub fn transfer_leadership(&mut self, to: u64) -> bool {
+        let Some(r) = self.journal.replica_mut() else {
             return false;
         };
         if !r.replica.is_leader() {
@@ -69,7 +71,7 @@ impl Shard {
             st.term
         );
         r.replica.transfer_leader(t);
-        self.raft_pump();
+        self.journal_pump();
         true
     }
 
@@ -86,7 +88,7 @@ impl Shard {
     /// its client's connection with its outcome unknown.
     pub fn stop_done(&mut self) -> bool {
         let now = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else {
+        let Some(r) = self.journal.replica_mut() else {
             return true;
         };
         if r.fatal.is_some() || now >= r.hand_over_until_us {
@@ -124,7 +126,9 @@ impl Shard {
     /// caught-up voter: the same node for every group), once per election
     /// timeout, instead of following group 0.
     pub(in crate::shard) fn follow_group0(&mut self) {
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         if r.replica.is_leader() && !r.view.all_voters() {
             let ticks = r.replica.ticks();
             if ticks >= r.last_transfer_tick + r.replica.election_ticks() {

@@ -16,7 +16,7 @@ impl Shard {
     /// lose their address and link, every member's link goes to its
     /// address, and a node that was removed says so and stops serving.
     pub(in crate::shard) fn members_changed(&mut self, index: u64) {
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         let cs = r.replica.conf_state();
         let members: std::collections::BTreeSet<u64> = Replica::members_of(&cs).collect();
         let me = r.replica.id();
@@ -79,7 +79,7 @@ impl Shard {
     /// `CMEM` on the admin connection in `slot`: every shard's membership,
     /// or at once the empty answer "not a cluster member".
     pub(in crate::shard) fn cluster_members_start(&mut self, slot: u32) {
-        if self.raft.is_none() {
+        if !self.journal.is_replicated() {
             let c = &mut self.conns[slot as usize];
             crate::protocol::members::encode(&[], &mut c.out);
             c.state = State::Answered;
@@ -115,7 +115,7 @@ impl Shard {
     /// applied its removal, or a peer said a configuration it has not
     /// applied yet excludes it: `Replica::excluded`).
     pub fn member_status(&self) -> Option<crate::protocol::members::MemberStatus> {
-        let r = self.raft.as_ref()?;
+        let r = self.journal.replica()?;
         let cs = r.replica.conf_state();
         Some(crate::protocol::members::MemberStatus {
             shard: self.me as u32,
@@ -148,7 +148,7 @@ impl Shard {
         use crate::protocol::members::Change;
         let serving = self.may_serve();
         let g = self.me;
-        let Some(r) = self.raft.as_mut() else {
+        let Some(r) = self.journal.replica_mut() else {
             return Err("this server is not a cluster member".into());
         };
         let me = r.replica.id();
@@ -273,7 +273,7 @@ impl Shard {
             as_voter,
             remove
         );
-        self.raft_pump();
+        self.journal_pump();
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ impl Shard {
     /// This shard's `CLST` record (`None` without replication).
     pub(in crate::shard) fn shard_status(&self) -> Option<crate::protocol::status::ShardStatus> {
         use crate::protocol::status::{Follower, Role, ShardStatus};
-        let r = self.raft.as_ref()?;
+        let r = self.journal.replica()?;
         let s = r.replica.status();
         Some(ShardStatus {
             shard: self.me as u32,
@@ -44,7 +44,7 @@ impl Shard {
     /// `CLST` on the admin connection in `slot`: every shard's record, or
     /// at once the empty answer "not a cluster member".
     pub(in crate::shard) fn cluster_status_start(&mut self, slot: u32) {
-        if self.raft.is_none() {
+        if !self.journal.is_replicated() {
             let c = &mut self.conns[slot as usize];
             crate::protocol::status::encode(&[], &mut c.out);
             c.state = State::Answered;
@@ -57,7 +57,10 @@ impl Shard {
 
     /// This shard's proposal was committed and applied: its latency.
     pub(in crate::shard) fn raft_committed(&mut self) {
-        let took = self.now.mono_us.saturating_sub(self.raft_stats.proposed_us);
+        let Some(r) = self.journal.replica() else {
+            return;
+        };
+        let took = self.now.mono_us.saturating_sub(r.stats.proposed_us);
         if let Some(m) = self.metrics.raft() {
             m.observe_commit_us(took);
         }
@@ -66,8 +69,10 @@ impl Shard {
     /// Publishes this shard's replication figures (once per tick, from
     /// `end_tick`); nothing without replication.
     pub(in crate::shard) fn publish_raft(&mut self) {
-        let Some(r) = self.raft.as_ref() else { return };
-        self.raft_stats.note_leader(r.replica.leader());
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
+        r.stats.note_leader(r.replica.leader());
         let Some(m) = self.metrics.raft() else { return };
         let rep = &r.replica;
         let leader = rep.is_leader();
@@ -80,7 +85,7 @@ impl Shard {
                 serving: rep.serving() && r.view.all_serving(),
                 commit: rep.commit_index(),
                 applied: rep.applied_index(),
-                leader_changes: self.raft_stats.leader_changes,
+                leader_changes: r.stats.leader_changes,
             },
         );
         m.set_dropped(self.me, &r.dropped);

@@ -16,7 +16,7 @@ impl Shard {
         op: &crate::shard::RemoteOp,
     ) -> bool {
         let now = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else {
+        let Some(r) = self.journal.replica_mut() else {
             return false;
         };
         if r.replica.serving() || !matches!(op, crate::shard::RemoteOp::KeysOpen { .. }) {
@@ -33,7 +33,7 @@ impl Shard {
             op: op.clone(),
         });
         r.replica.read_barrier(id);
-        self.raft_pump();
+        self.journal_pump();
         true
     }
 
@@ -41,7 +41,9 @@ impl Shard {
     /// that waited more than an election timeout (no leader answered).
     pub(in crate::shard) fn release_reads(&mut self) {
         let now = self.now.mono_us;
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         if r.reads.is_empty() {
             return;
         }

@@ -79,9 +79,9 @@ impl Shard {
             c.out.clear();
             self.close(slot);
         }
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         if let Some((_, _, buf)) = r.proposal.take() {
-            let log = self.log.as_mut().expect("replicated log");
+            let log = &mut r.batch;
             log.proposal_landed(Err(()), buf);
         }
         // The sessions' queued requests go first: queued behind the
@@ -89,7 +89,7 @@ impl Shard {
         // semaphore's n fixed meanwhile).
         self.table.drop_session_waiters();
         self.fail_pending(why, 0);
-        let r = self.raft.as_mut().expect("replica");
+        let r = self.journal.replica_mut().expect("replica");
         r.view.serving[r.group].store(false, Ordering::Release);
         r.was_serving = false;
         self.table.drop_owners();
@@ -100,7 +100,9 @@ impl Shard {
     /// Publishes whether this shard serves; extends every lease deadline
     /// when serving begins.
     pub(super) fn note_serving(&mut self) {
-        let Some(r) = self.raft.as_mut() else { return };
+        let Some(r) = self.journal.replica_mut() else {
+            return;
+        };
         let serving = r.replica.serving();
         if serving == r.was_serving {
             return;

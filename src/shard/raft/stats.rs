@@ -1,7 +1,6 @@
 //! What the replication metrics are computed from ([`Stats`]).
 
-/// What the replication metrics are computed from (every shard has one;
-/// used only in cluster mode).
+/// What the replication metrics are computed from (a replica's).
 #[derive(Debug, Default)]
 pub struct Stats {
     /// `now.mono_us` when the proposal in flight was proposed.
