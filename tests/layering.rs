@@ -46,8 +46,6 @@ const ALLOWED_CYCLES: &[&[&str]] = &[
         "src/driver/logio.rs",
         "src/driver/mesh.rs",
         "src/driver/mod.rs",
-        "src/driver/peer/inbound.rs",
-        "src/driver/peer/mod.rs",
         "src/driver/ring.rs",
         "src/driver/start.rs",
     ],

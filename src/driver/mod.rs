@@ -86,7 +86,7 @@ use user_data::{self as ring_io, Op};
 
 /// Accepted peer links waiting for their TLS handshake and Hello, per
 /// shard (a new one evicts the oldest).
-pub use peer::PENDING_MAX as PEER_PENDING_MAX;
+pub use peer::links::PENDING_MAX as PEER_PENDING_MAX;
 
 pub use start::Server;
 pub use sys::allowed_cpus;
@@ -122,7 +122,7 @@ struct Loop {
     /// `idle_poll_us`).
     poll: poll::PollWindow,
     /// Cluster mode: the Raft links of this shard.
-    peers: Option<peer::Peers>,
+    peers: Option<peer::links::Peers>,
     /// `--certs-dir`: the node's certificates; shard 0 reloads them on
     /// SIGHUP, every shard's new connections take the current set.
     certs: Option<Arc<certs::Certs>>,

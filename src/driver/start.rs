@@ -434,7 +434,7 @@ impl Loop {
             (None, Some(r)) => {
                 let io = LogIo::new(r.files, part.faults, prealloc);
                 let view = part.certs.as_ref().map(|c| c.view());
-                let peers = super::peer::Peers::new(r.listener, r.peers, &r.hello, view);
+                let peers = super::peer::links::Peers::new(r.listener, r.peers, &r.hello, view);
                 (None, Some(io), Some((r.part, peers)))
             }
             (None, None) => (None, None, None),
