@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
-use super::clienttls::ConnTls;
+use super::clienttls_state::ConnTls;
 use super::mesh::Msg;
 use super::sys::{peer_of, refuse_fd, REFUSED};
 use super::user_data::{self as ring_io, Op};

@@ -50,6 +50,7 @@
 pub mod buf;
 pub mod certs;
 mod clienttls;
+mod clienttls_state;
 mod conn;
 pub mod faults;
 mod logio;
@@ -127,7 +128,7 @@ struct Loop {
     /// SIGHUP, every shard's new connections take the current set.
     certs: Option<Arc<certs::Certs>>,
     /// `--certs-dir`: TLS on the lock and admin ports.
-    client_tls: Option<clienttls::ClientTls>,
+    client_tls: Option<clienttls_state::ClientTls>,
 }
 
 impl Drop for Loop {

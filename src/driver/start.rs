@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use super::certs::Certs;
+use super::clienttls_state::ClientTls;
 use super::faults::Faults;
 use super::logio::LogIo;
 use super::mesh::{self, MeshEnd};
@@ -440,9 +441,10 @@ impl Loop {
             (None, None) => (None, None, None),
         };
         let idle_poll_us = cfg.idle_poll_us;
-        let client_tls = part.certs.as_ref().map(|c| {
-            super::clienttls::ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms)
-        });
+        let client_tls = part
+            .certs
+            .as_ref()
+            .map(|c| ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms));
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
         shard.advertise(part.advertised.0, part.advertised.1);
