@@ -12,7 +12,7 @@ use crate::core::Token;
 /// handshake finished) each loop runs per tick at most.
 pub(super) const HANDSHAKE_STEPS_PER_TICK: u32 = 4;
 
-/// One TLS connection's state (boxed in its [`super::conn::DConn`]; it
+/// One TLS connection's state (boxed in its [`super::conn_slot::DConn`]; it
 /// travels with a connection that moves to another shard).
 #[derive(Debug)]
 pub struct ConnTls {
