@@ -41,7 +41,6 @@ const ALLOWED_DIRS: &[&str] = &["src/shard/", "src/wal/", "src/driver/"];
 const ALLOWED_CYCLES: &[&[&str]] = &[
     // issue #32: being removed
     &[
-        "src/driver/logio.rs",
         "src/driver/mod.rs",
         "src/driver/ring.rs",
         "src/driver/start.rs",

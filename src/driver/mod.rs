@@ -55,6 +55,7 @@ mod conn;
 mod conn_slot;
 pub mod faults;
 mod logio;
+mod logio_state;
 pub mod mesh;
 mod peer;
 pub mod poll;
@@ -82,7 +83,7 @@ use crate::wal::log::Chain;
 use crate::wal::plan::Stream;
 use buf::Slot;
 use conn_slot::DConn;
-use logio::LogIo;
+use logio_state::LogIo;
 use mesh::{MeshEnd, Msg};
 use user_data::{self as ring_io, Op};
 
@@ -221,7 +222,7 @@ impl Loop {
             // A doorbell: messages are taken every tick.
             Op::Mesh => {}
             Op::Peer => self.on_peer_op(ud, gen, slot, res, flags),
-            Op::WalWrite if slot >= logio::STEP_GROW_ALLOC => self.on_grow_op(slot, res),
+            Op::WalWrite if slot >= logio_state::STEP_GROW_ALLOC => self.on_grow_op(slot, res),
             Op::WalWrite => self.on_chain_op(Stream::Records, slot, res),
             Op::WalSync => self.on_chain_op(Stream::Compact, slot, res),
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::certs::Certs;
 use super::clienttls_state::ClientTls;
 use super::faults::Faults;
-use super::logio::LogIo;
+use super::logio_state::LogIo;
 use super::mesh::{self, MeshEnd};
 use super::ring::build_ring;
 use super::sys::{allowed_cpus, block_signals, fit_fd_limit, listen, now, pin_to};
