@@ -41,12 +41,6 @@ const ALLOWED_DIRS: &[&str] = &["src/shard/", "src/wal/", "src/driver/"];
 const ALLOWED_CYCLES: &[&[&str]] = &[
     // issue #32: being removed
     &[
-        "src/driver/mod.rs",
-        "src/driver/ring.rs",
-        "src/driver/start.rs",
-    ],
-    // issue #32: being removed
-    &[
         "src/shard/forward.rs",
         "src/shard/gate.rs",
         "src/shard/keys.rs",

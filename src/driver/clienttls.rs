@@ -30,8 +30,8 @@
 //! not finished within `--frame-timeout-ms` of its first byte is closed.
 
 use super::clienttls_state::{ConnTls, HANDSHAKE_STEPS_PER_TICK};
+use super::event_loop::Loop;
 use super::tlsio;
-use super::Loop;
 use crate::core::Token;
 use crate::log::Level;
 use crate::metrics::Handshake;

@@ -19,13 +19,13 @@ use std::os::unix::fs::OpenOptionsExt;
 use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
+use super::event_loop::Loop;
 use super::logio_state::{
     GrowIo, LogIo, STEP_DELAY, STEP_DIR_SYNC, STEP_GROW_ALLOC, STEP_GROW_DELAY, STEP_GROW_SYNC,
     STEP_GROW_WRITE, STEP_RENAME, STEP_SYNC, STEP_WRITE,
 };
 use super::sys::now;
 use super::user_data::{self as ring_io, Op};
-use super::Loop;
 use crate::log::Level;
 use crate::wal;
 use crate::wal::log::Chain;

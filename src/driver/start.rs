@@ -12,12 +12,13 @@ use std::sync::Arc;
 
 use super::certs::Certs;
 use super::clienttls_state::ClientTls;
+use super::event_loop::Loop;
 use super::faults::Faults;
 use super::logio_state::LogIo;
 use super::mesh::{self, MeshEnd};
+use super::poll;
 use super::ring::build_ring;
 use super::sys::{allowed_cpus, block_signals, fit_fd_limit, listen, now, pin_to};
-use super::{poll, Loop};
 use crate::config::Config;
 use crate::core::Table;
 use crate::log::Level;

@@ -8,9 +8,9 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, types};
 
 use super::super::buf::{Lent, Slot};
+use super::super::event_loop::Loop;
 use super::super::tlsio;
 use super::super::user_data::{self as ring_io, Op};
-use super::super::Loop;
 use super::links::{
     Inbound, HELLO_DEADLINE_US, K_CLOSE, K_ISEND, K_RECV, PENDING_MAX, PENDING_RECV_BUF, RECV_BUF,
     TLS_HANDSHAKE,

@@ -44,9 +44,9 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
 use super::buf::{Lent, Slot};
+use super::event_loop::Loop;
 use super::tlsio;
 use super::user_data::{self as ring_io, Op};
-use super::Loop;
 use crate::cluster::wire;
 use crate::log::Level;
 
