@@ -51,8 +51,7 @@
 //! Low to high; a module imports only from its own layer or lower ones,
 //! and no two files import each other, directly or around a longer cycle
 //! (`tests/layering.rs` checks that, and that no file of `src/` is over
-//! 1000 lines; the cycles and the long file still in `src/shard` and
-//! `src/driver` are on its allow-lists, issue #32).
+//! 1000 lines).
 //! 0. Leaves, which import nothing above them: [`config`] (every limit and
 //!    default), [`mod@log`] (the structured log), [`metrics`]
 //!    (atomics-only registry and its HTTP thread; it names the session

@@ -29,83 +29,15 @@
 //! (its receive not re-armed) for a later tick, oldest first. A handshake
 //! not finished within `--frame-timeout-ms` of its first byte is closed.
 
-use std::collections::VecDeque;
-
-use super::certs::CertsView;
+use super::clienttls_state::{ConnTls, HANDSHAKE_STEPS_PER_TICK};
+use super::event_loop::Loop;
 use super::tlsio;
-use super::Loop;
 use crate::core::Token;
 use crate::log::Level;
 use crate::metrics::Handshake;
 
 /// The first byte of a TLS handshake record (ContentType handshake).
 pub(super) const TLS_HANDSHAKE: u8 = 0x16;
-
-/// Handshake steps (one pass of received bytes through rustls before the
-/// handshake finished) each loop runs per tick at most.
-pub(super) const HANDSHAKE_STEPS_PER_TICK: u32 = 4;
-
-/// One TLS connection's state (boxed in its [`super::conn::DConn`]; it
-/// travels with a connection that moves to another shard).
-#[derive(Debug)]
-pub struct ConnTls {
-    conn: rustls::Connection,
-    /// The handshake finished and the shard was told.
-    established: bool,
-    /// Ciphertext received while over the tick's handshake budget.
-    deferred: Vec<u8>,
-    /// Shard output encrypted into `conn` not yet lent to a send.
-    shard_waiting: bool,
-    /// The send in flight carries shard output.
-    shard_in_flight: bool,
-}
-
-impl ConnTls {
-    pub(super) fn established(&self) -> bool {
-        self.established
-    }
-}
-
-/// A loop's state for its client ports' TLS.
-pub(super) struct ClientTls {
-    certs: CertsView,
-    require_client_cert: bool,
-    /// Handshake steps left in this tick.
-    budget: u32,
-    /// Connections whose handshake bytes wait for a later tick (oldest
-    /// first).
-    backlog: VecDeque<Token>,
-    /// Handshake deadlines, in start order (a constant timeout keeps them
-    /// sorted).
-    deadlines: VecDeque<(u64, Token)>,
-    timeout_us: u64,
-    /// Scratch buffers: ciphertext in, plaintext either way.
-    cipher: Vec<u8>,
-    plain: Vec<u8>,
-    /// When the next handshake failure may be logged (one a second).
-    log_after_us: u64,
-}
-
-impl ClientTls {
-    pub(super) fn new(certs: CertsView, require_client_cert: bool, timeout_ms: u64) -> ClientTls {
-        ClientTls {
-            certs,
-            require_client_cert,
-            budget: HANDSHAKE_STEPS_PER_TICK,
-            backlog: VecDeque::new(),
-            deadlines: VecDeque::new(),
-            timeout_us: timeout_ms.max(1) * 1000,
-            cipher: Vec::new(),
-            plain: Vec::new(),
-            log_after_us: 0,
-        }
-    }
-
-    /// Work waits for the next tick (the loop must not sleep).
-    pub(super) fn pending(&self) -> bool {
-        !self.backlog.is_empty()
-    }
-}
 
 impl Loop {
     /// The first bytes of a client connection arrived: a TLS ClientHello

@@ -1,62 +1,24 @@
-//! Connection I/O: a connection slot's driver side ([`DConn`]), accepting
-//! (or refusing over the limit), the receive and send ops with their lent
-//! buffers, the close once no op references the socket, the shard's
-//! connection commands (send, close, farewell, migrate), and the hand-over
-//! of a connection between shards (adopt, finish_migrate).
+//! Connection I/O: a connection slot's driver side ([`DConn`], its data in
+//! `conn_slot.rs`), accepting (or refusing over the limit), the receive
+//! and send ops with their lent buffers, the close once no op references
+//! the socket, the shard's connection commands (send, close, farewell,
+//! migrate), and the hand-over of a connection between shards (adopt,
+//! finish_migrate).
 
 use std::os::fd::{AsRawFd, RawFd};
 
 use io_uring::{opcode, types};
 
 use super::buf::{Lent, Slot};
-use super::clienttls::ConnTls;
+use super::clienttls_state::ConnTls;
+use super::conn_slot::DConn;
+use super::event_loop::Loop;
 use super::mesh::Msg;
 use super::sys::{peer_of, refuse_fd, REFUSED};
 use super::user_data::{self as ring_io, Op};
-use super::Loop;
-use crate::config::LOCK_RECV_BUF;
 use crate::core::Token;
 use crate::log::Level;
 use crate::shard::conn::Port;
-
-/// The driver's side of one connection slot (same index as the shard's).
-pub(super) struct DConn {
-    /// The shard's token for the occupant; 0 when unused.
-    pub(super) token: Token,
-    pub(super) fd: RawFd,
-    pub(super) recv: Slot,
-    pub(super) send: Slot,
-    pub(super) sent: usize,
-    pub(super) closing: bool,
-    cancel_submitted: bool,
-    /// A cancel of the send in flight was submitted (at a close).
-    send_cancel_submitted: bool,
-    /// The shard hands this connection to that shard once its receive is
-    /// back (cancelled or completed).
-    pub(super) migrate_to: Option<usize>,
-    /// The first byte was looked at (with certificates: TLS or not).
-    pub(super) sniffed: bool,
-    /// A TLS connection's state (see `clienttls`).
-    pub(super) tls: Option<Box<ConnTls>>,
-}
-
-impl DConn {
-    fn new() -> DConn {
-        DConn {
-            token: 0,
-            fd: -1,
-            recv: Slot::Ours(vec![0u8; LOCK_RECV_BUF]),
-            send: Slot::Ours(Vec::with_capacity(16)),
-            sent: 0,
-            closing: false,
-            cancel_submitted: false,
-            send_cancel_submitted: false,
-            migrate_to: None,
-            sniffed: false,
-            tls: None,
-        }
-    }
-}
 
 impl Loop {
     pub(super) fn arm_accept(&mut self, port: Port) {

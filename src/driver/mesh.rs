@@ -41,7 +41,7 @@ pub enum Msg {
         fd: RawFd,
         conn: Detached,
         /// A TLS connection's session state (its keys and buffers).
-        tls: Option<Box<super::clienttls::ConnTls>>,
+        tls: Option<Box<super::clienttls_state::ConnTls>>,
     },
     /// Run a scatter/gather part and reply.
     Request {

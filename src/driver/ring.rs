@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 
 use io_uring::{opcode, types, IoUring};
 
+use super::event_loop::Loop;
 use super::mesh::Msg;
 use super::sys::now;
 use super::user_data::{self as ring_io, Op};
-use super::Loop;
 use crate::config::RING_ENTRIES;
 use crate::log::Level;
 use crate::shard::conn::Port;

@@ -11,12 +11,14 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use super::certs::Certs;
+use super::clienttls_state::ClientTls;
+use super::event_loop::Loop;
 use super::faults::Faults;
-use super::logio::LogIo;
+use super::logio_state::LogIo;
 use super::mesh::{self, MeshEnd};
+use super::poll;
 use super::ring::build_ring;
 use super::sys::{allowed_cpus, block_signals, fit_fd_limit, listen, now, pin_to};
-use super::{poll, Loop};
 use crate::config::Config;
 use crate::core::Table;
 use crate::log::Level;
@@ -434,15 +436,16 @@ impl Loop {
             (None, Some(r)) => {
                 let io = LogIo::new(r.files, part.faults, prealloc);
                 let view = part.certs.as_ref().map(|c| c.view());
-                let peers = super::peer::Peers::new(r.listener, r.peers, &r.hello, view);
+                let peers = super::peer::links::Peers::new(r.listener, r.peers, &r.hello, view);
                 (None, Some(io), Some((r.part, peers)))
             }
             (None, None) => (None, None, None),
         };
         let idle_poll_us = cfg.idle_poll_us;
-        let client_tls = part.certs.as_ref().map(|c| {
-            super::clienttls::ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms)
-        });
+        let client_tls = part
+            .certs
+            .as_ref()
+            .map(|c| ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms));
         let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
         shard.place(index, n, all_conns);
         shard.advertise(part.advertised.0, part.advertised.1);

@@ -1,41 +1,21 @@
 //! Accepted peer links (a peer's outbound): the first-byte check, the TLS
 //! handshake as acceptor, the Hello and its certificate, the frames, the
 //! handshake flights sent back, and the close once no op references the
-//! socket. The limits are the module's (see `super`).
+//! socket. The limits and the link's data are in `links.rs`.
 
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, types};
 
 use super::super::buf::{Lent, Slot};
+use super::super::event_loop::Loop;
 use super::super::tlsio;
 use super::super::user_data::{self as ring_io, Op};
-use super::super::Loop;
-use super::*;
+use super::links::{
+    Inbound, HELLO_DEADLINE_US, K_CLOSE, K_ISEND, K_RECV, PENDING_MAX, PENDING_RECV_BUF, RECV_BUF,
+    TLS_HANDSHAKE,
+};
 use crate::cluster::wire;
-
-/// An accepted link (a peer's outbound): its data is read only; with TLS
-/// its handshake flights are sent.
-pub(super) struct Inbound {
-    pub(super) fd: RawFd,
-    pub(super) recv: Slot,
-    /// Plaintext received and not yet parsed into frames.
-    pub(super) rbuf: Vec<u8>,
-    /// The peer, once its Hello was accepted.
-    pub(super) node: Option<u64>,
-    pub(super) gen: u32,
-    pub(super) tls: Option<rustls::Connection>,
-    /// Nothing received yet (the first byte is checked).
-    pub(super) fresh: bool,
-    /// The node id the peer's certificate names (after the handshake).
-    pub(super) cert_node: Option<u64>,
-    pub(super) send: Slot,
-    pub(super) sent: usize,
-    /// Handshake and Hello due by then (mono µs).
-    pub(super) deadline_us: u64,
-    /// Failed: closed once no op references it.
-    pub(super) dead: bool,
-}
 
 impl Loop {
     pub(super) fn peer_accepted(&mut self, fd: RawFd) {

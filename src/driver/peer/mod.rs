@@ -21,9 +21,10 @@
 //!
 //! Limits on what an unknown dialer can make this loop hold: an accepted
 //! link must finish its handshake and Hello within [`HELLO_DEADLINE_US`];
-//! at most [`PENDING_MAX`] links wait for theirs (a new one evicts the
-//! oldest); a frame before the Hello is at most [`wire::HELLO_FRAME_MAX`]
-//! bytes; a node has one inbound link per shard (a newer one replaces it).
+//! at most [`PENDING_MAX`](links::PENDING_MAX) links wait for theirs (a
+//! new one evicts the oldest); a frame before the Hello is at most
+//! [`wire::HELLO_FRAME_MAX`] bytes; a node has one inbound link per shard
+//! (a newer one replaces it).
 //! Peer links are counted apart from client connections.
 //!
 //! A link that fails is dialed again after [`REDIAL_US`]; frames for a
@@ -32,188 +33,29 @@
 //! what matters. Buffers lent to the kernel (a receive, a send, a connect's
 //! address) are [`Lent`]/boxed and come back only with their op's final
 //! completion, as on client connections.
+//!
+//! Files: `links.rs` holds the links' data (each link's state, the set
+//! of them, the limits above and the kinds of a peer op); this file adds
+//! to the loop the peer op's completion, dialing and the outbound links;
+//! `inbound.rs` the accepted links.
 
 use io_uring::{opcode, types};
-use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 
 use super::buf::{Lent, Slot};
-use super::certs::CertsView;
+use super::event_loop::Loop;
 use super::tlsio;
 use super::user_data::{self as ring_io, Op};
-use super::Loop;
 use crate::cluster::wire;
 use crate::log::Level;
 
 mod inbound;
-use inbound::Inbound;
-
-/// How long a failed link waits before it is dialed again.
-pub const REDIAL_US: u64 = 100_000;
-/// The most bytes queued for one peer.
-pub const QUEUE_MAX: usize = 8 << 20;
-/// An accepted link finishes its TLS handshake and its Hello within this
-/// (and a dialed link its handshake), or it is closed.
-pub const HELLO_DEADLINE_US: u64 = 5_000_000;
-/// Accepted links still waiting for their Hello, per shard; a new one
-/// evicts the oldest (a dialer that keeps connections open without
-/// speaking cannot lock the real peers out).
-pub const PENDING_MAX: usize = 16;
-const RECV_BUF: usize = 64 * 1024;
-/// A link's receive buffer until its Hello is accepted: a TLS ClientHello
-/// or a Hello fits, and a flood of dialers that never get that far costs
-/// little memory and no 64 KiB clearing each.
-const PENDING_RECV_BUF: usize = 4 * 1024;
-/// An outbound link's input: TLS handshake records (a few KiB) and alerts.
-const WATCH_BUF: usize = 8 * 1024;
-/// A TLS handshake record starts with this content type.
-const TLS_HANDSHAKE: u8 = 0x16;
-
-// The `slot` field of a peer op's user_data: kind in the top byte, the
-// link's index below.
-const K_ACCEPT: u32 = 1 << 24;
-const K_RECV: u32 = 2 << 24;
-const K_CONNECT: u32 = 3 << 24;
-const K_SEND: u32 = 4 << 24;
-const K_CLOSE: u32 = 5 << 24;
-/// The watch on an outbound link: its input, which is TLS handshake
-/// records only (the peer never sends data on our outbound link); with
-/// `--insecure`, a receive that completes only when the peer closes or
-/// resets it.
-const K_WATCH: u32 = 6 << 24;
-/// A send on an accepted link (TLS handshake flights and alerts).
-const K_ISEND: u32 = 7 << 24;
-const KIND_MASK: u32 = 0xFF << 24;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum OutState {
-    /// Dial again at this time.
-    Down {
-        at_us: u64,
-    },
-    Connecting,
-    Up,
-    /// The peer left the group: never dialed again.
-    Retired,
-}
-
-/// This node's link to one peer: write only.
-struct Outbound {
-    node: u64,
-    addr: Box<socket2::SockAddr>,
-    shown: SocketAddr,
-    fd: RawFd,
-    state: OutState,
-    /// Plaintext frames waiting for the send slot (and, with TLS, for the
-    /// handshake to finish).
-    queue: Vec<u8>,
-    send: Slot,
-    sent: usize,
-    gen: u32,
-    /// Logged the current outage already.
-    quiet: bool,
-    /// The watch receive's buffer.
-    watch: Slot,
-    /// The link failed: close it once no op references it.
-    dead: bool,
-    /// When it last came up (mono µs).
-    up_since_us: u64,
-    /// The peer left the group: close the link and never dial it again.
-    retired: bool,
-    tls: Option<rustls::Connection>,
-}
-
-impl Outbound {
-    fn new(node: u64, a: SocketAddr) -> Outbound {
-        Outbound {
-            node,
-            addr: Box::new(socket2::SockAddr::from(a)),
-            shown: a,
-            fd: -1,
-            state: OutState::Down { at_us: 0 },
-            queue: Vec::new(),
-            send: Slot::Ours(Vec::new()),
-            sent: 0,
-            gen: 0,
-            quiet: false,
-            watch: Slot::Ours(vec![0u8; WATCH_BUF]),
-            dead: false,
-            up_since_us: 0,
-            retired: false,
-            tls: None,
-        }
-    }
-}
-
-pub(super) struct Peers {
-    /// Refused links are logged at most every 10 s (a misconfigured peer
-    /// dials again every [`REDIAL_US`]).
-    refusal_logged_us: u64,
-    listener: TcpListener,
-    inbound: Vec<Option<Inbound>>,
-    outbound: Vec<Outbound>,
-    hello: Vec<u8>,
-    /// `--certs-dir`: every link is mutual TLS; `None` with `--insecure`.
-    certs: Option<CertsView>,
-}
-
-impl Peers {
-    /// `peers`: every other node's id and the address of its link for this
-    /// shard; `hello`: this link's Hello; `certs`: the node's certificates
-    /// (`None`: plaintext links, `--insecure`).
-    pub(super) fn new(
-        listener: TcpListener,
-        peers: Vec<(u64, SocketAddr)>,
-        hello: &wire::Hello,
-        certs: Option<CertsView>,
-    ) -> Peers {
-        let mut h = Vec::new();
-        wire::encode_hello(hello, &mut h);
-        Peers {
-            refusal_logged_us: 0,
-            listener,
-            inbound: Vec::new(),
-            outbound: peers
-                .into_iter()
-                .map(|(node, a)| Outbound::new(node, a))
-                .collect(),
-            hello: h,
-            certs,
-        }
-    }
-
-    /// Gives up the buffers still lent (the server stops): leaked, never
-    /// freed under the kernel.
-    pub(super) fn leak_in_flight(&mut self) {
-        for i in self.inbound.iter_mut().flatten() {
-            for slot in [&mut i.recv, &mut i.send] {
-                if let Slot::Kernel(l) = std::mem::replace(slot, Slot::Moving) {
-                    l.leak();
-                }
-            }
-        }
-        for o in &mut self.outbound {
-            if let Slot::Kernel(l) = std::mem::replace(&mut o.send, Slot::Moving) {
-                l.leak();
-            }
-            if let Slot::Kernel(l) = std::mem::replace(&mut o.watch, Slot::Moving) {
-                l.leak();
-            }
-            if o.state == OutState::Connecting {
-                // The connect's address may still be read by the kernel.
-                std::mem::forget(std::mem::replace(
-                    &mut o.addr,
-                    Box::new(socket2::SockAddr::from(o.shown)),
-                ));
-            }
-        }
-    }
-
-    /// Live accepted links (for the metrics and tests).
-    pub(super) fn inbound_links(&self) -> usize {
-        self.inbound.iter().flatten().filter(|i| !i.dead).count()
-    }
-}
+pub(super) mod links;
+use links::{
+    OutState, Outbound, Peers, HELLO_DEADLINE_US, KIND_MASK, K_ACCEPT, K_CLOSE, K_CONNECT, K_ISEND,
+    K_RECV, K_SEND, K_WATCH, QUEUE_MAX, REDIAL_US,
+};
 
 impl Loop {
     fn peers(&mut self) -> &mut Peers {
