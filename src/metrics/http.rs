@@ -204,6 +204,8 @@ fn parse(head: &[u8]) -> Parsed {
     }
 }
 
+/// Reads one request head from `stream` (within the request timeout) and
+/// answers it.
 fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let deadline = Instant::now() + options.request_timeout;
@@ -243,25 +245,30 @@ fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Re
         }
     };
     drop(head);
+    answer(&mut stream, parsed, metrics, options)
+}
+
+/// Answers the request whose whole head is `parsed`.
+fn answer(
+    stream: &mut TcpStream,
+    parsed: Parsed,
+    metrics: &Metrics,
+    options: &Options,
+) -> io::Result<()> {
     match parsed {
         Parsed::Partial => unreachable!("the read loop only ends on a whole head"),
-        Parsed::Malformed => respond(&mut stream, 400, "Bad Request", "malformed request\n"),
+        Parsed::Malformed => respond(stream, 400, "Bad Request", "malformed request\n"),
         Parsed::TooManyHeaders => respond(
-            &mut stream,
+            stream,
             431,
             "Request Header Fields Too Large",
             "request head too large\n",
         ),
-        Parsed::OtherMethod => respond(
-            &mut stream,
-            405,
-            "Method Not Allowed",
-            "only GET is allowed\n",
-        ),
+        Parsed::OtherMethod => respond(stream, 405, "Method Not Allowed", "only GET is allowed\n"),
         Parsed::Get(Route::Metrics) => {
             let mut body = String::with_capacity(16 * 1024);
             metrics.render(&mut body, now_unix_ms());
-            write_answer(&mut stream, 200, "OK", CONTENT_TYPE_METRICS, &body)
+            write_answer(stream, 200, "OK", CONTENT_TYPE_METRICS, &body)
         }
         Parsed::Get(Route::Livez) => {
             let (code, body) = match liveness(metrics, options) {
@@ -274,7 +281,7 @@ fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Re
                     (503, stall_reason(loop_index, age_ms, options))
                 }
             };
-            answer_text(&mut stream, code, &body)
+            answer_text(stream, code, &body)
         }
         Parsed::Get(Route::Readyz) => {
             let (code, body) = match liveness(metrics, options) {
@@ -289,10 +296,10 @@ fn handle(mut stream: TcpStream, metrics: &Metrics, options: &Options) -> io::Re
                     (503, stall_reason(loop_index, age_ms, options))
                 }
             };
-            answer_text(&mut stream, code, &body)
+            answer_text(stream, code, &body)
         }
         Parsed::Get(Route::NotFound) => respond(
-            &mut stream,
+            stream,
             404,
             "Not Found",
             "not found; try /metrics, /livez, /readyz or /healthz\n",

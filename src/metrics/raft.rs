@@ -154,6 +154,7 @@ impl RaftMetrics {
         self.commit_us.observe(us);
     }
 
+    /// The Raft and forwarding series of a cluster node.
     pub(super) fn render(&self, w: &mut String) {
         gauge(
             w,
@@ -161,6 +162,21 @@ impl RaftMetrics {
             "This node's id in its cluster (--node-id).",
             self.node,
         );
+        self.render_per_shard_series(w);
+        self.render_follower_lag(w);
+        self.render_dropped_messages(w);
+        self.render_forwarding(w);
+        seconds_histogram(
+            w,
+            "raft_commit_latency_seconds",
+            "Time from a leader's proposal to its entry committed and applied.",
+            std::iter::once(&self.commit_us),
+        );
+    }
+
+    /// The series with one value per shard: term, leader, serving, commit
+    /// and apply progress.
+    fn render_per_shard_series(&self, w: &mut String) {
         let per_shard: [PerShard; 8] = [
             ("raft_term", "Current Raft term, per shard (Raft group).", "gauge", |s| {
                 s.term.load(Relaxed)
@@ -214,6 +230,10 @@ impl RaftMetrics {
                 let _ = writeln!(w, "ringlock_{name}{{shard=\"{i}\"}} {}", value(s));
             }
         }
+    }
+
+    /// Each follower's lag, per shard and peer (known by the leader only).
+    fn render_follower_lag(&self, w: &mut String) {
         header(
             w,
             "raft_follower_lag",
@@ -231,6 +251,10 @@ impl RaftMetrics {
                 }
             }
         }
+    }
+
+    /// The peers' Raft messages dropped unread, by reason.
+    fn render_dropped_messages(&self, w: &mut String) {
         header(
             w,
             "raft_messages_dropped_total",
@@ -249,6 +273,11 @@ impl RaftMetrics {
                 r.label()
             );
         }
+    }
+
+    /// Locking-Center requests forwarded to the leader, and those served
+    /// for other nodes.
+    fn render_forwarding(&self, w: &mut String) {
         header(
             w,
             "lc_forwarded_total",
@@ -267,12 +296,6 @@ impl RaftMetrics {
             "lc_forwards_served_total",
             "Locking-Center requests other nodes forwarded to this one (as the leader) and it took up.",
             self.forwards_served.load(Relaxed),
-        );
-        seconds_histogram(
-            w,
-            "raft_commit_latency_seconds",
-            "Time from a leader's proposal to its entry committed and applied.",
-            std::iter::once(&self.commit_us),
         );
     }
 }

@@ -100,10 +100,28 @@ impl Security {
         self.cert_not_after_s.store(unix_s, Relaxed);
     }
 
+    /// The security series (cluster nodes and TLS servers only).
     pub(super) fn render(&self, w: &mut String) {
         if !self.enabled.load(Relaxed) {
             return;
         }
+        self.render_peer_links(w);
+        self.render_cert_reloads(w);
+        self.render_tls_ports(w);
+        let na = self.cert_not_after_s.load(Relaxed);
+        if na > 0 {
+            gauge(
+                w,
+                "cert_expiry_timestamp_seconds",
+                "When the node certificate in use expires (Unix seconds).",
+                na,
+            );
+        }
+    }
+
+    /// Whether the node runs without certificates, and its peer (Raft)
+    /// links accepted, refused and open.
+    fn render_peer_links(&self, w: &mut String) {
         gauge(
             w,
             "insecure",
@@ -130,6 +148,10 @@ impl Security {
             "Accepted peer connections open now.",
             self.peer_links.iter().map(|g| g.load(Relaxed)).sum(),
         );
+    }
+
+    /// Certificate reloads by result.
+    fn render_cert_reloads(&self, w: &mut String) {
         header(
             w,
             "cert_reloads_total",
@@ -146,6 +168,11 @@ impl Security {
             "ringlock_cert_reloads_total{{result=\"failed\"}} {}",
             self.cert_reloads_failed.load(Relaxed)
         );
+    }
+
+    /// The lock and admin ports' TLS: handshakes by result, their time, and
+    /// plaintext connections refused.
+    fn render_tls_ports(&self, w: &mut String) {
         header(
             w,
             "tls_handshakes_total",
@@ -182,15 +209,6 @@ impl Security {
                 w,
                 "ringlock_plaintext_refused_total{{protocol=\"{protocol}\"}} {}",
                 self.plaintext_refused[i].load(Relaxed)
-            );
-        }
-        let na = self.cert_not_after_s.load(Relaxed);
-        if na > 0 {
-            gauge(
-                w,
-                "cert_expiry_timestamp_seconds",
-                "When the node certificate in use expires (Unix seconds).",
-                na,
             );
         }
     }

@@ -175,6 +175,12 @@ pub fn decode(buf: &[u8]) -> Decoded {
             return Decoded::Bad(BadAdmin::UnknownCommand(c));
         }
     };
+    decode_names(buf, cmd)
+}
+
+/// The rest of a reset command (`RSET`, `RSBS`, `RSTK`): its count and
+/// that many names (and, for `RSTK`, tokens), each validated.
+fn decode_names(buf: &[u8], cmd: Command) -> Decoded {
     if buf.len() < 8 {
         return Decoded::Incomplete;
     }

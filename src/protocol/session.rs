@@ -900,25 +900,8 @@ pub fn decode_answer(
             }
         }
         KIND_REPLY if hello_rid == Some(rid) && blen >= WELCOME_BODY => {
-            let w = Welcome {
-                status: status(r.u8().ok_or_else(bad)?)?,
-                version: r.u8().ok_or_else(bad)?,
-                keepalive_ms: r.u32().ok_or_else(bad)?,
-                min_ttl_ms: r.u32().ok_or_else(bad)?,
-                max_ttl_ms: r.u32().ok_or_else(bad)?,
-                session_id: r.u64().ok_or_else(bad)?,
-                max_keys: r.u32().ok_or_else(bad)?,
-                max_waiters: r.u32().ok_or_else(bad)?,
-                shards: {
-                    let s = r.b.get(r.at..r.at + 2).ok_or_else(bad)?;
-                    r.at += 2;
-                    u16::from_le_bytes([s[0], s[1]])
-                },
-                flags: r.b.get(WELCOME_BODY).copied().unwrap_or(0),
-            };
-            // Fields a later server appends are skipped.
-            r.at = r.b.len();
-            Answer::Welcome { rid, welcome: w }
+            let welcome = decode_welcome(&mut r, bad)?;
+            Answer::Welcome { rid, welcome }
         }
         // A Hello refused before the session exists (unauthorized, invalid)
         // is a plain Reply.
@@ -979,6 +962,32 @@ pub fn decode_answer(
         return Err(bad());
     }
     Ok(Some((a, HEADER + blen)))
+}
+
+/// A Welcome's body (the Hello's reply); fields a later server appends are
+/// skipped. `bad()`: the error for a short body.
+fn decode_welcome(r: &mut Body<'_>, bad: impl Fn() -> String) -> Result<Welcome, String> {
+    let w = Welcome {
+        status: {
+            let v = r.u8().ok_or_else(&bad)?;
+            Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"))?
+        },
+        version: r.u8().ok_or_else(&bad)?,
+        keepalive_ms: r.u32().ok_or_else(&bad)?,
+        min_ttl_ms: r.u32().ok_or_else(&bad)?,
+        max_ttl_ms: r.u32().ok_or_else(&bad)?,
+        session_id: r.u64().ok_or_else(&bad)?,
+        max_keys: r.u32().ok_or_else(&bad)?,
+        max_waiters: r.u32().ok_or_else(&bad)?,
+        shards: {
+            let s = r.b.get(r.at..r.at + 2).ok_or_else(&bad)?;
+            r.at += 2;
+            u16::from_le_bytes([s[0], s[1]])
+        },
+        flags: r.b.get(WELCOME_BODY).copied().unwrap_or(0),
+    };
+    r.at = r.b.len();
+    Ok(w)
 }
 
 mod event;

@@ -411,50 +411,9 @@ fn replay_with(
     };
     let mut over_limit = false;
     let apply = |r: RecordRef<'_>| {
-        match r {
-            RecordRef::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
-                // Its session did not survive: the key is free (of a
-                // shared or semaphore key, this holder's place, after the
-                // record removed the holders it excludes), the grant id
-                // (fencing token) still counts.
-                if h.access == crate::core::Access::Exclusive {
-                    table.restore_release(h.key, now);
-                } else {
-                    let h = HeldRef { session: 0, ..h };
-                    table.restore(h, now);
-                    table.restore_release_grant(h.key, h.grant_id, now);
-                }
-                table.raise_next_grant_id(h.grant_id + 1);
-            }
-            RecordRef::Acquire(h) => {
-                // A single node keeps no session across a restart: a
-                // replicated session's lease or persistent hold (only in a
-                // cluster's log, never here) would be nobody's.
-                let h = HeldRef { session: 0, ..h };
-                if !table.restore(h, now) {
-                    over_limit = true;
-                    return ControlFlow::Break(());
-                }
-            }
-            RecordRef::SessionOpen { session, .. } => {
-                table.raise_next_grant_id((session & (crate::core::REPLICATED_SESSION - 1)) + 1)
-            }
-            RecordRef::SessionEnd { .. } => {}
-            RecordRef::Release { key, grant_id } => {
-                table.restore_release_record(key, grant_id, now)
-            }
-            RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
-            RecordRef::Extend {
-                key,
-                grant_id,
-                expires_unix_ms,
-            } => {
-                let left_ms = expires_unix_ms.saturating_sub(now.unix_ms);
-                let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
-                table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
-            }
-        }
-        ControlFlow::Continue(())
+        let flow = apply_replayed(table, r, now);
+        over_limit |= flow.is_break();
+        flow
     };
     let scanned = if data.is_empty() {
         Scanned::Ok {
@@ -477,13 +436,7 @@ fn replay_with(
                 ));
             }
             rec.records = records;
-            // Split the dropped tail into what was written (torn) and the
-            // zeros after it (preallocated space, not damage). Found from
-            // the end, so it costs only the length of the zero tail.
-            let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
-            let zeros_from = written_end.max(valid_len);
-            rec.zero_tail_bytes = (data.len() as u64).saturating_sub(zeros_from);
-            rec.torn_bytes = torn_bytes - rec.zero_tail_bytes;
+            split_dropped_tail(data, valid_len, torn_bytes, &mut rec);
             valid_len
         }
         Scanned::BadMagic => {
@@ -520,6 +473,63 @@ fn replay_with(
     };
     rec.held = table.held_keys();
     Ok((valid_len, rec))
+}
+
+/// Applies one record of a single node's log to `table` at start-up;
+/// `Break` when the table has no room for a holder (`--max-keys`).
+fn apply_replayed(table: &mut Table, r: RecordRef<'_>, now: Now) -> ControlFlow<()> {
+    match r {
+        RecordRef::Acquire(h) if h.mode == crate::core::HoldMode::Session => {
+            // Its session did not survive: the key is free (of a
+            // shared or semaphore key, this holder's place, after the
+            // record removed the holders it excludes), the grant id
+            // (fencing token) still counts.
+            if h.access == crate::core::Access::Exclusive {
+                table.restore_release(h.key, now);
+            } else {
+                let h = HeldRef { session: 0, ..h };
+                table.restore(h, now);
+                table.restore_release_grant(h.key, h.grant_id, now);
+            }
+            table.raise_next_grant_id(h.grant_id + 1);
+        }
+        RecordRef::Acquire(h) => {
+            // A single node keeps no session across a restart: a
+            // replicated session's lease or persistent hold (only in a
+            // cluster's log, never here) would be nobody's.
+            let h = HeldRef { session: 0, ..h };
+            if !table.restore(h, now) {
+                return ControlFlow::Break(());
+            }
+        }
+        RecordRef::SessionOpen { session, .. } => {
+            table.raise_next_grant_id((session & (crate::core::REPLICATED_SESSION - 1)) + 1)
+        }
+        RecordRef::SessionEnd { .. } => {}
+        RecordRef::Release { key, grant_id } => table.restore_release_record(key, grant_id, now),
+        RecordRef::GrantMark { next_grant_id } => table.raise_next_grant_id(next_grant_id),
+        RecordRef::Extend {
+            key,
+            grant_id,
+            expires_unix_ms,
+        } => {
+            let left_ms = expires_unix_ms.saturating_sub(now.unix_ms);
+            let mono_us = now.mono_us.saturating_add(left_ms.saturating_mul(1000));
+            table.set_expiry(key, grant_id, expires_unix_ms, mono_us);
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// Splits the tail dropped after `valid_len` (`torn_bytes` long) into what
+/// was written (torn) and the zeros after it (preallocated space, not
+/// damage). Found from the end, so it costs only the length of the zero
+/// tail.
+fn split_dropped_tail(data: &[u8], valid_len: u64, torn_bytes: u64, rec: &mut Recovered) {
+    let written_end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
+    let zeros_from = written_end.max(valid_len);
+    rec.zero_tail_bytes = (data.len() as u64).saturating_sub(zeros_from);
+    rec.torn_bytes = torn_bytes - rec.zero_tail_bytes;
 }
 
 /// Applies one replicated entry's records to a replica's table (cluster

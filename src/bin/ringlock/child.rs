@@ -448,6 +448,58 @@ pub fn run_child(
     // parent-death check (getppid after prctl) misjudge a live CLI as dead
     // and kill every command: each command test of tests/cli.rs would fail.
     let parent = unsafe { libc::getpid() };
+    set_up_before_exec(&mut command, pgid, parent, keep_fds);
+    let spawned = command.spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(w) = warden {
+                w.stand_down();
+            }
+            mask_signals(false);
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => EX_NOT_FOUND,
+                _ => EX_CANNOT_EXEC,
+            };
+            return Err(Fail(code, format!("{}: {e}", argv[0].to_string_lossy())));
+        }
+    };
+    let pid = child.id() as i32;
+    CHILD_PGID.store(pgid, Ordering::SeqCst);
+    CHILD_PID.store(pid, Ordering::SeqCst);
+    {
+        let mut s = sup();
+        s.pid = pid;
+        s.target = if pgid > 0 { -pgid } else { pid };
+        // Lost between the grant and now: stop it at once.
+        if s.lost.is_some() {
+            terminate(&mut s);
+        }
+    }
+    mask_signals(false);
+    wait_unreaped(pid);
+    // Exited but not reaped: after this nobody signals the pid (or the
+    // warden's group) again.
+    forget_child();
+    let status = child.wait();
+    // What the command left running in its group is not killed: the lock
+    // is released when the command itself ends (docs/client.md).
+    if let Some(w) = warden {
+        w.stand_down();
+    }
+    let status = status.map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        (None, None) => EX_SOFTWARE,
+    })
+}
+
+/// What the forked child does before exec: default dispositions for the
+/// forwarded signals and an empty mask, the warden's group `pgid` (if
+/// any), death with ringlock (whose pid is `parent`) and `keep_fds`
+/// inherited.
+fn set_up_before_exec(command: &mut Command, pgid: i32, parent: i32, keep_fds: &[RawFd]) {
     let keep = keep_fds.to_vec();
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (signal, pthread_sigmask, setpgid, prctl,
@@ -491,36 +543,25 @@ pub fn run_child(
             Ok(())
         });
     }
-    let spawned = command.spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            if let Some(w) = warden {
-                w.stand_down();
-            }
-            mask_signals(false);
-            let code = match e.kind() {
-                io::ErrorKind::NotFound => EX_NOT_FOUND,
-                _ => EX_CANNOT_EXEC,
-            };
-            return Err(Fail(code, format!("{}: {e}", argv[0].to_string_lossy())));
-        }
-    };
-    let pid = child.id() as i32;
-    CHILD_PGID.store(pgid, Ordering::SeqCst);
-    CHILD_PID.store(pid, Ordering::SeqCst);
+}
+
+/// Forgets the command (exited, not yet reaped): the handler and the
+/// supervisor no longer signal its pid or group.
+fn forget_child() {
     {
         let mut s = sup();
-        s.pid = pid;
-        s.target = if pgid > 0 { -pgid } else { pid };
-        // Lost between the grant and now: stop it at once.
-        if s.lost.is_some() {
-            terminate(&mut s);
-        }
+        s.pid = 0;
+        s.target = 0;
     }
-    mask_signals(false);
-    // Wait without reaping, so the pid cannot be recycled while the handler
-    // may still signal it; then forget it and reap.
+    SUP_CHANGED.notify_all();
+    CHILD_PID.store(0, Ordering::SeqCst);
+    CHILD_PGID.store(0, Ordering::SeqCst);
+}
+
+/// Waits for the command `pid` to exit, without reaping it.
+fn wait_unreaped(pid: i32) {
+    // Without reaping, so the pid cannot be recycled while the handler may
+    // still signal it; the caller then forgets it and reaps.
     loop {
         // SAFETY: siginfo is plain data (all-zero is a valid value) that
         // the kernel fills in; a type with invalid zero patterns would be
@@ -547,26 +588,4 @@ pub fn run_child(
             break; // child.wait() below reports it.
         }
     }
-    // Exited but not reaped: after this nobody signals the pid (or the
-    // warden's group) again.
-    {
-        let mut s = sup();
-        s.pid = 0;
-        s.target = 0;
-    }
-    SUP_CHANGED.notify_all();
-    CHILD_PID.store(0, Ordering::SeqCst);
-    CHILD_PGID.store(0, Ordering::SeqCst);
-    let status = child.wait();
-    // What the command left running in its group is not killed: the lock
-    // is released when the command itself ends (docs/client.md).
-    if let Some(w) = warden {
-        w.stand_down();
-    }
-    let status = status.map_err(|e| Fail(EX_SOFTWARE, format!("waiting for the command: {e}")))?;
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-        (None, None) => EX_SOFTWARE,
-    })
 }

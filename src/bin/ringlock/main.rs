@@ -92,27 +92,8 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         Err(Fail(0, _)) => return Ok(0),
         Err(fail) => return Err(fail),
     };
-    let out = |text: &[u8]| {
-        // A closed pipe (`ringlock keys | head`) is not an error worth a line.
-        let _ = io::stdout().write_all(text);
-    };
-    match &cli.cmd {
-        Cmd::Completions { shell, dir } => {
-            return docfiles::completions(Cli::command(), *shell, dir.as_deref(), &out);
-        }
-        Cmd::Man { dir } => return docfiles::man(Cli::command(), dir.as_deref(), &out),
-        Cmd::Cert { cmd } => return cert::run(cmd),
-        _ => tlsopt::init(cli.certs_dir.as_deref(), cli.client.as_deref())?,
-    }
-    match &cli.cmd {
-        Cmd::Cluster {
-            cmd: ClusterCmd::Status { json, timeout },
-        } => return cluster_status(&cli, &matches, *json, *timeout),
-        Cmd::Cluster {
-            cmd: ClusterCmd::TransferLeader { node, timeout },
-        } => return cluster_transfer(&cli, &matches, node.unwrap_or(0), *timeout),
-        Cmd::Cluster { cmd } => return cluster_members(&cli, &matches, cmd),
-        _ => {}
+    if let Some(code) = run_without_lock_port(&cli, &matches)? {
+        return Ok(code);
     }
     let fmt = cli.key_format;
     let source = match &cli.source {
@@ -122,6 +103,42 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
     if ringlock::mysql::is_mysql_addr(&cli.addr) {
         return mysql_cmd(&cli, fmt);
     }
+    let source = session_source(&cli, fmt, source)?;
+    let conn = Conn::new(&cli, &matches, source)?;
+    run_on_conn(&cli, &conn, fmt)
+}
+
+/// The commands that need no lock port (`completions`, `man`, `cert`,
+/// `cluster`): their exit status; `None` for the others, once the TLS
+/// options are read.
+fn run_without_lock_port(cli: &Cli, matches: &ArgMatches) -> Result<Option<u8>, Fail> {
+    let out = |text: &[u8]| {
+        // A closed pipe (`ringlock keys | head`) is not an error worth a line.
+        let _ = io::stdout().write_all(text);
+    };
+    match &cli.cmd {
+        Cmd::Completions { shell, dir } => {
+            return docfiles::completions(Cli::command(), *shell, dir.as_deref(), &out).map(Some);
+        }
+        Cmd::Man { dir } => return docfiles::man(Cli::command(), dir.as_deref(), &out).map(Some),
+        Cmd::Cert { cmd } => return cert::run(cmd).map(Some),
+        _ => tlsopt::init(cli.certs_dir.as_deref(), cli.client.as_deref())?,
+    }
+    match &cli.cmd {
+        Cmd::Cluster {
+            cmd: ClusterCmd::Status { json, timeout },
+        } => cluster_status(cli, matches, *json, *timeout).map(Some),
+        Cmd::Cluster {
+            cmd: ClusterCmd::TransferLeader { node, timeout },
+        } => cluster_transfer(cli, matches, node.unwrap_or(0), *timeout).map(Some),
+        Cmd::Cluster { cmd } => cluster_members(cli, matches, cmd).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The source the session goes by: `--source` (`source`, at most
+/// [`SESSION_SOURCE_LEN_MAX`] bytes), or a candidate's VALUE for `elect`.
+fn session_source(cli: &Cli, fmt: KeyFormat, source: Vec<u8>) -> Result<Vec<u8>, Fail> {
     // A session's source may be up to 255 bytes; a persistent lock's (the
     // Locking-Center lock port's) up to 127, checked where one is taken.
     if source.len() > SESSION_SOURCE_LEN_MAX {
@@ -131,7 +148,7 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
         )));
     }
     // A candidate's value is its session's source.
-    let source = match &cli.cmd {
+    match &cli.cmd {
         Cmd::Elect {
             value: Some(v),
             listen: false,
@@ -149,64 +166,52 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                     v.len()
                 )));
             }
-            v
+            Ok(v)
         }
-        _ => source,
-    };
-    let conn = Conn::new(&cli, &matches, source)?;
+        _ => Ok(source),
+    }
+}
+
+/// The commands that talk to the lock port, over `conn`.
+fn run_on_conn(cli: &Cli, conn: &Conn, fmt: KeyFormat) -> Result<u8, Fail> {
     match &cli.cmd {
         Cmd::Lock {
             key,
             timeout,
             hold,
             command,
-        } => {
-            let key = key_arg(key, fmt)?;
-            // flock -w 0: never queue behind a holder.
-            let try_only = timeout.is_some_and(|t| t.is_zero());
-            if hold.persistent {
-                persistent_source(&conn)?;
-                let t = if try_only { None } else { *timeout };
-                return lock_and_run(&conn, &key, t, command, try_only);
-            }
-            let wait = match timeout {
-                _ if try_only => Wait::Try,
-                Some(t) => Wait::For(*t),
-                None => Wait::Forever,
-            };
-            session_lock_and_run(&conn, &key, wait, hold, command)
-        }
+        } => lock_cmd(conn, &key_arg(key, fmt)?, *timeout, hold, command),
         Cmd::TryLock { key, hold, command } => {
             let key = key_arg(key, fmt)?;
             if hold.persistent {
-                persistent_source(&conn)?;
-                return lock_and_run(&conn, &key, None, command, true);
+                persistent_source(conn)?;
+                return lock_and_run(conn, &key, None, command, true);
             }
-            session_lock_and_run(&conn, &key, Wait::Try, hold, command)
+            session_lock_and_run(conn, &key, Wait::Try, hold, command)
         }
-        Cmd::Unlock { key } => unlock(&conn, key, fmt),
+        Cmd::Unlock { key } => unlock(conn, key, fmt),
         Cmd::Reset {
             keys,
             by_source: None,
             force,
-        } => reset_keys(&conn, keys, force, fmt),
+        } => reset_keys(conn, keys, force, fmt),
         Cmd::Reset {
             by_source: Some(src),
             ..
-        } => reset_source(&conn, src, fmt),
+        } => reset_source(conn, src, fmt),
         Cmd::Keys {
             dates,
             json,
             older_than,
-        } => list_keys(&conn, dates, json, older_than),
-        Cmd::Watch { key, json, count } => watch::run(&conn, &key_arg(key, fmt)?, *json, *count),
+        } => list_keys(conn, dates, json, older_than),
+        Cmd::Watch { key, json, count } => watch::run(conn, &key_arg(key, fmt)?, *json, *count),
         Cmd::Elect {
             listen: true,
             name,
             json,
             count,
             ..
-        } => watch::listen(&conn, &key_arg(name, fmt)?, *json, *count),
+        } => watch::listen(conn, &key_arg(name, fmt)?, *json, *count),
         Cmd::Elect {
             name,
             timeout,
@@ -231,12 +236,36 @@ fn run(args: impl IntoIterator<Item = OsString>) -> Result<u8, Fail> {
                 keepalive: *keepalive,
                 ping_timeout: *ping_timeout,
             };
-            session_lock_and_run(&conn, &key, wait, &hold, command)
+            session_lock_and_run(conn, &key, wait, &hold, command)
         }
         Cmd::Completions { .. } | Cmd::Man { .. } | Cmd::Cluster { .. } | Cmd::Cert { .. } => {
             unreachable!("handled above")
         }
     }
+}
+
+/// `lock`: a session, lease or persistent lock on `key` while `command`
+/// runs; `--timeout 0` only tries.
+fn lock_cmd(
+    conn: &Conn,
+    key: &[u8],
+    timeout: Option<Duration>,
+    hold: &args::HoldArgs,
+    command: &[OsString],
+) -> Result<u8, Fail> {
+    // flock -w 0: never queue behind a holder.
+    let try_only = timeout.is_some_and(|t| t.is_zero());
+    if hold.persistent {
+        persistent_source(conn)?;
+        let t = if try_only { None } else { timeout };
+        return lock_and_run(conn, key, t, command, try_only);
+    }
+    let wait = match timeout {
+        _ if try_only => Wait::Try,
+        Some(t) => Wait::For(t),
+        None => Wait::Forever,
+    };
+    session_lock_and_run(conn, key, wait, hold, command)
 }
 
 /// `cluster add`, `remove` and `replace`: a membership change of every

@@ -99,28 +99,7 @@ impl Table {
                 }
             }
             if self.keys[k as usize].queue.is_empty() && self.compatible(k, Class::of(access)) {
-                // Beside the holders: a share takes a waiter of the
-                // budget, the free inline slot none.
-                let budgeted = self.keys[k as usize].holder.is_some();
-                if budgeted && !self.budget.take_waiter() {
-                    refuse(conn, Limit::Waiters, fx);
-                    return None;
-                }
-                let Some(s) = self.source_get_or_insert(source) else {
-                    if budgeted {
-                        self.budget.free_waiters(1);
-                    }
-                    refuse(conn, Limit::Sources, fx);
-                    return None;
-                };
-                let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, access, now);
-                self.place(k, s, endpoint, conn, spec, budgeted);
-                fx.push(Effect::Granted {
-                    conn,
-                    key_slot: k,
-                    grant_id: spec.grant_id,
-                    waited_us: None,
-                });
+                self.grant_beside_holders(k, conn, source, endpoint, opts, access, now, fx);
                 return None;
             }
             if mode == LockMode::Try {
@@ -130,55 +109,7 @@ impl Table {
                 });
                 return None;
             }
-            // Server-wide: every shard's waiters count against one
-            // `--max-waiters`.
-            if !self.budget.take_waiter() {
-                refuse(conn, Limit::Waiters, fx);
-                return None;
-            }
-            let Some(s) = self.source_get_or_insert(source) else {
-                self.budget.free_waiters(1);
-                refuse(conn, Limit::Sources, fx);
-                return None;
-            };
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let w = self.waiters.insert(Waiter {
-                key: k,
-                conn,
-                source: s,
-                endpoint,
-                enqueued_mono_us: now.mono_us,
-                mode: opts.mode,
-                ttl_ms: opts.ttl_ms,
-                owner: opts.owner,
-                class: Class::of(access),
-                seq,
-                links: new_links(),
-            }) as u32;
-            if let Access::Semaphore(n) = access {
-                let m = self.multi_make(k);
-                m.slots = n;
-                m.sem_users += 1;
-            }
-            if opts.owner != NIL {
-                let (owners, waiters) = (&mut self.owners, &mut self.waiters);
-                owners[opts.owner as usize]
-                    .waiting
-                    .push_back(waiters, w, W_OWN);
-            }
-            if let Some(d) = opts.deadline_us {
-                self.waits.push(Reverse((d, w, seq)));
-            }
-            {
-                let (keys, waiters) = (&mut self.keys, &mut self.waiters);
-                keys[k as usize].queue.push_back(waiters, w, W_KEY);
-            }
-            {
-                let (sources, waiters) = (&mut self.sources, &mut self.waiters);
-                sources[s as usize].waiting.push_back(waiters, w, W_SRC);
-            }
-            return Some(w);
+            return self.queue_waiter(k, conn, source, endpoint, opts, access, now, fx);
         }
         let Some(s) = self.source_get_or_insert(source) else {
             self.key_drop_if_unused(k);
@@ -194,6 +125,110 @@ impl Table {
             waited_us: None,
         });
         None
+    }
+
+    /// A request compatible with the holders of held key `k`, nobody
+    /// waiting: granted beside them (or refused for a limit).
+    #[allow(clippy::too_many_arguments)] // lock_access's request, less the key
+    fn grant_beside_holders(
+        &mut self,
+        k: u32,
+        conn: Token,
+        source: &[u8],
+        endpoint: Endpoint,
+        opts: LockOpts,
+        access: Access,
+        now: Now,
+        fx: &mut Effects,
+    ) {
+        // Beside the holders: a share takes a waiter of the
+        // budget, the free inline slot none.
+        let budgeted = self.keys[k as usize].holder.is_some();
+        if budgeted && !self.budget.take_waiter() {
+            refuse(conn, Limit::Waiters, fx);
+            return;
+        }
+        let Some(s) = self.source_get_or_insert(source) else {
+            if budgeted {
+                self.budget.free_waiters(1);
+            }
+            refuse(conn, Limit::Sources, fx);
+            return;
+        };
+        let spec = self.new_spec(opts.mode, opts.ttl_ms, opts.owner, access, now);
+        self.place(k, s, endpoint, conn, spec, budgeted);
+        fx.push(Effect::Granted {
+            conn,
+            key_slot: k,
+            grant_id: spec.grant_id,
+            waited_us: None,
+        });
+    }
+
+    /// A request that must wait for held key `k`: queued at the back of its
+    /// queue and on its source's and owner's lists (or refused for a
+    /// limit); the waiter's slot.
+    #[allow(clippy::too_many_arguments)] // lock_access's request, less the key
+    fn queue_waiter(
+        &mut self,
+        k: u32,
+        conn: Token,
+        source: &[u8],
+        endpoint: Endpoint,
+        opts: LockOpts,
+        access: Access,
+        now: Now,
+        fx: &mut Effects,
+    ) -> Option<u32> {
+        // Server-wide: every shard's waiters count against one
+        // `--max-waiters`.
+        if !self.budget.take_waiter() {
+            refuse(conn, Limit::Waiters, fx);
+            return None;
+        }
+        let Some(s) = self.source_get_or_insert(source) else {
+            self.budget.free_waiters(1);
+            refuse(conn, Limit::Sources, fx);
+            return None;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let w = self.waiters.insert(Waiter {
+            key: k,
+            conn,
+            source: s,
+            endpoint,
+            enqueued_mono_us: now.mono_us,
+            mode: opts.mode,
+            ttl_ms: opts.ttl_ms,
+            owner: opts.owner,
+            class: Class::of(access),
+            seq,
+            links: new_links(),
+        }) as u32;
+        if let Access::Semaphore(n) = access {
+            let m = self.multi_make(k);
+            m.slots = n;
+            m.sem_users += 1;
+        }
+        if opts.owner != NIL {
+            let (owners, waiters) = (&mut self.owners, &mut self.waiters);
+            owners[opts.owner as usize]
+                .waiting
+                .push_back(waiters, w, W_OWN);
+        }
+        if let Some(d) = opts.deadline_us {
+            self.waits.push(Reverse((d, w, seq)));
+        }
+        {
+            let (keys, waiters) = (&mut self.keys, &mut self.waiters);
+            keys[k as usize].queue.push_back(waiters, w, W_KEY);
+        }
+        {
+            let (sources, waiters) = (&mut self.sources, &mut self.waiters);
+            sources[s as usize].waiting.push_back(waiters, w, W_SRC);
+        }
+        Some(w)
     }
 
     /// Releases every holder of `key`, if held, and grants it to the next
