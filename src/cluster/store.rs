@@ -83,58 +83,63 @@ pub fn new_image(id: &Identity) -> Vec<u8> {
     b
 }
 
-fn frame(kind: u8, payload: &[u8], out: &mut Vec<u8>) {
-    let len = (payload.len() + 1) as u32;
+/// Appends one record of `kind` to `out`, `payload` writing its payload
+/// in place (no intermediate buffer): `[crc32c][u32 len][kind][payload]`,
+/// `len` counting the kind and the payload, the crc covering `len` on.
+fn frame(kind: u8, out: &mut Vec<u8>, payload: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
-    out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
     out.push(kind);
-    out.extend_from_slice(payload);
+    payload(out);
+    let len = (out.len() - start - 8) as u32;
+    out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
     let crc = crc32c::crc32c(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
 pub fn encode_identity(id: &Identity, out: &mut Vec<u8>) {
-    let mut p = Vec::with_capacity(17 + 8 * id.voters.len());
-    p.extend_from_slice(&id.node.to_le_bytes());
-    p.extend_from_slice(&id.group.to_le_bytes());
-    p.extend_from_slice(&id.groups.to_le_bytes());
-    p.push(id.voters.len() as u8);
-    for v in &id.voters {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    frame(T_IDENTITY, &p, out);
+    frame(T_IDENTITY, out, |p| {
+        p.extend_from_slice(&id.node.to_le_bytes());
+        p.extend_from_slice(&id.group.to_le_bytes());
+        p.extend_from_slice(&id.groups.to_le_bytes());
+        p.push(id.voters.len() as u8);
+        for v in &id.voters {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+    });
 }
 
+/// An entry's record: its data is copied once, from raft-rs's entry into
+/// the cluster log's buffer.
 pub fn encode_entry(e: &Entry, out: &mut Vec<u8>) {
-    let mut p = Vec::with_capacity(17 + e.data.len());
-    p.extend_from_slice(&e.index.to_le_bytes());
-    p.extend_from_slice(&e.term.to_le_bytes());
-    p.push(e.get_entry_type() as u8);
-    p.extend_from_slice(&e.data);
-    frame(T_ENTRY, &p, out);
+    frame(T_ENTRY, out, |p| {
+        p.extend_from_slice(&e.index.to_le_bytes());
+        p.extend_from_slice(&e.term.to_le_bytes());
+        p.push(e.get_entry_type() as u8);
+        p.extend_from_slice(&e.data);
+    });
 }
 
 pub fn encode_hard_state(hs: &HardState, out: &mut Vec<u8>) {
-    let mut p = Vec::with_capacity(24);
-    p.extend_from_slice(&hs.term.to_le_bytes());
-    p.extend_from_slice(&hs.vote.to_le_bytes());
-    p.extend_from_slice(&hs.commit.to_le_bytes());
-    frame(T_HARD_STATE, &p, out);
+    frame(T_HARD_STATE, out, |p| {
+        p.extend_from_slice(&hs.term.to_le_bytes());
+        p.extend_from_slice(&hs.vote.to_le_bytes());
+        p.extend_from_slice(&hs.commit.to_le_bytes());
+    });
 }
 
 pub fn encode_snapshot(s: &Snapshot, out: &mut Vec<u8>) {
     let m = s.get_metadata();
     let voters = &m.get_conf_state().voters;
-    let mut p = Vec::with_capacity(17 + 8 * voters.len() + s.data.len());
-    p.extend_from_slice(&m.index.to_le_bytes());
-    p.extend_from_slice(&m.term.to_le_bytes());
-    p.push(voters.len() as u8);
-    for v in voters {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    p.extend_from_slice(&s.data);
-    frame(T_SNAPSHOT, &p, out);
+    frame(T_SNAPSHOT, out, |p| {
+        p.extend_from_slice(&m.index.to_le_bytes());
+        p.extend_from_slice(&m.term.to_le_bytes());
+        p.push(voters.len() as u8);
+        for v in voters {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p.extend_from_slice(&s.data);
+    });
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
