@@ -135,9 +135,10 @@ pub enum RoleChange {
 pub struct Output {
     /// Messages to send now, `(to node, encoded message)`.
     pub send: Vec<(u64, Vec<u8>)>,
-    /// Records to append to the log and fdatasync; report `number` to
-    /// [`Replica::persisted`] when they are durable.
-    pub persist: Option<(u64, Vec<u8>)>,
+    /// The ready `number` whose log records [`Replica::ready`] appended
+    /// to the buffer it was given: once they are written and fdatasynced,
+    /// report `number` to [`Replica::persisted`].
+    pub persist: Option<u64>,
     /// A snapshot from the leader to install before `apply`: the table
     /// becomes its data ([`Replica::snapshot_installed`] once it is).
     pub install: Option<Snapshot>,
@@ -709,8 +710,11 @@ impl Replica {
         }
     }
 
-    /// Collects the work raft-rs has now into `out`.
-    pub fn ready(&mut self, out: &mut Output) {
+    /// Collects the work raft-rs has now into `out`; its log records
+    /// (snapshot, entries, hard state) are appended to `records` — the
+    /// cluster log's batch being filled, so that they are encoded where
+    /// they are written from, not copied there.
+    pub fn ready(&mut self, out: &mut Output, records: &mut Vec<u8>) {
         if !self.node.has_ready() {
             self.note_role(out);
             return;
@@ -738,7 +742,7 @@ impl Replica {
                 self.lease_from = Some(self.lease_from.map_or(sent, |f| f.max(sent)));
             }
         }
-        let mut records = Vec::new();
+        let start = records.len();
         if rd.snapshot().get_metadata().index > 0 {
             // A leader's snapshot: everything this node had is replaced.
             let snap = rd.snapshot().clone();
@@ -748,7 +752,7 @@ impl Replica {
                 .wl()
                 .apply_snapshot(snap.clone())
                 .expect("raft-rs hands over only a newer snapshot");
-            store::encode_snapshot(&snap, &mut records);
+            store::encode_snapshot(&snap, records);
             self.node.mut_store().snap = snap.clone();
             // raft-rs may count it applied only once it is durable.
             self.snapshot_ready = Some((rd.number(), snap.get_metadata().index));
@@ -769,7 +773,7 @@ impl Replica {
                     .append(entries)
                     .expect("entries follow the log");
                 for e in entries {
-                    store::encode_entry(e, &mut records);
+                    store::encode_entry(e, records);
                 }
             }
         }
@@ -788,9 +792,9 @@ impl Replica {
         // commit, for a leader) say they are committed; an answer never
         // depended on it (a quorum's durable entries did).
         if let Some(hs) = self.commit_unwritten.take() {
-            if !records.is_empty() || (hs.term, hs.vote) != self.written_vote {
+            if records.len() > start || (hs.term, hs.vote) != self.written_vote {
                 self.written_vote = (hs.term, hs.vote);
-                store::encode_hard_state(&hs, &mut records);
+                store::encode_hard_state(&hs, records);
             } else {
                 self.commit_unwritten = Some(hs);
             }
@@ -800,9 +804,9 @@ impl Replica {
         if !msgs.is_empty() {
             self.held.push_back((number, msgs));
         }
-        let empty = records.is_empty();
+        let empty = records.len() == start;
         if !empty {
-            out.persist = Some((number, records));
+            out.persist = Some(number);
             self.inflight_max = number;
         }
         self.node.advance_append_async(rd);

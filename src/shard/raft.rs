@@ -441,12 +441,15 @@ impl Shard {
                 return;
             }
             let mut out = std::mem::take(&mut r.out);
-            r.replica.ready(&mut out);
+            let replica = &mut r.replica;
+            let lsn = r
+                .file
+                .append_raw_with(|records| replica.ready(&mut out, records));
             let idle = out.send.is_empty()
                 && out.persist.is_none()
                 && out.apply.is_empty()
                 && out.role.is_none();
-            self.raft_output(&mut out);
+            self.raft_output(&mut out, lsn);
             if let Some(r) = self.journal.replica_mut() {
                 r.out = out;
             }
@@ -504,7 +507,7 @@ impl Shard {
                 if let Some(n) = number {
                     let mut out = std::mem::take(&mut r.out);
                     r.replica.persisted(n, &mut out);
-                    self.raft_output(&mut out);
+                    self.raft_output(&mut out, None);
                     if let Some(r) = self.journal.replica_mut() {
                         r.out = out;
                     }

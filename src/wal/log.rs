@@ -252,6 +252,20 @@ impl Log {
         self.rewrite = Some(image);
     }
 
+    /// Appends the records `write` encodes straight into the batch being
+    /// filled (the cluster log's: no copy); `None` when it wrote nothing,
+    /// else their lsn, as one [`Log::append_raw`].
+    pub fn append_raw_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Option<u64> {
+        let before = self.filling.len();
+        write(&mut self.filling);
+        if self.filling.len() == before {
+            return None;
+        }
+        self.filling_records += 1;
+        self.tail_lsn += 1;
+        Some(self.tail_lsn)
+    }
+
     /// Appends bytes that are already records (the cluster log's).
     pub fn append_raw(&mut self, bytes: &[u8]) -> u64 {
         self.filling.extend_from_slice(bytes);

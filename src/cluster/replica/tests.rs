@@ -92,8 +92,8 @@ fn drain(nodes: &mut [Replica], mut applied: impl FnMut(usize, &raft::eraftpb::E
         let mut mail = Vec::new();
         for (i, n) in nodes.iter_mut().enumerate() {
             let mut out = Output::default();
-            n.ready(&mut out);
-            if let Some((num, _)) = out.persist.take() {
+            n.ready(&mut out, &mut Vec::new());
+            if let Some(num) = out.persist.take() {
                 n.persisted(num, &mut out);
             }
             for e in &out.apply {
@@ -639,14 +639,14 @@ fn a_vote_nobody_was_asked_for_is_refused() {
     // The follower receives an entry and has not made it durable.
     assert!(nodes[l].propose(payload(1)).is_some());
     let mut out = Output::default();
-    nodes[l].ready(&mut out);
+    nodes[l].ready(&mut out, &mut Vec::new());
     for (to, b) in out.send {
         if to == fid {
             nodes[f].step(lid, &b).unwrap();
         }
     }
     let mut fo = Output::default();
-    nodes[f].ready(&mut fo);
+    nodes[f].ready(&mut fo, &mut Vec::new());
     assert!(fo.persist.is_some(), "the entry is being written");
     // The leader hands over to it (a correct message), then a forged
     // vote arrives before its vote requests left.
@@ -667,13 +667,13 @@ fn a_vote_nobody_was_asked_for_is_refused() {
     );
     assert_eq!(nodes[f].role_name(), "candidate");
     // Once its log is durable its requests go out, and votes count.
-    let (n, _) = fo.persist.take().unwrap();
+    let n = fo.persist.take().unwrap();
     let mut sent = Vec::new();
     let mut out = Output::default();
     nodes[f].persisted(n, &mut out);
     for _ in 0..3 {
-        nodes[f].ready(&mut out);
-        if let Some((n, _)) = out.persist.take() {
+        nodes[f].ready(&mut out, &mut Vec::new());
+        if let Some(n) = out.persist.take() {
             nodes[f].persisted(n, &mut out);
         }
         sent.append(&mut out.send);

@@ -6,8 +6,9 @@ use super::*;
 
 impl Shard {
     /// What raft-rs produced: messages to send, entries and a hard state
-    /// to persist, committed entries to apply.
-    pub(super) fn raft_output(&mut self, out: &mut Output) {
+    /// to persist (already in the cluster log's batch, as record `lsn`),
+    /// committed entries to apply.
+    pub(super) fn raft_output(&mut self, out: &mut Output, lsn: Option<u64>) {
         let r = self.journal.replica_mut().expect("replica");
         if !out.send.is_empty() {
             r.excluded_notes();
@@ -20,8 +21,8 @@ impl Shard {
             wire::frame(wire::KIND_RAFT, &bytes, &mut frame);
             self.cmds.push(Cmd::Peer { node: to, frame });
         }
-        if let Some((number, records)) = out.persist.take() {
-            let lsn = r.file.append_raw(&records);
+        if let Some(number) = out.persist.take() {
+            let lsn = lsn.expect("a ready with records appended them");
             r.persisting.push_back((lsn, number));
         }
         if let Some(role) = out.role.take() {
