@@ -11,6 +11,8 @@
 //! - [`check`]: what every peer message must be before raft-rs sees it.
 //! - [`extensions`]: the fields a node adds to raft-rs's messages.
 //! - [`store`]: the log file's records (entries, hard state) and replay.
+//! - [`files`]: a node's log files — one per group, named from
+//!   `--data-path` — opened, replayed and upgraded at start.
 //! - [`wire`]: the frames of a peer link.
 //!
 //! The shard (see `shard::raft`) decides on its table as a single node
@@ -20,6 +22,7 @@
 
 pub mod check;
 pub mod extensions;
+pub mod files;
 pub mod replica;
 pub mod storage;
 pub mod store;

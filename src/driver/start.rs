@@ -159,62 +159,17 @@ impl Server {
             ));
         }
         if let (Some(path), None) = (&cfg.data_path, &cluster) {
-            let started = std::time::Instant::now();
-            let opened = wal::set::open(path, &mut tables, cfg.wal_truncate_at, now())
+            let opening = wal::startup::Opening {
+                path,
+                truncate_at: cfg.wal_truncate_at,
+                preallocate_bytes: cfg.wal_preallocate_bytes,
+                compact_floor_bytes: cfg.compact_floor_bytes,
+            };
+            let (opened, us) = wal::startup::open_shard_logs(&opening, &mut tables, now())
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            let us = started.elapsed().as_micros() as u64;
             metrics.set_recovery_us(us);
-            for (i, (files, rec)) in opened.into_iter().enumerate() {
-                log!(
-                    Level::Info,
-                    "recovery",
-                    "shard={} path={} records={} held_keys={} file_bytes={} torn_tail_bytes={} zero_tail_bytes={} truncated_at={} duration_us={}",
-                    i,
-                    crate::log::path(&files.path),
-                    rec.records,
-                    rec.held,
-                    rec.file_bytes,
-                    rec.torn_bytes,
-                    rec.zero_tail_bytes,
-                    rec.truncated_at.map_or("none".to_string(), |o| o.to_string()),
-                    us
-                );
-                if rec.torn_bytes > 0 {
-                    log!(
-                        Level::Warn,
-                        "torn_tail_dropped",
-                        "path={} bytes={}",
-                        crate::log::path(&files.path),
-                        rec.torn_bytes
-                    );
-                }
-                if let Some(o) = rec.truncated_at {
-                    log!(
-                        Level::Warn,
-                        "corrupt_tail_truncated",
-                        "path={} offset={} by=operator",
-                        crate::log::path(&files.path),
-                        o
-                    );
-                }
-                let mut files = files;
-                if cfg.wal_preallocate_bytes > 0 {
-                    // Before serving: the first appends already land in
-                    // zeros. Recovery left the file ending at its last record.
-                    match wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes) {
-                        Ok(end) => files.alloc_len = end,
-                        Err(e) => log!(
-                            Level::Warn,
-                            "wal_preallocate_failed",
-                            "path={} bytes={} error=\"{}\" effect=appends_grow_the_file",
-                            crate::log::path(&files.path),
-                            cfg.wal_preallocate_bytes,
-                            e
-                        ),
-                    }
-                }
-                let log = Log::new(files.file_len, &tables[i], cfg.compact_floor_bytes);
-                logs[i] = Some((files, log));
+            for (slot, opened) in logs.iter_mut().zip(opened) {
+                *slot = Some(opened);
             }
         }
         let multi = n > 1;
@@ -481,114 +436,40 @@ impl Loop {
     }
 }
 
-/// Cluster mode: opens every shard's cluster log (synced, then replayed,
-/// as a single node's), builds its replica and binds its Raft listener.
+/// Cluster mode: opens every shard's cluster log
+/// ([`crate::cluster::files::open`]), builds its replica and binds its
+/// Raft listener.
 fn open_cluster(
     cfg: &Config,
     c: &crate::cluster::ClusterConfig,
     parts: &mut [ShardStart],
     lock_addr: SocketAddr,
 ) -> io::Result<()> {
-    use crate::cluster::store;
     use crate::shard::raft::{GroupReplica, NodeView};
     let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
     let path = cfg.data_path.as_ref().expect("checked");
     let n = parts.len();
-    let group_path = |g: usize| -> std::path::PathBuf {
-        if n == 1 {
-            path.clone()
-        } else {
-            let mut p = path.as_os_str().to_owned();
-            p.push(format!(".group{g}"));
-            p.into()
-        }
-    };
-    // A node restarted with another --threads would start fresh logs
-    // beside its old ones and vote with no memory of its votes: refused.
-    let other = if n == 1 {
-        let mut p = path.as_os_str().to_owned();
-        p.push(".group0");
-        std::path::PathBuf::from(p)
-    } else {
-        path.clone()
-    };
-    if other.exists() {
-        return Err(bad(format!(
-            "{} exists: this node ran with another --threads; every node of a cluster keeps the \
-             --threads it was started with",
-            other.display()
-        )));
-    }
-    let view = NodeView::new(n);
     let me = c.node_id;
+    let logs = crate::cluster::files::open(
+        path,
+        n,
+        me,
+        |g| GroupReplica::identity(c, g, n),
+        cfg.wal_preallocate_bytes,
+    )
+    .map_err(bad)?;
+    let view = NodeView::new(n);
     // Given as the leader's in `not leader` hints.
     let advertise = lock_addr;
     let keep_ms = cfg.max_keepalive_ms as u64 + c.election_us() / 1000;
-    for (g, part) in parts.iter_mut().enumerate() {
-        let p = group_path(g);
-        let shown = p.display().to_string();
-        let id = GroupReplica::identity(c, g, n);
-        let image = store::new_image(&id);
-        let mut replayed = None;
-        let mut files = wal::open_file(&p, &image, &mut |data| {
-            let r = store::replay(data, &shown)?;
-            let valid = if r.identity.is_none() { 0 } else { r.valid_len };
-            replayed = Some(r);
-            Ok(valid)
-        })
-        .map_err(bad)?;
-        let mut r = replayed.expect("replayed");
-        if r.identity.is_none() {
-            r = store::replay(&image, &shown).map_err(bad)?;
-        }
-        if r.version == store::MAGIC_V1[7] {
-            // A log from before membership changes: read as it is; marked
-            // version 2 (an 8-byte overwrite in the first sector), so that
-            // the ringlockd before this one refuses it by name.
-            use std::os::unix::fs::FileExt;
-            files
-                .file
-                .write_all_at(store::MAGIC, 0)
-                .and_then(|_| files.file.sync_data())
-                .map_err(|e| {
-                    bad(format!(
-                        "{shown}: cannot mark the log format version 2: {e}"
-                    ))
-                })?;
-            log!(
-                Level::Info,
-                "raft_log_upgraded",
-                "shard={} path={} from_version=1 to_version=2",
-                g,
-                crate::log::path(&p)
-            );
-        }
-        log!(
-            Level::Info,
-            "recovery",
-            "shard={} path={} mode=cluster node={} entries={} term={} vote={} commit={} torn_tail_bytes={}",
-            g,
-            crate::log::path(&p),
-            me,
-            r.recovered.entries.len(),
-            r.recovered.hard_state.term,
-            r.recovered.hard_state.vote,
-            r.recovered.hard_state.commit,
-            r.torn_bytes
-        );
-        if cfg.wal_preallocate_bytes > 0 {
-            if let Ok(end) =
-                wal::preallocate(&files.file, files.file_len, cfg.wal_preallocate_bytes)
-            {
-                files.alloc_len = end;
-            }
-        }
+    for ((g, part), log) in parts.iter_mut().enumerate().zip(logs) {
+        let shown = log.path.display().to_string();
         let seed = now().mono_us ^ (me << 40) ^ g as u64;
         let replica = GroupReplica::from_replayed(
             c,
             g,
             n,
-            r,
+            log.replayed,
             &shown,
             view.clone(),
             advertise.to_string(),
@@ -612,7 +493,7 @@ fn open_cluster(
         );
         part.raft = Some(RaftStart {
             part: replica,
-            files,
+            files: log.files,
             listener,
             peers,
             hello,

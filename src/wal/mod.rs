@@ -13,6 +13,7 @@ pub mod plan;
 pub mod record;
 mod refusal;
 pub mod set;
+pub mod startup;
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
