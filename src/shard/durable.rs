@@ -9,7 +9,7 @@ use crate::wal::log::{Chain, Landed, Next};
 
 use super::cmd::Cmd;
 use super::conn::State;
-use super::gate::{Parked, Ready, Undo};
+use super::gate::{Parked, Ready, Undo, Voided};
 use super::msg::{RemoteResult, SessMsg};
 use super::Shard;
 
@@ -85,7 +85,7 @@ impl Shard {
                     crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
                 );
                 self.metrics.wal_io_error();
-                self.fail_pending("log write or fdatasync failed", -err);
+                self.fail_pending(Voided::LogFailed, "log write or fdatasync failed", -err);
             }
             Landed::CompactionFailed { voided } => {
                 let err = result.err().unwrap_or(0);
@@ -99,7 +99,11 @@ impl Shard {
                         -err,
                         crate::log::Escaped(std::io::Error::from_raw_os_error(-err))
                     );
-                    self.fail_pending("compaction's finishing step failed", -err);
+                    self.fail_pending(
+                        Voided::LogFailed,
+                        "compaction's finishing step failed",
+                        -err,
+                    );
                 } else {
                     log!(
                         Level::Warn,
@@ -202,7 +206,11 @@ impl Shard {
                 }
                 Next::Idle => return,
                 Next::FailPending => {
-                    self.fail_pending("log is being rewritten after an I/O error", 0);
+                    self.fail_pending(
+                        Voided::LogFailed,
+                        "log is being rewritten after an I/O error",
+                        0,
+                    );
                     return;
                 }
             }
@@ -215,7 +223,7 @@ impl Shard {
         let durable = self.journal.durable_lsn();
         while let Some(r) = self.durability.pop_durable(durable) {
             match r {
-                Ready::Parked(p) => self.send_parked(p, false),
+                Ready::Parked(p) => self.send_parked(p, None),
                 Ready::Conn(token) => {
                     if let Some(slot) = self.conn_of(token) {
                         self.mark_dirty(slot);
@@ -225,22 +233,30 @@ impl Shard {
         }
     }
 
-    /// Sends a parked message: as it is once durable, or (`failed`, a log
-    /// failure voided what it reported) a gather part as Failed and a
-    /// session answer as the end of its session.
-    fn send_parked(&mut self, p: Parked, failed: bool) {
+    /// Sends a parked message: as it is once durable, or (`voided`: what
+    /// it reported was undone) a gather part as Failed and a session
+    /// answer as the end of its session (`Kill`) — or, when leadership was
+    /// lost, as its detaching (`Detach`: the session lives on).
+    fn send_parked(&mut self, p: Parked, voided: Option<Voided>) {
         match p {
             Parked::Gather { to, id, result } => self.cmds.push(Cmd::Reply {
                 to,
                 id,
-                result: if failed { RemoteResult::Failed } else { result },
+                result: if voided.is_some() {
+                    RemoteResult::Failed
+                } else {
+                    result
+                },
             }),
             Parked::Sess { to, msg } => {
-                let msg = match *msg {
-                    SessMsg::Out { sid, home, .. } if failed => {
+                let msg = match (*msg, voided) {
+                    (SessMsg::Out { sid, home, .. }, Some(Voided::LogFailed)) => {
                         Box::new(SessMsg::Kill { sid, home })
                     }
-                    _ => msg,
+                    (SessMsg::Out { sid, home, .. }, Some(Voided::LeadershipLost)) => {
+                        Box::new(SessMsg::Detach { sid, home })
+                    }
+                    (msg, _) => Box::new(msg),
                 };
                 self.cmds.push(Cmd::Sess { to, msg });
             }
@@ -251,7 +267,7 @@ impl Shard {
     /// them are answered `-`, their effects undone in reverse log order, and
     /// the log is rewritten into a fresh file before any further `+` (an
     /// fsync error leaves the page cache untrustworthy).
-    pub(super) fn fail_pending(&mut self, why: &str, errno: i32) {
+    pub(super) fn fail_pending(&mut self, cause: Voided, why: &str, errno: i32) {
         let now = self.now;
         let Some(log) = self.journal.records_mut() else {
             return;
@@ -262,13 +278,65 @@ impl Shard {
         if log.abort_compaction(&mut self.table) {
             self.cmds.push(Cmd::DiscardTemp);
         }
+        let (answered, sessions) = self.answer_voided(cause);
+        let touched = self.undo_voided(cause);
+        log!(
+            // Nothing was voided and no I/O failed (a proposal failed with
+            // nothing in it, as when a stopping leader hands over): no
+            // news. A storage failure is always said (tests/wal_faults.rs
+            // waits for it).
+            if errno == 0 && answered == 0 && touched.is_empty() {
+                Level::Debug
+            } else {
+                Level::Warn
+            },
+            "wal_records_voided",
+            "reason=\"{}\" errno={} answered_minus={} undone_records={}",
+            crate::log::Escaped(why),
+            errno,
+            answered,
+            touched.len()
+        );
+        for key in &touched {
+            self.table.settle(key, now, &mut self.fx);
+        }
+        if let Some(log) = self.journal.records_mut() {
+            log.recount_live(&self.table);
+        }
+        // New grants from settling are new records for the rewritten log.
+        self.apply_effects();
+        if cause == Voided::LeadershipLost {
+            // What was undone (an end of a session, a release) left session
+            // holds and sessions without a window: armed when the node
+            // serves again.
+            self.rearm_when_serving();
+        }
+        for slot in sessions {
+            match cause {
+                // What was undone was never committed, and a replicated
+                // session itself is in the log: its client resumes it (on
+                // this node once it serves again, or on the next leader)
+                // and learns from the Held list what it has.
+                Voided::LeadershipLost => {
+                    self.detach_session(slot, "its answers were not committed")
+                }
+                Voided::LogFailed => {
+                    self.end_session(slot, "the log failed under one of its answers")
+                }
+            }
+        }
+    }
+
+    /// The voided records' waiters: connections answered `-` (counted),
+    /// parked messages sent as failed, and the sessions whose answers
+    /// waited (dealt with once the undo is complete).
+    fn answer_voided(&mut self, cause: Voided) -> (u64, Vec<u32>) {
         let mut answered = 0u64;
-        // Sessions whose answers waited: ended once the undo is complete.
         let mut sessions: Vec<u32> = Vec::new();
         while let Some(r) = self.durability.pop_any() {
             let token = match r {
                 Ready::Parked(p) => {
-                    self.send_parked(p, true);
+                    self.send_parked(p, Some(cause));
                     continue;
                 }
                 Ready::Conn(token) => token,
@@ -289,6 +357,13 @@ impl Shard {
                 }
             }
         }
+        (answered, sessions)
+    }
+
+    /// Undoes the voided records' effects on the table, newest first;
+    /// returns the keys to settle.
+    fn undo_voided(&mut self, cause: Voided) -> Vec<Name> {
+        let now = self.now;
         let mut touched: Vec<Name> = Vec::new();
         while let Some(u) = self.durability.pop_undo_newest() {
             match u {
@@ -299,11 +374,10 @@ impl Shard {
                 // A session hold's session is ended below (its answer
                 // waited for this log) or by its home (Kill): the key stays
                 // free, as the end of the session would leave it.
-                // (In cluster mode the other replicas still hold it, and a
-                // failed proposal only means this node stopped leading: it
-                // is restored below like any hold, owned by nobody.)
+                // (When leadership was lost the other replicas still hold
+                // it: it is restored below like any hold, owned by nobody.)
                 Undo::Release { prev }
-                    if prev.mode == HoldMode::Session && !self.journal.is_replicated() =>
+                    if prev.mode == HoldMode::Session && cause == Voided::LogFailed =>
                 {
                     touched.push(prev.key);
                 }
@@ -337,47 +411,6 @@ impl Shard {
                 }
             }
         }
-        log!(
-            // Nothing was voided and no I/O failed (a proposal failed with
-            // nothing in it, as when a stopping leader hands over): no
-            // news. A storage failure is always said (tests/wal_faults.rs
-            // waits for it).
-            if errno == 0 && answered == 0 && touched.is_empty() {
-                Level::Debug
-            } else {
-                Level::Warn
-            },
-            "wal_records_voided",
-            "reason=\"{}\" errno={} answered_minus={} undone_records={}",
-            crate::log::Escaped(why),
-            errno,
-            answered,
-            touched.len()
-        );
-        for key in &touched {
-            self.table.settle(key, now, &mut self.fx);
-        }
-        if let Some(log) = self.journal.records_mut() {
-            log.recount_live(&self.table);
-        }
-        // New grants from settling are new records for the rewritten log.
-        self.apply_effects();
-        if self.journal.is_replicated() {
-            // What was undone (an end of a session, a release) left session
-            // holds and sessions without a window: armed when the node
-            // serves again.
-            self.rearm_when_serving();
-        }
-        for slot in sessions {
-            if self.journal.is_replicated() {
-                // Cluster mode: what was undone was never committed, and a
-                // replicated session itself is in the log: its client
-                // resumes it (on this node once it serves again, or on the
-                // next leader) and learns from the Held list what it has.
-                self.detach_session(slot, "its answers were not committed");
-            } else {
-                self.end_session(slot, "the log failed under one of its answers");
-            }
-        }
+        touched
     }
 }

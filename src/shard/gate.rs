@@ -65,6 +65,22 @@ pub(super) enum Undo {
     },
 }
 
+/// Why the records past the durable point were voided (what
+/// `Shard::fail_pending` is told; the journal's events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Voided {
+    /// The local log could not write them (or is being rewritten after
+    /// an I/O error): they are gone, and a session whose answer waited for
+    /// them ends (its holds left as the end of the session leaves them).
+    LogFailed,
+    /// This node lost its group's leadership before they were committed
+    /// (stepped down, its proposal overwritten by a newer leader's, or its
+    /// log replaced by a leader's snapshot): the group's other replicas
+    /// keep what was committed, and a replicated session lives on,
+    /// detached — its client resumes it on the next leader.
+    LeadershipLost,
+}
+
 /// One held entry: a connection's answer, or a parked message (its index).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Waiting {

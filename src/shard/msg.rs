@@ -190,9 +190,10 @@ pub enum SessMsg {
     /// owner → home: what the owner answered was undone (its log failed):
     /// end the session.
     Kill { sid: u64, home: Token },
-    /// owner → home (cluster mode): the owner's group lost its leader; a
-    /// replicated session is detached (its client resumes it on the next
-    /// leader), any other ends as on `Kill`.
+    /// owner → home (cluster mode): the owner's group lost its leader
+    /// (or its answer was voided by that loss); a replicated session is
+    /// detached (its client resumes it on the next leader), any other ends
+    /// as on `Kill`.
     Detach { sid: u64, home: Token },
     /// home → owner: a Resume gave replicated session `sid` to connection
     /// `home`: route to it, drop the earlier connection's queued requests,

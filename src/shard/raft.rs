@@ -53,6 +53,7 @@ use std::sync::atomic::Ordering;
 
 use super::cmd::Cmd;
 use super::conn::{Port, State};
+use super::gate::Voided;
 use super::journal::Journal;
 use super::Shard;
 use crate::cluster::check::Reason;
@@ -425,7 +426,7 @@ impl Shard {
                 let log = &mut r.batch;
                 let landed = log.proposal_landed(Err(()), buf);
                 debug_assert!(matches!(landed, Landed::Failed { .. }));
-                self.fail_pending("not the serving leader", 0);
+                self.fail_pending(Voided::LeadershipLost, "not the serving leader", 0);
             }
         }
     }

@@ -589,19 +589,9 @@ impl Shard {
                     self.session_out_local(slot, out);
                 }
             }
-            SessMsg::Kill { sid, home } if self.journal.is_replicated() => {
-                // An owner's proposal failed (it stopped serving): as a
-                // step-down, a replicated session is detached, not ended.
-                if let Some(slot) = self.session_conn(sid, home) {
-                    self.detach_session(slot, "another shard's answers were not committed");
-                }
-            }
             SessMsg::Kill { sid, home } => {
                 if let Some(slot) = self.session_conn(sid, home) {
-                    self.end_session(
-                        slot,
-                        "another shard voided what it answered (its log failed, or its group lost its leader)",
-                    );
+                    self.end_session(slot, "another shard's log failed under what it answered");
                 }
             }
         }

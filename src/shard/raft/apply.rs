@@ -70,7 +70,11 @@ impl Shard {
             if let Some((_, _, buf)) = r.proposal.take() {
                 let log = &mut r.batch;
                 log.proposal_landed(Err(()), buf);
-                self.fail_pending("a leader's snapshot replaced this node's log", 0);
+                self.fail_pending(
+                    Voided::LeadershipLost,
+                    "a leader's snapshot replaced this node's log",
+                    0,
+                );
             }
             match install(&mut self.table, &snap.data, now) {
                 Ok(keys) => {
@@ -133,7 +137,11 @@ impl Shard {
                 let _ = term;
                 let log = &mut r.batch;
                 log.proposal_landed(Err(()), buf);
-                self.fail_pending("the proposal was overwritten by a newer leader", 0);
+                self.fail_pending(
+                    Voided::LeadershipLost,
+                    "the proposal was overwritten by a newer leader",
+                    0,
+                );
             }
             other => r.proposal = other,
         }

@@ -316,49 +316,11 @@ impl GroupReplica {
         };
         let mut r = r;
         let mut addrs = addrs;
-        let mut voters = founding.clone();
-        if cluster.force_new {
-            // Disaster recovery: this node alone, every entry it has kept.
-            // Configuration history is void (blanked to empty entries);
-            // the log is rewritten as a snapshot naming only this node
-            // once everything is applied (GroupReplica::snapshot_wanted).
-            let me = cluster.node_id;
-            let alone = raft::eraftpb::ConfState::from((vec![me], vec![]));
-            if r.recovered.snapshot.get_metadata().index > 0 {
-                r.recovered
-                    .snapshot
-                    .mut_metadata()
-                    .set_conf_state(alone.clone());
-            }
-            let mut blanked = 0;
-            for e in r.recovered.entries.iter_mut() {
-                if Replica::is_change(e) {
-                    e.set_entry_type(raft::eraftpb::EntryType::EntryNormal);
-                    e.data = Vec::new().into();
-                    blanked += 1;
-                }
-            }
-            let mine = addrs
-                .get(&me)
-                .cloned()
-                .or_else(|| cluster.peers.get(&me).map(|a| a.to_string()));
-            addrs.clear();
-            if let Some(a) = mine {
-                addrs.insert(me, a);
-            }
-            voters = vec![me];
-            log!(
-                Level::Warn,
-                "raft_forced_new_cluster",
-                "group={} node={} entries_kept={} changes_voided={} action=\"this node is the only \
-                 voter; its log is rewritten once applied; remove --force-new-cluster before the next \
-                 start\"",
-                group,
-                me,
-                r.recovered.entries.len(),
-                blanked
-            );
-        }
+        let voters = if cluster.force_new {
+            force_alone(cluster, group, &mut r, &mut addrs)
+        } else {
+            founding.clone()
+        };
         let initial =
             (r.recovered.snapshot.get_metadata().index > 0).then(|| r.recovered.snapshot.clone());
         let replica = Replica::new(
@@ -399,6 +361,55 @@ impl GroupReplica {
         part.initial = initial;
         Ok(part)
     }
+}
+
+/// `--force-new-cluster` (disaster recovery): this node alone, every entry
+/// it has kept. Configuration history is void (blanked to empty entries),
+/// only this node's address is kept, and the log is rewritten as a
+/// snapshot naming only this node once everything is applied
+/// (`GroupReplica::snapshot_wanted`). Returns the voters: this node.
+fn force_alone(
+    cluster: &crate::cluster::ClusterConfig,
+    group: usize,
+    r: &mut store::Replayed,
+    addrs: &mut BTreeMap<u64, String>,
+) -> Vec<u64> {
+    let me = cluster.node_id;
+    let alone = raft::eraftpb::ConfState::from((vec![me], vec![]));
+    if r.recovered.snapshot.get_metadata().index > 0 {
+        r.recovered
+            .snapshot
+            .mut_metadata()
+            .set_conf_state(alone.clone());
+    }
+    let mut blanked = 0;
+    for e in r.recovered.entries.iter_mut() {
+        if Replica::is_change(e) {
+            e.set_entry_type(raft::eraftpb::EntryType::EntryNormal);
+            e.data = Vec::new().into();
+            blanked += 1;
+        }
+    }
+    let mine = addrs
+        .get(&me)
+        .cloned()
+        .or_else(|| cluster.peers.get(&me).map(|a| a.to_string()));
+    addrs.clear();
+    if let Some(a) = mine {
+        addrs.insert(me, a);
+    }
+    log!(
+        Level::Warn,
+        "raft_forced_new_cluster",
+        "group={} node={} entries_kept={} changes_voided={} action=\"this node is the only \
+             voter; its log is rewritten once applied; remove --force-new-cluster before the next \
+             start\"",
+        group,
+        me,
+        r.recovered.entries.len(),
+        blanked
+    );
+    vec![me]
 }
 
 /// The address of shard `group`'s link of a member whose shard 0 links

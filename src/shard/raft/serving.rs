@@ -88,7 +88,7 @@ impl Shard {
         // records now voided, they could stand in an undo's way (a
         // semaphore's n fixed meanwhile).
         self.table.drop_session_waiters();
-        self.fail_pending(why, 0);
+        self.fail_pending(Voided::LeadershipLost, why, 0);
         let r = self.journal.replica_mut().expect("replica");
         r.view.serving[r.group].store(false, Ordering::Release);
         r.was_serving = false;
