@@ -148,7 +148,6 @@ impl Shard {
         if forward && !self.forwards_requests(slot) {
             return self.not_leader(slot);
         }
-        let token = self.token(slot);
         let c = &self.conns[slot as usize];
         if c.action.is_none() && c.sid == 0 {
             // Only a connection's first frame may open or resume a session.
@@ -182,46 +181,11 @@ impl Shard {
             Action::Unlock | Action::ResetByKey | Action::ResetBySource
         ) && !self.cfg.lc_admin_actions.allows(&peer)
         {
-            // No owner check in this protocol: refused by policy, `-`.
-            let c = &mut self.conns[slot as usize];
-            c.rbuf.drain(..len);
-            c.action = Some(action);
-            self.metrics.lc_action_refused();
-            if self.now.mono_us >= self.policy_log_after_us {
-                self.policy_log_after_us = self.now.mono_us + 1_000_000;
-                log!(
-                    Level::Warn,
-                    "lc_action_refused",
-                    "action={:?} peer={} policy={:?}",
-                    action,
-                    peer,
-                    self.cfg.lc_admin_actions
-                );
-            }
-            if let Some(a) = metrics_action(action) {
-                self.metrics.at(self.me).request(a, metrics::Outcome::Error);
-            }
-            self.answer(slot, b'-', None);
+            self.lc_action_refused(slot, action, len);
             return true;
         }
-        if self.shards > 1
-            && matches!(
-                action,
-                Action::Lock | Action::TryLock | Action::Unlock | Action::ResetByKey
-            )
-        {
-            let to = owner(key.as_bytes(), self.shards);
-            if to != self.me && self.conns[slot as usize].fwd.is_some() {
-                // Forwarded by the key's own shard of a node with as many.
-                self.reject(slot, "a forwarded request for another shard's key");
-                return false;
-            }
-            if to != self.me {
-                // The frame stays in the buffer: the owner decodes it.
-                self.conns[slot as usize].state = State::Migrating;
-                self.cmds.push(Cmd::Migrate { token, to });
-                return false;
-            }
+        if let Some(more) = self.route_to_owner(slot, action, &key) {
+            return more;
         }
         if forward && action != Action::Persist {
             // The frame goes as it came: the leader fills an empty source
@@ -249,6 +213,70 @@ impl Shard {
             self.scatter(slot, RemoteOp::ResetSources(vec![source]), true);
             return true;
         }
+        self.execute_lc(slot, action, &key, &source);
+        true
+    }
+
+    /// A Locking-Center Unlock or reset the `--lc-admin-actions` policy
+    /// does not allow from this peer: `-` (there is no owner check in
+    /// this protocol), counted, logged at most once a second.
+    fn lc_action_refused(&mut self, slot: u32, action: Action, len: usize) {
+        let peer = self.conns[slot as usize].peer;
+        // No owner check in this protocol: refused by policy, `-`.
+        let c = &mut self.conns[slot as usize];
+        c.rbuf.drain(..len);
+        c.action = Some(action);
+        self.metrics.lc_action_refused();
+        if self.now.mono_us >= self.policy_log_after_us {
+            self.policy_log_after_us = self.now.mono_us + 1_000_000;
+            log!(
+                Level::Warn,
+                "lc_action_refused",
+                "action={:?} peer={} policy={:?}",
+                action,
+                peer,
+                self.cfg.lc_admin_actions
+            );
+        }
+        if let Some(a) = metrics_action(action) {
+            self.metrics.at(self.me).request(a, metrics::Outcome::Error);
+        }
+        self.answer(slot, b'-', None);
+    }
+
+    /// With several shards, a request for a key another shard owns moves
+    /// there with its connection (`Some(false)`: migrating, or refused when
+    /// it was forwarded here by a node with as many shards); `None`: this
+    /// shard's.
+    fn route_to_owner(&mut self, slot: u32, action: Action, key: &Name) -> Option<bool> {
+        if self.shards == 1
+            || !matches!(
+                action,
+                Action::Lock | Action::TryLock | Action::Unlock | Action::ResetByKey
+            )
+        {
+            return None;
+        }
+        let to = owner(key.as_bytes(), self.shards);
+        if to == self.me {
+            return None;
+        }
+        if self.conns[slot as usize].fwd.is_some() {
+            // Forwarded by the key's own shard of a node with as many.
+            self.reject(slot, "a forwarded request for another shard's key");
+            return Some(false);
+        }
+        // The frame stays in the buffer: the owner decodes it.
+        let token = self.token(slot);
+        self.conns[slot as usize].state = State::Migrating;
+        self.cmds.push(Cmd::Migrate { token, to });
+        Some(false)
+    }
+
+    /// Runs a decoded Locking-Center request on this shard's table.
+    fn execute_lc(&mut self, slot: u32, action: Action, key: &Name, source: &Source) {
+        let token = self.token(slot);
+        let peer = self.conns[slot as usize].peer;
         let now = self.now;
         let fx = &mut self.fx;
         match action {
@@ -286,7 +314,7 @@ impl Shard {
                         "a lock neither queued nor answered"
                     ),
                 }
-                return true;
+                return;
             }
             Action::Unlock => {
                 self.conns[slot as usize].state = State::Executing;
@@ -312,6 +340,5 @@ impl Shard {
             }
         }
         self.apply_effects();
-        true
     }
 }
