@@ -107,51 +107,7 @@ impl Server {
         let budget = crate::core::Budget::new(limits);
         let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
         let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
-        let certs = match (&cfg.certs_dir, &cluster) {
-            (Some(dir), c) => {
-                let node = c.as_ref().map(|c| c.node_id);
-                let certs = Certs::load(dir.clone(), node)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-                metrics.security.enable(false);
-                metrics
-                    .security
-                    .set_cert_not_after_s(certs.not_after_unix_s());
-                log!(
-                    Level::Info,
-                    "certs_loaded",
-                    "dir={} node={:?} not_after_unix_s={}",
-                    crate::log::path(dir),
-                    node,
-                    certs.not_after_unix_s()
-                );
-                Some(certs)
-            }
-            (None, Some(_)) if cfg.insecure => {
-                metrics.security.enable(true);
-                None
-            }
-            (None, Some(_)) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "a cluster node (--peers) needs certificates: make them with `ringlock cert \
-                     create-ca` and `ringlock cert create-node` and give --certs-dir DIR \
-                     (docs/security.md), or start every node with --insecure to run the cluster \
-                     open to anyone who can reach its Raft ports",
-                ));
-            }
-            (None, None) => None,
-        };
-        if cfg.insecure && (cluster.is_none() || cfg.certs_dir.is_some()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                if cluster.is_none() {
-                    "--insecure is for a cluster (--peers) without certificates; a single node \
-                     needs no flag to run without them"
-                } else {
-                    "--insecure and --certs-dir contradict each other: give one"
-                },
-            ));
-        }
+        let certs = load_certs(&cfg, cluster.as_ref(), &metrics)?;
         if cluster.is_some() && cfg.data_path.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -434,6 +390,63 @@ impl Loop {
             certs: part.certs,
         })
     }
+}
+
+/// `--certs-dir`'s certificates (loaded, their expiry published), none
+/// for a single node without them or a cluster started `--insecure`;
+/// refuses a cluster node with neither, and `--insecure` where it means
+/// nothing or contradicts `--certs-dir`.
+fn load_certs(
+    cfg: &Config,
+    cluster: Option<&crate::cluster::ClusterConfig>,
+    metrics: &Metrics,
+) -> io::Result<Option<Arc<Certs>>> {
+    let certs = match (&cfg.certs_dir, cluster) {
+        (Some(dir), c) => {
+            let node = c.as_ref().map(|c| c.node_id);
+            let certs = Certs::load(dir.clone(), node)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            metrics.security.enable(false);
+            metrics
+                .security
+                .set_cert_not_after_s(certs.not_after_unix_s());
+            log!(
+                Level::Info,
+                "certs_loaded",
+                "dir={} node={:?} not_after_unix_s={}",
+                crate::log::path(dir),
+                node,
+                certs.not_after_unix_s()
+            );
+            Some(certs)
+        }
+        (None, Some(_)) if cfg.insecure => {
+            metrics.security.enable(true);
+            None
+        }
+        (None, Some(_)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster node (--peers) needs certificates: make them with `ringlock cert \
+                 create-ca` and `ringlock cert create-node` and give --certs-dir DIR \
+                 (docs/security.md), or start every node with --insecure to run the cluster \
+                 open to anyone who can reach its Raft ports",
+            ));
+        }
+        (None, None) => None,
+    };
+    if cfg.insecure && (cluster.is_none() || cfg.certs_dir.is_some()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            if cluster.is_none() {
+                "--insecure is for a cluster (--peers) without certificates; a single node \
+                 needs no flag to run without them"
+            } else {
+                "--insecure and --certs-dir contradict each other: give one"
+            },
+        ));
+    }
+    Ok(certs)
 }
 
 /// Cluster mode: opens every shard's cluster log
