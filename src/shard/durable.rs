@@ -18,9 +18,15 @@ impl Shard {
     pub fn on_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
         if self.journal.is_replicated() {
             self.replica_log_landed(chain, result, buf);
-            self.apply_effects();
-            return;
+        } else {
+            self.local_log_landed(chain, result, buf);
         }
+        self.apply_effects();
+    }
+
+    /// A chain of the local log landed: what became durable is let
+    /// through, a failure voids what was pending, compaction goes on.
+    fn local_log_landed(&mut self, chain: Chain, result: Result<(), i32>, buf: Vec<u8>) {
         let now = self.now;
         let log = self
             .journal
@@ -115,7 +121,6 @@ impl Shard {
                 }
             }
         }
-        self.apply_effects();
     }
 
     /// The lsn an answer produced now must wait for: `None` when nothing

@@ -26,80 +26,13 @@ impl Shard {
             r.persisting.push_back((lsn, number));
         }
         if let Some(role) = out.role.take() {
-            let group = r.group;
-            let id = r.replica.id();
-            r.view.leaders[group].store(r.replica.leader(), Ordering::Release);
-            r.stats.note_leader(r.replica.leader());
-            match role {
-                RoleChange::Leader { term } => {
-                    log!(
-                        Level::Info,
-                        "raft_leader",
-                        "group={} node={} term={}",
-                        group,
-                        id,
-                        term
-                    );
-                }
-                RoleChange::SteppedDown { term } => {
-                    // Expected when this node stops (it hands over first).
-                    log!(
-                        if self.stopping {
-                            Level::Info
-                        } else {
-                            Level::Warn
-                        },
-                        "raft_stepped_down",
-                        "group={} node={} term={} now_term={} leader={}",
-                        group,
-                        id,
-                        term,
-                        r.replica.term(),
-                        r.replica.leader()
-                    );
-                    self.step_down("leadership lost");
-                }
-            }
+            self.role_changed(role);
         } else {
             r.view.leaders[r.group].store(r.replica.leader(), Ordering::Release);
         }
         if let Some(snap) = out.install.take() {
-            let now = self.now;
-            let index = snap.get_metadata().index;
-            let r = self.journal.replica_mut().expect("replica");
-            if let Some((_, _, buf)) = r.proposal.take() {
-                let log = &mut r.batch;
-                log.proposal_landed(Err(()), buf);
-                self.fail_pending(
-                    Voided::LeadershipLost,
-                    "a leader's snapshot replaced this node's log",
-                    0,
-                );
-            }
-            match install(&mut self.table, &snap.data, now) {
-                Ok(keys) => {
-                    if let Ok((Some(m), _)) = store::split_snapshot(&snap.data) {
-                        let r = self.journal.replica_mut().expect("replica");
-                        r.addrs = m.addrs;
-                        self.members_changed(index);
-                    }
-                    let r = self.journal.replica_mut().expect("replica");
-                    r.replica.snapshot_installed(index);
-                    r.publish_conf(index);
-                    log!(
-                        Level::Info,
-                        "raft_snapshot_installed",
-                        "group={} index={} held_keys={}",
-                        r.group,
-                        index,
-                        keys
-                    );
-                }
-                Err(why) => {
-                    let r = self.journal.replica_mut().expect("replica");
-                    r.apply_failed(index, format!("a leader's snapshot: {why}"));
-                    return;
-                }
+            if !self.install_leader_snapshot(snap) {
+                return;
             }
         }
         let entries = std::mem::take(&mut out.apply);
@@ -116,6 +49,90 @@ impl Shard {
             }
         }
         self.release_reads();
+    }
+
+    /// This replica became leader, or stopped being one: published to
+    /// the node's other shards and logged; a step-down rolls back.
+    fn role_changed(&mut self, role: RoleChange) {
+        let r = self.journal.replica_mut().expect("replica");
+        let group = r.group;
+        let id = r.replica.id();
+        r.view.leaders[group].store(r.replica.leader(), Ordering::Release);
+        r.stats.note_leader(r.replica.leader());
+        match role {
+            RoleChange::Leader { term } => {
+                log!(
+                    Level::Info,
+                    "raft_leader",
+                    "group={} node={} term={}",
+                    group,
+                    id,
+                    term
+                );
+            }
+            RoleChange::SteppedDown { term } => {
+                // Expected when this node stops (it hands over first).
+                log!(
+                    if self.stopping {
+                        Level::Info
+                    } else {
+                        Level::Warn
+                    },
+                    "raft_stepped_down",
+                    "group={} node={} term={} now_term={} leader={}",
+                    group,
+                    id,
+                    term,
+                    r.replica.term(),
+                    r.replica.leader()
+                );
+                self.step_down("leadership lost");
+            }
+        }
+    }
+
+    /// A leader's snapshot replaces this node's log: what was in flight
+    /// is voided, the table becomes the snapshot's. False when it could
+    /// not be installed (the node stops).
+    fn install_leader_snapshot(&mut self, snap: raft::eraftpb::Snapshot) -> bool {
+        let now = self.now;
+        let index = snap.get_metadata().index;
+        let r = self.journal.replica_mut().expect("replica");
+        if let Some((_, _, buf)) = r.proposal.take() {
+            let log = &mut r.batch;
+            log.proposal_landed(Err(()), buf);
+            self.fail_pending(
+                Voided::LeadershipLost,
+                "a leader's snapshot replaced this node's log",
+                0,
+            );
+        }
+        match install(&mut self.table, &snap.data, now) {
+            Ok(keys) => {
+                if let Ok((Some(m), _)) = store::split_snapshot(&snap.data) {
+                    let r = self.journal.replica_mut().expect("replica");
+                    r.addrs = m.addrs;
+                    self.members_changed(index);
+                }
+                let r = self.journal.replica_mut().expect("replica");
+                r.replica.snapshot_installed(index);
+                r.publish_conf(index);
+                log!(
+                    Level::Info,
+                    "raft_snapshot_installed",
+                    "group={} index={} held_keys={}",
+                    r.group,
+                    index,
+                    keys
+                );
+            }
+            Err(why) => {
+                let r = self.journal.replica_mut().expect("replica");
+                r.apply_failed(index, format!("a leader's snapshot: {why}"));
+                return false;
+            }
+        }
+        true
     }
 
     /// One committed entry.

@@ -145,7 +145,6 @@ impl Shard {
     /// checks every group makes alike, so that all change together or
     /// none does, as far as one node can see).
     fn raft_change(&mut self, change: &crate::protocol::members::Change) -> Result<(), String> {
-        use crate::protocol::members::Change;
         let serving = self.may_serve();
         let g = self.me;
         let Some(r) = self.journal.replica_mut() else {
@@ -171,95 +170,14 @@ impl Shard {
             ));
         }
         let st = r.replica.status();
-        let caught_up = |node: u64| -> Result<(), String> {
-            let f = st.followers.iter().find(|f| f.node == node);
-            match f {
-                Some(f) if f.matched + CATCH_UP_SLACK >= st.commit && f.active => Ok(()),
-                Some(f) => Err(format!(
-                    "shard {g}: learner {node} has not caught up (it has entries up to {} of {}{})",
-                    f.matched,
-                    st.commit,
-                    if f.active { "" } else { "; not heard from" }
-                )),
-                None => Err(format!("shard {g}: node {node} is not a learner")),
-            }
-        };
-        let voter = |n: u64| cs.voters.contains(&n);
-        let learner = |n: u64| cs.learners.contains(&n);
-        let leader_gone = |n: u64| -> Result<(), String> {
-            if n == me {
-                Err(format!(
-                    "node {me} leads; hand leadership over first (ringlock cluster transfer-leader), then ask the new leader"
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        let (add, as_voter, remove, context): (Vec<u64>, bool, Vec<u64>, Vec<u8>) = match change {
-            Change::AddLearner { node, addr } => {
-                if voter(*node) {
-                    return Err(format!("node {node} is already a voter"));
-                }
-                if learner(*node) {
-                    if r.addrs.get(node) == Some(addr) {
-                        return Ok(()); // asked again: already done
-                    }
-                    return Err(format!(
-                        "node {node} is already a learner at {}",
-                        r.addrs.get(node).map_or("?", |a| a.as_str())
-                    ));
-                }
-                if let Some(other) = cs.learners.first() {
-                    return Err(format!(
-                        "learner {other} is still being added; promote or remove it first"
-                    ));
-                }
-                if link_addr(addr, g).is_none() {
-                    return Err(format!(
-                        "{addr:?} does not resolve to an address (with port) on node {me}"
-                    ));
-                }
-                let ctx = store::encode_addrs(&[(*node, addr.clone())]);
-                (vec![*node], false, vec![], ctx)
-            }
-            Change::Promote { node } => {
-                if voter(*node) {
-                    return Ok(()); // already done
-                }
-                caught_up(*node)?;
-                (vec![*node], true, vec![], vec![])
-            }
-            Change::Remove { node } => {
-                if !voter(*node) && !learner(*node) {
-                    // Asked again after this shard made it: done (the CLI
-                    // checks first that some shard has the node).
-                    return Ok(());
-                }
-                if voter(*node) && cs.voters.len() == 1 {
-                    return Err(format!(
-                        "node {node} is the last voter; a cluster cannot remove its last voter"
-                    ));
-                }
-                leader_gone(*node)?;
-                (vec![], false, vec![*node], vec![])
-            }
-            Change::Replace { old, new } => {
-                if voter(*new) && !voter(*old) {
-                    return Ok(()); // asked again: done
-                }
-                if !voter(*old) {
-                    return Err(format!(
-                        "node {old} is not a voter (voters {:?})",
-                        cs.voters
-                    ));
-                }
-                if voter(*new) {
-                    return Err(format!("node {new} is already a voter"));
-                }
-                caught_up(*new)?;
-                leader_gone(*old)?;
-                (vec![*new], true, vec![*old], vec![])
-            }
+        let Some(ChangePlan {
+            add,
+            as_voter,
+            remove,
+            context,
+        }) = plan_change(change, &cs, &st, &r.addrs, me, g)?
+        else {
+            return Ok(()); // asked again: already done
         };
         let index = r.replica.propose_change(&add, as_voter, &remove, context)?;
         log!(
@@ -276,6 +194,142 @@ impl Shard {
         self.journal_pump();
         Ok(())
     }
+}
+
+/// A membership change as raft-rs takes it: nodes to add (as voters or
+/// as learners), nodes to remove, and the entry's context (the added
+/// nodes' addresses).
+struct ChangePlan {
+    add: Vec<u64>,
+    as_voter: bool,
+    remove: Vec<u64>,
+    context: Vec<u8>,
+}
+
+/// What `change` asks of group `g` as its configuration `cs` and its
+/// followers `st` stand, checked as every group checks it (so that all
+/// make it or none does): `Ok(None)` when it is done already (asked
+/// again), `Err` why it cannot be made now.
+fn plan_change(
+    change: &crate::protocol::members::Change,
+    cs: &raft::eraftpb::ConfState,
+    st: &crate::cluster::replica::ReplicaStatus,
+    addrs: &std::collections::BTreeMap<u64, String>,
+    me: u64,
+    g: usize,
+) -> Result<Option<ChangePlan>, String> {
+    use crate::protocol::members::Change;
+    let caught_up = |node: u64| -> Result<(), String> {
+        let f = st.followers.iter().find(|f| f.node == node);
+        match f {
+            Some(f) if f.matched + CATCH_UP_SLACK >= st.commit && f.active => Ok(()),
+            Some(f) => Err(format!(
+                "shard {g}: learner {node} has not caught up (it has entries up to {} of {}{})",
+                f.matched,
+                st.commit,
+                if f.active { "" } else { "; not heard from" }
+            )),
+            None => Err(format!("shard {g}: node {node} is not a learner")),
+        }
+    };
+    let voter = |n: u64| cs.voters.contains(&n);
+    let learner = |n: u64| cs.learners.contains(&n);
+    let leader_gone = |n: u64| -> Result<(), String> {
+        if n == me {
+            Err(format!(
+                "node {me} leads; hand leadership over first (ringlock cluster transfer-leader), then ask the new leader"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let plan = match change {
+        Change::AddLearner { node, addr } => {
+            if voter(*node) {
+                return Err(format!("node {node} is already a voter"));
+            }
+            if learner(*node) {
+                if addrs.get(node) == Some(addr) {
+                    return Ok(None); // asked again: already done
+                }
+                return Err(format!(
+                    "node {node} is already a learner at {}",
+                    addrs.get(node).map_or("?", |a| a.as_str())
+                ));
+            }
+            if let Some(other) = cs.learners.first() {
+                return Err(format!(
+                    "learner {other} is still being added; promote or remove it first"
+                ));
+            }
+            if link_addr(addr, g).is_none() {
+                return Err(format!(
+                    "{addr:?} does not resolve to an address (with port) on node {me}"
+                ));
+            }
+            let ctx = store::encode_addrs(&[(*node, addr.clone())]);
+            ChangePlan {
+                add: vec![*node],
+                as_voter: false,
+                remove: vec![],
+                context: ctx,
+            }
+        }
+        Change::Promote { node } => {
+            if voter(*node) {
+                return Ok(None); // already done
+            }
+            caught_up(*node)?;
+            ChangePlan {
+                add: vec![*node],
+                as_voter: true,
+                remove: vec![],
+                context: vec![],
+            }
+        }
+        Change::Remove { node } => {
+            if !voter(*node) && !learner(*node) {
+                // Asked again after this shard made it: done (the CLI
+                // checks first that some shard has the node).
+                return Ok(None);
+            }
+            if voter(*node) && cs.voters.len() == 1 {
+                return Err(format!(
+                    "node {node} is the last voter; a cluster cannot remove its last voter"
+                ));
+            }
+            leader_gone(*node)?;
+            ChangePlan {
+                add: vec![],
+                as_voter: false,
+                remove: vec![*node],
+                context: vec![],
+            }
+        }
+        Change::Replace { old, new } => {
+            if voter(*new) && !voter(*old) {
+                return Ok(None); // asked again: done
+            }
+            if !voter(*old) {
+                return Err(format!(
+                    "node {old} is not a voter (voters {:?})",
+                    cs.voters
+                ));
+            }
+            if voter(*new) {
+                return Err(format!("node {new} is already a voter"));
+            }
+            caught_up(*new)?;
+            leader_gone(*old)?;
+            ChangePlan {
+                add: vec![*new],
+                as_voter: true,
+                remove: vec![*old],
+                context: vec![],
+            }
+        }
+    };
+    Ok(Some(plan))
 }
 
 fn sorted(ids: &[u64]) -> Vec<u64> {
