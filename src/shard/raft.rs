@@ -60,7 +60,7 @@ use crate::cluster::check::Reason;
 use crate::cluster::replica::{Output, Replica, RoleChange};
 use crate::cluster::{store, wire, TICK_US};
 use crate::log::Level;
-use crate::wal::log::{Chain, Landed, Log, Next};
+use crate::wal::log::{Chain, Landed, Next};
 
 mod apply;
 mod compact;
@@ -96,7 +96,6 @@ impl Shard {
                 part.apply_failed(index, format!("the log's snapshot: {why}"));
             }
         }
-        part.batch = Log::replicated(&self.table);
         self.journal = Journal::Raft(Box::new(part));
     }
 
@@ -262,9 +261,8 @@ impl Shard {
             );
             r.identity.voters = hello.voters.clone();
             r.replica.adopt_founders(&hello.voters);
-            let mut rec = Vec::new();
-            store::encode_identity(&r.identity, &mut rec);
-            let _ = r.file.append_raw(&rec);
+            let identity = &r.identity;
+            let _ = r.file.append_raw(|b| store::encode_identity(identity, b));
         } else if !hello.voters.is_empty() && hello.voters != *mine {
             return Err(format!(
                 "node {} belongs to the cluster founded by nodes {:?}, this node to the one \
@@ -445,7 +443,7 @@ impl Shard {
             let replica = &mut r.replica;
             let lsn = r
                 .file
-                .append_raw_with(|records| replica.ready(&mut out, records));
+                .append_raw(|records| replica.ready(&mut out, records));
             let idle = out.send.is_empty()
                 && out.persist.is_none()
                 && out.apply.is_empty()

@@ -193,6 +193,11 @@ impl Log {
     pub fn new(file_len: u64, table: &Table, compact_floor_bytes: u64) -> Log {
         let mut live = 0;
         table.for_each_held(|h| live += record::acquire_len(h) as u64);
+        Log::with_live(file_len, live, compact_floor_bytes)
+    }
+
+    /// [`Log::new`] with its table's live bytes already counted.
+    fn with_live(file_len: u64, live: u64, compact_floor_bytes: u64) -> Log {
         Log {
             file_len,
             filling: Vec::with_capacity(64 * 1024),
@@ -221,18 +226,21 @@ impl Log {
     /// committed and applied ([`Log::proposal_landed`]). One proposal is in
     /// flight at a time, so group commit spans the cluster: records that
     /// arrive meanwhile form the next entry. A failed proposal (leadership
-    /// lost) voids its records without marking anything broken.
-    pub fn replicated(table: &Table) -> Log {
-        let mut l = Log::new(0, table, u64::MAX);
+    /// lost) voids its records without marking anything broken. It never
+    /// compacts (the cluster log's own writer does), so it starts with no
+    /// live bytes counted.
+    pub fn replicated() -> Log {
+        let mut l = Log::with_live(0, 0, u64::MAX);
         l.replicated = true;
         l
     }
 
     /// A cluster log file's writer: raw records (Raft entries, hard state)
     /// appended as a single node's records are; compacted only by a
-    /// rewrite its owner asks for (a snapshot and the entries after it).
-    pub fn raw(file_len: u64, table: &Table) -> Log {
-        Log::new(file_len, table, u64::MAX)
+    /// rewrite its owner asks for (a snapshot and the entries after it),
+    /// so it counts no live bytes.
+    pub fn raw(file_len: u64) -> Log {
+        Log::with_live(file_len, 0, u64::MAX)
     }
 
     pub fn is_replicated(&self) -> bool {
@@ -252,10 +260,11 @@ impl Log {
         self.rewrite = Some(image);
     }
 
-    /// Appends the records `write` encodes straight into the batch being
-    /// filled (the cluster log's: no copy); `None` when it wrote nothing,
-    /// else their lsn, as one [`Log::append_raw`].
-    pub fn append_raw_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Option<u64> {
+    /// Appends raw records (the cluster log's: Raft entries, hard state,
+    /// identity), which `write` encodes straight into the batch being
+    /// filled (no copy); `None` when it wrote nothing, else the lsn they
+    /// are durable at, as one record of the batch.
+    pub fn append_raw(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Option<u64> {
         let before = self.filling.len();
         write(&mut self.filling);
         if self.filling.len() == before {
@@ -264,14 +273,6 @@ impl Log {
         self.filling_records += 1;
         self.tail_lsn += 1;
         Some(self.tail_lsn)
-    }
-
-    /// Appends bytes that are already records (the cluster log's).
-    pub fn append_raw(&mut self, bytes: &[u8]) -> u64 {
-        self.filling.extend_from_slice(bytes);
-        self.filling_records += 1;
-        self.tail_lsn += 1;
-        self.tail_lsn
     }
 
     /// The proposal given out by [`Next::Propose`] was committed and

@@ -114,10 +114,7 @@ impl GroupReplica {
     ) -> GroupReplica {
         GroupReplica {
             replica,
-            batch: Log::replicated(&crate::core::Table::new(crate::core::Limits {
-                max_keys: 1,
-                max_waiters: 1,
-            })),
+            batch: Log::replicated(),
             file,
             persisting: VecDeque::new(),
             proposal: None,
@@ -336,11 +333,7 @@ impl GroupReplica {
             },
             r.recovered,
         )?;
-        let table = crate::core::Table::new(crate::core::Limits {
-            max_keys: 1,
-            max_waiters: 1,
-        });
-        let file = Log::raw(r.valid_len, &table);
+        let file = Log::raw(r.valid_len);
         let mut part = GroupReplica::new(
             replica,
             file,
