@@ -11,38 +11,38 @@ use crate::shard::conn::Conn;
 #[derive(Default)]
 pub(in crate::shard) struct Forwards {
     /// Follower: forwarded requests waiting for their answer, by id.
-    pub(in crate::shard) waiting: BTreeMap<u64, Waiting>,
-    pub(in crate::shard) next_id: u64,
+    pub(super) waiting: BTreeMap<u64, Waiting>,
+    pub(super) next_id: u64,
     /// Leader: the slots serving other nodes' requests, by `(node, id)`.
-    pub(in crate::shard) serving: BTreeMap<(u64, u64), u32>,
+    pub(super) serving: BTreeMap<(u64, u64), u32>,
     /// Live links from each node (a leader's answers come on its link).
-    pub(in crate::shard) inbound: BTreeMap<u64, u32>,
+    pub(super) inbound: BTreeMap<u64, u32>,
 }
 
 /// A follower's request waiting for the leader.
 pub(in crate::shard) struct Waiting {
-    pub(in crate::shard) token: Token,
+    pub(super) token: Token,
     /// The node it was sent to; 0 while parked (no leader known yet, or
     /// the node it went to said it does not serve): nothing done anywhere.
-    pub(in crate::shard) node: u64,
+    pub(super) node: u64,
     /// The Locking-Center request as the client sent it.
-    pub(in crate::shard) req: Vec<u8>,
-    pub(in crate::shard) client: std::net::SocketAddr,
+    pub(super) req: Vec<u8>,
+    pub(super) client: std::net::SocketAddr,
     /// Parked past this (mono µs): answered `-`.
-    pub(in crate::shard) until_us: u64,
+    pub(super) until_us: u64,
     /// Not sent again before this (after a refusal).
-    pub(in crate::shard) retry_us: u64,
+    pub(super) retry_us: u64,
     /// Sent to a node that is no longer the leader this node knows: its
     /// answer is awaited until this (mono µs; 0 while it went to the
     /// leader), then the request fails.
-    pub(in crate::shard) orphan_us: u64,
+    pub(super) orphan_us: u64,
 }
 
 impl Forwards {
     /// How long a request waits for a leader, in election timeouts: long
     /// enough for an election and the new leader's first commit, so that
     /// a failover costs a client of a follower a wait, not an error.
-    pub(in crate::shard) const PARK_ELECTIONS: u64 = 3;
+    pub(super) const PARK_ELECTIONS: u64 = 3;
 
     /// How long a request sent to a node that is no longer the leader
     /// waits for that node's answer, in replication ticks. A leader that
@@ -51,7 +51,7 @@ impl Forwards {
     /// new leader, a withdrawn Lock is `-`, a decided one is still
     /// answered — so a hand-over costs the client nothing; only a node
     /// that is silent this long leaves the outcome unknown.
-    pub(in crate::shard) const ORPHAN_TICKS: u64 = 3;
+    pub(super) const ORPHAN_TICKS: u64 = 3;
 
     /// Ids start at the start time in µs: a restarted follower's ids are
     /// not an earlier run's (answers never outlive a link, but cheaply so).

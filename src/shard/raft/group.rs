@@ -15,16 +15,16 @@ use crate::log::Level;
 use crate::wal::log::Log;
 
 /// At most one log line per reason of refusal, per shard, in this long.
-pub(in crate::shard) const DROP_LOG_QUIET_US: u64 = 10_000_000;
+pub(super) const DROP_LOG_QUIET_US: u64 = 10_000_000;
 
 /// A listing a follower answers once its read barrier is applied.
-pub(in crate::shard) struct ParkedRead {
-    pub(in crate::shard) id: u64,
-    pub(in crate::shard) index: Option<u64>,
-    pub(in crate::shard) asked_us: u64,
-    pub(in crate::shard) from: usize,
-    pub(in crate::shard) request: u64,
-    pub(in crate::shard) op: crate::shard::msg::RemoteOp,
+pub(super) struct ParkedRead {
+    pub(super) id: u64,
+    pub(super) index: Option<u64>,
+    pub(super) asked_us: u64,
+    pub(super) from: usize,
+    pub(super) request: u64,
+    pub(super) op: crate::shard::msg::RemoteOp,
 }
 
 /// A shard's replication state.
@@ -35,71 +35,71 @@ pub struct GroupReplica {
     pub(in crate::shard) batch: Log,
     /// The cluster log file's writer (raw records; compacted by rewriting
     /// it as a snapshot and the entries after it, `compact`).
-    pub(in crate::shard) file: Log,
+    pub(super) file: Log,
     /// `(file lsn, ready number)`: a ready is persisted once its records'
     /// lsn is durable.
-    pub(in crate::shard) persisting: VecDeque<(u64, u64)>,
+    pub(super) persisting: VecDeque<(u64, u64)>,
     /// The proposal in flight: `(index, term, records)`.
-    pub(in crate::shard) proposal: Option<(u64, u64, Vec<u8>)>,
-    pub(in crate::shard) out: Output,
+    pub(super) proposal: Option<(u64, u64, Vec<u8>)>,
+    pub(super) out: Output,
     /// What the replication metrics are computed from.
-    pub(in crate::shard) stats: Stats,
-    pub(in crate::shard) next_tick_us: u64,
-    pub(in crate::shard) group: usize,
+    pub(super) stats: Stats,
+    pub(super) next_tick_us: u64,
+    pub(super) group: usize,
     /// The term whose leases were extended when serving began.
-    pub(in crate::shard) served_term: u64,
-    pub(in crate::shard) was_serving: bool,
+    pub(super) served_term: u64,
+    pub(super) was_serving: bool,
     /// When this shard last stopped serving (mono µs).
-    pub(in crate::shard) stopped_serving_us: u64,
+    pub(super) stopped_serving_us: u64,
     /// Client addresses of the nodes, learned from their link Hellos.
-    pub(in crate::shard) client_addrs: BTreeMap<u64, String>,
-    pub(in crate::shard) my_client_addr: String,
-    pub(in crate::shard) view: Arc<NodeView>,
+    pub(super) client_addrs: BTreeMap<u64, String>,
+    pub(super) my_client_addr: String,
+    pub(super) view: Arc<NodeView>,
     pub(in crate::shard) election_us: u64,
     /// How long a stepped-down leader's session holds stay held.
-    pub(in crate::shard) session_keep_ms: u64,
+    pub(super) session_keep_ms: u64,
     /// Why this node must stop, once set (see [`FailStop`]).
-    pub(in crate::shard) fatal: Option<FailStop>,
+    pub(super) fatal: Option<FailStop>,
     /// Peer messages refused before raft-rs saw them, by reason
     /// ([`crate::cluster::check::Reason`]).
-    pub(in crate::shard) dropped: [u64; Reason::COUNT],
+    pub(super) dropped: [u64; Reason::COUNT],
     /// Per reason: no log line about a refusal before this (mono µs).
-    pub(in crate::shard) drop_quiet_until_us: [u64; Reason::COUNT],
-    pub(in crate::shard) last_transfer_tick: u64,
+    pub(super) drop_quiet_until_us: [u64; Reason::COUNT],
+    pub(super) last_transfer_tick: u64,
     /// A stopping leader runs until it handed over, or until this.
-    pub(in crate::shard) hand_over_until_us: u64,
+    pub(super) hand_over_until_us: u64,
     /// When a stopping node was first seen handed over (mono µs; 0
     /// before): it lingers a little past it (see [`Shard::stop_done`]).
-    pub(in crate::shard) handed_at_us: u64,
+    pub(super) handed_at_us: u64,
     /// Listings parked on a follower until its read barrier is applied:
     /// `(barrier id, index once known, asked at µs, from, request id, op)`.
-    pub(in crate::shard) reads: Vec<ParkedRead>,
-    pub(in crate::shard) next_read: u64,
+    pub(super) reads: Vec<ParkedRead>,
+    pub(super) next_read: u64,
     /// A compaction whose rewrite is in flight: its snapshot.
-    pub(in crate::shard) compacting: Option<raft::eraftpb::Snapshot>,
-    pub(in crate::shard) compact_entries: u64,
-    pub(in crate::shard) identity: store::Identity,
+    pub(super) compacting: Option<raft::eraftpb::Snapshot>,
+    pub(super) compact_entries: u64,
+    pub(super) identity: store::Identity,
     /// The recovered log's snapshot, installed into the table by
     /// [`Shard::enable_cluster`].
-    pub(in crate::shard) initial: Option<raft::eraftpb::Snapshot>,
+    pub(super) initial: Option<raft::eraftpb::Snapshot>,
     /// Each member's Raft address as given (`HOST:PORT` of its shard 0's
     /// link; shard *g* listens on the port + *g*): the `--peers` of a new
     /// group, then what the snapshots and configuration changes say.
-    pub(in crate::shard) addrs: BTreeMap<u64, String>,
+    pub(super) addrs: BTreeMap<u64, String>,
     /// This node left the group (a configuration change removed it).
-    pub(in crate::shard) removed: bool,
+    pub(super) removed: bool,
     /// A follower needs a newer snapshot: compact at the next chance.
-    pub(in crate::shard) snapshot_wanted: bool,
+    pub(super) snapshot_wanted: bool,
     /// `--force-new-cluster`, until the log rewritten as this node alone
     /// is durable: no membership change yet.
-    pub(in crate::shard) forced: bool,
+    pub(super) forced: bool,
     /// The configuration notices this shard's messages carry, by peer
     /// (the encoded [`crate::cluster::replica::EXCLUDED_FIELD`]), as of
     /// `NodeView::conf_gen` `excluded_gen`.
-    pub(in crate::shard) excluded_notes: BTreeMap<u64, Vec<u8>>,
-    pub(in crate::shard) excluded_gen: u64,
+    pub(super) excluded_notes: BTreeMap<u64, Vec<u8>>,
+    pub(super) excluded_gen: u64,
     /// Logged that a peer said this node is excluded (once per notice).
-    pub(in crate::shard) excluded_logged: bool,
+    pub(super) excluded_logged: bool,
 }
 
 impl GroupReplica {
@@ -158,12 +158,12 @@ impl GroupReplica {
     }
     /// A committed entry (or a snapshot) could not be applied: the node
     /// stops (the driver logs it and exits, see [`FailStop`]).
-    pub(in crate::shard) fn apply_failed(&mut self, index: u64, why: String) {
+    pub(super) fn apply_failed(&mut self, index: u64, why: String) {
         self.fail(FailKind::Apply, Some(index), why);
     }
 
     /// The node must stop: the first reason stays.
-    pub(in crate::shard) fn fail(&mut self, kind: FailKind, index: Option<u64>, why: String) {
+    pub(super) fn fail(&mut self, kind: FailKind, index: Option<u64>, why: String) {
         if self.fatal.is_none() {
             self.fatal = Some(FailStop {
                 group: self.group,
@@ -177,7 +177,7 @@ impl GroupReplica {
     /// A peer's message was refused (before raft-rs saw it): counted, and
     /// logged unless a refusal for the same reason was logged in the last
     /// 10 s.
-    pub(in crate::shard) fn refused(&mut self, link: u64, refusal: &Refusal, now_us: u64) {
+    pub(super) fn refused(&mut self, link: u64, refusal: &Refusal, now_us: u64) {
         let i = refusal.reason.index();
         self.dropped[i] += 1;
         if now_us < self.drop_quiet_until_us[i] {
@@ -407,7 +407,7 @@ fn force_alone(
 
 /// The address of shard `group`'s link of a member whose shard 0 links
 /// on `addr` (`HOST:PORT`, resolved now).
-pub(in crate::shard) fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
+pub(super) fn link_addr(addr: &str, group: usize) -> Option<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
     let mut a = addr.to_socket_addrs().ok()?.next()?;
     a.set_port(a.port().checked_add(group as u16)?);
