@@ -42,9 +42,8 @@
 # step-down or election during the load (that run measured a failover, not
 # the steady state) or the cluster did not start. AB_SERVER_ARGS applies
 # to every member; AB_DURABLE has no effect (the members always log).
-# Needs an old commit whose ringlockd knows --peers and --certs-dir; one
-# from before --client-plaintext (its client ports plaintext anyway) runs
-# without that flag. Ports: lock 26201 + 10 (n - 1) (admin +1, metrics +2),
+# Needs an old commit whose ringlockd knows --peers, --certs-dir and
+# --client-plaintext. Ports: lock 26201 + 10 (n - 1) (admin +1, metrics +2),
 # Raft 26301 + 10 (n - 1).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -126,26 +125,17 @@ if [ "${AB_CLUSTER:-0}" = 1 ]; then
     [ -n "${AB_SERVER_ARGS:-}" ] && read -r -a RL_ARGS <<<"$AB_SERVER_ARGS"
     trap 'stop_rl_cluster; cleanup' EXIT
     # Each commit's binaries as scripts/lib/cluster.sh finds them ($BIN/ringlockd,
-    # $BIN/ringlock). An old ringlockd without --client-plaintext (older
-    # than the client ports' TLS: they are plaintext anyway) gets a wrapper
-    # that drops the flag and execs it (same PID); without ringlock (an
-    # AB_OLD_TARGET built without it) the new tree's makes the certificates.
+    # $BIN/ringlock); without ringlock (an AB_OLD_TARGET built without it)
+    # the new tree's makes the certificates.
     bindir() { # dir-to-make release-dir
         local d=$1 r=$2 help
         mkdir -p "$d"
         help=$("$r/ringlockd" --help 2>&1 || true)
-        if ! grep -q -- '--peers' <<<"$help" || ! grep -q -- '--certs-dir' <<<"$help"; then
-            echo "ab: $r/ringlockd knows no --peers or --certs-dir: no secure cluster to run" >&2; return 1
-        fi
-        if grep -q -- '--client-plaintext' <<<"$help"; then
-            ln -s "$r/ringlockd" "$d/ringlockd"
-        else
-            echo "ab: $r/ringlockd predates --client-plaintext: run without it" >&2
-            # shellcheck disable=SC2016 # the wrapper's own expansions
-            printf '#!/usr/bin/env bash\nargs=()\nfor a in "$@"; do [ "$a" = --client-plaintext ] || args+=("$a"); done\nexec %q "${args[@]}"\n' \
-                "$r/ringlockd" >"$d/ringlockd"
-            chmod +x "$d/ringlockd"
-        fi
+        local flag
+        for flag in --peers --certs-dir --client-plaintext; do
+            grep -q -- "$flag" <<<"$help" || { echo "ab: $r/ringlockd knows no $flag: no secure cluster of it to run here" >&2; return 1; }
+        done
+        ln -s "$r/ringlockd" "$d/ringlockd"
         if [ -x "$r/ringlock" ]; then ln -s "$r/ringlock" "$d/ringlock"
         else echo "ab: no $r/ringlock: the new tree's ringlock makes the certificates" >&2; ln -s "$ROOT/target/release/ringlock" "$d/ringlock"; fi
     }
