@@ -198,3 +198,58 @@ fn a_leader_killed_under_a_forwarded_waiter_closes_it_and_the_next_request_waits
     );
     assert!(held.iter().any(|k| k.key == b"fresh" && k.source == b"r"));
 }
+
+/// Requests a follower holds for the leader, summed over its shards.
+fn parked(c: &Cluster, i: usize) -> f64 {
+    let m = c.nodes[i].as_ref().unwrap().metrics();
+    (0..c.threads)
+        .map(|g| metric(m, &format!("ringlock_lc_forwards_parked{{shard=\"{g}\"}}")))
+        .sum()
+}
+
+/// A request that meets the follower's link to the leader down (failed,
+/// and every redial refused at once, while the leader's link to it stays
+/// up) never left the follower: it waits for the link instead of being
+/// closed unanswered, is answered `-` (nothing was done) if the link stays
+/// down past its bound, and is served once the link is back.
+#[test]
+fn a_request_that_meets_the_link_to_the_leader_down_waits_for_it() {
+    let c = Cluster::start(3, common::cluster::test_threads(), &[]);
+    let l = c.leader(WAIT);
+    let f = follower(l);
+    let to_leader = &c.proxies[&(f, l)];
+    for p in to_leader {
+        p.refuse(true);
+        p.reset_all();
+    }
+    common::fault_proxy::poll_until(
+        "the follower dialed the leader again and was refused",
+        WAIT,
+        || to_leader.iter().all(|p| p.connections_refused() > 0),
+    );
+
+    // Down past the bound: nothing was done, and the client is told so.
+    let mut r = c.conn(f);
+    r.send(&frame(5, b"k", Some(b"r")));
+    common::fault_proxy::poll_until("the request parked", WAIT, || parked(&c, f) == 1.0);
+    assert_eq!(
+        r.read_byte_or_eof(),
+        Some(b'-'),
+        "answered - (never sent), not closed unanswered"
+    );
+    assert_eq!(parked(&c, f), 0.0);
+
+    // Back within the bound: the waiting request goes to the leader.
+    let mut w = c.conn(f);
+    w.send(&frame(5, b"k", Some(b"w")));
+    common::fault_proxy::poll_until("the request parked", WAIT, || parked(&c, f) == 1.0);
+    for p in to_leader {
+        p.refuse(false);
+    }
+    assert_eq!(w.read_byte(), b'+', "served once the link is back");
+    let held = keys(c.nodes[l].as_ref().unwrap().admin_addr);
+    assert!(
+        held.iter().any(|k| k.key == b"k" && k.source == b"w"),
+        "held at the leader"
+    );
+}

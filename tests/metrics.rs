@@ -800,6 +800,7 @@ fn cluster_series_and_readiness_follow_every_shard_serving() {
         commit: 40,
         applied: 38,
         leader_changes: 3,
+        forwards_parked: 4,
     };
     r.set_shard(0, &g);
     // One shard serving is not enough: clients of the other would be refused.
@@ -827,6 +828,7 @@ fn cluster_series_and_readiness_follow_every_shard_serving() {
         "ringlock_raft_serving{shard=\"1\"} 1",
         "ringlock_raft_leader_changes_total{shard=\"0\"} 3",
         "ringlock_raft_apply_lag{shard=\"0\"} 2",
+        "ringlock_lc_forwards_parked{shard=\"1\"} 4",
         "ringlock_raft_follower_lag{shard=\"0\",peer=\"1\"} 4",
         "ringlock_raft_follower_lag{shard=\"0\",peer=\"3\"} 0",
         "ringlock_raft_commit_latency_seconds_bucket{le=\"0.0025\"} 1",

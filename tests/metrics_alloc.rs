@@ -110,6 +110,7 @@ fn raft_updates_never_allocate() {
                     commit: i,
                     applied: i,
                     leader_changes: i,
+                    forwards_parked: i,
                 },
             );
             r.set_follower_lag(shard, 2, Some(i));

@@ -400,8 +400,10 @@ fn malformed_forwarding_frames_close_the_link_and_change_nothing() {
         lock_works(&c, &format!("after-{k}"));
     }
     // A follower still forwards. The forged links replaced real ones, whose
-    // ends redial: a request that meets a link going down is closed
-    // unanswered (its outcome unknown), and the next one is served.
+    // ends redial: a request that meets the link to the leader down waits
+    // for it (tests/cluster_forward.rs), but one queued on a link that
+    // fails before it is read is closed unanswered (its outcome unknown),
+    // and the next one is served.
     use std::io::{Read, Write};
     let f = (0..3).find(|&i| i != l).unwrap();
     let mut tries = Vec::new();

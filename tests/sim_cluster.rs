@@ -603,6 +603,11 @@ impl World {
                 from + 1
             ));
         }
+        // The sender's link is ready to carry requests (in the driver: its
+        // TLS handshake, which comes before the Hello, is done).
+        if let Some(s) = self.nodes[from].shards.get_mut(g) {
+            s.on_peer_link_ready(to as u64 + 1);
+        }
     }
 
     // ----- clients ----------------------------------------------------------

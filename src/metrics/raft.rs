@@ -23,6 +23,9 @@ pub struct RaftGauges {
     pub applied: u64,
     /// Times the known leader changed (a counter kept by the loop).
     pub leader_changes: u64,
+    /// Locking-Center requests this shard holds until a leader it can
+    /// reach serves (an election, or the link to the leader down).
+    pub forwards_parked: u64,
 }
 
 pub(super) struct RaftShard {
@@ -33,6 +36,7 @@ pub(super) struct RaftShard {
     commit: AtomicU64,
     applied: AtomicU64,
     leader_changes: AtomicU64,
+    forwards_parked: AtomicU64,
     /// Per peer (in `RaftMetrics::peers` order); `u64::MAX`: not known
     /// (this node does not lead the group).
     follower_lag: Box<[AtomicU64]>,
@@ -62,7 +66,9 @@ pub struct RaftMetrics {
 pub enum ForwardOutcome {
     /// The leader's answer was passed on.
     Answered,
-    /// The leader or the link went away first: answered `-`.
+    /// The leader or the link went away first: the connection closed
+    /// unanswered (outcome unknown), or `-` for a request that waited out
+    /// its bound for a leader (nothing was done).
     Failed,
 }
 
@@ -92,6 +98,7 @@ impl RaftMetrics {
                     commit: AtomicU64::new(0),
                     applied: AtomicU64::new(0),
                     leader_changes: AtomicU64::new(0),
+                    forwards_parked: AtomicU64::new(0),
                     follower_lag: peers.iter().map(|_| AtomicU64::new(LAG_UNKNOWN)).collect(),
                     dropped: [const { AtomicU64::new(0) }; Reason::COUNT],
                 })
@@ -123,6 +130,7 @@ impl RaftMetrics {
         s.commit.store(g.commit, Relaxed);
         s.applied.store(g.applied, Relaxed);
         s.leader_changes.store(g.leader_changes, Relaxed);
+        s.forwards_parked.store(g.forwards_parked, Relaxed);
     }
 
     /// Shard `shard`'s counts of refused peer messages, per reason (in
@@ -177,7 +185,7 @@ impl RaftMetrics {
     /// The series with one value per shard: term, leader, serving, commit
     /// and apply progress.
     fn render_per_shard_series(&self, w: &mut String) {
-        let per_shard: [PerShard; 8] = [
+        let per_shard: [PerShard; 9] = [
             ("raft_term", "Current Raft term, per shard (Raft group).", "gauge", |s| {
                 s.term.load(Relaxed)
             }),
@@ -222,6 +230,12 @@ impl RaftMetrics {
                 "Committed entries not yet applied (commit index - applied index), per shard.",
                 "gauge",
                 |s| s.commit.load(Relaxed).saturating_sub(s.applied.load(Relaxed)),
+            ),
+            (
+                "lc_forwards_parked",
+                "Locking-Center requests this node holds for the leader, per shard: no leader is known (an election) or the link to it is down; sent once one can take them, answered - past three election timeouts (nothing was done).",
+                "gauge",
+                |s| s.forwards_parked.load(Relaxed),
             ),
         ];
         for (name, help, kind, value) in per_shard {
@@ -281,7 +295,7 @@ impl RaftMetrics {
         header(
             w,
             "lc_forwarded_total",
-            "Locking-Center requests this node passed to the leader because it does not serve, by outcome: the leader's answer relayed, or failed (answered - because the leader or its link went away first).",
+            "Locking-Center requests this node passed to the leader because it does not serve, by outcome: the leader's answer relayed, or failed (the leader or its link went away first: the connection closed unanswered, or - for a request that waited out its bound for a leader).",
             "counter",
         );
         for (i, label) in ["answered", "failed"].iter().enumerate() {

@@ -10,9 +10,11 @@
 //! the node it knows as group 0's leader (the node every group follows).
 //! The connection waits in [`State::Forwarded`] until the leader's Answer,
 //! which it relays like its own answer. It sends only while a link *from*
-//! the leader is up (the answer's way back); with no leader known (an
-//! election), or told by the node it asked that it does not serve, the
-//! request is **parked** and sent once a leader is known, for up to
+//! the leader is up (the answer's way back) and its link *to* the leader
+//! is ready (TLS handshake done); with no leader known (an election),
+//! either link down, a Forward the link could not take, or told by the
+//! node it asked that it does not serve, the request never left and is
+//! **parked**, and sent once a leader and its links are, for up to
 //! [`Forwards::PARK_ELECTIONS`] election timeouts, then answered `-`
 //! (nothing was done): a failover costs a follower's client a wait, not an
 //! error. A Persist reveals no lock state and is answered locally; session
@@ -84,10 +86,12 @@ impl Shard {
     }
 
     /// The node a forwarded request goes to now: the leader this node
-    /// knows of, when a link from it is up (its answer's way back).
+    /// knows of, when a link from it is up (its answer's way back) and the
+    /// link to it is ready (the request's way there).
     fn forward_node(&self) -> Option<u64> {
         let (leader, me) = self.known_leader()?;
-        let linked = self.forwards.inbound.get(&leader).is_some_and(|&n| n > 0);
+        let linked = self.forwards.inbound.get(&leader).is_some_and(|&n| n > 0)
+            && self.forwards.ready.contains(&leader);
         (leader != 0 && leader != me && linked && !self.stopping).then_some(leader)
     }
 
@@ -214,6 +218,15 @@ impl Shard {
                 });
             }
         }
+    }
+
+    /// Requests waiting for a leader this node can send them to.
+    pub(super) fn forwards_parked(&self) -> u64 {
+        self.forwards
+            .waiting
+            .values()
+            .filter(|w| w.node == 0)
+            .count() as u64
     }
 
     /// Whether forwarded request `id` was sent (its outcome is then the
@@ -379,6 +392,40 @@ impl Shard {
     /// A link from `node` came up (its Hello was accepted).
     pub(super) fn forward_link_up(&mut self, node: u64) {
         *self.forwards.inbound.entry(node).or_insert(0) += 1;
+        self.send_parked_forwards();
+    }
+
+    /// The link to `node` is ready to carry requests (from the driver: its
+    /// TLS handshake is done, or, without TLS, it connected): requests
+    /// parked for want of it go now.
+    pub fn on_peer_link_ready(&mut self, node: u64) {
+        self.forwards.ready.insert(node);
+        self.send_parked_forwards();
+        self.apply_effects();
+    }
+
+    /// Sends the parked requests a leader can take now (their order kept).
+    fn send_parked_forwards(&mut self) {
+        if self.forward_node().is_none() {
+            return;
+        }
+        let parked: Vec<u64> = self
+            .forwards
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.node == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in parked {
+            self.send_forward(id);
+        }
+    }
+
+    /// The link to `node` failed (from the driver): it carries no request
+    /// until it is ready again, and those it carried fail.
+    pub(super) fn forward_link_down(&mut self, node: u64) {
+        self.forwards.ready.remove(&node);
+        self.forward_link_lost(node, "the link to the leader failed");
     }
 
     /// A link from `node` failed (the driver): answers it was carrying may
@@ -393,29 +440,50 @@ impl Shard {
     }
 
     /// `frame`, for `node`, must arrive but could not be queued on its
-    /// link (down, or full): as if the link failed. An Answer `+` that
-    /// never left this node cannot have reached its client: its grant is
-    /// given back here.
+    /// link (down, or full; the driver closes a full one after this). A
+    /// Forward that never left this node did nothing anywhere: it is
+    /// parked again, for the next leader or link that can take it. Any
+    /// other frame is as if the link failed; an Answer `+` that never left
+    /// cannot have reached its client: its grant is given back here.
     pub fn on_peer_undeliverable(&mut self, node: u64, frame: &[u8]) {
-        if let Ok(Some((kind, payload, _))) = wire::next_frame(frame, wire::FRAME_MAX) {
-            if let Ok(Forwarding::Answer {
-                grant: Some(grant), ..
-            }) = wire::decode_forwarding(kind, payload)
-            {
-                if self.may_serve() {
-                    self.metrics.undelivered_grant();
-                    let now = self.now;
-                    self.table
-                        .release_grant(grant.0, grant.1, now, &mut self.fx);
+        let decoded = match wire::next_frame(frame, wire::FRAME_MAX) {
+            Ok(Some((kind, payload, _))) => wire::decode_forwarding(kind, payload).ok(),
+            _ => None,
+        };
+        match decoded {
+            Some(Forwarding::Forward { id, .. }) => {
+                if let Some(w) = self.forwards.waiting.get_mut(&id) {
+                    if w.node == node {
+                        w.node = 0;
+                        w.orphan_us = 0;
+                        log!(
+                            Level::Debug,
+                            "lc_forward_parked",
+                            "id={} peer={} reason=\"the link to the leader cannot take it\"",
+                            id,
+                            node
+                        );
+                    }
                 }
+                // Not ready: nothing more goes there until it is again.
+                self.forwards.ready.remove(&node);
             }
+            Some(Forwarding::Answer {
+                grant: Some(grant), ..
+            }) if self.may_serve() => {
+                self.metrics.undelivered_grant();
+                let now = self.now;
+                self.table
+                    .release_grant(grant.0, grant.1, now, &mut self.fx);
+                self.forward_link_lost(node, "the link to the follower is down");
+            }
+            _ => self.forward_link_lost(node, "the link to the peer is down"),
         }
-        self.forward_link_lost(node, "the link to the leader is down");
         self.apply_effects();
     }
 
     /// The way to or from `node` is broken.
-    pub(super) fn forward_link_lost(&mut self, node: u64, why: &str) {
+    fn forward_link_lost(&mut self, node: u64, why: &str) {
         self.fail_sent(|w| w.node == node, why);
         // The leader's side: that follower's requests lose their way back.
         let theirs: Vec<u32> = self

@@ -286,7 +286,7 @@ impl Shard {
         if let Some(r) = self.journal.replica_mut() {
             r.replica.forget_heard(node);
         }
-        self.forward_link_lost(node, "the link to the leader failed");
+        self.forward_link_down(node);
         self.apply_effects();
     }
 

@@ -296,7 +296,15 @@ impl Loop {
         let out = &mut self.peers().outbound[o];
         out.queue.clear();
         out.queue.extend_from_slice(&hello);
+        let plaintext = out.tls.is_none();
         self.kick_send(o);
+        // Without TLS nothing more is learned of the peer: the link carries
+        // requests now (behind the Hello). With TLS, once the handshake is
+        // done (on_peer_watch).
+        let out = &self.peers().outbound[o];
+        if plaintext && out.state == OutState::Up && !out.dead {
+            self.shard.on_peer_link_ready(node);
+        }
     }
 
     /// A frame for `node` from the shard. `Err(Some(o))`: dropped because
@@ -328,10 +336,12 @@ impl Loop {
         let Err(full) = self.send_peer(node, &frame) else {
             return;
         };
+        // The shard first: a Forward that never left is parked again before
+        // the link's failure fails the requests that did leave on it.
+        self.shard.on_peer_undeliverable(node, &frame);
         if let Some(o) = full {
             self.fail_outbound(o, libc::ENOBUFS);
         }
-        self.shard.on_peer_undeliverable(node, &frame);
     }
 
     /// Starts the next send if none is in flight: the queued frames (with
@@ -468,10 +478,12 @@ impl Loop {
             return;
         }
         let mut why = None;
+        let mut handshake_done = false;
         if res > 0 && !out.dead {
             match out.tls.as_mut() {
                 None => why = Some("bytes on an outbound link".to_string()),
                 Some(t) => {
+                    let handshaking = t.is_handshaking();
                     let mut plain = Vec::new();
                     match tlsio::input(t, &buf[..res as usize], &mut plain) {
                         Err(e) => why = Some(e),
@@ -479,7 +491,7 @@ impl Loop {
                         Ok(false) if !plain.is_empty() => {
                             why = Some("data from the peer on an outbound link".into())
                         }
-                        Ok(false) => {}
+                        Ok(false) => handshake_done = handshaking && !t.is_handshaking(),
                     }
                 }
             }
@@ -492,7 +504,13 @@ impl Loop {
                 // being shut down, and its fd is not ours to read).
                 let out = &self.peers().outbound[o];
                 if out.state == OutState::Up && !out.dead {
+                    let node = out.node;
                     self.arm_watch(o);
+                    if handshake_done {
+                        // The peer proved it is the node dialed: the link
+                        // carries forwarded requests from now on.
+                        self.shard.on_peer_link_ready(node);
+                    }
                 }
                 return;
             }

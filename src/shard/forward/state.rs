@@ -2,7 +2,7 @@
 //! waiting for the leader, a leader's slots serving other nodes'
 //! requests, and the links they came on. `forward.rs` keeps the rules.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::Token;
 use crate::shard::conn::Conn;
@@ -17,6 +17,11 @@ pub(in crate::shard) struct Forwards {
     pub(super) serving: BTreeMap<(u64, u64), u32>,
     /// Live links from each node (a leader's answers come on its link).
     pub(super) inbound: BTreeMap<u64, u32>,
+    /// Nodes whose link from this shard is ready to carry a request (its
+    /// TLS handshake done): a Forward is queued only there, so that one
+    /// that cannot leave this node stays parked (nothing was done) instead
+    /// of meeting a link still dialing and being given up.
+    pub(super) ready: BTreeSet<u64>,
 }
 
 /// A follower's request waiting for the leader.

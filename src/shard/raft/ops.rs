@@ -69,6 +69,7 @@ impl Shard {
     /// Publishes this shard's replication figures (once per tick, from
     /// `end_tick`); nothing without replication.
     pub(in crate::shard) fn publish_raft(&mut self) {
+        let forwards_parked = self.forwards_parked();
         let Some(r) = self.journal.replica_mut() else {
             return;
         };
@@ -86,6 +87,7 @@ impl Shard {
                 commit: rep.commit_index(),
                 applied: rep.applied_index(),
                 leader_changes: r.stats.leader_changes,
+                forwards_parked,
             },
         );
         m.set_dropped(self.me, &r.dropped);
