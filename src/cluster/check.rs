@@ -275,7 +275,7 @@ fn check_bounds(m: &Message, t: MessageType, notes: &[(u32, u64)]) -> Result<(),
             ),
         );
     }
-    // The configuration notices (`extensions::EXCLUDED_FIELD`) keep this node
+    // The configuration notices (`wire::EXCLUDED_FIELD`) keep this node
     // from serving until it applied that far: an index beyond any log's
     // would keep it from serving for good.
     for &(g, i) in notes {

@@ -7,13 +7,13 @@
 //! message crosses cores inside a node.
 //!
 //! - [`replica`]: the group's Raft node, driven by hand (pure).
-//! - [`storage`]: raft-rs's `Storage` of a replica (in memory).
 //! - [`check`]: what every peer message must be before raft-rs sees it.
-//! - [`extensions`]: the fields a node adds to raft-rs's messages.
-//! - [`store`]: the log file's records (entries, hard state) and replay.
+//! - [`store`]: the log file's records (entries, hard state) and replay,
+//!   and raft-rs's `Storage` of a replica (the same log, in memory).
 //! - [`files`]: a node's log files — one per group, named from
 //!   `--data-path` — opened, replayed and upgraded at start.
-//! - [`wire`]: the frames of a peer link.
+//! - [`wire`]: the frames of a peer link, and the fields a node adds to
+//!   raft-rs's messages.
 //!
 //! The shard (see `shard::raft`) decides on its table as a single node
 //! does, proposes the records of each batch as one entry, and holds every
@@ -21,10 +21,8 @@
 //! same records. See docs/cluster.md for what a client sees.
 
 pub mod check;
-pub mod extensions;
 pub mod files;
 pub mod replica;
-pub mod storage;
 pub mod store;
 pub mod wire;
 

@@ -39,8 +39,8 @@
 //! This file has the replica, its set-up, clock, peer messages, proposals
 //! and readies; `replica/members.rs` its configuration (membership
 //! changes, joining, exclusion notices), `replica/snapshots.rs` its
-//! snapshots and compaction. raft-rs's `Storage` is [`super::storage`];
-//! the fields added to every message sent, [`super::extensions`].
+//! snapshots and compaction. raft-rs's `Storage` is [`super::store::Store`];
+//! the fields added to every message sent are in [`super::wire`].
 
 mod members;
 mod snapshots;
@@ -53,10 +53,10 @@ use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 
 use super::check::{Reason, Refusal};
-use super::extensions::{decode_excluded, FEATURES_FIELD, FEATURE_LONG_SOURCES, FEATURE_SESSIONS};
-pub use super::extensions::{encode_excluded, encode_message, EXCLUDED_FIELD};
-use super::storage::Store;
 use super::store;
+use super::store::Store;
+use super::wire::{decode_excluded, FEATURES_FIELD, FEATURE_LONG_SOURCES, FEATURE_SESSIONS};
+pub use super::wire::{encode_excluded, encode_message, EXCLUDED_FIELD};
 
 /// The context raft-rs gives a hand-over's campaign (raft-rs does not
 /// export its constant).
@@ -176,7 +176,7 @@ pub struct Replica {
     /// election timeout.
     heard: crate::core::idmap::IdMap<u64, u64>,
     /// What each peer's newest message announced it can read
-    /// ([`FEATURES`](super::extensions::FEATURES); 0 for a node of an
+    /// ([`FEATURES`](super::wire::FEATURES); 0 for a node of an
     /// earlier version).
     features: crate::core::idmap::IdMap<u64, u64>,
     /// The lease: the tick of the newest heartbeat round a quorum

@@ -690,7 +690,7 @@ fn a_vote_nobody_was_asked_for_is_refused() {
 /// Sessions are gated apart: that peer still reads session records.
 #[test]
 fn long_sources_wait_for_every_peer_to_announce_them() {
-    use super::super::extensions::FEATURES;
+    use super::super::wire::FEATURES;
     let mut nodes: Vec<Replica> = (1..=3).map(|id| replica(id, vec![1, 2, 3])).collect();
     run(&mut nodes, 60);
     let l = nodes.iter().position(|n| n.serving()).expect("a leader");
