@@ -1,5 +1,5 @@
-//! The node's certificates (`--certs-dir`), shared by every shard and
-//! replaced whole on SIGHUP.
+//! The node's certificates (`--certs-dir`), shared by every shard (one
+//! [`Certs`] per server, in `mesh::Shared`) and replaced whole on SIGHUP.
 //!
 //! A reload reads and validates the whole directory first
 //! ([`crate::tls::NodeTls::load`]); a file that does not parse, a key that

@@ -122,7 +122,8 @@ impl Loop {
         let result = tlsio::input(&mut t.conn, cipher, &mut plain);
         if let Some(t0) = t0 {
             ct.budget = ct.budget.saturating_sub(1);
-            self.metrics
+            self.shared
+                .metrics
                 .security
                 .tls_handshake_time(super::sys::now().mono_us.saturating_sub(t0));
         }
@@ -131,7 +132,10 @@ impl Loop {
             Err(e) => {
                 let now = super::sys::now().mono_us;
                 if handshaking {
-                    self.metrics.security.tls_handshake(Handshake::Failed);
+                    self.shared
+                        .metrics
+                        .security
+                        .tls_handshake(Handshake::Failed);
                 }
                 if now >= ct.log_after_us {
                     ct.log_after_us = now + 1_000_000;
@@ -154,7 +158,7 @@ impl Loop {
             Ok(closed) => {
                 if handshaking && !t.conn.is_handshaking() {
                     t.established = true;
-                    self.metrics.security.tls_handshake(Handshake::Ok);
+                    self.shared.metrics.security.tls_handshake(Handshake::Ok);
                     established_now = Some(match crate::tls::peer_identity(&t.conn) {
                         Some(crate::tls::Identity::Client(name)) => Some(name),
                         _ => None,
@@ -311,7 +315,10 @@ impl Loop {
             let waiting =
                 c.token == token && !c.closing && c.tls.as_ref().is_some_and(|t| !t.established);
             if waiting {
-                self.metrics.security.tls_handshake(Handshake::TimedOut);
+                self.shared
+                    .metrics
+                    .security
+                    .tls_handshake(Handshake::TimedOut);
                 log!(
                     Level::Debug,
                     "tls_timeout",

@@ -9,7 +9,6 @@
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::RawFd;
-use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
@@ -17,13 +16,12 @@ use io_uring::{opcode, types, IoUring};
 use super::buf::Slot;
 use super::conn_slot::DConn;
 use super::logio_state::{self, LogIo};
-use super::mesh::{MeshEnd, Msg};
+use super::mesh::{MeshEnd, Msg, Shared};
 use super::peer::links::Peers;
 use super::user_data::{self as ring_io, Op};
-use super::{certs, clienttls_state, poll};
+use super::{clienttls_state, poll};
 use crate::core::Token;
 use crate::log::Level;
-use crate::metrics::Metrics;
 use crate::shard::conn::Port;
 use crate::shard::{Cmd, Shard};
 use crate::wal::log::Chain;
@@ -40,7 +38,6 @@ pub(super) struct Loop {
     pub(super) conns: Vec<DConn>,
     pub(super) shard: Shard,
     pub(super) log: Option<LogIo>,
-    pub(super) metrics: Arc<Metrics>,
     pub(super) cqes: Vec<(u64, i32, u32)>,
     pub(super) cmds: Vec<Cmd>,
     /// Log chains concluded without a completion (the temp file could not
@@ -51,8 +48,11 @@ pub(super) struct Loop {
     pub(super) stop_requested: bool,
     /// Links to the other shards (none with one shard).
     pub(super) mesh: Option<MeshEnd>,
-    /// Every shard's ring fd (the doorbells' targets).
-    pub(super) ring_fds: Arc<Vec<AtomicI32>>,
+    /// What the shard threads share (see [`Shared`]): every shard's ring
+    /// fd (the doorbells' targets), the metrics, `--certs-dir`'s
+    /// certificates (shard 0 reloads them on SIGHUP, every shard's new
+    /// connections take the current set).
+    pub(super) shared: Arc<Shared>,
     pub(super) inbox: Vec<Msg>,
     /// `Config::idle_poll_us`, 0 where shards share a CPU.
     pub(super) idle_poll_us: u64,
@@ -61,9 +61,6 @@ pub(super) struct Loop {
     pub(super) poll: poll::PollWindow,
     /// Cluster mode: the Raft links of this shard.
     pub(super) peers: Option<Peers>,
-    /// `--certs-dir`: the node's certificates; shard 0 reloads them on
-    /// SIGHUP, every shard's new connections take the current set.
-    pub(super) certs: Option<Arc<certs::Certs>>,
     /// `--certs-dir`: TLS on the lock and admin ports.
     pub(super) client_tls: Option<clienttls_state::ClientTls>,
 }
@@ -169,7 +166,7 @@ impl Loop {
     /// SIGHUP: re-reads `--certs-dir` (validated whole first; on an error
     /// the certificates in use stay, and the log says why).
     fn reload_certs(&mut self) {
-        let Some(c) = self.certs.as_ref() else {
+        let Some(c) = self.shared.certs.as_ref() else {
             log!(
                 Level::Info,
                 "signal",
@@ -179,8 +176,9 @@ impl Loop {
         };
         match c.reload() {
             Ok(()) => {
-                self.metrics.security.cert_reload(true);
-                self.metrics
+                self.shared.metrics.security.cert_reload(true);
+                self.shared
+                    .metrics
                     .security
                     .set_cert_not_after_s(c.not_after_unix_s());
                 log!(
@@ -191,7 +189,7 @@ impl Loop {
                 );
             }
             Err(e) => {
-                self.metrics.security.cert_reload(false);
+                self.shared.metrics.security.cert_reload(false);
                 log!(
                     Level::Error,
                     "certs_reload_failed",

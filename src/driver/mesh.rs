@@ -1,21 +1,52 @@
-//! Messages between shards: one bounded single-producer single-consumer
-//! queue per ordered pair of shards (`rtrb`, wait-free, no lock), and an
-//! `IORING_OP_MSG_RING` doorbell that posts a completion on the receiver's
-//! ring so a shard asleep in `io_uring_enter` wakes up. Every request,
-//! answer, connection and session a shard hands another goes this way.
+//! Everything shard threads share. They share nothing except through
+//! this module: its queues and doorbells, which carry every request,
+//! answer, connection and session one shard hands another, and
+//! [`Shared`], the one handle to what they hold in common, built once by
+//! `Server::bind` and given to every shard thread.
 //!
-//! Besides these queues, shard threads share only counters and flags, none
-//! of them a lock table's state: the key and waiter [`Budget`]
-//! (`--max-keys`/`--max-waiters` for the whole server: two atomic counts),
-//! the connection count of `--max-connections` (`ConnCounts`), each shard's
-//! ring fd (this doorbell's target) and the start barrier, the metrics
-//! registry (each shard writes its own atomics, the metrics thread reads),
-//! the node's certificates (read-only), and in cluster mode the
-//! `NodeView` (which node leads each group, which shards serve, each
-//! group's applied configuration: atomics, and a `Mutex` per group's
-//! configuration). Moving those behind this module is issue #32's.
+//! Messages: one bounded single-producer single-consumer queue per
+//! ordered pair of shards (`rtrb`, wait-free, no lock), and an
+//! `IORING_OP_MSG_RING` doorbell that posts a completion on the receiver's
+//! ring so a shard asleep in `io_uring_enter` wakes up.
+//!
+//! [`Shared`] holds only what a message cannot do, none of it a lock
+//! table's state; each field says why it is an atomic, a `Mutex` or
+//! read-only instead of a message:
+//! - each shard's ring fd and the start barrier (the doorbells' targets:
+//!   needed before any message can be sent);
+//! - the key and waiter [`Budget`] (`--max-keys`/`--max-waiters` for the
+//!   whole server: two atomic counts) and the connection count of
+//!   `--max-connections` ([`ConnCounts`]): each limit is the server's,
+//!   checked at once by the shard that would add a key, a waiter or a
+//!   connection (a message would add a round trip to each);
+//! - in cluster mode the [`NodeView`] (which node leads each group, which
+//!   shards serve, each group's applied configuration: atomics, and a
+//!   `Mutex` per group's configuration): what every shard reads of the
+//!   other groups on its own requests;
+//! - the metrics registry (atomics the shards write, read by the metrics
+//!   endpoint's thread, which has no ring): the one item made elsewhere,
+//!   by `Server::bind`'s caller, which gives it to that thread too;
+//! - the node's certificates (read at each accept and dial; replaced whole
+//!   on SIGHUP by shard 0: a `Mutex` and a generation atomic);
+//! - the generation counter of accepted peer links (one atomic).
+//!
+//! The shard layer does not see this module (`src/shard` does not import
+//! the driver): start-up (`start.rs`) hands it clones of what it uses out
+//! of [`Shared`] — the [`Budget`] in each shard's table, the [`NodeView`]
+//! in each group's replica, the [`ConnCounts`] through `Shard::place`, the
+//! metrics through `Shard::new`.
+//!
+//! The only other things shard threads touch in common are process-wide
+//! leaves below every layer, none of them shard state: the log level (set
+//! by the binary before the shards start) and stderr's lock (one per log
+//! line), the thread that closes replaced log files (`wal::retire`: a
+//! channel behind a `Mutex`), the read-only zero mapping preallocation
+//! writes from (`wal::zeros`), the TLS crypto provider (built once,
+//! read-only), and the kernel's `SO_REUSEPORT` group of each port.
 //!
 //! [`Budget`]: crate::core::Budget
+//! [`ConnCounts`]: crate::shard::ConnCounts
+//! [`NodeView`]: crate::shard::raft::NodeView
 //!
 //! Backpressure: a message that does not fit in its queue waits in a
 //! per-destination outbox, flushed every tick. The outbox is bounded for
@@ -25,9 +56,15 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
 
+use super::certs::Certs;
+use crate::core::{Budget, Limits};
+use crate::metrics::Metrics;
+use crate::shard::raft::NodeView;
 use crate::shard::session::SessMsg;
-use crate::shard::{Detached, RemoteOp, RemoteResult};
+use crate::shard::{ConnCounts, Detached, RemoteOp, RemoteResult};
 
 /// Slots per queue (per ordered pair of shards).
 pub const QUEUE_SLOTS: usize = 1024;
@@ -149,6 +186,91 @@ impl MeshEnd {
                 out.push(m);
             }
         }
+    }
+}
+
+/// What the shard threads of one server share besides the queues (see the
+/// module): built once by `Server::bind`, one `Arc` of it per shard.
+pub struct Shared {
+    /// Each shard's ring fd, the doorbells' targets: -1 until the shard
+    /// has tried to build its ring, -2 if it could not. Atomics: every
+    /// shard publishes its own before the start barrier and reads the
+    /// others' after it (a message needs the fd to be sent).
+    ring_fds: Vec<AtomicI32>,
+    /// Every shard waits here for the others' ring fds before it runs.
+    start: Barrier,
+    /// `--max-keys`/`--max-waiters` for the whole server: two atomic
+    /// counts, taken by the shard that creates a key or a waiter (a
+    /// compare-and-swap, never above the limit) and given back by the one
+    /// that frees it. A message to a keeper of the count would make every
+    /// new key wait a round trip.
+    pub(super) budget: Budget,
+    /// `--max-connections`: the open connections of every shard, per port
+    /// (atomics, checked at each accept, on the accepting shard, for the
+    /// same reason).
+    pub(super) conns: Arc<ConnCounts>,
+    /// Cluster mode: what this node's shards tell each other of their
+    /// groups. Atomics (leader, serving, voter, a peer's exclusion
+    /// notice per group) that a shard writes as its group changes (a
+    /// notice: as it comes, on any group's link) and every shard reads
+    /// on its own requests and ticks (the node serves only while every
+    /// shard does); each group's applied configuration is a member list,
+    /// under a `Mutex` (written at a membership change, read when a peer
+    /// is told of it).
+    pub(super) view: Option<Arc<NodeView>>,
+    /// The metrics registry (given by `Server::bind`'s caller), also read
+    /// by the metrics endpoint's thread, which has no ring to get a
+    /// message: atomics, most of them one shard's own.
+    pub(super) metrics: Arc<Metrics>,
+    /// `--certs-dir`: read at each accept and dial, replaced whole on
+    /// SIGHUP by shard 0 (a `Mutex` and a generation atomic; see
+    /// [`Certs`]).
+    pub(super) certs: Option<Arc<Certs>>,
+    /// The generation of the next accepted peer link (one counter for the
+    /// node's shards; relaxed: it only tells one link's completions from
+    /// an earlier link's in the same slot).
+    peer_link_gen: AtomicU32,
+}
+
+impl Shared {
+    /// The state `shards` shard threads share: `limits` for the budget, a
+    /// [`NodeView`] of `shards` groups for a cluster node.
+    pub(super) fn new(
+        shards: usize,
+        limits: Limits,
+        cluster: bool,
+        metrics: Arc<Metrics>,
+        certs: Option<Arc<Certs>>,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            ring_fds: (0..shards).map(|_| AtomicI32::new(-1)).collect(),
+            start: Barrier::new(shards),
+            // One budget for every shard: the limits are the server's.
+            budget: Budget::new(limits),
+            conns: Arc::new(Default::default()),
+            view: cluster.then(|| NodeView::new(shards)),
+            metrics,
+            certs,
+            peer_link_gen: AtomicU32::new(1),
+        })
+    }
+
+    /// Publishes shard `me`'s ring fd (-2: it has none), waits until every
+    /// shard has, and tells whether every shard has a ring.
+    pub(super) fn start(&self, me: usize, ring_fd: RawFd) -> bool {
+        self.ring_fds[me].store(ring_fd, Ordering::Release);
+        self.start.wait();
+        !self.ring_fds.iter().any(|f| f.load(Ordering::Acquire) < 0)
+    }
+
+    /// Shard `to`'s ring fd, a doorbell's target.
+    pub(super) fn ring_fd(&self, to: usize) -> RawFd {
+        self.ring_fds[to].load(Ordering::Acquire)
+    }
+
+    /// A generation for an accepted peer link.
+    pub(super) fn next_peer_link_gen(&self) -> u32 {
+        self.peer_link_gen.fetch_add(1, Ordering::Relaxed)
     }
 }
 

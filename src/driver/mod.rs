@@ -53,14 +53,16 @@
 //!   dialing and outbound links; `inbound.rs`: accepted links).
 //! - `tlsio.rs`: rustls over the loop's own buffers (ciphertext in and
 //!   out; no thread, no socket call); `certs.rs`: the node's certificates,
-//!   shared by every shard and replaced whole on SIGHUP.
+//!   shared by every shard (through [`mesh::Shared`]) and replaced whole
+//!   on SIGHUP.
 //! - `sys.rs`: the libc calls outside the ring (bind, peer address, fd
 //!   limit, signalfd, CPU affinity, clocks); [`allowed_cpus`];
 //!   `port_owner.rs`: who holds a port a bind found in use.
 //! - [`buf`]: the buffer lent to the kernel and its owner states.
 //! - [`user_data`]: the `user_data` codec.
 //! - [`poll`]: the adaptive idle-poll window.
-//! - [`mesh`]: the message queues between shards.
+//! - [`mesh`]: the message queues between shards, and [`mesh::Shared`],
+//!   everything else the shard threads share (built once by `start.rs`).
 //! - [`faults`]: test-only fault injection into the log's I/O.
 
 pub mod buf;

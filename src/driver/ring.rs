@@ -5,7 +5,6 @@
 //! submissions; with the mesh's messages and doorbells between them.
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use io_uring::{opcode, types, IoUring};
 
@@ -128,12 +127,12 @@ impl Loop {
         // Recovery may have restored held keys: publish before serving.
         self.shard.begin_tick(now());
         self.shard.end_tick();
-        self.metrics.set_ready();
+        self.shared.metrics.set_ready();
         let me = self.shard.index();
         loop {
             self.wait()?;
             let t = now();
-            self.metrics.loop_heartbeat(me, t.mono_us / 1000);
+            self.shared.metrics.loop_heartbeat(me, t.mono_us / 1000);
             self.shard.begin_tick(t);
             self.tls_tick(t.mono_us);
             self.drain();
@@ -194,7 +193,7 @@ impl Loop {
         let targets: Vec<usize> = (0..mesh.shards()).filter(|&t| mesh.to_ring[t]).collect();
         for t in targets {
             self.mesh.as_mut().expect("a mesh").to_ring[t] = false;
-            let fd = self.ring_fds[t].load(Ordering::Acquire);
+            let fd = self.shared.ring_fd(t);
             let sqe = opcode::MsgRingData::new(
                 types::Fd(fd),
                 0,

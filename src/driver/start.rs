@@ -2,12 +2,13 @@
 //! listeners and blocks the signals; [`Server::run`] starts one thread per
 //! shard (pinned to a CPU of the affinity mask when there are several),
 //! each building its ring and [`Loop`] on that thread and publishing its
-//! ring fd to the others before any of them runs.
+//! ring fd to the others before any of them runs. What the shard threads
+//! share is built here once, as one [`Shared`] (see [`super::mesh`]), from
+//! the metrics registry the caller gives.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
 use super::certs::Certs;
@@ -15,7 +16,7 @@ use super::clienttls_state::ClientTls;
 use super::event_loop::Loop;
 use super::faults::Faults;
 use super::logio_state::LogIo;
-use super::mesh::{self, MeshEnd};
+use super::mesh::{self, MeshEnd, Shared};
 use super::poll;
 use super::ring::build_ring;
 use super::sys::{allowed_cpus, block_signals, fit_fd_limit, listen, now, pin_to};
@@ -37,8 +38,6 @@ struct ShardStart {
     /// Cluster mode: the shard's replica, its log file, its Raft listener
     /// and the other nodes' link addresses for this shard.
     raft: Option<RaftStart>,
-    /// `--certs-dir`: the node's certificates (shared by every shard).
-    certs: Option<Arc<Certs>>,
     /// The lock and admin addresses this node tells clients (Locate,
     /// `CADR`).
     advertised: (String, String),
@@ -56,7 +55,9 @@ struct RaftStart {
 /// bound, signals blocked. [`Server::run`] starts one event loop per shard.
 pub struct Server {
     cfg: Config,
-    metrics: Arc<Metrics>,
+    /// What the shard threads share (the budget, the connection count,
+    /// the metrics, the certificates, a cluster node's view, the rings).
+    shared: Arc<Shared>,
     parts: Vec<ShardStart>,
     signal_fd: RawFd,
     lock_addr: SocketAddr,
@@ -103,11 +104,13 @@ impl Server {
             max_keys: cfg.max_keys,
             max_waiters: cfg.max_waiters,
         };
-        // One budget for every shard: the limits are the server's.
-        let budget = crate::core::Budget::new(limits);
-        let mut tables: Vec<Table> = (0..n).map(|_| Table::with_budget(budget.clone())).collect();
-        let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
         let certs = load_certs(&cfg, cluster.as_ref(), &metrics)?;
+        let shared = Shared::new(n, limits, cluster.is_some(), metrics, certs);
+        let metrics = &shared.metrics;
+        let mut tables: Vec<Table> = (0..n)
+            .map(|_| Table::with_budget(shared.budget.clone()))
+            .collect();
+        let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
         if cluster.is_some() && cfg.data_path.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -150,7 +153,6 @@ impl Server {
                 log,
                 faults,
                 raft: None,
-                certs: certs.clone(),
                 advertised: (String::new(), String::new()),
             });
         }
@@ -171,13 +173,14 @@ impl Server {
             p.advertised = advertised.clone();
         }
         if let Some(c) = &cluster {
-            open_cluster(&cfg, c, &mut parts, advertise(lock_addr))?;
+            let view = shared.view.as_ref().expect("a cluster node's view");
+            open_cluster(&cfg, c, &mut parts, advertise(lock_addr), view)?;
             metrics.enable_raft(c.node_id, &c.voters(), n);
         }
         let signal_fd = block_signals()?;
         Ok(Server {
             cfg,
-            metrics,
+            shared,
             parts,
             signal_fd,
             lock_addr,
@@ -216,9 +219,6 @@ impl Server {
             );
             self.cfg.idle_poll_us = 0;
         }
-        let ring_fds: Arc<Vec<AtomicI32>> = Arc::new((0..n).map(|_| AtomicI32::new(-1)).collect());
-        let barrier = Arc::new(std::sync::Barrier::new(n));
-        let all_conns: Arc<crate::shard::ConnCounts> = Arc::new(Default::default());
         let mut meshes: Vec<Option<MeshEnd>> = if n > 1 {
             mesh::build(n).into_iter().map(Some).collect()
         } else {
@@ -230,17 +230,12 @@ impl Server {
         let (_, first) = parts.next().expect("at least one shard");
         for (i, part) in parts {
             let cfg = self.cfg.clone();
-            let metrics = self.metrics.clone();
+            let shared = self.shared.clone();
             let mesh = meshes[i].take();
-            let (fds, barrier, all) = (ring_fds.clone(), barrier.clone(), all_conns.clone());
             let cpu = self.cpus[i % self.cpus.len()];
             let h = std::thread::Builder::new()
                 .name(format!("ringlock-shard-{i}"))
-                .spawn(move || {
-                    run_shard(
-                        i, n, cpu, pin, cfg, metrics, part, mesh, None, fds, barrier, all,
-                    )
-                })?;
+                .spawn(move || run_shard(i, n, cpu, pin, cfg, shared, part, mesh, None))?;
             handles.push(h);
         }
         let cpu = self.cpus[0];
@@ -251,13 +246,10 @@ impl Server {
             cpu,
             pin,
             self.cfg,
-            self.metrics,
+            self.shared,
             first,
             mesh,
             Some(self.signal_fd),
-            ring_fds,
-            barrier,
-            all_conns,
         );
         for h in handles {
             let r = h
@@ -280,33 +272,19 @@ fn run_shard(
     cpu: usize,
     pin: bool,
     cfg: Config,
-    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
     part: ShardStart,
     mesh: Option<MeshEnd>,
     signal_fd: Option<RawFd>,
-    ring_fds: Arc<Vec<AtomicI32>>,
-    barrier: Arc<std::sync::Barrier>,
-    all_conns: Arc<crate::shard::ConnCounts>,
 ) -> io::Result<()> {
     let pinned = pin && pin_to(cpu);
-    let built = Loop::new(
-        i,
-        n,
-        cfg,
-        metrics,
-        part,
-        mesh,
-        signal_fd,
-        ring_fds.clone(),
-        all_conns,
-    );
+    let built = Loop::new(i, n, cfg, shared.clone(), part, mesh, signal_fd);
     // Everyone publishes its ring (or that it has none) before anyone runs:
     // a doorbell needs the target's ring fd.
     let fd = built.as_ref().map_or(-2, |l| l.ring.as_raw_fd());
-    ring_fds[i].store(fd, Ordering::Release);
-    barrier.wait();
+    let all_started = shared.start(i, fd);
     let mut lp = built?;
-    if ring_fds.iter().any(|f| f.load(Ordering::Acquire) < 0) {
+    if !all_started {
         return Err(io::Error::other("another shard failed to start"));
     }
     log!(
@@ -327,12 +305,10 @@ impl Loop {
         index: usize,
         n: usize,
         cfg: Config,
-        metrics: Arc<Metrics>,
+        shared: Arc<Shared>,
         part: ShardStart,
         mesh: Option<MeshEnd>,
         signal_fd: Option<RawFd>,
-        ring_fds: Arc<Vec<AtomicI32>>,
-        all_conns: Arc<crate::shard::ConnCounts>,
     ) -> io::Result<Loop> {
         let ring = build_ring(cfg.max_connections, n)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot create io_uring: {e}")))?;
@@ -346,19 +322,19 @@ impl Loop {
             ),
             (None, Some(r)) => {
                 let io = LogIo::new(r.files, part.faults, prealloc);
-                let view = part.certs.as_ref().map(|c| c.view());
+                let view = shared.certs.as_ref().map(|c| c.view());
                 let peers = super::peer::links::Peers::new(r.listener, r.peers, &r.hello, view);
                 (None, Some(io), Some((r.part, peers)))
             }
             (None, None) => (None, None, None),
         };
         let idle_poll_us = cfg.idle_poll_us;
-        let client_tls = part
+        let client_tls = shared
             .certs
             .as_ref()
             .map(|c| ClientTls::new(c.view(), cfg.client_cert_auth, cfg.frame_timeout_ms));
-        let mut shard = Shard::new(cfg, part.table, log, metrics.clone(), now());
-        shard.place(index, n, all_conns);
+        let mut shard = Shard::new(cfg, part.table, log, shared.metrics.clone(), now());
+        shard.place(index, n, shared.conns.clone());
         shard.advertise(part.advertised.0, part.advertised.1);
         let peers = raft.map(|(replica, peers)| {
             shard.enable_cluster(replica);
@@ -374,20 +350,18 @@ impl Loop {
             conns: Vec::with_capacity(cap),
             shard,
             log: log_io,
-            metrics,
             cqes: Vec::with_capacity(4096),
             cmds: Vec::with_capacity(1024),
             landings: Vec::with_capacity(2),
             closed: Vec::with_capacity(1024),
             stop_requested: false,
             mesh,
-            ring_fds,
+            shared,
             inbox: Vec::new(),
             idle_poll_us,
             poll: poll::PollWindow::new(idle_poll_us),
             peers,
             client_tls,
-            certs: part.certs,
         })
     }
 }
@@ -457,8 +431,9 @@ fn open_cluster(
     c: &crate::cluster::ClusterConfig,
     parts: &mut [ShardStart],
     lock_addr: SocketAddr,
+    view: &Arc<crate::shard::raft::NodeView>,
 ) -> io::Result<()> {
-    use crate::shard::raft::{GroupReplica, NodeView};
+    use crate::shard::raft::GroupReplica;
     let bad = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
     let path = cfg.data_path.as_ref().expect("checked");
     let n = parts.len();
@@ -471,7 +446,6 @@ fn open_cluster(
         cfg.wal_preallocate_bytes,
     )
     .map_err(bad)?;
-    let view = NodeView::new(n);
     // Given as the leader's in `not leader` hints.
     let advertise = lock_addr;
     let keep_ms = cfg.max_keepalive_ms as u64 + c.election_us() / 1000;

@@ -96,7 +96,8 @@ pub const LOCK_PIPELINE_BYTES_MAX: usize = LOCK_RECV_BUF;
 
 /// Open connections of every shard, per port (`[lock, admin]`): the admin
 /// port has its own small budget, so a flood of lock-port connections
-/// cannot lock the operator out.
+/// cannot lock the operator out. One per server, built by the driver's
+/// `mesh::Shared` and given to each shard by [`Shard::place`].
 pub type ConnCounts = [std::sync::atomic::AtomicUsize; 2];
 
 fn port_index(p: Port) -> usize {

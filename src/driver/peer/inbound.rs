@@ -57,6 +57,7 @@ impl Loop {
                 }
             },
         };
+        let gen = self.shared.next_peer_link_gen() & crate::shard::conn::GEN_MASK;
         let p = self.peers();
         let idx = match p.inbound.iter().position(Option::is_none) {
             Some(i) => i,
@@ -65,9 +66,6 @@ impl Loop {
                 p.inbound.len() - 1
             }
         };
-        static GEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
-        let gen =
-            GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & crate::shard::conn::GEN_MASK;
         p.inbound[idx] = Some(Inbound {
             fd,
             recv: Slot::Ours(vec![0u8; PENDING_RECV_BUF]),
@@ -82,7 +80,7 @@ impl Loop {
             deadline_us: now + HELLO_DEADLINE_US,
             dead: false,
         });
-        self.metrics.security.peer_link_accepted();
+        self.shared.metrics.security.peer_link_accepted();
         self.arm_peer_recv(idx);
     }
 
@@ -367,7 +365,7 @@ impl Loop {
         let lent = i.recv.is_lent() || i.send.is_lent();
         let fd = i.fd;
         if let Some(why) = why {
-            self.metrics.security.peer_link_refused();
+            self.shared.metrics.security.peer_link_refused();
             self.log_refusal(node, why);
         }
         if let Some(n) = linked {

@@ -154,7 +154,8 @@ impl Loop {
             }
         }
         let n = self.peers().inbound_links();
-        self.metrics
+        self.shared
+            .metrics
             .security
             .set_peer_links(self.shard.index(), n as u64);
     }

@@ -6,8 +6,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What this node's shards tell each other (one per node): which node
-/// leads each group, whether each shard serves, whether each is a voter
+/// What this node's shards tell each other (one per node, built by the
+/// driver's `mesh::Shared`, which gives each group's replica a clone):
+/// which node leads each group, whether each shard serves, whether each is a voter
 /// of its group, each group's applied configuration, and what the peers
 /// said of this node's membership (see `GroupReplica::excluded_notes`).
 pub struct NodeView {
