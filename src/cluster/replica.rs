@@ -162,7 +162,8 @@ pub struct Replica {
     /// The term and vote of the last hard state written to the log.
     written_vote: (u64, u64),
     /// A hard state whose only change is its commit index, not written
-    /// yet: it goes with the next write of the log (see [`Replica::ready`]).
+    /// yet: it goes with the next write of the log (see
+    /// [`Replica::write_hard_state`]).
     commit_unwritten: Option<raft::eraftpb::HardState>,
     /// Ticks since start.
     ticks: u64,
@@ -720,13 +721,50 @@ impl Replica {
             return;
         }
         let mut rd = self.node.ready();
-        for m in rd.take_messages() {
+        self.queue_messages(rd.take_messages(), out);
+        self.note_read_states(rd.take_read_states(), out);
+        let start = records.len();
+        if rd.snapshot().get_metadata().index > 0 {
+            self.take_leader_snapshot(rd.snapshot(), rd.number(), out, records);
+        }
+        out.apply.extend(rd.take_committed_entries());
+        self.append_entries(rd.entries(), records);
+        self.write_hard_state(rd.hs(), records, start);
+        let number = rd.number();
+        let msgs = rd.take_persisted_messages();
+        if !msgs.is_empty() {
+            self.held.push_back((number, msgs));
+        }
+        let empty = records.len() == start;
+        if !empty {
+            out.persist = Some(number);
+            self.inflight_max = number;
+        }
+        self.node.advance_append_async(rd);
+        self.last_number = number;
+        if empty && self.inflight_max <= self.persisted_number {
+            // Nothing to make durable, nothing earlier in flight: this
+            // ready is as persisted as the one before it.
+            self.mark_persisted(number, out);
+        }
+        self.note_role(out);
+    }
+
+    /// A ready's messages that may go now, encoded into `out` (a snapshot
+    /// sent to a node noted with the tick).
+    fn queue_messages(&mut self, msgs: Vec<Message>, out: &mut Output) {
+        for m in msgs {
             if m.get_msg_type() == MessageType::MsgSnapshot {
                 self.snapshots_sent.insert(m.to, self.ticks);
             }
             out.send.push((m.to, encode_message(&m)));
         }
-        for rs in rd.take_read_states() {
+    }
+
+    /// A ready's read states: read barriers answered (into `out`), and the
+    /// leader's lease probes a quorum acknowledged.
+    fn note_read_states(&mut self, states: Vec<raft::ReadState>, out: &mut Output) {
+        for rs in states {
             if rs.request_ctx.len() == 9 && rs.request_ctx[0] == b'R' {
                 let id = u64::from_le_bytes(rs.request_ctx[1..9].try_into().expect("8"));
                 out.reads.push((id, rs.index));
@@ -742,42 +780,62 @@ impl Replica {
                 self.lease_from = Some(self.lease_from.map_or(sent, |f| f.max(sent)));
             }
         }
-        let start = records.len();
-        if rd.snapshot().get_metadata().index > 0 {
-            // A leader's snapshot: everything this node had is replaced.
-            let snap = rd.snapshot().clone();
+    }
+
+    /// A leader's snapshot in ready `number`: everything this node had is
+    /// replaced; its record appended to `records`, the table's install
+    /// put in `out`.
+    fn take_leader_snapshot(
+        &mut self,
+        snap: &Snapshot,
+        number: u64,
+        out: &mut Output,
+        records: &mut Vec<u8>,
+    ) {
+        let snap = snap.clone();
+        self.node
+            .mut_store()
+            .mem
+            .wl()
+            .apply_snapshot(snap.clone())
+            .expect("raft-rs hands over only a newer snapshot");
+        store::encode_snapshot(&snap, records);
+        self.node.mut_store().snap = snap.clone();
+        // raft-rs may count it applied only once it is durable.
+        self.snapshot_ready = Some((number, snap.get_metadata().index));
+        let named = snap.get_metadata().get_conf_state();
+        if named.voters.contains(&self.cfg.id) || named.learners.contains(&self.cfg.id) {
+            self.joining = false;
+        }
+        out.install = Some(snap);
+    }
+
+    /// A ready's new entries: appended to the in-memory log, their records
+    /// to `records`.
+    fn append_entries(&mut self, entries: &[Entry], records: &mut Vec<u8>) {
+        if !entries.is_empty() {
             self.node
                 .mut_store()
                 .mem
                 .wl()
-                .apply_snapshot(snap.clone())
-                .expect("raft-rs hands over only a newer snapshot");
-            store::encode_snapshot(&snap, records);
-            self.node.mut_store().snap = snap.clone();
-            // raft-rs may count it applied only once it is durable.
-            self.snapshot_ready = Some((rd.number(), snap.get_metadata().index));
-            let named = snap.get_metadata().get_conf_state();
-            if named.voters.contains(&self.cfg.id) || named.learners.contains(&self.cfg.id) {
-                self.joining = false;
-            }
-            out.install = Some(snap);
-        }
-        out.apply.extend(rd.take_committed_entries());
-        {
-            let entries = rd.entries();
-            if !entries.is_empty() {
-                self.node
-                    .mut_store()
-                    .mem
-                    .wl()
-                    .append(entries)
-                    .expect("entries follow the log");
-                for e in entries {
-                    store::encode_entry(e, records);
-                }
+                .append(entries)
+                .expect("entries follow the log");
+            for e in entries {
+                store::encode_entry(e, records);
             }
         }
-        if let Some(hs) = rd.hs() {
+    }
+
+    /// A ready's hard state `hs`: kept in memory, and its record appended
+    /// to `records` when it must be written (what this ready appended
+    /// starts at `start`), else left for the next write.
+    fn write_hard_state(
+        &mut self,
+        hs: Option<&raft::eraftpb::HardState>,
+        records: &mut Vec<u8>,
+        start: usize,
+    ) {
+        if let Some(hs) = hs {
             self.node.mut_store().mem.wl().set_hardstate(hs.clone());
             self.commit_unwritten = Some(hs.clone());
         }
@@ -799,24 +857,6 @@ impl Replica {
                 self.commit_unwritten = Some(hs);
             }
         }
-        let number = rd.number();
-        let msgs = rd.take_persisted_messages();
-        if !msgs.is_empty() {
-            self.held.push_back((number, msgs));
-        }
-        let empty = records.len() == start;
-        if !empty {
-            out.persist = Some(number);
-            self.inflight_max = number;
-        }
-        self.node.advance_append_async(rd);
-        self.last_number = number;
-        if empty && self.inflight_max <= self.persisted_number {
-            // Nothing to make durable, nothing earlier in flight: this
-            // ready is as persisted as the one before it.
-            self.mark_persisted(number, out);
-        }
-        self.note_role(out);
     }
 
     fn note_role(&mut self, out: &mut Output) {

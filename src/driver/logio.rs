@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use io_uring::{opcode, types};
@@ -148,109 +148,13 @@ impl Loop {
         let io = self.log_io();
         let stream = batch.stream;
         let s = stream as usize;
-        // Test-only fault injection: a shortened or failing write goes
-        // alone, as the kernel ends a chain after a real short or failed
-        // write.
-        let Step::Write { len: planned, .. } = batch.write() else {
-            unreachable!("a batch starts with its write")
-        };
-        let (len, _no, fail) = io.faults.plan_write(planned, stream == Stream::Compact);
-        io.fail_injected[s] = fail;
-        let batch = if len < planned || fail {
-            batch.write_alone(len)
-        } else {
-            batch
-        };
+        let batch = io.with_write_fault(batch);
         io.plan.submitted(&batch);
         let op = op_of(stream);
-        let log_fd = io.files.fd();
-        let temp_fd = io.temp.as_ref().map(|f| f.as_raw_fd());
-        let fd_of = |t: Target| match t {
-            Target::Log => log_fd,
-            Target::Temp => temp_fd.expect("a temp file"),
-        };
-        let slot = io.bufs[s].as_mut().expect("the chain's buffer");
-        let tag = ring_io::encode(op, 0, STEP_WRITE);
-        let mut lent = Lent::lend(slot.take_ours(), tag);
-        let buf_ptr = lent.mut_ptr() as *const u8;
-        let buf_len = lent.len();
-        *slot = Slot::Kernel(lent);
-        let delay = if matches!(
-            batch.write(),
-            Step::Write {
-                target: Target::Log,
-                ..
-            }
-        ) && batch.len() > 1
-        {
-            io.faults.fsync_delay()
-        } else {
-            None
-        };
-        let link = io_uring::squeue::Flags::IO_LINK;
+        let buf = io.lend_chain_buf(s, op);
+        let delay = io.fsync_delay_of(&batch);
         let n = batch.len();
-        // At most the four steps and a fault's delay; no allocation per
-        // batch (tests/no_alloc.rs).
-        let mut sqes: [Option<io_uring::squeue::Entry>; 5] = Default::default();
-        let mut count = 0;
-        let mut put = |e: io_uring::squeue::Entry| {
-            sqes[count] = Some(e);
-            count += 1;
-        };
-        for (i, step) in batch.steps().enumerate() {
-            let ud = ring_io::encode(op, 0, step_code(step.kind()));
-            let sqe = match step {
-                Step::Write {
-                    target,
-                    offset,
-                    at,
-                    len,
-                } => {
-                    // A release assert: the pointer arithmetic rests on it.
-                    assert!(at + len <= buf_len, "a write past the chain's buffer");
-                    // SAFETY (pointer arithmetic): `at + len <= buf_len`
-                    // (asserted), within the allocation; past it the kernel
-                    // would write bytes from beyond the buffer into the log.
-                    // Resumed pieces start at `at > 0`: tests/wal_faults.rs
-                    // (short writes everywhere) runs them through this
-                    // code; the simulator checks the planner's ranges.
-                    let ptr = unsafe { buf_ptr.add(at) };
-                    opcode::Write::new(types::Fd(fd_of(target)), ptr, len as u32)
-                        .offset(offset)
-                        .build()
-                        .user_data(ud)
-                }
-                Step::Sync { target } => opcode::Fsync::new(types::Fd(fd_of(target)))
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build()
-                    .user_data(ud),
-                Step::Rename => {
-                    let paths = &io.files;
-                    opcode::RenameAt::new(
-                        types::Fd(libc::AT_FDCWD),
-                        paths.temp_path.as_ptr(),
-                        types::Fd(libc::AT_FDCWD),
-                        paths.path_c.as_ptr(),
-                    )
-                    .build()
-                    .user_data(ud)
-                }
-                Step::SyncDir => opcode::Fsync::new(types::Fd(io.files.dir_fd()))
-                    .build()
-                    .user_data(ud),
-            };
-            let last = i + 1 == n;
-            put(if last { sqe } else { sqe.flags(link) });
-            if let (0, Some(ts)) = (i, delay) {
-                // Test-only (fault fsync_delay_ms): a timeout linked between
-                // the write and the fdatasync; ETIME counts as success.
-                put(opcode::Timeout::new(ts)
-                    .flags(types::TimeoutFlags::ETIME_SUCCESS)
-                    .build()
-                    .flags(link)
-                    .user_data(ring_io::encode(op, 0, STEP_DELAY)));
-            }
-        }
+        let (sqes, count) = io.chain_sqes(&batch, op, buf, delay);
         io.extra_ops[s] = (count - n) as u32;
         self.reserve_sq(count);
         for sqe in sqes.into_iter().flatten() {
@@ -460,5 +364,152 @@ impl Loop {
             slot.reclaim(tag);
         }
         self.follow(stream, next);
+    }
+}
+
+/// A batch's SQEs, in order: at most the four steps and a fault's delay;
+/// no allocation per batch (tests/no_alloc.rs).
+type ChainSqes = [Option<io_uring::squeue::Entry>; 5];
+
+/// The parts of [`Loop::submit_batch`] that touch only the log's I/O state.
+impl LogIo {
+    /// Test-only fault injection: a shortened or failing write goes
+    /// alone, as the kernel ends a chain after a real short or failed
+    /// write. The batch to submit.
+    fn with_write_fault(&mut self, batch: Batch) -> Batch {
+        let stream = batch.stream;
+        let Step::Write { len: planned, .. } = batch.write() else {
+            unreachable!("a batch starts with its write")
+        };
+        let (len, _no, fail) = self.faults.plan_write(planned, stream == Stream::Compact);
+        self.fail_injected[stream as usize] = fail;
+        if len < planned || fail {
+            batch.write_alone(len)
+        } else {
+            batch
+        }
+    }
+
+    /// Lends stream `s`'s chain buffer to the kernel (tagged as `op`'s
+    /// write): its start and length, for the batch's writes.
+    fn lend_chain_buf(&mut self, s: usize, op: Op) -> (*const u8, usize) {
+        let slot = self.bufs[s].as_mut().expect("the chain's buffer");
+        let tag = ring_io::encode(op, 0, STEP_WRITE);
+        let mut lent = Lent::lend(slot.take_ours(), tag);
+        let buf_ptr = lent.mut_ptr() as *const u8;
+        let buf_len = lent.len();
+        *slot = Slot::Kernel(lent);
+        (buf_ptr, buf_len)
+    }
+
+    /// Test-only (fault fsync_delay_ms): the delay to link after the
+    /// batch's write, for a write to the log that more steps follow.
+    fn fsync_delay_of(&self, batch: &Batch) -> Option<*const types::Timespec> {
+        if matches!(
+            batch.write(),
+            Step::Write {
+                target: Target::Log,
+                ..
+            }
+        ) && batch.len() > 1
+        {
+            self.faults.fsync_delay()
+        } else {
+            None
+        }
+    }
+
+    /// The batch's SQEs, each but the last linked to the next, with the
+    /// fault's `delay` (if any) after the write; and how many there are.
+    /// `buf`: the lent chain buffer's start and length.
+    fn chain_sqes(
+        &self,
+        batch: &Batch,
+        op: Op,
+        buf: (*const u8, usize),
+        delay: Option<*const types::Timespec>,
+    ) -> (ChainSqes, usize) {
+        let log_fd = self.files.fd();
+        let temp_fd = self.temp.as_ref().map(|f| f.as_raw_fd());
+        let fd_of = |t: Target| match t {
+            Target::Log => log_fd,
+            Target::Temp => temp_fd.expect("a temp file"),
+        };
+        let link = io_uring::squeue::Flags::IO_LINK;
+        let n = batch.len();
+        let mut sqes: ChainSqes = Default::default();
+        let mut count = 0;
+        let mut put = |e: io_uring::squeue::Entry| {
+            sqes[count] = Some(e);
+            count += 1;
+        };
+        for (i, step) in batch.steps().enumerate() {
+            let ud = ring_io::encode(op, 0, step_code(step.kind()));
+            let sqe = self.step_sqe(step, ud, &fd_of, buf);
+            let last = i + 1 == n;
+            put(if last { sqe } else { sqe.flags(link) });
+            if let (0, Some(ts)) = (i, delay) {
+                // Test-only (fault fsync_delay_ms): a timeout linked between
+                // the write and the fdatasync; ETIME counts as success.
+                put(opcode::Timeout::new(ts)
+                    .flags(types::TimeoutFlags::ETIME_SUCCESS)
+                    .build()
+                    .flags(link)
+                    .user_data(ring_io::encode(op, 0, STEP_DELAY)));
+            }
+        }
+        (sqes, count)
+    }
+
+    /// The SQE of one of the planner's steps (`ud` its user_data), on the
+    /// files `fd_of` names; a write's bytes from the lent chain buffer
+    /// `(buf_ptr, buf_len)`.
+    fn step_sqe(
+        &self,
+        step: Step,
+        ud: u64,
+        fd_of: &impl Fn(Target) -> RawFd,
+        (buf_ptr, buf_len): (*const u8, usize),
+    ) -> io_uring::squeue::Entry {
+        match step {
+            Step::Write {
+                target,
+                offset,
+                at,
+                len,
+            } => {
+                // A release assert: the pointer arithmetic rests on it.
+                assert!(at + len <= buf_len, "a write past the chain's buffer");
+                // SAFETY (pointer arithmetic): `at + len <= buf_len`
+                // (asserted), within the allocation; past it the kernel
+                // would write bytes from beyond the buffer into the log.
+                // Resumed pieces start at `at > 0`: tests/wal_faults.rs
+                // (short writes everywhere) runs them through this
+                // code; the simulator checks the planner's ranges.
+                let ptr = unsafe { buf_ptr.add(at) };
+                opcode::Write::new(types::Fd(fd_of(target)), ptr, len as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(ud)
+            }
+            Step::Sync { target } => opcode::Fsync::new(types::Fd(fd_of(target)))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build()
+                .user_data(ud),
+            Step::Rename => {
+                let paths = &self.files;
+                opcode::RenameAt::new(
+                    types::Fd(libc::AT_FDCWD),
+                    paths.temp_path.as_ptr(),
+                    types::Fd(libc::AT_FDCWD),
+                    paths.path_c.as_ptr(),
+                )
+                .build()
+                .user_data(ud)
+            }
+            Step::SyncDir => opcode::Fsync::new(types::Fd(self.files.dir_fd()))
+                .build()
+                .user_data(ud),
+        }
     }
 }

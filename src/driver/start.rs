@@ -110,71 +110,18 @@ impl Server {
         let mut tables: Vec<Table> = (0..n)
             .map(|_| Table::with_budget(shared.budget.clone()))
             .collect();
-        let mut logs: Vec<Option<(LogFiles, Log)>> = (0..n).map(|_| None).collect();
-        if cluster.is_some() && cfg.data_path.is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a cluster node (--peers) needs --data-path: its votes and log must survive a restart",
-            ));
-        }
-        if let (Some(path), None) = (&cfg.data_path, &cluster) {
-            let opening = wal::startup::Opening {
-                path,
-                truncate_at: cfg.wal_truncate_at,
-                preallocate_bytes: cfg.wal_preallocate_bytes,
-                compact_floor_bytes: cfg.compact_floor_bytes,
-            };
-            let (opened, us) = wal::startup::open_shard_logs(&opening, &mut tables, now())
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            metrics.set_recovery_us(us);
-            for (slot, opened) in logs.iter_mut().zip(opened) {
-                *slot = Some(opened);
-            }
-        }
-        let multi = n > 1;
-        let mut parts = Vec::with_capacity(n);
-        let mut lock_addr = cfg.bind;
-        let mut admin_addr = cfg.admin_bind;
-        for (i, (table, log)) in tables.into_iter().zip(logs).enumerate() {
-            let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi, i == 0)?;
-            let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi, i == 0)?;
-            if i == 0 {
-                // Port 0 picks a port once; every other shard joins it.
-                lock_addr = lock.local_addr()?;
-                admin_addr = admin.local_addr()?;
-            }
-            let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
-            })?;
-            parts.push(ShardStart {
-                lock,
-                admin,
-                table,
-                log,
-                faults,
-                raft: None,
-                advertised: (String::new(), String::new()),
-            });
-        }
-        // What clients are told: the bound addresses, or for a cluster
-        // node bound to a wildcard address its --peers host (the address
-        // the other nodes give clients as the leader's).
-        let advertise = |bound: SocketAddr| match &cluster {
-            Some(c) if bound.ip().is_unspecified() => {
-                SocketAddr::new(c.peers[&c.node_id].ip(), bound.port())
-            }
-            _ => bound,
-        };
+        let logs = recover_logs(&cfg, cluster.as_ref(), &mut tables, metrics)?;
+        let (mut parts, lock_addr, admin_addr) = bind_shards(&cfg, tables, logs)?;
         let advertised = (
-            advertise(lock_addr).to_string(),
-            advertise(admin_addr).to_string(),
+            advertise(cluster.as_ref(), lock_addr).to_string(),
+            advertise(cluster.as_ref(), admin_addr).to_string(),
         );
         for p in &mut parts {
             p.advertised = advertised.clone();
         }
         if let Some(c) = &cluster {
             let view = shared.view.as_ref().expect("a cluster node's view");
-            open_cluster(&cfg, c, &mut parts, advertise(lock_addr), view)?;
+            open_cluster(&cfg, c, &mut parts, advertise(Some(c), lock_addr), view)?;
             metrics.enable_raft(c.node_id, &c.voters(), n);
         }
         let signal_fd = block_signals()?;
@@ -421,6 +368,89 @@ fn load_certs(
         ));
     }
     Ok(certs)
+}
+
+/// Every shard's log, recovered into its table (`tables`, in shard
+/// order) for a durable single node; none in memory mode, and none yet
+/// for a cluster node (`cluster` given: [`open_cluster`] opens its logs),
+/// which must have a data path.
+fn recover_logs(
+    cfg: &Config,
+    cluster: Option<&crate::cluster::ClusterConfig>,
+    tables: &mut [Table],
+    metrics: &Metrics,
+) -> io::Result<Vec<Option<(LogFiles, Log)>>> {
+    let mut logs: Vec<Option<(LogFiles, Log)>> = (0..tables.len()).map(|_| None).collect();
+    if cluster.is_some() && cfg.data_path.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a cluster node (--peers) needs --data-path: its votes and log must survive a restart",
+        ));
+    }
+    if let (Some(path), None) = (&cfg.data_path, cluster) {
+        let opening = wal::startup::Opening {
+            path,
+            truncate_at: cfg.wal_truncate_at,
+            preallocate_bytes: cfg.wal_preallocate_bytes,
+            compact_floor_bytes: cfg.compact_floor_bytes,
+        };
+        let (opened, us) = wal::startup::open_shard_logs(&opening, tables, now())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        metrics.set_recovery_us(us);
+        for (slot, opened) in logs.iter_mut().zip(opened) {
+            *slot = Some(opened);
+        }
+    }
+    Ok(logs)
+}
+
+/// Binds every shard's lock and admin listeners (port 0 picks a port
+/// once; every other shard joins it) and gathers what each shard starts
+/// with, its table and log included (advertised addresses and Raft parts
+/// still to come); with the bound lock and admin addresses.
+fn bind_shards(
+    cfg: &Config,
+    tables: Vec<Table>,
+    logs: Vec<Option<(LogFiles, Log)>>,
+) -> io::Result<(Vec<ShardStart>, SocketAddr, SocketAddr)> {
+    let multi = tables.len() > 1;
+    let mut parts = Vec::with_capacity(tables.len());
+    let mut lock_addr = cfg.bind;
+    let mut admin_addr = cfg.admin_bind;
+    for (i, (table, log)) in tables.into_iter().zip(logs).enumerate() {
+        let lock = listen(lock_addr, "lock", cfg.bind_retry_ms, multi, i == 0)?;
+        let admin = listen(admin_addr, "admin", cfg.bind_retry_ms, multi, i == 0)?;
+        if i == 0 {
+            // Port 0 picks a port once; every other shard joins it.
+            lock_addr = lock.local_addr()?;
+            admin_addr = admin.local_addr()?;
+        }
+        let faults = Faults::parse(cfg.faults.as_deref().unwrap_or("")).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("RINGLOCK_FAULTS: {e}"))
+        })?;
+        parts.push(ShardStart {
+            lock,
+            admin,
+            table,
+            log,
+            faults,
+            raft: None,
+            advertised: (String::new(), String::new()),
+        });
+    }
+    Ok((parts, lock_addr, admin_addr))
+}
+
+/// What clients are told of `bound`: the bound address, or for a cluster
+/// node bound to a wildcard address its --peers host (the address the
+/// other nodes give clients as the leader's).
+fn advertise(cluster: Option<&crate::cluster::ClusterConfig>, bound: SocketAddr) -> SocketAddr {
+    match cluster {
+        Some(c) if bound.ip().is_unspecified() => {
+            SocketAddr::new(c.peers[&c.node_id].ip(), bound.port())
+        }
+        _ => bound,
+    }
 }
 
 /// Cluster mode: opens every shard's cluster log

@@ -183,66 +183,9 @@ impl Shard {
         // KEYS is 4 bytes; RSET/RSBS/RSTK carry a count and names after 8.
         let body = &self.conns[slot as usize].rbuf[len.min(8)..len];
         Ok(match cmd {
-            admin::Command::Rset => {
-                // RSET names keys (1..=127 bytes).
-                let names: Vec<Name> = admin::names(body)
-                    .map(|n| Name::new(n).expect("admin decoder bounds keys to 127 bytes"))
-                    .collect();
-                self.metrics
-                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
-                for key in &names {
-                    self.metrics.reset(false);
-                    log!(
-                        Level::Info,
-                        "operator_reset",
-                        "by=key key={:?} peer={}",
-                        key,
-                        peer
-                    );
-                }
-                RemoteOp::ResetKeys(names)
-            }
-            admin::Command::Rsbs => {
-                // RSBS names sources (0..=255 bytes); none: the asker's IP.
-                let mut sources: Vec<Source> = admin::names(body)
-                    .map(|n| Source::new(n).expect("a size byte says at most 255"))
-                    .collect();
-                self.metrics
-                    .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
-                if count == 0 {
-                    sources.push(ip_name(&peer));
-                }
-                for s in &sources {
-                    self.metrics.reset(true);
-                    log!(
-                        Level::Info,
-                        "operator_reset",
-                        "by=source source={:?} peer={}",
-                        s,
-                        peer
-                    );
-                }
-                RemoteOp::ResetSources(sources)
-            }
-            admin::Command::Rstk => {
-                let entries: Vec<(Name, u64)> = admin::keyed_tokens(body)
-                    .map(|(n, t)| (Name::new(n).expect("admin decoder bounds names"), t))
-                    .collect();
-                self.metrics
-                    .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
-                for (key, token) in &entries {
-                    self.metrics.reset(false);
-                    log!(
-                        Level::Info,
-                        "operator_reset",
-                        "by=key_if_token key={:?} token={} peer={}",
-                        key,
-                        token,
-                        peer
-                    );
-                }
-                RemoteOp::ResetIf(entries)
-            }
+            admin::Command::Rset => self.reset_keys_op(body, peer),
+            admin::Command::Rsbs => self.reset_sources_op(body, count, peer),
+            admin::Command::Rstk => self.reset_if_op(body, peer),
             admin::Command::Cchg => {
                 let raw = &self.conns[slot as usize].rbuf[..len];
                 let change = protocol::members::Change::decode(raw)?;
@@ -273,5 +216,74 @@ impl Shard {
             | admin::Command::Keyx
             | admin::Command::Keyh => unreachable!("answered by pump_admin"),
         })
+    }
+
+    /// `RSET` from `peer`: the keys its `body` names, to reset; counted
+    /// and logged.
+    fn reset_keys_op(&self, body: &[u8], peer: SocketAddr) -> RemoteOp {
+        // RSET names keys (1..=127 bytes).
+        let names: Vec<Name> = admin::names(body)
+            .map(|n| Name::new(n).expect("admin decoder bounds keys to 127 bytes"))
+            .collect();
+        self.metrics
+            .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+        for key in &names {
+            self.metrics.reset(false);
+            log!(
+                Level::Info,
+                "operator_reset",
+                "by=key key={:?} peer={}",
+                key,
+                peer
+            );
+        }
+        RemoteOp::ResetKeys(names)
+    }
+
+    /// `RSBS` from `peer`: the sources its `body` names (`count` of them),
+    /// to reset; counted and logged.
+    fn reset_sources_op(&self, body: &[u8], count: u32, peer: SocketAddr) -> RemoteOp {
+        // RSBS names sources (0..=255 bytes); none: the asker's IP.
+        let mut sources: Vec<Source> = admin::names(body)
+            .map(|n| Source::new(n).expect("a size byte says at most 255"))
+            .collect();
+        self.metrics
+            .request(metrics::Action::AdminRsbs, metrics::Outcome::Ok);
+        if count == 0 {
+            sources.push(ip_name(&peer));
+        }
+        for s in &sources {
+            self.metrics.reset(true);
+            log!(
+                Level::Info,
+                "operator_reset",
+                "by=source source={:?} peer={}",
+                s,
+                peer
+            );
+        }
+        RemoteOp::ResetSources(sources)
+    }
+
+    /// `RSTK` from `peer`: the keys its `body` names, each with the token
+    /// it is reset only if held under, counted and logged.
+    fn reset_if_op(&self, body: &[u8], peer: SocketAddr) -> RemoteOp {
+        let entries: Vec<(Name, u64)> = admin::keyed_tokens(body)
+            .map(|(n, t)| (Name::new(n).expect("admin decoder bounds names"), t))
+            .collect();
+        self.metrics
+            .request(metrics::Action::AdminRset, metrics::Outcome::Ok);
+        for (key, token) in &entries {
+            self.metrics.reset(false);
+            log!(
+                Level::Info,
+                "operator_reset",
+                "by=key_if_token key={:?} token={} peer={}",
+                key,
+                token,
+                peer
+            );
+        }
+        RemoteOp::ResetIf(entries)
     }
 }

@@ -45,107 +45,138 @@ impl Shard {
 
     pub(super) fn apply(&mut self, e: &Effect) {
         match *e {
-            Effect::LimitReached { limit } => {
-                // At most one line per second: a flood of refusals must not
-                // turn into a flood of log lines.
-                if self.now.mono_us >= self.limit_log_after_us {
-                    self.limit_log_after_us = self.now.mono_us + 1_000_000;
-                    log!(
-                        Level::Warn,
-                        "limit_reached",
-                        "limit={} max_keys={} max_waiters={} held_keys={} queued={}",
-                        limit.name(),
-                        self.cfg.max_keys,
-                        self.cfg.max_waiters,
-                        self.table.held_keys(),
-                        self.table.queued_waiters()
-                    );
-                }
-            }
+            Effect::LimitReached { limit } => self.log_limit_reached(limit),
             Effect::Reply { conn, .. } if conn & SESS_BIT != 0 => self.session_effect(e),
-            Effect::Reply { conn, reply } => {
-                let outcome = match reply {
-                    Reply::Ok => metrics::Outcome::Ok,
-                    Reply::Busy => metrics::Outcome::Busy,
-                    _ => metrics::Outcome::Error,
-                };
-                if let Some(slot) = self.conn_of(conn) {
-                    if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
-                        self.metrics.at(self.me).request(a, outcome);
-                    }
-                    self.answer(slot, reply.byte(), None);
-                }
-            }
+            Effect::Reply { conn, reply } => self.apply_reply(conn, reply),
             Effect::Granted {
                 conn,
                 key_slot,
                 grant_id,
                 waited_us,
-            } => {
-                if let Some(log) = self.journal.records_mut() {
-                    // Durable mode only: the record, and the key's name
-                    // for the undo list (it outlives this round).
-                    let (held, _) = self.table.granted(key_slot, grant_id);
-                    let lsn = log.append_acquire(held);
-                    let key = Name::new(held.key).expect("keys are at most KEY_MAX");
-                    self.durability
-                        .undo_on_failure(lsn, Undo::Acquire { key, grant_id });
-                }
-                let access = self.table.granted_access(key_slot, grant_id);
-                self.metrics.at(self.me).grant_access(access);
-                if !self.watches.is_empty() {
-                    self.watch_effect(e);
-                }
-                if let Some(us) = waited_us {
-                    self.metrics.at(self.me).handoff();
-                    self.metrics.at(self.me).observe_queue_wait_us(us);
-                }
-                if conn & SESS_BIT != 0 {
-                    self.session_effect(e);
-                    return;
-                }
-                match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
-                    Some(slot) => {
-                        if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
-                            self.metrics.at(self.me).request(a, metrics::Outcome::Ok);
-                        }
-                        self.answer(slot, b'+', Some((key_slot, grant_id)));
-                    }
-                    None => {
-                        // Nobody left to tell: give the key back at once.
-                        self.metrics.undelivered_grant();
-                        let now = self.now;
-                        self.table
-                            .release_grant(key_slot, grant_id, now, &mut self.fx);
-                    }
-                }
-            }
+            } => self.apply_granted(e, conn, key_slot, grant_id, waited_us),
             Effect::Released {
                 released,
                 grant_id,
                 held_us,
                 holder_conn,
                 ..
-            } => {
-                if let Some(log) = self.journal.records_mut() {
-                    // Durable mode only: the record, and the holder as it
-                    // was for the undo list (it outlives this round).
-                    let prev = self.table.released(released, grant_id);
-                    let lsn = log.append_release(prev);
-                    let prev = prev
-                        .to_owned()
-                        .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX");
-                    self.durability.undo_on_failure(lsn, Undo::Release { prev });
-                }
-                self.metrics.at(self.me).observe_hold_us(held_us);
-                if holder_conn & SESS_BIT != 0 {
-                    // A Lost push, before the next holder's grant.
-                    self.session_effect(e);
-                }
-                if !self.watches.is_empty() {
-                    self.watch_effect(e);
-                }
+            } => self.apply_released(e, released, grant_id, held_us, holder_conn),
+        }
+    }
+
+    /// A request refused at a capacity limit: logged, at most one line per
+    /// second.
+    fn log_limit_reached(&mut self, limit: crate::core::Limit) {
+        // At most one line per second: a flood of refusals must not
+        // turn into a flood of log lines.
+        if self.now.mono_us >= self.limit_log_after_us {
+            self.limit_log_after_us = self.now.mono_us + 1_000_000;
+            log!(
+                Level::Warn,
+                "limit_reached",
+                "limit={} max_keys={} max_waiters={} held_keys={} queued={}",
+                limit.name(),
+                self.cfg.max_keys,
+                self.cfg.max_waiters,
+                self.table.held_keys(),
+                self.table.queued_waiters()
+            );
+        }
+    }
+
+    /// A reply to a lock-port connection's request: counted and answered
+    /// (if the connection is still there).
+    fn apply_reply(&mut self, conn: Token, reply: Reply) {
+        let outcome = match reply {
+            Reply::Ok => metrics::Outcome::Ok,
+            Reply::Busy => metrics::Outcome::Busy,
+            _ => metrics::Outcome::Error,
+        };
+        if let Some(slot) = self.conn_of(conn) {
+            if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                self.metrics.at(self.me).request(a, outcome);
             }
+            self.answer(slot, reply.byte(), None);
+        }
+    }
+
+    /// A grant (effect `e`): logged with its undo (durable mode), counted,
+    /// told to watchers, then answered `+` — or, with nobody left to tell,
+    /// given back at once.
+    fn apply_granted(
+        &mut self,
+        e: &Effect,
+        conn: Token,
+        key_slot: u32,
+        grant_id: u64,
+        waited_us: Option<u64>,
+    ) {
+        if let Some(log) = self.journal.records_mut() {
+            // Durable mode only: the record, and the key's name
+            // for the undo list (it outlives this round).
+            let (held, _) = self.table.granted(key_slot, grant_id);
+            let lsn = log.append_acquire(held);
+            let key = Name::new(held.key).expect("keys are at most KEY_MAX");
+            self.durability
+                .undo_on_failure(lsn, Undo::Acquire { key, grant_id });
+        }
+        let access = self.table.granted_access(key_slot, grant_id);
+        self.metrics.at(self.me).grant_access(access);
+        if !self.watches.is_empty() {
+            self.watch_effect(e);
+        }
+        if let Some(us) = waited_us {
+            self.metrics.at(self.me).handoff();
+            self.metrics.at(self.me).observe_queue_wait_us(us);
+        }
+        if conn & SESS_BIT != 0 {
+            self.session_effect(e);
+            return;
+        }
+        match self.conn_of(conn).filter(|&s| !self.conns[s as usize].dead) {
+            Some(slot) => {
+                if let Some(a) = self.conns[slot as usize].action.and_then(metrics_action) {
+                    self.metrics.at(self.me).request(a, metrics::Outcome::Ok);
+                }
+                self.answer(slot, b'+', Some((key_slot, grant_id)));
+            }
+            None => {
+                // Nobody left to tell: give the key back at once.
+                self.metrics.undelivered_grant();
+                let now = self.now;
+                self.table
+                    .release_grant(key_slot, grant_id, now, &mut self.fx);
+            }
+        }
+    }
+
+    /// A release (effect `e`): logged with its undo (durable mode),
+    /// counted, pushed as a Lost to a session holder, told to watchers.
+    fn apply_released(
+        &mut self,
+        e: &Effect,
+        released: u32,
+        grant_id: u64,
+        held_us: u64,
+        holder_conn: Token,
+    ) {
+        if let Some(log) = self.journal.records_mut() {
+            // Durable mode only: the record, and the holder as it
+            // was for the undo list (it outlives this round).
+            let prev = self.table.released(released, grant_id);
+            let lsn = log.append_release(prev);
+            let prev = prev
+                .to_owned()
+                .expect("keys are at most KEY_MAX, sources at most SOURCE_MAX");
+            self.durability.undo_on_failure(lsn, Undo::Release { prev });
+        }
+        self.metrics.at(self.me).observe_hold_us(held_us);
+        if holder_conn & SESS_BIT != 0 {
+            // A Lost push, before the next holder's grant.
+            self.session_effect(e);
+        }
+        if !self.watches.is_empty() {
+            self.watch_effect(e);
         }
     }
 

@@ -129,29 +129,10 @@ impl Shard {
         let g = &mut self.gathers[i];
         g.pending -= 1;
         if g.stream != 0 {
-            let (stream, done) = (g.stream, g.pending == 0);
-            if done {
-                self.gathers.swap_remove(i);
-            }
-            self.keys_part(stream, result);
-            if done {
-                self.keys_round_done(stream);
-            }
+            self.stream_reply(i, result);
             return;
         }
-        match result {
-            RemoteResult::KeysPart { .. } => unreachable!("stream replies are handled above"),
-            RemoteResult::Done => {}
-            RemoteResult::Reset(done) => {
-                for i in done {
-                    g.reset[i as usize] = true;
-                }
-            }
-            RemoteResult::Failed => g.failed = true,
-            RemoteResult::Status(s) => g.status.push(*s),
-            RemoteResult::Members(m) => g.members.push(*m),
-            RemoteResult::Refused(why) => g.refused.push(why),
-        }
+        add_part(g, result);
         if g.pending > 0 {
             return;
         }
@@ -159,60 +140,12 @@ impl Shard {
         let Some(slot) = self.conn_of(g.token) else {
             return; // the requester left; the resets happened regardless
         };
+        let (lock_port, failed) = (g.lock_port, g.failed);
         let c = &mut self.conns[slot as usize];
         c.out.clear();
-        if matches!(g.op, RemoteOp::ChangeMembers(_)) {
-            let mut why = g.refused;
-            why.sort();
-            why.dedup();
-            let result = if why.is_empty() && !g.failed {
-                Ok(())
-            } else {
-                Err(why.join("; "))
-            };
-            protocol::members::encode_answer(&result, &mut c.out);
-        } else if g.failed {
-            c.out.push(b'-');
-        } else if g.lock_port {
-            c.out.push(b'+');
-        } else {
-            match &g.op {
-                RemoteOp::KeysOpen { .. }
-                | RemoteOp::KeysMore { .. }
-                | RemoteOp::KeysClose { .. } => unreachable!("stream rounds are handled above"),
-                RemoteOp::ResetKeys(_) | RemoteOp::ResetSources(_) => {
-                    let names = match &g.op {
-                        RemoteOp::ResetKeys(keys) => keys.len(),
-                        RemoteOp::ResetSources(sources) => sources.len(),
-                        _ => unreachable!("matched above"),
-                    };
-                    for _ in 0..names {
-                        c.out.push(b'+');
-                    }
-                    c.out.push(b'+');
-                }
-                RemoteOp::ResetIf(_) => {
-                    for &done in &g.reset {
-                        c.out.push(if done { b'+' } else { b'#' });
-                    }
-                    c.out.push(b'+');
-                }
-                RemoteOp::ClusterStatus => {
-                    let mut recs = g.status;
-                    recs.sort_by_key(|r| r.shard);
-                    protocol::status::encode(&recs, &mut c.out);
-                }
-                RemoteOp::TransferLeader { .. } => c.out.push(b'+'),
-                RemoteOp::Members => {
-                    let mut recs = g.members;
-                    recs.sort_by_key(|r| r.shard);
-                    protocol::members::encode(&recs, &mut c.out);
-                }
-                RemoteOp::ChangeMembers(_) => unreachable!("answered above"),
-            }
-        }
-        if g.lock_port {
-            let outcome = if g.failed {
+        encode_gathered(g, &mut c.out);
+        if lock_port {
+            let outcome = if failed {
                 metrics::Outcome::Error
             } else {
                 metrics::Outcome::Ok
@@ -224,5 +157,92 @@ impl Shard {
         c.state = State::Answered;
         c.gate_lsn = 0;
         self.mark_dirty(slot);
+    }
+
+    /// A part of a KEYS stream's round (gather `i`): handed to the stream,
+    /// the gather gone and the round done with its last part.
+    fn stream_reply(&mut self, i: usize, result: RemoteResult) {
+        let g = &self.gathers[i];
+        let (stream, done) = (g.stream, g.pending == 0);
+        if done {
+            self.gathers.swap_remove(i);
+        }
+        self.keys_part(stream, result);
+        if done {
+            self.keys_round_done(stream);
+        }
+    }
+}
+
+/// Adds one shard's part (`result`, not a stream's) to gather `g`.
+fn add_part(g: &mut Gather, result: RemoteResult) {
+    match result {
+        RemoteResult::KeysPart { .. } => unreachable!("stream replies are handled above"),
+        RemoteResult::Done => {}
+        RemoteResult::Reset(done) => {
+            for i in done {
+                g.reset[i as usize] = true;
+            }
+        }
+        RemoteResult::Failed => g.failed = true,
+        RemoteResult::Status(s) => g.status.push(*s),
+        RemoteResult::Members(m) => g.members.push(*m),
+        RemoteResult::Refused(why) => g.refused.push(why),
+    }
+}
+
+/// The answer of gather `g`, every part in, written to `out`: a `CCHG`'s
+/// (why shards refused), `-` when a part failed, a lock-port
+/// ResetBySource's `+`, else the admin command's.
+fn encode_gathered(g: Gather, out: &mut Vec<u8>) {
+    if matches!(g.op, RemoteOp::ChangeMembers(_)) {
+        let mut why = g.refused;
+        why.sort();
+        why.dedup();
+        let result = if why.is_empty() && !g.failed {
+            Ok(())
+        } else {
+            Err(why.join("; "))
+        };
+        protocol::members::encode_answer(&result, out);
+    } else if g.failed {
+        out.push(b'-');
+    } else if g.lock_port {
+        out.push(b'+');
+    } else {
+        match &g.op {
+            RemoteOp::KeysOpen { .. } | RemoteOp::KeysMore { .. } | RemoteOp::KeysClose { .. } => {
+                unreachable!("stream rounds are handled above")
+            }
+            RemoteOp::ResetKeys(_) | RemoteOp::ResetSources(_) => {
+                let names = match &g.op {
+                    RemoteOp::ResetKeys(keys) => keys.len(),
+                    RemoteOp::ResetSources(sources) => sources.len(),
+                    _ => unreachable!("matched above"),
+                };
+                for _ in 0..names {
+                    out.push(b'+');
+                }
+                out.push(b'+');
+            }
+            RemoteOp::ResetIf(_) => {
+                for &done in &g.reset {
+                    out.push(if done { b'+' } else { b'#' });
+                }
+                out.push(b'+');
+            }
+            RemoteOp::ClusterStatus => {
+                let mut recs = g.status;
+                recs.sort_by_key(|r| r.shard);
+                protocol::status::encode(&recs, out);
+            }
+            RemoteOp::TransferLeader { .. } => out.push(b'+'),
+            RemoteOp::Members => {
+                let mut recs = g.members;
+                recs.sort_by_key(|r| r.shard);
+                protocol::members::encode(&recs, out);
+            }
+            RemoteOp::ChangeMembers(_) => unreachable!("answered above"),
+        }
     }
 }

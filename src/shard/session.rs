@@ -57,6 +57,31 @@ fn table_token(owner_slot: u32, rid: u32) -> Token {
     SESS_BIT | (owner_slot as u64) << 32 | rid as u64
 }
 
+/// The table's lock mode and options for owner `o`'s Acquire at `now_us`
+/// (monotonic): a try without `wait_ms`, else a wait with its deadline
+/// (none for [`sp::WAIT_FOREVER`]).
+fn acquire_opts(
+    o: u32,
+    now_us: u64,
+    hold: HoldMode,
+    ttl_ms: u32,
+    wait_ms: u32,
+) -> (LockMode, LockOpts) {
+    let mode = if wait_ms == 0 {
+        LockMode::Try
+    } else {
+        LockMode::Blocking
+    };
+    let opts = LockOpts {
+        mode: hold,
+        ttl_ms,
+        owner: o,
+        deadline_us: (wait_ms != 0 && wait_ms != sp::WAIT_FOREVER)
+            .then(|| now_us + wait_ms as u64 * 1000),
+    };
+    (mode, opts)
+}
+
 /// What an accepted first frame of a session connection asks for.
 #[derive(Clone, Copy)]
 pub(super) enum Opening {
@@ -307,94 +332,117 @@ impl Shard {
                 sp::Decoded::Frame { op, rid, req, len } => (op, rid, req, len),
             };
             let peer = c.peer;
-            let parsed = match req {
-                Err(why) => Err(why),
-                Ok(Req::Hello { .. }) => Err("a session's Hello comes once, first"),
-                Ok(Req::Resume { .. }) => Err("a Resume comes first, instead of a Hello"),
-                Ok(Req::Ping) => Ok(None),
-                Ok(Req::Acquire {
-                    hold,
-                    ttl_ms,
-                    wait_ms,
-                    key,
-                    source,
-                    access,
-                }) => self.check_ttl(hold, ttl_ms).map(|()| {
-                    let mut source = Source::new(source).expect("decoder bounds sources");
-                    if source.is_empty() {
-                        source = super::ip_name(&peer);
-                    }
-                    Some(SessOp::Acquire {
-                        hold,
-                        ttl_ms: if hold == HoldMode::Lease { ttl_ms } else { 0 },
-                        wait_ms,
-                        key: Name::new(key).expect("decoder bounds names"),
-                        source,
-                        access,
-                    })
-                }),
-                Ok(Req::Release { token, key }) => Ok(Some(SessOp::Release {
-                    token,
-                    key: Name::new(key).expect("decoder bounds names"),
-                })),
-                Ok(Req::Extend { token, ttl_ms, key }) => {
-                    self.check_ttl(HoldMode::Lease, ttl_ms).map(|()| {
-                        Some(SessOp::Extend {
-                            token,
-                            ttl_ms,
-                            key: Name::new(key).expect("decoder bounds names"),
-                        })
-                    })
-                }
-                Ok(Req::Cancel { target, key }) => Ok(Some(SessOp::Cancel {
-                    target,
-                    key: Name::new(key).expect("decoder bounds names"),
-                })),
-                Ok(Req::Watch { key }) => Ok(Some(SessOp::Watch {
-                    key: Name::new(key).expect("decoder bounds names"),
-                })),
-                Ok(Req::Unwatch { target, key }) => Ok(Some(SessOp::Unwatch {
-                    target,
-                    key: Name::new(key).expect("decoder bounds names"),
-                })),
-                Ok(Req::Proclaim { token, key, source }) => {
-                    let mut source = Source::new(source).expect("decoder bounds sources");
-                    if source.is_empty() {
-                        source = super::ip_name(&peer);
-                    }
-                    Ok(Some(SessOp::Proclaim {
-                        token,
-                        key: Name::new(key).expect("decoder bounds names"),
-                        source,
-                    }))
-                }
-            };
+            let parsed = self.session_req(req, peer);
             self.conns[slot as usize].rbuf.drain(..len);
-            match parsed {
-                Err(why) => {
-                    log!(
-                        Level::Debug,
-                        "bad_session_request",
-                        "peer={} op={} reason=\"{}\"",
-                        peer,
-                        op,
-                        crate::log::Escaped(why)
-                    );
-                    // The decoder frames session ops only.
-                    if let Some(op) = SessionOp::from_byte(op) {
-                        self.count_sess(op, Status::Invalid);
-                    }
-                    self.session_out_local(slot, reply(rid, Status::Invalid));
-                }
-                Ok(None) => {
-                    self.count_sess(SessionOp::Ping, Status::Ok);
-                    self.session_out_local(slot, reply(rid, Status::Ok))
-                }
-                Ok(Some(op)) => self.route(slot, rid, op),
-            }
+            self.answer_or_route(slot, op, rid, peer, parsed);
             if self.conns[slot as usize].state != State::Session {
                 return;
             }
+        }
+    }
+
+    /// A decoded request of a client at `peer` checked and made the op to
+    /// route: `Ok(None)` for a Ping, `Err` why it is invalid.
+    fn session_req(
+        &self,
+        req: Result<Req<'_>, &'static str>,
+        peer: SocketAddr,
+    ) -> Result<Option<SessOp>, &'static str> {
+        match req {
+            Err(why) => Err(why),
+            Ok(Req::Hello { .. }) => Err("a session's Hello comes once, first"),
+            Ok(Req::Resume { .. }) => Err("a Resume comes first, instead of a Hello"),
+            Ok(Req::Ping) => Ok(None),
+            Ok(Req::Acquire {
+                hold,
+                ttl_ms,
+                wait_ms,
+                key,
+                source,
+                access,
+            }) => self.check_ttl(hold, ttl_ms).map(|()| {
+                let mut source = Source::new(source).expect("decoder bounds sources");
+                if source.is_empty() {
+                    source = super::ip_name(&peer);
+                }
+                Some(SessOp::Acquire {
+                    hold,
+                    ttl_ms: if hold == HoldMode::Lease { ttl_ms } else { 0 },
+                    wait_ms,
+                    key: Name::new(key).expect("decoder bounds names"),
+                    source,
+                    access,
+                })
+            }),
+            Ok(Req::Release { token, key }) => Ok(Some(SessOp::Release {
+                token,
+                key: Name::new(key).expect("decoder bounds names"),
+            })),
+            Ok(Req::Extend { token, ttl_ms, key }) => {
+                self.check_ttl(HoldMode::Lease, ttl_ms).map(|()| {
+                    Some(SessOp::Extend {
+                        token,
+                        ttl_ms,
+                        key: Name::new(key).expect("decoder bounds names"),
+                    })
+                })
+            }
+            Ok(Req::Cancel { target, key }) => Ok(Some(SessOp::Cancel {
+                target,
+                key: Name::new(key).expect("decoder bounds names"),
+            })),
+            Ok(Req::Watch { key }) => Ok(Some(SessOp::Watch {
+                key: Name::new(key).expect("decoder bounds names"),
+            })),
+            Ok(Req::Unwatch { target, key }) => Ok(Some(SessOp::Unwatch {
+                target,
+                key: Name::new(key).expect("decoder bounds names"),
+            })),
+            Ok(Req::Proclaim { token, key, source }) => {
+                let mut source = Source::new(source).expect("decoder bounds sources");
+                if source.is_empty() {
+                    source = super::ip_name(&peer);
+                }
+                Ok(Some(SessOp::Proclaim {
+                    token,
+                    key: Name::new(key).expect("decoder bounds names"),
+                    source,
+                }))
+            }
+        }
+    }
+
+    /// Sends a checked request (`op`, `rid`) to its key's owner, or
+    /// answers here a Ping or an invalid one (counted, logged).
+    fn answer_or_route(
+        &mut self,
+        slot: u32,
+        op: u8,
+        rid: u32,
+        peer: SocketAddr,
+        parsed: Result<Option<SessOp>, &'static str>,
+    ) {
+        match parsed {
+            Err(why) => {
+                log!(
+                    Level::Debug,
+                    "bad_session_request",
+                    "peer={} op={} reason=\"{}\"",
+                    peer,
+                    op,
+                    crate::log::Escaped(why)
+                );
+                // The decoder frames session ops only.
+                if let Some(op) = SessionOp::from_byte(op) {
+                    self.count_sess(op, Status::Invalid);
+                }
+                self.session_out_local(slot, reply(rid, Status::Invalid));
+            }
+            Ok(None) => {
+                self.count_sess(SessionOp::Ping, Status::Ok);
+                self.session_out_local(slot, reply(rid, Status::Ok))
+            }
+            Ok(Some(op)) => self.route(slot, rid, op),
         }
     }
 
@@ -612,24 +660,8 @@ impl Shard {
 
     /// Runs a session request on this shard's part of the table.
     fn run_op(&mut self, sid: u64, home: Token, rid: u32, peer: SocketAddr, op: SessOp) {
-        if !self.group_serves() {
-            // The home serves, this shard's group does not (it lost its
-            // leader, or another node leads it): as when the group steps
-            // down under a session, the session is detached, nothing run
-            // (cluster simulator seed 11198: an Acquire queued in a
-            // follower's table, where no release ever granted it).
-            self.count_sess(op.kind(), Status::NotLeader);
-            self.send_home(sid, home, SessMsg::Detach { sid, home });
+        if self.refused_here(sid, home, rid, &op) {
             return;
-        }
-        if let SessOp::Acquire { source, .. } | SessOp::Proclaim { source, .. } = &op {
-            if source.len() > crate::core::LOCK_PORT_SOURCE_MAX && !self.long_sources_replicated() {
-                // A peer of an earlier version could not read its record
-                // (answered as that version answers such a source).
-                self.count_sess(op.kind(), Status::Invalid);
-                self.send_out(sid, home, reply(rid, Status::Invalid));
-                return;
-            }
         }
         let op = match op {
             SessOp::Watch { key } => return self.watch_op(sid, home, rid, key),
@@ -651,18 +683,7 @@ impl Shard {
                 source,
                 access,
             } => {
-                let mode = if wait_ms == 0 {
-                    LockMode::Try
-                } else {
-                    LockMode::Blocking
-                };
-                let opts = LockOpts {
-                    mode: hold,
-                    ttl_ms,
-                    owner: o,
-                    deadline_us: (wait_ms != 0 && wait_ms != sp::WAIT_FOREVER)
-                        .then(|| now.mono_us + wait_ms as u64 * 1000),
-                };
+                let (mode, opts) = acquire_opts(o, now.mono_us, hold, ttl_ms, wait_ms);
                 let conn = table_token(o, rid);
                 self.table.lock_access(
                     conn,
@@ -684,52 +705,104 @@ impl Shard {
                 self.send_out(sid, home, reply(rid, checked_status(r)));
             }
             SessOp::Extend { token, ttl_ms, key } => {
-                match self.table.extend(o, &key, token, ttl_ms, now) {
-                    Ok(x) => {
-                        if let Some(log) = self.journal.records_mut() {
-                            let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
-                            self.undo_on_failure(lsn, Undo::Extend(x));
-                        }
-                        self.answer_token(sid, home, rid, SessionOp::Extend, Ok((token, ttl_ms)));
-                    }
-                    Err(c) => self.answer_token(sid, home, rid, SessionOp::Extend, Err(c)),
-                }
+                let outcome = self.extend_logged(o, &key, token, ttl_ms);
+                self.answer_token(sid, home, rid, SessionOp::Extend, outcome);
             }
             SessOp::Cancel { target, key } => {
-                // Only an Acquire queued on the key the Cancel names: the
-                // rule cannot depend on whether another key happens to live
-                // on the same shard (the table matches rid and key).
-                let conn = table_token(o, target);
-                let cancelled = self.table.cancel(o, conn, key.as_bytes(), &mut self.fx);
-                // The Acquire's `cancelled` goes out before the Cancel's `ok`.
-                self.apply_effects();
-                let st = if cancelled {
-                    Status::Ok
-                } else {
-                    Status::NotQueued
-                };
+                let st = self.cancel_queued(o, target, &key);
                 self.count_sess(SessionOp::Cancel, st);
                 self.send_out(sid, home, reply(rid, st));
             }
             SessOp::Proclaim { token, key, source } => {
-                match self.table.proclaim(o, &key, token, source.as_bytes()) {
-                    Ok(p) => {
-                        if let Some(log) = self.journal.records_mut() {
-                            let (now_held, _) = self.table.granted(p.key_slot, token);
-                            let lsn = log.append_reacquire(p.prev.as_ref(), now_held);
-                            self.undo_on_failure(lsn, Undo::Proclaim { prev: p.prev });
-                        }
-                        if !self.watches.is_empty() {
-                            self.watch_proclaimed(p.key_slot, token);
-                        }
-                        let ok = Ok((token, sp::NO_TTL));
-                        self.answer_token(sid, home, rid, SessionOp::Proclaim, ok);
-                    }
-                    Err(c) => self.answer_token(sid, home, rid, SessionOp::Proclaim, Err(c)),
-                }
+                let outcome = self.proclaim_logged(o, &key, token, &source);
+                self.answer_token(sid, home, rid, SessionOp::Proclaim, outcome);
             }
             SessOp::Watch { .. } | SessOp::Unwatch { .. } => unreachable!("run above"),
         }
+    }
+
+    /// Answers a request this shard must not run, true if so: its group
+    /// does not serve (the session is detached), or a peer could not read
+    /// the record of the request's source.
+    fn refused_here(&mut self, sid: u64, home: Token, rid: u32, op: &SessOp) -> bool {
+        if !self.group_serves() {
+            // The home serves, this shard's group does not (it lost its
+            // leader, or another node leads it): as when the group steps
+            // down under a session, the session is detached, nothing run
+            // (cluster simulator seed 11198: an Acquire queued in a
+            // follower's table, where no release ever granted it).
+            self.count_sess(op.kind(), Status::NotLeader);
+            self.send_home(sid, home, SessMsg::Detach { sid, home });
+            return true;
+        }
+        if let SessOp::Acquire { source, .. } | SessOp::Proclaim { source, .. } = op {
+            if source.len() > crate::core::LOCK_PORT_SOURCE_MAX && !self.long_sources_replicated() {
+                // A peer of an earlier version could not read its record
+                // (answered as that version answers such a source).
+                self.count_sess(op.kind(), Status::Invalid);
+                self.send_out(sid, home, reply(rid, Status::Invalid));
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Extends hold `token` of owner `o` on `key` to `ttl_ms` from now and
+    /// logs it (undone if the log fails): the token and the time left, or
+    /// why not.
+    fn extend_logged(
+        &mut self,
+        o: u32,
+        key: &Name,
+        token: u64,
+        ttl_ms: u32,
+    ) -> Result<(u64, u32), Checked> {
+        let now = self.now;
+        let x = self.table.extend(o, key, token, ttl_ms, now)?;
+        if let Some(log) = self.journal.records_mut() {
+            let lsn = log.append_extend(&x.key, x.grant_id, x.expires_unix_ms);
+            self.undo_on_failure(lsn, Undo::Extend(x));
+        }
+        Ok((token, ttl_ms))
+    }
+
+    /// Cancels owner `o`'s Acquire `target` if it is queued on `key`,
+    /// its `cancelled` sent: the Cancel's status.
+    fn cancel_queued(&mut self, o: u32, target: u32, key: &Name) -> Status {
+        // Only an Acquire queued on the key the Cancel names: the
+        // rule cannot depend on whether another key happens to live
+        // on the same shard (the table matches rid and key).
+        let conn = table_token(o, target);
+        let cancelled = self.table.cancel(o, conn, key.as_bytes(), &mut self.fx);
+        // The Acquire's `cancelled` goes out before the Cancel's `ok`.
+        self.apply_effects();
+        if cancelled {
+            Status::Ok
+        } else {
+            Status::NotQueued
+        }
+    }
+
+    /// Makes owner `o`'s hold `token` on `key` proclaim `source`, logged
+    /// (undone if the log fails) and told to watchers: the token and no
+    /// TTL, or why not.
+    fn proclaim_logged(
+        &mut self,
+        o: u32,
+        key: &Name,
+        token: u64,
+        source: &Source,
+    ) -> Result<(u64, u32), Checked> {
+        let p = self.table.proclaim(o, key, token, source.as_bytes())?;
+        if let Some(log) = self.journal.records_mut() {
+            let (now_held, _) = self.table.granted(p.key_slot, token);
+            let lsn = log.append_reacquire(p.prev.as_ref(), now_held);
+            self.undo_on_failure(lsn, Undo::Proclaim { prev: p.prev });
+        }
+        if !self.watches.is_empty() {
+            self.watch_proclaimed(p.key_slot, token);
+        }
+        Ok((token, sp::NO_TTL))
     }
 
     /// The Reply of a request on a hold by token (Extend, Proclaim): `ok`

@@ -219,7 +219,37 @@ fn plan_change(
     g: usize,
 ) -> Result<Option<ChangePlan>, String> {
     use crate::protocol::members::Change;
-    let caught_up = |node: u64| -> Result<(), String> {
+    let group = GroupConf {
+        cs,
+        st,
+        addrs,
+        me,
+        g,
+    };
+    match change {
+        Change::AddLearner { node, addr } => group.add_learner(*node, addr),
+        Change::Promote { node } => group.promote(*node),
+        Change::Remove { node } => group.remove(*node),
+        Change::Replace { old, new } => group.replace(*old, *new),
+    }
+}
+
+/// Group `g` as [`plan_change`] checks a change against it: its
+/// configuration `cs`, its followers `st`, its members' addresses, and
+/// `me`, the node that leads it.
+struct GroupConf<'a> {
+    cs: &'a raft::eraftpb::ConfState,
+    st: &'a crate::cluster::replica::ReplicaStatus,
+    addrs: &'a std::collections::BTreeMap<u64, String>,
+    me: u64,
+    g: usize,
+}
+
+impl GroupConf<'_> {
+    /// `Ok` when learner `node` has caught up with the commit index (and
+    /// is heard from), else why not.
+    fn caught_up(&self, node: u64) -> Result<(), String> {
+        let (st, g) = (self.st, self.g);
         let f = st.followers.iter().find(|f| f.node == node);
         match f {
             Some(f) if f.matched + CATCH_UP_SLACK >= st.commit && f.active => Ok(()),
@@ -231,10 +261,19 @@ fn plan_change(
             )),
             None => Err(format!("shard {g}: node {node} is not a learner")),
         }
-    };
-    let voter = |n: u64| cs.voters.contains(&n);
-    let learner = |n: u64| cs.learners.contains(&n);
-    let leader_gone = |n: u64| -> Result<(), String> {
+    }
+
+    fn voter(&self, n: u64) -> bool {
+        self.cs.voters.contains(&n)
+    }
+
+    fn learner(&self, n: u64) -> bool {
+        self.cs.learners.contains(&n)
+    }
+
+    /// `Err` when `n`, to leave the voters, is this node, the leader.
+    fn leader_gone(&self, n: u64) -> Result<(), String> {
+        let me = self.me;
         if n == me {
             Err(format!(
                 "node {me} leads; hand leadership over first (ringlock cluster transfer-leader), then ask the new leader"
@@ -242,94 +281,102 @@ fn plan_change(
         } else {
             Ok(())
         }
-    };
-    let plan = match change {
-        Change::AddLearner { node, addr } => {
-            if voter(*node) {
-                return Err(format!("node {node} is already a voter"));
-            }
-            if learner(*node) {
-                if addrs.get(node) == Some(addr) {
-                    return Ok(None); // asked again: already done
-                }
-                return Err(format!(
-                    "node {node} is already a learner at {}",
-                    addrs.get(node).map_or("?", |a| a.as_str())
-                ));
-            }
-            if let Some(other) = cs.learners.first() {
-                return Err(format!(
-                    "learner {other} is still being added; promote or remove it first"
-                ));
-            }
-            if link_addr(addr, g).is_none() {
-                return Err(format!(
-                    "{addr:?} does not resolve to an address (with port) on node {me}"
-                ));
-            }
-            let ctx = store::encode_addrs(&[(*node, addr.clone())]);
-            ChangePlan {
-                add: vec![*node],
-                as_voter: false,
-                remove: vec![],
-                context: ctx,
-            }
+    }
+
+    /// `AddLearner`: `node`, at `addr`, joins as a learner (one at a time).
+    fn add_learner(&self, node: u64, addr: &str) -> Result<Option<ChangePlan>, String> {
+        let (me, g) = (self.me, self.g);
+        if self.voter(node) {
+            return Err(format!("node {node} is already a voter"));
         }
-        Change::Promote { node } => {
-            if voter(*node) {
-                return Ok(None); // already done
+        if self.learner(node) {
+            if self.addrs.get(&node).is_some_and(|a| a == addr) {
+                return Ok(None); // asked again: already done
             }
-            caught_up(*node)?;
-            ChangePlan {
-                add: vec![*node],
-                as_voter: true,
-                remove: vec![],
-                context: vec![],
-            }
+            return Err(format!(
+                "node {node} is already a learner at {}",
+                self.addrs.get(&node).map_or("?", |a| a.as_str())
+            ));
         }
-        Change::Remove { node } => {
-            if !voter(*node) && !learner(*node) {
-                // Asked again after this shard made it: done (the CLI
-                // checks first that some shard has the node).
-                return Ok(None);
-            }
-            if voter(*node) && cs.voters.len() == 1 {
-                return Err(format!(
-                    "node {node} is the last voter; a cluster cannot remove its last voter"
-                ));
-            }
-            leader_gone(*node)?;
-            ChangePlan {
-                add: vec![],
-                as_voter: false,
-                remove: vec![*node],
-                context: vec![],
-            }
+        if let Some(other) = self.cs.learners.first() {
+            return Err(format!(
+                "learner {other} is still being added; promote or remove it first"
+            ));
         }
-        Change::Replace { old, new } => {
-            if voter(*new) && !voter(*old) {
-                return Ok(None); // asked again: done
-            }
-            if !voter(*old) {
-                return Err(format!(
-                    "node {old} is not a voter (voters {:?})",
-                    cs.voters
-                ));
-            }
-            if voter(*new) {
-                return Err(format!("node {new} is already a voter"));
-            }
-            caught_up(*new)?;
-            leader_gone(*old)?;
-            ChangePlan {
-                add: vec![*new],
-                as_voter: true,
-                remove: vec![*old],
-                context: vec![],
-            }
+        if link_addr(addr, g).is_none() {
+            return Err(format!(
+                "{addr:?} does not resolve to an address (with port) on node {me}"
+            ));
         }
-    };
-    Ok(Some(plan))
+        let ctx = store::encode_addrs(&[(node, addr.to_owned())]);
+        Ok(Some(ChangePlan {
+            add: vec![node],
+            as_voter: false,
+            remove: vec![],
+            context: ctx,
+        }))
+    }
+
+    /// `Promote`: learner `node`, caught up, becomes a voter.
+    fn promote(&self, node: u64) -> Result<Option<ChangePlan>, String> {
+        if self.voter(node) {
+            return Ok(None); // already done
+        }
+        self.caught_up(node)?;
+        Ok(Some(ChangePlan {
+            add: vec![node],
+            as_voter: true,
+            remove: vec![],
+            context: vec![],
+        }))
+    }
+
+    /// `Remove`: voter or learner `node` leaves (not the last voter, not
+    /// the leader).
+    fn remove(&self, node: u64) -> Result<Option<ChangePlan>, String> {
+        if !self.voter(node) && !self.learner(node) {
+            // Asked again after this shard made it: done (the CLI
+            // checks first that some shard has the node).
+            return Ok(None);
+        }
+        if self.voter(node) && self.cs.voters.len() == 1 {
+            return Err(format!(
+                "node {node} is the last voter; a cluster cannot remove its last voter"
+            ));
+        }
+        self.leader_gone(node)?;
+        Ok(Some(ChangePlan {
+            add: vec![],
+            as_voter: false,
+            remove: vec![node],
+            context: vec![],
+        }))
+    }
+
+    /// `Replace`: learner `new`, caught up, becomes a voter in voter
+    /// `old`'s place (not the leader's), in one joint change.
+    fn replace(&self, old: u64, new: u64) -> Result<Option<ChangePlan>, String> {
+        if self.voter(new) && !self.voter(old) {
+            return Ok(None); // asked again: done
+        }
+        if !self.voter(old) {
+            return Err(format!(
+                "node {old} is not a voter (voters {:?})",
+                self.cs.voters
+            ));
+        }
+        if self.voter(new) {
+            return Err(format!("node {new} is already a voter"));
+        }
+        self.caught_up(new)?;
+        self.leader_gone(old)?;
+        Ok(Some(ChangePlan {
+            add: vec![new],
+            as_voter: true,
+            remove: vec![old],
+            context: vec![],
+        }))
+    }
 }
 
 fn sorted(ids: &[u64]) -> Vec<u64> {
