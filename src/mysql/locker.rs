@@ -166,34 +166,7 @@ impl Locker {
         lo.check()?;
         let opts = &self.shared.opts;
         let lock_wait = wait.unwrap_or(Duration::ZERO).min(LOCK_TIMEOUT_MAX);
-
-        // Checking out is part of the caller's wait: bounded by the lock
-        // timeout (the ping timeout for a try) and the caller's deadline.
-        let mut checkout = wait.unwrap_or(opts.ping_timeout()).min(LOCK_TIMEOUT_MAX);
-        if let Some(d) = lo.deadline_at() {
-            checkout = checkout.min(d.saturating_duration_since(Instant::now()));
-        }
-        let mut conn = self
-            .shared
-            .pool
-            .try_get_conn(checkout.max(Duration::from_millis(1)))
-            .map_err(|e| Error::Unavailable(checkout_cause(e, checkout)))?;
-        let fd = conn.as_raw_fd();
-        let saved = match Saved::take(fd) {
-            Ok(saved) => saved,
-            Err(e) => {
-                held::discard(conn);
-                return Err(Error::Failed {
-                    key: key.to_string(),
-                    cause: Arc::new(e),
-                });
-            }
-        };
-        if let Err(e) = lo.check() {
-            // Cancelled while waiting for a connection: nothing was sent.
-            held::give_back(conn, &saved);
-            return Err(e);
-        }
+        let (mut conn, fd, saved) = self.checkout(key, wait, lo)?;
         // The answer must come by the end of GET_LOCK's own wait plus one
         // ping timeout of slack: a connection that hangs is a failure, not
         // an endless wait.
@@ -231,7 +204,64 @@ impl Locker {
                 return Err(stop);
             }
         }
-        match answer.map(sql::grant) {
+        let grant = answer.map(sql::grant);
+        self.granted(key, conn, saved, grant, answer_bound, lo)
+    }
+
+    /// A pooled connection for an acquire of `key`, its socket (`fd`) and
+    /// the settings saved from it. Checking out is part of the caller's
+    /// wait: bounded by the lock timeout (the ping timeout for a try) and
+    /// the caller's deadline. Cancelled meanwhile: the connection goes
+    /// back to the pool, and nothing was sent.
+    fn checkout(
+        &self,
+        key: &str,
+        wait: Option<Duration>,
+        lo: &LockOptions,
+    ) -> Result<(PooledConn, RawFd, Saved)> {
+        let opts = &self.shared.opts;
+        let mut checkout = wait.unwrap_or(opts.ping_timeout()).min(LOCK_TIMEOUT_MAX);
+        if let Some(d) = lo.deadline_at() {
+            checkout = checkout.min(d.saturating_duration_since(Instant::now()));
+        }
+        let conn = self
+            .shared
+            .pool
+            .try_get_conn(checkout.max(Duration::from_millis(1)))
+            .map_err(|e| Error::Unavailable(checkout_cause(e, checkout)))?;
+        let fd = conn.as_raw_fd();
+        let saved = match Saved::take(fd) {
+            Ok(saved) => saved,
+            Err(e) => {
+                held::discard(conn);
+                return Err(Error::Failed {
+                    key: key.to_string(),
+                    cause: Arc::new(e),
+                });
+            }
+        };
+        if let Err(e) = lo.check() {
+            // Cancelled while waiting for a connection: nothing was sent.
+            held::give_back(conn, &saved);
+            return Err(e);
+        }
+        Ok((conn, fd, saved))
+    }
+
+    /// What GET_LOCK's `grant` (its answer on `conn`, bounded by
+    /// `answer_bound`) makes of the acquire: a lease, `None` when it timed
+    /// out (the connection goes back to the pool), or the failure (the
+    /// connection is discarded).
+    fn granted(
+        &self,
+        key: &str,
+        conn: PooledConn,
+        saved: Saved,
+        grant: std::result::Result<Grant, ::mysql::Error>,
+        answer_bound: Duration,
+        lo: &LockOptions,
+    ) -> Result<Option<Lease>> {
+        match grant {
             Ok(Grant::Acquired) => self.lease(key, conn, saved, lo).map(Some),
             Ok(Grant::TimedOut) => {
                 held::give_back(conn, &saved);

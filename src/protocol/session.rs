@@ -881,41 +881,8 @@ pub fn decode_answer(
     let b = &buf[HEADER..HEADER + blen];
     let mut r = Body { b, at: 0 };
     let bad = || format!("malformed answer (kind {kind:#x}, {blen} body bytes)");
-    let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
     let a = match kind {
-        // A status with detail, whatever the request: `[status][len][detail]`.
-        KIND_REPLY
-            if b.first()
-                .and_then(|&v| Status::from_byte(v))
-                .is_some_and(Status::has_detail) =>
-        {
-            let st = status(r.u8().ok_or_else(bad)?)?;
-            let n = r.u8().ok_or_else(bad)? as usize;
-            let detail = r.b.get(r.at..r.at + n).ok_or_else(bad)?.to_vec();
-            r.at += n;
-            Answer::Refused {
-                rid,
-                status: st,
-                detail,
-            }
-        }
-        KIND_REPLY if hello_rid == Some(rid) && blen >= WELCOME_BODY => {
-            let welcome = decode_welcome(&mut r, bad)?;
-            Answer::Welcome { rid, welcome }
-        }
-        // A Hello refused before the session exists (unauthorized, invalid)
-        // is a plain Reply.
-        KIND_REPLY => {
-            let st = status(r.u8().ok_or_else(bad)?)?;
-            let token = r.u64().ok_or_else(bad)?;
-            let ttl = r.u32().ok_or_else(bad)?;
-            Answer::Reply {
-                rid,
-                status: st,
-                token,
-                ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
-            }
-        }
+        KIND_REPLY => decode_reply(rid, &mut r, hello_rid == Some(rid), bad)?,
         KIND_LOST => {
             let token = r.u64().ok_or_else(bad)?;
             let why = LostWhy::from_byte(r.u8().ok_or_else(bad)?).ok_or_else(bad)?;
@@ -962,6 +929,41 @@ pub fn decode_answer(
         return Err(bad());
     }
     Ok(Some((a, HEADER + blen)))
+}
+
+/// A Reply's body: a status with detail, whatever the request
+/// (`[status][len][detail]`); the Hello's Welcome (`hello`); or a plain
+/// Reply, which a Hello refused before the session exists also gets.
+fn decode_reply(
+    rid: u32,
+    r: &mut Body<'_>,
+    hello: bool,
+    bad: impl Fn() -> String,
+) -> Result<Answer, String> {
+    let status = |v: u8| Status::from_byte(v).ok_or_else(|| format!("unknown status {v}"));
+    let first = r.b.first().and_then(|&v| Status::from_byte(v));
+    if first.is_some_and(Status::has_detail) {
+        let st = status(r.u8().ok_or_else(&bad)?)?;
+        let detail = r.name(0, u8::MAX.into()).ok_or_else(&bad)?.to_vec();
+        return Ok(Answer::Refused {
+            rid,
+            status: st,
+            detail,
+        });
+    }
+    if hello && r.b.len() >= WELCOME_BODY {
+        let welcome = decode_welcome(r, bad)?;
+        return Ok(Answer::Welcome { rid, welcome });
+    }
+    let st = status(r.u8().ok_or_else(&bad)?)?;
+    let token = r.u64().ok_or_else(&bad)?;
+    let ttl = r.u32().ok_or_else(&bad)?;
+    Ok(Answer::Reply {
+        rid,
+        status: st,
+        token,
+        ttl_left_ms: (ttl != NO_TTL).then_some(ttl),
+    })
 }
 
 /// A Welcome's body (the Hello's reply); fields a later server appends are

@@ -1,11 +1,15 @@
-//! Opening a session: connecting to one address and the Hello's answer
-//! (`docs/protocol.md`, "Opening a session: the Hello"), with the
-//! refusals worded for the caller.
+//! Opening a session: the builder's addresses tried in turn, retried;
+//! connecting to one address and the Hello's answer (`docs/protocol.md`,
+//! "Opening a session: the Hello"), with the refusals worded for the
+//! caller.
 
+use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::io::PING_RID;
+use super::resume;
+use crate::client::retry::{OnRetry, RetryPolicy, Streak};
 use crate::client::stream::{Dial, Stream};
 use crate::lease::{cause_msg, Error};
 use crate::protocol::session::{self as wire, Answer, Req, Status, Welcome};
@@ -20,6 +24,60 @@ pub(super) enum Hello {
     Final(Error),
 }
 
+/// Opens a session at one of `addrs` ([`hello`] to each), as
+/// [`SessionBuilder::connect`](super::SessionBuilder::connect) does: each
+/// address once a round, a `not leader` hint first (over TLS, verified
+/// against the hint's host, or when listed: the Hello carries the auth
+/// token); a round that found none is retried as `retry` and `on_retry`
+/// allow.
+pub(super) fn open(
+    dial: &mut Dial,
+    addrs: &[SocketAddr],
+    keepalive_ms: u32,
+    auth: &[u8],
+    connect_timeout: Duration,
+    retry: RetryPolicy,
+    on_retry: Option<&OnRetry>,
+) -> Result<(Stream, Welcome), Error> {
+    let mut streak = Streak::new(retry);
+    loop {
+        let mut last = None;
+        let mut queue: VecDeque<SocketAddr> = addrs.iter().copied().collect();
+        let mut tried = HashSet::new();
+        while let Some(addr) = queue.pop_front() {
+            if !tried.insert(addr) {
+                continue;
+            }
+            match hello(dial, &addr, keepalive_ms, auth, connect_timeout) {
+                Ok(opened) => return Ok(opened),
+                Err(Hello::Retry(e)) => last = Some((addr, e)),
+                Err(Hello::NotLeader(e, hint)) => {
+                    last = Some((addr, e));
+                    if let Some(h) = hint.filter(|h| !tried.contains(h)) {
+                        if dial.is_tls() || addrs.contains(&h) {
+                            dial.name(h, &resume::hint_host(&h.to_string()));
+                            queue.retain(|a| *a != h);
+                            queue.push_front(h);
+                        }
+                    }
+                }
+                Err(Hello::Final(e)) => return Err(e),
+            }
+        }
+        let (addr, e) = last.expect("a resolved address list is never empty");
+        match streak.failed_and_asked(Instant::now(), None, addr, &e, on_retry) {
+            Some(delay) => std::thread::sleep(delay),
+            None => {
+                let n = streak.attempts;
+                let plural = if n == 1 { "" } else { "s" };
+                return Err(Error::Unavailable(cause_msg(format!(
+                    "server {addr} unavailable after {n} attempt{plural}: {e}"
+                ))));
+            }
+        }
+    }
+}
+
 /// Connects to `addr` and opens a session on it.
 pub(super) fn hello(
     dial: &Dial,
@@ -28,73 +86,14 @@ pub(super) fn hello(
     auth: &[u8],
     timeout: Duration,
 ) -> std::result::Result<(Stream, Welcome), Hello> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let deadline = Instant::now() + timeout;
-    let sock = dial
-        .connect(addr, timeout)
-        .map_err(|e| tls_final(dial, e))?;
-    // Requests are tiny and latency-bound.
-    let _ = sock.set_nodelay(true);
-    let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());
-    wire::encode(
-        PING_RID,
-        &Req::Hello {
-            version: wire::VERSION,
-            keepalive_ms,
-            auth,
-        },
-        &mut frame,
-    );
-    sock.set_write_timeout(Some(timeout))
-        .map_err(Hello::Retry)?;
-    (&sock).write_all(&frame).map_err(Hello::Retry)?;
+    let sock = send_hello(dial, addr, keepalive_ms, auth, timeout)?;
     let mut buf = Vec::with_capacity(64);
     let mut chunk = [0u8; 256];
     loop {
-        if let Some(&first) = buf.first() {
-            if first != wire::KIND_REPLY {
-                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
-                    "{addr} does not speak the session protocol (it answered {first:#04x} to a \
-                     Hello): a Locking-Center server, or a ringlockd without sessions (use \
-                     ringlock::client::Client there; `ringlock --persistent` in the CLI)"
-                )))));
-            }
-        }
-        match wire::decode_answer(&buf, Some(PING_RID)) {
-            Ok(Some((Answer::Welcome { welcome, .. }, _))) => {
-                let refuse = |why: String| {
-                    Err(Hello::Final(Error::Unavailable(cause_msg(format!(
-                        "{addr} refused the session: {why}"
-                    )))))
-                };
-                if welcome.status != Status::Ok {
-                    return refuse(refusal_text(welcome.status));
-                }
-                if welcome.version != wire::VERSION {
-                    return refuse(format!("protocol version {}", welcome.version));
-                }
-                if welcome.keepalive_ms == 0 {
-                    return refuse("a keep-alive deadline of 0 ms".into());
-                }
-                return Ok((sock, welcome));
-            }
-            Ok(Some((Answer::Refused { status, detail, .. }, _))) => {
-                return Err(refused(addr, status, &detail));
-            }
-            Ok(Some((Answer::Reply { status, .. }, _))) if status != Status::Ok => {
-                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
-                    "{addr} refused the session: {}",
-                    refusal_text(status)
-                )))));
-            }
-            Ok(Some(_)) | Err(_) => {
-                return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
-                    "{addr} broke the session protocol: no hello reply ({} bytes: {:02x?})",
-                    buf.len(),
-                    &buf[..buf.len().min(32)]
-                )))))
-            }
-            Ok(None) => {}
+        if let Some(welcome) = welcome_in(addr, &buf)? {
+            return Ok((sock, welcome));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -117,6 +116,85 @@ pub(super) fn hello(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(tls_final(dial, e)),
         }
+    }
+}
+
+/// Connects to `addr` and writes the Hello, each within `timeout`.
+fn send_hello(
+    dial: &Dial,
+    addr: &SocketAddr,
+    keepalive_ms: u32,
+    auth: &[u8],
+    timeout: Duration,
+) -> std::result::Result<Stream, Hello> {
+    use std::io::Write;
+    let sock = dial
+        .connect(addr, timeout)
+        .map_err(|e| tls_final(dial, e))?;
+    // Requests are tiny and latency-bound.
+    let _ = sock.set_nodelay(true);
+    let mut frame = Vec::with_capacity(wire::HEADER + 6 + auth.len());
+    wire::encode(
+        PING_RID,
+        &Req::Hello {
+            version: wire::VERSION,
+            keepalive_ms,
+            auth,
+        },
+        &mut frame,
+    );
+    sock.set_write_timeout(Some(timeout))
+        .map_err(Hello::Retry)?;
+    (&sock).write_all(&frame).map_err(Hello::Retry)?;
+    Ok(sock)
+}
+
+/// The Hello's answer in `buf` (what `addr` sent so far): `Ok(None)` until
+/// it is whole; a Welcome that opens the session; or what is final: the
+/// session refused, or bytes that are not the session protocol.
+fn welcome_in(addr: &SocketAddr, buf: &[u8]) -> std::result::Result<Option<Welcome>, Hello> {
+    if let Some(&first) = buf.first() {
+        if first != wire::KIND_REPLY {
+            return Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                "{addr} does not speak the session protocol (it answered {first:#04x} to a \
+                 Hello): a Locking-Center server, or a ringlockd without sessions (use \
+                 ringlock::client::Client there; `ringlock --persistent` in the CLI)"
+            )))));
+        }
+    }
+    match wire::decode_answer(buf, Some(PING_RID)) {
+        Ok(Some((Answer::Welcome { welcome, .. }, _))) => {
+            let refuse = |why: String| {
+                Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                    "{addr} refused the session: {why}"
+                )))))
+            };
+            if welcome.status != Status::Ok {
+                return refuse(refusal_text(welcome.status));
+            }
+            if welcome.version != wire::VERSION {
+                return refuse(format!("protocol version {}", welcome.version));
+            }
+            if welcome.keepalive_ms == 0 {
+                return refuse("a keep-alive deadline of 0 ms".into());
+            }
+            Ok(Some(welcome))
+        }
+        Ok(Some((Answer::Refused { status, detail, .. }, _))) => {
+            Err(refused(addr, status, &detail))
+        }
+        Ok(Some((Answer::Reply { status, .. }, _))) if status != Status::Ok => {
+            Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+                "{addr} refused the session: {}",
+                refusal_text(status)
+            )))))
+        }
+        Ok(Some(_)) | Err(_) => Err(Hello::Final(Error::Unavailable(cause_msg(format!(
+            "{addr} broke the session protocol: no hello reply ({} bytes: {:02x?})",
+            buf.len(),
+            &buf[..buf.len().min(32)]
+        ))))),
+        Ok(None) => Ok(None),
     }
 }
 

@@ -144,6 +144,7 @@
 //! cancellation error. The lock wait itself (`wait_ms`) is decided by the
 //! server too, so a grant never races the client's own timer.
 
+mod acquire;
 pub(super) mod election;
 mod hello;
 mod hold;
@@ -159,22 +160,21 @@ use std::net::SocketAddr;
 
 use crate::client::stream::Dial;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::addr::ToServerAddrs;
 use super::addr::DEFAULT_PORT;
-use super::retry::{OnRetry, RetryEvent, RetryPolicy, Streak};
+use super::retry::{OnRetry, RetryEvent, RetryPolicy};
 use crate::lease::{
     self, cause_msg, Error, Lease, LockOptions, LostHandler, LostLock, LostReason, Result,
 };
-use crate::protocol::session::{self as wire, Access, HoldMode, Req, Status};
+use crate::protocol::session::{self as wire, Access, HoldMode};
 
-use hello::{hello, Hello};
-use hold::SessionHold;
+use acquire::Asked;
 pub use watch::Watch;
 pub use watched::{EventKind, HeldAs, Holder, WatchEvent};
 
-use io::{AcquireReq, EventHandler, Handle, Op, Resumer, Shared, Timing, Waited, What};
+use io::{EventHandler, Handle, Resumer, Shared, Timing};
 
 /// Longest interval between two keep-alive Pings, whatever the keep-alive.
 pub const PING_INTERVAL_MAX: Duration = Duration::from_secs(10);
@@ -373,21 +373,11 @@ impl SessionBuilder {
             .addrs
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let addrs: Vec<SocketAddr> = named.iter().map(|(a, _)| *a).collect();
-        #[cfg(feature = "tls")]
-        let mut dial = match self.tls {
-            Some(tls) => Dial::tls(
-                tls,
-                named
-                    .into_iter()
-                    .filter_map(|(a, host)| host.map(|h| (a, h))),
-            ),
-            None => Dial::plain(),
-        };
-        #[cfg(not(feature = "tls"))]
-        let mut dial = {
-            drop(named);
-            Dial::plain()
-        };
+        let mut dial = dialer(
+            named,
+            #[cfg(feature = "tls")]
+            self.tls,
+        );
         if self.source.len() > SOURCE_LEN_MAX {
             return Err(Error::InvalidArgument(format!(
                 "a source is at most {SOURCE_LEN_MAX} bytes, got {}",
@@ -398,46 +388,15 @@ impl SessionBuilder {
             .keepalive
             .map_or(0, |k| u32::try_from(k.as_millis()).unwrap_or(u32::MAX));
         let connect_timeout = super::conn::nonzero(self.connect_timeout);
-        let mut streak = Streak::new(self.retry);
-        let (sock, welcome) = 'open: loop {
-            let mut last = None;
-            // Each address once a round; a `not leader` hint goes first
-            // (over TLS, verified against the hint's host, or when listed:
-            // the Hello carries the auth token).
-            let mut queue: std::collections::VecDeque<SocketAddr> = addrs.iter().copied().collect();
-            let mut tried = std::collections::HashSet::new();
-            while let Some(addr) = queue.pop_front() {
-                if !tried.insert(addr) {
-                    continue;
-                }
-                match hello(&dial, &addr, keepalive_ms, &self.auth, connect_timeout) {
-                    Ok(opened) => break 'open opened,
-                    Err(Hello::Retry(e)) => last = Some((addr, e)),
-                    Err(Hello::NotLeader(e, hint)) => {
-                        last = Some((addr, e));
-                        if let Some(h) = hint.filter(|h| !tried.contains(h)) {
-                            if dial.is_tls() || addrs.contains(&h) {
-                                dial.name(h, &resume::hint_host(&h.to_string()));
-                                queue.retain(|a| *a != h);
-                                queue.push_front(h);
-                            }
-                        }
-                    }
-                    Err(Hello::Final(e)) => return Err(e),
-                }
-            }
-            let (addr, e) = last.expect("a resolved address list is never empty");
-            match streak.failed_and_asked(Instant::now(), None, addr, &e, self.on_retry.as_ref()) {
-                Some(delay) => std::thread::sleep(delay),
-                None => {
-                    let n = streak.attempts;
-                    let plural = if n == 1 { "" } else { "s" };
-                    return Err(Error::Unavailable(cause_msg(format!(
-                        "server {addr} unavailable after {n} attempt{plural}: {e}"
-                    ))));
-                }
-            }
-        };
+        let (sock, welcome) = hello::open(
+            &mut dial,
+            &addrs,
+            keepalive_ms,
+            &self.auth,
+            connect_timeout,
+            self.retry,
+            self.on_retry.as_ref(),
+        )?;
         let timing = Timing::from_keepalive(
             Duration::from_millis(u64::from(welcome.keepalive_ms)),
             PING_INTERVAL_MAX,
@@ -686,16 +645,35 @@ impl Session {
             )));
         }
         if access != Access::Exclusive && !self.offers_modes() {
-            return Err(no_modes(&key_text, access, false));
+            return Err(acquire::no_modes(&key_text, access, false));
         }
-        let (mode, ttl) = match what.hold {
+        let (mode, ttl) = self.hold_mode(what.hold)?;
+        let wait_ms = wait_ms(what.wait)?;
+        opts.check()?;
+        let asked = Asked {
+            key,
+            key_text,
+            mode,
+            ttl,
+            wait_ms,
+            access,
+        };
+        let shared = self.shared();
+        let (rid, sent_at) = acquire::send(shared, &asked, source, opts)?;
+        let (answer, cancelled) = acquire::answer(shared, rid, &asked)?;
+        acquire::hand_out(&self.h, asked, answer, cancelled, sent_at, opts)
+    }
+
+    /// How `hold` is asked for: its mode, and a lease's TTL as sent, in
+    /// whole milliseconds (rounded down: the client's view of the expiry
+    /// is computed from what was sent, so it can only end earlier than the
+    /// server's) within the server's bounds.
+    fn hold_mode(&self, hold: Hold) -> Result<(HoldMode, Option<Duration>)> {
+        Ok(match hold {
             Hold::Session => (HoldMode::Session, None),
             Hold::Persistent => (HoldMode::Persistent, None),
             Hold::Lease(ttl) => {
                 let (min, max) = self.ttl_bounds();
-                // Whole milliseconds, rounded down: the client's view of the
-                // expiry is computed from what was sent, so it can only end
-                // earlier than the server's.
                 let sent = Duration::from_millis(ttl.as_millis().min(u128::from(u32::MAX)) as u64);
                 if sent < min || sent > max || sent.is_zero() {
                     return Err(Error::InvalidArgument(format!(
@@ -704,133 +682,7 @@ impl Session {
                 }
                 (HoldMode::Lease, Some(sent))
             }
-        };
-        let wait_ms = match what.wait {
-            Wait::Try => 0,
-            Wait::For(d) if d.is_zero() => return Err(Error::InvalidTimeout),
-            Wait::For(d) => d
-                .as_micros()
-                .div_ceil(1000)
-                .clamp(1, u128::from(wire::WAIT_FOREVER - 1)) as u32,
-            Wait::Forever => wire::WAIT_FOREVER,
-        };
-        opts.check()?;
-        let shared = self.shared();
-        let ttl_ms = ttl.map_or(0, |t| t.as_millis() as u32);
-        let source = source.unwrap_or(&shared.source[..]);
-        let sent_at = Instant::now();
-        let req = AcquireReq {
-            key: key.to_vec(),
-            key_text: key_text.clone(),
-            mode,
-            ttl,
-            sent_at,
-            // A try never queues, so there is nothing to cancel.
-            cancel: (wait_ms != 0)
-                .then(|| opts.cancel_token().cloned())
-                .flatten(),
-            deadline: (wait_ms != 0).then(|| opts.deadline_at()).flatten(),
-            cancelled: None,
-        };
-        let rid = shared
-            .send(What::Acquire(Box::new(req)), Op::Acquire, |rid, out| {
-                wire::encode(
-                    rid,
-                    &Req::Acquire {
-                        hold: mode,
-                        ttl_ms,
-                        wait_ms,
-                        key,
-                        source,
-                        access,
-                    },
-                    out,
-                )
-            })
-            .map_err(|(reason, cause)| {
-                Error::Unavailable(cause_msg(format!(
-                    "the session has ended ({reason}): {cause}"
-                )))
-            })?;
-        let failed = |why: String| Error::Failed {
-            key: key_text.clone(),
-            cause: cause_msg(why),
-        };
-        let (answer, cancelled) = match shared.wait(rid, None) {
-            Waited::Answer(a, What::Acquire(req)) => (a, req.cancelled),
-            Waited::Answer(a, _) => (a, None),
-            Waited::Dead((reason, cause)) => {
-                return Err(failed(format!(
-                    "the session ended before the answer ({reason}: {cause}); {}",
-                    hold::after_the_session(mode)
-                )))
-            }
-            Waited::NoAnswer => return Err(failed("no answer (internal error)".into())),
-        };
-        match answer.status {
-            Status::Ok => {}
-            Status::TimedOut | Status::Busy => return Err(Error::Timeout),
-            Status::Cancelled => return Err(cancelled.unwrap_or(Error::Cancelled)),
-            Status::Limit => {
-                return Err(failed(
-                    "the server's limit (--max-keys or --max-waiters) refused it".into(),
-                ))
-            }
-            Status::ModeMismatch => {
-                return Err(Error::ModeMismatch {
-                    key: key_text,
-                    slots: access.slots(),
-                })
-            }
-            // Sent while the server offered modes, answered by one that
-            // does not (the session was resumed there).
-            Status::Invalid if access != Access::Exclusive && !self.offers_modes() => {
-                return Err(no_modes(&key_text, access, true))
-            }
-            s => return Err(failed(format!("the server answered {}", s.name()))),
-        }
-        let handlers: Vec<LostHandler> = match &cancelled {
-            // Released right below: no handler is owed for it.
-            Some(_) => Vec::new(),
-            None => shared
-                .on_lost
-                .iter()
-                .chain(opts.lost_handler())
-                .cloned()
-                .collect(),
-        };
-        let id = (key.to_vec(), answer.token);
-        let hold = Arc::new(SessionHold {
-            session: Arc::clone(&self.h),
-            id: id.clone(),
-            key_text: key_text.clone(),
-            mode,
-            ttl,
-            access,
-        });
-        // The same instant the I/O thread counts from.
-        let expires_at = ttl.map(|t| sent_at + t);
-        let lease = Lease::new(key_text, Some(answer.token), expires_at, hold, handlers);
-        shared.attach(&id, lease.watch()).map_err(Error::Lost)?;
-        // The caller gave up while the grant was on its way (the Cancel
-        // found nothing queued): release it, so a cancelled caller never
-        // holds the key.
-        let stop = cancelled.or_else(|| opts.check().err());
-        if let Some(stop) = stop {
-            return match lease.release() {
-                Ok(()) => Err(stop),
-                Err(e) => Err(e),
-            };
-        }
-        if answer.rebase {
-            // Granted after a wait that used up most of `sent + ttl`: one
-            // Extend gives this side an expiry it can count from.
-            if let Err(e) = lease.extend() {
-                let _ = lease.release();
-                return Err(e);
-            }
-        }
-        Ok(lease)
+        })
     }
 
     /// A session hold of `key`, waiting up to `timeout` (decided by the
@@ -936,6 +788,24 @@ impl Session {
     }
 }
 
+/// The dialer of the builder's addresses (`named`: each with the host it
+/// was given by): over TLS when the builder has it, each address verified
+/// against that host; else plaintext.
+fn dialer(
+    named: Vec<(SocketAddr, Option<String>)>,
+    #[cfg(feature = "tls")] tls: Option<crate::tls::ClientTls>,
+) -> Dial {
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls {
+        let names = named
+            .into_iter()
+            .filter_map(|(a, host)| host.map(|h| (a, h)));
+        return Dial::tls(tls, names);
+    }
+    drop(named);
+    Dial::plain()
+}
+
 /// A key of 1 to [`KEY_LEN_MAX`] bytes, or [`Error::InvalidKey`] (before
 /// any traffic).
 fn check_key(key: &[u8]) -> Result<()> {
@@ -948,25 +818,18 @@ fn check_key(key: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The refusal of a shared or semaphore request by a server without the
-/// modes flag: found before sending, or (`sent`) in the `invalid` answer of
-/// a request that a resume carried to such a server.
-fn no_modes(key: &str, access: Access, sent: bool) -> Error {
-    let asked = match access {
-        Access::Semaphore(n) => format!("a semaphore hold (one of {n} slots)"),
-        _ => "a shared hold".into(),
-    };
-    let outcome = if sent {
-        "the session was resumed on it while the request was in flight, and it answered \
-         invalid; nothing is held"
-    } else {
-        "nothing was sent"
-    };
-    Error::Unsupported(format!(
-        "{asked} of {key:?}: this server does not offer shared or semaphore holds (its welcome \
-         lacks the modes flag: a ringlockd older than lock modes holds keys exclusively \
-         only); {outcome}"
-    ))
+/// An Acquire's `wait_ms` for `wait`: 0 for a try, whole milliseconds
+/// rounded up (1 up to one below forever), or [`wire::WAIT_FOREVER`].
+fn wait_ms(wait: Wait) -> Result<u32> {
+    Ok(match wait {
+        Wait::Try => 0,
+        Wait::For(d) if d.is_zero() => return Err(Error::InvalidTimeout),
+        Wait::For(d) => d
+            .as_micros()
+            .div_ceil(1000)
+            .clamp(1, u128::from(wire::WAIT_FOREVER - 1)) as u32,
+        Wait::Forever => wire::WAIT_FOREVER,
+    })
 }
 
 impl lease::Locker for Session {
