@@ -359,13 +359,7 @@ impl Shard {
     /// Parked requests of a node that has begun to serve go back to their
     /// connections and are executed here, in the order they came.
     fn serve_parked_here(&mut self) {
-        let parked: Vec<u64> = self
-            .forwards
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.node == 0)
-            .map(|(&id, _)| id)
-            .collect();
+        let parked = self.parked_forward_ids();
         for id in parked {
             let w = self.forwards.waiting.remove(&id).expect("parked");
             let Some(slot) = self.conn_of(w.token) else {
@@ -404,18 +398,18 @@ impl Shard {
         self.apply_effects();
     }
 
+    /// The parked requests' ids, oldest first.
+    fn parked_forward_ids(&self) -> Vec<u64> {
+        let parked = self.forwards.waiting.iter().filter(|(_, w)| w.node == 0);
+        parked.map(|(&id, _)| id).collect()
+    }
+
     /// Sends the parked requests a leader can take now (their order kept).
     fn send_parked_forwards(&mut self) {
         if self.forward_node().is_none() {
             return;
         }
-        let parked: Vec<u64> = self
-            .forwards
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.node == 0)
-            .map(|(&id, _)| id)
-            .collect();
+        let parked = self.parked_forward_ids();
         for id in parked {
             self.send_forward(id);
         }
