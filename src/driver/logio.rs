@@ -481,11 +481,16 @@ impl LogIo {
                 // A release assert: the pointer arithmetic rests on it.
                 assert!(at + len <= buf_len, "a write past the chain's buffer");
                 // SAFETY (pointer arithmetic): `at + len <= buf_len`
-                // (asserted), within the allocation; past it the kernel
-                // would write bytes from beyond the buffer into the log.
+                // (asserted), so the pointer stays inside the lent chain
+                // buffer, which the kernel owns until the chain's last
+                // completion. Past it the kernel would copy whatever
+                // follows the buffer into the log: records that fail their
+                // CRC at replay, or another allocation's bytes on disk.
                 // Resumed pieces start at `at > 0`: tests/wal_faults.rs
-                // (short writes everywhere) runs them through this
-                // code; the simulator checks the planner's ranges.
+                // `short_writes_everywhere_lose_nothing` (a short write
+                // every few writes, then a restart that must find every
+                // key) fails on a wrong offset; the simulator (tests/sim)
+                // checks the planner's ranges.
                 let ptr = unsafe { buf_ptr.add(at) };
                 opcode::Write::new(types::Fd(fd_of(target)), ptr, len as u32)
                     .offset(offset)

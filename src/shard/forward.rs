@@ -162,9 +162,9 @@ impl Shard {
                     // Nothing done there: parked again, sent where this
                     // node's view says next (that node again after a tick:
                     // a leader elected and not yet serving).
+                    let retry_us = self.now.mono_us + crate::cluster::TICK_US;
                     let w = self.forwards.waiting.get_mut(&id).expect("waiting");
-                    w.node = 0;
-                    w.retry_us = self.now.mono_us + crate::cluster::TICK_US;
+                    w.park_again(retry_us);
                     return;
                 }
                 self.forwards.waiting.remove(&id);
@@ -222,11 +222,7 @@ impl Shard {
 
     /// Requests waiting for a leader this node can send them to.
     pub(super) fn forwards_parked(&self) -> u64 {
-        self.forwards
-            .waiting
-            .values()
-            .filter(|w| w.node == 0)
-            .count() as u64
+        self.forwards.parked().count() as u64
     }
 
     /// Whether forwarded request `id` was sent (its outcome is then the
@@ -333,10 +329,8 @@ impl Shard {
         }
         let parked: Vec<(u64, Token, bool)> = self
             .forwards
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.node == 0)
-            .map(|(&id, w)| (id, w.token, w.until_us <= now))
+            .parked()
+            .map(|(id, w)| (id, w.token, w.until_us <= now))
             .collect();
         for (id, token, expired) in parked {
             if !expired {
@@ -359,7 +353,7 @@ impl Shard {
     /// Parked requests of a node that has begun to serve go back to their
     /// connections and are executed here, in the order they came.
     fn serve_parked_here(&mut self) {
-        let parked = self.parked_forward_ids();
+        let parked = self.forwards.parked().map(|(id, _)| id).collect::<Vec<_>>();
         for id in parked {
             let w = self.forwards.waiting.remove(&id).expect("parked");
             let Some(slot) = self.conn_of(w.token) else {
@@ -398,18 +392,12 @@ impl Shard {
         self.apply_effects();
     }
 
-    /// The parked requests' ids, oldest first.
-    fn parked_forward_ids(&self) -> Vec<u64> {
-        let parked = self.forwards.waiting.iter().filter(|(_, w)| w.node == 0);
-        parked.map(|(&id, _)| id).collect()
-    }
-
     /// Sends the parked requests a leader can take now (their order kept).
     fn send_parked_forwards(&mut self) {
         if self.forward_node().is_none() {
             return;
         }
-        let parked = self.parked_forward_ids();
+        let parked = self.forwards.parked().map(|(id, _)| id).collect::<Vec<_>>();
         for id in parked {
             self.send_forward(id);
         }
@@ -448,8 +436,7 @@ impl Shard {
             Some(Forwarding::Forward { id, .. }) => {
                 if let Some(w) = self.forwards.waiting.get_mut(&id) {
                     if w.node == node {
-                        w.node = 0;
-                        w.orphan_us = 0;
+                        w.park_again(0);
                         log!(
                             Level::Debug,
                             "lc_forward_parked",

@@ -43,7 +43,25 @@ pub(in crate::shard) struct Waiting {
     pub(super) orphan_us: u64,
 }
 
+impl Waiting {
+    /// Nothing was done with it where it went: parked again, not sent
+    /// before `retry_us`.
+    pub(super) fn park_again(&mut self, retry_us: u64) {
+        self.node = 0;
+        self.orphan_us = 0;
+        self.retry_us = retry_us;
+    }
+}
+
 impl Forwards {
+    /// The parked requests (sent nowhere yet), oldest first.
+    pub(super) fn parked(&self) -> impl Iterator<Item = (u64, &Waiting)> {
+        self.waiting
+            .iter()
+            .filter(|(_, w)| w.node == 0)
+            .map(|(&id, w)| (id, w))
+    }
+
     /// How long a request waits for a leader, in election timeouts: long
     /// enough for an election and the new leader's first commit, so that
     /// a failover costs a client of a follower a wait, not an error.
